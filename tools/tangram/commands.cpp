@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "commands.hpp"
+
+#include <exception>
+#include <iomanip>
+#include <ostream>
+
+#include "embedded_profiles.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/version.hpp"
+
+namespace tangram::cli {
+
+namespace {
+
+struct command {
+  char const* name;
+  char const* synopsis;
+  int (*fn)(args&, streams);
+};
+
+constexpr command commands[] = {
+    {"simulate", "simulate [--model M] [--profile P] [--workload short|mid|long|FILE] ... "
+                 "replay multi-turn serving for full_kv / unified_nonuniform / tangram",
+     cmd_simulate},
+    {"calibrate", "calibrate SAMPLES.json [--alpha A] [--estimator musigma|quantile] [--folds K] "
+                  "[--out PROFILE.json] [--json]   static budgets from retention samples",
+     cmd_calibrate},
+    {"plan", "plan SAMPLES_OR_PROFILE.json [--group-size Hp] [--scope adjacent|layer|global] "
+             "[--page-tokens P] [--model NAME] [--sms N --ctas-per-sm C] [--out PLAN.json] [--json]",
+     cmd_plan},
+    {"inspect", "inspect PLAN.json [--svg FILE.svg]   summary of a static plan", cmd_inspect},
+    {"models", "models [--json]   list the built-in model presets", cmd_models},
+    {"profiles", "profiles   list the bundled retention profiles", cmd_profiles},
+};
+
+void print_help(std::ostream& out) {
+  out << "tangram " << version_string
+      << ": static per-head KV budgets, head-group paging and AOT decode partitioning\n\n"
+         "usage: tangram <command> [options]\n\ncommands:\n";
+  for (auto const& c : commands) out << "  " << c.synopsis << "\n";
+  out << "\nRun `tangram <command> --help` for a command's options. Inputs may be files or the\n"
+         "names of bundled profiles (see `tangram profiles`).\n";
+}
+
+}  // namespace
+
+int cmd_models(args& a, streams io) {
+  bool json = a.flag("--json");
+  a.finish(0);
+  if (json) {
+    auto arr = tangram::detail::json::value::array();
+    for (auto const& name : model_preset_names())
+      arr.push_back(tangram::detail::model_to_json(model_preset(name)));
+    auto obj = tangram::detail::json::value::object();
+    obj.set("models", std::move(arr));
+    io.out << tangram::detail::json::dump(obj, -1) << "\n";
+    return 0;
+  }
+  io.out << std::left << std::setw(16) << "preset" << std::right << std::setw(7) << "layers"
+         << std::setw(8) << "q_heads" << std::setw(9) << "kv_heads" << std::setw(9) << "head_dim"
+         << std::setw(8) << "GQA" << "  layer kinds\n";
+  for (auto const& name : model_preset_names()) {
+    auto m = model_preset(name);
+    std::string kinds;
+    if (auto s = m.count(layer_kind::sliding_window)) {
+      std::int32_t w = 0;
+      for (auto const& l : m.layers)
+        if (l.kind == layer_kind::sliding_window) w = l.window;
+      kinds = tangram::detail::cat(m.count(layer_kind::compressed), " full + ", s, " sliding (window ", w, ")");
+    } else {
+      kinds = tangram::detail::cat(m.num_layers, " full");
+    }
+    if (m.attention_sinks) kinds += ", attention sinks";
+    io.out << std::left << std::setw(16) << name << std::right << std::setw(7) << m.num_layers
+           << std::setw(8) << m.num_query_heads << std::setw(9) << m.num_kv_heads << std::setw(9)
+           << m.head_dim << std::setw(8) << m.gqa_group() << "  " << kinds << "\n";
+  }
+  return 0;
+}
+
+int cmd_profiles(args& a, streams io) {
+  a.finish(0);
+  for (auto const& f : embedded_profiles()) {
+    std::string_view n = f.name;
+    io.out << n.substr(0, n.size() - 5) << "\n";
+  }
+  return 0;
+}
+
+int run(std::vector<std::string> const& argv, streams io) {
+  if (argv.empty() || argv[0] == "help" || argv[0] == "--help" || argv[0] == "-h") {
+    print_help(argv.empty() ? io.err : io.out);
+    return argv.empty() ? 2 : 0;
+  }
+  if (argv[0] == "version" || argv[0] == "--version") {
+    io.out << "tangram " << version_string << "\n";
+    return 0;
+  }
+  for (auto const& c : commands) {
+    if (argv[0] != c.name) continue;
+    std::vector<std::string> rest(argv.begin() + 1, argv.end());
+    for (auto const& t : rest) {
+      if (t == "--help" || t == "-h") {
+        io.out << "usage: tangram " << c.synopsis << "\n";
+        return 0;
+      }
+    }
+    try {
+      args a(std::move(rest));
+      return c.fn(a, io);
+    } catch (tangram::invalid_argument const& e) {
+      io.err << "tangram " << c.name << ": error: " << e.what() << "\n";
+      return 2;
+    } catch (tangram::logic_error const& e) {
+      io.err << "tangram " << c.name << ": error: " << e.what() << "\n";
+      return 1;
+    } catch (std::exception const& e) {
+      io.err << "tangram " << c.name << ": error: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  io.err << "tangram: error: unknown command " << tangram::detail::quoted(argv[0])
+         << " (run `tangram help`)\n";
+  return 2;
+}
+
+}  // namespace tangram::cli
