@@ -448,7 +448,11 @@ inline void write(std::string& out, value const& v, int indent, int level) {
       } else if (std::isinf(v.number())) {
         out += v.number() < 0 ? "-Infinity" : "Infinity";
       } else {
+        // Keep a non-integer number non-integer when read back ("3.0", "-0.0"), so a
+        // document survives dump -> parse -> dump unchanged.
+        std::size_t start = out.size();
         append_number(out, v.number());
+        if (out.find_first_of(".e", start) == std::string::npos) out += ".0";
       }
       break;
     case kind::string: write_string(out, v.string()); break;
