@@ -91,6 +91,7 @@ TEST_CASE("model_spec JSON round-trips and rejects bad fields", "[model][errors]
     CHECK(back.num_query_heads == m.num_query_heads);
     CHECK(back.attention_sinks == m.attention_sinks);
     CHECK(back.weight_bytes == m.weight_bytes);
+    CHECK(back.active_parameters == m.active_parameters);
     CHECK(back.kv_dtype == m.kv_dtype);
   }
   std::string good = to_json(model_preset("gpt-oss-20b"));

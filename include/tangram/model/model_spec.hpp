@@ -83,6 +83,7 @@ struct model_spec {
   bool attention_sinks = false;    ///< learned per-query-head sink logit (GPT-OSS)
   double weight_bytes  = 0;  ///< bytes of weights resident on the GPU (for capacity planning)
   double active_weight_bytes = 0;  ///< weight bytes read per decode step (MoE: active experts)
+  double active_parameters   = 0;  ///< parameters used per token (2 FLOPs each per token)
 
   /// Query heads sharing one KV head.
   [[nodiscard]] std::int32_t gqa_group() const { return num_query_heads / num_kv_heads; }
@@ -166,6 +167,10 @@ struct model_spec {
                     invalid_argument,
                     "model_spec.active_weight_bytes: must be in [0, weight_bytes], got ",
                     active_weight_bytes);
+    TANGRAM_EXPECTS(active_parameters >= 0 && active_parameters < 1e14,
+                    invalid_argument,
+                    "model_spec.active_parameters: must be in [0, 1e14), got ",
+                    active_parameters);
   }
 };
 
@@ -194,6 +199,7 @@ inline json::value model_to_json(model_spec const& m) {
   v.set("attention_sinks", m.attention_sinks);
   v.set("weight_bytes", m.weight_bytes);
   v.set("active_weight_bytes", m.active_weight_bytes);
+  v.set("active_parameters", m.active_parameters);
   v.set("layers", std::move(layers));
   return v;
 }
@@ -214,6 +220,7 @@ inline model_spec model_from_json(json::node const& n) {
   if (auto s = n.find("attention_sinks")) m.attention_sinks = s->as_bool();
   if (auto w = n.find("weight_bytes")) m.weight_bytes = w->as_double(0, 1e15);
   if (auto w = n.find("active_weight_bytes")) m.active_weight_bytes = w->as_double(0, 1e15);
+  if (auto a = n.find("active_parameters")) m.active_parameters = a->as_double(0, 1e14);
   auto layers = n["layers"];
   (void)layers.expect_size(static_cast<std::size_t>(m.num_layers), "one per layer, num_layers");
   for (std::size_t i = 0; i < layers.size(); ++i) {

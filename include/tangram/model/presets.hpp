@@ -66,6 +66,7 @@ inline model_spec spec_from_row(preset_row const& r) {
   m.kv_dtype            = dtype::bf16;
   m.weight_bytes        = r.params_billion * 1e9 * r.bytes_per_param;
   m.active_weight_bytes = r.active_params_billion * 1e9 * r.bytes_per_param;
+  m.active_parameters   = r.active_params_billion * 1e9;
   m.layers              = uniform_layers(r.layers);
   if (r.key == "gemma-3-12b") {
     // Five sliding-window layers (window 1024) then one global layer: layers 5, 11, ..., 47 are full.

@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file sim/cost_model.hpp
+ * @brief An explicit roofline cost model for the serving replay. Every time it produces is
+ * MODELLED, not measured: decode is bandwidth-bound, prefill compute-bound.
+ *
+ *   decode step  = (active weight bytes + KV bytes read) / HBM bandwidth
+ *   prefill      = (2 * active parameters * tokens + attention FLOPs) / peak FLOP/s
+ *   attention    = 4 * query heads * head dim * layers * tokens * (tokens / 2 + past tokens)
+ *   engine step  = decode step (if any sequence decodes) + prefill of the step's chunks
+ */
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "tangram/error.hpp"
+#include "tangram/model/model_spec.hpp"
+
+namespace tangram::sim {
+
+/// @brief The accelerator the replay models (defaults: one H200 SXM).
+struct gpu_spec {
+  std::string name       = "H200";
+  double memory_bytes    = 141e9;   ///< HBM capacity
+  double usable_fraction = 0.90;    ///< share an engine may use (vLLM's gpu_memory_utilization)
+  double hbm_bytes_per_s = 4.8e12;  ///< peak HBM bandwidth
+  double peak_flops      = 989e12;  ///< dense bf16 tensor-core peak
+
+  /// Bytes left for the KV cache: usable memory minus the model's weights.
+  [[nodiscard]] double kv_budget_bytes(model_spec const& m) const {
+    return memory_bytes * usable_fraction - m.weight_bytes;
+  }
+
+  /// @throw invalid_argument naming the field and the value.
+  void validate() const {
+    TANGRAM_EXPECTS(memory_bytes > 0 && std::isfinite(memory_bytes), invalid_argument,
+                    "gpu.memory_bytes: must be > 0, got ", memory_bytes);
+    TANGRAM_EXPECTS(usable_fraction > 0 && usable_fraction <= 1, invalid_argument,
+                    "gpu.usable_fraction: must be in (0, 1], got ", usable_fraction);
+    TANGRAM_EXPECTS(hbm_bytes_per_s > 0 && std::isfinite(hbm_bytes_per_s), invalid_argument,
+                    "gpu.hbm_bytes_per_s: must be > 0, got ", hbm_bytes_per_s);
+    TANGRAM_EXPECTS(peak_flops > 0 && std::isfinite(peak_flops), invalid_argument,
+                    "gpu.peak_flops: must be > 0, got ", peak_flops);
+  }
+};
+
+/// @brief Roofline times for one model on one GPU (modelled).
+class cost_model {
+ public:
+  cost_model(model_spec model, gpu_spec gpu) : model_(std::move(model)), gpu_(std::move(gpu)) {
+    gpu_.validate();
+  }
+
+  [[nodiscard]] gpu_spec const& gpu() const { return gpu_; }
+  [[nodiscard]] model_spec const& model() const { return model_; }
+
+  /// One decode step reading `kv_bytes` of KV cache.
+  [[nodiscard]] double decode_step_s(double kv_bytes) const {
+    return (model_.active_weight_bytes + kv_bytes) / gpu_.hbm_bytes_per_s;
+  }
+
+  /// Prefill of `tokens` new tokens on top of `past` tokens already in the cache.
+  [[nodiscard]] double prefill_s(std::int64_t tokens, std::int64_t past) const {
+    auto n        = static_cast<double>(tokens);
+    double linear = 2.0 * model_.active_parameters * n;
+    double attn   = 4.0 * model_.num_query_heads * model_.head_dim * model_.num_layers * n *
+                  (n / 2.0 + static_cast<double>(past));
+    return (linear + attn) / gpu_.peak_flops;
+  }
+
+ private:
+  model_spec model_;
+  gpu_spec gpu_;
+};
+
+}  // namespace tangram::sim
