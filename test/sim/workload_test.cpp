@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tangram/sim/workload.hpp"
+
+#include "tangram/model/presets.hpp"
+#include "tangram/sim/cost_model.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using namespace tangram::sim;
+
+TEST_CASE("generated workloads follow their traffic class", "[workload]") {
+  struct cls {
+    workload_kind kind;
+    std::int64_t lo, hi;
+  } classes[] = {{workload_kind::short_context, 4096, 20000},
+                 {workload_kind::mid_context, 20000, 100000},
+                 {workload_kind::long_context, 100000, 120000}};
+  for (auto c : classes) {
+    workload_options o;
+    o.kind     = c.kind;
+    o.sessions = 300;
+    o.turns    = 4;
+    auto w     = generate_workload(o);
+    REQUIRE(w.sessions.size() == 300);
+    for (auto const& s : w.sessions) {
+      REQUIRE(s.turns.size() == 4);
+      CHECK(s.arrival_s == 0.0);
+      CHECK(s.total_tokens() <= o.max_context);
+      CHECK(s.turns[0].prompt_tokens >= std::min<std::int64_t>(c.lo, 1024));
+      CHECK(s.turns[0].prompt_tokens <= c.hi);
+      for (std::size_t k = 1; k < s.turns.size(); ++k) {
+        CHECK(s.turns[k].prompt_tokens >= 64);
+        CHECK(s.turns[k].prompt_tokens <= 512);
+      }
+      for (auto const& t : s.turns) {
+        CHECK(t.output_tokens >= 64);
+        CHECK(t.output_tokens <= 512);
+      }
+      CHECK(s.turns.back().think_s == 0.0);
+    }
+  }
+}
+
+TEST_CASE("workload generation is deterministic and arrivals are Poisson-spaced", "[workload]") {
+  workload_options o;
+  o.arrival_rate = 2.0;
+  o.sessions     = 2000;
+  auto a = generate_workload(o), b = generate_workload(o);
+  CHECK(to_json(a) == to_json(b));
+  o.seed = 2;
+  CHECK(to_json(generate_workload(o)) != to_json(a));
+  double last = a.sessions.back().arrival_s;
+  CHECK(last / 2000 == Approx(0.5).epsilon(0.1));  // mean gap 1/rate
+  for (std::size_t i = 1; i < a.sessions.size(); ++i) CHECK(a.sessions[i].arrival_s >= a.sessions[i - 1].arrival_s);
+}
+
+TEST_CASE("workload traces round-trip and bad traces name the field", "[workload][errors]") {
+  workload_options o;
+  o.sessions = 5;
+  auto w    = generate_workload(o);
+  auto back = parse_workload(to_json(w), "t");
+  REQUIRE(back.sessions.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CHECK(back.sessions[i].turns.size() == w.sessions[i].turns.size());
+    CHECK(back.sessions[i].turns[1].think_s == w.sessions[i].turns[1].think_s);
+    CHECK(back.sessions[i].turns[0].prompt_tokens == w.sessions[i].turns[0].prompt_tokens);
+  }
+  std::string good = R"({"format": "tangram-workload/v1", "sessions": [{"arrival_s": 0, "turns": [{"prompt_tokens": 100, "output_tokens": 10}]}]})";
+  CHECK(parse_workload(good, "w.json").sessions[0].turns[0].think_s == 0.0);
+  auto bad = [&](std::string const& from, std::string const& to) {
+    std::string t = good;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(bad("\"prompt_tokens\": 100", "\"prompt_tokens\": 0"), "w.json"),
+                                  parse_error, "w.json: sessions[0].turns[0].prompt_tokens", "got 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(bad("\"arrival_s\": 0", "\"arrival_s\": -1"), "w.json"),
+                                  parse_error, "sessions[0].arrival_s", "got -1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(bad("tangram-workload/v1", "tangram-workload/v7"), "w.json"),
+                                  parse_error, "format", "\"tangram-workload/v7\"");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(bad("\"output_tokens\": 10", "\"output_tokens\": 1.5"), "w.json"),
+                                  parse_error, "turns[0].output_tokens", "expected an integer");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(bad("[{\"prompt_tokens\": 100, \"output_tokens\": 10}]", "[]"), "w.json"),
+                                  parse_error, "sessions[0].turns", "got 0");
+  workload_options neg;
+  neg.sessions = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(generate_workload(neg), invalid_argument, "workload.sessions", "got 0");
+}
+
+TEST_CASE("roofline cost model matches hand-worked figures", "[cost]") {
+  auto m = model_preset("llama-3.1-8b");
+  cost_model cm(m, gpu_spec{});
+  // Decode: (16.06e9 weights + 10e9 KV) / 4.8e12 B/s.
+  CHECK(cm.decode_step_s(10e9) == Approx((8.03e9 * 2 + 10e9) / 4.8e12));
+  // Prefill of 1000 tokens after 3000: 2 * 8.03e9 * 1000 + 4 * 32 * 128 * 32 * 1000 * (500 + 3000).
+  double flops = 2 * 8.03e9 * 1000 + 4.0 * 32 * 128 * 32 * 1000 * 3500;
+  CHECK(cm.prefill_s(1000, 3000) == Approx(flops / 989e12));
+  CHECK(gpu_spec{}.kv_budget_bytes(m) == Approx(141e9 * 0.9 - 16.06e9));
+  gpu_spec bad;
+  bad.usable_fraction = 1.5;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(cost_model(m, bad), invalid_argument, "usable_fraction", "1.5");
+}
