@@ -22,7 +22,10 @@ namespace tangram {
 /// @brief What Phi, the weight a head's CTA share follows, measures.
 enum class split_weighting : std::uint8_t {
   budget,           ///< Phi = B (the paper's Algorithm 1; uncompressed heads count 1)
-  expected_tokens,  ///< Phi = mean over reference contexts n of retained_tokens(rule, n) / n
+  /// Phi = (sum over reference contexts n of retained_tokens(rule, n)) / (sum of n): the head's
+  /// expected tokens per context token when the reference contexts are equally likely. Token
+  /// weighted: long contexts, which carry most of a step's work, count in proportion.
+  expected_tokens,
 };
 
 constexpr std::string_view to_string(split_weighting w) noexcept {
@@ -55,10 +58,15 @@ struct split_options {
 inline double split_weight(head_rule const& rule, split_options const& options) {
   if (options.weighting == split_weighting::budget)
     return rule.kind == layer_kind::compressed ? rule.budget : 1.0;
-  double sum = 0;
-  for (auto n : options.reference_contexts)
-    sum += static_cast<double>(retained_tokens(rule, n)) / static_cast<double>(n);
-  return sum / static_cast<double>(options.reference_contexts.size());
+  // A mean of per-context ratios k(n)/n would weight a 1K context like a 128K one; below the
+  // protected tokens every head keeps everything, so that mean flattens the shares toward equal
+  // while the work of a batch is dominated by its long contexts.
+  double kept = 0, seen = 0;
+  for (auto n : options.reference_contexts) {
+    kept += static_cast<double>(retained_tokens(rule, n));
+    seen += static_cast<double>(n);
+  }
+  return kept / seen;
 }
 
 /**
