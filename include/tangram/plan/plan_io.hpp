@@ -1,0 +1,590 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file plan/plan_io.hpp
+ * @brief Saving and loading a static plan as `tangram-static-plan/v1` JSON (docs/formats.md).
+ *
+ * The file holds everything a serving engine needs without re-planning: the model spec, the
+ * budget profile, the options (Hp, scope, P, device limits, split weighting and reference
+ * contexts, tensor-parallel size and rank), the per-head rules, the head groups with their
+ * members and the slot of every head, and the split map (CTA boundaries and the weights Phi).
+ *
+ * Loading validates every field and every cross-field invariant, with errors that name the file,
+ * the field path and the value: the rules must follow from the model and the profile, the groups
+ * must cover every head of the rank exactly once with full, single-kind groups sized by their
+ * largest member, the slots must agree with the groups, and every layer's CTA shares must be at
+ * least one and sum to N_CTA. Saving runs the same validation, so a file on disk always loads.
+ * Host only; pure functions.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tangram/detail/file_io.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/error.hpp"
+#include "tangram/model/model_spec.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/profile/budget_profile.hpp"
+
+namespace tangram {
+
+namespace detail {
+
+inline json::value rule_to_json(head_rule const& r) {
+  auto o = json::value::object();
+  o.set("kind", to_string(r.kind));
+  if (r.kind == layer_kind::compressed) {
+    o.set("budget", r.budget);
+    o.set("protect", r.protect);
+  } else if (r.kind == layer_kind::sliding_window) {
+    o.set("window", r.window);
+  }
+  return o;
+}
+
+inline layer_kind read_layer_kind(json::node const& n) {
+  std::string name = n.as_string(32);
+  if (name == "compressed") return layer_kind::compressed;
+  if (name == "sliding_window") return layer_kind::sliding_window;
+  if (name == "uncompressed") return layer_kind::uncompressed;
+  n.fail(cat("unknown layer kind ",
+             n.describe(),
+             " (expected compressed, sliding_window or uncompressed)"));
+}
+
+/// Reads {"kind", "budget"?, "protect"?, "window"?} (budget only for compressed rules).
+inline head_rule rule_from_json(json::node const& n) {
+  head_rule r;
+  r.kind = read_layer_kind(n["kind"]);
+  if (r.kind == layer_kind::compressed) {
+    auto b   = n["budget"];
+    r.budget = b.as_double(-1e300, 1e300);
+    if (!(r.budget > 0 && r.budget <= 1))
+      b.fail(cat("budget must be in (0, 1], got ", b.describe()));
+    r.protect = n["protect"].as_int(0, 2 * profile_limits::max_protected);
+  } else if (r.kind == layer_kind::sliding_window) {
+    r.window = static_cast<std::int32_t>(n["window"].as_int(1, model_limits::max_window));
+  }
+  return r;
+}
+
+inline std::string describe_rule(head_rule const& r) {
+  switch (r.kind) {
+    case layer_kind::compressed:
+      return cat("compressed (budget ", r.budget, ", protect ", r.protect, ")");
+    case layer_kind::sliding_window:
+      return cat("sliding_window (window ", r.window, ")");
+    case layer_kind::uncompressed:
+      return "uncompressed";
+  }
+  return "?";
+}
+
+/// The rule that sizes a group: its first member's rule with the largest member budget
+/// (what cluster_heads assigns).
+inline head_rule group_rule_of(std::vector<head_ref> const& members,
+                               std::vector<head_rule> const& rules,
+                               std::int32_t num_kv_heads) {
+  auto at = [&](head_ref m) -> head_rule const& {
+    return rules[static_cast<std::size_t>(m.layer) * static_cast<std::size_t>(num_kv_heads) +
+                 static_cast<std::size_t>(m.head)];
+  };
+  head_rule r = at(members.front());
+  for (auto m : members) r.budget = std::max(r.budget, at(m).budget);
+  return r;
+}
+
+inline json::value plan_to_json_value(static_plan const& p) {
+  auto L = static_cast<std::size_t>(p.num_layers), H = static_cast<std::size_t>(p.num_kv_heads);
+  TANGRAM_EXPECTS(p.num_layers >= 1 && p.num_kv_heads >= 1,
+                  invalid_argument,
+                  "static_plan: needs at least one layer and one KV head, got ",
+                  p.num_layers,
+                  " x ",
+                  p.num_kv_heads);
+  TANGRAM_EXPECTS(p.rules.size() == L * H,
+                  invalid_argument,
+                  "static_plan.rules: expected ",
+                  L * H,
+                  " entries (num_layers x num_kv_heads), got ",
+                  p.rules.size());
+  TANGRAM_EXPECTS(p.grouping.slots.size() == L * H,
+                  invalid_argument,
+                  "static_plan.grouping.slots: expected ",
+                  L * H,
+                  " entries, got ",
+                  p.grouping.slots.size());
+  TANGRAM_EXPECTS(p.splits.cta_begin.size() == L * (H + 1) && p.splits.phi.size() == L * H,
+                  invalid_argument,
+                  "static_plan.splits: expected ",
+                  L * (H + 1),
+                  " CTA boundaries and ",
+                  L * H,
+                  " weights, got ",
+                  p.splits.cta_begin.size(),
+                  " and ",
+                  p.splits.phi.size());
+  for (auto const& g : p.grouping.groups)
+    TANGRAM_EXPECTS(
+        !g.members.empty(), invalid_argument, "static_plan.grouping: a group has no members");
+
+  auto v = json::value::object();
+  v.set("format", "tangram-static-plan/v1");
+  v.set("model", model_to_json(p.model));
+  v.set("profile", json::parse(to_json(p.profile), "profile"));
+
+  auto o = json::value::object();
+  o.set("group_size", p.options.group_size);
+  o.set("scope", to_string(p.options.scope));
+  o.set("page_tokens", p.options.page_tokens);
+  o.set("sm_count", p.options.split.limits.sm_count);
+  o.set("ctas_per_sm", p.options.split.limits.ctas_per_sm);
+  o.set("split_weighting", to_string(p.options.split.weighting));
+  auto refs = json::value::array();
+  for (auto n : p.options.split.reference_contexts) refs.push_back(n);
+  o.set("reference_contexts", std::move(refs));
+  o.set("tp_size", p.options.tp_size);
+  o.set("tp_rank", p.options.tp_rank);
+  v.set("options", std::move(o));
+
+  v.set("num_layers", p.num_layers);
+  v.set("num_kv_heads", p.num_kv_heads);
+  v.set("first_kv_head", p.first_kv_head);
+  v.set("page_bytes", p.geometry.page_bytes());
+
+  auto rules = json::value::array();
+  for (std::size_t l = 0; l < L; ++l) {
+    head_rule const& first = p.rules[l * H];
+    auto row               = json::value::object();
+    row.set("kind", to_string(first.kind));
+    auto budgets = json::value::array();
+    for (std::size_t h = 0; h < H; ++h) {
+      head_rule const& r = p.rules[l * H + h];
+      TANGRAM_EXPECTS(
+          r.kind == first.kind && r.protect == first.protect && r.window == first.window,
+          invalid_argument,
+          "static_plan.rules: layer ",
+          l,
+          " head ",
+          h,
+          " is ",
+          describe_rule(r),
+          " but head 0 is ",
+          describe_rule(first),
+          "; the heads of a layer share kind, protect and window");
+      budgets.push_back(r.budget);
+    }
+    if (first.kind == layer_kind::compressed) {
+      row.set("protect", first.protect);
+      row.set("budgets", std::move(budgets));
+    } else if (first.kind == layer_kind::sliding_window) {
+      row.set("window", first.window);
+    }
+    rules.push_back(std::move(row));
+  }
+  v.set("rules", std::move(rules));
+
+  auto groups = json::value::array();
+  for (auto const& g : p.grouping.groups) {
+    auto go      = rule_to_json(g.rule);
+    auto members = json::value::array();
+    for (auto m : g.members) {
+      auto pair = json::value::array();
+      pair.push_back(m.layer);
+      pair.push_back(m.head);
+      members.push_back(std::move(pair));
+    }
+    go.set("members", std::move(members));
+    groups.push_back(std::move(go));
+  }
+  v.set("groups", std::move(groups));
+
+  auto slot_group = json::value::array(), slot_column = json::value::array();
+  for (std::size_t l = 0; l < L; ++l) {
+    auto gr = json::value::array(), co = json::value::array();
+    for (std::size_t h = 0; h < H; ++h) {
+      gr.push_back(p.grouping.slots[l * H + h].group);
+      co.push_back(p.grouping.slots[l * H + h].column);
+    }
+    slot_group.push_back(std::move(gr));
+    slot_column.push_back(std::move(co));
+  }
+  auto slots = json::value::object();
+  slots.set("group", std::move(slot_group));
+  slots.set("column", std::move(slot_column));
+  v.set("slots", std::move(slots));
+
+  auto splits = json::value::object();
+  splits.set("num_ctas", p.splits.num_ctas());
+  auto begins = json::value::array(), phis = json::value::array();
+  for (std::size_t l = 0; l < L; ++l) {
+    auto b = json::value::array(), f = json::value::array();
+    for (std::size_t h = 0; h <= H; ++h) b.push_back(p.splits.cta_begin[l * (H + 1) + h]);
+    for (std::size_t h = 0; h < H; ++h) f.push_back(p.splits.phi[l * H + h]);
+    begins.push_back(std::move(b));
+    phis.push_back(std::move(f));
+  }
+  splits.set("cta_begin", std::move(begins));
+  splits.set("phi", std::move(phis));
+  v.set("splits", std::move(splits));
+  return v;
+}
+
+inline std::int32_t as_i32(json::node const& n, std::int64_t lo, std::int64_t hi) {
+  return static_cast<std::int32_t>(n.as_int(lo, hi));
+}
+
+/// An integer field that must equal a value derived from other fields (`why` says which).
+inline std::int32_t expect_derived(json::node const& n,
+                                   std::int64_t expected,
+                                   std::string_view why) {
+  std::int64_t v = n.as_int(-(std::int64_t{1} << 40), std::int64_t{1} << 40);
+  if (v != expected) n.fail(cat("must be ", expected, " (", why, "), got ", v));
+  return static_cast<std::int32_t>(v);
+}
+
+}  // namespace detail
+
+/**
+ * @brief Parses and validates `tangram-static-plan/v1` JSON text.
+ * @param source name used in error messages (usually the file path)
+ * @throw parse_error naming the source, the field path and the value (see the file comment for
+ *        the invariants checked).
+ */
+inline static_plan parse_static_plan(std::string_view text, std::string_view source) {
+  using detail::cat;
+  namespace json = detail::json;
+  auto doc_value = json::parse(text, source);
+  json::node doc(doc_value, source);
+  doc.expect(json::kind::object);
+  detail::expect_format(doc, "tangram-static-plan/v1");
+
+  static_plan p;
+  p.model = detail::model_from_json(doc["model"]);
+  {
+    auto prof = doc["profile"];
+    prof.expect(json::kind::object);
+    p.profile = parse_budget_profile(json::dump(prof.raw(), -1), cat(source, ": profile"));
+  }
+
+  auto o                = doc["options"];
+  p.options.group_size  = detail::as_i32(o["group_size"], 1, 1024);
+  p.options.page_tokens = detail::as_i32(o["page_tokens"], 1, 4096);
+  {
+    auto s           = o["scope"];
+    std::string name = s.as_string(32);
+    if (name == "adjacent")
+      p.options.scope = grouping_scope::adjacent;
+    else if (name == "layer")
+      p.options.scope = grouping_scope::layer;
+    else if (name == "global")
+      p.options.scope = grouping_scope::global;
+    else
+      s.fail(cat("unknown grouping scope ", s.describe(), " (expected adjacent, layer or global)"));
+  }
+  p.options.split.limits.sm_count    = detail::as_i32(o["sm_count"], 1, 65536);
+  p.options.split.limits.ctas_per_sm = detail::as_i32(o["ctas_per_sm"], 1, 64);
+  {
+    auto w           = o["split_weighting"];
+    std::string name = w.as_string(32);
+    if (name == "budget")
+      p.options.split.weighting = split_weighting::budget;
+    else if (name == "expected_tokens")
+      p.options.split.weighting = split_weighting::expected_tokens;
+    else
+      w.fail(
+          cat("unknown split weighting ", w.describe(), " (expected budget or expected_tokens)"));
+    auto refs     = o["reference_contexts"];
+    std::size_t n = refs.expect_size_in(1, 1024);
+    p.options.split.reference_contexts.clear();
+    for (std::size_t i = 0; i < n; ++i)
+      p.options.split.reference_contexts.push_back(
+          refs[i].as_int(1, profile_limits::max_context_tokens));
+  }
+  p.options.tp_size = detail::as_i32(o["tp_size"], 1, 1024);
+  p.options.tp_rank = detail::as_i32(o["tp_rank"], 0, p.options.tp_size - 1);
+  if (p.model.num_kv_heads % p.options.tp_size != 0)
+    o["tp_size"].fail(cat(
+        "must divide the model's ", p.model.num_kv_heads, " KV heads, got ", p.options.tp_size));
+
+  p.num_layers = detail::expect_derived(doc["num_layers"], p.model.num_layers, "model.num_layers");
+  std::int32_t local = p.model.num_kv_heads / p.options.tp_size;
+  p.num_kv_heads =
+      detail::expect_derived(doc["num_kv_heads"], local, "model.num_kv_heads / tp_size");
+  p.first_kv_head = detail::expect_derived(
+      doc["first_kv_head"], std::int64_t{p.options.tp_rank} * local, "tp_rank x num_kv_heads");
+  p.geometry = {p.options.page_tokens, p.options.group_size, p.model.head_dim, p.model.kv_dtype};
+  if (auto pb = doc.find("page_bytes"))
+    (void)detail::expect_derived(
+        *pb, p.geometry.page_bytes(), "group_size x 2 x page_tokens x head_dim x sizeof(kv_dtype)");
+
+  auto L = static_cast<std::size_t>(p.num_layers), H = static_cast<std::size_t>(p.num_kv_heads);
+
+  // Rules: they must be what the model and the profile say.
+  std::vector<head_rule> expected;
+  try {
+    expected = head_rules_for(p.model, p.profile, p.options.tp_size, p.options.tp_rank);
+  } catch (invalid_argument const& e) {
+    doc["profile"].fail(cat("does not fit the model: ", e.what()));
+  }
+  {
+    auto rows = doc["rules"];
+    (void)rows.expect_size(L, "one per layer, num_layers");
+    p.rules.resize(L * H);
+    for (std::size_t l = 0; l < L; ++l) {
+      auto row = rows[l];
+      head_rule base;
+      base.kind = detail::read_layer_kind(row["kind"]);
+      if (base.kind == layer_kind::compressed) {
+        base.protect = row["protect"].as_int(0, 2 * profile_limits::max_protected);
+        auto b       = row["budgets"];
+        (void)b.expect_size(H, "one per KV head of the rank, num_kv_heads");
+        for (std::size_t h = 0; h < H; ++h) {
+          auto cell = b[h];
+          double x  = cell.as_double(-1e300, 1e300);
+          if (!(x > 0 && x <= 1)) cell.fail(cat("budget must be in (0, 1], got ", cell.describe()));
+          p.rules[l * H + h]        = base;
+          p.rules[l * H + h].budget = x;
+        }
+      } else {
+        if (base.kind == layer_kind::sliding_window)
+          base.window =
+              static_cast<std::int32_t>(row["window"].as_int(1, model_limits::max_window));
+        for (std::size_t h = 0; h < H; ++h) p.rules[l * H + h] = base;
+      }
+      for (std::size_t h = 0; h < H; ++h)
+        if (!(p.rules[l * H + h] == expected[l * H + h]))
+          row.fail(cat("head ",
+                       h,
+                       " is ",
+                       detail::describe_rule(p.rules[l * H + h]),
+                       " but the model and the profile give ",
+                       detail::describe_rule(expected[l * H + h])));
+    }
+  }
+
+  // Groups and slots.
+  p.grouping.group_size   = p.options.group_size;
+  p.grouping.scope        = p.options.scope;
+  p.grouping.num_layers   = p.num_layers;
+  p.grouping.num_kv_heads = p.num_kv_heads;
+  {
+    auto groups   = doc["groups"];
+    std::size_t G = groups.size();
+    auto Hp       = static_cast<std::size_t>(p.options.group_size);
+    if (G * Hp != L * H)
+      groups.fail(cat(G,
+                      " groups of ",
+                      Hp,
+                      " heads (group_size) do not cover the ",
+                      L * H,
+                      " heads of the rank (num_layers x num_kv_heads)"));
+    std::vector<std::int64_t> owner(L * H, -1);
+    p.grouping.slots.assign(L * H, head_slot{});
+    for (std::size_t g = 0; g < G; ++g) {
+      auto gn = groups[g];
+      head_group grp;
+      grp.rule     = detail::rule_from_json(gn);
+      auto members = gn["members"];
+      (void)members.expect_size(Hp, "group_size");
+      for (std::size_t c = 0; c < Hp; ++c) {
+        auto m = members[c];
+        (void)m.expect_size(2, "[layer, head]");
+        head_ref ref{detail::as_i32(m[0], 0, p.num_layers - 1),
+                     detail::as_i32(m[1], 0, p.num_kv_heads - 1)};
+        auto idx = static_cast<std::size_t>(ref.layer) * H + static_cast<std::size_t>(ref.head);
+        if (owner[idx] >= 0)
+          m.fail(cat("head (",
+                     ref.layer,
+                     ", ",
+                     ref.head,
+                     ") is already a member of groups[",
+                     owner[idx],
+                     "]"));
+        owner[idx]          = static_cast<std::int64_t>(g);
+        head_rule const& r  = p.rules[idx];
+        head_rule const& r0 = grp.members.empty()
+                                  ? r
+                                  : p.rules[static_cast<std::size_t>(grp.members[0].layer) * H +
+                                            static_cast<std::size_t>(grp.members[0].head)];
+        if (r.kind != r0.kind || r.window != r0.window || r.protect != r0.protect)
+          m.fail(cat("head (",
+                     ref.layer,
+                     ", ",
+                     ref.head,
+                     ") is ",
+                     detail::describe_rule(r),
+                     ", unlike the group's first member, ",
+                     detail::describe_rule(r0),
+                     "; a group holds heads of one kind"));
+        grp.members.push_back(ref);
+        p.grouping.slots[idx] = {static_cast<std::int32_t>(g), static_cast<std::int32_t>(c)};
+      }
+      head_rule sized = detail::group_rule_of(grp.members, p.rules, p.num_kv_heads);
+      if (!(grp.rule == sized))
+        gn.fail(cat("rule ",
+                    detail::describe_rule(grp.rule),
+                    " is not the rule of its largest member, ",
+                    detail::describe_rule(sized)));
+      p.grouping.groups.push_back(std::move(grp));
+    }
+    auto slots  = doc["slots"];
+    auto sgroup = slots["group"], scol = slots["column"];
+    (void)sgroup.expect_size(L, "one row per layer, num_layers");
+    (void)scol.expect_size(L, "one row per layer, num_layers");
+    for (std::size_t l = 0; l < L; ++l) {
+      auto gr = sgroup[l], co = scol[l];
+      (void)gr.expect_size(H, "one per KV head of the rank, num_kv_heads");
+      (void)co.expect_size(H, "one per KV head of the rank, num_kv_heads");
+      for (std::size_t h = 0; h < H; ++h) {
+        auto const& want = p.grouping.slots[l * H + h];
+        auto gv          = gr[h].as_int(0, static_cast<std::int64_t>(G) - 1);
+        auto cv          = co[h].as_int(0, static_cast<std::int64_t>(Hp) - 1);
+        if (gv != want.group || cv != want.column)
+          gr[h].fail(cat("head (",
+                         l,
+                         ", ",
+                         h,
+                         ") has slot (group ",
+                         gv,
+                         ", column ",
+                         cv,
+                         ") but is member ",
+                         want.column,
+                         " of groups[",
+                         want.group,
+                         "]"));
+      }
+    }
+  }
+
+  // Split map.
+  {
+    auto s                = doc["splits"];
+    p.splits.num_layers   = p.num_layers;
+    p.splits.num_kv_heads = p.num_kv_heads;
+    p.splits.limits       = p.options.split.limits;
+    std::int32_t N        = p.splits.num_ctas();
+    (void)detail::expect_derived(s["num_ctas"], N, "sm_count x ctas_per_sm");
+    if (N < p.num_kv_heads)
+      s["num_ctas"].fail(cat("N_CTA = ",
+                             N,
+                             " is smaller than the ",
+                             p.num_kv_heads,
+                             " KV heads of a layer; every head needs at least one CTA"));
+    auto begins = s["cta_begin"], phis = s["phi"];
+    (void)begins.expect_size(L, "one row per layer, num_layers");
+    (void)phis.expect_size(L, "one row per layer, num_layers");
+    for (std::size_t l = 0; l < L; ++l) {
+      auto b = begins[l], f = phis[l];
+      (void)b.expect_size(H + 1, "num_kv_heads + 1 boundaries");
+      (void)f.expect_size(H, "one per KV head of the rank, num_kv_heads");
+      for (std::size_t h = 0; h <= H; ++h) {
+        std::int64_t lo = h == 0 ? 0 : p.splits.cta_begin.back() + 1;
+        std::int64_t hi = h == 0 ? 0 : (h == H ? N : N - static_cast<std::int64_t>(H - h));
+        if (h == H) lo = N;
+        auto x = b[h].as_int(-1, std::int64_t{1} << 31);
+        if (x < lo || x > hi)
+          b[h].fail(h == 0   ? cat("the first boundary must be 0, got ", x)
+                    : h == H ? cat("the last boundary must be N_CTA = ", N, ", got ", x)
+                             : cat("must be in [",
+                                   lo,
+                                   ", ",
+                                   hi,
+                                   "] (every head keeps at least one CTA), got ",
+                                   x));
+        p.splits.cta_begin.push_back(static_cast<std::int32_t>(x));
+      }
+      for (std::size_t h = 0; h < H; ++h) p.splits.phi.push_back(f[h].as_double(0, 1e300));
+    }
+  }
+  return p;
+}
+
+/**
+ * @brief Serialises a static plan as `tangram-static-plan/v1` JSON, after validating it as a
+ * load would.
+ * @throw invalid_argument when the plan is inconsistent (message names the field).
+ */
+inline std::string to_json(static_plan const& p) {
+  std::string text = detail::json::dump(detail::plan_to_json_value(p));
+  (void)parse_static_plan(text, "static_plan");
+  return text;
+}
+
+/// @brief Reads and validates a plan file. @throw parse_error / invalid_argument naming the path.
+inline static_plan load_static_plan(std::string const& path) {
+  return parse_static_plan(detail::read_file(path), path);
+}
+
+/// @brief Validates and writes a plan file (atomically). @throw invalid_argument naming the path.
+inline void save_static_plan(static_plan const& p, std::string const& path) {
+  detail::write_file(path, to_json(p));
+}
+
+/**
+ * @brief The first difference between two plans, as "field: a vs b"; empty when they are equal.
+ * Model specs and profiles compare by their JSON form (every serialised field); the rest field
+ * by field.
+ */
+inline std::string plan_difference(static_plan const& a, static_plan const& b) {
+  using detail::cat;
+  namespace json = detail::json;
+  if (json::dump(detail::model_to_json(a.model)) != json::dump(detail::model_to_json(b.model)))
+    return "model";
+  if (to_json(a.profile) != to_json(b.profile)) return "profile";
+  auto const &oa = a.options, &ob = b.options;
+  if (oa.group_size != ob.group_size)
+    return cat("options.group_size: ", oa.group_size, " vs ", ob.group_size);
+  if (oa.scope != ob.scope)
+    return cat("options.scope: ", to_string(oa.scope), " vs ", to_string(ob.scope));
+  if (oa.page_tokens != ob.page_tokens)
+    return cat("options.page_tokens: ", oa.page_tokens, " vs ", ob.page_tokens);
+  if (oa.split.limits.sm_count != ob.split.limits.sm_count ||
+      oa.split.limits.ctas_per_sm != ob.split.limits.ctas_per_sm)
+    return "options.split.limits";
+  if (oa.split.weighting != ob.split.weighting) return "options.split.weighting";
+  if (oa.split.reference_contexts != ob.split.reference_contexts)
+    return "options.split.reference_contexts";
+  if (oa.tp_size != ob.tp_size || oa.tp_rank != ob.tp_rank)
+    return cat("options.tp: ", oa.tp_size, "/", oa.tp_rank, " vs ", ob.tp_size, "/", ob.tp_rank);
+  if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||
+      a.first_kv_head != b.first_kv_head)
+    return "shape (num_layers, num_kv_heads, first_kv_head)";
+  if (!(a.geometry == b.geometry)) return "geometry";
+  if (a.rules.size() != b.rules.size()) return "rules: size";
+  for (std::size_t i = 0; i < a.rules.size(); ++i)
+    if (!(a.rules[i] == b.rules[i]))
+      return cat("rules[",
+                 i,
+                 "]: ",
+                 detail::describe_rule(a.rules[i]),
+                 " vs ",
+                 detail::describe_rule(b.rules[i]));
+  auto const &ga = a.grouping, &gb = b.grouping;
+  if (ga.group_size != gb.group_size || ga.scope != gb.scope || ga.num_layers != gb.num_layers ||
+      ga.num_kv_heads != gb.num_kv_heads || ga.groups.size() != gb.groups.size())
+    return "grouping: shape";
+  for (std::size_t g = 0; g < ga.groups.size(); ++g) {
+    if (!(ga.groups[g].rule == gb.groups[g].rule)) return cat("grouping.groups[", g, "].rule");
+    if (!(ga.groups[g].members == gb.groups[g].members))
+      return cat("grouping.groups[", g, "].members");
+  }
+  if (ga.slots.size() != gb.slots.size()) return "grouping.slots: size";
+  for (std::size_t i = 0; i < ga.slots.size(); ++i)
+    if (ga.slots[i].group != gb.slots[i].group || ga.slots[i].column != gb.slots[i].column)
+      return cat("grouping.slots[", i, "]");
+  if (a.splits.num_layers != b.splits.num_layers ||
+      a.splits.num_kv_heads != b.splits.num_kv_heads || a.splits.num_ctas() != b.splits.num_ctas())
+    return "splits: shape";
+  if (a.splits.cta_begin != b.splits.cta_begin) return "splits.cta_begin";
+  if (a.splits.phi != b.splits.phi) return "splits.phi";
+  return "";
+}
+
+}  // namespace tangram

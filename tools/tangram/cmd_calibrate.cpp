@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tangram calibrate SAMPLES.json`: static per-head budgets from retention samples, with the
+// figures that say how good they are (docs/planning.md#calibration).
+#include <cmath>
+#include <iomanip>
+#include <ostream>
+
+#include "commands.hpp"
+#include "plan_support.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/plan/calibration.hpp"
+
+namespace tangram::cli {
+
+namespace {
+
+namespace json = tangram::detail::json;
+using tangram::detail::cat;
+
+json::value number_or_null(double v) {
+  return std::isfinite(v) ? json::value(v) : json::value(nullptr);
+}
+
+std::string setting_of(calibration_options const& o) {
+  return o.estimator == budget_estimator::musigma ? cat("alpha ", o.alpha) : cat("q ", o.quantile);
+}
+
+}  // namespace
+
+int cmd_calibrate(args& a, streams io) {
+  auto cal = read_calibration_args(a);
+  evaluation_options ev;
+  ev.folds     = static_cast<std::int32_t>(a.integer("--folds", 2, 0, 100000));
+  ev.band      = a.number("--band", 0.05, 0, 1);
+  auto out     = a.value("--out");
+  bool as_json = a.flag("--json");
+  bool compare = a.flag("--compare");
+  a.finish(1);
+  auto pos = a.positionals();
+  if (pos.empty())
+    throw usage_error(
+        "missing SAMPLES.json (a retention-samples/v1 file or a bundled name, see `tangram "
+        "profiles`)");
+  if (ev.folds == 1)
+    throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
+
+  auto in      = read_input(pos[0]);
+  auto samples = read_samples(in);
+  if (ev.folds > 0 && static_cast<std::size_t>(ev.folds) > samples.samples.size())
+    throw usage_error(cat("--folds: ",
+                          ev.folds,
+                          " folds need at least ",
+                          ev.folds,
+                          " samples; ",
+                          in.source,
+                          " has ",
+                          samples.samples.size()));
+  auto profile = calibrate(samples, cal.options);
+  auto rep     = evaluate_calibration(samples, cal.options, ev);
+  std::vector<std::pair<calibration_options, calibration_report>> rows;
+  if (compare)
+    for (auto const& o : estimator_grid(cal.options.floor))
+      rows.emplace_back(o, evaluate_calibration(samples, o, ev));
+  if (out) save_budget_profile(profile, *out);
+
+  auto const& o = cal.options;
+  if (as_json) {
+    auto v = json::value::object();
+    v.set("command", "calibrate");
+    v.set("input", in.source);
+    v.set("model", samples.model);
+    v.set("scorer", samples.scorer);
+    v.set("num_samples", rep.num_samples);
+    v.set("num_layers", static_cast<std::int64_t>(samples.layer_ids.size()));
+    v.set("num_kv_heads", samples.num_kv_heads);
+    v.set("sink_tokens", samples.sink_tokens);
+    v.set("window_tokens", samples.window_tokens);
+    v.set("estimator", to_string(o.estimator));
+    v.set("alpha", o.alpha);
+    v.set("quantile", o.quantile);
+    v.set("floor", o.floor);
+    v.set("folds", ev.folds);
+    v.set("band", ev.band);
+    v.set("budget_min", rep.min_budget);
+    v.set("budget_mean", rep.mean_budget);
+    v.set("budget_max", rep.max_budget);
+    v.set("heads_at_floor", rep.heads_at_floor);
+    v.set("heads_at_one", rep.heads_at_one);
+    v.set("mean_dynamic_fraction", rep.mean_dynamic_fraction);
+    v.set("reserved_over_ideal", rep.reserved_over_ideal);
+    v.set("insample_clip_fraction", rep.insample_clip_fraction);
+    v.set("heldout_clip_fraction", number_or_null(rep.heldout_clip_fraction));
+    auto folds = json::value::array();
+    for (double c : rep.fold_clip_fractions) folds.push_back(c);
+    v.set("fold_clip_fractions", std::move(folds));
+    v.set("heldout_reserved_over_ideal", number_or_null(rep.heldout_reserved_over_ideal));
+    v.set("rank_spearman_mean", rep.rank_spearman_mean);
+    v.set("rank_spearman_min", rep.rank_spearman_min);
+    v.set("narrow_band_share", rep.narrow_band_share);
+    v.set("mean_spread", rep.mean_spread);
+    if (compare) {
+      auto arr = json::value::array();
+      for (auto const& [co, cr] : rows) {
+        auto r = json::value::object();
+        r.set("estimator", to_string(co.estimator));
+        if (co.estimator == budget_estimator::musigma)
+          r.set("alpha", co.alpha);
+        else
+          r.set("quantile", co.quantile);
+        r.set("reserved_over_ideal", cr.reserved_over_ideal);
+        r.set("heldout_clip_fraction", number_or_null(cr.heldout_clip_fraction));
+        r.set("heldout_reserved_over_ideal", number_or_null(cr.heldout_reserved_over_ideal));
+        arr.push_back(std::move(r));
+      }
+      v.set("comparison", std::move(arr));
+    }
+    v.set("out", out ? json::value(*out) : json::value(nullptr));
+    io.out << json::dump(v, -1) << "\n";
+    return 0;
+  }
+
+  auto& s = io.out;
+  s << "calibrate " << in.source << "\n"
+    << "  model " << samples.model << ", scorer " << samples.scorer << ", " << rep.num_samples
+    << " samples, " << samples.layer_ids.size() << " profiled layers x " << samples.num_kv_heads
+    << " KV heads\n"
+    << "  protected tokens: " << samples.sink_tokens << " sink + " << samples.window_tokens
+    << " window\n"
+    << "  estimator " << to_string(o.estimator) << ", " << setting_of(o) << ", floor " << o.floor
+    << "\n\n";
+  auto row = [&](char const* label, std::string const& value) {
+    s << "  " << std::left << std::setw(34) << label << value << "\n";
+  };
+  row("budgets min / mean / max",
+      cat(fixed(rep.min_budget, 3),
+          " / ",
+          fixed(rep.mean_budget, 3),
+          " / ",
+          fixed(rep.max_budget, 3),
+          "  (",
+          rep.heads_at_floor,
+          " at floor, ",
+          rep.heads_at_one,
+          " at 1)"));
+  row("mean dynamic kept fraction", fixed(rep.mean_dynamic_fraction, 3));
+  row("reserved / mean dynamic", fixed(rep.reserved_over_ideal, 3));
+  row("clipped tokens, in sample", percent(rep.insample_clip_fraction, 3));
+  if (ev.folds > 0) {
+    std::string per_fold;
+    for (double c : rep.fold_clip_fractions)
+      per_fold += (per_fold.empty() ? "" : ", ") + percent(c, 3);
+    row("clipped tokens, held out",
+        cat(percent(rep.heldout_clip_fraction, 3), "  (", ev.folds, " folds: ", per_fold, ")"));
+    row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
+  }
+  row("rank stability (Spearman)",
+      cat("mean ", fixed(rep.rank_spearman_mean, 3), ", min ", fixed(rep.rank_spearman_min, 3)));
+  row(cat("heads with spread <= ", ev.band).c_str(),
+      cat(percent(rep.narrow_band_share, 1),
+          "  (mean spread max-min ",
+          fixed(rep.mean_spread, 3),
+          ")"));
+  if (compare) {
+    s << "\n  estimator comparison (same samples, " << ev.folds << "-fold held out):\n"
+      << "  " << std::left << std::setw(10) << "estimator" << std::setw(12) << "setting"
+      << std::right << std::setw(16) << "reserved/ideal" << std::setw(16) << "held-out clip"
+      << std::setw(26) << "held-out reserved/ideal\n";
+    for (auto const& [co, cr] : rows)
+      s << "  " << std::left << std::setw(10) << to_string(co.estimator) << std::setw(12)
+        << setting_of(co) << std::right << std::setw(16) << fixed(cr.reserved_over_ideal, 3)
+        << std::setw(16) << (ev.folds > 0 ? percent(cr.heldout_clip_fraction, 3) : std::string("-"))
+        << std::setw(25)
+        << (ev.folds > 0 ? fixed(cr.heldout_reserved_over_ideal, 3) : std::string("-")) << "\n";
+  }
+  if (out) s << "\nwrote " << *out << "\n";
+  return 0;
+}
+
+}  // namespace tangram::cli

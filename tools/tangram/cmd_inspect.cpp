@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tangram inspect PLAN.json [--svg FILE.svg] [--json]`: a human summary of a static plan and,
+// optionally, a picture of its head groups (heads coloured by budget, one column per group).
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <ostream>
+
+#include "commands.hpp"
+#include "plan_support.hpp"
+#include "tangram/detail/file_io.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/plan/clustering.hpp"
+#include "tangram/plan/plan_io.hpp"
+
+namespace tangram::cli {
+
+namespace {
+
+namespace json = tangram::detail::json;
+using tangram::detail::cat;
+
+constexpr int histogram_bins = 10;
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) >= 0x20) out += c;
+    }
+  }
+  return out;
+}
+
+/// Budget in (0, 1] to a colour from dark blue (small) through yellow to dark red (1).
+std::string budget_colour(double b) {
+  struct stop {
+    double at;
+    int r, g, bl;
+  };
+  constexpr stop stops[] = {{0.0, 49, 54, 149},
+                            {0.25, 116, 173, 209},
+                            {0.5, 255, 255, 191},
+                            {0.75, 244, 109, 67},
+                            {1.0, 165, 0, 38}};
+  b                      = std::clamp(b, 0.0, 1.0);
+  std::size_t i          = 0;
+  while (i + 2 < std::size(stops) && b > stops[i + 1].at) ++i;
+  double t  = (b - stops[i].at) / (stops[i + 1].at - stops[i].at);
+  auto lerp = [&](int x, int y) { return static_cast<int>(std::lround(x + t * (y - x))); };
+  char buf[8];
+  std::snprintf(buf,
+                sizeof(buf),
+                "#%02x%02x%02x",
+                lerp(stops[i].r, stops[i + 1].r),
+                lerp(stops[i].g, stops[i + 1].g),
+                lerp(stops[i].bl, stops[i + 1].bl));
+  return buf;
+}
+
+std::string head_colour(head_rule const& r) {
+  if (r.kind == layer_kind::sliding_window) return "#bdbdbd";
+  if (r.kind == layer_kind::uncompressed) return "#525252";
+  return budget_colour(r.budget);
+}
+
+/// One column per group (its Hp member heads stacked, coloured by budget), groups in id order,
+/// wrapped into rows; a legend for the colours.
+std::string plan_svg(static_plan const& p) {
+  constexpr int cell = 12, gap = 3, per_row = 64, margin = 20, header = 46, legend = 40;
+  auto G        = p.num_groups();
+  int Hp        = p.options.group_size;
+  int cols      = std::min<int>(G, per_row);
+  int rows      = (G + per_row - 1) / per_row;
+  int width     = std::max(2 * margin + cols * (cell + gap), 420);
+  int row_h     = Hp * cell + 2 * gap + 8;
+  int height    = header + rows * row_h + legend + margin;
+  std::string s = cat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
+                      width,
+                      "\" height=\"",
+                      height,
+                      "\" font-family=\"sans-serif\" font-size=\"11\">\n");
+  s += cat("<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
+  s += cat("<text x=\"",
+           margin,
+           "\" y=\"18\" font-size=\"14\">",
+           xml_escape(p.model.name),
+           ": ",
+           G,
+           " head groups of ",
+           Hp,
+           " (scope ",
+           to_string(p.options.scope),
+           ", rank ",
+           p.options.tp_rank,
+           " of ",
+           p.options.tp_size,
+           ")</text>\n");
+  s += cat("<text x=\"",
+           margin,
+           "\" y=\"34\">group waste ",
+           fixed(100 * group_waste(p.grouping, p.rules), 2),
+           "% over the sum of budgets; one column per group, heads coloured by budget</text>\n");
+  for (std::int32_t g = 0; g < G; ++g) {
+    auto const& grp = p.grouping.groups[static_cast<std::size_t>(g)];
+    int x           = margin + (g % per_row) * (cell + gap);
+    int y           = header + (g / per_row) * row_h;
+    s += cat("<g><title>group ", g, ": ", to_string(grp.rule.kind));
+    if (grp.rule.kind == layer_kind::compressed)
+      s += cat(", sized by budget ", fixed(grp.rule.budget, 4));
+    s += "</title>\n";
+    s += cat("<rect x=\"",
+             x - 1,
+             "\" y=\"",
+             y - 1,
+             "\" width=\"",
+             cell + 2,
+             "\" height=\"",
+             static_cast<int>(grp.members.size()) * cell + 2,
+             "\" fill=\"none\" stroke=\"#222\" stroke-width=\"1\"/>\n");
+    for (std::size_t c = 0; c < grp.members.size(); ++c) {
+      auto m        = grp.members[c];
+      auto const& r = p.rule(m.layer, m.head);
+      s += cat("<rect x=\"",
+               x,
+               "\" y=\"",
+               y + static_cast<int>(c) * cell,
+               "\" width=\"",
+               cell,
+               "\" height=\"",
+               cell,
+               "\" fill=\"",
+               head_colour(r),
+               "\"><title>layer ",
+               m.layer,
+               " head ",
+               p.first_kv_head + m.head,
+               ": ",
+               to_string(r.kind));
+      if (r.kind == layer_kind::compressed) s += cat(", budget ", fixed(r.budget, 4));
+      s += "</title></rect>\n";
+    }
+    s += "</g>\n";
+  }
+  int ly = header + rows * row_h + 10;
+  for (int i = 0; i <= 20; ++i)
+    s += cat("<rect x=\"",
+             margin + i * 10,
+             "\" y=\"",
+             ly,
+             "\" width=\"10\" height=\"10\" fill=\"",
+             budget_colour(i / 20.0),
+             "\"/>\n");
+  s += cat("<text x=\"", margin, "\" y=\"", ly + 24, "\">budget 0</text>\n");
+  s += cat("<text x=\"", margin + 170, "\" y=\"", ly + 24, "\">1</text>\n");
+  s += cat("<rect x=\"",
+           margin + 240,
+           "\" y=\"",
+           ly,
+           "\" width=\"10\" height=\"10\" fill=\"#bdbdbd\"/>");
+  s += cat("<text x=\"", margin + 254, "\" y=\"", ly + 9, "\">sliding window</text>\n");
+  s += cat("<rect x=\"",
+           margin + 350,
+           "\" y=\"",
+           ly,
+           "\" width=\"10\" height=\"10\" fill=\"#525252\"/>");
+  s += cat("<text x=\"", margin + 364, "\" y=\"", ly + 9, "\">uncompressed</text>\n");
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace
+
+int cmd_inspect(args& a, streams io) {
+  auto svg     = a.value("--svg");
+  bool as_json = a.flag("--json");
+  a.finish(1);
+  auto pos = a.positionals();
+  if (pos.empty()) throw usage_error("missing PLAN.json (written by `tangram plan --out`)");
+  auto in         = read_input(pos[0]);
+  std::string fmt = format_of(in);
+  TANGRAM_EXPECTS(
+      fmt == "tangram-static-plan/v1",
+      tangram::invalid_argument,
+      in.source,
+      ": expected a tangram-static-plan/v1 file (from `tangram plan --out`), got format ",
+      tangram::detail::quoted(fmt));
+  auto p = parse_static_plan(in.text, in.source);
+  if (svg) tangram::detail::write_file(*svg, plan_svg(p));
+
+  std::int32_t per_kind[3] = {0, 0, 0};
+  for (auto const& g : p.grouping.groups) ++per_kind[static_cast<int>(g.rule.kind)];
+  std::vector<std::int64_t> hist(histogram_bins, 0);
+  std::int64_t compressed_heads = 0;
+  for (auto const& r : p.rules) {
+    if (r.kind != layer_kind::compressed) continue;
+    ++compressed_heads;
+    auto bin =
+        std::min(histogram_bins - 1, static_cast<int>(std::floor(r.budget * histogram_bins)));
+    ++hist[static_cast<std::size_t>(bin)];
+  }
+  double waste = group_waste(p.grouping, p.rules);
+  auto H       = p.num_kv_heads;
+  auto v       = p.splits.view();
+
+  if (as_json) {
+    auto o = json::value::object();
+    o.set("command", "inspect");
+    o.set("input", in.source);
+    o.set("model", p.model.name);
+    o.set("num_layers", p.num_layers);
+    o.set("num_kv_heads", p.num_kv_heads);
+    o.set("first_kv_head", p.first_kv_head);
+    o.set("tp_size", p.options.tp_size);
+    o.set("tp_rank", p.options.tp_rank);
+    o.set("num_groups", p.num_groups());
+    auto kinds = json::value::object();
+    for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed})
+      kinds.set(std::string(to_string(k)), per_kind[static_cast<int>(k)]);
+    o.set("groups_by_kind", std::move(kinds));
+    o.set("group_waste", waste);
+    auto h = json::value::array();
+    for (auto c : hist) h.push_back(c);
+    o.set("budget_histogram", std::move(h));
+    auto shares = json::value::array();
+    for (std::int32_t l = 0; l < p.num_layers; ++l) {
+      auto row = json::value::array();
+      for (std::int32_t k = 0; k < H; ++k) row.push_back(v.share(l, k));
+      shares.push_back(std::move(row));
+    }
+    o.set("split_shares", std::move(shares));
+    o.set("svg", svg ? json::value(*svg) : json::value(nullptr));
+    io.out << json::dump(o, -1) << "\n";
+    return 0;
+  }
+
+  auto& s       = io.out;
+  auto const& m = p.model;
+  s << "plan " << in.source << "\n"
+    << "  model " << m.name << ": " << m.num_layers << " layers, " << m.num_query_heads
+    << " query / " << m.num_kv_heads << " KV heads, head_dim " << m.head_dim << ", "
+    << to_string(m.kv_dtype) << "\n"
+    << "  tensor parallel: rank " << p.options.tp_rank << " of " << p.options.tp_size
+    << ", KV heads " << p.first_kv_head << ".." << p.first_kv_head + H - 1 << "\n"
+    << "  profile: scorer " << p.profile.scorer << ", "
+    << to_string(p.profile.calibration.estimator) << ", protected " << p.profile.sink_tokens
+    << " + " << p.profile.window_tokens << " tokens\n\n"
+    << "  layer kinds:";
+  for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed}) {
+    if (m.count(k) == 0) continue;
+    s << " " << m.count(k) << " " << to_string(k);
+    if (k == layer_kind::sliding_window) {
+      std::int32_t w = 0;
+      for (auto const& l : m.layers)
+        if (l.kind == k) w = l.window;
+      s << " (window " << w << ")";
+    }
+    s << ";";
+  }
+  s << "\n  layers:      ";
+  for (auto const& l : m.layers)
+    s << (l.kind == layer_kind::compressed       ? 'C'
+          : l.kind == layer_kind::sliding_window ? 'S'
+                                                 : 'U');
+  s << "   (C compressed, S sliding window, U uncompressed)\n\n"
+    << "  page: " << p.options.page_tokens << " tokens x " << p.options.group_size
+    << " heads = " << p.page_bytes() << " bytes\n"
+    << "  groups: " << p.num_groups() << ", scope " << to_string(p.options.scope) << ": "
+    << per_kind[0] << " compressed, " << per_kind[1] << " sliding_window, " << per_kind[2]
+    << " uncompressed\n"
+    << "  group waste (compressed heads) over sum of budgets: " << percent(waste, 2) << "\n\n"
+    << "  budgets of the " << compressed_heads << " compressed heads:\n";
+  std::int64_t peak = std::max<std::int64_t>(1, *std::max_element(hist.begin(), hist.end()));
+  for (int b = 0; b < histogram_bins; ++b) {
+    s << "    [" << fixed(b / 10.0, 1) << ", " << fixed((b + 1) / 10.0, 1)
+      << (b + 1 == histogram_bins ? "]" : ")") << std::setw(6) << hist[static_cast<std::size_t>(b)]
+      << "  "
+      << std::string(static_cast<std::size_t>(40 * hist[static_cast<std::size_t>(b)] / peak), '#')
+      << "\n";
+  }
+  s << "\n  split map: N_CTA = " << p.splits.num_ctas() << " (" << p.options.split.limits.sm_count
+    << " SMs x " << p.options.split.limits.ctas_per_sm << "), weighting "
+    << to_string(p.options.split.weighting) << "; CTAs per KV head:\n";
+  for (std::int32_t l = 0; l < p.num_layers; ++l) {
+    s << "    layer " << std::setw(3) << l << " " << std::left << std::setw(15)
+      << to_string(p.rule(l, 0).kind) << std::right;
+    for (std::int32_t k = 0; k < H; ++k) s << std::setw(5) << v.share(l, k);
+    s << "\n";
+  }
+  if (svg) s << "\nwrote " << *svg << "\n";
+  return 0;
+}
+
+}  // namespace tangram::cli

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tangram plan SAMPLES_OR_PROFILE.json`: the static plan of one (model, profile, hardware, rank):
+// rules, head groups, page geometry and split map, with its group waste and the split imbalance
+// on a reference batch (docs/planning.md).
+#include <iomanip>
+#include <ostream>
+
+#include "commands.hpp"
+#include "plan_support.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/plan/clustering.hpp"
+#include "tangram/plan/plan_io.hpp"
+#include "tangram/plan/split_analysis.hpp"
+#include "tangram/plan/static_plan.hpp"
+
+namespace tangram::cli {
+
+namespace {
+
+namespace json = tangram::detail::json;
+using tangram::detail::cat;
+
+constexpr grouping_scope all_scopes[] = {
+    grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global};
+
+std::string describe_layers(model_spec const& m) {
+  std::string s = cat(m.num_layers, " layers (");
+  bool first    = true;
+  for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed}) {
+    auto n = m.count(k);
+    if (n == 0) continue;
+    s += cat(first ? "" : ", ", n, " ", to_string(k));
+    first = false;
+  }
+  return s + ")";
+}
+
+}  // namespace
+
+int cmd_plan(args& a, streams io) {
+  auto cal = read_calibration_args(a);
+  plan_options o;
+  o.group_size = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
+  o.scope = parse_grouping_scope(a.choice("--scope", "global", {"adjacent", "layer", "global"}));
+  o.page_tokens              = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
+  o.split.limits.sm_count    = static_cast<std::int32_t>(a.integer("--sms", 132, 1, 65536));
+  o.split.limits.ctas_per_sm = static_cast<std::int32_t>(a.integer("--ctas-per-sm", 2, 1, 64));
+  o.split.weighting          = parse_split_weighting(
+      a.choice("--weighting", "expected_tokens", {"budget", "expected_tokens"}));
+  o.tp_size    = static_cast<std::int32_t>(a.integer("--tp-size", 1, 1, 1024));
+  o.tp_rank    = static_cast<std::int32_t>(a.integer("--tp-rank", 0, 0, 1023));
+  auto model_o = a.value("--model");
+  auto out     = a.value("--out");
+  bool as_json = a.flag("--json");
+  a.finish(1);
+  auto pos = a.positionals();
+  if (pos.empty())
+    throw usage_error(
+        "missing SAMPLES_OR_PROFILE.json (retention samples, a budget profile or a bundled name)");
+  if (o.tp_rank >= o.tp_size)
+    throw usage_error(cat("--tp-rank: must be in [0, ",
+                          o.tp_size - 1,
+                          "] for --tp-size ",
+                          o.tp_size,
+                          ", got ",
+                          o.tp_rank));
+
+  auto src   = read_samples_or_profile(pos[0], cal);
+  auto model = resolve_model(model_o, src.profile.model);
+  auto plan  = build_static_plan(model, src.profile, o);
+  if (out) save_static_plan(plan, *out);
+
+  double waste = group_waste(plan.grouping, plan.rules);
+  std::vector<std::optional<double>> scope_waste;
+  for (auto sc : all_scopes) {
+    try {
+      scope_waste.emplace_back(group_waste(
+          cluster_heads(plan.rules, plan.num_layers, plan.num_kv_heads, o.group_size, sc),
+          plan.rules));
+    } catch (tangram::invalid_argument const&) {
+      scope_waste.emplace_back(std::nullopt);  // Hp does not divide that scope's heads
+    }
+  }
+  std::int32_t per_kind[3] = {0, 0, 0};
+  for (auto const& g : plan.grouping.groups) ++per_kind[static_cast<int>(g.rule.kind)];
+  reference_batch batch;
+  auto imb = layer_imbalance(plan.rules, plan.splits, batch.contexts());
+
+  if (as_json) {
+    auto v = json::value::object();
+    v.set("command", "plan");
+    v.set("input", src.source);
+    v.set("model", model.name);
+    v.set("profile_model", src.profile.model);
+    v.set("scorer", src.profile.scorer);
+    v.set("calibrated_from_samples", src.samples.has_value());
+    v.set("num_layers", plan.num_layers);
+    v.set("num_kv_heads", plan.num_kv_heads);
+    v.set("tp_size", o.tp_size);
+    v.set("tp_rank", o.tp_rank);
+    v.set("group_size", o.group_size);
+    v.set("scope", to_string(o.scope));
+    v.set("page_tokens", o.page_tokens);
+    v.set("page_bytes", plan.page_bytes());
+    v.set("num_ctas", plan.splits.num_ctas());
+    v.set("split_weighting", to_string(o.split.weighting));
+    v.set("num_groups", plan.num_groups());
+    auto kinds = json::value::object();
+    for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed})
+      kinds.set(std::string(to_string(k)), per_kind[static_cast<int>(k)]);
+    v.set("groups_by_kind", std::move(kinds));
+    v.set("group_waste", waste);
+    auto sw = json::value::object();
+    for (std::size_t i = 0; i < 3; ++i)
+      sw.set(std::string(to_string(all_scopes[i])),
+             scope_waste[i] ? json::value(*scope_waste[i]) : json::value(nullptr));
+    v.set("group_waste_by_scope", std::move(sw));
+    v.set("split_imbalance", imb.aot.mean);
+    v.set("split_imbalance_p95", imb.aot.p95);
+    v.set("split_imbalance_max", imb.aot.max);
+    v.set("equal_split_imbalance", imb.equal_split.mean);
+    v.set("greedy_imbalance", imb.greedy.mean);
+    v.set("greedy_fine_imbalance", imb.greedy_fine.mean);
+    auto b = json::value::object();
+    b.set("requests", batch.requests);
+    b.set("min_context", batch.min_context);
+    b.set("max_context", batch.max_context);
+    b.set("seed", static_cast<std::int64_t>(batch.seed));
+    v.set("imbalance_batch", std::move(b));
+    v.set("out", out ? json::value(*out) : json::value(nullptr));
+    io.out << json::dump(v, -1) << "\n";
+    return 0;
+  }
+
+  auto& s = io.out;
+  s << "plan " << src.source << "\n"
+    << "  model " << model.name << ": " << describe_layers(model) << ", " << model.num_kv_heads
+    << " KV heads";
+  if (o.tp_size > 1)
+    s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads " << plan.first_kv_head << ".."
+      << plan.first_kv_head + plan.num_kv_heads - 1 << ")";
+  s << ", head_dim " << model.head_dim << ", " << to_string(model.kv_dtype) << "\n";
+  if (src.samples)
+    s << "  budgets calibrated from " << src.samples->samples.size() << " samples ("
+      << to_string(cal.options.estimator) << ", "
+      << (cal.options.estimator == budget_estimator::musigma ? cat("alpha ", cal.options.alpha)
+                                                             : cat("q ", cal.options.quantile))
+      << ", floor " << cal.options.floor << "), scorer " << src.profile.scorer << "\n";
+  else
+    s << "  budgets from profile (scorer " << src.profile.scorer << ")\n";
+  s << "  page: " << o.page_tokens << " tokens x " << o.group_size << " heads x " << model.head_dim
+    << " x " << to_string(model.kv_dtype) << " (K and V) = " << plan.page_bytes() << " bytes\n"
+    << "  groups: " << plan.num_groups() << " (" << per_kind[0] << " compressed, " << per_kind[1]
+    << " sliding_window, " << per_kind[2] << " uncompressed), scope " << to_string(o.scope) << "\n"
+    << "  group waste over sum of budgets: " << percent(waste, 2) << "   (by scope:";
+  for (std::size_t i = 0; i < 3; ++i)
+    s << " " << to_string(all_scopes[i]) << " "
+      << (scope_waste[i] ? percent(*scope_waste[i], 2) : std::string("n/a"));
+  s << ")\n"
+    << "  split map: N_CTA = " << plan.splits.num_ctas() << " (" << o.split.limits.sm_count
+    << " SMs x " << o.split.limits.ctas_per_sm << "), weighting " << to_string(o.split.weighting)
+    << "\n\n"
+    << "  split imbalance (max / mean CTA tokens) over the " << plan.num_layers << " layers, "
+    << batch.requests << " requests, contexts log-uniform " << batch.min_context << ".."
+    << batch.max_context << ", seed " << batch.seed << ":\n"
+    << "    " << std::left << std::setw(26) << "planner" << std::right << std::setw(8) << "mean"
+    << std::setw(8) << "p95" << std::setw(8) << "max"
+    << "\n";
+  auto line = [&](char const* name, imbalance_summary const& x) {
+    s << "    " << std::left << std::setw(26) << name << std::right << std::setw(8)
+      << fixed(x.mean, 3) << std::setw(8) << fixed(x.p95, 3) << std::setw(8) << fixed(x.max, 3)
+      << "\n";
+  };
+  line("AOT split map (static)", imb.aot);
+  line("equal split (FlashInfer)", imb.equal_split);
+  line("greedy LPT, per step", imb.greedy);
+  line("greedy LPT x4, per step", imb.greedy_fine);
+  if (out) s << "\nwrote " << *out << "\n";
+  return 0;
+}
+
+}  // namespace tangram::cli

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers shared by `tangram calibrate`, `tangram plan` and `tangram inspect`: reading samples or
+// profiles, choosing the model, calibration options, number formatting.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "args.hpp"
+#include "inputs.hpp"
+#include "tangram/model/model_spec.hpp"
+#include "tangram/plan/calibration.hpp"
+#include "tangram/profile/budget_profile.hpp"
+#include "tangram/profile/retention_samples.hpp"
+
+namespace tangram::cli {
+
+/// Calibration options read from the command line, and whether any was given explicitly.
+struct calibration_args {
+  calibration_options options;
+  std::optional<std::string> given;  ///< the first calibration option given, e.g. "--alpha"
+};
+
+/// Reads --estimator, --alpha, --quantile and --floor. --alpha with the quantile estimator or
+/// --quantile with musigma is a usage error.
+calibration_args read_calibration_args(args& a);
+
+/// The budgets a plan starts from: a profile, calibrated from samples when the input held samples.
+struct budget_source {
+  std::string source;  ///< the input's path or "bundled:<name>"
+  std::optional<retention_samples> samples;
+  budget_profile profile;
+};
+
+/// Reads retention samples (calibrated with `cal`) or a budget profile (then no calibration option
+/// may be given). Any other format is an error naming the input and its format.
+budget_source read_samples_or_profile(std::string const& name_or_path, calibration_args const& cal);
+
+/// Reads retention samples; another format is an error naming the input and its format.
+retention_samples read_samples(input_text const& in);
+
+/// The model: `--model` (a model-spec JSON file if such a file exists, else a preset name), or
+/// the preset matching `model_name` (from the samples or the profile).
+/// @throw usage_error asking for --model when no preset matches.
+model_spec resolve_model(std::optional<std::string> const& option, std::string const& model_name);
+
+/// Fixed-point text: fixed(1.23456, 3) == "1.235".
+std::string fixed(double v, int decimals);
+/// Percent text: percent(0.00293, 3) == "0.293%".
+std::string percent(double fraction, int decimals);
+
+}  // namespace tangram::cli
