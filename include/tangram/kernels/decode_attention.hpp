@@ -1,0 +1,319 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/decode_attention.hpp
+ * @brief Ragged paged decode attention over a `kv_cache_view`: parameters, the split-KV index
+ * math shared by the CUDA kernel and the CPU reference, the workspace contract and the launcher.
+ *
+ * One launch computes one layer for a batch of requests, one new query token each. Every KV head
+ * attends over its own held tokens (`kv_cache_view::head_len` / `locate`, sliding-window rings
+ * included) for the `group` query heads that share it (GQA). The work follows the static split
+ * map (plan/split_map.hpp): the layer's N_CTA CTAs are shared among its KV heads; CTA `j` of head
+ * `h` covers stream positions `[j * W / S, (j + 1) * W / S)` of the head's token stream
+ * concatenated over the batch (`W` tokens, `S` CTAs). Each (CTA, request) piece yields a partial
+ * result at slot `j + r` of the head; a merge combines a request's partials by log-sum-exp in CTA
+ * order. A request covered by a single CTA is written directly (no merge). The mapping and the
+ * merge order are fixed, so results are deterministic.
+ *
+ * Launchers are defined in `tangram::kernels` (kernels/decode_attention*.cu); the CPU reference
+ * is in reference/decode_attention.hpp. This header compiles without CUDA.
+ */
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "tangram/config.hpp"
+#include "tangram/device/device_limits.hpp"
+#include "tangram/dtype.hpp"
+#include "tangram/error.hpp"
+#include "tangram/kernels/math.hpp"
+#include "tangram/kernels/stream.hpp"
+#include "tangram/memory/kv_view.hpp"
+#include "tangram/plan/split_map.hpp"
+
+namespace tangram {
+
+/// Largest GQA group (query heads per KV head) the decode kernels support.
+inline constexpr std::int32_t decode_max_group = 8;
+/// Largest batch one decode launch accepts (the per-head length prefix lives in shared memory).
+inline constexpr std::int32_t decode_max_batch = 4096;
+
+// ---------------------------------------------------------------------------------------------
+// Split-KV index math (host/device; the CUDA kernels and the CPU reference both use these).
+// ---------------------------------------------------------------------------------------------
+
+/// @brief Half-open range of stream positions.
+struct stream_range {
+  std::int64_t begin = 0;
+  std::int64_t end   = 0;
+  TANGRAM_HOST_DEVICE bool empty() const { return begin >= end; }
+};
+
+/// Stream positions covered by local CTA `j` of a head split over `share` CTAs, `total` tokens.
+TANGRAM_HOST_DEVICE stream_range split_range(std::int64_t j,
+                                             std::int64_t share,
+                                             std::int64_t total) {
+  return {split_bound(j, share, total), split_bound(j + 1, share, total)};
+}
+
+/// @brief Local CTAs `[first, last]` whose ranges cover a request's tokens.
+struct cta_span {
+  std::int64_t first = 0;
+  std::int64_t last  = -1;
+  TANGRAM_HOST_DEVICE bool single() const { return first == last; }
+};
+
+/**
+ * The CTAs that cover stream positions `[prefix, prefix + len)` of a head (`len >= 1`). CTAs in
+ * between with empty ranges are included; they write no partial and the merge skips them.
+ */
+TANGRAM_HOST_DEVICE cta_span request_ctas(std::int64_t prefix,
+                                          std::int64_t len,
+                                          std::int64_t share,
+                                          std::int64_t total) {
+  return {split_cta_of(prefix, share, total), split_cta_of(prefix + len - 1, share, total)};
+}
+
+/**
+ * Tokens `[begin, end)` of a request (local token indices) that local CTA `j` processes, given
+ * the request's stream prefix and length; empty when the CTA does not reach the request.
+ */
+TANGRAM_HOST_DEVICE stream_range piece_of(
+    std::int64_t j, std::int64_t share, std::int64_t total, std::int64_t prefix, std::int64_t len) {
+  stream_range cta = split_range(j, share, total);
+  std::int64_t lo  = cta.begin > prefix ? cta.begin : prefix;
+  std::int64_t hi  = cta.end < prefix + len ? cta.end : prefix + len;
+  return {lo - prefix, (hi > lo ? hi : lo) - prefix};
+}
+
+/**
+ * @brief Byte layout of the decode workspace (offsets from its start, 256-byte aligned).
+ *
+ * - `partial_o`:   float `[slots][group][head_dim]`, a CTA's normalised partial output
+ * - `partial_lse`: float `[slots][group]`, its log2-sum-exp (base-2 logits)
+ * - `prefix`:      int64 `[num_kv_heads][batch + 1]`, each head's exclusive length prefix over
+ *                  the batch (written on the device by local CTA 0 of the head; read by the merge)
+ *
+ * `slots = split_map_view::partial_slots(batch) = N_CTA + num_kv_heads * batch`.
+ */
+struct decode_workspace_layout {
+  std::int64_t partial_o   = 0;
+  std::int64_t partial_lse = 0;
+  std::int64_t prefix      = 0;
+  std::int64_t bytes       = 0;  ///< total size
+};
+
+/// Workspace layout for one launch; grows monotonically with every argument.
+TANGRAM_HOST_DEVICE decode_workspace_layout decode_workspace(std::int32_t num_ctas,
+                                                             std::int32_t num_kv_heads,
+                                                             std::int32_t batch,
+                                                             std::int32_t group,
+                                                             std::int32_t head_dim) {
+  auto align = [](std::int64_t x) { return (x + 255) / 256 * 256; };
+  std::int64_t slots =
+      static_cast<std::int64_t>(num_ctas) + static_cast<std::int64_t>(num_kv_heads) * batch;
+  decode_workspace_layout w;
+  w.partial_o   = 0;
+  w.partial_lse = align(slots * group * head_dim * 4);
+  w.prefix      = w.partial_lse + align(slots * group * 4);
+  w.bytes       = w.prefix + align(static_cast<std::int64_t>(num_kv_heads) * (batch + 1) * 8);
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters.
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * @brief One decode-attention launch: one layer, one query token per request of `kv`'s batch.
+ *
+ * Non-owning POD. For the CUDA launcher every pointer (including those inside `kv` and
+ * `splits`) is device memory; for the CPU reference every pointer is host memory.
+ *
+ * Query head `h * group + g` (g < group) uses KV head `h`. Layouts (row-major):
+ * - `q`:  `[batch][num_kv_heads * group][head_dim]` in `q_dtype`; request rows `q_stride`
+ *         elements apart (0 = dense, `num_q_heads * head_dim`)
+ * - `o`:  `[batch][num_kv_heads * group][head_dim]` in `o_dtype`, dense
+ * - `lse` (optional): `[batch][num_kv_heads * group]` natural-log sum-exp of the scaled logits,
+ *         sink included
+ * - `sinks` (optional): `[num_kv_heads * group]` per-query-head sink logits (GPT-OSS): the sink
+ *         enters the softmax denominator only, `o = sum_i e^{s_i} v_i / (e^{sink} + sum_i
+ * e^{s_i})`.
+ *
+ * A head that holds no tokens for a request outputs zeros (and lse = sink or -inf).
+ */
+struct decode_params {
+  kv_cache_view kv;       ///< batch view (its `batch_size` and `batch_slots` define the batch)
+  split_map_view splits;  ///< the static split map; `splits.num_ctas` is the grid size
+  std::int32_t layer    = 0;
+  std::int32_t group    = 1;  ///< query heads per KV head, 1..decode_max_group
+  const void* q         = nullptr;
+  dtype q_dtype         = dtype::bf16;
+  std::int64_t q_stride = 0;  ///< elements between consecutive requests' query rows; 0: dense
+  void* o               = nullptr;
+  dtype o_dtype         = dtype::bf16;
+  float* lse            = nullptr;  ///< optional
+  const float* sinks    = nullptr;  ///< optional
+  float sm_scale        = 0.f;      ///< logit scale; 0 means 1/sqrt(head_dim)
+
+  [[nodiscard]] std::int32_t num_q_heads() const { return kv.num_kv_heads * group; }
+  [[nodiscard]] std::int64_t q_row_stride() const {
+    return q_stride != 0 ? q_stride
+                         : static_cast<std::int64_t>(num_q_heads()) * kv.geometry.head_dim;
+  }
+  [[nodiscard]] float scale() const {
+    return sm_scale != 0.f ? sm_scale : 1.f / std::sqrt(static_cast<float>(kv.geometry.head_dim));
+  }
+
+  /**
+   * @brief Checks everything that can be checked on the host without reading the arrays.
+   * @throw invalid_argument naming the field and the value.
+   */
+  void validate() const {
+    kv.geometry.validate();
+    TANGRAM_EXPECTS(kv.pool != nullptr, invalid_argument, "decode_params.kv.pool: null");
+    TANGRAM_EXPECTS(kv.head_slots && kv.group_window && kv.group_ring_pages && kv.page_offset &&
+                        kv.pages && kv.head_base_len && kv.appended && kv.seq_tokens,
+                    invalid_argument,
+                    "decode_params.kv: a page-table array is null");
+    TANGRAM_EXPECTS(kv.batch_size >= 0 && kv.batch_size <= decode_max_batch,
+                    invalid_argument,
+                    "decode_params.kv.batch_size: must be in [0, ",
+                    decode_max_batch,
+                    "], got ",
+                    kv.batch_size);
+    TANGRAM_EXPECTS(kv.batch_size == 0 || kv.batch_slots != nullptr,
+                    invalid_argument,
+                    "decode_params.kv.batch_slots: null with batch_size ",
+                    kv.batch_size);
+    TANGRAM_EXPECTS(kv.num_layers >= 1 && kv.num_kv_heads >= 1 && kv.num_groups >= 1,
+                    invalid_argument,
+                    "decode_params.kv: num_layers, num_kv_heads and num_groups must be >= 1, got ",
+                    kv.num_layers,
+                    ", ",
+                    kv.num_kv_heads,
+                    ", ",
+                    kv.num_groups);
+    TANGRAM_EXPECTS(layer >= 0 && layer < kv.num_layers,
+                    invalid_argument,
+                    "decode_params.layer: must be in [0, ",
+                    kv.num_layers - 1,
+                    "], got ",
+                    layer);
+    TANGRAM_EXPECTS(group >= 1 && group <= decode_max_group,
+                    invalid_argument,
+                    "decode_params.group: must be in [1, ",
+                    decode_max_group,
+                    "], got ",
+                    group);
+    TANGRAM_EXPECTS(
+        splits.cta_begin != nullptr, invalid_argument, "decode_params.splits.cta_begin: null");
+    TANGRAM_EXPECTS(splits.num_layers == kv.num_layers,
+                    invalid_argument,
+                    "decode_params.splits.num_layers: ",
+                    splits.num_layers,
+                    " does not match kv.num_layers ",
+                    kv.num_layers);
+    TANGRAM_EXPECTS(splits.num_kv_heads == kv.num_kv_heads,
+                    invalid_argument,
+                    "decode_params.splits.num_kv_heads: ",
+                    splits.num_kv_heads,
+                    " does not match kv.num_kv_heads ",
+                    kv.num_kv_heads);
+    TANGRAM_EXPECTS(splits.num_ctas >= splits.num_kv_heads,
+                    invalid_argument,
+                    "decode_params.splits.num_ctas: ",
+                    splits.num_ctas,
+                    " is smaller than the ",
+                    splits.num_kv_heads,
+                    " KV heads of a layer");
+    TANGRAM_EXPECTS(q != nullptr || kv.batch_size == 0, invalid_argument, "decode_params.q: null");
+    TANGRAM_EXPECTS(o != nullptr || kv.batch_size == 0, invalid_argument, "decode_params.o: null");
+    TANGRAM_EXPECTS(q_stride == 0 ||
+                        q_stride >= static_cast<std::int64_t>(num_q_heads()) * kv.geometry.head_dim,
+                    invalid_argument,
+                    "decode_params.q_stride: must be 0 or >= num_q_heads * head_dim = ",
+                    static_cast<std::int64_t>(num_q_heads()) * kv.geometry.head_dim,
+                    ", got ",
+                    q_stride);
+    TANGRAM_EXPECTS(std::isfinite(sm_scale) && sm_scale >= 0.f,
+                    invalid_argument,
+                    "decode_params.sm_scale: must be finite and >= 0 (0: 1/sqrt(head_dim)), got ",
+                    sm_scale);
+  }
+};
+
+/// Bytes of workspace `decode_attention` needs for `p` (its batch size).
+inline std::size_t decode_workspace_bytes(decode_params const& p) {
+  return static_cast<std::size_t>(
+      decode_workspace(
+          p.splits.num_ctas, p.kv.num_kv_heads, p.kv.batch_size, p.group, p.kv.geometry.head_dim)
+          .bytes);
+}
+
+/**
+ * @brief Bytes of workspace for any batch up to `max_batch`: what an engine allocates once.
+ * @throw invalid_argument for a negative or too large `max_batch`.
+ */
+inline std::size_t decode_workspace_bytes(split_map_view const& splits,
+                                          std::int32_t max_batch,
+                                          std::int32_t group,
+                                          std::int32_t head_dim) {
+  TANGRAM_EXPECTS(max_batch >= 0 && max_batch <= decode_max_batch,
+                  invalid_argument,
+                  "decode_workspace_bytes: max_batch must be in [0, ",
+                  decode_max_batch,
+                  "], got ",
+                  max_batch);
+  return static_cast<std::size_t>(
+      decode_workspace(splits.num_ctas, splits.num_kv_heads, max_batch, group, head_dim).bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA launchers (defined in tangram::kernels).
+// ---------------------------------------------------------------------------------------------
+
+/// Head dims the CUDA decode kernels are instantiated for.
+inline constexpr std::int32_t decode_head_dims[] = {64, 128, 256};
+
+/// True when the CUDA kernels support this (KV dtype, head dim) (f32/f16/bf16 x 64/128/256).
+constexpr bool decode_kernel_supports(dtype kv_dtype, std::int32_t head_dim) noexcept {
+  return (kv_dtype == dtype::f32 || kv_dtype == dtype::f16 || kv_dtype == dtype::bf16) &&
+         (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+/**
+ * @brief Launches decode attention for one layer on `stream`: the split kernel (grid =
+ * `p.splits.num_ctas` CTAs, fixed by the plan, so the launch can be captured in a CUDA graph) and
+ * the merge kernel (grid = batch x KV heads).
+ *
+ * Stream-ordered and asynchronous: no host synchronisation, no allocation, no host reads of
+ * device arrays. Inputs must stay valid and unchanged until the work on `stream` completes.
+ * Requires `tangram::kernels` (a CUDA build).
+ *
+ * @param workspace device memory of at least `decode_workspace_bytes(p)` bytes, 256-byte
+ *        aligned, owned by the caller; not to be used concurrently by another launch.
+ * @throw invalid_argument for invalid parameters (see `decode_params::validate`), an unsupported
+ *        (dtype, head dim), misaligned pointers or a too small workspace.
+ * @throw cuda_error when a launch fails.
+ */
+void decode_attention(decode_params const& p,
+                      void* workspace,
+                      std::size_t workspace_bytes,
+                      cuda_stream_t stream);
+
+/**
+ * @brief Occupancy of the decode split kernel for (KV dtype, head dim, GQA group) on `device`:
+ * `{sm_count, ctas_per_sm}` (N_CTA = their product) as the CUDA runtime reports it.
+ *
+ * Returns nullopt when there is no usable device, the configuration is unsupported, or the
+ * runtime reports an error (which is cleared). Never throws; queries through cudart only.
+ */
+std::optional<device_limits> decode_device_limits(dtype kv_dtype,
+                                                  std::int32_t head_dim,
+                                                  std::int32_t group,
+                                                  std::int32_t device = 0) noexcept;
+
+}  // namespace tangram

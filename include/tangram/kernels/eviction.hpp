@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/eviction.hpp
+ * @brief Fused scoring + top-k eviction + compaction for one layer and one prefill chunk:
+ * parameters, the selection rule shared by the CUDA kernels and the CPU reference, the workspace
+ * contract and the launcher.
+ *
+ * For each request `r` of the view's batch with a chunk of `c > 0` tokens and each KV head `h`:
+ *
+ * - **compressed** head (rule kind `compressed`): the candidates are the head's held tokens
+ *   (column positions `0..len-1`, in order) followed by the chunk's tokens. With
+ *   `n_seen = seq_tokens + c` (the view describes the state *before* the chunk), the head keeps
+ *   `k = min(retained_tokens(rule, n_seen), len + c)` candidates: the protected ones (the first
+ *   `sink` and the last `rule.protect - sink` candidates) first, then the highest scores, ties to
+ *   the earlier position. Survivors are written in their original order to column positions
+ *   `[0, k)`.
+ * - **uncompressed** head: the chunk is appended at positions `[len, len + c)`.
+ * - **sliding-window** head (the group has a window W in the view): the chunk tokens among the last
+ *   W of the sequence are written into the ring; the head then holds `min(n_seen, W)` tokens.
+ *
+ * `new_len[r * num_kv_heads + h]` receives the tokens the head holds afterwards. Requests with an
+ * empty chunk are left unchanged (`new_len` = current length). The owner of the view then records
+ * the new lengths and adds `c` to the sequence's `seq_tokens` (after all layers ran).
+ *
+ * Scores: supplied by the engine, SnapKV-style (last `obs_window` queries of the chunk, softmax
+ * over the candidates with causal masking inside the chunk, mean over the window and the GQA
+ * group), or key norm (smaller L2 norm of K kept, as KNorm). A max-pool of width `pool_kernel`
+ * along candidate order follows (SnapKV default 7, others 1). NaN scores count as -inf.
+ */
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "tangram/config.hpp"
+#include "tangram/dtype.hpp"
+#include "tangram/error.hpp"
+#include "tangram/kernels/math.hpp"
+#include "tangram/kernels/stream.hpp"
+#include "tangram/memory/kv_view.hpp"
+#include "tangram/numeric.hpp"
+#include "tangram/plan/retention.hpp"
+
+namespace tangram {
+
+/// @brief Where the eviction scores come from.
+enum class score_source : std::uint8_t {
+  supplied,  ///< the engine supplies a float per candidate (higher is kept)
+  snapkv,    ///< built in: SnapKV-style observation-window attention
+  key_norm,  ///< built in: minus the L2 norm of K (smaller norms kept, KNorm)
+};
+
+constexpr std::string_view to_string(score_source s) noexcept {
+  switch (s) {
+    case score_source::supplied:
+      return "supplied";
+    case score_source::snapkv:
+      return "snapkv";
+    case score_source::key_norm:
+      return "key_norm";
+  }
+  return "?";
+}
+
+/// Largest SnapKV observation window (queries of the chunk) the kernels accept.
+inline constexpr std::int32_t eviction_max_obs_window = 64;
+/// Largest GQA group the SnapKV scorer accepts.
+inline constexpr std::int32_t eviction_max_group = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Selection rule (host/device; the CUDA kernels and the CPU reference both use these).
+// ---------------------------------------------------------------------------------------------
+
+/// Key of a protected candidate: above every score key.
+inline constexpr std::uint32_t protected_score_key = 0xffffffffu;
+
+/// Order-preserving unsigned key of a score (larger score, larger key); NaN maps to 0.
+TANGRAM_HOST_DEVICE std::uint32_t score_key(float score) {
+  std::uint32_t u = detail::float_bits(score);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/// Candidates kept by a compressed head with `rule` after `n_seen` tokens, out of `candidates`.
+TANGRAM_HOST_DEVICE std::int64_t eviction_keep(head_rule const& rule,
+                                               std::int64_t n_seen,
+                                               std::int64_t candidates) {
+  std::int64_t k = retained_tokens(rule, n_seen);
+  return k < candidates ? k : candidates;
+}
+
+/// True when candidate `i` of `n` is protected: one of the first `sink` or the last `window`.
+TANGRAM_HOST_DEVICE bool eviction_protected(std::int64_t i,
+                                            std::int64_t n,
+                                            std::int64_t sink,
+                                            std::int64_t window) {
+  return i < sink || i >= n - window;
+}
+
+/// Max of `raw[i - kernel/2 .. i + kernel/2]` clipped to `[0, n)`; NaN entries are ignored
+/// (an all-NaN neighbourhood gives -inf). `kernel` is odd and >= 1.
+TANGRAM_HOST_DEVICE float pooled_score(const float* raw,
+                                       std::int64_t n,
+                                       std::int64_t i,
+                                       std::int32_t kernel) {
+  std::int64_t half = kernel / 2;
+  std::int64_t lo   = i - half < 0 ? 0 : i - half;
+  std::int64_t hi   = i + half >= n ? n - 1 : i + half;
+  float best        = -INFINITY;
+  for (std::int64_t x = lo; x <= hi; ++x)
+    if (raw[x] > best) best = raw[x];
+  return best;
+}
+
+/// Selection key of candidate `i` of `n`: `protected_score_key` or `score_key(pooled score)`.
+TANGRAM_HOST_DEVICE std::uint32_t candidate_key(const float* raw,
+                                                std::int64_t n,
+                                                std::int64_t i,
+                                                std::int32_t kernel,
+                                                std::int64_t sink,
+                                                std::int64_t window) {
+  return eviction_protected(i, n, sink, window) ? protected_score_key
+                                                : score_key(pooled_score(raw, n, i, kernel));
+}
+
+/// Keys per candidate tile of the SnapKV scorer (a function of the head dim only).
+TANGRAM_HOST_DEVICE constexpr std::int32_t snapkv_key_tile(std::int32_t head_dim) {
+  return head_dim >= 256 ? 16 : 4096 / head_dim;
+}
+
+/**
+ * @brief Byte layout of the eviction workspace (offsets, 256-byte aligned).
+ *
+ * - `keys`:  uint32 `[batch * num_kv_heads][max_candidates]` selection keys
+ * - `raw`:   float  `[batch * num_kv_heads][max_candidates]` built-in raw scores (snapkv, key_norm)
+ * - `stats`: float2 `[batch * num_kv_heads][key tiles][obs_window * group]` SnapKV per-tile (max,
+ *            sum) of each query's base-2 logits
+ * - `norm`:  float2 `[batch * num_kv_heads][obs_window * group]` SnapKV softmax (max, sum)
+ */
+struct eviction_workspace_layout {
+  std::int64_t keys  = 0;
+  std::int64_t raw   = 0;
+  std::int64_t stats = 0;
+  std::int64_t norm  = 0;
+  std::int64_t bytes = 0;
+};
+
+/// Workspace layout for a launch; grows monotonically with every argument.
+TANGRAM_HOST_DEVICE eviction_workspace_layout eviction_workspace(std::int32_t batch,
+                                                                 std::int32_t num_kv_heads,
+                                                                 std::int32_t max_candidates,
+                                                                 score_source source,
+                                                                 std::int32_t group,
+                                                                 std::int32_t obs_window,
+                                                                 std::int32_t head_dim) {
+  auto align         = [](std::int64_t x) { return (x + 255) / 256 * 256; };
+  std::int64_t heads = static_cast<std::int64_t>(batch) * num_kv_heads;
+  std::int64_t cand  = heads * max_candidates;
+  std::int64_t tiles = (max_candidates + snapkv_key_tile(head_dim) - 1) / snapkv_key_tile(head_dim);
+  std::int64_t nq =
+      source == score_source::snapkv ? static_cast<std::int64_t>(obs_window) * group : 0;
+  eviction_workspace_layout w;
+  w.keys  = 0;
+  w.raw   = align(cand * 4);
+  w.stats = w.raw + (source == score_source::supplied ? 0 : align(cand * 4));
+  w.norm  = w.stats + align(heads * tiles * nq * 8);
+  w.bytes = w.norm + align(heads * nq * 8);
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters.
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * @brief One eviction launch: one layer, one prefill chunk per request of `kv`'s batch.
+ *
+ * Non-owning POD; all pointers device memory for the CUDA launcher, host memory for the CPU
+ * reference. The pool pages the view names are modified in place: the (group, column) cells of
+ * this layer's heads. The view must already hold enough pages for the new lengths (reserved by the
+ * memory manager at admission) and describe the state before the chunk.
+ *
+ * Layouts (row-major), with chunk token `t` of request `r` at row `chunk_indptr[r] + t`:
+ * - `chunk_k`, `chunk_v`: `[rows][num_kv_heads][head_dim]` in the KV dtype
+ * - `q` (snapkv only): `[rows][num_kv_heads * group][head_dim]` in `q_dtype`; only the last
+ *   `obs_window` rows of each request are read
+ * - `scores` (supplied), `scores_out`: `[batch * num_kv_heads][max_candidates]`, candidate `i` of
+ *   (r, h) at `(r * num_kv_heads + h) * max_candidates + i`
+ */
+struct eviction_params {
+  kv_cache_view kv;  ///< state before the chunk
+  std::int32_t layer               = 0;
+  const head_rule* rules           = nullptr;  ///< [num_kv_heads] rules of this layer's heads
+  std::int32_t sink                = 0;  ///< protected leading candidates (the profile's sink)
+  const std::int32_t* chunk_indptr = nullptr;  ///< [batch + 1] rows of each request's chunk
+  const void* chunk_k              = nullptr;
+  const void* chunk_v              = nullptr;
+  std::int32_t max_candidates = 0;  ///< bound on held + chunk tokens of any head (workspace size)
+  score_source source         = score_source::snapkv;
+  const float* scores         = nullptr;  ///< supplied scores
+  const void* q               = nullptr;  ///< snapkv queries
+  dtype q_dtype               = dtype::bf16;
+  std::int32_t group          = 1;        ///< query heads per KV head (snapkv)
+  std::int32_t obs_window     = 32;       ///< SnapKV observation window (last queries of the chunk)
+  float sm_scale              = 0.f;      ///< SnapKV logit scale; 0 means 1/sqrt(head_dim)
+  std::int32_t pool_kernel    = 0;        ///< odd max-pool width; 0: 7 for snapkv, 1 otherwise
+  std::int32_t* new_len       = nullptr;  ///< out: [batch * num_kv_heads]; -1 marks an invalid head
+  float* scores_out           = nullptr;  ///< optional out: raw scores of heads that selected
+
+  [[nodiscard]] std::int32_t pool() const {
+    return pool_kernel != 0 ? pool_kernel : (source == score_source::snapkv ? 7 : 1);
+  }
+  [[nodiscard]] float scale() const {
+    return sm_scale != 0.f ? sm_scale : 1.f / std::sqrt(static_cast<float>(kv.geometry.head_dim));
+  }
+
+  /**
+   * @brief Checks everything that can be checked on the host without reading the arrays.
+   * @throw invalid_argument naming the field and the value.
+   */
+  void validate() const {
+    kv.geometry.validate();
+    TANGRAM_EXPECTS(kv.pool != nullptr, invalid_argument, "eviction_params.kv.pool: null");
+    TANGRAM_EXPECTS(kv.head_slots && kv.group_window && kv.group_ring_pages && kv.page_offset &&
+                        kv.pages && kv.head_base_len && kv.appended && kv.seq_tokens,
+                    invalid_argument,
+                    "eviction_params.kv: a page-table array is null");
+    TANGRAM_EXPECTS(kv.batch_size >= 0,
+                    invalid_argument,
+                    "eviction_params.kv.batch_size: must be >= 0, got ",
+                    kv.batch_size);
+    TANGRAM_EXPECTS(kv.batch_size == 0 || kv.batch_slots != nullptr,
+                    invalid_argument,
+                    "eviction_params.kv.batch_slots: null with batch_size ",
+                    kv.batch_size);
+    TANGRAM_EXPECTS(
+        kv.num_layers >= 1 && kv.num_kv_heads >= 1 && kv.num_groups >= 1,
+        invalid_argument,
+        "eviction_params.kv: num_layers, num_kv_heads and num_groups must be >= 1, got ",
+        kv.num_layers,
+        ", ",
+        kv.num_kv_heads,
+        ", ",
+        kv.num_groups);
+    TANGRAM_EXPECTS(layer >= 0 && layer < kv.num_layers,
+                    invalid_argument,
+                    "eviction_params.layer: must be in [0, ",
+                    kv.num_layers - 1,
+                    "], got ",
+                    layer);
+    TANGRAM_EXPECTS(rules != nullptr, invalid_argument, "eviction_params.rules: null");
+    TANGRAM_EXPECTS(sink >= 0, invalid_argument, "eviction_params.sink: must be >= 0, got ", sink);
+    TANGRAM_EXPECTS(
+        chunk_indptr != nullptr, invalid_argument, "eviction_params.chunk_indptr: null");
+    TANGRAM_EXPECTS(chunk_k != nullptr && chunk_v != nullptr,
+                    invalid_argument,
+                    "eviction_params.chunk_k/chunk_v: null");
+    TANGRAM_EXPECTS(new_len != nullptr, invalid_argument, "eviction_params.new_len: null");
+    TANGRAM_EXPECTS(max_candidates >= 1,
+                    invalid_argument,
+                    "eviction_params.max_candidates: must be >= 1, got ",
+                    max_candidates);
+    auto k = pool();
+    TANGRAM_EXPECTS(k >= 1 && k % 2 == 1 && k <= 63,
+                    invalid_argument,
+                    "eviction_params.pool_kernel: must be odd and in [1, 63] (0: default), got ",
+                    pool_kernel);
+    if (source == score_source::supplied)
+      TANGRAM_EXPECTS(scores != nullptr,
+                      invalid_argument,
+                      "eviction_params.scores: null with source \"supplied\"");
+    if (source == score_source::snapkv) {
+      TANGRAM_EXPECTS(
+          q != nullptr, invalid_argument, "eviction_params.q: null with source \"snapkv\"");
+      TANGRAM_EXPECTS(group >= 1 && group <= eviction_max_group,
+                      invalid_argument,
+                      "eviction_params.group: must be in [1, ",
+                      eviction_max_group,
+                      "], got ",
+                      group);
+      TANGRAM_EXPECTS(obs_window >= 1 && obs_window <= eviction_max_obs_window,
+                      invalid_argument,
+                      "eviction_params.obs_window: must be in [1, ",
+                      eviction_max_obs_window,
+                      "], got ",
+                      obs_window);
+      TANGRAM_EXPECTS(
+          std::isfinite(sm_scale) && sm_scale >= 0.f,
+          invalid_argument,
+          "eviction_params.sm_scale: must be finite and >= 0 (0: 1/sqrt(head_dim)), got ",
+          sm_scale);
+    }
+  }
+};
+
+/// Bytes of workspace `evict_chunk` needs for `p`.
+inline std::size_t eviction_workspace_bytes(eviction_params const& p) {
+  return static_cast<std::size_t>(eviction_workspace(p.kv.batch_size,
+                                                     p.kv.num_kv_heads,
+                                                     p.max_candidates,
+                                                     p.source,
+                                                     p.group,
+                                                     p.obs_window,
+                                                     p.kv.geometry.head_dim)
+                                      .bytes);
+}
+
+/**
+ * @brief Launches the fused eviction for one layer and one chunk on `stream`.
+ *
+ * Kernels: for snapkv, a per-tile logit-statistics kernel, a per-head reduction and a scoring
+ * kernel (grid: key tiles x batch x KV heads); for key_norm, a norm kernel; then one
+ * select-and-compact kernel per (request, KV head) that builds the keys, finds the k-th key by
+ * 4-pass radix select (8 bits per pass, block histograms), and compacts survivors into the
+ * column in order, tile by tile (loads of a tile precede its stores; every survivor moves to a
+ * position at or before its source).
+ *
+ * Stream-ordered and asynchronous: no host synchronisation or allocation. Inputs must stay valid
+ * until the work on `stream` completes. A head whose candidates exceed `max_candidates`, or whose
+ * rule kind disagrees with its group's window, is left unchanged with `new_len = -1`.
+ * Requires `tangram::kernels`.
+ *
+ * @param workspace device memory of at least `eviction_workspace_bytes(p)` bytes, 256-byte
+ *        aligned, owned by the caller.
+ * @throw invalid_argument for invalid parameters, an unsupported (dtype, head dim), misaligned
+ *        pointers or a too small workspace.
+ * @throw cuda_error when a launch fails.
+ */
+void evict_chunk(eviction_params const& p,
+                 void* workspace,
+                 std::size_t workspace_bytes,
+                 cuda_stream_t stream);
+
+}  // namespace tangram

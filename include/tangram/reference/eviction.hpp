@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file reference/eviction.hpp
+ * @brief CPU reference of the fused scoring + top-k eviction + compaction of one prefill chunk
+ * (kernels/eviction.hpp): same parameters over host memory, same selection keys (shared host/device
+ * functions), survivors gathered and then written in order.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "tangram/kernels/eviction.hpp"
+#include "tangram/kernels/head_cursor.hpp"
+#include "tangram/reference/storage.hpp"
+
+namespace tangram::reference {
+
+namespace detail {
+
+/// Base element of chunk row `row` for KV head `h` in a `[rows][H][d]` staging array.
+template <class T>
+const T* chunk_row(
+    const void* base, std::int64_t row, std::int32_t h, std::int32_t num_kv_heads, std::int32_t d) {
+  return static_cast<const T*>(base) + (row * num_kv_heads + h) * d;
+}
+
+/// Raw SnapKV scores of the candidates of (r, h): mean over the last `obs_window` chunk queries and
+/// the GQA group of the causal softmax over the candidates.
+template <class T>
+void snapkv_raw(eviction_params const& p,
+                std::int32_t r,
+                std::int32_t h,
+                head_cursor const& cur,
+                std::int64_t c,
+                std::vector<float>& raw) {
+  std::int32_t d   = p.kv.geometry.head_dim;
+  std::int32_t H   = p.kv.num_kv_heads;
+  std::int32_t G   = p.group;
+  std::int64_t len = cur.len, n = len + c;
+  std::int64_t w    = std::min<std::int64_t>(p.obs_window, c);
+  float scale2      = p.scale() * log2e;
+  std::int64_t row0 = p.chunk_indptr[r];
+  std::vector<float> keys(static_cast<std::size_t>(n * d));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T* k = i < len ? cur.k<T>(static_cast<std::int32_t>(i))
+                         : chunk_row<T>(p.chunk_k, row0 + i - len, h, H, d);
+    for (std::int32_t x = 0; x < d; ++x) keys[static_cast<std::size_t>(i * d + x)] = to_float(k[x]);
+  }
+  std::vector<float> acc(static_cast<std::size_t>(n), 0.f), logit(static_cast<std::size_t>(n));
+  std::vector<float> q(static_cast<std::size_t>(d));
+  std::int64_t q_stride = static_cast<std::int64_t>(H) * G * d;
+  for (std::int64_t qi = 0; qi < w; ++qi) {
+    std::int64_t iq      = c - w + qi;    // chunk position of the query
+    std::int64_t visible = len + iq + 1;  // causal: held tokens and chunk tokens up to the query
+    for (std::int32_t g = 0; g < G; ++g) {
+      for (std::int32_t x = 0; x < d; ++x)
+        q[static_cast<std::size_t>(x)] =
+            load_as_float(p.q, p.q_dtype, (row0 + iq) * q_stride + (h * G + g) * d + x) * scale2;
+      float m = -INFINITY;
+      for (std::int64_t i = 0; i < visible; ++i) {
+        float dot = 0.f;
+        for (std::int32_t x = 0; x < d; ++x)
+          dot += q[static_cast<std::size_t>(x)] * keys[static_cast<std::size_t>(i * d + x)];
+        logit[static_cast<std::size_t>(i)] = dot;
+        m                                  = std::max(m, dot);
+      }
+      float s = 0.f;
+      for (std::int64_t i = 0; i < visible; ++i)
+        s += exp2_shifted(logit[static_cast<std::size_t>(i)], m);
+      for (std::int64_t i = 0; i < visible; ++i)
+        acc[static_cast<std::size_t>(i)] += exp2_shifted(logit[static_cast<std::size_t>(i)], m) / s;
+    }
+  }
+  raw.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    raw[static_cast<std::size_t>(i)] = acc[static_cast<std::size_t>(i)] / static_cast<float>(w * G);
+}
+
+/// Raw key-norm scores: minus the L2 norm of each candidate's K.
+template <class T>
+void key_norm_raw(eviction_params const& p,
+                  std::int32_t r,
+                  std::int32_t h,
+                  head_cursor const& cur,
+                  std::int64_t c,
+                  std::vector<float>& raw) {
+  std::int32_t d   = p.kv.geometry.head_dim;
+  std::int64_t len = cur.len, n = len + c;
+  raw.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T* k =
+        i < len ? cur.k<T>(static_cast<std::int32_t>(i))
+                : chunk_row<T>(p.chunk_k, p.chunk_indptr[r] + i - len, h, p.kv.num_kv_heads, d);
+    float ss = 0.f;
+    for (std::int32_t x = 0; x < d; ++x) ss += to_float(k[x]) * to_float(k[x]);
+    raw[static_cast<std::size_t>(i)] = -std::sqrt(ss);
+  }
+}
+
+template <class T>
+std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h) {
+  auto const& kv    = p.kv;
+  std::int32_t d    = kv.geometry.head_dim;
+  std::int32_t H    = kv.num_kv_heads;
+  std::int64_t row0 = p.chunk_indptr[r];
+  std::int64_t c    = p.chunk_indptr[r + 1] - row0;
+  head_cursor cur   = make_head_cursor(kv, r, p.layer, h);
+  std::int64_t len  = cur.len;
+  if (c <= 0) return cur.len;
+  head_rule rule      = p.rules[h];
+  std::int32_t window = kv.group_window[kv.slot_of(p.layer, h).group];
+  if ((rule.kind == layer_kind::sliding_window) != (window > 0)) return -1;
+  std::int64_t n_before = kv.seq_tokens[kv.seq_slot(r)];
+  std::int64_t n_seen   = n_before + c;
+  auto copy_token       = [&](const T* k, const T* v, std::int32_t pos) {
+    std::memcpy(cur.ptr_at_position<T>(pos, 0), k, sizeof(T) * static_cast<std::size_t>(d));
+    std::memcpy(cur.ptr_at_position<T>(pos, 1), v, sizeof(T) * static_cast<std::size_t>(d));
+  };
+  auto chunk_k = [&](std::int64_t t) { return chunk_row<T>(p.chunk_k, row0 + t, h, H, d); };
+  auto chunk_v = [&](std::int64_t t) { return chunk_row<T>(p.chunk_v, row0 + t, h, H, d); };
+
+  if (window > 0) {  // ring: write the chunk tokens that are among the last `window`
+    if (window > cur.ring) return -1;
+    for (std::int64_t t = std::max(n_before, n_seen - window); t < n_seen; ++t)
+      copy_token(
+          chunk_k(t - n_before), chunk_v(t - n_before), static_cast<std::int32_t>(t % cur.ring));
+    return static_cast<std::int32_t>(std::min<std::int64_t>(n_seen, window));
+  }
+  std::int64_t n = len + c;
+  if (n > p.max_candidates) return -1;
+  std::int64_t k = rule.kind == layer_kind::compressed ? eviction_keep(rule, n_seen, n) : n;
+  if (k >= n) {  // keep everything: append the chunk
+    for (std::int64_t t = 0; t < c; ++t)
+      copy_token(chunk_k(t), chunk_v(t), static_cast<std::int32_t>(len + t));
+    return static_cast<std::int32_t>(n);
+  }
+  std::vector<float> raw;
+  switch (p.source) {
+    case score_source::supplied:
+      raw.assign(p.scores + (static_cast<std::int64_t>(r) * H + h) * p.max_candidates,
+                 p.scores + (static_cast<std::int64_t>(r) * H + h) * p.max_candidates + n);
+      break;
+    case score_source::snapkv:
+      snapkv_raw<T>(p, r, h, cur, c, raw);
+      break;
+    case score_source::key_norm:
+      key_norm_raw<T>(p, r, h, cur, c, raw);
+      break;
+  }
+  if (p.scores_out)
+    std::copy(raw.begin(),
+              raw.end(),
+              p.scores_out + (static_cast<std::int64_t>(r) * H + h) * p.max_candidates);
+  std::int64_t window_protect = std::max<std::int64_t>(0, rule.protect - p.sink);
+  std::vector<std::uint32_t> key(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    key[static_cast<std::size_t>(i)] =
+        candidate_key(raw.data(), n, i, p.pool(), p.sink, window_protect);
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return key[static_cast<std::size_t>(a)] > key[static_cast<std::size_t>(b)];
+  });
+  order.resize(static_cast<std::size_t>(k));
+  std::sort(order.begin(), order.end());
+  // Gather every survivor first, then write positions [0, k).
+  std::vector<T> keep_k(static_cast<std::size_t>(k * d)), keep_v(static_cast<std::size_t>(k * d));
+  for (std::int64_t j = 0; j < k; ++j) {
+    std::int64_t i = order[static_cast<std::size_t>(j)];
+    const T* src_k = i < len ? cur.k<T>(static_cast<std::int32_t>(i)) : chunk_k(i - len);
+    const T* src_v = i < len ? cur.v<T>(static_cast<std::int32_t>(i)) : chunk_v(i - len);
+    std::memcpy(
+        &keep_k[static_cast<std::size_t>(j * d)], src_k, sizeof(T) * static_cast<std::size_t>(d));
+    std::memcpy(
+        &keep_v[static_cast<std::size_t>(j * d)], src_v, sizeof(T) * static_cast<std::size_t>(d));
+  }
+  for (std::int64_t j = 0; j < k; ++j)
+    copy_token(&keep_k[static_cast<std::size_t>(j * d)],
+               &keep_v[static_cast<std::size_t>(j * d)],
+               static_cast<std::int32_t>(j));
+  return static_cast<std::int32_t>(k);
+}
+
+}  // namespace detail
+
+/**
+ * @brief Eviction of one prefill chunk on the CPU over host memory: modifies the pool pages of
+ * this layer's heads in place and writes `p.new_len` (see kernels/eviction.hpp for the rule).
+ *
+ * Supports every KV dtype and head dim. Allocates scratch; not for hot paths.
+ * @throw invalid_argument from `eviction_params::validate`.
+ */
+inline void evict_chunk(eviction_params const& p) {
+  p.validate();
+  detail::visit_storage(p.kv.geometry.kv_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    for (std::int32_t r = 0; r < p.kv.batch_size; ++r)
+      for (std::int32_t h = 0; h < p.kv.num_kv_heads; ++h)
+        p.new_len[static_cast<std::int64_t>(r) * p.kv.num_kv_heads + h] =
+            detail::evict_head<T>(p, r, h);
+  });
+}
+
+}  // namespace tangram::reference

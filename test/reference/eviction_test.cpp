@@ -1,0 +1,493 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU reference of the fused chunk eviction against a brute-force top-k written here: rank every
+// candidate against every other, keep those beaten fewer than k times, in order.
+#include "tangram/reference/eviction.hpp"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kv_test_cache.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using tangram::test::test_cache;
+
+namespace {
+
+struct eviction_case {
+  dtype kv_dtype           = dtype::f32;
+  std::int32_t d           = 64;
+  std::int32_t P           = 16;
+  std::int32_t group       = 2;
+  std::int32_t sink        = 4;
+  std::int32_t recent      = 8;   ///< protected recent window
+  std::int32_t window      = 24;  ///< sliding layer window
+  score_source source      = score_source::supplied;
+  std::int32_t pool_kernel = 0;
+  std::int32_t obs_window  = 16;
+  bool tied_scores         = true;  ///< supplied scores from a small integer set (many ties)
+  std::uint64_t seed       = 1;
+};
+
+// Layers 0 and 2 are growing and share head groups (global clustering: column 0 holds a head of
+// layer 0, column 1 the same head of layer 2); layer 1 is sliding-window.
+constexpr std::int32_t L = 3, H = 4;
+
+test::cache_layout mixed_layout(page_geometry g, std::int32_t window) {
+  test::cache_layout c;
+  c.geometry     = g;
+  c.num_layers   = L;
+  c.num_kv_heads = H;
+  c.slots.resize(static_cast<std::size_t>(L * H));
+  for (std::int32_t h = 0; h < H; ++h) {
+    c.group_window.push_back(0);
+    c.group_ring_pages.push_back(0);
+    c.slots[static_cast<std::size_t>(0 * H + h)] = {h, 0};
+    c.slots[static_cast<std::size_t>(2 * H + h)] = {h, 1};
+  }
+  for (std::int32_t h = 0; h < H; h += 2) {
+    c.group_window.push_back(window);
+    c.group_ring_pages.push_back((window + g.page_tokens - 1) / g.page_tokens + 1);
+    c.slots[static_cast<std::size_t>(1 * H + h)]     = {c.num_groups() - 1, 0};
+    c.slots[static_cast<std::size_t>(1 * H + h + 1)] = {c.num_groups() - 1, 1};
+  }
+  return c;
+}
+
+/// Max-pool with NaN read as -inf, written independently of the library.
+std::vector<double> pool_scores(std::vector<double> raw, std::int32_t kernel) {
+  for (auto& x : raw)
+    if (std::isnan(x)) x = -INFINITY;
+  std::vector<double> out(raw.size(), -INFINITY);
+  auto n = static_cast<std::int64_t>(raw.size());
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = std::max<std::int64_t>(0, i - kernel / 2);
+         j <= std::min(n - 1, i + kernel / 2);
+         ++j)
+      out[static_cast<std::size_t>(i)] =
+          std::max(out[static_cast<std::size_t>(i)], raw[static_cast<std::size_t>(j)]);
+  return out;
+}
+
+/// Brute force: candidate a beats b when protected over unprotected, else (for unprotected) a
+/// higher pooled score, else the earlier position. Keeps those beaten fewer than k times.
+std::vector<std::int64_t> brute_force_keep(std::vector<double> const& pooled,
+                                           std::int64_t k,
+                                           std::int64_t sink,
+                                           std::int64_t recent) {
+  auto n     = static_cast<std::int64_t>(pooled.size());
+  auto prot  = [&](std::int64_t i) { return i < sink || i >= n - recent; };
+  auto beats = [&](std::int64_t a, std::int64_t b) {
+    if (prot(a) != prot(b)) return prot(a);
+    if (!prot(a) && pooled[static_cast<std::size_t>(a)] != pooled[static_cast<std::size_t>(b)])
+      return pooled[static_cast<std::size_t>(a)] > pooled[static_cast<std::size_t>(b)];
+    return a < b;
+  };
+  std::vector<std::int64_t> keep;
+  for (std::int64_t a = 0; a < n; ++a) {
+    std::int64_t beaten = 0;
+    for (std::int64_t b = 0; b < n; ++b) beaten += b != a && beats(b, a);
+    if (beaten < k) keep.push_back(a);
+  }
+  return keep;
+}
+
+/// SnapKV raw scores in double, written independently: mean over the last w queries and the
+/// group of the causal softmax over the candidates.
+std::vector<double> snapkv_double(std::vector<float> const& cand_k,
+                                  std::int64_t len,
+                                  std::int64_t c,
+                                  std::vector<float> const& q_rows /* [c][G][d] */,
+                                  std::int32_t G,
+                                  std::int32_t d,
+                                  std::int32_t w_max) {
+  std::int64_t n = len + c, w = std::min<std::int64_t>(w_max, c);
+  std::vector<double> acc(static_cast<std::size_t>(n), 0.0);
+  double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (std::int64_t iq = c - w; iq < c; ++iq)
+    for (std::int32_t g = 0; g < G; ++g) {
+      std::int64_t vis = len + iq + 1;
+      std::vector<double> l(static_cast<std::size_t>(vis));
+      double m = -INFINITY;
+      for (std::int64_t i = 0; i < vis; ++i) {
+        double dot = 0;
+        for (std::int32_t x = 0; x < d; ++x)
+          dot += static_cast<double>(q_rows[static_cast<std::size_t>((iq * G + g) * d + x)]) *
+                 cand_k[static_cast<std::size_t>(i * d + x)];
+        l[static_cast<std::size_t>(i)] = dot * scale;
+        m                              = std::max(m, l[static_cast<std::size_t>(i)]);
+      }
+      double s = 0;
+      for (auto v : l) s += std::exp(v - m);
+      for (std::int64_t i = 0; i < vis; ++i)
+        acc[static_cast<std::size_t>(i)] += std::exp(l[static_cast<std::size_t>(i)] - m) / s;
+    }
+  for (auto& x : acc) x /= static_cast<double>(w * G);
+  return acc;
+}
+
+void run_case(eviction_case const& c) {
+  INFO("dtype " << to_string(c.kv_dtype) << " d " << c.d << " P " << c.P << " source "
+                << to_string(c.source) << " seed " << c.seed);
+  std::mt19937_64 rng(c.seed);
+  page_geometry geo{c.P, 2, c.d, c.kv_dtype};
+  auto layout = mixed_layout(geo, c.window);
+  // Requests: (tokens seen before the chunk, chunk length).
+  std::vector<std::pair<std::int32_t, std::int32_t>> req = {
+      {300, 64}, {0, 50}, {1000, 300}, {12, 3}, {500, 0}, {37, 120}};
+  std::vector<head_rule> rules(static_cast<std::size_t>(L * H));
+  for (std::int32_t l = 0; l < L; ++l)
+    for (std::int32_t h = 0; h < H; ++h) {
+      head_rule r;
+      if (l == 1) {
+        r.kind   = layer_kind::sliding_window;
+        r.window = c.window;
+      } else if (h == 3) {
+        r.kind = layer_kind::uncompressed;
+      } else {
+        r.kind    = layer_kind::compressed;
+        r.budget  = 0.1 + 0.25 * h + 0.05 * l;
+        r.protect = c.sink + c.recent;
+      }
+      rules[static_cast<std::size_t>(l * H + h)] = r;
+    }
+  std::int32_t max_chunk = 0;
+  std::vector<test::sequence_spec> seqs;
+  for (auto [n, chunk] : req) {
+    test::sequence_spec s;
+    s.seq_tokens = n;
+    s.appended   = n > 100 ? 5 : 0;  // decode tokens since the last compression
+    s.reserve    = chunk;
+    for (std::int32_t l = 0; l < L; ++l)
+      for (std::int32_t h = 0; h < H; ++h)
+        s.base_len.push_back(static_cast<std::int32_t>(
+            retained_tokens(rules[static_cast<std::size_t>(l * H + h)], n - s.appended)));
+    seqs.push_back(s);
+    max_chunk = std::max(max_chunk, chunk);
+  }
+  test_cache cache(layout, seqs, c.seed + 17);
+  std::vector<std::int32_t> batch = {2, 0, 5, 1, 4, 3};
+  auto kv                         = cache.view(batch);
+  std::int32_t B = kv.batch_size, d = c.d;
+
+  std::vector<std::int32_t> indptr(1, 0);
+  for (auto s : batch) indptr.push_back(indptr.back() + req[static_cast<std::size_t>(s)].second);
+  std::int32_t rows = indptr.back();
+  std::vector<float> ck(static_cast<std::size_t>(rows * H * d)), cv(ck.size());
+  for (auto& x : ck) x = cache.random_value();
+  for (auto& x : cv) x = cache.random_value();
+  std::vector<std::byte> ck_store(ck.size() * static_cast<std::size_t>(geo.element_bytes())),
+      cv_store(ck_store.size());
+  for (std::size_t i = 0; i < ck.size(); ++i) {
+    reference::detail::store_from_float(
+        ck_store.data(), c.kv_dtype, static_cast<std::int64_t>(i), ck[i]);
+    reference::detail::store_from_float(
+        cv_store.data(), c.kv_dtype, static_cast<std::int64_t>(i), cv[i]);
+  }
+  std::vector<float> q(static_cast<std::size_t>(rows * H * c.group * d));
+  for (auto& x : q) x = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+
+  std::int32_t max_cand = 0;
+  for (std::int32_t r = 0; r < B; ++r)
+    for (std::int32_t l = 0; l < L; ++l)
+      for (std::int32_t h = 0; h < H; ++h)
+        max_cand = std::max(max_cand,
+                            kv.head_len(r, l, h) + indptr[static_cast<std::size_t>(r) + 1] -
+                                indptr[static_cast<std::size_t>(r)]);
+  std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
+  for (auto& x : scores)
+    x = c.tied_scores ? static_cast<float>(rng() % 5)
+                      : std::uniform_real_distribution<float>(0, 1)(rng);
+  scores[7] = NAN;
+  scores[8] = -INFINITY;
+
+  // Expected state, computed from the dense copies before the pool changes.
+  struct expect {
+    std::int32_t len = 0;
+    std::vector<float> k, v;  // [len * d], the head's tokens in order afterwards
+  };
+  for (std::int32_t layer = 0; layer < L; ++layer) {
+    INFO("layer " << layer);
+    std::vector<expect> want(static_cast<std::size_t>(B * H));
+    std::vector<float> scores_out(scores.size(), 12345.f);
+    eviction_params p;
+    p.kv             = kv;
+    p.layer          = layer;
+    p.rules          = rules.data() + layer * H;
+    p.sink           = c.sink;
+    p.chunk_indptr   = indptr.data();
+    p.chunk_k        = ck_store.data();
+    p.chunk_v        = cv_store.data();
+    p.max_candidates = max_cand;
+    p.source         = c.source;
+    p.scores         = scores.data();
+    p.q              = q.data();
+    p.q_dtype        = dtype::f32;
+    p.group          = c.group;
+    p.obs_window     = c.obs_window;
+    p.pool_kernel    = c.pool_kernel;
+    p.scores_out     = scores_out.data();
+    std::vector<std::int32_t> new_len(static_cast<std::size_t>(B * H), -7);
+    p.new_len = new_len.data();
+
+    // Unchanged copies of every other layer's heads.
+    auto snapshot = [&](std::int32_t l) {
+      std::vector<float> out;
+      for (std::int32_t r = 0; r < B; ++r)
+        for (std::int32_t h = 0; h < H; ++h) {
+          auto s = batch[static_cast<std::size_t>(r)];
+          for (std::int32_t i = 0; i < cache.len(s, l, h); ++i)
+            for (std::int32_t x = 0; x < d; ++x)
+              for (std::int32_t kvi = 0; kvi < 2; ++kvi)
+                out.push_back(cache.stored(s, l, h, cache.position(s, l, h, i), x, kvi));
+        }
+      return out;
+    };
+    std::vector<std::vector<float>> before;
+    for (std::int32_t l = 0; l < L; ++l)
+      before.push_back(l == layer ? std::vector<float>{} : snapshot(l));
+
+    reference::evict_chunk(p);
+
+    for (std::int32_t r = 0; r < B; ++r)
+      for (std::int32_t h = 0; h < H; ++h) {
+        INFO("request " << r << " head " << h);
+        std::int32_t s   = batch[static_cast<std::size_t>(r)];
+        auto rule        = rules[static_cast<std::size_t>(layer * H + h)];
+        std::int64_t len = cache.len(s, layer, h);
+        std::int64_t chunk =
+            indptr[static_cast<std::size_t>(r) + 1] - indptr[static_cast<std::size_t>(r)];
+        std::int64_t n_seen = req[static_cast<std::size_t>(s)].first + chunk;
+        auto const& dk      = cache.dense(0, s, layer, h);
+        auto const& dv      = cache.dense(1, s, layer, h);
+        // Candidates in order: held, then chunk.
+        std::vector<float> cand_k(dk), cand_v(dv);
+        for (std::int64_t t = 0; t < chunk; ++t)
+          for (std::int32_t x = 0; x < d; ++x) {
+            auto at = static_cast<std::size_t>(
+                ((indptr[static_cast<std::size_t>(r)] + t) * H + h) * d + x);
+            cand_k.push_back(ck[at]);
+            cand_v.push_back(cv[at]);
+          }
+        std::int64_t n = len + chunk;
+        std::vector<std::int64_t> keep;
+        if (chunk == 0) {
+          for (std::int64_t i = 0; i < len; ++i) keep.push_back(i);
+        } else if (rule.kind == layer_kind::sliding_window) {
+          for (std::int64_t i =
+                   std::max<std::int64_t>(0, n - std::min<std::int64_t>(n_seen, c.window));
+               i < n;
+               ++i)
+            keep.push_back(i);
+        } else if (rule.kind == layer_kind::uncompressed || retained_tokens(rule, n_seen) >= n) {
+          for (std::int64_t i = 0; i < n; ++i) keep.push_back(i);
+        } else {
+          std::int64_t k = retained_tokens(rule, n_seen);
+          std::vector<double> raw(static_cast<std::size_t>(n));
+          const float* so = scores_out.data() + (static_cast<std::int64_t>(r) * H + h) * max_cand;
+          if (c.source == score_source::supplied) {
+            for (std::int64_t i = 0; i < n; ++i)
+              raw[static_cast<std::size_t>(i)] =
+                  scores[static_cast<std::size_t>((r * H + h) * max_cand + i)];
+          } else {
+            std::vector<double> indep;
+            if (c.source == score_source::snapkv) {
+              std::vector<float> qr;
+              for (std::int64_t t = 0; t < chunk; ++t)
+                for (std::int32_t g = 0; g < c.group; ++g)
+                  for (std::int32_t x = 0; x < d; ++x)
+                    qr.push_back(q[static_cast<std::size_t>(
+                        ((indptr[static_cast<std::size_t>(r)] + t) * H * c.group + h * c.group +
+                         g) *
+                            d +
+                        x)]);
+              indep = snapkv_double(cand_k, len, chunk, qr, c.group, d, c.obs_window);
+            } else {
+              for (std::int64_t i = 0; i < n; ++i) {
+                double ss = 0;
+                for (std::int32_t x = 0; x < d; ++x)
+                  ss +=
+                      std::pow(static_cast<double>(cand_k[static_cast<std::size_t>(i * d + x)]), 2);
+                indep.push_back(-std::sqrt(ss));
+              }
+            }
+            for (std::int64_t i = 0; i < n; ++i) {
+              REQUIRE(std::abs(so[i] - indep[static_cast<std::size_t>(i)]) <=
+                      1e-5 * std::max(1.0, std::abs(indep[static_cast<std::size_t>(i)])) + 1e-7);
+              raw[static_cast<std::size_t>(i)] = so[i];  // select on the reference's own floats
+            }
+          }
+          std::int32_t kernel =
+              c.pool_kernel ? c.pool_kernel : (c.source == score_source::snapkv ? 7 : 1);
+          keep = brute_force_keep(pool_scores(raw, kernel), k, c.sink, rule.protect - c.sink);
+          REQUIRE(static_cast<std::int64_t>(keep.size()) == k);
+          // The protected candidates are among the survivors.
+          for (std::int64_t i = 0; i < n; ++i)
+            if (i < c.sink || i >= n - (rule.protect - c.sink))
+              REQUIRE(std::find(keep.begin(), keep.end(), i) != keep.end());
+        }
+        REQUIRE(new_len[static_cast<std::size_t>(r * H + h)] ==
+                static_cast<std::int32_t>(keep.size()));
+        // Contents: a growing head's column positions [0, k); a ring read through the view after
+        // the owner records the chunk.
+        for (std::size_t j = 0; j < keep.size(); ++j) {
+          std::int32_t pos = static_cast<std::int32_t>(j);
+          if (rule.kind == layer_kind::sliding_window) {
+            std::int32_t ring =
+                layout.group_ring_pages[static_cast<std::size_t>(layout.slot(layer, h).group)] *
+                c.P;
+            pos = static_cast<std::int32_t>(
+                (n_seen - static_cast<std::int64_t>(keep.size()) + static_cast<std::int64_t>(j)) %
+                ring);
+          }
+          auto i = static_cast<std::size_t>(keep[j]);
+          for (std::int32_t x = 0; x < d; ++x) {
+            REQUIRE(cache.stored(s, layer, h, pos, x, 0) ==
+                    cand_k[i * static_cast<std::size_t>(d) + static_cast<std::size_t>(x)]);
+            REQUIRE(cache.stored(s, layer, h, pos, x, 1) ==
+                    cand_v[i * static_cast<std::size_t>(d) + static_cast<std::size_t>(x)]);
+          }
+        }
+      }
+    for (std::int32_t l = 0; l < L; ++l)
+      if (l != layer) REQUIRE(snapshot(l) == before[static_cast<std::size_t>(l)]);
+    // Put the dense content back in place for the next layer: re-evicting needs the old state,
+    // so rebuild the cache from scratch instead.
+    cache.pool() = test_cache(layout, seqs, c.seed + 17).pool();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("eviction reference: supplied scores with ties, NaN and -inf", "[eviction]") {
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    eviction_case c;
+    c.seed     = seed;
+    c.kv_dtype = seed % 2 ? dtype::f32 : dtype::bf16;
+    c.P        = seed <= 2 ? 16 : 1;
+    run_case(c);
+  }
+}
+
+TEST_CASE("eviction reference: supplied scores, max-pool 3, distinct scores", "[eviction]") {
+  eviction_case c;
+  c.pool_kernel = 3;
+  c.tied_scores = false;
+  c.kv_dtype    = dtype::f16;
+  c.P           = 8;
+  c.seed        = 9;
+  run_case(c);
+}
+
+TEST_CASE("eviction reference: built-in SnapKV scores", "[eviction][snapkv]") {
+  for (std::int32_t g : {1, 3, 8}) {
+    eviction_case c;
+    c.source     = score_source::snapkv;
+    c.group      = g;
+    c.obs_window = g == 3 ? 64 : 16;
+    c.d          = g == 8 ? 128 : 64;
+    c.kv_dtype   = g == 8 ? dtype::bf16 : dtype::f32;
+    c.seed       = 20 + static_cast<std::uint64_t>(g);
+    run_case(c);
+  }
+}
+
+TEST_CASE("eviction reference: built-in key-norm scores", "[eviction][keynorm]") {
+  eviction_case c;
+  c.source   = score_source::key_norm;
+  c.kv_dtype = dtype::bf16;
+  c.d        = 128;
+  c.P        = 32;
+  c.seed     = 31;
+  run_case(c);
+}
+
+TEST_CASE("eviction selection keys order scores, NaN lowest, protected highest", "[eviction]") {
+  std::vector<float> v = {-INFINITY, -3.5f, -1e-30f, -0.f, 0.f, 1e-30f, 2.f, 7.5e30f, INFINITY};
+  for (std::size_t i = 0; i + 1 < v.size(); ++i) CHECK(score_key(v[i]) <= score_key(v[i + 1]));
+  CHECK(score_key(-3.5f) < score_key(-1e-30f));
+  CHECK(score_key(NAN) == 0u);
+  CHECK(score_key(-INFINITY) > score_key(NAN));
+  CHECK(score_key(INFINITY) < protected_score_key);
+  float raw[5] = {1.f, NAN, 5.f, NAN, NAN};
+  CHECK(pooled_score(raw, 5, 0, 1) == 1.f);
+  CHECK(pooled_score(raw, 5, 1, 1) == -INFINITY);
+  CHECK(pooled_score(raw, 5, 1, 3) == 5.f);
+  CHECK(pooled_score(raw, 5, 4, 3) == -INFINITY);
+  CHECK(pooled_score(raw, 5, 4, 7) == 5.f);
+  CHECK(eviction_protected(0, 10, 1, 2));
+  CHECK_FALSE(eviction_protected(1, 10, 1, 2));
+  CHECK(eviction_protected(8, 10, 1, 2));
+}
+
+TEST_CASE("eviction reference: invalid heads are reported, not modified", "[eviction][errors]") {
+  page_geometry geo{16, 2, 64, dtype::f32};
+  auto layout = test::adjacent_layout(geo, 1, 2);
+  test::sequence_spec s;
+  s.seq_tokens = 40;
+  s.base_len   = {40, 40};
+  s.reserve    = 8;
+  test_cache cache(layout, {s}, 4);
+  auto kv = cache.view({0});
+  head_rule rules[2];
+  rules[0].kind          = layer_kind::sliding_window;  // but the view's group grows: a mismatch
+  rules[0].window        = 16;
+  rules[1].kind          = layer_kind::uncompressed;
+  std::int32_t indptr[2] = {0, 8};
+  std::vector<float> ck(8 * 2 * 64, 0.5f);
+  std::int32_t new_len[2] = {0, 0};
+  eviction_params p;
+  p.kv             = kv;
+  p.rules          = rules;
+  p.chunk_indptr   = indptr;
+  p.chunk_k        = ck.data();
+  p.chunk_v        = ck.data();
+  p.max_candidates = 47;  // head 1 has 48 candidates
+  p.source         = score_source::key_norm;
+  p.new_len        = new_len;
+  auto pool        = cache.pool();
+  reference::evict_chunk(p);
+  CHECK(new_len[0] == -1);
+  CHECK(new_len[1] == -1);
+  CHECK(cache.pool() == pool);
+  p.max_candidates = 48;
+  reference::evict_chunk(p);
+  CHECK(new_len[1] == 48);
+}
+
+TEST_CASE("eviction_params::validate names the field and the value", "[eviction][errors]") {
+  page_geometry geo{16, 2, 64, dtype::f32};
+  test::sequence_spec s;
+  s.seq_tokens = 1;
+  s.base_len   = {1, 1};
+  test_cache cache(test::adjacent_layout(geo, 1, 2), {s}, 1);
+  head_rule rules[2];
+  std::int32_t indptr[2] = {0, 0}, new_len[2];
+  float x                = 0;
+  eviction_params p;
+  p.kv           = cache.view({0});
+  p.rules        = rules;
+  p.chunk_indptr = indptr;
+  p.chunk_k = p.chunk_v = p.q = &x;
+  p.new_len                   = new_len;
+  p.max_candidates            = 4;
+  CHECK_NOTHROW(p.validate());
+  auto bad       = p;
+  bad.obs_window = 65;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "obs_window", "65");
+  bad             = p;
+  bad.pool_kernel = 4;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "pool_kernel", "4");
+  bad        = p;
+  bad.source = score_source::supplied;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bad.validate(), invalid_argument, "eviction_params.scores", "supplied");
+  bad      = p;
+  bad.sink = -1;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "eviction_params.sink", "-1");
+  bad                = p;
+  bad.max_candidates = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "max_candidates", "0");
+  CHECK_THROWS_AS(reference::evict_chunk(bad), invalid_argument);
+}

@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: Apache-2.0
+// A hand-built paged KV cache for kernel tests (CPU and GPU): owns every array a kv_cache_view
+// points to, fills held tokens with random values rounded to the KV dtype, scatters them into
+// randomly numbered pages with its own address arithmetic, and keeps the dense (non-paged) copy
+// the tests compare against. Unheld cells are filled with 0xff bytes (NaN in every float type),
+// so a kernel that reads outside the held tokens poisons its output.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tangram/memory/kv_view.hpp"
+#include "tangram/numeric.hpp"
+#include "tangram/reference/storage.hpp"
+
+namespace tangram::test {
+
+/// Shape of the cache: geometry, heads, their (group, column) cells and the groups' windows.
+struct cache_layout {
+  page_geometry geometry;
+  std::int32_t num_layers   = 1;
+  std::int32_t num_kv_heads = 1;
+  std::vector<head_slot> slots;                ///< [L * H]
+  std::vector<std::int32_t> group_window;      ///< [G], 0 = growing
+  std::vector<std::int32_t> group_ring_pages;  ///< [G]
+
+  [[nodiscard]] std::int32_t num_groups() const {
+    return static_cast<std::int32_t>(group_window.size());
+  }
+  [[nodiscard]] head_slot slot(std::int32_t l, std::int32_t h) const {
+    return slots[static_cast<std::size_t>(l * num_kv_heads + h)];
+  }
+};
+
+/// Heads of each layer in index order, Hp per group; layers in `sliding` get window `window` and
+/// rings of `ring_pages` pages. Requires H % Hp == 0.
+inline cache_layout adjacent_layout(page_geometry g,
+                                    std::int32_t layers,
+                                    std::int32_t heads,
+                                    std::vector<std::int32_t> const& sliding = {},
+                                    std::int32_t window                      = 0,
+                                    std::int32_t ring_pages                  = 0) {
+  cache_layout c;
+  c.geometry     = g;
+  c.num_layers   = layers;
+  c.num_kv_heads = heads;
+  for (std::int32_t l = 0; l < layers; ++l) {
+    bool slide = std::find(sliding.begin(), sliding.end(), l) != sliding.end();
+    for (std::int32_t h = 0; h < heads; ++h) {
+      if (h % g.group_size == 0) {
+        c.group_window.push_back(slide ? window : 0);
+        c.group_ring_pages.push_back(slide ? ring_pages : 0);
+      }
+      c.slots.push_back({c.num_groups() - 1, h % g.group_size});
+    }
+  }
+  return c;
+}
+
+/// One sequence to place in the cache.
+struct sequence_spec {
+  std::int32_t seq_tokens = 0;         ///< tokens seen (sets ring lengths)
+  std::int32_t appended   = 0;         ///< decode tokens appended to growing heads
+  std::vector<std::int32_t> base_len;  ///< [L * H] base length of growing heads (others ignored)
+  std::int32_t reserve = 0;            ///< extra positions reserved in every growing group
+};
+
+class test_cache {
+ public:
+  test_cache(cache_layout layout, std::vector<sequence_spec> seqs, std::uint64_t seed)
+      : layout_(std::move(layout)), seqs_(std::move(seqs)), rng_(seed) {
+    auto const& g  = layout_.geometry;
+    std::int32_t L = layout_.num_layers, H = layout_.num_kv_heads, G = layout_.num_groups();
+    std::int32_t S = static_cast<std::int32_t>(seqs_.size());
+    head_slots_    = layout_.slots;
+    for (auto const& s : seqs_) {
+      appended_.push_back(s.appended);
+      seq_tokens_.push_back(s.seq_tokens);
+      for (std::int32_t i = 0; i < L * H; ++i)
+        base_len_.push_back(s.base_len[static_cast<std::size_t>(i)]);
+    }
+    // Page lists: growing groups get enough pages for their longest column plus the reserve,
+    // sliding groups their ring. Page ids are a random permutation.
+    std::int32_t total = 0;
+    for (std::int32_t s = 0; s < S; ++s)
+      for (std::int32_t grp = 0; grp < G; ++grp) {
+        page_offset_.push_back(total);
+        std::int32_t n = 0;
+        if (layout_.group_window[static_cast<std::size_t>(grp)] > 0) {
+          n = layout_.group_ring_pages[static_cast<std::size_t>(grp)];
+        } else {
+          std::int32_t longest = 0;
+          for (std::int32_t l = 0; l < L; ++l)
+            for (std::int32_t h = 0; h < H; ++h)
+              if (layout_.slot(l, h).group == grp) longest = std::max(longest, len(s, l, h));
+          n = (longest + seqs_[static_cast<std::size_t>(s)].reserve + g.page_tokens - 1) /
+              g.page_tokens;
+        }
+        total += n;
+      }
+    pages_.resize(static_cast<std::size_t>(total));
+    std::iota(pages_.begin(), pages_.end(), 0);
+    std::shuffle(pages_.begin(), pages_.end(), rng_);
+    num_pages_ = total;
+    pool_.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, total) * g.page_bytes()),
+                 std::byte{0xff});
+    dense_k_.resize(static_cast<std::size_t>(S * L * H));
+    dense_v_.resize(static_cast<std::size_t>(S * L * H));
+    for (std::int32_t s = 0; s < S; ++s)
+      for (std::int32_t l = 0; l < L; ++l)
+        for (std::int32_t h = 0; h < H; ++h) {
+          std::int32_t n = len(s, l, h);
+          auto& dk       = dense(dense_k_, s, l, h);
+          auto& dv       = dense(dense_v_, s, l, h);
+          dk.resize(static_cast<std::size_t>(n) * g.head_dim);
+          dv.resize(static_cast<std::size_t>(n) * g.head_dim);
+          for (std::int32_t i = 0; i < n; ++i)
+            for (std::int32_t x = 0; x < g.head_dim; ++x) {
+              auto at = static_cast<std::size_t>(i) * g.head_dim + x;
+              dk[at]  = random_value();
+              dv[at]  = random_value();
+              store(s, l, h, position(s, l, h, i), x, 0, dk[at]);
+              store(s, l, h, position(s, l, h, i), x, 1, dv[at]);
+            }
+        }
+  }
+
+  test_cache(test_cache const&)            = delete;
+  test_cache& operator=(test_cache const&) = delete;
+
+  /// Host view of the batch `slots` (sequence indices, in request order).
+  kv_cache_view view(std::vector<std::int32_t> const& batch) {
+    batch_slots_ = batch;
+    kv_cache_view v;
+    v.pool             = pool_.data();
+    v.geometry         = layout_.geometry;
+    v.num_layers       = layout_.num_layers;
+    v.num_kv_heads     = layout_.num_kv_heads;
+    v.num_groups       = layout_.num_groups();
+    v.head_slots       = head_slots_.data();
+    v.group_window     = layout_.group_window.data();
+    v.group_ring_pages = layout_.group_ring_pages.data();
+    v.page_offset      = page_offset_.data();
+    v.pages            = pages_.data();
+    v.head_base_len    = base_len_.data();
+    v.appended         = appended_.data();
+    v.seq_tokens       = seq_tokens_.data();
+    v.batch_size       = static_cast<std::int32_t>(batch_slots_.size());
+    v.batch_slots      = batch_slots_.data();
+    return v;
+  }
+
+  /// Tokens held by (sequence s, layer l, head h), computed from the spec.
+  [[nodiscard]] std::int32_t len(std::int32_t s, std::int32_t l, std::int32_t h) const {
+    auto grp       = layout_.slot(l, h).group;
+    auto w         = layout_.group_window[static_cast<std::size_t>(grp)];
+    auto const& sq = seqs_[static_cast<std::size_t>(s)];
+    if (w > 0) return std::min(sq.seq_tokens, w);
+    return sq.base_len[static_cast<std::size_t>(l * layout_.num_kv_heads + h)] + sq.appended;
+  }
+  /// Column position of held token i.
+  [[nodiscard]] std::int32_t position(std::int32_t s,
+                                      std::int32_t l,
+                                      std::int32_t h,
+                                      std::int32_t i) const {
+    auto grp = layout_.slot(l, h).group;
+    if (layout_.group_window[static_cast<std::size_t>(grp)] == 0) return i;
+    std::int32_t ring =
+        layout_.group_ring_pages[static_cast<std::size_t>(grp)] * layout_.geometry.page_tokens;
+    return (seqs_[static_cast<std::size_t>(s)].seq_tokens - len(s, l, h) + i) % ring;
+  }
+  /// Dense K (kv == 0) or V of (s, l, h): [len * d] floats, exactly the stored values.
+  std::vector<float>& dense(std::int32_t kv, std::int32_t s, std::int32_t l, std::int32_t h) {
+    return dense(kv == 0 ? dense_k_ : dense_v_, s, l, h);
+  }
+  /// Value `x` of K (kv == 0) or V at column position `pos` of (s, l, h), read from the pool.
+  [[nodiscard]] float stored(std::int32_t s,
+                             std::int32_t l,
+                             std::int32_t h,
+                             std::int32_t pos,
+                             std::int32_t x,
+                             std::int32_t kv) const {
+    return reference::detail::load_as_float(
+        pool_.data(), layout_.geometry.kv_dtype, element(s, l, h, pos, x, kv));
+  }
+  /// Raw bytes of K or V (d elements) at column position `pos` of (s, l, h).
+  [[nodiscard]] std::vector<std::byte> stored_bytes(
+      std::int32_t s, std::int32_t l, std::int32_t h, std::int32_t pos, std::int32_t kv) const {
+    auto es  = static_cast<std::size_t>(layout_.geometry.element_bytes());
+    auto off = static_cast<std::size_t>(element(s, l, h, pos, 0, kv)) * es;
+    return {pool_.begin() + static_cast<std::ptrdiff_t>(off),
+            pool_.begin() + static_cast<std::ptrdiff_t>(
+                                off + es * static_cast<std::size_t>(layout_.geometry.head_dim))};
+  }
+  /// A random value rounded to the KV dtype (what `dense` holds).
+  float random_value(float lo = -1.f, float hi = 1.f) {
+    float f = std::uniform_real_distribution<float>(lo, hi)(rng_);
+    return reference::detail::visit_storage(layout_.geometry.kv_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      return to_float(from_float<T>(f));
+    });
+  }
+
+  cache_layout const& layout() const { return layout_; }
+  std::vector<std::byte>& pool() { return pool_; }
+  std::vector<head_slot> const& head_slots() const { return head_slots_; }
+  std::vector<std::int32_t> const& page_offset() const { return page_offset_; }
+  std::vector<std::int32_t> const& pages() const { return pages_; }
+  std::vector<std::int32_t>& base_len() { return base_len_; }
+  std::vector<std::int32_t>& appended() { return appended_; }
+  std::vector<std::int32_t>& seq_tokens() { return seq_tokens_; }
+  std::vector<std::int32_t> const& batch_slots() const { return batch_slots_; }
+  std::mt19937_64& rng() { return rng_; }
+
+ private:
+  std::vector<float>& dense(std::vector<std::vector<float>>& d,
+                            std::int32_t s,
+                            std::int32_t l,
+                            std::int32_t h) {
+    return d[static_cast<std::size_t>((s * layout_.num_layers + l) * layout_.num_kv_heads + h)];
+  }
+  [[nodiscard]] std::int64_t element(std::int32_t s,
+                                     std::int32_t l,
+                                     std::int32_t h,
+                                     std::int32_t pos,
+                                     std::int32_t x,
+                                     std::int32_t kv) const {
+    auto const& g     = layout_.geometry;
+    head_slot hs      = layout_.slot(l, h);
+    std::int32_t page = pages_[static_cast<std::size_t>(
+        page_offset_[static_cast<std::size_t>(s * layout_.num_groups() + hs.group)] +
+        pos / g.page_tokens)];
+    std::int64_t in_page =
+        ((static_cast<std::int64_t>(kv) * g.group_size + hs.column) * g.page_tokens +
+         pos % g.page_tokens) *
+            g.head_dim +
+        x;
+    return static_cast<std::int64_t>(page) * g.page_elements() + in_page;
+  }
+  void store(std::int32_t s,
+             std::int32_t l,
+             std::int32_t h,
+             std::int32_t pos,
+             std::int32_t x,
+             std::int32_t kv,
+             float value) {
+    reference::detail::store_from_float(
+        pool_.data(), layout_.geometry.kv_dtype, element(s, l, h, pos, x, kv), value);
+  }
+
+  cache_layout layout_;
+  std::vector<sequence_spec> seqs_;
+  std::mt19937_64 rng_;
+  std::vector<head_slot> head_slots_;
+  std::vector<std::int32_t> page_offset_, pages_, base_len_, appended_, seq_tokens_, batch_slots_;
+  std::int32_t num_pages_ = 0;
+  std::vector<std::byte> pool_;
+  std::vector<std::vector<float>> dense_k_, dense_v_;
+};
+
+}  // namespace tangram::test
