@@ -1,0 +1,409 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/page_pool.hpp
+ * @brief The page pool: fixed-size KV pages carved from one arena, with O(1) allocate/free,
+ * per-page reference counts and all-or-nothing reservations.
+ *
+ * Invariants (checked by `check_invariants` and by the tests after every operation):
+ * - every page is either free (reference count 0, on the free stack exactly once) or used
+ *   (reference count >= 1, not on the free stack);
+ * - `used + reserved <= capacity`: reserved pages are free pages promised to an owner, so a
+ *   reservation can always be drawn without failing;
+ * - a misuse (double free, unknown page, drawing past a reservation, a foreign reservation)
+ *   throws `logic_error` naming the page or value and changes nothing.
+ *
+ * "Does not fit" (no free page, a reservation larger than the unreserved free pages) is a return
+ * value, never an exception.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "tangram/error.hpp"
+#include "tangram/memory/memory_resource.hpp"
+#include "tangram/memory/page_layout.hpp"
+
+namespace tangram {
+
+/// @brief Index of a page in its pool: page p starts at `base + p * page_bytes`.
+using page_id = std::int32_t;
+
+/// @brief Counters of a page pool. Plain value.
+struct pool_stats {
+  std::int64_t capacity    = 0;  ///< pages in the arena
+  std::int64_t free        = 0;  ///< pages with reference count 0 (includes reserved ones)
+  std::int64_t reserved    = 0;  ///< free pages promised to reservations
+  std::int64_t used        = 0;  ///< pages with reference count >= 1
+  std::int64_t peak_used   = 0;  ///< the most pages ever used at once
+  std::int64_t allocations = 0;  ///< pages handed out (allocate + draw), ever
+  std::int64_t frees       = 0;  ///< pages returned to the free stack, ever
+
+  /// Free pages nobody has reserved: what `try_allocate` and `try_reserve` may take.
+  [[nodiscard]] std::int64_t available() const { return free - reserved; }
+};
+
+template <class Layout, class Upstream>
+class page_pool;
+
+/**
+ * @brief A promise of `pages()` free pages by one pool to one owner. Move-only handle: the pool
+ * that made it is the only one that accepts it; moving leaves the source empty.
+ *
+ * Dropping a non-empty reservation without `release_unused` keeps its pages promised (the pool
+ * cannot know the owner is gone); owners return it explicitly.
+ */
+class page_reservation {
+ public:
+  page_reservation() = default;
+  page_reservation(page_reservation&& o) noexcept
+      : owner_(std::exchange(o.owner_, nullptr)), pages_(std::exchange(o.pages_, 0)) {}
+  page_reservation& operator=(page_reservation&& o) noexcept {
+    owner_ = std::exchange(o.owner_, nullptr);
+    pages_ = std::exchange(o.pages_, 0);
+    return *this;
+  }
+  page_reservation(page_reservation const&)            = delete;
+  page_reservation& operator=(page_reservation const&) = delete;
+  ~page_reservation()                                  = default;
+
+  /// Pages still promised (not yet drawn or released).
+  [[nodiscard]] std::int64_t pages() const noexcept { return pages_; }
+  [[nodiscard]] bool empty() const noexcept { return pages_ == 0; }
+  /// The pool this reservation belongs to (nullptr when it never held pages).
+  [[nodiscard]] void const* owner() const noexcept { return owner_; }
+
+ private:
+  template <class Layout, class Upstream>
+  friend class page_pool;
+  page_reservation(void const* owner, std::int64_t pages) : owner_(owner), pages_(pages) {}
+
+  void const* owner_  = nullptr;
+  std::int64_t pages_ = 0;
+};
+
+/**
+ * @brief Fixed-size pages from one arena obtained once from an upstream resource.
+ *
+ * @tparam Layout   page geometry, `page_layout<HeadDim, GroupSize, PageTokens>` with compile-time
+ *                  or dynamic extents (`page_layout<>` by default); fixes `page_bytes()`.
+ * @tparam Upstream the arena's resource: `memory_resource` (any derived resource, by default) or
+ *                  any type with `allocate(bytes, alignment)`, `deallocate(p, bytes, alignment)`
+ *                  and `kind()`.
+ *
+ * Ownership: the pool owns its arena (returned to the upstream in the destructor) and its
+ * bookkeeping (two arrays of `capacity` integers, allocated at construction: nothing on the
+ * allocate/free paths allocates). The upstream is referenced, not owned, and must outlive the
+ * pool. The pool neither reads nor writes page contents, so simulated arenas work.
+ *
+ * Thread safety: a single-threaded object; callers serialise all calls (the KV-cache manager owns
+ * one pool and is itself single-threaded). Not copyable or movable (reservations refer to it).
+ */
+template <class Layout = page_layout<>, class Upstream = memory_resource>
+class page_pool {
+ public:
+  using layout_type   = Layout;
+  using upstream_type = Upstream;
+
+  /// Largest pool: page ids are 32-bit.
+  static constexpr std::int64_t max_pages = (std::int64_t{1} << 31) - 1;
+
+  /// Pages of `layout` that fit in `bytes`.
+  [[nodiscard]] static std::int64_t pages_for_bytes(std::int64_t bytes, Layout const& layout) {
+    return bytes > 0 ? bytes / layout.page_bytes() : 0;
+  }
+
+  /**
+   * @brief Takes an arena of `num_pages * layout.page_bytes()` bytes from `upstream`.
+   * @throw invalid_argument when num_pages is not in [1, max_pages] (names the value).
+   * @throw out_of_memory when the upstream cannot provide the arena (no partial state remains).
+   */
+  page_pool(Upstream& upstream, Layout layout, std::int64_t num_pages)
+      : upstream_(&upstream), layout_(layout), capacity_(num_pages) {
+    TANGRAM_EXPECTS(num_pages >= 1 && num_pages <= max_pages,
+                    invalid_argument,
+                    "page_pool.num_pages: must be in [1, ",
+                    max_pages,
+                    "], got ",
+                    num_pages);
+    page_bytes_ = layout_.page_bytes();
+    TANGRAM_EXPECTS(
+        page_bytes_ >= 1 && num_pages <= std::numeric_limits<std::int64_t>::max() / page_bytes_,
+        invalid_argument,
+        "page_pool.num_pages: ",
+        num_pages,
+        " pages of ",
+        page_bytes_,
+        " bytes overflow the arena size");
+    refs_.assign(static_cast<std::size_t>(num_pages), 0u);
+    free_stack_.resize(static_cast<std::size_t>(num_pages));
+    // Page 0 on top, so a fresh pool hands out pages in increasing order.
+    for (std::int64_t i = 0; i < num_pages; ++i)
+      free_stack_[static_cast<std::size_t>(i)] = static_cast<page_id>(num_pages - 1 - i);
+    free_top_ = num_pages;
+    arena_    = static_cast<std::byte*>(
+        upstream_->allocate(static_cast<std::size_t>(arena_bytes()), default_arena_alignment));
+    kind_ = upstream_->kind();
+  }
+
+  page_pool(page_pool const&)            = delete;
+  page_pool& operator=(page_pool const&) = delete;
+  page_pool(page_pool&&)                 = delete;
+  page_pool& operator=(page_pool&&)      = delete;
+
+  /// Returns the arena to the upstream. Never throws.
+  ~page_pool() {
+    upstream_->deallocate(arena_, static_cast<std::size_t>(arena_bytes()), default_arena_alignment);
+  }
+
+  // ----- geometry and addresses -------------------------------------------------------------
+
+  [[nodiscard]] Layout const& layout() const noexcept { return layout_; }
+  [[nodiscard]] std::int64_t page_bytes() const noexcept { return page_bytes_; }
+  [[nodiscard]] std::int64_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::int64_t arena_bytes() const noexcept { return capacity_ * page_bytes_; }
+  /// Start of the arena (page 0). Dereferenceable only when `kind()` is host.
+  [[nodiscard]] std::byte* base() const noexcept { return arena_; }
+  /// Who may dereference the arena.
+  [[nodiscard]] memory_kind kind() const noexcept { return kind_; }
+  /// Address of page `p` (computed as an integer, so simulated arenas are never dereferenced).
+  /// @throw logic_error when p is not a page of this pool.
+  [[nodiscard]] std::byte* page_ptr(page_id p) const {
+    check_range(p, "page_ptr");
+    return reinterpret_cast<std::byte*>(reinterpret_cast<std::uintptr_t>(arena_) +
+                                        static_cast<std::uintptr_t>(p) *
+                                            static_cast<std::uintptr_t>(page_bytes_));
+  }
+
+  // ----- statistics -------------------------------------------------------------------------
+
+  [[nodiscard]] pool_stats stats() const noexcept {
+    pool_stats s;
+    s.capacity    = capacity_;
+    s.free        = free_top_;
+    s.reserved    = reserved_;
+    s.used        = capacity_ - free_top_;
+    s.peak_used   = peak_used_;
+    s.allocations = allocations_;
+    s.frees       = frees_;
+    return s;
+  }
+  [[nodiscard]] std::int64_t free_pages() const noexcept { return free_top_; }
+  [[nodiscard]] std::int64_t reserved_pages() const noexcept { return reserved_; }
+  [[nodiscard]] std::int64_t used_pages() const noexcept { return capacity_ - free_top_; }
+  /// Free pages nobody has reserved.
+  [[nodiscard]] std::int64_t available_pages() const noexcept { return free_top_ - reserved_; }
+  /// Forgets the peak so far (the current use becomes the peak).
+  void reset_peak() noexcept { peak_used_ = used_pages(); }
+
+  /// Reference count of page `p` (0 = free). @throw logic_error when p is out of range.
+  [[nodiscard]] std::uint32_t ref_count(page_id p) const {
+    check_range(p, "ref_count");
+    return refs_[static_cast<std::size_t>(p)];
+  }
+
+  // ----- unreserved allocation --------------------------------------------------------------
+
+  /// @brief Takes one unreserved free page (reference count 1), or nullopt when none is left.
+  /// O(1), allocation-free.
+  [[nodiscard]] std::optional<page_id> try_allocate() noexcept {
+    if (free_top_ - reserved_ <= 0) return std::nullopt;
+    return pop();
+  }
+
+  /// @brief Adds a reference to a used page (sharing it, e.g. by a forked sequence).
+  /// @throw logic_error naming the page when it is out of range or free.
+  void retain(page_id p) {
+    check_range(p, "retain");
+    TANGRAM_EXPECTS(refs_[static_cast<std::size_t>(p)] > 0,
+                    logic_error,
+                    "page_pool::retain: page ",
+                    p,
+                    " is free (reference count 0)");
+    ++refs_[static_cast<std::size_t>(p)];
+  }
+
+  /**
+   * @brief Drops one reference; the page returns to the free stack when the count reaches 0.
+   * O(1), allocation-free.
+   * @return true when the page became free.
+   * @throw logic_error naming the page when it is out of range or already free (double free);
+   *        the pool is unchanged.
+   */
+  bool release(page_id p) {
+    check_range(p, "release");
+    auto& r = refs_[static_cast<std::size_t>(p)];
+    TANGRAM_EXPECTS(r > 0,
+                    logic_error,
+                    "page_pool::release: page ",
+                    p,
+                    " is already free (double free, or a page that was never allocated)");
+    if (--r > 0) return false;
+    free_stack_[static_cast<std::size_t>(free_top_++)] = p;
+    ++frees_;
+    return true;
+  }
+
+  // ----- reservations -----------------------------------------------------------------------
+
+  /**
+   * @brief Reserves `n` free pages at once, all or nothing.
+   * @return the reservation, or nullopt ("does not fit") when fewer than n unreserved pages are
+   *         free; the pool is then unchanged.
+   * @throw invalid_argument when n < 0 (names the value).
+   */
+  [[nodiscard]] std::optional<page_reservation> try_reserve(std::int64_t n) {
+    TANGRAM_EXPECTS(
+        n >= 0, invalid_argument, "page_pool::try_reserve: pages must be >= 0, got ", n);
+    if (n > free_top_ - reserved_) return std::nullopt;
+    reserved_ += n;
+    return page_reservation(this, n);
+  }
+
+  /**
+   * @brief Adds `n` pages to an existing (possibly empty) reservation, all or nothing.
+   * @return false ("does not fit") when fewer than n unreserved pages are free; nothing changes.
+   * @throw logic_error when `res` belongs to another pool; invalid_argument when n < 0.
+   */
+  [[nodiscard]] bool try_extend(page_reservation& res, std::int64_t n) {
+    TANGRAM_EXPECTS(n >= 0, invalid_argument, "page_pool::try_extend: pages must be >= 0, got ", n);
+    check_owner(res, "try_extend");
+    if (n > free_top_ - reserved_) return false;
+    reserved_ += n;
+    res.owner_ = this;
+    res.pages_ += n;
+    return true;
+  }
+
+  /**
+   * @brief Takes one page promised by `res` (reference count 1). O(1), allocation-free; never
+   * fails for lack of memory.
+   * @throw logic_error when `res` is empty (drawing more than reserved) or belongs to another pool.
+   */
+  page_id draw(page_reservation& res) {
+    check_owner(res, "draw");
+    TANGRAM_EXPECTS(res.pages_ > 0,
+                    logic_error,
+                    "page_pool::draw: the reservation is exhausted (0 pages left); drawing more "
+                    "pages than reserved");
+    --res.pages_;
+    --reserved_;
+    return pop();
+  }
+
+  /**
+   * @brief Returns `n` unused pages of `res` to the unreserved free pages.
+   * @throw logic_error when res belongs to another pool or holds fewer than n pages (names both);
+   *        invalid_argument when n < 0.
+   */
+  void release_unused(page_reservation& res, std::int64_t n) {
+    TANGRAM_EXPECTS(
+        n >= 0, invalid_argument, "page_pool::release_unused: pages must be >= 0, got ", n);
+    check_owner(res, "release_unused");
+    TANGRAM_EXPECTS(n <= res.pages_,
+                    logic_error,
+                    "page_pool::release_unused: releasing ",
+                    n,
+                    " pages but the reservation holds ",
+                    res.pages_);
+    res.pages_ -= n;
+    reserved_ -= n;
+  }
+
+  /// @brief Returns every unused page of `res`; `res` becomes empty.
+  /// @throw logic_error when res belongs to another pool.
+  void release_unused(page_reservation& res) { release_unused(res, res.pages_); }
+
+  /// @brief True when `res` was made by this pool (or is an empty default reservation).
+  [[nodiscard]] bool owns(page_reservation const& res) const noexcept {
+    return res.owner_ == nullptr || res.owner_ == this;
+  }
+
+  /**
+   * @brief Full consistency check, O(capacity): free stack and reference counts agree, no page is
+   * on the stack twice, reserved <= free. For tests and debugging.
+   * @throw logic_error describing the first inconsistency.
+   */
+  void check_invariants() const {
+    TANGRAM_EXPECTS(reserved_ >= 0 && reserved_ <= free_top_,
+                    logic_error,
+                    "page_pool: reserved ",
+                    reserved_,
+                    " exceeds free ",
+                    free_top_);
+    std::vector<char> on_stack(static_cast<std::size_t>(capacity_), 0);
+    for (std::int64_t i = 0; i < free_top_; ++i) {
+      page_id p = free_stack_[static_cast<std::size_t>(i)];
+      TANGRAM_EXPECTS(p >= 0 && p < capacity_, logic_error, "page_pool: free stack holds ", p);
+      TANGRAM_EXPECTS(!on_stack[static_cast<std::size_t>(p)],
+                      logic_error,
+                      "page_pool: page ",
+                      p,
+                      " is on the free stack twice");
+      on_stack[static_cast<std::size_t>(p)] = 1;
+      TANGRAM_EXPECTS(refs_[static_cast<std::size_t>(p)] == 0,
+                      logic_error,
+                      "page_pool: free page ",
+                      p,
+                      " has reference count ",
+                      refs_[static_cast<std::size_t>(p)]);
+    }
+    for (std::int64_t p = 0; p < capacity_; ++p)
+      TANGRAM_EXPECTS(
+          on_stack[static_cast<std::size_t>(p)] || refs_[static_cast<std::size_t>(p)] > 0,
+          logic_error,
+          "page_pool: page ",
+          p,
+          " is neither free nor referenced (leaked)");
+  }
+
+ private:
+  page_id pop() noexcept {
+    page_id p                          = free_stack_[static_cast<std::size_t>(--free_top_)];
+    refs_[static_cast<std::size_t>(p)] = 1;
+    ++allocations_;
+    std::int64_t used = capacity_ - free_top_;
+    if (used > peak_used_) peak_used_ = used;
+    return p;
+  }
+  void check_range(page_id p, char const* op) const {
+    TANGRAM_EXPECTS(p >= 0 && p < capacity_,
+                    logic_error,
+                    "page_pool::",
+                    op,
+                    ": page ",
+                    p,
+                    " is not a page of this pool (capacity ",
+                    capacity_,
+                    ")");
+  }
+  void check_owner(page_reservation const& res, char const* op) const {
+    TANGRAM_EXPECTS(owns(res),
+                    logic_error,
+                    "page_pool::",
+                    op,
+                    ": the reservation (",
+                    res.pages_,
+                    " pages) belongs to another pool");
+  }
+
+  Upstream* upstream_;
+  Layout layout_;
+  std::int64_t capacity_;
+  std::int64_t page_bytes_ = 0;
+  std::byte* arena_        = nullptr;
+  memory_kind kind_        = memory_kind::host;
+  std::vector<std::uint32_t> refs_;
+  std::vector<page_id> free_stack_;
+  std::int64_t free_top_    = 0;
+  std::int64_t reserved_    = 0;
+  std::int64_t peak_used_   = 0;
+  std::int64_t allocations_ = 0;
+  std::int64_t frees_       = 0;
+};
+
+}  // namespace tangram

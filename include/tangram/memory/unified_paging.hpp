@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/unified_paging.hpp
+ * @brief Baselines for side-by-side measurement: pages that span all KV heads of a layer
+ * (vLLM style, `page_bytes = H * 2 * P * d * sizeof(dtype)` per layer).
+ *
+ * - `unified_mode::full_kv`: no compression; every layer holds `ceil(n / P)` pages.
+ * - `unified_mode::compressed_reclaim`: non-uniform compression on unified pages with dynamic
+ *   reclamation, as serving stacks do it today: for each prefill chunk the layer first gets pages
+ *   for its whole chunk (held tokens + chunk), the eviction runs, then the tail pages beyond the
+ *   layer's longest head are freed. Each page freed that way is one reclamation operation.
+ *
+ * Neither reserves anything at admission: pages are taken as tokens arrive and a step that finds
+ * no free page fails (where an engine would preempt). Same page pool as Tangram, so the figures
+ * compare like with like. Single-threaded object; the pool's arena comes from `Upstream`, which
+ * must outlive the baseline.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "tangram/error.hpp"
+#include "tangram/memory/memory_resource.hpp"
+#include "tangram/memory/page_layout.hpp"
+#include "tangram/memory/page_pool.hpp"
+#include "tangram/plan/retention.hpp"
+#include "tangram/plan/static_plan.hpp"
+
+namespace tangram {
+
+/// @brief Which baseline a `unified_paging_baseline` models.
+enum class unified_mode : std::uint8_t {
+  full_kv,             ///< vLLM full-KV paging, no compression
+  compressed_reclaim,  ///< non-uniform compression on layer-wide pages, tail pages freed after
+                       ///< eviction
+};
+
+constexpr std::string_view to_string(unified_mode m) noexcept {
+  return m == unified_mode::full_kv ? "full_kv" : "compressed_reclaim";
+}
+
+/// @brief Counters of a baseline. Plain value.
+struct unified_stats {
+  std::int64_t pages_allocated = 0;  ///< pages taken from the pool, ever
+  std::int64_t reclaim_ops     = 0;  ///< pages freed right after an eviction (reclamation)
+  std::int64_t failed_steps    = 0;  ///< chunks or decode steps refused for lack of pages
+};
+
+/**
+ * @brief Layer-wide paging over a `page_pool` whose page holds all `H` KV heads of one layer.
+ *
+ * Ownership: owns its pool and all bookkeeping (sized at construction for `max_sequences`
+ * sequences of up to `max_tokens` tokens). Not copyable or movable.
+ */
+template <class Upstream = memory_resource>
+class unified_paging_baseline {
+ public:
+  /**
+   * @param plan      the model's rules (budgets decide what compression keeps)
+   * @param mode      full_kv or compressed_reclaim
+   * @param upstream  arena resource
+   * @param num_pages pages of `H * 2 * P * d * sizeof(dtype)` bytes
+   * @param max_sequences sequences alive at once
+   * @param max_tokens    tokens one sequence may reach (sizes the page tables)
+   * @throw invalid_argument for non-positive sizes; out_of_memory when the arena is refused.
+   */
+  unified_paging_baseline(static_plan const& plan,
+                          unified_mode mode,
+                          Upstream& upstream,
+                          std::int64_t num_pages,
+                          std::int32_t max_sequences,
+                          std::int64_t max_tokens)
+      : mode_(mode),
+        L_(plan.num_layers),
+        H_(plan.num_kv_heads),
+        P_(plan.geometry.page_tokens),
+        S_(checked_positive(max_sequences, "max_sequences")),
+        max_pages_(ceil_div(checked_positive(max_tokens, "max_tokens"), plan.geometry.page_tokens)),
+        rules_(plan.rules),
+        pool_(upstream,
+              page_layout<>(page_geometry{plan.geometry.page_tokens,
+                                          plan.num_kv_heads,
+                                          plan.geometry.head_dim,
+                                          plan.geometry.kv_dtype}),
+              num_pages) {
+    auto SL = static_cast<std::size_t>(S_) * static_cast<std::size_t>(L_);
+    table_.assign(SL * static_cast<std::size_t>(max_pages_), -1);
+    n_pages_.assign(SL, 0);
+    len_.assign(SL * static_cast<std::size_t>(H_), 0);
+    seq_tokens_.assign(static_cast<std::size_t>(S_), 0);
+    live_.assign(static_cast<std::size_t>(S_), 0);
+    for (std::int32_t s = S_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  }
+
+  unified_paging_baseline(unified_paging_baseline const&)            = delete;
+  unified_paging_baseline& operator=(unified_paging_baseline const&) = delete;
+
+  [[nodiscard]] unified_mode mode() const noexcept { return mode_; }
+  [[nodiscard]] page_pool<page_layout<>, Upstream> const& pool() const noexcept { return pool_; }
+  [[nodiscard]] unified_stats const& stats() const noexcept { return stats_; }
+  [[nodiscard]] std::int64_t page_bytes() const noexcept { return pool_.page_bytes(); }
+
+  /// @brief Takes a slot (nothing is reserved); nullopt when every slot is taken.
+  [[nodiscard]] std::optional<std::int32_t> try_admit() {
+    if (free_slots_.empty()) return std::nullopt;
+    std::int32_t s = free_slots_.back();
+    free_slots_.pop_back();
+    live_[static_cast<std::size_t>(s)] = 1;
+    return s;
+  }
+
+  /**
+   * @brief Prefills a chunk of `chunk_tokens`: every layer first holds pages for its longest head
+   * plus the whole chunk; in compressed_reclaim mode the heads then keep `kept[layer * H + head]`
+   * tokens (null: the static rule, `retained_tokens(rule, n + c)`) and the tail pages beyond the
+   * longest head are freed (counted in `reclaim_ops`).
+   * @return false when the pool lacks pages for the chunk (nothing changed).
+   * @throw logic_error for an unknown sequence, a kept count above held + chunk, or a sequence
+   *        that would pass max_tokens.
+   */
+  bool prefill_chunk(std::int32_t seq,
+                     std::int64_t chunk_tokens,
+                     std::int32_t const* kept = nullptr) {
+    check(seq);
+    std::int64_t n = seq_tokens_[static_cast<std::size_t>(seq)] + chunk_tokens;
+    TANGRAM_EXPECTS(chunk_tokens >= 1 && ceil_div(n, P_) <= max_pages_,
+                    logic_error,
+                    "unified_paging_baseline::prefill_chunk: chunk of ",
+                    chunk_tokens,
+                    " tokens takes slot ",
+                    seq,
+                    " to ",
+                    n,
+                    " tokens (max ",
+                    max_pages_ * P_,
+                    ")");
+    std::int64_t need = 0;
+    for (std::int32_t l = 0; l < L_; ++l)
+      need +=
+          std::max<std::int64_t>(0, ceil_div(longest(seq, l) + chunk_tokens, P_) - n_pages(seq, l));
+    if (need > pool_.available_pages()) {
+      ++stats_.failed_steps;
+      return false;
+    }
+    for (std::int32_t l = 0; l < L_; ++l) {
+      grow_to(seq, l, ceil_div(longest(seq, l) + chunk_tokens, P_));
+      for (std::int32_t h = 0; h < H_; ++h) {
+        auto& len         = len_[lh(seq, l, h)];
+        std::int64_t keep = len + chunk_tokens;
+        if (mode_ == unified_mode::compressed_reclaim) {
+          auto const& rule = rules_[static_cast<std::size_t>(l * H_ + h)];
+          std::int64_t k   = kept ? kept[l * H_ + h] : std::min(retained_tokens(rule, n), keep);
+          TANGRAM_EXPECTS(k >= 0 && k <= keep,
+                          logic_error,
+                          "unified_paging_baseline::prefill_chunk: head (",
+                          l,
+                          ", ",
+                          h,
+                          ") keeps ",
+                          k,
+                          " of ",
+                          keep,
+                          " tokens");
+          keep = k;
+        }
+        len = static_cast<std::int32_t>(keep);
+      }
+      if (mode_ == unified_mode::compressed_reclaim) {
+        auto keep_pages = ceil_div(longest(seq, l), P_);
+        auto& np        = n_pages_[sl(seq, l)];
+        while (np > keep_pages) {
+          pool_.release(table_[sl(seq, l) * static_cast<std::size_t>(max_pages_) +
+                               static_cast<std::size_t>(--np)]);
+          ++stats_.reclaim_ops;
+        }
+      }
+    }
+    seq_tokens_[static_cast<std::size_t>(seq)] = n;
+    return true;
+  }
+
+  /**
+   * @brief One decode token for every sequence in `seqs`: every head grows by one; a layer whose
+   * longest head crosses a page boundary takes a page.
+   * @return false when the pool lacks the pages (nothing changed).
+   */
+  bool decode_step(std::int32_t const* seqs, std::size_t count) {
+    std::int64_t need = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      check(seqs[i]);
+      for (std::int32_t l = 0; l < L_; ++l) need += longest(seqs[i], l) % P_ == 0;
+    }
+    if (need > pool_.available_pages()) {
+      ++stats_.failed_steps;
+      return false;
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      auto s = seqs[i];
+      for (std::int32_t l = 0; l < L_; ++l) {
+        grow_to(s, l, ceil_div(longest(s, l) + 1, P_));
+        for (std::int32_t h = 0; h < H_; ++h) ++len_[lh(s, l, h)];
+      }
+      ++seq_tokens_[static_cast<std::size_t>(s)];
+    }
+    return true;
+  }
+
+  /// @brief Returns every page of the sequence and its slot. @throw logic_error for an unknown
+  /// slot.
+  void free(std::int32_t seq) {
+    check(seq);
+    for (std::int32_t l = 0; l < L_; ++l) {
+      auto& np = n_pages_[sl(seq, l)];
+      while (np > 0)
+        pool_.release(table_[sl(seq, l) * static_cast<std::size_t>(max_pages_) +
+                             static_cast<std::size_t>(--np)]);
+      for (std::int32_t h = 0; h < H_; ++h) len_[lh(seq, l, h)] = 0;
+    }
+    seq_tokens_[static_cast<std::size_t>(seq)] = 0;
+    live_[static_cast<std::size_t>(seq)]       = 0;
+    free_slots_.push_back(seq);
+  }
+
+  /// Pages layer `layer` of `seq` holds.
+  [[nodiscard]] std::int64_t n_pages(std::int32_t seq, std::int32_t layer) const {
+    return n_pages_[sl(seq, layer)];
+  }
+  /// Pages `seq` holds over all layers.
+  [[nodiscard]] std::int64_t pages_held(std::int32_t seq) const {
+    std::int64_t t = 0;
+    for (std::int32_t l = 0; l < L_; ++l) t += n_pages(seq, l);
+    return t;
+  }
+  /// Tokens head (layer, head) of `seq` holds.
+  [[nodiscard]] std::int64_t head_len(std::int32_t seq,
+                                      std::int32_t layer,
+                                      std::int32_t head) const {
+    return len_[lh(seq, layer, head)];
+  }
+
+ private:
+  template <class T>
+  static T checked_positive(T v, char const* field) {
+    TANGRAM_EXPECTS(
+        v >= 1, invalid_argument, "unified_paging_baseline.", field, ": must be >= 1, got ", v);
+    return v;
+  }
+  void check(std::int32_t seq) const {
+    TANGRAM_EXPECTS(seq >= 0 && seq < S_ && live_[static_cast<std::size_t>(seq)],
+                    logic_error,
+                    "unified_paging_baseline: unknown sequence slot ",
+                    seq);
+  }
+  [[nodiscard]] std::size_t sl(std::int32_t s, std::int32_t l) const noexcept {
+    return static_cast<std::size_t>(s) * static_cast<std::size_t>(L_) + static_cast<std::size_t>(l);
+  }
+  [[nodiscard]] std::size_t lh(std::int32_t s, std::int32_t l, std::int32_t h) const noexcept {
+    return sl(s, l) * static_cast<std::size_t>(H_) + static_cast<std::size_t>(h);
+  }
+  [[nodiscard]] std::int64_t longest(std::int32_t s, std::int32_t l) const noexcept {
+    std::int32_t m = 0;
+    for (std::int32_t h = 0; h < H_; ++h) m = std::max(m, len_[lh(s, l, h)]);
+    return m;
+  }
+  void grow_to(std::int32_t s, std::int32_t l, std::int64_t pages) {
+    auto& np = n_pages_[sl(s, l)];
+    while (np < pages) {
+      table_[sl(s, l) * static_cast<std::size_t>(max_pages_) + static_cast<std::size_t>(np++)] =
+          *pool_.try_allocate();
+      ++stats_.pages_allocated;
+    }
+  }
+
+  unified_mode mode_;
+  std::int32_t L_, H_, P_, S_;
+  std::int64_t max_pages_;
+  std::vector<head_rule> rules_;
+  page_pool<page_layout<>, Upstream> pool_;
+  std::vector<std::int32_t> table_, n_pages_, len_;
+  std::vector<std::int64_t> seq_tokens_;
+  std::vector<char> live_;
+  std::vector<std::int32_t> free_slots_;
+  unified_stats stats_;
+};
+
+}  // namespace tangram

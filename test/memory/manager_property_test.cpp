@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+// Thousands of random operations (admit, chunk with fused eviction, decode, fork, end turn,
+// continue, free, abort mid-chunk) across many sequences on random tiny plans. After every
+// operation the engine_sim checks, independently of the manager's own bookkeeping: every held
+// token's K/V read back through the view, each group's page count / target / reservation from the
+// footprint formulas, reference counts = owners found in the page lists, used + reserved <=
+// capacity. Random misuses are interleaved; each must throw logic_error and leave every
+// observable number unchanged.
+#include <numeric>
+
+#include "engine_sim.hpp"
+#include "memory_fixtures.hpp"
+
+using namespace tangram;
+using namespace tangram::test;
+
+namespace {
+
+template <class T>
+T pick(std::vector<T> const& v, std::mt19937& rng) {
+  return v[rng() % v.size()];
+}
+
+std::int64_t uniform(std::mt19937& rng, std::int64_t lo, std::int64_t hi) {
+  return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+}
+
+}  // namespace
+
+TEST_CASE("random lifecycles keep pages, references, reservations and data consistent",
+          "[memory][manager][property]") {
+  const int trials = 6, ops = 1500;
+  std::int64_t total_ops = 0, misuses = 0, forks = 0, rejections = 0, continues = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    std::mt19937 rng(1000 + static_cast<std::uint32_t>(trial));
+    std::vector<double> budgets(8);
+    for (auto& b : budgets) b = std::uniform_real_distribution<double>(0.05, 1.0)(rng);
+    std::int32_t P      = static_cast<std::int32_t>(uniform(rng, 2, 5));
+    std::int32_t Hp     = pick<std::int32_t>({1, 2, 4}, rng);
+    std::int32_t window = static_cast<std::int32_t>(uniform(rng, 3, 12));
+    auto scope          = pick<grouping_scope>(
+        {grouping_scope::global, grouping_scope::layer, grouping_scope::adjacent}, rng);
+    if (Hp == 4 && scope != grouping_scope::global) scope = grouping_scope::layer;
+    auto plan = tiny_plan(budgets, P, Hp, window, scope);
+    host_memory_resource mr;
+    manager_options o;
+    o.num_pages      = uniform(rng, 80, 400);
+    o.max_sequences  = static_cast<std::int32_t>(uniform(rng, 4, 10));
+    o.index_capacity = trial % 2 == 0 ? 0 : o.num_pages + 50;  // small arenas force repacking
+    kv_cache_manager m(plan, mr, o);
+    engine_sim sim(m, static_cast<std::uint32_t>(trial), 0.25);
+    std::vector<sequence_id> graveyard;
+    INFO("trial " << trial << " P " << P << " Hp " << Hp << " W " << window << " scope "
+                  << to_string(scope));
+
+    auto in_phase = [&](sequence_phase ph) {
+      std::vector<sequence_id> out;
+      for (auto const& [s, q] : sim.sequences())
+        if (q.phase == ph) out.push_back(q.id);
+      return out;
+    };
+    auto misuse = [&](auto&& call, char const* piece) {
+      auto ids    = sim.ids();
+      auto before = snapshot(m, ids);
+      bool threw  = false;
+      try {
+        call();
+      } catch (logic_error const& e) {
+        threw = std::string(e.what()).find(piece) != std::string::npos;
+        INFO(e.what());
+        CHECK(threw);
+      }
+      REQUIRE(threw);
+      REQUIRE(snapshot(m, ids) == before);
+      ++misuses;
+    };
+
+    for (int step = 0; step < ops; ++step) {
+      int op = static_cast<int>(rng() % 100);
+      if (op < 14) {
+        auto N = uniform(rng, 1, 40), T = uniform(rng, 0, 20);
+        if (!sim.admit(N, T)) ++rejections;
+      } else if (op < 34) {
+        auto pre = in_phase(sequence_phase::prefill);
+        if (!pre.empty()) {
+          auto id = pick(pre, rng);
+          auto q  = sim.sequences().at(id.slot);
+          sim.chunk(id, uniform(rng, 1, q.prompt_remaining));
+        }
+      } else if (op < 58) {
+        std::vector<sequence_id> batch;
+        for (auto id : in_phase(sequence_phase::decode)) {
+          auto const& q = sim.sequences().at(id.slot);
+          if (q.decoded < q.max_new && rng() % 3 != 0) batch.push_back(id);
+        }
+        if (!batch.empty()) sim.decode(batch);
+      } else if (op < 66) {
+        auto dec = in_phase(sequence_phase::decode);
+        if (!dec.empty()) sim.end_turn(pick(dec, rng));
+      } else if (op < 74) {
+        auto ended = in_phase(sequence_phase::ended);
+        if (!ended.empty()) {
+          if (sim.continue_turn(pick(ended, rng), uniform(rng, 1, 20), uniform(rng, 0, 15)))
+            ++continues;
+          else
+            ++rejections;
+        }
+      } else if (op < 80) {
+        auto cand  = in_phase(sequence_phase::decode);
+        auto ended = in_phase(sequence_phase::ended);
+        cand.insert(cand.end(), ended.begin(), ended.end());
+        if (!cand.empty()) {
+          if (sim.fork(pick(cand, rng)))
+            ++forks;
+          else
+            ++rejections;
+        }
+      } else if (op < 88) {
+        auto ids = sim.ids();
+        if (!ids.empty()) {
+          auto id = pick(ids, rng);
+          sim.free(id);
+          graveyard.push_back(id);
+        }
+      } else if (op < 90) {
+        auto pre = in_phase(sequence_phase::prefill);
+        if (!pre.empty()) {
+          auto id = pick(pre, rng);
+          sim.abort_mid_chunk(id, uniform(rng, 1, sim.sequences().at(id.slot).prompt_remaining));
+          graveyard.push_back(id);
+        }
+      } else {
+        // Misuse; nothing may change.
+        int kind = static_cast<int>(rng() % 8);
+        auto pre = in_phase(sequence_phase::prefill), dec = in_phase(sequence_phase::decode),
+             ended = in_phase(sequence_phase::ended);
+        if (kind == 0 && !graveyard.empty()) {
+          auto id = pick(graveyard, rng);
+          if (!m.contains(id)) misuse([&] { m.free(id); }, "unknown sequence");
+        } else if (kind == 1 && !dec.empty()) {
+          misuse([&] { m.prepare_chunk(pick(dec, rng), 1); }, "not prefill");
+        } else if (kind == 2 && !pre.empty()) {
+          misuse(
+              [&] {
+                m.commit_chunk(pick(pre, rng),
+                               std::vector<std::int32_t>(static_cast<std::size_t>(16), 0));
+              },
+              "no prepared chunk");
+        } else if (kind == 3 && !dec.empty()) {
+          auto id = pick(dec, rng);
+          auto q  = sim.sequences().at(id.slot);
+          if (q.decoded == q.max_new) {
+            m.set_batch({id});
+            misuse([&] { m.decode_step(); }, "past the reservation");
+          }
+        } else if (kind == 4 && !pre.empty()) {
+          misuse([&] { (void)m.continue_turn(pick(pre, rng), 1, 1); }, "end_turn first");
+        } else if (kind == 5) {
+          misuse([&] { m.end_turn(sequence_id{o.max_sequences + 3, 1}); }, "out of range");
+        } else if (kind == 6 && !dec.empty()) {
+          auto id = pick(dec, rng);
+          misuse([&] { m.set_batch({id, id}); }, "listed twice");
+        } else if (kind == 7 && !pre.empty()) {
+          misuse([&] { m.end_turn(pick(pre, rng)); }, "phase prefill");
+        } else if (!ended.empty()) {
+          misuse([&] { m.prepare_chunk(pick(ended, rng), 1); }, "phase ended");
+        }
+      }
+      sim.verify();
+      ++total_ops;
+    }
+    for (auto id : sim.ids()) sim.free(id);
+    auto ps = m.pool().stats();
+    CHECK(ps.used == 0);
+    CHECK(ps.reserved == 0);
+    CHECK(ps.free == ps.capacity);
+    CHECK(m.live_sequences() == 0);
+    CHECK(m.stats().reclaimed_pages == 0);
+    m.check_invariants();
+  }
+  INFO("ops " << total_ops << " misuses " << misuses << " forks " << forks << " rejections "
+              << rejections);
+  CHECK(total_ops == trials * ops);
+  // The random walk really exercised the interesting paths.
+  CHECK(misuses > 100);
+  CHECK(forks > 20);
+  CHECK(continues > 20);
+  CHECK(rejections > 0);
+}

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// Plans shared by the memory tests: a tiny hybrid model worked by hand, and the real Llama-3.1-8B
+// plan from the bundled profiles (mu + 2 sigma budgets computed here, independently of the
+// library's calibration).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/profile/budget_profile.hpp"
+#include "tangram/profile/retention_samples.hpp"
+#include "test_support.hpp"
+
+namespace tangram::test {
+
+/// mu + alpha sigma (population) per head, clamped to (0, 1], straight from the samples.
+inline std::vector<double> musigma(retention_samples const& s, double alpha = 2.0) {
+  std::size_t L = s.layer_ids.size(), H = static_cast<std::size_t>(s.num_kv_heads);
+  std::vector<double> b(L * H);
+  for (std::size_t i = 0; i < L * H; ++i) {
+    double sum = 0, sq = 0;
+    for (std::size_t k = 0; k < s.samples.size(); ++k) sum += s.ratio(k, i / H, i % H);
+    double mu = sum / static_cast<double>(s.samples.size());
+    for (std::size_t k = 0; k < s.samples.size(); ++k)
+      sq += std::pow(s.ratio(k, i / H, i % H) - mu, 2);
+    b[i] = std::min(1.0, mu + alpha * std::sqrt(sq / static_cast<double>(s.samples.size())));
+  }
+  return b;
+}
+
+inline budget_profile profile_from_samples(retention_samples const& s,
+                                           std::vector<double> budgets) {
+  budget_profile p;
+  p.model            = s.model;
+  p.scorer           = s.scorer;
+  p.num_model_layers = s.num_model_layers;
+  p.num_kv_heads     = s.num_kv_heads;
+  p.layer_ids        = s.layer_ids;
+  p.sink_tokens      = s.sink_tokens;
+  p.window_tokens    = s.window_tokens;
+  p.budgets          = std::move(budgets);
+  return p;
+}
+
+/// The Llama-3.1-8B plan for one bundled scorer (P = 16, Hp = 4, global grouping, alpha 2).
+inline static_plan llama_plan(std::string const& scorer,
+                              std::int32_t page_tokens = 16,
+                              std::int32_t group_size  = 4) {
+  auto s = load_retention_samples(data_path("profiles/" + scorer + "/llama-3.1-8b-instruct.json"));
+  plan_options o;
+  o.page_tokens = page_tokens;
+  o.group_size  = group_size;
+  o.scope       = grouping_scope::global;
+  return build_static_plan(model_preset("llama-3.1-8b"), profile_from_samples(s, musigma(s)), o);
+}
+
+/**
+ * A tiny hybrid model, small enough to work by hand and to check token by token:
+ * 4 layers x 4 KV heads, d = 4, f32; layer 0 and 3 compressed (profiled, protect = 1 sink + 2
+ * window = 3), layer 1 sliding window W, layer 2 full attention left uncompressed.
+ */
+inline model_spec tiny_model(std::int32_t window = 10) {
+  model_spec m;
+  m.name            = "tiny";
+  m.num_layers      = 4;
+  m.num_query_heads = 8;
+  m.num_kv_heads    = 4;
+  m.head_dim        = 4;
+  m.kv_dtype        = dtype::f32;
+  m.layers          = uniform_layers(4);
+  m.layers[1]       = {layer_kind::sliding_window, window};
+  return m;
+}
+
+inline static_plan tiny_plan(std::vector<double> budgets,
+                             std::int32_t page_tokens = 4,
+                             std::int32_t group_size  = 2,
+                             std::int32_t window      = 10,
+                             grouping_scope scope     = grouping_scope::global) {
+  budget_profile p;
+  p.model            = "tiny";
+  p.num_model_layers = 4;
+  p.num_kv_heads     = 4;
+  p.layer_ids        = {0, 3};
+  p.sink_tokens      = 1;
+  p.window_tokens    = 2;
+  p.budgets          = std::move(budgets);
+  plan_options o;
+  o.page_tokens = page_tokens;
+  o.group_size  = group_size;
+  o.scope       = scope;
+  return build_static_plan(tiny_model(window), p, o);
+}
+
+/// Default tiny budgets (8 compressed heads: layer 0 then layer 3).
+inline std::vector<double> tiny_budgets() {
+  return {0.5, 0.25, 0.75, 0.3, 0.45, 0.2, 0.6, 0.35};
+}
+
+}  // namespace tangram::test
