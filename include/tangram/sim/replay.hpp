@@ -1,0 +1,462 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file sim/replay.hpp
+ * @brief Replays a multi-turn workload against a KV-memory policy, step by step, the way a
+ * continuous-batching engine with chunked prefill would, and reports memory, admission and
+ * (modelled) throughput figures.
+ *
+ * The engine loop is policy-agnostic; policies (sim/policies.hpp) drive the real library objects
+ * (pools, page tables, admission) on a simulated memory resource. Time advances by the roofline
+ * cost model (sim/cost_model.hpp): every time figure is modelled. The control-plane time is the
+ * wall-clock time actually spent inside policy calls, measured.
+ */
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tangram/error.hpp"
+#include "tangram/sim/cost_model.hpp"
+#include "tangram/sim/workload.hpp"
+
+namespace tangram::sim {
+
+/// @brief Memory accounting a policy reports.
+struct policy_memory {
+  double allocated_bytes = 0;  ///< bytes of pages held or reserved for sequences
+  double live_bytes      = 0;  ///< bytes of tokens actually stored
+  std::int64_t reclaim_ops  = 0;  ///< pages freed after eviction (allocate-then-free)
+  std::int64_t released_pages = 0;  ///< pages returned when a recompression shrinks a group
+};
+
+/**
+ * @brief What the replay needs from a KV-memory policy. Sessions are identified by their index
+ * in the workload. A call that returns false means "no memory now"; the engine then waits
+ * (admission) or preempts (running sequences, baselines only).
+ */
+class kv_policy {
+ public:
+  virtual ~kv_policy() = default;
+  [[nodiscard]] virtual std::string name() const = 0;
+  /// Starts a turn: `history` tokens already held (0 for a new session or after preemption),
+  /// `prompt` new tokens to prefill, up to `max_new` tokens to decode. False: does not fit now.
+  virtual bool start_turn(std::int32_t session, std::int64_t history, std::int64_t prompt,
+                          std::int64_t max_new) = 0;
+  /// Prefills `tokens` more prompt tokens (one chunk, compressed if the policy compresses).
+  virtual bool prefill_chunk(std::int32_t session, std::int64_t tokens) = 0;
+  /// Appends one decoded token.
+  virtual bool decode(std::int32_t session) = 0;
+  /// The turn's answer is complete; the session keeps its (compressed) history.
+  virtual void end_turn(std::int32_t session) = 0;
+  /// The session leaves (finished or preempted): everything it holds is returned.
+  virtual void release(std::int32_t session) = 0;
+  /// Bytes of KV a decode step reads for this session (its live tokens).
+  [[nodiscard]] virtual double kv_bytes_read(std::int32_t session) const = 0;
+  /// Tokens the session's heads hold on average (the "past" its next prefill chunk attends to).
+  [[nodiscard]] virtual double attended_tokens(std::int32_t session) const = 0;
+  [[nodiscard]] virtual policy_memory memory() const = 0;
+  /// Pages in the pool, for utilisation figures.
+  [[nodiscard]] virtual double capacity_bytes() const = 0;
+};
+
+/// @brief Engine settings of the replay.
+struct replay_options {
+  std::int64_t step_token_budget = 8192;  ///< tokens per engine step (decode + prefill chunks)
+  std::int64_t prefill_chunk     = 8192;  ///< largest prefill chunk of one sequence per step
+  std::int32_t max_running       = 1024;  ///< cap on sequences in the batch (vLLM max_num_seqs)
+  std::int32_t timeline_points   = 400;   ///< samples kept for the memory-over-time plot
+  std::function<void(double)> progress;   ///< called with the completed fraction (optional)
+};
+
+/// @brief One point of the memory timeline.
+struct timeline_point {
+  double time_s          = 0;
+  double allocated_bytes = 0;
+  double live_bytes      = 0;
+  std::int32_t resident  = 0;
+};
+
+/// @brief Results of one policy's replay.
+struct replay_result {
+  std::string policy;
+  std::int32_t peak_resident_sessions = 0;  ///< sessions holding KV at once (running or between turns)
+  double mean_resident_sessions       = 0;  ///< time-weighted
+  std::int32_t peak_running           = 0;  ///< sequences in one decode batch at once
+  double kv_bytes_allocated_peak      = 0;
+  double kv_bytes_live_peak           = 0;
+  double mean_utilisation             = 0;  ///< time-weighted live / allocated
+  double capacity_bytes               = 0;
+  std::int64_t admission_waits        = 0;  ///< turns that could not start at once for memory
+  double mean_admission_wait_s        = 0;  ///< modelled
+  std::int64_t reclaim_ops            = 0;
+  std::int64_t released_pages         = 0;
+  std::int64_t preemptions            = 0;  ///< running sequences preempted (recompute)
+  std::int64_t idle_evictions         = 0;  ///< idle sessions whose KV was dropped to make room
+  std::int64_t recomputed_tokens      = 0;
+  std::int64_t rejected_sessions      = 0;  ///< could never fit, even alone
+  std::int64_t steps                  = 0;
+  double control_plane_us_per_step    = 0;  ///< measured wall time inside the policy
+  double modelled_makespan_s          = 0;
+  double modelled_tokens_per_s        = 0;  ///< generated tokens / makespan
+  double modelled_ttft_mean_s         = 0;
+  double modelled_ttft_p95_s          = 0;
+  std::int64_t generated_tokens       = 0;
+  std::int64_t prefilled_tokens       = 0;
+  std::vector<timeline_point> timeline;
+};
+
+namespace detail_replay {
+
+enum class phase : std::uint8_t { pending, waiting, prefill, decode, thinking, done };
+
+struct session_state {
+  phase state                      = phase::pending;
+  std::int32_t turn                = 0;
+  std::int64_t history             = 0;  ///< tokens of finished turns the session holds
+  std::int64_t to_prefill          = 0;  ///< tokens of this turn not yet prefilled
+  std::int64_t to_decode           = 0;  ///< answer tokens not yet produced
+  std::int64_t prefilled_this_turn = 0;
+  std::int64_t decoded_this_turn   = 0;
+  double ready_s                   = 0;  ///< when the current turn became ready
+  double idle_since_s              = 0;  ///< when it last stopped running (LRU eviction)
+  bool waited                      = false;
+  bool ttft_recorded               = false;
+  bool holds_kv                    = false;
+  std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
+};
+
+}  // namespace detail_replay
+
+/**
+ * @brief Replays `work` against `policy`.
+ *
+ * Scheduling (the same for every policy): continuing turns of resident sessions are admitted
+ * first, then new sessions, first come first served; a turn that does not fit blocks the ones
+ * behind it. Each step every decoding sequence emits one token and prefill chunks fill the rest
+ * of the step's token budget. A running sequence that cannot get memory preempts the most
+ * recently admitted other sequence (vLLM's recompute policy). If nothing runs and the next turn
+ * still does not fit, the least recently used idle session's KV is dropped (an idle eviction;
+ * its history is prefilled again later).
+ * @throw invalid_argument for bad options.
+ */
+inline replay_result replay(workload const& work, kv_policy& policy, cost_model const& cost,
+                            replay_options const& options = {}) {
+  using namespace detail_replay;
+  using clock = std::chrono::steady_clock;
+  TANGRAM_EXPECTS(options.step_token_budget >= 1, invalid_argument,
+                  "replay.step_token_budget: must be >= 1, got ", options.step_token_budget);
+  TANGRAM_EXPECTS(options.prefill_chunk >= 1, invalid_argument,
+                  "replay.prefill_chunk: must be >= 1, got ", options.prefill_chunk);
+  TANGRAM_EXPECTS(options.max_running >= 1, invalid_argument,
+                  "replay.max_running: must be >= 1, got ", options.max_running);
+
+  replay_result out;
+  out.policy         = policy.name();
+  out.capacity_bytes = policy.capacity_bytes();
+  auto const n_sessions = static_cast<std::int32_t>(work.sessions.size());
+  std::vector<session_state> st(static_cast<std::size_t>(n_sessions));
+  auto ss_of = [&](std::int32_t s) -> session_state& { return st[static_cast<std::size_t>(s)]; };
+  auto spec  = [&](std::int32_t s) -> session_spec const& { return work.sessions[static_cast<std::size_t>(s)]; };
+  auto turn_of = [&](std::int32_t s) -> turn_spec const& {
+    return spec(s).turns[static_cast<std::size_t>(ss_of(s).turn)];
+  };
+
+  std::vector<std::int32_t> by_arrival(static_cast<std::size_t>(n_sessions));
+  for (std::int32_t i = 0; i < n_sessions; ++i) by_arrival[static_cast<std::size_t>(i)] = i;
+  std::stable_sort(by_arrival.begin(), by_arrival.end(),
+                   [&](std::int32_t a, std::int32_t b) { return spec(a).arrival_s < spec(b).arrival_s; });
+  std::int64_t total_turns = 0, finished_turns = 0;
+  for (auto const& s : work.sessions) total_turns += static_cast<std::int64_t>(s.turns.size());
+
+  std::deque<std::int32_t> ready_continue;  // next turns of resident sessions
+  std::deque<std::int32_t> ready_new;       // first turns (and sessions that lost their KV)
+  std::vector<std::int32_t> running;        // prefill or decode, admission order
+  std::vector<std::pair<double, std::int32_t>> thinking;  // (wake time, session)
+  std::vector<double> ttft;
+  std::size_t next_arrival   = 0;
+  std::uint64_t admit_counter = 0;
+  double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
+  std::int32_t resident = 0;
+
+  auto timed = [&](auto&& fn) {
+    auto t0 = clock::now();
+    auto r  = fn();
+    control_s += std::chrono::duration<double>(clock::now() - t0).count();
+    return r;
+  };
+
+  auto set_turn = [&](std::int32_t s, std::int32_t turn) {
+    auto& ss               = ss_of(s);
+    ss.turn                = turn;
+    ss.to_prefill          = turn_of(s).prompt_tokens;
+    ss.to_decode           = turn_of(s).output_tokens;
+    ss.prefilled_this_turn = 0;
+    ss.decoded_this_turn   = 0;
+    ss.state               = phase::waiting;
+    ss.ready_s             = t;
+    ss.waited              = false;
+    ss.ttft_recorded       = false;
+  };
+
+  // Drops everything a session holds; its history must be prefilled again.
+  auto drop_kv = [&](std::int32_t s) {
+    auto& ss = ss_of(s);
+    if (!ss.holds_kv) return;
+    timed([&] {
+      policy.release(s);
+      return 0;
+    });
+    ss.holds_kv = false;
+    --resident;
+    out.recomputed_tokens += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
+    ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
+    ss.history             = 0;
+    ss.prefilled_this_turn = 0;
+    ss.decoded_this_turn   = 0;
+  };
+
+  // vLLM's recompute preemption: the most recently admitted running sequence other than `keep`.
+  auto preempt_one = [&](std::int32_t keep) -> bool {
+    std::int32_t victim = -1;
+    for (auto s : running)
+      if (s != keep && (victim < 0 || ss_of(s).admit_seq > ss_of(victim).admit_seq)) victim = s;
+    if (victim < 0) return false;
+    running.erase(std::find(running.begin(), running.end(), victim));
+    out.preemptions += 1;
+    drop_kv(victim);
+    ss_of(victim).state = phase::waiting;
+    ready_new.push_front(victim);  // first in line once memory frees up
+    return true;
+  };
+
+  auto try_admit = [&](std::deque<std::int32_t>& queue) -> bool {
+    while (!queue.empty() && static_cast<std::int32_t>(running.size()) < options.max_running) {
+      std::int32_t s = queue.front();
+      auto& ss       = ss_of(s);
+      bool ok = timed([&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.to_decode); });
+      if (!ok) {
+        if (!ss.waited) {
+          ss.waited = true;
+          out.admission_waits += 1;
+        }
+        return false;
+      }
+      queue.pop_front();
+      if (ss.waited) wait_total_s += t - ss.ready_s;
+      if (!ss.holds_kv) {
+        ss.holds_kv = true;
+        ++resident;
+      }
+      ss.state     = phase::prefill;
+      ss.admit_seq = ++admit_counter;
+      running.push_back(s);
+    }
+    return true;
+  };
+
+  std::int64_t last_progress_step = 0;
+  while (finished_turns < total_turns) {
+    // 1. Arrivals and think timers that are due.
+    while (next_arrival < by_arrival.size() && spec(by_arrival[next_arrival]).arrival_s <= t) {
+      std::int32_t s = by_arrival[next_arrival++];
+      set_turn(s, 0);
+      ss_of(s).ready_s = spec(s).arrival_s;
+      ready_new.push_back(s);
+    }
+    std::sort(thinking.begin(), thinking.end());
+    while (!thinking.empty() && thinking.front().first <= t) {
+      std::int32_t s = thinking.front().second;
+      thinking.erase(thinking.begin());
+      set_turn(s, ss_of(s).turn + 1);
+      (ss_of(s).holds_kv ? ready_continue : ready_new).push_back(s);
+    }
+
+    // 2. Admission: continuing turns first; new sessions only behind them.
+    if (try_admit(ready_continue)) try_admit(ready_new);
+
+    if (running.empty()) {
+      double next = std::numeric_limits<double>::infinity();
+      if (next_arrival < by_arrival.size()) next = spec(by_arrival[next_arrival]).arrival_s;
+      for (auto const& th : thinking) next = std::min(next, th.first);
+      if (std::isfinite(next) && (ready_continue.empty() && ready_new.empty())) {
+        resident_area += resident * (next - t);
+        t = std::max(t, next);
+        continue;
+      }
+      // Turns wait and nothing runs: free memory held by idle sessions (LRU), or give up on a
+      // turn that cannot fit even on an empty GPU.
+      std::int32_t victim = -1;
+      for (std::int32_t s = 0; s < n_sessions; ++s) {
+        auto const& ss = ss_of(s);
+        if (ss.holds_kv && ss.state != phase::prefill && ss.state != phase::decode &&
+            (victim < 0 || ss.idle_since_s < ss_of(victim).idle_since_s))
+          victim = s;
+      }
+      if (victim >= 0) {
+        out.idle_evictions += 1;
+        drop_kv(victim);
+        auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
+        if (it != ready_continue.end()) {
+          ready_continue.erase(it);
+          ready_new.push_front(victim);
+        }
+        continue;
+      }
+      if (!ready_continue.empty() || !ready_new.empty()) {
+        auto& queue    = ready_continue.empty() ? ready_new : ready_continue;
+        std::int32_t s = queue.front();
+        queue.pop_front();
+        out.rejected_sessions += 1;
+        finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
+        ss_of(s).state = phase::done;
+        continue;
+      }
+      if (!std::isfinite(next)) break;
+      continue;
+    }
+
+    // 3. One engine step.
+    std::int64_t budget = options.step_token_budget;
+    double step_s = 0, kv_read = 0;
+    bool any_decode = false;
+    std::vector<std::int32_t> first_token_now;
+    std::vector<std::int32_t> snapshot = running;
+    auto is_running = [&](std::int32_t s) {
+      return std::find(running.begin(), running.end(), s) != running.end();
+    };
+    for (auto s : snapshot) {
+      auto& ss = ss_of(s);
+      if (ss.state != phase::decode || !is_running(s)) continue;
+      bool ok = false;
+      while (!(ok = timed([&] { return policy.decode(s); })))
+        if (!preempt_one(s)) break;
+      if (!ok) TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot decode even alone");
+      any_decode = true;
+      budget -= 1;
+      ss.decoded_this_turn += 1;
+      ss.to_decode -= 1;
+      out.generated_tokens += 1;
+    }
+    for (auto s : snapshot) {
+      auto& ss = ss_of(s);
+      if (ss.state != phase::prefill || budget <= 0 || !is_running(s)) continue;
+      std::int64_t chunk = std::min({ss.to_prefill, budget, options.prefill_chunk});
+      double past        = policy.attended_tokens(s);
+      bool ok            = false;
+      while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); })))
+        if (!preempt_one(s)) break;
+      if (!ok) TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
+      step_s += cost.prefill_s(chunk, static_cast<std::int64_t>(past));
+      budget -= chunk;
+      ss.to_prefill -= chunk;
+      ss.prefilled_this_turn += chunk;
+      out.prefilled_tokens += chunk;
+      if (ss.to_prefill == 0) {
+        // The step that completes a prefill also samples the turn's first token.
+        ss.state = phase::decode;
+        ss.decoded_this_turn += 1;
+        ss.to_decode -= 1;
+        out.generated_tokens += 1;
+        first_token_now.push_back(s);
+      }
+    }
+    for (auto s : running)
+      if (ss_of(s).state == phase::decode) kv_read += policy.kv_bytes_read(s);
+    if (any_decode || !first_token_now.empty()) step_s += cost.decode_step_s(kv_read);
+    out.steps += 1;
+
+    auto mem = timed([&] { return policy.memory(); });
+    out.kv_bytes_allocated_peak = std::max(out.kv_bytes_allocated_peak, mem.allocated_bytes);
+    out.kv_bytes_live_peak      = std::max(out.kv_bytes_live_peak, mem.live_bytes);
+    out.peak_resident_sessions  = std::max(out.peak_resident_sessions, resident);
+    out.peak_running            = std::max(out.peak_running, static_cast<std::int32_t>(running.size()));
+    resident_area += resident * step_s;
+    if (mem.allocated_bytes > 0) util_area += mem.live_bytes / mem.allocated_bytes * step_s;
+    t += step_s;
+    for (auto s : first_token_now) {
+      auto& ss = ss_of(s);
+      if (!ss.ttft_recorded) {
+        ss.ttft_recorded = true;
+        ttft.push_back(t - ss.ready_s);
+      }
+    }
+    out.timeline.push_back({t, mem.allocated_bytes, mem.live_bytes, resident});
+
+    // 4. Finished turns.
+    for (std::size_t i = 0; i < running.size();) {
+      std::int32_t s = running[i];
+      auto& ss       = ss_of(s);
+      if (ss.state != phase::decode || ss.to_decode > 0) {
+        ++i;
+        continue;
+      }
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      finished_turns += 1;
+      ss.history += ss.prefilled_this_turn + ss.decoded_this_turn;
+      ss.prefilled_this_turn = 0;
+      ss.decoded_this_turn   = 0;
+      ss.idle_since_s        = t;
+      if (ss.turn + 1 < static_cast<std::int32_t>(spec(s).turns.size())) {
+        timed([&] {
+          policy.end_turn(s);
+          return 0;
+        });
+        ss.state = phase::thinking;
+        thinking.emplace_back(t + turn_of(s).think_s, s);
+      } else {
+        ss.state = phase::done;
+        timed([&] {
+          policy.release(s);
+          return 0;
+        });
+        ss.holds_kv = false;
+        --resident;
+      }
+    }
+    if (options.progress && out.steps - last_progress_step >= 512) {
+      last_progress_step = out.steps;
+      options.progress(static_cast<double>(finished_turns) / static_cast<double>(total_turns));
+    }
+  }
+
+  // Thin the timeline to the requested number of points (evenly spaced in time).
+  if (options.timeline_points > 1 && out.timeline.size() > static_cast<std::size_t>(options.timeline_points)) {
+    std::vector<timeline_point> thin;
+    double span   = out.timeline.back().time_s;
+    std::size_t k = 0;
+    for (std::int32_t i = 0; i < options.timeline_points; ++i) {
+      double target = span * i / (options.timeline_points - 1);
+      while (k + 1 < out.timeline.size() && out.timeline[k + 1].time_s <= target) ++k;
+      thin.push_back(out.timeline[k]);
+    }
+    out.timeline = std::move(thin);
+  }
+  out.modelled_makespan_s       = t;
+  out.mean_resident_sessions    = t > 0 ? resident_area / t : 0;
+  out.mean_utilisation          = t > 0 ? util_area / t : 0;
+  out.control_plane_us_per_step = out.steps > 0 ? control_s * 1e6 / static_cast<double>(out.steps) : 0;
+  out.modelled_tokens_per_s     = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
+  out.mean_admission_wait_s =
+      out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
+  auto mem           = policy.memory();
+  out.reclaim_ops    = mem.reclaim_ops;
+  out.released_pages = mem.released_pages;
+  if (!ttft.empty()) {
+    double sum = 0;
+    for (double x : ttft) sum += x;
+    out.modelled_ttft_mean_s = sum / static_cast<double>(ttft.size());
+    std::sort(ttft.begin(), ttft.end());
+    out.modelled_ttft_p95_s = ttft[static_cast<std::size_t>(0.95 * static_cast<double>(ttft.size() - 1))];
+  }
+  if (options.progress) options.progress(1.0);
+  return out;
+}
+
+}  // namespace tangram::sim
