@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tangram/plan/split_analysis.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/calibration.hpp"
+#include "tangram/plan/split_planner.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using tangram::test::data_path;
+
+namespace {
+
+head_rule compressed(double b, std::int64_t protect) {
+  return {layer_kind::compressed, b, protect, 0};
+}
+head_rule sliding(std::int32_t w) {
+  return {layer_kind::sliding_window, 1.0, 0, w};
+}
+
+}  // namespace
+
+TEST_CASE("head tokens follow the retention rule plus decode tokens", "[split_analysis]") {
+  CHECK(head_tokens(compressed(0.3, 100), 1000, 0) == 300);
+  CHECK(head_tokens(compressed(0.3, 100), 1000, 7) == 307);
+  CHECK(head_tokens(compressed(0.3, 100), 50, 7) == 57);
+  CHECK(head_tokens(sliding(128), 100, 20) == 120);
+  CHECK(head_tokens(sliding(128), 100, 40) == 128);
+  CHECK(head_tokens({layer_kind::uncompressed, 1.0, 0, 0}, 100, 3) == 103);
+}
+
+TEST_CASE("AOT mapping covers every token of every (request, head) exactly once (brute force)",
+          "[split_analysis]") {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::int32_t H     = 1 + trial % 5;
+    std::int32_t batch = 1 + (trial * 7) % 13;
+    std::vector<head_rule> rules;
+    for (std::int32_t h = 0; h < H; ++h) {
+      if (trial % 4 == 3 && h == 0)
+        rules.push_back(sliding(64));
+      else
+        rules.push_back(compressed(std::uniform_real_distribution<double>(0.05, 1.0)(rng),
+                                   trial % 3 == 0 ? 0 : 40));
+    }
+    split_options o;
+    o.limits = {1 + trial % 7, 1 + trial % 3};
+    if (o.limits.max_ctas() < H) o.limits.sm_count = H;
+    o.weighting = trial % 2 ? split_weighting::budget : split_weighting::expected_tokens;
+    auto map    = build_split_map(rules, 1, H, o);
+    auto view   = map.view();
+    std::vector<std::int64_t> ctx(static_cast<std::size_t>(batch)),
+        dec(static_cast<std::size_t>(batch));
+    for (auto& n : ctx)
+      n = std::uniform_int_distribution<std::int64_t>(trial % 5 == 0 ? 0 : 1, 700)(rng);
+    for (auto& t : dec) t = std::uniform_int_distribution<std::int64_t>(0, trial % 2 ? 9 : 0)(rng);
+
+    std::vector<cta_piece> pieces(static_cast<std::size_t>(view.partial_slots(batch)));
+    std::vector<std::int64_t> offsets(static_cast<std::size_t>(batch) + 1);
+    auto n = map_layer_pieces(view,
+                              0,
+                              rules.data(),
+                              ctx.data(),
+                              dec.data(),
+                              batch,
+                              offsets.data(),
+                              pieces.data(),
+                              pieces.size());
+    pieces.resize(n);
+
+    // Coverage: brute force over every token.
+    std::set<std::int64_t> slots;
+    std::vector<std::int64_t> cta_tokens(static_cast<std::size_t>(view.num_ctas), 0);
+    for (std::int32_t h = 0; h < H; ++h) {
+      for (std::int32_t r = 0; r < batch; ++r) {
+        auto len = head_tokens(rules[static_cast<std::size_t>(h)],
+                               ctx[static_cast<std::size_t>(r)],
+                               dec[static_cast<std::size_t>(r)]);
+        std::vector<int> seen(static_cast<std::size_t>(len), 0);
+        for (auto const& p : pieces) {
+          if (p.head != h || p.request != r) continue;
+          REQUIRE(p.kv_begin < p.kv_end);
+          REQUIRE(p.kv_end <= len);
+          for (auto t = p.kv_begin; t < p.kv_end; ++t) seen[static_cast<std::size_t>(t)]++;
+        }
+        for (int c : seen) REQUIRE(c == 1);
+      }
+    }
+    std::int64_t prev_cta = -1;
+    for (auto const& p : pieces) {
+      // The CTA belongs to the head, slots are unique and in range, CTAs come in order.
+      REQUIRE(view.head_of_cta(0, p.cta) == p.head);
+      REQUIRE(p.partial_slot >= 0);
+      REQUIRE(p.partial_slot < view.partial_slots(batch));
+      REQUIRE(slots.insert(p.partial_slot).second);
+      REQUIRE(p.cta >= prev_cta);
+      prev_cta = p.cta;
+      cta_tokens[static_cast<std::size_t>(p.cta)] += p.kv_end - p.kv_begin;
+    }
+    // Each CTA's work matches the per-CTA query and the per-CTA load.
+    std::vector<std::int64_t> loads(static_cast<std::size_t>(view.num_ctas), -1);
+    aot_cta_loads(
+        view, 0, rules.data(), ctx.data(), dec.data(), batch, offsets.data(), loads.data());
+    CHECK(loads == cta_tokens);
+    for (std::int32_t h = 0; h < H; ++h) {
+      head_stream_offsets(
+          rules[static_cast<std::size_t>(h)], ctx.data(), dec.data(), batch, offsets.data());
+      for (std::int32_t j = 0; j < view.share(0, h); ++j) {
+        std::vector<cta_piece> mine;
+        for_each_cta_piece(
+            j,
+            view.share(0, h),
+            offsets.data(),
+            batch,
+            [&](std::int32_t r, std::int64_t b, std::int64_t e) {
+              mine.push_back(
+                  {view.begin(0, h) + j, h, r, b, e, view.partial_slot(0, h, j, r, batch)});
+            });
+        std::vector<cta_piece> expected;
+        for (auto const& p : pieces)
+          if (p.cta == view.begin(0, h) + j) expected.push_back(p);
+        REQUIRE(mine == expected);
+      }
+    }
+  }
+}
+
+TEST_CASE("AOT CTA ranges are the floor(j W / S) split of the concatenated stream (hand-worked)",
+          "[split_analysis]") {
+  // One head, 3 CTAs, two requests holding 5 and 2 tokens: W = 7, bounds 0, 2, 4, 7.
+  std::vector<head_rule> rules = {{layer_kind::uncompressed, 1.0, 0, 0}};
+  split_map m;
+  m.num_layers       = 1;
+  m.num_kv_heads     = 1;
+  m.limits           = {3, 1};
+  m.cta_begin        = {0, 3};
+  m.phi              = {1};
+  std::int64_t ctx[] = {5, 2}, off[3];
+  cta_piece out[5];
+  auto n = map_layer_pieces(m.view(), 0, rules.data(), ctx, nullptr, 2, off, out, 5);
+  REQUIRE(n == 4);
+  CHECK(out[0] == cta_piece{0, 0, 0, 0, 2, 0});
+  CHECK(out[1] == cta_piece{1, 0, 0, 2, 4, 1});
+  CHECK(out[2] == cta_piece{2, 0, 0, 4, 5, 2});
+  CHECK(out[3] == cta_piece{2, 0, 1, 0, 2, 3});
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      map_layer_pieces(m.view(), 0, rules.data(), ctx, nullptr, 2, off, out, 4),
+      invalid_argument,
+      "capacity: 4",
+      "partial_slots(2) = 5");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      map_layer_pieces(m.view(), 1, rules.data(), ctx, nullptr, 2, off, out, 5),
+      invalid_argument,
+      "layer: must be in [0, 0], got 1");
+}
+
+TEST_CASE("load imbalance is max over mean slot tokens", "[split_analysis]") {
+  std::int64_t loads[] = {2, 2, 2, 6};
+  CHECK(load_imbalance(loads, 4) == Approx(2.0));
+  std::int64_t zero[] = {0, 0};
+  CHECK(load_imbalance(zero, 2) == 1.0);
+}
+
+TEST_CASE("equal split: one chunk size, the smallest that fits N_CTA (hand-worked and brute force)",
+          "[split_analysis]") {
+  // Request 0 heads hold 1000 and 200 tokens, request 1 holds 300 and 300; N_CTA 16.
+  std::int64_t len[] = {1000, 200, 300, 300};
+  auto p             = plan_equal_split(len, 2, 2, 16);
+  // 2 x (ceil(1000/c) + ceil(300/c)) <= 16: c = 166 gives 7 + 2 = 9, c = 167 gives 6 + 2 = 8.
+  CHECK(p.chunk_tokens == 167);
+  CHECK(p.num_ctas == 16);
+  CHECK(p.split);
+  std::vector<std::int64_t> loads(16);
+  detail::slot_heap heap;
+  equal_split_loads(len, 2, 2, 16, p, loads.data(), heap);
+  CHECK(std::accumulate(loads.begin(), loads.end(), std::int64_t{0}) == 1800);
+  CHECK(*std::max_element(loads.begin(), loads.end()) == 167);
+  CHECK(load_imbalance(loads.data(), 16) == Approx(167.0 / (1800.0 / 16)));
+
+  // Waves: 3 requests x 2 heads >= N_CTA 4, no split; launch order head 0 (r0, r1, r2), head 1.
+  std::int64_t w[] = {100, 10, 50, 50, 30, 0};
+  auto pw          = plan_equal_split(w, 3, 2, 4);
+  CHECK_FALSE(pw.split);
+  CHECK(pw.num_ctas == 6);
+  std::vector<std::int64_t> wl(4);
+  equal_split_loads(w, 3, 2, 4, pw, wl.data(), heap);
+  // 100 -> s0, 50 -> s1, 30 -> s2, 10 -> s3, 50 -> s3 (10), 0 -> s2 (30)
+  CHECK(wl == std::vector<std::int64_t>{100, 50, 30, 60});
+
+  // Brute force: the chosen chunk fits and the next smaller one (>= 128) does not.
+  std::mt19937 rng(9);
+  for (int t = 0; t < 300; ++t) {
+    std::int32_t batch = 1 + t % 9, H = 1 + t % 4, N = 8 + t % 200;
+    std::vector<std::int64_t> l(static_cast<std::size_t>(batch * H));
+    for (auto& x : l) x = std::uniform_int_distribution<std::int64_t>(0, 20000)(rng);
+    auto q    = plan_equal_split(l.data(), batch, H, N);
+    auto ctas = [&](std::int64_t c) {
+      std::int64_t n = 0;
+      for (std::int32_t r = 0; r < batch; ++r) {
+        std::int64_t m = *std::max_element(l.begin() + r * H, l.begin() + (r + 1) * H);
+        n += std::max<std::int64_t>(1, (m + c - 1) / c);
+      }
+      return n * H;
+    };
+    if (batch * H >= N) {
+      CHECK_FALSE(q.split);
+      continue;
+    }
+    CHECK(q.chunk_tokens >= 128);
+    CHECK(ctas(q.chunk_tokens) <= N);
+    CHECK(ctas(q.chunk_tokens) == q.num_ctas);
+    if (q.chunk_tokens > 128) CHECK(ctas(q.chunk_tokens - 1) > N);
+  }
+}
+
+TEST_CASE("greedy planner: chunks cover the work, longest first to the least-loaded slot",
+          "[split_analysis]") {
+  // One request, 4 heads of 100, 60, 40 and 30 tokens on 2 slots: chunk 115 cuts nothing;
+  // 100 -> s0, 60 -> s1, 40 -> s1, 30 -> s0 (tie at 100 goes to the lower slot).
+  greedy_split_planner g(1);
+  std::int64_t len[] = {100, 60, 40, 30}, loads[2];
+  g.plan(len, 1, 4, 2, loads);
+  CHECK(g.chunk_tokens() == 115);
+  CHECK(loads[0] == 130);
+  CHECK(loads[1] == 100);
+  CHECK(g.items().size() == 4);
+  CHECK(g.items()[3].slot == 0);
+
+  std::mt19937 rng(4);
+  for (int t = 0; t < 200; ++t) {
+    std::int32_t batch = 1 + t % 17, H = 1 + t % 8, N = 1 + t % 97;
+    std::vector<std::int64_t> l(static_cast<std::size_t>(batch * H));
+    for (auto& x : l) x = std::uniform_int_distribution<std::int64_t>(0, t % 3 ? 30000 : 50)(rng);
+    greedy_split_planner planner(128, 1 + t % 4);
+    std::vector<std::int64_t> sl(static_cast<std::size_t>(N));
+    planner.plan(l.data(), batch, H, N, sl.data());
+    std::vector<std::int64_t> covered(l.size(), 0), from_items(static_cast<std::size_t>(N), 0);
+    std::int64_t biggest = 0;
+    for (std::size_t i = 0; i < planner.items().size(); ++i) {
+      auto const& it = planner.items()[i];
+      REQUIRE(it.tokens <= planner.chunk_tokens());
+      if (i > 0) REQUIRE(it.tokens <= planner.items()[i - 1].tokens);
+      covered[static_cast<std::size_t>(it.request * H + it.head)] += it.tokens;
+      from_items[static_cast<std::size_t>(it.slot)] += it.tokens;
+      biggest = std::max(biggest, it.tokens);
+    }
+    CHECK(covered == l);
+    CHECK(from_items == sl);
+    // List scheduling: the fullest slot exceeds the mean by at most one chunk.
+    double total = static_cast<double>(std::accumulate(l.begin(), l.end(), std::int64_t{0}));
+    CHECK(static_cast<double>(*std::max_element(sl.begin(), sl.end())) <=
+          total / N + biggest + 1e-9);
+  }
+}
+
+TEST_CASE("expected_tokens weights are token-weighted over the reference contexts",
+          "[split_analysis]") {
+  split_options o;
+  o.reference_contexts = {100, 1000};
+  // k(100) = 100 (protected), k(1000) = 250: Phi = 350 / 1100 (a mean of ratios would give 0.625).
+  CHECK(split_weight(compressed(0.25, 100), o) == Approx(350.0 / 1100.0));
+  CHECK(split_weight(sliding(64), o) == Approx(128.0 / 1100.0));
+  o.weighting = split_weighting::budget;
+  CHECK(split_weight(compressed(0.25, 100), o) == 0.25);
+}
+
+TEST_CASE("on a real profile the static map balances better than per-step baselines",
+          "[split_analysis][profiles]") {
+  auto s    = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  auto prof = calibrate(s);
+  for (auto w : {split_weighting::expected_tokens, split_weighting::budget}) {
+    plan_options o;
+    o.split.weighting = w;
+    auto plan         = build_static_plan(model_preset("llama-3.1-8b"), prof, o);
+    for (std::int32_t batch : {8, 32, 128}) {
+      auto ctx = log_uniform_contexts(batch, 1024, 131072, 1);
+      auto imb = layer_imbalance(plan.rules, plan.splits, ctx);
+      INFO(to_string(w) << " batch " << batch << " aot " << imb.aot.mean << " equal "
+                        << imb.equal_split.mean << " greedy " << imb.greedy.mean);
+      CHECK(imb.aot.count == 32);
+      CHECK(imb.aot.mean >= 1.0);
+      CHECK(imb.aot.p95 <= imb.aot.max);
+      CHECK(imb.aot.mean < imb.equal_split.mean);
+      if (batch <= 32) CHECK(imb.aot.mean < imb.greedy.mean);
+    }
+  }
+  // Token-weighted expected_tokens shares balance this profile better than budget shares.
+  plan_options ob, oe;
+  ob.split.weighting = split_weighting::budget;
+  auto ctx           = log_uniform_contexts(32, 1024, 131072, 1);
+  auto pe            = build_static_plan(model_preset("llama-3.1-8b"), prof, oe);
+  auto pb            = build_static_plan(model_preset("llama-3.1-8b"), prof, ob);
+  CHECK(layer_imbalance(pe.rules, pe.splits, ctx).aot.mean <
+        layer_imbalance(pb.rules, pb.splits, ctx).aot.mean);
+}
+
+TEST_CASE("log-uniform contexts are reproducible and in range", "[split_analysis]") {
+  auto a = log_uniform_contexts(10000, 1024, 131072, 1);
+  CHECK(a == log_uniform_contexts(10000, 1024, 131072, 1));
+  CHECK(a != log_uniform_contexts(10000, 1024, 131072, 2));
+  CHECK(*std::min_element(a.begin(), a.end()) >= 1024);
+  CHECK(*std::max_element(a.begin(), a.end()) <= 131072);
+  // Log-uniform: the median is near the geometric mean sqrt(1024 x 131072) = 11585, and about a
+  // seventh of the draws fall in each of the seven octaves.
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted[5000] > 10500);
+  CHECK(sorted[5000] < 12800);
+  auto below_2k = std::count_if(a.begin(), a.end(), [](std::int64_t n) { return n < 2048; });
+  CHECK(below_2k > 1250);
+  CHECK(below_2k < 1600);
+  CHECK(reference_batch{}.contexts() == log_uniform_contexts(32, 1024, 131072, 1));
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(log_uniform_contexts(3, 0, 10, 1), invalid_argument, "[0, 10]");
+}
