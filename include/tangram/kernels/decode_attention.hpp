@@ -158,8 +158,10 @@ struct decode_params {
   const float* sinks    = nullptr;  ///< optional
   float sm_scale        = 0.f;      ///< logit scale; 0 means 1/sqrt(head_dim)
 
-  [[nodiscard]] std::int32_t num_q_heads() const { return kv.num_kv_heads * group; }
-  [[nodiscard]] std::int64_t q_row_stride() const {
+  [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
+    return kv.num_kv_heads * group;
+  }
+  [[nodiscard]] TANGRAM_HOST_DEVICE std::int64_t q_row_stride() const {
     return q_stride != 0 ? q_stride
                          : static_cast<std::int64_t>(num_q_heads()) * kv.geometry.head_dim;
   }

@@ -37,6 +37,7 @@
 #include "tangram/config.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
+#include "tangram/kernels/head_cursor.hpp"
 #include "tangram/kernels/math.hpp"
 #include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_view.hpp"
@@ -209,7 +210,7 @@ struct eviction_params {
   std::int32_t* new_len       = nullptr;  ///< out: [batch * num_kv_heads]; -1 marks an invalid head
   float* scores_out           = nullptr;  ///< optional out: raw scores of heads that selected
 
-  [[nodiscard]] std::int32_t pool() const {
+  [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t pool() const {
     return pool_kernel != 0 ? pool_kernel : (source == score_source::snapkv ? 7 : 1);
   }
   [[nodiscard]] float scale() const {
@@ -294,6 +295,68 @@ struct eviction_params {
     }
   }
 };
+
+/// @brief What eviction does to one (request, KV head).
+enum class eviction_action : std::uint8_t {
+  unchanged,  ///< empty chunk: nothing to do
+  invalid,    ///< too many candidates, or rule kind and group window disagree: left unchanged
+  ring,       ///< sliding window: chunk tokens among the last W go into the ring
+  append,     ///< uncompressed, or a compressed head that keeps every candidate
+  select,     ///< compressed: keep `keep` of `candidates`
+};
+
+/// @brief The decision for one (request, KV head) and the numbers behind it.
+struct eviction_plan {
+  eviction_action action  = eviction_action::unchanged;
+  std::int64_t len        = 0;  ///< held before the chunk
+  std::int64_t chunk      = 0;  ///< chunk tokens
+  std::int64_t candidates = 0;  ///< len + chunk
+  std::int64_t keep       = 0;  ///< tokens held afterwards (new length), -1 when invalid
+  std::int64_t n_before   = 0;  ///< sequence tokens before the chunk
+  std::int64_t n_seen     = 0;  ///< sequence tokens after the chunk
+  std::int64_t window     = 0;  ///< ring window W (sliding) or protected recent window (select)
+};
+
+/**
+ * @brief Decides what happens to head `h` of request `r` (`cur` = its cursor). Host/device: the
+ * reference and every CUDA kernel of the launch take the same decision.
+ */
+TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
+                                                head_cursor const& cur,
+                                                std::int32_t r,
+                                                std::int32_t h) {
+  eviction_plan e;
+  e.len        = cur.len;
+  e.chunk      = p.chunk_indptr[r + 1] - p.chunk_indptr[r];
+  e.candidates = e.len + e.chunk;
+  e.keep       = e.len;
+  if (e.chunk <= 0) return e;
+  head_rule rule = p.rules[h];
+  std::int32_t w = p.kv.group_window[p.kv.slot_of(p.layer, h).group];
+  e.n_before     = p.kv.seq_tokens[p.kv.seq_slot(r)];
+  e.n_seen       = e.n_before + e.chunk;
+  if ((rule.kind == layer_kind::sliding_window) != (w > 0) || (w > 0 && w > cur.ring)) {
+    e.action = eviction_action::invalid;
+    e.keep   = -1;
+    return e;
+  }
+  if (w > 0) {
+    e.action = eviction_action::ring;
+    e.window = w;
+    e.keep   = e.n_seen < w ? e.n_seen : w;
+    return e;
+  }
+  if (e.candidates > p.max_candidates) {
+    e.action = eviction_action::invalid;
+    e.keep   = -1;
+    return e;
+  }
+  e.keep   = rule.kind == layer_kind::compressed ? eviction_keep(rule, e.n_seen, e.candidates)
+                                                 : e.candidates;
+  e.action = e.keep >= e.candidates ? eviction_action::append : eviction_action::select;
+  e.window = rule.protect - p.sink > 0 ? rule.protect - p.sink : 0;
+  return e;
+}
 
 /// Bytes of workspace `evict_chunk` needs for `p`.
 inline std::size_t eviction_workspace_bytes(eviction_params const& p) {

@@ -104,41 +104,33 @@ void key_norm_raw(eviction_params const& p,
 
 template <class T>
 std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h) {
-  auto const& kv    = p.kv;
-  std::int32_t d    = kv.geometry.head_dim;
-  std::int32_t H    = kv.num_kv_heads;
+  std::int32_t d    = p.kv.geometry.head_dim;
+  std::int32_t H    = p.kv.num_kv_heads;
   std::int64_t row0 = p.chunk_indptr[r];
-  std::int64_t c    = p.chunk_indptr[r + 1] - row0;
-  head_cursor cur   = make_head_cursor(kv, r, p.layer, h);
-  std::int64_t len  = cur.len;
-  if (c <= 0) return cur.len;
-  head_rule rule      = p.rules[h];
-  std::int32_t window = kv.group_window[kv.slot_of(p.layer, h).group];
-  if ((rule.kind == layer_kind::sliding_window) != (window > 0)) return -1;
-  std::int64_t n_before = kv.seq_tokens[kv.seq_slot(r)];
-  std::int64_t n_seen   = n_before + c;
-  auto copy_token       = [&](const T* k, const T* v, std::int32_t pos) {
-    std::memcpy(cur.ptr_at_position<T>(pos, 0), k, sizeof(T) * static_cast<std::size_t>(d));
-    std::memcpy(cur.ptr_at_position<T>(pos, 1), v, sizeof(T) * static_cast<std::size_t>(d));
+  head_cursor cur   = make_head_cursor(p.kv, r, p.layer, h);
+  eviction_plan e   = plan_eviction(p, cur, r, h);
+  auto copy_token   = [&](const T* k, const T* v, std::int64_t pos) {
+    auto at = static_cast<std::int32_t>(pos);
+    std::memcpy(cur.ptr_at_position<T>(at, 0), k, sizeof(T) * static_cast<std::size_t>(d));
+    std::memcpy(cur.ptr_at_position<T>(at, 1), v, sizeof(T) * static_cast<std::size_t>(d));
   };
   auto chunk_k = [&](std::int64_t t) { return chunk_row<T>(p.chunk_k, row0 + t, h, H, d); };
   auto chunk_v = [&](std::int64_t t) { return chunk_row<T>(p.chunk_v, row0 + t, h, H, d); };
-
-  if (window > 0) {  // ring: write the chunk tokens that are among the last `window`
-    if (window > cur.ring) return -1;
-    for (std::int64_t t = std::max(n_before, n_seen - window); t < n_seen; ++t)
-      copy_token(
-          chunk_k(t - n_before), chunk_v(t - n_before), static_cast<std::int32_t>(t % cur.ring));
-    return static_cast<std::int32_t>(std::min<std::int64_t>(n_seen, window));
+  switch (e.action) {
+    case eviction_action::unchanged:
+    case eviction_action::invalid:
+      return static_cast<std::int32_t>(e.keep);
+    case eviction_action::ring:  // the chunk tokens among the last W, at their ring positions
+      for (std::int64_t t = std::max(e.n_before, e.n_seen - e.window); t < e.n_seen; ++t)
+        copy_token(chunk_k(t - e.n_before), chunk_v(t - e.n_before), t % cur.ring);
+      return static_cast<std::int32_t>(e.keep);
+    case eviction_action::append:
+      for (std::int64_t t = 0; t < e.chunk; ++t) copy_token(chunk_k(t), chunk_v(t), e.len + t);
+      return static_cast<std::int32_t>(e.keep);
+    case eviction_action::select:
+      break;
   }
-  std::int64_t n = len + c;
-  if (n > p.max_candidates) return -1;
-  std::int64_t k = rule.kind == layer_kind::compressed ? eviction_keep(rule, n_seen, n) : n;
-  if (k >= n) {  // keep everything: append the chunk
-    for (std::int64_t t = 0; t < c; ++t)
-      copy_token(chunk_k(t), chunk_v(t), static_cast<std::int32_t>(len + t));
-    return static_cast<std::int32_t>(n);
-  }
+  std::int64_t len = e.len, c = e.chunk, n = e.candidates, k = e.keep;
   std::vector<float> raw;
   switch (p.source) {
     case score_source::supplied:
@@ -156,11 +148,9 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
     std::copy(raw.begin(),
               raw.end(),
               p.scores_out + (static_cast<std::int64_t>(r) * H + h) * p.max_candidates);
-  std::int64_t window_protect = std::max<std::int64_t>(0, rule.protect - p.sink);
   std::vector<std::uint32_t> key(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
-    key[static_cast<std::size_t>(i)] =
-        candidate_key(raw.data(), n, i, p.pool(), p.sink, window_protect);
+    key[static_cast<std::size_t>(i)] = candidate_key(raw.data(), n, i, p.pool(), p.sink, e.window);
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), std::int64_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
@@ -180,9 +170,8 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
         &keep_v[static_cast<std::size_t>(j * d)], src_v, sizeof(T) * static_cast<std::size_t>(d));
   }
   for (std::int64_t j = 0; j < k; ++j)
-    copy_token(&keep_k[static_cast<std::size_t>(j * d)],
-               &keep_v[static_cast<std::size_t>(j * d)],
-               static_cast<std::int32_t>(j));
+    copy_token(
+        &keep_k[static_cast<std::size_t>(j * d)], &keep_v[static_cast<std::size_t>(j * d)], j);
   return static_cast<std::int32_t>(k);
 }
 

@@ -1,0 +1,397 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/detail/decode_attention.cuh
+ * @brief Device code of ragged paged decode attention (see kernels/decode_attention.hpp).
+ *
+ * Split kernel: one CTA per split-map CTA (grid = N_CTA). A CTA finds its KV head (binary search
+ * over the layer's CTA boundaries), computes the head's length prefix over the batch in shared
+ * memory (block scan; no host planning), derives its stream range `[j W / S, (j+1) W / S)` and
+ * walks the requests it overlaps. For each piece it streams the K/V tokens through a 4-stage
+ * cp.async pipeline of 16-byte copies (each element loaded once for the whole GQA group), and
+ * `groups = 128 / bdx` token groups of `bdx = D / vec` lanes each own `vec` dims of every query
+ * head: scores are lane-partial dot products reduced with shuffles, softmax is online per tile
+ * (one rescale per tile), and the groups' states merge through shared memory in a fixed order.
+ * A piece that is a whole request is written to the output; others go to partial slot `j + r`.
+ *
+ * Merge kernel: one CTA per (request, KV head); combines the partials of the CTAs that covered
+ * the request in CTA order (log-sum-exp, sink in the denominator).
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "tangram/config.hpp"
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/detail/vec.cuh"
+#include "tangram/kernels/head_cursor.hpp"
+#include "tangram/kernels/math.hpp"
+
+namespace tangram::detail {
+
+/// Compile-time shape of the split kernel for storage type T and head dim D.
+template <class T, int D>
+struct decode_config {
+  static constexpr int threads    = 128;
+  static constexpr int elem_bytes = static_cast<int>(sizeof(T));
+  /// dims per lane: one 16-byte vector, more when D / 32 is larger (bdx <= 32 lanes per token)
+  static constexpr int vec         = (16 / elem_bytes) > (D / 32) ? (16 / elem_bytes) : (D / 32);
+  static constexpr int bdx         = D / vec;        ///< lanes per token
+  static constexpr int groups      = threads / bdx;  ///< tokens processed side by side
+  static constexpr int stage_bytes = 8192;           ///< K + V bytes per pipeline stage
+  static constexpr int stages      = 4;
+  static constexpr int tile        =  // tokens per stage, a multiple of `groups`
+      stage_bytes / (2 * D * elem_bytes) > groups ? stage_bytes / (2 * D * elem_bytes) : groups;
+  static constexpr int per_group      = tile / groups;  ///< tokens per token group per tile
+  static constexpr int row_chunks     = D * elem_bytes / 16;
+  static constexpr int stage_chunks   = 2 * tile * row_chunks;
+  static constexpr int pipeline_bytes = stages * 2 * tile * D * elem_bytes;
+  static constexpr int prefix_bytes   = decode_max_batch * 8;
+  static constexpr int merge_bytes    = groups * decode_max_group * D * 4;
+  static constexpr int smem_bytes     = pipeline_bytes > prefix_bytes
+                                            ? (pipeline_bytes > merge_bytes ? pipeline_bytes
+                                                                            : merge_bytes)
+                                            : (prefix_bytes > merge_bytes ? prefix_bytes : merge_bytes);
+  static constexpr int scan_items     = 4;  ///< requests per thread per prefix tile
+
+  static_assert(bdx >= 1 && bdx <= 32 && (bdx & (bdx - 1)) == 0,
+                "lanes per token: power of 2 <= 32");
+  static_assert(tile % groups == 0, "tile must be a multiple of the token groups");
+  static_assert(stage_chunks % threads == 0, "every thread copies the same number of chunks");
+  static_assert(smem_bytes <= 48 * 1024 - 2048, "dynamic shared memory must not need an opt-in");
+};
+
+/// Everything a decode launch needs on the device (passed by value).
+struct decode_args {
+  decode_params p;
+  float* partial_o     = nullptr;
+  float* partial_lse   = nullptr;
+  std::int64_t* prefix = nullptr;  ///< [num_kv_heads][batch + 1]
+  float scale2         = 0.f;      ///< sm_scale * log2(e)
+};
+
+/// Combines (m, s, o) of the output with an optional base-2 sink logit and stores o and lse.
+__device__ __forceinline__ void finalize_store(decode_args const& a,
+                                               std::int64_t out_index,
+                                               std::int64_t lse_index,
+                                               float m,
+                                               float s,
+                                               float o,
+                                               float sink2,
+                                               bool write_lse) {
+  float mm    = sink2 > m ? sink2 : m;
+  float alpha = exp2_shifted(m, mm);
+  float den   = s * alpha + exp2_shifted(sink2, mm);
+  store_scalar(a.p.o, a.p.o_dtype, out_index, o * alpha / den);
+  if (write_lse && a.p.lse) a.p.lse[lse_index] = (mm + log2_of(den)) * ln2;
+}
+
+template <class T, int D, int GB>
+TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const a) {
+  using cfg            = decode_config<T, D>;
+  constexpr int vec    = cfg::vec;
+  constexpr int bdx    = cfg::bdx;
+  constexpr int groups = cfg::groups;
+  constexpr int tile   = cfg::tile;
+  constexpr int stages = cfg::stages;
+  using scan_t         = cub::BlockScan<std::int64_t, cfg::threads>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ typename scan_t::TempStorage scan_storage;
+  __shared__ std::int32_t s_first, s_last;
+  __shared__ std::int64_t s_pre_first;
+  __shared__ float s_m[groups][GB], s_s[groups][GB];
+
+  decode_params const& p   = a.p;
+  kv_cache_view const& kv  = p.kv;
+  const int tid            = static_cast<int>(threadIdx.x);
+  const int tx             = tid % bdx;
+  const int tz             = tid / bdx;
+  const int layer          = p.layer;
+  const int group          = p.group;
+  const int B              = kv.batch_size;
+  const int cta            = static_cast<int>(blockIdx.x);
+  const int h              = p.splits.head_of_cta(layer, cta);
+  const std::int64_t share = p.splits.share(layer, h);
+  const std::int64_t j     = cta - p.splits.begin(layer, h);
+
+  // 1. The head's inclusive length prefix over the batch, in shared memory.
+  auto* incl         = reinterpret_cast<std::int64_t*>(smem);
+  std::int64_t carry = 0;
+  for (int base = 0; base < B; base += cfg::threads * cfg::scan_items) {
+    std::int64_t items[cfg::scan_items];
+#pragma unroll
+    for (int u = 0; u < cfg::scan_items; ++u) {
+      int r    = base + tid * cfg::scan_items + u;
+      items[u] = r < B ? kv.head_len(r, layer, h) : 0;
+    }
+    std::int64_t tile_total;
+    scan_t(scan_storage).InclusiveSum(items, items, tile_total);
+#pragma unroll
+    for (int u = 0; u < cfg::scan_items; ++u) {
+      int r = base + tid * cfg::scan_items + u;
+      if (r < B) incl[r] = carry + items[u];
+    }
+    carry += tile_total;
+    __syncthreads();
+  }
+  const std::int64_t W = carry;
+  if (j == 0)  // the merge kernel reads the head's exclusive prefix
+    for (int r = tid; r <= B; r += cfg::threads)
+      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
+  const stream_range range = split_range(j, share, W);
+  if (range.empty()) return;  // uniform across the CTA
+  if (tid == 0) {
+    int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (incl[mid] > range.begin)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    s_first     = lo;
+    s_pre_first = lo > 0 ? incl[lo - 1] : 0;
+    hi          = B - 1;  // first r with incl[r] >= range.end
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (incl[mid] >= range.end)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    s_last = lo;
+  }
+  __syncthreads();
+  const int r_first = s_first, r_last = s_last;
+  std::int64_t pre = s_pre_first;
+  __syncthreads();  // shared memory is reused below
+
+  T* stage_base = reinterpret_cast<T*>(smem);
+  float* merge  = reinterpret_cast<float*>(smem);
+  for (int r = r_first; r <= r_last; ++r) {
+    const std::int64_t len   = kv.head_len(r, layer, h);
+    const stream_range piece = piece_of(j, share, W, pre, len);
+    pre += len;
+    if (piece.empty()) continue;
+    const head_cursor cur = make_head_cursor(kv, r, layer, h);
+    const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
+
+    float q[GB][vec], o[GB][vec], m[GB], s[GB];
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+      m[g] = -INFINITY;
+      s[g] = 0.f;
+#pragma unroll
+      for (int i = 0; i < vec; ++i) {
+        o[g][i] = 0.f;
+        q[g][i] = g < group ? load_scalar(p.q,
+                                          p.q_dtype,
+                                          r * p.q_row_stride() +
+                                              static_cast<std::int64_t>(h * group + g) * D +
+                                              tx * vec + i) *
+                                  a.scale2
+                            : 0.f;
+      }
+    }
+
+    const int n_tiles = (t1 - t0 + tile - 1) / tile;
+    auto load_tile    = [&](int ti) {
+      T* st = stage_base + (ti % stages) * (2 * tile * D);
+#pragma unroll
+      for (int u = 0; u < cfg::stage_chunks / cfg::threads; ++u) {
+        int c     = tid + u * cfg::threads;
+        int kvsel = c / (tile * cfg::row_chunks);
+        int rem   = c % (tile * cfg::row_chunks);
+        int tok   = rem / cfg::row_chunks;
+        int part  = rem % cfg::row_chunks;
+        int t     = t0 + ti * tile + tok;
+        bool ok   = t < t1;
+        const T* src =
+            ok ? cur.ptr_at_position<T>(cur.position(t), kvsel) + part * (16 / cfg::elem_bytes)
+               : reinterpret_cast<const T*>(kv.pool);
+        copy16_async(st + kvsel * tile * D + tok * D + part * (16 / cfg::elem_bytes), src, ok);
+      }
+    };
+#pragma unroll
+    for (int st = 0; st < stages - 1; ++st) {
+      if (st < n_tiles) load_tile(st);
+      copy_async_commit();
+    }
+    for (int ti = 0; ti < n_tiles; ++ti) {
+      if (ti + stages - 1 < n_tiles) load_tile(ti + stages - 1);
+      copy_async_commit();
+      copy_async_wait<stages - 1>();
+      __syncthreads();
+      const T* ks = stage_base + (ti % stages) * (2 * tile * D);
+      const T* vs = ks + tile * D;
+      float sc[cfg::per_group][GB];
+#pragma unroll
+      for (int u = 0; u < cfg::per_group; ++u) {
+        const int lt  = u * groups + tz;
+        const bool ok = t0 + ti * tile + lt < t1;
+        float kf[vec];
+        load_widen<T, vec>(ks + lt * D + tx * vec, kf);
+#pragma unroll
+        for (int g = 0; g < GB; ++g) {
+          if (g < group) {
+            float dot = 0.f;
+#pragma unroll
+            for (int i = 0; i < vec; ++i) dot = fmaf(q[g][i], kf[i], dot);
+#pragma unroll
+            for (int off = bdx / 2; off > 0; off /= 2)
+              dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            sc[u][g] = ok ? dot : -INFINITY;
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GB; ++g) {
+        if (g < group) {
+          float mt = m[g];
+#pragma unroll
+          for (int u = 0; u < cfg::per_group; ++u) mt = fmaxf(mt, sc[u][g]);
+          float alpha = exp2_shifted(m[g], mt);  // 0 while m is -inf
+          s[g] *= alpha;
+#pragma unroll
+          for (int i = 0; i < vec; ++i) o[g][i] *= alpha;
+#pragma unroll
+          for (int u = 0; u < cfg::per_group; ++u) {
+            sc[u][g] = exp2_shifted(sc[u][g], mt);
+            s[g] += sc[u][g];
+          }
+          m[g] = mt;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < cfg::per_group; ++u) {
+        float vf[vec];
+        load_widen<T, vec>(vs + (u * groups + tz) * D + tx * vec, vf);
+#pragma unroll
+        for (int g = 0; g < GB; ++g)
+          if (g < group)
+#pragma unroll
+            for (int i = 0; i < vec; ++i) o[g][i] = fmaf(sc[u][g], vf[i], o[g][i]);
+      }
+      __syncthreads();  // the stage is refilled next iteration
+    }
+    copy_async_wait<0>();
+    __syncthreads();
+
+    // Merge the token groups' states (fixed order) and store.
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+      if (g < group) {
+        if (tx == 0) {
+          s_m[tz][g] = m[g];
+          s_s[tz][g] = s[g];
+        }
+#pragma unroll
+        for (int i = 0; i < vec; ++i) merge[(tz * GB + g) * D + tx * vec + i] = o[g][i];
+      }
+    }
+    __syncthreads();
+    const bool whole        = t0 == 0 && t1 == len;
+    const std::int64_t slot = p.splits.partial_slot(layer, h, static_cast<std::int32_t>(j), r, B);
+    for (int e = tid; e < group * D; e += cfg::threads) {
+      const int g = e / D, x = e % D;
+      float mm = -INFINITY;
+#pragma unroll
+      for (int z = 0; z < groups; ++z) mm = fmaxf(mm, s_m[z][g]);
+      float ss = 0.f, oo = 0.f;
+#pragma unroll
+      for (int z = 0; z < groups; ++z) {
+        float w = exp2_shifted(s_m[z][g], mm);
+        ss += s_s[z][g] * w;
+        oo += merge[(z * GB + g) * D + x] * w;
+      }
+      const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
+      if (whole) {
+        float sink2 = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
+        finalize_store(a, qh * D + x, qh, mm, ss, oo, sink2, x == 0);
+      } else {
+        a.partial_o[(slot * group + g) * D + x] = oo / ss;
+        if (x == 0) a.partial_lse[slot * group + g] = mm + log2_of(ss);
+      }
+    }
+    __syncthreads();  // shared memory is reused by the next piece
+  }
+}
+
+/// Merge of the partials of one (request, KV head); also writes heads that hold no tokens.
+/// (A template only so that every translation unit may instantiate it.)
+template <class Unused = void>
+TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const a) {
+  decode_params const& p = a.p;
+  const int H = p.kv.num_kv_heads, B = p.kv.batch_size, D = p.kv.geometry.head_dim;
+  const int group = p.group;
+  const int r = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
+  const std::int64_t* pre_h = a.prefix + static_cast<std::int64_t>(h) * (B + 1);
+  const std::int64_t pre = pre_h[r], len = pre_h[r + 1] - pre, W = pre_h[B];
+  const std::int64_t share = p.splits.share(p.layer, h);
+  cta_span span{0, 0};
+  if (len > 0) {
+    span = request_ctas(pre, len, share, W);
+    if (span.single()) return;  // written by the split kernel
+  }
+  for (int e = static_cast<int>(threadIdx.x); e < group * D; e += static_cast<int>(blockDim.x)) {
+    const int g = e / D, x = e % D;
+    const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
+    const float sink2     = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
+    if (len == 0) {
+      store_scalar(p.o, p.o_dtype, qh * D + x, 0.f);
+      if (x == 0 && p.lse) p.lse[qh] = sink2 * ln2;
+      continue;
+    }
+    float mm = sink2;
+    for (std::int64_t jj = span.first; jj <= span.last; ++jj) {
+      if (piece_of(jj, share, W, pre, len).empty()) continue;
+      const std::int64_t slot =
+          p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B);
+      mm = fmaxf(mm, a.partial_lse[slot * group + g]);
+    }
+    float den = exp2_shifted(sink2, mm), num = 0.f;
+    for (std::int64_t jj = span.first; jj <= span.last; ++jj) {
+      if (piece_of(jj, share, W, pre, len).empty()) continue;
+      const std::int64_t slot =
+          p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B);
+      const float w = exp2_shifted(a.partial_lse[slot * group + g], mm);
+      den += w;
+      num += w * a.partial_o[(slot * group + g) * D + x];
+    }
+    store_scalar(p.o, p.o_dtype, qh * D + x, num / den);
+    if (x == 0 && p.lse) p.lse[qh] = (mm + log2_of(den)) * ln2;
+  }
+}
+
+/// Launches the split kernel for (T, D, GB) (defined per dtype in kernels/decode_attention_*.cu).
+template <class T, int D, int GB>
+cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
+  using cfg = decode_config<T, D>;
+  decode_split_kernel<T, D, GB><<<a.p.splits.num_ctas, cfg::threads, cfg::smem_bytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+/// Resident CTAs per SM of the split kernel for (T, D, GB) on the current device.
+template <class T, int D, int GB>
+cudaError_t decode_split_occupancy(int* ctas_per_sm) {
+  using cfg = decode_config<T, D>;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, decode_split_kernel<T, D, GB>, cfg::threads, cfg::smem_bytes);
+}
+
+// clang-format off
+/// Declares (with `extern`) or defines (empty) the explicit instantiations for one storage type.
+#define TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, GB)                                                 \
+  EXT template cudaError_t launch_decode_split<T, D, GB>(decode_args const&, cudaStream_t);         \
+  EXT template cudaError_t decode_split_occupancy<T, D, GB>(int*);
+#define TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, D)                                                     \
+  TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 1) TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 2)         \
+  TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 4) TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 8)
+#define TANGRAM_DECODE_INSTANTIATE(EXT, T)                                                            \
+  TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 64) TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 128)            \
+  TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 256)
+// clang-format on
+
+}  // namespace tangram::detail

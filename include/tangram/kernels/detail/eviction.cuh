@@ -1,0 +1,436 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/detail/eviction.cuh
+ * @brief Device code of the fused chunk eviction (see kernels/eviction.hpp).
+ *
+ * Every kernel first resolves its (request, KV head) with `plan_eviction`, the host/device
+ * function the CPU reference uses, so all kernels of a launch agree on what each head does.
+ *
+ * - SnapKV scoring (heads that select): `snapkv_stats_kernel` (grid: key tiles x heads) loads a
+ *   tile of candidate keys and, 16 queries at a time, the observation-window queries into shared
+ *   memory, and writes each query's tile (max, sum of exp2) of its causally masked base-2 logits;
+ *   `snapkv_reduce_kernel` combines the tiles in order into each query's softmax normaliser;
+ *   `snapkv_score_kernel` recomputes the logits and writes the mean probability per candidate
+ *   (sums over queries in a fixed order: deterministic).
+ * - Key norm: `key_norm_kernel`, one warp per candidate.
+ * - `select_compact_kernel`, one CTA per (request, KV head): builds the selection keys (max-pool,
+ *   protection) and a top-byte block histogram in one pass, then 3 more radix passes (8 bits each,
+ *   block histograms, a block scan over the 256 buckets) find the k-th largest key T and how many
+ *   keys equal to T to keep (the earliest ones). A final pass scans keep flags in candidate order
+ *   (block scans with carries) and moves survivors tile by tile: all loads of a batch of
+ *   survivors complete before its stores, and every survivor moves to a position at or before its
+ *   source, so compacting in place within the column is safe. Ring and append heads copy their
+ *   chunk tokens in the same kernel.
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cub/block/block_histogram.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "tangram/config.hpp"
+#include "tangram/kernels/detail/vec.cuh"
+#include "tangram/kernels/eviction.hpp"
+#include "tangram/kernels/head_cursor.hpp"
+#include "tangram/kernels/math.hpp"
+
+namespace tangram::detail {
+
+/// Everything an eviction launch needs on the device (passed by value).
+struct eviction_args {
+  eviction_params p;
+  std::uint32_t* keys    = nullptr;  ///< [heads][max_candidates]
+  float* raw             = nullptr;  ///< [heads][max_candidates] built-in raw scores
+  float2* stats          = nullptr;  ///< [heads][key_tiles][nq_max]
+  float2* norm           = nullptr;  ///< [heads][nq_max]
+  std::int32_t key_tiles = 0;        ///< ceil(max_candidates / snapkv_key_tile(head_dim))
+  std::int32_t nq_max    = 0;        ///< obs_window * group
+  float scale2           = 0.f;      ///< sm_scale * log2(e)
+};
+
+/// The (request, KV head) of a CTA, its cursor and its plan.
+struct eviction_head {
+  std::int32_t r = 0, h = 0;
+  std::int64_t rh = 0;
+  head_cursor cur;
+  eviction_plan e;
+};
+
+__device__ __forceinline__ eviction_head resolve_head(eviction_args const& a, std::int64_t rh) {
+  eviction_head x;
+  x.rh  = rh;
+  x.r   = static_cast<std::int32_t>(rh / a.p.kv.num_kv_heads);
+  x.h   = static_cast<std::int32_t>(rh % a.p.kv.num_kv_heads);
+  x.cur = make_head_cursor(a.p.kv, x.r, a.p.layer, x.h);
+  x.e   = plan_eviction(a.p, x.cur, x.r, x.h);
+  return x;
+}
+
+/// K (kv == 0) or V of candidate `i`: held token `i` (a growing column) or chunk token `i - len`.
+template <class T>
+__device__ __forceinline__ const T* candidate_ptr(eviction_args const& a,
+                                                  eviction_head const& x,
+                                                  std::int64_t i,
+                                                  int kv) {
+  if (i < x.e.len) return x.cur.ptr_at_position<T>(static_cast<std::int32_t>(i), kv);
+  std::int64_t row = a.p.chunk_indptr[x.r] + (i - x.e.len);
+  const void* base = kv == 0 ? a.p.chunk_k : a.p.chunk_v;
+  return static_cast<const T*>(base) +
+         (row * a.p.kv.num_kv_heads + x.h) * static_cast<std::int64_t>(a.p.kv.geometry.head_dim);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SnapKV scoring.
+// ---------------------------------------------------------------------------------------------
+
+/// Statistics (Score == false) or scores (Score == true) of one tile of candidate keys.
+template <class T, int D, bool Score>
+TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args const a) {
+  constexpr int KT  = snapkv_key_tile(D);
+  constexpr int QT  = 16;       // queries per round
+  constexpr int KPT = KT / 16;  // keys per thread
+  __shared__ float ks[KT][D + 1];
+  __shared__ float qs[QT][D];
+  __shared__ float red[Score ? QT : 1][Score ? KT : 1];
+  const eviction_head x = resolve_head(a, blockIdx.y);
+  if (x.e.action != eviction_action::select) return;
+  const std::int64_t n = x.e.candidates, len = x.e.len, c = x.e.chunk;
+  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * KT;
+  if (i0 >= n) return;
+  const int G = a.p.group, tid = static_cast<int>(threadIdx.x);
+  const std::int64_t w = c < a.p.obs_window ? c : a.p.obs_window;
+  const int nq         = static_cast<int>(w) * G;
+  for (int idx = tid; idx < KT * D; idx += 256) {
+    int kk = idx / D, xx = idx % D;
+    std::int64_t i = i0 + kk;
+    ks[kk][xx]     = i < n ? widen(candidate_ptr<T>(a, x, i, 0)[xx]) : 0.f;
+  }
+  const int ql = tid / 16, kl = tid % 16;
+  float acc[KPT];
+#pragma unroll
+  for (int u = 0; u < KPT; ++u) acc[u] = 0.f;
+  const std::int64_t q_row_stride = static_cast<std::int64_t>(a.p.kv.num_kv_heads) * G * D;
+  for (int q0 = 0; q0 < nq; q0 += QT) {
+    __syncthreads();  // ks loaded / qs free
+    for (int idx = tid; idx < QT * D; idx += 256) {
+      int qq = q0 + idx / D, xx = idx % D;
+      float v = 0.f;
+      if (qq < nq) {
+        std::int64_t row = a.p.chunk_indptr[x.r] + (c - w) + qq / G;
+        v = load_scalar(a.p.q, a.p.q_dtype, row * q_row_stride + (x.h * G + qq % G) * D + xx) *
+            a.scale2;
+      }
+      qs[idx / D][xx] = v;
+    }
+    __syncthreads();
+    const int qq          = q0 + ql;
+    const std::int64_t iq = (c - w) + qq / G;  // chunk position of the query
+    float l[KPT];
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) {
+      const int kk = kl + 16 * u;
+      float dot    = 0.f;
+#pragma unroll 8
+      for (int xx = 0; xx < D; ++xx) dot = fmaf(qs[ql][xx], ks[kk][xx], dot);
+      const std::int64_t i = i0 + kk;
+      const bool visible   = qq < nq && i < n && (i < len || i - len <= iq);
+      l[u]                 = visible ? dot : -INFINITY;
+    }
+    if constexpr (!Score) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < KPT; ++u) m = fmaxf(m, l[u]);
+#pragma unroll
+      for (int off = 8; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      float s = 0.f;
+#pragma unroll
+      for (int u = 0; u < KPT; ++u) s += exp2_shifted(l[u], m);
+#pragma unroll
+      for (int off = 8; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (kl == 0 && qq < nq)
+        a.stats[(x.rh * a.key_tiles + blockIdx.x) * a.nq_max + qq] = make_float2(m, s);
+    } else {
+      if (qq < nq) {
+        const float2 nm = a.norm[x.rh * a.nq_max + qq];
+#pragma unroll
+        for (int u = 0; u < KPT; ++u) acc[u] += exp2_shifted(l[u], nm.x) / nm.y;
+      }
+    }
+  }
+  if constexpr (Score) {
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) red[ql][kl + 16 * u] = acc[u];
+    __syncthreads();
+    for (int kk = tid; kk < KT; kk += 256) {
+      float total = 0.f;
+#pragma unroll
+      for (int q = 0; q < QT; ++q) total += red[q][kk];
+      const std::int64_t i = i0 + kk;
+      if (i < n) a.raw[x.rh * a.p.max_candidates + i] = total / static_cast<float>(nq);
+    }
+  }
+}
+
+/// Each query's softmax (max, sum) over all candidates, from the per-tile statistics in order.
+/// (A template only so that every translation unit may instantiate it.)
+template <class Unused = void>
+TANGRAM_KERNEL __launch_bounds__(256) void snapkv_reduce_kernel(eviction_args const a,
+                                                                std::int32_t key_tile) {
+  const eviction_head x = resolve_head(a, blockIdx.x);
+  if (x.e.action != eviction_action::select) return;
+  const std::int64_t w     = x.e.chunk < a.p.obs_window ? x.e.chunk : a.p.obs_window;
+  const int nq             = static_cast<int>(w) * a.p.group;
+  const std::int64_t tiles = (x.e.candidates + key_tile - 1) / key_tile;
+  for (int qq = static_cast<int>(threadIdx.x); qq < nq; qq += static_cast<int>(blockDim.x)) {
+    const float2* st = a.stats + x.rh * a.key_tiles * a.nq_max + qq;
+    float m          = -INFINITY;
+    for (std::int64_t t = 0; t < tiles; ++t) m = fmaxf(m, st[t * a.nq_max].x);
+    float s = 0.f;
+    for (std::int64_t t = 0; t < tiles; ++t)
+      s += st[t * a.nq_max].y * exp2_shifted(st[t * a.nq_max].x, m);
+    a.norm[x.rh * a.nq_max + qq] = make_float2(m, s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key-norm scoring.
+// ---------------------------------------------------------------------------------------------
+
+/// Minus the L2 norm of each candidate's K; one warp per candidate, 64 candidates per CTA.
+template <class T, int D>
+TANGRAM_KERNEL __launch_bounds__(256) void key_norm_kernel(eviction_args const a) {
+  const eviction_head x = resolve_head(a, blockIdx.y);
+  if (x.e.action != eviction_action::select) return;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int u = 0; u < 8; ++u) {
+    const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 64 + warp * 8 + u;
+    if (i >= x.e.candidates) return;  // uniform per warp
+    const T* k = candidate_ptr<T>(a, x, i, 0);
+    float ss   = 0.f;
+#pragma unroll
+    for (int m = 0; m < D / 32; ++m) {
+      float v = widen(k[lane + 32 * m]);
+      ss      = fmaf(v, v, ss);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) a.raw[x.rh * a.p.max_candidates + i] = -sqrtf(ss);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Select and compact.
+// ---------------------------------------------------------------------------------------------
+
+/// Shape of the select-and-compact kernel for storage rows of D elements of T.
+template <class T, int D>
+struct compact_config {
+  static constexpr int threads    = 256;
+  static constexpr int items      = 4;                ///< candidates per thread per scan tile
+  static constexpr int tile       = threads * items;  ///< candidates per scan tile
+  static constexpr int per16      = 16 / static_cast<int>(sizeof(T));
+  static constexpr int row_chunks = D / per16;  ///< 16-byte chunks of one K (or V) row
+  static constexpr int regs       = 8;          ///< 16-byte chunks a thread holds per batch
+  static constexpr int batch      = threads * regs / (2 * row_chunks);  ///< tokens per copy batch
+  static_assert(D % per16 == 0 && batch >= 1, "rows must be whole 16-byte chunks");
+};
+
+/// Copies tokens `[0, count)` with `src_of(t)` = candidate index and `dst_of(t)` = column
+/// position, in batches whose loads all complete before their stores. Candidates that are held
+/// tokens already at their destination are skipped.
+template <class T, int D, class Src, class Dst>
+__device__ __forceinline__ void copy_tokens(
+    eviction_args const& a, eviction_head const& x, int count, Src src_of, Dst dst_of) {
+  using cfg     = compact_config<T, D>;
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int b0 = 0; b0 < count; b0 += cfg::batch) {
+    const int nb = count - b0 < cfg::batch ? count - b0 : cfg::batch;
+    uint4 buf[cfg::regs];
+#pragma unroll
+    for (int u = 0; u < cfg::regs; ++u) {
+      const int ch = tid + u * cfg::threads, tok = ch / (2 * cfg::row_chunks);
+      if (tok < nb) {
+        const std::int64_t src = src_of(b0 + tok);
+        const std::int64_t dst = dst_of(b0 + tok);
+        if (!(src < x.e.len && src == dst)) {
+          const int kv = (ch / cfg::row_chunks) % 2, part = ch % cfg::row_chunks;
+          buf[u] = reinterpret_cast<const uint4*>(candidate_ptr<T>(a, x, src, kv))[part];
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < cfg::regs; ++u) {
+      const int ch = tid + u * cfg::threads, tok = ch / (2 * cfg::row_chunks);
+      if (tok < nb) {
+        const std::int64_t src = src_of(b0 + tok);
+        const std::int64_t dst = dst_of(b0 + tok);
+        if (!(src < x.e.len && src == dst)) {
+          const int kv = (ch / cfg::row_chunks) % 2, part = ch % cfg::row_chunks;
+          reinterpret_cast<uint4*>(
+              x.cur.ptr_at_position<T>(static_cast<std::int32_t>(dst), kv))[part] = buf[u];
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/// One CTA per (request, KV head): ring/append copies, or select-and-compact (see file comment).
+/// T only sets the element size (f16 and bf16 share the bfloat16 instantiation).
+template <class T, int D>
+TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args const a) {
+  using cfg    = compact_config<T, D>;
+  using scan_t = cub::BlockScan<std::uint32_t, cfg::threads>;
+  using hist_t = cub::BlockHistogram<int, cfg::threads, cfg::items, 257, cub::BLOCK_HISTO_ATOMIC>;
+  __shared__ union {
+    typename scan_t::TempStorage scan;
+    typename hist_t::TempStorage hist;
+  } tmp;
+  __shared__ unsigned int hist[257];  // bucket 256 collects keys outside the current prefix
+  __shared__ std::uint32_t s_bucket, s_above;
+  __shared__ std::int32_t list_src[cfg::tile];
+  const int tid            = static_cast<int>(threadIdx.x);
+  const eviction_head x    = resolve_head(a, blockIdx.x);
+  eviction_params const& p = a.p;
+  if (tid == 0) p.new_len[x.rh] = static_cast<std::int32_t>(x.e.keep);
+  switch (x.e.action) {
+    case eviction_action::unchanged:
+    case eviction_action::invalid:
+      return;
+    case eviction_action::ring: {
+      const std::int64_t first =
+          x.e.n_seen - x.e.window > x.e.n_before ? x.e.n_seen - x.e.window : x.e.n_before;
+      // Candidate index of chunk token t is len + t; ring position of sequence token s is s % ring.
+      copy_tokens<T, D>(
+          a,
+          x,
+          static_cast<int>(x.e.n_seen - first),
+          [&](int t) { return x.e.len + (first - x.e.n_before) + t; },
+          [&](int t) { return (first + t) % x.cur.ring; });
+      return;
+    }
+    case eviction_action::append:
+      copy_tokens<T, D>(
+          a,
+          x,
+          static_cast<int>(x.e.chunk),
+          [&](int t) { return x.e.len + t; },
+          [&](int t) { return x.e.len + t; });
+      return;
+    case eviction_action::select:
+      break;
+  }
+  const std::int64_t n = x.e.candidates, k = x.e.keep;
+  if (k <= 0) return;
+  const float* raw =
+      (p.source == score_source::supplied ? p.scores : a.raw) + x.rh * p.max_candidates;
+  std::uint32_t* keys     = a.keys + x.rh * p.max_candidates;
+  const std::int32_t pool = p.pool();
+
+  // Radix select of the k-th largest key, 8 bits per pass from the top.
+  std::uint32_t prefix = 0, mask = 0, k_rem = static_cast<std::uint32_t>(k);
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int b = tid; b < 257; b += cfg::threads) hist[b] = 0;
+    __syncthreads();
+    for (std::int64_t base = 0; base < n; base += cfg::tile) {
+      int bins[cfg::items];
+#pragma unroll
+      for (int u = 0; u < cfg::items; ++u) {
+        const std::int64_t i = base + tid * cfg::items + u;
+        std::uint32_t key    = 0;
+        if (i < n) {
+          if (pass == 0) {
+            key     = candidate_key(raw, n, i, pool, p.sink, x.e.window);
+            keys[i] = key;
+            if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
+          } else {
+            key = keys[i];
+          }
+        }
+        bins[u] = i < n && (key & mask) == prefix ? static_cast<int>((key >> shift) & 0xffu) : 256;
+      }
+      hist_t(tmp.hist).Composite(bins, hist);
+      __syncthreads();
+    }
+    // Bucket b holding the k_rem-th largest: keys above it < k_rem <= keys above it + its count.
+    const std::uint32_t count = hist[255 - tid];
+    std::uint32_t incl;
+    scan_t(tmp.scan).InclusiveSum(count, incl);
+    if (incl - count < k_rem && k_rem <= incl) {
+      s_bucket = static_cast<std::uint32_t>(255 - tid);
+      s_above  = incl - count;
+    }
+    __syncthreads();
+    k_rem -= s_above;
+    prefix |= s_bucket << shift;
+    mask |= 0xffu << shift;
+    __syncthreads();
+  }
+  const std::uint32_t threshold = prefix, ties_needed = k_rem;
+
+  // Compaction: keep keys above the threshold and the first `ties_needed` keys equal to it.
+  std::uint32_t carry_tie = 0, carry_keep = 0;
+  for (std::int64_t base = 0; base < n; base += cfg::tile) {
+    std::uint32_t key[cfg::items], tie[cfg::items], keep[cfg::items], rank[cfg::items];
+#pragma unroll
+    for (int u = 0; u < cfg::items; ++u) {
+      const std::int64_t i = base + tid * cfg::items + u;
+      key[u]               = i < n ? keys[i] : 0u;
+      tie[u]               = i < n && key[u] == threshold ? 1u : 0u;
+    }
+    std::uint32_t tie_total, keep_total;
+    scan_t(tmp.scan).ExclusiveSum(tie, rank, tie_total);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < cfg::items; ++u) {
+      const std::int64_t i = base + tid * cfg::items + u;
+      keep[u] =
+          i < n && (key[u] > threshold || (tie[u] && carry_tie + rank[u] < ties_needed)) ? 1u : 0u;
+    }
+    scan_t(tmp.scan).ExclusiveSum(keep, rank, keep_total);
+#pragma unroll
+    for (int u = 0; u < cfg::items; ++u)
+      if (keep[u]) list_src[rank[u]] = static_cast<std::int32_t>(base + tid * cfg::items + u);
+    __syncthreads();
+    const std::uint32_t dst0 = carry_keep;
+    copy_tokens<T, D>(
+        a,
+        x,
+        static_cast<int>(keep_total),
+        [&](int t) { return static_cast<std::int64_t>(list_src[t]); },
+        [&](int t) { return static_cast<std::int64_t>(dst0) + t; });
+    carry_tie += tie_total;
+    carry_keep += keep_total;
+  }
+}
+
+/// Launches the eviction kernels for (T, D) (defined per dtype in kernels/eviction_*.cu).
+template <class T, int D>
+cudaError_t launch_eviction(eviction_args const& a, cudaStream_t stream) {
+  const auto heads = static_cast<unsigned>(a.p.kv.batch_size * a.p.kv.num_kv_heads);
+  using copy_t     = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
+  if (a.p.source == score_source::snapkv) {
+    dim3 grid(static_cast<unsigned>(a.key_tiles), heads);
+    snapkv_tile_kernel<T, D, false><<<grid, 256, 0, stream>>>(a);
+    snapkv_reduce_kernel<><<<heads, 256, 0, stream>>>(a, snapkv_key_tile(D));
+    snapkv_tile_kernel<T, D, true><<<grid, 256, 0, stream>>>(a);
+  } else if (a.p.source == score_source::key_norm) {
+    dim3 grid(static_cast<unsigned>((a.p.max_candidates + 63) / 64), heads);
+    key_norm_kernel<T, D><<<grid, 256, 0, stream>>>(a);
+  }
+  select_compact_kernel<copy_t, D><<<heads, 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// clang-format off
+#define TANGRAM_EVICTION_INSTANTIATE(EXT, T)                                                   \
+  EXT template cudaError_t launch_eviction<T, 64>(eviction_args const&, cudaStream_t);       \
+  EXT template cudaError_t launch_eviction<T, 128>(eviction_args const&, cudaStream_t);      \
+  EXT template cudaError_t launch_eviction<T, 256>(eviction_args const&, cudaStream_t);
+// clang-format on
+
+}  // namespace tangram::detail

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/detail/vec.cuh
+ * @brief Device helpers shared by the kernels: 16-byte vector loads widened to float, runtime-dtype
+ * scalar access, asynchronous global-to-shared copies, and the launch error check.
+ */
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tangram/dtype.hpp"
+#include "tangram/error.hpp"
+#include "tangram/numeric.hpp"
+
+namespace tangram::detail {
+
+/// Widens 8 bytes of T values held in a uint2 ... 16 bytes held in a uint4 to float.
+__device__ __forceinline__ void widen16(uint4 u, float (&f)[4], float) {
+  f[0] = __uint_as_float(u.x);
+  f[1] = __uint_as_float(u.y);
+  f[2] = __uint_as_float(u.z);
+  f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void widen16(uint4 u, float (&f)[8], bfloat16) {
+  unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i]     = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void widen16(uint4 u, float (&f)[8], float16) {
+  unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2 h    = *reinterpret_cast<__half2*>(&w[i]);
+    float2 x     = __half22float2(h);
+    f[2 * i]     = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+/// Loads N consecutive T values (N * sizeof(T) a multiple of 16, `p` 16-byte aligned; global or
+/// shared memory) and widens them to float.
+template <class T, int N>
+__device__ __forceinline__ void load_widen(const T* p, float (&out)[N]) {
+  constexpr int per = 16 / static_cast<int>(sizeof(T));
+  static_assert(N % per == 0, "load_widen: N * sizeof(T) must be a multiple of 16 bytes");
+#pragma unroll
+  for (int c = 0; c < N / per; ++c) {
+    uint4 u = reinterpret_cast<const uint4*>(p)[c];
+    float f[per];
+    widen16(u, f, T{});
+#pragma unroll
+    for (int i = 0; i < per; ++i) out[c * per + i] = f[i];
+  }
+}
+
+/// One element of type T widened to float (device).
+__device__ __forceinline__ float widen(float x) {
+  return x;
+}
+__device__ __forceinline__ float widen(bfloat16 x) {
+  return __uint_as_float(static_cast<unsigned>(x.bits) << 16);
+}
+__device__ __forceinline__ float widen(float16 x) {
+  return __half2float(__ushort_as_half(x.bits));
+}
+
+/// Element `i` of an array of runtime dtype `t` (f32, f16 or bf16) as float.
+__device__ __forceinline__ float load_scalar(const void* base, dtype t, std::int64_t i) {
+  switch (t) {
+    case dtype::f16:
+      return widen(static_cast<const float16*>(base)[i]);
+    case dtype::bf16:
+      return widen(static_cast<const bfloat16*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+/// Stores `v` as element `i` of an array of runtime dtype `t` (f32, f16 or bf16), rounding to
+/// nearest even exactly as the host conversions in numeric.hpp do.
+__device__ __forceinline__ void store_scalar(void* base, dtype t, std::int64_t i, float v) {
+  switch (t) {
+    case dtype::f16:
+      static_cast<float16*>(base)[i] = float16(v);
+      break;
+    case dtype::bf16:
+      static_cast<bfloat16*>(base)[i] = bfloat16(v);
+      break;
+    default:
+      static_cast<float*>(base)[i] = v;
+      break;
+  }
+}
+
+/// Asynchronous 16-byte global-to-shared copy (cp.async on sm_80+); zero-fills when !valid.
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool valid) {
+  __pipeline_memcpy_async(smem, gmem, 16, valid ? 0 : 16);
+}
+__device__ __forceinline__ void copy_async_commit() {
+  __pipeline_commit();
+}
+/// Waits until at most `N` committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  __pipeline_wait_prior(N);
+}
+
+/// Throws cuda_error naming `what` when the last launch failed (clears the error).
+inline void check_launch(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TANGRAM_FAIL(cuda_error, what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  }
+}
+
+}  // namespace tangram::detail

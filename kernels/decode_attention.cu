@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+// Decode-attention launcher: validation, workspace carving, dispatch to the split kernel
+// instantiations (kernels/decode_attention_{f32,f16,bf16}.cu), the merge kernel, occupancy.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/detail/decode_attention.cuh"
+
+namespace tangram {
+namespace detail {
+
+TANGRAM_DECODE_INSTANTIATE(extern, float)
+TANGRAM_DECODE_INSTANTIATE(extern, float16)
+TANGRAM_DECODE_INSTANTIATE(extern, bfloat16)
+
+namespace {
+
+/// Smallest compiled GQA bucket that holds `group`.
+constexpr int group_bucket(int group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+}
+
+/// Calls `f(T{}, std::integral_constant<int, D>{}, std::integral_constant<int, GB>{})` for the
+/// runtime configuration; returns false when it is not compiled.
+template <class F>
+bool dispatch_decode(dtype t, int head_dim, int group, F&& f) {
+  auto with_type = [&](auto tag) {
+    using T       = decltype(tag);
+    auto with_dim = [&](auto dim) {
+      switch (group_bucket(group)) {
+        case 1:
+          f(T{}, dim, std::integral_constant<int, 1>{});
+          break;
+        case 2:
+          f(T{}, dim, std::integral_constant<int, 2>{});
+          break;
+        case 4:
+          f(T{}, dim, std::integral_constant<int, 4>{});
+          break;
+        default:
+          f(T{}, dim, std::integral_constant<int, 8>{});
+          break;
+      }
+      return true;
+    };
+    switch (head_dim) {
+      case 64:
+        return with_dim(std::integral_constant<int, 64>{});
+      case 128:
+        return with_dim(std::integral_constant<int, 128>{});
+      case 256:
+        return with_dim(std::integral_constant<int, 256>{});
+      default:
+        return false;
+    }
+  };
+  switch (t) {
+    case dtype::f32:
+      return with_type(float{});
+    case dtype::f16:
+      return with_type(float16{});
+    case dtype::bf16:
+      return with_type(bfloat16{});
+    default:
+      return false;
+  }
+}
+
+bool aligned(const void* p, std::uintptr_t a) {
+  return reinterpret_cast<std::uintptr_t>(p) % a == 0;
+}
+
+}  // namespace
+}  // namespace detail
+
+void decode_attention(decode_params const& p,
+                      void* workspace,
+                      std::size_t workspace_bytes,
+                      cuda_stream_t stream) {
+  p.validate();
+  auto const& g = p.kv.geometry;
+  TANGRAM_EXPECTS(decode_kernel_supports(g.kv_dtype, g.head_dim),
+                  invalid_argument,
+                  "decode_attention: no CUDA kernel for kv dtype ",
+                  to_string(g.kv_dtype),
+                  " with head_dim ",
+                  g.head_dim,
+                  " (supported: f32/f16/bf16 x 64/128/256)");
+  for (dtype t : {p.q_dtype, p.o_dtype})
+    TANGRAM_EXPECTS(t == dtype::f32 || t == dtype::f16 || t == dtype::bf16,
+                    invalid_argument,
+                    "decode_params.q_dtype/o_dtype: must be f32, f16 or bf16, got ",
+                    to_string(t));
+  TANGRAM_EXPECTS(detail::aligned(p.kv.pool, 16),
+                  invalid_argument,
+                  "decode_params.kv.pool: must be 16-byte aligned");
+  std::size_t need = decode_workspace_bytes(p);
+  TANGRAM_EXPECTS(workspace_bytes >= need,
+                  invalid_argument,
+                  "decode_attention: workspace_bytes ",
+                  workspace_bytes,
+                  " is smaller than the ",
+                  need,
+                  " bytes required");
+  TANGRAM_EXPECTS(workspace != nullptr && detail::aligned(workspace, 256),
+                  invalid_argument,
+                  "decode_attention: workspace must be non-null and 256-byte aligned");
+  if (p.kv.batch_size == 0) return;
+  auto layout =
+      decode_workspace(p.splits.num_ctas, p.kv.num_kv_heads, p.kv.batch_size, p.group, g.head_dim);
+  auto* base = static_cast<unsigned char*>(workspace);
+  detail::decode_args a;
+  a.p             = p;
+  a.partial_o     = reinterpret_cast<float*>(base + layout.partial_o);
+  a.partial_lse   = reinterpret_cast<float*>(base + layout.partial_lse);
+  a.prefix        = reinterpret_cast<std::int64_t*>(base + layout.prefix);
+  a.scale2        = p.scale() * log2e;
+  cudaError_t err = cudaSuccess;
+  detail::dispatch_decode(g.kv_dtype, g.head_dim, p.group, [&](auto tag, auto dim, auto bucket) {
+    err = detail::launch_decode_split<decltype(tag), decltype(dim)::value, decltype(bucket)::value>(
+        a, stream);
+  });
+  detail::check_launch(err, "decode_attention: split kernel launch");
+  detail::decode_merge_kernel<><<<p.kv.batch_size * p.kv.num_kv_heads, 128, 0, stream>>>(a);
+  detail::check_launch(cudaGetLastError(), "decode_attention: merge kernel launch");
+}
+
+std::optional<device_limits> decode_device_limits(dtype kv_dtype,
+                                                  std::int32_t head_dim,
+                                                  std::int32_t group,
+                                                  std::int32_t device) noexcept {
+  if (!decode_kernel_supports(kv_dtype, head_dim) || group < 1 || group > decode_max_group)
+    return std::nullopt;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  int previous = 0, sms = 0, per_sm = 0;
+  cudaError_t err = cudaGetDevice(&previous);
+  if (err == cudaSuccess) err = cudaSetDevice(device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    detail::dispatch_decode(kv_dtype, head_dim, group, [&](auto tag, auto dim, auto bucket) {
+      err = detail::decode_split_occupancy<decltype(tag),
+                                           decltype(dim)::value,
+                                           decltype(bucket)::value>(&per_sm);
+    });
+  (void)cudaSetDevice(previous);
+  if (err != cudaSuccess || sms <= 0 || per_sm <= 0) {  // a zero occupancy is an error, not a plan
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  return device_limits{sms, per_sm};
+}
+
+}  // namespace tangram

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+// Chunk-eviction launcher: validation, workspace carving and dispatch to the per-dtype
+// instantiations (kernels/eviction_{f32,f16,bf16}.cu).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tangram/kernels/detail/eviction.cuh"
+#include "tangram/kernels/eviction.hpp"
+
+namespace tangram {
+namespace detail {
+
+TANGRAM_EVICTION_INSTANTIATE(extern, float)
+TANGRAM_EVICTION_INSTANTIATE(extern, float16)
+TANGRAM_EVICTION_INSTANTIATE(extern, bfloat16)
+
+namespace {
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+template <class T>
+cudaError_t launch_for_dim(eviction_args const& a, cudaStream_t stream) {
+  switch (a.p.kv.geometry.head_dim) {
+    case 64:
+      return launch_eviction<T, 64>(a, stream);
+    case 128:
+      return launch_eviction<T, 128>(a, stream);
+    default:
+      return launch_eviction<T, 256>(a, stream);
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+void evict_chunk(eviction_params const& p,
+                 void* workspace,
+                 std::size_t workspace_bytes,
+                 cuda_stream_t stream) {
+  p.validate();
+  auto const& g = p.kv.geometry;
+  TANGRAM_EXPECTS(
+      (g.kv_dtype == dtype::f32 || g.kv_dtype == dtype::f16 || g.kv_dtype == dtype::bf16) &&
+          (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256),
+      invalid_argument,
+      "evict_chunk: no CUDA kernel for kv dtype ",
+      to_string(g.kv_dtype),
+      " with head_dim ",
+      g.head_dim,
+      " (supported: f32/f16/bf16 x 64/128/256)");
+  if (p.source == score_source::snapkv)
+    TANGRAM_EXPECTS(p.q_dtype == dtype::f32 || p.q_dtype == dtype::f16 || p.q_dtype == dtype::bf16,
+                    invalid_argument,
+                    "eviction_params.q_dtype: must be f32, f16 or bf16, got ",
+                    to_string(p.q_dtype));
+  TANGRAM_EXPECTS(
+      detail::aligned16(p.kv.pool) && detail::aligned16(p.chunk_k) && detail::aligned16(p.chunk_v),
+      invalid_argument,
+      "evict_chunk: kv.pool, chunk_k and chunk_v must be 16-byte aligned");
+  std::int64_t heads = static_cast<std::int64_t>(p.kv.batch_size) * p.kv.num_kv_heads;
+  TANGRAM_EXPECTS(heads <= 65535,
+                  invalid_argument,
+                  "evict_chunk: batch_size * num_kv_heads = ",
+                  heads,
+                  " exceeds 65535");
+  std::size_t need = eviction_workspace_bytes(p);
+  TANGRAM_EXPECTS(workspace_bytes >= need,
+                  invalid_argument,
+                  "evict_chunk: workspace_bytes ",
+                  workspace_bytes,
+                  " is smaller than the ",
+                  need,
+                  " bytes required");
+  TANGRAM_EXPECTS(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 256 == 0,
+                  invalid_argument,
+                  "evict_chunk: workspace must be non-null and 256-byte aligned");
+  if (heads == 0) return;
+  auto layout = eviction_workspace(p.kv.batch_size,
+                                   p.kv.num_kv_heads,
+                                   p.max_candidates,
+                                   p.source,
+                                   p.group,
+                                   p.obs_window,
+                                   g.head_dim);
+  auto* base  = static_cast<unsigned char*>(workspace);
+  detail::eviction_args a;
+  a.p         = p;
+  a.keys      = reinterpret_cast<std::uint32_t*>(base + layout.keys);
+  a.raw       = reinterpret_cast<float*>(base + layout.raw);
+  a.stats     = reinterpret_cast<float2*>(base + layout.stats);
+  a.norm      = reinterpret_cast<float2*>(base + layout.norm);
+  a.key_tiles = (p.max_candidates + snapkv_key_tile(g.head_dim) - 1) / snapkv_key_tile(g.head_dim);
+  a.nq_max    = p.obs_window * p.group;
+  a.scale2    = p.scale() * log2e;
+  cudaError_t err = cudaSuccess;
+  switch (g.kv_dtype) {
+    case dtype::f32:
+      err = detail::launch_for_dim<float>(a, stream);
+      break;
+    case dtype::f16:
+      err = detail::launch_for_dim<float16>(a, stream);
+      break;
+    default:
+      err = detail::launch_for_dim<bfloat16>(a, stream);
+      break;
+  }
+  detail::check_launch(err, "evict_chunk: kernel launch");
+}
+
+}  // namespace tangram
