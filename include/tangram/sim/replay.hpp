@@ -46,13 +46,15 @@ class kv_policy {
   virtual ~kv_policy() = default;
   [[nodiscard]] virtual std::string name() const = 0;
   /// Starts a turn: `history` tokens already held (0 for a new session or after preemption),
-  /// `prompt` new tokens to prefill, up to `max_new` tokens to decode. False: does not fit now.
+  /// `prompt` new tokens to prefill, up to `max_new` tokens to decode. It must also leave room
+  /// for `headroom_tokens` more uncompressed tokens in every page table of the model (the
+  /// engine's allowance for resident sessions' next turns). False: does not fit now.
   virtual bool start_turn(std::int32_t session, std::int64_t history, std::int64_t prompt,
-                          std::int64_t max_new) = 0;
+                          std::int64_t max_new, std::int64_t headroom_tokens) = 0;
   /// Prefills `tokens` more prompt tokens (one chunk, compressed if the policy compresses).
   virtual bool prefill_chunk(std::int32_t session, std::int64_t tokens) = 0;
-  /// Appends one decoded token.
-  virtual bool decode(std::int32_t session) = 0;
+  /// Appends one decoded token to every session of `sessions` (one engine decode step).
+  virtual bool decode(std::vector<std::int32_t> const& sessions) = 0;
   /// The turn's answer is complete; the session keeps its (compressed) history.
   virtual void end_turn(std::int32_t session) = 0;
   /// The session leaves (finished or preempted): everything it holds is returned.
@@ -71,6 +73,10 @@ struct replay_options {
   std::int64_t step_token_budget = 8192;  ///< tokens per engine step (decode + prefill chunks)
   std::int64_t prefill_chunk     = 8192;  ///< largest prefill chunk of one sequence per step
   std::int32_t max_running       = 1024;  ///< cap on sequences in the batch (vLLM max_num_seqs)
+  std::int32_t concurrency       = 0;     ///< closed loop: sessions in the system at once (0: open)
+  /// A new session is admitted only if every resident session could still grow by this many
+  /// tokens (a follow-up prompt plus its answer), so idle sessions can always continue.
+  std::int64_t continuation_headroom_tokens = 1024;
   std::int32_t timeline_points   = 400;   ///< samples kept for the memory-over-time plot
   std::function<void(double)> progress;   ///< called with the completed fraction (optional)
 };
@@ -156,6 +162,11 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
                   "replay.prefill_chunk: must be >= 1, got ", options.prefill_chunk);
   TANGRAM_EXPECTS(options.max_running >= 1, invalid_argument,
                   "replay.max_running: must be >= 1, got ", options.max_running);
+  TANGRAM_EXPECTS(options.concurrency >= 0, invalid_argument,
+                  "replay.concurrency: must be >= 0, got ", options.concurrency);
+  TANGRAM_EXPECTS(options.continuation_headroom_tokens >= 0, invalid_argument,
+                  "replay.continuation_headroom_tokens: must be >= 0, got ",
+                  options.continuation_headroom_tokens);
 
   replay_result out;
   out.policy         = policy.name();
@@ -184,6 +195,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
   std::int32_t resident = 0;
+  std::int32_t active   = 0;  // sessions arrived and not finished (closed-loop concurrency)
 
   auto timed = [&](auto&& fn) {
     auto t0 = clock::now();
@@ -225,6 +237,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   // vLLM's recompute preemption: the most recently admitted running sequence other than `keep`.
   auto preempt_one = [&](std::int32_t keep) -> bool {
     std::int32_t victim = -1;
+    if (keep < 0 && running.size() < 2) return false;  // a step must keep at least one sequence
     for (auto s : running)
       if (s != keep && (victim < 0 || ss_of(s).admit_seq > ss_of(victim).admit_seq)) victim = s;
     if (victim < 0) return false;
@@ -236,11 +249,45 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     return true;
   };
 
-  auto try_admit = [&](std::deque<std::int32_t>& queue) -> bool {
-    while (!queue.empty() && static_cast<std::int32_t>(running.size()) < options.max_running) {
+  // Prompt tokens the running sequences still have to prefill: a new turn is admitted only when
+  // the next step has token budget left for it (it is scheduled as it is admitted, like vLLM).
+  auto prefill_backlog = [&] {
+    std::int64_t n = 0;
+    for (auto s : running)
+      if (ss_of(s).state == phase::prefill) n += ss_of(s).to_prefill;
+    return n;
+  };
+  // Drops the KV of the least recently used idle resident session (thinking, or waiting for its
+  // next turn); false when there is none.
+  auto evict_idle = [&]() -> bool {
+    std::int32_t victim = -1;
+    for (std::int32_t s = 0; s < n_sessions; ++s) {
+      auto const& ss = ss_of(s);
+      if (ss.holds_kv && ss.state != phase::prefill && ss.state != phase::decode &&
+          (victim < 0 || ss.idle_since_s < ss_of(victim).idle_since_s))
+        victim = s;
+    }
+    if (victim < 0) return false;
+    out.idle_evictions += 1;
+    drop_kv(victim);
+    auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
+    if (it != ready_continue.end()) {
+      ready_continue.erase(it);
+      ready_new.push_front(victim);
+    }
+    return true;
+  };
+  // Frees memory for a running sequence that needs it: preempt another running sequence, or
+  // failing that drop an idle session's KV.
+  auto make_room = [&](std::int32_t keep) { return preempt_one(keep) || evict_idle(); };
+
+  auto try_admit = [&](std::deque<std::int32_t>& queue, bool new_sessions) -> bool {
+    while (!queue.empty() && static_cast<std::int32_t>(running.size()) < options.max_running &&
+           prefill_backlog() + static_cast<std::int64_t>(running.size()) < options.step_token_budget) {
       std::int32_t s = queue.front();
       auto& ss       = ss_of(s);
-      bool ok = timed([&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.to_decode); });
+      std::int64_t headroom = new_sessions ? options.continuation_headroom_tokens * resident : 0;
+      bool ok = timed([&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.to_decode, headroom); });
       if (!ok) {
         if (!ss.waited) {
           ss.waited = true;
@@ -264,11 +311,13 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   std::int64_t last_progress_step = 0;
   while (finished_turns < total_turns) {
     // 1. Arrivals and think timers that are due.
-    while (next_arrival < by_arrival.size() && spec(by_arrival[next_arrival]).arrival_s <= t) {
+    while (next_arrival < by_arrival.size() && spec(by_arrival[next_arrival]).arrival_s <= t &&
+           (options.concurrency == 0 || active < options.concurrency)) {
       std::int32_t s = by_arrival[next_arrival++];
       set_turn(s, 0);
-      ss_of(s).ready_s = spec(s).arrival_s;
+      ss_of(s).ready_s = std::max(t, spec(s).arrival_s);
       ready_new.push_back(s);
+      ++active;
     }
     std::sort(thinking.begin(), thinking.end());
     while (!thinking.empty() && thinking.front().first <= t) {
@@ -279,11 +328,12 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     }
 
     // 2. Admission: continuing turns first; new sessions only behind them.
-    if (try_admit(ready_continue)) try_admit(ready_new);
+    if (try_admit(ready_continue, false)) try_admit(ready_new, true);
 
     if (running.empty()) {
       double next = std::numeric_limits<double>::infinity();
-      if (next_arrival < by_arrival.size()) next = spec(by_arrival[next_arrival]).arrival_s;
+      if (next_arrival < by_arrival.size() && (options.concurrency == 0 || active < options.concurrency))
+        next = spec(by_arrival[next_arrival]).arrival_s;
       for (auto const& th : thinking) next = std::min(next, th.first);
       if (std::isfinite(next) && (ready_continue.empty() && ready_new.empty())) {
         resident_area += resident * (next - t);
@@ -292,23 +342,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
       }
       // Turns wait and nothing runs: free memory held by idle sessions (LRU), or give up on a
       // turn that cannot fit even on an empty GPU.
-      std::int32_t victim = -1;
-      for (std::int32_t s = 0; s < n_sessions; ++s) {
-        auto const& ss = ss_of(s);
-        if (ss.holds_kv && ss.state != phase::prefill && ss.state != phase::decode &&
-            (victim < 0 || ss.idle_since_s < ss_of(victim).idle_since_s))
-          victim = s;
-      }
-      if (victim >= 0) {
-        out.idle_evictions += 1;
-        drop_kv(victim);
-        auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
-        if (it != ready_continue.end()) {
-          ready_continue.erase(it);
-          ready_new.push_front(victim);
-        }
-        continue;
-      }
+      if (evict_idle()) continue;
       if (!ready_continue.empty() || !ready_new.empty()) {
         auto& queue    = ready_continue.empty() ? ready_new : ready_continue;
         std::int32_t s = queue.front();
@@ -316,6 +350,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
         out.rejected_sessions += 1;
         finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
         ss_of(s).state = phase::done;
+        --active;
         continue;
       }
       if (!std::isfinite(next)) break;
@@ -331,13 +366,19 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     auto is_running = [&](std::int32_t s) {
       return std::find(running.begin(), running.end(), s) != running.end();
     };
-    for (auto s : snapshot) {
+    std::vector<std::int32_t> decoders;
+    for (auto s : running)
+      if (ss_of(s).state == phase::decode) decoders.push_back(s);
+    while (!decoders.empty() && !timed([&] { return policy.decode(decoders); })) {
+      // Out of pages (baselines only): preempt the latest admitted sequence and try again.
+      if (!make_room(-1))
+        TANGRAM_FAIL(logic_error, "replay: a decode step cannot run even with one sequence");
+      decoders.erase(std::remove_if(decoders.begin(), decoders.end(),
+                                    [&](std::int32_t s) { return !is_running(s); }),
+                     decoders.end());
+    }
+    for (auto s : decoders) {
       auto& ss = ss_of(s);
-      if (ss.state != phase::decode || !is_running(s)) continue;
-      bool ok = false;
-      while (!(ok = timed([&] { return policy.decode(s); })))
-        if (!preempt_one(s)) break;
-      if (!ok) TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot decode even alone");
       any_decode = true;
       budget -= 1;
       ss.decoded_this_turn += 1;
@@ -351,7 +392,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
       double past        = policy.attended_tokens(s);
       bool ok            = false;
       while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); })))
-        if (!preempt_one(s)) break;
+        if (!make_room(s)) break;
       if (!ok) TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
       step_s += cost.prefill_s(chunk, static_cast<std::int64_t>(past));
       budget -= chunk;
@@ -372,7 +413,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     if (any_decode || !first_token_now.empty()) step_s += cost.decode_step_s(kv_read);
     out.steps += 1;
 
-    auto mem = timed([&] { return policy.memory(); });
+    auto mem = policy.memory();  // accounting, not engine work: not timed
     out.kv_bytes_allocated_peak = std::max(out.kv_bytes_allocated_peak, mem.allocated_bytes);
     out.kv_bytes_live_peak      = std::max(out.kv_bytes_live_peak, mem.live_bytes);
     out.peak_resident_sessions  = std::max(out.peak_resident_sessions, resident);
@@ -418,6 +459,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
         });
         ss.holds_kv = false;
         --resident;
+        --active;
       }
     }
     if (options.progress && out.steps - last_progress_step >= 512) {

@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file sim/policies.hpp
+ * @brief The three KV-memory policies the replay compares, each a thin adapter over the real
+ * library objects on a simulated memory resource (no real memory, exact accounting):
+ *
+ * - `full_kv_policy`: vLLM-style paging, one page spans all KV heads of a layer, no compression.
+ * - `unified_nonuniform_policy`: the same non-uniform budgets on layer-wide pages with dynamic
+ *   reclamation (each chunk is allocated in full, tail pages freed after eviction); admission
+ *   checks the uncompressed prompt like the reference implementation; out of pages -> preemption.
+ * - `tangram_policy`: budget reservation (M(r) at admission, increments per turn), head-group
+ *   pages with the plan's clustering; never preempts.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/memory_resource.hpp"
+#include "tangram/memory/unified_paging.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/sim/replay.hpp"
+
+namespace tangram::sim {
+
+/// Bytes of K and V one token of one head takes.
+inline double head_token_bytes(static_plan const& plan) {
+  return static_cast<double>(2 * plan.geometry.head_dim * plan.geometry.element_bytes());
+}
+
+/**
+ * @brief Live-token accounting of a policy, kept out of the engine's timed path: sessions touched
+ * by a call are marked dirty and their held tokens are summed (over every head) only when a
+ * figure is read.
+ */
+class live_tracker {
+ public:
+  live_tracker(std::int32_t num_sessions, double token_bytes, std::int64_t heads)
+      : live_(static_cast<std::size_t>(num_sessions), 0.0),
+        attended_(static_cast<std::size_t>(num_sessions), 0.0),
+        dirty_(static_cast<std::size_t>(num_sessions), 0),
+        token_bytes_(token_bytes),
+        heads_(static_cast<double>(heads)) {}
+
+  void touch(std::int32_t s) {
+    if (!dirty_[static_cast<std::size_t>(s)]) {
+      dirty_[static_cast<std::size_t>(s)] = 1;
+      dirty_list_.push_back(s);
+    }
+  }
+  /// The session holds nothing any more.
+  void clear(std::int32_t s) {
+    total_ -= live_[static_cast<std::size_t>(s)];
+    live_[static_cast<std::size_t>(s)]     = 0;
+    attended_[static_cast<std::size_t>(s)] = 0;
+    dirty_[static_cast<std::size_t>(s)]    = 0;
+  }
+  /// Brings dirty sessions up to date; `held_tokens(s)` sums the session's head lengths.
+  template <class HeldTokens>
+  void update(HeldTokens&& held_tokens) const {
+    for (auto s : dirty_list_) {
+      if (!dirty_[static_cast<std::size_t>(s)]) continue;
+      dirty_[static_cast<std::size_t>(s)] = 0;
+      auto tokens = static_cast<double>(held_tokens(s));
+      total_ += tokens * token_bytes_ - live_[static_cast<std::size_t>(s)];
+      live_[static_cast<std::size_t>(s)]     = tokens * token_bytes_;
+      attended_[static_cast<std::size_t>(s)] = tokens / heads_;
+    }
+    dirty_list_.clear();
+  }
+  [[nodiscard]] double live_bytes(std::int32_t s) const { return live_[static_cast<std::size_t>(s)]; }
+  [[nodiscard]] double attended(std::int32_t s) const { return attended_[static_cast<std::size_t>(s)]; }
+  [[nodiscard]] double total() const { return total_; }
+
+ private:
+  mutable std::vector<double> live_, attended_;
+  mutable std::vector<char> dirty_;
+  mutable std::vector<std::int32_t> dirty_list_;
+  mutable double total_ = 0;
+  double token_bytes_   = 0;
+  double heads_         = 1;
+};
+
+/// @brief Tangram: reservation + head-group pages (kv_cache_manager).
+class tangram_policy final : public kv_policy {
+ public:
+  /// @param kv_bytes KV memory of the GPU; @param max_sessions sessions alive at once
+  tangram_policy(static_plan const& plan, double kv_bytes, std::int32_t max_sessions,
+                 std::int32_t num_sessions)
+      : plan_(plan),
+        manager_(plan, resource_, options(plan, kv_bytes, max_sessions)),
+        ids_(static_cast<std::size_t>(num_sessions)),
+        kept_(static_cast<std::size_t>(plan.num_layers) * static_cast<std::size_t>(plan.num_kv_heads)),
+        live_(num_sessions, head_token_bytes(plan),
+              static_cast<std::int64_t>(plan.num_layers) * plan.num_kv_heads) {}
+
+  [[nodiscard]] std::string name() const override { return "tangram"; }
+
+  bool start_turn(std::int32_t s, std::int64_t, std::int64_t prompt, std::int64_t max_new,
+                  std::int64_t headroom_tokens) override {
+    auto& id = ids_[static_cast<std::size_t>(s)];
+    if (headroom_tokens > 0) {
+      std::int64_t headroom = static_cast<std::int64_t>(manager_.num_groups()) *
+                              ceil_div(headroom_tokens, plan_.geometry.page_tokens);
+      if (manager_.admission_pages(prompt, max_new) + headroom > manager_.pool().available_pages())
+        return false;
+    }
+    if (id) return manager_.continue_turn(*id, prompt, max_new);
+    id = manager_.try_admit(prompt, max_new);
+    return id.has_value();
+  }
+
+  bool prefill_chunk(std::int32_t s, std::int64_t tokens) override {
+    auto id = *ids_[static_cast<std::size_t>(s)];
+    manager_.prepare_chunk(id, tokens);
+    manager_.expected_kept(id, tokens, kept_.data());  // what the fused eviction keeps
+    manager_.commit_chunk(id, kept_.data(), kept_.size());
+    live_.touch(s);
+    return true;
+  }
+
+  bool decode(std::vector<std::int32_t> const& sessions) override {
+    batch_.clear();
+    for (auto s : sessions) batch_.push_back(*ids_[static_cast<std::size_t>(s)]);
+    manager_.set_batch(batch_);
+    manager_.decode_step();
+    for (auto s : sessions) live_.touch(s);
+    return true;
+  }
+
+  void end_turn(std::int32_t s) override {
+    manager_.end_turn(*ids_[static_cast<std::size_t>(s)]);
+    live_.touch(s);
+  }
+
+  void release(std::int32_t s) override {
+    auto& id = ids_[static_cast<std::size_t>(s)];
+    if (!id) return;
+    manager_.free(*id);
+    id.reset();
+    live_.clear(s);
+  }
+
+  [[nodiscard]] double kv_bytes_read(std::int32_t s) const override {
+    update();
+    return live_.live_bytes(s);
+  }
+  [[nodiscard]] double attended_tokens(std::int32_t s) const override {
+    update();
+    return live_.attended(s);
+  }
+  [[nodiscard]] policy_memory memory() const override {
+    update();
+    auto const& pool = manager_.pool();
+    policy_memory m;
+    m.allocated_bytes = static_cast<double>(pool.used_pages() + pool.reserved_pages()) *
+                        static_cast<double>(pool.page_bytes());
+    m.live_bytes     = live_.total();
+    m.reclaim_ops    = manager_.stats().reclaimed_pages;
+    m.released_pages = manager_.stats().surplus_pages_released;
+    return m;
+  }
+  [[nodiscard]] double capacity_bytes() const override {
+    return static_cast<double>(manager_.pool().arena_bytes());
+  }
+
+  /// The manager, for tests that check the replay's accounting.
+  [[nodiscard]] kv_cache_manager const& manager() const { return manager_; }
+
+ private:
+  static manager_options options(static_plan const& plan, double kv_bytes, std::int32_t max_sessions) {
+    manager_options o;
+    o.num_pages     = static_cast<std::int64_t>(kv_bytes / static_cast<double>(plan.page_bytes()));
+    o.max_sequences = max_sessions;
+    return o;
+  }
+  void update() const {
+    live_.update([&](std::int32_t s) {
+      std::int64_t sum = 0;
+      auto id          = *ids_[static_cast<std::size_t>(s)];
+      for (std::int32_t l = 0; l < plan_.num_layers; ++l)
+        for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h) sum += manager_.head_len(id, l, h);
+      return sum;
+    });
+  }
+
+  static_plan plan_;
+  simulated_memory_resource resource_;
+  kv_cache_manager manager_;
+  std::vector<std::optional<sequence_id>> ids_;
+  std::vector<std::int32_t> kept_;
+  std::vector<sequence_id> batch_;
+  live_tracker live_;
+};
+
+/// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation.
+class unified_policy final : public kv_policy {
+ public:
+  unified_policy(static_plan const& plan, unified_mode mode, double kv_bytes, std::int32_t max_sessions,
+                 std::int32_t num_sessions, std::int64_t max_tokens)
+      : plan_(plan),
+        mode_(mode),
+        baseline_(plan, mode, resource_, pages_for(plan, kv_bytes), max_sessions, max_tokens),
+        slots_(static_cast<std::size_t>(num_sessions), -1),
+        live_(num_sessions, head_token_bytes(plan),
+              static_cast<std::int64_t>(plan.num_layers) * plan.num_kv_heads) {}
+
+  [[nodiscard]] std::string name() const override {
+    return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
+  }
+
+  /// Admission as vLLM with a full-prompt check (and the reference implementation) does it: the
+  /// uncompressed prompt must fit in the free pages now; nothing is reserved.
+  bool start_turn(std::int32_t s, std::int64_t, std::int64_t prompt, std::int64_t,
+                  std::int64_t headroom_tokens) override {
+    auto& slot        = slots_[static_cast<std::size_t>(s)];
+    std::int32_t P    = plan_.geometry.page_tokens;
+    std::int64_t need = 0;
+    for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
+      std::int64_t longest = 0, held = 0;
+      if (slot >= 0) {
+        for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h)
+          longest = std::max(longest, baseline_.head_len(slot, l, h));
+        held = baseline_.n_pages(slot, l);
+      }
+      need += std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) + ceil_div(headroom_tokens, P);
+    }
+    if (need > baseline_.pool().available_pages()) return false;
+    if (slot < 0) {
+      auto got = baseline_.try_admit();
+      if (!got) return false;
+      slot = *got;
+    }
+    return true;
+  }
+
+  bool prefill_chunk(std::int32_t s, std::int64_t tokens) override {
+    if (!baseline_.prefill_chunk(slots_[static_cast<std::size_t>(s)], tokens)) return false;
+    live_.touch(s);
+    return true;
+  }
+
+  bool decode(std::vector<std::int32_t> const& sessions) override {
+    batch_.clear();
+    for (auto s : sessions) batch_.push_back(slots_[static_cast<std::size_t>(s)]);
+    if (!baseline_.decode_step(batch_.data(), batch_.size())) return false;
+    for (auto s : sessions) live_.touch(s);
+    return true;
+  }
+
+  void end_turn(std::int32_t) override {}
+
+  void release(std::int32_t s) override {
+    auto& slot = slots_[static_cast<std::size_t>(s)];
+    if (slot < 0) return;
+    baseline_.free(slot);
+    slot = -1;
+    live_.clear(s);
+  }
+
+  [[nodiscard]] double kv_bytes_read(std::int32_t s) const override {
+    update();
+    return live_.live_bytes(s);
+  }
+  [[nodiscard]] double attended_tokens(std::int32_t s) const override {
+    update();
+    return live_.attended(s);
+  }
+  [[nodiscard]] policy_memory memory() const override {
+    update();
+    policy_memory m;
+    m.allocated_bytes = static_cast<double>(baseline_.pool().used_pages()) *
+                        static_cast<double>(baseline_.page_bytes());
+    m.live_bytes  = live_.total();
+    m.reclaim_ops = baseline_.stats().reclaim_ops;
+    return m;
+  }
+  [[nodiscard]] double capacity_bytes() const override {
+    return static_cast<double>(baseline_.pool().arena_bytes());
+  }
+
+  /// The baseline, for tests that check the replay's accounting.
+  [[nodiscard]] unified_paging_baseline<> const& baseline() const { return baseline_; }
+
+ private:
+  static std::int64_t pages_for(static_plan const& plan, double kv_bytes) {
+    double page = static_cast<double>(plan.num_kv_heads) * 2.0 * plan.geometry.page_tokens *
+                  plan.geometry.head_dim * static_cast<double>(plan.geometry.element_bytes());
+    return static_cast<std::int64_t>(kv_bytes / page);
+  }
+  void update() const {
+    live_.update([&](std::int32_t s) {
+      std::int32_t slot = slots_[static_cast<std::size_t>(s)];
+      std::int64_t sum  = 0;
+      for (std::int32_t l = 0; l < plan_.num_layers; ++l)
+        for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h) sum += baseline_.head_len(slot, l, h);
+      return sum;
+    });
+  }
+
+  static_plan plan_;
+  unified_mode mode_;
+  simulated_memory_resource resource_;
+  unified_paging_baseline<> baseline_;
+  std::vector<std::int32_t> slots_;
+  std::vector<std::int32_t> batch_;
+  live_tracker live_;
+};
+
+}  // namespace tangram::sim

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tangram/sim/replay.hpp"
+
+#include <map>
+
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/calibration.hpp"
+#include "tangram/sim/policies.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using namespace tangram::sim;
+
+namespace {
+
+// A policy with unlimited memory that records every call, to check the engine by hand.
+class recording_policy final : public kv_policy {
+ public:
+  std::string name() const override { return "recording"; }
+  bool start_turn(std::int32_t s, std::int64_t history, std::int64_t prompt, std::int64_t max_new, std::int64_t) override {
+    log.push_back(detail::cat("start ", s, " ", history, " ", prompt, " ", max_new));
+    tokens[s] += 0;
+    return true;
+  }
+  bool prefill_chunk(std::int32_t s, std::int64_t n) override {
+    log.push_back(detail::cat("prefill ", s, " ", n));
+    tokens[s] += n;
+    return true;
+  }
+  bool decode(std::vector<std::int32_t> const& ss) override {
+    for (auto s : ss) {
+      log.push_back(detail::cat("decode ", s));
+      tokens[s] += 1;
+    }
+    return true;
+  }
+  void end_turn(std::int32_t s) override { log.push_back(detail::cat("end ", s)); }
+  void release(std::int32_t s) override {
+    log.push_back(detail::cat("release ", s));
+    tokens.erase(s);
+  }
+  double kv_bytes_read(std::int32_t s) const override { return static_cast<double>(tokens.at(s)) * 1000.0; }
+  double attended_tokens(std::int32_t s) const override { return static_cast<double>(tokens.at(s)); }
+  policy_memory memory() const override {
+    policy_memory m;
+    for (auto const& [s, n] : tokens) m.live_bytes += static_cast<double>(n) * 1000.0;
+    m.allocated_bytes = m.live_bytes;
+    return m;
+  }
+  double capacity_bytes() const override { return 1e18; }
+  std::vector<std::string> log;
+  std::map<std::int32_t, std::int64_t> tokens;
+};
+
+static_plan llama_plan(double keep = 0.3) {
+  auto samples = load_retention_samples(test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  auto profile = calibrate(samples);
+  (void)keep;
+  return build_static_plan(model_preset("llama-3.1-8b"), profile, plan_options{});
+}
+
+}  // namespace
+
+TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
+  workload w;
+  w.sessions.push_back({0.0, {{100, 3, 1.0}, {20, 2, 0.0}}});
+  recording_policy p;
+  auto m = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  replay_options o;
+  o.continuation_headroom_tokens = 0;
+  auto r = replay(w, p, cost, o);
+  std::vector<std::string> expected = {
+      "start 0 0 100 3", "prefill 0 100",            // step 1: prefill + first token
+      "decode 0", "decode 0", "end 0",              // steps 2-3: two more tokens; turn ends
+      "start 0 103 20 2", "prefill 0 20",           // after 1 s of thinking
+      "decode 0", "release 0"};
+  CHECK(p.log == expected);
+  CHECK(r.generated_tokens == 5);
+  CHECK(r.prefilled_tokens == 120);
+  CHECK(r.steps == 5);
+  // Time: step 1 = prefill(100, past 0) + decode(100 tokens read); steps 2, 3 decode 101, 102;
+  // think 1 s; step 4 = prefill(20, past 102) + decode(122); step 5 decode(123).
+  double t = cost.prefill_s(100, 0) + cost.decode_step_s(100e3) + cost.decode_step_s(101e3) +
+             cost.decode_step_s(102e3) + 1.0 + cost.prefill_s(20, 102) + cost.decode_step_s(122e3) +
+             cost.decode_step_s(123e3);
+  CHECK(r.modelled_makespan_s == Approx(t));
+  CHECK(r.modelled_ttft_mean_s ==
+        Approx((cost.prefill_s(100, 0) + cost.decode_step_s(100e3) + cost.prefill_s(20, 102) +
+                cost.decode_step_s(122e3)) / 2));
+  CHECK(r.peak_resident_sessions == 1);
+  CHECK(r.preemptions == 0);
+}
+
+TEST_CASE("replays return every page and never show more live than allocated bytes", "[replay]") {
+  auto plan = llama_plan();
+  auto m    = model_preset("llama-3.1-8b");
+  gpu_spec gpu;
+  gpu.memory_bytes = 40e9;  // small GPU: memory is contended
+  cost_model cost(m, gpu);
+  double kv = gpu.kv_budget_bytes(m);
+  workload_options wo;
+  wo.kind     = workload_kind::mid_context;
+  wo.sessions = 24;
+  wo.turns    = 3;
+  auto work   = generate_workload(wo);
+  std::int64_t outputs = 0;
+  for (auto const& s : work.sessions)
+    for (auto const& t : s.turns) outputs += t.output_tokens;
+
+  tangram_policy tp(plan, kv, 24, 24);
+  unified_policy full(plan, unified_mode::full_kv, kv, 24, 24, 131073);
+  unified_policy nonu(plan, unified_mode::compressed_reclaim, kv, 24, 24, 131073);
+  for (kv_policy* p : std::initializer_list<kv_policy*>{&tp, &full, &nonu}) {
+    auto r = replay(work, *p, cost);
+    INFO(r.policy);
+    CHECK(r.generated_tokens == outputs);
+    CHECK(r.rejected_sessions == 0);
+    CHECK(r.kv_bytes_allocated_peak <= r.capacity_bytes);
+    for (auto const& pt : r.timeline) CHECK(pt.live_bytes <= pt.allocated_bytes + 1);
+    auto mem = p->memory();
+    CHECK(mem.allocated_bytes == 0);
+    CHECK(mem.live_bytes == Approx(0).margin(1e-3));
+  }
+  CHECK(tp.manager().live_sequences() == 0);
+  CHECK(tp.manager().pool().used_pages() == 0);
+  CHECK(tp.manager().pool().reserved_pages() == 0);
+  REQUIRE_NOTHROW(tp.manager().check_invariants());
+  CHECK(full.baseline().pool().used_pages() == 0);
+  CHECK(nonu.baseline().pool().used_pages() == 0);
+}
+
+TEST_CASE("baselines preempt and recompute when memory runs out; every turn still completes", "[replay]") {
+  auto plan = llama_plan();
+  auto m    = model_preset("llama-3.1-8b");
+  gpu_spec gpu;
+  gpu.memory_bytes = 30e9;
+  cost_model cost(m, gpu);
+  double kv = gpu.kv_budget_bytes(m);
+  workload_options wo;
+  wo.kind     = workload_kind::short_context;
+  wo.sessions = 40;
+  wo.turns    = 2;
+  auto work   = generate_workload(wo);
+  replay_options o;
+  o.continuation_headroom_tokens = 0;  // optimistic admission: forces preemption
+  unified_policy full(plan, unified_mode::full_kv, kv, 40, 40, 131073);
+  auto r = replay(work, full, cost, o);
+  std::int64_t outputs = 0;
+  for (auto const& s : work.sessions)
+    for (auto const& t : s.turns) outputs += t.output_tokens;
+  CHECK(r.generated_tokens == outputs);
+  CHECK(r.preemptions + r.idle_evictions > 0);
+  CHECK(r.recomputed_tokens > 0);
+  CHECK(full.baseline().pool().used_pages() == 0);
+}
+
+TEST_CASE("tangram holds at least 2x the sessions of full-KV on mid and long workloads", "[replay][acceptance]") {
+  auto plan = llama_plan();
+  auto m    = model_preset("llama-3.1-8b");
+  gpu_spec gpu;
+  cost_model cost(m, gpu);
+  double kv = gpu.kv_budget_bytes(m);
+  for (auto kind : {workload_kind::mid_context, workload_kind::long_context}) {
+    workload_options wo;
+    wo.kind     = kind;
+    wo.sessions = 96;
+    auto work   = generate_workload(wo);
+    tangram_policy tp(plan, kv, 96, 96);
+    unified_policy full(plan, unified_mode::full_kv, kv, 96, 96, 131073);
+    auto rt = replay(work, tp, cost);
+    auto rf = replay(work, full, cost);
+    INFO(to_string(kind) << ": tangram " << rt.peak_resident_sessions << " vs full_kv " << rf.peak_resident_sessions);
+    CHECK(rt.peak_resident_sessions >= 2 * rf.peak_resident_sessions);
+    CHECK(rt.reclaim_ops == 0);
+    CHECK(rt.preemptions == 0);
+    CHECK(rt.idle_evictions == 0);
+    CHECK(rt.recomputed_tokens == 0);
+    CHECK(rt.modelled_tokens_per_s > rf.modelled_tokens_per_s);
+  }
+}
+
+TEST_CASE("replays are deterministic", "[replay]") {
+  auto plan = llama_plan();
+  auto m    = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  workload_options wo;
+  wo.sessions = 16;
+  auto work   = generate_workload(wo);
+  double kv   = gpu_spec{}.kv_budget_bytes(m);
+  tangram_policy a(plan, kv, 16, 16), b(plan, kv, 16, 16);
+  auto ra = replay(work, a, cost), rb = replay(work, b, cost);
+  CHECK(ra.modelled_makespan_s == rb.modelled_makespan_s);
+  CHECK(ra.peak_resident_sessions == rb.peak_resident_sessions);
+  CHECK(ra.kv_bytes_allocated_peak == rb.kv_bytes_allocated_peak);
+  CHECK(ra.steps == rb.steps);
+}

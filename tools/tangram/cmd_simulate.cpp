@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tangram simulate`: replays a multi-turn workload for full_kv, unified_nonuniform and tangram
+// side by side on the real library (simulated memory), with a roofline time model.
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "plan_support.hpp"
+#include "tangram/detail/file_io.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/plan/clustering.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/sim/cost_model.hpp"
+#include "tangram/sim/policies.hpp"
+#include "tangram/sim/replay.hpp"
+#include "tangram/sim/workload.hpp"
+
+namespace tangram::cli {
+
+namespace {
+
+namespace json = tangram::detail::json;
+using tangram::detail::cat;
+using namespace tangram::sim;
+
+constexpr char const* default_profile = "snapkv/llama-3.1-8b-instruct";
+
+/// Scales budgets from the profile's keep ratio to `keep` (an approximation of what the same
+/// compressor would keep at another global ratio; labelled as such in the output).
+void rescale_budgets(budget_profile& p, double keep) {
+  TANGRAM_EXPECTS(p.target_keep_ratio > 0, invalid_argument,
+                  "--keep: the profile records no target_keep_ratio to scale from");
+  double f = keep / p.target_keep_ratio;
+  for (auto& b : p.budgets) b = std::min(1.0, std::max(b * f, std::max(p.calibration.floor, 1e-6)));
+}
+
+json::value result_json(replay_result const& r) {
+  auto o = json::value::object();
+  o.set("peak_resident_sessions", r.peak_resident_sessions);
+  o.set("mean_resident_sessions", r.mean_resident_sessions);
+  o.set("peak_running", r.peak_running);
+  o.set("kv_bytes_capacity", r.capacity_bytes);
+  o.set("kv_bytes_allocated_peak", r.kv_bytes_allocated_peak);
+  o.set("kv_bytes_live_peak", r.kv_bytes_live_peak);
+  o.set("mean_utilisation", r.mean_utilisation);
+  o.set("admission_waits", r.admission_waits);
+  o.set("modelled_mean_admission_wait_s", r.mean_admission_wait_s);
+  o.set("reclaim_ops", r.reclaim_ops);
+  o.set("surplus_pages_released", r.released_pages);
+  o.set("preemptions", r.preemptions);
+  o.set("idle_evictions", r.idle_evictions);
+  o.set("recomputed_tokens", r.recomputed_tokens);
+  o.set("rejected_sessions", r.rejected_sessions);
+  o.set("steps", r.steps);
+  o.set("control_plane_us_per_step", r.control_plane_us_per_step);
+  o.set("generated_tokens", r.generated_tokens);
+  o.set("prefilled_tokens", r.prefilled_tokens);
+  o.set("modelled_makespan_s", r.modelled_makespan_s);
+  o.set("modelled_tokens_per_s", r.modelled_tokens_per_s);
+  o.set("modelled_ttft_mean_s", r.modelled_ttft_mean_s);
+  o.set("modelled_ttft_p95_s", r.modelled_ttft_p95_s);
+  return o;
+}
+
+/// Memory over time per policy: allocated (solid) and live (dashed) GB; modelled time axis.
+std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
+  constexpr double W = 900, H = 420, left = 70, right = 170, top = 40, bottom = 50;
+  constexpr char const* colours[] = {"#d62728", "#ff7f0e", "#1f77b4"};
+  double t_max = 1e-9, y_max = capacity_gb * 1.05;
+  for (auto const& r : results)
+    if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
+  auto x = [&](double t) { return left + (W - left - right) * t / t_max; };
+  auto y = [&](double gb) { return H - bottom - (H - top - bottom) * gb / y_max; };
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1);
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << title << "</text>\n";
+  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
+  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
+  for (int i = 0; i <= 5; ++i) {
+    double gb = y_max * i / 5, t = t_max * i / 5;
+    s << "<text x=\"" << left - 8 << "\" y=\"" << y(gb) + 4 << "\" text-anchor=\"end\">" << gb << "</text>\n";
+    s << "<text x=\"" << x(t) << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\">" << t << "</text>\n";
+  }
+  s << "<line x1=\"" << left << "\" y1=\"" << y(capacity_gb) << "\" x2=\"" << W - right << "\" y2=\""
+    << y(capacity_gb) << "\" stroke=\"gray\" stroke-dasharray=\"2,3\"/>\n";
+  s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12 << "\" text-anchor=\"middle\">modelled time (s)</text>\n";
+  s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
+    << ")\" text-anchor=\"middle\">KV memory (GB)</text>\n";
+  for (std::size_t k = 0; k < results.size(); ++k) {
+    auto const& r = results[k];
+    for (int live = 0; live < 2; ++live) {
+      s << "<polyline fill=\"none\" stroke=\"" << colours[k % 3] << "\" stroke-width=\"1.5\""
+        << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
+      for (auto const& p : r.timeline)
+        s << x(p.time_s) << "," << y((live ? p.live_bytes : p.allocated_bytes) / 1e9) << " ";
+      s << "\"/>\n";
+    }
+    double ly = top + 20 + 36.0 * static_cast<double>(k);
+    s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
+      << "\" stroke=\"" << colours[k % 3] << "\" stroke-width=\"2\"/>\n";
+    s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << r.policy << "</text>\n";
+    s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 18 << "\" font-size=\"10\" fill=\"gray\">solid allocated, dashed live</text>\n";
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+std::string gb(double bytes) { return fixed(bytes / 1e9, 1); }
+
+}  // namespace
+
+int cmd_simulate(args& a, streams io) {
+  auto cal        = read_calibration_args(a);
+  auto model_o    = a.value("--model");
+  auto profile_o  = a.value("--profile");
+  double gpu_mem  = a.number("--gpu-mem", 141, 1, 1e6);
+  double usable   = a.number("--usable", 0.9, 0.01, 1);
+  double hbm      = a.number("--hbm-tbps", 4.8, 0.01, 1000);
+  double tflops   = a.number("--peak-tflops", 989, 1, 1e6);
+  auto keep       = a.value("--keep");
+  auto wl         = a.value("--workload");
+  workload_options wo;
+  wo.sessions     = static_cast<std::int32_t>(a.integer("--sessions", 128, 1, 1000000));
+  wo.turns        = static_cast<std::int32_t>(a.integer("--turns", 5, 1, 1000));
+  wo.arrival_rate = a.number("--arrival-rate", 0, 0, 1e9);
+  wo.think_mean_s = a.number("--think", 2.0, 0, 1e6);
+  wo.seed         = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, std::int64_t{1} << 62));
+  replay_options ro;
+  ro.concurrency       = static_cast<std::int32_t>(a.integer("--concurrency", 0, 0, 1000000));
+  ro.prefill_chunk     = a.integer("--chunk", 8192, 1, 1 << 24);
+  ro.step_token_budget = a.integer("--step-tokens", 8192, 1, 1 << 24);
+  ro.max_running       = static_cast<std::int32_t>(a.integer("--max-running", 1024, 1, 1 << 20));
+  plan_options po;
+  po.group_size  = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
+  po.scope       = parse_grouping_scope(a.choice("--scope", "global", {"adjacent", "layer", "global"}));
+  po.page_tokens = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
+  auto plot      = a.value("--plot");
+  bool as_json   = a.flag("--json");
+  bool quiet     = a.flag("--quiet");
+  a.finish(0);
+
+  auto src = read_samples_or_profile(profile_o.value_or(default_profile), cal);
+  if (keep) rescale_budgets(src.profile, parse_number(*keep, "--keep", 0.001, 1));
+  auto model = resolve_model(model_o, src.profile.model);
+  auto plan  = build_static_plan(model, src.profile, po);
+
+  gpu_spec gpu;
+  gpu.memory_bytes    = gpu_mem * 1e9;
+  gpu.usable_fraction = usable;
+  gpu.hbm_bytes_per_s = hbm * 1e12;
+  gpu.peak_flops      = tflops * 1e12;
+  cost_model cost(model, gpu);
+  double kv_bytes = gpu.kv_budget_bytes(model);
+  if (kv_bytes <= 0)
+    throw usage_error(cat("--gpu-mem: ", gpu_mem, " GB x ", usable, " leaves no room for the KV cache after ",
+                          model.weight_bytes / 1e9, " GB of weights"));
+
+  workload work;
+  std::string workload_name = wl.value_or("mid");
+  if (workload_name == "short" || workload_name == "mid" || workload_name == "long") {
+    wo.kind = workload_name == "short" ? workload_kind::short_context
+              : workload_name == "mid" ? workload_kind::mid_context
+                                       : workload_kind::long_context;
+    // Leave room for the answer of the last turn within the model's 128K context.
+    work = generate_workload(wo);
+  } else {
+    work = load_workload(workload_name);
+  }
+  std::int64_t max_tokens = 1;
+  for (auto const& s : work.sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
+  auto n_sessions = static_cast<std::int32_t>(work.sessions.size());
+  std::int32_t slots = std::min<std::int32_t>(n_sessions, 4096);
+
+  std::vector<replay_result> results;
+  auto t_start = std::chrono::steady_clock::now();
+  auto run = [&](kv_policy& policy, int index) {
+    replay_options o = ro;
+    if (!quiet) {
+      o.progress = [&, index](double f) {
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        io.err << "\rsimulate: " << policy.name() << " (" << index + 1 << "/3) " << std::setw(3)
+               << static_cast<int>(f * 100) << "%  " << fixed(el, 1) << " s" << std::flush;
+      };
+    }
+    results.push_back(replay(work, policy, cost, o));
+  };
+  {
+    unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
+    run(full, 0);
+  }
+  {
+    unified_policy nonuniform(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions, max_tokens);
+    run(nonuniform, 1);
+  }
+  {
+    tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
+    run(tangram, 2);
+  }
+  if (!quiet) io.err << "\n";
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+
+  std::string title = cat(model.name, " on ", gpu.name, ", workload ", work.name, ", ", n_sessions, " sessions");
+  if (plot) tangram::detail::write_file(*plot, memory_svg(results, kv_bytes / 1e9, title));
+
+  auto const& base = results[0];
+  auto ratio = [](double a_, double b_) { return b_ > 0 ? a_ / b_ : 0.0; };
+  if (as_json) {
+    auto doc = json::value::object();
+    doc.set("model", model.name);
+    doc.set("kv_dtype", to_string(model.kv_dtype));
+    doc.set("profile", src.source);
+    doc.set("keep_ratio", keep ? json::value(parse_number(*keep, "--keep", 0.001, 1)) : json::value(src.profile.target_keep_ratio));
+    doc.set("keep_rescaled", keep.has_value());
+    auto w = json::value::object();
+    w.set("name", work.name);
+    w.set("sessions", n_sessions);
+    w.set("turns_per_session", work.sessions.empty() ? 0 : static_cast<std::int64_t>(work.sessions[0].turns.size()));
+    w.set("arrival_rate", wo.arrival_rate);
+    w.set("concurrency", ro.concurrency);
+    w.set("seed", static_cast<std::int64_t>(wo.seed));
+    doc.set("workload", std::move(w));
+    auto c = json::value::object();
+    c.set("label", "modelled: roofline, not measured");
+    c.set("gpu", gpu.name);
+    c.set("gpu_memory_bytes", gpu.memory_bytes);
+    c.set("usable_fraction", gpu.usable_fraction);
+    c.set("weight_bytes", model.weight_bytes);
+    c.set("kv_budget_bytes", kv_bytes);
+    c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
+    c.set("peak_flops", gpu.peak_flops);
+    c.set("active_weight_bytes", model.active_weight_bytes);
+    c.set("active_parameters", model.active_parameters);
+    doc.set("cost_model", std::move(c));
+    auto pl = json::value::object();
+    pl.set("group_size", po.group_size);
+    pl.set("scope", to_string(po.scope));
+    pl.set("page_tokens", po.page_tokens);
+    pl.set("num_groups", plan.num_groups());
+    pl.set("group_waste", group_waste(plan.grouping, plan.rules));
+    doc.set("plan", std::move(pl));
+    auto policies = json::value::object();
+    for (auto const& r : results) policies.set(r.policy, result_json(r));
+    doc.set("policies", std::move(policies));
+    auto ratios = json::value::object();
+    for (auto const& r : results) {
+      auto o = json::value::object();
+      o.set("peak_resident_sessions", ratio(r.peak_resident_sessions, base.peak_resident_sessions));
+      o.set("mean_resident_sessions", ratio(r.mean_resident_sessions, base.mean_resident_sessions));
+      o.set("modelled_tokens_per_s", ratio(r.modelled_tokens_per_s, base.modelled_tokens_per_s));
+      ratios.set(r.policy, std::move(o));
+    }
+    doc.set("ratios_vs_full_kv", std::move(ratios));
+    doc.set("wall_seconds", wall);
+    io.out << json::dump(doc, -1) << "\n";
+    return 0;
+  }
+
+  auto& o = io.out;
+  o << "tangram simulate: " << model.name << " (" << to_string(model.kv_dtype) << " KV) on one " << gpu.name
+    << ": " << gb(gpu.memory_bytes) << " GB x " << fixed(usable, 2) << " - " << gb(model.weight_bytes)
+    << " GB weights = " << gb(kv_bytes) << " GB for KV\n"
+    << "  profile " << src.source << " (keep ratio "
+    << fixed(keep ? parse_number(*keep, "--keep", 0.001, 1) : src.profile.target_keep_ratio, 2)
+    << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
+    << " P=" << po.page_tokens << ", group waste " << percent(group_waste(plan.grouping, plan.rules), 2) << "\n"
+    << "  workload " << work.name << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()
+    << " turns, " << (wo.arrival_rate > 0 ? cat(wo.arrival_rate, " sessions/s") : std::string("all at t=0"))
+    << (ro.concurrency > 0 ? cat(", concurrency ", ro.concurrency) : std::string()) << ", seed " << wo.seed << "\n\n";
+  auto row = [&](std::string const& label, auto value_of) {
+    o << "  " << std::left << std::setw(30) << label << std::right;
+    for (auto const& r : results) o << std::setw(20) << value_of(r);
+    o << "\n";
+  };
+  row("", [](replay_result const& r) { return r.policy; });
+  row("resident sessions, peak", [](replay_result const& r) { return cat(r.peak_resident_sessions); });
+  row("resident sessions, mean", [](replay_result const& r) { return fixed(r.mean_resident_sessions, 1); });
+  row("running sequences, peak", [](replay_result const& r) { return cat(r.peak_running); });
+  row("KV allocated peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_allocated_peak); });
+  row("KV live peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_live_peak); });
+  row("utilisation live/alloc", [](replay_result const& r) { return percent(r.mean_utilisation, 1); });
+  row("admission waits", [](replay_result const& r) { return cat(r.admission_waits); });
+  row("reclaim ops (pages)", [](replay_result const& r) { return cat(r.reclaim_ops); });
+  row("preemptions", [](replay_result const& r) { return cat(r.preemptions); });
+  row("idle evictions", [](replay_result const& r) { return cat(r.idle_evictions); });
+  row("recomputed tokens", [](replay_result const& r) { return cat(r.recomputed_tokens); });
+  row("control plane us/step", [](replay_result const& r) { return fixed(r.control_plane_us_per_step, 2); });
+  row("tokens/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_tokens_per_s, 0); });
+  row("TTFT mean s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_mean_s, 2); });
+  row("TTFT p95 s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_p95_s, 2); });
+  row("makespan s (modelled)", [](replay_result const& r) { return fixed(r.modelled_makespan_s, 1); });
+  o << "\n";
+  row("vs full_kv: resident peak", [&](replay_result const& r) {
+    return fixed(ratio(r.peak_resident_sessions, base.peak_resident_sessions), 2) + "x";
+  });
+  row("vs full_kv: tokens/s (modelled)", [&](replay_result const& r) {
+    return fixed(ratio(r.modelled_tokens_per_s, base.modelled_tokens_per_s), 2) + "x";
+  });
+  o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1) << " TB/s; prefill: FLOPs / "
+    << fixed(tflops, 0) << " TFLOP/s); control-plane time is measured. " << fixed(wall, 1) << " s wall.\n";
+  if (plot) o << "  wrote " << *plot << "\n";
+  return 0;
+}
+
+}  // namespace tangram::cli
