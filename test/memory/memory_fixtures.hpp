@@ -13,6 +13,7 @@
 
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/calibration.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
@@ -49,7 +50,9 @@ inline budget_profile profile_from_samples(retention_samples const& s,
   return p;
 }
 
-/// The Llama-3.1-8B plan for one bundled scorer (P = 16, Hp = 4, global grouping, alpha 2).
+/// The Llama-3.1-8B plan for one bundled scorer (P = 16, Hp = 4, global grouping), budgets
+/// calibrated by the library (mu + 2 sigma). Tests that check the calibration itself use
+/// `musigma` above instead.
 inline static_plan llama_plan(std::string const& scorer,
                               std::int32_t page_tokens = 16,
                               std::int32_t group_size  = 4) {
@@ -58,7 +61,7 @@ inline static_plan llama_plan(std::string const& scorer,
   o.page_tokens = page_tokens;
   o.group_size  = group_size;
   o.scope       = grouping_scope::global;
-  return build_static_plan(model_preset("llama-3.1-8b"), profile_from_samples(s, musigma(s)), o);
+  return build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), o);
 }
 
 /**

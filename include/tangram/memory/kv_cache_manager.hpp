@@ -258,11 +258,13 @@ class basic_kv_cache_manager {
       : plan_(checked_plan(plan)),
         options_(checked_options(options, plan)),
         pool_(upstream, Layout(plan.geometry), options_.num_pages) {
-    L_      = plan_.num_layers;
-    H_      = plan_.num_kv_heads;
-    G_      = plan_.num_groups();
-    P_      = plan_.geometry.page_tokens;
-    S_      = options_.max_sequences;
+    L_ = plan_.num_layers;
+    H_ = plan_.num_kv_heads;
+    G_ = plan_.num_groups();
+    P_ = plan_.geometry.page_tokens;
+    S_ = options_.max_sequences;
+    for (std::int32_t k = 0; k < 31; ++k)
+      if ((std::int32_t{1} << k) == P_) p_shift_ = k;
     auto LH = static_cast<std::size_t>(L_) * static_cast<std::size_t>(H_);
     auto SG = static_cast<std::size_t>(S_) * static_cast<std::size_t>(G_);
 
@@ -403,7 +405,7 @@ class basic_kv_cache_manager {
     st.chunk_pending                         = 0;
     st.max_new                               = max_new_tokens;
     st.decoded                               = 0;
-    rebuild_buckets(s);
+    reset_buckets(s);
     note_slot_changed(s);
     ++stats_.admitted;
     return sequence_id{s, st.generation};
@@ -1347,6 +1349,15 @@ class basic_kv_cache_manager {
         g >= 0 && g < G_, invalid_argument, op, ": group ", g, " out of range [0, ", G_, ")");
   }
 
+  /// x mod P for x >= 0 (a mask when P is a power of two: decode steps avoid divisions).
+  [[nodiscard]] std::int32_t mod_p(std::int64_t x) const noexcept {
+    return static_cast<std::int32_t>(p_shift_ >= 0 ? (x & (P_ - 1)) : x % P_);
+  }
+  /// ceil(x / P) for x >= 0.
+  [[nodiscard]] std::int64_t pages_for(std::int64_t x) const noexcept {
+    return p_shift_ >= 0 ? (x + P_ - 1) >> p_shift_ : ceil_div(x, P_);
+  }
+
   /// Pages group g needs to hold its lengths after the history reached n tokens.
   [[nodiscard]] std::int64_t need_pages(std::int32_t g, std::int64_t n) const noexcept {
     auto const& r = group_rule(g);
@@ -1405,6 +1416,16 @@ class basic_kv_cache_manager {
     min_base_[i] = mn;
   }
 
+  /// Buckets of a fresh sequence: every base length is 0, so every growing group is in bucket 0.
+  void reset_buckets(std::int32_t s) noexcept {
+    auto* start = &bucket_start_[static_cast<std::size_t>(s) * static_cast<std::size_t>(P_ + 1)];
+    start[0]    = 0;
+    std::fill_n(start + 1, P_, NG_);
+    std::copy(growing_groups_.begin(),
+              growing_groups_.end(),
+              bucket_groups_.begin() + static_cast<std::ptrdiff_t>(s) * NG_);
+  }
+
   /// Groups of slot s bucketed by (longest base length mod P): at the decode step that makes
   /// `appended` = a, exactly the groups of bucket (1 - a) mod P start a new page.
   void rebuild_buckets(std::int32_t s) noexcept {
@@ -1413,10 +1434,10 @@ class basic_kv_cache_manager {
                       ? &bucket_groups_[static_cast<std::size_t>(s) * static_cast<std::size_t>(NG_)]
                       : nullptr;
     std::fill_n(start, P_ + 1, 0);
-    for (auto g : growing_groups_) ++start[max_base_[sg(s, g)] % P_ + 1];
+    for (auto g : growing_groups_) ++start[mod_p(max_base_[sg(s, g)]) + 1];
     for (std::int32_t r = 0; r < P_; ++r) start[r + 1] += start[r];
     // Place, then shift the starts back (classic counting sort without a second array).
-    for (auto g : growing_groups_) out[start[max_base_[sg(s, g)] % P_]++] = g;
+    for (auto g : growing_groups_) out[start[mod_p(max_base_[sg(s, g)])]++] = g;
     for (std::int32_t r = P_; r > 0; --r) start[r] = start[r - 1];
     start[0] = 0;
   }
@@ -1452,19 +1473,19 @@ class basic_kv_cache_manager {
           &bucket_start_[static_cast<std::size_t>(s) * static_cast<std::size_t>(P_ + 1)];
       auto const* grp =
           &bucket_groups_[static_cast<std::size_t>(s) * static_cast<std::size_t>(NG_)];
-      std::int32_t b = ((1 - a) % P_ + P_) % P_;
+      std::int32_t b = mod_p(P_ + 1 - mod_p(a));  // (1 - a) mod P
       for (auto k = start[b]; k < start[b + 1]; ++k) {
         auto g    = grp[k];
         auto i    = sg(s, g);
-        auto need = ceil_div(static_cast<std::int64_t>(max_base_[i]) + a, P_);
+        auto need = pages_for(static_cast<std::int64_t>(max_base_[i]) + a);
         if (need > n_pages_[i]) draw_into(s, g);
       }
     }
-    if (!sliding_groups_.empty() && (n - 1) % P_ == 0) {
+    if (!sliding_groups_.empty() && mod_p(n - 1) == 0) {
       for (auto g : sliding_groups_) {
         auto i = sg(s, g);
         auto need =
-            std::min<std::int64_t>(ceil_div(n, P_), group_ring_pages_[static_cast<std::size_t>(g)]);
+            std::min<std::int64_t>(pages_for(n), group_ring_pages_[static_cast<std::size_t>(g)]);
         if (need > n_pages_[i]) draw_into(s, g);
       }
     }
@@ -1531,6 +1552,7 @@ class basic_kv_cache_manager {
   manager_options options_;
   pool_type pool_;
   std::int32_t L_ = 0, H_ = 0, G_ = 0, P_ = 0, S_ = 0, NG_ = 0;
+  std::int32_t p_shift_ = -1;  ///< log2(P) when P is a power of two, else -1
 
   // View arrays.
   std::vector<head_slot> head_slots_;

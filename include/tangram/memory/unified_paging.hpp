@@ -138,6 +138,22 @@ class unified_paging_baseline {
                     " tokens (max ",
                     max_pages_ * P_,
                     ")");
+    if (mode_ == unified_mode::compressed_reclaim && kept != nullptr) {
+      for (std::int32_t h = 0; h < L_ * H_; ++h) {
+        std::int64_t cand = len_[lh(seq, h / H_, h % H_)] + chunk_tokens;
+        TANGRAM_EXPECTS(kept[h] >= 0 && kept[h] <= cand,
+                        logic_error,
+                        "unified_paging_baseline::prefill_chunk: head (",
+                        h / H_,
+                        ", ",
+                        h % H_,
+                        ") keeps ",
+                        kept[h],
+                        " of ",
+                        cand,
+                        " tokens");
+      }
+    }
     std::int64_t need = 0;
     for (std::int32_t l = 0; l < L_; ++l)
       need +=
@@ -146,27 +162,18 @@ class unified_paging_baseline {
       ++stats_.failed_steps;
       return false;
     }
-    for (std::int32_t l = 0; l < L_; ++l) {
+    // The scheduler gives every layer pages for the whole chunk before the forward pass; then each
+    // layer's eviction runs and its tail pages are freed.
+    for (std::int32_t l = 0; l < L_; ++l)
       grow_to(seq, l, ceil_div(longest(seq, l) + chunk_tokens, P_));
+    for (std::int32_t l = 0; l < L_; ++l) {
       for (std::int32_t h = 0; h < H_; ++h) {
         auto& len         = len_[lh(seq, l, h)];
         std::int64_t keep = len + chunk_tokens;
-        if (mode_ == unified_mode::compressed_reclaim) {
-          auto const& rule = rules_[static_cast<std::size_t>(l * H_ + h)];
-          std::int64_t k   = kept ? kept[l * H_ + h] : std::min(retained_tokens(rule, n), keep);
-          TANGRAM_EXPECTS(k >= 0 && k <= keep,
-                          logic_error,
-                          "unified_paging_baseline::prefill_chunk: head (",
-                          l,
-                          ", ",
-                          h,
-                          ") keeps ",
-                          k,
-                          " of ",
-                          keep,
-                          " tokens");
-          keep = k;
-        }
+        if (mode_ == unified_mode::compressed_reclaim)
+          keep = kept ? kept[l * H_ + h]
+                      : std::min(retained_tokens(rules_[static_cast<std::size_t>(l * H_ + h)], n),
+                                 keep);
         len = static_cast<std::int32_t>(keep);
       }
       if (mode_ == unified_mode::compressed_reclaim) {

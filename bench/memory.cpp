@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: Apache-2.0
+// Memory manager benchmarks (host control plane; pools are simulated, so 100+ GB fit on a CPU):
+//
+// - pool_allocate_free / pool_reserve_draw: ns per page of the O(1) paths, beside malloc/free of
+//   a page-sized block (ratio counter).
+// - admission: ns per try_admit of a Llama-3.1-8B request (footprint of 64 groups + reservation +
+//   page-table segment), beside the cost of computing M(r) alone.
+// - decode_step/{64,256}: us per decode step of the batch view (decode_step + view) for 64 and
+//   256 sequences x 32 layers, beside the layer-wide paging baseline's step (ratio counter).
+// - memory_efficiency/<scorer>/<context>: allocated bytes / ideal bytes for Tangram, the plan's
+//   prediction, and both baselines, for Llama-3.1-8B at 32K and 128K (P 16, Hp 4, global, alpha 2).
+//   These are measured by running the managers (counts, not timings); ideal = the mean dynamic
+//   footprint of the profile samples scaled to the context.
+//
+// Run: build/bench/bench_memory --benchmark_format=json
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/unified_paging.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/calibration.hpp"
+#include "tangram/plan/clustering.hpp"
+#include "tangram/plan/footprint.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/profile/retention_samples.hpp"
+
+namespace {
+
+using namespace tangram;
+using clock_type = std::chrono::steady_clock;
+
+retention_samples const& samples(std::string const& scorer) {
+  static std::map<std::string, retention_samples> cache;
+  auto it = cache.find(scorer);
+  if (it == cache.end())
+    it = cache
+             .emplace(scorer,
+                      load_retention_samples(std::string(TANGRAM_DATA_DIR) + "/profiles/" + scorer +
+                                             "/llama-3.1-8b-instruct.json"))
+             .first;
+  return it->second;
+}
+
+static_plan const& llama_plan(std::string const& scorer) {
+  static std::map<std::string, static_plan> cache;
+  auto it = cache.find(scorer);
+  if (it == cache.end()) {
+    plan_options o;
+    o.page_tokens = 16;
+    o.group_size  = 4;
+    o.scope       = grouping_scope::global;
+    it =
+        cache
+            .emplace(scorer,
+                     build_static_plan(model_preset("llama-3.1-8b"), calibrate(samples(scorer)), o))
+            .first;
+  }
+  return it->second;
+}
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// ----- page pool ------------------------------------------------------------------------------
+
+/// ns per operation of a pair of bursts (allocate `burst` items, then free them) of `alloc`/`free`.
+template <class Alloc, class Free>
+double burst_ns_per_op(int rounds, int burst, Alloc&& alloc, Free&& free_one) {
+  auto t0 = clock_type::now();
+  for (int r = 0; r < rounds; ++r) {
+    for (int i = 0; i < burst; ++i) alloc(i);
+    for (int i = 0; i < burst; ++i) free_one(i);
+  }
+  return seconds_since(t0) * 1e9 / (2.0 * rounds * burst);
+}
+
+void pool_allocate_free(benchmark::State& state) {
+  simulated_memory_resource mr;
+  page_pool<> pool(mr, page_layout<>(page_geometry{16, 4, 128, dtype::bf16}), 1 << 20);
+  constexpr int burst = 1024;
+  std::vector<page_id> pages(burst);
+  std::int64_t ops = 0;
+  auto t0          = clock_type::now();
+  for (auto _ : state) {
+    for (auto& p : pages) p = *pool.try_allocate();
+    benchmark::DoNotOptimize(pages.data());
+    for (auto p : pages) pool.release(p);
+    ops += 2 * burst;
+  }
+  double ns = seconds_since(t0) * 1e9 / static_cast<double>(ops);
+  // Reference, same pattern: malloc/free of page-sized (32 KiB) host blocks.
+  std::vector<void*> blocks(burst);
+  double malloc_ns = burst_ns_per_op(
+      50,
+      burst,
+      [&](int i) {
+        benchmark::DoNotOptimize(blocks[static_cast<std::size_t>(i)] = std::malloc(32768));
+      },
+      [&](int i) { std::free(blocks[static_cast<std::size_t>(i)]); });
+  state.counters["ns_per_page_op"]        = ns;
+  state.counters["malloc_free_ns_per_op"] = malloc_ns;
+  state.counters["malloc_over_pool"]      = malloc_ns / ns;
+  state.SetItemsProcessed(ops);
+}
+BENCHMARK(pool_allocate_free)->Unit(benchmark::kMicrosecond);
+
+void pool_reserve_draw(benchmark::State& state) {
+  simulated_memory_resource mr;
+  page_pool<> pool(mr, page_layout<>(page_geometry{16, 4, 128, dtype::bf16}), 1 << 20);
+  constexpr int burst = 1024;
+  std::vector<page_id> pages(burst);
+  std::int64_t ops = 0;
+  auto t0          = clock_type::now();
+  for (auto _ : state) {
+    auto res = *pool.try_reserve(burst);
+    for (auto& p : pages) p = pool.draw(res);
+    benchmark::DoNotOptimize(pages.data());
+    for (auto p : pages) pool.release(p);
+    ops += 2 * burst;
+  }
+  state.counters["ns_per_page_op"] = seconds_since(t0) * 1e9 / static_cast<double>(ops);
+  state.SetItemsProcessed(ops);
+}
+BENCHMARK(pool_reserve_draw)->Unit(benchmark::kMicrosecond);
+
+// ----- admission ------------------------------------------------------------------------------
+
+void admission(benchmark::State& state) {
+  auto const& plan = llama_plan("snapkv");
+  simulated_memory_resource mr;
+  manager_options o;
+  o.num_pages     = page_pool<>::pages_for_bytes(141'000'000'000, page_layout<>(plan.geometry));
+  o.max_sequences = 256;
+  kv_cache_manager m(plan, mr, o);
+  const std::int64_t N = 32768, T = 512;
+  std::vector<sequence_id> ids;
+  ids.reserve(64);
+  double admit_s = 0, footprint_s = 0;
+  std::int64_t admitted = 0, footprints = 0;
+  for (auto _ : state) {
+    auto t0 = clock_type::now();
+    for (int i = 0; i < 64; ++i) ids.push_back(*m.try_admit(N + i, T));
+    admit_s += seconds_since(t0);
+    admitted += 64;
+    for (auto id : ids) m.free(id);
+    ids.clear();
+    t0 = clock_type::now();
+    for (int i = 0; i < 64; ++i) benchmark::DoNotOptimize(footprint_pages(plan, N + i, T));
+    footprint_s += seconds_since(t0);
+    footprints += 64;
+  }
+  double ns                                  = admit_s * 1e9 / static_cast<double>(admitted);
+  double fp_ns                               = footprint_s * 1e9 / static_cast<double>(footprints);
+  state.counters["ns_per_admission"]         = ns;
+  state.counters["footprint_only_ns"]        = fp_ns;
+  state.counters["admission_over_footprint"] = ns / fp_ns;
+  state.counters["groups"]                   = plan.num_groups();
+}
+BENCHMARK(admission)->Unit(benchmark::kMicrosecond);
+
+// ----- decode step ----------------------------------------------------------------------------
+
+void decode_step(benchmark::State& state) {
+  auto const& plan     = llama_plan("snapkv");
+  const auto batch     = static_cast<std::int32_t>(state.range(0));
+  const std::int64_t N = 8192, T = 8192;
+  const std::int64_t steps_cap = 8000;  // one turn's reservation bounds the steps we may run
+  simulated_memory_resource mr;
+  manager_options o;
+  o.max_sequences  = batch;
+  o.num_pages      = batch * footprint_pages(plan, N + 7 * batch, T) + 1024;
+  o.index_capacity = o.num_pages + 1024;
+  kv_cache_manager m(plan, mr, o);
+  std::vector<sequence_id> ids;
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
+  for (std::int32_t i = 0; i < batch; ++i) {
+    auto id = *m.try_admit(N + i * 7, T);  // staggered lengths: page crossings spread over steps
+    m.prepare_chunk(id, N + i * 7);
+    m.expected_kept(id, N + i * 7, kept.data());
+    m.commit_chunk(id, kept);
+    ids.push_back(id);
+  }
+  m.set_batch(ids);
+
+  // Baseline: layer-wide pages (vLLM style, one page table per layer), same batch and lengths.
+  unified_paging_baseline<> base(plan,
+                                 unified_mode::compressed_reclaim,
+                                 mr,
+                                 batch * (ceil_div(N + batch * 7 + T, 16) * plan.num_layers + 1),
+                                 batch,
+                                 N + batch * 7 + T);
+  std::vector<std::int32_t> bslots;
+  for (std::int32_t i = 0; i < batch; ++i) {
+    auto s = *base.try_admit();
+    (void)base.prefill_chunk(s, N + i * 7);
+    bslots.push_back(s);
+  }
+  const int base_steps = 2000;
+  auto t0              = clock_type::now();
+  for (int k = 0; k < base_steps; ++k)
+    benchmark::DoNotOptimize(base.decode_step(bslots.data(), bslots.size()));
+  double base_us = seconds_since(t0) * 1e6 / base_steps;
+
+  std::int64_t steps = 0, drawn_before = m.stats().pages_drawn;
+  t0 = clock_type::now();
+  for (auto _ : state) {
+    m.decode_step();
+    auto v = m.view();
+    benchmark::DoNotOptimize(v);
+    if (++steps == steps_cap) state.SkipWithError("step cap reached");
+  }
+  double us                               = seconds_since(t0) * 1e6 / static_cast<double>(steps);
+  state.counters["us_per_step"]           = us;
+  state.counters["baseline_over_tangram"] = base_us / us;
+  state.counters["baseline_us_per_step"]  = base_us;
+  state.counters["pages_drawn_per_step"] =
+      static_cast<double>(m.stats().pages_drawn - drawn_before) / static_cast<double>(steps);
+  state.counters["batch"]  = batch;
+  state.counters["layers"] = plan.num_layers;
+}
+BENCHMARK(decode_step)->Arg(64)->Arg(256)->Iterations(4000)->Unit(benchmark::kMicrosecond);
+
+// ----- memory efficiency ----------------------------------------------------------------------
+
+void memory_efficiency(benchmark::State& state, std::string scorer, std::int64_t context) {
+  auto const& s            = samples(scorer);
+  auto const& plan         = llama_plan(scorer);
+  const std::int64_t chunk = 4096;
+  auto report  = evaluate_calibration(s, calibration_options{}, evaluation_options{0, 0.05});
+  double waste = group_waste(plan.grouping, plan.rules);
+  // Ideal: mean over samples of sum over heads of kept/context, times the context, times bytes per
+  // head-token (K and V, d = 128, bf16).
+  double mean_sum_ratio = 0;
+  std::size_t heads     = s.layer_ids.size() * static_cast<std::size_t>(s.num_kv_heads);
+  for (std::size_t k = 0; k < s.samples.size(); ++k)
+    for (std::size_t i = 0; i < heads; ++i)
+      mean_sum_ratio += s.ratio(k,
+                                i / static_cast<std::size_t>(s.num_kv_heads),
+                                i % static_cast<std::size_t>(s.num_kv_heads));
+  mean_sum_ratio /= static_cast<double>(s.samples.size());
+  double head_token_bytes = static_cast<double>(plan.model.kv_bytes_per_head_token());
+  double ideal            = mean_sum_ratio * static_cast<double>(context) * head_token_bytes;
+
+  double tangram = 0, full = 0, steady = 0, peak = 0, rule_pred = 0;
+  std::int64_t reclaim_ops = 0, base_allocs = 0, tangram_reclaimed = 0, tangram_drawn = 0;
+  for (auto _ : state) {
+    simulated_memory_resource mr;
+    manager_options o;
+    o.num_pages     = footprint_pages(plan, context, 0) + 16;
+    o.max_sequences = 1;
+    kv_cache_manager m(plan, mr, o);
+    auto id = *m.try_admit(context, 0);
+    std::vector<std::int32_t> kept(static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
+    for (std::int64_t n = 0; n < context; n += chunk) {
+      m.prepare_chunk(id, std::min(chunk, context - n));
+      m.expected_kept(id, std::min(chunk, context - n), kept.data());
+      m.commit_chunk(id, kept);
+    }
+    tangram           = static_cast<double>(m.pool().stats().peak_used * m.pool().page_bytes());
+    tangram_reclaimed = m.stats().reclaimed_pages;
+    tangram_drawn     = m.stats().pages_drawn;
+
+    std::int64_t layer_pages = ceil_div(context, 16) * plan.num_layers + 16;
+    unified_paging_baseline<> f(plan, unified_mode::full_kv, mr, layer_pages, 1, context);
+    unified_paging_baseline<> r(
+        plan, unified_mode::compressed_reclaim, mr, layer_pages, 1, context);
+    auto fs = *f.try_admit(), rs = *r.try_admit();
+    for (std::int64_t n = 0; n < context; n += chunk) {
+      (void)f.prefill_chunk(fs, std::min(chunk, context - n));
+      (void)r.prefill_chunk(rs, std::min(chunk, context - n));
+    }
+    full        = static_cast<double>(f.pool().stats().peak_used * f.page_bytes());
+    steady      = static_cast<double>(r.pages_held(rs) * r.page_bytes());
+    peak        = static_cast<double>(r.pool().stats().peak_used * r.page_bytes());
+    reclaim_ops = r.stats().reclaim_ops;
+    base_allocs = r.stats().pages_allocated;
+  }
+  // What the plan's rule predicts for the groups' token counts (protect floor included), in bytes.
+  for (auto const& g : plan.grouping.groups)
+    rule_pred += static_cast<double>(g.members.size()) *
+                 static_cast<double>(retained_tokens(g.rule, context));
+  rule_pred *= head_token_bytes;
+  double predicted                              = report.reserved_over_ideal * (1 + waste);
+  state.counters["ideal_GiB"]                   = ideal / (1 << 30);
+  state.counters["tangram_eff"]                 = tangram / ideal;
+  state.counters["plan_pred_eff"]               = predicted;
+  state.counters["tangram_over_plan_pred"]      = (tangram / ideal) / predicted;
+  state.counters["rule_pred_eff"]               = rule_pred / ideal;
+  state.counters["tangram_over_rule_pred"]      = tangram / rule_pred;
+  state.counters["reserved_over_ideal"]         = report.reserved_over_ideal;
+  state.counters["group_waste"]                 = waste;
+  state.counters["tangram_reclaim_ops"]         = static_cast<double>(tangram_reclaimed);
+  state.counters["tangram_pages_allocated"]     = static_cast<double>(tangram_drawn);
+  state.counters["full_kv_eff"]                 = full / ideal;
+  state.counters["unified_reclaim_steady_eff"]  = steady / ideal;
+  state.counters["unified_reclaim_peak_eff"]    = peak / ideal;
+  state.counters["unified_reclaim_ops"]         = static_cast<double>(reclaim_ops);
+  state.counters["unified_pages_allocated"]     = static_cast<double>(base_allocs);
+  state.counters["full_kv_over_tangram"]        = full / tangram;
+  state.counters["unified_steady_over_tangram"] = steady / tangram;
+  state.counters["unified_peak_over_tangram"]   = peak / tangram;
+}
+
+void register_efficiency() {
+  for (std::string scorer : {"snapkv", "ea", "keydiff", "fastkvzip"})
+    for (std::int64_t ctx : {32768, 131072})
+      benchmark::RegisterBenchmark(
+          ("memory_efficiency/" + scorer + "/" + std::to_string(ctx / 1024) + "K").c_str(),
+          [scorer, ctx](benchmark::State& st) { memory_efficiency(st, scorer, ctx); })
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+}
+int const registered = (register_efficiency(), 0);
+
+}  // namespace
