@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared pieces of the GPU benchmarks: device check, cold-L2 flush, CUDA-event timing, and a
+// synthetic paged KV cache (one head per group, shuffled page ids) built directly on the device.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "tangram/device/device.hpp"
+#include "tangram/memory/kv_view.hpp"
+
+namespace tangram::bench {
+
+/// H200 peak HBM bandwidth, the denominator of every "hbm_fraction" counter.
+inline constexpr double h200_peak_bytes_per_s = 4.8e12;
+
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+/// Owning device allocation.
+class device_mem {
+ public:
+  device_mem() = default;
+  explicit device_mem(std::size_t bytes) : bytes_(bytes) {
+    if (bytes) cuda_check(cudaMalloc(&p_, bytes), "cudaMalloc");
+  }
+  template <class T>
+  explicit device_mem(std::vector<T> const& h) : device_mem(h.size() * sizeof(T)) {
+    if (bytes_) cuda_check(cudaMemcpy(p_, h.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  device_mem(device_mem&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  device_mem& operator=(device_mem&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  device_mem(device_mem const&)            = delete;
+  device_mem& operator=(device_mem const&) = delete;
+  ~device_mem() {
+    if (p_) (void)cudaFree(p_);
+  }
+  template <class T = void>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_           = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// True (after reporting the error) when the benchmark cannot run here.
+inline bool skip_without_device(benchmark::State& state) {
+  if (cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+/// Evicts the L2 cache by writing a buffer of at least twice its size before each timed launch.
+class l2_flusher {
+ public:
+  l2_flusher() {
+    int dev = 0, l2 = 0;
+    cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "L2 size");
+    buf_ = device_mem(std::max<std::size_t>(2 * static_cast<std::size_t>(l2), 64u << 20));
+  }
+  void flush(cudaStream_t s) {
+    cuda_check(cudaMemsetAsync(buf_.get(), ++value_ & 0xff, buf_.bytes(), s), "flush");
+  }
+
+ private:
+  device_mem buf_;
+  int value_ = 0;
+};
+
+/// Times one enqueue with CUDA events after a cold-L2 flush; returns seconds.
+template <class F>
+double timed(l2_flusher& flusher, cudaStream_t stream, F&& enqueue) {
+  cudaEvent_t a, b;
+  cuda_check(cudaEventCreate(&a), "event");
+  cuda_check(cudaEventCreate(&b), "event");
+  flusher.flush(stream);
+  cuda_check(cudaEventRecord(a, stream), "record");
+  enqueue();
+  cuda_check(cudaEventRecord(b, stream), "record");
+  cuda_check(cudaEventSynchronize(b), "sync");
+  float ms = 0;
+  cuda_check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  return ms * 1e-3;
+}
+
+/// A one-layer paged KV cache on the device: one head per group (Hp = 1), every (request, head)
+/// with its own length and `reserve` extra positions, page ids shuffled over the pool.
+struct device_kv {
+  device_mem pool, head_slots, window, ring, page_offset, pages, base_len, appended, seq_tokens,
+      batch_slots;
+  kv_cache_view view;
+  std::int64_t held_tokens = 0;
+
+  device_kv(page_geometry g,
+            std::int32_t batch,
+            std::int32_t heads,
+            std::vector<std::int32_t> const& len /* [batch * heads] */,
+            std::vector<std::int32_t> const& seen /* [batch] */,
+            std::int32_t reserve = 0,
+            std::uint64_t seed   = 1) {
+    std::vector<head_slot> hs(static_cast<std::size_t>(heads));
+    for (std::int32_t h = 0; h < heads; ++h) hs[static_cast<std::size_t>(h)] = {h, 0};
+    std::vector<std::int32_t> zeros(static_cast<std::size_t>(heads), 0), offs,
+        appended_h(static_cast<std::size_t>(batch), 0), slots(static_cast<std::size_t>(batch));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::int32_t total = 0;
+    for (std::int32_t r = 0; r < batch; ++r)
+      for (std::int32_t h = 0; h < heads; ++h) {
+        offs.push_back(total);
+        std::int32_t n = len[static_cast<std::size_t>(r * heads + h)];
+        held_tokens += n;
+        total += (n + reserve + g.page_tokens - 1) / g.page_tokens;
+      }
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(total));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::mt19937_64 rng(seed);
+    // Shuffle in runs of 64 pages: allocators hand out mostly nearby pages, never in order.
+    for (std::size_t i = 0; i + 64 <= ids.size(); i += 64)
+      std::shuffle(ids.begin() + static_cast<std::ptrdiff_t>(i),
+                   ids.begin() + static_cast<std::ptrdiff_t>(i + 64),
+                   rng);
+    pool = device_mem(static_cast<std::size_t>(std::max(1, total)) *
+                      static_cast<std::size_t>(g.page_bytes()));
+    cuda_check(cudaMemset(pool.get(), 0x3c, pool.bytes()), "pool fill");  // small finite values
+    head_slots            = device_mem(hs);
+    window                = device_mem(zeros);
+    ring                  = device_mem(zeros);
+    page_offset           = device_mem(offs);
+    pages                 = device_mem(ids);
+    base_len              = device_mem(len);
+    appended              = device_mem(appended_h);
+    seq_tokens            = device_mem(seen);
+    batch_slots           = device_mem(slots);
+    view.pool             = pool.get<std::byte>();
+    view.geometry         = g;
+    view.num_layers       = 1;
+    view.num_kv_heads     = heads;
+    view.num_groups       = heads;
+    view.head_slots       = head_slots.get<head_slot>();
+    view.group_window     = window.get<std::int32_t>();
+    view.group_ring_pages = ring.get<std::int32_t>();
+    view.page_offset      = page_offset.get<std::int32_t>();
+    view.pages            = pages.get<std::int32_t>();
+    view.head_base_len    = base_len.get<std::int32_t>();
+    view.appended         = appended.get<std::int32_t>();
+    view.seq_tokens       = seq_tokens.get<std::int32_t>();
+    view.batch_size       = batch;
+    view.batch_slots      = batch_slots.get<std::int32_t>();
+  }
+};
+
+}  // namespace tangram::bench

@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// Decode-attention benchmarks on the GPU (Google Benchmark, manual time from CUDA events, L2
+// flushed before every timed launch). Shapes follow one Llama-3.1-8B layer: 8 KV heads, GQA 4,
+// head dim 128, bf16 K/V, 16-token pages.
+//
+//  BM_decode_bandwidth/B/ctx: every head holds ctx tokens; counters TB_per_s and hbm_fraction
+//    (K+V bytes read / time / 4.8 TB/s).
+//  BM_decode_skew/B/ctx: three layers with equal total KV bytes timed side by side each
+//    iteration: uniform heads (equal split), non-uniform heads with the AOT split map (shares
+//    from the budgets) and non-uniform heads with an equal split. Counters aot_over_uniform (goal
+//    <= 1.05) and equal_over_uniform; the reported time is the AOT case.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "bench_support.cuh"
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/plan/split_planner.hpp"
+
+using namespace tangram;
+using namespace tangram::bench;
+
+namespace {
+
+constexpr std::int32_t H = 8, G = 4, D = 128, P = 16;
+
+/// Everything one decode launch needs, allocated once per benchmark.
+struct decode_setup {
+  std::unique_ptr<device_kv> kv;
+  device_mem q, o, begin, workspace;
+  decode_params p;
+
+  decode_setup(std::int32_t batch,
+               std::vector<std::int32_t> const& len,
+               std::vector<std::int32_t> const& cta_begin,
+               std::int32_t n_cta) {
+    page_geometry g{P, 1, D, dtype::bf16};
+    std::vector<std::int32_t> seen(static_cast<std::size_t>(batch), 1 << 20);
+    kv    = std::make_unique<device_kv>(g, batch, H, len, seen);
+    q     = device_mem(static_cast<std::size_t>(batch) * H * G * D * 2);
+    o     = device_mem(q.bytes());
+    begin = device_mem(cta_begin);
+    cuda_check(cudaMemset(q.get(), 0x3c, q.bytes()), "q fill");
+    p.kv      = kv->view;
+    p.splits  = {1, H, n_cta, begin.get<std::int32_t>()};
+    p.group   = G;
+    p.q       = q.get();
+    p.q_dtype = dtype::bf16;
+    p.o       = o.get();
+    p.o_dtype = dtype::bf16;
+    workspace = device_mem(decode_workspace_bytes(p));
+  }
+  void enqueue(cudaStream_t s) { decode_attention(p, workspace.get(), workspace.bytes(), s); }
+  double kv_bytes() const { return static_cast<double>(kv->held_tokens) * 2 * D * 2; }
+};
+
+device_limits limits_or_default() {
+  auto lim = decode_device_limits(dtype::bf16, D, G);
+  return lim ? *lim : device_limits{132, 2};
+}
+
+std::vector<std::int32_t> cta_begin_for(std::vector<double> const& weights, std::int32_t n_cta) {
+  auto seats = apportion(weights, n_cta);
+  std::vector<std::int32_t> begin{0};
+  for (auto s : seats) begin.push_back(begin.back() + s);
+  return begin;
+}
+
+void BM_decode_bandwidth(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  auto batch = static_cast<std::int32_t>(state.range(0));
+  auto ctx   = static_cast<std::int32_t>(state.range(1));
+  auto lim   = limits_or_default();
+  decode_setup s(batch,
+                 std::vector<std::int32_t>(static_cast<std::size_t>(batch * H), ctx),
+                 cta_begin_for(std::vector<double>(H, 1.0), lim.max_ctas()),
+                 lim.max_ctas());
+  l2_flusher flusher;
+  double total = 0;
+  for (auto _ : state) {
+    double t = timed(flusher, nullptr, [&] { s.enqueue(nullptr); });
+    state.SetIterationTime(t);
+    total += t;
+  }
+  double per = total / static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<std::int64_t>(s.kv_bytes()) * state.iterations());
+  state.counters["TB_per_s"]     = s.kv_bytes() / per / 1e12;
+  state.counters["hbm_fraction"] = s.kv_bytes() / per / h200_peak_bytes_per_s;
+  state.counters["n_cta"]        = lim.max_ctas();
+}
+
+void BM_decode_skew(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  auto batch = static_cast<std::int32_t>(state.range(0));
+  auto ctx   = static_cast<std::int32_t>(state.range(1));
+  auto lim   = limits_or_default();
+  // Per-head budgets with a realistic spread (heads of one layer of a calibrated profile range
+  // from a few percent to everything); the uniform case keeps their mean.
+  const std::vector<double> budget = {1.0, 0.55, 0.32, 0.2, 0.12, 0.08, 0.05, 0.04};
+  double mean                      = 0;
+  for (double b : budget) mean += b / H;
+  std::vector<std::int32_t> uni_len, skew_len;
+  for (std::int32_t r = 0; r < batch; ++r)
+    for (std::int32_t h = 0; h < H; ++h) {
+      uni_len.push_back(static_cast<std::int32_t>(std::lround(mean * ctx)));
+      skew_len.push_back(
+          static_cast<std::int32_t>(std::lround(budget[static_cast<std::size_t>(h)] * ctx)));
+    }
+  auto n_cta = lim.max_ctas();
+  std::vector<double> equal(H, 1.0);
+  decode_setup uniform(batch, uni_len, cta_begin_for(equal, n_cta), n_cta);
+  decode_setup aot(batch, skew_len, cta_begin_for(budget, n_cta), n_cta);
+  decode_setup equal_split(batch, skew_len, cta_begin_for(equal, n_cta), n_cta);
+  l2_flusher flusher;
+  double tu = 0, ta = 0, te = 0;
+  for (auto _ : state) {
+    tu += timed(flusher, nullptr, [&] { uniform.enqueue(nullptr); });
+    double t = timed(flusher, nullptr, [&] { aot.enqueue(nullptr); });
+    te += timed(flusher, nullptr, [&] { equal_split.enqueue(nullptr); });
+    ta += t;
+    state.SetIterationTime(t);
+  }
+  auto it = static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<std::int64_t>(aot.kv_bytes()) * state.iterations());
+  state.counters["uniform_us"]         = tu / it * 1e6;
+  state.counters["aot_us"]             = ta / it * 1e6;
+  state.counters["equal_split_us"]     = te / it * 1e6;
+  state.counters["aot_over_uniform"]   = ta / tu;
+  state.counters["equal_over_uniform"] = te / tu;
+  state.counters["bytes_ratio"]        = aot.kv_bytes() / uniform.kv_bytes();
+  state.counters["hbm_fraction_aot"]   = aot.kv_bytes() / (ta / it) / h200_peak_bytes_per_s;
+}
+
+void bandwidth_args(benchmark::internal::Benchmark* b) {
+  for (std::int64_t batch : {1, 8, 32, 128})
+    for (std::int64_t ctx : {4096, 32768, 131072})
+      if (batch * ctx <= (std::int64_t{1} << 22)) b->Args({batch, ctx});  // <= 17 GB of KV
+}
+
+}  // namespace
+
+BENCHMARK(BM_decode_bandwidth)
+    ->Apply(bandwidth_args)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_skew)
+    ->ArgsProduct({{1, 16, 64}, {16384, 65536}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);

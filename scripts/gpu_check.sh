@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# GPU checks for a machine with an NVIDIA GPU (written for an H200, sm_90):
+#   scripts/gpu_check.sh OUT_DIR
+# Configures a fresh build (CUDA arch 90 unless CUDAARCHS is set), builds only the GPU tests and
+# the GPU benchmarks, runs the tests, runs the benchmarks with JSON output into OUT_DIR and writes
+# OUT_DIR/summary.md. Everything is bounded to fit in 10 minutes on an H200 with 16 cores.
+# Exit status: 0 when the tests pass (benchmark failures are reported in the summary), 1 when a
+# test fails, 2 when the build fails, 77 when no GPU is visible.
+set -uo pipefail
+
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+build=${TANGRAM_GPU_BUILD_DIR:-build-gpu-check}
+jobs=${TANGRAM_JOBS:-$(nproc)}
+arch=${CUDAARCHS:-90}
+summary="$out/summary.md"
+start=$(date +%s)
+
+log() { echo "[gpu_check $(($(date +%s) - start))s] $*"; }
+
+{
+  echo "# Tangram GPU check"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  echo "- nvcc: $(nvcc --version 2>/dev/null | tail -1 || echo missing)"
+  echo "- gpu: $(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi unavailable')"
+  echo "- CUDA arch: $arch"
+} >"$summary"
+nvidia-smi >"$out/nvidia_smi.txt" 2>&1 || true
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+log "configure $build"
+if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTANGRAM_BUILD_EXAMPLES=OFF -DTANGRAM_WERROR=OFF \
+  >"$out/configure.log" 2>&1; then
+  echo "- configure: FAILED (see configure.log)" >>"$summary"
+  tail -30 "$out/configure.log"
+  exit 2
+fi
+log "build GPU tests and benchmarks with $jobs jobs"
+b0=$(date +%s)
+if ! cmake --build "$build" -j"$jobs" --target tangram_gpu_tests bench_gpu_decode bench_gpu_eviction \
+  >"$out/build.log" 2>&1; then
+  echo "- build: FAILED (see build.log)" >>"$summary"
+  grep -E "error|Error" "$out/build.log" | head -30
+  exit 2
+fi
+echo "- build: $(($(date +%s) - b0)) s" >>"$summary"
+
+log "GPU tests"
+t0=$(date +%s)
+timeout 300 "$build/test/tangram_gpu_tests" --durations yes -r console >"$out/gpu_tests.log" 2>&1
+test_rc=$?
+echo "- gpu tests: exit $test_rc in $(($(date +%s) - t0)) s ($(grep -E 'test cases|All tests passed' "$out/gpu_tests.log" | tail -1))" >>"$summary"
+tail -5 "$out/gpu_tests.log"
+if [ "$test_rc" -eq 77 ]; then
+  echo "- no usable GPU: tests skipped, benchmarks not run" >>"$summary"
+  cat "$summary"
+  exit 77
+fi
+
+bench_rc=0
+for b in decode eviction; do
+  log "benchmark $b"
+  timeout 200 "$build/bench/bench_gpu_$b" --benchmark_min_time=0.1 \
+    --benchmark_out="$out/bench_$b.json" --benchmark_out_format=json >"$out/bench_$b.log" 2>&1 ||
+    bench_rc=$?
+done
+echo "- benchmarks: exit $bench_rc" >>"$summary"
+
+if command -v python3 >/dev/null; then
+  python3 - "$out" >>"$summary" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def rows(name):
+    path = os.path.join(out, f"bench_{name}.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f).get("benchmarks", [])
+print("\n## Decode bandwidth (bf16, 8 KV heads, GQA 4, d 128; cold L2; peak 4.8 TB/s)\n")
+print("| benchmark | time us | TB/s | fraction of peak |")
+print("|---|---|---|---|")
+for b in rows("decode"):
+    if b["name"].startswith("BM_decode_bandwidth"):
+        if b.get("error_occurred"):
+            print(f"| {b['name']} | error: {b.get('error_message')} | | |"); continue
+        print(f"| {b['name']} | {b['real_time']:.1f} | {b['TB_per_s']:.2f} | {b['hbm_fraction']:.2f} |")
+print("\n## Skew: non-uniform vs uniform heads at equal KV bytes (goal aot/uniform <= 1.05)\n")
+print("| benchmark | uniform us | AOT split us | equal split us | AOT / uniform | equal / uniform | bytes ratio |")
+print("|---|---|---|---|---|---|---|")
+for b in rows("decode"):
+    if b["name"].startswith("BM_decode_skew") and not b.get("error_occurred"):
+        print(f"| {b['name']} | {b['uniform_us']:.1f} | {b['aot_us']:.1f} | {b['equal_split_us']:.1f} | "
+              f"{b['aot_over_uniform']:.3f} | {b['equal_over_uniform']:.3f} | {b['bytes_ratio']:.3f} |")
+print("\n## Eviction throughput (candidate K+V bytes per second; source 0 supplied, 1 key norm, 2 SnapKV)\n")
+print("| benchmark | time us | GB/s | candidates | kept |")
+print("|---|---|---|---|---|")
+for b in rows("eviction"):
+    if b.get("error_occurred"):
+        print(f"| {b['name']} | error: {b.get('error_message')} | | | |"); continue
+    print(f"| {b['name']} | {b['real_time']:.1f} | {b['GB_per_s']:.1f} | {b['candidates']:.0f} | {b['keep']:.0f} |")
+PY
+fi
+echo "- total: $(($(date +%s) - start)) s" >>"$summary"
+cat "$summary"
+[ "$test_rc" -eq 0 ] || exit 1
+exit 0
