@@ -175,8 +175,10 @@ inline std::size_t map_layer_pieces(split_map_view const& view,
     std::int64_t share = view.share(layer, h);
     std::int32_t base  = view.begin(layer, h);
     std::int32_t r     = 0;  // first request not entirely before the current CTA
+    std::int64_t hi    = 0;  // bound(j + 1) becomes bound(j) of the next CTA: one division per CTA
     for (std::int64_t j = 0; j < share; ++j) {
-      std::int64_t lo = split_bound(j, share, total), hi = split_bound(j + 1, share, total);
+      std::int64_t lo = hi;
+      hi              = split_bound(j + 1, share, total);
       if (lo >= hi) continue;
       while (offsets[r + 1] <= lo) ++r;
       for (std::int32_t q = r; q < batch && offsets[q] < hi; ++q) {
@@ -212,8 +214,12 @@ inline void aot_cta_loads(split_map_view const& view,
     std::int64_t total = head_stream_offsets(rules[h], contexts, decoded, batch, offsets);
     std::int64_t share = view.share(layer, h);
     std::int32_t base  = view.begin(layer, h);
-    for (std::int64_t j = 0; j < share; ++j)
-      loads[base + j] = split_bound(j + 1, share, total) - split_bound(j, share, total);
+    std::int64_t lo    = 0;
+    for (std::int64_t j = 0; j < share; ++j) {
+      std::int64_t hi = split_bound(j + 1, share, total);
+      loads[base + j] = hi - lo;
+      lo              = hi;
+    }
   }
 }
 

@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: Apache-2.0
+// Static planning costs and decode load balance, side by side in one run (docs/planning.md):
+//
+//   calibrate/<profile>          budgets from 28 samples (what `tangram calibrate` does once)
+//   evaluate/<profile>           the calibration report (2-fold held-out, Spearman, band)
+//   cluster/<scope>              clustering of the 256 heads of Llama-3.1-8B, Hp 4
+//   step_mapping/<batch>         per-step host cost of one decode step over all 32 layers:
+//                                AOT mapping vs per-step greedy and equal-split planners
+//                                (counters: *_ns_per_request and greedy_over_aot)
+//   imbalance/<w>/<c>/<batch>    max/mean CTA tokens of the four planners on all 8 real profiles,
+//                                8 batches each (contexts log-uniform 1K..128K, seeds 1..8),
+//                                every layer; w: 0 expected_tokens, 1 budget; N_CTA = 132 x c
+//
+// Run: build/bench/bench_planning --benchmark_format=json
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/calibration.hpp"
+#include "tangram/plan/clustering.hpp"
+#include "tangram/plan/split_analysis.hpp"
+#include "tangram/plan/static_plan.hpp"
+
+namespace {
+
+using namespace tangram;
+
+char const* const profile_names[] = {"ea/llama-3.1-8b-instruct",
+                                     "ea/qwen3-4b-instruct-2507",
+                                     "fastkvzip/llama-3.1-8b-instruct",
+                                     "fastkvzip/qwen3-4b-instruct-2507",
+                                     "keydiff/llama-3.1-8b-instruct",
+                                     "keydiff/qwen3-4b-instruct-2507",
+                                     "snapkv/llama-3.1-8b-instruct",
+                                     "snapkv/qwen3-4b-instruct-2507"};
+constexpr int num_profiles        = 8;
+
+// Loaded once per process (benchmark program state, not library state).
+retention_samples const& samples(int i) {
+  static std::vector<std::unique_ptr<retention_samples>> cache(num_profiles);
+  auto& slot = cache[static_cast<std::size_t>(i)];
+  if (!slot)
+    slot = std::make_unique<retention_samples>(load_retention_samples(
+        std::string(TANGRAM_DATA_DIR) + "/profiles/" + profile_names[i] + ".json"));
+  return *slot;
+}
+
+static_plan const& plan_for(int profile, split_weighting w, int ctas_per_sm) {
+  static std::map<std::tuple<int, int, int>, std::unique_ptr<static_plan>> cache;
+  auto& slot = cache[{profile, static_cast<int>(w), ctas_per_sm}];
+  if (!slot) {
+    auto const& s = samples(profile);
+    plan_options o;
+    o.split.limits    = {132, ctas_per_sm};
+    o.split.weighting = w;
+    slot = std::make_unique<static_plan>(build_static_plan(model_preset(s.model), calibrate(s), o));
+  }
+  return *slot;
+}
+
+void calibrate_profile(benchmark::State& state) {
+  auto const& s = samples(static_cast<int>(state.range(0)));
+  state.SetLabel(profile_names[state.range(0)]);
+  for (auto _ : state) {
+    auto p = calibrate(s);
+    benchmark::DoNotOptimize(p.budgets.data());
+  }
+}
+BENCHMARK(calibrate_profile)
+    ->Name("calibrate")
+    ->DenseRange(0, num_profiles - 1)
+    ->Unit(benchmark::kMicrosecond);
+
+void evaluate_profile(benchmark::State& state) {
+  auto const& s = samples(static_cast<int>(state.range(0)));
+  state.SetLabel(profile_names[state.range(0)]);
+  for (auto _ : state) {
+    auto r = evaluate_calibration(s);
+    benchmark::DoNotOptimize(r.reserved_over_ideal);
+  }
+}
+BENCHMARK(evaluate_profile)
+    ->Name("evaluate")
+    ->DenseRange(0, num_profiles - 1)
+    ->Unit(benchmark::kMicrosecond);
+
+void cluster(benchmark::State& state) {
+  auto scope       = static_cast<grouping_scope>(state.range(0));
+  auto const& plan = plan_for(6, split_weighting::expected_tokens, 2);  // snapkv/llama
+  state.SetLabel(std::string(to_string(scope)));
+  double waste = 0;
+  for (auto _ : state) {
+    auto g = cluster_heads(plan.rules, plan.num_layers, plan.num_kv_heads, 4, scope);
+    benchmark::DoNotOptimize(g.groups.data());
+    waste = group_waste(g, plan.rules);
+  }
+  state.counters["group_waste"] = waste;
+}
+BENCHMARK(cluster)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+
+// One decode step over every layer, timed section by section: the AOT per-head stream offsets
+// (the O(batch) arithmetic a kernel needs), the full AOT mapping (every CTA's pieces, into
+// preallocated buffers), and the per-step planners (head lengths + plan).
+void step_mapping(benchmark::State& state) {
+  auto batch       = static_cast<std::int32_t>(state.range(0));
+  auto const& plan = plan_for(6, split_weighting::expected_tokens, 2);
+  auto view        = plan.splits.view();
+  auto H           = plan.num_kv_heads;
+  auto N           = view.num_ctas;
+  auto ctx         = log_uniform_contexts(batch, 1024, 131072, 1);
+  std::vector<std::int64_t> dec(static_cast<std::size_t>(batch), 7),
+      offsets(static_cast<std::size_t>(batch) + 1), lengths(static_cast<std::size_t>(batch) * H),
+      loads(static_cast<std::size_t>(N));
+  std::vector<cta_piece> pieces(static_cast<std::size_t>(view.partial_slots(batch)));
+  greedy_split_planner greedy(128, 1), fine(128, 4);
+  using clock      = std::chrono::steady_clock;
+  double t_offsets = 0, t_aot = 0, t_greedy = 0, t_fine = 0, t_equal = 0;
+  std::size_t total_pieces = 0;
+  auto lengths_of          = [&](std::int32_t l) {
+    for (std::int32_t r = 0; r < batch; ++r)
+      for (std::int32_t h = 0; h < H; ++h)
+        lengths[static_cast<std::size_t>(r) * H + h] = head_tokens(
+            plan.rule(l, h), ctx[static_cast<std::size_t>(r)], dec[static_cast<std::size_t>(r)]);
+  };
+  std::vector<std::int64_t> all_offsets(static_cast<std::size_t>(plan.num_layers) * H *
+                                        (batch + 1));
+  for (auto _ : state) {
+    auto tb = clock::now();
+    for (std::int32_t l = 0; l < plan.num_layers; ++l)
+      for (std::int32_t h = 0; h < H; ++h)
+        head_stream_offsets(
+            plan.rule(l, h),
+            ctx.data(),
+            dec.data(),
+            batch,
+            all_offsets.data() + (static_cast<std::size_t>(l) * H + h) * (batch + 1));
+    benchmark::DoNotOptimize(all_offsets.data());
+    auto t0 = clock::now();
+    for (std::int32_t l = 0; l < plan.num_layers; ++l)
+      total_pieces += map_layer_pieces(view,
+                                       l,
+                                       &plan.rule(l, 0),
+                                       ctx.data(),
+                                       dec.data(),
+                                       batch,
+                                       offsets.data(),
+                                       pieces.data(),
+                                       pieces.size());
+    auto t1 = clock::now();
+    for (std::int32_t l = 0; l < plan.num_layers; ++l) {
+      lengths_of(l);
+      greedy.plan(lengths.data(), batch, H, N, loads.data());
+    }
+    auto t2 = clock::now();
+    for (std::int32_t l = 0; l < plan.num_layers; ++l) {
+      lengths_of(l);
+      fine.plan(lengths.data(), batch, H, N, loads.data());
+    }
+    auto t3 = clock::now();
+    for (std::int32_t l = 0; l < plan.num_layers; ++l) {
+      lengths_of(l);
+      auto p = plan_equal_split(lengths.data(), batch, H, N);
+      benchmark::DoNotOptimize(p.chunk_tokens);
+    }
+    auto t4 = clock::now();
+    benchmark::DoNotOptimize(pieces.data());
+    benchmark::DoNotOptimize(loads.data());
+    t_offsets += std::chrono::duration<double>(t0 - tb).count();
+    t_aot += std::chrono::duration<double>(t1 - t0).count();
+    t_greedy += std::chrono::duration<double>(t2 - t1).count();
+    t_fine += std::chrono::duration<double>(t3 - t2).count();
+    t_equal += std::chrono::duration<double>(t4 - t3).count();
+  }
+  double per = 1e9 / static_cast<double>(state.iterations()) / batch;
+  state.counters["aot_offsets_ns_per_request"] = t_offsets * per;
+  state.counters["aot_ns_per_request"]         = t_aot * per;
+  state.counters["greedy_ns_per_request"]      = t_greedy * per;
+  state.counters["greedy4_ns_per_request"]     = t_fine * per;
+  state.counters["equal_split_ns_per_request"] = t_equal * per;
+  state.counters["greedy_over_aot"]            = t_greedy / t_aot;
+  state.counters["pieces_per_layer"] =
+      static_cast<double>(total_pieces) / static_cast<double>(state.iterations()) / plan.num_layers;
+  state.SetLabel("Llama-3.1-8B snapkv, 32 layers, N_CTA 264");
+}
+BENCHMARK(step_mapping)->RangeMultiplier(2)->Range(1, 256)->Unit(benchmark::kMicrosecond);
+
+// Imbalance of the four planners, pooled over the 8 real profiles, 8 batches, every layer.
+void imbalance(benchmark::State& state) {
+  auto w     = state.range(0) == 0 ? split_weighting::expected_tokens : split_weighting::budget;
+  auto c     = static_cast<int>(state.range(1));
+  auto batch = static_cast<std::int32_t>(state.range(2));
+  std::vector<double> a, e, g, f;
+  for (auto _ : state) {
+    a.clear();
+    e.clear();
+    g.clear();
+    f.clear();
+    for (int p = 0; p < num_profiles; ++p) {
+      auto const& plan = plan_for(p, w, c);
+      split_evaluator ev(plan.rules, plan.splits);
+      for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+        auto ctx = log_uniform_contexts(batch, 1024, 131072, seed);
+        for (std::int32_t l = 0; l < plan.num_layers; ++l) {
+          auto r = ev.evaluate(l, ctx.data(), batch);
+          a.push_back(r.aot);
+          e.push_back(r.equal_split);
+          g.push_back(r.greedy);
+          f.push_back(r.greedy_fine);
+        }
+      }
+    }
+  }
+  auto put = [&](char const* name, std::vector<double> const& v) {
+    auto s                                      = summarize_imbalance(v);
+    state.counters[std::string(name) + "_mean"] = s.mean;
+    state.counters[std::string(name) + "_p95"]  = s.p95;
+  };
+  put("aot", a);
+  put("equal_split", e);
+  put("greedy", g);
+  put("greedy4", f);
+  state.counters["launches"] = static_cast<double>(a.size());
+  state.SetLabel(std::string(to_string(w)) + ", N_CTA " + std::to_string(132 * c));
+}
+BENCHMARK(imbalance)
+    ->ArgsProduct({{0, 1}, {1, 2, 4}, {1, 2, 4, 8, 16, 32, 64, 128, 256}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
