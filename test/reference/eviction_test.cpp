@@ -491,3 +491,22 @@ TEST_CASE("eviction_params::validate names the field and the value", "[eviction]
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "max_candidates", "0");
   CHECK_THROWS_AS(reference::evict_chunk(bad), invalid_argument);
 }
+
+TEST_CASE("eviction workspace layout: aligned, disjoint, sized per source", "[eviction]") {
+  auto sup  = eviction_workspace(4, 8, 5000, score_source::supplied, 4, 32, 128);
+  auto kn   = eviction_workspace(4, 8, 5000, score_source::key_norm, 4, 32, 128);
+  auto snap = eviction_workspace(4, 8, 5000, score_source::snapkv, 4, 32, 128);
+  for (auto const& w : {sup, kn, snap}) {
+    CHECK(w.raw % 256 == 0);
+    CHECK(w.stats % 256 == 0);
+    CHECK(w.norm % 256 == 0);
+    CHECK(w.raw >= 4 * 8 * 5000 * 4);  // keys
+  }
+  CHECK(sup.bytes == sup.raw);  // supplied scores need only the keys
+  CHECK(kn.stats - kn.raw >= 4 * 8 * 5000 * 4);
+  std::int64_t tiles = (5000 + snapkv_key_tile(128) - 1) / snapkv_key_tile(128);
+  CHECK(snap.norm - snap.stats >= 4 * 8 * tiles * 32 * 4 * 8);
+  CHECK(snap.bytes - snap.norm >= 4 * 8 * 32 * 4 * 8);
+  CHECK(snapkv_key_tile(64) * 64 == 4096);
+  CHECK(snapkv_key_tile(256) == 16);
+}

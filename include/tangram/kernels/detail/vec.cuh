@@ -18,7 +18,7 @@
 
 namespace tangram::detail {
 
-/// Widens 8 bytes of T values held in a uint2 ... 16 bytes held in a uint4 to float.
+/// Widens the T values packed in 16 bytes to float (one overload per storage type).
 __device__ __forceinline__ void widen16(uint4 u, float (&f)[4], float) {
   f[0] = __uint_as_float(u.x);
   f[1] = __uint_as_float(u.y);
