@@ -66,6 +66,7 @@ enum class sequence_phase : std::uint8_t {
   ended,    ///< the turn ended: compressed history kept, no reservation held
 };
 
+/// @brief Lower-case name of a phase ("free", "prefill", "decode", "ended").
 constexpr std::string_view to_string(sequence_phase p) noexcept {
   switch (p) {
     case sequence_phase::free:
@@ -858,6 +859,8 @@ class basic_kv_cache_manager {
   /**
    * @brief Frees a sequence in any phase (also mid-chunk: an abort): its page references and its
    * unused reservation return to the pool and its slot becomes free (old handles go stale).
+   * A batch that listed it must be set again before the next `decode_step`. Pending page copies
+   * keep their own references, so freeing never invalidates a copy the engine has not run.
    * @throw logic_error (nothing changed) for an unknown sequence.
    */
   void free(sequence_id seq) {

@@ -39,6 +39,7 @@ enum class memory_kind : std::uint8_t {
   simulated,  ///< fake addresses: nobody may dereference them
 };
 
+/// @brief Lower-case name of a memory kind ("host", "device", "simulated").
 constexpr std::string_view to_string(memory_kind k) noexcept {
   switch (k) {
     case memory_kind::host:

@@ -39,6 +39,7 @@ enum class unified_mode : std::uint8_t {
                        ///< eviction
 };
 
+/// @brief Name of a baseline mode ("full_kv", "compressed_reclaim").
 constexpr std::string_view to_string(unified_mode m) noexcept {
   return m == unified_mode::full_kv ? "full_kv" : "compressed_reclaim";
 }
