@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,8 +85,12 @@ double brute_correlation(std::vector<double> const& a, std::vector<double> const
   return (sab - sa * sb / n) / std::sqrt((saa - sa * sa / n) * (sbb - sb * sb / n));
 }
 
-brute_figures brute_force(
-    retention_samples const& s, double alpha, double floor, int folds, double band) {
+brute_figures brute_force(retention_samples const& s,
+                          double alpha,
+                          double floor,
+                          int folds,
+                          double band,
+                          bool by_context = false) {
   std::vector<std::vector<double>> r;
   for (auto const& smp : s.samples) {
     std::vector<double> row;
@@ -102,9 +107,18 @@ brute_figures brute_force(
   for (auto const& row : r)
     for (double x : row) mean_sum_r += x / static_cast<double>(r.size());
   f.reserved_over_ideal = sum_b / mean_sum_r;
+  // Fold of a sample: its index, or the number of distinct shorter context lengths.
+  auto fold_of = [&](int k) {
+    if (!by_context) return k % folds;
+    std::set<std::int64_t> shorter;
+    for (auto const& smp : s.samples)
+      if (smp.context_tokens < s.samples[static_cast<std::size_t>(k)].context_tokens)
+        shorter.insert(smp.context_tokens);
+    return static_cast<int>(shorter.size()) % folds;
+  };
   for (int fold = 0; fold < folds; ++fold) {
     std::vector<int> train, test;
-    for (int k : all) (k % folds == fold ? test : train).push_back(k);
+    for (int k : all) (fold_of(k) == fold ? test : train).push_back(k);
     auto fb        = brute_budgets(r, train, alpha, floor);
     double clipped = 0, total = 0;
     for (int k : test)
@@ -210,6 +224,14 @@ TEST_CASE("calibration figures of a real profile match an independent brute forc
     CHECK(rep3.reserved_over_ideal == Approx(bf3.reserved_over_ideal).epsilon(1e-9));
     CHECK(rep3.heldout_clip_fraction == Approx(bf3.heldout_clip).epsilon(1e-9));
     CHECK(rep3.narrow_band_share == Approx(bf3.band_share).margin(1e-12));
+    // Folds that keep samples of one context length together.
+    auto repc = evaluate_calibration(s, {}, {2, 0.05, true});
+    auto bfc  = brute_force(s, 2.0, 0.01, 2, 0.05, true);
+    CHECK(repc.heldout_clip_fraction == Approx(bfc.heldout_clip).epsilon(1e-9));
+    CHECK(repc.reserved_over_ideal == rep.reserved_over_ideal);
+    // The real files repeat prompt lengths (18 distinct of 28): keeping them together makes
+    // the held-out test harder.
+    CHECK(repc.heldout_clip_fraction > rep.heldout_clip_fraction);
   }
 }
 
@@ -300,6 +322,11 @@ TEST_CASE("calibration errors name the field and the value", "[calibration][erro
       evaluate_calibration(s, {}, {6, 0.05}), invalid_argument, "folds: 6", "got 5");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       calibrate_budgets(s, {}, {7}), invalid_argument, "sample index 7");
+  // All five tiny samples have 100 tokens: one distinct length cannot make two folds.
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(evaluate_calibration(s, {}, {2, 0.05, true}),
+                                  invalid_argument,
+                                  "folds: 2",
+                                  "distinct context lengths, got 1");
   auto bad = s;
   bad.samples[3].kept.pop_back();
   TANGRAM_REQUIRE_THROWS_WITH_ALL(

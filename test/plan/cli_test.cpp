@@ -91,6 +91,15 @@ TEST_CASE("calibrate --json reports the library's figures", "[cli]") {
   CHECK(num(q, "heldout_clip_fraction") == rq.heldout_clip_fraction);
   CHECK(q.find("fold_clip_fractions")->elements().size() == 4);
   CHECK(q.find("comparison")->elements().size() == 12);
+  auto gc =
+      parse_out(run({"calibrate", "ea/qwen3-4b-instruct-2507", "--group-by-context", "--json"}));
+  CHECK(gc.find("group_by_context")->boolean());
+  CHECK(num(gc, "heldout_clip_fraction") ==
+        evaluate_calibration(
+            load_retention_samples(data_path("profiles/ea/qwen3-4b-instruct-2507.json")),
+            {},
+            {2, 0.05, true})
+            .heldout_clip_fraction);
   // --folds 0 skips the held-out figures (null, not NaN: the output stays valid JSON).
   auto z = parse_out(run({"calibrate", "ea/qwen3-4b-instruct-2507", "--folds", "0", "--json"}));
   CHECK(z.find("heldout_clip_fraction")->is_null());

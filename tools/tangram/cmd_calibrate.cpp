@@ -30,11 +30,12 @@ std::string setting_of(calibration_options const& o) {
 int cmd_calibrate(args& a, streams io) {
   auto cal = read_calibration_args(a);
   evaluation_options ev;
-  ev.folds     = static_cast<std::int32_t>(a.integer("--folds", 2, 0, 100000));
-  ev.band      = a.number("--band", 0.05, 0, 1);
-  auto out     = a.value("--out");
-  bool as_json = a.flag("--json");
-  bool compare = a.flag("--compare");
+  ev.folds            = static_cast<std::int32_t>(a.integer("--folds", 2, 0, 100000));
+  ev.band             = a.number("--band", 0.05, 0, 1);
+  ev.group_by_context = a.flag("--group-by-context");
+  auto out            = a.value("--out");
+  bool as_json        = a.flag("--json");
+  bool compare        = a.flag("--compare");
   a.finish(1);
   auto pos = a.positionals();
   if (pos.empty())
@@ -46,7 +47,8 @@ int cmd_calibrate(args& a, streams io) {
 
   auto in      = read_input(pos[0]);
   auto samples = read_samples(in);
-  if (ev.folds > 0 && static_cast<std::size_t>(ev.folds) > samples.samples.size())
+  if (ev.folds > 0 && !ev.group_by_context &&
+      static_cast<std::size_t>(ev.folds) > samples.samples.size())
     throw usage_error(cat("--folds: ",
                           ev.folds,
                           " folds need at least ",
@@ -81,6 +83,7 @@ int cmd_calibrate(args& a, streams io) {
     v.set("floor", o.floor);
     v.set("folds", ev.folds);
     v.set("band", ev.band);
+    v.set("group_by_context", ev.group_by_context);
     v.set("budget_min", rep.min_budget);
     v.set("budget_mean", rep.mean_budget);
     v.set("budget_max", rep.max_budget);
@@ -150,7 +153,12 @@ int cmd_calibrate(args& a, streams io) {
     for (double c : rep.fold_clip_fractions)
       per_fold += (per_fold.empty() ? "" : ", ") + percent(c, 3);
     row("clipped tokens, held out",
-        cat(percent(rep.heldout_clip_fraction, 3), "  (", ev.folds, " folds: ", per_fold, ")"));
+        cat(percent(rep.heldout_clip_fraction, 3),
+            "  (",
+            ev.folds,
+            (ev.group_by_context ? " folds by context length: " : " folds: "),
+            per_fold,
+            ")"));
     row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
   }
   row("rank stability (Spearman)",
@@ -161,7 +169,8 @@ int cmd_calibrate(args& a, streams io) {
           fixed(rep.mean_spread, 3),
           ")"));
   if (compare) {
-    s << "\n  estimator comparison (same samples, " << ev.folds << "-fold held out):\n"
+    s << "\n  estimator comparison (same samples, " << ev.folds << "-fold held out"
+      << (ev.group_by_context ? ", folds by context length" : "") << "):\n"
       << "  " << std::left << std::setw(10) << "estimator" << std::setw(12) << "setting"
       << std::right << std::setw(16) << "reserved/ideal" << std::setw(16) << "held-out clip"
       << std::setw(26) << "held-out reserved/ideal\n";

@@ -16,7 +16,10 @@
  *   what static budgets reserve relative to the mean dynamic footprint (tokens, not pages).
  * - heldout_clip_fraction: k-fold; fold i holds the samples whose index mod k == i; budgets are
  *   calibrated on the other folds; the fold's figure is sum over its samples and heads of
- *   max(0, r_s - B) divided by sum of r_s; the report gives the mean over folds.
+ *   max(0, r_s - B) divided by sum of r_s; the report gives the mean over folds. With
+ *   `group_by_context`, samples of equal context_tokens (most likely one long prompt asked
+ *   several questions) share a fold: fold i holds the samples whose context length is the c-th
+ *   smallest distinct length with c mod k == i, so no prompt is both trained on and tested.
  * - rank stability: Spearman correlation (average ranks for ties) between each sample's r_s over
  *   all heads and the budgets (mean and min over samples); narrow_band_share = share of heads
  *   whose ratio spread max_s r_s - min_s r_s is at most `band` (default 0.05).
@@ -69,8 +72,9 @@ struct calibration_options {
 
 /// @brief How a calibration is evaluated.
 struct evaluation_options {
-  std::int32_t folds = 2;     ///< k of the held-out evaluation; 0 skips it
-  double band        = 0.05;  ///< narrow band: max - min of a head's ratios across samples
+  std::int32_t folds    = 2;      ///< k of the held-out evaluation; 0 skips it
+  double band           = 0.05;   ///< narrow band: max - min of a head's ratios across samples
+  bool group_by_context = false;  ///< folds by distinct context length instead of sample index
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
@@ -235,14 +239,29 @@ inline calibration_report evaluate_calibration(retention_samples const& s,
   e.validate();
   detail::check_samples(s);
   std::size_t S = s.samples.size();
-  TANGRAM_EXPECTS(e.folds == 0 || static_cast<std::size_t>(e.folds) <= S,
+  // Fold key of every sample: its index, or the rank of its context length among the distinct ones.
+  std::vector<std::size_t> key(S);
+  std::iota(key.begin(), key.end(), std::size_t{0});
+  std::size_t distinct = S;
+  if (e.group_by_context) {
+    std::vector<std::int64_t> lengths;
+    for (auto const& smp : s.samples) lengths.push_back(smp.context_tokens);
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    distinct = lengths.size();
+    for (std::size_t k = 0; k < S; ++k)
+      key[k] = static_cast<std::size_t>(
+          std::lower_bound(lengths.begin(), lengths.end(), s.samples[k].context_tokens) -
+          lengths.begin());
+  }
+  TANGRAM_EXPECTS(e.folds == 0 || static_cast<std::size_t>(e.folds) <= distinct,
                   invalid_argument,
                   "folds: ",
                   e.folds,
                   " folds need at least ",
                   e.folds,
-                  " samples, got ",
-                  S);
+                  e.group_by_context ? " distinct context lengths, got " : " samples, got ",
+                  distinct);
   std::vector<std::size_t> all(S);
   std::iota(all.begin(), all.end(), std::size_t{0});
   auto budgets  = calibrate_budgets(s, o, all);
@@ -272,7 +291,7 @@ inline calibration_report evaluate_calibration(retention_samples const& s,
     for (std::int32_t f = 0; f < e.folds; ++f) {
       std::vector<std::size_t> train, test;
       for (std::size_t k = 0; k < S; ++k)
-        (k % static_cast<std::size_t>(e.folds) == static_cast<std::size_t>(f) ? test : train)
+        (key[k] % static_cast<std::size_t>(e.folds) == static_cast<std::size_t>(f) ? test : train)
             .push_back(k);
       auto fb = calibrate_budgets(s, o, train);
       detail::clip_sums(s, fb, test, clipped, total);
