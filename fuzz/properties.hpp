@@ -13,6 +13,12 @@
 #include "tangram/model/model_spec.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
+#include "tangram/plan/plan_io.hpp"
+#include "tangram/sim/workload.hpp"
+#include "commands.hpp"
+
+#include <sstream>
+#include <vector>
 
 namespace tangram::fuzz {
 
@@ -74,6 +80,63 @@ inline void model_spec_roundtrip(std::string_view text) {
     auto back = tangram::parse_model_spec(tangram::to_json(m), "roundtrip");
     require(back.layers == m.layers && back.num_kv_heads == m.num_kv_heads, "model round trip");
   } catch (tangram::parse_error const&) {
+  }
+}
+
+/// tangram-static-plan/v1: accepted plans are internally consistent and round-trip exactly.
+inline void static_plan_roundtrip(std::string_view text) {
+  try {
+    auto p = tangram::parse_static_plan(text, "fuzz");
+    p.grouping.validate();
+    p.splits.validate();
+    auto back = tangram::parse_static_plan(tangram::to_json(p), "roundtrip");
+    require(tangram::plan_difference(p, back).empty(), "plan round trip");
+  } catch (tangram::parse_error const&) {
+  }
+}
+
+/// tangram-workload/v1: accepted traces have sane values and round-trip.
+inline void workload_roundtrip(std::string_view text) {
+  try {
+    auto w = tangram::sim::parse_workload(text, "fuzz");
+    for (auto const& s : w.sessions)
+      for (auto const& t : s.turns) require(t.prompt_tokens >= 1 && t.output_tokens >= 1, "turn sizes");
+    auto back = tangram::sim::parse_workload(tangram::sim::to_json(w), "roundtrip");
+    require(tangram::sim::to_json(back) == tangram::sim::to_json(w), "workload round trip");
+  } catch (tangram::parse_error const&) {
+  }
+}
+
+/// The command line: any argument list gives an exit code in {0, 1, 2} and never crashes; a
+/// usage error (2) prints exactly one line on stderr. Arguments are the input split at NUL bytes;
+/// commands that write files or run long jobs are kept out of reach.
+inline void command_line(std::string_view text) {
+  std::vector<std::string> argv;
+  std::string cur;
+  for (char c : text) {
+    if (c == '\0') {
+      argv.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  argv.push_back(cur);
+  if (argv.size() > 16) return;
+  for (auto const& a : argv) {
+    // No file output and no full simulations from fuzz input.
+    if (a.find("--out") != std::string::npos || a.find("--svg") != std::string::npos ||
+        a.find("--plot") != std::string::npos || a == "simulate")
+      return;
+    // Only relative paths inside the tree (no devices, FIFOs or climbing out).
+    if (!a.empty() && (a[0] == '/' || a.find("..") != std::string::npos)) return;
+  }
+  std::ostringstream out, err;
+  int rc = tangram::cli::run(argv, {out, err});
+  require(rc == 0 || rc == 1 || rc == 2, "exit code");
+  if (rc == 2) {
+    std::string e = err.str();
+    require(!e.empty() && e.find('\n') == e.size() - 1, "one-line error");
   }
 }
 

@@ -42,6 +42,9 @@ TEST_CASE("fuzz findings and seeds replay cleanly", "[fuzz]") {
   CHECK(replay("retention_samples", tangram::fuzz::retention_samples_invariants) >= 1);
   CHECK(replay("budget_profile", tangram::fuzz::budget_profile_roundtrip) >= 1);
   replay("model_spec", tangram::fuzz::model_spec_roundtrip);
+  CHECK(replay("static_plan", tangram::fuzz::static_plan_roundtrip) >= 1);
+  CHECK(replay("workload", tangram::fuzz::workload_roundtrip) >= 1);
+  CHECK(replay("command_line", tangram::fuzz::command_line) >= 4);
   // The first finding: "-5e-325" underflows to -0.0, which used to be written as "-0" and read
   // back as the integer 0.
   CHECK_NOTHROW(tangram::fuzz::json_roundtrip("[-5e-325, 3.0, -0.0]"));
