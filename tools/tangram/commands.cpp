@@ -24,13 +24,15 @@ constexpr command commands[] = {
     {"simulate", "simulate [--model M] [--profile P] [--workload short|mid|long|FILE] ... "
                  "replay multi-turn serving for full_kv / unified_nonuniform / tangram",
      cmd_simulate},
-    {"calibrate", "calibrate SAMPLES.json [--alpha A] [--estimator musigma|quantile] [--folds K] "
-                  "[--out PROFILE.json] [--json]   static budgets from retention samples",
+    {"calibrate", "calibrate SAMPLES.json [--estimator musigma|quantile] [--alpha A] [--quantile Q] "
+                  "[--floor F] [--folds K] [--group-by-context] [--band W] [--compare] [--out PROFILE.json] "
+                  "[--json]   static budgets from retention samples, with held-out and rank-stability figures",
      cmd_calibrate},
-    {"plan", "plan SAMPLES_OR_PROFILE.json [--group-size Hp] [--scope adjacent|layer|global] "
-             "[--page-tokens P] [--model NAME] [--sms N --ctas-per-sm C] [--out PLAN.json] [--json]",
+    {"plan", "plan SAMPLES_OR_PROFILE.json [--alpha A | --estimator ...] [--group-size Hp] "
+             "[--scope adjacent|layer|global] [--page-tokens P] [--model NAME_OR_FILE] [--sms N --ctas-per-sm C] "
+             "[--weighting budget|expected_tokens] [--tp-size T --tp-rank R] [--out PLAN.json] [--json]",
      cmd_plan},
-    {"inspect", "inspect PLAN.json [--svg FILE.svg]   summary of a static plan", cmd_inspect},
+    {"inspect", "inspect PLAN.json [--svg FILE.svg] [--json]   summary of a static plan", cmd_inspect},
     {"models", "models [--json]   list the built-in model presets", cmd_models},
     {"profiles", "profiles   list the bundled retention profiles", cmd_profiles},
 };
