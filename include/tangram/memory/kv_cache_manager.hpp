@@ -406,6 +406,7 @@ class basic_kv_cache_manager {
     st.chunk_pending                         = 0;
     st.max_new                               = max_new_tokens;
     st.decoded                               = 0;
+    st.may_share                             = false;
     reset_buckets(s);
     note_slot_changed(s);
     ++stats_.admitted;
@@ -733,9 +734,8 @@ class basic_kv_cache_manager {
       auto i   = sg(s, g);
       auto fin = ::tangram::group_pages(group_rule(g), n + prompt_tokens, max_new_tokens, P_);
       scratch_[static_cast<std::size_t>(g)] = fin;
-      std::int64_t keep = std::min<std::int64_t>(n_pages_[i], fin), exclusive = 0;
-      for (std::int64_t p = 0; p < keep; ++p) exclusive += pool_.ref_count(entry(s, g, p)) == 1;
-      total += fin - exclusive;
+      std::int64_t keep = std::min<std::int64_t>(n_pages_[i], fin);
+      total += fin - exclusive_pages(s, g, keep);
       auto need_cap = std::max<std::int64_t>(n_pages_[i], fin);
       relocate |= need_cap > cap_[i];
       seg += need_cap;
@@ -750,11 +750,12 @@ class basic_kv_cache_manager {
       auto i            = sg(s, g);
       auto fin          = scratch_[static_cast<std::size_t>(g)];
       target_[i]        = static_cast<std::int32_t>(fin);
-      std::int64_t keep = std::min<std::int64_t>(n_pages_[i], fin), exclusive = 0;
-      for (std::int64_t p = 0; p < keep; ++p) exclusive += pool_.ref_count(entry(s, g, p)) == 1;
-      budget_[i]     = static_cast<std::int32_t>(fin - exclusive);
-      prev_pages_[i] = n_pages_[i];
-      for (std::int64_t p = 0; p < keep; ++p) {
+      std::int64_t keep = std::min<std::int64_t>(n_pages_[i], fin);
+      budget_[i]        = static_cast<std::int32_t>(fin - exclusive_pages(s, g, keep));
+      prev_pages_[i]    = n_pages_[i];
+      // Only a forked sequence can share pages; the scan is skipped for everyone else, which
+      // keeps continue_turn O(groups) on the common path.
+      for (std::int64_t p = 0; st.may_share && p < keep; ++p) {
         page_id src = entry(s, g, p);
         if (pool_.ref_count(src) == 1) continue;
         // Shared with a fork and about to be overwritten by the recompression: copy on write.
@@ -850,6 +851,8 @@ class basic_kv_cache_manager {
     cs.chunk_pending                         = 0;
     cs.max_new                               = p2.max_new;
     cs.decoded                               = p2.decoded;
+    cs.may_share                             = true;
+    slot(s).may_share                        = true;
     rebuild_buckets(c);
     note_slot_changed(c);
     ++stats_.forks;
@@ -1238,6 +1241,7 @@ class basic_kv_cache_manager {
     std::int64_t decoded          = 0;
     std::int64_t seg_begin        = 0;
     std::int64_t seg_size         = 0;
+    bool may_share                = false;  ///< forked (parent or child): pages may be shared
     page_reservation reservation;
   };
 
@@ -1377,6 +1381,13 @@ class basic_kv_cache_manager {
                                     group_ring_pages_[static_cast<std::size_t>(g)]);
     return ceil_div(
         static_cast<std::int64_t>(max_base_[i]) + appended_[static_cast<std::size_t>(s)], P_);
+  }
+  /// Pages among the first `keep` of (s, g) that only this sequence references.
+  [[nodiscard]] std::int64_t exclusive_pages(std::int32_t s, std::int32_t g, std::int64_t keep) const noexcept {
+    if (!slot(s).may_share) return keep;
+    std::int64_t exclusive = 0;
+    for (std::int64_t p = 0; p < keep; ++p) exclusive += pool_.ref_count(entry(s, g, p)) == 1;
+    return exclusive;
   }
   /// Leading pages of group g that every head has filled (never written again): shareable.
   [[nodiscard]] std::int64_t shared_pages(std::int32_t s, std::int32_t g) const noexcept {
