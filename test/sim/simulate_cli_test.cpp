@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tangram simulate` driven in-process: outputs, JSON fields, the plot, and bad options.
+#include <sstream>
+
+#include "commands.hpp"
+#include "tangram/detail/file_io.hpp"
+#include "tangram/detail/json.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+struct run_result {
+  int rc;
+  std::string out, err;
+};
+
+run_result run(std::vector<std::string> argv) {
+  std::ostringstream out, err;
+  int rc = tangram::cli::run(argv, {out, err});
+  return {rc, out.str(), err.str()};
+}
+
+}  // namespace
+
+TEST_CASE("simulate --json reports every policy with the documented fields", "[simulate][cli]") {
+  auto r = run({"simulate", "--sessions", "24", "--turns", "3", "--workload", "long", "--json", "--quiet"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  namespace json = tangram::detail::json;
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  for (char const* policy : {"full_kv", "unified_nonuniform", "tangram"}) {
+    auto p = root["policies"][policy];
+    for (char const* field : {"peak_resident_sessions", "kv_bytes_allocated_peak", "kv_bytes_live_peak",
+                              "reclaim_ops", "preemptions", "control_plane_us_per_step",
+                              "modelled_tokens_per_s"})
+      CHECK(p[field].type() == json::kind::number);
+    CHECK(p["kv_bytes_live_peak"].as_double(0, 1e15) <= p["kv_bytes_allocated_peak"].as_double(0, 1e15) + 1);
+  }
+  CHECK(root["policies"]["tangram"]["reclaim_ops"].as_int(0, 0) == 0);
+  CHECK(root["policies"]["tangram"]["preemptions"].as_int(0, 0) == 0);
+  CHECK(root["policies"]["unified_nonuniform"]["reclaim_ops"].as_int(1, 1LL << 60) > 0);
+  CHECK(root["cost_model"]["label"].as_string().find("modelled") != std::string::npos);
+  CHECK(root["ratios_vs_full_kv"]["tangram"]["peak_resident_sessions"].as_double(2.0, 100.0) >= 2.0);
+  CHECK(root["model"].as_string() == "Llama-3.1-8B");
+}
+
+TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]") {
+  std::string svg = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_plot.svg";
+  auto r = run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "short", "--plot", svg});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  for (char const* piece : {"full_kv", "unified_nonuniform", "tangram", "resident sessions, peak", "(modelled)",
+                            "vs full_kv"})
+    CHECK(r.out.find(piece) != std::string::npos);
+  CHECK(r.err.find("simulate: tangram (3/3) 100%") != std::string::npos);  // progress on stderr
+  auto text = tangram::detail::read_file(svg);
+  CHECK(text.rfind("<svg", 0) == 0);
+  CHECK(text.find("polyline") != std::string::npos);
+  CHECK(text.find("tangram") != std::string::npos);
+  std::remove(svg.c_str());
+}
+
+TEST_CASE("simulate replays a trace file", "[simulate][cli]") {
+  std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_trace.json";
+  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 30000, "output_tokens": 100, "think_s": 1}, {"prompt_tokens": 200, "output_tokens": 50}]},
+    {"arrival_s": 0.5, "turns": [{"prompt_tokens": 60000, "output_tokens": 80}]}]})");
+  auto r = run({"simulate", "--workload", path, "--json", "--quiet"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  namespace json = tangram::detail::json;
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK(root["workload"]["name"].as_string() == "trace");
+  CHECK(root["policies"]["tangram"]["generated_tokens"].as_int(0, 1000) == 230);
+  CHECK(root["policies"]["full_kv"]["prefilled_tokens"].as_int(0, 1000000) == 90200);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli][errors]") {
+  struct bad {
+    std::vector<std::string> argv;
+    std::string piece;
+  } cases[] = {
+      {{"simulate", "--sessions", "0"}, "--sessions: must be in [1, 1000000], got 0"},
+      {{"simulate", "--workload", "/nonexistent/trace.json"}, "cannot open \"/nonexistent/trace.json\""},
+      {{"simulate", "--gpu-mem", "10"}, "--gpu-mem: 10 GB"},
+      {{"simulate", "--keep", "1.5"}, "--keep: must be in [0.001, 1], got 1.5"},
+      {{"simulate", "--model", "gpt-5"}, "--model: \"gpt-5\" is neither a model-spec file nor a preset"},
+      {{"simulate", "--scope", "diagonal"}, "--scope: expected one of adjacent, layer, global"},
+      {{"simulate", "--frobnicate"}, "unknown option \"--frobnicate\""},
+  };
+  for (auto const& c : cases) {
+    auto r = run(c.argv);
+    INFO(r.err);
+    CHECK(r.rc == 2);
+    CHECK(r.err.find(c.piece) != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}
