@@ -265,7 +265,13 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   detail::expect_format(doc, "tangram-static-plan/v1");
 
   static_plan p;
-  p.model = detail::model_from_json(doc["model"]);
+  try {
+    p.model = detail::model_from_json(doc["model"]);
+  } catch (parse_error const&) {
+    throw;
+  } catch (invalid_argument const& e) {  // a consistency check of model_spec::validate()
+    doc["model"].fail(e.what());
+  }
   {
     auto prof = doc["profile"];
     prof.expect(json::kind::object);
