@@ -174,36 +174,7 @@ struct decode_params {
    * @throw invalid_argument naming the field and the value.
    */
   void validate() const {
-    kv.geometry.validate();
-    TANGRAM_EXPECTS(kv.pool != nullptr, invalid_argument, "decode_params.kv.pool: null");
-    TANGRAM_EXPECTS(kv.head_slots && kv.group_window && kv.group_ring_pages && kv.page_offset &&
-                        kv.pages && kv.head_base_len && kv.appended && kv.seq_tokens,
-                    invalid_argument,
-                    "decode_params.kv: a page-table array is null");
-    TANGRAM_EXPECTS(kv.batch_size >= 0 && kv.batch_size <= decode_max_batch,
-                    invalid_argument,
-                    "decode_params.kv.batch_size: must be in [0, ",
-                    decode_max_batch,
-                    "], got ",
-                    kv.batch_size);
-    TANGRAM_EXPECTS(kv.batch_size == 0 || kv.batch_slots != nullptr,
-                    invalid_argument,
-                    "decode_params.kv.batch_slots: null with batch_size ",
-                    kv.batch_size);
-    TANGRAM_EXPECTS(kv.num_layers >= 1 && kv.num_kv_heads >= 1 && kv.num_groups >= 1,
-                    invalid_argument,
-                    "decode_params.kv: num_layers, num_kv_heads and num_groups must be >= 1, got ",
-                    kv.num_layers,
-                    ", ",
-                    kv.num_kv_heads,
-                    ", ",
-                    kv.num_groups);
-    TANGRAM_EXPECTS(layer >= 0 && layer < kv.num_layers,
-                    invalid_argument,
-                    "decode_params.layer: must be in [0, ",
-                    kv.num_layers - 1,
-                    "], got ",
-                    layer);
+    validate_view(kv, "decode_params", layer, decode_max_batch);
     TANGRAM_EXPECTS(group >= 1 && group <= decode_max_group,
                     invalid_argument,
                     "decode_params.group: must be in [1, ",

@@ -222,35 +222,7 @@ struct eviction_params {
    * @throw invalid_argument naming the field and the value.
    */
   void validate() const {
-    kv.geometry.validate();
-    TANGRAM_EXPECTS(kv.pool != nullptr, invalid_argument, "eviction_params.kv.pool: null");
-    TANGRAM_EXPECTS(kv.head_slots && kv.group_window && kv.group_ring_pages && kv.page_offset &&
-                        kv.pages && kv.head_base_len && kv.appended && kv.seq_tokens,
-                    invalid_argument,
-                    "eviction_params.kv: a page-table array is null");
-    TANGRAM_EXPECTS(kv.batch_size >= 0,
-                    invalid_argument,
-                    "eviction_params.kv.batch_size: must be >= 0, got ",
-                    kv.batch_size);
-    TANGRAM_EXPECTS(kv.batch_size == 0 || kv.batch_slots != nullptr,
-                    invalid_argument,
-                    "eviction_params.kv.batch_slots: null with batch_size ",
-                    kv.batch_size);
-    TANGRAM_EXPECTS(
-        kv.num_layers >= 1 && kv.num_kv_heads >= 1 && kv.num_groups >= 1,
-        invalid_argument,
-        "eviction_params.kv: num_layers, num_kv_heads and num_groups must be >= 1, got ",
-        kv.num_layers,
-        ", ",
-        kv.num_kv_heads,
-        ", ",
-        kv.num_groups);
-    TANGRAM_EXPECTS(layer >= 0 && layer < kv.num_layers,
-                    invalid_argument,
-                    "eviction_params.layer: must be in [0, ",
-                    kv.num_layers - 1,
-                    "], got ",
-                    layer);
+    validate_view(kv, "eviction_params", layer);
     TANGRAM_EXPECTS(rules != nullptr, invalid_argument, "eviction_params.rules: null");
     TANGRAM_EXPECTS(sink >= 0, invalid_argument, "eviction_params.sink: must be >= 0, got ", sink);
     TANGRAM_EXPECTS(

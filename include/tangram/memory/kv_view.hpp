@@ -24,8 +24,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <string_view>
 
 #include "tangram/config.hpp"
+#include "tangram/error.hpp"
 #include "tangram/memory/page_layout.hpp"
 #include "tangram/plan/head_grouping.hpp"
 
@@ -115,5 +118,30 @@ struct kv_cache_view {
     return (longest_column + geometry.page_tokens - 1) / geometry.page_tokens;
   }
 };
+
+/**
+ * @brief Host-side structural checks of a view and a layer index, shared by every operation that
+ * takes one (the arrays themselves are not read: they may be device memory).
+ * @param owner names the parameter struct in messages, e.g. "decode_params"
+ * @throw invalid_argument naming the field and the value.
+ */
+inline void validate_view(kv_cache_view const& kv, std::string_view owner, std::int32_t layer,
+                          std::int32_t max_batch = std::numeric_limits<std::int32_t>::max()) {
+  kv.geometry.validate();
+  TANGRAM_EXPECTS(kv.pool != nullptr, invalid_argument, owner, ".kv.pool: null");
+  TANGRAM_EXPECTS(kv.head_slots && kv.group_window && kv.group_ring_pages && kv.page_offset &&
+                      kv.pages && kv.head_base_len && kv.appended && kv.seq_tokens,
+                  invalid_argument, owner, ".kv: a page-table array is null");
+  TANGRAM_EXPECTS(kv.batch_size >= 0 && kv.batch_size <= max_batch, invalid_argument, owner,
+                  ".kv.batch_size: must be in [0, ", max_batch, "], got ", kv.batch_size);
+  TANGRAM_EXPECTS(kv.batch_size == 0 || kv.batch_slots != nullptr, invalid_argument, owner,
+                  ".kv.batch_slots: null with batch_size ", kv.batch_size);
+  TANGRAM_EXPECTS(kv.num_layers >= 1 && kv.num_kv_heads >= 1 && kv.num_groups >= 1,
+                  invalid_argument, owner,
+                  ".kv: num_layers, num_kv_heads and num_groups must be >= 1, got ", kv.num_layers,
+                  ", ", kv.num_kv_heads, ", ", kv.num_groups);
+  TANGRAM_EXPECTS(layer >= 0 && layer < kv.num_layers, invalid_argument, owner,
+                  ".layer: must be in [0, ", kv.num_layers - 1, "], got ", layer);
+}
 
 }  // namespace tangram
