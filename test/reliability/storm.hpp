@@ -1,0 +1,886 @@
+// SPDX-License-Identifier: Apache-2.0
+// Operation storms: long random walks of engine operations (admission, prefill chunks with fused
+// eviction and kept counts below the rule, decode steps over changing batches, turn ends, next
+// turns, forks, frees, aborts mid-chunk, misuse) against a kv_cache_manager built from real plans,
+// checked by the independent model of test/memory/engine_sim.hpp. Shared by the Catch suite
+// (test/reliability, a short storm) and the soak driver (tools/soak, millions of operations).
+//
+// Checks, beyond engine_sim::verify (every held token through the view on host pools, page counts,
+// targets and reservations from the footprint formulas, reference counts = owners in the page
+// lists, used + reserved <= capacity, the manager's own check_invariants):
+// - an admitted request never fails: any exception from a chunk or decode step is a violation,
+//   and draining runs every live request to the end of its turn;
+// - "does not fit" changes nothing: the full observable state (engine_sim's snapshot) before and
+//   after every rejected admission, continue_turn and fork predicted as possibly failing; and a
+//   request whose footprint fits the unreserved pages (with a free slot) is admitted;
+// - misuse (stale handles, unknown slots, double free, commit without prepare, kept above the
+//   rule, decode past T, duplicate batch members, a freed batch member, ...) throws the
+//   documented exception naming the value, with nothing changed;
+// - the view journal: an engine-side mirror updated only from view_changes() equals the arrays;
+// - the FlashInfer export lists each head's length and its group's pages;
+// - after every drain the pool is empty (nothing leaked) and the resource got its arena back.
+//
+// Reporting goes through REQUIRE (Catch's in the test suite, an exception-throwing shim in the
+// soak driver), so a violation names the failed expression; callers add the seed and op index.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../memory/engine_sim.hpp"
+#include "../memory/memory_fixtures.hpp"
+#include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/memory_resource.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/calibration.hpp"
+#include "tangram/plan/footprint.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/profile/retention_samples.hpp"
+
+namespace tangram::test {
+
+/// One storm setting: a plan, the pool and the request sizes.
+struct storm_config {
+  std::string name;
+  static_plan plan;
+  bool host = true;  ///< host pool: K/V tags written and read back; else simulated (counts only)
+  manager_options options;
+  std::int64_t max_prompt = 40;  ///< N of a first turn in [1, max_prompt]
+  std::int64_t max_new    = 24;  ///< T in [0, max_new]
+  std::int64_t max_chunk  = 16;  ///< chunk tokens in [1, max_chunk]
+};
+
+/// Counters of one storm (or a sum of storms).
+struct storm_totals {
+  std::int64_t ops      = 0;  ///< random steps (the op index of a violation counts these)
+  std::int64_t calls    = 0;  ///< mutating manager calls issued (including misuse)
+  std::int64_t admitted = 0, admit_rejected = 0;
+  std::int64_t chunks = 0, decode_steps = 0, decode_tokens = 0;
+  std::int64_t end_turns = 0, completed_turns = 0;  ///< completed: all T tokens decoded
+  std::int64_t continued = 0, continue_rejected = 0;
+  std::int64_t forks = 0, fork_rejected = 0;
+  std::int64_t frees = 0, aborts = 0;
+  std::int64_t misuses          = 0;  ///< misuse calls: threw, nothing changed
+  std::int64_t unchanged_checks = 0;  ///< "does not fit" answers compared before/after
+  std::int64_t full_checks      = 0;  ///< full verifications (model, invariants, journal, export)
+  std::int64_t full_pool_bursts = 0;  ///< admission bursts until the pool refused repeatedly
+  std::int64_t drains           = 0;  ///< every request run to completion and freed; pool empty
+  static constexpr std::size_t misuse_kinds = 14;
+  std::array<std::int64_t, misuse_kinds> misuse_by_kind{};  ///< misuses per case of storm::misuse
+
+  void add(storm_totals const& o) {
+    ops += o.ops;
+    calls += o.calls;
+    admitted += o.admitted;
+    admit_rejected += o.admit_rejected;
+    chunks += o.chunks;
+    decode_steps += o.decode_steps;
+    decode_tokens += o.decode_tokens;
+    end_turns += o.end_turns;
+    completed_turns += o.completed_turns;
+    continued += o.continued;
+    continue_rejected += o.continue_rejected;
+    forks += o.forks;
+    fork_rejected += o.fork_rejected;
+    frees += o.frees;
+    aborts += o.aborts;
+    misuses += o.misuses;
+    unchanged_checks += o.unchanged_checks;
+    full_checks += o.full_checks;
+    full_pool_bursts += o.full_pool_bursts;
+    drains += o.drains;
+    for (std::size_t k = 0; k < misuse_kinds; ++k) misuse_by_kind[k] += o.misuse_by_kind[k];
+  }
+};
+
+/// The model with tiny heads in f32, so host pools can hold real K/V tags cheaply; budgets,
+/// rules, kinds and grouping stay those of the real model.
+inline model_spec with_small_heads(model_spec m) {
+  m.head_dim = 4;
+  m.kv_dtype = dtype::f32;
+  return m;
+}
+
+inline static_plan real_plan(model_spec const& model,
+                             std::string const& samples_rel,
+                             std::int32_t page_tokens,
+                             std::int32_t group_size,
+                             grouping_scope scope,
+                             std::int32_t tp_size = 1,
+                             std::int32_t tp_rank = 0) {
+  plan_options o;
+  o.page_tokens = page_tokens;
+  o.group_size  = group_size;
+  o.scope       = scope;
+  o.tp_size     = tp_size;
+  o.tp_rank     = tp_rank;
+  return build_static_plan(model, calibrate(load_retention_samples(data_path(samples_rel))), o);
+}
+
+/// A config whose pool holds about `requests` of the largest first turns.
+inline storm_config make_storm_config(std::string name,
+                                      static_plan plan,
+                                      bool host,
+                                      double requests,
+                                      std::int32_t max_sequences,
+                                      std::int64_t max_prompt,
+                                      std::int64_t max_new,
+                                      std::int64_t max_chunk,
+                                      bool small_index = false) {
+  storm_config c;
+  c.name                  = std::move(name);
+  c.host                  = host;
+  c.max_prompt            = max_prompt;
+  c.max_new               = max_new;
+  c.max_chunk             = max_chunk;
+  auto M                  = footprint_pages(plan, max_prompt, max_new);
+  c.options.num_pages     = std::max<std::int64_t>(1, static_cast<std::int64_t>(requests * M));
+  c.options.max_sequences = max_sequences;
+  // A page-id arena barely above the pool forces repacking (and its journal resyncs).
+  if (small_index) c.options.index_capacity = c.options.num_pages + 4 * plan.num_groups();
+  c.plan = std::move(plan);
+  return c;
+}
+
+/**
+ * The storm settings: tiny hand-checkable hybrid plans (every scope, several P and Hp) and real
+ * plans from the bundled profiles and the derived hybrid samples (Llama-3.1-8B, Qwen3-4B,
+ * Gemma-3-12B with 1024-token sliding windows, GPT-OSS-20B with 128-token windows on a
+ * tensor-parallel rank, Qwen2.5-7B with 4 KV heads). Host configs use 4-element f32 heads so that
+ * every token's K/V is written and read back; simulated configs keep the real geometry.
+ */
+inline std::vector<storm_config> storm_configs() {
+  std::vector<storm_config> out;
+  out.push_back(make_storm_config("tiny-global-P4-Hp2",
+                                  tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global),
+                                  true,
+                                  5,
+                                  8,
+                                  40,
+                                  24,
+                                  16));
+  out.push_back(make_storm_config("tiny-layer-P3-Hp1-small-index",
+                                  tiny_plan(tiny_budgets(), 3, 1, 7, grouping_scope::layer),
+                                  true,
+                                  4,
+                                  6,
+                                  30,
+                                  20,
+                                  9,
+                                  true));
+  out.push_back(make_storm_config(
+      "tiny-adjacent-P5-Hp2",
+      tiny_plan({0.9, 0.05, 0.3, 1.0, 0.15, 0.6, 0.42, 0.08}, 5, 2, 12, grouping_scope::adjacent),
+      true,
+      6,
+      10,
+      60,
+      30,
+      25));
+  out.push_back(make_storm_config("llama-3.1-8b-snapkv-P16-Hp4-global",
+                                  real_plan(model_preset("llama-3.1-8b"),
+                                            "profiles/snapkv/llama-3.1-8b-instruct.json",
+                                            16,
+                                            4,
+                                            grouping_scope::global),
+                                  false,
+                                  6,
+                                  12,
+                                  1024,
+                                  128,
+                                  512));
+  out.push_back(make_storm_config("qwen3-4b-ea-P32-Hp2-layer-data",
+                                  real_plan(with_small_heads(model_preset("qwen3-4b")),
+                                            "profiles/ea/qwen3-4b-instruct-2507.json",
+                                            32,
+                                            2,
+                                            grouping_scope::layer),
+                                  true,
+                                  5,
+                                  8,
+                                  192,
+                                  48,
+                                  96));
+  out.push_back(make_storm_config("gemma-3-12b-derived-P16-Hp4-adjacent",
+                                  real_plan(model_preset("gemma-3-12b"),
+                                            "derived/gemma-3-12b-it.derived.json",
+                                            16,
+                                            4,
+                                            grouping_scope::adjacent),
+                                  false,
+                                  5,
+                                  10,
+                                  1200,
+                                  96,
+                                  400));
+  out.push_back(make_storm_config("gpt-oss-20b-derived-tp2-rank1-P16-Hp4-data",
+                                  real_plan(with_small_heads(model_preset("gpt-oss-20b")),
+                                            "derived/gpt-oss-20b.derived.json",
+                                            16,
+                                            4,
+                                            grouping_scope::global,
+                                            2,
+                                            1),
+                                  true,
+                                  5,
+                                  8,
+                                  300,
+                                  80,
+                                  128));
+  out.push_back(make_storm_config("qwen2.5-7b-derived-P8-Hp4-layer-small-index",
+                                  real_plan(model_preset("qwen2.5-7b"),
+                                            "derived/qwen2.5-7b-instruct.derived.json",
+                                            8,
+                                            4,
+                                            grouping_scope::layer),
+                                  false,
+                                  4,
+                                  8,
+                                  512,
+                                  64,
+                                  256,
+                                  true));
+  out.push_back(make_storm_config("llama-3.1-8b-keydiff-P64-Hp8-global",
+                                  real_plan(model_preset("llama-3.1-8b"),
+                                            "profiles/keydiff/llama-3.1-8b-instruct.json",
+                                            64,
+                                            8,
+                                            grouping_scope::global),
+                                  false,
+                                  6,
+                                  16,
+                                  2048,
+                                  256,
+                                  1024));
+  return out;
+}
+
+/**
+ * One storm over one config: owns its resource, its manager and the engine_sim model.
+ * Deterministic for a given (config, seed): a violation is reproduced by the same seed and the
+ * same number of steps.
+ */
+class storm {
+ public:
+  storm(storm_config const& cfg, std::uint64_t seed, std::int64_t check_every = 1)
+      : cfg_(cfg),
+        rng_(static_cast<std::mt19937::result_type>(seed ^ (seed >> 32))),
+        check_every_(std::max<std::int64_t>(1, check_every)) {
+    if (cfg_.host)
+      resource_ = std::make_unique<host_memory_resource>();
+    else
+      resource_ = std::make_unique<simulated_memory_resource>();
+    manager_ = std::make_unique<kv_cache_manager>(cfg_.plan, *resource_, cfg_.options);
+    sim_     = std::make_unique<engine_sim>(*manager_, static_cast<std::uint32_t>(rng_()), 0.25);
+    G_       = manager_->num_groups();
+    LH_      = cfg_.plan.num_layers * cfg_.plan.num_kv_heads;
+    mirror_full_resync();
+  }
+
+  storm_totals const& totals() const { return t_; }
+  kv_cache_manager const& manager() const { return *manager_; }
+
+  /// One random step (op). Checks everything every `check_every` steps.
+  void step() {
+    int op = static_cast<int>(rng_() % 1000);
+    if (op < 110) {
+      admit();
+    } else if (op < 310) {
+      chunk();
+    } else if (op < 640) {
+      decode();
+    } else if (op < 690) {
+      end_turn();
+    } else if (op < 750) {
+      continue_turn();
+    } else if (op < 790) {
+      fork();
+    } else if (op < 850) {
+      free_one();
+    } else if (op < 868) {
+      abort_mid_chunk();
+    } else if (op < 898) {
+      misuse();
+    } else if (op < 901) {
+      full_pool_burst();
+    } else if (op < 902) {
+      drain();
+    } else {
+      decode();
+    }
+    ++t_.ops;
+    if (t_.ops % check_every_ == 0) full_check();
+  }
+
+  /// Runs every live request to the end of its turn (prefill, decode to T), ends and frees it;
+  /// then the pool must be empty.
+  void drain() {
+    // Prefill what remains, in random chunks.
+    for (auto id : phase(sequence_phase::prefill)) {
+      while (sim_->sequences().at(id.slot).prompt_remaining > 0) do_chunk(id);
+    }
+    // Decode every request to its T, all in one shrinking batch.
+    for (;;) {
+      std::vector<sequence_id> batch;
+      for (auto id : phase(sequence_phase::decode)) {
+        auto const& q = sim_->sequences().at(id.slot);
+        if (q.decoded < q.max_new) batch.push_back(id);
+      }
+      if (batch.empty()) break;
+      do_decode(batch);
+    }
+    for (auto id : phase(sequence_phase::decode)) do_end_turn(id);
+    full_check();
+    for (auto id : sim_->ids()) {
+      sim_->free(id);
+      ++t_.frees;
+      ++t_.calls;
+      graveyard(id);
+    }
+    auto const& m = *manager_;
+    auto ps       = m.pool().stats();
+    REQUIRE(m.live_sequences() == 0);
+    REQUIRE(ps.used == 0);
+    REQUIRE(ps.reserved == 0);
+    REQUIRE(ps.free == ps.capacity);
+    REQUIRE(m.pending_copies().empty());
+    REQUIRE(m.stats().reclaimed_pages == 0);
+    m.check_invariants();
+    // Nothing leaked in the page-id arena either: the largest request fits again.
+    auto big = manager_->try_admit(cfg_.max_prompt, cfg_.max_new);
+    REQUIRE(big.has_value());
+    manager_->free(*big);
+    ++t_.drains;
+    full_check();
+  }
+
+  /// Drains, destroys the manager and checks that the resource got every byte back.
+  void finish() {
+    drain();
+    sim_.reset();
+    manager_.reset();
+    if (auto* s = dynamic_cast<simulated_memory_resource*>(resource_.get()))
+      REQUIRE(s->allocated_bytes() == 0);
+  }
+
+  /// Full verification: the engine_sim model, the manager's invariants, the view journal mirror
+  /// and the FlashInfer export of one random layer.
+  void full_check() {
+    sim_->verify();
+    check_journal();
+    check_export();
+    ++t_.full_checks;
+  }
+
+ private:
+  // ----- helpers -------------------------------------------------------------------------------
+
+  std::int64_t uniform(std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_);
+  }
+  std::vector<sequence_id> phase(sequence_phase ph) const {
+    std::vector<sequence_id> out;
+    for (auto const& [s, q] : sim_->sequences())
+      if (q.phase == ph) out.push_back(q.id);
+    return out;
+  }
+  sequence_id pick(std::vector<sequence_id> const& v) { return v[rng_() % v.size()]; }
+  void graveyard(sequence_id id) {
+    if (graveyard_.size() < 64)
+      graveyard_.push_back(id);
+    else
+      graveyard_[rng_() % graveyard_.size()] = id;
+  }
+  bool index_is_small() const { return cfg_.options.index_capacity != 0; }
+
+  /// Runs a call expected to answer "does not fit" or to succeed; when it may not fit, the whole
+  /// observable state must be unchanged after a refusal.
+  template <class Call>
+  bool fits_or_unchanged(bool may_fail, Call&& call) {
+    ++t_.calls;
+    if (!may_fail) return call();
+    auto ids    = sim_->ids();
+    auto before = snapshot(*manager_, ids);
+    bool ok     = call();
+    if (!ok) {
+      auto after = snapshot(*manager_, ids);
+      // Only the rejection counters (admit, continue, fork) may move.
+      REQUIRE(after.numbers.size() == before.numbers.size());
+      for (std::size_t k = 0; k < before.numbers.size(); ++k)
+        if (k != 1 && k != 3 && k != 5) REQUIRE(after.numbers[k] == before.numbers[k]);
+      ++t_.unchanged_checks;
+    }
+    return ok;
+  }
+
+  // ----- operations ----------------------------------------------------------------------------
+
+  bool admit_one(std::int64_t N, std::int64_t T) {
+    auto& m    = *manager_;
+    auto need  = m.admission_pages(N, T);
+    bool slots = m.live_sequences() < m.max_sequences();
+    bool fits  = slots && need <= m.pool().available_pages();
+    std::optional<sequence_id> id;
+    bool ok = fits_or_unchanged(!fits || index_is_small(), [&] {
+      id = sim_->admit(N, T);
+      return id.has_value();
+    });
+    // A request whose footprint fits the unreserved pages, with a free slot, is admitted.
+    if (fits && !index_is_small()) REQUIRE(ok);
+    if (!fits) REQUIRE(!ok);
+    if (ok)
+      ++t_.admitted;
+    else
+      ++t_.admit_rejected;
+    return ok;
+  }
+
+  void admit() { (void)admit_one(uniform(1, cfg_.max_prompt), uniform(0, cfg_.max_new)); }
+
+  void do_chunk(sequence_id id) {
+    auto rem = sim_->sequences().at(id.slot).prompt_remaining;
+    sim_->chunk(id, uniform(1, std::min(rem, cfg_.max_chunk)));
+    ++t_.chunks;
+    t_.calls += 2;
+  }
+  void chunk() {
+    auto pre = phase(sequence_phase::prefill);
+    if (pre.empty()) return admit();
+    do_chunk(pick(pre));
+  }
+
+  void do_decode(std::vector<sequence_id> const& batch) {
+    sim_->decode(batch);
+    ++t_.decode_steps;
+    t_.decode_tokens += static_cast<std::int64_t>(batch.size());
+    t_.calls += 2;
+  }
+  void decode() {
+    // A changing batch: a random subset of the requests that may still decode.
+    std::vector<sequence_id> batch;
+    for (auto id : phase(sequence_phase::decode)) {
+      auto const& q = sim_->sequences().at(id.slot);
+      if (q.decoded < q.max_new && rng_() % 4 != 0) batch.push_back(id);
+    }
+    if (batch.empty()) return chunk();
+    std::shuffle(batch.begin(), batch.end(), rng_);
+    do_decode(batch);
+  }
+
+  void do_end_turn(sequence_id id) {
+    auto const& q = sim_->sequences().at(id.slot);
+    if (q.decoded == q.max_new) ++t_.completed_turns;
+    sim_->end_turn(id);
+    ++t_.end_turns;
+    ++t_.calls;
+  }
+  void end_turn() {
+    // Mostly requests that decoded their T tokens; sometimes an early stop.
+    std::vector<sequence_id> done, all = phase(sequence_phase::decode);
+    for (auto id : all) {
+      auto const& q = sim_->sequences().at(id.slot);
+      if (q.decoded == q.max_new) done.push_back(id);
+    }
+    if (!done.empty() && rng_() % 4 != 0) return do_end_turn(pick(done));
+    if (!all.empty()) return do_end_turn(pick(all));
+    decode();
+  }
+
+  void continue_turn() {
+    auto ended = phase(sequence_phase::ended);
+    if (ended.empty()) return end_turn();
+    auto id = pick(ended);
+    auto N  = uniform(1, std::max<std::int64_t>(1, cfg_.max_prompt / 2));
+    auto T  = uniform(0, cfg_.max_new);
+    auto n  = sim_->sequences().at(id.slot).n;
+    // Upper bound of what the turn reserves: the whole footprint after n + N tokens.
+    bool fits = footprint_pages(cfg_.plan, n + N, T) <= manager_->pool().available_pages();
+    bool ok =
+        fits_or_unchanged(!fits || index_is_small(), [&] { return sim_->continue_turn(id, N, T); });
+    if (fits && !index_is_small()) REQUIRE(ok);
+    if (ok)
+      ++t_.continued;
+    else
+      ++t_.continue_rejected;
+  }
+
+  void fork() {
+    auto cand  = phase(sequence_phase::decode);
+    auto ended = phase(sequence_phase::ended);
+    cand.insert(cand.end(), ended.begin(), ended.end());
+    if (cand.empty()) return admit();
+    auto id = pick(cand);
+    // Upper bound of the child's reservation: the parent's targets (or pages in use when ended).
+    auto const& q   = sim_->sequences().at(id.slot);
+    std::int64_t ub = 0;
+    for (std::int32_t g = 0; g < G_; ++g)
+      ub += q.phase == sequence_phase::decode ? q.target[static_cast<std::size_t>(g)]
+                                              : sim_->in_use(q, g);
+    auto& m        = *manager_;
+    bool slot_free = m.live_sequences() < m.max_sequences();
+    bool fits      = slot_free && ub <= m.pool().available_pages();
+    bool ok =
+        fits_or_unchanged(!fits || index_is_small(), [&] { return sim_->fork(id).has_value(); });
+    if (fits && !index_is_small()) REQUIRE(ok);
+    if (!slot_free) REQUIRE(!ok);
+    if (ok)
+      ++t_.forks;
+    else
+      ++t_.fork_rejected;
+  }
+
+  void free_one() {
+    auto ids = sim_->ids();
+    if (ids.empty()) return admit();
+    auto id = pick(ids);
+    sim_->free(id);
+    graveyard(id);
+    ++t_.frees;
+    ++t_.calls;
+  }
+
+  void abort_mid_chunk() {
+    auto pre = phase(sequence_phase::prefill);
+    if (pre.empty()) return admit();
+    auto id  = pick(pre);
+    auto rem = sim_->sequences().at(id.slot).prompt_remaining;
+    sim_->abort_mid_chunk(id, uniform(1, std::min(rem, cfg_.max_chunk)));
+    graveyard(id);
+    ++t_.aborts;
+    t_.calls += 2;
+  }
+
+  /// Admits requests (small and large) until the pool refused several in a row; every refusal
+  /// must leave the state unchanged. The pool then stays full for the following steps.
+  void full_pool_burst() {
+    int refusals = 0;
+    for (int k = 0; k < 256 && refusals < 6; ++k) {
+      bool small = rng_() % 2 == 0;
+      auto N     = small ? uniform(1, 4) : uniform(1, cfg_.max_prompt);
+      auto T     = small ? uniform(0, 2) : uniform(0, cfg_.max_new);
+      if (admit_one(N, T))
+        refusals = 0;
+      else
+        ++refusals;
+    }
+    ++t_.full_pool_bursts;
+  }
+
+  /// One misuse; it must throw `Exception` whose message holds `piece`, with nothing changed.
+  template <class Exception, class Call>
+  void expect_misuse(char const* piece, Call&& call) {
+    auto ids    = sim_->ids();
+    auto before = snapshot(*manager_, ids);
+    bool threw  = false;
+    std::string msg;
+    try {
+      call();
+    } catch (Exception const& e) {
+      msg   = e.what();
+      threw = true;
+    }
+    INFO("misuse expected to throw with \"" << piece << "\", got: " << msg);
+    REQUIRE(threw);
+    REQUIRE(msg.find(piece) != std::string::npos);
+    REQUIRE(snapshot(*manager_, ids) == before);
+    ++t_.misuses;
+    ++t_.misuse_by_kind[misuse_kind_];
+    ++t_.calls;
+  }
+
+  void misuse() {
+    auto& m      = *manager_;
+    auto pre     = phase(sequence_phase::prefill);
+    auto dec     = phase(sequence_phase::decode);
+    auto end     = phase(sequence_phase::ended);
+    auto live    = sim_->ids();
+    misuse_kind_ = static_cast<std::size_t>(rng_() % storm_totals::misuse_kinds);
+    switch (misuse_kind_) {
+      case 0:  // stale handle (a freed sequence): every entry point refuses it
+        if (!graveyard_.empty()) {
+          auto id = graveyard_[rng_() % graveyard_.size()];
+          if (m.contains(id)) break;
+          switch (rng_() % 6) {
+            case 0:
+              expect_misuse<logic_error>("unknown sequence", [&] { m.free(id); });
+              break;
+            case 1:
+              expect_misuse<logic_error>("unknown sequence", [&] { m.prepare_chunk(id, 1); });
+              break;
+            case 2:
+              expect_misuse<logic_error>("unknown sequence", [&] { m.end_turn(id); });
+              break;
+            case 3:
+              expect_misuse<logic_error>("unknown sequence",
+                                         [&] { (void)m.continue_turn(id, 1, 1); });
+              break;
+            case 4:
+              expect_misuse<logic_error>("unknown sequence", [&] { (void)m.fork(id); });
+              break;
+            default:
+              expect_misuse<logic_error>("unknown sequence", [&] { m.set_batch({id}); });
+              break;
+          }
+        }
+        break;
+      case 1: {  // unknown slot
+        std::int32_t slot = rng_() % 2 ? -1 - static_cast<std::int32_t>(rng_() % 5)
+                                       : m.max_sequences() + static_cast<std::int32_t>(rng_() % 5);
+        expect_misuse<logic_error>("out of range", [&] { m.free(sequence_id{slot, 1}); });
+        break;
+      }
+      case 2:  // commit without prepare
+        if (!pre.empty()) {
+          auto id = pick(pre);
+          expect_misuse<logic_error>("no prepared chunk", [&] {
+            m.commit_chunk(id, std::vector<std::int32_t>(static_cast<std::size_t>(LH_), 0));
+          });
+        }
+        break;
+      case 3:  // kept above the rule (or off the exact count), a second prepare, a wrong count;
+               // then the engine aborts the request
+        if (!pre.empty()) {
+          auto id  = pick(pre);
+          auto rem = sim_->sequences().at(id.slot).prompt_remaining;
+          auto c   = uniform(1, std::min(rem, cfg_.max_chunk));
+          m.prepare_chunk(id, c);
+          ++t_.calls;
+          std::vector<std::int32_t> kept(static_cast<std::size_t>(LH_));
+          m.expected_kept(id, c, kept.data());
+          auto h   = static_cast<std::size_t>(rng_() % kept.size());
+          auto hk  = cfg_.plan.rules[h].kind;
+          auto bad = kept;
+          bad[h] += (hk == layer_kind::compressed || rng_() % 2) ? 1 : -1;
+          if (bad[h] < 0) bad[h] = kept[h] + 1;
+          expect_misuse<logic_error>(hk == layer_kind::compressed ? "between 0 and " : "exactly ",
+                                     [&] { m.commit_chunk(id, bad); });
+          expect_misuse<logic_error>("already has a prepared chunk",
+                                     [&] { m.prepare_chunk(id, 1); });
+          expect_misuse<invalid_argument>("counts (layers x KV heads)", [&] {
+            m.commit_chunk(id, std::vector<std::int32_t>(kept.size() + 1, 0));
+          });
+          sim_->free(id);  // abort mid-chunk after the engine's failed commit
+          graveyard(id);
+          ++t_.aborts;
+          ++t_.calls;
+        }
+        break;
+      case 4:  // decode past T
+        for (auto id : dec) {
+          auto const& q = sim_->sequences().at(id.slot);
+          if (q.decoded != q.max_new) continue;
+          m.set_batch({id});
+          expect_misuse<logic_error>("past the reservation", [&] { m.decode_step(); });
+          break;
+        }
+        break;
+      case 5:  // a batch listing a sequence twice
+        if (!live.empty()) {
+          auto id    = pick(live);
+          auto batch = live;
+          batch.push_back(id);
+          std::shuffle(batch.begin(), batch.end(), rng_);
+          if (batch.size() <= static_cast<std::size_t>(m.options().max_batch))
+            expect_misuse<logic_error>("listed twice", [&] { m.set_batch(batch); });
+        }
+        break;
+      case 6:  // a chunk longer than the prompt left
+        if (!pre.empty()) {
+          auto id  = pick(pre);
+          auto rem = sim_->sequences().at(id.slot).prompt_remaining;
+          expect_misuse<logic_error>("prompt tokens left", [&] { m.prepare_chunk(id, rem + 1); });
+        }
+        break;
+      case 7:  // turn calls in the wrong phase
+        if (!pre.empty()) {
+          auto id = pick(pre);
+          switch (rng_() % 3) {
+            case 0:
+              expect_misuse<logic_error>("phase prefill", [&] { m.end_turn(id); });
+              break;
+            case 1:
+              expect_misuse<logic_error>("end_turn first",
+                                         [&] { (void)m.continue_turn(id, 1, 1); });
+              break;
+            default:
+              expect_misuse<logic_error>("fork after the prompt", [&] { (void)m.fork(id); });
+              break;
+          }
+        }
+        break;
+      case 8:  // decode with a member still in prefill
+        if (!pre.empty()) {
+          std::vector<sequence_id> batch;
+          for (auto id : dec) {
+            auto const& q = sim_->sequences().at(id.slot);
+            if (q.decoded < q.max_new) batch.push_back(id);
+          }
+          batch.push_back(pick(pre));
+          m.set_batch(batch);
+          expect_misuse<logic_error>("not decode", [&] { m.decode_step(); });
+        }
+        break;
+      case 9:  // double free
+        if (!live.empty()) {
+          auto id = pick(live);
+          sim_->free(id);
+          ++t_.frees;
+          ++t_.calls;
+          graveyard(id);
+          expect_misuse<logic_error>("unknown sequence", [&] { m.free(id); });
+        }
+        break;
+      case 10:  // a batch member freed after set_batch
+        if (!dec.empty()) {
+          auto id = pick(dec);
+          std::vector<sequence_id> batch{id};
+          for (auto d : dec)
+            if (d != id && rng_() % 2) batch.push_back(d);
+          m.set_batch(batch);
+          sim_->free(id);
+          ++t_.frees;
+          ++t_.calls;
+          graveyard(id);
+          expect_misuse<logic_error>("no longer a live sequence", [&] { m.decode_step(); });
+        }
+        break;
+      case 11:  // prepare in the wrong phase
+        if (!end.empty())
+          expect_misuse<logic_error>("phase ended", [&] { m.prepare_chunk(pick(end), 1); });
+        else if (!dec.empty())
+          expect_misuse<logic_error>("phase decode", [&] { m.prepare_chunk(pick(dec), 1); });
+        break;
+      case 12:  // bad sizes
+        switch (rng_() % 4) {
+          case 0:
+            expect_misuse<invalid_argument>("prompt_tokens", [&] { (void)m.try_admit(0, 1); });
+            break;
+          case 1:
+            expect_misuse<invalid_argument>("max_new_tokens", [&] { (void)m.try_admit(1, -1); });
+            break;
+          case 2:
+            expect_misuse<invalid_argument>("exceeds",
+                                            [&] { (void)m.try_admit(std::int64_t{1} << 31, 0); });
+            break;
+          default:
+            if (!pre.empty()) {
+              auto id = pick(pre);
+              expect_misuse<invalid_argument>("chunk_tokens", [&] { m.prepare_chunk(id, 0); });
+            }
+            break;
+        }
+        break;
+      default:  // a stale generation on a live slot
+        if (!live.empty()) {
+          auto id = pick(live);
+          sequence_id stale{id.slot, id.generation + 1 + static_cast<std::uint32_t>(rng_() % 3)};
+          expect_misuse<logic_error>("generation", [&] { m.end_turn(stale); });
+        }
+        break;
+    }
+  }
+
+  // ----- journal mirror and FlashInfer export --------------------------------------------------
+
+  void mirror_full_resync() {
+    auto v = manager_->view();
+    auto e = manager_->view_extents();
+    m_offset_.assign(v.page_offset, v.page_offset + e.page_offset);
+    m_pages_.assign(v.pages, v.pages + e.pages);
+    m_base_.assign(v.head_base_len, v.head_base_len + e.head_base_len);
+    manager_->clear_view_changes();
+  }
+
+  /// An engine that mirrors the page tables from view_changes() only must see what the manager
+  /// sees, for every live sequence.
+  void check_journal() {
+    auto& m = *manager_;
+    auto c  = m.changes();
+    auto v  = m.view();
+    if (c.full_resync) {
+      mirror_full_resync();
+    } else {
+      for (std::size_t k = 0; k < c.num_page_entries; ++k)
+        m_pages_[static_cast<std::size_t>(c.page_entries[k])] = v.pages[c.page_entries[k]];
+      for (std::size_t k = 0; k < c.num_slots; ++k) {
+        auto s = static_cast<std::size_t>(c.slots[k]);
+        for (std::size_t g = 0; g < static_cast<std::size_t>(G_); ++g)
+          m_offset_[s * static_cast<std::size_t>(G_) + g] =
+              v.page_offset[s * static_cast<std::size_t>(G_) + g];
+        for (std::size_t h = 0; h < static_cast<std::size_t>(LH_); ++h)
+          m_base_[s * static_cast<std::size_t>(LH_) + h] =
+              v.head_base_len[s * static_cast<std::size_t>(LH_) + h];
+      }
+      m.clear_view_changes();
+    }
+    for (auto id : sim_->ids()) {
+      auto s = static_cast<std::size_t>(id.slot);
+      for (std::int32_t h = 0; h < LH_; ++h)
+        REQUIRE(m_base_[s * static_cast<std::size_t>(LH_) + static_cast<std::size_t>(h)] ==
+                v.head_base_len[s * static_cast<std::size_t>(LH_) + static_cast<std::size_t>(h)]);
+      for (std::int32_t g = 0; g < G_; ++g) {
+        auto off = m_offset_[s * static_cast<std::size_t>(G_) + static_cast<std::size_t>(g)];
+        REQUIRE(off ==
+                v.page_offset[s * static_cast<std::size_t>(G_) + static_cast<std::size_t>(g)]);
+        auto n     = m.group_page_count(id, g);
+        auto pages = m.group_pages(id, g);
+        for (std::int32_t p = 0; p < n; ++p)
+          REQUIRE(m_pages_[static_cast<std::size_t>(off + p)] == pages[p]);
+      }
+    }
+  }
+
+  /// The FlashInfer CSR of a random layer lists, per (request, head), the head's length and the
+  /// pages of its group (growing heads) at its column.
+  void check_export() {
+    auto& m  = *manager_;
+    auto ids = sim_->ids();
+    if (ids.empty()) return;
+    m.set_batch(ids);
+    auto layer =
+        static_cast<std::int32_t>(check_rng_() % static_cast<std::uint32_t>(cfg_.plan.num_layers));
+    m.export_flashinfer_layer(layer, fi_);
+    auto H  = cfg_.plan.num_kv_heads;
+    auto Hp = cfg_.plan.geometry.group_size;
+    auto v  = m.view();
+    REQUIRE(fi_.indptr.size() == ids.size() * static_cast<std::size_t>(H) + 1);
+    for (std::size_t r = 0; r < ids.size(); ++r) {
+      for (std::int32_t h = 0; h < H; ++h) {
+        auto j   = r * static_cast<std::size_t>(H) + static_cast<std::size_t>(h);
+        auto len = m.head_len(ids[r], layer, h);
+        REQUIRE(fi_.kv_len(j) - fi_.first_page_skip[j] == len);
+        auto hs = v.slot_of(layer, h);
+        if (v.group_window[hs.group] > 0) continue;
+        REQUIRE(fi_.first_page_skip[j] == 0);
+        auto pages = m.group_pages(ids[r], hs.group);
+        for (auto k = fi_.indptr[j]; k < fi_.indptr[j + 1]; ++k) {
+          auto virt = fi_.indices[static_cast<std::size_t>(k)];
+          REQUIRE(virt % (2 * Hp) == hs.column);
+          REQUIRE(virt / (2 * Hp) == pages[k - fi_.indptr[j]]);
+        }
+      }
+    }
+  }
+
+  storm_config const& cfg_;
+  std::mt19937 rng_;
+  std::mt19937 check_rng_{7};  ///< the checks' own draws: the walk is the same for any check_every
+  std::int64_t check_every_;
+  std::unique_ptr<memory_resource> resource_;
+  std::unique_ptr<kv_cache_manager> manager_;
+  std::unique_ptr<engine_sim> sim_;
+  std::int32_t G_ = 0, LH_ = 0;
+  std::vector<sequence_id> graveyard_;
+  std::size_t misuse_kind_ = 0;
+  std::vector<std::int32_t> m_offset_, m_pages_, m_base_;
+  flashinfer_paged_kv fi_;
+  storm_totals t_;
+};
+
+}  // namespace tangram::test

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// A short operation storm on every config of storm.hpp (the soak driver, tools/soak, runs the same
+// storms for millions of operations), plus the resource fault cases of faults.hpp.
+#include <string>
+
+#include "faults.hpp"
+#include "storm.hpp"
+
+using namespace tangram;
+using namespace tangram::test;
+
+TEST_CASE("operation storms keep every invariant on tiny and real plans", "[reliability][storm]") {
+  storm_totals all;
+  for (auto const& cfg : storm_configs()) {
+    // Tiny plans: every step checked; real plans: every 8th step (and in full at each drain).
+    bool tiny          = cfg.name.rfind("tiny", 0) == 0;
+    std::int64_t ops   = tiny ? 3000 : 300;
+    std::int64_t every = tiny ? 1 : 8;
+    std::uint64_t seed = 20240 + all.drains;
+    INFO("config " << cfg.name << " seed " << seed);
+    storm s(cfg, seed, every);
+    for (std::int64_t i = 0; i < ops; ++i) {
+      INFO("op " << i);
+      s.step();
+    }
+    s.finish();
+    all.add(s.totals());
+  }
+  INFO("ops " << all.ops << " misuses " << all.misuses << " unchanged " << all.unchanged_checks
+              << " forks " << all.forks << " continued " << all.continued);
+  // The walk reached every path it is meant to check.
+  CHECK(all.admitted > 100);
+  CHECK(all.admit_rejected > 20);
+  CHECK(all.unchanged_checks > 20);
+  CHECK(all.completed_turns > 50);
+  CHECK(all.continued > 20);
+  CHECK(all.forks > 20);
+  CHECK(all.aborts > 10);
+  CHECK(all.full_pool_bursts > 0);
+  for (std::size_t k = 0; k < storm_totals::misuse_kinds; ++k) {
+    INFO("misuse case " << k);
+    CHECK(all.misuse_by_kind[k] > 0);
+  }
+}
+
+TEST_CASE("the unchanged-state comparison sees every kind of change", "[reliability][storm]") {
+  // Guards the storm's "does not fit changes nothing" check against being vacuous.
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  manager_options o;
+  o.num_pages     = 60;
+  o.max_sequences = 3;
+  kv_cache_manager m(plan, mr, o);
+  auto a  = *m.try_admit(6, 2);
+  auto s0 = snapshot(m, {a});
+  m.prepare_chunk(a, 3);
+  auto s1 = snapshot(m, {a});
+  CHECK_FALSE(s1 == s0);  // pages drawn, chunk pending
+  m.free(a);
+  CHECK_FALSE(snapshot(m, {a}) == s1);
+  auto b  = *m.try_admit(1, 0);
+  auto s2 = snapshot(m, {b});
+  m.set_batch({b});
+  CHECK_FALSE(snapshot(m, {b}) == s2);  // the batch is part of the state
+}
+
+TEST_CASE("resource faults at construction are out_of_memory and leak nothing",
+          "[reliability][faults]") {
+  std::int64_t faults = 0;
+  faults += run_resource_faults(tiny_plan(tiny_budgets()), 64, true, 1);
+  faults +=
+      run_resource_faults(tiny_plan(tiny_budgets(), 3, 1, 7, grouping_scope::layer), 100, true, 2);
+  auto configs = storm_configs();
+  for (auto const& c : configs) {
+    INFO(c.name);
+    faults +=
+        run_resource_faults(c.plan, std::min<std::int64_t>(c.options.num_pages, 2048), c.host, 3);
+  }
+  CHECK(faults == 12 * static_cast<std::int64_t>(2 + configs.size()));
+}
