@@ -159,17 +159,17 @@ struct model_spec {
                         l.window);
       }
     }
-    TANGRAM_EXPECTS(weight_bytes >= 0 && weight_bytes < 1e15,
+    TANGRAM_EXPECTS(weight_bytes >= 0 && weight_bytes <= 1e15,
                     invalid_argument,
-                    "model_spec.weight_bytes: must be in [0, 1e15), got ",
+                    "model_spec.weight_bytes: must be in [0, 1e15], got ",
                     weight_bytes);
     TANGRAM_EXPECTS(active_weight_bytes >= 0 && active_weight_bytes <= weight_bytes,
                     invalid_argument,
                     "model_spec.active_weight_bytes: must be in [0, weight_bytes], got ",
                     active_weight_bytes);
-    TANGRAM_EXPECTS(active_parameters >= 0 && active_parameters < 1e14,
+    TANGRAM_EXPECTS(active_parameters >= 0 && active_parameters <= 1e14,
                     invalid_argument,
-                    "model_spec.active_parameters: must be in [0, 1e14), got ",
+                    "model_spec.active_parameters: must be in [0, 1e14], got ",
                     active_parameters);
   }
 };
@@ -249,7 +249,12 @@ inline model_spec model_from_json(json::node const& n) {
   if (m.active_weight_bytes > m.weight_bytes)
     n["active_weight_bytes"].fail(cat("must not exceed weight_bytes (", m.weight_bytes, "), got ",
                                       m.active_weight_bytes));
-  m.validate();
+  try {
+    m.validate();  // every field was checked above; this keeps a file's errors parse_errors
+  } catch (invalid_argument const& e) {
+    if (dynamic_cast<parse_error const*>(&e) != nullptr) throw;
+    n.fail(e.what());
+  }
   return m;
 }
 
