@@ -699,7 +699,8 @@ class basic_kv_cache_manager {
    * @return false ("does not fit") when the pool or the page-id arena lacks room; nothing
    *         changes then (the arena may have been repacked, which moves no logical state).
    * @throw logic_error for an unknown sequence or one whose turn has not ended;
-   *        invalid_argument for N < 1, T < 0 or a total past 2^31 - 1.
+   *        invalid_argument for N < 1, T < 0 or a total past 2^31 - 1; std::bad_alloc when the
+   *        pending-copy list cannot grow. Nothing changes when it throws.
    */
   [[nodiscard]] bool continue_turn(sequence_id seq,
                                    std::int64_t prompt_tokens,
@@ -728,14 +729,16 @@ class basic_kv_cache_manager {
                     n + prompt_tokens + max_new_tokens,
                     " exceeds ",
                     max_tokens);
-    std::int64_t total = 0, seg = 0;
+    std::int64_t total = 0, seg = 0, copies = 0;
     bool relocate = false;
     for (std::int32_t g = 0; g < G_; ++g) {
       auto i   = sg(s, g);
       auto fin = ::tangram::group_pages(group_rule(g), n + prompt_tokens, max_new_tokens, P_);
       scratch_[static_cast<std::size_t>(g)] = fin;
       std::int64_t keep = std::min<std::int64_t>(n_pages_[i], fin);
-      total += fin - exclusive_pages(s, g, keep);
+      auto exclusive    = exclusive_pages(s, g, keep);
+      total += fin - exclusive;
+      copies += keep - exclusive;
       auto need_cap = std::max<std::int64_t>(n_pages_[i], fin);
       relocate |= need_cap > cap_[i];
       seg += need_cap;
@@ -744,6 +747,7 @@ class basic_kv_cache_manager {
       ++stats_.continue_rejected;
       return false;
     }
+    reserve_copies(copies);  // the only allocation: before any change (strong guarantee)
     if (relocate) move_segment(s, seg);
     (void)pool_.try_extend(st.reservation, total);
     for (std::int32_t g = 0; g < G_; ++g) {
@@ -783,7 +787,8 @@ class basic_kv_cache_manager {
    * tail of each growing group, every page of a sliding ring) are copied into new pages, recorded
    * in `pending_copies`. The child reserves what its turn may still need (its parent's target).
    * @return the child, or nullopt ("does not fit"; nothing changed).
-   * @throw logic_error for an unknown sequence or one in prefill.
+   * @throw logic_error for an unknown sequence or one in prefill; std::bad_alloc when the
+   *        pending-copy list cannot grow. Nothing changes when it throws.
    */
   [[nodiscard]] std::optional<sequence_id> fork(sequence_id parent) {
     std::int32_t s = check(parent, "fork");
@@ -795,17 +800,19 @@ class basic_kv_cache_manager {
                     " is in phase ",
                     to_string(ps.phase),
                     "; fork after the prompt is prefilled");
-    std::int64_t total = 0, seg = 0;
+    std::int64_t total = 0, seg = 0, copies = 0;
     for (std::int32_t g = 0; g < G_; ++g) {
       auto i   = sg(s, g);
       auto tgt = ps.phase == sequence_phase::decode ? std::int64_t{target_[i]} : in_use_pages(s, g);
       total += tgt - shared_pages(s, g);
+      copies += in_use_pages(s, g) - shared_pages(s, g);
       seg += tgt;
     }
     if (free_slots_.empty() || total > pool_.available_pages() || !ensure_index_room(seg)) {
       ++stats_.fork_rejected;
       return std::nullopt;
     }
+    reserve_copies(copies);  // the only allocation: before any change (strong guarantee)
     std::int32_t c = free_slots_.back();
     free_slots_.pop_back();
     auto& cs           = slot(c);
@@ -1454,6 +1461,15 @@ class basic_kv_cache_manager {
     for (auto g : growing_groups_) out[start[mod_p(max_base_[sg(s, g)])]++] = g;
     for (std::int32_t r = P_; r > 0; --r) start[r] = start[r - 1];
     start[0] = 0;
+  }
+
+  /// Room for `extra` more pending copies (geometric growth). Called by fork and continue_turn
+  /// before they change anything, so that a failed allocation (std::bad_alloc) leaves the
+  /// manager as it was.
+  void reserve_copies(std::int64_t extra) {
+    auto need = pending_copies_.size() + static_cast<std::size_t>(extra);
+    if (need > pending_copies_.capacity())
+      pending_copies_.reserve(std::max(need, 2 * pending_copies_.capacity()));
   }
 
   page_id draw_page(std::int32_t s, std::int32_t g) {

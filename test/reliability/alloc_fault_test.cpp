@@ -1,0 +1,267 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host allocation failures. This executable replaces the global operator new/delete with a
+// malloc-based version that can be armed to throw std::bad_alloc at the k-th allocation and that
+// counts live allocations. With it:
+// - the calls documented as allocation-free (admission, chunks, decode, turn end, free, batch,
+//   view) are checked to allocate nothing;
+// - every allocation of a manager's constructor, of fork, of continue_turn (copy-on-write) and of
+//   the FlashInfer export is made to fail in turn: the call must throw std::bad_alloc, leave the
+//   manager's whole observable state unchanged (strong guarantee) and leak nothing; then it
+//   succeeds once nothing is injected.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "../memory/engine_sim.hpp"
+#include "../memory/memory_fixtures.hpp"
+
+namespace {
+
+// Armed countdown: the allocation that brings it from 1 to 0 fails; negative means disarmed.
+std::atomic<long> fail_countdown{-1};
+std::atomic<long> live_allocations{0};
+std::atomic<long> total_allocations{0};
+
+void* allocate(std::size_t n, std::size_t align) {
+  if (fail_countdown.load(std::memory_order_relaxed) > 0 &&
+      fail_countdown.fetch_sub(1, std::memory_order_relaxed) == 1)
+    throw std::bad_alloc();
+  if (n == 0) n = 1;
+  void* p = nullptr;
+  if (align <= alignof(std::max_align_t)) {
+    p = std::malloc(n);
+  } else if (posix_memalign(&p, align, n) != 0) {
+    p = nullptr;
+  }
+  if (p == nullptr) throw std::bad_alloc();
+  live_allocations.fetch_add(1, std::memory_order_relaxed);
+  total_allocations.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
+void release(void* p) noexcept {
+  if (p == nullptr) return;
+  live_allocations.fetch_sub(1, std::memory_order_relaxed);
+  std::free(p);
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) {
+  return allocate(n, 0);
+}
+void* operator new[](std::size_t n) {
+  return allocate(n, 0);
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+  return allocate(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return allocate(n, static_cast<std::size_t>(a));
+}
+void* operator new(std::size_t n, std::nothrow_t const&) noexcept {
+  try {
+    return allocate(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, std::nothrow_t const&) noexcept {
+  try {
+    return allocate(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept {
+  release(p);
+}
+void operator delete[](void* p) noexcept {
+  release(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  release(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  release(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  release(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  release(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  release(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  release(p);
+}
+void operator delete(void* p, std::nothrow_t const&) noexcept {
+  release(p);
+}
+void operator delete[](void* p, std::nothrow_t const&) noexcept {
+  release(p);
+}
+
+using namespace tangram;
+using namespace tangram::test;
+
+namespace {
+
+/// Allocations made by `call` (nothing injected).
+template <class Call>
+long allocations_of(Call&& call) {
+  long before = total_allocations.load();
+  call();
+  return total_allocations.load() - before;
+}
+
+/// Fails allocation k = 1, 2, ... of `call` until it completes. Each failure must be
+/// std::bad_alloc with `state()` unchanged and, when `leak_check`, no allocation left behind
+/// (objects that live on, like a manager or an output vector, may keep buffers they grew).
+/// Returns the number of allocation points found.
+template <class Call, class State>
+int fail_each_allocation(Call&& call, State&& state, bool leak_check = false) {
+  for (int k = 1; k < 10000; ++k) {
+    auto before      = state();
+    long live_before = live_allocations.load();
+    bool failed      = false;
+    fail_countdown.store(k);
+    try {
+      call();
+    } catch (std::bad_alloc const&) {
+      failed = true;
+    }
+    bool injected = fail_countdown.load() == 0;
+    fail_countdown.store(-1);
+    if (!failed) {
+      REQUIRE_FALSE(injected);  // the injected failure was not swallowed
+      return k - 1;
+    }
+    long live_after = live_allocations.load();
+    bool unchanged  = state() == before;
+    INFO("allocation " << k);
+    REQUIRE(injected);
+    if (leak_check) REQUIRE(live_after == live_before);
+    REQUIRE(unchanged);
+  }
+  FAIL("the call never completed");
+  return -1;
+}
+
+manager_options small_options(std::int64_t pages, std::int32_t slots) {
+  manager_options o;
+  o.num_pages     = pages;
+  o.max_sequences = slots;
+  return o;
+}
+
+void prefill(kv_cache_manager& m, sequence_id id, std::int64_t n) {
+  std::vector<std::int32_t> kept(m.plan().rules.size());
+  m.prepare_chunk(id, n);
+  m.expected_kept(id, n, kept.data());
+  m.commit_chunk(id, kept);
+}
+
+}  // namespace
+
+TEST_CASE("a failed host allocation in the manager's constructor leaks nothing",
+          "[reliability][faults][alloc]") {
+  for (bool host : {true, false}) {
+    auto plan = tiny_plan(tiny_budgets());
+    host_memory_resource hmr;
+    simulated_memory_resource smr;
+    memory_resource& mr = host ? static_cast<memory_resource&>(hmr) : smr;
+    int points = fail_each_allocation([&] { kv_cache_manager m(plan, mr, small_options(64, 4)); },
+                                      [&] { return smr.allocated_bytes(); },
+                                      true);
+    INFO("host " << host);
+    CHECK(points > 10);  // every array of the manager, each failed in turn
+    CHECK(smr.allocated_bytes() == 0);
+  }
+}
+
+TEST_CASE("documented allocation-free calls allocate nothing", "[reliability][alloc]") {
+  auto plan = tiny_plan(tiny_budgets());
+  simulated_memory_resource mr;
+  kv_cache_manager m(plan, mr, small_options(400, 6));
+  std::vector<std::int32_t> kept(plan.rules.size());
+  std::vector<sequence_id> batch;
+  std::optional<sequence_id> a, b;
+  CHECK(allocations_of([&] {
+          a = m.try_admit(20, 8);
+          b = m.try_admit(9, 5);
+        }) == 0);
+  REQUIRE((a && b));
+  batch = {*a, *b};
+  CHECK(allocations_of([&] {
+          m.prepare_chunk(*a, 20);
+          m.expected_kept(*a, 20, kept.data());
+          m.commit_chunk(*a, kept);
+          m.prepare_chunk(*b, 9);
+          m.expected_kept(*b, 9, kept.data());
+          m.commit_chunk(*b, kept);
+          m.set_batch(batch);
+          for (int t = 0; t < 5; ++t) {
+            m.decode_step();
+            (void)m.view();
+          }
+          (void)m.changes();
+          m.clear_view_changes();
+          m.end_turn(*b);
+          m.free(*a);
+          (void)m.try_admit(1000, 0);  // does not fit
+        }) == 0);
+  m.check_invariants();
+}
+
+TEST_CASE("fork, continue_turn and the FlashInfer export keep the state on bad_alloc",
+          "[reliability][faults][alloc]") {
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  kv_cache_manager m(plan, mr, small_options(400, 6));
+  auto a = *m.try_admit(21, 9);
+  prefill(m, a, 21);
+  m.set_batch({a});
+  for (int t = 0; t < 6; ++t) m.decode_step();
+  std::vector<sequence_id> ids{a};
+  auto state = [&] { return snapshot(m, ids); };
+
+  // Fork copies the partial tails and the sliding ring: the pending-copy list grows.
+  std::optional<sequence_id> child;
+  int fork_points = fail_each_allocation([&] { child = m.fork(a); }, state);
+  REQUIRE(child.has_value());
+  CHECK(fork_points >= 1);
+  m.check_invariants();
+  m.execute_page_copies_host();
+  ids.push_back(*child);
+
+  // The next turn of a forked session copies the shared pages its recompression rewrites; with
+  // more of them than the fork's copies, the pending-copy list must grow.
+  {
+    kv_cache_manager m3(plan, mr, small_options(400, 6));
+    auto q = *m3.try_admit(30, 4);
+    prefill(m3, q, 30);
+    m3.end_turn(q);
+    auto qc          = *m3.fork(q);
+    auto fork_copies = m3.pending_copies().size();
+    m3.execute_page_copies_host();
+    std::vector<sequence_id> ids3{q, qc};
+    bool ok         = false;
+    int cont_points = fail_each_allocation([&] { ok = m3.continue_turn(q, 40, 6); },
+                                           [&] { return snapshot(m3, ids3); });
+    REQUIRE(ok);
+    INFO("fork copies " << fork_copies << ", turn copies " << m3.pending_copies().size());
+    CHECK(m3.pending_copies().size() > fork_copies);
+    CHECK(cont_points >= 1);
+    m3.check_invariants();
+  }
+
+  // The export only fills the caller's vectors: a failure leaves the manager as it was.
+  m.set_batch(ids);
+  flashinfer_paged_kv out;
+  int export_points = fail_each_allocation([&] { m.export_flashinfer_layer(0, out); }, state);
+  CHECK(export_points >= 1);
+  m.check_invariants();
+}
