@@ -86,18 +86,52 @@ class live_tracker {
   double heads_         = 1;
 };
 
+/// @brief A policy whose live bytes come from summing its sequences' head lengths lazily.
+class live_accounting_policy : public kv_policy {
+ public:
+  live_accounting_policy(static_plan const& plan, std::int32_t num_sessions)
+      : plan_(plan),
+        live_(num_sessions, head_token_bytes(plan),
+              static_cast<std::int64_t>(plan.num_layers) * plan.num_kv_heads) {}
+
+  [[nodiscard]] double kv_bytes_read(std::int32_t s) const override {
+    update();
+    return live_.live_bytes(s);
+  }
+  [[nodiscard]] double attended_tokens(std::int32_t s) const override {
+    update();
+    return live_.attended(s);
+  }
+
+ protected:
+  /// Tokens session `s` holds, summed over every (layer, head).
+  [[nodiscard]] virtual std::int64_t held_tokens(std::int32_t s) const = 0;
+  /// Sum of head lengths given a per-head length function.
+  template <class HeadLen>
+  [[nodiscard]] std::int64_t sum_heads(HeadLen&& head_len) const {
+    std::int64_t sum = 0;
+    for (std::int32_t l = 0; l < plan_.num_layers; ++l)
+      for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h) sum += head_len(l, h);
+    return sum;
+  }
+  void update() const {
+    live_.update([&](std::int32_t s) { return held_tokens(s); });
+  }
+
+  static_plan plan_;
+  live_tracker live_;
+};
+
 /// @brief Tangram: reservation + head-group pages (kv_cache_manager).
-class tangram_policy final : public kv_policy {
+class tangram_policy final : public live_accounting_policy {
  public:
   /// @param kv_bytes KV memory of the GPU; @param max_sessions sessions alive at once
   tangram_policy(static_plan const& plan, double kv_bytes, std::int32_t max_sessions,
                  std::int32_t num_sessions)
-      : plan_(plan),
+      : live_accounting_policy(plan, num_sessions),
         manager_(plan, resource_, options(plan, kv_bytes, max_sessions)),
         ids_(static_cast<std::size_t>(num_sessions)),
-        kept_(static_cast<std::size_t>(plan.num_layers) * static_cast<std::size_t>(plan.num_kv_heads)),
-        live_(num_sessions, head_token_bytes(plan),
-              static_cast<std::int64_t>(plan.num_layers) * plan.num_kv_heads) {}
+        kept_(static_cast<std::size_t>(plan.num_layers) * static_cast<std::size_t>(plan.num_kv_heads)) {}
 
   [[nodiscard]] std::string name() const override { return "tangram"; }
 
@@ -146,14 +180,6 @@ class tangram_policy final : public kv_policy {
     live_.clear(s);
   }
 
-  [[nodiscard]] double kv_bytes_read(std::int32_t s) const override {
-    update();
-    return live_.live_bytes(s);
-  }
-  [[nodiscard]] double attended_tokens(std::int32_t s) const override {
-    update();
-    return live_.attended(s);
-  }
   [[nodiscard]] policy_memory memory() const override {
     update();
     auto const& pool = manager_.pool();
@@ -179,36 +205,27 @@ class tangram_policy final : public kv_policy {
     o.max_sequences = max_sessions;
     return o;
   }
-  void update() const {
-    live_.update([&](std::int32_t s) {
-      std::int64_t sum = 0;
-      auto id          = *ids_[static_cast<std::size_t>(s)];
-      for (std::int32_t l = 0; l < plan_.num_layers; ++l)
-        for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h) sum += manager_.head_len(id, l, h);
-      return sum;
-    });
+  [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
+    auto id = *ids_[static_cast<std::size_t>(s)];
+    return sum_heads([&](std::int32_t l, std::int32_t h) { return manager_.head_len(id, l, h); });
   }
 
-  static_plan plan_;
   simulated_memory_resource resource_;
   kv_cache_manager manager_;
   std::vector<std::optional<sequence_id>> ids_;
   std::vector<std::int32_t> kept_;
   std::vector<sequence_id> batch_;
-  live_tracker live_;
 };
 
 /// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation.
-class unified_policy final : public kv_policy {
+class unified_policy final : public live_accounting_policy {
  public:
   unified_policy(static_plan const& plan, unified_mode mode, double kv_bytes, std::int32_t max_sessions,
                  std::int32_t num_sessions, std::int64_t max_tokens)
-      : plan_(plan),
+      : live_accounting_policy(plan, num_sessions),
         mode_(mode),
         baseline_(plan, mode, resource_, pages_for(plan, kv_bytes), max_sessions, max_tokens),
-        slots_(static_cast<std::size_t>(num_sessions), -1),
-        live_(num_sessions, head_token_bytes(plan),
-              static_cast<std::int64_t>(plan.num_layers) * plan.num_kv_heads) {}
+        slots_(static_cast<std::size_t>(num_sessions), -1) {}
 
   [[nodiscard]] std::string name() const override {
     return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
@@ -263,14 +280,6 @@ class unified_policy final : public kv_policy {
     live_.clear(s);
   }
 
-  [[nodiscard]] double kv_bytes_read(std::int32_t s) const override {
-    update();
-    return live_.live_bytes(s);
-  }
-  [[nodiscard]] double attended_tokens(std::int32_t s) const override {
-    update();
-    return live_.attended(s);
-  }
   [[nodiscard]] policy_memory memory() const override {
     update();
     policy_memory m;
@@ -293,23 +302,16 @@ class unified_policy final : public kv_policy {
                   plan.geometry.head_dim * static_cast<double>(plan.geometry.element_bytes());
     return static_cast<std::int64_t>(kv_bytes / page);
   }
-  void update() const {
-    live_.update([&](std::int32_t s) {
-      std::int32_t slot = slots_[static_cast<std::size_t>(s)];
-      std::int64_t sum  = 0;
-      for (std::int32_t l = 0; l < plan_.num_layers; ++l)
-        for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h) sum += baseline_.head_len(slot, l, h);
-      return sum;
-    });
+  [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
+    std::int32_t slot = slots_[static_cast<std::size_t>(s)];
+    return sum_heads([&](std::int32_t l, std::int32_t h) { return baseline_.head_len(slot, l, h); });
   }
 
-  static_plan plan_;
   unified_mode mode_;
   simulated_memory_resource resource_;
   unified_paging_baseline<> baseline_;
   std::vector<std::int32_t> slots_;
   std::vector<std::int32_t> batch_;
-  live_tracker live_;
 };
 
 }  // namespace tangram::sim
