@@ -67,11 +67,21 @@ json::value result_json(replay_result const& r) {
 
 /// Memory over time per policy: allocated (solid) and live (dashed) GB; modelled time axis.
 std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
-  constexpr double W = 900, H = 420, left = 70, right = 170, top = 40, bottom = 50;
+  constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 50;
   constexpr char const* colours[] = {"#d62728", "#ff7f0e", "#1f77b4"};
-  double t_max = 1e-9, y_max = capacity_gb * 1.05;
+  double t_max = 1e-9;
   for (auto const& r : results)
     if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
+  // Round axis steps: 1, 2 or 5 times a power of ten, five or so ticks.
+  auto nice_step = [](double span) {
+    double raw = span / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
+    for (double m : {1.0, 2.0, 5.0, 10.0})
+      if (raw <= m * mag) return m * mag;
+    return 10 * mag;
+  };
+  double y_step = nice_step(capacity_gb * 1.05), t_step = nice_step(t_max);
+  double y_max  = std::ceil(capacity_gb * 1.05 / y_step) * y_step;
+  t_max         = std::ceil(t_max / t_step) * t_step;
   auto x = [&](double t) { return left + (W - left - right) * t / t_max; };
   auto y = [&](double gb) { return H - bottom - (H - top - bottom) * gb / y_max; };
   std::ostringstream s;
@@ -81,13 +91,15 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
   s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << title << "</text>\n";
   s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
   s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
-  for (int i = 0; i <= 5; ++i) {
-    double gb = y_max * i / 5, t = t_max * i / 5;
+  s << std::setprecision(0);
+  for (double gb = 0; gb <= y_max + 1e-9; gb += y_step)
     s << "<text x=\"" << left - 8 << "\" y=\"" << y(gb) + 4 << "\" text-anchor=\"end\">" << gb << "</text>\n";
+  for (double t = 0; t <= t_max + 1e-9; t += t_step)
     s << "<text x=\"" << x(t) << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\">" << t << "</text>\n";
-  }
+  s << std::setprecision(1);
   s << "<line x1=\"" << left << "\" y1=\"" << y(capacity_gb) << "\" x2=\"" << W - right << "\" y2=\""
     << y(capacity_gb) << "\" stroke=\"gray\" stroke-dasharray=\"2,3\"/>\n";
+  s << "<text x=\"" << W - right - 4 << "\" y=\"" << y(capacity_gb) - 5 << "\" text-anchor=\"end\" fill=\"gray\" font-size=\"10\">KV capacity</text>\n";
   s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12 << "\" text-anchor=\"middle\">modelled time (s)</text>\n";
   s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
     << ")\" text-anchor=\"middle\">KV memory (GB)</text>\n";
@@ -104,8 +116,9 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
     s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
       << "\" stroke=\"" << colours[k % 3] << "\" stroke-width=\"2\"/>\n";
     s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << r.policy << "</text>\n";
-    s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 18 << "\" font-size=\"10\" fill=\"gray\">solid allocated, dashed live</text>\n";
   }
+  s << "<text x=\"" << W - right + 10 << "\" y=\"" << top + 20 + 36.0 * static_cast<double>(results.size())
+    << "\" font-size=\"11\" fill=\"gray\">solid: allocated, dashed: live</text>\n";
   s << "</svg>\n";
   return s.str();
 }

@@ -468,6 +468,10 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     }
   }
 
+  {
+    auto end = policy.memory();  // after the last releases
+    out.timeline.push_back({t, end.allocated_bytes, end.live_bytes, resident});
+  }
   // Thin the timeline to the requested number of points (evenly spaced in time).
   if (options.timeline_points > 1 && out.timeline.size() > static_cast<std::size_t>(options.timeline_points)) {
     std::vector<timeline_point> thin;
