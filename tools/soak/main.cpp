@@ -11,6 +11,7 @@
 //
 // Exit status: 0 when every check held; 1 on a violation (stderr names the config, the storm
 // seed and the op index, and the command that replays it); 2 on a usage error.
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -61,9 +62,19 @@ constexpr char const* usage =
 
 std::int64_t to_int(std::string const& flag, char const* v, std::int64_t lo) {
   char* end   = nullptr;
+  errno       = 0;
   long long x = std::strtoll(v, &end, 10);
-  if (end == v || *end != '\0' || x < lo)
+  if (end == v || *end != '\0' || errno == ERANGE || x < lo)
     usage_error(flag + ": expected an integer >= " + std::to_string(lo) + ", got \"" + v + "\"");
+  return x;
+}
+
+std::uint64_t to_uint(std::string const& flag, char const* v) {
+  char* end            = nullptr;
+  errno                = 0;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0' || errno == ERANGE || v[0] == '-')
+    usage_error(flag + ": expected an integer in [0, 2^64 - 1], got \"" + v + "\"");
   return x;
 }
 
@@ -84,7 +95,7 @@ options parse(int argc, char** argv) {
       if (end == v || *end != '\0' || !(o.seconds > 0) || o.seconds > 1e7)
         usage_error("--seconds: expected a number in (0, 1e7], got \"" + std::string(v) + "\"");
     } else if (a == "--seed") {
-      o.seed = static_cast<std::uint64_t>(to_int(a, value(), 0));
+      o.seed = to_uint(a, value());
     } else if (a == "--check-every") {
       o.check_every = to_int(a, value(), 1);
     } else if (a == "--round-ops") {
@@ -93,7 +104,7 @@ options parse(int argc, char** argv) {
       o.config = value();
     } else if (a == "--storm-seed") {
       o.has_storm_seed = true;
-      o.storm_seed     = static_cast<std::uint64_t>(to_int(a, value(), 0));
+      o.storm_seed     = to_uint(a, value());
     } else if (a == "--no-faults") {
       o.faults = false;
     } else if (a == "--list") {
