@@ -20,6 +20,7 @@
 
 #include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
+#include "runtime.hpp"
 
 namespace {
 
@@ -63,11 +64,6 @@ bool uncounted(void* p) {
   if (p == nullptr) return false;
   live_allocations.fetch_sub(1, std::memory_order_relaxed);
   return true;
-}
-
-bool under_valgrind() {
-  char const* preload = std::getenv("LD_PRELOAD");
-  return preload != nullptr && std::strstr(preload, "vgpreload") != nullptr;
 }
 
 }  // namespace

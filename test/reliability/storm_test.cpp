@@ -9,7 +9,9 @@
 using namespace tangram;
 using namespace tangram::test;
 
-TEST_CASE("operation storms keep every invariant on tiny and real plans", "[reliability][storm]") {
+// [slow]: about 2 s natively, about 60 s under valgrind.
+TEST_CASE("operation storms keep every invariant on tiny and real plans",
+          "[reliability][storm][slow]") {
   storm_totals all;
   for (auto const& cfg : storm_configs()) {
     // Tiny plans: every step checked; real plans: every 8th step (and in full at each drain).
