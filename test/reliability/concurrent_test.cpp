@@ -169,6 +169,13 @@ void client(concurrent_kv_cache<>& kv,
   }
 }
 
+manager_options opts_for_tp(std::int64_t pages) {
+  manager_options o;
+  o.num_pages     = pages;
+  o.max_sequences = 4;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("concurrent_kv_cache: clients admit, free, continue and fork while a scheduler steps",
@@ -302,4 +309,24 @@ TEST_CASE("concurrent_kv_cache: readers see consistent counters while steps run"
   CHECK(reads.load() > 0);
   CHECK(kv.live_sequences() == 0);
   kv.check_invariants();
+}
+
+TEST_CASE("concurrent_kv_cache: tensor-parallel admission on every rank or on none",
+          "[reliability][concurrent][tp]") {
+  auto plan = tiny_plan(tiny_budgets());
+  simulated_memory_resource mr;
+  concurrent_kv_cache<> r0(plan, mr, opts_for_tp(200));
+  concurrent_kv_cache<> r1(plan, mr, opts_for_tp(40));  // the small rank refuses first
+  std::vector<concurrent_kv_cache<>*> ranks{&r0, &r1};
+  auto ids = try_admit_all(ranks, 20, 4);
+  REQUIRE(ids.has_value());
+  CHECK(r0.live_sequences() == 1);
+  CHECK(r1.live_sequences() == 1);
+  // Rank 1 has no room for a second one: rank 0 rolls back.
+  CHECK_FALSE(try_admit_all(ranks, 20, 4).has_value());
+  CHECK(r0.live_sequences() == 1);
+  CHECK(r0.stats().freed == 1);
+  for (std::size_t k = 0; k < ranks.size(); ++k) ranks[k]->free((*ids)[k]);
+  CHECK(r0.pool_statistics().reserved == 0);
+  CHECK(r1.pool_statistics().reserved == 0);
 }
