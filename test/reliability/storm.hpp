@@ -68,6 +68,7 @@ struct storm_totals {
   std::int64_t frees = 0, aborts = 0;
   std::int64_t misuses          = 0;  ///< misuse calls: threw, nothing changed
   std::int64_t unchanged_checks = 0;  ///< "does not fit" answers compared before/after
+  std::int64_t index_refusals   = 0;  ///< refused with pages and a slot free (page-id arena full)
   std::int64_t full_checks      = 0;  ///< full verifications (model, invariants, journal, export)
   std::int64_t full_pool_bursts = 0;  ///< admission bursts until the pool refused repeatedly
   std::int64_t drains           = 0;  ///< every request run to completion and freed; pool empty
@@ -92,6 +93,7 @@ struct storm_totals {
     aborts += o.aborts;
     misuses += o.misuses;
     unchanged_checks += o.unchanged_checks;
+    index_refusals += o.index_refusals;
     full_checks += o.full_checks;
     full_pool_bursts += o.full_pool_bursts;
     drains += o.drains;
@@ -398,6 +400,23 @@ class storm {
       graveyard_[rng_() % graveyard_.size()] = id;
   }
   bool index_is_small() const { return cfg_.options.index_capacity != 0; }
+  /// The page-id arena may refuse a request whose pages fit: when it was made small, or while
+  /// forks share pages (each holder's page list has its own entries, so the lists of forked
+  /// sequences can hold more entries than the pool has pages; the default arena, 2 x pages +
+  /// 4 x slots x groups, is sized for unshared lists).
+  bool arena_may_refuse() {
+    if (index_is_small()) return true;
+    auto& m = *manager_;
+    forked_.erase(
+        std::remove_if(
+            forked_.begin(), forked_.end(), [&](sequence_id id) { return !m.contains(id); }),
+        forked_.end());
+    return !forked_.empty();
+  }
+  /// Counts a refusal although pages and a slot were free (the arena's answer).
+  void note_refusal(bool fits, bool ok) {
+    if (fits && !ok) ++t_.index_refusals;
+  }
 
   /// Runs a call expected to answer "does not fit" or to succeed; when it may not fit, the whole
   /// observable state must be unchanged after a refusal.
@@ -426,14 +445,16 @@ class storm {
     auto need  = m.admission_pages(N, T);
     bool slots = m.live_sequences() < m.max_sequences();
     bool fits  = slots && need <= m.pool().available_pages();
+    bool arena = arena_may_refuse();
     std::optional<sequence_id> id;
-    bool ok = fits_or_unchanged(!fits || index_is_small(), [&] {
+    bool ok = fits_or_unchanged(!fits || arena, [&] {
       id = sim_->admit(N, T);
       return id.has_value();
     });
     // A request whose footprint fits the unreserved pages, with a free slot, is admitted.
-    if (fits && !index_is_small()) REQUIRE(ok);
+    if (fits && !arena) REQUIRE(ok);
     if (!fits) REQUIRE(!ok);
+    note_refusal(fits, ok);
     if (ok)
       ++t_.admitted;
     else
@@ -500,10 +521,11 @@ class storm {
     auto T  = uniform(0, cfg_.max_new);
     auto n  = sim_->sequences().at(id.slot).n;
     // Upper bound of what the turn reserves: the whole footprint after n + N tokens.
-    bool fits = footprint_pages(cfg_.plan, n + N, T) <= manager_->pool().available_pages();
-    bool ok =
-        fits_or_unchanged(!fits || index_is_small(), [&] { return sim_->continue_turn(id, N, T); });
-    if (fits && !index_is_small()) REQUIRE(ok);
+    bool fits  = footprint_pages(cfg_.plan, n + N, T) <= manager_->pool().available_pages();
+    bool arena = arena_may_refuse();
+    bool ok    = fits_or_unchanged(!fits || arena, [&] { return sim_->continue_turn(id, N, T); });
+    if (fits && !arena) REQUIRE(ok);
+    note_refusal(fits, ok);
     if (ok)
       ++t_.continued;
     else
@@ -525,10 +547,19 @@ class storm {
     auto& m        = *manager_;
     bool slot_free = m.live_sequences() < m.max_sequences();
     bool fits      = slot_free && ub <= m.pool().available_pages();
-    bool ok =
-        fits_or_unchanged(!fits || index_is_small(), [&] { return sim_->fork(id).has_value(); });
-    if (fits && !index_is_small()) REQUIRE(ok);
+    bool arena     = arena_may_refuse();
+    std::optional<sequence_id> child;
+    bool ok = fits_or_unchanged(!fits || arena, [&] {
+      child = sim_->fork(id);
+      return child.has_value();
+    });
+    if (fits && !arena) REQUIRE(ok);
     if (!slot_free) REQUIRE(!ok);
+    note_refusal(fits, ok);
+    if (child) {
+      forked_.push_back(id);
+      forked_.push_back(*child);
+    }
     if (ok)
       ++t_.forks;
     else
@@ -877,6 +908,7 @@ class storm {
   std::unique_ptr<engine_sim> sim_;
   std::int32_t G_ = 0, LH_ = 0;
   std::vector<sequence_id> graveyard_;
+  std::vector<sequence_id> forked_;  ///< parents and children of forks (may share pages)
   std::size_t misuse_kind_ = 0;
   std::vector<std::int32_t> m_offset_, m_pages_, m_base_;
   flashinfer_paged_kv fi_;
