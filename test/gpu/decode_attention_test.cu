@@ -31,25 +31,6 @@ struct gpu_decode_case {
   std::uint64_t seed = 1;
 };
 
-std::vector<std::int32_t> random_cta_begin(std::int32_t L,
-                                           std::int32_t H,
-                                           std::int32_t n_cta,
-                                           std::mt19937_64& rng) {
-  std::vector<std::int32_t> begin;
-  for (std::int32_t l = 0; l < L; ++l) {
-    std::vector<double> w(static_cast<std::size_t>(H));
-    for (auto& x : w) x = std::uniform_real_distribution<double>(0.05, 1)(rng);
-    auto seats     = apportion(w, n_cta);
-    std::int32_t b = 0;
-    for (auto s : seats) {
-      begin.push_back(b);
-      b += s;
-    }
-    begin.push_back(b);
-  }
-  return begin;
-}
-
 void run_gpu_case(gpu_decode_case const& c) {
   INFO("dtype " << to_string(c.kv_dtype) << " d " << c.d << " P " << c.P << " group " << c.group
                 << " seed " << c.seed);
@@ -84,7 +65,7 @@ void run_gpu_case(gpu_decode_case const& c) {
   device_buffer dout(out_bytes), dlse(static_cast<std::size_t>(B * Hq) * 4);
 
   for (std::int32_t n_cta : {c.heads, 2 * 132, 4 * 132 + 7}) {
-    auto begin = random_cta_begin(c.layers, c.heads, n_cta, rng);
+    auto begin = test::random_cta_begin(c.layers, c.heads, n_cta, rng);
     device_buffer dbegin(begin);
     for (std::int32_t layer = 0; layer < c.layers; ++layer) {
       INFO("N_CTA " << n_cta << " layer " << layer);

@@ -21,38 +21,8 @@
 
 namespace tangram::test {
 
-/// mu + alpha sigma (population) per head, clamped to (0, 1], straight from the samples.
-inline std::vector<double> musigma(retention_samples const& s, double alpha = 2.0) {
-  std::size_t L = s.layer_ids.size(), H = static_cast<std::size_t>(s.num_kv_heads);
-  std::vector<double> b(L * H);
-  for (std::size_t i = 0; i < L * H; ++i) {
-    double sum = 0, sq = 0;
-    for (std::size_t k = 0; k < s.samples.size(); ++k) sum += s.ratio(k, i / H, i % H);
-    double mu = sum / static_cast<double>(s.samples.size());
-    for (std::size_t k = 0; k < s.samples.size(); ++k)
-      sq += std::pow(s.ratio(k, i / H, i % H) - mu, 2);
-    b[i] = std::min(1.0, mu + alpha * std::sqrt(sq / static_cast<double>(s.samples.size())));
-  }
-  return b;
-}
-
-inline budget_profile profile_from_samples(retention_samples const& s,
-                                           std::vector<double> budgets) {
-  budget_profile p;
-  p.model            = s.model;
-  p.scorer           = s.scorer;
-  p.num_model_layers = s.num_model_layers;
-  p.num_kv_heads     = s.num_kv_heads;
-  p.layer_ids        = s.layer_ids;
-  p.sink_tokens      = s.sink_tokens;
-  p.window_tokens    = s.window_tokens;
-  p.budgets          = std::move(budgets);
-  return p;
-}
-
 /// The Llama-3.1-8B plan for one bundled scorer (P = 16, Hp = 4, global grouping), budgets
-/// calibrated by the library (mu + 2 sigma). Tests that check the calibration itself use
-/// `musigma` above instead.
+/// calibrated by the library (mu + 2 sigma).
 inline static_plan llama_plan(std::string const& scorer,
                               std::int32_t page_tokens = 16,
                               std::int32_t group_size  = 4) {

@@ -40,18 +40,8 @@ struct random_split_map {
   split_map_view view{};
   random_split_map(std::int32_t L, std::int32_t H, std::mt19937_64& rng) {
     std::int32_t n_cta = std::uniform_int_distribution<std::int32_t>(H, H + 400)(rng);
-    for (std::int32_t l = 0; l < L; ++l) {
-      std::vector<double> w(static_cast<std::size_t>(H));
-      for (auto& x : w) x = std::uniform_real_distribution<double>(0, 1)(rng);
-      auto seats     = apportion(w, n_cta);
-      std::int32_t b = 0;
-      for (auto s : seats) {
-        begin.push_back(b);
-        b += s;
-      }
-      begin.push_back(b);
-    }
-    view = {L, H, n_cta, begin.data()};
+    begin              = test::random_cta_begin(L, H, n_cta, rng);
+    view               = {L, H, n_cta, begin.data()};
   }
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tangram/memory/kv_view.hpp"
+#include "tangram/plan/split_planner.hpp"
 #include "tangram/numeric.hpp"
 #include "tangram/reference/storage.hpp"
 
@@ -262,5 +263,24 @@ class test_cache {
   std::vector<std::byte> pool_;
   std::vector<std::vector<float>> dense_k_, dense_v_;
 };
+
+/// Split-map boundaries with random shares (at least one CTA per head) for every layer:
+/// [L * (H + 1)] entries, each layer's shares summing to n_cta.
+template <class Rng>
+std::vector<std::int32_t> random_cta_begin(std::int32_t L, std::int32_t H, std::int32_t n_cta, Rng& rng) {
+  std::vector<std::int32_t> begin;
+  for (std::int32_t l = 0; l < L; ++l) {
+    std::vector<double> w(static_cast<std::size_t>(H));
+    for (auto& x : w) x = std::uniform_real_distribution<double>(0, 1)(rng);
+    auto seats     = apportion(w, n_cta);
+    std::int32_t b = 0;
+    for (auto s : seats) {
+      begin.push_back(b);
+      b += s;
+    }
+    begin.push_back(b);
+  }
+  return begin;
+}
 
 }  // namespace tangram::test
