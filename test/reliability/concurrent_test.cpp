@@ -214,6 +214,10 @@ TEST_CASE("concurrent_kv_cache: clients admit, free, continue and fork while a s
     while (running.load() > 0) {
       box.drain_into(active);
       scheduler_step(kv, active, rng, sc, kept, expected);
+      // std::mutex is not fair: give the clients a chance at the lock between steps (a real
+      // scheduler waits for the GPU here). Without it, a serialising runtime such as valgrind
+      // can starve them for minutes.
+      std::this_thread::yield();
     }
   } catch (...) {  // a failed check: stop the clients before reporting it
     abort.store(true);
@@ -275,6 +279,7 @@ TEST_CASE("concurrent_kv_cache: readers see consistent counters while steps run"
         auto s = kv.stats();
         if (s.freed > s.admitted + s.forks) ++inconsistent;
         ++reads;
+        std::this_thread::yield();  // std::mutex is not fair (see above)
       }
     });
   std::mt19937 rng(3);
