@@ -735,8 +735,8 @@ class basic_kv_cache_manager {
       auto i   = sg(s, g);
       auto fin = ::tangram::group_pages(group_rule(g), n + prompt_tokens, max_new_tokens, P_);
       scratch_[static_cast<std::size_t>(g)] = fin;
-      std::int64_t keep = std::min<std::int64_t>(n_pages_[i], fin);
-      auto exclusive    = exclusive_pages(s, g, keep);
+      std::int64_t keep                     = std::min<std::int64_t>(n_pages_[i], fin);
+      auto exclusive                        = exclusive_pages(s, g, keep);
       total += fin - exclusive;
       copies += keep - exclusive;
       auto need_cap = std::max<std::int64_t>(n_pages_[i], fin);
