@@ -82,6 +82,17 @@ TEST_CASE("workload traces round-trip and bad traces name the field", "[workload
                                   parse_error, "turns[0].output_tokens", "expected an integer");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(bad("[{\"prompt_tokens\": 100, \"output_tokens\": 10}]", "[]"), "w.json"),
                                   parse_error, "sessions[0].turns", "got 0");
+  // Bounded work: a session beyond 2^31 - 1 tokens, a trace beyond 2^28 answer tokens.
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      parse_workload(bad("{\"prompt_tokens\": 100, \"output_tokens\": 10}",
+                         "{\"prompt_tokens\": 1073741824, \"output_tokens\": 1073741824}"), "w.json"),
+      parse_error, "sessions[0].turns", "2147483648 tokens", "limit of 2147483647");
+  std::string many = R"({"format": "tangram-workload/v1", "sessions": [)";
+  for (int i = 0; i < 3; ++i)
+    many += std::string(i ? "," : "") + R"({"arrival_s": 0, "turns": [{"prompt_tokens": 10, "output_tokens": 100000000}]})";
+  many += "]}";
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(many, "w.json"), parse_error, "w.json: sessions",
+                                  "more than 268435456 answer tokens", "session 2");
   workload_options neg;
   neg.sessions = 0;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(generate_workload(neg), invalid_argument, "workload.sessions", "got 0");

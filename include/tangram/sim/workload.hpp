@@ -50,10 +50,13 @@ struct workload {
 
 /// Limits for traces read from files.
 struct workload_limits {
-  static constexpr std::int64_t max_sessions     = 1000000;
-  static constexpr std::int64_t max_turns        = 10000;
-  static constexpr std::int64_t max_tokens       = std::int64_t{1} << 30;
-  static constexpr double max_seconds            = 1e9;
+  static constexpr std::int64_t max_sessions         = 1000000;
+  static constexpr std::int64_t max_turns            = 10000;
+  static constexpr std::int64_t max_tokens           = std::int64_t{1} << 30;  ///< one prompt/answer
+  static constexpr std::int64_t max_session_tokens   = (std::int64_t{1} << 31) - 1;  ///< a session
+  static constexpr std::int64_t max_total_tokens     = std::int64_t{1} << 40;  ///< whole trace
+  static constexpr std::int64_t max_total_answer_tokens = std::int64_t{1} << 28;  ///< decode steps
+  static constexpr double max_seconds                = 1e9;
 };
 
 /// @brief Built-in SCBench-like traffic classes.
@@ -182,6 +185,7 @@ inline workload parse_workload(std::string_view text, std::string_view source) {
   auto sessions = doc["sessions"];
   std::size_t count = sessions.expect_size_in(1, workload_limits::max_sessions);
   w.sessions.reserve(count);
+  std::int64_t total = 0, answers = 0;
   for (std::size_t i = 0; i < count; ++i) {
     auto s = sessions[i];
     session_spec sess;
@@ -196,6 +200,20 @@ inline workload parse_workload(std::string_view text, std::string_view source) {
       if (auto think = t.find("think_s")) turn.think_s = think->as_double(0, workload_limits::max_seconds);
       sess.turns.push_back(turn);
     }
+    // Bounded work: a session must fit in 32-bit token positions, and the whole trace in a replay
+    // that finishes (the replay's cost grows with the answer tokens: one decode step each).
+    std::int64_t tokens = sess.total_tokens();
+    if (tokens > workload_limits::max_session_tokens)
+      s["turns"].fail(detail::cat("the session's prompts and answers total ", tokens,
+                                  " tokens, more than the limit of ", workload_limits::max_session_tokens));
+    total += tokens;
+    for (auto const& t : sess.turns) answers += t.output_tokens;
+    if (total > workload_limits::max_total_tokens)
+      sessions.fail(detail::cat("the trace totals more than ", workload_limits::max_total_tokens,
+                                " tokens (reached at session ", i, ")"));
+    if (answers > workload_limits::max_total_answer_tokens)
+      sessions.fail(detail::cat("the trace asks for more than ", workload_limits::max_total_answer_tokens,
+                                " answer tokens (reached at session ", i, ")"));
     w.sessions.push_back(std::move(sess));
   }
   return w;
