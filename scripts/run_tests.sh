@@ -27,8 +27,10 @@ fi
 
 if want asan; then
   stage "asan: CPU suites under AddressSanitizer + UndefinedBehaviorSanitizer"
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANGRAM_SANITIZE=address,undefined \
-    -DTANGRAM_ENABLE_CUDA=OFF -DTANGRAM_BUILD_BENCHMARKS=OFF -DTANGRAM_BUILD_EXAMPLES=OFF >/dev/null
+  # -O1 -g1: the instrumented build compiles in less than half the time of -O2 -g.
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" \
+    -DTANGRAM_SANITIZE=address,undefined -DTANGRAM_ENABLE_CUDA=OFF -DTANGRAM_BUILD_BENCHMARKS=OFF \
+    -DTANGRAM_BUILD_EXAMPLES=OFF >/dev/null
   cmake --build build-asan -j"$jobs" --target "${cpu_suites[@]}"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -L cpu -E '^(consumer|headers):'
