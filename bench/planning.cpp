@@ -9,7 +9,7 @@
 //                                (counters: *_ns_per_request and greedy_over_aot)
 //   imbalance/<w>/<c>/<batch>    max/mean CTA tokens of the four planners on all 8 real profiles,
 //                                8 batches each (contexts log-uniform 1K..128K, seeds 1..8),
-//                                every layer; w: 0 expected_tokens, 1 budget; N_CTA = 132 x c
+//                                every layer; w: 0 batch_share, 1 budget; N_CTA = 132 x c
 //
 // Run: build/bench/bench_planning --benchmark_format=json
 #include <benchmark/benchmark.h>
@@ -92,7 +92,7 @@ BENCHMARK(evaluate_profile)
 
 void cluster(benchmark::State& state) {
   auto scope       = static_cast<grouping_scope>(state.range(0));
-  auto const& plan = plan_for(6, split_weighting::expected_tokens, 2);  // snapkv/llama
+  auto const& plan = plan_for(6, split_weighting::batch_share, 2);  // snapkv/llama
   state.SetLabel(std::string(to_string(scope)));
   double waste = 0;
   for (auto _ : state) {
@@ -109,7 +109,7 @@ BENCHMARK(cluster)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
 // preallocated buffers), and the per-step planners (head lengths + plan).
 void step_mapping(benchmark::State& state) {
   auto batch       = static_cast<std::int32_t>(state.range(0));
-  auto const& plan = plan_for(6, split_weighting::expected_tokens, 2);
+  auto const& plan = plan_for(6, split_weighting::batch_share, 2);
   auto view        = plan.splits.view();
   auto H           = plan.num_kv_heads;
   auto N           = view.num_ctas;
@@ -192,7 +192,7 @@ BENCHMARK(step_mapping)->RangeMultiplier(2)->Range(1, 256)->Unit(benchmark::kMic
 
 // Imbalance of the four planners, pooled over the 8 real profiles, 8 batches, every layer.
 void imbalance(benchmark::State& state) {
-  auto w     = state.range(0) == 0 ? split_weighting::expected_tokens : split_weighting::budget;
+  auto w     = state.range(0) == 0 ? split_weighting::batch_share : split_weighting::budget;
   auto c     = static_cast<int>(state.range(1));
   auto batch = static_cast<std::int32_t>(state.range(2));
   std::vector<double> a, e, g, f;

@@ -85,9 +85,9 @@ TEST_CASE("build_split_map follows Algorithm 1", "[split]") {
   CHECK(v.head_of_cta(0, 5) == 1);
   CHECK(v.head_of_cta(0, 19) == 3);
   CHECK(v.partial_slots(3) == 20 + 4 * 3);
-  // expected_tokens weighting accounts for the protected floor: at contexts below `protect`
+  // batch_share weighting accounts for the protected floor: at contexts below `protect`
   // every head keeps everything, so the shares even out.
-  o.weighting          = split_weighting::expected_tokens;
+  o.weighting          = split_weighting::batch_share;
   o.reference_contexts = {100};
   for (auto& r : rules) r.protect = 200;
   auto even = build_split_map(rules, 1, 4, o);

@@ -3,6 +3,7 @@
 // docs/reliability.md): each call must throw the documented exception with a message naming the
 // field and the offending value. Also the caps on sizes read from files: oversized documents are
 // refused before anything proportional to the claimed size is allocated.
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -391,6 +392,34 @@ TEST_CASE("plan options, grouping, split maps and split analysis name the field 
                                   invalid_argument,
                                   "split_options.reference_contexts",
                                   "got 0");
+  so.reference_contexts   = {1024};
+  so.reference_batch_size = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_split_map(plan.rules, 4, 4, so),
+                                  invalid_argument,
+                                  "split_options.reference_batch_size",
+                                  "got 0");
+  so.reference_batch_size = 4096;
+  so.reference_batches    = 4096;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_split_map(plan.rules, 4, 4, so),
+                                  invalid_argument,
+                                  "reference_batches x reference_batch_size",
+                                  "4096 x 4096");
+  so.reference_batches = 70000;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_split_map(plan.rules, 4, 4, so),
+                                  invalid_argument,
+                                  "split_options.reference_batches",
+                                  "got 70000");
+  so                = split_options{};
+  so.share_quantile = 1.5;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_split_map(plan.rules, 4, 4, so),
+                                  invalid_argument,
+                                  "split_options.share_quantile",
+                                  "got 1.5");
+  so.share_quantile = std::nan("");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_split_map(plan.rules, 4, 4, so),
+                                  invalid_argument,
+                                  "split_options.share_quantile",
+                                  "got nan");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_split_weighting("tokens", "--weighting"),
                                   invalid_argument,
                                   "--weighting",
@@ -675,6 +704,26 @@ TEST_CASE("sizes read from files are capped before anything proportional is allo
                                   "reference_contexts",
                                   "expected 1 to 1024 elements",
                                   "got 1025");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      parse_static_plan(edit(plan, "\"share_quantile\": 0.95", "\"share_quantile\": 2"),
+                        "plan.json"),
+      parse_error,
+      "share_quantile",
+      "2");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      parse_static_plan(edit(plan, "\"reference_batches\": 256", "\"reference_batches\": 65536"),
+                        "plan.json"),
+      parse_error,
+      "reference_batches",
+      "65536 x 16");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      parse_static_plan(edit(plan,
+                             "\"split_weighting\": \"batch_share\"",
+                             "\"split_weighting\": \"expected_tokens\""),
+                        "plan.json"),
+      parse_error,
+      "split_weighting",
+      "expected_tokens");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       parse_static_plan(edit(plan, "\"tp_size\": 1", "\"tp_size\": 4096"), "plan.json"),
       parse_error,

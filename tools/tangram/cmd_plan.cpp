@@ -46,7 +46,7 @@ int cmd_plan(args& a, streams io) {
   o.split.limits.sm_count    = static_cast<std::int32_t>(a.integer("--sms", 132, 1, 65536));
   o.split.limits.ctas_per_sm = static_cast<std::int32_t>(a.integer("--ctas-per-sm", 2, 1, 64));
   o.split.weighting          = parse_split_weighting(
-      a.choice("--weighting", "expected_tokens", {"budget", "expected_tokens"}));
+      a.choice("--weighting", "batch_share", {"budget", "batch_share"}));
   o.tp_size    = static_cast<std::int32_t>(a.integer("--tp-size", 1, 1, 1024));
   o.tp_rank    = static_cast<std::int32_t>(a.integer("--tp-rank", 0, 0, 1023));
   auto model_o = a.value("--model");

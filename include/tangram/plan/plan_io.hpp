@@ -148,6 +148,9 @@ inline json::value plan_to_json_value(static_plan const& p) {
   auto refs = json::value::array();
   for (auto n : p.options.split.reference_contexts) refs.push_back(n);
   o.set("reference_contexts", std::move(refs));
+  o.set("reference_batch_size", p.options.split.reference_batch_size);
+  o.set("reference_batches", p.options.split.reference_batches);
+  o.set("share_quantile", p.options.split.share_quantile);
   o.set("tp_size", p.options.tp_size);
   o.set("tp_rank", p.options.tp_rank);
   v.set("options", std::move(o));
@@ -300,17 +303,29 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
     std::string name = w.as_string(32);
     if (name == "budget")
       p.options.split.weighting = split_weighting::budget;
-    else if (name == "expected_tokens")
-      p.options.split.weighting = split_weighting::expected_tokens;
+    else if (name == "batch_share")
+      p.options.split.weighting = split_weighting::batch_share;
     else
-      w.fail(
-          cat("unknown split weighting ", w.describe(), " (expected budget or expected_tokens)"));
+      w.fail(cat("unknown split weighting ", w.describe(), " (expected budget or batch_share)"));
     auto refs     = o["reference_contexts"];
-    std::size_t n = refs.expect_size_in(1, 1024);
+    std::size_t n = refs.expect_size_in(1, split_limits::max_reference_contexts);
     p.options.split.reference_contexts.clear();
     for (std::size_t i = 0; i < n; ++i)
       p.options.split.reference_contexts.push_back(
           refs[i].as_int(1, profile_limits::max_context_tokens));
+    p.options.split.reference_batch_size =
+        detail::as_i32(o["reference_batch_size"], 1, split_limits::max_batch_size);
+    p.options.split.reference_batches =
+        detail::as_i32(o["reference_batches"], 1, split_limits::max_batches);
+    p.options.split.share_quantile = o["share_quantile"].as_double(0, 1);
+    if (std::int64_t{p.options.split.reference_batches} * p.options.split.reference_batch_size >
+        split_limits::max_reference_requests)
+      o["reference_batches"].fail(cat("x reference_batch_size must be at most ",
+                                      split_limits::max_reference_requests,
+                                      ", got ",
+                                      p.options.split.reference_batches,
+                                      " x ",
+                                      p.options.split.reference_batch_size));
   }
   p.options.tp_size = detail::as_i32(o["tp_size"], 1, 1024);
   p.options.tp_rank = detail::as_i32(o["tp_rank"], 0, p.options.tp_size - 1);
@@ -557,6 +572,19 @@ inline std::string plan_difference(static_plan const& a, static_plan const& b) {
   if (oa.split.weighting != ob.split.weighting) return "options.split.weighting";
   if (oa.split.reference_contexts != ob.split.reference_contexts)
     return "options.split.reference_contexts";
+  if (oa.split.reference_batch_size != ob.split.reference_batch_size ||
+      oa.split.reference_batches != ob.split.reference_batches)
+    return cat("options.split.reference_batches: ",
+               oa.split.reference_batches,
+               " x ",
+               oa.split.reference_batch_size,
+               " vs ",
+               ob.split.reference_batches,
+               " x ",
+               ob.split.reference_batch_size);
+  if (oa.split.share_quantile != ob.split.share_quantile)
+    return cat(
+        "options.split.share_quantile: ", oa.split.share_quantile, " vs ", ob.split.share_quantile);
   if (oa.tp_size != ob.tp_size || oa.tp_rank != ob.tp_rank)
     return cat("options.tp: ", oa.tp_size, "/", oa.tp_rank, " vs ", ob.tp_size, "/", ob.tp_rank);
   if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||

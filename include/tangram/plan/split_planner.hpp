@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <random>
 #include <string_view>
 #include <vector>
 
+#include "tangram/detail/stats.hpp"
 #include "tangram/error.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/split_map.hpp"
@@ -21,52 +23,124 @@ namespace tangram {
 
 /// @brief What Phi, the weight a head's CTA share follows, measures.
 enum class split_weighting : std::uint8_t {
-  budget,           ///< Phi = B (the paper's Algorithm 1; uncompressed heads count 1)
-  /// Phi = (sum over reference contexts n of retained_tokens(rule, n)) / (sum of n): the head's
-  /// expected tokens per context token when the reference contexts are equally likely. Token
-  /// weighted: long contexts, which carry most of a step's work, count in proportion.
-  expected_tokens,
+  budget,  ///< Phi = B (the paper's Algorithm 1; uncompressed heads count 1)
+  /// Phi = a high quantile (`share_quantile`) of the head's share of its layer's tokens over
+  /// reference batches of the expected traffic. A head's share moves with a batch's mix of short
+  /// and long contexts (below its protected floor a small-budget head keeps every token); sizing
+  /// each head for a bad batch rather than the average one keeps the fullest CTA near the mean.
+  batch_share,
 };
 
 constexpr std::string_view to_string(split_weighting w) noexcept {
-  return w == split_weighting::budget ? "budget" : "expected_tokens";
+  return w == split_weighting::budget ? "budget" : "batch_share";
 }
 
 /// @throw invalid_argument naming `field` and the value.
 inline split_weighting parse_split_weighting(std::string_view name, std::string_view field = "weighting") {
   if (name == "budget") return split_weighting::budget;
-  if (name == "expected_tokens") return split_weighting::expected_tokens;
+  if (name == "batch_share") return split_weighting::batch_share;
   TANGRAM_FAIL(invalid_argument, field, ": unknown split weighting ", detail::quoted(name),
-               " (expected budget or expected_tokens)");
+               " (expected budget or batch_share)");
 }
 
-/// Log-spaced contexts 1K, 2K, ..., 128K: the default traffic a split map is balanced for.
+/// 64 log-spaced contexts from 1K to 128K, round(1024 x 128^(i / 63)): the default traffic a split
+/// map is balanced for (every request of a reference batch draws one of them uniformly).
 inline std::vector<std::int64_t> default_reference_contexts() {
   std::vector<std::int64_t> out;
-  for (std::int64_t n = 1024; n <= 131072; n *= 2) out.push_back(n);
+  for (int i = 0; i < 64; ++i)
+    out.push_back(std::llround(1024.0 * std::pow(128.0, static_cast<double>(i) / 63.0)));
   return out;
 }
+
+/// @brief Bounds on the reference traffic, so that a plan option read from a file cannot make
+/// planning run for hours.
+struct split_limits {
+  static constexpr std::int32_t max_reference_contexts = 1024;
+  static constexpr std::int32_t max_batch_size         = 4096;
+  static constexpr std::int32_t max_batches            = 65536;
+  /// reference_batches x reference_batch_size: requests simulated per layer.
+  static constexpr std::int64_t max_reference_requests = std::int64_t{1} << 18;
+};
 
 /// @brief Inputs of `build_split_map`.
 struct split_options {
   device_limits limits;  ///< N_CTA = sm_count * ctas_per_sm
-  split_weighting weighting = split_weighting::expected_tokens;
+  split_weighting weighting = split_weighting::batch_share;
+  /// batch_share: the contexts the requests of a reference batch draw from (uniformly; repeat a
+  /// value to weight it). Ignored by `budget`.
   std::vector<std::int64_t> reference_contexts = default_reference_contexts();
+  std::int32_t reference_batch_size = 16;   ///< batch_share: requests per reference batch
+  std::int32_t reference_batches    = 256;  ///< batch_share: reference batches per layer
+  double share_quantile             = 0.95;  ///< batch_share: quantile of a head's shares taken as Phi
+
+  /// @throw invalid_argument naming the field and the value.
+  void validate() const {
+    limits.validate();
+    TANGRAM_EXPECTS(!reference_contexts.empty(), invalid_argument,
+                    "split_options.reference_contexts: empty");
+    TANGRAM_EXPECTS(reference_contexts.size() <= static_cast<std::size_t>(split_limits::max_reference_contexts),
+                    invalid_argument, "split_options.reference_contexts: at most ",
+                    split_limits::max_reference_contexts, " values, got ", reference_contexts.size());
+    for (auto n : reference_contexts)
+      TANGRAM_EXPECTS(n >= 1, invalid_argument, "split_options.reference_contexts: must be >= 1, got ", n);
+    TANGRAM_EXPECTS(reference_batch_size >= 1 && reference_batch_size <= split_limits::max_batch_size,
+                    invalid_argument, "split_options.reference_batch_size: must be in [1, ",
+                    split_limits::max_batch_size, "], got ", reference_batch_size);
+    TANGRAM_EXPECTS(reference_batches >= 1 && reference_batches <= split_limits::max_batches,
+                    invalid_argument, "split_options.reference_batches: must be in [1, ",
+                    split_limits::max_batches, "], got ", reference_batches);
+    TANGRAM_EXPECTS(std::int64_t{reference_batches} * reference_batch_size <=
+                        split_limits::max_reference_requests,
+                    invalid_argument, "split_options.reference_batches x reference_batch_size: at most ",
+                    split_limits::max_reference_requests, ", got ", reference_batches, " x ",
+                    reference_batch_size);
+    TANGRAM_EXPECTS(share_quantile >= 0 && share_quantile <= 1, invalid_argument,
+                    "split_options.share_quantile: must be in [0, 1], got ", share_quantile);
+  }
 };
 
-/// Phi of one head under `options`.
-inline double split_weight(head_rule const& rule, split_options const& options) {
-  if (options.weighting == split_weighting::budget)
-    return rule.kind == layer_kind::compressed ? rule.budget : 1.0;
-  // A mean of per-context ratios k(n)/n would weight a 1K context like a 128K one; below the
-  // protected tokens every head keeps everything, so that mean flattens the shares toward equal
-  // while the work of a batch is dominated by its long contexts.
-  double kept = 0, seen = 0;
-  for (auto n : options.reference_contexts) {
-    kept += static_cast<double>(retained_tokens(rule, n));
-    seen += static_cast<double>(n);
+/// Seed of the reference batches: fixed, so a plan is a pure function of its inputs.
+inline constexpr std::uint64_t reference_batch_seed = 0x7a6e6772616dULL;
+
+/**
+ * @brief Phi of every head of one layer under `options` (host only; planning time).
+ *
+ * batch_share: reference batch m (m < reference_batches) holds `reference_batch_size` requests,
+ * each with a context drawn uniformly from `reference_contexts` by one mt19937_64 stream seeded
+ * with `reference_batch_seed` (the same draws for every layer, so equal layers get equal maps).
+ * Head h's share in batch m is sum_r head_tokens(h, n_r) / sum_h' sum_r head_tokens(h', n_r);
+ * Phi_h is the `share_quantile` quantile (linear, NumPy default) of its shares over the batches.
+ * @param rules the layer's `num_heads` head rules
+ */
+inline std::vector<double> split_weights(head_rule const* rules, std::int32_t num_heads,
+                                         split_options const& options) {
+  auto H = static_cast<std::size_t>(num_heads);
+  std::vector<double> phi(H);
+  if (options.weighting == split_weighting::budget) {
+    for (std::size_t h = 0; h < H; ++h)
+      phi[h] = rules[h].kind == layer_kind::compressed ? rules[h].budget : 1.0;
+    return phi;
   }
-  return kept / seen;
+  auto B = static_cast<std::size_t>(options.reference_batches);
+  std::vector<double> shares(H * B), tokens(H);  // shares[h * B + m]
+  std::mt19937_64 rng(reference_batch_seed);
+  auto const& refs = options.reference_contexts;
+  for (std::size_t m = 0; m < B; ++m) {
+    std::fill(tokens.begin(), tokens.end(), 0.0);
+    for (std::int32_t r = 0; r < options.reference_batch_size; ++r) {
+      auto i = static_cast<std::size_t>(detail::canonical_uniform(rng) * static_cast<double>(refs.size()));
+      std::int64_t n = refs[std::min(i, refs.size() - 1)];
+      for (std::size_t h = 0; h < H; ++h) tokens[h] += static_cast<double>(retained_tokens(rules[h], n));
+    }
+    double total = std::accumulate(tokens.begin(), tokens.end(), 0.0);
+    for (std::size_t h = 0; h < H; ++h) shares[h * B + m] = total > 0 ? tokens[h] / total : 0.0;
+  }
+  std::vector<double> column(B);
+  for (std::size_t h = 0; h < H; ++h) {
+    std::copy_n(shares.begin() + static_cast<std::ptrdiff_t>(h * B), B, column.begin());
+    phi[h] = detail::linear_quantile(column, options.share_quantile);
+  }
+  return phi;
 }
 
 /**
@@ -133,23 +207,20 @@ inline std::vector<std::int32_t> apportion(std::vector<double> const& weights, s
  */
 inline split_map build_split_map(std::vector<head_rule> const& rules, std::int32_t num_layers,
                                  std::int32_t num_kv_heads, split_options const& options) {
-  options.limits.validate();
+  options.validate();
+  TANGRAM_EXPECTS(num_layers >= 1 && num_kv_heads >= 1, invalid_argument,
+                  "build_split_map: num_layers and num_kv_heads must be >= 1, got ", num_layers,
+                  " and ", num_kv_heads);
   TANGRAM_EXPECTS(rules.size() == static_cast<std::size_t>(num_layers) * num_kv_heads,
                   invalid_argument, "build_split_map: expected ", num_layers * num_kv_heads,
                   " rules, got ", rules.size());
-  TANGRAM_EXPECTS(!options.reference_contexts.empty(), invalid_argument,
-                  "split_options.reference_contexts: empty");
-  for (auto n : options.reference_contexts)
-    TANGRAM_EXPECTS(n >= 1, invalid_argument, "split_options.reference_contexts: must be >= 1, got ", n);
   split_map m;
   m.num_layers   = num_layers;
   m.num_kv_heads = num_kv_heads;
   m.limits       = options.limits;
   m.cta_begin.reserve(static_cast<std::size_t>(num_layers) * (num_kv_heads + 1));
   for (std::int32_t l = 0; l < num_layers; ++l) {
-    std::vector<double> phi(static_cast<std::size_t>(num_kv_heads));
-    for (std::int32_t h = 0; h < num_kv_heads; ++h)
-      phi[static_cast<std::size_t>(h)] = split_weight(rules[static_cast<std::size_t>(l) * num_kv_heads + h], options);
+    auto phi = split_weights(&rules[static_cast<std::size_t>(l) * num_kv_heads], num_kv_heads, options);
     auto seats = apportion(phi, options.limits.max_ctas());
     std::int32_t begin = 0;
     for (std::int32_t h = 0; h < num_kv_heads; ++h) {
