@@ -14,6 +14,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "device_buffer.cuh"
 #include "tangram/device/device.hpp"
 #include "tangram/memory/kv_view.hpp"
 
@@ -22,42 +23,8 @@ namespace tangram::bench {
 /// H200 peak HBM bandwidth, the denominator of every "hbm_fraction" counter.
 inline constexpr double h200_peak_bytes_per_s = 4.8e12;
 
-inline void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-/// Owning device allocation.
-class device_mem {
- public:
-  device_mem() = default;
-  explicit device_mem(std::size_t bytes) : bytes_(bytes) {
-    if (bytes) cuda_check(cudaMalloc(&p_, bytes), "cudaMalloc");
-  }
-  template <class T>
-  explicit device_mem(std::vector<T> const& h) : device_mem(h.size() * sizeof(T)) {
-    if (bytes_) cuda_check(cudaMemcpy(p_, h.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  device_mem(device_mem&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
-  device_mem& operator=(device_mem&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  device_mem(device_mem const&)            = delete;
-  device_mem& operator=(device_mem const&) = delete;
-  ~device_mem() {
-    if (p_) (void)cudaFree(p_);
-  }
-  template <class T = void>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void* p_           = nullptr;
-  std::size_t bytes_ = 0;
-};
+using test::cuda_check;
+using test::device_buffer;
 
 /// True (after reporting the error) when the benchmark cannot run here.
 inline bool skip_without_device(benchmark::State& state) {
@@ -75,14 +42,14 @@ class l2_flusher {
     int dev = 0, l2 = 0;
     cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
     cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "L2 size");
-    buf_ = device_mem(std::max<std::size_t>(2 * static_cast<std::size_t>(l2), 64u << 20));
+    buf_ = device_buffer(std::max<std::size_t>(2 * static_cast<std::size_t>(l2), 64u << 20));
   }
   void flush(cudaStream_t s) {
     cuda_check(cudaMemsetAsync(buf_.get(), ++value_ & 0xff, buf_.bytes(), s), "flush");
   }
 
  private:
-  device_mem buf_;
+  device_buffer buf_;
   int value_ = 0;
 };
 
@@ -106,9 +73,7 @@ double timed(l2_flusher& flusher, cudaStream_t stream, F&& enqueue) {
 
 /// A one-layer paged KV cache on the device: one head per group (Hp = 1), every (request, head)
 /// with its own length and `reserve` extra positions, page ids shuffled over the pool.
-struct device_kv {
-  device_mem pool, head_slots, window, ring, page_offset, pages, base_len, appended, seq_tokens,
-      batch_slots;
+struct device_kv : test::device_kv_arrays {
   kv_cache_view view;
   std::int64_t held_tokens = 0;
 
@@ -140,33 +105,24 @@ struct device_kv {
       std::shuffle(ids.begin() + static_cast<std::ptrdiff_t>(i),
                    ids.begin() + static_cast<std::ptrdiff_t>(i + 64),
                    rng);
-    pool = device_mem(static_cast<std::size_t>(std::max(1, total)) *
-                      static_cast<std::size_t>(g.page_bytes()));
+    pool = device_buffer(static_cast<std::size_t>(std::max(1, total)) *
+                         static_cast<std::size_t>(g.page_bytes()));
     cuda_check(cudaMemset(pool.get(), 0x3c, pool.bytes()), "pool fill");  // small finite values
-    head_slots            = device_mem(hs);
-    window                = device_mem(zeros);
-    ring                  = device_mem(zeros);
-    page_offset           = device_mem(offs);
-    pages                 = device_mem(ids);
-    base_len              = device_mem(len);
-    appended              = device_mem(appended_h);
-    seq_tokens            = device_mem(seen);
-    batch_slots           = device_mem(slots);
-    view.pool             = pool.get<std::byte>();
-    view.geometry         = g;
-    view.num_layers       = 1;
-    view.num_kv_heads     = heads;
-    view.num_groups       = heads;
-    view.head_slots       = head_slots.get<head_slot>();
-    view.group_window     = window.get<std::int32_t>();
-    view.group_ring_pages = ring.get<std::int32_t>();
-    view.page_offset      = page_offset.get<std::int32_t>();
-    view.pages            = pages.get<std::int32_t>();
-    view.head_base_len    = base_len.get<std::int32_t>();
-    view.appended         = appended.get<std::int32_t>();
-    view.seq_tokens       = seq_tokens.get<std::int32_t>();
-    view.batch_size       = batch;
-    view.batch_slots      = batch_slots.get<std::int32_t>();
+    head_slots  = device_buffer(hs);
+    window      = device_buffer(zeros);
+    ring        = device_buffer(zeros);
+    page_offset = device_buffer(offs);
+    pages       = device_buffer(ids);
+    base_len    = device_buffer(len);
+    appended    = device_buffer(appended_h);
+    seq_tokens  = device_buffer(seen);
+    batch_slots = device_buffer(slots);
+    attach(view);
+    view.geometry     = g;
+    view.num_layers   = 1;
+    view.num_kv_heads = heads;
+    view.num_groups   = heads;
+    view.batch_size   = batch;
   }
 };
 

@@ -29,7 +29,7 @@ constexpr std::int32_t H = 8, G = 4, D = 128, P = 16;
 /// Everything one decode launch needs, allocated once per benchmark.
 struct decode_setup {
   std::unique_ptr<device_kv> kv;
-  device_mem q, o, begin, workspace;
+  device_buffer q, o, begin, workspace;
   decode_params p;
 
   decode_setup(std::int32_t batch,
@@ -39,9 +39,9 @@ struct decode_setup {
     page_geometry g{P, 1, D, dtype::bf16};
     std::vector<std::int32_t> seen(static_cast<std::size_t>(batch), 1 << 20);
     kv    = std::make_unique<device_kv>(g, batch, H, len, seen);
-    q     = device_mem(static_cast<std::size_t>(batch) * H * G * D * 2);
-    o     = device_mem(q.bytes());
-    begin = device_mem(cta_begin);
+    q     = device_buffer(static_cast<std::size_t>(batch) * H * G * D * 2);
+    o     = device_buffer(q.bytes());
+    begin = device_buffer(cta_begin);
     cuda_check(cudaMemset(q.get(), 0x3c, q.bytes()), "q fill");
     p.kv      = kv->view;
     p.splits  = {1, H, n_cta, begin.get<std::int32_t>()};
@@ -50,7 +50,7 @@ struct decode_setup {
     p.q_dtype = dtype::bf16;
     p.o       = o.get();
     p.o_dtype = dtype::bf16;
-    workspace = device_mem(decode_workspace_bytes(p));
+    workspace = device_buffer(decode_workspace_bytes(p));
   }
   void enqueue(cudaStream_t s) { decode_attention(p, workspace.get(), workspace.bytes(), s); }
   double kv_bytes() const { return static_cast<double>(kv->held_tokens) * 2 * D * 2; }

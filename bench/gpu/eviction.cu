@@ -36,7 +36,7 @@ void BM_evict(benchmark::State& state) {
   for (std::int32_t r = 0; r < batch; ++r) indptr.push_back(indptr.back() + chunk);
   device_kv kv(page_geometry{P, 1, D, dtype::bf16}, batch, H, len, seen, chunk);
   std::int32_t rows = indptr.back(), max_cand = held + chunk;
-  device_mem drules(rules), dindptr(indptr), ck(static_cast<std::size_t>(rows) * H * D * 2),
+  device_buffer drules(rules), dindptr(indptr), ck(static_cast<std::size_t>(rows) * H * D * 2),
       cv(ck.bytes()), q(static_cast<std::size_t>(rows) * H * G * D * 2),
       scores(static_cast<std::size_t>(batch) * H * max_cand * 4),
       new_len(static_cast<std::size_t>(batch) * H * 4);
@@ -59,7 +59,7 @@ void BM_evict(benchmark::State& state) {
   p.group          = G;
   p.obs_window     = 32;
   p.new_len        = new_len.get<std::int32_t>();
-  device_mem ws(eviction_workspace_bytes(p));
+  device_buffer ws(eviction_workspace_bytes(p));
   l2_flusher flusher;
   double total = 0;
   for (auto _ : state) {

@@ -37,18 +37,12 @@ void run_gpu_case(gpu_decode_case const& c) {
   std::mt19937_64 rng(c.seed);
   page_geometry geo{c.P, c.Hp, c.d, c.kv_dtype};
   auto layout = test::adjacent_layout(geo, c.layers, c.heads, c.sliding, c.window, c.ring_pages);
-  std::vector<test::sequence_spec> seqs;
+  std::vector<std::int32_t> appended, seq_tokens;
   for (std::size_t r = 0; r < c.lens.size(); ++r) {
-    test::sequence_spec s;
-    s.seq_tokens = c.lens[r] + 50;
-    s.appended   = static_cast<std::int32_t>(r % 3);
-    for (std::int32_t i = 0; i < c.layers * c.heads; ++i) {
-      double f = i % c.heads == 0 ? 1.0 : std::uniform_real_distribution<double>(0.0, 1.2)(rng);
-      s.base_len.push_back(
-          std::max(0, static_cast<std::int32_t>(std::ceil(c.lens[r] * f)) - s.appended));
-    }
-    seqs.push_back(s);
+    appended.push_back(static_cast<std::int32_t>(r % 3));
+    seq_tokens.push_back(c.lens[r] + 50);
   }
+  auto seqs = test::ragged_sequences(c.lens, appended, seq_tokens, c.layers, c.heads, rng);
   test_cache cache(layout, seqs, c.seed + 3);
   std::vector<std::int32_t> batch(c.lens.size());
   std::iota(batch.begin(), batch.end(), 0);

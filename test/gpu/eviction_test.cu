@@ -27,59 +27,16 @@ struct gpu_eviction_case {
   std::uint64_t seed      = 1;
 };
 
-constexpr std::int32_t L = 2, H = 4;  // layer 0 growing (h3 uncompressed), layer 1 sliding
-
-struct scenario {
-  test::cache_layout layout;
-  std::vector<test::sequence_spec> seqs;
-  std::vector<std::int32_t> batch, indptr;
-  std::vector<head_rule> rules;
-  std::vector<std::pair<std::int32_t, std::int32_t>> req;
-};
-
-scenario make_scenario(gpu_eviction_case const& c) {
-  scenario s;
-  page_geometry geo{c.P, 2, c.d, c.kv_dtype};
-  s.layout = test::adjacent_layout(geo, L, H, {1}, c.window, (c.window + c.P - 1) / c.P + 1);
-  s.req    = {{300, 64}, {0, 50}, {c.long_len, 1500}, {12, 3}, {500, 0}, {37, 120}};
-  for (std::int32_t l = 0; l < L; ++l)
-    for (std::int32_t h = 0; h < H; ++h) {
-      head_rule r;
-      if (l == 1) {
-        r.kind   = layer_kind::sliding_window;
-        r.window = c.window;
-      } else if (h == 3) {
-        r.kind = layer_kind::uncompressed;
-      } else {
-        r.kind    = layer_kind::compressed;
-        r.budget  = 0.1 + 0.3 * h;
-        r.protect = c.sink + c.recent;
-      }
-      s.rules.push_back(r);
-    }
-  for (auto [n, chunk] : s.req) {
-    test::sequence_spec q;
-    q.seq_tokens = n;
-    q.appended   = n > 100 ? 5 : 0;
-    q.reserve    = chunk;
-    for (std::int32_t i = 0; i < L * H; ++i)
-      q.base_len.push_back(static_cast<std::int32_t>(
-          retained_tokens(s.rules[static_cast<std::size_t>(i)], n - q.appended)));
-    s.seqs.push_back(q);
-  }
-  s.batch  = {2, 0, 5, 1, 4, 3};
-  s.indptr = {0};
-  for (auto b : s.batch)
-    s.indptr.push_back(s.indptr.back() + s.req[static_cast<std::size_t>(b)].second);
-  return s;
-}
+constexpr std::int32_t L = test::eviction_scenario::num_layers,
+                       H = test::eviction_scenario::num_kv_heads;
 
 void run_gpu_case(gpu_eviction_case const& c) {
   INFO("dtype " << to_string(c.kv_dtype) << " d " << c.d << " P " << c.P << " source "
                 << to_string(c.source) << " seed " << c.seed);
   std::mt19937_64 rng(c.seed);
-  auto sc           = make_scenario(c);
-  std::int32_t rows = sc.indptr.back();
+  page_geometry geo{c.P, 2, c.d, c.kv_dtype};
+  auto sc = test::make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, 1500);
+  std::int32_t rows = sc.chunk_indptr.back();
   for (std::int32_t layer = 0; layer < L; ++layer) {
     INFO("layer " << layer);
     test_cache gpu_cache(sc.layout, sc.seqs, c.seed), cpu_cache(sc.layout, sc.seqs, c.seed);
@@ -99,9 +56,10 @@ void run_gpu_case(gpu_eviction_case const& c) {
     std::int32_t max_cand = 0;
     for (std::int32_t r = 0; r < B; ++r)
       for (std::int32_t h = 0; h < H; ++h)
-        max_cand = std::max(max_cand,
-                            hv.head_len(r, layer, h) + sc.indptr[static_cast<std::size_t>(r) + 1] -
-                                sc.indptr[static_cast<std::size_t>(r)]);
+        max_cand =
+            std::max(max_cand,
+                     hv.head_len(r, layer, h) + sc.chunk_indptr[static_cast<std::size_t>(r) + 1] -
+                         sc.chunk_indptr[static_cast<std::size_t>(r)]);
     std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
     for (auto& x : scores) x = static_cast<float>(rng() % 7);  // many ties
 
@@ -115,8 +73,8 @@ void run_gpu_case(gpu_eviction_case const& c) {
     p.obs_window     = c.obs_window;
     // GPU run.
     test::device_cache dev(gpu_cache, hv);
-    device_buffer drules(sc.rules), dindptr(sc.indptr), dck(ck), dcv(cvv), dq(q), dscores(scores),
-        dnew(static_cast<std::size_t>(B * H) * 4),
+    device_buffer drules(sc.rules), dindptr(sc.chunk_indptr), dck(ck), dcv(cvv), dq(q),
+        dscores(scores), dnew(static_cast<std::size_t>(B * H) * 4),
         dscores_out(std::vector<float>(scores.size(), 0.f));
     p.kv           = dev.view;
     p.rules        = drules.get<head_rule>() + layer * H;
@@ -139,7 +97,7 @@ void run_gpu_case(gpu_eviction_case const& c) {
     std::vector<float> cpu_scores(scores.size(), 0.f);
     p.kv           = cv;
     p.rules        = sc.rules.data() + layer * H;
-    p.chunk_indptr = sc.indptr.data();
+    p.chunk_indptr = sc.chunk_indptr.data();
     p.chunk_k      = ck.data();
     p.chunk_v      = cvv.data();
     p.q            = q.data();

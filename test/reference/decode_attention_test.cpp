@@ -91,20 +91,12 @@ void run_case(decode_case const& c) {
   std::mt19937_64 rng(c.seed);
   page_geometry geo{c.P, c.Hp, c.d, c.kv_dtype};
   auto layout = test::adjacent_layout(geo, c.layers, c.heads, c.sliding, c.window, c.ring_pages);
-  std::vector<test::sequence_spec> seqs;
+  std::vector<std::int32_t> appended, seq_tokens;
   for (std::size_t r = 0; r < c.lens.size(); ++r) {
-    test::sequence_spec s;
-    s.appended   = std::min(c.appended, c.lens[r]);
-    s.seq_tokens = c.lens[r] + 7 * static_cast<std::int32_t>(r) + 50;  // rings wrap
-    for (std::int32_t l = 0; l < c.layers; ++l)
-      for (std::int32_t h = 0; h < c.heads; ++h) {
-        // Head 0 holds the nominal length; the others hold varying fractions of it.
-        double f       = h == 0 ? 1.0 : std::uniform_real_distribution<double>(0.0, 1.2)(rng);
-        std::int32_t n = static_cast<std::int32_t>(std::ceil(c.lens[r] * f));
-        s.base_len.push_back(std::max(0, n - s.appended));
-      }
-    seqs.push_back(s);
+    appended.push_back(std::min(c.appended, c.lens[r]));
+    seq_tokens.push_back(c.lens[r] + 7 * static_cast<std::int32_t>(r) + 50);  // rings wrap
   }
+  auto seqs = test::ragged_sequences(c.lens, appended, seq_tokens, c.layers, c.heads, rng);
   test_cache cache(layout, seqs, c.seed * 7 + 1);
   std::vector<std::int32_t> batch(c.lens.size());
   std::iota(batch.begin(), batch.end(), 0);

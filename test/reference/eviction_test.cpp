@@ -30,30 +30,8 @@ struct eviction_case {
   std::uint64_t seed       = 1;
 };
 
-// Layers 0 and 2 are growing and share head groups (global clustering: column 0 holds a head of
-// layer 0, column 1 the same head of layer 2); layer 1 is sliding-window.
-constexpr std::int32_t L = 3, H = 4;
-
-test::cache_layout mixed_layout(page_geometry g, std::int32_t window) {
-  test::cache_layout c;
-  c.geometry     = g;
-  c.num_layers   = L;
-  c.num_kv_heads = H;
-  c.slots.resize(static_cast<std::size_t>(L * H));
-  for (std::int32_t h = 0; h < H; ++h) {
-    c.group_window.push_back(0);
-    c.group_ring_pages.push_back(0);
-    c.slots[static_cast<std::size_t>(0 * H + h)] = {h, 0};
-    c.slots[static_cast<std::size_t>(2 * H + h)] = {h, 1};
-  }
-  for (std::int32_t h = 0; h < H; h += 2) {
-    c.group_window.push_back(window);
-    c.group_ring_pages.push_back((window + g.page_tokens - 1) / g.page_tokens + 1);
-    c.slots[static_cast<std::size_t>(1 * H + h)]     = {c.num_groups() - 1, 0};
-    c.slots[static_cast<std::size_t>(1 * H + h + 1)] = {c.num_groups() - 1, 1};
-  }
-  return c;
-}
+constexpr std::int32_t L = test::eviction_scenario::num_layers,
+                       H = test::eviction_scenario::num_kv_heads;
 
 /// Max-pool with NaN read as -inf, written independently of the library.
 std::vector<double> pool_scores(std::vector<double> raw, std::int32_t kernel) {
@@ -132,48 +110,17 @@ void run_case(eviction_case const& c) {
                 << to_string(c.source) << " seed " << c.seed);
   std::mt19937_64 rng(c.seed);
   page_geometry geo{c.P, 2, c.d, c.kv_dtype};
-  auto layout = mixed_layout(geo, c.window);
-  // Requests: (tokens seen before the chunk, chunk length).
-  std::vector<std::pair<std::int32_t, std::int32_t>> req = {
-      {300, 64}, {0, 50}, {1000, 300}, {12, 3}, {500, 0}, {37, 120}};
-  std::vector<head_rule> rules(static_cast<std::size_t>(L * H));
-  for (std::int32_t l = 0; l < L; ++l)
-    for (std::int32_t h = 0; h < H; ++h) {
-      head_rule r;
-      if (l == 1) {
-        r.kind   = layer_kind::sliding_window;
-        r.window = c.window;
-      } else if (h == 3) {
-        r.kind = layer_kind::uncompressed;
-      } else {
-        r.kind    = layer_kind::compressed;
-        r.budget  = 0.1 + 0.25 * h + 0.05 * l;
-        r.protect = c.sink + c.recent;
-      }
-      rules[static_cast<std::size_t>(l * H + h)] = r;
-    }
-  std::int32_t max_chunk = 0;
-  std::vector<test::sequence_spec> seqs;
-  for (auto [n, chunk] : req) {
-    test::sequence_spec s;
-    s.seq_tokens = n;
-    s.appended   = n > 100 ? 5 : 0;  // decode tokens since the last compression
-    s.reserve    = chunk;
-    for (std::int32_t l = 0; l < L; ++l)
-      for (std::int32_t h = 0; h < H; ++h)
-        s.base_len.push_back(static_cast<std::int32_t>(
-            retained_tokens(rules[static_cast<std::size_t>(l * H + h)], n - s.appended)));
-    seqs.push_back(s);
-    max_chunk = std::max(max_chunk, chunk);
-  }
-  test_cache cache(layout, seqs, c.seed + 17);
-  std::vector<std::int32_t> batch = {2, 0, 5, 1, 4, 3};
-  auto kv                         = cache.view(batch);
+  auto sc            = test::make_eviction_scenario(geo, c.window, c.sink + c.recent);
+  auto const& rules  = sc.rules;
+  auto const& req    = sc.requests;
+  auto const& batch  = sc.batch;
+  auto const& layout = sc.layout;
+  auto const& seqs   = sc.seqs;
+  test_cache cache(sc.layout, sc.seqs, c.seed + 17);
+  auto kv        = cache.view(batch);
   std::int32_t B = kv.batch_size, d = c.d;
-
-  std::vector<std::int32_t> indptr(1, 0);
-  for (auto s : batch) indptr.push_back(indptr.back() + req[static_cast<std::size_t>(s)].second);
-  std::int32_t rows = indptr.back();
+  auto const& indptr = sc.chunk_indptr;
+  std::int32_t rows  = indptr.back();
   std::vector<float> ck(static_cast<std::size_t>(rows * H * d)), cv(ck.size());
   for (auto& x : ck) x = cache.random_value();
   for (auto& x : cv) x = cache.random_value();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,8 +16,8 @@
 #include <vector>
 
 #include "tangram/memory/kv_view.hpp"
-#include "tangram/plan/split_planner.hpp"
 #include "tangram/numeric.hpp"
+#include "tangram/plan/split_planner.hpp"
 #include "tangram/reference/storage.hpp"
 
 namespace tangram::test {
@@ -70,6 +71,34 @@ struct sequence_spec {
   std::vector<std::int32_t> base_len;  ///< [L * H] base length of growing heads (others ignored)
   std::int32_t reserve = 0;            ///< extra positions reserved in every growing group
 };
+
+/**
+ * Sequences with ragged heads for decode tests: in every layer head 0 holds lens[r] tokens and
+ * each other head ceil(lens[r] * f), f uniform in [0, 1.2) drawn from `rng` in (request, layer,
+ * head) order; appended[r] of a head's tokens are decode tokens, the rest its base; sequence r
+ * has seen seq_tokens[r] tokens (which sets ring lengths).
+ */
+template <class Rng>
+std::vector<sequence_spec> ragged_sequences(std::vector<std::int32_t> const& lens,
+                                            std::vector<std::int32_t> const& appended,
+                                            std::vector<std::int32_t> const& seq_tokens,
+                                            std::int32_t layers,
+                                            std::int32_t heads,
+                                            Rng& rng) {
+  std::vector<sequence_spec> seqs;
+  for (std::size_t r = 0; r < lens.size(); ++r) {
+    sequence_spec s;
+    s.appended   = appended[r];
+    s.seq_tokens = seq_tokens[r];
+    for (std::int32_t i = 0; i < layers * heads; ++i) {
+      double f = i % heads == 0 ? 1.0 : std::uniform_real_distribution<double>(0.0, 1.2)(rng);
+      s.base_len.push_back(
+          std::max(0, static_cast<std::int32_t>(std::ceil(lens[r] * f)) - s.appended));
+    }
+    seqs.push_back(s);
+  }
+  return seqs;
+}
 
 class test_cache {
  public:
@@ -264,10 +293,89 @@ class test_cache {
   std::vector<std::vector<float>> dense_k_, dense_v_;
 };
 
+/**
+ * The eviction tests' cache (CPU and GPU): 3 layers x 4 KV heads, Hp 2. Layers 0 and 2 grow and
+ * share head groups (global clustering: group h holds head h of layer 0 in column 0 and of layer 2
+ * in column 1); their head 3 is uncompressed, heads 0-2 compressed with budget
+ * 0.1 + 0.25 h + 0.05 l and `protect` protected tokens. Layer 1 is sliding-window (`window`, rings
+ * one page longer than the window), heads paired into groups. Six requests, each (tokens seen
+ * before the chunk, chunk length); those that have seen more than 100 tokens hold 5 decode tokens
+ * since their last compression. The batch takes them in the order {2, 0, 5, 1, 4, 3}.
+ */
+struct eviction_scenario {
+  static constexpr std::int32_t num_layers = 3, num_kv_heads = 4;
+  cache_layout layout;
+  std::vector<head_rule> rules;                                 ///< [L * H]
+  std::vector<std::pair<std::int32_t, std::int32_t>> requests;  ///< (seen, chunk) per sequence
+  std::vector<sequence_spec> seqs;
+  std::vector<std::int32_t> batch = {2, 0, 5, 1, 4, 3};
+  std::vector<std::int32_t> chunk_indptr;  ///< [batch + 1] chunk rows, in batch order
+};
+
+/// @param long_seen, long_chunk the (seen, chunk) of request 2, the longest
+inline eviction_scenario make_eviction_scenario(page_geometry g,
+                                                std::int32_t window,
+                                                std::int32_t protect,
+                                                std::int32_t long_seen  = 1000,
+                                                std::int32_t long_chunk = 300) {
+  constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;
+  eviction_scenario s;
+  auto& c        = s.layout;
+  c.geometry     = g;
+  c.num_layers   = L;
+  c.num_kv_heads = H;
+  c.slots.resize(static_cast<std::size_t>(L * H));
+  for (std::int32_t h = 0; h < H; ++h) {
+    c.group_window.push_back(0);
+    c.group_ring_pages.push_back(0);
+    c.slots[static_cast<std::size_t>(0 * H + h)] = {h, 0};
+    c.slots[static_cast<std::size_t>(2 * H + h)] = {h, 1};
+  }
+  for (std::int32_t h = 0; h < H; h += 2) {
+    c.group_window.push_back(window);
+    c.group_ring_pages.push_back((window + g.page_tokens - 1) / g.page_tokens + 1);
+    c.slots[static_cast<std::size_t>(1 * H + h)]     = {c.num_groups() - 1, 0};
+    c.slots[static_cast<std::size_t>(1 * H + h + 1)] = {c.num_groups() - 1, 1};
+  }
+  for (std::int32_t l = 0; l < L; ++l)
+    for (std::int32_t h = 0; h < H; ++h) {
+      head_rule r;
+      if (l == 1) {
+        r.kind   = layer_kind::sliding_window;
+        r.window = window;
+      } else if (h == 3) {
+        r.kind = layer_kind::uncompressed;
+      } else {
+        r.kind    = layer_kind::compressed;
+        r.budget  = 0.1 + 0.25 * h + 0.05 * l;
+        r.protect = protect;
+      }
+      s.rules.push_back(r);
+    }
+  s.requests = {{300, 64}, {0, 50}, {long_seen, long_chunk}, {12, 3}, {500, 0}, {37, 120}};
+  for (auto [n, chunk] : s.requests) {
+    sequence_spec q;
+    q.seq_tokens = n;
+    q.appended   = n > 100 ? 5 : 0;
+    q.reserve    = chunk;
+    for (auto const& r : s.rules)
+      q.base_len.push_back(static_cast<std::int32_t>(retained_tokens(r, n - q.appended)));
+    s.seqs.push_back(q);
+  }
+  s.chunk_indptr = {0};
+  for (auto b : s.batch)
+    s.chunk_indptr.push_back(s.chunk_indptr.back() +
+                             s.requests[static_cast<std::size_t>(b)].second);
+  return s;
+}
+
 /// Split-map boundaries with random shares (at least one CTA per head) for every layer:
 /// [L * (H + 1)] entries, each layer's shares summing to n_cta.
 template <class Rng>
-std::vector<std::int32_t> random_cta_begin(std::int32_t L, std::int32_t H, std::int32_t n_cta, Rng& rng) {
+std::vector<std::int32_t> random_cta_begin(std::int32_t L,
+                                           std::int32_t H,
+                                           std::int32_t n_cta,
+                                           Rng& rng) {
   std::vector<std::int32_t> begin;
   for (std::int32_t l = 0; l < L; ++l) {
     std::vector<double> w(static_cast<std::size_t>(H));
