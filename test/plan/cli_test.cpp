@@ -235,6 +235,28 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   CHECK(p.first_kv_head == 4);
   CHECK(p.num_groups() == 32);
 
+  // The reference traffic of the split map: a service of long prompts only.
+  auto long_path = tmp("llama.long-traffic.plan.json");
+  auto lr        = run({"plan",
+                        "snapkv/llama-3.1-8b-instruct",
+                        "--reference-contexts",
+                        "65536,131072",
+                        "--share-quantile",
+                        "0.5",
+                        "--out",
+                        long_path});
+  INFO(lr.err);
+  REQUIRE(lr.code == 0);
+  auto lp = load_static_plan(long_path);
+  CHECK(lp.options.split.reference_contexts == std::vector<std::int64_t>{65536, 131072});
+  CHECK(lp.options.split.share_quantile == 0.5);
+  split_options want;
+  want.limits             = lp.options.split.limits;
+  want.reference_contexts = {65536, 131072};
+  want.share_quantile     = 0.5;
+  CHECK(build_split_map(lp.rules, lp.num_layers, lp.num_kv_heads, want).cta_begin ==
+        lp.splits.cta_begin);
+
   auto svg = tmp("llama.rank1.svg");
   auto i   = run({"inspect", path, "--svg", svg});
   INFO(i.err);
@@ -327,6 +349,15 @@ TEST_CASE("plan and inspect: bad options and inputs are one-line errors with exi
                {"--scope", "\"diagonal\""});
   expect_error(
       {"plan", "snapkv/llama-3.1-8b-instruct", "--weighting", "vibes"}, 2, {"--weighting"});
+  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reference-contexts", "1024,,2048"},
+               2,
+               {"--reference-contexts: expected an integer", "\"\""});
+  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reference-contexts", "1024,0"},
+               2,
+               {"--reference-contexts: must be in [1, ", "got 0"});
+  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--share-quantile", "1.5"},
+               2,
+               {"--share-quantile", "1.5"});
   expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--sms", "2", "--ctas-per-sm", "1"},
                2,
                {"N_CTA = 2", "8 heads"});

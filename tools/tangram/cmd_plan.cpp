@@ -45,13 +45,20 @@ int cmd_plan(args& a, streams io) {
   o.page_tokens              = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
   o.split.limits.sm_count    = static_cast<std::int32_t>(a.integer("--sms", 132, 1, 65536));
   o.split.limits.ctas_per_sm = static_cast<std::int32_t>(a.integer("--ctas-per-sm", 2, 1, 64));
-  o.split.weighting          = parse_split_weighting(
-      a.choice("--weighting", "batch_share", {"budget", "batch_share"}));
-  o.tp_size    = static_cast<std::int32_t>(a.integer("--tp-size", 1, 1, 1024));
-  o.tp_rank    = static_cast<std::int32_t>(a.integer("--tp-rank", 0, 0, 1023));
-  auto model_o = a.value("--model");
-  auto out     = a.value("--out");
-  bool as_json = a.flag("--json");
+  o.split.weighting =
+      parse_split_weighting(a.choice("--weighting", "batch_share", {"budget", "batch_share"}));
+  if (auto refs = a.integers("--reference-contexts",
+                             1,
+                             profile_limits::max_context_tokens,
+                             split_limits::max_reference_contexts);
+      !refs.empty())
+    o.split.reference_contexts = std::move(refs);
+  o.split.share_quantile = a.number("--share-quantile", o.split.share_quantile, 0, 1);
+  o.tp_size              = static_cast<std::int32_t>(a.integer("--tp-size", 1, 1, 1024));
+  o.tp_rank              = static_cast<std::int32_t>(a.integer("--tp-rank", 0, 0, 1023));
+  auto model_o           = a.value("--model");
+  auto out               = a.value("--out");
+  bool as_json           = a.flag("--json");
   a.finish(1);
   auto pos = a.positionals();
   if (pos.empty())

@@ -30,7 +30,8 @@ constexpr command commands[] = {
      cmd_calibrate},
     {"plan", "plan SAMPLES_OR_PROFILE.json [--alpha A | --estimator ...] [--group-size Hp] "
              "[--scope adjacent|layer|global] [--page-tokens P] [--model NAME_OR_FILE] [--sms N --ctas-per-sm C] "
-             "[--weighting budget|batch_share] [--tp-size T --tp-rank R] [--out PLAN.json] [--json]",
+             "[--weighting budget|batch_share] [--reference-contexts N,N,...] [--share-quantile Q] "
+             "[--tp-size T --tp-rank R] [--out PLAN.json] [--json]",
      cmd_plan},
     {"inspect", "inspect PLAN.json [--svg FILE.svg] [--json]   summary of a static plan", cmd_inspect},
     {"models", "models [--json]   list the built-in model presets", cmd_models},
