@@ -108,7 +108,7 @@ inline constexpr std::uint64_t reference_batch_seed = 0x7a6e6772616dULL;
  * batch_share: reference batch m (m < reference_batches) holds `reference_batch_size` requests,
  * each with a context drawn uniformly from `reference_contexts` by one mt19937_64 stream seeded
  * with `reference_batch_seed` (the same draws for every layer, so equal layers get equal maps).
- * Head h's share in batch m is sum_r head_tokens(h, n_r) / sum_h' sum_r head_tokens(h', n_r);
+ * Head h's share in batch m is sum_r retained_tokens(h, n_r) / sum_h' sum_r retained_tokens(h', n_r);
  * Phi_h is the `share_quantile` quantile (linear, NumPy default) of its shares over the batches.
  * @param rules the layer's `num_heads` head rules
  */
