@@ -148,6 +148,9 @@ void run_case(eviction_case const& c) {
                       : std::uniform_real_distribution<float>(0, 1)(rng);
   scores[7] = NAN;
   scores[8] = -INFINITY;
+  // -0 ties with +0 (the earlier position wins), whatever the sign bit.
+  for (std::size_t i = 0; i < scores.size(); i += 3)
+    if (scores[i] == 0.f) scores[i] = -0.f;
 
   // Expected state, computed from the dense copies before the pool changes.
   struct expect {
@@ -355,6 +358,7 @@ TEST_CASE("eviction selection keys order scores, NaN lowest, protected highest",
   for (std::size_t i = 0; i + 1 < v.size(); ++i) CHECK(score_key(v[i]) <= score_key(v[i + 1]));
   CHECK(score_key(-3.5f) < score_key(-1e-30f));
   CHECK(score_key(NAN) == 0u);
+  CHECK(score_key(-0.f) == score_key(0.f));  // equal scores: ties go to the earlier position
   CHECK(score_key(-INFINITY) > score_key(NAN));
   CHECK(score_key(INFINITY) < protected_score_key);
   float raw[5] = {1.f, NAN, 5.f, NAN, NAN};

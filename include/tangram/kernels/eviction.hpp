@@ -77,10 +77,12 @@ inline constexpr std::int32_t eviction_max_group = 8;
 /// Key of a protected candidate: above every score key.
 inline constexpr std::uint32_t protected_score_key = 0xffffffffu;
 
-/// Order-preserving unsigned key of a score (larger score, larger key); NaN maps to 0.
+/// Order-preserving unsigned key of a score (larger score, larger key); NaN maps to 0 and -0 to
+/// the key of +0 (equal scores tie, and ties go to the earlier position).
 TANGRAM_HOST_DEVICE std::uint32_t score_key(float score) {
   std::uint32_t u = detail::float_bits(score);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN
+  if ((u & 0x7fffffffu) == 0u) u = 0u;             // -0 -> +0
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
