@@ -269,11 +269,11 @@ TEST_CASE("batch_share weights are quantiles of the heads' shares over reference
   o.reference_batch_size = 1;
   o.reference_batches    = 200;  // both contexts drawn with probability 1 - 2^-199
   o.share_quantile       = 1.0;
-  auto hi                = split_weights(rules.data(), 2, o);
+  auto hi                = split_weights(rules.data(), 2, o, reference_batch_contexts(o));
   CHECK(hi[0] == Approx(0.5));
   CHECK(hi[1] == Approx(2.0 / 3.0));
   o.share_quantile = 0.0;
-  auto lo          = split_weights(rules.data(), 2, o);
+  auto lo          = split_weights(rules.data(), 2, o, reference_batch_contexts(o));
   CHECK(lo[0] == Approx(1.0 / 3.0));
   CHECK(lo[1] == Approx(0.5));
   // The median against a brute-force recount of the same draws (same seed, same stream).
@@ -282,7 +282,7 @@ TEST_CASE("batch_share weights are quantiles of the heads' shares over reference
   std::mt19937_64 rng(reference_batch_seed);
   int small = 0;
   for (int m = 0; m < 201; ++m) small += detail::canonical_uniform(rng) * 2 < 1 ? 1 : 0;
-  auto med = split_weights(rules.data(), 2, o);
+  auto med = split_weights(rules.data(), 2, o, reference_batch_contexts(o));
   CHECK(med[0] == Approx(small > 100 ? 0.5 : 1.0 / 3.0));
   // A batch mixes: two requests at 100 and 1000 give head 0 (100 + 250) / (200 + 750) of the
   // tokens.
@@ -290,16 +290,16 @@ TEST_CASE("batch_share weights are quantiles of the heads' shares over reference
   o.reference_batch_size = 2;
   o.reference_batches    = 100;
   o.share_quantile       = 1.0;
-  CHECK(split_weights(rules.data(), 2, o)[0] == Approx(0.5));
+  CHECK(split_weights(rules.data(), 2, o, reference_batch_contexts(o))[0] == Approx(0.5));
   o.share_quantile = 0.0;
-  CHECK(split_weights(rules.data(), 2, o)[0] == Approx(1.0 / 3.0));
+  CHECK(split_weights(rules.data(), 2, o, reference_batch_contexts(o))[0] == Approx(1.0 / 3.0));
   // Sliding-window and uncompressed heads count their attended tokens.
   std::vector<head_rule> mixed = {sliding(64), head_rule{layer_kind::uncompressed, 1.0, 0, 0}};
   o.reference_contexts         = {192};
-  CHECK(split_weights(mixed.data(), 2, o)[0] == Approx(0.25));
+  CHECK(split_weights(mixed.data(), 2, o, reference_batch_contexts(o))[0] == Approx(0.25));
   o.weighting = split_weighting::budget;
-  CHECK(split_weights(rules.data(), 2, o)[1] == 0.5);
-  CHECK(split_weights(mixed.data(), 2, o)[0] == 1.0);
+  CHECK(split_weights(rules.data(), 2, o, reference_batch_contexts(o))[1] == 0.5);
+  CHECK(split_weights(mixed.data(), 2, o, reference_batch_contexts(o))[0] == 1.0);
 }
 
 TEST_CASE("on a real profile the static map balances better than per-step baselines",

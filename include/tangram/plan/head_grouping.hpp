@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -33,12 +34,17 @@ constexpr std::string_view to_string(grouping_scope s) noexcept {
   return "?";
 }
 
+/// The scope that `to_string` spells `name`, if any.
+inline std::optional<grouping_scope> grouping_scope_named(std::string_view name) noexcept {
+  for (auto s : {grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global})
+    if (to_string(s) == name) return s;
+  return std::nullopt;
+}
+
 /// @brief Parses "adjacent", "layer" or "global".
 /// @throw invalid_argument naming `field` and the value.
 inline grouping_scope parse_grouping_scope(std::string_view name, std::string_view field = "scope") {
-  if (name == "adjacent") return grouping_scope::adjacent;
-  if (name == "layer") return grouping_scope::layer;
-  if (name == "global") return grouping_scope::global;
+  if (auto s = grouping_scope_named(name)) return *s;
   TANGRAM_FAIL(invalid_argument, field, ": unknown grouping scope ", detail::quoted(name),
                " (expected adjacent, layer or global)");
 }

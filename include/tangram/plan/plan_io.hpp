@@ -285,30 +285,22 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   p.options.group_size  = detail::as_i32(o["group_size"], 1, 1024);
   p.options.page_tokens = detail::as_i32(o["page_tokens"], 1, 4096);
   {
-    auto s           = o["scope"];
-    std::string name = s.as_string(32);
-    if (name == "adjacent")
-      p.options.scope = grouping_scope::adjacent;
-    else if (name == "layer")
-      p.options.scope = grouping_scope::layer;
-    else if (name == "global")
-      p.options.scope = grouping_scope::global;
-    else
+    auto s     = o["scope"];
+    auto scope = grouping_scope_named(s.as_string(32));
+    if (!scope)
       s.fail(cat("unknown grouping scope ", s.describe(), " (expected adjacent, layer or global)"));
+    p.options.scope = *scope;
   }
   p.options.split.limits.sm_count    = detail::as_i32(o["sm_count"], 1, 65536);
   p.options.split.limits.ctas_per_sm = detail::as_i32(o["ctas_per_sm"], 1, 64);
   {
-    auto w           = o["split_weighting"];
-    std::string name = w.as_string(32);
-    if (name == "budget")
-      p.options.split.weighting = split_weighting::budget;
-    else if (name == "batch_share")
-      p.options.split.weighting = split_weighting::batch_share;
-    else
+    auto w         = o["split_weighting"];
+    auto weighting = split_weighting_named(w.as_string(32));
+    if (!weighting)
       w.fail(cat("unknown split weighting ", w.describe(), " (expected budget or batch_share)"));
-    auto refs     = o["reference_contexts"];
-    std::size_t n = refs.expect_size_in(1, split_limits::max_reference_contexts);
+    p.options.split.weighting = *weighting;
+    auto refs                 = o["reference_contexts"];
+    std::size_t n             = refs.expect_size_in(1, split_limits::max_reference_contexts);
     p.options.split.reference_contexts.clear();
     for (std::size_t i = 0; i < n; ++i)
       p.options.split.reference_contexts.push_back(
@@ -318,14 +310,11 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
     p.options.split.reference_batches =
         detail::as_i32(o["reference_batches"], 1, split_limits::max_batches);
     p.options.split.share_quantile = o["share_quantile"].as_double(0, 1);
-    if (std::int64_t{p.options.split.reference_batches} * p.options.split.reference_batch_size >
-        split_limits::max_reference_requests)
-      o["reference_batches"].fail(cat("x reference_batch_size must be at most ",
-                                      split_limits::max_reference_requests,
-                                      ", got ",
-                                      p.options.split.reference_batches,
-                                      " x ",
-                                      p.options.split.reference_batch_size));
+    try {
+      p.options.split.validate();  // the bounds across fields (reference batches x batch size)
+    } catch (invalid_argument const& e) {
+      o.fail(e.what());
+    }
   }
   p.options.tp_size = detail::as_i32(o["tp_size"], 1, 1024);
   p.options.tp_rank = detail::as_i32(o["tp_rank"], 0, p.options.tp_size - 1);

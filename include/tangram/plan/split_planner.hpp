@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <vector>
@@ -35,10 +36,16 @@ constexpr std::string_view to_string(split_weighting w) noexcept {
   return w == split_weighting::budget ? "budget" : "batch_share";
 }
 
+/// The weighting that `to_string` spells `name`, if any.
+inline std::optional<split_weighting> split_weighting_named(std::string_view name) noexcept {
+  for (auto w : {split_weighting::budget, split_weighting::batch_share})
+    if (to_string(w) == name) return w;
+  return std::nullopt;
+}
+
 /// @throw invalid_argument naming `field` and the value.
 inline split_weighting parse_split_weighting(std::string_view name, std::string_view field = "weighting") {
-  if (name == "budget") return split_weighting::budget;
-  if (name == "batch_share") return split_weighting::batch_share;
+  if (auto w = split_weighting_named(name)) return *w;
   TANGRAM_FAIL(invalid_argument, field, ": unknown split weighting ", detail::quoted(name),
                " (expected budget or batch_share)");
 }
@@ -103,17 +110,37 @@ struct split_options {
 inline constexpr std::uint64_t reference_batch_seed = 0x7a6e6772616dULL;
 
 /**
+ * @brief The contexts of the batch_share reference batches: `reference_batches` batches of
+ * `reference_batch_size` requests, batch-major, each drawn uniformly from `reference_contexts` by
+ * one mt19937_64 stream seeded with `reference_batch_seed`. Drawn once per split map, so every
+ * layer is weighed on the same batches (equal layers get equal shares).
+ */
+inline std::vector<std::int64_t> reference_batch_contexts(split_options const& options) {
+  auto const& refs = options.reference_contexts;
+  std::vector<std::int64_t> out(static_cast<std::size_t>(options.reference_batches) *
+                                static_cast<std::size_t>(options.reference_batch_size));
+  std::mt19937_64 rng(reference_batch_seed);
+  for (auto& n : out) {
+    auto i = static_cast<std::size_t>(detail::canonical_uniform(rng) * static_cast<double>(refs.size()));
+    n      = refs[std::min(i, refs.size() - 1)];
+  }
+  return out;
+}
+
+/**
  * @brief Phi of every head of one layer under `options` (host only; planning time).
  *
- * batch_share: reference batch m (m < reference_batches) holds `reference_batch_size` requests,
- * each with a context drawn uniformly from `reference_contexts` by one mt19937_64 stream seeded
- * with `reference_batch_seed` (the same draws for every layer, so equal layers get equal maps).
- * Head h's share in batch m is sum_r retained_tokens(h, n_r) / sum_h' sum_r retained_tokens(h', n_r);
- * Phi_h is the `share_quantile` quantile (linear, NumPy default) of its shares over the batches.
- * @param rules the layer's `num_heads` head rules
+ * batch_share: head h's share in reference batch m is
+ * sum_r retained_tokens(h, n_r) / sum_h' sum_r retained_tokens(h', n_r) over the batch's contexts
+ * n_r; Phi_h is the `share_quantile` quantile (linear, NumPy default) of its shares over the
+ * batches. budget: Phi_h = B_h (1 for heads that are not compressed).
+ * @param rules          the layer's `num_heads` head rules
+ * @param batch_contexts `reference_batch_contexts(options)` (batch_share; ignored by budget)
+ * @throw invalid_argument when batch_share is given batch_contexts of the wrong size.
  */
 inline std::vector<double> split_weights(head_rule const* rules, std::int32_t num_heads,
-                                         split_options const& options) {
+                                         split_options const& options,
+                                         std::vector<std::int64_t> const& batch_contexts) {
   auto H = static_cast<std::size_t>(num_heads);
   std::vector<double> phi(H);
   if (options.weighting == split_weighting::budget) {
@@ -121,15 +148,16 @@ inline std::vector<double> split_weights(head_rule const* rules, std::int32_t nu
       phi[h] = rules[h].kind == layer_kind::compressed ? rules[h].budget : 1.0;
     return phi;
   }
-  auto B = static_cast<std::size_t>(options.reference_batches);
+  auto B    = static_cast<std::size_t>(options.reference_batches);
+  auto size = static_cast<std::size_t>(options.reference_batch_size);
+  TANGRAM_EXPECTS(batch_contexts.size() == B * size, invalid_argument,
+                  "split_weights: batch_contexts has ", batch_contexts.size(), " contexts, expected ",
+                  B, " x ", size);
   std::vector<double> shares(H * B), tokens(H);  // shares[h * B + m]
-  std::mt19937_64 rng(reference_batch_seed);
-  auto const& refs = options.reference_contexts;
   for (std::size_t m = 0; m < B; ++m) {
     std::fill(tokens.begin(), tokens.end(), 0.0);
-    for (std::int32_t r = 0; r < options.reference_batch_size; ++r) {
-      auto i = static_cast<std::size_t>(detail::canonical_uniform(rng) * static_cast<double>(refs.size()));
-      std::int64_t n = refs[std::min(i, refs.size() - 1)];
+    for (std::size_t r = 0; r < size; ++r) {
+      std::int64_t n = batch_contexts[m * size + r];
       for (std::size_t h = 0; h < H; ++h) tokens[h] += static_cast<double>(retained_tokens(rules[h], n));
     }
     double total = std::accumulate(tokens.begin(), tokens.end(), 0.0);
@@ -219,8 +247,11 @@ inline split_map build_split_map(std::vector<head_rule> const& rules, std::int32
   m.num_kv_heads = num_kv_heads;
   m.limits       = options.limits;
   m.cta_begin.reserve(static_cast<std::size_t>(num_layers) * (num_kv_heads + 1));
+  std::vector<std::int64_t> batch_contexts;
+  if (options.weighting == split_weighting::batch_share) batch_contexts = reference_batch_contexts(options);
   for (std::int32_t l = 0; l < num_layers; ++l) {
-    auto phi = split_weights(&rules[static_cast<std::size_t>(l) * num_kv_heads], num_kv_heads, options);
+    auto phi = split_weights(&rules[static_cast<std::size_t>(l) * num_kv_heads], num_kv_heads, options,
+                             batch_contexts);
     auto seats = apportion(phi, options.limits.max_ctas());
     std::int32_t begin = 0;
     for (std::int32_t h = 0; h < num_kv_heads; ++h) {
