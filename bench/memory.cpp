@@ -238,14 +238,7 @@ void memory_efficiency(benchmark::State& state, std::string scorer, std::int64_t
   double waste = group_waste(plan.grouping, plan.rules);
   // Ideal: mean over samples of sum over heads of kept/context, times the context, times bytes per
   // head-token (K and V, d = 128, bf16).
-  double mean_sum_ratio = 0;
-  std::size_t heads     = s.layer_ids.size() * static_cast<std::size_t>(s.num_kv_heads);
-  for (std::size_t k = 0; k < s.samples.size(); ++k)
-    for (std::size_t i = 0; i < heads; ++i)
-      mean_sum_ratio += s.ratio(k,
-                                i / static_cast<std::size_t>(s.num_kv_heads),
-                                i % static_cast<std::size_t>(s.num_kv_heads));
-  mean_sum_ratio /= static_cast<double>(s.samples.size());
+  double mean_sum_ratio   = report.mean_dynamic_fraction * report.num_heads;
   double head_token_bytes = static_cast<double>(plan.model.kv_bytes_per_head_token());
   double ideal            = mean_sum_ratio * static_cast<double>(context) * head_token_bytes;
 

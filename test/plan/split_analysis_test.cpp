@@ -305,16 +305,20 @@ TEST_CASE("batch_share weights are quantiles of the heads' shares over reference
 TEST_CASE("on a real profile the static map balances better than per-step baselines",
           "[split_analysis][profiles]") {
   auto s    = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
-  auto prof = calibrate(s);
-  for (auto w : {split_weighting::batch_share, split_weighting::budget}) {
+  auto prof      = calibrate(s);
+  auto plan_with = [&](split_weighting w) {
     plan_options o;
     o.split.weighting = w;
-    auto plan         = build_static_plan(model_preset("llama-3.1-8b"), prof, o);
+    return build_static_plan(model_preset("llama-3.1-8b"), prof, o);
+  };
+  auto ps = plan_with(split_weighting::batch_share), pb = plan_with(split_weighting::budget);
+  for (auto const* plan : {&ps, &pb}) {
     for (std::int32_t batch : {8, 32, 128}) {
       auto ctx = log_uniform_contexts(batch, 1024, 131072, 1);
-      auto imb = layer_imbalance(plan.rules, plan.splits, ctx);
-      INFO(to_string(w) << " batch " << batch << " aot " << imb.aot.mean << " equal "
-                        << imb.equal_split.mean << " greedy " << imb.greedy.mean);
+      auto imb = layer_imbalance(plan->rules, plan->splits, ctx);
+      INFO(to_string(plan->options.split.weighting)
+           << " batch " << batch << " aot " << imb.aot.mean << " equal " << imb.equal_split.mean
+           << " greedy " << imb.greedy.mean);
       CHECK(imb.aot.count == 32);
       CHECK(imb.aot.mean >= 1.0);
       CHECK(imb.aot.p95 <= imb.aot.max);
@@ -325,15 +329,11 @@ TEST_CASE("on a real profile the static map balances better than per-step baseli
   // batch_share balances this profile better than the paper's budget shares, and meets the
   // goal "fullest CTA within 10% of the mean" on 95% of the layers at batches of 8 and more
   // (the test batches are drawn independently of the reference batches the plan was sized on).
-  plan_options ob, os;
-  ob.split.weighting = split_weighting::budget;
-  auto pb            = build_static_plan(model_preset("llama-3.1-8b"), prof, ob);
-  auto ps            = build_static_plan(model_preset("llama-3.1-8b"), prof, os);
+  split_evaluator es(ps.rules, ps.splits), eb(pb.rules, pb.splits);
   for (std::int32_t batch : {8, 32, 128}) {
     std::vector<double> share_imb, budget_imb;
     for (std::uint64_t seed = 1; seed <= 8; ++seed) {
       auto ctx = log_uniform_contexts(batch, 1024, 131072, seed);
-      split_evaluator es(ps.rules, ps.splits), eb(pb.rules, pb.splits);
       for (std::int32_t l = 0; l < ps.num_layers; ++l) {
         share_imb.push_back(es.evaluate(l, ctx.data(), batch).aot);
         budget_imb.push_back(eb.evaluate(l, ctx.data(), batch).aot);
