@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Plans shared by the memory tests: a tiny hybrid model worked by hand, and the real Llama-3.1-8B
-// plan from the bundled profiles (mu + 2 sigma budgets computed here, independently of the
-// library's calibration).
+// Plans shared by the memory, reliability and replay tests: a tiny hybrid model worked by hand,
+// and the real Llama-3.1-8B plan from the bundled profiles (mu + 2 sigma budgets).
 #pragma once
 
 #include <algorithm>

@@ -6,6 +6,7 @@
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/sim/policies.hpp"
+#include "../memory/memory_fixtures.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -52,13 +53,6 @@ class recording_policy final : public kv_policy {
   std::map<std::int32_t, std::int64_t> tokens;
 };
 
-static_plan llama_plan(double keep = 0.3) {
-  auto samples = load_retention_samples(test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
-  auto profile = calibrate(samples);
-  (void)keep;
-  return build_static_plan(model_preset("llama-3.1-8b"), profile, plan_options{});
-}
-
 }  // namespace
 
 TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
@@ -92,8 +86,24 @@ TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
   CHECK(r.preemptions == 0);
 }
 
+TEST_CASE("open-loop time to first token counts from the arrival, not the next step", "[replay]") {
+  // Session 1 arrives while the first step runs and is picked up when it ends, whether it arrived
+  // 1 us or 2 us after t = 0: its time to first token differs by exactly 1 us (the mean of two
+  // sessions by 0.5 us).
+  auto m = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  auto ttft_mean = [&](double arrival_s) {
+    workload w;
+    w.sessions.push_back({0.0, {{100, 3, 0.0}}});
+    w.sessions.push_back({arrival_s, {{50, 2, 0.0}}});
+    recording_policy p;
+    return replay(w, p, cost, replay_options{}).modelled_ttft_mean_s;
+  };
+  CHECK(ttft_mean(1e-6) - ttft_mean(2e-6) == Approx(0.5e-6).epsilon(1e-3));
+}
+
 TEST_CASE("replays return every page and never show more live than allocated bytes", "[replay]") {
-  auto plan = llama_plan();
+  auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");
   gpu_spec gpu;
   gpu.memory_bytes = 40e9;  // small GPU: memory is contended
@@ -131,7 +141,7 @@ TEST_CASE("replays return every page and never show more live than allocated byt
 }
 
 TEST_CASE("baselines preempt and recompute when memory runs out; every turn still completes", "[replay]") {
-  auto plan = llama_plan();
+  auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");
   gpu_spec gpu;
   gpu.memory_bytes = 30e9;
@@ -156,7 +166,7 @@ TEST_CASE("baselines preempt and recompute when memory runs out; every turn stil
 }
 
 TEST_CASE("tangram holds at least 2x the sessions of full-KV on mid and long workloads", "[replay][acceptance]") {
-  auto plan = llama_plan();
+  auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");
   gpu_spec gpu;
   cost_model cost(m, gpu);
@@ -181,7 +191,7 @@ TEST_CASE("tangram holds at least 2x the sessions of full-KV on mid and long wor
 }
 
 TEST_CASE("replays are deterministic", "[replay]") {
-  auto plan = llama_plan();
+  auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");
   cost_model cost(m, gpu_spec{});
   workload_options wo;

@@ -314,8 +314,8 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     while (next_arrival < by_arrival.size() && spec(by_arrival[next_arrival]).arrival_s <= t &&
            (options.concurrency == 0 || active < options.concurrency)) {
       std::int32_t s = by_arrival[next_arrival++];
-      set_turn(s, 0);
-      ss_of(s).ready_s = std::max(t, spec(s).arrival_s);
+      set_turn(s, 0);  // ready now: a closed-loop client enters when a slot frees
+      if (options.concurrency == 0) ss_of(s).ready_s = spec(s).arrival_s;  // open loop: on arrival
       ready_new.push_back(s);
       ++active;
     }
