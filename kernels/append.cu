@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "tangram/kernels/append.hpp"
+#include "tangram/kernels/detail/vec.cuh"
 #include "tangram/numeric.hpp"
 
 namespace tangram {
@@ -53,10 +54,7 @@ void append_decode_kv(append_params const& p, cuda_stream_t stream) {
     case dtype::fp8_e4m3: err = detail::launch_for_source<float8_e4m3>(p, grid, stream); break;
     case dtype::fp8_e5m2: err = detail::launch_for_source<float8_e5m2>(p, grid, stream); break;
   }
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    TANGRAM_FAIL(cuda_error, "append_decode_kv: launch failed: ", cudaGetErrorString(err));
-  }
+  detail::check_launch(err, "append_decode_kv: kernel launch");
 }
 
 }  // namespace tangram

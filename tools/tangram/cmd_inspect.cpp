@@ -22,29 +22,6 @@ using tangram::detail::cat;
 
 constexpr int histogram_bins = 10;
 
-std::string xml_escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) >= 0x20) out += c;
-    }
-  }
-  return out;
-}
-
 /// Budget in (0, 1] to a colour from dark blue (small) through yellow to dark red (1).
 std::string budget_colour(double b) {
   struct stop {

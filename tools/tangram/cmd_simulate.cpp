@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -88,7 +89,7 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
   s << std::fixed << std::setprecision(1);
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
     << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << title << "</text>\n";
+  s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
   s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
   s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
   s << std::setprecision(0);
@@ -135,7 +136,8 @@ int cmd_simulate(args& a, streams io) {
   double usable   = a.number("--usable", 0.9, 0.01, 1);
   double hbm      = a.number("--hbm-tbps", 4.8, 0.01, 1000);
   double tflops   = a.number("--peak-tflops", 989, 1, 1e6);
-  auto keep       = a.value("--keep");
+  std::optional<double> keep;
+  if (auto k = a.value("--keep")) keep = parse_number(*k, "--keep", 0.001, 1);
   auto wl         = a.value("--workload");
   workload_options wo;
   wo.sessions     = static_cast<std::int32_t>(a.integer("--sessions", 128, 1, 1000000));
@@ -158,7 +160,8 @@ int cmd_simulate(args& a, streams io) {
   a.finish(0);
 
   auto src = read_samples_or_profile(profile_o.value_or(default_profile), cal);
-  if (keep) rescale_budgets(src.profile, parse_number(*keep, "--keep", 0.001, 1));
+  if (keep) rescale_budgets(src.profile, *keep);
+  double keep_ratio = keep.value_or(src.profile.target_keep_ratio);
   auto model = resolve_model(model_o, src.profile.model);
   auto plan  = build_static_plan(model, src.profile, po);
 
@@ -175,12 +178,9 @@ int cmd_simulate(args& a, streams io) {
 
   workload work;
   std::string workload_name = wl.value_or("mid");
-  if (workload_name == "short" || workload_name == "mid" || workload_name == "long") {
-    wo.kind = workload_name == "short" ? workload_kind::short_context
-              : workload_name == "mid" ? workload_kind::mid_context
-                                       : workload_kind::long_context;
-    // Leave room for the answer of the last turn within the model's 128K context.
-    work = generate_workload(wo);
+  if (auto kind = workload_kind_named(workload_name)) {
+    wo.kind = *kind;
+    work    = generate_workload(wo);
   } else {
     work = load_workload(workload_name);
   }
@@ -227,7 +227,7 @@ int cmd_simulate(args& a, streams io) {
     doc.set("model", model.name);
     doc.set("kv_dtype", to_string(model.kv_dtype));
     doc.set("profile", src.source);
-    doc.set("keep_ratio", keep ? json::value(parse_number(*keep, "--keep", 0.001, 1)) : json::value(src.profile.target_keep_ratio));
+    doc.set("keep_ratio", keep_ratio);
     doc.set("keep_rescaled", keep.has_value());
     auto w = json::value::object();
     w.set("name", work.name);
@@ -278,7 +278,7 @@ int cmd_simulate(args& a, streams io) {
     << ": " << gb(gpu.memory_bytes) << " GB x " << fixed(usable, 2) << " - " << gb(model.weight_bytes)
     << " GB weights = " << gb(kv_bytes) << " GB for KV\n"
     << "  profile " << src.source << " (keep ratio "
-    << fixed(keep ? parse_number(*keep, "--keep", 0.001, 1) : src.profile.target_keep_ratio, 2)
+    << fixed(keep_ratio, 2)
     << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
     << " P=" << po.page_tokens << ", group waste " << percent(group_waste(plan.grouping, plan.rules), 2) << "\n"
     << "  workload " << work.name << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()

@@ -116,6 +116,29 @@ std::string fixed(double v, int decimals) {
   return buf;
 }
 
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) >= 0x20) out += c;
+    }
+  }
+  return out;
+}
+
 std::string percent(double fraction, int decimals) {
   return fixed(100.0 * fraction, decimals) + "%";
 }

@@ -251,8 +251,7 @@ inline model_spec model_from_json(json::node const& n) {
                                       m.active_weight_bytes));
   try {
     m.validate();  // every field was checked above; this keeps a file's errors parse_errors
-  } catch (invalid_argument const& e) {
-    if (dynamic_cast<parse_error const*>(&e) != nullptr) throw;
+  } catch (invalid_argument const& e) {  // validate() throws plain invalid_argument
     n.fail(e.what());
   }
   return m;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -73,6 +74,13 @@ constexpr std::string_view to_string(workload_kind k) noexcept {
     case workload_kind::long_context: return "long";
   }
   return "?";
+}
+
+/// The workload kind that `to_string` spells `name` ("short", "mid", "long"), if any.
+inline std::optional<workload_kind> workload_kind_named(std::string_view name) noexcept {
+  for (auto k : {workload_kind::short_context, workload_kind::mid_context, workload_kind::long_context})
+    if (to_string(k) == name) return k;
+  return std::nullopt;
 }
 
 /// @brief Parameters of the built-in generator.
