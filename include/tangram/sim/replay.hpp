@@ -309,6 +309,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   };
 
   std::int64_t last_progress_step = 0;
+  std::vector<std::int32_t> first_token_now, snapshot, decoders;  // per step; reused
   while (finished_turns < total_turns) {
     // 1. Arrivals and think timers that are due.
     while (next_arrival < by_arrival.size() && spec(by_arrival[next_arrival]).arrival_s <= t &&
@@ -361,12 +362,12 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     std::int64_t budget = options.step_token_budget;
     double step_s = 0, kv_read = 0;
     bool any_decode = false;
-    std::vector<std::int32_t> first_token_now;
-    std::vector<std::int32_t> snapshot = running;
+    first_token_now.clear();
+    snapshot.assign(running.begin(), running.end());
     auto is_running = [&](std::int32_t s) {
       return std::find(running.begin(), running.end(), s) != running.end();
     };
-    std::vector<std::int32_t> decoders;
+    decoders.clear();
     for (auto s : running)
       if (ss_of(s).state == phase::decode) decoders.push_back(s);
     while (!decoders.empty() && !timed([&] { return policy.decode(decoders); })) {
@@ -468,10 +469,8 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     }
   }
 
-  {
-    auto end = policy.memory();  // after the last releases
-    out.timeline.push_back({t, end.allocated_bytes, end.live_bytes, resident});
-  }
+  auto end = policy.memory();  // after the last releases
+  out.timeline.push_back({t, end.allocated_bytes, end.live_bytes, resident});
   // Thin the timeline to the requested number of points (evenly spaced in time).
   if (options.timeline_points > 1 && out.timeline.size() > static_cast<std::size_t>(options.timeline_points)) {
     std::vector<timeline_point> thin;
@@ -491,9 +490,8 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   out.modelled_tokens_per_s     = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
   out.mean_admission_wait_s =
       out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
-  auto mem           = policy.memory();
-  out.reclaim_ops    = mem.reclaim_ops;
-  out.released_pages = mem.released_pages;
+  out.reclaim_ops    = end.reclaim_ops;
+  out.released_pages = end.released_pages;
   if (!ttft.empty()) {
     double sum = 0;
     for (double x : ttft) sum += x;
