@@ -4,7 +4,7 @@
 #             the whole ctest suite (GPU tests report "Skipped" without a GPU)
 #   asan      the CPU test suites again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   valgrind  the CPU test executables of the main build under valgrind memcheck
-#   tsan      the reliability suite (concurrent engine test) under ThreadSanitizer
+#   tsan      the concurrent engine tests ([concurrent], the only multi-threaded ones) under TSan
 #   soak      random operation storms against the memory manager (tangram_soak, bounded time)
 #   fuzz      every libFuzzer harness for a bounded time (needs clang)
 # TANGRAM_STAGES selects stages (default: all), e.g. TANGRAM_STAGES=main scripts/run_tests.sh.
@@ -48,7 +48,7 @@ fi
 
 if want tsan; then
   stage "tsan: concurrent engine test under ThreadSanitizer"
-  scripts/tsan.sh
+  scripts/tsan.sh "[concurrent]"  # the only tests with threads; the rest run natively and under ASan
 fi
 
 if want soak; then
