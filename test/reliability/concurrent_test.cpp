@@ -45,7 +45,7 @@ class inbox {
 /// What one thread saw; merged after join.
 struct thread_counts {
   std::int64_t admitted = 0, rejected = 0, freed = 0, continued = 0, forks = 0, steps = 0;
-  std::int64_t decode_tokens = 0, chunks = 0, ended = 0, freed_under_scheduler = 0;
+  std::int64_t decode_tokens = 0, chunks = 0, ended = 0;
   std::int64_t unexpected = 0;  ///< a client's own session vanished (only its owner frees it)
   std::exception_ptr error;     ///< an exception a client thread did not expect
 };
@@ -64,10 +64,7 @@ void scheduler_step(concurrent_kv_cache<>& kv,
   // Sequences freed by a client since the last step leave the scheduler's list.
   std::size_t live = 0;
   for (auto id : active)
-    if (m.contains(id))
-      active[live++] = id;
-    else
-      ++c.freed_under_scheduler;
+    if (m.contains(id)) active[live++] = id;
   active.resize(live);
   for (auto id : active) {
     auto i = m.info(id);

@@ -62,7 +62,7 @@ struct storm_totals {
   std::int64_t calls    = 0;  ///< mutating manager calls issued (including misuse)
   std::int64_t admitted = 0, admit_rejected = 0;
   std::int64_t chunks = 0, decode_steps = 0, decode_tokens = 0;
-  std::int64_t end_turns = 0, completed_turns = 0;  ///< completed: all T tokens decoded
+  std::int64_t completed_turns = 0;  ///< turns ended with all T tokens decoded
   std::int64_t continued = 0, continue_rejected = 0;
   std::int64_t forks = 0, fork_rejected = 0;
   std::int64_t frees = 0, aborts = 0;
@@ -83,7 +83,6 @@ struct storm_totals {
     chunks += o.chunks;
     decode_steps += o.decode_steps;
     decode_tokens += o.decode_tokens;
-    end_turns += o.end_turns;
     completed_turns += o.completed_turns;
     continued += o.continued;
     continue_rejected += o.continue_rejected;
@@ -286,7 +285,6 @@ class storm {
   }
 
   storm_totals const& totals() const { return t_; }
-  kv_cache_manager const& manager() const { return *manager_; }
 
   /// One random step (op). Checks everything every `check_every` steps.
   void step() {
@@ -498,7 +496,6 @@ class storm {
     auto const& q = sim_->sequences().at(id.slot);
     if (q.decoded == q.max_new) ++t_.completed_turns;
     sim_->end_turn(id);
-    ++t_.end_turns;
     ++t_.calls;
   }
   void end_turn() {
