@@ -23,13 +23,6 @@ std::vector<std::int32_t> counts(kv_cache_manager const& m, sequence_id id) {
   return out;
 }
 
-manager_options opts(std::int64_t pages, std::int32_t seqs = 8) {
-  manager_options o;
-  o.num_pages     = pages;
-  o.max_sequences = seqs;
-  return o;
-}
-
 }  // namespace
 
 TEST_CASE("tiny plan groups as worked out by hand", "[memory][manager]") {
@@ -48,7 +41,7 @@ TEST_CASE("admission, chunked prefill and decode follow the footprint exactly",
           "[memory][manager]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100));
+  kv_cache_manager m(plan, mr, opts(100, 8));
   // M(r) for N = 20, T = 5 (k = retained tokens after 20):
   //   G0 ceil((15+5)/4)=5  G1 ceil((10+5)/4)=4  G2 ceil((7+5)/4)=3  G3 ceil((5+5)/4)=3
   //   sliding ceil(min(25,10)/4)=3 (x2)   uncompressed ceil(25/4)=7 (x2)   total 35
@@ -111,7 +104,7 @@ TEST_CASE("multi-turn: a new turn reserves only the increment; dropped decode pa
           "[memory][manager][turns]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200));
+  kv_cache_manager m(plan, mr, opts(200, 8));
   engine_sim sim(m, 2, 0.0);
   SECTION("increment max(0, final - held)") {
     auto id = *sim.admit(20, 5);
@@ -158,7 +151,7 @@ TEST_CASE("sliding-window rings use constant memory however long the session run
           "[memory][manager][sliding]") {
   auto plan = tiny_plan(tiny_budgets(), 4, 2, /*window=*/6);  // ring = ceil(6/4) = 2 pages
   host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(400));
+  kv_cache_manager m(plan, mr, opts(400, 8));
   engine_sim sim(m, 3, 0.0);
   auto id = *sim.admit(3, 30);
   sim.chunk(id, 3);
@@ -183,7 +176,7 @@ TEST_CASE("fork shares filled pages and copies the pages heads still write",
           "[memory][manager][fork]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(300));
+  kv_cache_manager m(plan, mr, opts(300, 8));
   engine_sim sim(m, 4, 0.0);
   auto a = *sim.admit(20, 12);
   sim.chunk(a, 20);
@@ -343,21 +336,22 @@ TEST_CASE("the pool arena failure surfaces as out_of_memory at construction",
   limiting_resource_adaptor<host_memory_resource> lim(host, 100 * 256 - 1);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       (basic_kv_cache_manager<page_layout<>, limiting_resource_adaptor<host_memory_resource>>(
-          plan, lim, opts(100))),
+          plan, lim, opts(100, 8))),
       out_of_memory,
       "25600 bytes");
   CHECK(lim.allocated_bytes() == 0);
-  manager_options o = opts(0);
+  manager_options o = opts(0, 8);
   o.pool_bytes      = 255;
   simulated_memory_resource sim;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       kv_cache_manager(plan, sim, o), invalid_argument, "at least one page", "256");
   // A static layout must match the plan.
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((basic_kv_cache_manager<page_layout<128>>(plan, sim, opts(10))),
-                                  invalid_argument,
-                                  "head_dim is fixed to 128");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (basic_kv_cache_manager<page_layout<128>>(plan, sim, opts(10, 8))),
+      invalid_argument,
+      "head_dim is fixed to 128");
   basic_kv_cache_manager<page_layout<4, 2, 4>, simulated_memory_resource> fixed(
-      plan, sim, opts(10));
+      plan, sim, opts(10, 8));
   CHECK(fixed.pool().page_bytes() == 256);
 }
 
@@ -365,7 +359,7 @@ TEST_CASE("FlashInfer export lists the same token addresses as the view",
           "[memory][manager][flashinfer]") {
   auto plan = tiny_plan(tiny_budgets(), 4, 2, 6);
   host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(400));
+  kv_cache_manager m(plan, mr, opts(400, 8));
   engine_sim sim(m, 5, 0.3);
   auto a = *sim.admit(23, 20);
   auto b = *sim.admit(9, 20);
@@ -433,8 +427,8 @@ TEST_CASE("tensor parallelism: admit on every rank or on none", "[memory][manage
     plans.push_back(build_static_plan(model, p, o));
   }
   simulated_memory_resource sim;
-  kv_cache_manager r0(plans[0], sim, opts(100));
-  kv_cache_manager r1(plans[1], sim, opts(30));
+  kv_cache_manager r0(plans[0], sim, opts(100, 8));
+  kv_cache_manager r1(plans[1], sim, opts(30, 8));
   std::vector<kv_cache_manager*> ranks{&r0, &r1};
   auto need0 = r0.admission_pages(20, 5), need1 = r1.admission_pages(20, 5);
   CHECK(need0 + need1 == 35);  // the ranks split the model's heads
@@ -453,7 +447,7 @@ TEST_CASE("tensor parallelism: admit on every rank or on none", "[memory][manage
 TEST_CASE("view journal lists the page-table entries a step wrote", "[memory][manager][view]") {
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource sim;
-  kv_cache_manager m(plan, sim, opts(200));
+  kv_cache_manager m(plan, sim, opts(200, 8));
   auto a = *m.try_admit(20, 5);
   m.prepare_chunk(a, 20);
   std::vector<std::int32_t> kept(16);

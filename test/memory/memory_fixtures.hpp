@@ -33,6 +33,23 @@ inline static_plan llama_plan(std::string const& scorer,
   return build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), o);
 }
 
+/// Manager options with `pages` pages and `slots` sequence slots; everything else default.
+inline manager_options opts(std::int64_t pages, std::int32_t slots) {
+  manager_options o;
+  o.num_pages     = pages;
+  o.max_sequences = slots;
+  return o;
+}
+
+/// Prefills `n` tokens of sequence `id` in one chunk and commits the kept counts the plan's rules
+/// give (what a compressor at exactly its static budgets would produce).
+inline void prefill(kv_cache_manager& m, sequence_id id, std::int64_t n) {
+  std::vector<std::int32_t> kept(m.plan().rules.size());
+  m.prepare_chunk(id, n);
+  m.expected_kept(id, n, kept.data());
+  m.commit_chunk(id, kept);
+}
+
 /**
  * A tiny hybrid model, small enough to work by hand and to check token by token:
  * 4 layers x 4 KV heads, d = 4, f32; layer 0 and 3 compressed (profiled, protect = 1 sink + 2

@@ -175,20 +175,6 @@ int fail_each_allocation(Call&& call, State&& state, bool leak_check = false) {
   return -1;
 }
 
-manager_options small_options(std::int64_t pages, std::int32_t slots) {
-  manager_options o;
-  o.num_pages     = pages;
-  o.max_sequences = slots;
-  return o;
-}
-
-void prefill(kv_cache_manager& m, sequence_id id, std::int64_t n) {
-  std::vector<std::int32_t> kept(m.plan().rules.size());
-  m.prepare_chunk(id, n);
-  m.expected_kept(id, n, kept.data());
-  m.commit_chunk(id, kept);
-}
-
 }  // namespace
 
 TEST_CASE("a failed host allocation in the manager's constructor leaks nothing",
@@ -202,7 +188,7 @@ TEST_CASE("a failed host allocation in the manager's constructor leaks nothing",
     host_memory_resource hmr;
     simulated_memory_resource smr;
     memory_resource& mr = host ? static_cast<memory_resource&>(hmr) : smr;
-    int points = fail_each_allocation([&] { kv_cache_manager m(plan, mr, small_options(64, 4)); },
+    int points          = fail_each_allocation([&] { kv_cache_manager m(plan, mr, opts(64, 4)); },
                                       [&] { return smr.allocated_bytes(); },
                                       true);
     INFO("host " << host);
@@ -218,7 +204,7 @@ TEST_CASE("documented allocation-free calls allocate nothing", "[reliability][al
   }
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource mr;
-  kv_cache_manager m(plan, mr, small_options(400, 6));
+  kv_cache_manager m(plan, mr, opts(400, 6));
   std::vector<std::int32_t> kept(plan.rules.size());
   std::vector<sequence_id> batch;
   std::optional<sequence_id> a, b;
@@ -257,7 +243,7 @@ TEST_CASE("fork, continue_turn and the FlashInfer export keep the state on bad_a
   }
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
-  kv_cache_manager m(plan, mr, small_options(400, 6));
+  kv_cache_manager m(plan, mr, opts(400, 6));
   auto a = *m.try_admit(21, 9);
   prefill(m, a, 21);
   m.set_batch({a});
@@ -277,7 +263,7 @@ TEST_CASE("fork, continue_turn and the FlashInfer export keep the state on bad_a
   // The next turn of a forked session copies the shared pages its recompression rewrites; with
   // more of them than the fork's copies, the pending-copy list must grow.
   {
-    kv_cache_manager m3(plan, mr, small_options(400, 6));
+    kv_cache_manager m3(plan, mr, opts(400, 6));
     auto q = *m3.try_admit(30, 4);
     prefill(m3, q, 30);
     m3.end_turn(q);

@@ -166,23 +166,14 @@ void client(concurrent_kv_cache<>& kv,
   }
 }
 
-manager_options opts_for_tp(std::int64_t pages) {
-  manager_options o;
-  o.num_pages     = pages;
-  o.max_sequences = 4;
-  return o;
-}
-
 }  // namespace
 
 TEST_CASE("concurrent_kv_cache: clients admit, free, continue and fork while a scheduler steps",
           "[reliability][concurrent]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
-  manager_options o;
-  o.num_pages     = 600;
-  o.max_sequences = 16;
-  concurrent_kv_cache kv(plan, mr, o);  // class template argument deduction: kv_cache_manager
+  concurrent_kv_cache kv(
+      plan, mr, opts(600, 16));  // class template argument deduction: kv_cache_manager
   static_assert(std::is_same_v<decltype(kv), concurrent_kv_cache<kv_cache_manager>>);
 
   const int clients = 3, iterations = 3000;
@@ -261,10 +252,7 @@ TEST_CASE("concurrent_kv_cache: readers see consistent counters while steps run"
           "[reliability][concurrent]") {
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource mr;
-  manager_options o;
-  o.num_pages     = 300;
-  o.max_sequences = 8;
-  concurrent_kv_cache<> kv(plan, mr, o);
+  concurrent_kv_cache<> kv(plan, mr, opts(300, 8));
   std::atomic<bool> stop{false};
   std::atomic<std::int64_t> inconsistent{0}, reads{0};
   std::vector<std::thread> readers;
@@ -281,15 +269,11 @@ TEST_CASE("concurrent_kv_cache: readers see consistent counters while steps run"
     });
   std::mt19937 rng(3);
   std::vector<sequence_id> live;
-  std::vector<std::int32_t> kept(plan.rules.size());
   for (int i = 0; i < 4000; ++i) {
     if (live.size() < 6 && rng() % 3 == 0) {
       if (auto id = kv.try_admit(1 + static_cast<std::int64_t>(rng() % 30), rng() % 8)) {
         auto step = kv.begin_step();
-        auto n    = step->info(*id).prompt_remaining;
-        step->prepare_chunk(*id, n);
-        step->expected_kept(*id, n, kept.data());
-        step->commit_chunk(*id, kept);
+        prefill(*step, *id, step->info(*id).prompt_remaining);
         live.push_back(*id);
       }
     } else if (!live.empty() && rng() % 4 == 0) {
@@ -317,8 +301,8 @@ TEST_CASE("concurrent_kv_cache: tensor-parallel admission on every rank or on no
           "[reliability][concurrent][tp]") {
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource mr;
-  concurrent_kv_cache<> r0(plan, mr, opts_for_tp(200));
-  concurrent_kv_cache<> r1(plan, mr, opts_for_tp(40));  // the small rank refuses first
+  concurrent_kv_cache<> r0(plan, mr, opts(200, 4));
+  concurrent_kv_cache<> r1(plan, mr, opts(40, 4));  // the small rank refuses first
   std::vector<concurrent_kv_cache<>*> ranks{&r0, &r1};
   auto ids = try_admit_all(ranks, 20, 4);
   REQUIRE(ids.has_value());

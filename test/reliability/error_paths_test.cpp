@@ -28,13 +28,6 @@ using namespace tangram::test;
 
 namespace {
 
-manager_options opts(std::int64_t pages, std::int32_t slots = 4) {
-  manager_options o;
-  o.num_pages     = pages;
-  o.max_sequences = slots;
-  return o;
-}
-
 /// `n` comma-separated copies of `item` in a JSON array.
 std::string json_array(std::size_t n, std::string const& item) {
   std::string s = "[";
@@ -58,7 +51,7 @@ TEST_CASE("manager options, plan checks and calls name the field and the value",
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource mr;
   auto with = [&](auto edit) {
-    auto o = opts(10);
+    auto o = opts(10, 4);
     edit(o);
     return o;
   };
@@ -102,29 +95,28 @@ TEST_CASE("manager options, plan checks and calls name the field and the value",
 
   auto bad = plan;
   bad.rules.pop_back();
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(kv_cache_manager(bad, mr, opts(10)),
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(kv_cache_manager(bad, mr, opts(10, 4)),
                                   invalid_argument,
                                   "static_plan.rules",
                                   "expected 16",
                                   "got 15");
   bad                     = plan;
   bad.geometry.group_size = 4;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(kv_cache_manager(bad, mr, opts(10)),
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(kv_cache_manager(bad, mr, opts(10, 4)),
                                   invalid_argument,
                                   "static_plan.geometry.group_size",
                                   "4",
                                   "grouping's 2");
   bad                      = plan;
   bad.geometry.page_tokens = 0;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      kv_cache_manager(bad, mr, opts(10)), invalid_argument, "page_geometry.page_tokens", "got 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(kv_cache_manager(bad, mr, opts(10, 4)),
+                                  invalid_argument,
+                                  "page_geometry.page_tokens",
+                                  "got 0");
 
   kv_cache_manager m(plan, mr, opts(200, 4));
   auto a = *m.try_admit(8, 2);
-  std::vector<std::int32_t> kept(16);
-  m.prepare_chunk(a, 8);
-  m.expected_kept(a, 8, kept.data());
-  m.commit_chunk(a, kept);
+  prefill(m, a, 8);
   m.end_turn(a);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       (void)m.continue_turn(a, 0, 1), invalid_argument, "continue_turn.prompt_tokens", "got 0");
@@ -236,7 +228,7 @@ TEST_CASE("resources, geometry, segment arena and baseline name the field and th
       (void)b.prefill_chunk(5, 1), logic_error, "unknown sequence slot 5");
 
   // validate_view: every structural field of a view a kernel would read.
-  kv_cache_manager m(plan, mr, opts(64));
+  kv_cache_manager m(plan, mr, opts(64, 4));
   auto v = m.view();
   CHECK_NOTHROW(validate_view(v, "decode_params", 0));
   auto view = [&](auto edit) {
