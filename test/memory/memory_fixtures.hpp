@@ -20,17 +20,33 @@
 
 namespace tangram::test {
 
-/// The Llama-3.1-8B plan for one bundled scorer (P = 16, Hp = 4, global grouping), budgets
-/// calibrated by the library (mu + 2 sigma).
-inline static_plan llama_plan(std::string const& scorer,
-                              std::int32_t page_tokens = 16,
-                              std::int32_t group_size  = 4) {
-  auto s = load_retention_samples(data_path("profiles/" + scorer + "/llama-3.1-8b-instruct.json"));
+/// The plan of `model` from bundled samples (`samples_rel` under data/), budgets calibrated by the
+/// library (mu + 2 sigma).
+inline static_plan real_plan(model_spec const& model,
+                             std::string const& samples_rel,
+                             std::int32_t page_tokens,
+                             std::int32_t group_size,
+                             grouping_scope scope,
+                             std::int32_t tp_size = 1,
+                             std::int32_t tp_rank = 0) {
   plan_options o;
   o.page_tokens = page_tokens;
   o.group_size  = group_size;
-  o.scope       = grouping_scope::global;
-  return build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), o);
+  o.scope       = scope;
+  o.tp_size     = tp_size;
+  o.tp_rank     = tp_rank;
+  return build_static_plan(model, calibrate(load_retention_samples(data_path(samples_rel))), o);
+}
+
+/// The Llama-3.1-8B plan for one bundled scorer (P = 16, Hp = 4, global grouping by default).
+inline static_plan llama_plan(std::string const& scorer,
+                              std::int32_t page_tokens = 16,
+                              std::int32_t group_size  = 4) {
+  return real_plan(model_preset("llama-3.1-8b"),
+                   "profiles/" + scorer + "/llama-3.1-8b-instruct.json",
+                   page_tokens,
+                   group_size,
+                   grouping_scope::global);
 }
 
 /// Manager options with `pages` pages and `slots` sequence slots; everything else default.

@@ -108,22 +108,6 @@ inline model_spec with_small_heads(model_spec m) {
   return m;
 }
 
-inline static_plan real_plan(model_spec const& model,
-                             std::string const& samples_rel,
-                             std::int32_t page_tokens,
-                             std::int32_t group_size,
-                             grouping_scope scope,
-                             std::int32_t tp_size = 1,
-                             std::int32_t tp_rank = 0) {
-  plan_options o;
-  o.page_tokens = page_tokens;
-  o.group_size  = group_size;
-  o.scope       = scope;
-  o.tp_size     = tp_size;
-  o.tp_rank     = tp_rank;
-  return build_static_plan(model, calibrate(load_retention_samples(data_path(samples_rel))), o);
-}
-
 /// A config whose pool holds about `requests` of the largest first turns.
 inline storm_config make_storm_config(std::string name,
                                       static_plan plan,
@@ -185,11 +169,7 @@ inline std::vector<storm_config> storm_configs() {
       30,
       25));
   out.push_back(make_storm_config("llama-3.1-8b-snapkv-P16-Hp4-global",
-                                  real_plan(model_preset("llama-3.1-8b"),
-                                            "profiles/snapkv/llama-3.1-8b-instruct.json",
-                                            16,
-                                            4,
-                                            grouping_scope::global),
+                                  llama_plan("snapkv", 16, 4),
                                   false,
                                   6,
                                   12,
@@ -248,11 +228,7 @@ inline std::vector<storm_config> storm_configs() {
                                   256,
                                   true));
   out.push_back(make_storm_config("llama-3.1-8b-keydiff-P64-Hp8-global",
-                                  real_plan(model_preset("llama-3.1-8b"),
-                                            "profiles/keydiff/llama-3.1-8b-instruct.json",
-                                            64,
-                                            8,
-                                            grouping_scope::global),
+                                  llama_plan("keydiff", 64, 8),
                                   false,
                                   6,
                                   16,
