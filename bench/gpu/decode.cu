@@ -57,15 +57,18 @@ struct decode_setup {
 };
 
 device_limits limits_or_default() {
-  auto lim = decode_device_limits(dtype::bf16, D, G);
-  return lim ? *lim : device_limits{132, 2};
+  return decode_device_limits(dtype::bf16, D, G).value_or(device_limits{});
 }
 
-std::vector<std::int32_t> cta_begin_for(std::vector<double> const& weights, std::int32_t n_cta) {
-  auto seats = apportion(weights, n_cta);
-  std::vector<std::int32_t> begin{0};
-  for (auto s : seats) begin.push_back(begin.back() + s);
-  return begin;
+/// The library's split map of one layer whose H heads have `budgets` (Phi = B, the paper's
+/// weighting; all 1.0 gives the equal split): the CTA boundaries of the launch.
+std::vector<std::int32_t> cta_begin_for(std::vector<double> const& budgets, std::int32_t n_cta) {
+  std::vector<head_rule> rules;
+  for (double b : budgets) rules.push_back({layer_kind::compressed, b, 0, 0});
+  split_options o;
+  o.limits    = {n_cta, 1};
+  o.weighting = split_weighting::budget;
+  return build_split_map(rules, 1, H, o).cta_begin;
 }
 
 void BM_decode_bandwidth(benchmark::State& state) {
