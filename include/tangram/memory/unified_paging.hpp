@@ -82,12 +82,7 @@ class unified_paging_baseline {
         S_(checked_positive(max_sequences, "max_sequences")),
         max_pages_(ceil_div(checked_positive(max_tokens, "max_tokens"), plan.geometry.page_tokens)),
         rules_(plan.rules),
-        pool_(upstream,
-              page_layout<>(page_geometry{plan.geometry.page_tokens,
-                                          plan.num_kv_heads,
-                                          plan.geometry.head_dim,
-                                          plan.geometry.kv_dtype}),
-              num_pages) {
+        pool_(upstream, page_layout<>(layer_geometry(plan)), num_pages) {
     auto SL = static_cast<std::size_t>(S_) * static_cast<std::size_t>(L_);
     table_.assign(SL * static_cast<std::size_t>(max_pages_), -1);
     n_pages_.assign(SL, 0);
@@ -249,6 +244,19 @@ class unified_paging_baseline {
                                       std::int32_t head) const {
     return len_[lh(seq, layer, head)];
   }
+  /// Tokens the longest head of layer `layer` of `seq` holds (what sizes the layer's pages).
+  [[nodiscard]] std::int64_t longest(std::int32_t seq, std::int32_t layer) const noexcept {
+    std::int32_t m = 0;
+    for (std::int32_t h = 0; h < H_; ++h) m = std::max(m, len_[lh(seq, layer, h)]);
+    return m;
+  }
+  /// Geometry of a layer-wide page: one page holds every KV head of a layer (Hp = H).
+  [[nodiscard]] static page_geometry layer_geometry(static_plan const& plan) noexcept {
+    return {plan.geometry.page_tokens,
+            plan.num_kv_heads,
+            plan.geometry.head_dim,
+            plan.geometry.kv_dtype};
+  }
 
  private:
   template <class T>
@@ -268,11 +276,6 @@ class unified_paging_baseline {
   }
   [[nodiscard]] std::size_t lh(std::int32_t s, std::int32_t l, std::int32_t h) const noexcept {
     return sl(s, l) * static_cast<std::size_t>(H_) + static_cast<std::size_t>(h);
-  }
-  [[nodiscard]] std::int64_t longest(std::int32_t s, std::int32_t l) const noexcept {
-    std::int32_t m = 0;
-    for (std::int32_t h = 0; h < H_; ++h) m = std::max(m, len_[lh(s, l, h)]);
-    return m;
   }
   void grow_to(std::int32_t s, std::int32_t l, std::int64_t pages) {
     auto& np = n_pages_[sl(s, l)];

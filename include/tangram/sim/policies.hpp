@@ -241,9 +241,8 @@ class unified_policy final : public live_accounting_policy {
     for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
       std::int64_t longest = 0, held = 0;
       if (slot >= 0) {
-        for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h)
-          longest = std::max(longest, baseline_.head_len(slot, l, h));
-        held = baseline_.n_pages(slot, l);
+        longest = baseline_.longest(slot, l);
+        held    = baseline_.n_pages(slot, l);
       }
       need += std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) + ceil_div(headroom_tokens, P);
     }
@@ -298,8 +297,7 @@ class unified_policy final : public live_accounting_policy {
 
  private:
   static std::int64_t pages_for(static_plan const& plan, double kv_bytes) {
-    double page = static_cast<double>(plan.num_kv_heads) * 2.0 * plan.geometry.page_tokens *
-                  plan.geometry.head_dim * static_cast<double>(plan.geometry.element_bytes());
+    auto page = static_cast<double>(unified_paging_baseline<>::layer_geometry(plan).page_bytes());
     return static_cast<std::int64_t>(kv_bytes / page);
   }
   [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
