@@ -10,6 +10,21 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
 build=${TANGRAM_FUZZ_BUILD_DIR:-build-fuzz}
 jobs=${TANGRAM_JOBS:-$(nproc)}
+# libFuzzer needs clang and its compiler-rt runtime; say so plainly instead of a CMake error.
+if ! command -v clang++ >/dev/null; then
+  echo "fuzz.sh: clang++ not found; the libFuzzer harnesses need clang" \
+    "(apt-get install clang libclang-rt-dev, or scripts/install_deps.sh fuzz)" >&2
+  exit 1
+fi
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' \
+  >"$probe/probe.cpp"
+if ! clang++ -fsanitize=fuzzer "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/err"; then
+  echo "fuzz.sh: clang++ cannot link -fsanitize=fuzzer (libFuzzer runtime missing?):" \
+    "$(head -1 "$probe/err") (apt-get install libclang-rt-dev, or scripts/install_deps.sh fuzz)" >&2
+  exit 1
+fi
 CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTANGRAM_BUILD_FUZZERS=ON -DTANGRAM_BUILD_TESTS=OFF -DTANGRAM_BUILD_BENCHMARKS=OFF \
   -DTANGRAM_BUILD_EXAMPLES=OFF -DTANGRAM_ENABLE_CUDA=OFF -DTANGRAM_INSTALL=OFF -DTANGRAM_WERROR=OFF \

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Installs, with apt-get, what scripts/run_tests.sh needs and the machine lacks (Debian/Ubuntu).
+# Idempotent and non-interactive: when everything is present it does nothing and exits 0.
+#   scripts/install_deps.sh                  everything every stage needs
+#   scripts/install_deps.sh main fuzz        only what those run_tests.sh stages need
+# Runs `apt-get update` only when the package lists are empty or an install fails. Needs root to
+# install; otherwise it prints the apt-get command to run and exits 1. ccache is optional (the
+# scripts use it when present) and never installed here.
+set -euo pipefail
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(main asan valgrind tsan soak fuzz)
+
+# has_header <relative path>: the header is in a default include directory.
+has_header() { [ -f "/usr/include/$1" ] || [ -f "/usr/local/include/$1" ]; }
+# libFuzzer's runtime (clang -fsanitize=fuzzer) comes with compiler-rt; both directory layouts
+# (lib/linux/*-<arch>.a and lib/<triple>/*.a) exist across LLVM versions.
+has_libfuzzer() {
+  compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null ||
+    compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/*/libclang_rt.fuzzer.a" >/dev/null
+}
+
+missing=()
+need() { [[ " ${missing[*]} " == *" $1 "* ]] || missing+=("$1"); }
+for s in "${stages[@]}"; do
+  case $s in
+    main | asan | valgrind | tsan | soak | fuzz) ;;
+    *) echo "install_deps.sh: unknown stage '$s' (main, asan, valgrind, tsan, soak, fuzz)" >&2; exit 2 ;;
+  esac
+  command -v cmake >/dev/null || need cmake
+  command -v g++ >/dev/null || need g++
+  has_header CLI/CLI.hpp || need libcli11-dev # the command-line parser of tools/tangram
+  case $s in
+    main)
+      has_header catch2/catch.hpp || need catch2
+      has_header benchmark/benchmark.h || need libbenchmark-dev
+      ;;
+    asan | tsan) has_header catch2/catch.hpp || need catch2 ;;
+    valgrind)
+      has_header catch2/catch.hpp || need catch2
+      command -v valgrind >/dev/null || need valgrind
+      ;;
+    fuzz)
+      command -v clang++ >/dev/null || need clang
+      has_libfuzzer || need libclang-rt-dev
+      ;;
+  esac
+done
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null; then
+  echo "install_deps.sh: missing ${missing[*]} (Debian package names) and no apt-get here;" \
+    "install them with this system's package manager" >&2
+  exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install_deps.sh: missing ${missing[*]}; installing needs root. Run:" >&2
+  echo "  sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "install_deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+if ! compgen -G "/var/lib/apt/lists/*_Packages*" >/dev/null; then
+  apt-get update
+fi
+apt-get install -y --no-install-recommends "${missing[@]}" ||
+  { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; }
