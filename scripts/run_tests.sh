@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Builds everything and runs every check CI runs, in stages:
-#   main      Release build of the library, kernels (when nvcc exists), tools, tests, benchmarks;
-#             the whole ctest suite (GPU tests report "Skipped" without a GPU)
+#   main      the fresh-machine check (the README's first command with Catch2 and Google Benchmark
+#             hidden: tangram_cli builds and `tangram simulate` prints its table); then the Release
+#             build of the library, kernels (when nvcc exists), tools, tests, benchmarks and the
+#             whole ctest suite (GPU tests report "Skipped" without a GPU)
 #   asan      the CPU test suites again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   valgrind  the CPU test executables of the main build under valgrind memcheck
 #   tsan      the concurrent engine tests ([concurrent], the only multi-threaded ones) under TSan
 #   soak      random operation storms against the memory manager (tangram_soak, bounded time)
 #   fuzz      every libFuzzer harness for a bounded time (needs clang)
 # TANGRAM_STAGES selects stages (default: all), e.g. TANGRAM_STAGES=main scripts/run_tests.sh.
+# First installs what the selected stages need and the machine lacks (scripts/install_deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stages=${TANGRAM_STAGES:-main,asan,valgrind,tsan,soak,fuzz}
+IFS=, read -ra stage_list <<<"$stages"
+scripts/install_deps.sh "${stage_list[@]}"
 jobs=${TANGRAM_JOBS:-$(nproc)}
 build=${TANGRAM_BUILD_DIR:-build}
 want() { [[ ",$stages," == *",$1,"* ]]; }
@@ -19,8 +24,26 @@ cpu_suites=(tangram_core_tests tangram_plan_tests tangram_memory_tests tangram_r
             tangram_sim_tests tangram_reliability_tests)
 
 if want main; then
+  stage "main: fresh-machine check (README's first command without Catch2 or Google Benchmark)"
+  fresh="$build-fresh"
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  configure_log=$(cmake -S . -B "$fresh" -DCMAKE_BUILD_TYPE=Release -DTANGRAM_ENABLE_CUDA=OFF \
+    -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON "${launcher[@]}")
+  # Configure must say what it skipped (one line per framework) rather than fail.
+  for skipped in "Catch2 2.x not found" "Google Benchmark >= 1.7 not found"; do
+    grep -F "$skipped" <<<"$configure_log" || { echo "configure did not report: $skipped"; exit 1; }
+  done
+  cmake --build "$fresh" -j"$jobs" --target tangram_cli
+  # Exactly the README's command; its progress line (stderr) is shown only on failure.
+  table=$("$fresh/tangram" simulate 2>"$fresh/simulate.err") || { cat "$fresh/simulate.err"; exit 1; }
+  grep -E '^ +resident sessions, peak( +[0-9]+)+$' <<<"$table" ||
+    { echo "$table"; echo "tangram simulate did not print the table"; exit 1; }
+
   stage "main: build and ctest"
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
+  # Required here (a plain configure only skips them): CI must never pass with the suites missing.
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_REQUIRE_FIND_PACKAGE_Catch2=ON -DCMAKE_REQUIRE_FIND_PACKAGE_benchmark=ON
   cmake --build "$build" -j"$jobs"
   ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$jobs"
 fi
@@ -30,7 +53,7 @@ if want asan; then
   # -O1 -g1: the instrumented build compiles in less than half the time of -O2 -g.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" \
     -DTANGRAM_SANITIZE=address,undefined -DTANGRAM_ENABLE_CUDA=OFF -DTANGRAM_BUILD_BENCHMARKS=OFF \
-    -DTANGRAM_BUILD_EXAMPLES=OFF >/dev/null
+    -DTANGRAM_BUILD_EXAMPLES=OFF -DCMAKE_REQUIRE_FIND_PACKAGE_Catch2=ON >/dev/null
   cmake --build build-asan -j"$jobs" --target "${cpu_suites[@]}"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -L cpu -E '^(consumer|headers):'
