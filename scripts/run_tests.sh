@@ -39,6 +39,10 @@ if want main; then
   table=$("$fresh/tangram" simulate 2>"$fresh/simulate.err") || { cat "$fresh/simulate.err"; exit 1; }
   grep -E '^ +resident sessions, peak( +[0-9]+)+$' <<<"$table" ||
     { echo "$table"; echo "tangram simulate did not print the table"; exit 1; }
+  # The build above leaves CUDA off to stay cheap; configuring (not building) once more with CUDA
+  # as the README leaves it proves the kernel, GPU test and GPU benchmark targets need no framework.
+  cmake -S . -B "$build-fresh-cuda" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON >/dev/null
 
   stage "main: build and ctest"
   # Required here (a plain configure only skips them): CI must never pass with the suites missing.
