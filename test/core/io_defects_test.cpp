@@ -8,12 +8,15 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <set>
 #include <string>
 
 #include "tangram/detail/file_io.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/detail/str.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -34,6 +37,43 @@ std::set<std::string> entries(std::string const& dir) {
   std::set<std::string> out;
   for (auto const& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
   return out;
+}
+
+/// Independent UTF-8 check (RFC 3629 table): no overlong forms, no surrogates, <= U+10FFFF.
+bool valid_utf8(std::string const& s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+    auto cont = [&](std::size_t k) { return k < s.size() && (b(k) & 0xc0) == 0x80; };
+    unsigned c = b(i);
+    if (c < 0x80) {
+      i += 1;
+    } else if (c >= 0xc2 && c <= 0xdf && cont(i + 1)) {
+      i += 2;
+    } else if (c >= 0xe0 && c <= 0xef && cont(i + 1) && cont(i + 2)) {
+      unsigned c1 = b(i + 1);
+      if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 >= 0xa0)) return false;
+      i += 3;
+    } else if (c >= 0xf0 && c <= 0xf4 && cont(i + 1) && cont(i + 2) && cont(i + 3)) {
+      unsigned c1 = b(i + 1);
+      if ((c == 0xf0 && c1 < 0x90) || (c == 0xf4 && c1 >= 0x90)) return false;
+      i += 4;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+/// No byte a terminal acts on: C0 controls, DEL, and C1 controls (raw bytes are invalid UTF-8,
+/// encoded ones are C2 80..C2 9F).
+bool terminal_safe(std::string const& s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return false;
+    if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9f) return false;
+  }
+  return valid_utf8(s);
 }
 
 bool is_symlink(std::string const& path) {
@@ -180,4 +220,105 @@ TEST_CASE("write_file appends to an open descriptor's file instead of replacing 
   CHECK(after.st_ino == before.st_ino);
   CHECK(read_file(file) == "summary\nplan\n");
   CHECK(entries(dir) == std::set<std::string>{"stdout.txt"});
+}
+
+// ---- defect 7: JSON numbers, non-finite values, UTF-8 and printed names ----------------------
+
+TEST_CASE("json reads an upper-case negative exponent that underflows as zero, not infinity",
+          "[regression][json]") {
+  namespace json = tangram::detail::json;
+  auto v         = json::parse("[1E-400, -1E-400, 1e-400, 2.5E-999999999999999999999]", "t");
+  for (auto const& e : v.elements()) {
+    CHECK(e.number() == 0.0);
+    CHECK(std::isfinite(e.number()));
+  }
+  CHECK(std::signbit(v.elements()[1].number()));
+  // The exponent's sign alone does not decide: 10^400 x 10^-10 still overflows, and
+  // 10^-400 x 10^+10 still underflows.
+  auto big   = "1" + std::string(400, '0') + "E-10";
+  auto small = "0." + std::string(399, '0') + "1E+10";
+  CHECK(json::parse(big, "t").number() == HUGE_VAL);
+  CHECK(json::parse("-" + big, "t").number() == -HUGE_VAL);
+  CHECK(json::parse(small, "t").number() == 0.0);
+  CHECK(json::parse("1E400", "t").number() == HUGE_VAL);
+  CHECK(json::parse("0E99999999999999999999", "t").number() == 0.0);
+}
+
+TEST_CASE("json writes non-finite numbers as null, so written JSON is always JSON",
+          "[regression][json]") {
+  namespace json = tangram::detail::json;
+  auto doc       = json::value::object();
+  doc.set("inf", HUGE_VAL);
+  doc.set("ninf", -HUGE_VAL);
+  doc.set("nan", std::nan(""));
+  doc.set("one", 1.5);
+  for (int indent : {-1, 2}) {
+    auto text = json::dump(doc, indent);
+    CHECK(text.find("Infinity") == std::string::npos);
+    CHECK(text.find("NaN") == std::string::npos);
+    auto back = json::parse(text, "t");
+    CHECK(back.find("inf")->is_null());
+    CHECK(back.find("ninf")->is_null());
+    CHECK(back.find("nan")->is_null());
+    CHECK(back.find("one")->number() == 1.5);
+  }
+}
+
+TEST_CASE("json writes valid UTF-8 and no terminal controls whatever the strings hold",
+          "[regression][json]") {
+  namespace json = tangram::detail::json;
+  std::string bad = "a\xff\xc3(\xed\xa0\x80\xf4\x90\x80\x80\xc0\xafz";  // invalid sequences
+  std::string good = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";  // e-acute, euro, emoji
+  std::string ctl  = "\x1b[2J\x7f\xc2\x9b" "31m";  // ESC, DEL, U+009B (CSI)
+  auto doc         = json::value::object();
+  doc.set("bad", bad);
+  doc.set("good", good);
+  doc.set("ctl", ctl);
+  doc.set(bad, 1);  // member names too
+  auto text = json::dump(doc, -1);
+  CHECK(valid_utf8(text));
+  CHECK(terminal_safe(text));
+  auto back = json::parse(text, "t");
+  CHECK(back.find("good")->string() == good);
+  CHECK(back.find("ctl")->string() == ctl);  // escaped, not changed
+  auto fixed = back.find("bad")->string();
+  CHECK(valid_utf8(fixed));
+  CHECK(fixed.front() == 'a');
+  CHECK(fixed.back() == 'z');
+  CHECK(fixed.find("\xef\xbf\xbd") != std::string::npos);  // U+FFFD replaces what was invalid
+  CHECK(json::dump(back, -1) == text);                       // and stays put from then on
+}
+
+TEST_CASE("quoted and printable escape terminal controls and invalid UTF-8", "[regression][str]") {
+  namespace td = tangram::detail;  // qualified: std::quoted would win by ADL
+  std::string hostile = "evil\x1b]0;title\x07\x9b" "2J\xc2\x9b" "2J\xff\xc3 \xc3\xa9nd";
+  for (auto const& s : {td::quoted(hostile), td::printable(hostile), td::quoted(hostile, 8)}) {
+    INFO(s);
+    CHECK(terminal_safe(s));
+  }
+  CHECK(td::printable(hostile) == "evil\\x1b]0;title\\x07\\x9b2J\\xc2\\x9b2J\\xff\\xc3 \xc3\xa9nd");
+  CHECK(td::quoted("plain name") == "\"plain name\"");
+  CHECK(td::printable("Llama-3.1-8B/\xc3\xa9") == "Llama-3.1-8B/\xc3\xa9");
+  // Cutting never splits a UTF-8 sequence.
+  CHECK(td::quoted("\xc3\xa9\xc3\xa9\xc3\xa9", 2) == "\"\xc3\xa9\xc3\xa9...\"");
+}
+
+TEST_CASE("json errors print the source name with its controls escaped", "[regression][json]") {
+  namespace json = tangram::detail::json;
+  std::string source = "f\x1b[2J.json";
+  try {
+    (void)json::parse("[1,", source);
+    FAIL("no error");
+  } catch (tangram::parse_error const& e) {
+    CHECK(terminal_safe(e.what()));
+    CHECK(std::string(e.what()).find("f\\x1b[2J.json:1:4:") == 0);
+  }
+  auto v = json::parse("{\"a\": \"x\"}", source);
+  json::node n(v, source);
+  try {
+    (void)n["a"].as_int(0, 1);
+    FAIL("no error");
+  } catch (tangram::parse_error const& e) {
+    CHECK(terminal_safe(e.what()));
+  }
 }

@@ -7,10 +7,12 @@
  * the line and column (syntax) or the field path (validation) together with the offending value.
  * The reader enforces limits (input size, nesting depth, element count) so hostile input cannot
  * exhaust memory or the stack. It accepts Python's `NaN`/`Infinity` extensions as numbers so that
- * validation, not the syntax check, reports them by field name.
+ * validation, not the syntax check, reports them by field name. The writer only writes JSON:
+ * non-finite numbers as `null`, strings as valid UTF-8 with control characters escaped.
  */
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -127,9 +129,8 @@ class parser {
 
   value run() {
     if (text_.size() > limits_.max_bytes)
-      fail_at(0,
-              detail::cat("input is ", text_.size(), " bytes, more than the limit of ",
-                          limits_.max_bytes));
+      TANGRAM_FAIL(parse_error, detail::printable(source_), ": input is ", text_.size(),
+                   " bytes, larger than the limit of ", limits_.max_bytes, " bytes");
     skip_ws();
     value v = parse_value(0);
     skip_ws();
@@ -148,7 +149,7 @@ class parser {
         ++col;
       }
     }
-    TANGRAM_FAIL(parse_error, source_, ":", line, ":", col, ": invalid JSON: ", what);
+    TANGRAM_FAIL(parse_error, detail::printable(source_), ":", line, ":", col, ": invalid JSON: ", what);
   }
   [[noreturn]] void fail(std::string const& what) const { fail_at(pos_, what); }
 
@@ -240,14 +241,45 @@ class parser {
     auto res = std::from_chars(lit.data(), lit.data() + lit.size(), d);
     if (res.ec == std::errc::result_out_of_range) {
       // Overflow reads as infinity and underflow as zero; validation reports infinities by field.
-      bool neg   = lit.front() == '-';
-      bool small = lit.find_first_of("eE") != std::string_view::npos &&
-                   lit.find("e-") != std::string_view::npos;
-      d = small ? (neg ? -0.0 : 0.0) : (neg ? -HUGE_VAL : HUGE_VAL);
+      bool neg = lit.front() == '-';
+      d        = decimal_exponent(lit) > 0 ? (neg ? -HUGE_VAL : HUGE_VAL) : (neg ? -0.0 : 0.0);
     } else if (res.ec != std::errc{}) {
       fail_at(start, detail::cat("bad number ", detail::quoted(lit)));
     }
     return value(d);
+  }
+
+  /// The power of ten of a number literal's first significant digit (saturated): positive when a
+  /// literal out of double's range overflows, not when it underflows. The exponent's sign alone
+  /// does not say which ("1000...0e-10" overflows).
+  static std::int64_t decimal_exponent(std::string_view lit) {
+    auto digit = [&](std::size_t k) { return k < lit.size() && lit[k] >= '0' && lit[k] <= '9'; };
+    std::size_t i            = lit.front() == '-' ? 1 : 0;
+    std::int64_t int_digits  = 0;  // integer digits from the first non-zero one
+    std::int64_t frac_zeros  = 0;  // zeros after the point before the first non-zero digit
+    bool nonzero             = false;
+    for (; digit(i); ++i)
+      if (nonzero || lit[i] != '0') {
+        nonzero = true;
+        ++int_digits;
+      }
+    if (i < lit.size() && lit[i] == '.')
+      for (++i; digit(i); ++i)
+        if (!nonzero) {
+          if (lit[i] == '0')
+            ++frac_zeros;
+          else
+            nonzero = true;
+        }
+    if (!nonzero) return 0;  // zero neither overflows nor underflows
+    std::int64_t exp = 0;
+    if (i < lit.size()) {  // 'e' or 'E'
+      bool neg = lit[++i] == '-';
+      if (lit[i] == '+' || lit[i] == '-') ++i;
+      for (; digit(i); ++i) exp = std::min<std::int64_t>(exp * 10 + (lit[i] - '0'), std::int64_t{1} << 40);
+      if (neg) exp = -exp;
+    }
+    return (int_digits > 0 ? int_digits - 1 : -(frac_zeros + 1)) + exp;
   }
 
   static void append_utf8(std::string& out, std::uint32_t cp) {
@@ -401,26 +433,36 @@ inline value parse(std::string_view text, std::string_view source, parse_limits 
 
 namespace detail_writer {
 
+/// Writes a JSON string. Valid UTF-8 passes unchanged; each byte that is not part of a valid
+/// UTF-8 sequence becomes U+FFFD, so the output is always valid UTF-8 (RFC 8259). Control
+/// characters (C0, DEL, C1) are escaped, so printed JSON never drives a terminal.
 inline void write_string(std::string& out, std::string_view s) {
+  static constexpr char hex[] = "0123456789abcdef";
   out += '"';
-  for (char c : s) {
-    auto u = static_cast<unsigned char>(c);
-    switch (c) {
+  for (std::size_t i = 0; i < s.size();) {
+    std::uint32_t cp = 0;
+    std::size_t len  = detail::utf8_sequence(s, i, cp);
+    if (len == 0) {
+      out += "\xef\xbf\xbd";  // U+FFFD REPLACEMENT CHARACTER
+      ++i;
+      continue;
+    }
+    switch (cp) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
       case '\n': out += "\\n"; break;
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (u < 0x20) {
-          constexpr char hex[] = "0123456789abcdef";
+        if (detail::is_control(cp)) {
           out += "\\u00";
-          out += hex[u >> 4];
-          out += hex[u & 15];
+          out += hex[cp >> 4];
+          out += hex[cp & 15];
         } else {
-          out += c;
+          out.append(s.substr(i, len));
         }
     }
+    i += len;
   }
   out += '"';
 }
@@ -443,10 +485,8 @@ inline void write(std::string& out, value const& v, int indent, int level) {
     case kind::number:
       if (v.is_integer()) {
         append_one(out, v.integer());
-      } else if (std::isnan(v.number())) {
-        out += "NaN";
-      } else if (std::isinf(v.number())) {
-        out += v.number() < 0 ? "-Infinity" : "Infinity";
+      } else if (!std::isfinite(v.number())) {
+        out += "null";  // JSON has no NaN or infinity; readers of a field decide what null means
       } else {
         // Keep a non-integer number non-integer when read back ("3.0", "-0.0"), so a
         // document survives dump -> parse -> dump unchanged.
@@ -515,7 +555,8 @@ class node {
 
   /// Throws a parse_error "source: path: what".
   [[noreturn]] void fail(std::string const& what) const {
-    TANGRAM_FAIL(parse_error, source_, ": ", path_.empty() ? std::string("document") : path_, ": ", what);
+    TANGRAM_FAIL(parse_error, detail::printable(source_), ": ",
+                 path_.empty() ? std::string("document") : detail::printable(path_), ": ", what);
   }
 
   /// Short text of this value for messages (`"abc"`, `-4`, `an array of 3`).
@@ -548,7 +589,8 @@ class node {
     value const* m = value_->find(key);
     if (m == nullptr) {
       node missing = child(*value_, key);
-      TANGRAM_FAIL(parse_error, source_, ": ", missing.path_, ": missing required field");
+      TANGRAM_FAIL(parse_error, detail::printable(source_), ": ", detail::printable(missing.path_),
+                   ": missing required field");
     }
     return child(*m, key);
   }
