@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // `tangram simulate`: replays a multi-turn workload for full_kv, unified_nonuniform and tangram
 // side by side on the real library (simulated memory), with a roofline time model.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <iomanip>
 #include <optional>
 #include <ostream>
@@ -10,6 +15,7 @@
 
 #include "commands.hpp"
 #include "plan_support.hpp"
+#include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/plan/clustering.hpp"
@@ -126,13 +132,39 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
 
 std::string gb(double bytes) { return fixed(bytes / 1e9, 1); }
 
+/// Refuses an output path before any work is done: a folder, a missing or unwritable parent
+/// folder, an existing file that may not be written. Creates nothing: the file is written only
+/// once the run has succeeded.
+void check_output_path(std::string_view option, std::string const& path) {
+  auto fail = [&](std::string const& why) {
+    throw usage_error(cat(option, ": cannot write ", tangram::detail::quoted(path), ": ", why));
+  };
+  if (path.empty()) fail("empty path");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) fail("it is a directory");
+    if (::access(path.c_str(), W_OK) != 0) fail(std::strerror(errno));
+    return;
+  }
+  if (errno != ENOENT) fail(std::strerror(errno));
+  auto slash      = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0)
+    fail(cat("folder ", tangram::detail::quoted(dir), ": ", std::strerror(errno)));
+  if (!S_ISDIR(st.st_mode)) fail(cat(tangram::detail::quoted(dir), " is not a folder"));
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    fail(cat("folder ", tangram::detail::quoted(dir), ": ", std::strerror(errno)));
+}
+
 }  // namespace
 
 int cmd_simulate(args& a, streams io) {
   auto cal        = read_calibration_args(a);
   auto model_o    = a.value("--model");
   auto profile_o  = a.value("--profile");
-  double gpu_mem  = a.number("--gpu-mem", 141, 1, 1e6);
+  auto gpu_mem_o  = a.value("--gpu-mem");  // the text is kept for error messages
+  double gpu_mem  = gpu_mem_o ? parse_number(*gpu_mem_o, "--gpu-mem", 1, 1e6) : 141;
+  std::string gpu_mem_text = gpu_mem_o.value_or("141");
   double usable   = a.number("--usable", 0.9, 0.01, 1);
   double hbm      = a.number("--hbm-tbps", 4.8, 0.01, 1000);
   double tflops   = a.number("--peak-tflops", 989, 1, 1e6);
@@ -154,15 +186,35 @@ int cmd_simulate(args& a, streams io) {
   po.group_size  = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
   po.scope       = parse_grouping_scope(a.choice("--scope", "global", {"adjacent", "layer", "global"}));
   po.page_tokens = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
+  // SMs of the GPU the split map is planned for (default 132: H100/H200 SXM); every KV head of a
+  // layer needs one of the sms x ctas_per_sm (2) CTAs.
+  po.split.limits.sm_count = static_cast<std::int32_t>(a.integer("--sms", 132, 1, 65536));
   auto plot      = a.value("--plot");
   bool as_json   = a.flag("--json");
   bool quiet     = a.flag("--quiet");
   a.finish(0);
+  // Checked before any work (the run can take minutes): where the plot goes, and whether a
+  // generated workload fits in memory at all.
+  if (plot) check_output_path("--plot", *plot);
+  std::string workload_name = wl.value_or("mid");
+  auto kind                 = workload_kind_named(workload_name);
+  if (kind) {
+    auto turns = tangram::detail::mul_checked<std::int64_t>(wo.sessions, wo.turns);
+    if (!turns || *turns > workload_limits::max_generated_turns)
+      throw usage_error(cat("--sessions ", wo.sessions, " x --turns ", wo.turns, " = ",
+                            turns.value_or(-1), " turns, more than the limit of ",
+                            workload_limits::max_generated_turns, " for a generated workload"));
+  }
 
   auto src = read_samples_or_profile(profile_o.value_or(default_profile), cal);
   if (keep) rescale_budgets(src.profile, *keep);
   double keep_ratio = keep.value_or(src.profile.target_keep_ratio);
   auto model = resolve_model(model_o, src.profile.model);
+  if (model.num_kv_heads > po.split.limits.max_ctas())
+    throw usage_error(cat("--sms: ", po.split.limits.sm_count, " SMs x ", po.split.limits.ctas_per_sm,
+                          " CTAs = ", po.split.limits.max_ctas(), " CTAs, fewer than the ", model.num_kv_heads,
+                          " KV heads per layer of ", model.name, " (each needs one); give --sms ",
+                          ceil_div(model.num_kv_heads, po.split.limits.ctas_per_sm), " or more"));
   auto plan  = build_static_plan(model, src.profile, po);
 
   gpu_spec gpu;
@@ -173,12 +225,22 @@ int cmd_simulate(args& a, streams io) {
   cost_model cost(model, gpu);
   double kv_bytes = gpu.kv_budget_bytes(model);
   if (kv_bytes <= 0)
-    throw usage_error(cat("--gpu-mem: ", gpu_mem, " GB x ", usable, " leaves no room for the KV cache after ",
+    throw usage_error(cat("--gpu-mem: ", gpu_mem_text, " GB x ", usable, " leaves no room for the KV cache after ",
                           model.weight_bytes / 1e9, " GB of weights"));
+  // Every policy's pool must hold between one page and as many as a page id can number; the
+  // smallest page (Tangram's head-group page) gives the most pages.
+  for (double page : {static_cast<double>(plan.page_bytes()),
+                      static_cast<double>(unified_paging_baseline<>::layer_geometry(plan).page_bytes())}) {
+    double pages = std::floor(kv_bytes / page);
+    if (pages < 1 || pages > static_cast<double>(page_pool<page_layout<>>::max_pages))
+      throw usage_error(cat("--gpu-mem: ", gpu_mem_text, " GB x ", usable, " - ", model.weight_bytes / 1e9,
+                            " GB of weights leaves ", kv_bytes / 1e9, " GB for KV: ", pages, " pages of ",
+                            page, " bytes (--page-tokens ", po.page_tokens, "), outside the [1, ",
+                            page_pool<page_layout<>>::max_pages, "] pages a pool can hold"));
+  }
 
   workload work;
-  std::string workload_name = wl.value_or("mid");
-  if (auto kind = workload_kind_named(workload_name)) {
+  if (kind) {
     wo.kind = *kind;
     work    = generate_workload(wo);
   } else {

@@ -19,10 +19,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <vector>
 
+#include "tangram/detail/checked_math.hpp"
 #include "tangram/error.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_layout.hpp"
@@ -54,8 +56,10 @@ struct unified_stats {
 /**
  * @brief Layer-wide paging over a `page_pool` whose page holds all `H` KV heads of one layer.
  *
- * Ownership: owns its pool and all bookkeeping (sized at construction for `max_sequences`
- * sequences of up to `max_tokens` tokens). Not copyable or movable.
+ * Ownership: owns its pool and all bookkeeping. The bookkeeping is bounded by the pool and the
+ * sequences, never by `max_tokens`: each (sequence, layer) keeps its pages as a stack linked
+ * through one entry per pool page, so a long `max_tokens` costs nothing until pages are taken
+ * (`bookkeeping_bytes`). Not copyable or movable.
  */
 template <class Upstream = memory_resource>
 class unified_paging_baseline {
@@ -66,7 +70,7 @@ class unified_paging_baseline {
    * @param upstream  arena resource
    * @param num_pages pages of `H * 2 * P * d * sizeof(dtype)` bytes
    * @param max_sequences sequences alive at once
-   * @param max_tokens    tokens one sequence may reach (sizes the page tables)
+   * @param max_tokens    tokens one sequence may reach (a limit only: allocates nothing)
    * @throw invalid_argument for non-positive sizes; out_of_memory when the arena is refused.
    */
   unified_paging_baseline(static_plan const& plan,
@@ -81,10 +85,14 @@ class unified_paging_baseline {
         P_(plan.geometry.page_tokens),
         S_(checked_positive(max_sequences, "max_sequences")),
         max_pages_(ceil_div(checked_positive(max_tokens, "max_tokens"), plan.geometry.page_tokens)),
+        // The tokens max_pages_ pages hold, saturated (max_tokens near INT64_MAX rounds up past it).
+        token_cap_(detail::mul_checked<std::int64_t>(max_pages_, P_).value_or(
+            std::numeric_limits<std::int64_t>::max())),
         rules_(plan.rules),
         pool_(upstream, page_layout<>(layer_geometry(plan)), num_pages) {
     auto SL = static_cast<std::size_t>(S_) * static_cast<std::size_t>(L_);
-    table_.assign(SL * static_cast<std::size_t>(max_pages_), -1);
+    below_.assign(static_cast<std::size_t>(pool_.capacity()), -1);
+    top_.assign(SL, -1);
     n_pages_.assign(SL, 0);
     len_.assign(SL * static_cast<std::size_t>(H_), 0);
     seq_tokens_.assign(static_cast<std::size_t>(S_), 0);
@@ -122,8 +130,10 @@ class unified_paging_baseline {
                      std::int64_t chunk_tokens,
                      std::int32_t const* kept = nullptr) {
     check(seq);
-    std::int64_t n = seq_tokens_[static_cast<std::size_t>(seq)] + chunk_tokens;
-    TANGRAM_EXPECTS(chunk_tokens >= 1 && ceil_div(n, P_) <= max_pages_,
+    // Checked: a caller's chunk near INT64_MAX must not wrap past the max_tokens check.
+    auto sum       = detail::add_checked(seq_tokens_[static_cast<std::size_t>(seq)], chunk_tokens);
+    std::int64_t n = sum.value_or(std::numeric_limits<std::int64_t>::max());
+    TANGRAM_EXPECTS(chunk_tokens >= 1 && sum && n <= token_cap_,
                     logic_error,
                     "unified_paging_baseline::prefill_chunk: chunk of ",
                     chunk_tokens,
@@ -132,7 +142,7 @@ class unified_paging_baseline {
                     " to ",
                     n,
                     " tokens (max ",
-                    max_pages_ * P_,
+                    token_cap_,
                     ")");
     if (mode_ == unified_mode::compressed_reclaim && kept != nullptr) {
       for (std::int32_t h = 0; h < L_ * H_; ++h) {
@@ -176,8 +186,7 @@ class unified_paging_baseline {
         auto keep_pages = ceil_div(longest(seq, l), P_);
         auto& np        = n_pages_[sl(seq, l)];
         while (np > keep_pages) {
-          pool_.release(table_[sl(seq, l) * static_cast<std::size_t>(max_pages_) +
-                               static_cast<std::size_t>(--np)]);
+          pop_page(seq, l);
           ++stats_.reclaim_ops;
         }
       }
@@ -190,11 +199,19 @@ class unified_paging_baseline {
    * @brief One decode token for every sequence in `seqs`: every head grows by one; a layer whose
    * longest head crosses a page boundary takes a page.
    * @return false when the pool lacks the pages (nothing changed).
+   * @throw logic_error for an unknown sequence or one already at max_tokens (nothing changed).
    */
   bool decode_step(std::int32_t const* seqs, std::size_t count) {
     std::int64_t need = 0;
     for (std::size_t i = 0; i < count; ++i) {
       check(seqs[i]);
+      TANGRAM_EXPECTS(seq_tokens_[static_cast<std::size_t>(seqs[i])] < token_cap_,
+                      logic_error,
+                      "unified_paging_baseline::decode_step: slot ",
+                      seqs[i],
+                      " already holds the most tokens allowed (",
+                      token_cap_,
+                      ")");
       for (std::int32_t l = 0; l < L_; ++l) need += longest(seqs[i], l) % P_ == 0;
     }
     if (need > pool_.available_pages()) {
@@ -217,10 +234,7 @@ class unified_paging_baseline {
   void free(std::int32_t seq) {
     check(seq);
     for (std::int32_t l = 0; l < L_; ++l) {
-      auto& np = n_pages_[sl(seq, l)];
-      while (np > 0)
-        pool_.release(table_[sl(seq, l) * static_cast<std::size_t>(max_pages_) +
-                             static_cast<std::size_t>(--np)]);
+      while (n_pages_[sl(seq, l)] > 0) pop_page(seq, l);
       for (std::int32_t h = 0; h < H_; ++h) len_[lh(seq, l, h)] = 0;
     }
     seq_tokens_[static_cast<std::size_t>(seq)] = 0;
@@ -250,6 +264,14 @@ class unified_paging_baseline {
     for (std::int32_t h = 0; h < H_; ++h) m = std::max(m, len_[lh(seq, layer, h)]);
     return m;
   }
+  /// Host bytes of the page tables and counters: one link per pool page plus per-sequence,
+  /// per-layer and per-head counters; independent of `max_tokens`.
+  [[nodiscard]] std::size_t bookkeeping_bytes() const noexcept {
+    return (below_.capacity() + top_.capacity() + n_pages_.capacity() + len_.capacity() +
+            free_slots_.capacity()) *
+               sizeof(std::int32_t) +
+           seq_tokens_.capacity() * sizeof(std::int64_t) + live_.capacity();
+  }
   /// Geometry of a layer-wide page: one page holds every KV head of a layer (Hp = H).
   [[nodiscard]] static page_geometry layer_geometry(static_plan const& plan) noexcept {
     return {plan.geometry.page_tokens,
@@ -277,21 +299,37 @@ class unified_paging_baseline {
   [[nodiscard]] std::size_t lh(std::int32_t s, std::int32_t l, std::int32_t h) const noexcept {
     return sl(s, l) * static_cast<std::size_t>(H_) + static_cast<std::size_t>(h);
   }
+  // Callers have checked that the pool has the pages.
   void grow_to(std::int32_t s, std::int32_t l, std::int64_t pages) {
-    auto& np = n_pages_[sl(s, l)];
+    auto& np  = n_pages_[sl(s, l)];
+    auto& top = top_[sl(s, l)];
     while (np < pages) {
-      table_[sl(s, l) * static_cast<std::size_t>(max_pages_) + static_cast<std::size_t>(np++)] =
-          *pool_.try_allocate();
+      page_id p                          = *pool_.try_allocate();
+      below_[static_cast<std::size_t>(p)] = top;
+      top                                = p;
+      ++np;
       ++stats_.pages_allocated;
     }
+  }
+  // Returns the layer's last page (the tail: pages are freed in reverse order of allocation).
+  void pop_page(std::int32_t s, std::int32_t l) {
+    auto& top = top_[sl(s, l)];
+    page_id p = top;
+    top       = below_[static_cast<std::size_t>(p)];
+    below_[static_cast<std::size_t>(p)] = -1;
+    --n_pages_[sl(s, l)];
+    pool_.release(p);
   }
 
   unified_mode mode_;
   std::int32_t L_, H_, P_, S_;
-  std::int64_t max_pages_;
+  std::int64_t max_pages_, token_cap_;
   std::vector<head_rule> rules_;
   page_pool<page_layout<>, Upstream> pool_;
-  std::vector<std::int32_t> table_, n_pages_, len_;
+  // Page stacks: top_[sequence * L + layer] is the layer's last page, below_[page] the page
+  // allocated before it in the same layer (-1 at the bottom).
+  std::vector<page_id> below_, top_;
+  std::vector<std::int32_t> n_pages_, len_;
   std::vector<std::int64_t> seq_tokens_;
   std::vector<char> live_;
   std::vector<std::int32_t> free_slots_;

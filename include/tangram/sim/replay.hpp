@@ -77,7 +77,9 @@ struct replay_options {
   /// A new session is admitted only if every resident session could still grow by this many
   /// tokens (a follow-up prompt plus its answer), so idle sessions can always continue.
   std::int64_t continuation_headroom_tokens = 1024;
-  std::int32_t timeline_points   = 400;   ///< samples kept for the memory-over-time plot
+  /// Most points the memory timeline keeps, in [2, 1000000]: however long the run, the replay
+  /// holds at most twice this many (see `replay_result::timeline`).
+  std::int32_t timeline_points   = 400;
   std::function<void(double)> progress;   ///< called with the completed fraction (optional)
 };
 
@@ -115,6 +117,11 @@ struct replay_result {
   double modelled_ttft_p95_s          = 0;
   std::int64_t generated_tokens       = 0;
   std::int64_t prefilled_tokens       = 0;
+  /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
+  /// while the run is short; in a longer run each point stands for a run of consecutive steps and
+  /// carries the largest allocated, live and resident figures of those steps (so every peak
+  /// survives thinning) at the time of the run's last step. The last point is the state after the
+  /// final releases, at the makespan.
   std::vector<timeline_point> timeline;
 };
 
@@ -136,6 +143,71 @@ struct session_state {
   bool ttft_recorded               = false;
   bool holds_kv                    = false;
   std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
+};
+
+/**
+ * @brief Bounded memory timeline: steps are added one by one and merged into runs of `stride`
+ * consecutive steps (each field the maximum of the run, time of its last step); when the buffer
+ * reaches twice the cap, neighbouring points merge pairwise and the stride doubles. Holds at most
+ * `2 * cap` points, whatever the number of steps.
+ */
+class timeline_thinner {
+ public:
+  /// @param cap points `finish` returns at most (>= 2; `replay` validates it).
+  explicit timeline_thinner(std::int32_t cap) : cap_(static_cast<std::size_t>(cap)) {
+    points_.reserve(2 * cap_);
+  }
+
+  void add(timeline_point const& p) {
+    if (pending_steps_ == 0)
+      pending_ = p;
+    else
+      merge(pending_, p);
+    if (++pending_steps_ < stride_) return;
+    points_.push_back(pending_);
+    pending_steps_ = 0;
+    if (points_.size() >= 2 * cap_) {
+      merge_groups(2);
+      stride_ *= 2;
+    }
+  }
+
+  /// Points held now (at most `2 * cap`).
+  [[nodiscard]] std::size_t size() const noexcept { return points_.size() + (pending_steps_ > 0); }
+
+  /// The timeline: at most `cap - 1` merged points of the steps, then `last` as it is.
+  std::vector<timeline_point> finish(timeline_point const& last) {
+    if (pending_steps_ > 0) points_.push_back(pending_);
+    pending_steps_ = 0;
+    std::size_t keep = cap_ - 1;
+    if (points_.size() > keep) merge_groups((points_.size() + keep - 1) / keep);
+    points_.push_back(last);
+    return std::move(points_);
+  }
+
+ private:
+  static void merge(timeline_point& into, timeline_point const& later) {
+    into.time_s          = later.time_s;
+    into.allocated_bytes = std::max(into.allocated_bytes, later.allocated_bytes);
+    into.live_bytes      = std::max(into.live_bytes, later.live_bytes);
+    into.resident        = std::max(into.resident, later.resident);
+  }
+  // Merges each group of `k` consecutive points (the last group may be shorter) into one.
+  void merge_groups(std::size_t k) {
+    std::size_t out = 0;
+    for (std::size_t i = 0; i < points_.size(); i += k) {
+      timeline_point m = points_[i];
+      for (std::size_t j = i + 1; j < std::min(i + k, points_.size()); ++j) merge(m, points_[j]);
+      points_[out++] = m;
+    }
+    points_.resize(out);
+  }
+
+  std::size_t cap_;
+  std::vector<timeline_point> points_;
+  timeline_point pending_;
+  std::int64_t pending_steps_ = 0;
+  std::int64_t stride_        = 1;
 };
 
 }  // namespace detail_replay
@@ -167,6 +239,9 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   TANGRAM_EXPECTS(options.continuation_headroom_tokens >= 0, invalid_argument,
                   "replay.continuation_headroom_tokens: must be >= 0, got ",
                   options.continuation_headroom_tokens);
+  TANGRAM_EXPECTS(options.timeline_points >= 2 && options.timeline_points <= 1000000,
+                  invalid_argument, "replay.timeline_points: must be in [2, 1000000], got ",
+                  options.timeline_points);
 
   replay_result out;
   out.policy         = policy.name();
@@ -196,6 +271,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
   std::int32_t resident = 0;
   std::int32_t active   = 0;  // sessions arrived and not finished (closed-loop concurrency)
+  timeline_thinner timeline(options.timeline_points);  // bounded: not one point per step
 
   auto timed = [&](auto&& fn) {
     auto t0 = clock::now();
@@ -429,7 +505,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
         ttft.push_back(t - ss.ready_s);
       }
     }
-    out.timeline.push_back({t, mem.allocated_bytes, mem.live_bytes, resident});
+    timeline.add({t, mem.allocated_bytes, mem.live_bytes, resident});
 
     // 4. Finished turns.
     for (std::size_t i = 0; i < running.size();) {
@@ -470,19 +546,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   }
 
   auto end = policy.memory();  // after the last releases
-  out.timeline.push_back({t, end.allocated_bytes, end.live_bytes, resident});
-  // Thin the timeline to the requested number of points (evenly spaced in time).
-  if (options.timeline_points > 1 && out.timeline.size() > static_cast<std::size_t>(options.timeline_points)) {
-    std::vector<timeline_point> thin;
-    double span   = out.timeline.back().time_s;
-    std::size_t k = 0;
-    for (std::int32_t i = 0; i < options.timeline_points; ++i) {
-      double target = span * i / (options.timeline_points - 1);
-      while (k + 1 < out.timeline.size() && out.timeline[k + 1].time_s <= target) ++k;
-      thin.push_back(out.timeline[k]);
-    }
-    out.timeline = std::move(thin);
-  }
+  out.timeline = timeline.finish({t, end.allocated_bytes, end.live_bytes, resident});
   out.modelled_makespan_s       = t;
   out.mean_resident_sessions    = t > 0 ? resident_area / t : 0;
   out.mean_utilisation          = t > 0 ? util_area / t : 0;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/error.hpp"
@@ -57,6 +58,9 @@ struct workload_limits {
   static constexpr std::int64_t max_session_tokens   = (std::int64_t{1} << 31) - 1;  ///< a session
   static constexpr std::int64_t max_total_tokens     = std::int64_t{1} << 40;  ///< whole trace
   static constexpr std::int64_t max_total_answer_tokens = std::int64_t{1} << 28;  ///< decode steps
+  /// Turns of a generated workload (sessions x turns): the turns are held in memory, ~25 MB at
+  /// the cap; a trace's turns are bounded by its file size instead.
+  static constexpr std::int64_t max_generated_turns = std::int64_t{1} << 20;
   static constexpr double max_seconds                = 1e9;
 };
 
@@ -93,12 +97,18 @@ struct workload_options {
   std::int64_t max_context = 131072; ///< model context limit: a whole session must fit in it
   std::uint64_t seed      = 1;
 
-  /// @throw invalid_argument naming the field and the value.
+  /// @throw invalid_argument naming the field and the value; for sessions x turns above
+  /// `workload_limits::max_generated_turns`, naming both.
   void validate() const {
     TANGRAM_EXPECTS(sessions >= 1 && sessions <= 1000000, invalid_argument,
                     "workload.sessions: must be in [1, 1000000], got ", sessions);
     TANGRAM_EXPECTS(turns >= 1 && turns <= 1000, invalid_argument,
                     "workload.turns: must be in [1, 1000], got ", turns);
+    auto total = detail::mul_checked<std::int64_t>(sessions, turns);  // both >= 1: no overflow
+    TANGRAM_EXPECTS(total && *total <= workload_limits::max_generated_turns, invalid_argument,
+                    "workload.sessions x workload.turns: ", sessions, " x ", turns, " = ",
+                    total.value_or(-1), " turns, more than the limit of ",
+                    workload_limits::max_generated_turns);
     TANGRAM_EXPECTS(arrival_rate >= 0 && std::isfinite(arrival_rate), invalid_argument,
                     "workload.arrival_rate: must be >= 0, got ", arrival_rate);
     TANGRAM_EXPECTS(think_mean_s >= 0 && std::isfinite(think_mean_s), invalid_argument,

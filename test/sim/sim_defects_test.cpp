@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+// Regression tests for the simulator defects of issue 11: memory that grew with the input's token
+// counts (baseline page tables, the replay's timeline, generated workloads) instead of the pool and
+// the session count, and `simulate` options (--sms, --gpu-mem, --plot).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "commands.hpp"
+#include "tangram/detail/file_io.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/memory/unified_paging.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/sim/policies.hpp"
+#include "tangram/sim/replay.hpp"
+#include "tangram/sim/workload.hpp"
+#include "../memory/memory_fixtures.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using namespace tangram::sim;
+
+namespace {
+
+struct run_result {
+  int rc;
+  std::string out, err;
+};
+
+run_result run_cli(std::vector<std::string> argv) {
+  std::ostringstream out, err;
+  int rc = tangram::cli::run(argv, {out, err});
+  return {rc, out.str(), err.str()};
+}
+
+bool exists(std::string const& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Unlimited memory; each session holds `tokens * 1000` bytes. Cheap enough for long replays.
+class counting_policy final : public kv_policy {
+ public:
+  explicit counting_policy(std::size_t sessions) : tokens_(sessions, 0) {}
+  std::string name() const override { return "counting"; }
+  bool start_turn(std::int32_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t) override {
+    return true;
+  }
+  bool prefill_chunk(std::int32_t s, std::int64_t n) override {
+    tokens_[static_cast<std::size_t>(s)] += n;
+    return true;
+  }
+  bool decode(std::vector<std::int32_t> const& ss) override {
+    for (auto s : ss) tokens_[static_cast<std::size_t>(s)] += 1;
+    return true;
+  }
+  void end_turn(std::int32_t) override {}
+  void release(std::int32_t s) override { tokens_[static_cast<std::size_t>(s)] = 0; }
+  double kv_bytes_read(std::int32_t s) const override {
+    return static_cast<double>(tokens_[static_cast<std::size_t>(s)]) * 1000.0;
+  }
+  double attended_tokens(std::int32_t s) const override {
+    return static_cast<double>(tokens_[static_cast<std::size_t>(s)]);
+  }
+  policy_memory memory() const override {
+    policy_memory m;
+    for (auto n : tokens_) m.allocated_bytes += static_cast<double>(n) * 1000.0;
+    m.live_bytes = m.allocated_bytes / 2;
+    return m;
+  }
+  double capacity_bytes() const override { return 1e18; }
+
+ private:
+  std::vector<std::int64_t> tokens_;
+};
+
+}  // namespace
+
+// Defect 4: the replay kept one timeline point per engine step and thinned only at the end, by
+// sampling, which also dropped the peak (the last step before the final releases).
+TEST_CASE("the replay's timeline is capped and keeps the peaks and the final point",
+          "[regression][replay]") {
+  // One session decoding 20000 tokens: ~20000 steps, memory rising to its peak on the last step,
+  // then 0 once the session is released.
+  workload w;
+  w.sessions.push_back({0.0, {{100, 20000, 0.0}}});
+  counting_policy p(1);
+  cost_model cost(model_preset("llama-3.1-8b"), gpu_spec{});
+  replay_options o;
+  o.timeline_points = 50;
+  auto r = replay(w, p, cost, o);
+  REQUIRE(r.steps > 10000);
+  CHECK(r.timeline.size() <= 50);
+  CHECK(r.timeline.size() >= 25);
+  // The peak on the last step: 100 prompt tokens + 19999 decoded ones of 1000 bytes (the answer's
+  // first token comes with the prefill step and is stored by the next decode step).
+  CHECK(r.kv_bytes_allocated_peak == Approx(20099 * 1000.0));
+  double alloc_max = 0, live_max = 0;
+  for (auto const& pt : r.timeline) {
+    alloc_max = std::max(alloc_max, pt.allocated_bytes);
+    live_max  = std::max(live_max, pt.live_bytes);
+  }
+  CHECK(alloc_max == Approx(r.kv_bytes_allocated_peak));
+  CHECK(live_max == Approx(r.kv_bytes_live_peak));
+  // The final point is the state after the last release, at the end of the run.
+  CHECK(r.timeline.back().time_s == Approx(r.modelled_makespan_s));
+  CHECK(r.timeline.back().allocated_bytes == 0);
+  CHECK(r.timeline.back().resident == 0);
+  // Times never go backwards.
+  for (std::size_t i = 1; i < r.timeline.size(); ++i)
+    CHECK(r.timeline[i - 1].time_s <= r.timeline[i].time_s);
+}
+
+TEST_CASE("the timeline thinner never holds more than twice its cap", "[regression][replay]") {
+  detail_replay::timeline_thinner thin(10);
+  std::size_t most = 0;
+  for (int i = 1; i <= 100000; ++i) {
+    // A saw-tooth with one tall spike at step 77777.
+    double a = i == 77777 ? 1e9 : static_cast<double>(i % 100);
+    thin.add({static_cast<double>(i), a, a / 2, i == 77777 ? 9 : 1});
+    most = std::max(most, thin.size());
+  }
+  CHECK(most <= 20);
+  auto points = thin.finish({100001.0, 0, 0, 0});
+  REQUIRE(points.size() <= 10);
+  CHECK(points.back().time_s == 100001.0);
+  CHECK(points.back().allocated_bytes == 0);
+  auto spike = std::max_element(points.begin(), points.end(), [](auto const& x, auto const& y) {
+    return x.allocated_bytes < y.allocated_bytes;
+  });
+  CHECK(spike->allocated_bytes == 1e9);
+  CHECK(spike->live_bytes == 5e8);
+  CHECK(spike->resident == 9);
+  CHECK(spike->time_s >= 77777.0);  // stamped at the end of the steps it stands for
+}
+
+TEST_CASE("a timeline cap outside [2, 1000000] is refused", "[regression][replay]") {
+  workload w;
+  w.sessions.push_back({0.0, {{10, 2, 0.0}}});
+  counting_policy p(1);
+  cost_model cost(model_preset("llama-3.1-8b"), gpu_spec{});
+  for (std::int32_t bad : {0, 1, 1000001}) {
+    replay_options o;
+    o.timeline_points = bad;
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(replay(w, p, cost, o),
+                                    invalid_argument,
+                                    std::string("replay.timeline_points"),
+                                    detail::cat("got ", bad));
+  }
+}
+
+// Defect 4: the baseline sized its page table as sequences x layers x ceil(max_tokens / P), so
+// one long session in a trace asked for gigabytes however small the pool.
+TEST_CASE("the unified-paging baseline's tables are bounded by the pool, not max_tokens",
+          "[regression][baseline]") {
+  auto plan = test::tiny_plan(test::tiny_budgets());  // 4 layers x 4 heads, P = 4
+  simulated_memory_resource mr;
+  std::int64_t const pages = 100;
+  std::int32_t const seqs  = 2;
+  // 2^22 tokens: the old table took 2 x 4 x 2^20 x 4 bytes = 32 MiB for a 100-page pool.
+  unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, pages, seqs, std::int64_t{1} << 22);
+  // Per page one link, per (sequence, layer) a top and a count, per (sequence, layer, head) a
+  // length, per sequence a token count, a liveness flag and a free-slot entry.
+  std::size_t bound = static_cast<std::size_t>(pages) * 4 + seqs * 4 * 2 * 8 + seqs * 16 * 4 +
+                      seqs * (8 + 1 + 4);
+  CHECK(b.bookkeeping_bytes() <= bound);
+  // Still pages in order: fill the pool across both sequences, then free one and reuse it.
+  auto s0 = *b.try_admit();
+  auto s1 = *b.try_admit();
+  REQUIRE(b.prefill_chunk(s0, 100));  // 25 pages x 4 layers
+  CHECK_FALSE(b.prefill_chunk(s1, 4));
+  CHECK(b.pool().stats().used == 100);
+  CHECK(b.bookkeeping_bytes() <= bound);
+  b.free(s0);
+  CHECK(b.pool().stats().used == 0);
+  REQUIRE(b.prefill_chunk(s1, 60));
+  std::int32_t one[] = {s1};
+  for (int i = 0; i < 40; ++i) REQUIRE(b.decode_step(one, 1));
+  CHECK(b.pages_held(s1) == 100);
+  CHECK_FALSE(b.decode_step(one, 1));  // the 101st page
+  b.free(s1);
+  CHECK(b.pool().stats().used == 0);
+  CHECK(b.pool().stats().free == 100);
+  CHECK(b.bookkeeping_bytes() <= bound);
+}
+
+// Defect 4: a 178-byte trace of one session of 2^31 - 1 tokens asked for a 17 GB page table.
+TEST_CASE("simulate runs a tiny trace of one 2^31-token session without huge tables",
+          "[regression][simulate][cli]") {
+  std::string path = std::string(TANGRAM_BINARY_DIR) + "/sim_defects_long_session.json";
+  std::string trace =
+      R"({"format":"tangram-workload/v1","sessions":[{"arrival_s":0,"turns":[{"prompt_tokens":1073741824,"output_tokens":1},{"prompt_tokens":1073741821,"output_tokens":1}]}]})";
+  REQUIRE(trace.size() <= 178);
+  tangram::detail::write_file(path, trace);
+  auto r = run_cli({"simulate", "--workload", path, "--json", "--quiet"});
+  std::remove(path.c_str());
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  namespace json = tangram::detail::json;
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  // The session cannot fit in 110 GB of KV under any policy: it is rejected, nothing generated.
+  for (char const* policy : {"full_kv", "unified_nonuniform", "tangram"}) {
+    INFO(policy);
+    CHECK(root["policies"][policy]["rejected_sessions"].as_int(0, 10) == 1);
+    CHECK(root["policies"][policy]["generated_tokens"].as_int(0, 10) == 0);
+  }
+}
+
+// Defect 4: --sessions 1000000 --turns 1000 materialised 10^9 turns and died with std::bad_alloc.
+TEST_CASE("a generated workload too large to hold is refused up front, naming the options",
+          "[regression][simulate][cli]") {
+  workload_options wo;
+  wo.sessions = 1000000;
+  wo.turns    = 1000;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(generate_workload(wo),
+                                  invalid_argument,
+                                  "workload.sessions x workload.turns",
+                                  "1000000000");
+  auto r = run_cli({"simulate", "--sessions", "1000000", "--turns", "1000", "--quiet"});
+  CHECK(r.rc == 2);
+  CHECK(r.out.empty());
+  for (char const* piece : {"--sessions 1000000 x --turns 1000", "1000000000 turns", "1048576"})
+    CHECK(r.err.find(piece) != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  // The largest products within the cap still generate.
+  wo.sessions = 1024;
+  wo.turns    = 1000;
+  CHECK(generate_workload(wo).sessions.size() == 1024);
+}
+
+// Defect 8: `--gpu-mem 1e6` reported "page_pool.num_pages" instead of the option.
+TEST_CASE("a --gpu-mem too large for a page pool names the option and its value",
+          "[regression][simulate][cli]") {
+  auto r = run_cli({"simulate", "--gpu-mem", "1e6", "--quiet"});
+  INFO(r.err);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--gpu-mem: 1e6 GB") != std::string::npos);
+  CHECK(r.err.find("page_pool") == std::string::npos);
+  CHECK(r.err.find("2147483647") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}
+
+// Defect 8: a model with more KV heads per layer than 132 SMs x 2 CTAs could not be simulated.
+TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
+          "[regression][simulate][cli]") {
+  std::string dir     = std::string(TANGRAM_BINARY_DIR);
+  std::string model   = dir + "/sim_defects_wide_model.json";
+  std::string profile = dir + "/sim_defects_wide_profile.json";
+  tangram::detail::write_file(
+      model,
+      R"({"name": "wide", "num_layers": 1, "num_query_heads": 300, "num_kv_heads": 300, "head_dim": 64,
+          "kv_dtype": "bf16", "weight_bytes": 1e9, "active_weight_bytes": 1e9, "active_parameters": 5e8,
+          "layers": [{"kind": "compressed"}]})");
+  std::string budgets;
+  for (int h = 0; h < 300; ++h) budgets += (h ? "," : "") + std::string(h % 2 ? "0.2" : "0.4");
+  tangram::detail::write_file(profile,
+                              R"({"format": "tangram-budget-profile/v1", "model": "wide", "num_model_layers": 1,
+          "num_kv_heads": 300, "layer_ids": [0], "sink_tokens": 4, "window_tokens": 64,
+          "target_keep_ratio": 0.3, "budgets": [[)" + budgets + "]]}");
+  std::vector<std::string> base = {"simulate", "--model",    model, "--profile", profile,
+                                   "--sessions", "4", "--turns", "2",       "--workload",
+                                   "short",    "--quiet"};
+  // The default (132 SMs x 2 CTAs = 264) is too small: the error says which option to raise.
+  auto r = run_cli(base);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--sms") != std::string::npos);
+  auto with = [&](std::vector<std::string> extra) {
+    auto argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_cli(argv);
+  };
+  r = with({"--sms", "150", "--json"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  namespace json = tangram::detail::json;
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK(root["policies"]["tangram"]["rejected_sessions"].as_int(0, 10) == 0);
+  CHECK(root["policies"]["tangram"]["generated_tokens"].as_int(1, 1 << 20) > 0);
+  for (auto const& [value, piece] : {std::pair<char const*, char const*>{"0", "--sms: must be in [1, 65536], got 0"},
+                                     {"65537", "--sms: must be in [1, 65536], got 65537"},
+                                     {"x", "--sms: expected an integer, got \"x\""}}) {
+    r = with({"--sms", value});
+    CHECK(r.rc == 2);
+    CHECK(r.err.find(piece) != std::string::npos);
+  }
+  std::remove(model.c_str());
+  std::remove(profile.c_str());
+}
+
+// Defect 8: --plot was checked only when the SVG was written, after the whole run.
+TEST_CASE("simulate checks --plot before the run and creates nothing when the run fails",
+          "[regression][simulate][cli]") {
+  std::string missing_dir = std::string(TANGRAM_BINARY_DIR) + "/sim_defects_no_such_dir/plot.svg";
+  auto r = run_cli({"simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--plot",
+                    missing_dir});
+  CHECK(r.rc == 2);
+  CHECK(r.out.empty());                                   // no table: nothing ran
+  CHECK(r.err.find("(1/3)") == std::string::npos);        // no progress either
+  CHECK(r.err.find("--plot: cannot write") != std::string::npos);
+  CHECK(r.err.find(missing_dir) != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+
+  r = run_cli({"simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--plot",
+               std::string(TANGRAM_BINARY_DIR)});  // a directory
+  CHECK(r.rc == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err.find("--plot") != std::string::npos);
+  CHECK(r.err.find("directory") != std::string::npos);
+
+  // A writable path with a run that fails afterwards: the file is not created.
+  std::string plot = std::string(TANGRAM_BINARY_DIR) + "/sim_defects_plot.svg";
+  std::remove(plot.c_str());
+  r = run_cli({"simulate", "--gpu-mem", "1e6", "--quiet", "--plot", plot});
+  CHECK(r.rc == 2);
+  CHECK_FALSE(exists(plot));
+}
