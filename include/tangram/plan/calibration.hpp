@@ -162,6 +162,52 @@ inline void clip_sums(retention_samples const& s,
     }
 }
 
+/// @brief Which fold every sample belongs to (see evaluation_options).
+struct fold_assignment {
+  std::vector<std::size_t> key;  ///< sample index, or rank of its context length among the distinct
+  std::int32_t folds = 0;
+
+  /// Training and held-out samples of fold f: held out when key mod folds == f.
+  void split(std::int32_t f, std::vector<std::size_t>& train, std::vector<std::size_t>& test) const {
+    train.clear();
+    test.clear();
+    for (std::size_t k = 0; k < key.size(); ++k)
+      (key[k] % static_cast<std::size_t>(folds) == static_cast<std::size_t>(f) ? test : train)
+          .push_back(k);
+  }
+};
+
+/// Fold keys of `s` under `e`.
+/// @throw invalid_argument when there are more folds than samples (or distinct context lengths).
+inline fold_assignment assign_folds(retention_samples const& s, evaluation_options const& e) {
+  std::size_t S = s.samples.size();
+  fold_assignment out;
+  out.folds = e.folds;
+  out.key.resize(S);
+  std::iota(out.key.begin(), out.key.end(), std::size_t{0});
+  std::size_t distinct = S;
+  if (e.group_by_context) {
+    std::vector<std::int64_t> lengths;
+    for (auto const& smp : s.samples) lengths.push_back(smp.context_tokens);
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    distinct = lengths.size();
+    for (std::size_t k = 0; k < S; ++k)
+      out.key[k] = static_cast<std::size_t>(
+          std::lower_bound(lengths.begin(), lengths.end(), s.samples[k].context_tokens) -
+          lengths.begin());
+  }
+  TANGRAM_EXPECTS(e.folds == 0 || static_cast<std::size_t>(e.folds) <= distinct,
+                  invalid_argument,
+                  "folds: ",
+                  e.folds,
+                  " folds need at least ",
+                  e.folds,
+                  e.group_by_context ? " distinct context lengths, got " : " samples, got ",
+                  distinct);
+  return out;
+}
+
 }  // namespace detail
 
 /**
@@ -239,29 +285,7 @@ inline calibration_report evaluate_calibration(retention_samples const& s,
   e.validate();
   detail::check_samples(s);
   std::size_t S = s.samples.size();
-  // Fold key of every sample: its index, or the rank of its context length among the distinct ones.
-  std::vector<std::size_t> key(S);
-  std::iota(key.begin(), key.end(), std::size_t{0});
-  std::size_t distinct = S;
-  if (e.group_by_context) {
-    std::vector<std::int64_t> lengths;
-    for (auto const& smp : s.samples) lengths.push_back(smp.context_tokens);
-    std::sort(lengths.begin(), lengths.end());
-    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
-    distinct = lengths.size();
-    for (std::size_t k = 0; k < S; ++k)
-      key[k] = static_cast<std::size_t>(
-          std::lower_bound(lengths.begin(), lengths.end(), s.samples[k].context_tokens) -
-          lengths.begin());
-  }
-  TANGRAM_EXPECTS(e.folds == 0 || static_cast<std::size_t>(e.folds) <= distinct,
-                  invalid_argument,
-                  "folds: ",
-                  e.folds,
-                  " folds need at least ",
-                  e.folds,
-                  e.group_by_context ? " distinct context lengths, got " : " samples, got ",
-                  distinct);
+  auto folds    = detail::assign_folds(s, e);
   std::vector<std::size_t> all(S);
   std::iota(all.begin(), all.end(), std::size_t{0});
   auto budgets  = calibrate_budgets(s, o, all);
@@ -290,9 +314,7 @@ inline calibration_report evaluate_calibration(retention_samples const& s,
     double clip_sum = 0, roi_sum = 0;
     for (std::int32_t f = 0; f < e.folds; ++f) {
       std::vector<std::size_t> train, test;
-      for (std::size_t k = 0; k < S; ++k)
-        (key[k] % static_cast<std::size_t>(e.folds) == static_cast<std::size_t>(f) ? test : train)
-            .push_back(k);
+      folds.split(f, train, test);
       auto fb = calibrate_budgets(s, o, train);
       detail::clip_sums(s, fb, test, clipped, total);
       double c = total > 0 ? clipped / total : 0.0;
