@@ -186,6 +186,30 @@ TEST_CASE("the unified-paging baseline's tables are bounded by the pool, not max
   CHECK(b.bookkeeping_bytes() <= bound);
 }
 
+// Same class as defect 1, in the baseline: `seq_tokens + chunk` wrapped negative and passed the
+// max_tokens check; decode steps were not checked at all and wrote past the sequence's table row.
+TEST_CASE("the baseline refuses chunks that overflow and decodes past max_tokens, unchanged",
+          "[regression][baseline]") {
+  auto plan = test::tiny_plan(test::tiny_budgets());
+  simulated_memory_resource mr;
+  unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, 100, 2, 8);  // 2 pages of P = 4
+  auto s = *b.try_admit();
+  REQUIRE(b.prefill_chunk(s, 4));
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(b.prefill_chunk(s, INT64_MAX), logic_error, "prefill_chunk");
+  CHECK(b.pages_held(s) == 4);
+  CHECK(b.head_len(s, 0, 0) == 4);
+  std::int32_t one[] = {s};
+  for (int i = 0; i < 4; ++i) REQUIRE(b.decode_step(one, 1));  // 8 tokens: the limit
+  CHECK(b.pages_held(s) == 8);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      b.decode_step(one, 1), logic_error, "decode_step", "the most tokens allowed (8)");
+  CHECK(b.pages_held(s) == 8);
+  CHECK(b.head_len(s, 3, 0) == 8);
+  CHECK(b.pool().stats().used == 8);
+  b.free(s);
+  CHECK(b.pool().stats().used == 0);
+}
+
 // Defect 4: a 178-byte trace of one session of 2^31 - 1 tokens asked for a 17 GB page table.
 TEST_CASE("simulate runs a tiny trace of one 2^31-token session without huge tables",
           "[regression][simulate][cli]") {
