@@ -17,57 +17,6 @@ TANGRAM_DECODE_INSTANTIATE(extern, bfloat16)
 
 namespace {
 
-/// Smallest compiled GQA bucket that holds `group`.
-constexpr int group_bucket(int group) {
-  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
-}
-
-/// Calls `f(T{}, std::integral_constant<int, D>{}, std::integral_constant<int, GB>{})` for the
-/// runtime configuration; returns false when it is not compiled.
-template <class F>
-bool dispatch_decode(dtype t, int head_dim, int group, F&& f) {
-  auto with_type = [&](auto tag) {
-    using T       = decltype(tag);
-    auto with_dim = [&](auto dim) {
-      switch (group_bucket(group)) {
-        case 1:
-          f(T{}, dim, std::integral_constant<int, 1>{});
-          break;
-        case 2:
-          f(T{}, dim, std::integral_constant<int, 2>{});
-          break;
-        case 4:
-          f(T{}, dim, std::integral_constant<int, 4>{});
-          break;
-        default:
-          f(T{}, dim, std::integral_constant<int, 8>{});
-          break;
-      }
-      return true;
-    };
-    switch (head_dim) {
-      case 64:
-        return with_dim(std::integral_constant<int, 64>{});
-      case 128:
-        return with_dim(std::integral_constant<int, 128>{});
-      case 256:
-        return with_dim(std::integral_constant<int, 256>{});
-      default:
-        return false;
-    }
-  };
-  switch (t) {
-    case dtype::f32:
-      return with_type(float{});
-    case dtype::f16:
-      return with_type(float16{});
-    case dtype::bf16:
-      return with_type(bfloat16{});
-    default:
-      return false;
-  }
-}
-
 bool aligned(const void* p, std::uintptr_t a) {
   return reinterpret_cast<std::uintptr_t>(p) % a == 0;
 }
@@ -108,22 +57,14 @@ void decode_attention(decode_params const& p,
                   invalid_argument,
                   "decode_attention: workspace must be non-null and 256-byte aligned");
   if (p.kv.batch_size == 0) return;
-  auto layout =
-      decode_workspace(p.splits.num_ctas, p.kv.num_kv_heads, p.kv.batch_size, p.group, g.head_dim);
-  auto* base = static_cast<unsigned char*>(workspace);
-  detail::decode_args a;
-  a.p             = p;
-  a.partial_o     = reinterpret_cast<float*>(base + layout.partial_o);
-  a.partial_lse   = reinterpret_cast<float*>(base + layout.partial_lse);
-  a.prefix        = reinterpret_cast<std::int64_t*>(base + layout.prefix);
-  a.scale2        = p.scale() * log2e;
+  detail::decode_args a = detail::make_decode_args(p, workspace);
   cudaError_t err = cudaSuccess;
   detail::dispatch_decode(g.kv_dtype, g.head_dim, p.group, [&](auto tag, auto dim, auto bucket) {
     err = detail::launch_decode_split<decltype(tag), decltype(dim)::value, decltype(bucket)::value>(
         a, stream);
   });
   detail::check_launch(err, "decode_attention: split kernel launch");
-  detail::decode_merge_kernel<><<<p.kv.batch_size * p.kv.num_kv_heads, 128, 0, stream>>>(a);
+  detail::launch_decode_merge_with(a, detail::stream_launch{stream});
   detail::check_launch(cudaGetLastError(), "decode_attention: merge kernel launch");
 }
 

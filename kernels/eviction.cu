@@ -21,18 +21,6 @@ bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
-template <class T>
-cudaError_t launch_for_dim(eviction_args const& a, cudaStream_t stream) {
-  switch (a.p.kv.geometry.head_dim) {
-    case 64:
-      return launch_eviction<T, 64>(a, stream);
-    case 128:
-      return launch_eviction<T, 128>(a, stream);
-    default:
-      return launch_eviction<T, 256>(a, stream);
-  }
-}
-
 }  // namespace
 }  // namespace detail
 
@@ -78,35 +66,11 @@ void evict_chunk(eviction_params const& p,
                   invalid_argument,
                   "evict_chunk: workspace must be non-null and 256-byte aligned");
   if (heads == 0) return;
-  auto layout = eviction_workspace(p.kv.batch_size,
-                                   p.kv.num_kv_heads,
-                                   p.max_candidates,
-                                   p.source,
-                                   p.group,
-                                   p.obs_window,
-                                   g.head_dim);
-  auto* base  = static_cast<unsigned char*>(workspace);
-  detail::eviction_args a;
-  a.p         = p;
-  a.keys      = reinterpret_cast<std::uint32_t*>(base + layout.keys);
-  a.raw       = reinterpret_cast<float*>(base + layout.raw);
-  a.stats     = reinterpret_cast<float2*>(base + layout.stats);
-  a.norm      = reinterpret_cast<float2*>(base + layout.norm);
-  a.key_tiles = (p.max_candidates + snapkv_key_tile(g.head_dim) - 1) / snapkv_key_tile(g.head_dim);
-  a.nq_max    = p.obs_window * p.group;
-  a.scale2    = p.scale() * log2e;
+  detail::eviction_args a = detail::make_eviction_args(p, workspace);
   cudaError_t err = cudaSuccess;
-  switch (g.kv_dtype) {
-    case dtype::f32:
-      err = detail::launch_for_dim<float>(a, stream);
-      break;
-    case dtype::f16:
-      err = detail::launch_for_dim<float16>(a, stream);
-      break;
-    default:
-      err = detail::launch_for_dim<bfloat16>(a, stream);
-      break;
-  }
+  detail::dispatch_eviction(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+    err = detail::launch_eviction<decltype(tag), decltype(dim)::value>(a, stream);
+  });
   detail::check_launch(err, "evict_chunk: kernel launch");
 }
 

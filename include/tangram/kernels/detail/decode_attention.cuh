@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "tangram/config.hpp"
 #include "tangram/kernels/decode_attention.hpp"
@@ -97,7 +98,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   constexpr int tile   = cfg::tile;
   constexpr int stages = cfg::stages;
   using scan_t         = cub::BlockScan<std::int64_t, cfg::threads>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  TANGRAM_DYNAMIC_SMEM(smem);
   __shared__ typename scan_t::TempStorage scan_storage;
   __shared__ std::int32_t s_first, s_last;
   __shared__ std::int64_t s_pre_first;
@@ -112,6 +113,10 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   const int group          = p.group;
   const int B              = kv.batch_size;
   const int cta            = static_cast<int>(blockIdx.x);
+  // Debug builds: the layer's row of the split map must cover exactly the grid.
+  TANGRAM_DEVICE_CHECK(p.splits.begin(layer, 0) == 0 &&
+                           p.splits.begin(layer, kv.num_kv_heads) == p.splits.num_ctas,
+                       "decode: split map row must run from 0 to num_ctas");
   const int h              = p.splits.head_of_cta(layer, cta);
   const std::int64_t share = p.splits.share(layer, h);
   const std::int64_t j     = cta - p.splits.begin(layer, h);
@@ -222,8 +227,8 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
     for (int ti = 0; ti < n_tiles; ++ti) {
       if (ti + stages - 1 < n_tiles) load_tile(ti + stages - 1);
       copy_async_commit();
-      copy_async_wait<stages - 1>();
-      __syncthreads();
+      copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
+      sync_block(sync_site::decode_tile_ready);
       const T* ks = stage_base + (ti % stages) * (2 * tile * D);
       const T* vs = ks + tile * D;
       float sc[cfg::per_group][GB];
@@ -365,11 +370,98 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const
   }
 }
 
+/// Smallest compiled GQA bucket that holds `group`.
+constexpr int group_bucket(int group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+}
+
+/// Calls `f(T{}, std::integral_constant<int, D>{}, std::integral_constant<int, GB>{})` for the
+/// runtime configuration; returns false when it is not compiled.
+template <class F>
+bool dispatch_decode(dtype t, int head_dim, int group, F&& f) {
+  auto with_type = [&](auto tag) {
+    using T       = decltype(tag);
+    auto with_dim = [&](auto dim) {
+      switch (group_bucket(group)) {
+        case 1:
+          f(T{}, dim, std::integral_constant<int, 1>{});
+          break;
+        case 2:
+          f(T{}, dim, std::integral_constant<int, 2>{});
+          break;
+        case 4:
+          f(T{}, dim, std::integral_constant<int, 4>{});
+          break;
+        default:
+          f(T{}, dim, std::integral_constant<int, 8>{});
+          break;
+      }
+      return true;
+    };
+    switch (head_dim) {
+      case 64:
+        return with_dim(std::integral_constant<int, 64>{});
+      case 128:
+        return with_dim(std::integral_constant<int, 128>{});
+      case 256:
+        return with_dim(std::integral_constant<int, 256>{});
+      default:
+        return false;
+    }
+  };
+  switch (t) {
+    case dtype::f32:
+      return with_type(float{});
+    case dtype::f16:
+      return with_type(float16{});
+    case dtype::bf16:
+      return with_type(bfloat16{});
+    default:
+      return false;
+  }
+}
+
+/// The kernels' arguments for validated parameters and a workspace of decode_workspace_bytes(p).
+inline decode_args make_decode_args(decode_params const& p, void* workspace) {
+  auto const& g = p.kv.geometry;
+  auto layout =
+      decode_workspace(p.splits.num_ctas, p.kv.num_kv_heads, p.kv.batch_size, p.group, g.head_dim);
+  auto* base = static_cast<unsigned char*>(workspace);
+  decode_args a;
+  a.p           = p;
+  a.partial_o   = reinterpret_cast<float*>(base + layout.partial_o);
+  a.partial_lse = reinterpret_cast<float*>(base + layout.partial_lse);
+  a.prefix      = reinterpret_cast<std::int64_t*>(base + layout.prefix);
+  a.scale2      = p.scale() * log2e;
+  return a;
+}
+
+/// Enqueues the split kernel for (T, D, GB) through the launch policy `launch` (vec.cuh).
+template <class T, int D, int GB, class Launch>
+void launch_decode_split_with(decode_args const& a, Launch const& launch) {
+  using cfg = decode_config<T, D>;
+  launch(decode_split_kernel<T, D, GB>,
+         dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
+         cfg::threads,
+         cfg::smem_bytes,
+         a);
+}
+
+/// Enqueues the merge kernel through the launch policy `launch`.
+template <class Launch>
+void launch_decode_merge_with(decode_args const& a, Launch const& launch) {
+  launch(decode_merge_kernel<>,
+         dim3(static_cast<unsigned>(a.p.kv.batch_size * a.p.kv.num_kv_heads)),
+         128,
+         0,
+         a);
+}
+
+#if !defined(TANGRAM_EMULATION)
 /// Launches the split kernel for (T, D, GB) (defined per dtype in kernels/decode_attention_*.cu).
 template <class T, int D, int GB>
 cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
-  using cfg = decode_config<T, D>;
-  decode_split_kernel<T, D, GB><<<a.p.splits.num_ctas, cfg::threads, cfg::smem_bytes, stream>>>(a);
+  launch_decode_split_with<T, D, GB>(a, stream_launch{stream});
   return cudaGetLastError();
 }
 
@@ -393,5 +485,6 @@ cudaError_t decode_split_occupancy(int* ctas_per_sm) {
   TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 64) TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 128)            \
   TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 256)
 // clang-format on
+#endif  // !TANGRAM_EMULATION
 
 }  // namespace tangram::detail

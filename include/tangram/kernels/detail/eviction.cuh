@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cub/block/block_histogram.cuh>
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "tangram/config.hpp"
 #include "tangram/kernels/detail/vec.cuh"
@@ -124,7 +125,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args cons
       }
       qs[idx / D][xx] = v;
     }
-    __syncthreads();
+    sync_block(sync_site::snapkv_queries);
     const int qq          = q0 + ql;
     const std::int64_t iq = (c - w) + qq / G;  // chunk position of the query
     float l[KPT];
@@ -260,7 +261,7 @@ __device__ __forceinline__ void copy_tokens(
         }
       }
     }
-    __syncthreads();
+    sync_block(sync_site::compact_loaded);
 #pragma unroll
     for (int u = 0; u < cfg::regs; ++u) {
       const int ch = tid + u * cfg::threads, tok = ch / (2 * cfg::row_chunks);
@@ -408,21 +409,83 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
   }
 }
 
-/// Launches the eviction kernels for (T, D) (defined per dtype in kernels/eviction_*.cu).
-template <class T, int D>
-cudaError_t launch_eviction(eviction_args const& a, cudaStream_t stream) {
+/// The kernels' arguments for validated parameters and a workspace of
+/// eviction_workspace_bytes(p).
+inline eviction_args make_eviction_args(eviction_params const& p, void* workspace) {
+  auto const& g = p.kv.geometry;
+  auto layout   = eviction_workspace(p.kv.batch_size,
+                                   p.kv.num_kv_heads,
+                                   p.max_candidates,
+                                   p.source,
+                                   p.group,
+                                   p.obs_window,
+                                   g.head_dim);
+  auto* base    = static_cast<unsigned char*>(workspace);
+  eviction_args a;
+  a.p         = p;
+  a.keys      = reinterpret_cast<std::uint32_t*>(base + layout.keys);
+  a.raw       = reinterpret_cast<float*>(base + layout.raw);
+  a.stats     = reinterpret_cast<float2*>(base + layout.stats);
+  a.norm      = reinterpret_cast<float2*>(base + layout.norm);
+  a.key_tiles = (p.max_candidates + snapkv_key_tile(g.head_dim) - 1) / snapkv_key_tile(g.head_dim);
+  a.nq_max    = p.obs_window * p.group;
+  a.scale2    = p.scale() * log2e;
+  return a;
+}
+
+/// Enqueues the eviction kernels for (T, D) through the launch policy `launch` (vec.cuh).
+template <class T, int D, class Launch>
+void launch_eviction_with(eviction_args const& a, Launch const& launch) {
   const auto heads = static_cast<unsigned>(a.p.kv.batch_size * a.p.kv.num_kv_heads);
   using copy_t     = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
   if (a.p.source == score_source::snapkv) {
     dim3 grid(static_cast<unsigned>(a.key_tiles), heads);
-    snapkv_tile_kernel<T, D, false><<<grid, 256, 0, stream>>>(a);
-    snapkv_reduce_kernel<><<<heads, 256, 0, stream>>>(a, snapkv_key_tile(D));
-    snapkv_tile_kernel<T, D, true><<<grid, 256, 0, stream>>>(a);
+    launch(snapkv_tile_kernel<T, D, false>, grid, 256, 0, a);
+    launch(snapkv_reduce_kernel<>, dim3(heads), 256, 0, a, snapkv_key_tile(D));
+    launch(snapkv_tile_kernel<T, D, true>, grid, 256, 0, a);
   } else if (a.p.source == score_source::key_norm) {
     dim3 grid(static_cast<unsigned>((a.p.max_candidates + 63) / 64), heads);
-    key_norm_kernel<T, D><<<grid, 256, 0, stream>>>(a);
+    launch(key_norm_kernel<T, D>, grid, 256, 0, a);
   }
-  select_compact_kernel<copy_t, D><<<heads, 256, 0, stream>>>(a);
+  launch(select_compact_kernel<copy_t, D>, dim3(heads), 256, 0, a);
+}
+
+/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16)
+/// and head dim (64, 128, 256); returns false when it is not compiled.
+template <class F>
+bool dispatch_eviction(dtype t, int head_dim, F&& f) {
+  auto with_type = [&](auto tag) {
+    switch (head_dim) {
+      case 64:
+        f(tag, std::integral_constant<int, 64>{});
+        return true;
+      case 128:
+        f(tag, std::integral_constant<int, 128>{});
+        return true;
+      case 256:
+        f(tag, std::integral_constant<int, 256>{});
+        return true;
+      default:
+        return false;
+    }
+  };
+  switch (t) {
+    case dtype::f32:
+      return with_type(float{});
+    case dtype::f16:
+      return with_type(float16{});
+    case dtype::bf16:
+      return with_type(bfloat16{});
+    default:
+      return false;
+  }
+}
+
+#if !defined(TANGRAM_EMULATION)
+/// Launches the eviction kernels for (T, D) (defined per dtype in kernels/eviction_*.cu).
+template <class T, int D>
+cudaError_t launch_eviction(eviction_args const& a, cudaStream_t stream) {
+  launch_eviction_with<T, D>(a, stream_launch{stream});
   return cudaGetLastError();
 }
 
@@ -432,5 +495,6 @@ cudaError_t launch_eviction(eviction_args const& a, cudaStream_t stream) {
   EXT template cudaError_t launch_eviction<T, 128>(eviction_args const&, cudaStream_t);      \
   EXT template cudaError_t launch_eviction<T, 256>(eviction_args const&, cudaStream_t);
 // clang-format on
+#endif  // !TANGRAM_EMULATION
 
 }  // namespace tangram::detail

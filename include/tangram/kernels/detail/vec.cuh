@@ -2,7 +2,16 @@
 /**
  * @file kernels/detail/vec.cuh
  * @brief Device helpers shared by the kernels: 16-byte vector loads widened to float, runtime-dtype
- * scalar access, asynchronous global-to-shared copies, and the launch error check.
+ * scalar access, asynchronous global-to-shared copies, numbered barrier sites, the launch error
+ * check and the launch policy the launchers are written against.
+ *
+ * Host emulation (test/emu): with TANGRAM_EMULATION defined, the kernel bodies compile with a
+ * plain C++ compiler against the emulator's CUDA shims, which run one fiber per CUDA thread. Only
+ * three things differ from the nvcc build, all in this file: dynamic shared memory comes from the
+ * emulator, the numbered barrier and pipeline-wait sites consult the emulator's mutation switch
+ * (so a test can prove that removing one is detected), and device checks report to the emulator.
+ * In every nvcc build they are exactly `extern __shared__`, `__syncthreads()`, the given wait
+ * depth and (debug builds only) `assert`.
  */
 #pragma once
 
@@ -10,11 +19,29 @@
 #include <cuda_pipeline.h>
 #include <cuda_runtime_api.h>
 
+#include <cassert>
 #include <cstdint>
 
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
 #include "tangram/numeric.hpp"
+
+#if defined(TANGRAM_EMULATION)
+// Provided by the emulator (test/emu/simt).
+namespace tangram::emu {
+unsigned char* dynamic_smem();  ///< the running block's dynamic shared memory
+int mutation();                 ///< the sync_site the running test disables (0: none)
+[[noreturn]] void device_check_failed(const char* condition, const char* what);
+}  // namespace tangram::emu
+/// The block's dynamic shared memory (`extern __shared__` on the GPU).
+#define TANGRAM_DYNAMIC_SMEM(name) unsigned char* name = ::tangram::emu::dynamic_smem()
+/// A device-side invariant: a test failure in the emulator, an assert in nvcc debug builds.
+#define TANGRAM_DEVICE_CHECK(cond, what) \
+  ((cond) ? (void)0 : ::tangram::emu::device_check_failed(#cond, what))
+#else
+#define TANGRAM_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#define TANGRAM_DEVICE_CHECK(cond, what) assert((cond) && what)
+#endif
 
 namespace tangram::detail {
 
@@ -99,6 +126,25 @@ __device__ __forceinline__ void store_scalar(void* base, dtype t, std::int64_t i
   }
 }
 
+/// Barrier and pipeline-wait sites that the emulator's mutation tests may weaken (test/emu).
+enum class sync_site : int {
+  none = 0,
+  decode_tile_ready,  ///< decode: a stage's copies are visible to every thread
+  decode_tile_wait,   ///< decode: cp.async wait for the stage about to be read
+  compact_loaded,     ///< eviction compaction: every load of a batch precedes its stores
+  snapkv_queries,     ///< SnapKV scoring: the query tile is in shared memory
+};
+
+/// `__syncthreads()` at a numbered site.
+__device__ __forceinline__ void sync_block(sync_site site) {
+#if defined(TANGRAM_EMULATION)
+  if (::tangram::emu::mutation() == static_cast<int>(site)) return;
+#else
+  (void)site;
+#endif
+  __syncthreads();
+}
+
 /// Asynchronous 16-byte global-to-shared copy (cp.async on sm_80+); zero-fills when !valid.
 __device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool valid) {
   __pipeline_memcpy_async(smem, gmem, 16, valid ? 0 : 16);
@@ -106,11 +152,32 @@ __device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool 
 __device__ __forceinline__ void copy_async_commit() {
   __pipeline_commit();
 }
-/// Waits until at most `N` committed copy groups are still in flight.
+/// Waits until at most `N` committed copy groups are still in flight (`site`: see sync_site).
 template <int N>
-__device__ __forceinline__ void copy_async_wait() {
+__device__ __forceinline__ void copy_async_wait(sync_site site = sync_site::none) {
+#if defined(TANGRAM_EMULATION)
+  const bool weakened = site != sync_site::none && ::tangram::emu::mutation() == static_cast<int>(site);
+  __pipeline_wait_prior(N + (weakened ? 1 : 0));
+#else
+  (void)site;
   __pipeline_wait_prior(N);
+#endif
 }
+
+/**
+ * The launch policy of the nvcc build: `launch(kernel, grid, threads, smem_bytes, args...)`
+ * enqueues `kernel<<<grid, threads, smem_bytes, stream>>>(args...)`. The launchers below are
+ * written against a policy so that the emulator runs the same launch sequence with its own.
+ */
+struct stream_launch {
+  cudaStream_t stream = nullptr;
+#if !defined(TANGRAM_EMULATION)
+  template <class... P, class... A>
+  void operator()(void (*kernel)(P...), dim3 grid, int threads, int smem, A const&... args) const {
+    kernel<<<grid, threads, smem, stream>>>(args...);
+  }
+#endif
+};
 
 /// Throws cuda_error naming `what` when the last launch failed (clears the error).
 inline void check_launch(cudaError_t err, const char* what) {

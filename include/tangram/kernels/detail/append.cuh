@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/detail/append.cuh
+ * @brief Device code of append_decode_kv (see kernels/append.hpp): one block per (request, head)
+ * writes the decode step's new K/V, converted from the source dtype to the cache dtype.
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tangram/kernels/append.hpp"
+#include "tangram/kernels/detail/vec.cuh"
+#include "tangram/numeric.hpp"
+
+namespace tangram::detail {
+
+template <class Cache, class Src>
+TANGRAM_KERNEL void append_kernel(append_params p) {
+  std::int32_t r = blockIdx.x, h = blockIdx.y;
+  head_cursor c;
+  std::int32_t pos = 0;
+  if (!append_target(p.kv, r, p.layer, h, c, pos)) return;
+  std::int32_t d   = p.kv.geometry.head_dim;
+  std::int64_t src = r * p.row_stride() + static_cast<std::int64_t>(h) * d;
+  Cache* k_dst     = c.ptr_at_position<Cache>(pos, 0);
+  Cache* v_dst     = c.ptr_at_position<Cache>(pos, 1);
+  auto const* k    = static_cast<Src const*>(p.k) + src;
+  auto const* v    = static_cast<Src const*>(p.v) + src;
+  for (std::int32_t x = threadIdx.x; x < d; x += blockDim.x) {
+    k_dst[x] = from_float<Cache>(to_float(k[x]));
+    v_dst[x] = from_float<Cache>(to_float(v[x]));
+  }
+}
+
+/// Enqueues the append kernel for cache dtype `Cache` and the runtime source dtype through the
+/// launch policy `launch` (vec.cuh): grid batch x heads, 64 threads.
+template <class Cache, class Launch>
+void launch_append_for_source(append_params const& p, dim3 grid, Launch const& launch) {
+  switch (p.src_dtype) {
+    case dtype::f32:
+      launch(append_kernel<Cache, float>, grid, 64, 0, p);
+      break;
+    case dtype::f16:
+      launch(append_kernel<Cache, float16>, grid, 64, 0, p);
+      break;
+    default:
+      launch(append_kernel<Cache, bfloat16>, grid, 64, 0, p);
+      break;
+  }
+}
+
+/// Enqueues the append kernel for validated parameters (batch > 0) through `launch`.
+template <class Launch>
+void launch_append_with(append_params const& p, Launch const& launch) {
+  dim3 grid(static_cast<unsigned>(p.kv.batch_size), static_cast<unsigned>(p.kv.num_kv_heads));
+  switch (p.kv.geometry.kv_dtype) {
+    case dtype::f32:
+      launch_append_for_source<float>(p, grid, launch);
+      break;
+    case dtype::f16:
+      launch_append_for_source<float16>(p, grid, launch);
+      break;
+    case dtype::bf16:
+      launch_append_for_source<bfloat16>(p, grid, launch);
+      break;
+    case dtype::fp8_e4m3:
+      launch_append_for_source<float8_e4m3>(p, grid, launch);
+      break;
+    case dtype::fp8_e5m2:
+      launch_append_for_source<float8_e5m2>(p, grid, launch);
+      break;
+  }
+}
+
+}  // namespace tangram::detail

@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+// The decode-step append kernel in the host emulator against the CPU reference (the scenario of
+// test/gpu/append_test.cu): identical page pools for every cache x source dtype.
+#include <catch2/catch.hpp>
+
+#include "../gpu/kernel_cases.hpp"
+#include "emu_backend.hpp"
+#include "emu_support.hpp"
+
+using namespace tangram;
+
+TEST_CASE("emulated append_decode_kv matches the reference for every cache and source dtype",
+          "[emu][append]") {
+  std::uint64_t seed = 1;
+  for (dtype cache : test::append_cache_dtypes())
+    for (dtype src : test::append_source_dtypes()) {
+      auto o = test::emu_schedules(++seed, 1).front();
+      INFO("cache " << to_string(cache) << " src " << to_string(src) << ", schedule seed "
+                    << o.seed);
+      emu::scoped_options scope(o);
+      test::emu_backend backend;
+      CHECK(test::check_append(cache, src, backend) == "");
+    }
+}

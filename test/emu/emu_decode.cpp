@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// emu_backend::decode: every decode split kernel instantiation, through the launch sequence of
+// kernels/decode_attention.cu.
+#include "tangram/kernels/detail/decode_attention.cuh"
+
+#include <stdexcept>
+#include <vector>
+
+#include "emu_backend.hpp"
+
+namespace tangram::test {
+
+void emu_backend::decode(test_cache&, decode_params const& p) {
+  p.validate();
+  if (p.kv.batch_size == 0) return;
+  std::vector<unsigned char> ws(decode_workspace_bytes(p) + 256, 0xff);
+  void* aligned = ws.data() + (256 - reinterpret_cast<std::uintptr_t>(ws.data()) % 256) % 256;
+  const detail::decode_args a = detail::make_decode_args(p, aligned);
+  auto const& g               = p.kv.geometry;
+  bool compiled = detail::dispatch_decode(g.kv_dtype, g.head_dim, p.group, [&](auto tag, auto dim, auto bucket) {
+    detail::launch_decode_split_with<decltype(tag), decltype(dim)::value, decltype(bucket)::value>(
+        a, emu::emulated_launch{});
+  });
+  if (!compiled) throw std::invalid_argument("emu decode: no kernel for this dtype / head_dim");
+  detail::launch_decode_merge_with(a, emu::emulated_launch{});
+}
+
+}  // namespace tangram::test

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// Runs a kernel_cases.hpp scenario in the emulator under several schedules (Catch2 side).
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../gpu/kernel_cases.hpp"
+#include "emu_backend.hpp"
+
+namespace tangram::test {
+
+/// The first `count` (1..3) schedules of a scenario: deferred cp.async copies (a missing or short
+/// wait reads poisoned shared memory), eager copies (a stage refilled while another thread still
+/// reads it changes what that thread sees), then deferred again under another seed. Scenarios
+/// alternate which mode a single schedule gets (by seed), so both modes see every suite.
+inline std::vector<emu::options> emu_schedules(std::uint64_t seed, int count) {
+  std::vector<emu::options> all = {{seed, emu::copy_mode::deferred, 0},
+                                   {seed * 104729 + 2, emu::copy_mode::eager, 0},
+                                   {seed * 7919 + 1, emu::copy_mode::deferred, 0}};
+  if (count == 1 && seed % 2 == 1) std::swap(all[0], all[1]);
+  all.resize(static_cast<std::size_t>(count));
+  return all;
+}
+
+inline const char* to_string(emu::copy_mode m) {
+  return m == emu::copy_mode::eager ? "eager" : "deferred";
+}
+
+/// check_decode / check_eviction under one emulator schedule.
+template <class Case>
+std::string emu_check(Case const& c, emu::options o) {
+  emu::scoped_options scope(o);
+  emu_backend backend;
+  if constexpr (std::is_same_v<Case, decode_case>)
+    return check_decode(c, backend);
+  else
+    return check_eviction(c, backend);
+}
+
+/// Requires `c` to match the reference under every schedule of emu_schedules(c.seed, count).
+template <class Case>
+void emu_check_all_schedules(Case const& c, int count) {
+  for (auto const& o : emu_schedules(c.seed, count)) {
+    INFO(c.describe() << ", schedule seed " << o.seed << ", copies " << to_string(o.copies));
+    CHECK(emu_check(c, o) == "");
+  }
+}
+
+}  // namespace tangram::test

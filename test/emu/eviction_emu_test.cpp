@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+// The eviction kernels (SnapKV / key-norm scoring, radix select, compaction) in the host
+// emulator against the CPU reference: the scenarios of test/gpu/eviction_test.cu, under several
+// scheduling seeds and both cp.async copy modes. Pools must end byte-identical.
+#include <catch2/catch.hpp>
+
+#include "../gpu/kernel_cases.hpp"
+#include "emu_support.hpp"
+
+using namespace tangram;
+
+TEST_CASE("emulated eviction equals the CPU reference: supplied scores", "[emu][eviction]") {
+  for (auto const& c : test::eviction_cases_supplied()) test::emu_check_all_schedules(c, 2);
+}
+
+TEST_CASE("emulated eviction equals the CPU reference: built-in scores", "[emu][eviction]") {
+  for (auto const& c : test::eviction_cases_builtin()) test::emu_check_all_schedules(c, 2);
+}
+
+TEST_CASE("emulated eviction: long candidate lists (several radix tiles)", "[emu][eviction]") {
+  test::emu_check_all_schedules(test::eviction_case_long(), 1);
+}

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// Mutation checks: the emulation suite must fail when a needed barrier is deleted or a cp.async
+// wait is one stage short. Each weakens one numbered site of the real kernels at run time
+// (tangram::detail::sync_site; in nvcc builds the sites are plain __syncthreads() and the given
+// wait depth) and requires the scenario, which passes unmutated under the same schedule, to
+// differ from the CPU reference (or the emulator to stop the launch).
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "../gpu/kernel_cases.hpp"
+#include "emu_support.hpp"
+#include "tangram/kernels/decode_attention.hpp"
+
+using namespace tangram;
+
+namespace {
+
+// The sites of include/tangram/kernels/detail/vec.cuh (sync_site), by value: this file does
+// not include the device headers.
+constexpr int decode_tile_ready = 1, decode_tile_wait = 2, compact_loaded = 3, snapkv_queries = 4;
+
+/// The scenario's verdict with `site` weakened ("" when it still matches the reference).
+template <class Case>
+std::string mutated(Case const& c, emu::options o, int site) {
+  o.mutation = site;
+  try {
+    return test::emu_check(c, o);
+  } catch (emu::kernel_fault const& e) {
+    return e.what();
+  }
+}
+
+template <class Case>
+void require_detected(Case const& c, emu::options o, int site) {
+  INFO(c.describe() << ", schedule seed " << o.seed << ", site " << site);
+  REQUIRE(test::emu_check(c, o) == "");  // the control: unmutated, the same schedule passes
+  std::string verdict = mutated(c, o, site);
+  INFO("mutated: " << verdict);
+  CHECK_FALSE(verdict.empty());
+}
+
+test::decode_case small_decode(dtype t, std::int32_t d) {
+  test::decode_case c;
+  c.kv_dtype = t;
+  c.d        = d;
+  c.group    = 3;
+  c.layers   = 1;
+  c.sliding.clear();
+  c.lens = {97, 3, 300, 54};
+  c.ctas = {4, 9};
+  c.seed = 77;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("mutation: a cp.async wait one stage short is detected (decode)", "[emu][mutation]") {
+  // Deferred copies land only when their group is waited for: one group short, the tile being
+  // read is still poisoned shared memory.
+  for (dtype t : {dtype::bf16, dtype::f32})
+    require_detected(small_decode(t, 128), {3, emu::copy_mode::deferred, 0}, decode_tile_wait);
+}
+
+TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256)", "[emu][mutation]") {
+  // With f32 and head dim 256 a lane reads 32 bytes per token, two chunks of which only one
+  // it copied itself: without the barrier it reads the other before its copier's wait. (In the
+  // configurations where every lane reads exactly the 16-byte chunks it copied, this barrier
+  // only orders a thread's own copies, and deleting it is harmless there.)
+  require_detected(small_decode(dtype::f32, 256), {5, emu::copy_mode::deferred, 0},
+                   decode_tile_ready);
+}
+
+TEST_CASE("mutation: a deleted load-to-store barrier in the compaction is detected",
+          "[emu][mutation]") {
+  // Survivors move to earlier positions of the same column: without the barrier a thread's
+  // stores overwrite sources other threads have not loaded yet.
+  test::eviction_case c;
+  c.seed = 60;
+  require_detected(c, {7, emu::copy_mode::deferred, 0}, compact_loaded);
+}
+
+TEST_CASE("mutation: a deleted query-tile barrier in SnapKV scoring is detected",
+          "[emu][mutation]") {
+  test::eviction_case c;
+  c.source = score_source::snapkv;
+  c.seed   = 61;
+  require_detected(c, {9, emu::copy_mode::deferred, 0}, snapkv_queries);
+}

@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file test/gpu/kernel_cases.hpp
+ * @brief The kernel test scenarios, shared by the GPU tests (test/gpu) and the host emulation
+ * tests (test/emu): one way to build each scenario and to compare a kernel run with the CPU
+ * reference. Host-only C++; no test framework.
+ *
+ * A backend runs the kernels on host-side parameters (every pointer host memory, as for the
+ * reference) and leaves the results in those host arrays:
+ *
+ *     void decode(test_cache&, decode_params const&);   // writes p.o and p.lse
+ *     void evict(test_cache&, eviction_params const&);  // updates the cache's pool in place,
+ *                                                       // writes p.new_len and p.scores_out
+ *     void append(test_cache&, append_params const&);   // updates the cache's pool in place
+ *
+ * (the GPU backend uploads, launches and downloads; the emulator runs on the host arrays). Each
+ * check returns an empty string when the kernel agrees with the reference, else a description of
+ * the first difference.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../reference/kv_test_cache.hpp"
+#include "tangram/kernels/append.hpp"
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/eviction.hpp"
+#include "tangram/reference/append.hpp"
+#include "tangram/reference/decode_attention.hpp"
+#include "tangram/reference/eviction.hpp"
+
+namespace tangram::test {
+
+// ---------------------------------------------------------------------------------------------
+// Decode.
+// ---------------------------------------------------------------------------------------------
+
+/// One decode scenario: a ragged batch (test::ragged_sequences) over `layers` layers of `heads`
+/// KV heads, run for every layer with split maps of `ctas` CTAs (random shares).
+struct decode_case {
+  dtype kv_dtype = dtype::bf16;
+  std::int32_t d = 128, P = 16, Hp = 2, group = 4, layers = 2, heads = 4;
+  std::vector<std::int32_t> lens;
+  std::vector<std::int32_t> sliding = {1};
+  std::int32_t window = 40, ring_pages = 4;
+  bool sinks         = false;
+  dtype o_dtype      = dtype::f32;
+  std::uint64_t seed = 1;
+  std::vector<std::int32_t> ctas;  ///< N_CTA values; empty: {heads, 264, 535}
+
+  [[nodiscard]] std::string describe() const {
+    std::ostringstream s;
+    s << to_string(kv_dtype) << " d " << d << " P " << P << " group " << group << " batch "
+      << lens.size() << " seed " << seed;
+    return s.str();
+  }
+};
+
+/// The GQA sweep: f32, d 64, groups 1..8.
+inline std::vector<decode_case> decode_cases_gqa() {
+  std::vector<decode_case> out;
+  for (std::int32_t g = 1; g <= 8; ++g) {
+    decode_case c;
+    c.kv_dtype = dtype::f32;
+    c.d        = 64;
+    c.group    = g;
+    c.lens     = {1, 15, 54, 97, 1000};
+    c.sinks    = g % 2 == 1;
+    c.seed     = 10 + static_cast<std::uint64_t>(g);
+    out.push_back(c);
+  }
+  return out;
+}
+
+/// Every instantiated K/V dtype x head dim, each with page sizes 1, 16 and 32.
+inline std::vector<decode_case> decode_cases_shapes() {
+  std::vector<decode_case> out;
+  std::uint64_t seed = 100;
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+    for (std::int32_t d : {64, 128, 256})
+      for (std::int32_t P : {1, 16, 32}) {
+        decode_case c;
+        c.kv_dtype   = t;
+        c.d          = d;
+        c.P          = P;
+        c.ring_pages = (40 + P - 1) / P + 1;
+        c.group      = 1 + static_cast<std::int32_t>(seed % 8);
+        c.lens       = {97, 3, 1000, 54};
+        c.sinks      = seed % 2 == 0;
+        c.o_dtype    = seed % 3 == 0 ? dtype::bf16 : dtype::f32;
+        c.seed       = ++seed;
+        out.push_back(c);
+      }
+  return out;
+}
+
+/// A long context (32769 tokens: many tiles per CTA) and a batch of 300.
+inline std::vector<decode_case> decode_cases_long() {
+  decode_case c;
+  c.lens   = {32769, 4000, 1, 15};
+  c.layers = 1;
+  c.sliding.clear();
+  c.sinks = true;
+  c.seed  = 7;
+  decode_case b;
+  b.lens.assign(300, 0);
+  for (std::size_t i = 0; i < b.lens.size(); ++i)
+    b.lens[i] = 1 + static_cast<std::int32_t>(i * 7 % 500);
+  b.group = 5;
+  b.seed  = 8;
+  return {c, b};
+}
+
+/// Batches above one prefix-scan tile (512 requests): 1100 and decode_max_batch (4096), short
+/// and empty heads included, one layer, two KV heads (the scan and merge are what they test).
+inline std::vector<decode_case> decode_cases_large_batch() {
+  std::vector<decode_case> out;
+  for (std::int32_t batch : {1100, decode_max_batch}) {
+    decode_case c;
+    c.kv_dtype = dtype::bf16;
+    c.d        = 64;
+    c.group    = 2;
+    c.layers   = 1;
+    c.heads    = 2;
+    c.sliding.clear();
+    c.lens.resize(static_cast<std::size_t>(batch));
+    for (std::int32_t i = 0; i < batch; ++i)
+      c.lens[static_cast<std::size_t>(i)] = i * 7 % (batch > 2000 ? 13 : 61);  // zeros included
+    c.sinks = true;
+    c.seed  = 5 + static_cast<std::uint64_t>(batch);
+    c.ctas  = {2, 264, 535};
+    out.push_back(c);
+  }
+  return out;
+}
+
+/// The cache, batch view, queries and sinks of a decode case.
+struct decode_scenario {
+  std::mt19937_64 rng;
+  test_cache cache;
+  kv_cache_view view;
+  std::vector<float> q, sinks;
+
+  explicit decode_scenario(decode_case const& c)
+      : rng(c.seed), cache(make_cache(c, rng), make_seqs(c, rng), c.seed + 3) {
+    std::vector<std::int32_t> batch(c.lens.size());
+    std::iota(batch.begin(), batch.end(), 0);
+    std::shuffle(batch.begin(), batch.end(), rng);
+    view             = cache.view(batch);
+    std::int32_t Hq  = c.heads * c.group;
+    q.resize(static_cast<std::size_t>(view.batch_size) * Hq * c.d);
+    sinks.resize(static_cast<std::size_t>(Hq));
+    for (auto& x : q) x = std::uniform_real_distribution<float>(-3.f, 3.f)(rng);
+    for (auto& x : sinks) x = std::uniform_real_distribution<float>(-2.f, 4.f)(rng);
+  }
+
+ private:
+  static cache_layout make_cache(decode_case const& c, std::mt19937_64&) {
+    return adjacent_layout(page_geometry{c.P, c.Hp, c.d, c.kv_dtype}, c.layers, c.heads, c.sliding,
+                           c.window, c.ring_pages);
+  }
+  static std::vector<sequence_spec> make_seqs(decode_case const& c, std::mt19937_64& rng) {
+    std::vector<std::int32_t> appended, seq_tokens;
+    for (std::size_t r = 0; r < c.lens.size(); ++r) {
+      appended.push_back(std::min(static_cast<std::int32_t>(r % 3), c.lens[r]));
+      seq_tokens.push_back(c.lens[r] + 50);
+    }
+    return ragged_sequences(c.lens, appended, seq_tokens, c.layers, c.heads, rng);
+  }
+};
+
+/// Runs `c` on `backend` and the split CPU reference for every layer and split map; compares
+/// outputs (f32: 5e-5 absolute; f16/bf16 outputs: 1e-2 relative) and LSEs (1e-4 relative).
+template <class Backend>
+std::string check_decode(decode_case const& c, Backend& backend) {
+  decode_scenario s(c);
+  const std::int32_t B = s.view.batch_size, Hq = c.heads * c.group;
+  const std::size_t out_elems = s.q.size(), out_bytes = out_elems * size_of(c.o_dtype);
+  std::vector<std::int32_t> ctas = c.ctas;
+  if (ctas.empty()) ctas = {c.heads, 2 * 132, 4 * 132 + 7};
+  for (std::int32_t n_cta : ctas) {
+    auto begin = random_cta_begin(c.layers, c.heads, n_cta, s.rng);
+    for (std::int32_t layer = 0; layer < c.layers; ++layer) {
+      decode_params p;
+      p.kv      = s.view;
+      p.layer   = layer;
+      p.group   = c.group;
+      p.q_dtype = dtype::f32;
+      p.o_dtype = c.o_dtype;
+      p.splits  = {c.layers, c.heads, n_cta, begin.data()};
+      p.q       = s.q.data();
+      p.sinks   = c.sinks ? s.sinks.data() : nullptr;
+      std::vector<unsigned char> o_ref(out_bytes), o_run(out_bytes, 0x7f);
+      std::vector<float> lse_ref(static_cast<std::size_t>(B) * Hq), lse_run(lse_ref.size(), 777.f);
+      p.o   = o_ref.data();
+      p.lse = lse_ref.data();
+      reference::decode_attention(p, reference::split_mode::split);
+      p.o   = o_run.data();
+      p.lse = lse_run.data();
+      backend.decode(s.cache, p);
+      std::ostringstream where;
+      where << c.describe() << ", N_CTA " << n_cta << ", layer " << layer << ": ";
+      for (std::size_t i = 0; i < out_elems; ++i) {
+        const auto at = static_cast<std::int64_t>(i);
+        float a       = reference::detail::load_as_float(o_run.data(), c.o_dtype, at);
+        float b       = reference::detail::load_as_float(o_ref.data(), c.o_dtype, at);
+        float tol     = c.o_dtype == dtype::f32 ? 5e-5f : 1e-2f * std::max(1.f, std::abs(b));
+        if (!(std::abs(a - b) <= tol)) {
+          where << "output element " << i << " is " << a << ", reference " << b;
+          return where.str();
+        }
+      }
+      for (std::size_t i = 0; i < lse_run.size(); ++i)
+        if (!(lse_run[i] == lse_ref[i] ||
+              std::abs(lse_run[i] - lse_ref[i]) <= 1e-4f * std::max(1.f, std::abs(lse_ref[i])))) {
+          where << "lse " << i << " is " << lse_run[i] << ", reference " << lse_ref[i];
+          return where.str();
+        }
+    }
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Eviction.
+// ---------------------------------------------------------------------------------------------
+
+/// One eviction scenario on test::make_eviction_scenario, every layer in turn.
+struct eviction_case {
+  dtype kv_dtype = dtype::bf16;
+  std::int32_t d = 128, P = 16, group = 4, sink = 4, recent = 8, window = 24;
+  score_source source     = score_source::supplied;
+  std::int32_t obs_window = 32;
+  std::int32_t long_len   = 3000;  ///< tokens seen by the longest request before its chunk
+  std::uint64_t seed      = 1;
+
+  [[nodiscard]] std::string describe() const {
+    std::ostringstream s;
+    s << to_string(kv_dtype) << " d " << d << " P " << P << " source " << to_string(source)
+      << " seed " << seed;
+    return s.str();
+  }
+};
+
+/// Supplied scores in every instantiated dtype x head dim.
+inline std::vector<eviction_case> eviction_cases_supplied() {
+  std::vector<eviction_case> out;
+  std::uint64_t seed = 1;
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+    for (std::int32_t d : {64, 128, 256}) {
+      eviction_case c;
+      c.kv_dtype = t;
+      c.d        = d;
+      c.P        = d == 64 ? 1 : 16;
+      c.seed     = ++seed;
+      out.push_back(c);
+    }
+  return out;
+}
+
+/// The built-in score sources: SnapKV (bf16/128 GQA 4, f32/64 GQA 7) and key norm (f16/256).
+inline std::vector<eviction_case> eviction_cases_builtin() {
+  std::vector<eviction_case> out;
+  eviction_case c;
+  c.source = score_source::snapkv;
+  c.seed   = 40;
+  out.push_back(c);
+  c.group      = 7;
+  c.obs_window = 64;
+  c.kv_dtype   = dtype::f32;
+  c.d          = 64;
+  c.seed       = 41;
+  out.push_back(c);
+  c.source   = score_source::key_norm;
+  c.kv_dtype = dtype::f16;
+  c.d        = 256;
+  c.seed     = 42;
+  out.push_back(c);
+  return out;
+}
+
+/// A long candidate list (several radix and compaction tiles).
+inline eviction_case eviction_case_long() {
+  eviction_case c;
+  c.long_len = 20000;
+  c.seed     = 50;
+  return c;
+}
+
+/// Runs `c` on `backend` and the CPU reference on identical caches, every layer: lengths and the
+/// whole page pool must end byte-identical. Built-in scores are compared with a tolerance, then
+/// the selection is checked exactly by replaying the reference on the kernel's own scores.
+template <class Backend>
+std::string check_eviction(eviction_case const& c, Backend& backend) {
+  constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;
+  std::mt19937_64 rng(c.seed);
+  page_geometry geo{c.P, 2, c.d, c.kv_dtype};
+  auto sc           = make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, 1500);
+  std::int32_t rows = sc.chunk_indptr.back();
+  for (std::int32_t layer = 0; layer < L; ++layer) {
+    std::ostringstream where;
+    where << c.describe() << ", layer " << layer << ": ";
+    test_cache run_cache(sc.layout, sc.seqs, c.seed), ref_cache(sc.layout, sc.seqs, c.seed);
+    auto rv        = run_cache.view(sc.batch);
+    auto cv        = ref_cache.view(sc.batch);
+    std::int32_t B = rv.batch_size;
+    std::size_t es = size_of(c.kv_dtype);
+    std::vector<unsigned char> ck(static_cast<std::size_t>(rows * H * c.d) * es), cvv(ck.size());
+    for (std::size_t i = 0; i < ck.size() / es; ++i) {
+      reference::detail::store_from_float(ck.data(), c.kv_dtype, static_cast<std::int64_t>(i),
+                                          run_cache.random_value());
+      reference::detail::store_from_float(cvv.data(), c.kv_dtype, static_cast<std::int64_t>(i),
+                                          run_cache.random_value());
+    }
+    std::vector<float> q(static_cast<std::size_t>(rows * H * c.group * c.d));
+    for (auto& x : q) x = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+    std::int32_t max_cand = 0;
+    for (std::int32_t r = 0; r < B; ++r)
+      for (std::int32_t h = 0; h < H; ++h)
+        max_cand = std::max(max_cand, rv.head_len(r, layer, h) +
+                                          sc.chunk_indptr[static_cast<std::size_t>(r) + 1] -
+                                          sc.chunk_indptr[static_cast<std::size_t>(r)]);
+    std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
+    for (auto& x : scores) x = static_cast<float>(rng() % 7);  // many ties
+
+    eviction_params p;
+    p.layer          = layer;
+    p.sink           = c.sink;
+    p.max_candidates = max_cand;
+    p.source         = c.source;
+    p.q_dtype        = dtype::f32;
+    p.group          = c.group;
+    p.obs_window     = c.obs_window;
+    p.rules          = sc.rules.data() + layer * H;
+    p.chunk_indptr   = sc.chunk_indptr.data();
+    p.chunk_k        = ck.data();
+    p.chunk_v        = cvv.data();
+    p.q              = q.data();
+    p.scores         = scores.data();
+    std::vector<std::int32_t> run_len(static_cast<std::size_t>(B * H), -9), ref_len(run_len);
+    std::vector<float> run_scores(scores.size(), 0.f), ref_scores(scores.size(), 0.f);
+    p.kv         = rv;
+    p.new_len    = run_len.data();
+    p.scores_out = run_scores.data();
+    backend.evict(run_cache, p);
+
+    p.kv         = cv;
+    p.new_len    = ref_len.data();
+    p.scores_out = ref_scores.data();
+    if (c.source != score_source::supplied) {
+      test_cache probe(sc.layout, sc.seqs, c.seed);
+      auto pp = p;
+      pp.kv   = probe.view(sc.batch);
+      reference::evict_chunk(pp);
+      for (std::size_t i = 0; i < ref_scores.size(); ++i)
+        if (!(std::abs(run_scores[i] - ref_scores[i]) <=
+              1e-5f * std::max(1.f, std::abs(ref_scores[i])) + 1e-7f)) {
+          where << "score " << i << " is " << run_scores[i] << ", reference " << ref_scores[i];
+          return where.str();
+        }
+      p.pool_kernel = p.pool();
+      p.source      = score_source::supplied;
+      p.scores      = run_scores.data();
+    }
+    reference::evict_chunk(p);
+    if (run_len != ref_len) return where.str() + "new_len differs";
+    if (run_cache.pool() != ref_cache.pool()) {
+      auto mm = std::mismatch(run_cache.pool().begin(), run_cache.pool().end(),
+                              ref_cache.pool().begin());
+      where << "page pool differs at byte " << (mm.first - run_cache.pool().begin());
+      return where.str();
+    }
+    if (c.source == score_source::supplied && run_scores != ref_scores)
+      return where.str() + "scores_out differs";
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Append.
+// ---------------------------------------------------------------------------------------------
+
+/// Cache dtypes the append kernel is instantiated for, and its source dtypes.
+inline std::vector<dtype> append_cache_dtypes() {
+  return {dtype::f32, dtype::f16, dtype::bf16, dtype::fp8_e4m3, dtype::fp8_e5m2};
+}
+inline std::vector<dtype> append_source_dtypes() { return {dtype::f32, dtype::f16, dtype::bf16}; }
+
+/// Appends one token to every head of both layers of a 5-sequence cache (a sliding layer
+/// included) with `backend` and with the reference: the page pools must end byte-identical.
+template <class Backend>
+std::string check_append(dtype cache_dtype, dtype src, Backend& backend) {
+  page_geometry geo{16, 2, 128, cache_dtype};
+  auto layout = adjacent_layout(geo, 2, 4, /*sliding=*/{1}, /*window=*/40, /*ring_pages=*/3);
+  std::vector<sequence_spec> seqs;
+  for (std::int32_t r = 0; r < 5; ++r) {
+    sequence_spec s;
+    s.seq_tokens = 30 + 17 * r;
+    s.appended   = 1 + r;
+    s.base_len.assign(8, 10 + 7 * r);
+    seqs.push_back(s);
+  }
+  test_cache run_cache(layout, seqs, 42), ref_cache(layout, seqs, 42);
+  std::vector<std::int32_t> batch = {3, 0, 4, 1};
+  auto run_view = run_cache.view(batch), ref_view = ref_cache.view(batch);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-2, 2);
+  std::size_t n = batch.size() * 4 * 128;
+  std::vector<std::uint8_t> k_src(n * size_of(src)), v_src(n * size_of(src));
+  for (std::size_t i = 0; i < n; ++i) {
+    reference::detail::store_from_float(k_src.data(), src, static_cast<std::int64_t>(i), u(rng));
+    reference::detail::store_from_float(v_src.data(), src, static_cast<std::int64_t>(i), u(rng));
+  }
+  for (std::int32_t layer = 0; layer < 2; ++layer) {
+    append_params p;
+    p.kv        = ref_view;
+    p.layer     = layer;
+    p.k         = k_src.data();
+    p.v         = v_src.data();
+    p.src_dtype = src;
+    reference::append_decode_kv(p);
+    p.kv = run_view;
+    backend.append(run_cache, p);
+  }
+  if (run_cache.pool() != ref_cache.pool())
+    return "append cache " + std::string(to_string(cache_dtype)) + " src " +
+           std::string(to_string(src)) + ": page pool differs";
+  return {};
+}
+
+}  // namespace tangram::test
