@@ -9,6 +9,7 @@
 #include "plan_support.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "tangram/plan/elastic.hpp"
 
 namespace tangram::cli {
 
@@ -25,14 +26,166 @@ std::string setting_of(calibration_options const& o) {
   return o.estimator == budget_estimator::musigma ? cat("alpha ", o.alpha) : cat("q ", o.quantile);
 }
 
+/// `--reservation elastic`: the elastic report (plan/elastic.hpp), with the margin sweep, and with
+/// `--compare` the static alpha curve on the same folds.
+int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluation_options const& ev) {
+  elastic_options eo;
+  eo.group_size  = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
+  eo.page_tokens = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
+  if (auto m = a.value("--margin")) eo.margin = parse_number(*m, "--margin", 0, max_elastic_margin);
+  if (auto alpha = a.value("--margin-alpha")) {
+    if (eo.margin) throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
+    eo.margin_alpha = parse_number(*alpha, "--margin-alpha", 0, 1000);
+  }
+  bool as_json = a.flag("--json");
+  bool compare = a.flag("--compare");
+  if (a.value("--out"))
+    throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
+  if (cal.given)
+    throw usage_error(cat(*cal.given, ": a static estimator option; not with --reservation elastic"));
+  a.finish(1);
+  auto pos = a.positionals();
+  if (pos.empty())
+    throw usage_error(
+        "missing SAMPLES.json (a retention-samples/v1 file or a bundled name, see `tangram "
+        "profiles`)");
+  if (ev.folds == 1)
+    throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
+  auto in      = read_input(pos[0]);
+  auto samples = read_samples(in);
+  auto heads   = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
+  if (heads % static_cast<std::size_t>(eo.group_size) != 0)
+    throw usage_error(cat("--group-size: ", eo.group_size, " does not divide the ", heads,
+                          " profiled heads of ", in.source));
+  auto rep = evaluate_elastic(samples, eo, ev, ev.folds > 0 ? elastic_margin_grid() : std::vector<double>{});
+  std::vector<std::pair<double, calibration_report>> static_rows;
+  if (compare && ev.folds > 0)
+    for (auto const& o : estimator_grid(cal.options.floor))
+      if (o.estimator == budget_estimator::musigma)
+        static_rows.emplace_back(o.alpha, evaluate_calibration(samples, o, ev));
+
+  if (as_json) {
+    auto v = json::value::object();
+    v.set("command", "calibrate");
+    v.set("reservation", "elastic");
+    v.set("input", in.source);
+    v.set("model", samples.model);
+    v.set("scorer", samples.scorer);
+    v.set("num_samples", rep.num_samples);
+    v.set("num_heads", rep.num_heads);
+    v.set("target_keep_ratio", samples.target_keep_ratio);
+    v.set("sink_tokens", samples.sink_tokens);
+    v.set("window_tokens", samples.window_tokens);
+    v.set("keep_ratio_basis", to_string(rep.basis));
+    v.set("group_size", rep.group_size);
+    v.set("page_tokens", rep.page_tokens);
+    v.set("folds", ev.folds);
+    v.set("group_by_context", ev.group_by_context);
+    v.set("margin", rep.margin);
+    v.set("margin_calibrated", rep.margin_calibrated);
+    v.set("margin_alpha", rep.margin_calibrated ? json::value(eo.margin_alpha) : json::value(nullptr));
+    v.set("total_error_mean", rep.total_error_mean);
+    v.set("total_error_max", rep.total_error_max);
+    v.set("mean_dynamic_fraction", rep.mean_dynamic_fraction);
+    v.set("reserved_over_ideal", rep.reserved_over_ideal);
+    v.set("insample_clip_fraction", rep.insample_clip_fraction);
+    v.set("group_padding", rep.group_padding);
+    v.set("per_request_padding", rep.per_request_padding);
+    auto margins = json::value::array();
+    for (double m : rep.fold_margins) margins.push_back(m);
+    v.set("fold_margins", std::move(margins));
+    auto clips = json::value::array();
+    for (double c : rep.fold_clip_fractions) clips.push_back(c);
+    v.set("fold_clip_fractions", std::move(clips));
+    v.set("heldout_clip_fraction", number_or_null(rep.heldout_clip_fraction));
+    v.set("heldout_reserved_over_ideal", number_or_null(rep.heldout_reserved_over_ideal));
+    v.set("heldout_group_padding", number_or_null(rep.heldout_group_padding));
+    v.set("heldout_per_request_clip_fraction", number_or_null(rep.heldout_per_request_clip_fraction));
+    auto sweep = json::value::array();
+    for (auto const& p : rep.sweep) {
+      auto r = json::value::object();
+      r.set("margin", p.margin);
+      r.set("heldout_reserved_over_ideal", p.heldout_reserved_over_ideal);
+      r.set("heldout_clip_fraction", p.heldout_clip_fraction);
+      r.set("heldout_per_request_clip_fraction", p.heldout_per_request_clip_fraction);
+      sweep.push_back(std::move(r));
+    }
+    v.set("sweep", std::move(sweep));
+    if (compare) {
+      auto arr = json::value::array();
+      for (auto const& [alpha, cr] : static_rows) {
+        auto r = json::value::object();
+        r.set("estimator", "musigma");
+        r.set("alpha", alpha);
+        r.set("heldout_reserved_over_ideal", number_or_null(cr.heldout_reserved_over_ideal));
+        r.set("heldout_clip_fraction", number_or_null(cr.heldout_clip_fraction));
+        arr.push_back(std::move(r));
+      }
+      v.set("static_comparison", std::move(arr));
+    }
+    io.out << json::dump(v, -1) << "\n";
+    return 0;
+  }
+
+  auto& s = io.out;
+  s << "calibrate " << in.source << " (elastic reservation)\n"
+    << "  model " << samples.model << ", scorer " << samples.scorer << ", " << rep.num_samples
+    << " samples, " << rep.num_heads << " profiled heads, keep ratio " << samples.target_keep_ratio
+    << " (" << to_string(rep.basis) << "), protected " << samples.sink_tokens << " sink + "
+    << samples.window_tokens << " window\n"
+    << "  Hp " << rep.group_size << ", P " << rep.page_tokens << ", margin " << fixed(rep.margin, 4)
+    << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)") : std::string(" (fixed)"))
+    << "\n\n";
+  auto row = [&](char const* label, std::string const& value) {
+    s << "  " << std::left << std::setw(44) << label << value << "\n";
+  };
+  row("scorer total error, mean / max |.|",
+      cat(percent(rep.total_error_mean, 3), " / ", percent(rep.total_error_max, 3)));
+  row("reserved / mean dynamic (pages)", fixed(rep.reserved_over_ideal, 3));
+  row("clipped tokens, in sample", percent(rep.insample_clip_fraction, 3));
+  row("group padding: plan groups / per request",
+      cat(percent(rep.group_padding, 2), " / ", percent(rep.per_request_padding, 2)));
+  if (ev.folds > 0) {
+    std::string per_fold;
+    for (std::size_t f = 0; f < rep.fold_clip_fractions.size(); ++f)
+      per_fold += (f ? ", " : "") + percent(rep.fold_clip_fractions[f], 3) + " at margin " +
+                  fixed(rep.fold_margins[f], 3);
+    row("clipped tokens, held out",
+        cat(percent(rep.heldout_clip_fraction, 3), "  (", ev.folds,
+            (ev.group_by_context ? " folds by context length: " : " folds: "), per_fold, ")"));
+    row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
+    row("clipped, held out, per-request groups", percent(rep.heldout_per_request_clip_fraction, 3));
+    s << "\n  margin sweep (held out):\n  " << std::left << std::setw(10) << "margin" << std::right
+      << std::setw(16) << "reserved/ideal" << std::setw(16) << "clip" << std::setw(26)
+      << "clip, per-request groups\n";
+    for (auto const& p : rep.sweep)
+      s << "  " << std::left << std::setw(10) << fixed(p.margin, 2) << std::right << std::setw(16)
+        << fixed(p.heldout_reserved_over_ideal, 3) << std::setw(16)
+        << percent(p.heldout_clip_fraction, 3) << std::setw(25)
+        << percent(p.heldout_per_request_clip_fraction, 3) << "\n";
+    if (compare) {
+      s << "\n  static musigma on the same folds (tokens, no page rounding):\n  " << std::left
+        << std::setw(10) << "alpha" << std::right << std::setw(16) << "reserved/ideal"
+        << std::setw(16) << "clip\n";
+      for (auto const& [alpha, cr] : static_rows)
+        s << "  " << std::left << std::setw(10) << fixed(alpha, 1) << std::right << std::setw(16)
+          << fixed(cr.heldout_reserved_over_ideal, 3) << std::setw(15)
+          << percent(cr.heldout_clip_fraction, 3) << "\n";
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_calibrate(args& a, streams io) {
+  auto reservation = a.choice("--reservation", "static", {"static", "elastic"});
   auto cal = read_calibration_args(a);
   evaluation_options ev;
   ev.folds            = static_cast<std::int32_t>(a.integer("--folds", 2, 0, 100000));
   ev.band             = a.number("--band", 0.05, 0, 1);
   ev.group_by_context = a.flag("--group-by-context");
+  if (reservation == "elastic") return elastic_calibrate(a, io, cal, ev);
   auto out            = a.value("--out");
   bool as_json        = a.flag("--json");
   bool compare        = a.flag("--compare");
