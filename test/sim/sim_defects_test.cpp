@@ -151,6 +151,23 @@ TEST_CASE("a timeline cap outside [2, 1000000] is refused", "[regression][replay
   }
 }
 
+// Same class as defect 1: the admission allowance (headroom x resident sessions) was unbounded
+// and its product could overflow.
+TEST_CASE("the replay bounds the continuation headroom", "[regression][replay]") {
+  workload w;
+  w.sessions.push_back({0.0, {{10, 2, 0.0}}});
+  counting_policy p(1);
+  cost_model cost(model_preset("llama-3.1-8b"), gpu_spec{});
+  replay_options o;
+  o.continuation_headroom_tokens = INT64_MAX;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(replay(w, p, cost, o),
+                                  invalid_argument,
+                                  "replay.continuation_headroom_tokens",
+                                  "2147483647], got 9223372036854775807");
+  o.continuation_headroom_tokens = 2147483647;  // the largest allowed still runs
+  CHECK(replay(w, p, cost, o).generated_tokens == 2);
+}
+
 // Defect 4: the baseline sized its page table as sequences x layers x ceil(max_tokens / P), so
 // one long session in a trace asked for gigabytes however small the pool.
 TEST_CASE("the unified-paging baseline's tables are bounded by the pool, not max_tokens",

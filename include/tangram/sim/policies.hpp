@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tangram/detail/checked_math.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/unified_paging.hpp"
@@ -139,10 +140,12 @@ class tangram_policy final : public live_accounting_policy {
                   std::int64_t headroom_tokens) override {
     auto& id = ids_[static_cast<std::size_t>(s)];
     if (headroom_tokens > 0) {
-      std::int64_t headroom = static_cast<std::int64_t>(manager_.num_groups()) *
-                              ceil_div(headroom_tokens, plan_.geometry.page_tokens);
-      if (manager_.admission_pages(prompt, max_new) + headroom > manager_.pool().available_pages())
-        return false;
+      // Checked: an overflowing allowance cannot fit any pool.
+      auto headroom = detail::mul_checked<std::int64_t>(
+          manager_.num_groups(), ceil_div(headroom_tokens, plan_.geometry.page_tokens));
+      auto need = headroom ? detail::add_checked(manager_.admission_pages(prompt, max_new), *headroom)
+                           : std::nullopt;
+      if (!need || *need > manager_.pool().available_pages()) return false;
     }
     if (id) return manager_.continue_turn(*id, prompt, max_new);
     id = manager_.try_admit(prompt, max_new);

@@ -236,8 +236,11 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
                   "replay.max_running: must be >= 1, got ", options.max_running);
   TANGRAM_EXPECTS(options.concurrency >= 0, invalid_argument,
                   "replay.concurrency: must be >= 0, got ", options.concurrency);
-  TANGRAM_EXPECTS(options.continuation_headroom_tokens >= 0, invalid_argument,
-                  "replay.continuation_headroom_tokens: must be >= 0, got ",
+  // Bounded so that headroom x resident sessions (<= 10^6) cannot overflow.
+  TANGRAM_EXPECTS(options.continuation_headroom_tokens >= 0 &&
+                      options.continuation_headroom_tokens <= workload_limits::max_session_tokens,
+                  invalid_argument, "replay.continuation_headroom_tokens: must be in [0, ",
+                  workload_limits::max_session_tokens, "], got ",
                   options.continuation_headroom_tokens);
   TANGRAM_EXPECTS(options.timeline_points >= 2 && options.timeline_points <= 1000000,
                   invalid_argument, "replay.timeline_points: must be in [2, 1000000], got ",
