@@ -19,6 +19,7 @@ namespace {
 
 namespace json = tangram::detail::json;
 using tangram::detail::cat;
+using tangram::detail::printable;
 
 constexpr int histogram_bins = 10;
 
@@ -172,7 +173,7 @@ int cmd_inspect(args& a, streams io) {
   TANGRAM_EXPECTS(
       fmt == "tangram-static-plan/v1",
       tangram::invalid_argument,
-      in.source,
+      printable(in.source),
       ": expected a tangram-static-plan/v1 file (from `tangram plan --out`), got format ",
       tangram::detail::quoted(fmt));
   auto p = parse_static_plan(in.text, in.source);
@@ -226,13 +227,13 @@ int cmd_inspect(args& a, streams io) {
 
   auto& s       = io.out;
   auto const& m = p.model;
-  s << "plan " << in.source << "\n"
-    << "  model " << m.name << ": " << m.num_layers << " layers, " << m.num_query_heads
+  s << "plan " << printable(in.source) << "\n"
+    << "  model " << printable(m.name) << ": " << m.num_layers << " layers, " << m.num_query_heads
     << " query / " << m.num_kv_heads << " KV heads, head_dim " << m.head_dim << ", "
     << to_string(m.kv_dtype) << "\n"
     << "  tensor parallel: rank " << p.options.tp_rank << " of " << p.options.tp_size
     << ", KV heads " << p.first_kv_head << ".." << p.first_kv_head + H - 1 << "\n"
-    << "  profile: scorer " << p.profile.scorer << ", "
+    << "  profile: scorer " << printable(p.profile.scorer) << ", "
     << to_string(p.profile.calibration.estimator) << ", protected " << p.profile.sink_tokens
     << " + " << p.profile.window_tokens << " tokens\n\n"
     << "  layer kinds:";
@@ -277,7 +278,7 @@ int cmd_inspect(args& a, streams io) {
     for (std::int32_t k = 0; k < H; ++k) s << std::setw(5) << v.share(l, k);
     s << "\n";
   }
-  if (svg) s << "\nwrote " << *svg << "\n";
+  if (svg) s << "\nwrote " << printable(*svg) << "\n";
   return 0;
 }
 

@@ -19,6 +19,7 @@ namespace {
 
 namespace json = tangram::detail::json;
 using tangram::detail::cat;
+using tangram::detail::printable;
 
 constexpr grouping_scope all_scopes[] = {
     grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global};
@@ -49,7 +50,7 @@ int cmd_plan(args& a, streams io) {
       parse_split_weighting(a.choice("--weighting", "batch_share", {"budget", "batch_share"}));
   if (auto refs = a.integers("--reference-contexts",
                              1,
-                             profile_limits::max_context_tokens,
+                             plan_file_limits::max_reference_context,
                              split_limits::max_reference_contexts);
       !refs.empty())
     o.split.reference_contexts = std::move(refs);
@@ -74,7 +75,15 @@ int cmd_plan(args& a, streams io) {
 
   auto src   = read_samples_or_profile(pos[0], cal);
   auto model = resolve_model(model_o, src.profile.model);
-  auto plan  = build_static_plan(model, src.profile, o);
+  if (out) {
+    // Before the work: a plan that could not be read back is refused now, not after planning.
+    try {
+      check_plan_file_size(model, src.profile, o);
+    } catch (tangram::invalid_argument const& e) {
+      throw usage_error(cat("--out: ", e.what(), " (--tp-size, --group-size)"));
+    }
+  }
+  auto plan = build_static_plan(model, src.profile, o);
   if (out) save_static_plan(plan, *out);
 
   double waste = group_waste(plan.grouping, plan.rules);
@@ -140,8 +149,8 @@ int cmd_plan(args& a, streams io) {
   }
 
   auto& s = io.out;
-  s << "plan " << src.source << "\n"
-    << "  model " << model.name << ": " << describe_layers(model) << ", " << model.num_kv_heads
+  s << "plan " << printable(src.source) << "\n"
+    << "  model " << printable(model.name) << ": " << describe_layers(model) << ", " << model.num_kv_heads
     << " KV heads";
   if (o.tp_size > 1)
     s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads " << plan.first_kv_head << ".."
@@ -152,9 +161,9 @@ int cmd_plan(args& a, streams io) {
       << to_string(cal.options.estimator) << ", "
       << (cal.options.estimator == budget_estimator::musigma ? cat("alpha ", cal.options.alpha)
                                                              : cat("q ", cal.options.quantile))
-      << ", floor " << cal.options.floor << "), scorer " << src.profile.scorer << "\n";
+      << ", floor " << cal.options.floor << "), scorer " << printable(src.profile.scorer) << "\n";
   else
-    s << "  budgets from profile (scorer " << src.profile.scorer << ")\n";
+    s << "  budgets from profile (scorer " << printable(src.profile.scorer) << ")\n";
   s << "  page: " << o.page_tokens << " tokens x " << o.group_size << " heads x " << model.head_dim
     << " x " << to_string(model.kv_dtype) << " (K and V) = " << plan.page_bytes() << " bytes\n"
     << "  groups: " << plan.num_groups() << " (" << per_kind[0] << " compressed, " << per_kind[1]
@@ -182,7 +191,7 @@ int cmd_plan(args& a, streams io) {
   line("equal split (FlashInfer)", imb.equal_split);
   line("greedy LPT, per step", imb.greedy);
   line("greedy LPT x4, per step", imb.greedy_fine);
-  if (out) s << "\nwrote " << *out << "\n";
+  if (out) s << "\nwrote " << printable(*out) << "\n";
   return 0;
 }
 

@@ -110,17 +110,22 @@ int run(std::vector<std::string> const& argv, streams io) {
         return 0;
       }
     }
+    // Messages may carry names from files and the command line: escape_controls keeps them one
+    // line and free of terminal control sequences.
     try {
       args a(std::move(rest));
       return c.fn(a, io);
     } catch (tangram::invalid_argument const& e) {
-      io.err << "tangram " << c.name << ": error: " << e.what() << "\n";
+      io.err << "tangram " << c.name << ": error: " << tangram::detail::escape_controls(e.what())
+             << "\n";
       return 2;
     } catch (tangram::logic_error const& e) {
-      io.err << "tangram " << c.name << ": error: " << e.what() << "\n";
+      io.err << "tangram " << c.name << ": error: " << tangram::detail::escape_controls(e.what())
+             << "\n";
       return 1;
     } catch (std::exception const& e) {
-      io.err << "tangram " << c.name << ": error: " << e.what() << "\n";
+      io.err << "tangram " << c.name << ": error: " << tangram::detail::escape_controls(e.what())
+             << "\n";
       return 1;
     }
   }

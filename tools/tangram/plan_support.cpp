@@ -9,6 +9,7 @@
 namespace tangram::cli {
 
 using tangram::detail::cat;
+using tangram::detail::printable;
 using tangram::detail::quoted;
 
 calibration_args read_calibration_args(args& a) {
@@ -56,7 +57,7 @@ retention_samples read_samples(input_text const& in) {
   std::string fmt = format_of(in);
   TANGRAM_EXPECTS(fmt == "retention-samples/v1",
                   tangram::invalid_argument,
-                  in.source,
+                  printable(in.source),
                   ": expected a retention-samples/v1 file, got format ",
                   quoted(fmt));
   return parse_retention_samples(in.text, in.source);
@@ -75,12 +76,12 @@ budget_source read_samples_or_profile(std::string const& name_or_path,
     if (cal.given)
       throw usage_error(cat(*cal.given,
                             ": calibration options apply to retention samples; ",
-                            in.source,
+                            printable(in.source),
                             " is already a budget profile"));
     out.profile = parse_budget_profile(in.text, in.source);
   } else {
     TANGRAM_FAIL(tangram::invalid_argument,
-                 in.source,
+                 printable(in.source),
                  ": expected retention-samples/v1 or tangram-budget-profile/v1, got format ",
                  quoted(fmt));
   }
@@ -118,23 +119,24 @@ std::string fixed(double v, int decimals) {
 
 std::string xml_escape(std::string_view text) {
   std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  for (std::size_t i = 0; i < text.size();) {
+    std::uint32_t cp = 0;
+    std::size_t len  = tangram::detail::utf8_sequence(text, i, cp);
+    if (len == 0) {
+      out += "\xef\xbf\xbd";  // U+FFFD: an SVG must be valid UTF-8 to be read at all
+      ++i;
+      continue;
     }
+    switch (cp) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default:
+        if (!tangram::detail::is_control(cp) && cp != 0xfffe && cp != 0xffff)  // not XML characters
+          out.append(text.substr(i, len));
+    }
+    i += len;
   }
   return out;
 }

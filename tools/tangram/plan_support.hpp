@@ -47,7 +47,8 @@ model_spec resolve_model(std::optional<std::string> const& option, std::string c
 
 /// Fixed-point text: fixed(1.23456, 3) == "1.235".
 std::string fixed(double v, int decimals);
-/// Text escaped for XML content and attributes (& < > "); control characters are dropped.
+/// Text escaped for XML content and attributes (& < > "); control characters are dropped and
+/// bytes that are not valid UTF-8 become U+FFFD.
 std::string xml_escape(std::string_view text);
 /// Percent text: percent(0.00293, 3) == "0.293%".
 std::string percent(double fraction, int decimals);

@@ -79,9 +79,13 @@ inline std::size_t utf8_sequence(std::string_view s, std::size_t i, std::uint32_
 inline bool is_control(std::uint32_t cp) { return cp < 0x20 || (cp >= 0x7f && cp < 0xa0); }
 
 /// Appends `text` with every byte a terminal could act on written as `\xNN` (C0 and C1 controls,
-/// DEL, bytes that are not valid UTF-8), backslashes doubled and, when `quote`, double quotes
-/// escaped; valid UTF-8 text passes unchanged. Stops after `max_chars` characters with "...".
-inline void append_escaped(std::string& out, std::string_view text, std::size_t max_chars, bool quote) {
+/// DEL, bytes that are not valid UTF-8), backslashes doubled when `backslash` and double quotes
+/// escaped when `quote`; other valid UTF-8 text passes unchanged. Stops after `max_chars` characters with "...".
+inline void append_escaped(std::string& out,
+                           std::string_view text,
+                           std::size_t max_chars,
+                           bool quote,
+                           bool backslash = true) {
   static constexpr char hex[] = "0123456789abcdef";
   auto byte                   = [&](unsigned char u) {
     out += "\\x";
@@ -102,7 +106,7 @@ inline void append_escaped(std::string& out, std::string_view text, std::size_t 
       for (std::size_t k = 0; k < len; ++k) byte(static_cast<unsigned char>(text[i + k]));
       i += len;
     } else {
-      if (text[i] == '\\' || (quote && text[i] == '"')) out += '\\';
+      if ((backslash && text[i] == '\\') || (quote && text[i] == '"')) out += '\\';
       out.append(text.substr(i, len));
       i += len;
     }
@@ -123,6 +127,14 @@ inline std::string quoted(std::string_view text, std::size_t max_chars = 80) {
 inline std::string printable(std::string_view text, std::size_t max_chars = 4096) {
   std::string out;
   append_escaped(out, text, max_chars, false);
+  return out;
+}
+
+/// A whole message for the terminal (its quoted parts already escaped): only control characters
+/// and invalid bytes are escaped, so the message stays one line and drives no terminal.
+inline std::string escape_controls(std::string_view text) {
+  std::string out;
+  append_escaped(out, text, std::string_view::npos, false, false);
   return out;
 }
 

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -32,6 +33,16 @@
 #include "tangram/profile/budget_profile.hpp"
 
 namespace tangram {
+
+/// @brief Bounds of a plan file, shared by the writer and the reader, so that every plan written
+/// can be read back.
+struct plan_file_limits {
+  /// Largest plan file: `to_json` / `save_static_plan` refuse to produce more, `parse_static_plan`
+  /// / `load_static_plan` refuse to read more.
+  static constexpr std::size_t max_bytes = std::size_t{64} << 20;
+  /// Largest value of `options.reference_contexts` (tokens).
+  static constexpr std::int64_t max_reference_context = std::int64_t{1} << 24;
+};
 
 namespace detail {
 
@@ -251,7 +262,88 @@ inline std::int32_t expect_derived(json::node const& n,
   return static_cast<std::int32_t>(v);
 }
 
+inline std::uint64_t decimal_digits(std::uint64_t x) {
+  std::uint64_t n = 1;
+  while (x >= 10) {
+    x /= 10;
+    ++n;
+  }
+  return n;
+}
+
+/// Bytes of `text` once nested one level deeper in a pretty-printed document (2 more spaces on
+/// every line after the first).
+inline std::uint64_t nested_bytes(std::string const& text) {
+  std::uint64_t lines = 0;
+  for (char c : text) lines += c == '\n';
+  return text.size() + 2 * lines;
+}
+
 }  // namespace detail
+
+/**
+ * @brief An upper bound of the bytes `to_json` writes for the plan of (model, profile, options),
+ * computed without building the plan: the model and the profile exactly, every other number at
+ * its widest (a double in 24 characters, an integer in the digits of its largest possible value).
+ * @throw invalid_argument when the model, the profile or the options are invalid.
+ */
+inline std::uint64_t plan_json_bound(model_spec const& model,
+                                     budget_profile const& profile,
+                                     plan_options const& o) {
+  using detail::decimal_digits;
+  model.validate();
+  o.validate();
+  TANGRAM_EXPECTS(model.num_kv_heads % o.tp_size == 0,
+                  invalid_argument,
+                  "plan_options.tp_size: must divide the model's ",
+                  model.num_kv_heads,
+                  " KV heads, got ",
+                  o.tp_size);
+  std::uint64_t L  = static_cast<std::uint64_t>(model.num_layers);
+  std::uint64_t H  = static_cast<std::uint64_t>(model.num_kv_heads / o.tp_size);
+  std::uint64_t Hp = static_cast<std::uint64_t>(o.group_size);
+  std::uint64_t G  = (L * H + Hp - 1) / Hp;
+  std::uint64_t N  = static_cast<std::uint64_t>(o.split.limits.sm_count) *
+                    static_cast<std::uint64_t>(o.split.limits.ctas_per_sm);
+  constexpr std::uint64_t number = 24 + 2;  // widest shortest double, and ", "
+  std::uint64_t bytes = 4096;                // top level, options' names and small values
+  bytes += detail::nested_bytes(detail::json::dump(detail::model_to_json(model)));
+  bytes += detail::nested_bytes(to_json(profile));
+  for (auto n : o.split.reference_contexts)
+    bytes += decimal_digits(static_cast<std::uint64_t>(std::max<std::int64_t>(n, 0))) + 2;
+  bytes += L * (128 + H * number);  // rules: one object per layer, a budget per head
+  // groups: one object per group (kind, budget, protect, window), one [layer, head] per member
+  bytes += G * 192 + G * Hp * (16 + decimal_digits(L) + decimal_digits(H));
+  bytes += L * (32 + H * (decimal_digits(G) + decimal_digits(Hp) + 4));  // slots
+  bytes += L * (32 + (H + 1) * (decimal_digits(N) + 2) + H * number);     // splits
+  return bytes;
+}
+
+/**
+ * @brief Refuses, before any planning work, a plan whose file could exceed
+ * `plan_file_limits::max_bytes` (see `plan_json_bound`).
+ * @throw invalid_argument naming the limit, the bound and the shape that drives it.
+ */
+inline void check_plan_file_size(model_spec const& model,
+                                 budget_profile const& profile,
+                                 plan_options const& o) {
+  std::uint64_t bound = plan_json_bound(model, profile, o);
+  TANGRAM_EXPECTS(bound <= plan_file_limits::max_bytes,
+                  invalid_argument,
+                  "static_plan: the plan file of ",
+                  detail::quoted(model.name),
+                  " (",
+                  model.num_layers,
+                  " layers x ",
+                  model.num_kv_heads / o.tp_size,
+                  " KV heads per rank, group size ",
+                  o.group_size,
+                  ") can take up to ",
+                  bound,
+                  " bytes, more than the plan file limit of ",
+                  plan_file_limits::max_bytes,
+                  " bytes; use a larger tensor-parallel size or group size");
+}
 
 /**
  * @brief Parses and validates `tangram-static-plan/v1` JSON text.
@@ -262,7 +354,9 @@ inline std::int32_t expect_derived(json::node const& n,
 inline static_plan parse_static_plan(std::string_view text, std::string_view source) {
   using detail::cat;
   namespace json = detail::json;
-  auto doc_value = json::parse(text, source);
+  json::parse_limits limits;
+  limits.max_bytes = plan_file_limits::max_bytes;  // what the writer may produce
+  auto doc_value   = json::parse(text, source, limits);
   json::node doc(doc_value, source);
   doc.expect(json::kind::object);
   detail::expect_format(doc, "tangram-static-plan/v1");
@@ -298,7 +392,7 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
     p.options.split.reference_contexts.clear();
     for (std::size_t i = 0; i < n; ++i)
       p.options.split.reference_contexts.push_back(
-          refs[i].as_int(1, profile_limits::max_context_tokens));
+          refs[i].as_int(1, plan_file_limits::max_reference_context));
     p.options.split.reference_batch_size =
         detail::as_i32(o["reference_batch_size"], 1, split_limits::max_batch_size);
     p.options.split.reference_batches =
@@ -513,17 +607,26 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
 /**
  * @brief Serialises a static plan as `tangram-static-plan/v1` JSON, after validating it as a
  * load would.
- * @throw invalid_argument when the plan is inconsistent (message names the field).
+ * @throw invalid_argument when the plan is inconsistent (message names the field) or its text
+ *        exceeds `plan_file_limits::max_bytes` (message names the limit).
  */
 inline std::string to_json(static_plan const& p) {
   std::string text = detail::json::dump(detail::plan_to_json_value(p));
+  TANGRAM_EXPECTS(text.size() <= plan_file_limits::max_bytes,
+                  invalid_argument,
+                  "static_plan: the plan file would be ",
+                  text.size(),
+                  " bytes, more than the plan file limit of ",
+                  plan_file_limits::max_bytes,
+                  " bytes");
   (void)parse_static_plan(text, "static_plan");
   return text;
 }
 
-/// @brief Reads and validates a plan file. @throw parse_error / invalid_argument naming the path.
+/// @brief Reads and validates a plan file; a file over `plan_file_limits::max_bytes` is refused
+/// naming the limit. @throw parse_error / invalid_argument naming the path.
 inline static_plan load_static_plan(std::string const& path) {
-  return parse_static_plan(detail::read_file(path), path);
+  return parse_static_plan(detail::read_file(path, plan_file_limits::max_bytes), path);
 }
 
 /// @brief Validates and writes a plan file (atomically). @throw invalid_argument naming the path.
