@@ -32,10 +32,13 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "tangram/detail/checked_math.hpp"
+#include "tangram/detail/str.hpp"
 #include "tangram/error.hpp"
 #include "tangram/memory/kv_view.hpp"
 #include "tangram/memory/memory_resource.hpp"
@@ -47,6 +50,12 @@
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {
+
+namespace detail {
+/// Defined only by tests that corrupt a manager on purpose to show that `check_invariants`
+/// catches it; the library never defines it.
+struct kv_cache_manager_test_access;
+}  // namespace detail
 
 /// @brief Handle of a sequence: its stable slot plus a generation that detects stale handles.
 struct sequence_id {
@@ -91,11 +100,13 @@ struct manager_options {
   std::int64_t max_view_changes =
       0;  ///< journal entries before a full resync; 0: 4 * max_batch + 1024
 
+  /// Field ranges only; the manager's constructor also checks the sizes derived from the plan
+  /// (pages from pool_bytes, FlashInfer's 32-bit virtual page ids).
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
-    TANGRAM_EXPECTS(num_pages >= 0,
+    TANGRAM_EXPECTS(num_pages >= 0 && num_pages <= page_pool<>::max_pages,
                     invalid_argument,
-                    "manager_options.num_pages: must be >= 0, got ",
+                    "manager_options.num_pages: must be in [0, 2^31 - 1] (page ids are 32-bit), got ",
                     num_pages);
     TANGRAM_EXPECTS(pool_bytes >= 0,
                     invalid_argument,
@@ -116,10 +127,11 @@ struct manager_options {
         invalid_argument,
         "manager_options.index_capacity: must be in [0, 2^31 - 1], got ",
         index_capacity);
-    TANGRAM_EXPECTS(max_view_changes >= 0,
-                    invalid_argument,
-                    "manager_options.max_view_changes: must be >= 0, got ",
-                    max_view_changes);
+    TANGRAM_EXPECTS(
+        max_view_changes >= 0 && max_view_changes <= std::numeric_limits<std::int32_t>::max(),
+        invalid_argument,
+        "manager_options.max_view_changes: must be in [0, 2^31 - 1], got ",
+        max_view_changes);
   }
 };
 
@@ -350,24 +362,14 @@ class basic_kv_cache_manager {
    * tokens and T decode tokens) in one step and gives it a slot.
    * @return the new sequence, or nullopt ("does not fit": no free slot, not enough unreserved
    *         pages, or no room in the page-id arena); nothing changes then.
-   * @throw invalid_argument when N < 1, T < 0 or N + T exceeds 2^31 - 1 (names the value).
+   * @throw invalid_argument when N < 1, T < 0, or N + T exceeds 2^31 - 1 or overflows int64
+   *        (names the values); nothing changes then. A size no sequence may have is bad input;
+   *        only a request the pool, the slots or the page-id arena cannot hold now "does not fit".
    */
   [[nodiscard]] std::optional<sequence_id> try_admit(std::int64_t prompt_tokens,
                                                      std::int64_t max_new_tokens) {
-    TANGRAM_EXPECTS(prompt_tokens >= 1,
-                    invalid_argument,
-                    "try_admit.prompt_tokens: must be >= 1, got ",
-                    prompt_tokens);
-    TANGRAM_EXPECTS(max_new_tokens >= 0,
-                    invalid_argument,
-                    "try_admit.max_new_tokens: must be >= 0, got ",
-                    max_new_tokens);
-    TANGRAM_EXPECTS(prompt_tokens + max_new_tokens <= max_tokens,
-                    invalid_argument,
-                    "try_admit: prompt_tokens + max_new_tokens = ",
-                    prompt_tokens + max_new_tokens,
-                    " exceeds ",
-                    max_tokens);
+    // Validate and size everything before the first change (strong guarantee).
+    check_turn_sizes("try_admit", 0, prompt_tokens, max_new_tokens);
     std::int64_t total = 0;
     for (std::int32_t g = 0; g < G_; ++g) {
       scratch_[static_cast<std::size_t>(g)] =
@@ -378,11 +380,13 @@ class basic_kv_cache_manager {
       ++stats_.rejected;
       return std::nullopt;
     }
-    std::int32_t s = free_slots_.back();
-    free_slots_.pop_back();
-    auto& st           = slot(s);
-    st.reservation     = std::move(*pool_.try_reserve(total));
+    // Both succeed (checked just above); the slot is taken last, when nothing can fail.
+    auto reservation   = pool_.try_reserve(total);
     std::int64_t begin = *segments_.allocate(total);
+    std::int32_t s     = free_slots_.back();
+    free_slots_.pop_back();
+    auto& st       = slot(s);
+    st.reservation = std::move(*reservation);
     st.seg_begin       = begin;
     st.seg_size        = total;
     for (std::int32_t g = 0; g < G_; ++g) {
@@ -485,10 +489,24 @@ class basic_kv_cache_manager {
    * @brief Expected kept count of every head after the prepared-or-next chunk of `chunk_tokens`:
    * `min(retained_tokens(rule, n + c), held + c)` for compressed heads, n + c for uncompressed,
    * `min(n + c, W)` for sliding ones. Writes `L * H` values to `out` ([layer * H + head]).
-   * @throw logic_error for an unknown sequence.
+   * @throw logic_error for an unknown sequence or a chunk longer than the prompt tokens left;
+   *        invalid_argument when chunk_tokens < 0. `out` is unchanged then.
    */
   void expected_kept(sequence_id seq, std::int64_t chunk_tokens, std::int32_t* out) const {
     std::int32_t s = check(seq, "expected_kept");
+    TANGRAM_EXPECTS(chunk_tokens >= 0,
+                    invalid_argument,
+                    "expected_kept.chunk_tokens: must be >= 0, got ",
+                    chunk_tokens);
+    // Bounds n + c by the turn's admitted size (<= 2^31 - 1), so the counts fit in int32.
+    TANGRAM_EXPECTS(chunk_tokens <= slot(s).prompt_remaining,
+                    logic_error,
+                    "expected_kept: chunk_tokens ",
+                    chunk_tokens,
+                    " exceeds the ",
+                    slot(s).prompt_remaining,
+                    " prompt tokens left in the turn of slot ",
+                    s);
     std::int64_t n = seq_tokens_[static_cast<std::size_t>(s)] + chunk_tokens;
     for (std::int32_t h = 0; h < L_ * H_; ++h)
       out[h] = static_cast<std::int32_t>(expected_for(s, h, n, chunk_tokens));
@@ -614,8 +632,15 @@ class basic_kv_cache_manager {
 
   /// Requests in the current batch.
   [[nodiscard]] std::int32_t batch_size() const noexcept { return batch_size_; }
-  /// The sequence of request r of the current batch.
+  /// The sequence of request r of the current batch (it may have been freed since `set_batch`).
+  /// @throw invalid_argument when r is not in [0, batch_size()).
   [[nodiscard]] sequence_id batch_sequence(std::int32_t r) const {
+    TANGRAM_EXPECTS(r >= 0 && r < batch_size_,
+                    invalid_argument,
+                    "batch_sequence.r: must be in [0, ",
+                    batch_size_,
+                    "), got ",
+                    r);
     return {batch_slots_[static_cast<std::size_t>(r)], batch_gen_[static_cast<std::size_t>(r)]};
   }
 
@@ -628,17 +653,10 @@ class basic_kv_cache_manager {
    *        phase, or already appended its T reserved tokens this turn.
    */
   void decode_step() {
+    check_batch_live("decode_step");
     for (std::int32_t r = 0; r < batch_size_; ++r) {
       std::int32_t s = batch_slots_[static_cast<std::size_t>(r)];
       auto const& st = slots_[static_cast<std::size_t>(s)];
-      TANGRAM_EXPECTS(st.phase != sequence_phase::free &&
-                          st.generation == batch_gen_[static_cast<std::size_t>(r)],
-                      logic_error,
-                      "decode_step: batch request ",
-                      r,
-                      " (slot ",
-                      s,
-                      ") is no longer a live sequence; call set_batch again");
       TANGRAM_EXPECTS(st.phase == sequence_phase::decode,
                       logic_error,
                       "decode_step: sequence in slot ",
@@ -699,8 +717,9 @@ class basic_kv_cache_manager {
    * @return false ("does not fit") when the pool or the page-id arena lacks room; nothing
    *         changes then (the arena may have been repacked, which moves no logical state).
    * @throw logic_error for an unknown sequence or one whose turn has not ended;
-   *        invalid_argument for N < 1, T < 0 or a total past 2^31 - 1; std::bad_alloc when the
-   *        pending-copy list cannot grow. Nothing changes when it throws.
+   *        invalid_argument for N < 1, T < 0 or n + N + T past 2^31 - 1 (also when the sum
+   *        overflows int64); std::bad_alloc when the pending-copy list cannot grow. Nothing
+   *        changes when it throws.
    */
   [[nodiscard]] bool continue_turn(sequence_id seq,
                                    std::int64_t prompt_tokens,
@@ -714,21 +733,8 @@ class basic_kv_cache_manager {
                     " is in phase ",
                     to_string(st.phase),
                     "; call end_turn first");
-    TANGRAM_EXPECTS(prompt_tokens >= 1,
-                    invalid_argument,
-                    "continue_turn.prompt_tokens: must be >= 1, got ",
-                    prompt_tokens);
-    TANGRAM_EXPECTS(max_new_tokens >= 0,
-                    invalid_argument,
-                    "continue_turn.max_new_tokens: must be >= 0, got ",
-                    max_new_tokens);
     std::int64_t n = seq_tokens_[static_cast<std::size_t>(s)];
-    TANGRAM_EXPECTS(n + prompt_tokens + max_new_tokens <= max_tokens,
-                    invalid_argument,
-                    "continue_turn: seq_tokens + prompt_tokens + max_new_tokens = ",
-                    n + prompt_tokens + max_new_tokens,
-                    " exceeds ",
-                    max_tokens);
+    check_turn_sizes("continue_turn", n, prompt_tokens, max_new_tokens);
     std::int64_t total = 0, seg = 0, copies = 0;
     bool relocate = false;
     for (std::int32_t g = 0; g < G_; ++g) {
@@ -813,12 +819,14 @@ class basic_kv_cache_manager {
       return std::nullopt;
     }
     reserve_copies(copies);  // the only allocation: before any change (strong guarantee)
-    std::int32_t c = free_slots_.back();
+    // Both succeed (checked above); the slot is taken last, when nothing can fail.
+    auto reservation   = pool_.try_reserve(total);
+    std::int64_t begin = *segments_.allocate(seg);
+    std::int32_t c     = free_slots_.back();
     free_slots_.pop_back();
     auto& cs           = slot(c);
     auto const& p2     = slot(s);
-    cs.reservation     = std::move(*pool_.try_reserve(total));
-    std::int64_t begin = *segments_.allocate(seg);
+    cs.reservation     = std::move(*reservation);
     cs.seg_begin       = begin;
     cs.seg_size        = seg;
     for (std::int32_t g = 0; g < G_; ++g) {
@@ -926,10 +934,13 @@ class basic_kv_cache_manager {
   // ===== views ==================================================================================
 
   /**
-   * @brief The batch view over the manager's host arrays and the pool arena. O(1).
-   * Valid until the next mutating call.
+   * @brief The batch view over the manager's host arrays and the pool arena. O(batch): checks
+   * that every batch member is still live. Valid until the next mutating call. Allocation-free.
+   * @throw logic_error naming the request, slot and generation when a batch member was freed (or
+   *        its slot reused) since `set_batch`: the view would show freed or foreign pages.
    */
-  [[nodiscard]] kv_cache_view view() const noexcept {
+  [[nodiscard]] kv_cache_view view() const {
+    check_batch_live("view");
     kv_cache_view v;
     v.pool             = pool_.base();
     v.geometry         = plan_.geometry;
@@ -985,7 +996,10 @@ class basic_kv_cache_manager {
   /**
    * @brief Exports layer `layer` of the current batch as FlashInfer paged-KV CSR (see
    * `flashinfer_paged_kv`). O(pages of the batch in that layer); `out`'s vectors are reused.
-   * @throw invalid_argument when layer is out of range.
+   * @throw invalid_argument when layer is out of range, or when the layer lists more than
+   *        2^31 - 1 page ids (FlashInfer's int32 indptr); logic_error naming the request, slot and
+   *        generation when a batch member was freed (or its slot reused) since `set_batch`.
+   *        `out` is unchanged when it throws (std::bad_alloc from growing `out` aside).
    */
   void export_flashinfer_layer(std::int32_t layer, flashinfer_paged_kv& out) const {
     TANGRAM_EXPECTS(layer >= 0 && layer < L_,
@@ -994,49 +1008,52 @@ class basic_kv_cache_manager {
                     L_ - 1,
                     "], got ",
                     layer);
-    auto v   = view();
+    check_batch_live("export_flashinfer_layer");
+    auto v = view();
+    // Count first: indptr is int32, and `out` stays as it was when the batch is too large.
+    std::int64_t total = 0;
+    for (std::int32_t r = 0; r < batch_size_; ++r)
+      for (std::int32_t h = 0; h < H_; ++h) total += flashinfer_span(v, r, layer, h).pages;
+    TANGRAM_EXPECTS(total <= std::numeric_limits<std::int32_t>::max(),
+                    invalid_argument,
+                    "export_flashinfer_layer: layer ",
+                    layer,
+                    " of this batch lists ",
+                    total,
+                    " page ids, more than FlashInfer's int32 indptr holds (2^31 - 1); export a "
+                    "smaller batch");
     auto Hp  = plan_.geometry.group_size;
     auto req = static_cast<std::size_t>(batch_size_) * static_cast<std::size_t>(H_);
     out.indptr.assign(req + 1, 0);
     out.last_page_len.assign(req, 0);
     out.first_page_skip.assign(req, 0);
     out.indices.clear();
+    out.indices.reserve(static_cast<std::size_t>(total));
     out.page_size            = P_;
     out.page_stride_elements = static_cast<std::int64_t>(P_) * plan_.geometry.head_dim;
     out.v_offset_elements    = static_cast<std::int64_t>(Hp) * out.page_stride_elements;
     for (std::int32_t r = 0; r < batch_size_; ++r) {
       std::int32_t s = batch_slots_[static_cast<std::size_t>(r)];
       for (std::int32_t h = 0; h < H_; ++h) {
-        auto j = static_cast<std::size_t>(r) * static_cast<std::size_t>(H_) +
+        auto j    = static_cast<std::size_t>(r) * static_cast<std::size_t>(H_) +
                  static_cast<std::size_t>(h);
         auto hs   = v.slot_of(layer, h);
-        auto len  = v.head_len(r, layer, h);
+        auto span = flashinfer_span(v, r, layer, h);
+        // Fits int32: page < num_pages and num_pages * 2 * Hp <= 2^31 - 1 (checked when built).
         auto virt = [&](std::int64_t pos) {
           return static_cast<std::int32_t>(
               static_cast<std::int64_t>(entry(s, hs.group, pos)) * 2 * Hp + hs.column);
         };
-        if (len > 0) {
-          if (group_window_[static_cast<std::size_t>(hs.group)] == 0) {
-            std::int64_t np = ceil_div(len, P_);
-            for (std::int64_t p = 0; p < np; ++p) out.indices.push_back(virt(p));
-            out.last_page_len[j] = static_cast<std::int32_t>(len - (np - 1) * P_);
+        if (span.pages > 0) {
+          if (span.ring_pages_used == 0) {
+            for (std::int64_t p = 0; p < span.pages; ++p) out.indices.push_back(virt(p));
           } else {
-            std::int64_t ring =
-                static_cast<std::int64_t>(group_ring_pages_[static_cast<std::size_t>(hs.group)]) *
-                P_;
-            std::int64_t start = (seq_tokens_[static_cast<std::size_t>(s)] - len) % ring;
-            std::int64_t skip  = start % P_;
-            std::int64_t total = skip + len;  // tokens listed, starting at the page of `start`
-            std::int64_t np    = ceil_div(total, P_);
-            std::int64_t first = start / P_,
-                         ring_pages_used = ceil_div(
-                             std::min<std::int64_t>(seq_tokens_[static_cast<std::size_t>(s)], ring),
-                             P_);
-            for (std::int64_t p = 0; p < np; ++p)
-              out.indices.push_back(virt((first + p) % ring_pages_used));
-            out.first_page_skip[j] = static_cast<std::int32_t>(skip);
-            out.last_page_len[j]   = static_cast<std::int32_t>(total - (np - 1) * P_);
+            for (std::int64_t p = 0; p < span.pages; ++p)
+              out.indices.push_back(virt((span.first + p) % span.ring_pages_used));
           }
+          out.first_page_skip[j] = static_cast<std::int32_t>(span.skip);
+          out.last_page_len[j] =
+              static_cast<std::int32_t>(span.skip + span.len - (span.pages - 1) * P_);
         }
         out.indptr[j + 1] = static_cast<std::int32_t>(out.indices.size());
       }
@@ -1125,6 +1142,7 @@ class basic_kv_cache_manager {
    */
   void check_invariants() const {
     pool_.check_invariants();
+    check_slot_invariants();
     std::vector<std::uint32_t> owners(static_cast<std::size_t>(pool_.capacity()), 0);
     std::int64_t reserved = 0;
     std::vector<std::pair<std::int64_t, std::int64_t>> segs;
@@ -1237,6 +1255,8 @@ class basic_kv_cache_manager {
   }
 
  private:
+  friend struct detail::kv_cache_manager_test_access;
+
   static constexpr std::int64_t max_tokens = std::numeric_limits<std::int32_t>::max();
 
   struct slot_state {
@@ -1251,6 +1271,40 @@ class basic_kv_cache_manager {
     bool may_share                = false;  ///< forked (parent or child): pages may be shared
     page_reservation reservation;
   };
+
+  /// Slot bookkeeping: the free list holds every free slot exactly once and no live one, so free
+  /// list + live slots == max_sequences (a slot on no list is leaked forever).
+  void check_slot_invariants() const {
+    std::vector<char> listed(static_cast<std::size_t>(S_), 0);
+    for (auto s : free_slots_) {
+      TANGRAM_EXPECTS(
+          s >= 0 && s < S_, logic_error, "the free list holds slot ", s, ", out of range [0, ", S_, ")");
+      TANGRAM_EXPECTS(!listed[static_cast<std::size_t>(s)],
+                      logic_error,
+                      "slot ",
+                      s,
+                      " is on the free list twice");
+      listed[static_cast<std::size_t>(s)] = 1;
+      TANGRAM_EXPECTS(slot(s).phase == sequence_phase::free,
+                      logic_error,
+                      "slot ",
+                      s,
+                      " is on the free list but holds a sequence in phase ",
+                      to_string(slot(s).phase));
+    }
+    for (std::int32_t s = 0; s < S_; ++s)
+      TANGRAM_EXPECTS(slot(s).phase != sequence_phase::free || listed[static_cast<std::size_t>(s)],
+                      logic_error,
+                      "slot ",
+                      s,
+                      " is free but not on the free list (leaked: it can never be admitted again)");
+    for (std::int32_t s = 0; s < S_; ++s)
+      TANGRAM_EXPECTS(!batch_mark_[static_cast<std::size_t>(s)],
+                      logic_error,
+                      "slot ",
+                      s,
+                      ": set_batch left its duplicate mark set");
+  }
 
   static static_plan const& checked_plan(static_plan const& plan) {
     plan.geometry.validate();
@@ -1272,7 +1326,32 @@ class basic_kv_cache_manager {
   }
   static manager_options checked_options(manager_options o, static_plan const& plan) {
     o.validate();
-    if (o.num_pages == 0) o.num_pages = o.pool_bytes / plan.geometry.page_bytes();
+    bool from_bytes = o.num_pages == 0;
+    if (from_bytes) o.num_pages = o.pool_bytes / plan.geometry.page_bytes();
+    TANGRAM_EXPECTS(o.num_pages <= pool_type::max_pages,
+                    invalid_argument,
+                    "manager_options.pool_bytes: ",
+                    o.pool_bytes,
+                    " bytes make ",
+                    o.num_pages,
+                    " pages of ",
+                    plan.geometry.page_bytes(),
+                    " bytes, more than a pool holds (2^31 - 1)");
+    // export_flashinfer_layer lists virtual page ids `page * 2 * Hp + column` as int32: refuse a
+    // pool whose ids would wrap (num_pages <= 2^31 - 1 and Hp <= 1024, so no int64 overflow).
+    auto Hp = static_cast<std::int64_t>(plan.geometry.group_size);
+    TANGRAM_EXPECTS(o.num_pages * 2 * Hp <= std::numeric_limits<std::int32_t>::max(),
+                    invalid_argument,
+                    from_bytes ? "manager_options.pool_bytes " : "manager_options.num_pages ",
+                    from_bytes ? o.pool_bytes : o.num_pages,
+                    ": ",
+                    o.num_pages,
+                    " pages x 2 x geometry.group_size ",
+                    Hp,
+                    " = ",
+                    o.num_pages * 2 * Hp,
+                    " FlashInfer virtual page ids exceed 2^31 - 1; use fewer pages or a smaller "
+                    "group_size");
     TANGRAM_EXPECTS(o.num_pages >= 1,
                     invalid_argument,
                     "manager_options: the pool needs at least one page of ",
@@ -1283,6 +1362,7 @@ class basic_kv_cache_manager {
                     o.pool_bytes,
                     ")");
     if (o.max_batch == 0) o.max_batch = o.max_sequences;
+    // Bounded: num_pages <= 2^31 - 1, slots <= 2^20, groups <= 2^20 (layers and heads <= 1024).
     if (o.index_capacity == 0)
       o.index_capacity =
           std::min<std::int64_t>(2 * o.num_pages + 4 * static_cast<std::int64_t>(o.max_sequences) *
@@ -1358,6 +1438,93 @@ class basic_kv_cache_manager {
                     H_,
                     ")");
   }
+  /// Every member of the current batch is still the sequence `set_batch` listed.
+  void check_batch_live(char const* op) const {
+    for (std::int32_t r = 0; r < batch_size_; ++r) {
+      std::int32_t s = batch_slots_[static_cast<std::size_t>(r)];
+      auto const& st = slots_[static_cast<std::size_t>(s)];
+      auto gen       = batch_gen_[static_cast<std::size_t>(r)];
+      TANGRAM_EXPECTS(st.phase != sequence_phase::free && st.generation == gen,
+                      logic_error,
+                      op,
+                      ": batch request ",
+                      r,
+                      " (slot ",
+                      s,
+                      ", generation ",
+                      gen,
+                      ") is no longer a live sequence (",
+                      st.phase == sequence_phase::free ? "freed" : "its slot holds a newer sequence",
+                      "); call set_batch again");
+    }
+  }
+
+  /// N >= 1, T >= 0 and n + N + T <= 2^31 - 1 for a turn that starts after n tokens, computed
+  /// without overflow (`N + T <= limit` with huge N or T used to wrap negative and pass).
+  static void check_turn_sizes(char const* op,
+                               std::int64_t n,
+                               std::int64_t prompt_tokens,
+                               std::int64_t max_new_tokens) {
+    TANGRAM_EXPECTS(prompt_tokens >= 1,
+                    invalid_argument,
+                    op,
+                    ".prompt_tokens: must be >= 1, got ",
+                    prompt_tokens);
+    TANGRAM_EXPECTS(max_new_tokens >= 0,
+                    invalid_argument,
+                    op,
+                    ".max_new_tokens: must be >= 0, got ",
+                    max_new_tokens);
+    auto turn  = detail::add_checked(prompt_tokens, max_new_tokens);
+    auto total = turn ? detail::add_checked(n, *turn) : std::nullopt;
+    TANGRAM_EXPECTS(total.has_value(),
+                    invalid_argument,
+                    op,
+                    n > 0 ? ": seq_tokens " : ": ",
+                    n > 0 ? detail::cat(n, " + ") : std::string(),
+                    "prompt_tokens + max_new_tokens overflows: ",
+                    prompt_tokens,
+                    " + ",
+                    max_new_tokens);
+    TANGRAM_EXPECTS(*total <= max_tokens,
+                    invalid_argument,
+                    op,
+                    n > 0 ? ": seq_tokens + prompt_tokens + max_new_tokens = "
+                          : ": prompt_tokens + max_new_tokens = ",
+                    *total,
+                    " exceeds ",
+                    max_tokens);
+  }
+
+  /// What the FlashInfer export lists for head (layer, h) of request r: `pages` entries starting
+  /// at list position `first` (mod `ring_pages_used` for a sliding ring, 0 for growing heads),
+  /// the first `skip` tokens masked, `len` tokens held.
+  struct fi_span {
+    std::int64_t len = 0, pages = 0, first = 0, skip = 0, ring_pages_used = 0;
+  };
+  [[nodiscard]] fi_span flashinfer_span(kv_cache_view const& v,
+                                        std::int32_t r,
+                                        std::int32_t layer,
+                                        std::int32_t h) const noexcept {
+    fi_span sp;
+    std::int32_t s = batch_slots_[static_cast<std::size_t>(r)];
+    auto g         = v.slot_of(layer, h).group;
+    sp.len         = v.head_len(r, layer, h);
+    if (sp.len <= 0) return sp;
+    if (group_window_[static_cast<std::size_t>(g)] == 0) {
+      sp.pages = ceil_div(sp.len, P_);
+      return sp;
+    }
+    std::int64_t n     = seq_tokens_[static_cast<std::size_t>(s)];
+    std::int64_t ring  = static_cast<std::int64_t>(group_ring_pages_[static_cast<std::size_t>(g)]) * P_;
+    std::int64_t start = (n - sp.len) % ring;
+    sp.skip            = start % P_;
+    sp.pages           = ceil_div(sp.skip + sp.len, P_);  // from the page of `start`
+    sp.first           = start / P_;
+    sp.ring_pages_used = ceil_div(std::min<std::int64_t>(n, ring), P_);
+    return sp;
+  }
+
   void check_group(std::int32_t g, char const* op) const {
     TANGRAM_EXPECTS(
         g >= 0 && g < G_, invalid_argument, op, ": group ", g, " out of range [0, ", G_, ")");

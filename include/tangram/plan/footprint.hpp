@@ -7,51 +7,86 @@
  * `ceil((k_group(n) + t) / P)` pages, k_group the rule of its largest member; a sliding-window
  * group holds `ceil(min(n + t, W) / P)` pages (its ring never grows beyond `ceil(W / P)`).
  * Budgets are static, so the footprint is known exactly before the request runs.
+ *
+ * Sizes come from callers (requests, workloads), so every function checks them: context and
+ * decode must be >= 0 with `context + decode <= max_footprint_tokens`, and sums and products that
+ * would overflow int64 throw `invalid_argument` naming the operands instead of wrapping.
  */
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "tangram/detail/checked_math.hpp"
+#include "tangram/error.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {
+
+/// Largest `context + decode` a footprint is computed for: 2^53. Far beyond any manager (2^31 - 1
+/// tokens per sequence), and small enough that `ceil(budget * n)` converts back from double
+/// without overflow and per-group page counts cannot overflow.
+inline constexpr std::int64_t max_footprint_tokens = std::int64_t{1} << 53;
 
 /// Ring pages of a sliding-window group: ceil(W / P).
 inline std::int64_t ring_pages(head_rule const& rule, std::int32_t page_tokens) {
   return ceil_div(rule.window, page_tokens);
 }
 
-/// Pages one group needs after `context` tokens of history and `decode` uncompressed tokens.
+namespace detail {
+/// Checks the sizes of a footprint and returns `context + decode`.
+inline std::int64_t footprint_tokens(std::int64_t context, std::int64_t decode,
+                                     std::int32_t page_tokens) {
+  TANGRAM_EXPECTS(context >= 0, invalid_argument, "footprint.context: must be >= 0, got ", context);
+  TANGRAM_EXPECTS(decode >= 0, invalid_argument, "footprint.decode: must be >= 0, got ", decode);
+  TANGRAM_EXPECTS(page_tokens >= 1, invalid_argument,
+                  "footprint.page_tokens: must be >= 1, got ", page_tokens);
+  std::int64_t n = add_or_throw(context, decode, "footprint: context + decode");
+  TANGRAM_EXPECTS(n <= max_footprint_tokens, invalid_argument, "footprint: context + decode = ", n,
+                  " exceeds ", max_footprint_tokens, " (2^53)");
+  return n;
+}
+}  // namespace detail
+
+/**
+ * @brief Pages one group needs after `context` tokens of history and `decode` uncompressed tokens.
+ * @throw invalid_argument when context < 0, decode < 0, page_tokens < 1, or context + decode
+ *        overflows or exceeds `max_footprint_tokens` (names the values).
+ */
 inline std::int64_t group_pages(head_rule const& group_rule, std::int64_t context, std::int64_t decode,
                                 std::int32_t page_tokens) {
-  if (group_rule.kind == layer_kind::sliding_window) {
-    std::int64_t n = context + decode;
+  std::int64_t n = detail::footprint_tokens(context, decode, page_tokens);
+  if (group_rule.kind == layer_kind::sliding_window)
     return ceil_div(n < group_rule.window ? n : group_rule.window, page_tokens);
-  }
+  // retained_tokens(rule, context) <= context, so the sum stays <= n.
   return ceil_div(retained_tokens(group_rule, context) + decode, page_tokens);
 }
 
-/// Pages a request needs in every group: `out[g]` for group g.
+/// Pages a request needs in every group: `out[g]` for group g. @throw as `group_pages`; `out` is
+/// unchanged then.
 inline void footprint_pages(static_plan const& plan, std::int64_t context, std::int64_t decode,
                             std::vector<std::int64_t>& out) {
+  (void)detail::footprint_tokens(context, decode, plan.geometry.page_tokens);  // before `out` changes
   out.resize(plan.grouping.groups.size());
   for (std::size_t g = 0; g < out.size(); ++g)
     out[g] = group_pages(plan.grouping.groups[g].rule, context, decode, plan.geometry.page_tokens);
 }
 
-/// Total pages of a request: sum over groups.
+/// Total pages of a request: sum over groups. @throw as `group_pages`, or when the sum overflows.
 inline std::int64_t footprint_pages(static_plan const& plan, std::int64_t context, std::int64_t decode) {
   std::int64_t total = 0;
   for (auto const& g : plan.grouping.groups)
-    total += group_pages(g.rule, context, decode, plan.geometry.page_tokens);
+    total = detail::add_or_throw(total, group_pages(g.rule, context, decode, plan.geometry.page_tokens),
+                                 "footprint_pages: sum over groups");
   return total;
 }
 
-/// M(r) in bytes: footprint pages times page bytes.
+/// M(r) in bytes: footprint pages times page bytes. @throw as `footprint_pages`, or when the
+/// product overflows.
 inline std::int64_t footprint_bytes(static_plan const& plan, std::int64_t context, std::int64_t decode) {
-  return footprint_pages(plan, context, decode) * plan.page_bytes();
+  return detail::mul_or_throw(footprint_pages(plan, context, decode), plan.page_bytes(),
+                              "footprint_bytes: pages x page_bytes");
 }
 
 }  // namespace tangram
