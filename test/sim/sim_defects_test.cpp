@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -166,6 +167,22 @@ TEST_CASE("the replay bounds the continuation headroom", "[regression][replay]")
                                   "2147483647], got 9223372036854775807");
   o.continuation_headroom_tokens = 2147483647;  // the largest allowed still runs
   CHECK(replay(w, p, cost, o).generated_tokens == 2);
+}
+
+// Defect 8, in the library: the policies cast kv_bytes / page_bytes to an integer unchecked (UB
+// for huge or non-finite values), and the pool then reported its own field.
+TEST_CASE("policies refuse a KV budget outside what a pool can hold, naming kv_bytes",
+          "[regression][simulate]") {
+  auto plan = test::tiny_plan(test::tiny_budgets());
+  for (double kv : {1e300, std::nan(""), 10.0}) {
+    INFO(kv);
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(tangram_policy(plan, kv, 2, 2), invalid_argument, "kv_bytes: ");
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(unified_policy(plan, unified_mode::full_kv, kv, 2, 2, 64),
+                                    invalid_argument,
+                                    "kv_bytes: ");
+  }
+  CHECK(pool_pages(1e6, 512) == 1953);
+  CHECK(pool_pages(512, 512) == 1);
 }
 
 // Defect 4: the baseline sized its page table as sequences x layers x ceil(max_tokens / P), so

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -32,6 +33,20 @@ namespace tangram::sim {
 /// Bytes of K and V one token of one head takes.
 inline double head_token_bytes(static_plan const& plan) {
   return static_cast<double>(2 * plan.geometry.head_dim * plan.geometry.element_bytes());
+}
+
+/**
+ * @brief Pages of `page_bytes` bytes that `kv_bytes` of KV memory holds (rounded down).
+ * @throw invalid_argument naming kv_bytes when it is not finite or the pages are not in
+ *        [1, page_pool max_pages] (page ids are 32-bit).
+ */
+inline std::int64_t pool_pages(double kv_bytes, std::int64_t page_bytes) {
+  constexpr auto most = page_pool<>::max_pages;
+  double pages        = std::floor(kv_bytes / static_cast<double>(page_bytes));
+  TANGRAM_EXPECTS(std::isfinite(kv_bytes) && pages >= 1 && pages <= static_cast<double>(most),
+                  invalid_argument, "kv_bytes: ", kv_bytes, " bytes hold ", pages, " pages of ",
+                  page_bytes, " bytes; a pool needs between 1 and ", most);
+  return static_cast<std::int64_t>(pages);
 }
 
 /**
@@ -204,7 +219,7 @@ class tangram_policy final : public live_accounting_policy {
  private:
   static manager_options options(static_plan const& plan, double kv_bytes, std::int32_t max_sessions) {
     manager_options o;
-    o.num_pages     = static_cast<std::int64_t>(kv_bytes / static_cast<double>(plan.page_bytes()));
+    o.num_pages     = pool_pages(kv_bytes, plan.page_bytes());
     o.max_sequences = max_sessions;
     return o;
   }
@@ -300,8 +315,7 @@ class unified_policy final : public live_accounting_policy {
 
  private:
   static std::int64_t pages_for(static_plan const& plan, double kv_bytes) {
-    auto page = static_cast<double>(unified_paging_baseline<>::layer_geometry(plan).page_bytes());
-    return static_cast<std::int64_t>(kv_bytes / page);
+    return pool_pages(kv_bytes, unified_paging_baseline<>::layer_geometry(plan).page_bytes());
   }
   [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
     std::int32_t slot = slots_[static_cast<std::size_t>(s)];
