@@ -22,7 +22,9 @@
  * - compressed pages R(n) = min(G_c ceil(n / P), max(G_c ceil(min(n, protect) / P),
  *                                               ceil(ceil((1 + m) K(n)) / (Hp P))))
  *   (a page holds Hp P head-tokens; the lower clamp is what every group's protected tokens need,
- *   the upper one what holding every token needs);
+ *   the upper one what holding every token needs). (1 + m) K is the IEEE double product, rounded
+ *   up by ceil_budget_tokens like every budget: a margin that is not a binary fraction can add
+ *   one token (1.1 x 1536000 is 1689600.0000000002 in double, so 1689601);
  * - decode: every group appends T tokens after its page-granular length: G_c ceil(T / P) pages;
  * - the request's footprint: R(n) + G_c ceil(T / P) + sum over the other groups (sliding,
  *   uncompressed) of their static pages (plan/footprint.hpp).
@@ -90,8 +92,9 @@ struct scorer_total {
   }
 
   /// kbar(n): one head's share of the total (file comment); in [min(n, protect), n].
-  /// @throw invalid_argument when n < 0.
+  /// @throw invalid_argument for bad fields or n < 0.
   [[nodiscard]] std::int64_t per_head(std::int64_t n) const {
+    validate();
     TANGRAM_EXPECTS(n >= 0, invalid_argument, "context_tokens: must be >= 0, got ", n);
     std::int64_t p = std::min(n, protect);
     if (basis == keep_ratio_basis::all_tokens) return std::max(p, ceil_budget_tokens(keep_ratio, n));

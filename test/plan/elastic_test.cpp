@@ -1,0 +1,512 @@
+// SPDX-License-Identifier: Apache-2.0
+// Elastic reservation: hand-worked footprints, the placement against exhaustive search (counts
+// and individual tokens), the bundled profiles' figures, bad input, and `tangram calibrate
+// --reservation elastic`.
+#include "tangram/plan/elastic.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/model/presets.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using tangram::test::bundled_profiles;
+using tangram::test::data_path;
+namespace json = tangram::detail::json;
+
+namespace {
+
+retention_samples load(std::string const& rel) { return load_retention_samples(data_path("profiles/" + rel)); }
+
+evaluation_options by_prompt() {
+  evaluation_options e;
+  e.group_by_context = true;
+  return e;
+}
+
+/// Best wanted-token count over every group length in [lo, hi] pages with at most `budget` pages,
+/// by exhaustive enumeration (independent of the greedy).
+std::int64_t brute_force_best(std::vector<std::int64_t> const& needs, std::vector<std::int32_t> const& members,
+                              int hp, int P, std::int64_t lo, std::int64_t hi, std::int64_t budget) {
+  std::size_t G = members.size() / static_cast<std::size_t>(hp);
+  std::vector<std::int64_t> p(G, lo);
+  std::int64_t best = -1;
+  std::function<void(std::size_t, std::int64_t)> rec = [&](std::size_t g, std::int64_t used) {
+    if (used > budget) return;
+    if (g == G) {
+      std::int64_t w = 0;
+      for (std::size_t k = 0; k < G; ++k)
+        for (int c = 0; c < hp; ++c)
+          w += std::min(needs[static_cast<std::size_t>(members[k * hp + c])], p[k] * P);
+      best = std::max(best, w);
+      return;
+    }
+    for (std::int64_t x = lo; x <= hi; ++x) {
+      p[g] = x;
+      rec(g + 1, used + x);
+    }
+  };
+  rec(0, 0);
+  return best;
+}
+
+struct cli_result {
+  int code;
+  std::string out, err;
+};
+
+cli_result run(std::vector<std::string> argv) {
+  std::ostringstream out, err;
+  int code = cli::run(argv, {out, err});
+  return {code, out.str(), err.str()};
+}
+
+double num(json::value const& v, char const* key) {
+  auto const* m = v.find(key);
+  REQUIRE(m != nullptr);
+  REQUIRE(m->type() == json::kind::number);
+  return m->number();
+}
+
+}  // namespace
+
+TEST_CASE("elastic: scorer total and reserved pages, hand-worked", "[plan][elastic]") {
+  // Llama-3.1-8B shape: 256 heads, Hp 4 -> 64 groups; rho 0.3, protect 32 + 4096 = 4128; P 16.
+  scorer_total t{0.3, 4128, keep_ratio_basis::all_tokens};
+  CHECK(t.per_head(20000) == 6000);  // max(4128, ceil(0.3 * 20000))
+  CHECK(t.per_head(10000) == 4128);  // ceil(3000) < protect: the protected floor
+  CHECK(t.per_head(100) == 100);     // everything is protected
+  CHECK(t.per_head(0) == 0);
+  CHECK(t.tokens(256, 20000) == 1536000);
+  scorer_total c{0.3, 4128, keep_ratio_basis::compressible_tokens};
+  CHECK(c.per_head(20000) == 4128 + 4762);  // protect + ceil(0.3 * 15872 = 4761.6)
+  CHECK(c.per_head(100) == 100);
+  // R = min(64 ceil(n / P), max(64 ceil(min(n, protect) / P), ceil(ceil(1.125 K) / 64))):
+  // 1.125 * 1536000 = 1728000 -> 27000 pages; floor 64 * 258 = 16512; cap 64 * 1250 = 80000.
+  CHECK(elastic_compressed_pages(t, 256, 4, 16, 0.125, 20000) == 27000);
+  CHECK(elastic_compressed_pages(t, 256, 4, 16, 0.0, 20000) == 24000);
+  // 1.1 is not a binary fraction: 1.1 * 1536000 is 1689600.0000000002 in double, so 1689601
+  // tokens and one page more than 1689600 / 64 = 26400 (rounding up, never down).
+  CHECK(elastic_compressed_pages(t, 256, 4, 16, 0.1, 20000) == 26401);
+  // Protected floor binds: protect 17, n 40, 8 heads in 2 groups: K = 8 * 17 = 136 -> 3 pages, but
+  // each group needs ceil(17 / 16) = 2 pages for its protected tokens.
+  CHECK(elastic_compressed_pages({0.3, 17}, 8, 4, 16, 0.0, 40) == 4);
+  // Cap binds: rho 1, margin 0.5, n 16, 4 heads in 2 groups of 2: 1.5 * 64 = 96 -> 3 pages, but
+  // a group never holds more than ceil(16 / 16) = 1 page.
+  CHECK(elastic_compressed_pages({1.0, 0}, 4, 2, 16, 0.5, 16) == 2);
+
+  // Whole footprint under the Llama plan: 27000 + 64 groups * ceil(100 / 16) = 448 decode pages.
+  auto s    = load("snapkv/llama-3.1-8b-instruct.json");
+  auto plan = build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), {});
+  REQUIRE(plan.num_groups() == 64);
+  CHECK(elastic_footprint_pages(plan, 0.125, 20000, 100) == 27000 + 448);
+  CHECK(elastic_footprint_pages(plan, 0.125, 20000, 0) == 27000);
+  // Elastic reserves less than the static footprint of the same plan at this length.
+  CHECK(elastic_footprint_pages(plan, 0.15, 20000, 100) < footprint_pages(plan, 20000, 100));
+}
+
+TEST_CASE("elastic: footprint of a hybrid plan keeps the static pages of sliding groups",
+          "[plan][elastic]") {
+  auto s    = load_retention_samples(data_path("derived/gemma-3-12b-it.derived.json"));
+  auto plan = build_static_plan(model_preset("gemma-3-12b"), calibrate(s), {});
+  std::int64_t n = 30000, T = 40, sliding = 0, compressed_groups = 0;
+  for (auto const& g : plan.grouping.groups) {
+    if (g.rule.kind == layer_kind::compressed)
+      ++compressed_groups;
+    else
+      sliding += group_pages(g.rule, n, T, plan.geometry.page_tokens);
+  }
+  REQUIRE(compressed_groups > 0);
+  REQUIRE(sliding > 0);
+  auto t = scorer_of(s);
+  auto R = elastic_compressed_pages(t, compressed_groups * 4, 4, 16, 0.15, n);
+  CHECK(elastic_footprint_pages(plan, 0.15, n, T) == sliding + R + compressed_groups * 3);
+}
+
+TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[plan][elastic]") {
+  std::mt19937_64 rng(12);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  int checked = 0, clipped_cases = 0, padded_cases = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    int hp = static_cast<int>(pick(1, 3)), G = static_cast<int>(pick(1, 4)), P = static_cast<int>(pick(1, 4));
+    std::int64_t cand = pick(0, 12), protect = pick(0, 6);
+    std::vector<std::int64_t> needs(static_cast<std::size_t>(hp * G));
+    for (auto& x : needs) x = pick(std::min(cand, protect), cand);
+    std::vector<std::int32_t> members(needs.size());
+    std::iota(members.begin(), members.end(), 0);
+    std::shuffle(members.begin(), members.end(), rng);
+    std::int64_t lo = ceil_div(std::min(cand, protect), P), hi = ceil_div(cand, P) + 1;
+    std::int64_t budget = pick(0, G * hi);
+    reference::elastic_selection_input in{&needs, &members, hp, P, cand, protect, budget};
+    auto sel = reference::select_group_lengths(in);
+    std::int64_t wanted = std::accumulate(needs.begin(), needs.end(), std::int64_t{0});
+    CHECK(sel.wanted_total == wanted);
+    if (G * lo > budget) {
+      CHECK_FALSE(sel.fits);
+      CHECK(sel.group_pages.empty());
+      continue;
+    }
+    REQUIRE(sel.fits);
+    CHECK(sel.pages_used <= budget);
+    CHECK(sel.pages_used == std::accumulate(sel.group_pages.begin(), sel.group_pages.end(), std::int64_t{0}));
+    std::int64_t kept = 0, padding = 0;
+    for (int g = 0; g < G; ++g) {
+      auto p = sel.group_pages[static_cast<std::size_t>(g)];
+      CHECK(p >= lo);
+      CHECK(p <= ceil_div(cand, P) + (lo > ceil_div(cand, P) ? lo : 0));
+      for (int c = 0; c < hp; ++c) {
+        auto need = needs[static_cast<std::size_t>(members[static_cast<std::size_t>(g * hp + c)])];
+        kept += std::min(need, p * P);
+        padding += std::min(p * P, cand) - std::min(need, p * P);
+      }
+    }
+    CHECK(sel.wanted_kept == kept);
+    CHECK(sel.padding_kept == padding);
+    CHECK(sel.wanted_kept == brute_force_best(needs, members, hp, P, lo, hi, budget));
+    ++checked;
+    clipped_cases += sel.wanted_clipped() > 0;
+    padded_cases += sel.padding_kept > 0;
+  }
+  // The cases exercise both a binding reservation and padding.
+  CHECK(checked > 2000);
+  CHECK(clipped_cases > 500);
+  CHECK(padded_cases > 500);
+}
+
+TEST_CASE("elastic placement keeps the wanted tokens of a global top-k, token by token",
+          "[plan][elastic]") {
+  // Heads score their tokens; protected tokens (the first `sink` and the last `window`) are always
+  // kept; the scorer wants the global top-K. A head whose group is L tokens long keeps its best
+  // min(L, n) tokens. Count the wanted tokens kept, token by token, for every allocation.
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> score(0.0, 1.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    int hp = 2, G = 3, P = 2, H = hp * G;
+    std::int64_t n = 9, sink = 1, window = 2, protect = sink + window;
+    std::vector<std::vector<double>> sc(static_cast<std::size_t>(H), std::vector<double>(static_cast<std::size_t>(n)));
+    std::vector<std::pair<double, std::pair<int, int>>> all;
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < n; ++i) {
+        bool prot = i < sink || i >= n - window;
+        double v  = prot ? 2.0 + score(rng) : score(rng);
+        sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(i)] = v;
+        all.push_back({v, {h, i}});
+      }
+    std::int64_t K = H * protect + std::uniform_int_distribution<std::int64_t>(0, H * (n - protect))(rng);
+    std::sort(all.rbegin(), all.rend());
+    std::vector<std::vector<bool>> wanted(static_cast<std::size_t>(H), std::vector<bool>(static_cast<std::size_t>(n)));
+    std::vector<std::int64_t> needs(static_cast<std::size_t>(H), 0);
+    for (std::int64_t k = 0; k < K; ++k) {
+      auto [h, i] = all[static_cast<std::size_t>(k)].second;
+      wanted[static_cast<std::size_t>(h)][static_cast<std::size_t>(i)] = true;
+      ++needs[static_cast<std::size_t>(h)];
+    }
+    std::vector<std::int32_t> members(static_cast<std::size_t>(H));
+    std::iota(members.begin(), members.end(), 0);
+    std::shuffle(members.begin(), members.end(), rng);
+    // Wanted tokens kept when head h keeps its top-L tokens by score.
+    auto kept_wanted = [&](int h, std::int64_t L) {
+      std::vector<int> idx(static_cast<std::size_t>(n));
+      std::iota(idx.begin(), idx.end(), 0);
+      std::sort(idx.begin(), idx.end(), [&](int a, int b) {
+        return sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(a)] > sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(b)];
+      });
+      std::int64_t w = 0;
+      for (std::int64_t j = 0; j < std::min(L, n); ++j) w += wanted[static_cast<std::size_t>(h)][static_cast<std::size_t>(idx[static_cast<std::size_t>(j)])];
+      return w;
+    };
+    std::int64_t lo = ceil_div(protect, P), hi = ceil_div(n, P);
+    std::int64_t budget = std::uniform_int_distribution<std::int64_t>(G * lo, G * hi)(rng);
+    std::int64_t best = 0;
+    for (std::int64_t a = lo; a <= hi; ++a)
+      for (std::int64_t b = lo; b <= hi; ++b)
+        for (std::int64_t c = lo; c <= hi; ++c) {
+          if (a + b + c > budget) continue;
+          std::int64_t p[3] = {a, b, c}, w = 0;
+          for (int g = 0; g < G; ++g)
+            for (int col = 0; col < hp; ++col) w += kept_wanted(members[static_cast<std::size_t>(g * hp + col)], p[g] * P);
+          best = std::max(best, w);
+        }
+    reference::elastic_selection_input in{&needs, &members, hp, P, n, protect, budget};
+    auto sel = reference::select_group_lengths(in);
+    REQUIRE(sel.fits);
+    std::int64_t w = 0;
+    for (int g = 0; g < G; ++g)
+      for (int col = 0; col < hp; ++col)
+        w += kept_wanted(members[static_cast<std::size_t>(g * hp + col)], sel.group_pages[static_cast<std::size_t>(g)] * P);
+    CHECK(w == sel.wanted_kept);
+    CHECK(w == best);
+  }
+}
+
+TEST_CASE("elastic: groups, zero-clip pages and required margins, hand-worked", "[plan][elastic]") {
+  retention_samples s;
+  s.model = "m";
+  s.scorer = "x";
+  s.target_keep_ratio = 0.5;
+  s.num_model_layers  = 1;
+  s.layer_ids         = {0};
+  s.num_kv_heads      = 4;
+  // n = 32, P 4, Hp 2: K = 4 heads * 16 = 64.
+  s.samples = {{32, {20, 12, 16, 16}}, {32, {10, 22, 18, 14}}};
+  // Mean ratios: head 0 15/32, 1 17/32, 2 17/32, 3 15/32 -> order 1, 2, 0, 3 (ties by index).
+  auto members = elastic_group_members(s, {0, 1});
+  CHECK(members == std::vector<std::int32_t>{1, 2, 0, 3});
+  // Sample 0: groups {1, 2} max 16 -> 4 pages, {0, 3} max 20 -> 5 pages: 9 pages of 8 = 72.
+  CHECK(zero_clip_pages(s.samples[0].kept, members, 2, 4) == 9);
+  elastic_options o;
+  o.group_size  = 2;
+  o.page_tokens = 4;
+  auto m = required_margins(s, {0, 1}, members, o);
+  // Sample 1: {1, 2} max 22 -> 6 pages, {0, 3} max 14 -> 4: 10 pages = 80 tokens.
+  REQUIRE(m.size() == 2);
+  CHECK(m[0] == Approx(72.0 / 64 - 1));
+  CHECK(m[1] == Approx(80.0 / 64 - 1));
+  // Calibrated: mean 0.1875 + 2 * sd 0.0625 = 0.3125; with alpha 0 the mean.
+  CHECK(calibrate_elastic_margin(s, {0, 1}, o) == Approx(0.3125));
+  o.margin_alpha = 0;
+  CHECK(calibrate_elastic_margin(s, {0, 1}, o) == Approx(0.1875));
+  o.margin = 0.05;
+  CHECK(calibrate_elastic_margin(s, {0, 1}, o) == 0.05);
+  // Per-request groups sort by the sample's own needs: sample 1 -> {1, 2}, {3, 0}: 6 + 4 pages.
+  CHECK(members_by_need(s.samples[1].kept) == std::vector<std::int32_t>{1, 2, 3, 0});
+}
+
+TEST_CASE("elastic: in-sample figures match an independent computation on a real profile",
+          "[plan][elastic]") {
+  auto s = load("keydiff/qwen3-4b-instruct-2507.json");
+  elastic_options o;
+  o.margin = 0.15;
+  evaluation_options e;
+  e.folds  = 0;
+  auto rep = evaluate_elastic(s, o, e);
+  // Independent: groups by mean ratio, R(n) = ceil(ceil(1.15 * H * ceil(0.3 n)) / 64) (neither
+  // clamp binds at these lengths), zero-clip pages by direct maxima.
+  std::size_t H = 36 * 8, S = s.samples.size();
+  std::vector<double> mean(H, 0);
+  for (auto const& smp : s.samples)
+    for (std::size_t h = 0; h < H; ++h) mean[h] += static_cast<double>(smp.kept[h]) / static_cast<double>(smp.context_tokens);
+  std::vector<std::size_t> order(H);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return mean[a] > mean[b]; });
+  double reserved = 0, kept = 0, zero = 0;
+  for (auto const& smp : s.samples) {
+    double n  = static_cast<double>(smp.context_tokens);
+    double K  = static_cast<double>(H) * std::ceil(0.3 * n);
+    double R  = std::ceil(std::ceil(1.15 * K) / 64.0);
+    reserved += R * 64 / n;
+    double sum = 0;
+    for (auto k : smp.kept) sum += static_cast<double>(k);
+    kept += sum / n;
+    double pages = 0;
+    for (std::size_t g = 0; g < H; g += 4) {
+      std::int64_t mx = 0;
+      for (std::size_t c = g; c < g + 4; ++c) mx = std::max(mx, smp.kept[order[c]]);
+      pages += std::ceil(static_cast<double>(mx) / 16.0);
+    }
+    zero += pages * 64 / n;
+  }
+  CHECK(rep.reserved_over_ideal == Approx(reserved / kept).epsilon(1e-12));
+  CHECK(rep.group_padding == Approx(zero / kept - 1).epsilon(1e-9));
+  CHECK(rep.mean_dynamic_fraction == Approx(kept / static_cast<double>(S * H)).epsilon(1e-12));
+  CHECK(rep.margin == 0.15);
+  CHECK_FALSE(rep.margin_calibrated);
+  // The scorer keeps a fixed total: K(n) predicts every sample's total within 1%.
+  CHECK(rep.total_error_max < 0.01);
+  CHECK(std::isnan(rep.heldout_clip_fraction));
+}
+
+TEST_CASE("elastic on the bundled profiles: held out by prompt, Hp 4, P 16", "[plan][elastic][real]") {
+  struct expected {
+    char const* profile;
+    double margin, roi, clip;  // calibrated margin (mean + 2 sd): held-out reserved / ideal, clip
+    double roi15, clip15;      // fixed margin 0.15
+  };
+  // `tangram calibrate <p> --reservation elastic --group-by-context --json` (docs/planning.md).
+  expected const table[] = {
+      {"ea/llama-3.1-8b-instruct.json", 0.1460, 1.0762, 0.006107, 1.1449, 0.00151},
+      {"ea/qwen3-4b-instruct-2507.json", 0.0626, 1.0522, 0.001065, 1.1458, 0.0},
+      {"fastkvzip/llama-3.1-8b-instruct.json", 0.1426, 1.1108, 0.003286, 1.1448, 0.00120},
+      {"fastkvzip/qwen3-4b-instruct-2507.json", 0.1375, 1.1054, 0.003405, 1.1454, 0.00040},
+      {"keydiff/llama-3.1-8b-instruct.json", 0.1477, 1.1156, 0.003907, 1.1442, 0.00190},
+      {"keydiff/qwen3-4b-instruct-2507.json", 0.1568, 1.1359, 0.001611, 1.1455, 0.00058},
+      {"snapkv/llama-3.1-8b-instruct.json", 0.1778, 1.1595, 0.000821, 1.1442, 0.00155},
+      {"snapkv/qwen3-4b-instruct-2507.json", 0.2050, 1.1842, 0.001412, 1.1453, 0.00385},
+  };
+  REQUIRE(std::size(table) == bundled_profiles().size());
+  for (auto const& x : table) {
+    INFO(x.profile);
+    auto s   = load(x.profile);
+    auto rep = evaluate_elastic(s, {}, by_prompt(), {0.0, 0.15});
+    CHECK(rep.margin == Approx(x.margin).margin(6e-5));
+    CHECK(rep.heldout_reserved_over_ideal == Approx(x.roi).margin(6e-5));
+    CHECK(rep.heldout_clip_fraction == Approx(x.clip).margin(6e-7));
+    REQUIRE(rep.sweep.size() == 2);
+    auto const& at15 = rep.sweep[1];
+    CHECK(at15.heldout_reserved_over_ideal == Approx(x.roi15).margin(6e-5));
+    CHECK(at15.heldout_clip_fraction == Approx(x.clip15).margin(6e-6));
+    // The goal at margin 0.15: at most 1.15x the mean need, at most 0.5% clipped held out.
+    CHECK(at15.heldout_reserved_over_ideal <= 1.15);
+    CHECK(at15.heldout_clip_fraction <= 0.005);
+    // Static mu + 2 sigma on the same folds reserves more (tokens, before page rounding: 1.15 on
+    // ea/qwen, 1.23-1.34 on the others) and clips more (0.56-1.88%).
+    auto st = evaluate_calibration(s, {}, by_prompt());
+    CHECK(st.heldout_reserved_over_ideal > at15.heldout_reserved_over_ideal);
+    CHECK(st.heldout_clip_fraction > 0.005);
+    CHECK(st.heldout_clip_fraction > at15.heldout_clip_fraction + 0.001);
+    // More margin never clips more (the placement is optimal, so clipping is monotone).
+    CHECK(rep.sweep[0].heldout_clip_fraction >= at15.heldout_clip_fraction);
+    // Per-request groups pad less than plan-time groups and clip nothing at 0.15.
+    CHECK(rep.per_request_padding < 0.02);
+    CHECK(rep.heldout_group_padding > 0.03);
+    CHECK(at15.heldout_per_request_clip_fraction == 0.0);
+  }
+}
+
+TEST_CASE("elastic: bad input is an error naming the field and the value", "[plan][elastic][errors]") {
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)scorer_total{0.0, 10}.tokens(4, 10)), invalid_argument,
+                                  "scorer_total.keep_ratio", "got 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)scorer_total{0.3, -1}.tokens(4, 10)), invalid_argument,
+                                  "scorer_total.protect", "-1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)scorer_total{}.per_head(-5), invalid_argument,
+                                  "context_tokens", "-5");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 3, 16, 0.1, 100),
+                                  invalid_argument, "group_size", "3", "8 compressed heads");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 4, 0, 0.1, 100),
+                                  invalid_argument, "page_tokens", "got 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 4, 16, -0.1, 100),
+                                  invalid_argument, "margin", "-0.1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 4, 16, std::nan(""), 100),
+                                  invalid_argument, "margin");
+  // Caller numbers that overflow are errors, never wrapped page counts.
+  std::int64_t big = std::int64_t{1} << 40;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)elastic_compressed_pages({1.0, 0}, big, 4, 16, 0.1, big)),
+                                  invalid_argument, "overflows");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      ((void)elastic_compressed_pages({1.0, 0}, std::int64_t{1} << 31, 4, 16, 10.0, std::int64_t{1} << 31)),
+      invalid_argument, "overflows");
+
+  std::vector<std::int64_t> needs{3, 4, 5, 6};
+  std::vector<std::int32_t> dup{0, 1, 1, 3}, out_of_range{0, 1, 2, 4}, short_members{0, 1};
+  reference::elastic_selection_input in{&needs, &dup, 2, 4, 8, 0, 10};
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
+                                  "members[2]", "head 1 appears twice");
+  in.members = &out_of_range;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
+                                  "members[3]", "head 4 out of range");
+  in.members = &short_members;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
+                                  "members", "expected 4", "got 2");
+  std::vector<std::int32_t> ok{0, 1, 2, 3};
+  in.members    = &ok;
+  in.candidates = 5;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
+                                  "needs[3]", "candidates = 5", "got 6");
+  in.candidates = 8;
+  in.group_size = 3;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
+                                  "group_size", "does not divide the 4 heads");
+  in.group_size   = 2;
+  in.budget_pages = -1;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
+                                  "budget_pages", "-1");
+  // Not enough reservation for the protected floors is a result, not an error.
+  in.budget_pages = 3;
+  in.protect      = 8;  // 2 pages per group, 2 groups
+  auto sel        = reference::select_group_lengths(in);
+  CHECK_FALSE(sel.fits);
+  CHECK(sel.wanted_total == 18);
+
+  auto s = load("snapkv/llama-3.1-8b-instruct.json");
+  elastic_options o;
+  o.group_size = 3;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, o), invalid_argument,
+                                  "elastic_options.group_size", "3", "256 profiled heads");
+  o            = {};
+  o.margin     = 11;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, o), invalid_argument,
+                                  "elastic_options.margin", "11");
+  o = {};
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)evaluate_elastic(s, o, {}, {0.1, -0.2})), invalid_argument,
+                                  "sweep[1]", "-0.2");
+  auto no_ratio              = s;
+  no_ratio.target_keep_ratio = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(no_ratio), invalid_argument,
+                                  "target_keep_ratio", "got 0");
+  evaluation_options many;
+  many.folds            = 19;
+  many.group_by_context = true;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, {}, many), invalid_argument, "folds: 19",
+                                  "distinct context lengths");
+}
+
+TEST_CASE("tangram calibrate --reservation elastic reports the library's figures", "[plan][elastic][cli]") {
+  auto r = run({"calibrate", "fastkvzip/qwen3-4b-instruct-2507", "--reservation", "elastic",
+                "--group-by-context", "--margin", "0.15", "--compare", "--json"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  auto v = json::parse(r.out, "stdout");
+  elastic_options o;
+  o.margin = 0.15;
+  auto rep = evaluate_elastic(load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(),
+                              elastic_margin_grid());
+  CHECK(num(v, "margin") == 0.15);
+  CHECK(num(v, "reserved_over_ideal") == Approx(rep.reserved_over_ideal).epsilon(1e-12));
+  CHECK(num(v, "heldout_clip_fraction") == Approx(rep.heldout_clip_fraction).epsilon(1e-12));
+  CHECK(num(v, "heldout_reserved_over_ideal") == Approx(rep.heldout_reserved_over_ideal).epsilon(1e-12));
+  CHECK(num(v, "per_request_padding") == Approx(rep.per_request_padding).epsilon(1e-12));
+  auto const* sweep = v.find("sweep");
+  REQUIRE(sweep != nullptr);
+  REQUIRE(sweep->elements().size() == elastic_margin_grid().size());
+  CHECK(num(sweep->elements()[6], "margin") == 0.15);
+  CHECK(num(sweep->elements()[6], "heldout_clip_fraction") == Approx(rep.heldout_clip_fraction).epsilon(1e-12));
+  auto const* cmp = v.find("static_comparison");
+  REQUIRE(cmp != nullptr);
+  REQUIRE(cmp->elements().size() == 7);  // musigma alpha 0, 0.5, ..., 3
+  auto st = evaluate_calibration(load("fastkvzip/qwen3-4b-instruct-2507.json"), {}, by_prompt());
+  CHECK(num(cmp->elements()[4], "alpha") == 2.0);
+  CHECK(num(cmp->elements()[4], "heldout_clip_fraction") == Approx(st.heldout_clip_fraction).epsilon(1e-12));
+
+  auto text = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "elastic"});
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("margin sweep") != std::string::npos);
+  CHECK(text.out.find("calibrated: mean + 2 sd") != std::string::npos);
+
+  // The static mode's output is unchanged by the new option.
+  auto a = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--json"});
+  auto b = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "static", "--json"});
+  CHECK(a.out == b.out);
+}
+
+TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line errors", "[plan][elastic][cli][errors]") {
+  auto expect = [](std::vector<std::string> argv, std::vector<std::string> const& pieces) {
+    auto r = run(argv);
+    INFO("stderr: " << r.err);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    for (auto const& p : pieces) CHECK(r.err.find(p) != std::string::npos);
+  };
+  std::string p = "snapkv/llama-3.1-8b-instruct";
+  expect({"calibrate", p, "--reservation", "dynamic"}, {"--reservation", "static, elastic", "\"dynamic\""});
+  expect({"calibrate", p, "--reservation", "elastic", "--margin", "11"}, {"--margin", "11"});
+  expect({"calibrate", p, "--reservation", "elastic", "--margin", "0.1", "--margin-alpha", "1"},
+         {"--margin-alpha", "fixed --margin"});
+  expect({"calibrate", p, "--reservation", "elastic", "--group-size", "3"},
+         {"--group-size", "3", "256 profiled heads"});
+  expect({"calibrate", p, "--reservation", "elastic", "--alpha", "2"}, {"--alpha", "not with --reservation elastic"});
+  expect({"calibrate", p, "--reservation", "elastic", "--out", "x.json"}, {"--out", "not with --reservation elastic"});
+  expect({"calibrate", p, "--reservation", "elastic", "--folds", "1"}, {"--folds", "got 1"});
+  expect({"calibrate", p, "--margin", "0.1"}, {"unknown option \"--margin\""});
+}
