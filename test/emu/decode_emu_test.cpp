@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The decode kernels (split + merge) in the host emulator against the CPU reference: the
-// scenarios of test/gpu/decode_attention_test.cu, under several scheduling seeds and both
-// cp.async copy modes.
+// scenarios of test/gpu/decode_attention_test.cu, under one to two schedules each (seed x copy
+// mode), both cp.async copy modes across the suite.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -14,12 +14,12 @@ using namespace tangram;
 using tangram::test::emu_backend;
 
 TEST_CASE("emulated decode equals the CPU reference: GQA 1..8", "[emu][decode]") {
-  for (auto const& c : test::decode_cases_gqa()) test::emu_check_all_schedules(c, 3);
+  for (auto const& c : test::decode_cases_gqa()) test::emu_check_all_schedules(c, 2);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: dtypes x head dims x page sizes",
           "[emu][decode]") {
-  for (auto const& c : test::decode_cases_shapes()) test::emu_check_all_schedules(c, 2);
+  for (auto const& c : test::decode_cases_shapes()) test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: long and batched", "[emu][decode]") {
