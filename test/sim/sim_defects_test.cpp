@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "../memory/memory_fixtures.hpp"
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
@@ -17,7 +18,6 @@
 #include "tangram/sim/policies.hpp"
 #include "tangram/sim/replay.hpp"
 #include "tangram/sim/workload.hpp"
-#include "../memory/memory_fixtures.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -91,7 +91,7 @@ TEST_CASE("the replay's timeline is capped and keeps the peaks and the final poi
   cost_model cost(model_preset("llama-3.1-8b"), gpu_spec{});
   replay_options o;
   o.timeline_points = 50;
-  auto r = replay(w, p, cost, o);
+  auto r            = replay(w, p, cost, o);
   REQUIRE(r.steps > 10000);
   CHECK(r.timeline.size() <= 50);
   CHECK(r.timeline.size() >= 25);
@@ -177,9 +177,8 @@ TEST_CASE("policies refuse a KV budget outside what a pool can hold, naming kv_b
   for (double kv : {1e300, std::nan(""), 10.0}) {
     INFO(kv);
     TANGRAM_REQUIRE_THROWS_WITH_ALL(tangram_policy(plan, kv, 2, 2), invalid_argument, "kv_bytes: ");
-    TANGRAM_REQUIRE_THROWS_WITH_ALL(unified_policy(plan, unified_mode::full_kv, kv, 2, 2, 64),
-                                    invalid_argument,
-                                    "kv_bytes: ");
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(
+        unified_policy(plan, unified_mode::full_kv, kv, 2, 2, 64), invalid_argument, "kv_bytes: ");
   }
   CHECK(pool_pages(1e6, 512) == 1953);
   CHECK(pool_pages(512, 512) == 1);
@@ -197,8 +196,8 @@ TEST_CASE("the unified-paging baseline's tables are bounded by the pool, not max
   unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, pages, seqs, std::int64_t{1} << 22);
   // Per page one link, per (sequence, layer) a top and a count, per (sequence, layer, head) a
   // length, per sequence a token count, a liveness flag and a free-slot entry.
-  std::size_t bound = static_cast<std::size_t>(pages) * 4 + seqs * 4 * 2 * 8 + seqs * 16 * 4 +
-                      seqs * (8 + 1 + 4);
+  std::size_t bound =
+      static_cast<std::size_t>(pages) * 4 + seqs * 4 * 2 * 8 + seqs * 16 * 4 + seqs * (8 + 1 + 4);
   CHECK(b.bookkeeping_bytes() <= bound);
   // Still pages in order: fill the pool across both sequences, then free one and reuse it.
   auto s0 = *b.try_admit();
@@ -257,7 +256,7 @@ TEST_CASE("simulate runs a tiny trace of one 2^31-token session without huge tab
   INFO(r.err);
   REQUIRE(r.rc == 0);
   namespace json = tangram::detail::json;
-  auto doc = json::parse(r.out, "stdout");
+  auto doc       = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   // The session cannot fit in 110 GB of KV under any policy: it is rejected, nothing generated.
   for (char const* policy : {"full_kv", "unified_nonuniform", "tangram"}) {
@@ -273,10 +272,8 @@ TEST_CASE("a generated workload too large to hold is refused up front, naming th
   workload_options wo;
   wo.sessions = 1000000;
   wo.turns    = 1000;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(generate_workload(wo),
-                                  invalid_argument,
-                                  "workload.sessions x workload.turns",
-                                  "1000000000");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      generate_workload(wo), invalid_argument, "workload.sessions x workload.turns", "1000000000");
   auto r = run_cli({"simulate", "--sessions", "1000000", "--turns", "1000", "--quiet"});
   CHECK(r.rc == 2);
   CHECK(r.out.empty());
@@ -314,13 +311,24 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
           "layers": [{"kind": "compressed"}]})");
   std::string budgets;
   for (int h = 0; h < 300; ++h) budgets += (h ? "," : "") + std::string(h % 2 ? "0.2" : "0.4");
-  tangram::detail::write_file(profile,
-                              R"({"format": "tangram-budget-profile/v1", "model": "wide", "num_model_layers": 1,
+  tangram::detail::write_file(
+      profile,
+      R"({"format": "tangram-budget-profile/v1", "model": "wide", "num_model_layers": 1,
           "num_kv_heads": 300, "layer_ids": [0], "sink_tokens": 4, "window_tokens": 64,
-          "target_keep_ratio": 0.3, "budgets": [[)" + budgets + "]]}");
-  std::vector<std::string> base = {"simulate", "--model",    model, "--profile", profile,
-                                   "--sessions", "4", "--turns", "2",       "--workload",
-                                   "short",    "--quiet"};
+          "target_keep_ratio": 0.3, "budgets": [[)" +
+          budgets + "]]}");
+  std::vector<std::string> base = {"simulate",
+                                   "--model",
+                                   model,
+                                   "--profile",
+                                   profile,
+                                   "--sessions",
+                                   "4",
+                                   "--turns",
+                                   "2",
+                                   "--workload",
+                                   "short",
+                                   "--quiet"};
   // The default (132 SMs x 2 CTAs = 264) is too small: the error says which option to raise.
   auto r = run_cli(base);
   CHECK(r.rc == 2);
@@ -334,13 +342,14 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
   INFO(r.err);
   REQUIRE(r.rc == 0);
   namespace json = tangram::detail::json;
-  auto doc = json::parse(r.out, "stdout");
+  auto doc       = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK(root["policies"]["tangram"]["rejected_sessions"].as_int(0, 10) == 0);
   CHECK(root["policies"]["tangram"]["generated_tokens"].as_int(1, 1 << 20) > 0);
-  for (auto const& [value, piece] : {std::pair<char const*, char const*>{"0", "--sms: must be in [1, 65536], got 0"},
-                                     {"65537", "--sms: must be in [1, 65536], got 65537"},
-                                     {"x", "--sms: expected an integer, got \"x\""}}) {
+  for (auto const& [value, piece] :
+       {std::pair<char const*, char const*>{"0", "--sms: must be in [1, 65536], got 0"},
+        {"65537", "--sms: must be in [1, 65536], got 65537"},
+        {"x", "--sms: expected an integer, got \"x\""}}) {
     r = with({"--sms", value});
     CHECK(r.rc == 2);
     CHECK(r.err.find(piece) != std::string::npos);
@@ -353,16 +362,30 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
 TEST_CASE("simulate checks --plot before the run and creates nothing when the run fails",
           "[regression][simulate][cli]") {
   std::string missing_dir = std::string(TANGRAM_BINARY_DIR) + "/sim_defects_no_such_dir/plot.svg";
-  auto r = run_cli({"simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--plot",
-                    missing_dir});
+  auto r                  = run_cli({"simulate",
+                                     "--sessions",
+                                     "4",
+                                     "--turns",
+                                     "1",
+                                     "--workload",
+                                     "short",
+                                     "--plot",
+                                     missing_dir});
   CHECK(r.rc == 2);
-  CHECK(r.out.empty());                                   // no table: nothing ran
-  CHECK(r.err.find("(1/3)") == std::string::npos);        // no progress either
+  CHECK(r.out.empty());                             // no table: nothing ran
+  CHECK(r.err.find("(1/3)") == std::string::npos);  // no progress either
   CHECK(r.err.find("--plot: cannot write") != std::string::npos);
   CHECK(r.err.find(missing_dir) != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 
-  r = run_cli({"simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--plot",
+  r = run_cli({"simulate",
+               "--sessions",
+               "4",
+               "--turns",
+               "1",
+               "--workload",
+               "short",
+               "--plot",
                std::string(TANGRAM_BINARY_DIR)});  // a directory
   CHECK(r.rc == 2);
   CHECK(r.out.empty());

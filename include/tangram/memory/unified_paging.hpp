@@ -85,9 +85,9 @@ class unified_paging_baseline {
         P_(plan.geometry.page_tokens),
         S_(checked_positive(max_sequences, "max_sequences")),
         max_pages_(ceil_div(checked_positive(max_tokens, "max_tokens"), plan.geometry.page_tokens)),
-        // The tokens max_pages_ pages hold, saturated (max_tokens near INT64_MAX rounds up past it).
-        token_cap_(detail::mul_checked<std::int64_t>(max_pages_, P_).value_or(
-            std::numeric_limits<std::int64_t>::max())),
+        // Tokens that max_pages_ pages hold, saturated (ceil_div may round past INT64_MAX).
+        token_cap_(detail::mul_checked<std::int64_t>(max_pages_, P_)
+                       .value_or(std::numeric_limits<std::int64_t>::max())),
         rules_(plan.rules),
         pool_(upstream, page_layout<>(layer_geometry(plan)), num_pages) {
     auto SL = static_cast<std::size_t>(S_) * static_cast<std::size_t>(L_);
@@ -304,18 +304,18 @@ class unified_paging_baseline {
     auto& np  = n_pages_[sl(s, l)];
     auto& top = top_[sl(s, l)];
     while (np < pages) {
-      page_id p                          = *pool_.try_allocate();
+      page_id p                           = *pool_.try_allocate();
       below_[static_cast<std::size_t>(p)] = top;
-      top                                = p;
+      top                                 = p;
       ++np;
       ++stats_.pages_allocated;
     }
   }
   // Returns the layer's last page (the tail: pages are freed in reverse order of allocation).
   void pop_page(std::int32_t s, std::int32_t l) {
-    auto& top = top_[sl(s, l)];
-    page_id p = top;
-    top       = below_[static_cast<std::size_t>(p)];
+    auto& top                           = top_[sl(s, l)];
+    page_id p                           = top;
+    top                                 = below_[static_cast<std::size_t>(p)];
     below_[static_cast<std::size_t>(p)] = -1;
     --n_pages_[sl(s, l)];
     pool_.release(p);
