@@ -25,7 +25,9 @@ namespace json = tangram::detail::json;
 
 namespace {
 
-retention_samples load(std::string const& rel) { return load_retention_samples(data_path("profiles/" + rel)); }
+retention_samples load(std::string const& rel) {
+  return load_retention_samples(data_path("profiles/" + rel));
+}
 
 evaluation_options by_prompt() {
   evaluation_options e;
@@ -35,11 +37,16 @@ evaluation_options by_prompt() {
 
 /// Best wanted-token count over every group length in [lo, hi] pages with at most `budget` pages,
 /// by exhaustive enumeration (independent of the greedy).
-std::int64_t brute_force_best(std::vector<std::int64_t> const& needs, std::vector<std::int32_t> const& members,
-                              int hp, int P, std::int64_t lo, std::int64_t hi, std::int64_t budget) {
+std::int64_t brute_force_best(std::vector<std::int64_t> const& needs,
+                              std::vector<std::int32_t> const& members,
+                              int hp,
+                              int P,
+                              std::int64_t lo,
+                              std::int64_t hi,
+                              std::int64_t budget) {
   std::size_t G = members.size() / static_cast<std::size_t>(hp);
   std::vector<std::int64_t> p(G, lo);
-  std::int64_t best = -1;
+  std::int64_t best                                  = -1;
   std::function<void(std::size_t, std::int64_t)> rec = [&](std::size_t g, std::int64_t used) {
     if (used > budget) return;
     if (g == G) {
@@ -116,8 +123,8 @@ TEST_CASE("elastic: scorer total and reserved pages, hand-worked", "[plan][elast
 
 TEST_CASE("elastic: footprint of a hybrid plan keeps the static pages of sliding groups",
           "[plan][elastic]") {
-  auto s    = load_retention_samples(data_path("derived/gemma-3-12b-it.derived.json"));
-  auto plan = build_static_plan(model_preset("gemma-3-12b"), calibrate(s), {});
+  auto s         = load_retention_samples(data_path("derived/gemma-3-12b-it.derived.json"));
+  auto plan      = build_static_plan(model_preset("gemma-3-12b"), calibrate(s), {});
   std::int64_t n = 30000, T = 40, sliding = 0, compressed_groups = 0;
   for (auto const& g : plan.grouping.groups) {
     if (g.rule.kind == layer_kind::compressed)
@@ -139,7 +146,8 @@ TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[pl
   };
   int checked = 0, clipped_cases = 0, padded_cases = 0;
   for (int trial = 0; trial < 3000; ++trial) {
-    int hp = static_cast<int>(pick(1, 3)), G = static_cast<int>(pick(1, 4)), P = static_cast<int>(pick(1, 4));
+    int hp = static_cast<int>(pick(1, 3)), G = static_cast<int>(pick(1, 4)),
+        P             = static_cast<int>(pick(1, 4));
     std::int64_t cand = pick(0, 12), protect = pick(0, 6);
     std::vector<std::int64_t> needs(static_cast<std::size_t>(hp * G));
     for (auto& x : needs) x = pick(std::min(cand, protect), cand);
@@ -149,7 +157,7 @@ TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[pl
     std::int64_t lo = ceil_div(std::min(cand, protect), P), hi = ceil_div(cand, P) + 1;
     std::int64_t budget = pick(0, G * hi);
     reference::elastic_selection_input in{&needs, &members, hp, P, cand, protect, budget};
-    auto sel = reference::select_group_lengths(in);
+    auto sel            = reference::select_group_lengths(in);
     std::int64_t wanted = std::accumulate(needs.begin(), needs.end(), std::int64_t{0});
     CHECK(sel.wanted_total == wanted);
     if (G * lo > budget) {
@@ -159,7 +167,8 @@ TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[pl
     }
     REQUIRE(sel.fits);
     CHECK(sel.pages_used <= budget);
-    CHECK(sel.pages_used == std::accumulate(sel.group_pages.begin(), sel.group_pages.end(), std::int64_t{0}));
+    CHECK(sel.pages_used ==
+          std::accumulate(sel.group_pages.begin(), sel.group_pages.end(), std::int64_t{0}));
     std::int64_t kept = 0, padding = 0;
     for (int g = 0; g < G; ++g) {
       auto p = sel.group_pages[static_cast<std::size_t>(g)];
@@ -194,7 +203,8 @@ TEST_CASE("elastic placement keeps the wanted tokens of a global top-k, token by
   for (int trial = 0; trial < 300; ++trial) {
     int hp = 2, G = 3, P = 2, H = hp * G;
     std::int64_t n = 9, sink = 1, window = 2, protect = sink + window;
-    std::vector<std::vector<double>> sc(static_cast<std::size_t>(H), std::vector<double>(static_cast<std::size_t>(n)));
+    std::vector<std::vector<double>> sc(static_cast<std::size_t>(H),
+                                        std::vector<double>(static_cast<std::size_t>(n)));
     std::vector<std::pair<double, std::pair<int, int>>> all;
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < n; ++i) {
@@ -203,9 +213,11 @@ TEST_CASE("elastic placement keeps the wanted tokens of a global top-k, token by
         sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(i)] = v;
         all.push_back({v, {h, i}});
       }
-    std::int64_t K = H * protect + std::uniform_int_distribution<std::int64_t>(0, H * (n - protect))(rng);
+    std::int64_t K =
+        H * protect + std::uniform_int_distribution<std::int64_t>(0, H * (n - protect))(rng);
     std::sort(all.rbegin(), all.rend());
-    std::vector<std::vector<bool>> wanted(static_cast<std::size_t>(H), std::vector<bool>(static_cast<std::size_t>(n)));
+    std::vector<std::vector<bool>> wanted(static_cast<std::size_t>(H),
+                                          std::vector<bool>(static_cast<std::size_t>(n)));
     std::vector<std::int64_t> needs(static_cast<std::size_t>(H), 0);
     for (std::int64_t k = 0; k < K; ++k) {
       auto [h, i] = all[static_cast<std::size_t>(k)].second;
@@ -220,22 +232,26 @@ TEST_CASE("elastic placement keeps the wanted tokens of a global top-k, token by
       std::vector<int> idx(static_cast<std::size_t>(n));
       std::iota(idx.begin(), idx.end(), 0);
       std::sort(idx.begin(), idx.end(), [&](int a, int b) {
-        return sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(a)] > sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(b)];
+        return sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(a)] >
+               sc[static_cast<std::size_t>(h)][static_cast<std::size_t>(b)];
       });
       std::int64_t w = 0;
-      for (std::int64_t j = 0; j < std::min(L, n); ++j) w += wanted[static_cast<std::size_t>(h)][static_cast<std::size_t>(idx[static_cast<std::size_t>(j)])];
+      for (std::int64_t j = 0; j < std::min(L, n); ++j)
+        w += wanted[static_cast<std::size_t>(h)]
+                   [static_cast<std::size_t>(idx[static_cast<std::size_t>(j)])];
       return w;
     };
     std::int64_t lo = ceil_div(protect, P), hi = ceil_div(n, P);
     std::int64_t budget = std::uniform_int_distribution<std::int64_t>(G * lo, G * hi)(rng);
-    std::int64_t best = 0;
+    std::int64_t best   = 0;
     for (std::int64_t a = lo; a <= hi; ++a)
       for (std::int64_t b = lo; b <= hi; ++b)
         for (std::int64_t c = lo; c <= hi; ++c) {
           if (a + b + c > budget) continue;
           std::int64_t p[3] = {a, b, c}, w = 0;
           for (int g = 0; g < G; ++g)
-            for (int col = 0; col < hp; ++col) w += kept_wanted(members[static_cast<std::size_t>(g * hp + col)], p[g] * P);
+            for (int col = 0; col < hp; ++col)
+              w += kept_wanted(members[static_cast<std::size_t>(g * hp + col)], p[g] * P);
           best = std::max(best, w);
         }
     reference::elastic_selection_input in{&needs, &members, hp, P, n, protect, budget};
@@ -244,7 +260,8 @@ TEST_CASE("elastic placement keeps the wanted tokens of a global top-k, token by
     std::int64_t w = 0;
     for (int g = 0; g < G; ++g)
       for (int col = 0; col < hp; ++col)
-        w += kept_wanted(members[static_cast<std::size_t>(g * hp + col)], sel.group_pages[static_cast<std::size_t>(g)] * P);
+        w += kept_wanted(members[static_cast<std::size_t>(g * hp + col)],
+                         sel.group_pages[static_cast<std::size_t>(g)] * P);
     CHECK(w == sel.wanted_kept);
     CHECK(w == best);
   }
@@ -252,8 +269,8 @@ TEST_CASE("elastic placement keeps the wanted tokens of a global top-k, token by
 
 TEST_CASE("elastic: groups, zero-clip pages and required margins, hand-worked", "[plan][elastic]") {
   retention_samples s;
-  s.model = "m";
-  s.scorer = "x";
+  s.model             = "m";
+  s.scorer            = "x";
   s.target_keep_ratio = 0.5;
   s.num_model_layers  = 1;
   s.layer_ids         = {0};
@@ -268,7 +285,7 @@ TEST_CASE("elastic: groups, zero-clip pages and required margins, hand-worked", 
   elastic_options o;
   o.group_size  = 2;
   o.page_tokens = 4;
-  auto m = required_margins(s, {0, 1}, members, o);
+  auto m        = required_margins(s, {0, 1}, members, o);
   // Sample 1: {1, 2} max 22 -> 6 pages, {0, 3} max 14 -> 4: 10 pages = 80 tokens.
   REQUIRE(m.size() == 2);
   CHECK(m[0] == Approx(72.0 / 64 - 1));
@@ -296,15 +313,17 @@ TEST_CASE("elastic: in-sample figures match an independent computation on a real
   std::size_t H = 36 * 8, S = s.samples.size();
   std::vector<double> mean(H, 0);
   for (auto const& smp : s.samples)
-    for (std::size_t h = 0; h < H; ++h) mean[h] += static_cast<double>(smp.kept[h]) / static_cast<double>(smp.context_tokens);
+    for (std::size_t h = 0; h < H; ++h)
+      mean[h] += static_cast<double>(smp.kept[h]) / static_cast<double>(smp.context_tokens);
   std::vector<std::size_t> order(H);
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return mean[a] > mean[b]; });
+  std::stable_sort(
+      order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return mean[a] > mean[b]; });
   double reserved = 0, kept = 0, zero = 0;
   for (auto const& smp : s.samples) {
-    double n  = static_cast<double>(smp.context_tokens);
-    double K  = static_cast<double>(H) * std::ceil(0.3 * n);
-    double R  = std::ceil(std::ceil(1.15 * K) / 64.0);
+    double n = static_cast<double>(smp.context_tokens);
+    double K = static_cast<double>(H) * std::ceil(0.3 * n);
+    double R = std::ceil(std::ceil(1.15 * K) / 64.0);
     reserved += R * 64 / n;
     double sum = 0;
     for (auto k : smp.kept) sum += static_cast<double>(k);
@@ -327,7 +346,8 @@ TEST_CASE("elastic: in-sample figures match an independent computation on a real
   CHECK(std::isnan(rep.heldout_clip_fraction));
 }
 
-TEST_CASE("elastic on the bundled profiles: held out by prompt, Hp 4, P 16", "[plan][elastic][real]") {
+TEST_CASE("elastic on the bundled profiles: held out by prompt, Hp 4, P 16",
+          "[plan][elastic][real]") {
   struct expected {
     char const* profile;
     double margin, roi, clip;  // calibrated margin (mean + 2 sd): held-out reserved / ideal, clip
@@ -374,53 +394,76 @@ TEST_CASE("elastic on the bundled profiles: held out by prompt, Hp 4, P 16", "[p
   }
 }
 
-TEST_CASE("elastic: bad input is an error naming the field and the value", "[plan][elastic][errors]") {
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)scorer_total{0.0, 10}.tokens(4, 10)), invalid_argument,
-                                  "scorer_total.keep_ratio", "got 0");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)scorer_total{0.3, -1}.tokens(4, 10)), invalid_argument,
-                                  "scorer_total.protect", "-1");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)scorer_total{}.per_head(-5), invalid_argument,
-                                  "context_tokens", "-5");
+TEST_CASE("elastic: bad input is an error naming the field and the value",
+          "[plan][elastic][errors]") {
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)scorer_total{0.0, 10}.tokens(4, 10)),
+                                  invalid_argument,
+                                  "scorer_total.keep_ratio",
+                                  "got 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      ((void)scorer_total{0.3, -1}.tokens(4, 10)), invalid_argument, "scorer_total.protect", "-1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)scorer_total{}.per_head(-5), invalid_argument, "context_tokens", "-5");
   TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 3, 16, 0.1, 100),
-                                  invalid_argument, "group_size", "3", "8 compressed heads");
+                                  invalid_argument,
+                                  "group_size",
+                                  "3",
+                                  "8 compressed heads");
   TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 4, 0, 0.1, 100),
-                                  invalid_argument, "page_tokens", "got 0");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 4, 16, -0.1, 100),
-                                  invalid_argument, "margin", "-0.1");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)elastic_compressed_pages({}, 8, 4, 16, std::nan(""), 100),
-                                  invalid_argument, "margin");
+                                  invalid_argument,
+                                  "page_tokens",
+                                  "got 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)elastic_compressed_pages({}, 8, 4, 16, -0.1, 100), invalid_argument, "margin", "-0.1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)elastic_compressed_pages({}, 8, 4, 16, std::nan(""), 100), invalid_argument, "margin");
   // Caller numbers that overflow are errors, never wrapped page counts.
   std::int64_t big = std::int64_t{1} << 40;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)elastic_compressed_pages({1.0, 0}, big, 4, 16, 0.1, big)),
-                                  invalid_argument, "overflows");
+                                  invalid_argument,
+                                  "overflows");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      ((void)elastic_compressed_pages({1.0, 0}, std::int64_t{1} << 31, 4, 16, 10.0, std::int64_t{1} << 31)),
-      invalid_argument, "overflows");
+      ((void)elastic_compressed_pages(
+          {1.0, 0}, std::int64_t{1} << 31, 4, 16, 10.0, std::int64_t{1} << 31)),
+      invalid_argument,
+      "overflows");
 
   std::vector<std::int64_t> needs{3, 4, 5, 6};
   std::vector<std::int32_t> dup{0, 1, 1, 3}, out_of_range{0, 1, 2, 4}, short_members{0, 1};
   reference::elastic_selection_input in{&needs, &dup, 2, 4, 8, 0, 10};
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
-                                  "members[2]", "head 1 appears twice");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in),
+                                  invalid_argument,
+                                  "members[2]",
+                                  "head 1 appears twice");
   in.members = &out_of_range;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
-                                  "members[3]", "head 4 out of range");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in),
+                                  invalid_argument,
+                                  "members[3]",
+                                  "head 4 out of range");
   in.members = &short_members;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
-                                  "members", "expected 4", "got 2");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in),
+                                  invalid_argument,
+                                  "members",
+                                  "expected 4",
+                                  "got 2");
   std::vector<std::int32_t> ok{0, 1, 2, 3};
   in.members    = &ok;
   in.candidates = 5;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
-                                  "needs[3]", "candidates = 5", "got 6");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in),
+                                  invalid_argument,
+                                  "needs[3]",
+                                  "candidates = 5",
+                                  "got 6");
   in.candidates = 8;
   in.group_size = 3;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
-                                  "group_size", "does not divide the 4 heads");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in),
+                                  invalid_argument,
+                                  "group_size",
+                                  "does not divide the 4 heads");
   in.group_size   = 2;
   in.budget_pages = -1;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)reference::select_group_lengths(in), invalid_argument,
-                                  "budget_pages", "-1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)reference::select_group_lengths(in), invalid_argument, "budget_pages", "-1");
   // Not enough reservation for the protected floors is a result, not an error.
   in.budget_pages = 3;
   in.protect      = 8;  // 2 pages per group, 2 groups
@@ -431,52 +474,68 @@ TEST_CASE("elastic: bad input is an error naming the field and the value", "[pla
   auto s = load("snapkv/llama-3.1-8b-instruct.json");
   elastic_options o;
   o.group_size = 3;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, o), invalid_argument,
-                                  "elastic_options.group_size", "3", "256 profiled heads");
-  o            = {};
-  o.margin     = 11;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, o), invalid_argument,
-                                  "elastic_options.margin", "11");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, o),
+                                  invalid_argument,
+                                  "elastic_options.group_size",
+                                  "3",
+                                  "256 profiled heads");
+  o        = {};
+  o.margin = 11;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)evaluate_elastic(s, o), invalid_argument, "elastic_options.margin", "11");
   o = {};
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)evaluate_elastic(s, o, {}, {0.1, -0.2})), invalid_argument,
-                                  "sweep[1]", "-0.2");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      ((void)evaluate_elastic(s, o, {}, {0.1, -0.2})), invalid_argument, "sweep[1]", "-0.2");
   auto no_ratio              = s;
   no_ratio.target_keep_ratio = 0;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(no_ratio), invalid_argument,
-                                  "target_keep_ratio", "got 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)evaluate_elastic(no_ratio), invalid_argument, "target_keep_ratio", "got 0");
   evaluation_options many;
   many.folds            = 19;
   many.group_by_context = true;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, {}, many), invalid_argument, "folds: 19",
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)evaluate_elastic(s, {}, many),
+                                  invalid_argument,
+                                  "folds: 19",
                                   "distinct context lengths");
 }
 
-TEST_CASE("tangram calibrate --reservation elastic reports the library's figures", "[plan][elastic][cli]") {
-  auto r = run({"calibrate", "fastkvzip/qwen3-4b-instruct-2507", "--reservation", "elastic",
-                "--group-by-context", "--margin", "0.15", "--compare", "--json"});
+TEST_CASE("tangram calibrate --reservation elastic reports the library's figures",
+          "[plan][elastic][cli]") {
+  auto r = run({"calibrate",
+                "fastkvzip/qwen3-4b-instruct-2507",
+                "--reservation",
+                "elastic",
+                "--group-by-context",
+                "--margin",
+                "0.15",
+                "--compare",
+                "--json"});
   INFO("stderr: " << r.err);
   REQUIRE(r.code == 0);
   auto v = json::parse(r.out, "stdout");
   elastic_options o;
   o.margin = 0.15;
-  auto rep = evaluate_elastic(load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(),
-                              elastic_margin_grid());
+  auto rep = evaluate_elastic(
+      load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(), elastic_margin_grid());
   CHECK(num(v, "margin") == 0.15);
   CHECK(num(v, "reserved_over_ideal") == Approx(rep.reserved_over_ideal).epsilon(1e-12));
   CHECK(num(v, "heldout_clip_fraction") == Approx(rep.heldout_clip_fraction).epsilon(1e-12));
-  CHECK(num(v, "heldout_reserved_over_ideal") == Approx(rep.heldout_reserved_over_ideal).epsilon(1e-12));
+  CHECK(num(v, "heldout_reserved_over_ideal") ==
+        Approx(rep.heldout_reserved_over_ideal).epsilon(1e-12));
   CHECK(num(v, "per_request_padding") == Approx(rep.per_request_padding).epsilon(1e-12));
   auto const* sweep = v.find("sweep");
   REQUIRE(sweep != nullptr);
   REQUIRE(sweep->elements().size() == elastic_margin_grid().size());
   CHECK(num(sweep->elements()[6], "margin") == 0.15);
-  CHECK(num(sweep->elements()[6], "heldout_clip_fraction") == Approx(rep.heldout_clip_fraction).epsilon(1e-12));
+  CHECK(num(sweep->elements()[6], "heldout_clip_fraction") ==
+        Approx(rep.heldout_clip_fraction).epsilon(1e-12));
   auto const* cmp = v.find("static_comparison");
   REQUIRE(cmp != nullptr);
   REQUIRE(cmp->elements().size() == 7);  // musigma alpha 0, 0.5, ..., 3
   auto st = evaluate_calibration(load("fastkvzip/qwen3-4b-instruct-2507.json"), {}, by_prompt());
   CHECK(num(cmp->elements()[4], "alpha") == 2.0);
-  CHECK(num(cmp->elements()[4], "heldout_clip_fraction") == Approx(st.heldout_clip_fraction).epsilon(1e-12));
+  CHECK(num(cmp->elements()[4], "heldout_clip_fraction") ==
+        Approx(st.heldout_clip_fraction).epsilon(1e-12));
 
   auto text = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "elastic"});
   REQUIRE(text.code == 0);
@@ -489,7 +548,8 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
   CHECK(a.out == b.out);
 }
 
-TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line errors", "[plan][elastic][cli][errors]") {
+TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line errors",
+          "[plan][elastic][cli][errors]") {
   auto expect = [](std::vector<std::string> argv, std::vector<std::string> const& pieces) {
     auto r = run(argv);
     INFO("stderr: " << r.err);
@@ -499,14 +559,17 @@ TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line err
     for (auto const& p : pieces) CHECK(r.err.find(p) != std::string::npos);
   };
   std::string p = "snapkv/llama-3.1-8b-instruct";
-  expect({"calibrate", p, "--reservation", "dynamic"}, {"--reservation", "static, elastic", "\"dynamic\""});
+  expect({"calibrate", p, "--reservation", "dynamic"},
+         {"--reservation", "static, elastic", "\"dynamic\""});
   expect({"calibrate", p, "--reservation", "elastic", "--margin", "11"}, {"--margin", "11"});
   expect({"calibrate", p, "--reservation", "elastic", "--margin", "0.1", "--margin-alpha", "1"},
          {"--margin-alpha", "fixed --margin"});
   expect({"calibrate", p, "--reservation", "elastic", "--group-size", "3"},
          {"--group-size", "3", "256 profiled heads"});
-  expect({"calibrate", p, "--reservation", "elastic", "--alpha", "2"}, {"--alpha", "not with --reservation elastic"});
-  expect({"calibrate", p, "--reservation", "elastic", "--out", "x.json"}, {"--out", "not with --reservation elastic"});
+  expect({"calibrate", p, "--reservation", "elastic", "--alpha", "2"},
+         {"--alpha", "not with --reservation elastic"});
+  expect({"calibrate", p, "--reservation", "elastic", "--out", "x.json"},
+         {"--out", "not with --reservation elastic"});
   expect({"calibrate", p, "--reservation", "elastic", "--folds", "1"}, {"--folds", "got 1"});
   expect({"calibrate", p, "--margin", "0.1"}, {"unknown option \"--margin\""});
 }

@@ -28,13 +28,17 @@ std::string setting_of(calibration_options const& o) {
 
 /// `--reservation elastic`: the elastic report (plan/elastic.hpp), with the margin sweep, and with
 /// `--compare` the static alpha curve on the same folds.
-int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluation_options const& ev) {
+int elastic_calibrate(args& a,
+                      streams io,
+                      calibration_args const& cal,
+                      evaluation_options const& ev) {
   elastic_options eo;
   eo.group_size  = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
   eo.page_tokens = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
   if (auto m = a.value("--margin")) eo.margin = parse_number(*m, "--margin", 0, max_elastic_margin);
   if (auto alpha = a.value("--margin-alpha")) {
-    if (eo.margin) throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
+    if (eo.margin)
+      throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
     eo.margin_alpha = parse_number(*alpha, "--margin-alpha", 0, 1000);
   }
   bool as_json = a.flag("--json");
@@ -42,7 +46,8 @@ int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluati
   if (a.value("--out"))
     throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
   if (cal.given)
-    throw usage_error(cat(*cal.given, ": a static estimator option; not with --reservation elastic"));
+    throw usage_error(
+        cat(*cal.given, ": a static estimator option; not with --reservation elastic"));
   a.finish(1);
   auto pos = a.positionals();
   if (pos.empty())
@@ -55,9 +60,14 @@ int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluati
   auto samples = read_samples(in);
   auto heads   = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
   if (heads % static_cast<std::size_t>(eo.group_size) != 0)
-    throw usage_error(cat("--group-size: ", eo.group_size, " does not divide the ", heads,
-                          " profiled heads of ", in.source));
-  auto rep = evaluate_elastic(samples, eo, ev, ev.folds > 0 ? elastic_margin_grid() : std::vector<double>{});
+    throw usage_error(cat("--group-size: ",
+                          eo.group_size,
+                          " does not divide the ",
+                          heads,
+                          " profiled heads of ",
+                          in.source));
+  auto rep = evaluate_elastic(
+      samples, eo, ev, ev.folds > 0 ? elastic_margin_grid() : std::vector<double>{});
   std::vector<std::pair<double, calibration_report>> static_rows;
   if (compare && ev.folds > 0)
     for (auto const& o : estimator_grid(cal.options.floor))
@@ -83,7 +93,8 @@ int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluati
     v.set("group_by_context", ev.group_by_context);
     v.set("margin", rep.margin);
     v.set("margin_calibrated", rep.margin_calibrated);
-    v.set("margin_alpha", rep.margin_calibrated ? json::value(eo.margin_alpha) : json::value(nullptr));
+    v.set("margin_alpha",
+          rep.margin_calibrated ? json::value(eo.margin_alpha) : json::value(nullptr));
     v.set("total_error_mean", rep.total_error_mean);
     v.set("total_error_max", rep.total_error_max);
     v.set("mean_dynamic_fraction", rep.mean_dynamic_fraction);
@@ -100,7 +111,8 @@ int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluati
     v.set("heldout_clip_fraction", number_or_null(rep.heldout_clip_fraction));
     v.set("heldout_reserved_over_ideal", number_or_null(rep.heldout_reserved_over_ideal));
     v.set("heldout_group_padding", number_or_null(rep.heldout_group_padding));
-    v.set("heldout_per_request_clip_fraction", number_or_null(rep.heldout_per_request_clip_fraction));
+    v.set("heldout_per_request_clip_fraction",
+          number_or_null(rep.heldout_per_request_clip_fraction));
     auto sweep = json::value::array();
     for (auto const& p : rep.sweep) {
       auto r = json::value::object();
@@ -134,7 +146,8 @@ int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluati
     << " (" << to_string(rep.basis) << "), protected " << samples.sink_tokens << " sink + "
     << samples.window_tokens << " window\n"
     << "  Hp " << rep.group_size << ", P " << rep.page_tokens << ", margin " << fixed(rep.margin, 4)
-    << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)") : std::string(" (fixed)"))
+    << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)")
+                              : std::string(" (fixed)"))
     << "\n\n";
   auto row = [&](char const* label, std::string const& value) {
     s << "  " << std::left << std::setw(44) << label << value << "\n";
@@ -151,8 +164,12 @@ int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluati
       per_fold += (f ? ", " : "") + percent(rep.fold_clip_fractions[f], 3) + " at margin " +
                   fixed(rep.fold_margins[f], 3);
     row("clipped tokens, held out",
-        cat(percent(rep.heldout_clip_fraction, 3), "  (", ev.folds,
-            (ev.group_by_context ? " folds by context length: " : " folds: "), per_fold, ")"));
+        cat(percent(rep.heldout_clip_fraction, 3),
+            "  (",
+            ev.folds,
+            (ev.group_by_context ? " folds by context length: " : " folds: "),
+            per_fold,
+            ")"));
     row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
     row("clipped, held out, per-request groups", percent(rep.heldout_per_request_clip_fraction, 3));
     s << "\n  margin sweep (held out):\n  " << std::left << std::setw(10) << "margin" << std::right
@@ -180,15 +197,15 @@ int elastic_calibrate(args& a, streams io, calibration_args const& cal, evaluati
 
 int cmd_calibrate(args& a, streams io) {
   auto reservation = a.choice("--reservation", "static", {"static", "elastic"});
-  auto cal = read_calibration_args(a);
+  auto cal         = read_calibration_args(a);
   evaluation_options ev;
   ev.folds            = static_cast<std::int32_t>(a.integer("--folds", 2, 0, 100000));
   ev.band             = a.number("--band", 0.05, 0, 1);
   ev.group_by_context = a.flag("--group-by-context");
   if (reservation == "elastic") return elastic_calibrate(a, io, cal, ev);
-  auto out            = a.value("--out");
-  bool as_json        = a.flag("--json");
-  bool compare        = a.flag("--compare");
+  auto out     = a.value("--out");
+  bool as_json = a.flag("--json");
+  bool compare = a.flag("--compare");
   a.finish(1);
   auto pos = a.positionals();
   if (pos.empty())

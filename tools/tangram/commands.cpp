@@ -26,6 +26,7 @@ constexpr command commands[] = {
      cmd_simulate},
     {"calibrate", "calibrate SAMPLES.json [--estimator musigma|quantile] [--alpha A] [--quantile Q] "
                   "[--floor F] [--folds K] [--group-by-context] [--band W] [--compare] [--out PROFILE.json] "
+                  "[--reservation static|elastic [--margin M | --margin-alpha A] [--group-size Hp] [--page-tokens P]] "
                   "[--json]   static budgets from retention samples, with held-out and rank-stability figures",
      cmd_calibrate},
     {"plan", "plan SAMPLES_OR_PROFILE.json [--alpha A | --estimator ...] [--group-size Hp] "

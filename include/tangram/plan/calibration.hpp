@@ -168,7 +168,9 @@ struct fold_assignment {
   std::int32_t folds = 0;
 
   /// Training and held-out samples of fold f: held out when key mod folds == f.
-  void split(std::int32_t f, std::vector<std::size_t>& train, std::vector<std::size_t>& test) const {
+  void split(std::int32_t f,
+             std::vector<std::size_t>& train,
+             std::vector<std::size_t>& test) const {
     train.clear();
     test.clear();
     for (std::size_t k = 0; k < key.size(); ++k)

@@ -69,7 +69,7 @@ namespace tangram {
 
 /// @brief What the scorer's keep ratio applies to.
 enum class keep_ratio_basis : std::uint8_t {
-  all_tokens,           ///< rho of all n tokens, protected ones included (global top-k; bundled data)
+  all_tokens,  ///< rho of all n tokens, protected ones included (global top-k; bundled data)
   compressible_tokens,  ///< rho of the n - protect unprotected tokens, plus the protected ones
 };
 
@@ -85,10 +85,12 @@ struct scorer_total {
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
-    TANGRAM_EXPECTS(keep_ratio > 0 && keep_ratio <= 1, invalid_argument,
-                    "scorer_total.keep_ratio: must be in (0, 1], got ", keep_ratio);
-    TANGRAM_EXPECTS(protect >= 0, invalid_argument, "scorer_total.protect: must be >= 0, got ",
-                    protect);
+    TANGRAM_EXPECTS(keep_ratio > 0 && keep_ratio <= 1,
+                    invalid_argument,
+                    "scorer_total.keep_ratio: must be in (0, 1], got ",
+                    keep_ratio);
+    TANGRAM_EXPECTS(
+        protect >= 0, invalid_argument, "scorer_total.protect: must be >= 0, got ", protect);
   }
 
   /// kbar(n): one head's share of the total (file comment); in [min(n, protect), n].
@@ -97,7 +99,8 @@ struct scorer_total {
     validate();
     TANGRAM_EXPECTS(n >= 0, invalid_argument, "context_tokens: must be >= 0, got ", n);
     std::int64_t p = std::min(n, protect);
-    if (basis == keep_ratio_basis::all_tokens) return std::max(p, ceil_budget_tokens(keep_ratio, n));
+    if (basis == keep_ratio_basis::all_tokens)
+      return std::max(p, ceil_budget_tokens(keep_ratio, n));
     return p + ceil_budget_tokens(keep_ratio, n - p);
   }
 
@@ -112,7 +115,8 @@ struct scorer_total {
 /// @throw invalid_argument when the samples' target_keep_ratio is not in (0, 1].
 inline scorer_total scorer_of(retention_samples const& s,
                               keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
-  TANGRAM_EXPECTS(s.target_keep_ratio > 0 && s.target_keep_ratio <= 1, invalid_argument,
+  TANGRAM_EXPECTS(s.target_keep_ratio > 0 && s.target_keep_ratio <= 1,
+                  invalid_argument,
                   "retention_samples.target_keep_ratio: elastic reservation needs a keep ratio in "
                   "(0, 1], got ",
                   s.target_keep_ratio);
@@ -128,28 +132,44 @@ inline constexpr double max_elastic_margin = 10.0;
  * @throw invalid_argument naming the field: Hp not dividing heads, P < 1, margin outside
  *        [0, max_elastic_margin], n < 0, or a total that overflows.
  */
-inline std::int64_t elastic_compressed_pages(scorer_total const& t, std::int64_t heads,
-                                             std::int32_t group_size, std::int32_t page_tokens,
-                                             double margin, std::int64_t n) {
+inline std::int64_t elastic_compressed_pages(scorer_total const& t,
+                                             std::int64_t heads,
+                                             std::int32_t group_size,
+                                             std::int32_t page_tokens,
+                                             double margin,
+                                             std::int64_t n) {
   t.validate();
-  TANGRAM_EXPECTS(group_size >= 1 && heads >= 0 && heads % group_size == 0, invalid_argument,
-                  "group_size: must be >= 1 and divide the ", heads, " compressed heads, got ",
+  TANGRAM_EXPECTS(group_size >= 1 && heads >= 0 && heads % group_size == 0,
+                  invalid_argument,
+                  "group_size: must be >= 1 and divide the ",
+                  heads,
+                  " compressed heads, got ",
                   group_size);
-  TANGRAM_EXPECTS(page_tokens >= 1, invalid_argument, "page_tokens: must be >= 1, got ",
-                  page_tokens);
-  TANGRAM_EXPECTS(margin >= 0 && margin <= max_elastic_margin, invalid_argument,
-                  "margin: must be in [0, ", max_elastic_margin, "], got ", margin);
+  TANGRAM_EXPECTS(
+      page_tokens >= 1, invalid_argument, "page_tokens: must be >= 1, got ", page_tokens);
+  TANGRAM_EXPECTS(margin >= 0 && margin <= max_elastic_margin,
+                  invalid_argument,
+                  "margin: must be in [0, ",
+                  max_elastic_margin,
+                  "], got ",
+                  margin);
   std::int64_t K      = t.tokens(heads, n);
   std::int64_t groups = heads / group_size;
   // (1 + m) K in a double: exact enough below 2^53 and checked to stay far below 2^63.
-  TANGRAM_EXPECTS(static_cast<double>(K) * (1.0 + margin) < 0x1p62, invalid_argument,
-                  "scorer total: ", K, " head-tokens times 1 + margin ", margin, " overflows");
+  TANGRAM_EXPECTS(static_cast<double>(K) * (1.0 + margin) < 0x1p62,
+                  invalid_argument,
+                  "scorer total: ",
+                  K,
+                  " head-tokens times 1 + margin ",
+                  margin,
+                  " overflows");
   std::int64_t want = ceil_budget_tokens(1.0 + margin, K);
   std::int64_t cell = static_cast<std::int64_t>(group_size) * page_tokens;
-  std::int64_t lo = detail::mul_or_throw(groups, ceil_div(std::min(n, t.protect), page_tokens),
+  std::int64_t lo   = detail::mul_or_throw(groups,
+                                         ceil_div(std::min(n, t.protect), page_tokens),
                                          "protected pages: groups * pages per group");
-  std::int64_t hi = detail::mul_or_throw(groups, ceil_div(n, page_tokens),
-                                         "full pages: groups * pages per group");
+  std::int64_t hi   = detail::mul_or_throw(
+      groups, ceil_div(n, page_tokens), "full pages: groups * pages per group");
   return std::min(hi, std::max(lo, ceil_div(want, cell)));
 }
 
@@ -159,30 +179,35 @@ inline std::int64_t elastic_compressed_pages(scorer_total const& t, std::int64_t
  * pages. The scorer is the plan profile's keep ratio and protected tokens.
  * @throw invalid_argument as elastic_compressed_pages, or when the profile has no keep ratio.
  */
-inline std::int64_t elastic_footprint_pages(static_plan const& plan, double margin,
-                                            std::int64_t context, std::int64_t decode,
+inline std::int64_t elastic_footprint_pages(static_plan const& plan,
+                                            double margin,
+                                            std::int64_t context,
+                                            std::int64_t decode,
                                             keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
   TANGRAM_EXPECTS(decode >= 0, invalid_argument, "decode_tokens: must be >= 0, got ", decode);
-  TANGRAM_EXPECTS(plan.profile.target_keep_ratio > 0 && plan.profile.target_keep_ratio <= 1,
-                  invalid_argument,
-                  "profile.target_keep_ratio: elastic reservation needs a keep ratio in (0, 1], got ",
-                  plan.profile.target_keep_ratio);
+  TANGRAM_EXPECTS(
+      plan.profile.target_keep_ratio > 0 && plan.profile.target_keep_ratio <= 1,
+      invalid_argument,
+      "profile.target_keep_ratio: elastic reservation needs a keep ratio in (0, 1], got ",
+      plan.profile.target_keep_ratio);
   scorer_total t{plan.profile.target_keep_ratio, plan.profile.protected_tokens(), basis};
-  std::int32_t P = plan.geometry.page_tokens;
+  std::int32_t P                 = plan.geometry.page_tokens;
   std::int64_t compressed_groups = 0, total = 0;
   for (auto const& g : plan.grouping.groups) {
     if (g.rule.kind == layer_kind::compressed)
       ++compressed_groups;
     else
-      total = detail::add_or_throw(total, group_pages(g.rule, context, decode, P),
-                                   "elastic footprint pages");
+      total = detail::add_or_throw(
+          total, group_pages(g.rule, context, decode, P), "elastic footprint pages");
   }
   std::int32_t hp = plan.grouping.group_size;
-  total = detail::add_or_throw(
-      total, elastic_compressed_pages(t, compressed_groups * hp, hp, P, margin, context),
+  total           = detail::add_or_throw(
+      total,
+      elastic_compressed_pages(t, compressed_groups * hp, hp, P, margin, context),
       "elastic footprint pages");
   return detail::add_or_throw(
-      total, detail::mul_or_throw(compressed_groups, ceil_div(decode, P), "decode pages"),
+      total,
+      detail::mul_or_throw(compressed_groups, ceil_div(decode, P), "decode pages"),
       "elastic footprint pages");
 }
 
@@ -191,20 +216,29 @@ struct elastic_options {
   std::int32_t group_size  = 4;   ///< Hp, in [1, 1024]; must divide the profiled heads
   std::int32_t page_tokens = 16;  ///< P, in [1, 4096]
   std::optional<double> margin;   ///< fixed margin in [0, max_elastic_margin]; none: calibrated
-  double margin_alpha    = 2.0;   ///< calibrated margin = mean + alpha sd of m_s, alpha in [0, 1000]
+  double margin_alpha    = 2.0;  ///< calibrated margin = mean + alpha sd of m_s, alpha in [0, 1000]
   keep_ratio_basis basis = keep_ratio_basis::all_tokens;
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
-    TANGRAM_EXPECTS(group_size >= 1 && group_size <= 1024, invalid_argument,
-                    "elastic_options.group_size: must be in [1, 1024], got ", group_size);
-    TANGRAM_EXPECTS(page_tokens >= 1 && page_tokens <= 4096, invalid_argument,
-                    "elastic_options.page_tokens: must be in [1, 4096], got ", page_tokens);
-    TANGRAM_EXPECTS(!margin || (*margin >= 0 && *margin <= max_elastic_margin), invalid_argument,
-                    "elastic_options.margin: must be in [0, ", max_elastic_margin, "], got ",
+    TANGRAM_EXPECTS(group_size >= 1 && group_size <= 1024,
+                    invalid_argument,
+                    "elastic_options.group_size: must be in [1, 1024], got ",
+                    group_size);
+    TANGRAM_EXPECTS(page_tokens >= 1 && page_tokens <= 4096,
+                    invalid_argument,
+                    "elastic_options.page_tokens: must be in [1, 4096], got ",
+                    page_tokens);
+    TANGRAM_EXPECTS(!margin || (*margin >= 0 && *margin <= max_elastic_margin),
+                    invalid_argument,
+                    "elastic_options.margin: must be in [0, ",
+                    max_elastic_margin,
+                    "], got ",
                     margin.value_or(0));
-    TANGRAM_EXPECTS(margin_alpha >= 0 && margin_alpha <= 1000, invalid_argument,
-                    "elastic_options.margin_alpha: must be in [0, 1000], got ", margin_alpha);
+    TANGRAM_EXPECTS(margin_alpha >= 0 && margin_alpha <= 1000,
+                    invalid_argument,
+                    "elastic_options.margin_alpha: must be in [0, 1000], got ",
+                    margin_alpha);
   }
 };
 
@@ -227,7 +261,8 @@ inline std::vector<std::int32_t> elastic_group_members(retention_samples const& 
   return order;
 }
 
-/// Per-request groups (report only): the heads sorted by this request's own needs, cut Hp at a time.
+/// Per-request groups (report only): the heads sorted by this request's own needs, cut Hp at a
+/// time.
 inline std::vector<std::int32_t> members_by_need(std::vector<std::int64_t> const& needs) {
   std::vector<std::int32_t> order(needs.size());
   std::iota(order.begin(), order.end(), 0);
@@ -240,7 +275,8 @@ inline std::vector<std::int32_t> members_by_need(std::vector<std::int64_t> const
 /// Pages that keep every wanted token: sum over groups of ceil(max need of the group / P).
 inline std::int64_t zero_clip_pages(std::vector<std::int64_t> const& needs,
                                     std::vector<std::int32_t> const& members,
-                                    std::int32_t group_size, std::int32_t page_tokens) {
+                                    std::int32_t group_size,
+                                    std::int32_t page_tokens) {
   std::int64_t pages = 0;
   for (std::size_t g = 0; g + static_cast<std::size_t>(group_size) <= members.size();
        g += static_cast<std::size_t>(group_size)) {
@@ -254,9 +290,9 @@ inline std::int64_t zero_clip_pages(std::vector<std::int64_t> const& needs,
 
 /// @brief One row of the margin sweep (held-out figures at a fixed margin).
 struct elastic_sweep_point {
-  double margin                      = 0;
-  double heldout_reserved_over_ideal = 0;
-  double heldout_clip_fraction       = 0;  ///< plan-time groups
+  double margin                            = 0;
+  double heldout_reserved_over_ideal       = 0;
+  double heldout_clip_fraction             = 0;  ///< plan-time groups
   double heldout_per_request_clip_fraction = 0;  ///< groups sorted per request (report only)
 };
 
@@ -274,14 +310,14 @@ struct elastic_report {
   double mean_dynamic_fraction  = 0;  ///< mean over samples and heads of r_s
   double reserved_over_ideal    = 0;  ///< all samples, groups and margin from all samples
   double insample_clip_fraction = 0;
-  double group_padding       = 0;  ///< zero-clip pages Hp P / kept - 1 (ratio units), plan-time groups
+  double group_padding = 0;  ///< zero-clip pages Hp P / kept - 1 (ratio units), plan-time groups
   double per_request_padding = 0;  ///< the same with groups sorted per request
   std::int32_t folds         = 0;
   std::vector<double> fold_margins;
   std::vector<double> fold_clip_fractions;
-  double heldout_clip_fraction       = std::numeric_limits<double>::quiet_NaN();
-  double heldout_reserved_over_ideal = std::numeric_limits<double>::quiet_NaN();
-  double heldout_group_padding       = std::numeric_limits<double>::quiet_NaN();
+  double heldout_clip_fraction             = std::numeric_limits<double>::quiet_NaN();
+  double heldout_reserved_over_ideal       = std::numeric_limits<double>::quiet_NaN();
+  double heldout_group_padding             = std::numeric_limits<double>::quiet_NaN();
   double heldout_per_request_clip_fraction = std::numeric_limits<double>::quiet_NaN();
   std::vector<elastic_sweep_point> sweep;  ///< filled by evaluate_elastic when asked
 };
@@ -298,7 +334,7 @@ inline std::vector<std::int64_t> const& sample_needs(retention_samples const& s,
 struct elastic_sums {
   double reserved = 0, kept = 0, clipped = 0, clipped_per_request = 0, zero_clip = 0,
          zero_clip_per_request = 0;
-  std::size_t count = 0;
+  std::size_t count            = 0;
   [[nodiscard]] double clip() const { return kept > 0 ? clipped / kept : 0.0; }
   [[nodiscard]] double clip_per_request() const {
     return kept > 0 ? clipped_per_request / kept : 0.0;
@@ -308,8 +344,10 @@ struct elastic_sums {
 
 /// Wanted tokens clipped by the optimal placement of `needs` within `pages`.
 inline std::int64_t elastic_clipped(std::vector<std::int64_t> const& needs,
-                                    std::vector<std::int32_t> const& members, std::int64_t n,
-                                    scorer_total const& t, elastic_options const& o,
+                                    std::vector<std::int32_t> const& members,
+                                    std::int64_t n,
+                                    scorer_total const& t,
+                                    elastic_options const& o,
                                     std::int64_t pages) {
   reference::elastic_selection_input in;
   in.needs        = &needs;
@@ -326,7 +364,8 @@ inline std::int64_t elastic_clipped(std::vector<std::int64_t> const& needs,
 
 inline elastic_sums elastic_evaluate(retention_samples const& s,
                                      std::vector<std::size_t> const& ids,
-                                     std::vector<std::int32_t> const& members, double margin,
+                                     std::vector<std::int32_t> const& members,
+                                     double margin,
                                      elastic_options const& o) {
   auto t = scorer_of(s, o.basis);
   elastic_sums out;
@@ -335,16 +374,18 @@ inline elastic_sums elastic_evaluate(retention_samples const& s,
     auto const& needs = sample_needs(s, k);
     std::int64_t n    = s.samples[k].context_tokens;
     auto nd           = static_cast<double>(n);
-    auto pages = elastic_compressed_pages(t, heads, o.group_size, o.page_tokens, margin, n);
+    auto pages        = elastic_compressed_pages(t, heads, o.group_size, o.page_tokens, margin, n);
     double kept = static_cast<double>(std::accumulate(needs.begin(), needs.end(), std::int64_t{0}));
     double cell = static_cast<double>(o.group_size) * o.page_tokens;
     out.reserved += static_cast<double>(pages) * cell / nd;
     out.kept += kept / nd;
     out.clipped += static_cast<double>(elastic_clipped(needs, members, n, t, o, pages)) / nd;
     out.zero_clip +=
-        static_cast<double>(zero_clip_pages(needs, members, o.group_size, o.page_tokens)) * cell / nd;
+        static_cast<double>(zero_clip_pages(needs, members, o.group_size, o.page_tokens)) * cell /
+        nd;
     auto own = members_by_need(needs);
-    out.clipped_per_request += static_cast<double>(elastic_clipped(needs, own, n, t, o, pages)) / nd;
+    out.clipped_per_request +=
+        static_cast<double>(elastic_clipped(needs, own, n, t, o, pages)) / nd;
     out.zero_clip_per_request +=
         static_cast<double>(zero_clip_pages(needs, own, o.group_size, o.page_tokens)) * cell / nd;
     ++out.count;
@@ -358,8 +399,12 @@ inline std::size_t check_elastic(retention_samples const& s, elastic_options con
   check_samples(s);
   (void)scorer_of(s, o.basis);
   std::size_t n = s.layer_ids.size() * static_cast<std::size_t>(s.num_kv_heads);
-  TANGRAM_EXPECTS(n % static_cast<std::size_t>(o.group_size) == 0, invalid_argument,
-                  "elastic_options.group_size: ", o.group_size, " does not divide the ", n,
+  TANGRAM_EXPECTS(n % static_cast<std::size_t>(o.group_size) == 0,
+                  invalid_argument,
+                  "elastic_options.group_size: ",
+                  o.group_size,
+                  " does not divide the ",
+                  n,
                   " profiled heads");
   return n;
 }
@@ -380,10 +425,11 @@ inline std::vector<double> required_margins(retention_samples const& s,
   out.reserve(sample_ids.size());
   for (auto k : sample_ids) {
     auto const& smp = s.samples[k];
-    double K        = static_cast<double>(t.tokens(static_cast<std::int64_t>(members.size()),
-                                                   smp.context_tokens));
-    double z = static_cast<double>(zero_clip_pages(smp.kept, members, o.group_size, o.page_tokens)) *
-               o.group_size * o.page_tokens;
+    double K        = static_cast<double>(
+        t.tokens(static_cast<std::int64_t>(members.size()), smp.context_tokens));
+    double z =
+        static_cast<double>(zero_clip_pages(smp.kept, members, o.group_size, o.page_tokens)) *
+        o.group_size * o.page_tokens;
     out.push_back(K > 0 ? z / K - 1.0 : 0.0);
   }
   return out;
@@ -391,7 +437,8 @@ inline std::vector<double> required_margins(retention_samples const& s,
 
 /**
  * @brief The margin for calibration samples `sample_ids` with plan-time groups formed from them:
- * the fixed `o.margin` if set, else clamp(mean + alpha sd of required_margins, 0, max_elastic_margin).
+ * the fixed `o.margin` if set, else clamp(mean + alpha sd of required_margins, 0,
+ * max_elastic_margin).
  * @throw invalid_argument for bad options or samples, or an empty or out-of-range `sample_ids`.
  */
 inline double calibrate_elastic_margin(retention_samples const& s,
@@ -400,10 +447,15 @@ inline double calibrate_elastic_margin(retention_samples const& s,
   detail::check_elastic(s, o);
   TANGRAM_EXPECTS(!sample_ids.empty(), invalid_argument, "calibrate_elastic_margin: no samples");
   for (auto k : sample_ids)
-    TANGRAM_EXPECTS(k < s.samples.size(), invalid_argument, "calibrate_elastic_margin: sample index ",
-                    k, " out of range (", s.samples.size(), " samples)");
+    TANGRAM_EXPECTS(k < s.samples.size(),
+                    invalid_argument,
+                    "calibrate_elastic_margin: sample index ",
+                    k,
+                    " out of range (",
+                    s.samples.size(),
+                    " samples)");
   if (o.margin) return *o.margin;
-  auto m = required_margins(s, sample_ids, elastic_group_members(s, sample_ids), o);
+  auto m   = required_margins(s, sample_ids, elastic_group_members(s, sample_ids), o);
   double v = detail::mean_of(m.data(), m.size()) +
              o.margin_alpha * detail::population_stddev(m.data(), m.size());
   return std::clamp(v, 0.0, max_elastic_margin);
@@ -422,14 +474,21 @@ inline std::vector<double> elastic_margin_grid() {
  * @throw invalid_argument for bad options or samples (Hp not dividing the heads, no keep ratio),
  *        or more folds than samples (distinct context lengths with group_by_context).
  */
-inline elastic_report evaluate_elastic(retention_samples const& s, elastic_options const& o = {},
-                                       evaluation_options const& e  = {},
+inline elastic_report evaluate_elastic(retention_samples const& s,
+                                       elastic_options const& o         = {},
+                                       evaluation_options const& e      = {},
                                        std::vector<double> const& sweep = {}) {
   e.validate();
   std::size_t n = detail::check_elastic(s, o);
   for (std::size_t i = 0; i < sweep.size(); ++i)
-    TANGRAM_EXPECTS(sweep[i] >= 0 && sweep[i] <= max_elastic_margin, invalid_argument, "sweep[", i,
-                    "]: margin must be in [0, ", max_elastic_margin, "], got ", sweep[i]);
+    TANGRAM_EXPECTS(sweep[i] >= 0 && sweep[i] <= max_elastic_margin,
+                    invalid_argument,
+                    "sweep[",
+                    i,
+                    "]: margin must be in [0, ",
+                    max_elastic_margin,
+                    "], got ",
+                    sweep[i]);
   auto folds    = detail::assign_folds(s, e);
   std::size_t S = s.samples.size();
   std::vector<std::size_t> all(S);
@@ -446,9 +505,10 @@ inline elastic_report evaluate_elastic(retention_samples const& s, elastic_optio
   rep.margin            = calibrate_elastic_margin(s, all, o);
   double err_sum = 0, ratio_sum = 0;
   for (auto const& smp : s.samples) {
-    double K    = static_cast<double>(t.tokens(static_cast<std::int64_t>(n), smp.context_tokens));
-    double kept = static_cast<double>(std::accumulate(smp.kept.begin(), smp.kept.end(), std::int64_t{0}));
-    double err  = kept / K - 1.0;
+    double K = static_cast<double>(t.tokens(static_cast<std::int64_t>(n), smp.context_tokens));
+    double kept =
+        static_cast<double>(std::accumulate(smp.kept.begin(), smp.kept.end(), std::int64_t{0}));
+    double err = kept / K - 1.0;
     err_sum += err;
     rep.total_error_max = std::max(rep.total_error_max, std::abs(err));
     ratio_sum += kept / static_cast<double>(smp.context_tokens);

@@ -57,7 +57,8 @@ struct elastic_selection {
   std::int64_t pages_used   = 0;          ///< sum of group_pages
   std::int64_t wanted_total = 0;          ///< sum over heads of need_h
   std::int64_t wanted_kept  = 0;          ///< sum over heads of min(need_h, p_g * P)
-  std::int64_t padding_kept = 0;  ///< next-best tokens in padding: min(p_g P, candidates) - wanted kept
+  std::int64_t padding_kept =
+      0;  ///< next-best tokens in padding: min(p_g P, candidates) - wanted kept
 
   /// Wanted tokens the placement could not keep.
   [[nodiscard]] std::int64_t wanted_clipped() const { return wanted_total - wanted_kept; }
@@ -67,55 +68,92 @@ struct elastic_selection {
 struct elastic_selection_input {
   std::vector<std::int64_t> const* needs   = nullptr;  ///< [head] wanted tokens, in [0, candidates]
   std::vector<std::int32_t> const* members = nullptr;  ///< [g * Hp + c] head of column c of group g
-  std::int32_t group_size  = 4;                        ///< Hp
-  std::int32_t page_tokens = 16;                       ///< P
-  std::int64_t candidates  = 0;  ///< tokens every head has seen (held + chunk)
-  std::int64_t protect     = 0;  ///< sink + window tokens every head keeps
+  std::int32_t group_size                  = 4;        ///< Hp
+  std::int32_t page_tokens                 = 16;       ///< P
+  std::int64_t candidates                  = 0;  ///< tokens every head has seen (held + chunk)
+  std::int64_t protect                     = 0;  ///< sink + window tokens every head keeps
   std::int64_t budget_pages = 0;  ///< R: the request's remaining reservation for these groups
 
   /// @throw invalid_argument naming the field and the value (members must be a permutation of
   ///        the heads, grouped by Hp; needs within [0, candidates]).
   void validate() const {
-    TANGRAM_EXPECTS(needs != nullptr && members != nullptr, invalid_argument,
+    TANGRAM_EXPECTS(needs != nullptr && members != nullptr,
+                    invalid_argument,
                     "elastic_selection_input: needs and members must be set");
-    TANGRAM_EXPECTS(group_size >= 1, invalid_argument,
-                    "elastic_selection_input.group_size: must be >= 1, got ", group_size);
-    TANGRAM_EXPECTS(page_tokens >= 1, invalid_argument,
-                    "elastic_selection_input.page_tokens: must be >= 1, got ", page_tokens);
-    TANGRAM_EXPECTS(candidates >= 0, invalid_argument,
-                    "elastic_selection_input.candidates: must be >= 0, got ", candidates);
-    TANGRAM_EXPECTS(protect >= 0, invalid_argument,
-                    "elastic_selection_input.protect: must be >= 0, got ", protect);
-    TANGRAM_EXPECTS(budget_pages >= 0, invalid_argument,
-                    "elastic_selection_input.budget_pages: must be >= 0, got ", budget_pages);
+    TANGRAM_EXPECTS(group_size >= 1,
+                    invalid_argument,
+                    "elastic_selection_input.group_size: must be >= 1, got ",
+                    group_size);
+    TANGRAM_EXPECTS(page_tokens >= 1,
+                    invalid_argument,
+                    "elastic_selection_input.page_tokens: must be >= 1, got ",
+                    page_tokens);
+    TANGRAM_EXPECTS(candidates >= 0,
+                    invalid_argument,
+                    "elastic_selection_input.candidates: must be >= 0, got ",
+                    candidates);
+    TANGRAM_EXPECTS(protect >= 0,
+                    invalid_argument,
+                    "elastic_selection_input.protect: must be >= 0, got ",
+                    protect);
+    TANGRAM_EXPECTS(budget_pages >= 0,
+                    invalid_argument,
+                    "elastic_selection_input.budget_pages: must be >= 0, got ",
+                    budget_pages);
     std::size_t heads = needs->size();
-    TANGRAM_EXPECTS(members->size() == heads, invalid_argument,
-                    "elastic_selection_input.members: expected ", heads, " entries (one per head), got ",
+    TANGRAM_EXPECTS(members->size() == heads,
+                    invalid_argument,
+                    "elastic_selection_input.members: expected ",
+                    heads,
+                    " entries (one per head), got ",
                     members->size());
-    TANGRAM_EXPECTS(heads % static_cast<std::size_t>(group_size) == 0, invalid_argument,
-                    "elastic_selection_input.group_size: ", group_size, " does not divide the ", heads,
+    TANGRAM_EXPECTS(heads % static_cast<std::size_t>(group_size) == 0,
+                    invalid_argument,
+                    "elastic_selection_input.group_size: ",
+                    group_size,
+                    " does not divide the ",
+                    heads,
                     " heads");
     std::vector<bool> seen(heads, false);
     for (std::size_t i = 0; i < heads; ++i) {
       auto m = (*members)[i];
-      TANGRAM_EXPECTS(m >= 0 && static_cast<std::size_t>(m) < heads, invalid_argument,
-                      "elastic_selection_input.members[", i, "]: head ", m, " out of range [0, ",
-                      heads, ")");
-      TANGRAM_EXPECTS(!seen[static_cast<std::size_t>(m)], invalid_argument,
-                      "elastic_selection_input.members[", i, "]: head ", m, " appears twice");
+      TANGRAM_EXPECTS(m >= 0 && static_cast<std::size_t>(m) < heads,
+                      invalid_argument,
+                      "elastic_selection_input.members[",
+                      i,
+                      "]: head ",
+                      m,
+                      " out of range [0, ",
+                      heads,
+                      ")");
+      TANGRAM_EXPECTS(!seen[static_cast<std::size_t>(m)],
+                      invalid_argument,
+                      "elastic_selection_input.members[",
+                      i,
+                      "]: head ",
+                      m,
+                      " appears twice");
       seen[static_cast<std::size_t>(m)] = true;
-      auto n = (*needs)[i];
-      TANGRAM_EXPECTS(n >= 0 && n <= candidates, invalid_argument, "elastic_selection_input.needs[",
-                      i, "]: must be in [0, candidates = ", candidates, "], got ", n);
+      auto n                            = (*needs)[i];
+      TANGRAM_EXPECTS(n >= 0 && n <= candidates,
+                      invalid_argument,
+                      "elastic_selection_input.needs[",
+                      i,
+                      "]: must be in [0, candidates = ",
+                      candidates,
+                      "], got ",
+                      n);
     }
   }
 };
 
-/// Wanted tokens the next page of a group at `pages` pages adds: sum of clamp(need - pages P, 0, P).
-inline std::int64_t elastic_page_gain(elastic_selection_input const& in, std::size_t group,
+/// Wanted tokens the next page of a group at `pages` pages adds: sum of clamp(need - pages P, 0,
+/// P).
+inline std::int64_t elastic_page_gain(elastic_selection_input const& in,
+                                      std::size_t group,
                                       std::int64_t pages) {
   std::int64_t len = pages * in.page_tokens, gain = 0;
-  auto hp          = static_cast<std::size_t>(in.group_size);
+  auto hp = static_cast<std::size_t>(in.group_size);
   for (std::size_t c = 0; c < hp; ++c) {
     auto need = (*in.needs)[static_cast<std::size_t>((*in.members)[group * hp + c])];
     gain += std::clamp<std::int64_t>(need - len, 0, in.page_tokens);
@@ -126,7 +164,8 @@ inline std::int64_t elastic_page_gain(elastic_selection_input const& in, std::si
 /**
  * @brief Chooses every group's length in pages (the greedy of the file comment; optimal).
  * @return `fits == false` (nothing chosen) when G * ceil(min(candidates, protect) / P) pages, the
- *         protected floors, exceed `budget_pages`: not enough reservation is a result, not an error.
+ *         protected floors, exceed `budget_pages`: not enough reservation is a result, not an
+ * error.
  * @throw invalid_argument for malformed input, naming the field and the value.
  */
 inline elastic_selection select_group_lengths(elastic_selection_input const& in) {
@@ -138,8 +177,7 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
   for (auto n : needs)
     out.wanted_total = detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
   std::int64_t lo = ceil_div(std::min(in.candidates, in.protect), in.page_tokens);
-  auto floors =
-      detail::mul_checked(lo, static_cast<std::int64_t>(G)).value_or(in.budget_pages + 1);
+  auto floors = detail::mul_checked(lo, static_cast<std::int64_t>(G)).value_or(in.budget_pages + 1);
   if (floors > in.budget_pages) return out;
 
   out.fits = true;
@@ -149,7 +187,8 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
   using entry = std::pair<std::int64_t, std::int64_t>;
   std::priority_queue<entry> heap;
   for (std::size_t g = 0; g < G; ++g)
-    if (auto d = elastic_page_gain(in, g, lo); d > 0) heap.emplace(d, -static_cast<std::int64_t>(g));
+    if (auto d = elastic_page_gain(in, g, lo); d > 0)
+      heap.emplace(d, -static_cast<std::int64_t>(g));
   while (out.pages_used < in.budget_pages && !heap.empty()) {
     auto g = static_cast<std::size_t>(-heap.top().second);
     heap.pop();
