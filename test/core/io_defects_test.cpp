@@ -43,8 +43,8 @@ std::set<std::string> entries(std::string const& dir) {
 bool valid_utf8(std::string const& s) {
   std::size_t i = 0;
   while (i < s.size()) {
-    auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-    auto cont = [&](std::size_t k) { return k < s.size() && (b(k) & 0xc0) == 0x80; };
+    auto b     = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+    auto cont  = [&](std::size_t k) { return k < s.size() && (b(k) & 0xc0) == 0x80; };
     unsigned c = b(i);
     if (c < 0x80) {
       i += 1;
@@ -153,12 +153,12 @@ TEST_CASE("write_file refuses a folder, a dangling link and a missing folder, le
   auto dir = fresh_dir("refuse");
   fs::create_directories(dir + "/sub");
   REQUIRE(::symlink("nowhere", (dir + "/dangling").c_str()) == 0);
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(write_file(dir + "/sub", "x"), invalid_argument, "sub\"",
-                                  "not a regular file");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(write_file(dir + "/dangling", "x"), invalid_argument,
-                                  "dangling\"", "symbolic link");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(write_file(dir + "/missing/out.json", "x"), invalid_argument,
-                                  "cannot write", "out.json\"");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      write_file(dir + "/sub", "x"), invalid_argument, "sub\"", "not a regular file");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      write_file(dir + "/dangling", "x"), invalid_argument, "dangling\"", "symbolic link");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      write_file(dir + "/missing/out.json", "x"), invalid_argument, "cannot write", "out.json\"");
   CHECK(entries(dir) == std::set<std::string>{"sub", "dangling"});
   CHECK(fs::is_empty(dir + "/sub"));
 }
@@ -171,7 +171,7 @@ TEST_CASE("write_file leaves no temporary and the old contents when a write fail
   // A file size limit makes the write itself fail after the temporary exists.
   struct rlimit saved {};
   REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved) == 0);
-  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  auto old_handler    = std::signal(SIGXFSZ, SIG_IGN);
   struct rlimit small = saved;
   small.rlim_cur      = 16;
   REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
@@ -204,8 +204,7 @@ TEST_CASE("write_file creates files with the umask's mode and keeps a replaced f
   CHECK(read_file(dir + "/new.json") == "y");
 }
 
-TEST_CASE("write_file appends to an open descriptor's file instead of replacing it",
-          "[file_io]") {
+TEST_CASE("write_file appends to an open descriptor's file instead of replacing it", "[file_io]") {
   auto dir  = fresh_dir("descriptor");
   auto file = dir + "/stdout.txt";
   int fd    = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -266,11 +265,13 @@ TEST_CASE("json writes non-finite numbers as null, so written JSON is always JSO
 
 TEST_CASE("json writes valid UTF-8 and no terminal controls whatever the strings hold",
           "[regression][json]") {
-  namespace json = tangram::detail::json;
-  std::string bad = "a\xff\xc3(\xed\xa0\x80\xf4\x90\x80\x80\xc0\xafz";  // invalid sequences
-  std::string good = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";  // e-acute, euro, emoji
-  std::string ctl  = "\x1b[2J\x7f\xc2\x9b" "31m";  // ESC, DEL, U+009B (CSI)
-  auto doc         = json::value::object();
+  namespace json   = tangram::detail::json;
+  std::string bad  = "a\xff\xc3(\xed\xa0\x80\xf4\x90\x80\x80\xc0\xafz";  // invalid sequences
+  std::string good = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";             // e-acute, euro, emoji
+  std::string ctl =
+      "\x1b[2J\x7f\xc2\x9b"
+      "31m";  // ESC, DEL, U+009B (CSI)
+  auto doc = json::value::object();
   doc.set("bad", bad);
   doc.set("good", good);
   doc.set("ctl", ctl);
@@ -286,12 +287,15 @@ TEST_CASE("json writes valid UTF-8 and no terminal controls whatever the strings
   CHECK(fixed.front() == 'a');
   CHECK(fixed.back() == 'z');
   CHECK(fixed.find("\xef\xbf\xbd") != std::string::npos);  // U+FFFD replaces what was invalid
-  CHECK(json::dump(back, -1) == text);                       // and stays put from then on
+  CHECK(json::dump(back, -1) == text);                     // and stays put from then on
 }
 
 TEST_CASE("quoted and printable escape terminal controls and invalid UTF-8", "[regression][str]") {
   namespace td = tangram::detail;  // qualified: std::quoted would win by ADL
-  std::string hostile = "evil\x1b]0;title\x07\x9b" "2J\xc2\x9b" "2J\xff\xc3 \xc3\xa9nd";
+  std::string hostile =
+      "evil\x1b]0;title\x07\x9b"
+      "2J\xc2\x9b"
+      "2J\xff\xc3 \xc3\xa9nd";
   for (auto const& s : {td::quoted(hostile), td::printable(hostile), td::quoted(hostile, 8)}) {
     INFO(s);
     CHECK(terminal_safe(s));
@@ -304,7 +308,7 @@ TEST_CASE("quoted and printable escape terminal controls and invalid UTF-8", "[r
 }
 
 TEST_CASE("json errors print the source name with its controls escaped", "[regression][json]") {
-  namespace json = tangram::detail::json;
+  namespace json     = tangram::detail::json;
   std::string source = "f\x1b[2J.json";
   try {
     (void)json::parse("[1,", source);

@@ -71,7 +71,8 @@ bool terminal_safe(std::string const& s) {
   for (std::size_t i = 0; i < s.size(); ++i) {
     auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 && c != '\n') return false;
-    if (c == 0x7f || (c >= 0x80 && c <= 0x9f && (i == 0 || static_cast<unsigned char>(s[i - 1]) < 0xc0)))
+    if (c == 0x7f ||
+        (c >= 0x80 && c <= 0x9f && (i == 0 || static_cast<unsigned char>(s[i - 1]) < 0xc0)))
       return false;
     if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9f) return false;
   }
@@ -96,11 +97,11 @@ TEST_CASE("plan_json_bound is an upper bound of the written plan", "[regression]
     auto model   = synthetic_model(s.L, s.H, std::string(200, '\x01'));
     auto profile = synthetic_profile(model, 7);
     plan_options o;
-    o.group_size = s.Hp;
-    o.scope      = s.scope;
-    o.tp_size    = s.tp;
-    o.tp_rank    = s.tp - 1;
-    o.split.limits.sm_count = 65536;  // the widest CTA boundaries
+    o.group_size               = s.Hp;
+    o.scope                    = s.scope;
+    o.tp_size                  = s.tp;
+    o.tp_rank                  = s.tp - 1;
+    o.split.limits.sm_count    = 65536;  // the widest CTA boundaries
     o.split.limits.ctas_per_sm = 64;
     o.split.weighting          = split_weighting::budget;
     auto text                  = to_json(build_static_plan(model, profile, o));
@@ -119,8 +120,8 @@ TEST_CASE("plan --out refuses up front a plan that could exceed the plan file li
   save_budget_profile(profile, dir + "/profile.json");
   plan_options o;
   REQUIRE(plan_json_bound(model, profile, o) > plan_file_limits::max_bytes);
-  auto r = run({"plan", dir + "/profile.json", "--model", dir + "/model.json", "--out",
-                dir + "/plan.json"});
+  auto r = run(
+      {"plan", dir + "/profile.json", "--model", dir + "/model.json", "--out", dir + "/plan.json"});
   INFO(r.err);
   CHECK(r.code == 2);
   CHECK(r.out.empty());
@@ -165,39 +166,44 @@ TEST_CASE("reference contexts above 2^24 are refused by the CLI, the reader and 
   CHECK(r.err.find("--reference-contexts") != std::string::npos);
   CHECK(r.err.find("16777216") != std::string::npos);
   CHECK(r.err.find("16777217") != std::string::npos);
-  CHECK(run({"plan", "snapkv/llama-3.1-8b-instruct", "--reference-contexts", "16777216"}).code == 0);
+  CHECK(run({"plan", "snapkv/llama-3.1-8b-instruct", "--reference-contexts", "16777216"}).code ==
+        0);
 
   auto model   = synthetic_model(2, 4);
   auto profile = synthetic_profile(model, 3);
   plan_options o;
   o.split.reference_contexts = {1024, (std::int64_t{1} << 24) + 1};
   auto plan                  = build_static_plan(model, profile, o);
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(to_json(plan), tangram::invalid_argument,
-                                  "options.reference_contexts[1]", "16777216", "16777217");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(to_json(plan),
+                                  tangram::invalid_argument,
+                                  "options.reference_contexts[1]",
+                                  "16777216",
+                                  "16777217");
   plan.options.split.reference_contexts = {1024, std::int64_t{1} << 24};
   auto text                             = to_json(plan);
   auto at                               = text.find("16777216");
   REQUIRE(at != std::string::npos);
   text.replace(at, 8, "16777217");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_static_plan(text, "plan.json"), tangram::parse_error,
-                                  "plan.json: options.reference_contexts[1]", "16777216",
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_static_plan(text, "plan.json"),
+                                  tangram::parse_error,
+                                  "plan.json: options.reference_contexts[1]",
+                                  "16777216",
                                   "got 16777217");
 }
 
 // ---- defect 7: names reach the terminal escaped ------------------------------------------------
 
-TEST_CASE("plan and inspect print hostile model names and paths escaped",
-          "[regression][cli]") {
-  auto dir          = fresh_dir("names");
-  std::string evil  = "evil\x1b]0;pwned\x07\x1b[2J\xff";
-  auto model        = model_preset("llama-3.1-8b");
-  model.name        = evil;
-  auto model_path   = dir + "/model.json";
-  auto plan_path    = dir + "/plan\x1b[31m.json";
+TEST_CASE("plan and inspect print hostile model names and paths escaped", "[regression][cli]") {
+  auto dir         = fresh_dir("names");
+  std::string evil = "evil\x1b]0;pwned\x07\x1b[2J\xff";
+  auto model       = model_preset("llama-3.1-8b");
+  model.name       = evil;
+  auto model_path  = dir + "/model.json";
+  auto plan_path   = dir + "/plan\x1b[31m.json";
   detail::write_file(model_path, to_json(model));
   for (bool as_json : {false, true}) {
-    std::vector<std::string> argv = {"plan", "snapkv/llama-3.1-8b-instruct", "--model", model_path,
-                                     "--out", plan_path};
+    std::vector<std::string> argv = {
+        "plan", "snapkv/llama-3.1-8b-instruct", "--model", model_path, "--out", plan_path};
     if (as_json) argv.push_back("--json");
     auto r = run(argv);
     INFO(r.err);
