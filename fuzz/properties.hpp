@@ -5,6 +5,8 @@
 // (another exception, a violated invariant, a crash) is a failure.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -31,14 +33,35 @@ inline void require(bool ok, char const* what) {
   if (!ok) throw property_violation(what);
 }
 
-/// JSON: parse, then dump -> parse -> dump is a fixed point (compact and pretty).
+/// True when a parsed document holds a NaN or an infinity anywhere.
+inline bool has_non_finite(tangram::detail::json::value const& v) {
+  namespace json = tangram::detail::json;
+  if (v.type() == json::kind::number) return !std::isfinite(v.number());
+  for (auto const& e : v.elements())
+    if (has_non_finite(e)) return true;
+  for (auto const& m : v.members())
+    if (has_non_finite(m.second)) return true;
+  return false;
+}
+
+/// JSON: parse, then dump -> parse -> dump is a fixed point (compact and pretty), and what is
+/// written is JSON: valid UTF-8, no raw control byte, no NaN or Infinity.
 inline void json_roundtrip(std::string_view text) {
   namespace json = tangram::detail::json;
   try {
     auto v = json::parse(text, "fuzz");
     for (int indent : {-1, 2}) {
       std::string once = json::dump(v, indent);
-      require(json::dump(json::parse(once, "roundtrip"), indent) == once, "json dump is not a fixed point");
+      auto back        = json::parse(once, "roundtrip");
+      require(json::dump(back, indent) == once, "json dump is not a fixed point");
+      require(!has_non_finite(back), "json dump wrote a non-finite number");
+      for (std::size_t i = 0; i < once.size();) {
+        std::uint32_t cp = 0;
+        std::size_t len  = tangram::detail::utf8_sequence(once, i, cp);
+        require(len > 0, "json dump wrote invalid UTF-8");
+        require(!tangram::detail::is_control(cp) || cp == '\n', "json dump wrote a control byte");
+        i += len;
+      }
     }
   } catch (tangram::parse_error const&) {
   }
