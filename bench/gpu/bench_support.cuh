@@ -1,20 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shared pieces of the GPU benchmarks: device check, cold-L2 flush, CUDA-event timing, and a
-// synthetic paged KV cache (one head per group, shuffled page ids) built directly on the device.
+// Shared pieces of the GPU benchmarks: a tiny runner (no Google Benchmark: the programs build
+// on a bare GPU machine), cold-L2 flush, CUDA-event timing, and a synthetic paged KV cache (one
+// head per group, shuffled page ids) built directly on the device.
+//
+// Every program takes [--short] [--iterations N] [--out FILE.json] and writes
+// {"benchmarks": [{"name", "real_time" (us per iteration), "time_unit", "iterations", counters...,
+// "error_occurred", "error_message"}]}, the field names Google Benchmark uses.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include <benchmark/benchmark.h>
-
 #include "device_buffer.cuh"
+#include "tangram/detail/file_io.hpp"
+#include "tangram/detail/json.hpp"
 #include "tangram/device/device.hpp"
 #include "tangram/memory/kv_view.hpp"
 
@@ -26,13 +37,107 @@ inline constexpr double h200_peak_bytes_per_s = 4.8e12;
 using test::cuda_check;
 using test::device_buffer;
 
-/// True (after reporting the error) when the benchmark cannot run here.
-inline bool skip_without_device(benchmark::State& state) {
-  if (cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
+/// One benchmark's outcome: time per iteration and named counters (or an error).
+struct result {
+  std::string name;
+  double real_time_us = 0;
+  int iterations      = 0;
+  std::vector<std::pair<std::string, double>> counters;
+  std::string error;
+};
+
+/// What a benchmark body gets: the iteration count and where to put its numbers.
+struct state {
+  int iterations = 10;
+  bool short_mode = false;
+  result* out     = nullptr;
+  void counter(std::string const& name, double v) { out->counters.emplace_back(name, v); }
+};
+
+struct benchmark_def {
+  std::string name;
+  std::function<void(state&)> run;  ///< sets out->real_time_us and the counters
+};
+
+/// Runs `defs` (the first `short_count` of them with --short) and writes the JSON report.
+/// Exits 0 unless the arguments are wrong or the report cannot be written; without a device
+/// every benchmark reports "no CUDA device".
+inline int run_benchmarks(int argc, char** argv, std::vector<benchmark_def> const& defs,
+                          std::size_t short_count) {
+  bool short_mode = false;
+  int iterations  = 20;
+  std::string out_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--short") == 0) {
+      short_mode = true;
+      iterations = std::min(iterations, 5);
+    } else if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc) {
+      iterations = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+      out_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "%s: unknown argument %s (--short, --iterations N, --out FILE)\n",
+                   argv[0], argv[i]);
+      return 2;
+    }
   }
-  return false;
+  if (iterations < 1) {
+    std::fprintf(stderr, "%s: --iterations must be >= 1, got %d\n", argv[0], iterations);
+    return 2;
+  }
+  const bool device = cuda_device_count() > 0;
+  std::vector<result> results;
+  std::size_t n = short_mode ? std::min(short_count, defs.size()) : defs.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    result r;
+    r.name       = defs[i].name;
+    r.iterations = iterations;
+    if (!device) {
+      r.error = "no CUDA device";
+    } else {
+      state st{iterations, short_mode, &r};
+      try {
+        defs[i].run(st);
+      } catch (std::exception const& e) {
+        r.error = e.what();
+      }
+    }
+    if (r.error.empty()) {
+      std::printf("%-40s %12.1f us", r.name.c_str(), r.real_time_us);
+      for (auto const& [k, v] : r.counters) std::printf("  %s=%.4g", k.c_str(), v);
+      std::printf("\n");
+    } else {
+      std::printf("%-40s ERROR: %s\n", r.name.c_str(), r.error.c_str());
+    }
+    std::fflush(stdout);
+    results.push_back(std::move(r));
+  }
+  if (!out_path.empty()) {
+    namespace json = detail::json;
+    json::value list = json::value::array();
+    for (auto const& r : results) {
+      json::value b = json::value::object();
+      b.members().emplace_back("name", r.name);
+      b.members().emplace_back("real_time", r.real_time_us);
+      b.members().emplace_back("time_unit", "us");
+      b.members().emplace_back("iterations", r.iterations);
+      for (auto const& [k, v] : r.counters) b.members().emplace_back(k, v);
+      if (!r.error.empty()) {
+        b.members().emplace_back("error_occurred", true);
+        b.members().emplace_back("error_message", r.error);
+      }
+      list.elements().push_back(std::move(b));
+    }
+    json::value doc = json::value::object();
+    doc.members().emplace_back("benchmarks", std::move(list));
+    try {
+      detail::write_file(out_path, json::dump(doc) + "\n");
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+      return 2;
+    }
+  }
+  return 0;
 }
 
 /// Evicts the L2 cache by writing a buffer of at least twice its size before each timed launch.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Decode-attention benchmarks on the GPU (Google Benchmark, manual time from CUDA events, L2
-// flushed before every timed launch). Shapes follow one Llama-3.1-8B layer: 8 KV heads, GQA 4,
+// Decode-attention benchmarks on the GPU (time from CUDA events, L2 flushed before every timed
+// launch; runner and options in bench_support.cuh). Shapes follow one Llama-3.1-8B layer: 8 KV heads, GQA 4,
 // head dim 128, bf16 K/V, 16-token pages.
 //
 //  BM_decode_bandwidth/B/ctx: every head holds ctx tokens; counters TB_per_s and hbm_fraction
@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bench_support.cuh"
@@ -71,34 +72,25 @@ std::vector<std::int32_t> cta_begin_for(std::vector<double> const& budgets, std:
   return build_split_map(rules, 1, H, o).cta_begin;
 }
 
-void BM_decode_bandwidth(benchmark::State& state) {
-  if (skip_without_device(state)) return;
-  auto batch = static_cast<std::int32_t>(state.range(0));
-  auto ctx   = static_cast<std::int32_t>(state.range(1));
-  auto lim   = limits_or_default();
+void decode_bandwidth(state& st, std::int32_t batch, std::int32_t ctx) {
+  auto lim = limits_or_default();
   decode_setup s(batch,
                  std::vector<std::int32_t>(static_cast<std::size_t>(batch * H), ctx),
                  cta_begin_for(std::vector<double>(H, 1.0), lim.max_ctas()),
                  lim.max_ctas());
   l2_flusher flusher;
+  s.enqueue(nullptr);  // warm-up
   double total = 0;
-  for (auto _ : state) {
-    double t = timed(flusher, nullptr, [&] { s.enqueue(nullptr); });
-    state.SetIterationTime(t);
-    total += t;
-  }
-  double per = total / static_cast<double>(state.iterations());
-  state.SetBytesProcessed(static_cast<std::int64_t>(s.kv_bytes()) * state.iterations());
-  state.counters["TB_per_s"]     = s.kv_bytes() / per / 1e12;
-  state.counters["hbm_fraction"] = s.kv_bytes() / per / h200_peak_bytes_per_s;
-  state.counters["n_cta"]        = lim.max_ctas();
+  for (int i = 0; i < st.iterations; ++i) total += timed(flusher, nullptr, [&] { s.enqueue(nullptr); });
+  double per            = total / st.iterations;
+  st.out->real_time_us = per * 1e6;
+  st.counter("TB_per_s", s.kv_bytes() / per / 1e12);
+  st.counter("hbm_fraction", s.kv_bytes() / per / h200_peak_bytes_per_s);
+  st.counter("n_cta", lim.max_ctas());
 }
 
-void BM_decode_skew(benchmark::State& state) {
-  if (skip_without_device(state)) return;
-  auto batch = static_cast<std::int32_t>(state.range(0));
-  auto ctx   = static_cast<std::int32_t>(state.range(1));
-  auto lim   = limits_or_default();
+void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
+  auto lim = limits_or_default();
   // Per-head budgets with a realistic spread (heads of one layer of a calibrated profile range
   // from a few percent to everything); the uniform case keeps their mean.
   const std::vector<double> budget = {1.0, 0.55, 0.32, 0.2, 0.12, 0.08, 0.05, 0.04};
@@ -117,38 +109,48 @@ void BM_decode_skew(benchmark::State& state) {
   decode_setup aot(batch, skew_len, cta_begin_for(budget, n_cta), n_cta);
   decode_setup equal_split(batch, skew_len, cta_begin_for(equal, n_cta), n_cta);
   l2_flusher flusher;
+  uniform.enqueue(nullptr);  // warm-up
   double tu = 0, ta = 0, te = 0;
-  for (auto _ : state) {
+  for (int i = 0; i < st.iterations; ++i) {
     tu += timed(flusher, nullptr, [&] { uniform.enqueue(nullptr); });
-    double t = timed(flusher, nullptr, [&] { aot.enqueue(nullptr); });
+    ta += timed(flusher, nullptr, [&] { aot.enqueue(nullptr); });
     te += timed(flusher, nullptr, [&] { equal_split.enqueue(nullptr); });
-    ta += t;
-    state.SetIterationTime(t);
   }
-  auto it = static_cast<double>(state.iterations());
-  state.SetBytesProcessed(static_cast<std::int64_t>(aot.kv_bytes()) * state.iterations());
-  state.counters["uniform_us"]         = tu / it * 1e6;
-  state.counters["aot_us"]             = ta / it * 1e6;
-  state.counters["equal_split_us"]     = te / it * 1e6;
-  state.counters["aot_over_uniform"]   = ta / tu;
-  state.counters["equal_over_uniform"] = te / tu;
-  state.counters["bytes_ratio"]        = aot.kv_bytes() / uniform.kv_bytes();
-  state.counters["hbm_fraction_aot"]   = aot.kv_bytes() / (ta / it) / h200_peak_bytes_per_s;
-}
-
-void bandwidth_args(benchmark::internal::Benchmark* b) {
-  for (std::int64_t batch : {1, 8, 32, 128})
-    for (std::int64_t ctx : {4096, 32768, 131072})
-      if (batch * ctx <= (std::int64_t{1} << 22)) b->Args({batch, ctx});  // <= 17 GB of KV
+  auto it               = static_cast<double>(st.iterations);
+  st.out->real_time_us = ta / it * 1e6;  // the AOT case
+  st.counter("uniform_us", tu / it * 1e6);
+  st.counter("aot_us", ta / it * 1e6);
+  st.counter("equal_split_us", te / it * 1e6);
+  st.counter("aot_over_uniform", ta / tu);
+  st.counter("equal_over_uniform", te / tu);
+  st.counter("bytes_ratio", aot.kv_bytes() / uniform.kv_bytes());
+  st.counter("hbm_fraction_aot", aot.kv_bytes() / (ta / it) / h200_peak_bytes_per_s);
 }
 
 }  // namespace
 
-BENCHMARK(BM_decode_bandwidth)
-    ->Apply(bandwidth_args)
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_decode_skew)
-    ->ArgsProduct({{1, 16, 64}, {16384, 65536}})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+int main(int argc, char** argv) {
+  std::vector<benchmark_def> defs;
+  auto bandwidth = [&](std::int32_t b, std::int32_t ctx) {
+    defs.push_back({"BM_decode_bandwidth/" + std::to_string(b) + "/" + std::to_string(ctx),
+                    [=](state& st) { decode_bandwidth(st, b, ctx); }});
+  };
+  auto skew = [&](std::int32_t b, std::int32_t ctx) {
+    defs.push_back({"BM_decode_skew/" + std::to_string(b) + "/" + std::to_string(ctx),
+                    [=](state& st) { decode_skew(st, b, ctx); }});
+  };
+  // The short set (--short) first: one long-context, one batched, one skew point.
+  bandwidth(1, 131072);
+  bandwidth(32, 32768);
+  skew(16, 65536);
+  const std::size_t short_count = defs.size();
+  for (std::int32_t batch : {1, 8, 32, 128})
+    for (std::int32_t ctx : {4096, 32768, 131072})
+      if (static_cast<std::int64_t>(batch) * ctx <= (std::int64_t{1} << 22) &&
+          !(batch == 1 && ctx == 131072) && !(batch == 32 && ctx == 32768))
+        bandwidth(batch, ctx);  // <= 17 GB of KV
+  for (std::int32_t batch : {1, 16, 64})
+    for (std::int32_t ctx : {16384, 65536})
+      if (!(batch == 16 && ctx == 65536)) skew(batch, ctx);
+  return run_benchmarks(argc, argv, defs, short_count);
+}

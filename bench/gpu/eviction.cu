@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Chunk-eviction benchmarks on the GPU (Google Benchmark, manual time from CUDA events, L2
-// flushed before every timed launch). One Llama-3.1-8B-like layer: 8 KV heads, GQA 4, head dim
+// Chunk-eviction benchmarks on the GPU (time from CUDA events, L2 flushed before every timed
+// launch; runner and options in bench_support.cuh). One Llama-3.1-8B-like layer: 8 KV heads, GQA 4, head dim
 // 128, bf16, every head compressed with budget 0.25 (sink 4 + window 60 protected), a 4096-token
 // chunk. Throughput: K+V bytes of all candidates (held + chunk) per second, GB_per_s.
 //
-//  BM_evict/B/n_before/source: source 0 = supplied scores, 1 = key norm, 2 = SnapKV (w = 32).
+//  BM_evict/B/n_before/source: source 0 = supplied scores, 1 = key norm, 2 = SnapKV (w = 32);
+//  --short runs B 8, n_before 16384.
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bench_support.cuh"
@@ -20,11 +22,7 @@ namespace {
 
 constexpr std::int32_t H = 8, G = 4, D = 128, P = 16, chunk = 4096;
 
-void BM_evict(benchmark::State& state) {
-  if (skip_without_device(state)) return;
-  auto batch    = static_cast<std::int32_t>(state.range(0));
-  auto n_before = static_cast<std::int32_t>(state.range(1));
-  auto source   = static_cast<score_source>(state.range(2));
+void evict(state& st, std::int32_t batch, std::int32_t n_before, score_source source) {
   head_rule rule;
   rule.kind    = layer_kind::compressed;
   rule.budget  = 0.25;
@@ -61,22 +59,27 @@ void BM_evict(benchmark::State& state) {
   p.new_len        = new_len.get<std::int32_t>();
   device_buffer ws(eviction_workspace_bytes(p));
   l2_flusher flusher;
+  evict_chunk(p, ws.get(), ws.bytes(), nullptr);  // warm-up
   double total = 0;
-  for (auto _ : state) {
-    double t = timed(flusher, nullptr, [&] { evict_chunk(p, ws.get(), ws.bytes(), nullptr); });
-    state.SetIterationTime(t);
-    total += t;
-  }
-  double bytes = static_cast<double>(batch) * H * max_cand * 2 * D * 2;
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
-  state.counters["GB_per_s"]   = bytes / (total / static_cast<double>(state.iterations())) / 1e9;
-  state.counters["candidates"] = max_cand;
-  state.counters["keep"]       = static_cast<double>(retained_tokens(rule, n_before + chunk));
+  for (int i = 0; i < st.iterations; ++i)
+    total += timed(flusher, nullptr, [&] { evict_chunk(p, ws.get(), ws.bytes(), nullptr); });
+  double bytes          = static_cast<double>(batch) * H * max_cand * 2 * D * 2;
+  st.out->real_time_us = total / st.iterations * 1e6;
+  st.counter("GB_per_s", bytes / (total / st.iterations) / 1e9);
+  st.counter("candidates", max_cand);
+  st.counter("keep", static_cast<double>(retained_tokens(rule, n_before + chunk)));
 }
 
 }  // namespace
 
-BENCHMARK(BM_evict)
-    ->ArgsProduct({{1, 8}, {16384, 131072}, {0, 1, 2}})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+int main(int argc, char** argv) {
+  std::vector<benchmark_def> defs;
+  // The short set (--short) first: batch 8, 16K tokens before the chunk, every score source.
+  for (std::int32_t batch : {8, 1})
+    for (std::int32_t n_before : {16384, 131072})
+      for (int source : {0, 1, 2})
+        defs.push_back({"BM_evict/" + std::to_string(batch) + "/" + std::to_string(n_before) +
+                            "/" + std::to_string(source),
+                        [=](state& st) { evict(st, batch, n_before, static_cast<score_source>(source)); }});
+  return run_benchmarks(argc, argv, defs, 3);
+}

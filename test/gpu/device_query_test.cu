@@ -1,15 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-#include <catch2/catch.hpp>
-
+#include "gpu_test.hpp"
 #include "tangram/device/device.hpp"
 
-TEST_CASE("query_device reports the device the runtime sees", "[gpu][device]") {
-  REQUIRE(tangram::cuda_device_count() >= 1);
+TANGRAM_GPU_TEST("query_device reports the device the runtime sees", "[gpu][device]") {
+  GPU_REQUIRE(tangram::cuda_device_count() >= 1);
   auto info = tangram::query_device(0);
-  REQUIRE(info.has_value());
-  CHECK(info->sm_count > 0);
-  CHECK(info->total_memory_bytes > (std::size_t{1} << 30));
-  CHECK(info->compute_major >= 7);
-  CHECK_FALSE(tangram::query_device(-1).has_value());
-  CHECK_FALSE(tangram::query_device(tangram::cuda_device_count()).has_value());
+  GPU_REQUIRE(info.has_value());
+  GPU_CHECK(info->sm_count > 0);
+  GPU_CHECK(info->total_memory_bytes > (std::size_t{1} << 30));
+  GPU_CHECK(info->compute_major >= 7);
+  GPU_CHECK(!tangram::query_device(-1).has_value());
+  GPU_CHECK(!tangram::query_device(tangram::cuda_device_count()).has_value());
 }

@@ -1,27 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
-// Helpers for the GPU tests: a device mirror of a test_cache view (buffers: device_buffer.cuh).
+// Helpers for the GPU tests: a device mirror of a test_cache view (buffers: device_buffer.cuh),
+// and the GPU backend of the shared scenarios (kernel_cases.hpp): upload, launch, download.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstring>
-#include <memory>
+#include <stdexcept>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "../reference/kv_test_cache.hpp"
 #include "device_buffer.cuh"
+#include "gpu_test.hpp"
+#include "kernel_cases.hpp"
+#include "tangram/kernels/append.hpp"
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/eviction.hpp"
 #include "tangram/memory/kv_view.hpp"
 
 namespace tangram::test {
 
-#define TANGRAM_TEST_CUDA(call)                              \
-  do {                                                       \
-    cudaError_t tangram_err_ = (call);                       \
-    INFO(#call << ": " << cudaGetErrorString(tangram_err_)); \
-    REQUIRE(tangram_err_ == cudaSuccess);                    \
+#define TANGRAM_TEST_CUDA(call)                                                           \
+  do {                                                                                    \
+    cudaError_t tangram_err_ = (call);                                                    \
+    GPU_REQUIRE_MSG(tangram_err_ == cudaSuccess, #call << ": " << cudaGetErrorString(tangram_err_)); \
   } while (0)
 
 /// The arrays of a test_cache's view, copied to the device, and the device view over them.
@@ -41,6 +44,99 @@ struct device_cache : device_kv_arrays {
                          device_buffer(c.batch_slots())},
         view(host) {
     attach(view);
+  }
+};
+
+/// A device copy of `n` host elements at `p` (empty for null).
+template <class T>
+device_buffer upload(const T* p, std::size_t n) {
+  device_buffer b(p ? n * sizeof(T) : 0);
+  if (p) b.upload(p, n * sizeof(T));
+  return b;
+}
+
+/// Downloads a device buffer into `n` bytes at `dst`.
+inline void download(device_buffer const& b, void* dst, std::size_t n) {
+  if (n) cuda_check(cudaMemcpy(dst, b.get(), n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
+
+/// The GPU as a kernel_cases.hpp backend (synchronous; each call uploads what it needs).
+struct gpu_backend {
+  void decode(test_cache& cache, decode_params const& hp) {
+    device_cache dev(cache, hp.kv);
+    const std::int32_t B = hp.kv.batch_size, Hq = hp.num_q_heads(), d = hp.kv.geometry.head_dim;
+    const std::size_t out_bytes = static_cast<std::size_t>(B) * Hq * d * size_of(hp.o_dtype);
+    auto dbegin = upload(hp.splits.cta_begin,
+                         static_cast<std::size_t>(hp.splits.num_layers) * (hp.splits.num_kv_heads + 1));
+    auto dq     = upload(static_cast<const unsigned char*>(hp.q),
+                         static_cast<std::size_t>(B) * static_cast<std::size_t>(hp.q_row_stride()) * size_of(hp.q_dtype));
+    auto dsinks = upload(hp.sinks, static_cast<std::size_t>(Hq));
+    device_buffer dout(out_bytes), dlse(static_cast<std::size_t>(B) * Hq * 4);
+    decode_params p = hp;
+    p.kv            = dev.view;
+    p.splits.cta_begin = dbegin.get<std::int32_t>();
+    p.q             = dq.get();
+    p.sinks         = hp.sinks ? dsinks.get<float>() : nullptr;
+    p.o             = dout.get();
+    p.lse           = hp.lse ? dlse.get<float>() : nullptr;
+    device_buffer ws(decode_workspace_bytes(p));
+    decode_attention(p, ws.get(), ws.bytes(), nullptr);
+    cuda_check(cudaDeviceSynchronize(), "decode_attention");
+    auto first = dout.download<unsigned char>();
+    std::memcpy(hp.o, first.data(), out_bytes);
+    if (hp.lse) download(dlse, hp.lse, dlse.bytes());
+    // Deterministic: a second launch gives the same bits.
+    decode_attention(p, ws.get(), ws.bytes(), nullptr);
+    cuda_check(cudaDeviceSynchronize(), "decode_attention (second launch)");
+    if (dout.download<unsigned char>() != first)
+      throw std::runtime_error("decode_attention: a second launch gave different bits");
+  }
+
+  void evict(test_cache& cache, eviction_params const& hp) {
+    device_cache dev(cache, hp.kv);
+    const std::int32_t B = hp.kv.batch_size, H = hp.kv.num_kv_heads, d = hp.kv.geometry.head_dim;
+    const std::size_t rows = static_cast<std::size_t>(hp.chunk_indptr[B]);
+    const std::size_t es = static_cast<std::size_t>(hp.kv.geometry.element_bytes());
+    const std::size_t cand = static_cast<std::size_t>(B) * H * hp.max_candidates;
+    auto drules  = upload(hp.rules, static_cast<std::size_t>(H));
+    auto dindptr = upload(hp.chunk_indptr, static_cast<std::size_t>(B) + 1);
+    auto dck     = upload(static_cast<const unsigned char*>(hp.chunk_k), rows * H * d * es);
+    auto dcv     = upload(static_cast<const unsigned char*>(hp.chunk_v), rows * H * d * es);
+    auto dq      = upload(static_cast<const unsigned char*>(hp.q),
+                          hp.q ? rows * H * hp.group * d * size_of(hp.q_dtype) : 0);
+    auto dscores = upload(hp.scores, cand);
+    device_buffer dnew(static_cast<std::size_t>(B) * H * 4), dscores_out(cand * 4);
+    eviction_params p = hp;
+    p.kv           = dev.view;
+    p.rules        = drules.get<head_rule>();
+    p.chunk_indptr = dindptr.get<std::int32_t>();
+    p.chunk_k      = dck.get();
+    p.chunk_v      = dcv.get();
+    p.q            = hp.q ? dq.get() : nullptr;
+    p.scores       = hp.scores ? dscores.get<float>() : nullptr;
+    p.new_len      = dnew.get<std::int32_t>();
+    p.scores_out   = hp.scores_out ? dscores_out.get<float>() : nullptr;
+    device_buffer ws(eviction_workspace_bytes(p));
+    evict_chunk(p, ws.get(), ws.bytes(), nullptr);
+    cuda_check(cudaDeviceSynchronize(), "evict_chunk");
+    download(dev.pool, cache.pool().data(), cache.pool().size());
+    download(dnew, hp.new_len, dnew.bytes());
+    if (hp.scores_out) download(dscores_out, hp.scores_out, dscores_out.bytes());
+  }
+
+  void append(test_cache& cache, append_params const& hp) {
+    device_cache dev(cache, hp.kv);
+    const std::size_t n = static_cast<std::size_t>(hp.kv.batch_size) *
+                          static_cast<std::size_t>(hp.row_stride()) * size_of(hp.src_dtype);
+    auto dk = upload(static_cast<const unsigned char*>(hp.k), n);
+    auto dv = upload(static_cast<const unsigned char*>(hp.v), n);
+    append_params p = hp;
+    p.kv            = dev.view;
+    p.k             = dk.get();
+    p.v             = dv.get();
+    append_decode_kv(p, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "append_decode_kv");
+    download(dev.pool, cache.pool().data(), cache.pool().size());
   }
 };
 
