@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -67,6 +68,7 @@ struct storm_totals {
   std::int64_t forks = 0, fork_rejected = 0;
   std::int64_t frees = 0, aborts = 0;
   std::int64_t misuses          = 0;  ///< misuse calls: threw, nothing changed
+  std::int64_t bad_sizes = 0;  ///< of which sizes no sequence may have (0, < 0, near INT64_MAX)
   std::int64_t unchanged_checks = 0;  ///< "does not fit" answers compared before/after
   std::int64_t index_refusals   = 0;  ///< refused with pages and a slot free (page-id arena full)
   std::int64_t full_checks      = 0;  ///< full verifications (model, invariants, journal, export)
@@ -91,6 +93,7 @@ struct storm_totals {
     frees += o.frees;
     aborts += o.aborts;
     misuses += o.misuses;
+    bad_sizes += o.bad_sizes;
     unchanged_checks += o.unchanged_checks;
     index_refusals += o.index_refusals;
     full_checks += o.full_checks;
@@ -751,7 +754,20 @@ class storm {
           ++t_.frees;
           ++t_.calls;
           graveyard(id);
-          expect_misuse<logic_error>("no longer a live sequence", [&] { m.decode_step(); });
+          // Every entry point that reads the batch refuses it (freed pages, or another
+          // sequence's once the slot is reused).
+          switch (rng_() % 3) {
+            case 0:
+              expect_misuse<logic_error>("no longer a live sequence", [&] { m.decode_step(); });
+              break;
+            case 1:
+              expect_misuse<logic_error>("no longer a live sequence", [&] { (void)m.view(); });
+              break;
+            default:
+              expect_misuse<logic_error>("no longer a live sequence",
+                                         [&] { m.export_flashinfer_layer(0, fi_); });
+              break;
+          }
         }
         break;
       case 11:  // prepare in the wrong phase
@@ -760,25 +776,8 @@ class storm {
         else if (!dec.empty())
           expect_misuse<logic_error>("phase decode", [&] { m.prepare_chunk(pick(dec), 1); });
         break;
-      case 12:  // bad sizes
-        switch (rng_() % 4) {
-          case 0:
-            expect_misuse<invalid_argument>("prompt_tokens", [&] { (void)m.try_admit(0, 1); });
-            break;
-          case 1:
-            expect_misuse<invalid_argument>("max_new_tokens", [&] { (void)m.try_admit(1, -1); });
-            break;
-          case 2:
-            expect_misuse<invalid_argument>("exceeds",
-                                            [&] { (void)m.try_admit(std::int64_t{1} << 31, 0); });
-            break;
-          default:
-            if (!pre.empty()) {
-              auto id = pick(pre);
-              expect_misuse<invalid_argument>("chunk_tokens", [&] { m.prepare_chunk(id, 0); });
-            }
-            break;
-        }
+      case 12:  // bad and hostile sizes (zero, negative, near INT64_MAX): nothing changes
+        bad_sizes(pre, end);
         break;
       default:  // a stale generation on a live slot
         if (!live.empty()) {
@@ -788,6 +787,105 @@ class storm {
         }
         break;
     }
+  }
+
+  /// A size from the edges of int64 (or just past a limit): sums with it overflow or exceed
+  /// 2^31 - 1.
+  std::int64_t hostile_size() {
+    constexpr auto top = std::numeric_limits<std::int64_t>::max();
+    switch (rng_() % 5) {
+      case 0:
+        return top;
+      case 1:
+        return top - static_cast<std::int64_t>(rng_() % 64);
+      case 2:
+        return (std::int64_t{1} << 62) + static_cast<std::int64_t>(rng_() % 64);
+      case 3:
+        return std::int64_t{1} << 31;
+      default:  // past the cap with any N >= 1 or history n >= 1
+        return std::numeric_limits<std::int32_t>::max();
+    }
+  }
+  std::int64_t negative_size() {
+    return rng_() % 2 ? -1 - static_cast<std::int64_t>(rng_() % 8)
+                      : std::numeric_limits<std::int64_t>::min() + static_cast<std::int64_t>(rng_() % 8);
+  }
+
+  /// try_admit / continue_turn / prepare_chunk / expected_kept with sizes no sequence may have:
+  /// each throws invalid_argument (or logic_error for a chunk past the prompt) and changes nothing
+  /// (a rejected admission used to leak its slot; an overflowing N + T used to be admitted).
+  void bad_sizes(std::vector<sequence_id> const& pre, std::vector<sequence_id> const& end) {
+    auto& m         = *manager_;
+    auto misuses_at = t_.misuses;
+    switch (rng_() % 9) {
+      case 0:
+        expect_misuse<invalid_argument>("prompt_tokens", [&] { (void)m.try_admit(0, 1); });
+        break;
+      case 1: {
+        auto T = negative_size();
+        expect_misuse<invalid_argument>("max_new_tokens", [&] { (void)m.try_admit(1, T); });
+        break;
+      }
+      case 2: {
+        auto N = negative_size();
+        expect_misuse<invalid_argument>("prompt_tokens", [&] { (void)m.try_admit(N, 1); });
+        break;
+      }
+      case 3: {  // hostile prompt, max_new or both
+        auto N = rng_() % 3 == 0 ? uniform(1, cfg_.max_prompt) : hostile_size();
+        auto T = N <= cfg_.max_prompt || rng_() % 2 ? hostile_size() : uniform(1, cfg_.max_new + 1);
+        expect_misuse<invalid_argument>("prompt_tokens + max_new_tokens",
+                                        [&] { (void)m.try_admit(N, T); });
+        break;
+      }
+      case 4:
+        if (!end.empty()) {
+          auto id = pick(end);
+          auto N  = rng_() % 3 == 0 ? std::int64_t{1} : hostile_size();
+          auto T  = N == 1 || rng_() % 2 ? hostile_size() : std::int64_t{0};
+          expect_misuse<invalid_argument>("prompt_tokens + max_new_tokens",
+                                          [&] { (void)m.continue_turn(id, N, T); });
+        }
+        break;
+      case 5:
+        if (!end.empty()) {
+          auto id = pick(end);
+          if (rng_() % 2)
+            expect_misuse<invalid_argument>("prompt_tokens",
+                                            [&] { (void)m.continue_turn(id, 0, 1); });
+          else
+            expect_misuse<invalid_argument>(
+                "max_new_tokens", [&] { (void)m.continue_turn(id, 1, negative_size()); });
+        }
+        break;
+      case 6:
+        if (!pre.empty()) {
+          auto id = pick(pre);
+          auto c  = rng_() % 2 ? std::int64_t{0} : negative_size();
+          expect_misuse<invalid_argument>("chunk_tokens", [&] { m.prepare_chunk(id, c); });
+        }
+        break;
+      case 7:
+        if (!pre.empty()) {
+          auto id = pick(pre);
+          auto c  = hostile_size();
+          expect_misuse<logic_error>("prompt tokens left", [&] { m.prepare_chunk(id, c); });
+        }
+        break;
+      default:
+        if (!pre.empty()) {
+          auto id = pick(pre);
+          std::vector<std::int32_t> kept(static_cast<std::size_t>(LH_));
+          if (rng_() % 2)
+            expect_misuse<invalid_argument>(
+                "chunk_tokens", [&] { m.expected_kept(id, negative_size(), kept.data()); });
+          else
+            expect_misuse<logic_error>("prompt tokens left",
+                                       [&] { m.expected_kept(id, hostile_size(), kept.data()); });
+        }
+        break;
+    }
+    t_.bad_sizes += t_.misuses - misuses_at;
   }
 
   // ----- journal mirror and FlashInfer export --------------------------------------------------

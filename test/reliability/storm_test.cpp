@@ -39,6 +39,7 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
   CHECK(all.forks > 20);
   CHECK(all.aborts > 10);
   CHECK(all.full_pool_bursts > 0);
+  CHECK(all.bad_sizes > 10);  // hostile sizes: rejected, state unchanged
   for (std::size_t k = 0; k < storm_totals::misuse_kinds; ++k) {
     INFO("misuse case " << k);
     CHECK(all.misuse_by_kind[k] > 0);

@@ -132,7 +132,7 @@ void print_totals(char const* label, storm_totals const& t) {
   std::printf(
       "%-46s ops %10lld  calls %10lld  admitted %8lld (refused %7lld)  chunks %8lld  decode steps "
       "%9lld (tokens %10lld)  turns completed %7lld  continued %7lld (refused %6lld)  forks %7lld "
-      "(refused %6lld)  frees %8lld  aborts %7lld  misuses %7lld  unchanged-state checks %7lld  "
+      "(refused %6lld)  frees %8lld  aborts %7lld  misuses %7lld (bad sizes %6lld)  unchanged-state checks %7lld  "
       "(page-id arena refusals %5lld)  "
       "full checks %7lld  full-pool bursts %5lld  drains %4lld\n",
       label,
@@ -151,6 +151,7 @@ void print_totals(char const* label, storm_totals const& t) {
       static_cast<long long>(t.frees),
       static_cast<long long>(t.aborts),
       static_cast<long long>(t.misuses),
+      static_cast<long long>(t.bad_sizes),
       static_cast<long long>(t.unchanged_checks),
       static_cast<long long>(t.index_refusals),
       static_cast<long long>(t.full_checks),
