@@ -56,8 +56,8 @@ TEST_CASE("try_admit: N + T past int64 is invalid_argument and changes nothing",
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
   kv_cache_manager m(plan, mr, opts(200, 3));
-  auto live = decoding(m, 6, 4);
-  auto ids  = all_ids(m);
+  auto live   = decoding(m, 6, 4);
+  auto ids    = all_ids(m);
   auto before = snapshot(m, ids);
   struct size_pair {
     std::int64_t n, t;
@@ -114,10 +114,8 @@ TEST_CASE("continue_turn: n + N + T past int64 is invalid_argument and changes n
     CHECK(snapshot(m, ids) == before);
     m.check_invariants();
   }
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)m.continue_turn(id, i32_max - n, 1),
-                                  invalid_argument,
-                                  "exceeds",
-                                  "2147483647");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)m.continue_turn(id, i32_max - n, 1), invalid_argument, "exceeds", "2147483647");
   CHECK(snapshot(m, ids) == before);
   REQUIRE(m.continue_turn(id, 3, 2));
   prefill(m, id, 3);
@@ -174,7 +172,7 @@ TEST_CASE("check_invariants catches leaked, duplicated and live slots on the fre
 
   // A live slot on the free list (the next admission would overwrite it).
   free_list.back() = a->slot;
-  auto live_str = "slot " + std::to_string(a->slot);
+  auto live_str    = "slot " + std::to_string(a->slot);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(m.check_invariants(), logic_error, live_str.c_str());
   free_list = saved;
   m.check_invariants();
@@ -231,11 +229,11 @@ TEST_CASE("FlashInfer's 32-bit virtual page ids are checked when the manager is 
           "[regression][reliability][manager]") {
   // Hp = 1024: virtual page ids run up to num_pages * 2 * Hp, so 2^20 pages overflow int32.
   // One compressed layer of 1024 KV heads: one group of 1024 heads.
-  model_spec model  = tiny_model();
-  model.num_layers  = 1;
-  model.num_kv_heads = 1024;
+  model_spec model      = tiny_model();
+  model.num_layers      = 1;
+  model.num_kv_heads    = 1024;
   model.num_query_heads = 1024;
-  model.layers      = uniform_layers(1);
+  model.layers          = uniform_layers(1);
   budget_profile profile;
   profile.model            = model.name;
   profile.num_model_layers = 1;
@@ -245,13 +243,13 @@ TEST_CASE("FlashInfer's 32-bit virtual page ids are checked when the manager is 
   profile.window_tokens    = 2;
   profile.budgets.assign(1024, 0.5);
   plan_options po;
-  po.page_tokens = 4;
-  po.group_size  = 1024;
+  po.page_tokens           = 4;
+  po.group_size            = 1024;
   po.split.limits.sm_count = 512;  // N_CTA >= 1024 heads of a layer
-  auto plan      = build_static_plan(model, profile, po);
+  auto plan                = build_static_plan(model, profile, po);
   REQUIRE(plan.geometry.group_size == 1024);
   simulated_memory_resource mr;
-  auto limit = (i32_max + 1) / (2 * 1024);  // 2^20
+  auto limit     = (i32_max + 1) / (2 * 1024);  // 2^20
   auto limit_str = std::to_string(limit);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(kv_cache_manager(plan, mr, opts(limit, 2)),
                                   invalid_argument,
@@ -310,9 +308,9 @@ TEST_CASE("footprints reject sizes whose arithmetic would overflow",
     CHECK_THROWS_AS(footprint_pages(plan, n, t, per_group), invalid_argument);
   }
   // Pages fit in int64 but bytes do not (64 KiB pages).
-  auto wide               = plan;
-  wide.geometry.head_dim  = 1024;
-  auto big                = std::int64_t{1} << 52;
+  auto wide              = plan;
+  wide.geometry.head_dim = 1024;
+  auto big               = std::int64_t{1} << 52;
   CHECK(footprint_pages(wide, big, 0) > 0);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       footprint_bytes(wide, big, 0), invalid_argument, "footprint_bytes", "overflows");

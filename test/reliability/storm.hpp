@@ -67,7 +67,7 @@ struct storm_totals {
   std::int64_t continued = 0, continue_rejected = 0;
   std::int64_t forks = 0, fork_rejected = 0;
   std::int64_t frees = 0, aborts = 0;
-  std::int64_t misuses          = 0;  ///< misuse calls: threw, nothing changed
+  std::int64_t misuses   = 0;  ///< misuse calls: threw, nothing changed
   std::int64_t bad_sizes = 0;  ///< of which sizes no sequence may have (0, < 0, near INT64_MAX)
   std::int64_t unchanged_checks = 0;  ///< "does not fit" answers compared before/after
   std::int64_t index_refusals   = 0;  ///< refused with pages and a slot free (page-id arena full)
@@ -807,8 +807,9 @@ class storm {
     }
   }
   std::int64_t negative_size() {
-    return rng_() % 2 ? -1 - static_cast<std::int64_t>(rng_() % 8)
-                      : std::numeric_limits<std::int64_t>::min() + static_cast<std::int64_t>(rng_() % 8);
+    return rng_() % 2
+               ? -1 - static_cast<std::int64_t>(rng_() % 8)
+               : std::numeric_limits<std::int64_t>::min() + static_cast<std::int64_t>(rng_() % 8);
   }
 
   /// try_admit / continue_turn / prepare_chunk / expected_kept with sizes no sequence may have:
@@ -854,8 +855,8 @@ class storm {
             expect_misuse<invalid_argument>("prompt_tokens",
                                             [&] { (void)m.continue_turn(id, 0, 1); });
           else
-            expect_misuse<invalid_argument>(
-                "max_new_tokens", [&] { (void)m.continue_turn(id, 1, negative_size()); });
+            expect_misuse<invalid_argument>("max_new_tokens",
+                                            [&] { (void)m.continue_turn(id, 1, negative_size()); });
         }
         break;
       case 6:

@@ -132,7 +132,8 @@ void print_totals(char const* label, storm_totals const& t) {
   std::printf(
       "%-46s ops %10lld  calls %10lld  admitted %8lld (refused %7lld)  chunks %8lld  decode steps "
       "%9lld (tokens %10lld)  turns completed %7lld  continued %7lld (refused %6lld)  forks %7lld "
-      "(refused %6lld)  frees %8lld  aborts %7lld  misuses %7lld (bad sizes %6lld)  unchanged-state checks %7lld  "
+      "(refused %6lld)  frees %8lld  aborts %7lld  misuses %7lld (bad sizes %6lld)  "
+      "unchanged-state checks %7lld  "
       "(page-id arena refusals %5lld)  "
       "full checks %7lld  full-pool bursts %5lld  drains %4lld\n",
       label,

@@ -104,10 +104,11 @@ struct manager_options {
   /// (pages from pool_bytes, FlashInfer's 32-bit virtual page ids).
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
-    TANGRAM_EXPECTS(num_pages >= 0 && num_pages <= page_pool<>::max_pages,
-                    invalid_argument,
-                    "manager_options.num_pages: must be in [0, 2^31 - 1] (page ids are 32-bit), got ",
-                    num_pages);
+    TANGRAM_EXPECTS(
+        num_pages >= 0 && num_pages <= page_pool<>::max_pages,
+        invalid_argument,
+        "manager_options.num_pages: must be in [0, 2^31 - 1] (page ids are 32-bit), got ",
+        num_pages);
     TANGRAM_EXPECTS(pool_bytes >= 0,
                     invalid_argument,
                     "manager_options.pool_bytes: must be >= 0, got ",
@@ -385,8 +386,8 @@ class basic_kv_cache_manager {
     std::int64_t begin = *segments_.allocate(total);
     std::int32_t s     = free_slots_.back();
     free_slots_.pop_back();
-    auto& st       = slot(s);
-    st.reservation = std::move(*reservation);
+    auto& st           = slot(s);
+    st.reservation     = std::move(*reservation);
     st.seg_begin       = begin;
     st.seg_size        = total;
     for (std::int32_t g = 0; g < G_; ++g) {
@@ -1035,7 +1036,7 @@ class basic_kv_cache_manager {
     for (std::int32_t r = 0; r < batch_size_; ++r) {
       std::int32_t s = batch_slots_[static_cast<std::size_t>(r)];
       for (std::int32_t h = 0; h < H_; ++h) {
-        auto j    = static_cast<std::size_t>(r) * static_cast<std::size_t>(H_) +
+        auto j = static_cast<std::size_t>(r) * static_cast<std::size_t>(H_) +
                  static_cast<std::size_t>(h);
         auto hs   = v.slot_of(layer, h);
         auto span = flashinfer_span(v, r, layer, h);
@@ -1277,8 +1278,13 @@ class basic_kv_cache_manager {
   void check_slot_invariants() const {
     std::vector<char> listed(static_cast<std::size_t>(S_), 0);
     for (auto s : free_slots_) {
-      TANGRAM_EXPECTS(
-          s >= 0 && s < S_, logic_error, "the free list holds slot ", s, ", out of range [0, ", S_, ")");
+      TANGRAM_EXPECTS(s >= 0 && s < S_,
+                      logic_error,
+                      "the free list holds slot ",
+                      s,
+                      ", out of range [0, ",
+                      S_,
+                      ")");
       TANGRAM_EXPECTS(!listed[static_cast<std::size_t>(s)],
                       logic_error,
                       "slot ",
@@ -1444,18 +1450,19 @@ class basic_kv_cache_manager {
       std::int32_t s = batch_slots_[static_cast<std::size_t>(r)];
       auto const& st = slots_[static_cast<std::size_t>(s)];
       auto gen       = batch_gen_[static_cast<std::size_t>(r)];
-      TANGRAM_EXPECTS(st.phase != sequence_phase::free && st.generation == gen,
-                      logic_error,
-                      op,
-                      ": batch request ",
-                      r,
-                      " (slot ",
-                      s,
-                      ", generation ",
-                      gen,
-                      ") is no longer a live sequence (",
-                      st.phase == sequence_phase::free ? "freed" : "its slot holds a newer sequence",
-                      "); call set_batch again");
+      TANGRAM_EXPECTS(
+          st.phase != sequence_phase::free && st.generation == gen,
+          logic_error,
+          op,
+          ": batch request ",
+          r,
+          " (slot ",
+          s,
+          ", generation ",
+          gen,
+          ") is no longer a live sequence (",
+          st.phase == sequence_phase::free ? "freed" : "its slot holds a newer sequence",
+          "); call set_batch again");
     }
   }
 
@@ -1515,8 +1522,9 @@ class basic_kv_cache_manager {
       sp.pages = ceil_div(sp.len, P_);
       return sp;
     }
-    std::int64_t n     = seq_tokens_[static_cast<std::size_t>(s)];
-    std::int64_t ring  = static_cast<std::int64_t>(group_ring_pages_[static_cast<std::size_t>(g)]) * P_;
+    std::int64_t n = seq_tokens_[static_cast<std::size_t>(s)];
+    std::int64_t ring =
+        static_cast<std::int64_t>(group_ring_pages_[static_cast<std::size_t>(g)]) * P_;
     std::int64_t start = (n - sp.len) % ring;
     sp.skip            = start % P_;
     sp.pages           = ceil_div(sp.skip + sp.len, P_);  // from the page of `start`

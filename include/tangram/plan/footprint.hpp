@@ -36,15 +36,21 @@ inline std::int64_t ring_pages(head_rule const& rule, std::int32_t page_tokens) 
 
 namespace detail {
 /// Checks the sizes of a footprint and returns `context + decode`.
-inline std::int64_t footprint_tokens(std::int64_t context, std::int64_t decode,
+inline std::int64_t footprint_tokens(std::int64_t context,
+                                     std::int64_t decode,
                                      std::int32_t page_tokens) {
   TANGRAM_EXPECTS(context >= 0, invalid_argument, "footprint.context: must be >= 0, got ", context);
   TANGRAM_EXPECTS(decode >= 0, invalid_argument, "footprint.decode: must be >= 0, got ", decode);
-  TANGRAM_EXPECTS(page_tokens >= 1, invalid_argument,
-                  "footprint.page_tokens: must be >= 1, got ", page_tokens);
+  TANGRAM_EXPECTS(
+      page_tokens >= 1, invalid_argument, "footprint.page_tokens: must be >= 1, got ", page_tokens);
   std::int64_t n = add_or_throw(context, decode, "footprint: context + decode");
-  TANGRAM_EXPECTS(n <= max_footprint_tokens, invalid_argument, "footprint: context + decode = ", n,
-                  " exceeds ", max_footprint_tokens, " (2^53)");
+  TANGRAM_EXPECTS(n <= max_footprint_tokens,
+                  invalid_argument,
+                  "footprint: context + decode = ",
+                  n,
+                  " exceeds ",
+                  max_footprint_tokens,
+                  " (2^53)");
   return n;
 }
 }  // namespace detail
@@ -67,7 +73,8 @@ inline std::int64_t group_pages(head_rule const& group_rule, std::int64_t contex
 /// unchanged then.
 inline void footprint_pages(static_plan const& plan, std::int64_t context, std::int64_t decode,
                             std::vector<std::int64_t>& out) {
-  (void)detail::footprint_tokens(context, decode, plan.geometry.page_tokens);  // before `out` changes
+  (void)detail::footprint_tokens(
+      context, decode, plan.geometry.page_tokens);  // before `out` changes
   out.resize(plan.grouping.groups.size());
   for (std::size_t g = 0; g < out.size(); ++g)
     out[g] = group_pages(plan.grouping.groups[g].rule, context, decode, plan.geometry.page_tokens);
@@ -77,7 +84,8 @@ inline void footprint_pages(static_plan const& plan, std::int64_t context, std::
 inline std::int64_t footprint_pages(static_plan const& plan, std::int64_t context, std::int64_t decode) {
   std::int64_t total = 0;
   for (auto const& g : plan.grouping.groups)
-    total = detail::add_or_throw(total, group_pages(g.rule, context, decode, plan.geometry.page_tokens),
+    total = detail::add_or_throw(total,
+                                 group_pages(g.rule, context, decode, plan.geometry.page_tokens),
                                  "footprint_pages: sum over groups");
   return total;
 }
@@ -85,7 +93,8 @@ inline std::int64_t footprint_pages(static_plan const& plan, std::int64_t contex
 /// M(r) in bytes: footprint pages times page bytes. @throw as `footprint_pages`, or when the
 /// product overflows.
 inline std::int64_t footprint_bytes(static_plan const& plan, std::int64_t context, std::int64_t decode) {
-  return detail::mul_or_throw(footprint_pages(plan, context, decode), plan.page_bytes(),
+  return detail::mul_or_throw(footprint_pages(plan, context, decode),
+                              plan.page_bytes(),
                               "footprint_bytes: pages x page_bytes");
 }
 
