@@ -140,8 +140,8 @@ int elastic_calibrate(args& a,
   }
 
   auto& s = io.out;
-  s << "calibrate " << in.source << " (elastic reservation)\n"
-    << "  model " << samples.model << ", scorer " << samples.scorer << ", " << rep.num_samples
+  s << "calibrate " << tangram::detail::printable(in.source) << " (elastic reservation)\n"
+    << "  model " << tangram::detail::printable(samples.model) << ", scorer " << tangram::detail::printable(samples.scorer) << ", " << rep.num_samples
     << " samples, " << rep.num_heads << " profiled heads, keep ratio " << samples.target_keep_ratio
     << " (" << to_string(rep.basis) << "), protected " << samples.sink_tokens << " sink + "
     << samples.window_tokens << " window\n"
@@ -293,8 +293,8 @@ int cmd_calibrate(args& a, streams io) {
   }
 
   auto& s = io.out;
-  s << "calibrate " << in.source << "\n"
-    << "  model " << samples.model << ", scorer " << samples.scorer << ", " << rep.num_samples
+  s << "calibrate " << tangram::detail::printable(in.source) << "\n"
+    << "  model " << tangram::detail::printable(samples.model) << ", scorer " << tangram::detail::printable(samples.scorer) << ", " << rep.num_samples
     << " samples, " << samples.layer_ids.size() << " profiled layers x " << samples.num_kv_heads
     << " KV heads\n"
     << "  protected tokens: " << samples.sink_tokens << " sink + " << samples.window_tokens
@@ -351,7 +351,7 @@ int cmd_calibrate(args& a, streams io) {
         << std::setw(25)
         << (ev.folds > 0 ? fixed(cr.heldout_reserved_over_ideal, 3) : std::string("-")) << "\n";
   }
-  if (out) s << "\nwrote " << *out << "\n";
+  if (out) s << "\nwrote " << tangram::detail::printable(*out) << "\n";
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <iomanip>
+#include <iostream>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -252,10 +253,12 @@ int cmd_simulate(args& a, streams io) {
   std::int32_t slots = std::min<std::int32_t>(n_sessions, 4096);
 
   std::vector<replay_result> results;
+  // Carriage-return progress only on a terminal: in a log file it is one unreadable line.
+  bool const show_progress = !quiet && (&io.err != &std::cerr || ::isatty(STDERR_FILENO) != 0);
   auto t_start = std::chrono::steady_clock::now();
   auto run = [&](kv_policy& policy, int index) {
     replay_options o = ro;
-    if (!quiet) {
+    if (show_progress) {
       o.progress = [&, index](double f) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         io.err << "\rsimulate: " << policy.name() << " (" << index + 1 << "/3) " << std::setw(3)
@@ -276,7 +279,7 @@ int cmd_simulate(args& a, streams io) {
     tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
     run(tangram, 2);
   }
-  if (!quiet) io.err << "\n";
+  if (show_progress) io.err << "\n";
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   std::string title = cat(model.name, " on ", gpu.name, ", workload ", work.name, ", ", n_sessions, " sessions");
@@ -336,14 +339,14 @@ int cmd_simulate(args& a, streams io) {
   }
 
   auto& o = io.out;
-  o << "tangram simulate: " << model.name << " (" << to_string(model.kv_dtype) << " KV) on one " << gpu.name
+  o << "tangram simulate: " << tangram::detail::printable(model.name) << " (" << to_string(model.kv_dtype) << " KV) on one " << tangram::detail::printable(gpu.name)
     << ": " << gb(gpu.memory_bytes) << " GB x " << fixed(usable, 2) << " - " << gb(model.weight_bytes)
     << " GB weights = " << gb(kv_bytes) << " GB for KV\n"
-    << "  profile " << src.source << " (keep ratio "
+    << "  profile " << tangram::detail::printable(src.source) << " (keep ratio "
     << fixed(keep_ratio, 2)
     << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
     << " P=" << po.page_tokens << ", group waste " << percent(group_waste(plan.grouping, plan.rules), 2) << "\n"
-    << "  workload " << work.name << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()
+    << "  workload " << tangram::detail::printable(work.name) << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()
     << " turns, " << (wo.arrival_rate > 0 ? cat(wo.arrival_rate, " sessions/s") : std::string("all at t=0"))
     << (ro.concurrency > 0 ? cat(", concurrency ", ro.concurrency) : std::string()) << ", seed " << wo.seed << "\n\n";
   auto row = [&](std::string const& label, auto value_of) {
@@ -377,7 +380,7 @@ int cmd_simulate(args& a, streams io) {
   });
   o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1) << " TB/s; prefill: FLOPs / "
     << fixed(tflops, 0) << " TFLOP/s); control-plane time is measured. " << fixed(wall, 1) << " s wall.\n";
-  if (plot) o << "  wrote " << *plot << "\n";
+  if (plot) o << "  wrote " << tangram::detail::printable(*plot) << "\n";
   return 0;
 }
 

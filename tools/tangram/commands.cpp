@@ -21,7 +21,12 @@ struct command {
 };
 
 constexpr command commands[] = {
-    {"simulate", "simulate [--model M] [--profile P] [--workload short|mid|long|FILE] ... "
+    {"simulate", "simulate [--model M] [--profile P] [--keep K] [--workload short|mid|long|FILE] "
+                 "[--sessions N (128)] [--turns N (5)] [--arrival-rate R (0)] [--think S (2)] [--seed N (1)] "
+                 "[--gpu-mem GB] [--usable F (0.9)] [--hbm-tbps T (4.8)] [--peak-tflops T (989)] "
+                 "[--sms N (132)] [--concurrency N (0)] [--chunk N (8192)] [--step-tokens N (8192)] "
+                 "[--max-running N (1024)] [--group-size Hp (4)] [--scope adjacent|layer|global (global)] "
+                 "[--page-tokens P (16)] [--plot FILE.svg] [--json] [--quiet]   "
                  "replay multi-turn serving for full_kv / unified_nonuniform / tangram",
      cmd_simulate},
     {"calibrate", "calibrate SAMPLES.json [--estimator musigma|quantile] [--alpha A] [--quantile Q] "
