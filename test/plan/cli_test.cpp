@@ -385,3 +385,19 @@ TEST_CASE("plan and inspect: bad options and inputs are one-line errors with exi
       {"inspect", corrupt}, 2, {"corrupt.plan.json: options.tp_rank: must be in [0, 0], got 9"});
   expect_error({"inspect", plan, "--svg", "/nonexistent-dir/x.svg"}, 2, {"cannot write", "x.svg"});
 }
+
+TEST_CASE("output options are checked before the work and nothing is created", "[cli][errors][regression]") {
+  // A missing folder or a directory as target: refused up front (before reading inputs or
+  // planning), exit 2, naming the option; no file appears.
+  auto missing = tmp("no-such-folder") + "/out.json";
+  auto folder  = tmp("");
+  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--out", missing},
+               2,
+               {"--out: cannot write", "no-such-folder"});
+  expect_error({"calibrate", "snapkv/llama-3.1-8b-instruct", "--out", missing},
+               2,
+               {"--out: cannot write", "no-such-folder"});
+  // inspect's input does not even exist: the output check comes first.
+  expect_error({"inspect", tmp("absent-plan.json"), "--svg", folder}, 2, {"--svg: cannot write", "directory"});
+  CHECK_FALSE(std::filesystem::exists(missing));
+}

@@ -6,6 +6,7 @@
 #include <ostream>
 
 #include "commands.hpp"
+#include "output_path.hpp"
 #include "plan_support.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/plan/calibration.hpp"
@@ -214,6 +215,7 @@ int cmd_calibrate(args& a, streams io) {
         "profiles`)");
   if (ev.folds == 1)
     throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
+  if (out) check_output_path("--out", *out);
 
   auto in      = read_input(pos[0]);
   auto samples = read_samples(in);
@@ -224,7 +226,7 @@ int cmd_calibrate(args& a, streams io) {
                           " folds need at least ",
                           ev.folds,
                           " samples; ",
-                          in.source,
+                          tangram::detail::printable(in.source),
                           " has ",
                           samples.samples.size()));
   auto profile = calibrate(samples, cal.options);

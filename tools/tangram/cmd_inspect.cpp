@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include "commands.hpp"
+#include "output_path.hpp"
 #include "plan_support.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
@@ -168,6 +169,7 @@ int cmd_inspect(args& a, streams io) {
   a.finish(1);
   auto pos = a.positionals();
   if (pos.empty()) throw usage_error("missing PLAN.json (written by `tangram plan --out`)");
+  if (svg) check_output_path("--svg", *svg);
   auto in         = read_input(pos[0]);
   std::string fmt = format_of(in);
   TANGRAM_EXPECTS(

@@ -6,6 +6,7 @@
 #include <ostream>
 
 #include "commands.hpp"
+#include "output_path.hpp"
 #include "plan_support.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/plan/clustering.hpp"
@@ -73,6 +74,7 @@ int cmd_plan(args& a, streams io) {
                           ", got ",
                           o.tp_rank));
 
+  if (out) check_output_path("--out", *out);
   auto src   = read_samples_or_profile(pos[0], cal);
   auto model = resolve_model(model_o, src.profile.model);
   if (out) {
