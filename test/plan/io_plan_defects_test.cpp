@@ -173,7 +173,15 @@ TEST_CASE("reference contexts above 2^24 are refused by the CLI, the reader and 
   auto profile = synthetic_profile(model, 3);
   plan_options o;
   o.split.reference_contexts = {1024, (std::int64_t{1} << 24) + 1};
+  // The planner refuses it too (split_options::validate), not only the file layer.
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_static_plan(model, profile, o),
+                                  tangram::invalid_argument,
+                                  "split_options.reference_contexts",
+                                  "16777216",
+                                  "got 16777217");
+  o.split.reference_contexts = {1024, 2048};
   auto plan                  = build_static_plan(model, profile, o);
+  plan.options.split.reference_contexts = {1024, (std::int64_t{1} << 24) + 1};
   TANGRAM_REQUIRE_THROWS_WITH_ALL(to_json(plan),
                                   tangram::invalid_argument,
                                   "options.reference_contexts[1]",

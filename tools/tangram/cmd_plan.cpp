@@ -51,7 +51,7 @@ int cmd_plan(args& a, streams io) {
       parse_split_weighting(a.choice("--weighting", "batch_share", {"budget", "batch_share"}));
   if (auto refs = a.integers("--reference-contexts",
                              1,
-                             plan_file_limits::max_reference_context,
+                             split_limits::max_reference_context,
                              split_limits::max_reference_contexts);
       !refs.empty())
     o.split.reference_contexts = std::move(refs);

@@ -23,7 +23,8 @@
 
 namespace tangram::detail {
 
-/// Reads a whole file. Files larger than `max_bytes` are refused before anything is read.
+/// Reads a whole file. Reading stops, and the file is refused, as soon as it exceeds `max_bytes`:
+/// memory never holds more than the cap (plus one read buffer).
 /// @throw invalid_argument naming the path and the system's reason.
 inline std::string read_file(std::string const& path, std::size_t max_bytes = std::size_t{64} << 20) {
   std::FILE* f = std::fopen(path.c_str(), "rb");

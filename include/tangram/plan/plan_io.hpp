@@ -40,8 +40,8 @@ struct plan_file_limits {
   /// Largest plan file: `to_json` / `save_static_plan` refuse to produce more, `parse_static_plan`
   /// / `load_static_plan` refuse to read more.
   static constexpr std::size_t max_bytes = std::size_t{64} << 20;
-  /// Largest value of `options.reference_contexts` (tokens).
-  static constexpr std::int64_t max_reference_context = std::int64_t{1} << 24;
+  /// Largest value of `options.reference_contexts` (tokens): the split options' own cap.
+  static constexpr std::int64_t max_reference_context = split_limits::max_reference_context;
 };
 
 namespace detail {

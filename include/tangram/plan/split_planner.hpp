@@ -63,6 +63,8 @@ inline std::vector<std::int64_t> default_reference_contexts() {
 /// planning run for hours.
 struct split_limits {
   static constexpr std::int32_t max_reference_contexts = 1024;
+  /// Largest value in `reference_contexts` (tokens).
+  static constexpr std::int64_t max_reference_context = std::int64_t{1} << 24;
   static constexpr std::int32_t max_batch_size         = 4096;
   static constexpr std::int32_t max_batches            = 65536;
   /// reference_batches x reference_batch_size: requests simulated per layer.
@@ -89,7 +91,9 @@ struct split_options {
                     invalid_argument, "split_options.reference_contexts: at most ",
                     split_limits::max_reference_contexts, " values, got ", reference_contexts.size());
     for (auto n : reference_contexts)
-      TANGRAM_EXPECTS(n >= 1, invalid_argument, "split_options.reference_contexts: must be >= 1, got ", n);
+      TANGRAM_EXPECTS(n >= 1 && n <= split_limits::max_reference_context, invalid_argument,
+                      "split_options.reference_contexts: must be in [1, ", split_limits::max_reference_context,
+                      "], got ", n);
     TANGRAM_EXPECTS(reference_batch_size >= 1 && reference_batch_size <= split_limits::max_batch_size,
                     invalid_argument, "split_options.reference_batch_size: must be in [1, ",
                     split_limits::max_batch_size, "], got ", reference_batch_size);
