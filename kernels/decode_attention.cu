@@ -58,7 +58,7 @@ void decode_attention(decode_params const& p,
                   "decode_attention: workspace must be non-null and 256-byte aligned");
   if (p.kv.batch_size == 0) return;
   detail::decode_args a = detail::make_decode_args(p, workspace);
-  cudaError_t err = cudaSuccess;
+  cudaError_t err       = cudaSuccess;
   detail::dispatch_decode(g.kv_dtype, g.head_dim, p.group, [&](auto tag, auto dim, auto bucket) {
     err = detail::launch_decode_split<decltype(tag), decltype(dim)::value, decltype(bucket)::value>(
         a, stream);

@@ -67,7 +67,7 @@ void evict_chunk(eviction_params const& p,
                   "evict_chunk: workspace must be non-null and 256-byte aligned");
   if (heads == 0) return;
   detail::eviction_args a = detail::make_eviction_args(p, workspace);
-  cudaError_t err = cudaSuccess;
+  cudaError_t err         = cudaSuccess;
   detail::dispatch_eviction(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     err = detail::launch_eviction<decltype(tag), decltype(dim)::value>(a, stream);
   });

@@ -48,7 +48,7 @@ struct result {
 
 /// What a benchmark body gets: the iteration count and where to put its numbers.
 struct state {
-  int iterations = 10;
+  int iterations  = 10;
   bool short_mode = false;
   result* out     = nullptr;
   void counter(std::string const& name, double v) { out->counters.emplace_back(name, v); }
@@ -62,7 +62,9 @@ struct benchmark_def {
 /// Runs `defs` (the first `short_count` of them with --short) and writes the JSON report.
 /// Exits 0 unless the arguments are wrong or the report cannot be written; without a device
 /// every benchmark reports "no CUDA device".
-inline int run_benchmarks(int argc, char** argv, std::vector<benchmark_def> const& defs,
+inline int run_benchmarks(int argc,
+                          char** argv,
+                          std::vector<benchmark_def> const& defs,
                           std::size_t short_count) {
   bool short_mode = false;
   int iterations  = 20;
@@ -76,8 +78,10 @@ inline int run_benchmarks(int argc, char** argv, std::vector<benchmark_def> cons
     } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
       out_path = argv[++i];
     } else {
-      std::fprintf(stderr, "%s: unknown argument %s (--short, --iterations N, --out FILE)\n",
-                   argv[0], argv[i]);
+      std::fprintf(stderr,
+                   "%s: unknown argument %s (--short, --iterations N, --out FILE)\n",
+                   argv[0],
+                   argv[i]);
       return 2;
     }
   }
@@ -113,7 +117,7 @@ inline int run_benchmarks(int argc, char** argv, std::vector<benchmark_def> cons
     results.push_back(std::move(r));
   }
   if (!out_path.empty()) {
-    namespace json = detail::json;
+    namespace json   = detail::json;
     json::value list = json::value::array();
     for (auto const& r : results) {
       json::value b = json::value::object();

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Decode-attention benchmarks on the GPU (time from CUDA events, L2 flushed before every timed
-// launch; runner and options in bench_support.cuh). Shapes follow one Llama-3.1-8B layer: 8 KV heads, GQA 4,
-// head dim 128, bf16 K/V, 16-token pages.
+// launch; runner and options in bench_support.cuh). Shapes follow one Llama-3.1-8B layer: 8 KV
+// heads, GQA 4, head dim 128, bf16 K/V, 16-token pages.
 //
 //  BM_decode_bandwidth/B/ctx: every head holds ctx tokens; counters TB_per_s and hbm_fraction
 //    (K+V bytes read / time / 4.8 TB/s).
@@ -81,8 +81,9 @@ void decode_bandwidth(state& st, std::int32_t batch, std::int32_t ctx) {
   l2_flusher flusher;
   s.enqueue(nullptr);  // warm-up
   double total = 0;
-  for (int i = 0; i < st.iterations; ++i) total += timed(flusher, nullptr, [&] { s.enqueue(nullptr); });
-  double per            = total / st.iterations;
+  for (int i = 0; i < st.iterations; ++i)
+    total += timed(flusher, nullptr, [&] { s.enqueue(nullptr); });
+  double per           = total / st.iterations;
   st.out->real_time_us = per * 1e6;
   st.counter("TB_per_s", s.kv_bytes() / per / 1e12);
   st.counter("hbm_fraction", s.kv_bytes() / per / h200_peak_bytes_per_s);
@@ -116,7 +117,7 @@ void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
     ta += timed(flusher, nullptr, [&] { aot.enqueue(nullptr); });
     te += timed(flusher, nullptr, [&] { equal_split.enqueue(nullptr); });
   }
-  auto it               = static_cast<double>(st.iterations);
+  auto it              = static_cast<double>(st.iterations);
   st.out->real_time_us = ta / it * 1e6;  // the AOT case
   st.counter("uniform_us", tu / it * 1e6);
   st.counter("aot_us", ta / it * 1e6);

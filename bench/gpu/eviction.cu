@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Chunk-eviction benchmarks on the GPU (time from CUDA events, L2 flushed before every timed
-// launch; runner and options in bench_support.cuh). One Llama-3.1-8B-like layer: 8 KV heads, GQA 4, head dim
-// 128, bf16, every head compressed with budget 0.25 (sink 4 + window 60 protected), a 4096-token
-// chunk. Throughput: K+V bytes of all candidates (held + chunk) per second, GB_per_s.
+// launch; runner and options in bench_support.cuh). One Llama-3.1-8B-like layer: 8 KV heads, GQA 4,
+// head dim 128, bf16, every head compressed with budget 0.25 (sink 4 + window 60 protected), a
+// 4096-token chunk. Throughput: K+V bytes of all candidates (held + chunk) per second, GB_per_s.
 //
 //  BM_evict/B/n_before/source: source 0 = supplied scores, 1 = key norm, 2 = SnapKV (w = 32);
 //  --short runs B 8, n_before 16384.
@@ -63,7 +63,7 @@ void evict(state& st, std::int32_t batch, std::int32_t n_before, score_source so
   double total = 0;
   for (int i = 0; i < st.iterations; ++i)
     total += timed(flusher, nullptr, [&] { evict_chunk(p, ws.get(), ws.bytes(), nullptr); });
-  double bytes          = static_cast<double>(batch) * H * max_cand * 2 * D * 2;
+  double bytes         = static_cast<double>(batch) * H * max_cand * 2 * D * 2;
   st.out->real_time_us = total / st.iterations * 1e6;
   st.counter("GB_per_s", bytes / (total / st.iterations) / 1e9);
   st.counter("candidates", max_cand);
@@ -78,8 +78,9 @@ int main(int argc, char** argv) {
   for (std::int32_t batch : {8, 1})
     for (std::int32_t n_before : {16384, 131072})
       for (int source : {0, 1, 2})
-        defs.push_back({"BM_evict/" + std::to_string(batch) + "/" + std::to_string(n_before) +
-                            "/" + std::to_string(source),
-                        [=](state& st) { evict(st, batch, n_before, static_cast<score_source>(source)); }});
+        defs.push_back(
+            {"BM_evict/" + std::to_string(batch) + "/" + std::to_string(n_before) + "/" +
+                 std::to_string(source),
+             [=](state& st) { evict(st, batch, n_before, static_cast<score_source>(source)); }});
   return run_benchmarks(argc, argv, defs, 3);
 }

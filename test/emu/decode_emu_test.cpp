@@ -49,7 +49,7 @@ TEST_CASE("emulated decode stops on a split map row that does not end at num_cta
   p.splits              = {1, c.heads, 10, begin.data()};
   emu_backend backend;
   CHECK_NOTHROW(backend.decode(s.cache, p));
-  begin.back() = 9;  // the last head's CTAs stop one short of the grid
+  begin.back()  = 9;  // the last head's CTAs stop one short of the grid
   bool reported = false;
   try {
     backend.decode(s.cache, p);

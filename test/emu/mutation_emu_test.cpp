@@ -67,8 +67,8 @@ TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256)", "[
   // it copied itself: without the barrier it reads the other before its copier's wait. (In the
   // configurations where every lane reads exactly the 16-byte chunks it copied, this barrier
   // only orders a thread's own copies, and deleting it is harmless there.)
-  require_detected(small_decode(dtype::f32, 256), {5, emu::copy_mode::deferred, 0},
-                   decode_tile_ready);
+  require_detected(
+      small_decode(dtype::f32, 256), {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
 }
 
 TEST_CASE("mutation: a deleted load-to-store barrier in the compaction is detected",

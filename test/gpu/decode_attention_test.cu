@@ -35,8 +35,9 @@ TANGRAM_GPU_TEST("gpu decode equals the CPU reference: long and batched", "[gpu]
   for (auto const& c : test::decode_cases_long()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
 }
 
-TANGRAM_GPU_TEST("gpu decode equals the CPU reference: batch 1100 and 4096 (multi-tile prefix scan)",
-                 "[gpu][decode]") {
+TANGRAM_GPU_TEST(
+    "gpu decode equals the CPU reference: batch 1100 and 4096 (multi-tile prefix scan)",
+    "[gpu][decode]") {
   test::gpu_backend gpu;
   for (auto const& c : test::decode_cases_large_batch())
     GPU_REQUIRE_AGREES(test::check_decode(c, gpu));

@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--short") == 0)
       short_mode = true;
     else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "tangram_gpu_tests: unknown option %s (--list, --short, NAME...)\n", argv[i]);
+      std::fprintf(
+          stderr, "tangram_gpu_tests: unknown option %s (--list, --short, NAME...)\n", argv[i]);
       return 2;
     } else
       filters.push_back(argv[i]);
@@ -33,7 +34,8 @@ int main(int argc, char** argv) {
   for (auto const& t : registry()) {
     bool match = filters.empty();
     for (auto const& f : filters) match |= t.name.find(f) != std::string::npos;
-    if (match && !(short_mode && t.tags.find("[long]") != std::string::npos)) selected.push_back(&t);
+    if (match && !(short_mode && t.tags.find("[long]") != std::string::npos))
+      selected.push_back(&t);
   }
   if (list) {
     for (auto const* t : selected) std::printf("%s %s\n", t->name.c_str(), t->tags.c_str());

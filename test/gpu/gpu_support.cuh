@@ -21,10 +21,11 @@
 
 namespace tangram::test {
 
-#define TANGRAM_TEST_CUDA(call)                                                           \
-  do {                                                                                    \
-    cudaError_t tangram_err_ = (call);                                                    \
-    GPU_REQUIRE_MSG(tangram_err_ == cudaSuccess, #call << ": " << cudaGetErrorString(tangram_err_)); \
+#define TANGRAM_TEST_CUDA(call)                                         \
+  do {                                                                  \
+    cudaError_t tangram_err_ = (call);                                  \
+    GPU_REQUIRE_MSG(tangram_err_ == cudaSuccess,                        \
+                    #call << ": " << cudaGetErrorString(tangram_err_)); \
   } while (0)
 
 /// The arrays of a test_cache's view, copied to the device, and the device view over them.
@@ -66,19 +67,21 @@ struct gpu_backend {
     device_cache dev(cache, hp.kv);
     const std::int32_t B = hp.kv.batch_size, Hq = hp.num_q_heads(), d = hp.kv.geometry.head_dim;
     const std::size_t out_bytes = static_cast<std::size_t>(B) * Hq * d * size_of(hp.o_dtype);
-    auto dbegin = upload(hp.splits.cta_begin,
-                         static_cast<std::size_t>(hp.splits.num_layers) * (hp.splits.num_kv_heads + 1));
+    auto dbegin =
+        upload(hp.splits.cta_begin,
+               static_cast<std::size_t>(hp.splits.num_layers) * (hp.splits.num_kv_heads + 1));
     auto dq     = upload(static_cast<const unsigned char*>(hp.q),
-                         static_cast<std::size_t>(B) * static_cast<std::size_t>(hp.q_row_stride()) * size_of(hp.q_dtype));
+                     static_cast<std::size_t>(B) * static_cast<std::size_t>(hp.q_row_stride()) *
+                         size_of(hp.q_dtype));
     auto dsinks = upload(hp.sinks, static_cast<std::size_t>(Hq));
     device_buffer dout(out_bytes), dlse(static_cast<std::size_t>(B) * Hq * 4);
-    decode_params p = hp;
-    p.kv            = dev.view;
+    decode_params p    = hp;
+    p.kv               = dev.view;
     p.splits.cta_begin = dbegin.get<std::int32_t>();
-    p.q             = dq.get();
-    p.sinks         = hp.sinks ? dsinks.get<float>() : nullptr;
-    p.o             = dout.get();
-    p.lse           = hp.lse ? dlse.get<float>() : nullptr;
+    p.q                = dq.get();
+    p.sinks            = hp.sinks ? dsinks.get<float>() : nullptr;
+    p.o                = dout.get();
+    p.lse              = hp.lse ? dlse.get<float>() : nullptr;
     device_buffer ws(decode_workspace_bytes(p));
     decode_attention(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "decode_attention");
@@ -96,26 +99,26 @@ struct gpu_backend {
     device_cache dev(cache, hp.kv);
     const std::int32_t B = hp.kv.batch_size, H = hp.kv.num_kv_heads, d = hp.kv.geometry.head_dim;
     const std::size_t rows = static_cast<std::size_t>(hp.chunk_indptr[B]);
-    const std::size_t es = static_cast<std::size_t>(hp.kv.geometry.element_bytes());
+    const std::size_t es   = static_cast<std::size_t>(hp.kv.geometry.element_bytes());
     const std::size_t cand = static_cast<std::size_t>(B) * H * hp.max_candidates;
-    auto drules  = upload(hp.rules, static_cast<std::size_t>(H));
-    auto dindptr = upload(hp.chunk_indptr, static_cast<std::size_t>(B) + 1);
+    auto drules            = upload(hp.rules, static_cast<std::size_t>(H));
+    auto dindptr           = upload(hp.chunk_indptr, static_cast<std::size_t>(B) + 1);
     auto dck     = upload(static_cast<const unsigned char*>(hp.chunk_k), rows * H * d * es);
     auto dcv     = upload(static_cast<const unsigned char*>(hp.chunk_v), rows * H * d * es);
     auto dq      = upload(static_cast<const unsigned char*>(hp.q),
-                          hp.q ? rows * H * hp.group * d * size_of(hp.q_dtype) : 0);
+                     hp.q ? rows * H * hp.group * d * size_of(hp.q_dtype) : 0);
     auto dscores = upload(hp.scores, cand);
     device_buffer dnew(static_cast<std::size_t>(B) * H * 4), dscores_out(cand * 4);
     eviction_params p = hp;
-    p.kv           = dev.view;
-    p.rules        = drules.get<head_rule>();
-    p.chunk_indptr = dindptr.get<std::int32_t>();
-    p.chunk_k      = dck.get();
-    p.chunk_v      = dcv.get();
-    p.q            = hp.q ? dq.get() : nullptr;
-    p.scores       = hp.scores ? dscores.get<float>() : nullptr;
-    p.new_len      = dnew.get<std::int32_t>();
-    p.scores_out   = hp.scores_out ? dscores_out.get<float>() : nullptr;
+    p.kv              = dev.view;
+    p.rules           = drules.get<head_rule>();
+    p.chunk_indptr    = dindptr.get<std::int32_t>();
+    p.chunk_k         = dck.get();
+    p.chunk_v         = dcv.get();
+    p.q               = hp.q ? dq.get() : nullptr;
+    p.scores          = hp.scores ? dscores.get<float>() : nullptr;
+    p.new_len         = dnew.get<std::int32_t>();
+    p.scores_out      = hp.scores_out ? dscores_out.get<float>() : nullptr;
     device_buffer ws(eviction_workspace_bytes(p));
     evict_chunk(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "evict_chunk");
@@ -128,8 +131,8 @@ struct gpu_backend {
     device_cache dev(cache, hp.kv);
     const std::size_t n = static_cast<std::size_t>(hp.kv.batch_size) *
                           static_cast<std::size_t>(hp.row_stride()) * size_of(hp.src_dtype);
-    auto dk = upload(static_cast<const unsigned char*>(hp.k), n);
-    auto dv = upload(static_cast<const unsigned char*>(hp.v), n);
+    auto dk         = upload(static_cast<const unsigned char*>(hp.k), n);
+    auto dv         = upload(static_cast<const unsigned char*>(hp.v), n);
     append_params p = hp;
     p.kv            = dev.view;
     p.k             = dk.get();

@@ -45,37 +45,37 @@ inline void record(const char* file, int line, const char* expr, std::string con
 }  // namespace tangram::gpu_test
 
 #define TANGRAM_GPU_CAT2(a, b) a##b
-#define TANGRAM_GPU_CAT(a, b) TANGRAM_GPU_CAT2(a, b)
+#define TANGRAM_GPU_CAT(a, b)  TANGRAM_GPU_CAT2(a, b)
 /// Defines and registers a test: TANGRAM_GPU_TEST("name", "[tags]") { body }
-#define TANGRAM_GPU_TEST(name, tags)                                                        \
-  static void TANGRAM_GPU_CAT(tangram_gpu_test_, __LINE__)();                               \
-  static ::tangram::gpu_test::registrar TANGRAM_GPU_CAT(tangram_gpu_reg_, __LINE__)(        \
-      name, tags, &TANGRAM_GPU_CAT(tangram_gpu_test_, __LINE__));                           \
+#define TANGRAM_GPU_TEST(name, tags)                                                 \
+  static void TANGRAM_GPU_CAT(tangram_gpu_test_, __LINE__)();                        \
+  static ::tangram::gpu_test::registrar TANGRAM_GPU_CAT(tangram_gpu_reg_, __LINE__)( \
+      name, tags, &TANGRAM_GPU_CAT(tangram_gpu_test_, __LINE__));                    \
   static void TANGRAM_GPU_CAT(tangram_gpu_test_, __LINE__)()
 
 /// Records a failure with `detail` (streamable expression) when `cond` is false.
-#define GPU_CHECK_MSG(cond, detail)                                                      \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::ostringstream tangram_gpu_msg_;                                               \
-      tangram_gpu_msg_ << detail;                                                        \
-      ::tangram::gpu_test::record(__FILE__, __LINE__, #cond, tangram_gpu_msg_.str());    \
-    }                                                                                    \
+#define GPU_CHECK_MSG(cond, detail)                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      std::ostringstream tangram_gpu_msg_;                                            \
+      tangram_gpu_msg_ << detail;                                                     \
+      ::tangram::gpu_test::record(__FILE__, __LINE__, #cond, tangram_gpu_msg_.str()); \
+    }                                                                                 \
   } while (0)
-#define GPU_REQUIRE_MSG(cond, detail)                                                    \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::ostringstream tangram_gpu_msg_;                                               \
-      tangram_gpu_msg_ << detail;                                                        \
-      ::tangram::gpu_test::record(__FILE__, __LINE__, #cond, tangram_gpu_msg_.str());    \
-      throw ::tangram::gpu_test::required_failed{};                                      \
-    }                                                                                    \
+#define GPU_REQUIRE_MSG(cond, detail)                                                 \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      std::ostringstream tangram_gpu_msg_;                                            \
+      tangram_gpu_msg_ << detail;                                                     \
+      ::tangram::gpu_test::record(__FILE__, __LINE__, #cond, tangram_gpu_msg_.str()); \
+      throw ::tangram::gpu_test::required_failed{};                                   \
+    }                                                                                 \
   } while (0)
-#define GPU_CHECK(cond) GPU_CHECK_MSG(cond, "")
+#define GPU_CHECK(cond)   GPU_CHECK_MSG(cond, "")
 #define GPU_REQUIRE(cond) GPU_REQUIRE_MSG(cond, "")
 /// A kernel_cases.hpp check: the empty string means agreement, anything else is the failure.
-#define GPU_REQUIRE_AGREES(expr)                                                         \
-  do {                                                                                   \
-    std::string tangram_gpu_verdict_ = (expr);                                           \
-    GPU_REQUIRE_MSG(tangram_gpu_verdict_.empty(), tangram_gpu_verdict_);                 \
+#define GPU_REQUIRE_AGREES(expr)                                         \
+  do {                                                                   \
+    std::string tangram_gpu_verdict_ = (expr);                           \
+    GPU_REQUIRE_MSG(tangram_gpu_verdict_.empty(), tangram_gpu_verdict_); \
   } while (0)

@@ -154,8 +154,8 @@ struct decode_scenario {
     std::vector<std::int32_t> batch(c.lens.size());
     std::iota(batch.begin(), batch.end(), 0);
     std::shuffle(batch.begin(), batch.end(), rng);
-    view             = cache.view(batch);
-    std::int32_t Hq  = c.heads * c.group;
+    view            = cache.view(batch);
+    std::int32_t Hq = c.heads * c.group;
     q.resize(static_cast<std::size_t>(view.batch_size) * Hq * c.d);
     sinks.resize(static_cast<std::size_t>(Hq));
     for (auto& x : q) x = std::uniform_real_distribution<float>(-3.f, 3.f)(rng);
@@ -164,8 +164,12 @@ struct decode_scenario {
 
  private:
   static cache_layout make_cache(decode_case const& c, std::mt19937_64&) {
-    return adjacent_layout(page_geometry{c.P, c.Hp, c.d, c.kv_dtype}, c.layers, c.heads, c.sliding,
-                           c.window, c.ring_pages);
+    return adjacent_layout(page_geometry{c.P, c.Hp, c.d, c.kv_dtype},
+                           c.layers,
+                           c.heads,
+                           c.sliding,
+                           c.window,
+                           c.ring_pages);
   }
   static std::vector<sequence_spec> make_seqs(decode_case const& c, std::mt19937_64& rng) {
     std::vector<std::int32_t> appended, seq_tokens;
@@ -315,19 +319,20 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
     std::size_t es = size_of(c.kv_dtype);
     std::vector<unsigned char> ck(static_cast<std::size_t>(rows * H * c.d) * es), cvv(ck.size());
     for (std::size_t i = 0; i < ck.size() / es; ++i) {
-      reference::detail::store_from_float(ck.data(), c.kv_dtype, static_cast<std::int64_t>(i),
-                                          run_cache.random_value());
-      reference::detail::store_from_float(cvv.data(), c.kv_dtype, static_cast<std::int64_t>(i),
-                                          run_cache.random_value());
+      reference::detail::store_from_float(
+          ck.data(), c.kv_dtype, static_cast<std::int64_t>(i), run_cache.random_value());
+      reference::detail::store_from_float(
+          cvv.data(), c.kv_dtype, static_cast<std::int64_t>(i), run_cache.random_value());
     }
     std::vector<float> q(static_cast<std::size_t>(rows * H * c.group * c.d));
     for (auto& x : q) x = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
     std::int32_t max_cand = 0;
     for (std::int32_t r = 0; r < B; ++r)
       for (std::int32_t h = 0; h < H; ++h)
-        max_cand = std::max(max_cand, rv.head_len(r, layer, h) +
-                                          sc.chunk_indptr[static_cast<std::size_t>(r) + 1] -
-                                          sc.chunk_indptr[static_cast<std::size_t>(r)]);
+        max_cand =
+            std::max(max_cand,
+                     rv.head_len(r, layer, h) + sc.chunk_indptr[static_cast<std::size_t>(r) + 1] -
+                         sc.chunk_indptr[static_cast<std::size_t>(r)]);
     std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
     for (auto& x : scores) x = static_cast<float>(rng() % 7);  // many ties
 
@@ -373,8 +378,8 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
     reference::evict_chunk(p);
     if (run_len != ref_len) return where.str() + "new_len differs";
     if (run_cache.pool() != ref_cache.pool()) {
-      auto mm = std::mismatch(run_cache.pool().begin(), run_cache.pool().end(),
-                              ref_cache.pool().begin());
+      auto mm =
+          std::mismatch(run_cache.pool().begin(), run_cache.pool().end(), ref_cache.pool().begin());
       where << "page pool differs at byte " << (mm.first - run_cache.pool().begin());
       return where.str();
     }
@@ -392,7 +397,9 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
 inline std::vector<dtype> append_cache_dtypes() {
   return {dtype::f32, dtype::f16, dtype::bf16, dtype::fp8_e4m3, dtype::fp8_e5m2};
 }
-inline std::vector<dtype> append_source_dtypes() { return {dtype::f32, dtype::f16, dtype::bf16}; }
+inline std::vector<dtype> append_source_dtypes() {
+  return {dtype::f32, dtype::f16, dtype::bf16};
+}
 
 /// Appends one token to every head of both layers of a 5-sequence cache (a sliding layer
 /// included) with `backend` and with the reference: the page pools must end byte-identical.

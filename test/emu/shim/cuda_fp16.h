@@ -14,11 +14,17 @@ struct __half2 {
 };
 static_assert(sizeof(__half2) == 4, "__half2 packs two halves in 32 bits");
 
-inline __half __ushort_as_half(unsigned short u) { return {u}; }
+inline __half __ushort_as_half(unsigned short u) {
+  return {u};
+}
 inline float __half2float(__half h) {
   tangram::float16 f;
   f.bits = h.x;
   return static_cast<float>(f);
 }
-inline __half __float2half_rn(float v) { return {tangram::float16(v).bits}; }
-inline float2 __half22float2(__half2 h) { return {__half2float(h.x), __half2float(h.y)}; }
+inline __half __float2half_rn(float v) {
+  return {tangram::float16(v).bits};
+}
+inline float2 __half22float2(__half2 h) {
+  return {__half2float(h.x), __half2float(h.y)};
+}

@@ -8,6 +8,12 @@
 struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
 enum cudaError_t { cudaSuccess = 0, cudaErrorLaunchFailure = 719 };
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorLaunchFailure"; }
-inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated launch failure"; }
+inline cudaError_t cudaGetLastError() {
+  return cudaSuccess;
+}
+inline const char* cudaGetErrorName(cudaError_t e) {
+  return e == cudaSuccess ? "cudaSuccess" : "cudaErrorLaunchFailure";
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "emulated launch failure";
+}

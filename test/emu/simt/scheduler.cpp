@@ -126,17 +126,17 @@ struct scheduler {
   unsigned char* dynamic_smem = nullptr;
   std::size_t dynamic_bytes   = 0;
   context main_ctx;
-  int current = -1;
+  int current         = -1;
   void (*body)(void*) = nullptr;
   void* body_ctx      = nullptr;
-  std::string fault;  ///< set by a fiber that cannot go on (device check)
+  std::string fault;            ///< set by a fiber that cannot go on (device check)
   std::vector<unsigned> order;  ///< the current phase's fibers, in run order
   std::size_t next = 0;         ///< position in `order` of the next fiber to run
   std::mt19937_64 rng;
 #if defined(TANGRAM_EMU_ASAN)
-  void* main_fake_stack        = nullptr;
+  void* main_fake_stack         = nullptr;
   const void* main_stack_bottom = nullptr;
-  std::size_t main_stack_size  = 0;
+  std::size_t main_stack_size   = 0;
 #endif
 };
 
@@ -146,7 +146,10 @@ scheduler& sched() {
 }
 
 /// Switches from the running context to `to` (`from` saves it).
-void switch_context(context& from, context& to, const void* to_bottom, std::size_t to_size,
+void switch_context(context& from,
+                    context& to,
+                    const void* to_bottom,
+                    std::size_t to_size,
                     bool from_is_finishing) {
 #if defined(TANGRAM_EMU_ASAN)
   void* fake = nullptr;
@@ -162,7 +165,6 @@ void switch_context(context& from, context& to, const void* to_bottom, std::size
   swapcontext(&from.uc, &to.uc);
 #endif
 #if defined(TANGRAM_EMU_ASAN)
-  auto& s = sched();
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
 }
@@ -170,8 +172,8 @@ void switch_context(context& from, context& to, const void* to_bottom, std::size
 /// From the running fiber to the next fiber of the phase (directly: one switch per barrier
 /// arrival), or back to the scheduler when the phase is over or a fault was raised.
 void yield_to_scheduler(bool finishing) {
-  auto& s     = sched();
-  auto& from  = s.fibers[static_cast<std::size_t>(s.current)].ctx;
+  auto& s    = sched();
+  auto& from = s.fibers[static_cast<std::size_t>(s.current)].ctx;
   if (s.fault.empty() && s.next < s.order.size()) {
     unsigned i = s.order[s.next++];
     s.current  = static_cast<int>(i);
@@ -188,7 +190,9 @@ void yield_to_scheduler(bool finishing) {
 #endif
 }
 
-void land(pending_copy const& c) { std::memcpy(c.dst, c.bytes, c.size); }
+void land(pending_copy const& c) {
+  std::memcpy(c.dst, c.bytes, c.size);
+}
 
 /// Body of every fiber: the kernel, then its outstanding copies land, then back for good.
 void fiber_main() {
@@ -213,7 +217,9 @@ void fiber_main() {
 }
 
 #if !defined(__x86_64__)
-void fiber_entry_ucontext() { fiber_main(); }
+void fiber_entry_ucontext() {
+  fiber_main();
+}
 #endif
 
 void init_fiber(std::size_t i) {
@@ -239,8 +245,9 @@ void init_fiber(std::size_t i) {
 
 void poison_shared(scheduler& s) {
   if (s.dynamic_bytes) std::memset(s.dynamic_smem, 0xff, s.dynamic_bytes);
-  std::memset(__start_tangram_emu_shared, 0xff,
-                static_cast<std::size_t>(__stop_tangram_emu_shared - __start_tangram_emu_shared));
+  std::memset(__start_tangram_emu_shared,
+              0xff,
+              static_cast<std::size_t>(__stop_tangram_emu_shared - __start_tangram_emu_shared));
 }
 
 [[noreturn]] void fail(std::string what) {
@@ -298,7 +305,8 @@ void run_block(scheduler& s, unsigned threads) {
       any_live |= live > 0;
       if (live > 0 && at_warp == live) {
         for (unsigned i = w; i < end; ++i)
-          if (s.fibers[i].state == fiber_state::at_warp_barrier) s.fibers[i].state = fiber_state::ready;
+          if (s.fibers[i].state == fiber_state::at_warp_barrier)
+            s.fibers[i].state = fiber_state::ready;
         released = true;
       }
     }
@@ -318,11 +326,15 @@ fiber& running_fiber() {
 
 }  // namespace
 
-options& current_options() { return sched().opts; }
-statistics const& stats() { return sched().stats; }
+options& current_options() {
+  return sched().opts;
+}
+statistics const& stats() {
+  return sched().stats;
+}
 
 void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*body)(void*), void* ctx) {
-  auto& s               = sched();
+  auto& s                = sched();
   const unsigned threads = block.x * block.y * block.z;
   if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0)
     throw std::invalid_argument("emu::launch: grid (" + std::to_string(grid.x) + "," +
@@ -355,8 +367,8 @@ void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*body)(void*), 
   struct reset {
     scheduler& s;
     ~reset() {
-      s.current      = -1;
-      s.dynamic_smem = nullptr;
+      s.current       = -1;
+      s.dynamic_smem  = nullptr;
       s.dynamic_bytes = 0;
       s.fibers.clear();
     }
@@ -377,7 +389,9 @@ void warp_barrier() {
   running_fiber().state = fiber_state::at_warp_barrier;
   yield_to_scheduler(false);
 }
-std::uint64_t* shuffle_slots(int parity) { return sched().shuffle_slots[parity].data(); }
+std::uint64_t* shuffle_slots(int parity) {
+  return sched().shuffle_slots[parity].data();
+}
 int next_shuffle_parity() {
   auto& f = running_fiber();
   f.shuffle_parity ^= 1;
@@ -390,7 +404,8 @@ void copy_async(void* dst, const void* src, std::size_t bytes, std::size_t zero_
     s.fault = "cp.async of " + std::to_string(bytes) + " bytes (4, 8 or 16)";
   else if (zero_fill > bytes)
     s.fault = "cp.async zero-fill of " + std::to_string(zero_fill) + " > " + std::to_string(bytes);
-  else if (reinterpret_cast<std::uintptr_t>(dst) % bytes || reinterpret_cast<std::uintptr_t>(src) % bytes)
+  else if (reinterpret_cast<std::uintptr_t>(dst) % bytes ||
+           reinterpret_cast<std::uintptr_t>(src) % bytes)
     s.fault = "cp.async of " + std::to_string(bytes) + " bytes from or to a misaligned address";
   if (!s.fault.empty()) {
     yield_to_scheduler(false);
@@ -404,20 +419,26 @@ void copy_async(void* dst, const void* src, std::size_t bytes, std::size_t zero_
   else
     running_fiber().copies.push_back(c);
 }
-void copy_commit() { ++running_fiber().committed; }
+void copy_commit() {
+  ++running_fiber().committed;
+}
 void copy_wait_prior(std::size_t groups) {
   auto& f = running_fiber();
   // Groups numbered below committed - groups are complete; later ones stay in flight.
   const std::size_t limit = f.committed > groups ? f.committed - groups : 0;
-  auto keep = std::stable_partition(f.copies.begin(), f.copies.end(),
-                                    [&](pending_copy const& c) { return c.group < limit; });
+  auto keep               = std::stable_partition(
+      f.copies.begin(), f.copies.end(), [&](pending_copy const& c) { return c.group < limit; });
   for (auto it = f.copies.begin(); it != keep; ++it) land(*it);
   f.copies.erase(f.copies.begin(), keep);
 }
 
 // Hooks declared by include/tangram/kernels/detail/vec.cuh in emulation builds.
-unsigned char* dynamic_smem() { return sched().dynamic_smem; }
-int mutation() { return sched().opts.mutation; }
+unsigned char* dynamic_smem() {
+  return sched().dynamic_smem;
+}
+int mutation() {
+  return sched().opts.mutation;
+}
 void device_check_failed(const char* condition, const char* what) {
   auto& s = sched();
   s.fault = std::string("device check failed: ") + what + " (" + condition + ")";

@@ -52,7 +52,9 @@ struct alignas(16) uint4 {
 struct alignas(8) float2 {
   float x, y;
 };
-inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float2 make_float2(float x, float y) {
+  return {x, y};
+}
 
 // Set by the scheduler before a fiber runs (blocks run one at a time, so globals suffice).
 inline uint3 threadIdx, blockIdx;
@@ -66,9 +68,9 @@ enum class copy_mode { deferred, eager };
 
 /// What the emulator does for the launches that follow (set with scoped_options).
 struct options {
-  std::uint64_t seed = 1;            ///< scheduling seed: block order and phase orders
+  std::uint64_t seed = 1;  ///< scheduling seed: block order and phase orders
   copy_mode copies   = copy_mode::deferred;
-  int mutation       = 0;            ///< tangram::detail::sync_site to weaken (0: none)
+  int mutation       = 0;  ///< tangram::detail::sync_site to weaken (0: none)
 };
 
 /// The options in force.
@@ -109,8 +111,12 @@ void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*body)(void*), 
 template <class F>
 void launch(dim3 grid, dim3 block, std::size_t smem_bytes, F&& body) {
   using Fn = std::remove_reference_t<F>;
-  launch(grid, block, smem_bytes, [](void* c) { (*static_cast<Fn*>(c))(); },
-         const_cast<void*>(static_cast<const void*>(&body)));
+  launch(
+      grid,
+      block,
+      smem_bytes,
+      [](void* c) { (*static_cast<Fn*>(c))(); },
+      const_cast<void*>(static_cast<const void*>(&body)));
 }
 
 /**
@@ -121,8 +127,9 @@ struct emulated_launch {
   template <class... P, class... A>
   void operator()(void (*kernel)(P...), dim3 grid, int threads, int smem, A const&... args) const {
     std::tuple<std::decay_t<P>...> params(args...);
-    launch(grid, dim3(static_cast<unsigned>(threads)), static_cast<std::size_t>(smem),
-           [&] { std::apply(kernel, params); });
+    launch(grid, dim3(static_cast<unsigned>(threads)), static_cast<std::size_t>(smem), [&] {
+      std::apply(kernel, params);
+    });
   }
 };
 
@@ -140,8 +147,12 @@ void copy_wait_prior(std::size_t groups);
 // ---------------------------------------------------------------------------------------------
 // Built-in functions.
 // ---------------------------------------------------------------------------------------------
-inline void __syncthreads() { tangram::emu::block_barrier(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { tangram::emu::warp_barrier(); }
+inline void __syncthreads() {
+  tangram::emu::block_barrier();
+}
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  tangram::emu::warp_barrier();
+}
 
 inline float __uint_as_float(unsigned u) {
   float f;
@@ -160,7 +171,8 @@ namespace tangram::emu {
 template <class T, class Lane>
 T shuffle(T v, int width, Lane src_lane) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of 4 or 8 bytes");
-  const int tid = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+  const int tid =
+      static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int lane = tid % 32, base = tid - lane;
   std::uint64_t* slots = shuffle_slots(next_shuffle_parity());
   std::uint64_t bits   = 0;
@@ -169,7 +181,7 @@ T shuffle(T v, int width, Lane src_lane) {
   warp_barrier();
   const int seg = lane - lane % width;
   const int src = src_lane(lane);
-  T out = v;
+  T out         = v;
   if (src >= seg && src < seg + width) std::memcpy(&out, &slots[base + src], sizeof(T));
   return out;
 }
@@ -192,7 +204,8 @@ T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
 }
 template <class T>
 T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
-  return tangram::emu::shuffle(v, width, [&](int lane) { return lane - lane % width + src_lane % width; });
+  return tangram::emu::shuffle(
+      v, width, [&](int lane) { return lane - lane % width + src_lane % width; });
 }
 
 // Atomics: a fiber is never preempted between a barrier and the next, so plain read-modify-write
@@ -235,11 +248,18 @@ T atomicCAS(T* p, T compare, T v) {
 }
 
 // cp.async through the cuda_pipeline.h primitives.
-inline void __pipeline_memcpy_async(void* dst, const void* src, std::size_t bytes, std::size_t zfill = 0) {
+inline void __pipeline_memcpy_async(void* dst,
+                                    const void* src,
+                                    std::size_t bytes,
+                                    std::size_t zfill = 0) {
   tangram::emu::copy_async(dst, src, bytes, zfill);
 }
-inline void __pipeline_commit() { tangram::emu::copy_commit(); }
-inline void __pipeline_wait_prior(std::size_t prior) { tangram::emu::copy_wait_prior(prior); }
+inline void __pipeline_commit() {
+  tangram::emu::copy_commit();
+}
+inline void __pipeline_wait_prior(std::size_t prior) {
+  tangram::emu::copy_wait_prior(prior);
+}
 
 // Kernel qualifiers. Static __shared__ variables go to one section, which the scheduler poisons
 // before every block (the linker provides its bounds).
@@ -249,7 +269,7 @@ inline void __pipeline_wait_prior(std::size_t prior) { tangram::emu::copy_wait_p
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-#define __shared__ static __attribute__((section("tangram_emu_shared")))
+#define __shared__   static __attribute__((section("tangram_emu_shared")))
 #ifndef TANGRAM_KERNEL
 #define TANGRAM_KERNEL
 #endif

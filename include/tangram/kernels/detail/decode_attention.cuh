@@ -104,19 +104,19 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   __shared__ std::int64_t s_pre_first;
   __shared__ float s_m[groups][GB], s_s[groups][GB];
 
-  decode_params const& p   = a.p;
-  kv_cache_view const& kv  = p.kv;
-  const int tid            = static_cast<int>(threadIdx.x);
-  const int tx             = tid % bdx;
-  const int tz             = tid / bdx;
-  const int layer          = p.layer;
-  const int group          = p.group;
-  const int B              = kv.batch_size;
-  const int cta            = static_cast<int>(blockIdx.x);
+  decode_params const& p  = a.p;
+  kv_cache_view const& kv = p.kv;
+  const int tid           = static_cast<int>(threadIdx.x);
+  const int tx            = tid % bdx;
+  const int tz            = tid / bdx;
+  const int layer         = p.layer;
+  const int group         = p.group;
+  const int B             = kv.batch_size;
+  const int cta           = static_cast<int>(blockIdx.x);
   // Debug builds: the layer's row of the split map must cover exactly the grid.
-  TANGRAM_DEVICE_CHECK(p.splits.begin(layer, 0) == 0 &&
-                           p.splits.begin(layer, kv.num_kv_heads) == p.splits.num_ctas,
-                       "decode: split map row must run from 0 to num_ctas");
+  TANGRAM_DEVICE_CHECK(
+      p.splits.begin(layer, 0) == 0 && p.splits.begin(layer, kv.num_kv_heads) == p.splits.num_ctas,
+      "decode: split map row must run from 0 to num_ctas");
   const int h              = p.splits.head_of_cta(layer, cta);
   const std::int64_t share = p.splits.share(layer, h);
   const std::int64_t j     = cta - p.splits.begin(layer, h);

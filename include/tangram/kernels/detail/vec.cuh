@@ -39,7 +39,7 @@ int mutation();                 ///< the sync_site the running test disables (0:
 #define TANGRAM_DEVICE_CHECK(cond, what) \
   ((cond) ? (void)0 : ::tangram::emu::device_check_failed(#cond, what))
 #else
-#define TANGRAM_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#define TANGRAM_DYNAMIC_SMEM(name)       extern __shared__ __align__(16) unsigned char name[]
 #define TANGRAM_DEVICE_CHECK(cond, what) assert((cond) && what)
 #endif
 
@@ -156,7 +156,8 @@ __device__ __forceinline__ void copy_async_commit() {
 template <int N>
 __device__ __forceinline__ void copy_async_wait(sync_site site = sync_site::none) {
 #if defined(TANGRAM_EMULATION)
-  const bool weakened = site != sync_site::none && ::tangram::emu::mutation() == static_cast<int>(site);
+  const bool weakened =
+      site != sync_site::none && ::tangram::emu::mutation() == static_cast<int>(site);
   __pipeline_wait_prior(N + (weakened ? 1 : 0));
 #else
   (void)site;

@@ -10,9 +10,14 @@ namespace cub {
 
 enum BlockHistogramAlgorithm { BLOCK_HISTO_SORT, BLOCK_HISTO_ATOMIC };
 
-template <class T, int BLOCK_DIM_X, int ITEMS_PER_THREAD, int BINS,
-          BlockHistogramAlgorithm ALGORITHM = BLOCK_HISTO_SORT, int BLOCK_DIM_Y = 1,
-          int BLOCK_DIM_Z = 1, int LEGACY_PTX_ARCH = 0>
+template <class T,
+          int BLOCK_DIM_X,
+          int ITEMS_PER_THREAD,
+          int BINS,
+          BlockHistogramAlgorithm ALGORITHM = BLOCK_HISTO_SORT,
+          int BLOCK_DIM_Y                   = 1,
+          int BLOCK_DIM_Z                   = 1,
+          int LEGACY_PTX_ARCH               = 0>
 class BlockHistogram {
   static constexpr int threads = BLOCK_DIM_X * BLOCK_DIM_Y * BLOCK_DIM_Z;
 
@@ -25,7 +30,8 @@ class BlockHistogram {
 
   template <class Counter>
   void InitHistogram(Counter histogram[BINS]) {
-    const int tid = static_cast<int>(threadIdx.x + BLOCK_DIM_X * (threadIdx.y + BLOCK_DIM_Y * threadIdx.z));
+    const int tid =
+        static_cast<int>(threadIdx.x + BLOCK_DIM_X * (threadIdx.y + BLOCK_DIM_Y * threadIdx.z));
     for (int b = tid; b < BINS; b += threads) histogram[b] = 0;
   }
   template <class Counter>

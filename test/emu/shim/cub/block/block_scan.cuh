@@ -11,8 +11,12 @@ namespace cub {
 
 enum BlockScanAlgorithm { BLOCK_SCAN_RAKING, BLOCK_SCAN_RAKING_MEMOIZE, BLOCK_SCAN_WARP_SCANS };
 
-template <class T, int BLOCK_DIM_X, BlockScanAlgorithm ALGORITHM = BLOCK_SCAN_RAKING,
-          int BLOCK_DIM_Y = 1, int BLOCK_DIM_Z = 1, int LEGACY_PTX_ARCH = 0>
+template <class T,
+          int BLOCK_DIM_X,
+          BlockScanAlgorithm ALGORITHM = BLOCK_SCAN_RAKING,
+          int BLOCK_DIM_Y              = 1,
+          int BLOCK_DIM_Z              = 1,
+          int LEGACY_PTX_ARCH          = 0>
 class BlockScan {
   static constexpr int threads = BLOCK_DIM_X * BLOCK_DIM_Y * BLOCK_DIM_Z;
 
@@ -36,7 +40,9 @@ class BlockScan {
     T aggregate;
     scan(input, output, aggregate);
   }
-  void ExclusiveSum(T input, T& output, T& block_aggregate) { scan(input, output, block_aggregate); }
+  void ExclusiveSum(T input, T& output, T& block_aggregate) {
+    scan(input, output, block_aggregate);
+  }
   template <int N>
   void InclusiveSum(T (&input)[N], T (&output)[N], T& block_aggregate) {
     T run;
@@ -73,7 +79,8 @@ class BlockScan {
   }
   /// Exclusive prefix of `total` over the threads in linear order, and the block's sum.
   void scan(T total, T& exclusive, T& aggregate) {
-    const int tid = static_cast<int>(threadIdx.x + BLOCK_DIM_X * (threadIdx.y + BLOCK_DIM_Y * threadIdx.z));
+    const int tid =
+        static_cast<int>(threadIdx.x + BLOCK_DIM_X * (threadIdx.y + BLOCK_DIM_Y * threadIdx.z));
     storage_.totals[tid] = total;
     __syncthreads();
     exclusive = T(0);
