@@ -4,8 +4,8 @@
 #   scripts/install_deps.sh                  everything every stage needs
 #   scripts/install_deps.sh main fuzz        only what those run_tests.sh stages need
 # Runs `apt-get update` only when the package lists are empty or an install fails. Needs root to
-# install; otherwise it prints the apt-get command to run and exits 1. ccache is optional (the
-# scripts use it when present) and never installed here.
+# install; otherwise it prints the apt-get command to run and exits 1. ccache is installed for the
+# main stage (it saves compiling the kernels twice); the scripts use it whenever it is present.
 set -euo pipefail
 
 stages=("$@")
@@ -32,6 +32,7 @@ for s in "${stages[@]}"; do
   has_header CLI/CLI.hpp || need libcli11-dev # the command-line parser of tools/tangram
   case $s in
     main)
+      command -v ccache >/dev/null || need ccache # the GPU check's build reuses the main build's objects
       has_header catch2/catch.hpp || need catch2
       has_header benchmark/benchmark.h || need libbenchmark-dev
       ;;
