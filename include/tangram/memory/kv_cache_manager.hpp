@@ -40,6 +40,7 @@
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/str.hpp"
 #include "tangram/error.hpp"
+#include "tangram/memory/detail/turn_footprint.hpp"
 #include "tangram/memory/kv_view.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_layout.hpp"
@@ -325,7 +326,8 @@ class basic_kv_cache_manager {
     change_entries_.reserve(static_cast<std::size_t>(options_.max_view_changes));
     change_slots_.reserve(static_cast<std::size_t>(S_));
     slot_changed_.assign(static_cast<std::size_t>(S_), 0);
-    scratch_.assign(static_cast<std::size_t>(G_), 0);
+    chunk_need_.assign(static_cast<std::size_t>(G_), 0);
+    footprint_ = detail::turn_footprint(G_);
   }
 
   basic_kv_cache_manager(basic_kv_cache_manager const&)            = delete;
@@ -371,12 +373,8 @@ class basic_kv_cache_manager {
                                                      std::int64_t max_new_tokens) {
     // Validate and size everything before the first change (strong guarantee).
     check_turn_sizes("try_admit", 0, prompt_tokens, max_new_tokens);
-    std::int64_t total = 0;
-    for (std::int32_t g = 0; g < G_; ++g) {
-      scratch_[static_cast<std::size_t>(g)] =
-          ::tangram::group_pages(group_rule(g), prompt_tokens, max_new_tokens, P_);
-      total += scratch_[static_cast<std::size_t>(g)];
-    }
+    size_turn(turn_kind::admit, -1, prompt_tokens, max_new_tokens);
+    std::int64_t total = footprint_.reserve_total();
     if (free_slots_.empty() || total > pool_.available_pages() || !ensure_index_room(total)) {
       ++stats_.rejected;
       return std::nullopt;
@@ -392,7 +390,7 @@ class basic_kv_cache_manager {
     st.seg_size        = total;
     for (std::int32_t g = 0; g < G_; ++g) {
       auto i          = sg(s, g);
-      auto f          = scratch_[static_cast<std::size_t>(g)];
+      auto f          = footprint_.target(g);
       page_offset_[i] = static_cast<std::int32_t>(begin);
       cap_[i]         = static_cast<std::int32_t>(f);
       target_[i]      = static_cast<std::int32_t>(f);
@@ -462,7 +460,7 @@ class basic_kv_cache_manager {
     for (std::int32_t g = 0; g < G_; ++g) {
       auto i                                = sg(s, g);
       auto need                             = need_pages(g, n);
-      scratch_[static_cast<std::size_t>(g)] = need;
+      chunk_need_[static_cast<std::size_t>(g)] = need;
       auto draws                            = need > n_pages_[i] ? need - n_pages_[i] : 0;
       TANGRAM_EXPECTS(draws <= budget_[i] && need <= cap_[i],
                       logic_error,
@@ -481,7 +479,7 @@ class basic_kv_cache_manager {
     for (std::int32_t g = 0; g < G_; ++g) {
       auto i         = sg(s, g);
       prev_pages_[i] = n_pages_[i];
-      while (n_pages_[i] < scratch_[static_cast<std::size_t>(g)]) draw_into(s, g);
+      while (n_pages_[i] < chunk_need_[static_cast<std::size_t>(g)]) draw_into(s, g);
     }
     st.chunk_pending = chunk_tokens;
   }
@@ -736,33 +734,22 @@ class basic_kv_cache_manager {
                     "; call end_turn first");
     std::int64_t n = seq_tokens_[static_cast<std::size_t>(s)];
     check_turn_sizes("continue_turn", n, prompt_tokens, max_new_tokens);
-    std::int64_t total = 0, seg = 0, copies = 0;
-    bool relocate = false;
-    for (std::int32_t g = 0; g < G_; ++g) {
-      auto i   = sg(s, g);
-      auto fin = ::tangram::group_pages(group_rule(g), n + prompt_tokens, max_new_tokens, P_);
-      scratch_[static_cast<std::size_t>(g)] = fin;
-      std::int64_t keep                     = std::min<std::int64_t>(n_pages_[i], fin);
-      auto exclusive                        = exclusive_pages(s, g, keep);
-      total += fin - exclusive;
-      copies += keep - exclusive;
-      auto need_cap = std::max<std::int64_t>(n_pages_[i], fin);
-      relocate |= need_cap > cap_[i];
-      seg += need_cap;
-    }
+    size_turn(turn_kind::next_turn, s, n + prompt_tokens, max_new_tokens);
+    std::int64_t total = footprint_.reserve_total(), seg = footprint_.capacity_total();
+    bool relocate = footprint_.grows_capacity();
     if (total > pool_.available_pages() || (relocate && !ensure_index_room(seg))) {
       ++stats_.continue_rejected;
       return false;
     }
-    reserve_copies(copies);  // the only allocation: before any change (strong guarantee)
+    reserve_copies(footprint_.copies_total());  // the only allocation: before any change
     if (relocate) move_segment(s, seg);
     (void)pool_.try_extend(st.reservation, total);
     for (std::int32_t g = 0; g < G_; ++g) {
       auto i            = sg(s, g);
-      auto fin          = scratch_[static_cast<std::size_t>(g)];
+      auto fin          = footprint_.target(g);
       target_[i]        = static_cast<std::int32_t>(fin);
       std::int64_t keep = std::min<std::int64_t>(n_pages_[i], fin);
-      budget_[i]        = static_cast<std::int32_t>(fin - exclusive_pages(s, g, keep));
+      budget_[i]        = static_cast<std::int32_t>(footprint_.reserve(g));
       prev_pages_[i]    = n_pages_[i];
       // Only a forked sequence can share pages; the scan is skipped for everyone else, which
       // keeps continue_turn O(groups) on the common path.
@@ -807,19 +794,13 @@ class basic_kv_cache_manager {
                     " is in phase ",
                     to_string(ps.phase),
                     "; fork after the prompt is prefilled");
-    std::int64_t total = 0, seg = 0, copies = 0;
-    for (std::int32_t g = 0; g < G_; ++g) {
-      auto i   = sg(s, g);
-      auto tgt = ps.phase == sequence_phase::decode ? std::int64_t{target_[i]} : in_use_pages(s, g);
-      total += tgt - shared_pages(s, g);
-      copies += in_use_pages(s, g) - shared_pages(s, g);
-      seg += tgt;
-    }
+    size_turn(turn_kind::fork, s, 0, 0);
+    std::int64_t total = footprint_.reserve_total(), seg = footprint_.capacity_total();
     if (free_slots_.empty() || total > pool_.available_pages() || !ensure_index_room(seg)) {
       ++stats_.fork_rejected;
       return std::nullopt;
     }
-    reserve_copies(copies);  // the only allocation: before any change (strong guarantee)
+    reserve_copies(footprint_.copies_total());  // the only allocation: before any change
     // Both succeed (checked above); the slot is taken last, when nothing can fail.
     auto reservation   = pool_.try_reserve(total);
     std::int64_t begin = *segments_.allocate(seg);
@@ -832,13 +813,12 @@ class basic_kv_cache_manager {
     cs.seg_size        = seg;
     for (std::int32_t g = 0; g < G_; ++g) {
       auto pi = sg(s, g), ci = sg(c, g);
-      auto tgt =
-          p2.phase == sequence_phase::decode ? std::int64_t{target_[pi]} : in_use_pages(s, g);
+      auto tgt    = footprint_.target(g);
       auto shared = shared_pages(s, g), inuse = in_use_pages(s, g);
       page_offset_[ci] = static_cast<std::int32_t>(begin);
       cap_[ci]         = static_cast<std::int32_t>(tgt);
       target_[ci]      = static_cast<std::int32_t>(tgt);
-      budget_[ci]      = static_cast<std::int32_t>(tgt - shared);
+      budget_[ci]      = static_cast<std::int32_t>(footprint_.reserve(g));
       n_pages_[ci]     = 0;
       max_base_[ci]    = max_base_[pi];
       min_base_[ci]    = min_base_[pi];
@@ -1638,6 +1618,55 @@ class basic_kv_cache_manager {
     start[0] = 0;
   }
 
+  enum class turn_kind : std::uint8_t { admit, next_turn, fork };
+
+  /**
+   * The one footprint computation of admission, continue_turn and fork, group by group into
+   * `footprint_`: what group g may hold when the turn completes, how much of it is already held
+   * without a reservation, the pages to copy and the page-list entries needed.
+   * - admit: target = group_pages(rule, N, T); nothing held.
+   * - next_turn (slot s, history n): target = group_pages(rule, n + N, T); the first
+   *   min(held, target) pages stay, those only s references need no reservation and the shared
+   *   ones are copied; the list keeps max(held, target) entries.
+   * - fork (parent s): the child's target is the parent's (decode) or what it uses (ended);
+   *   fully written pages are shared, the rest of what the parent uses is copied.
+   * `tokens` is N for admit and n + N for next_turn; unused for fork.
+   */
+  void size_turn(turn_kind kind,
+                 std::int32_t s,
+                 std::int64_t tokens,
+                 std::int64_t max_new_tokens) noexcept {
+    footprint_.clear();
+    for (std::int32_t g = 0; g < G_; ++g) {
+      std::int64_t target = 0, already_held = 0, copies = 0, capacity = 0, current = 0;
+      switch (kind) {
+        case turn_kind::admit:
+          target   = ::tangram::group_pages(group_rule(g), tokens, max_new_tokens, P_);
+          capacity = target;
+          break;
+        case turn_kind::next_turn: {
+          auto i            = sg(s, g);
+          target            = ::tangram::group_pages(group_rule(g), tokens, max_new_tokens, P_);
+          std::int64_t keep = std::min<std::int64_t>(n_pages_[i], target);
+          already_held      = exclusive_pages(s, g, keep);
+          copies            = keep - already_held;
+          capacity          = std::max<std::int64_t>(n_pages_[i], target);
+          current           = cap_[i];
+          break;
+        }
+        case turn_kind::fork: {
+          auto inuse   = in_use_pages(s, g);
+          target       = slot(s).phase == sequence_phase::decode ? target_[sg(s, g)] : inuse;
+          already_held = shared_pages(s, g);
+          copies       = inuse - already_held;
+          capacity     = target;
+          break;
+        }
+      }
+      footprint_.add(g, target, already_held, copies, capacity, current);
+    }
+  }
+
   /// Room for `extra` more pending copies (geometric growth). Called by fork and continue_turn
   /// before they change anything, so that a failed allocation (std::bad_alloc) leaves the
   /// manager as it was.
@@ -1731,15 +1760,15 @@ class basic_kv_cache_manager {
     ++stats_.index_compactions;
   }
 
-  /// Moves slot s to a new segment of `size` entries whose group capacities are
-  /// max(held, scratch_[g]) (room already ensured by ensure_index_room).
+  /// Moves slot s to a new segment of `size` entries with the group capacities of the turn
+  /// just sized (`footprint_`; room already ensured by ensure_index_room).
   void move_segment(std::int32_t s, std::int64_t size) {
     auto& st           = slot(s);
     std::int64_t begin = *segments_.allocate(size);
     std::int64_t at    = begin;
     for (std::int32_t g = 0; g < G_; ++g) {
       auto i   = sg(s, g);
-      auto cap = std::max<std::int64_t>(n_pages_[i], scratch_[static_cast<std::size_t>(g)]);
+      auto cap = footprint_.capacity(g);
       std::memmove(&pages_[static_cast<std::size_t>(at)],
                    &pages_[static_cast<std::size_t>(page_offset_[i])],
                    static_cast<std::size_t>(n_pages_[i]) * sizeof(std::int32_t));
@@ -1785,7 +1814,8 @@ class basic_kv_cache_manager {
   std::vector<std::int32_t> change_entries_, change_slots_;
   std::vector<char> slot_changed_;
   bool full_resync_ = false;
-  std::vector<std::int64_t> scratch_;
+  std::vector<std::int64_t> chunk_need_;  ///< prepare_chunk: pages each group needs after the chunk
+  detail::turn_footprint footprint_;
   manager_stats stats_;
 };
 
