@@ -22,9 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/unified_paging.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/footprint.hpp"

@@ -21,7 +21,9 @@
 #include <tuple>
 #include <vector>
 
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/split_analysis.hpp"

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file tangram.hpp
- * @brief Everything host-side in one include. Device code and kernel launchers have their own
- * headers (`tangram/kernels/...`).
+ * @brief The model, profile and device types with their file readers and writers (io/) in one
+ * include. Planning (`tangram/plan/...`), the memory manager (`tangram/memory/...`) and the kernel
+ * launchers (`tangram/kernels/...`) have their own headers.
  */
 #pragma once
 
@@ -10,6 +11,9 @@
 #include "tangram/device/device_limits.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
+#include "tangram/io/budget_profile.hpp"
+#include "tangram/io/model_spec.hpp"
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/numeric.hpp"

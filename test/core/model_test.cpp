@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "tangram/io/model_spec.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/version.hpp"

@@ -3,6 +3,7 @@
 // prefill, decode page draws, turns, surplus release, forks with copy-on-write (checked on real
 // page contents), sliding rings, the FlashInfer export, tensor parallelism and every misuse.
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 
 #include <numeric>
 

@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"

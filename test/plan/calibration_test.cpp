@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/plan/calibration.hpp"
 
 #include <algorithm>

@@ -6,8 +6,10 @@
 #include <numeric>
 #include <random>
 
-#include "tangram/plan/static_plan.hpp"
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
+#include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
 #include "test_support.hpp"
 

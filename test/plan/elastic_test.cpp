@@ -15,7 +15,9 @@
 
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

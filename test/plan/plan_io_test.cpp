@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tangram/plan/plan_io.hpp"
 
 #include <filesystem>
 #include <functional>
 
+#include "tangram/io/retention_samples.hpp"
+#include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "test_support.hpp"
 

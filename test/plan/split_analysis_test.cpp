@@ -6,7 +6,9 @@
 #include <random>
 #include <set>
 
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/split_planner.hpp"
 #include "tangram/plan/static_plan.hpp"

@@ -11,6 +11,7 @@
 #include "../memory/memory_fixtures.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/footprint.hpp"
 
 // The manager befriends this type so that a test can corrupt its slot bookkeeping on purpose and

@@ -9,6 +9,7 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/io/budget_profile.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/elastic.hpp"
 

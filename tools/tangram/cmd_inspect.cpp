@@ -11,8 +11,8 @@
 #include "plan_support.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/io/static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
-#include "tangram/plan/plan_io.hpp"
 
 namespace tangram::cli {
 

@@ -9,8 +9,9 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/io/static_plan.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
-#include "tangram/plan/plan_io.hpp"
 #include "tangram/plan/split_analysis.hpp"
 #include "tangram/plan/static_plan.hpp"
 

@@ -20,6 +20,7 @@
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/sim/cost_model.hpp"

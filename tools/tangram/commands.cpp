@@ -7,6 +7,7 @@
 
 #include "embedded_profiles.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/io/model_spec.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/version.hpp"
 

@@ -4,6 +4,9 @@
 #include <sys/stat.h>
 #include <cstdio>
 
+#include "tangram/io/budget_profile.hpp"
+#include "tangram/io/model_spec.hpp"
+#include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
 
 namespace tangram::cli {

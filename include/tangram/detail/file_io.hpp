@@ -2,6 +2,7 @@
 /**
  * @file detail/file_io.hpp
  * @brief Whole-file reads with a size cap and safe, atomic whole-file writes (host only, POSIX).
+ * Part of the I/O layer (`tangram/io/`); core headers must not include it.
  */
 #pragma once
 
@@ -20,6 +21,10 @@
 #include <utility>
 
 #include "tangram/error.hpp"
+
+// Marks the I/O layer: the layering check (test/CMakeLists.txt, "Layers") fails the build when a
+// core header reaches this one.
+#define TANGRAM_LAYER_FILE_IO 1
 
 namespace tangram::detail {
 

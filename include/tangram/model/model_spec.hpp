@@ -3,6 +3,8 @@
  * @file model/model_spec.hpp
  * @brief What the KV-cache manager needs to know about a model: layers, heads, head dim, element
  * type and the attention kind of every layer.
+ *
+ * Core type: reading and writing it as JSON lives in io/model_spec.hpp.
  */
 #pragma once
 
@@ -11,8 +13,6 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
 
@@ -177,101 +177,6 @@ struct model_spec {
 /// @brief Builds the per-layer list of a model whose every layer has the same kind.
 inline std::vector<layer_spec> uniform_layers(std::int32_t n, layer_spec spec = {}) {
   return std::vector<layer_spec>(static_cast<std::size_t>(n), spec);
-}
-
-namespace detail {
-
-inline json::value model_to_json(model_spec const& m) {
-  auto layers = json::value::array();
-  for (auto const& l : m.layers) {
-    auto o = json::value::object();
-    o.set("kind", to_string(l.kind));
-    if (l.kind == layer_kind::sliding_window) o.set("window", l.window);
-    layers.push_back(std::move(o));
-  }
-  auto v = json::value::object();
-  v.set("name", m.name);
-  v.set("num_layers", m.num_layers);
-  v.set("num_query_heads", m.num_query_heads);
-  v.set("num_kv_heads", m.num_kv_heads);
-  v.set("head_dim", m.head_dim);
-  v.set("kv_dtype", to_string(m.kv_dtype));
-  v.set("attention_sinks", m.attention_sinks);
-  v.set("weight_bytes", m.weight_bytes);
-  v.set("active_weight_bytes", m.active_weight_bytes);
-  v.set("active_parameters", m.active_parameters);
-  v.set("layers", std::move(layers));
-  return v;
-}
-
-inline model_spec model_from_json(json::node const& n) {
-  model_spec m;
-  m.name            = n["name"].as_string(256);
-  m.num_layers      = static_cast<std::int32_t>(n["num_layers"].as_int(1, model_limits::max_layers));
-  m.num_query_heads = static_cast<std::int32_t>(n["num_query_heads"].as_int(1, model_limits::max_q_heads));
-  m.num_kv_heads    = static_cast<std::int32_t>(n["num_kv_heads"].as_int(1, model_limits::max_kv_heads));
-  m.head_dim        = static_cast<std::int32_t>(n["head_dim"].as_int(1, model_limits::max_head_dim));
-  auto dt           = n["kv_dtype"];
-  try {
-    m.kv_dtype = parse_dtype(dt.as_string(32), dt.path());
-  } catch (invalid_argument const&) {
-    dt.fail(cat("unknown dtype ", dt.describe(), " (expected f32, f16, bf16, fp8_e4m3 or fp8_e5m2)"));
-  }
-  if (auto s = n.find("attention_sinks")) m.attention_sinks = s->as_bool();
-  if (auto w = n.find("weight_bytes")) m.weight_bytes = w->as_double(0, 1e15);
-  if (auto w = n.find("active_weight_bytes")) m.active_weight_bytes = w->as_double(0, 1e15);
-  if (auto a = n.find("active_parameters")) m.active_parameters = a->as_double(0, 1e14);
-  auto layers = n["layers"];
-  (void)layers.expect_size(static_cast<std::size_t>(m.num_layers), "one per layer, num_layers");
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    auto l    = layers[i];
-    auto kind = l["kind"];
-    layer_spec spec;
-    std::string name = kind.as_string(32);
-    if (name == "compressed")
-      spec.kind = layer_kind::compressed;
-    else if (name == "sliding_window")
-      spec.kind = layer_kind::sliding_window;
-    else if (name == "uncompressed")
-      spec.kind = layer_kind::uncompressed;
-    else
-      kind.fail(cat("unknown layer kind ", kind.describe(),
-                    " (expected compressed, sliding_window or uncompressed)"));
-    if (spec.kind == layer_kind::sliding_window)
-      spec.window = static_cast<std::int32_t>(l["window"].as_int(1, model_limits::max_window));
-    else if (auto w = l.find("window"))
-      w->fail(cat("only sliding_window layers have a window, got ", w->describe()));
-    m.layers.push_back(spec);
-  }
-  if (m.num_query_heads % m.num_kv_heads != 0)
-    n["num_query_heads"].fail(cat("must be a multiple of num_kv_heads (", m.num_kv_heads, "), got ",
-                                  m.num_query_heads));
-  if (m.active_weight_bytes > m.weight_bytes)
-    n["active_weight_bytes"].fail(cat("must not exceed weight_bytes (", m.weight_bytes, "), got ",
-                                      m.active_weight_bytes));
-  try {
-    m.validate();  // every field was checked above; this keeps a file's errors parse_errors
-  } catch (invalid_argument const& e) {  // validate() throws plain invalid_argument
-    n.fail(e.what());
-  }
-  return m;
-}
-
-}  // namespace detail
-
-/// @brief Serialises a model spec as JSON (format in docs/formats.md).
-inline std::string to_json(model_spec const& m) { return detail::json::dump(detail::model_to_json(m)); }
-
-/// @brief Parses a model spec from JSON text.
-/// @throw parse_error naming `source`, the field and the value.
-inline model_spec parse_model_spec(std::string_view text, std::string_view source) {
-  auto doc = detail::json::parse(text, source);
-  return detail::model_from_json(detail::json::node(doc, source));
-}
-
-/// @brief Reads a model spec from a JSON file.
-inline model_spec load_model_spec(std::string const& path) {
-  return parse_model_spec(detail::read_file(path), path);
 }
 
 }  // namespace tangram

@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file io/detail/fields.hpp
+ * @brief Field readers shared by the file formats of the I/O layer: the format tag, layer-id
+ * lists, 32-bit integers and fields that must equal a value derived from others.
+ */
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "tangram/detail/json.hpp"
+#include "tangram/error.hpp"
+
+namespace tangram::detail {
+
+/// Reads `layer_ids`: non-empty, strictly increasing, each in [0, num_model_layers).
+inline std::vector<std::int32_t> read_layer_ids(json::node const& n,
+                                                std::int32_t num_model_layers) {
+  std::size_t count = n.expect_size_in(1, static_cast<std::size_t>(num_model_layers));
+  std::vector<std::int32_t> ids;
+  ids.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    auto e  = n[i];
+    auto id = static_cast<std::int32_t>(e.as_int(0, num_model_layers - 1));
+    if (!ids.empty() && id <= ids.back())
+      e.fail(cat("layer ids must be strictly increasing, got ", id, " after ", ids.back()));
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+inline void expect_format(json::node const& doc, std::string_view expected) {
+  auto f = doc["format"];
+  if (f.type() != json::kind::string || f.raw().string() != expected)
+    f.fail(cat("unsupported format ",
+               f.describe(),
+               " (this library reads ",
+               detail::quoted(expected),
+               ")"));
+}
+
+inline std::int32_t as_i32(json::node const& n, std::int64_t lo, std::int64_t hi) {
+  return static_cast<std::int32_t>(n.as_int(lo, hi));
+}
+
+/// An integer field that must equal a value derived from other fields (`why` says which).
+inline std::int32_t expect_derived(json::node const& n,
+                                   std::int64_t expected,
+                                   std::string_view why) {
+  std::int64_t v = n.as_int(-(std::int64_t{1} << 40), std::int64_t{1} << 40);
+  if (v != expected) n.fail(cat("must be ", expected, " (", why, "), got ", v));
+  return static_cast<std::int32_t>(v);
+}
+
+}  // namespace tangram::detail
