@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
-#include "tangram/memory/unified_paging.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"

@@ -21,12 +21,13 @@
 #include <tuple>
 #include <vector>
 
+#include "tangram/eval/split_imbalance.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/aot_mapping.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/clustering.hpp"
-#include "tangram/plan/split_analysis.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include "commands.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/eval/sim/workload_io.hpp"
 #include "tangram/io/budget_profile.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/io/retention_samples.hpp"
@@ -20,7 +20,7 @@
 #include "tangram/model/model_spec.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "tangram/sim/workload.hpp"
+#include "commands.hpp"
 
 #include <sstream>
 #include <vector>

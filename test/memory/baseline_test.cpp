@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The layer-wide paging baselines, worked by hand on the tiny model and compared with Tangram on
 // the real Llama-3.1-8B plans (relations only; the figures are in bench/memory.cpp).
-#include "tangram/memory/unified_paging.hpp"
+#include "tangram/eval/baselines/unified_paging.hpp"
 
 #include "memory_fixtures.hpp"
 

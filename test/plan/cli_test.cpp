@@ -7,13 +7,13 @@
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/eval/split_imbalance.hpp"
 #include "tangram/io/budget_profile.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
-#include "tangram/plan/split_analysis.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

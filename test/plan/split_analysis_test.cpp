@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tangram/plan/split_analysis.hpp"
+#include "tangram/eval/split_imbalance.hpp"
+#include "tangram/plan/aot_mapping.hpp"
 
 #include <algorithm>
 #include <numeric>

@@ -15,7 +15,7 @@
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_pool.hpp"
-#include "tangram/memory/unified_paging.hpp"
+#include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "test_support.hpp"
 

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tangram/sim/replay.hpp"
+#include "tangram/eval/sim/replay.hpp"
 
 #include <map>
 
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/calibration.hpp"
-#include "tangram/sim/policies.hpp"
+#include "tangram/eval/sim/policies.hpp"
 #include "../memory/memory_fixtures.hpp"
 #include "test_support.hpp"
 

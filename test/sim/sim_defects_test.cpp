@@ -13,11 +13,11 @@
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
-#include "tangram/memory/unified_paging.hpp"
+#include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/model/presets.hpp"
-#include "tangram/sim/policies.hpp"
-#include "tangram/sim/replay.hpp"
-#include "tangram/sim/workload.hpp"
+#include "tangram/eval/sim/policies.hpp"
+#include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/workload.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tangram/sim/workload.hpp"
+#include "tangram/eval/sim/workload.hpp"
+#include "tangram/eval/sim/workload_io.hpp"
 
 #include "tangram/model/presets.hpp"
-#include "tangram/sim/cost_model.hpp"
+#include "tangram/eval/sim/cost_model.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

@@ -9,10 +9,10 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/eval/split_imbalance.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
-#include "tangram/plan/split_analysis.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram::cli {

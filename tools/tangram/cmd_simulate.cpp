@@ -20,13 +20,14 @@
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/eval/sim/cost_model.hpp"
+#include "tangram/eval/sim/policies.hpp"
+#include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/workload.hpp"
+#include "tangram/eval/sim/workload_io.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/static_plan.hpp"
-#include "tangram/sim/cost_model.hpp"
-#include "tangram/sim/policies.hpp"
-#include "tangram/sim/replay.hpp"
-#include "tangram/sim/workload.hpp"
 
 namespace tangram::cli {
 

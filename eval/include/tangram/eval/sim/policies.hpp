@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file sim/policies.hpp
+ * @file eval/sim/policies.hpp
  * @brief The three KV-memory policies the replay compares, each a thin adapter over the real
  * library objects on a simulated memory resource (no real memory, exact accounting):
  *
@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "tangram/detail/checked_math.hpp"
+#include "tangram/eval/baselines/unified_paging.hpp"
+#include "tangram/eval/sim/replay.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
-#include "tangram/memory/unified_paging.hpp"
 #include "tangram/plan/static_plan.hpp"
-#include "tangram/sim/replay.hpp"
 
 namespace tangram::sim {
 
@@ -44,8 +44,15 @@ inline std::int64_t pool_pages(double kv_bytes, std::int64_t page_bytes) {
   constexpr auto most = page_pool<>::max_pages;
   double pages        = std::floor(kv_bytes / static_cast<double>(page_bytes));
   TANGRAM_EXPECTS(std::isfinite(kv_bytes) && pages >= 1 && pages <= static_cast<double>(most),
-                  invalid_argument, "kv_bytes: ", kv_bytes, " bytes hold ", pages, " pages of ",
-                  page_bytes, " bytes; a pool needs between 1 and ", most);
+                  invalid_argument,
+                  "kv_bytes: ",
+                  kv_bytes,
+                  " bytes hold ",
+                  pages,
+                  " pages of ",
+                  page_bytes,
+                  " bytes; a pool needs between 1 and ",
+                  most);
   return static_cast<std::int64_t>(pages);
 }
 
@@ -82,15 +89,19 @@ class live_tracker {
     for (auto s : dirty_list_) {
       if (!dirty_[static_cast<std::size_t>(s)]) continue;
       dirty_[static_cast<std::size_t>(s)] = 0;
-      auto tokens = static_cast<double>(held_tokens(s));
+      auto tokens                         = static_cast<double>(held_tokens(s));
       total_ += tokens * token_bytes_ - live_[static_cast<std::size_t>(s)];
       live_[static_cast<std::size_t>(s)]     = tokens * token_bytes_;
       attended_[static_cast<std::size_t>(s)] = tokens / heads_;
     }
     dirty_list_.clear();
   }
-  [[nodiscard]] double live_bytes(std::int32_t s) const { return live_[static_cast<std::size_t>(s)]; }
-  [[nodiscard]] double attended(std::int32_t s) const { return attended_[static_cast<std::size_t>(s)]; }
+  [[nodiscard]] double live_bytes(std::int32_t s) const {
+    return live_[static_cast<std::size_t>(s)];
+  }
+  [[nodiscard]] double attended(std::int32_t s) const {
+    return attended_[static_cast<std::size_t>(s)];
+  }
   [[nodiscard]] double total() const { return total_; }
 
  private:
@@ -107,7 +118,8 @@ class live_accounting_policy : public kv_policy {
  public:
   live_accounting_policy(static_plan const& plan, std::int32_t num_sessions)
       : plan_(plan),
-        live_(num_sessions, head_token_bytes(plan),
+        live_(num_sessions,
+              head_token_bytes(plan),
               static_cast<std::int64_t>(plan.num_layers) * plan.num_kv_heads) {}
 
   [[nodiscard]] double kv_bytes_read(std::int32_t s) const override {
@@ -142,24 +154,31 @@ class live_accounting_policy : public kv_policy {
 class tangram_policy final : public live_accounting_policy {
  public:
   /// @param kv_bytes KV memory of the GPU; @param max_sessions sessions alive at once
-  tangram_policy(static_plan const& plan, double kv_bytes, std::int32_t max_sessions,
+  tangram_policy(static_plan const& plan,
+                 double kv_bytes,
+                 std::int32_t max_sessions,
                  std::int32_t num_sessions)
       : live_accounting_policy(plan, num_sessions),
         manager_(plan, resource_, options(plan, kv_bytes, max_sessions)),
         ids_(static_cast<std::size_t>(num_sessions)),
-        kept_(static_cast<std::size_t>(plan.num_layers) * static_cast<std::size_t>(plan.num_kv_heads)) {}
+        kept_(static_cast<std::size_t>(plan.num_layers) *
+              static_cast<std::size_t>(plan.num_kv_heads)) {}
 
   [[nodiscard]] std::string name() const override { return "tangram"; }
 
-  bool start_turn(std::int32_t s, std::int64_t, std::int64_t prompt, std::int64_t max_new,
+  bool start_turn(std::int32_t s,
+                  std::int64_t,
+                  std::int64_t prompt,
+                  std::int64_t max_new,
                   std::int64_t headroom_tokens) override {
     auto& id = ids_[static_cast<std::size_t>(s)];
     if (headroom_tokens > 0) {
       // Checked: an overflowing allowance cannot fit any pool.
       auto headroom = detail::mul_checked<std::int64_t>(
           manager_.num_groups(), ceil_div(headroom_tokens, plan_.geometry.page_tokens));
-      auto need = headroom ? detail::add_checked(manager_.admission_pages(prompt, max_new), *headroom)
-                           : std::nullopt;
+      auto need = headroom
+                      ? detail::add_checked(manager_.admission_pages(prompt, max_new), *headroom)
+                      : std::nullopt;
       if (!need || *need > manager_.pool().available_pages()) return false;
     }
     if (id) return manager_.continue_turn(*id, prompt, max_new);
@@ -217,7 +236,9 @@ class tangram_policy final : public live_accounting_policy {
   [[nodiscard]] kv_cache_manager const& manager() const { return manager_; }
 
  private:
-  static manager_options options(static_plan const& plan, double kv_bytes, std::int32_t max_sessions) {
+  static manager_options options(static_plan const& plan,
+                                 double kv_bytes,
+                                 std::int32_t max_sessions) {
     manager_options o;
     o.num_pages     = pool_pages(kv_bytes, plan.page_bytes());
     o.max_sequences = max_sessions;
@@ -238,8 +259,12 @@ class tangram_policy final : public live_accounting_policy {
 /// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation.
 class unified_policy final : public live_accounting_policy {
  public:
-  unified_policy(static_plan const& plan, unified_mode mode, double kv_bytes, std::int32_t max_sessions,
-                 std::int32_t num_sessions, std::int64_t max_tokens)
+  unified_policy(static_plan const& plan,
+                 unified_mode mode,
+                 double kv_bytes,
+                 std::int32_t max_sessions,
+                 std::int32_t num_sessions,
+                 std::int64_t max_tokens)
       : live_accounting_policy(plan, num_sessions),
         mode_(mode),
         baseline_(plan, mode, resource_, pages_for(plan, kv_bytes), max_sessions, max_tokens),
@@ -251,7 +276,10 @@ class unified_policy final : public live_accounting_policy {
 
   /// Admission as vLLM with a full-prompt check (and the reference implementation) does it: the
   /// uncompressed prompt must fit in the free pages now; nothing is reserved.
-  bool start_turn(std::int32_t s, std::int64_t, std::int64_t prompt, std::int64_t,
+  bool start_turn(std::int32_t s,
+                  std::int64_t,
+                  std::int64_t prompt,
+                  std::int64_t,
                   std::int64_t headroom_tokens) override {
     auto& slot        = slots_[static_cast<std::size_t>(s)];
     std::int32_t P    = plan_.geometry.page_tokens;
@@ -262,7 +290,8 @@ class unified_policy final : public live_accounting_policy {
         longest = baseline_.longest(slot, l);
         held    = baseline_.n_pages(slot, l);
       }
-      need += std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) + ceil_div(headroom_tokens, P);
+      need += std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) +
+              ceil_div(headroom_tokens, P);
     }
     if (need > baseline_.pool().available_pages()) return false;
     if (slot < 0) {
@@ -319,7 +348,8 @@ class unified_policy final : public live_accounting_policy {
   }
   [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
     std::int32_t slot = slots_[static_cast<std::size_t>(s)];
-    return sum_heads([&](std::int32_t l, std::int32_t h) { return baseline_.head_len(slot, l, h); });
+    return sum_heads(
+        [&](std::int32_t l, std::int32_t h) { return baseline_.head_len(slot, l, h); });
   }
 
   unified_mode mode_;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file sim/cost_model.hpp
+ * @file eval/sim/cost_model.hpp
  * @brief An explicit roofline cost model for the serving replay. Every time it produces is
  * MODELLED, not measured: decode is bandwidth-bound, prefill compute-bound.
  *
@@ -35,14 +35,22 @@ struct gpu_spec {
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
-    TANGRAM_EXPECTS(memory_bytes > 0 && std::isfinite(memory_bytes), invalid_argument,
-                    "gpu.memory_bytes: must be > 0, got ", memory_bytes);
-    TANGRAM_EXPECTS(usable_fraction > 0 && usable_fraction <= 1, invalid_argument,
-                    "gpu.usable_fraction: must be in (0, 1], got ", usable_fraction);
-    TANGRAM_EXPECTS(hbm_bytes_per_s > 0 && std::isfinite(hbm_bytes_per_s), invalid_argument,
-                    "gpu.hbm_bytes_per_s: must be > 0, got ", hbm_bytes_per_s);
-    TANGRAM_EXPECTS(peak_flops > 0 && std::isfinite(peak_flops), invalid_argument,
-                    "gpu.peak_flops: must be > 0, got ", peak_flops);
+    TANGRAM_EXPECTS(memory_bytes > 0 && std::isfinite(memory_bytes),
+                    invalid_argument,
+                    "gpu.memory_bytes: must be > 0, got ",
+                    memory_bytes);
+    TANGRAM_EXPECTS(usable_fraction > 0 && usable_fraction <= 1,
+                    invalid_argument,
+                    "gpu.usable_fraction: must be in (0, 1], got ",
+                    usable_fraction);
+    TANGRAM_EXPECTS(hbm_bytes_per_s > 0 && std::isfinite(hbm_bytes_per_s),
+                    invalid_argument,
+                    "gpu.hbm_bytes_per_s: must be > 0, got ",
+                    hbm_bytes_per_s);
+    TANGRAM_EXPECTS(peak_flops > 0 && std::isfinite(peak_flops),
+                    invalid_argument,
+                    "gpu.peak_flops: must be > 0, got ",
+                    peak_flops);
   }
 };
 

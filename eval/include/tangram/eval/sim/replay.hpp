@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file sim/replay.hpp
+ * @file eval/sim/replay.hpp
  * @brief Replays a multi-turn workload against a KV-memory policy, step by step, the way a
  * continuous-batching engine with chunked prefill would, and reports memory, admission and
  * (modelled) throughput figures.
  *
- * The engine loop is policy-agnostic; policies (sim/policies.hpp) drive the real library objects
- * (pools, page tables, admission) on a simulated memory resource. Time advances by the roofline
- * cost model (sim/cost_model.hpp): every time figure is modelled. The control-plane time is the
- * wall-clock time actually spent inside policy calls, measured.
+ * The engine loop is policy-agnostic; policies (eval/sim/policies.hpp) drive the real library
+ * objects (pools, page tables, admission) on a simulated memory resource. Time advances by the
+ * roofline cost model (eval/sim/cost_model.hpp): every time figure is modelled. The control-plane
+ * time is the wall-clock time actually spent inside policy calls, measured.
  */
 #pragma once
 
@@ -23,16 +23,16 @@
 #include <vector>
 
 #include "tangram/error.hpp"
-#include "tangram/sim/cost_model.hpp"
-#include "tangram/sim/workload.hpp"
+#include "tangram/eval/sim/cost_model.hpp"
+#include "tangram/eval/sim/workload.hpp"
 
 namespace tangram::sim {
 
 /// @brief Memory accounting a policy reports.
 struct policy_memory {
-  double allocated_bytes = 0;  ///< bytes of pages held or reserved for sequences
-  double live_bytes      = 0;  ///< bytes of tokens actually stored
-  std::int64_t reclaim_ops  = 0;  ///< pages freed after eviction (allocate-then-free)
+  double allocated_bytes      = 0;  ///< bytes of pages held or reserved for sequences
+  double live_bytes           = 0;  ///< bytes of tokens actually stored
+  std::int64_t reclaim_ops    = 0;  ///< pages freed after eviction (allocate-then-free)
   std::int64_t released_pages = 0;  ///< pages returned when a recompression shrinks a group
 };
 
@@ -43,14 +43,17 @@ struct policy_memory {
  */
 class kv_policy {
  public:
-  virtual ~kv_policy() = default;
+  virtual ~kv_policy()                           = default;
   [[nodiscard]] virtual std::string name() const = 0;
   /// Starts a turn: `history` tokens already held (0 for a new session or after preemption),
   /// `prompt` new tokens to prefill, up to `max_new` tokens to decode. It must also leave room
   /// for `headroom_tokens` more uncompressed tokens in every page table of the model (the
   /// engine's allowance for resident sessions' next turns). False: does not fit now.
-  virtual bool start_turn(std::int32_t session, std::int64_t history, std::int64_t prompt,
-                          std::int64_t max_new, std::int64_t headroom_tokens) = 0;
+  virtual bool start_turn(std::int32_t session,
+                          std::int64_t history,
+                          std::int64_t prompt,
+                          std::int64_t max_new,
+                          std::int64_t headroom_tokens) = 0;
   /// Prefills `tokens` more prompt tokens (one chunk, compressed if the policy compresses).
   virtual bool prefill_chunk(std::int32_t session, std::int64_t tokens) = 0;
   /// Appends one decoded token to every session of `sessions` (one engine decode step).
@@ -63,7 +66,7 @@ class kv_policy {
   [[nodiscard]] virtual double kv_bytes_read(std::int32_t session) const = 0;
   /// Tokens the session's heads hold on average (the "past" its next prefill chunk attends to).
   [[nodiscard]] virtual double attended_tokens(std::int32_t session) const = 0;
-  [[nodiscard]] virtual policy_memory memory() const = 0;
+  [[nodiscard]] virtual policy_memory memory() const                       = 0;
   /// Pages in the pool, for utilisation figures.
   [[nodiscard]] virtual double capacity_bytes() const = 0;
 };
@@ -79,8 +82,8 @@ struct replay_options {
   std::int64_t continuation_headroom_tokens = 1024;
   /// Most points the memory timeline keeps, in [2, 1000000]: however long the run, the replay
   /// holds at most twice this many (see `replay_result::timeline`).
-  std::int32_t timeline_points   = 400;
-  std::function<void(double)> progress;   ///< called with the completed fraction (optional)
+  std::int32_t timeline_points = 400;
+  std::function<void(double)> progress;  ///< called with the completed fraction (optional)
 };
 
 /// @brief One point of the memory timeline.
@@ -94,29 +97,30 @@ struct timeline_point {
 /// @brief Results of one policy's replay.
 struct replay_result {
   std::string policy;
-  std::int32_t peak_resident_sessions = 0;  ///< sessions holding KV at once (running or between turns)
-  double mean_resident_sessions       = 0;  ///< time-weighted
-  std::int32_t peak_running           = 0;  ///< sequences in one decode batch at once
-  double kv_bytes_allocated_peak      = 0;
-  double kv_bytes_live_peak           = 0;
-  double mean_utilisation             = 0;  ///< time-weighted live / allocated
-  double capacity_bytes               = 0;
-  std::int64_t admission_waits        = 0;  ///< turns that could not start at once for memory
-  double mean_admission_wait_s        = 0;  ///< modelled
-  std::int64_t reclaim_ops            = 0;
-  std::int64_t released_pages         = 0;
-  std::int64_t preemptions            = 0;  ///< running sequences preempted (recompute)
-  std::int64_t idle_evictions         = 0;  ///< idle sessions whose KV was dropped to make room
-  std::int64_t recomputed_tokens      = 0;
-  std::int64_t rejected_sessions      = 0;  ///< could never fit, even alone
-  std::int64_t steps                  = 0;
-  double control_plane_us_per_step    = 0;  ///< measured wall time inside the policy
-  double modelled_makespan_s          = 0;
-  double modelled_tokens_per_s        = 0;  ///< generated tokens / makespan
-  double modelled_ttft_mean_s         = 0;
-  double modelled_ttft_p95_s          = 0;
-  std::int64_t generated_tokens       = 0;
-  std::int64_t prefilled_tokens       = 0;
+  std::int32_t peak_resident_sessions =
+      0;                                 ///< sessions holding KV at once (running or between turns)
+  double mean_resident_sessions    = 0;  ///< time-weighted
+  std::int32_t peak_running        = 0;  ///< sequences in one decode batch at once
+  double kv_bytes_allocated_peak   = 0;
+  double kv_bytes_live_peak        = 0;
+  double mean_utilisation          = 0;  ///< time-weighted live / allocated
+  double capacity_bytes            = 0;
+  std::int64_t admission_waits     = 0;  ///< turns that could not start at once for memory
+  double mean_admission_wait_s     = 0;  ///< modelled
+  std::int64_t reclaim_ops         = 0;
+  std::int64_t released_pages      = 0;
+  std::int64_t preemptions         = 0;  ///< running sequences preempted (recompute)
+  std::int64_t idle_evictions      = 0;  ///< idle sessions whose KV was dropped to make room
+  std::int64_t recomputed_tokens   = 0;
+  std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
+  std::int64_t steps               = 0;
+  double control_plane_us_per_step = 0;  ///< measured wall time inside the policy
+  double modelled_makespan_s       = 0;
+  double modelled_tokens_per_s     = 0;  ///< generated tokens / makespan
+  double modelled_ttft_mean_s      = 0;
+  double modelled_ttft_p95_s       = 0;
+  std::int64_t generated_tokens    = 0;
+  std::int64_t prefilled_tokens    = 0;
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
   /// while the run is short; in a longer run each point stands for a run of consecutive steps and
   /// carries the largest allocated, live and resident figures of those steps (so every peak
@@ -178,7 +182,7 @@ class timeline_thinner {
   /// The timeline: at most `cap - 1` merged points of the steps, then `last` as it is.
   std::vector<timeline_point> finish(timeline_point const& last) {
     if (pending_steps_ > 0) points_.push_back(pending_);
-    pending_steps_ = 0;
+    pending_steps_   = 0;
     std::size_t keep = cap_ - 1;
     if (points_.size() > keep) merge_groups((points_.size() + keep - 1) / keep);
     points_.push_back(last);
@@ -224,43 +228,59 @@ class timeline_thinner {
  * its history is prefilled again later).
  * @throw invalid_argument for bad options.
  */
-inline replay_result replay(workload const& work, kv_policy& policy, cost_model const& cost,
+inline replay_result replay(workload const& work,
+                            kv_policy& policy,
+                            cost_model const& cost,
                             replay_options const& options = {}) {
   using namespace detail_replay;
   using clock = std::chrono::steady_clock;
-  TANGRAM_EXPECTS(options.step_token_budget >= 1, invalid_argument,
-                  "replay.step_token_budget: must be >= 1, got ", options.step_token_budget);
-  TANGRAM_EXPECTS(options.prefill_chunk >= 1, invalid_argument,
-                  "replay.prefill_chunk: must be >= 1, got ", options.prefill_chunk);
-  TANGRAM_EXPECTS(options.max_running >= 1, invalid_argument,
-                  "replay.max_running: must be >= 1, got ", options.max_running);
-  TANGRAM_EXPECTS(options.concurrency >= 0, invalid_argument,
-                  "replay.concurrency: must be >= 0, got ", options.concurrency);
+  TANGRAM_EXPECTS(options.step_token_budget >= 1,
+                  invalid_argument,
+                  "replay.step_token_budget: must be >= 1, got ",
+                  options.step_token_budget);
+  TANGRAM_EXPECTS(options.prefill_chunk >= 1,
+                  invalid_argument,
+                  "replay.prefill_chunk: must be >= 1, got ",
+                  options.prefill_chunk);
+  TANGRAM_EXPECTS(options.max_running >= 1,
+                  invalid_argument,
+                  "replay.max_running: must be >= 1, got ",
+                  options.max_running);
+  TANGRAM_EXPECTS(options.concurrency >= 0,
+                  invalid_argument,
+                  "replay.concurrency: must be >= 0, got ",
+                  options.concurrency);
   // Bounded so that headroom x resident sessions (<= 10^6) cannot overflow.
   TANGRAM_EXPECTS(options.continuation_headroom_tokens >= 0 &&
                       options.continuation_headroom_tokens <= workload_limits::max_session_tokens,
-                  invalid_argument, "replay.continuation_headroom_tokens: must be in [0, ",
-                  workload_limits::max_session_tokens, "], got ",
+                  invalid_argument,
+                  "replay.continuation_headroom_tokens: must be in [0, ",
+                  workload_limits::max_session_tokens,
+                  "], got ",
                   options.continuation_headroom_tokens);
   TANGRAM_EXPECTS(options.timeline_points >= 2 && options.timeline_points <= 1000000,
-                  invalid_argument, "replay.timeline_points: must be in [2, 1000000], got ",
+                  invalid_argument,
+                  "replay.timeline_points: must be in [2, 1000000], got ",
                   options.timeline_points);
 
   replay_result out;
-  out.policy         = policy.name();
-  out.capacity_bytes = policy.capacity_bytes();
+  out.policy            = policy.name();
+  out.capacity_bytes    = policy.capacity_bytes();
   auto const n_sessions = static_cast<std::int32_t>(work.sessions.size());
   std::vector<session_state> st(static_cast<std::size_t>(n_sessions));
   auto ss_of = [&](std::int32_t s) -> session_state& { return st[static_cast<std::size_t>(s)]; };
-  auto spec  = [&](std::int32_t s) -> session_spec const& { return work.sessions[static_cast<std::size_t>(s)]; };
+  auto spec  = [&](std::int32_t s) -> session_spec const& {
+    return work.sessions[static_cast<std::size_t>(s)];
+  };
   auto turn_of = [&](std::int32_t s) -> turn_spec const& {
     return spec(s).turns[static_cast<std::size_t>(ss_of(s).turn)];
   };
 
   std::vector<std::int32_t> by_arrival(static_cast<std::size_t>(n_sessions));
   for (std::int32_t i = 0; i < n_sessions; ++i) by_arrival[static_cast<std::size_t>(i)] = i;
-  std::stable_sort(by_arrival.begin(), by_arrival.end(),
-                   [&](std::int32_t a, std::int32_t b) { return spec(a).arrival_s < spec(b).arrival_s; });
+  std::stable_sort(by_arrival.begin(), by_arrival.end(), [&](std::int32_t a, std::int32_t b) {
+    return spec(a).arrival_s < spec(b).arrival_s;
+  });
   std::int64_t total_turns = 0, finished_turns = 0;
   for (auto const& s : work.sessions) total_turns += static_cast<std::int64_t>(s.turns.size());
 
@@ -269,7 +289,7 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
   std::vector<std::int32_t> running;        // prefill or decode, admission order
   std::vector<std::pair<double, std::int32_t>> thinking;  // (wake time, session)
   std::vector<double> ttft;
-  std::size_t next_arrival   = 0;
+  std::size_t next_arrival    = 0;
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
   std::int32_t resident = 0;
@@ -362,11 +382,13 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
 
   auto try_admit = [&](std::deque<std::int32_t>& queue, bool new_sessions) -> bool {
     while (!queue.empty() && static_cast<std::int32_t>(running.size()) < options.max_running &&
-           prefill_backlog() + static_cast<std::int64_t>(running.size()) < options.step_token_budget) {
-      std::int32_t s = queue.front();
-      auto& ss       = ss_of(s);
+           prefill_backlog() + static_cast<std::int64_t>(running.size()) <
+               options.step_token_budget) {
+      std::int32_t s        = queue.front();
+      auto& ss              = ss_of(s);
       std::int64_t headroom = new_sessions ? options.continuation_headroom_tokens * resident : 0;
-      bool ok = timed([&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.to_decode, headroom); });
+      bool ok               = timed(
+          [&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.to_decode, headroom); });
       if (!ok) {
         if (!ss.waited) {
           ss.waited = true;
@@ -412,7 +434,8 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
 
     if (running.empty()) {
       double next = std::numeric_limits<double>::infinity();
-      if (next_arrival < by_arrival.size() && (options.concurrency == 0 || active < options.concurrency))
+      if (next_arrival < by_arrival.size() &&
+          (options.concurrency == 0 || active < options.concurrency))
         next = spec(by_arrival[next_arrival]).arrival_s;
       for (auto const& th : thinking) next = std::min(next, th.first);
       if (std::isfinite(next) && (ready_continue.empty() && ready_new.empty())) {
@@ -453,12 +476,13 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
       // Out of pages (baselines only): preempt the latest admitted sequence and try again.
       if (!make_room(-1))
         TANGRAM_FAIL(logic_error, "replay: a decode step cannot run even with one sequence");
-      decoders.erase(std::remove_if(decoders.begin(), decoders.end(),
-                                    [&](std::int32_t s) { return !is_running(s); }),
-                     decoders.end());
+      decoders.erase(
+          std::remove_if(
+              decoders.begin(), decoders.end(), [&](std::int32_t s) { return !is_running(s); }),
+          decoders.end());
     }
     for (auto s : decoders) {
-      auto& ss = ss_of(s);
+      auto& ss   = ss_of(s);
       any_decode = true;
       budget -= 1;
       ss.decoded_this_turn += 1;
@@ -493,11 +517,11 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     if (any_decode || !first_token_now.empty()) step_s += cost.decode_step_s(kv_read);
     out.steps += 1;
 
-    auto mem = policy.memory();  // accounting, not engine work: not timed
+    auto mem                    = policy.memory();  // accounting, not engine work: not timed
     out.kv_bytes_allocated_peak = std::max(out.kv_bytes_allocated_peak, mem.allocated_bytes);
     out.kv_bytes_live_peak      = std::max(out.kv_bytes_live_peak, mem.live_bytes);
     out.peak_resident_sessions  = std::max(out.peak_resident_sessions, resident);
-    out.peak_running            = std::max(out.peak_running, static_cast<std::int32_t>(running.size()));
+    out.peak_running = std::max(out.peak_running, static_cast<std::int32_t>(running.size()));
     resident_area += resident * step_s;
     if (mem.allocated_bytes > 0) util_area += mem.live_bytes / mem.allocated_bytes * step_s;
     t += step_s;
@@ -548,13 +572,14 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     }
   }
 
-  auto end = policy.memory();  // after the last releases
-  out.timeline = timeline.finish({t, end.allocated_bytes, end.live_bytes, resident});
-  out.modelled_makespan_s       = t;
-  out.mean_resident_sessions    = t > 0 ? resident_area / t : 0;
-  out.mean_utilisation          = t > 0 ? util_area / t : 0;
-  out.control_plane_us_per_step = out.steps > 0 ? control_s * 1e6 / static_cast<double>(out.steps) : 0;
-  out.modelled_tokens_per_s     = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
+  auto end                   = policy.memory();  // after the last releases
+  out.timeline               = timeline.finish({t, end.allocated_bytes, end.live_bytes, resident});
+  out.modelled_makespan_s    = t;
+  out.mean_resident_sessions = t > 0 ? resident_area / t : 0;
+  out.mean_utilisation       = t > 0 ? util_area / t : 0;
+  out.control_plane_us_per_step =
+      out.steps > 0 ? control_s * 1e6 / static_cast<double>(out.steps) : 0;
+  out.modelled_tokens_per_s = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
   out.mean_admission_wait_s =
       out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
   out.reclaim_ops    = end.reclaim_ops;
@@ -564,7 +589,8 @@ inline replay_result replay(workload const& work, kv_policy& policy, cost_model 
     for (double x : ttft) sum += x;
     out.modelled_ttft_mean_s = sum / static_cast<double>(ttft.size());
     std::sort(ttft.begin(), ttft.end());
-    out.modelled_ttft_p95_s = ttft[static_cast<std::size_t>(0.95 * static_cast<double>(ttft.size() - 1))];
+    out.modelled_ttft_p95_s =
+        ttft[static_cast<std::size_t>(0.95 * static_cast<double>(ttft.size() - 1))];
   }
   if (options.progress) options.progress(1.0);
   return out;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file memory/unified_paging.hpp
+ * @file eval/baselines/unified_paging.hpp
  * @brief Baselines for side-by-side measurement: pages that span all KV heads of a layer
  * (vLLM style, `page_bytes = H * 2 * P * d * sizeof(dtype)` per layer).
  *

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file eval/split_imbalance.hpp
+ * @brief Load imbalance of the AOT split map against the per-step planners
+ * (eval/baselines/split_planners.hpp): per launch, per layer and summarised over a model, plus the
+ * reproducible batches the figures use. Evaluation code: not installed.
+ *
+ * Load imbalance of a launch = max slot tokens / mean slot tokens over the N_CTA slots.
+ * The free functions are pure; a `split_evaluator` owns its buffers (one per thread).
+ */
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "tangram/detail/stats.hpp"
+#include "tangram/error.hpp"
+#include "tangram/eval/baselines/split_planners.hpp"
+#include "tangram/plan/aot_mapping.hpp"
+#include "tangram/plan/retention.hpp"
+#include "tangram/plan/split_map.hpp"
+
+namespace tangram {
+
+/**
+ * @brief Tokens each CTA of one layer's AOT launch attends: loads[c] for c in [0, N_CTA).
+ * O(H x batch + N_CTA); allocates nothing.
+ * @param offsets scratch of batch + 1 entries; @param loads caller buffer of N_CTA entries
+ */
+inline void aot_cta_loads(split_map_view const& view,
+                          std::int32_t layer,
+                          head_rule const* rules,
+                          std::int64_t const* contexts,
+                          std::int64_t const* decoded,
+                          std::int32_t batch,
+                          std::int64_t* offsets,
+                          std::int64_t* loads) {
+  for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
+    std::int64_t total = head_stream_offsets(rules[h], contexts, decoded, batch, offsets);
+    std::int64_t share = view.share(layer, h);
+    std::int32_t base  = view.begin(layer, h);
+    std::int64_t lo    = 0;
+    for (std::int64_t j = 0; j < share; ++j) {
+      std::int64_t hi = split_bound(j + 1, share, total);
+      loads[base + j] = hi - lo;
+      lo              = hi;
+    }
+  }
+}
+
+/// Max slot load over mean slot load; 1 when there is no work at all.
+inline double load_imbalance(std::int64_t const* loads, std::int32_t num_slots) {
+  std::int64_t mx = 0, sum = 0;
+  for (std::int32_t i = 0; i < num_slots; ++i) {
+    mx = std::max(mx, loads[i]);
+    sum += loads[i];
+  }
+  return sum > 0 ? static_cast<double>(mx) * num_slots / static_cast<double>(sum) : 1.0;
+}
+
+/// @brief Load imbalance of the three planners on one launch.
+struct planner_imbalance {
+  double aot         = 1.0;
+  double equal_split = 1.0;
+  double greedy      = 1.0;  ///< greedy with 1 chunk per slot
+  double greedy_fine = 1.0;  ///< greedy with 4 chunks per slot
+};
+
+/**
+ * @brief Runs the three planners on the layers of a model for given batches, reusing buffers.
+ * Holds copies of the rules and the split map. One object per thread.
+ */
+class split_evaluator {
+ public:
+  /// @param rules [map.num_layers * map.num_kv_heads]
+  /// @throw invalid_argument when the sizes disagree or the map is invalid.
+  split_evaluator(std::vector<head_rule> rules, split_map map, std::int64_t min_chunk = 128)
+      : rules_(std::move(rules)),
+        map_(std::move(map)),
+        greedy_(min_chunk, 1),
+        greedy_fine_(min_chunk, 4),
+        min_chunk_(min_chunk) {
+    map_.validate();
+    TANGRAM_EXPECTS(rules_.size() == static_cast<std::size_t>(map_.num_layers) * map_.num_kv_heads,
+                    invalid_argument,
+                    "split_evaluator: expected ",
+                    map_.num_layers * map_.num_kv_heads,
+                    " rules, got ",
+                    rules_.size());
+  }
+
+  [[nodiscard]] std::int32_t num_layers() const noexcept { return map_.num_layers; }
+  [[nodiscard]] split_map const& map() const noexcept { return map_; }
+
+  /**
+   * @brief Imbalance of each planner on layer `layer` for a batch (decode tokens 0).
+   * @throw invalid_argument when batch < 1 or the layer is out of range.
+   */
+  planner_imbalance evaluate(std::int32_t layer, std::int64_t const* contexts, std::int32_t batch) {
+    TANGRAM_EXPECTS(batch >= 1, invalid_argument, "batch: must be >= 1, got ", batch);
+    TANGRAM_EXPECTS(layer >= 0 && layer < map_.num_layers,
+                    invalid_argument,
+                    "layer: must be in [0, ",
+                    map_.num_layers - 1,
+                    "], got ",
+                    layer);
+    auto H = map_.num_kv_heads;
+    auto N = map_.num_ctas();
+    offsets_.resize(static_cast<std::size_t>(batch) + 1);
+    loads_.resize(static_cast<std::size_t>(N));
+    lengths_.resize(static_cast<std::size_t>(batch) * H);
+    head_rule const* rules = rules_.data() + static_cast<std::size_t>(layer) * H;
+    for (std::int32_t r = 0; r < batch; ++r)
+      for (std::int32_t h = 0; h < H; ++h)
+        lengths_[static_cast<std::size_t>(r) * H + h] = head_tokens(rules[h], contexts[r], 0);
+    planner_imbalance out;
+    aot_cta_loads(
+        map_.view(), layer, rules, contexts, nullptr, batch, offsets_.data(), loads_.data());
+    out.aot = load_imbalance(loads_.data(), N);
+    auto eq = plan_equal_split(lengths_.data(), batch, H, N, min_chunk_);
+    equal_split_loads(lengths_.data(), batch, H, N, eq, loads_.data(), heap_);
+    out.equal_split = load_imbalance(loads_.data(), N);
+    greedy_.plan(lengths_.data(), batch, H, N, loads_.data());
+    out.greedy = load_imbalance(loads_.data(), N);
+    greedy_fine_.plan(lengths_.data(), batch, H, N, loads_.data());
+    out.greedy_fine = load_imbalance(loads_.data(), N);
+    return out;
+  }
+
+ private:
+  std::vector<head_rule> rules_;
+  split_map map_;
+  greedy_split_planner greedy_, greedy_fine_;
+  std::int64_t min_chunk_;
+  std::vector<std::int64_t> offsets_, loads_, lengths_;
+  detail::slot_heap heap_;
+};
+
+/// @brief Mean, 95th percentile (linear interpolation) and maximum of a set of imbalances.
+struct imbalance_summary {
+  double mean = 0, p95 = 0, max = 0;
+  std::size_t count = 0;
+};
+
+/// @brief Summarises `values` (copied; empty gives all zeros).
+inline imbalance_summary summarize_imbalance(std::vector<double> values) {
+  imbalance_summary s;
+  s.count = values.size();
+  if (values.empty()) return s;
+  s.mean = detail::mean_of(values.data(), values.size());
+  s.max  = *std::max_element(values.begin(), values.end());
+  s.p95  = detail::linear_quantile(values, 0.95);
+  return s;
+}
+
+/**
+ * @brief `count` context lengths drawn log-uniformly in [lo, hi]: round(exp(U(ln lo, ln hi))),
+ * U from a 64-bit Mersenne Twister seeded with `seed` (the same numbers on every platform).
+ * @throw invalid_argument unless 1 <= lo <= hi and count >= 0.
+ */
+inline std::vector<std::int64_t> log_uniform_contexts(std::int32_t count,
+                                                      std::int64_t lo,
+                                                      std::int64_t hi,
+                                                      std::uint64_t seed) {
+  TANGRAM_EXPECTS(count >= 0, invalid_argument, "count: must be >= 0, got ", count);
+  TANGRAM_EXPECTS(lo >= 1 && lo <= hi,
+                  invalid_argument,
+                  "contexts: need 1 <= lo <= hi, got [",
+                  lo,
+                  ", ",
+                  hi,
+                  "]");
+  std::mt19937_64 rng(seed);
+  double a = std::log(static_cast<double>(lo)), b = std::log(static_cast<double>(hi));
+  std::vector<std::int64_t> out(static_cast<std::size_t>(count));
+  for (auto& n : out) {
+    auto v = static_cast<std::int64_t>(
+        std::llround(std::exp(a + (b - a) * detail::canonical_uniform(rng))));
+    n = std::clamp(v, lo, hi);
+  }
+  return out;
+}
+
+/// @brief The batch `tangram plan` reports its split imbalance on: 32 requests, contexts
+/// log-uniform in [1K, 128K], seed 1.
+struct reference_batch {
+  std::int32_t requests    = 32;
+  std::int64_t min_context = 1024;
+  std::int64_t max_context = 131072;
+  std::uint64_t seed       = 1;
+
+  [[nodiscard]] std::vector<std::int64_t> contexts() const {
+    return log_uniform_contexts(requests, min_context, max_context, seed);
+  }
+};
+
+/// @brief Per planner, the imbalance summarised over the layers of one batch.
+struct batch_imbalance {
+  imbalance_summary aot, equal_split, greedy, greedy_fine;
+};
+
+/**
+ * @brief Imbalance of each planner over every layer of a model for one batch.
+ * @param rules [map.num_layers * map.num_kv_heads]
+ */
+inline batch_imbalance layer_imbalance(std::vector<head_rule> const& rules,
+                                       split_map const& map,
+                                       std::vector<std::int64_t> const& contexts) {
+  TANGRAM_EXPECTS(!contexts.empty(), invalid_argument, "contexts: empty batch");
+  split_evaluator ev(rules, map);
+  std::vector<double> a, e, g, f;
+  for (std::int32_t l = 0; l < map.num_layers; ++l) {
+    auto r = ev.evaluate(l, contexts.data(), static_cast<std::int32_t>(contexts.size()));
+    a.push_back(r.aot);
+    e.push_back(r.equal_split);
+    g.push_back(r.greedy);
+    f.push_back(r.greedy_fine);
+  }
+  return {summarize_imbalance(std::move(a)),
+          summarize_imbalance(std::move(e)),
+          summarize_imbalance(std::move(g)),
+          summarize_imbalance(std::move(f))};
+}
+
+}  // namespace tangram
