@@ -2,6 +2,7 @@
 // The KV-cache manager on the tiny hybrid model, worked by hand: admission footprint, chunked
 // prefill, decode page draws, turns, surplus release, forks with copy-on-write (checked on real
 // page contents), sliding rings, the FlashInfer export, tensor parallelism and every misuse.
+#include "tangram/interop/flashinfer.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 
@@ -375,7 +376,7 @@ TEST_CASE("FlashInfer export lists the same token addresses as the view",
   auto const d = plan.geometry.head_dim, Hp = plan.geometry.group_size,
              P = plan.geometry.page_tokens;
   for (std::int32_t l = 0; l < plan.num_layers; ++l) {
-    m.export_flashinfer_layer(l, fi);
+    export_flashinfer_layer(m, l, fi);
     REQUIRE(fi.indptr.size() == 2 * 4 + 1);
     CHECK(fi.v_offset_elements == Hp * P * d);
     CHECK(fi.page_stride_elements == P * d);
@@ -406,7 +407,7 @@ TEST_CASE("FlashInfer export lists the same token addresses as the view",
     }
   }
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      m.export_flashinfer_layer(4, fi), invalid_argument, "layer", "got 4");
+      export_flashinfer_layer(m, 4, fi), invalid_argument, "layer", "got 4");
 }
 
 TEST_CASE("tensor parallelism: admit on every rank or on none", "[memory][manager][tp]") {

@@ -21,6 +21,7 @@
 #include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
 #include "runtime.hpp"
+#include "tangram/interop/flashinfer.hpp"
 
 namespace {
 
@@ -284,7 +285,7 @@ TEST_CASE("fork, continue_turn and the FlashInfer export keep the state on bad_a
   // The export only fills the caller's vectors: a failure leaves the manager as it was.
   m.set_batch(ids);
   flashinfer_paged_kv out;
-  int export_points = fail_each_allocation([&] { m.export_flashinfer_layer(0, out); }, state);
+  int export_points = fail_each_allocation([&] { export_flashinfer_layer(m, 0, out); }, state);
   CHECK(export_points >= 1);
   m.check_invariants();
 }

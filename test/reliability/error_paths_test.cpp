@@ -14,6 +14,7 @@
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/workload_io.hpp"
 #include "tangram/eval/split_imbalance.hpp"
+#include "tangram/interop/flashinfer.hpp"
 #include "tangram/io/budget_profile.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/io/retention_samples.hpp"
@@ -138,12 +139,12 @@ TEST_CASE("manager options, plan checks and calls name the field and the value",
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       m.execute_page_copies_host(), logic_error, "execute_page_copies_host", "simulated memory");
   flashinfer_paged_kv fi;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(m.export_flashinfer_layer(4, fi),
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(export_flashinfer_layer(m, 4, fi),
                                   invalid_argument,
                                   "export_flashinfer_layer.layer",
                                   "[0, 3]",
                                   "got 4");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(m.export_flashinfer_layer(-1, fi),
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(export_flashinfer_layer(m, -1, fi),
                                   invalid_argument,
                                   "export_flashinfer_layer.layer",
                                   "got -1");

@@ -9,6 +9,7 @@
 
 #include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
+#include "tangram/interop/flashinfer.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/plan/build_static_plan.hpp"
@@ -20,7 +21,7 @@ namespace tangram::detail {
 struct kv_cache_manager_test_access {
   template <class Manager>
   static std::vector<std::int32_t>& free_slots(Manager& m) {
-    return m.free_slots_;
+    return m.sequences_.free_;
   }
 };
 }  // namespace tangram::detail
@@ -189,7 +190,7 @@ TEST_CASE("view and the FlashInfer export reject a batch with a freed or reused 
   m.set_batch({a, b});
   m.decode_step();
   flashinfer_paged_kv fi;
-  m.export_flashinfer_layer(0, fi);
+  export_flashinfer_layer(m, 0, fi);
   (void)m.view();
 
   // A freed member: its pages are back in the pool.
@@ -202,7 +203,7 @@ TEST_CASE("view and the FlashInfer export reject a batch with a freed or reused 
   auto slot_a   = slot_str.c_str();
   auto gen_a    = gen_str.c_str();
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      m.export_flashinfer_layer(0, fi), logic_error, "export_flashinfer_layer", slot_a, gen_a);
+      export_flashinfer_layer(m, 0, fi), logic_error, "export_flashinfer_layer", slot_a, gen_a);
   CHECK(fi.indptr == sentinel.indptr);  // the caller's output is untouched
   CHECK(fi.indices == sentinel.indices);
   TANGRAM_REQUIRE_THROWS_WITH_ALL((void)m.view(), logic_error, "view", slot_a, gen_a);
@@ -213,14 +214,14 @@ TEST_CASE("view and the FlashInfer export reject a batch with a freed or reused 
   REQUIRE(c);
   REQUIRE(c->slot == a.slot);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      m.export_flashinfer_layer(1, fi), logic_error, "export_flashinfer_layer", slot_a, gen_a);
+      export_flashinfer_layer(m, 1, fi), logic_error, "export_flashinfer_layer", slot_a, gen_a);
   TANGRAM_REQUIRE_THROWS_WITH_ALL((void)m.view(), logic_error, "view", slot_a);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       m.decode_step(), logic_error, "no longer a live sequence", slot_a);
 
   // A fresh batch is accepted again.
   m.set_batch({b});
-  m.export_flashinfer_layer(0, fi);
+  export_flashinfer_layer(m, 0, fi);
   CHECK(fi.indptr.size() == static_cast<std::size_t>(plan.num_kv_heads) + 1);
   CHECK(m.view().batch_size == 1);
   m.check_invariants();

@@ -36,6 +36,7 @@
 
 #include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
+#include "tangram/interop/flashinfer.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/model/presets.hpp"
@@ -765,7 +766,7 @@ class storm {
               break;
             default:
               expect_misuse<logic_error>("no longer a live sequence",
-                                         [&] { m.export_flashinfer_layer(0, fi_); });
+                                         [&] { export_flashinfer_layer(m, 0, fi_); });
               break;
           }
         }
@@ -948,7 +949,7 @@ class storm {
     m.set_batch(ids);
     auto layer =
         static_cast<std::int32_t>(check_rng_() % static_cast<std::uint32_t>(cfg_.plan.num_layers));
-    m.export_flashinfer_layer(layer, fi_);
+    export_flashinfer_layer(m, layer, fi_);
     auto H  = cfg_.plan.num_kv_heads;
     auto Hp = cfg_.plan.geometry.group_size;
     auto v  = m.view();

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/detail/group_lookup.hpp
+ * @brief What a manager derives once from its plan: shape, each group's rule, window and ring,
+ * its member heads, growing and sliding groups, and page arithmetic over P tokens per page.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "tangram/plan/footprint.hpp"
+#include "tangram/plan/retention.hpp"
+#include "tangram/plan/static_plan.hpp"
+
+namespace tangram::detail {
+
+/// @brief Read-only lookups over a plan's head groups, built once; every query is noexcept.
+class group_lookup {
+ public:
+  group_lookup() = default;
+  /// Precondition: the plan was validated (rules cover every head, grouping consistent).
+  explicit group_lookup(static_plan const& plan)
+      : num_layers_(plan.num_layers),
+        num_kv_heads_(plan.num_kv_heads),
+        page_tokens_(plan.geometry.page_tokens),
+        head_slots_(plan.grouping.slots) {
+    for (std::int32_t k = 0; k < 31; ++k)
+      if ((std::int32_t{1} << k) == page_tokens_) page_shift_ = k;
+    auto G = static_cast<std::size_t>(plan.num_groups());
+    window_.assign(G, 0);
+    ring_pages_.assign(G, 0);
+    member_begin_.assign(G + 1, 0);
+    for (std::size_t g = 0; g < G; ++g) {
+      auto const& grp = plan.grouping.groups[g];
+      rules_.push_back(grp.rule);
+      if (grp.rule.kind == layer_kind::sliding_window) {
+        window_[g]     = grp.rule.window;
+        ring_pages_[g] = static_cast<std::int32_t>(::tangram::ring_pages(grp.rule, page_tokens_));
+        sliding_.push_back(static_cast<std::int32_t>(g));
+      } else {
+        growing_.push_back(static_cast<std::int32_t>(g));
+      }
+      for (auto m : grp.members) members_.push_back(m.layer * num_kv_heads_ + m.head);
+      member_begin_[g + 1] = static_cast<std::int32_t>(members_.size());
+    }
+  }
+
+  [[nodiscard]] std::int32_t num_layers() const noexcept { return num_layers_; }
+  [[nodiscard]] std::int32_t num_kv_heads() const noexcept { return num_kv_heads_; }
+  /// Heads of the rank: layers x KV heads (flat head index layer * H + head).
+  [[nodiscard]] std::int32_t num_heads() const noexcept { return num_layers_ * num_kv_heads_; }
+  [[nodiscard]] std::int32_t num_groups() const noexcept {
+    return static_cast<std::int32_t>(rules_.size());
+  }
+  [[nodiscard]] std::int32_t page_tokens() const noexcept { return page_tokens_; }
+
+  [[nodiscard]] head_rule const& rule(std::int32_t g) const noexcept {
+    return rules_[static_cast<std::size_t>(g)];
+  }
+  [[nodiscard]] bool is_sliding(std::int32_t g) const noexcept {
+    return window_[static_cast<std::size_t>(g)] > 0;
+  }
+  [[nodiscard]] std::int32_t window(std::int32_t g) const noexcept {
+    return window_[static_cast<std::size_t>(g)];
+  }
+  [[nodiscard]] std::int32_t ring_pages(std::int32_t g) const noexcept {
+    return ring_pages_[static_cast<std::size_t>(g)];
+  }
+  /// Flat head indices of group g's members: [members_begin(g), members_end(g)).
+  [[nodiscard]] std::int32_t const* members_begin(std::int32_t g) const noexcept {
+    return members_.data() + member_begin_[static_cast<std::size_t>(g)];
+  }
+  [[nodiscard]] std::int32_t const* members_end(std::int32_t g) const noexcept {
+    return members_.data() + member_begin_[static_cast<std::size_t>(g) + 1];
+  }
+  [[nodiscard]] std::vector<std::int32_t> const& growing_groups() const noexcept {
+    return growing_;
+  }
+  [[nodiscard]] std::vector<std::int32_t> const& sliding_groups() const noexcept {
+    return sliding_;
+  }
+
+  // View arrays (their storage lives here for the manager's lifetime).
+  [[nodiscard]] head_slot const* head_slots() const noexcept { return head_slots_.data(); }
+  [[nodiscard]] head_slot head_slot_of(std::int32_t flat_head) const noexcept {
+    return head_slots_[static_cast<std::size_t>(flat_head)];
+  }
+  [[nodiscard]] std::int32_t const* windows() const noexcept { return window_.data(); }
+  [[nodiscard]] std::int32_t const* ring_page_counts() const noexcept { return ring_pages_.data(); }
+
+  /// x mod P for x >= 0 (a mask when P is a power of two: decode steps avoid divisions).
+  [[nodiscard]] std::int32_t mod_page(std::int64_t x) const noexcept {
+    return static_cast<std::int32_t>(page_shift_ >= 0 ? (x & (page_tokens_ - 1))
+                                                      : x % page_tokens_);
+  }
+  /// ceil(x / P) for x >= 0.
+  [[nodiscard]] std::int64_t pages_for(std::int64_t x) const noexcept {
+    return page_shift_ >= 0 ? (x + page_tokens_ - 1) >> page_shift_ : ceil_div(x, page_tokens_);
+  }
+  /// Pages group g needs to hold its lengths once the history reached n tokens.
+  [[nodiscard]] std::int64_t pages_after(std::int32_t g, std::int64_t n) const noexcept {
+    if (is_sliding(g)) return std::min<std::int64_t>(pages_for(n), ring_pages(g));
+    return pages_for(retained_tokens(rule(g), n));
+  }
+
+ private:
+  std::int32_t num_layers_ = 0, num_kv_heads_ = 0, page_tokens_ = 1;
+  std::int32_t page_shift_ = -1;  ///< log2(P) when P is a power of two, else -1
+  std::vector<head_slot> head_slots_;
+  std::vector<head_rule> rules_;
+  std::vector<std::int32_t> window_, ring_pages_;
+  std::vector<std::int32_t> members_, member_begin_;
+  std::vector<std::int32_t> growing_, sliding_;
+};
+
+}  // namespace tangram::detail

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/kv_cache_types.hpp
+ * @brief The plain values of the KV-cache manager's API: sequence handles and phases, options,
+ * per-sequence info, counters, page copies and the view's change journal and extents.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "tangram/error.hpp"
+#include "tangram/memory/page_pool.hpp"
+
+namespace tangram {
+/// @brief Handle of a sequence: its stable slot plus a generation that detects stale handles.
+struct sequence_id {
+  std::int32_t slot        = -1;
+  std::uint32_t generation = 0;
+  friend bool operator==(sequence_id a, sequence_id b) {
+    return a.slot == b.slot && a.generation == b.generation;
+  }
+  friend bool operator!=(sequence_id a, sequence_id b) { return !(a == b); }
+};
+
+/// @brief Where a sequence is in its current turn.
+enum class sequence_phase : std::uint8_t {
+  free,     ///< the slot holds no sequence
+  prefill,  ///< prompt tokens of the turn remain to be prefilled
+  decode,   ///< the prompt is in; decode tokens may be appended
+  ended,    ///< the turn ended: compressed history kept, no reservation held
+};
+
+/// @brief Lower-case name of a phase ("free", "prefill", "decode", "ended").
+constexpr std::string_view to_string(sequence_phase p) noexcept {
+  switch (p) {
+    case sequence_phase::free:
+      return "free";
+    case sequence_phase::prefill:
+      return "prefill";
+    case sequence_phase::decode:
+      return "decode";
+    case sequence_phase::ended:
+      return "ended";
+  }
+  return "?";
+}
+
+/// @brief Sizes chosen when a manager is built.
+struct manager_options {
+  std::int64_t num_pages      = 0;    ///< pages in the pool; when 0, `pool_bytes / page_bytes`
+  std::int64_t pool_bytes     = 0;    ///< bytes of KV memory (used when num_pages is 0)
+  std::int32_t max_sequences  = 256;  ///< slots: sequences alive at once (forks included)
+  std::int32_t max_batch      = 0;    ///< largest batch of `set_batch`; 0 means max_sequences
+  std::int64_t index_capacity = 0;  ///< entries of the page-id arena; 0: 2 * pages + 4 * slots * G
+  std::int64_t max_view_changes =
+      0;  ///< journal entries before a full resync; 0: 4 * max_batch + 1024
+
+  /// Field ranges only; the manager's constructor also checks the sizes derived from the plan
+  /// (pages from pool_bytes, FlashInfer's 32-bit virtual page ids).
+  /// @throw invalid_argument naming the field and the value.
+  void validate() const {
+    TANGRAM_EXPECTS(
+        num_pages >= 0 && num_pages <= page_pool<>::max_pages,
+        invalid_argument,
+        "manager_options.num_pages: must be in [0, 2^31 - 1] (page ids are 32-bit), got ",
+        num_pages);
+    TANGRAM_EXPECTS(pool_bytes >= 0,
+                    invalid_argument,
+                    "manager_options.pool_bytes: must be >= 0, got ",
+                    pool_bytes);
+    TANGRAM_EXPECTS(max_sequences >= 1 && max_sequences <= (1 << 20),
+                    invalid_argument,
+                    "manager_options.max_sequences: must be in [1, 1048576], got ",
+                    max_sequences);
+    TANGRAM_EXPECTS(max_batch >= 0 && max_batch <= max_sequences,
+                    invalid_argument,
+                    "manager_options.max_batch: must be in [0, max_sequences = ",
+                    max_sequences,
+                    "], got ",
+                    max_batch);
+    TANGRAM_EXPECTS(
+        index_capacity >= 0 && index_capacity <= std::numeric_limits<std::int32_t>::max(),
+        invalid_argument,
+        "manager_options.index_capacity: must be in [0, 2^31 - 1], got ",
+        index_capacity);
+    TANGRAM_EXPECTS(
+        max_view_changes >= 0 && max_view_changes <= std::numeric_limits<std::int32_t>::max(),
+        invalid_argument,
+        "manager_options.max_view_changes: must be in [0, 2^31 - 1], got ",
+        max_view_changes);
+  }
+};
+
+/// @brief What the manager knows about one sequence. Plain value.
+struct sequence_info {
+  sequence_id id;
+  sequence_phase phase    = sequence_phase::free;
+  std::int64_t seq_tokens = 0;  ///< tokens seen (prompts + decoded, all turns)
+  std::int64_t appended = 0;  ///< tokens appended to every growing head since the last compression
+  std::int64_t prompt_remaining = 0;  ///< prompt tokens of this turn not yet committed
+  std::int64_t chunk_pending    = 0;  ///< tokens of a prepared, uncommitted chunk (0: none)
+  std::int64_t max_new          = 0;  ///< decode tokens reserved for this turn (T)
+  std::int64_t decoded          = 0;  ///< decode tokens appended in this turn
+  std::int64_t reserved_pages   = 0;  ///< pages still promised to the sequence
+  std::int64_t held_pages = 0;  ///< entries in its page lists (shared pages count once per holder)
+};
+
+/// @brief Counters of a manager's life. Plain value.
+struct manager_stats {
+  std::int64_t admitted          = 0;  ///< successful try_admit
+  std::int64_t rejected          = 0;  ///< try_admit that did not fit
+  std::int64_t turns_continued   = 0;  ///< successful continue_turn
+  std::int64_t continue_rejected = 0;  ///< continue_turn that did not fit
+  std::int64_t forks             = 0;  ///< successful fork
+  std::int64_t fork_rejected     = 0;  ///< fork that did not fit
+  std::int64_t freed             = 0;  ///< sequences freed
+  std::int64_t pages_drawn       = 0;  ///< pages taken from reservations
+  std::int64_t surplus_pages_released =
+      0;  ///< held pages returned when a recompression or turn end no longer needed them
+  std::int64_t reclaimed_pages = 0;  ///< pages freed in the same chunk that drew them (0 by design)
+  std::int64_t page_copies     = 0;  ///< copy-on-write copies recorded
+  std::int64_t index_compactions = 0;  ///< times the page-id arena was repacked
+};
+
+/// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that
+/// reads `dst` or writes `src`.
+struct page_copy {
+  page_id src = 0;
+  page_id dst = 0;
+  friend bool operator==(page_copy a, page_copy b) { return a.src == b.src && a.dst == b.dst; }
+};
+
+/**
+ * @brief Copies whole pages inside one host arena: `base + dst * page_bytes` gets the bytes of
+ * `base + src * page_bytes`, for every entry of `copies`, in order.
+ * @note Host memory only. For a device pool the engine issues the equivalent cudaMemcpyAsync
+ * (or one batched copy kernel) on its stream.
+ */
+inline void copy_pages_host(std::byte* base,
+                            std::int64_t page_bytes,
+                            page_copy const* copies,
+                            std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i)
+    std::memcpy(base + static_cast<std::int64_t>(copies[i].dst) * page_bytes,
+                base + static_cast<std::int64_t>(copies[i].src) * page_bytes,
+                static_cast<std::size_t>(page_bytes));
+}
+
+/// @brief What changed in the view's index arrays since the last `clear_view_changes()`: enough
+/// for an engine that mirrors them on the device to upload only the changes.
+struct view_changes {
+  std::int32_t const* page_entries = nullptr;  ///< indices into `pages` that were written
+  std::size_t num_page_entries     = 0;
+  std::int32_t const* slots = nullptr;  ///< slots whose page_offset / head_base_len rows changed
+  std::size_t num_slots     = 0;
+  bool full_resync = false;  ///< too many changes, or the arena was repacked: upload everything
+};
+
+/// @brief Element counts of the arrays behind a view (for mirroring them on a device).
+struct kv_view_extents {
+  std::int64_t head_slots    = 0;  ///< L * H
+  std::int64_t groups        = 0;  ///< G (group_window, group_ring_pages)
+  std::int64_t page_offset   = 0;  ///< slots * G
+  std::int64_t pages         = 0;  ///< index capacity
+  std::int64_t head_base_len = 0;  ///< slots * L * H
+  std::int64_t slots         = 0;  ///< appended, seq_tokens
+  std::int64_t batch         = 0;  ///< batch_slots in use
+};
+
+}  // namespace tangram

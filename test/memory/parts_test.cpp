@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+// The manager's parts (memory/detail/) on their own, against small cases worked by hand.
+#include <algorithm>
+#include <vector>
+
+#include "memory_fixtures.hpp"
+#include "tangram/memory/detail/batch_membership.hpp"
+#include "tangram/memory/detail/copy_on_write.hpp"
+#include "tangram/memory/detail/decode_buckets.hpp"
+#include "tangram/memory/detail/group_lookup.hpp"
+#include "tangram/memory/detail/head_lengths.hpp"
+#include "tangram/memory/detail/page_table_storage.hpp"
+#include "tangram/memory/detail/sequence_table.hpp"
+#include "tangram/memory/detail/turn_footprint.hpp"
+#include "tangram/memory/detail/view_journal.hpp"
+
+using namespace tangram;
+using namespace tangram::detail;
+using namespace tangram::test;
+
+namespace {
+
+std::vector<std::int32_t> range_of(std::int32_t const* b, std::int32_t const* e) {
+  return {b, e};
+}
+
+}  // namespace
+
+TEST_CASE("turn_footprint: per-group reserve, capacity, copies and their totals",
+          "[memory][parts]") {
+  turn_footprint fp(3);
+  fp.clear();
+  // group 0: fresh, 5 pages; group 1: holds 4 exclusive of a target of 6, list of 4 grows to 6;
+  // group 2: keeps 3 of which 1 is exclusive (2 copies), list of 8 stays.
+  fp.add(0, 5, 0, 0, 5, 0);
+  fp.add(1, 6, 4, 0, 6, 4);
+  fp.add(2, 3, 1, 2, 8, 8);
+  CHECK(fp.target(1) == 6);
+  CHECK(fp.reserve(0) == 5);
+  CHECK(fp.reserve(1) == 2);
+  CHECK(fp.reserve(2) == 2);
+  CHECK(fp.capacity(2) == 8);
+  CHECK(fp.reserve_total() == 9);
+  CHECK(fp.capacity_total() == 19);
+  CHECK(fp.copies_total() == 2);
+  CHECK(fp.grows_capacity());
+  fp.clear();
+  fp.add(0, 1, 1, 0, 2, 2);
+  fp.add(1, 0, 0, 0, 0, 0);
+  fp.add(2, 0, 0, 0, 0, 3);
+  CHECK(fp.reserve_total() == 0);
+  CHECK(fp.capacity_total() == 2);
+  CHECK_FALSE(fp.grows_capacity());
+}
+
+TEST_CASE("sequence_table: lowest free slot first, stale handles, free list invariant",
+          "[memory][parts]") {
+  sequence_table t(3);
+  CHECK(t.size() == 3);
+  CHECK(t.live() == 0);
+  auto a = t.take(sequence_phase::prefill, page_reservation{});
+  auto b = t.take(sequence_phase::decode, page_reservation{});
+  CHECK(a == 0);
+  CHECK(b == 1);
+  CHECK(t.live() == 2);
+  CHECK(t[b].phase == sequence_phase::decode);
+  sequence_id ida{a, t[a].generation};
+  CHECK(t.contains(ida));
+  CHECK(t.find(ida, "op") == 0);
+  t.release(a);
+  CHECK(t[a].generation == ida.generation + 1);
+  CHECK_FALSE(t.contains(ida));
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(t.find(ida, "op"), logic_error, "op", "slot is free");
+  auto c = t.take(sequence_phase::prefill, page_reservation{});
+  CHECK(c == 0);  // the freed slot is reused first
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(t.find(ida, "op"), logic_error, "slot holds a newer sequence");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      t.find(sequence_id{7, 1}, "op"), logic_error, "out of range [0, 3)");
+  t.check_invariants();
+  t.take(sequence_phase::prefill, page_reservation{});
+  CHECK(t.full());
+}
+
+TEST_CASE("page_table_storage: segments, lists, relocation, compaction", "[memory][parts]") {
+  page_table_storage pt(3, 2, 32);
+  turn_footprint fp(2);
+  auto size = [&](std::int64_t c0, std::int64_t c1) {
+    fp.clear();
+    fp.add(0, c0, 0, 0, c0, 0);
+    fp.add(1, c1, 1, 0, c1, 0);
+  };
+  size(3, 2);
+  REQUIRE(pt.has_room(5));
+  pt.open(0, fp);  // entries [0, 5): group 0 at 0, group 1 at 3
+  size(4, 4);
+  pt.open(1, fp);  // entries [5, 13)
+  size(2, 2);
+  pt.open(2, fp);  // entries [13, 17)
+  CHECK(pt.offset(0, 1) == 3);
+  CHECK(pt.offset(1, 0) == 5);
+  CHECK(pt.offset(1, 1) == 9);
+  CHECK(pt.offset(2, 0) == 13);
+  CHECK(pt.target(1, 1) == 4);
+  CHECK(pt.budget(1, 1) == 3);  // target 4, one page already held
+  CHECK(pt.push(1, 1, 40) == 9);
+  CHECK(pt.push(1, 1, 41) == 10);
+  CHECK(pt.push(2, 0, 50) == 13);
+  CHECK(pt.count(1, 1) == 2);
+  CHECK(pt.list(1, 1)[1] == 41);
+  CHECK(pt.set_entry(1, 1, 0, 42) == 9);
+  CHECK(pt.entry(1, 1, 0) == 42);
+  CHECK(pt.pop(1, 1) == 41);
+  CHECK(pt.count(1, 1) == 1);
+
+  // Closing slot 1 leaves 23 free entries in two pieces, [5, 13) and [17, 32): a segment of 16
+  // fits only after compaction.
+  pt.close(1);
+  CHECK(pt.count(1, 1) == 0);
+  CHECK(pt.has_room(23));
+  CHECK_FALSE(pt.has_room(24));
+  CHECK(pt.needs_compaction(16));
+  pt.compact();  // slot 2 moves from 13 to 5, its entries with it
+  CHECK(pt.offset(2, 0) == 5);
+  CHECK(pt.offset(2, 1) == 7);
+  CHECK(pt.entry(2, 0, 0) == 50);
+  CHECK_FALSE(pt.needs_compaction(23));
+
+  // Relocation keeps the entries and gives the new capacities.
+  pt.push(0, 0, 60);
+  pt.push(0, 0, 61);
+  size(6, 2);
+  pt.relocate(0, fp);  // the free block is now [9, 32)
+  CHECK(pt.offset(0, 0) == 9);
+  CHECK(pt.capacity(0, 0) == 6);
+  CHECK(pt.offset(0, 1) == 15);
+  CHECK(pt.entry(0, 0, 1) == 61);
+  CHECK(pt.count(0, 0) == 2);
+
+  std::vector<std::uint32_t> owners(100, 0);
+  auto budget = pt.check_slot(
+      0, [](std::int32_t g) { return g == 0 ? 2 : 0; }, 100, owners);
+  CHECK(budget == 3 + 1);  // budgets from the first footprint of slot 0: 3 and 2 - 1
+  CHECK(owners[60] == 1);
+  CHECK(owners[61] == 1);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      pt.check_slot(
+          0, [](std::int32_t g) { return g == 0 ? 3 : 0; }, 100, owners),
+      logic_error,
+      "2 pages but heads use 3");
+  pt.check_segments([](std::int32_t s) { return s != 1; });
+}
+
+TEST_CASE("decode_buckets: groups that start a page at each decode step", "[memory][parts]") {
+  // P = 4, growing groups 0, 2, 3 (group 1 is a sliding ring).
+  decode_buckets b(2, 4, {0, 2, 3});
+  b.reset(1);
+  CHECK(range_of(b.bucket_begin(1, 0), b.bucket_end(1, 0)) == std::vector<std::int32_t>{0, 2, 3});
+  for (std::int32_t r = 1; r < 4; ++r) CHECK(b.bucket_begin(1, r) == b.bucket_end(1, r));
+  // Longest base lengths 5, 7, 9 -> mod 4: 1, 3, 1.
+  std::vector<std::int32_t> longest{5, -1, 7, 9};
+  b.rebuild(1, [&](std::int32_t g) { return longest[static_cast<std::size_t>(g)] % 4; });
+  CHECK(range_of(b.bucket_begin(1, 1), b.bucket_end(1, 1)) == std::vector<std::int32_t>{0, 3});
+  CHECK(range_of(b.bucket_begin(1, 3), b.bucket_end(1, 3)) == std::vector<std::int32_t>{2});
+  CHECK(b.bucket_begin(1, 0) == b.bucket_end(1, 0));
+  CHECK(b.bucket_begin(1, 2) == b.bucket_end(1, 2));
+  // A group whose longest head holds 5 tokens fills its second page at 8 and starts the third
+  // with the 9th token: appended a = 4, bucket (1 - 4) mod 4 = 1.
+}
+
+TEST_CASE("batch_membership: set validates all first; dead members are named", "[memory][parts]") {
+  sequence_table t(4);
+  auto a = t.take(sequence_phase::decode, page_reservation{});
+  auto b = t.take(sequence_phase::decode, page_reservation{});
+  sequence_id ia{a, t[a].generation}, ib{b, t[b].generation};
+  batch_membership batch(2, 4);
+  std::vector<sequence_id> ids{ib, ia};
+  batch.set(ids.data(), ids.size(), t);
+  CHECK(batch.size() == 2);
+  CHECK(batch.slot(0) == b);
+  CHECK(batch.member(1) == ia);
+  batch.check_live("view", t);
+
+  std::vector<sequence_id> twice{ia, ia};
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(batch.set(twice.data(), 2, t), logic_error, "listed twice");
+  CHECK(batch.member(0) == ib);  // unchanged
+  batch.check_invariants();      // marks cleared after the failure
+  std::vector<sequence_id> three{ia, ib, ia};
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      batch.set(three.data(), 3, t), invalid_argument, "exceed max_batch 2");
+
+  t.release(a);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      batch.check_live("view", t), logic_error, "view", "batch request 1", "freed");
+}
+
+TEST_CASE("view_journal: entries until full, slots once, clear", "[memory][parts]") {
+  view_journal j(2, 4);
+  j.note_entry(7);
+  j.note_slot(3);
+  j.note_slot(3);
+  j.note_entry(9);
+  auto c = j.changes();
+  REQUIRE(c.num_page_entries == 2);
+  CHECK(c.page_entries[1] == 9);
+  REQUIRE(c.num_slots == 1);
+  CHECK(c.slots[0] == 3);
+  CHECK_FALSE(c.full_resync);
+  j.note_entry(11);  // a third entry does not fit: upload everything
+  CHECK(j.changes().full_resync);
+  CHECK(j.changes().num_page_entries == 2);
+  j.clear();
+  CHECK(j.changes().num_page_entries == 0);
+  CHECK_FALSE(j.changes().full_resync);
+  j.note_slot(3);  // listed again after clear
+  CHECK(j.changes().num_slots == 1);
+}
+
+TEST_CASE("copy_on_write: references of pending copies, released once", "[memory][parts]") {
+  struct counting_pool {
+    std::vector<page_id> released;
+    bool release(page_id p) {
+      released.push_back(p);
+      return true;
+    }
+  } pool;
+  copy_on_write cow;
+  cow.reserve(2);
+  auto cap = cow.pending().capacity();
+  cow.record(3, 8);
+  cow.record(3, 9);
+  CHECK(cow.pending().capacity() == cap);  // reserved: no growth while recording
+  std::vector<std::uint32_t> owners(10, 0);
+  cow.count_references(owners);
+  CHECK(owners[3] == 2);
+  CHECK(owners[8] == 1);
+  CHECK(owners[9] == 1);
+  cow.complete(pool);
+  CHECK(pool.released == std::vector<page_id>{3, 8, 3, 9});
+  CHECK(cow.pending().empty());
+}
+
+TEST_CASE("head_lengths: reset, fork copy, held tokens", "[memory][parts]") {
+  head_lengths l(2, 3);
+  l.base(0)[0]  = 5;
+  l.base(0)[2]  = 2;
+  l.appended(0) = 4;
+  l.tokens(0)   = 20;
+  CHECK(l.held(0, 0) == 9);
+  CHECK(l.held(0, 1) == 4);
+  l.copy(0, 1);
+  CHECK(l.base(1)[2] == 2);
+  CHECK(l.tokens(1) == 20);
+  l.reset(0);
+  CHECK(l.held(0, 0) == 0);
+  CHECK(l.tokens(0) == 0);
+  CHECK(l.held(1, 0) == 9);
+  CHECK(l.base_array()[3 + 2] == 2);  // slot 1, head 2 in the flat view array
+}
+
+TEST_CASE("group_lookup: groups of the tiny plan and page arithmetic", "[memory][parts]") {
+  // 16 heads in groups of 2: layer 1 (sliding, W = 10) fills 2 groups, the rest 6.
+  group_lookup g4(tiny_plan(tiny_budgets(), 4));
+  CHECK(g4.num_heads() == 16);
+  CHECK(g4.num_groups() == 8);
+  CHECK(g4.sliding_groups().size() == 2);
+  CHECK(g4.growing_groups().size() == 6);
+  std::vector<int> seen(16, 0);
+  for (std::int32_t g = 0; g < g4.num_groups(); ++g)
+    for (auto const* m = g4.members_begin(g); m != g4.members_end(g); ++m) {
+      ++seen[static_cast<std::size_t>(*m)];
+      CHECK(g4.head_slot_of(*m).group == g);
+      CHECK(g4.is_sliding(g) == (*m / 4 == 1));  // flat head = layer * 4 + head
+    }
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int k) { return k == 1; }));
+  for (auto g : g4.sliding_groups()) CHECK(g4.window(g) == 10);
+  CHECK(g4.pages_for(0) == 0);
+  CHECK(g4.pages_for(8) == 2);
+  CHECK(g4.pages_for(9) == 3);
+  CHECK(g4.mod_page(9) == 1);
+  // P = 3 is not a power of two: the same answers through division.
+  group_lookup g3(tiny_plan(tiny_budgets(), 3));
+  CHECK(g3.pages_for(7) == 3);
+  CHECK(g3.pages_for(6) == 2);
+  CHECK(g3.mod_page(7) == 1);
+  // Sliding: pages for n tokens capped by the ring; growing uncompressed: ceil(n / P).
+  auto sliding = g4.sliding_groups()[0];
+  CHECK(g4.pages_after(sliding, 5) == 2);
+  CHECK(g4.pages_after(sliding, 1000) == g4.ring_pages(sliding));
+}
