@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "tangram/io/static_plan.hpp"
 
 #include <filesystem>
 #include <functional>
 
 #include "tangram/io/retention_samples.hpp"
-#include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
