@@ -44,6 +44,8 @@
 #include "tangram/memory/detail/decode_buckets.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
 #include "tangram/memory/detail/head_lengths.hpp"
+#include "tangram/memory/detail/manager_checks.hpp"
+#include "tangram/memory/detail/manager_invariants.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/detail/turn_footprint.hpp"
@@ -106,8 +108,8 @@ class basic_kv_cache_manager {
   basic_kv_cache_manager(static_plan const& plan,
                          Upstream& upstream,
                          manager_options const& options)
-      : plan_(checked_plan(plan)),
-        options_(checked_options(options, plan)),
+      : plan_(detail::checked_plan(plan)),
+        options_(detail::checked_options(options, plan)),
         pool_(upstream, Layout(plan.geometry), options_.num_pages),
         groups_(plan_),
         sequences_(options_.max_sequences),
@@ -158,7 +160,7 @@ class basic_kv_cache_manager {
    */
   [[nodiscard]] std::optional<sequence_id> try_admit(std::int64_t prompt_tokens,
                                                      std::int64_t max_new_tokens) {
-    check_turn_sizes("try_admit", 0, prompt_tokens, max_new_tokens);
+    detail::check_turn_sizes("try_admit", 0, prompt_tokens, max_new_tokens);
     size_turn(turn_kind::admit, -1, prompt_tokens, max_new_tokens);
     std::int64_t pages = footprint_.reserve_total();
     if (sequences_.full() || pages > pool_.available_pages() ||
@@ -197,13 +199,8 @@ class basic_kv_cache_manager {
                     invalid_argument,
                     "prepare_chunk.chunk_tokens: must be >= 1, got ",
                     chunk_tokens);
-    TANGRAM_EXPECTS(st.phase == sequence_phase::prefill,
-                    logic_error,
-                    "prepare_chunk: sequence in slot ",
-                    s,
-                    " is in phase ",
-                    to_string(st.phase),
-                    ", not prefill");
+    sequences_.expect_phase(
+        s, st.phase == sequence_phase::prefill, "prepare_chunk", ", not prefill");
     TANGRAM_EXPECTS(st.chunk_pending == 0,
                     logic_error,
                     "prepare_chunk: sequence in slot ",
@@ -396,13 +393,7 @@ class basic_kv_cache_manager {
     for (std::int32_t r = 0; r < batch_.size(); ++r) {
       std::int32_t s = batch_.slot(r);
       auto const& st = sequences_[s];
-      TANGRAM_EXPECTS(st.phase == sequence_phase::decode,
-                      logic_error,
-                      "decode_step: sequence in slot ",
-                      s,
-                      " is in phase ",
-                      to_string(st.phase),
-                      ", not decode");
+      sequences_.expect_phase(s, st.phase == sequence_phase::decode, "decode_step", ", not decode");
       TANGRAM_EXPECTS(st.decoded < st.max_new,
                       logic_error,
                       "decode_step: sequence in slot ",
@@ -424,13 +415,10 @@ class basic_kv_cache_manager {
   void end_turn(sequence_id seq) {
     std::int32_t s = sequences_.find(seq, "end_turn");
     auto& st       = sequences_[s];
-    TANGRAM_EXPECTS(st.phase == sequence_phase::decode,
-                    logic_error,
-                    "end_turn: sequence in slot ",
-                    s,
-                    " is in phase ",
-                    to_string(st.phase),
-                    "; a turn ends after its prompt is prefilled");
+    sequences_.expect_phase(s,
+                            st.phase == sequence_phase::decode,
+                            "end_turn",
+                            "; a turn ends after its prompt is prefilled");
     pool_.release_unused(st.reservation);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       auto in_use = in_use_pages(s, g);
@@ -462,15 +450,10 @@ class basic_kv_cache_manager {
                                    std::int64_t max_new_tokens) {
     std::int32_t s = sequences_.find(seq, "continue_turn");
     auto& st       = sequences_[s];
-    TANGRAM_EXPECTS(st.phase == sequence_phase::ended,
-                    logic_error,
-                    "continue_turn: sequence in slot ",
-                    s,
-                    " is in phase ",
-                    to_string(st.phase),
-                    "; call end_turn first");
+    sequences_.expect_phase(
+        s, st.phase == sequence_phase::ended, "continue_turn", "; call end_turn first");
     std::int64_t n = lengths_.tokens(s);
-    check_turn_sizes("continue_turn", n, prompt_tokens, max_new_tokens);
+    detail::check_turn_sizes("continue_turn", n, prompt_tokens, max_new_tokens);
     size_turn(turn_kind::next_turn, s, n + prompt_tokens, max_new_tokens);
     std::int64_t pages = footprint_.reserve_total();
     bool relocate      = footprint_.grows_capacity();
@@ -526,14 +509,11 @@ class basic_kv_cache_manager {
    */
   [[nodiscard]] std::optional<sequence_id> fork(sequence_id parent) {
     std::int32_t s = sequences_.find(parent, "fork");
-    TANGRAM_EXPECTS(sequences_[s].phase == sequence_phase::decode ||
-                        sequences_[s].phase == sequence_phase::ended,
-                    logic_error,
-                    "fork: sequence in slot ",
-                    s,
-                    " is in phase ",
-                    to_string(sequences_[s].phase),
-                    "; fork after the prompt is prefilled");
+    sequences_.expect_phase(s,
+                            sequences_[s].phase == sequence_phase::decode ||
+                                sequences_[s].phase == sequence_phase::ended,
+                            "fork",
+                            "; fork after the prompt is prefilled");
     size_turn(turn_kind::fork, s, 0, 0);
     std::int64_t pages = footprint_.reserve_total();
     if (sequences_.full() || pages > pool_.available_pages() ||
@@ -698,7 +678,7 @@ class basic_kv_cache_manager {
                                       std::int32_t layer,
                                       std::int32_t head) const {
     std::int32_t s = sequences_.find(seq, "head_len");
-    check_head(layer, head, "head_len");
+    groups_.check_head(layer, head, "head_len");
     std::int32_t h = layer * groups_.num_kv_heads() + head;
     auto g         = groups_.head_slot_of(h).group;
     if (groups_.is_sliding(g)) return std::min<std::int64_t>(lengths_.tokens(s), groups_.window(g));
@@ -735,192 +715,20 @@ class basic_kv_cache_manager {
    * @throw logic_error describing the first inconsistency.
    */
   void check_invariants() const {
-    pool_.check_invariants();
-    sequences_.check_invariants();
-    batch_.check_invariants();
-    std::vector<std::uint32_t> owners(static_cast<std::size_t>(pool_.capacity()), 0);
-    std::int64_t reserved = 0;
-    for (std::int32_t s = 0; s < sequences_.size(); ++s) {
-      auto const& st = sequences_[s];
-      if (st.phase == sequence_phase::free) {
-        TANGRAM_EXPECTS(
-            st.reservation.empty(), logic_error, "free slot ", s, " holds a reservation");
-        continue;
-      }
-      TANGRAM_EXPECTS(pool_.owns(st.reservation), logic_error, "slot ", s, ": foreign reservation");
-      reserved += st.reservation.pages();
-      auto budget = page_table_.check_slot(
-          s, [&](std::int32_t g) { return in_use_pages(s, g); }, pool_.capacity(), owners);
-      TANGRAM_EXPECTS(budget == st.reservation.pages(),
-                      logic_error,
-                      "slot ",
-                      s,
-                      ": group budgets sum to ",
-                      budget,
-                      " but the reservation holds ",
-                      st.reservation.pages());
-    }
-    copies_.count_references(owners);
-    for (std::int64_t p = 0; p < pool_.capacity(); ++p)
-      TANGRAM_EXPECTS(
-          owners[static_cast<std::size_t>(p)] == pool_.ref_count(static_cast<page_id>(p)),
-          logic_error,
-          "page ",
-          p,
-          ": reference count ",
-          pool_.ref_count(static_cast<page_id>(p)),
-          " but ",
-          owners[static_cast<std::size_t>(p)],
-          " owners");
-    TANGRAM_EXPECTS(reserved == pool_.reserved_pages(),
-                    logic_error,
-                    "reservations sum to ",
-                    reserved,
-                    " but the pool reserved ",
-                    pool_.reserved_pages());
-    TANGRAM_EXPECTS(pool_.used_pages() + pool_.reserved_pages() <= pool_.capacity(),
-                    logic_error,
-                    "used + reserved exceeds capacity");
-    page_table_.check_segments(
-        [&](std::int32_t s) { return sequences_[s].phase != sequence_phase::free; });
+    detail::check_manager_invariants(
+        pool_, sequences_, batch_, page_table_, copies_, [&](std::int32_t s, std::int32_t g) {
+          return in_use_pages(s, g);
+        });
   }
 
  private:
   friend struct detail::kv_cache_manager_test_access;
 
-  static constexpr std::int64_t max_tokens = std::numeric_limits<std::int32_t>::max();
-
-  static static_plan const& checked_plan(static_plan const& plan) {
-    plan.geometry.validate();
-    plan.grouping.validate();
-    TANGRAM_EXPECTS(plan.rules.size() == static_cast<std::size_t>(plan.num_layers) *
-                                             static_cast<std::size_t>(plan.num_kv_heads),
-                    invalid_argument,
-                    "static_plan.rules: expected ",
-                    plan.num_layers * plan.num_kv_heads,
-                    " rules, got ",
-                    plan.rules.size());
-    TANGRAM_EXPECTS(plan.grouping.group_size == plan.geometry.group_size,
-                    invalid_argument,
-                    "static_plan.geometry.group_size: ",
-                    plan.geometry.group_size,
-                    " differs from the grouping's ",
-                    plan.grouping.group_size);
-    return plan;
-  }
-  static manager_options checked_options(manager_options o, static_plan const& plan) {
-    o.validate();
-    bool from_bytes = o.num_pages == 0;
-    if (from_bytes) o.num_pages = o.pool_bytes / plan.geometry.page_bytes();
-    TANGRAM_EXPECTS(o.num_pages <= pool_type::max_pages,
-                    invalid_argument,
-                    "manager_options.pool_bytes: ",
-                    o.pool_bytes,
-                    " bytes make ",
-                    o.num_pages,
-                    " pages of ",
-                    plan.geometry.page_bytes(),
-                    " bytes, more than a pool holds (2^31 - 1)");
-    // export_flashinfer_layer lists virtual page ids `page * 2 * Hp + column` as int32: refuse a
-    // pool whose ids would wrap (num_pages <= 2^31 - 1 and Hp <= 1024, so no int64 overflow).
-    auto Hp = static_cast<std::int64_t>(plan.geometry.group_size);
-    TANGRAM_EXPECTS(o.num_pages * 2 * Hp <= std::numeric_limits<std::int32_t>::max(),
-                    invalid_argument,
-                    from_bytes ? "manager_options.pool_bytes " : "manager_options.num_pages ",
-                    from_bytes ? o.pool_bytes : o.num_pages,
-                    ": ",
-                    o.num_pages,
-                    " pages x 2 x geometry.group_size ",
-                    Hp,
-                    " = ",
-                    o.num_pages * 2 * Hp,
-                    " FlashInfer virtual page ids exceed 2^31 - 1; use fewer pages or a smaller "
-                    "group_size");
-    TANGRAM_EXPECTS(o.num_pages >= 1,
-                    invalid_argument,
-                    "manager_options: the pool needs at least one page of ",
-                    plan.geometry.page_bytes(),
-                    " bytes (num_pages ",
-                    o.num_pages,
-                    ", pool_bytes ",
-                    o.pool_bytes,
-                    ")");
-    if (o.max_batch == 0) o.max_batch = o.max_sequences;
-    // Bounded: num_pages <= 2^31 - 1, slots <= 2^20, groups <= 2^20 (layers and heads <= 1024).
-    if (o.index_capacity == 0)
-      o.index_capacity =
-          std::min<std::int64_t>(2 * o.num_pages + 4 * static_cast<std::int64_t>(o.max_sequences) *
-                                                       plan.grouping.num_groups(),
-                                 std::numeric_limits<std::int32_t>::max());
-    if (o.max_view_changes == 0)
-      o.max_view_changes = 4 * static_cast<std::int64_t>(o.max_batch) + 1024;
-    return o;
-  }
-
-  /// N >= 1, T >= 0 and n + N + T <= 2^31 - 1 for a turn that starts after n tokens, computed
-  /// without overflow (`N + T <= limit` with huge N or T used to wrap negative and pass).
-  static void check_turn_sizes(char const* op,
-                               std::int64_t n,
-                               std::int64_t prompt_tokens,
-                               std::int64_t max_new_tokens) {
-    TANGRAM_EXPECTS(prompt_tokens >= 1,
-                    invalid_argument,
-                    op,
-                    ".prompt_tokens: must be >= 1, got ",
-                    prompt_tokens);
-    TANGRAM_EXPECTS(max_new_tokens >= 0,
-                    invalid_argument,
-                    op,
-                    ".max_new_tokens: must be >= 0, got ",
-                    max_new_tokens);
-    auto turn  = detail::add_checked(prompt_tokens, max_new_tokens);
-    auto total = turn ? detail::add_checked(n, *turn) : std::nullopt;
-    TANGRAM_EXPECTS(total.has_value(),
-                    invalid_argument,
-                    op,
-                    n > 0 ? ": seq_tokens " : ": ",
-                    n > 0 ? detail::cat(n, " + ") : std::string(),
-                    "prompt_tokens + max_new_tokens overflows: ",
-                    prompt_tokens,
-                    " + ",
-                    max_new_tokens);
-    TANGRAM_EXPECTS(*total <= max_tokens,
-                    invalid_argument,
-                    op,
-                    n > 0 ? ": seq_tokens + prompt_tokens + max_new_tokens = "
-                          : ": prompt_tokens + max_new_tokens = ",
-                    *total,
-                    " exceeds ",
-                    max_tokens);
-  }
-
   /// The slot of `seq` after checking it and group g. @throw as the group_* accessors.
   std::int32_t checked_group(sequence_id seq, std::int32_t g, char const* op) const {
     std::int32_t s = sequences_.find(seq, op);
-    TANGRAM_EXPECTS(g >= 0 && g < groups_.num_groups(),
-                    invalid_argument,
-                    op,
-                    ": group ",
-                    g,
-                    " out of range [0, ",
-                    groups_.num_groups(),
-                    ")");
+    groups_.check_group(g, op);
     return s;
-  }
-  void check_head(std::int32_t layer, std::int32_t head, char const* op) const {
-    TANGRAM_EXPECTS(
-        layer >= 0 && layer < groups_.num_layers() && head >= 0 && head < groups_.num_kv_heads(),
-        invalid_argument,
-        op,
-        ": head (layer ",
-        layer,
-        ", head ",
-        head,
-        ") out of range (",
-        groups_.num_layers(),
-        " x ",
-        groups_.num_kv_heads(),
-        ")");
   }
 
   // ----- lengths and pages -------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tangram/error.hpp"
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -55,6 +56,33 @@ class group_lookup {
     return static_cast<std::int32_t>(rules_.size());
   }
   [[nodiscard]] std::int32_t page_tokens() const noexcept { return page_tokens_; }
+
+  /// @throw invalid_argument naming `op` when g is not a group.
+  void check_group(std::int32_t g, char const* op) const {
+    TANGRAM_EXPECTS(g >= 0 && g < num_groups(),
+                    invalid_argument,
+                    op,
+                    ": group ",
+                    g,
+                    " out of range [0, ",
+                    num_groups(),
+                    ")");
+  }
+  /// @throw invalid_argument naming `op` when (layer, head) is not a head of the rank.
+  void check_head(std::int32_t layer, std::int32_t head, char const* op) const {
+    TANGRAM_EXPECTS(layer >= 0 && layer < num_layers_ && head >= 0 && head < num_kv_heads_,
+                    invalid_argument,
+                    op,
+                    ": head (layer ",
+                    layer,
+                    ", head ",
+                    head,
+                    ") out of range (",
+                    num_layers_,
+                    " x ",
+                    num_kv_heads_,
+                    ")");
+  }
 
   [[nodiscard]] head_rule const& rule(std::int32_t g) const noexcept {
     return rules_[static_cast<std::size_t>(g)];

@@ -89,6 +89,18 @@ class sequence_table {
     return seq.slot;
   }
 
+  /// @throw logic_error "<op>: sequence in slot s is in phase <phase><why>" unless `allowed`.
+  void expect_phase(std::int32_t s, bool allowed, char const* op, char const* why) const {
+    TANGRAM_EXPECTS(allowed,
+                    logic_error,
+                    op,
+                    ": sequence in slot ",
+                    s,
+                    " is in phase ",
+                    to_string((*this)[s].phase),
+                    why);
+  }
+
   /**
    * @brief Takes a free slot for a new sequence in `phase` (precondition: !full()). Its turn
    * counters start at 0 and it holds `reservation`.

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/detail/manager_checks.hpp
+ * @brief What the KV-cache manager checks before it builds or starts a turn: the plan, the
+ * options (with derived sizes resolved) and the sizes of a turn.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "tangram/detail/checked_math.hpp"
+#include "tangram/detail/str.hpp"
+#include "tangram/error.hpp"
+#include "tangram/memory/kv_cache_types.hpp"
+#include "tangram/memory/page_pool.hpp"
+#include "tangram/plan/static_plan.hpp"
+
+namespace tangram::detail {
+
+/// Tokens a sequence may reach: its lengths are int32 in the view.
+inline constexpr std::int64_t max_tokens = std::numeric_limits<std::int32_t>::max();
+
+/// The plan, after checking what the manager relies on. @throw invalid_argument naming the field.
+inline static_plan const& checked_plan(static_plan const& plan) {
+  plan.geometry.validate();
+  plan.grouping.validate();
+  TANGRAM_EXPECTS(plan.rules.size() == static_cast<std::size_t>(plan.num_layers) *
+                                           static_cast<std::size_t>(plan.num_kv_heads),
+                  invalid_argument,
+                  "static_plan.rules: expected ",
+                  plan.num_layers * plan.num_kv_heads,
+                  " rules, got ",
+                  plan.rules.size());
+  TANGRAM_EXPECTS(plan.grouping.group_size == plan.geometry.group_size,
+                  invalid_argument,
+                  "static_plan.geometry.group_size: ",
+                  plan.geometry.group_size,
+                  " differs from the grouping's ",
+                  plan.grouping.group_size);
+  return plan;
+}
+/// The options with every 0 ("derive it") resolved against the plan.
+/// @throw invalid_argument naming the field and the value.
+inline manager_options checked_options(manager_options o, static_plan const& plan) {
+  o.validate();
+  bool from_bytes = o.num_pages == 0;
+  if (from_bytes) o.num_pages = o.pool_bytes / plan.geometry.page_bytes();
+  TANGRAM_EXPECTS(o.num_pages <= page_pool<>::max_pages,
+                  invalid_argument,
+                  "manager_options.pool_bytes: ",
+                  o.pool_bytes,
+                  " bytes make ",
+                  o.num_pages,
+                  " pages of ",
+                  plan.geometry.page_bytes(),
+                  " bytes, more than a pool holds (2^31 - 1)");
+  // export_flashinfer_layer lists virtual page ids `page * 2 * Hp + column` as int32: refuse a
+  // pool whose ids would wrap (num_pages <= 2^31 - 1 and Hp <= 1024, so no int64 overflow).
+  auto Hp = static_cast<std::int64_t>(plan.geometry.group_size);
+  TANGRAM_EXPECTS(o.num_pages * 2 * Hp <= std::numeric_limits<std::int32_t>::max(),
+                  invalid_argument,
+                  from_bytes ? "manager_options.pool_bytes " : "manager_options.num_pages ",
+                  from_bytes ? o.pool_bytes : o.num_pages,
+                  ": ",
+                  o.num_pages,
+                  " pages x 2 x geometry.group_size ",
+                  Hp,
+                  " = ",
+                  o.num_pages * 2 * Hp,
+                  " FlashInfer virtual page ids exceed 2^31 - 1; use fewer pages or a smaller "
+                  "group_size");
+  TANGRAM_EXPECTS(o.num_pages >= 1,
+                  invalid_argument,
+                  "manager_options: the pool needs at least one page of ",
+                  plan.geometry.page_bytes(),
+                  " bytes (num_pages ",
+                  o.num_pages,
+                  ", pool_bytes ",
+                  o.pool_bytes,
+                  ")");
+  if (o.max_batch == 0) o.max_batch = o.max_sequences;
+  // Bounded: num_pages <= 2^31 - 1, slots <= 2^20, groups <= 2^20 (layers and heads <= 1024).
+  if (o.index_capacity == 0)
+    o.index_capacity =
+        std::min<std::int64_t>(2 * o.num_pages + 4 * static_cast<std::int64_t>(o.max_sequences) *
+                                                     plan.grouping.num_groups(),
+                               std::numeric_limits<std::int32_t>::max());
+  if (o.max_view_changes == 0)
+    o.max_view_changes = 4 * static_cast<std::int64_t>(o.max_batch) + 1024;
+  return o;
+}
+
+/// N >= 1, T >= 0 and n + N + T <= 2^31 - 1 for a turn that starts after n tokens, computed
+/// without overflow (`N + T <= limit` with huge N or T used to wrap negative and pass).
+inline void check_turn_sizes(char const* op,
+                             std::int64_t n,
+                             std::int64_t prompt_tokens,
+                             std::int64_t max_new_tokens) {
+  TANGRAM_EXPECTS(prompt_tokens >= 1,
+                  invalid_argument,
+                  op,
+                  ".prompt_tokens: must be >= 1, got ",
+                  prompt_tokens);
+  TANGRAM_EXPECTS(max_new_tokens >= 0,
+                  invalid_argument,
+                  op,
+                  ".max_new_tokens: must be >= 0, got ",
+                  max_new_tokens);
+  auto turn  = detail::add_checked(prompt_tokens, max_new_tokens);
+  auto total = turn ? detail::add_checked(n, *turn) : std::nullopt;
+  TANGRAM_EXPECTS(total.has_value(),
+                  invalid_argument,
+                  op,
+                  n > 0 ? ": seq_tokens " : ": ",
+                  n > 0 ? detail::cat(n, " + ") : std::string(),
+                  "prompt_tokens + max_new_tokens overflows: ",
+                  prompt_tokens,
+                  " + ",
+                  max_new_tokens);
+  TANGRAM_EXPECTS(*total <= max_tokens,
+                  invalid_argument,
+                  op,
+                  n > 0 ? ": seq_tokens + prompt_tokens + max_new_tokens = "
+                        : ": prompt_tokens + max_new_tokens = ",
+                  *total,
+                  " exceeds ",
+                  max_tokens);
+}
+
+}  // namespace tangram::detail

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/detail/manager_invariants.hpp
+ * @brief The KV-cache manager's full self-check: each part checks its own data, this adds what
+ * spans parts (page references, reservations, segments).
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "tangram/error.hpp"
+#include "tangram/memory/detail/batch_membership.hpp"
+#include "tangram/memory/detail/copy_on_write.hpp"
+#include "tangram/memory/detail/page_table_storage.hpp"
+#include "tangram/memory/detail/sequence_table.hpp"
+#include "tangram/memory/kv_cache_types.hpp"
+
+namespace tangram::detail {
+
+/**
+ * @brief Checks the free-slot list and batch marks, that reference counts equal the number of
+ * page lists and pending copies holding each page, that reservations add up to the pool's
+ * reserved count, that every list fits its capacity and holds what its heads use
+ * (`in_use(s, g)` pages), and that segments do not overlap. O(pool + all page lists); allocates.
+ * @throw logic_error describing the first inconsistency.
+ */
+template <class Pool, class InUse>
+void check_manager_invariants(Pool const& pool,
+                              sequence_table const& sequences,
+                              batch_membership const& batch,
+                              page_table_storage const& page_table,
+                              copy_on_write const& copies,
+                              InUse in_use) {
+  pool.check_invariants();
+  sequences.check_invariants();
+  batch.check_invariants();
+  std::vector<std::uint32_t> owners(static_cast<std::size_t>(pool.capacity()), 0);
+  std::int64_t reserved = 0;
+  for (std::int32_t s = 0; s < sequences.size(); ++s) {
+    auto const& st = sequences[s];
+    if (st.phase == sequence_phase::free) {
+      TANGRAM_EXPECTS(st.reservation.empty(), logic_error, "free slot ", s, " holds a reservation");
+      continue;
+    }
+    TANGRAM_EXPECTS(pool.owns(st.reservation), logic_error, "slot ", s, ": foreign reservation");
+    reserved += st.reservation.pages();
+    auto budget = page_table.check_slot(
+        s, [&](std::int32_t g) { return in_use(s, g); }, pool.capacity(), owners);
+    TANGRAM_EXPECTS(budget == st.reservation.pages(),
+                    logic_error,
+                    "slot ",
+                    s,
+                    ": group budgets sum to ",
+                    budget,
+                    " but the reservation holds ",
+                    st.reservation.pages());
+  }
+  copies.count_references(owners);
+  for (std::int64_t p = 0; p < pool.capacity(); ++p)
+    TANGRAM_EXPECTS(owners[static_cast<std::size_t>(p)] == pool.ref_count(static_cast<page_id>(p)),
+                    logic_error,
+                    "page ",
+                    p,
+                    ": reference count ",
+                    pool.ref_count(static_cast<page_id>(p)),
+                    " but ",
+                    owners[static_cast<std::size_t>(p)],
+                    " owners");
+  TANGRAM_EXPECTS(reserved == pool.reserved_pages(),
+                  logic_error,
+                  "reservations sum to ",
+                  reserved,
+                  " but the pool reserved ",
+                  pool.reserved_pages());
+  TANGRAM_EXPECTS(pool.used_pages() + pool.reserved_pages() <= pool.capacity(),
+                  logic_error,
+                  "used + reserved exceeds capacity");
+  page_table.check_segments(
+      [&](std::int32_t s) { return sequences[s].phase != sequence_phase::free; });
+}
+
+}  // namespace tangram::detail
