@@ -10,6 +10,7 @@
 #include "tangram/memory/detail/group_lookup.hpp"
 #include "tangram/memory/detail/head_lengths.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
+#include "tangram/memory/detail/page_usage.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/detail/turn_footprint.hpp"
 #include "tangram/memory/detail/view_journal.hpp"
@@ -286,4 +287,45 @@ TEST_CASE("group_lookup: groups of the tiny plan and page arithmetic", "[memory]
   auto sliding = g4.sliding_groups()[0];
   CHECK(g4.pages_after(sliding, 5) == 2);
   CHECK(g4.pages_after(sliding, 1000) == g4.ring_pages(sliding));
+}
+
+TEST_CASE("page_usage: pages in use, shareable, exclusive, and a turn's footprint",
+          "[memory][parts]") {
+  auto plan = tiny_plan(tiny_budgets(), 4);
+  group_lookup groups(plan);
+  sequence_table sequences(2);
+  page_table_storage table(2, groups.num_groups(), 256);
+  head_lengths lengths(2, groups.num_heads());
+  struct shared_pool {
+    std::int32_t ref_count(page_id p) const { return p == 7 ? 2 : 1; }  // page 7 is shared
+  } pool;
+  page_usage<shared_pool> usage(groups, sequences, table, lengths, pool);
+  turn_footprint fp(groups.num_groups());
+
+  // Admission: per group exactly group_pages(rule, N, T); in all M(r) in pages.
+  usage.size_turn(turn_kind::admit, -1, 9, 3, fp);
+  CHECK(fp.reserve_total() == footprint_pages(plan, 9, 3));
+  CHECK(fp.capacity_total() == fp.reserve_total());
+  CHECK(fp.copies_total() == 0);
+
+  auto s = sequences.take(sequence_phase::decode, page_reservation{});
+  table.open(s, fp);
+  auto growing = groups.growing_groups()[0];
+  auto sliding = groups.sliding_groups()[0];
+  // Longest head 5 tokens + 4 appended: 9 tokens on pages of 4 -> 3 pages; the shortest head
+  // 3 + 4 = 7 tokens fills 1 page completely.
+  table.longest_base(s, growing)  = 5;
+  table.shortest_base(s, growing) = 3;
+  lengths.appended(s)             = 4;
+  lengths.tokens(s)               = 5;
+  CHECK(usage.in_use(s, growing) == 3);
+  CHECK(usage.shareable(s, growing) == 1);
+  CHECK(usage.in_use(s, sliding) == 2);  // 5 tokens of the window: 2 ring pages so far
+  CHECK(usage.shareable(s, sliding) == 0);
+
+  for (page_id p : {6, 7, 8}) table.push(s, growing, p);
+  CHECK(usage.exclusive(s, growing, 3) == 3);  // never forked: no scan, all exclusive
+  sequences[s].may_share = true;
+  CHECK(usage.exclusive(s, growing, 3) == 2);  // page 7 is shared
+  CHECK(usage.exclusive(s, growing, 1) == 1);
 }

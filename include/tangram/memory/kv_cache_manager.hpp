@@ -47,6 +47,7 @@
 #include "tangram/memory/detail/manager_checks.hpp"
 #include "tangram/memory/detail/manager_invariants.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
+#include "tangram/memory/detail/page_usage.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/detail/turn_footprint.hpp"
 #include "tangram/memory/detail/view_journal.hpp"
@@ -77,6 +78,7 @@ struct kv_cache_manager_test_access;
  * | page_table_storage     | page lists per (slot, group) in one arena; their counters       |
  * | head_lengths           | per-head base lengths, appended and seen tokens per slot        |
  * | decode_buckets         | which growing groups start a page at each decode step           |
+ * | page_usage             | pages a sequence uses, owns alone, shares; sizes a turn         |
  * | turn_footprint         | pages a turn (admit, continue, fork) needs, per group           |
  * | copy_on_write          | pending page copies and their page references                   |
  * | batch_membership       | the batch: slots and generations of its requests                |
@@ -119,6 +121,7 @@ class basic_kv_cache_manager {
         batch_(static_cast<std::int32_t>(options_.max_batch), options_.max_sequences),
         journal_(options_.max_view_changes, options_.max_sequences),
         footprint_(groups_.num_groups()),
+        usage_(groups_, sequences_, page_table_, lengths_, pool_),
         chunk_need_(static_cast<std::size_t>(groups_.num_groups()), 0) {}
 
   basic_kv_cache_manager(basic_kv_cache_manager const&)            = delete;
@@ -161,7 +164,7 @@ class basic_kv_cache_manager {
   [[nodiscard]] std::optional<sequence_id> try_admit(std::int64_t prompt_tokens,
                                                      std::int64_t max_new_tokens) {
     detail::check_turn_sizes("try_admit", 0, prompt_tokens, max_new_tokens);
-    size_turn(turn_kind::admit, -1, prompt_tokens, max_new_tokens);
+    usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
     std::int64_t pages = footprint_.reserve_total();
     if (sequences_.full() || pages > pool_.available_pages() ||
         !ensure_index_room(footprint_.capacity_total())) {
@@ -421,7 +424,7 @@ class basic_kv_cache_manager {
                             "; a turn ends after its prompt is prefilled");
     pool_.release_unused(st.reservation);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      auto in_use = in_use_pages(s, g);
+      auto in_use = usage_.in_use(s, g);
       while (page_table_.count(s, g) > in_use) {
         ++stats_.surplus_pages_released;
         pool_.release(page_table_.pop(s, g));
@@ -454,7 +457,8 @@ class basic_kv_cache_manager {
         s, st.phase == sequence_phase::ended, "continue_turn", "; call end_turn first");
     std::int64_t n = lengths_.tokens(s);
     detail::check_turn_sizes("continue_turn", n, prompt_tokens, max_new_tokens);
-    size_turn(turn_kind::next_turn, s, n + prompt_tokens, max_new_tokens);
+    usage_.size_turn(
+        detail::turn_kind::next_turn, s, n + prompt_tokens, max_new_tokens, footprint_);
     std::int64_t pages = footprint_.reserve_total();
     bool relocate      = footprint_.grows_capacity();
     if (pages > pool_.available_pages() ||
@@ -514,7 +518,7 @@ class basic_kv_cache_manager {
                                 sequences_[s].phase == sequence_phase::ended,
                             "fork",
                             "; fork after the prompt is prefilled");
-    size_turn(turn_kind::fork, s, 0, 0);
+    usage_.size_turn(detail::turn_kind::fork, s, 0, 0, footprint_);
     std::int64_t pages = footprint_.reserve_total();
     if (sequences_.full() || pages > pool_.available_pages() ||
         !ensure_index_room(footprint_.capacity_total())) {
@@ -530,7 +534,7 @@ class basic_kv_cache_manager {
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       page_table_.longest_base(c, g)  = page_table_.longest_base(s, g);
       page_table_.shortest_base(c, g) = page_table_.shortest_base(s, g);
-      auto shared = shared_pages(s, g), in_use = in_use_pages(s, g);
+      auto shared = usage_.shareable(s, g), in_use = usage_.in_use(s, g);
       for (std::int64_t p = 0; p < shared; ++p) {
         page_id pg = page_table_.entry(s, g, p);
         pool_.retain(pg);
@@ -704,7 +708,7 @@ class basic_kv_cache_manager {
   /// Pages group g of `seq` uses now: enough for its longest head (a sliding ring: its filled
   /// pages).
   [[nodiscard]] std::int64_t group_pages_in_use(sequence_id seq, std::int32_t g) const {
-    return in_use_pages(checked_group(seq, g, "group_pages_in_use"), g);
+    return usage_.in_use(checked_group(seq, g, "group_pages_in_use"), g);
   }
 
   /**
@@ -717,7 +721,7 @@ class basic_kv_cache_manager {
   void check_invariants() const {
     detail::check_manager_invariants(
         pool_, sequences_, batch_, page_table_, copies_, [&](std::int32_t s, std::int32_t g) {
-          return in_use_pages(s, g);
+          return usage_.in_use(s, g);
         });
   }
 
@@ -733,29 +737,6 @@ class basic_kv_cache_manager {
 
   // ----- lengths and pages -------------------------------------------------------------------
 
-  /// Pages group g of slot s uses for its current lengths.
-  [[nodiscard]] std::int64_t in_use_pages(std::int32_t s, std::int32_t g) const noexcept {
-    if (groups_.is_sliding(g))
-      return std::min<std::int64_t>(groups_.pages_for(lengths_.tokens(s)), groups_.ring_pages(g));
-    return groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
-                             lengths_.appended(s));
-  }
-  /// Pages among the first `keep` of (s, g) that only this sequence references.
-  [[nodiscard]] std::int64_t exclusive_pages(std::int32_t s,
-                                             std::int32_t g,
-                                             std::int64_t keep) const noexcept {
-    if (!sequences_[s].may_share) return keep;
-    std::int64_t exclusive = 0;
-    for (std::int64_t p = 0; p < keep; ++p)
-      exclusive += pool_.ref_count(page_table_.entry(s, g, p)) == 1;
-    return exclusive;
-  }
-  /// Leading pages of group g that every head has filled (never written again): shareable.
-  [[nodiscard]] std::int64_t shared_pages(std::int32_t s, std::int32_t g) const noexcept {
-    if (groups_.is_sliding(g)) return 0;
-    return (static_cast<std::int64_t>(page_table_.shortest_base(s, g)) + lengths_.appended(s)) /
-           groups_.page_tokens();
-  }
   /// Expected kept count of flat head h after the history reaches n with a chunk of c tokens.
   [[nodiscard]] std::int64_t expected_kept_of(std::int32_t s,
                                               std::int32_t h,
@@ -787,59 +768,6 @@ class basic_kv_cache_manager {
   }
 
   // ----- turns -------------------------------------------------------------------------------
-
-  enum class turn_kind : std::uint8_t { admit, next_turn, fork };
-
-  /**
-   * The one footprint computation of admission, continue_turn and fork, group by group into
-   * `footprint_`: what group g may hold when the turn completes, how much of it is already held
-   * without a reservation, the pages to copy and the page-list entries needed.
-   * - admit: target = group_pages(rule, N, T); nothing held.
-   * - next_turn (slot s, history n): target = group_pages(rule, n + N, T); the first
-   *   min(held, target) pages stay, those only s references need no reservation and the shared
-   *   ones are copied; the list keeps max(held, target) entries.
-   * - fork (parent s): the child's target is the parent's (decode) or what it uses (ended);
-   *   fully written pages are shared, the rest of what the parent uses is copied.
-   * `tokens` is N for admit and n + N for next_turn; unused for fork.
-   */
-  void size_turn(turn_kind kind,
-                 std::int32_t s,
-                 std::int64_t tokens,
-                 std::int64_t max_new_tokens) noexcept {
-    footprint_.clear();
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      std::int64_t target = 0, already_held = 0, copies = 0, capacity = 0, current = 0;
-      switch (kind) {
-        case turn_kind::admit:
-          target = ::tangram::group_pages(
-              groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
-          capacity = target;
-          break;
-        case turn_kind::next_turn: {
-          std::int64_t held = page_table_.count(s, g);
-          target            = ::tangram::group_pages(
-              groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
-          std::int64_t keep = std::min(held, target);
-          already_held      = exclusive_pages(s, g, keep);
-          copies            = keep - already_held;
-          capacity          = std::max(held, target);
-          current           = page_table_.capacity(s, g);
-          break;
-        }
-        case turn_kind::fork: {
-          auto in_use  = in_use_pages(s, g);
-          target       = sequences_[s].phase == sequence_phase::decode
-                             ? std::int64_t{page_table_.target(s, g)}
-                             : in_use;
-          already_held = shared_pages(s, g);
-          copies       = in_use - already_held;
-          capacity     = target;
-          break;
-        }
-      }
-      footprint_.add(g, target, already_held, copies, capacity, current);
-    }
-  }
 
   /// True when a segment of `size` entries can be placed (repacking the arena if needed, which
   /// moves no logical state but makes the engine upload the whole view).
@@ -904,6 +832,7 @@ class basic_kv_cache_manager {
   detail::view_journal journal_;
   detail::copy_on_write copies_;
   detail::turn_footprint footprint_;
+  detail::page_usage<pool_type> usage_;
   std::vector<std::int64_t> chunk_need_;  ///< prepare_chunk: pages each group needs after it
   manager_stats stats_;
 };

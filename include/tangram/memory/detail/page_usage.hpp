@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/detail/page_usage.hpp
+ * @brief How many pages a sequence's groups use, own alone or share, and the one footprint
+ * computation of a turn (admission, next turn, fork) built on those counts.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tangram/memory/detail/group_lookup.hpp"
+#include "tangram/memory/detail/head_lengths.hpp"
+#include "tangram/memory/detail/page_table_storage.hpp"
+#include "tangram/memory/detail/sequence_table.hpp"
+#include "tangram/memory/detail/turn_footprint.hpp"
+#include "tangram/plan/footprint.hpp"
+
+namespace tangram::detail {
+
+/// @brief The kinds of turn `page_usage::size_turn` sizes.
+enum class turn_kind : std::uint8_t {
+  admit,      ///< a new request of N prompt and T decode tokens
+  next_turn,  ///< an ended session continues with N more prompt and T decode tokens
+  fork,       ///< a child of a sequence in decode or ended
+};
+
+/**
+ * @brief Read-only page counts over a manager's parts (it holds references to them, so it lives
+ * inside the manager). Every query is noexcept and allocation-free.
+ */
+template <class Pool>
+class page_usage {
+ public:
+  page_usage(group_lookup const& groups,
+             sequence_table const& sequences,
+             page_table_storage const& page_table,
+             head_lengths const& lengths,
+             Pool const& pool) noexcept
+      : groups_(groups),
+        sequences_(sequences),
+        page_table_(page_table),
+        lengths_(lengths),
+        pool_(pool) {}
+
+  /// Pages group g of slot s uses for its current lengths: enough for its longest head, or the
+  /// filled pages of a sliding ring.
+  [[nodiscard]] std::int64_t in_use(std::int32_t s, std::int32_t g) const noexcept {
+    if (groups_.is_sliding(g))
+      return std::min<std::int64_t>(groups_.pages_for(lengths_.tokens(s)), groups_.ring_pages(g));
+    return groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
+                             lengths_.appended(s));
+  }
+  /// Pages among the first `keep` of (s, g) that only this sequence references (all of them
+  /// unless it was forked: the scan is skipped otherwise).
+  [[nodiscard]] std::int64_t exclusive(std::int32_t s,
+                                       std::int32_t g,
+                                       std::int64_t keep) const noexcept {
+    if (!sequences_[s].may_share) return keep;
+    std::int64_t count = 0;
+    for (std::int64_t p = 0; p < keep; ++p)
+      count += pool_.ref_count(page_table_.entry(s, g, p)) == 1;
+    return count;
+  }
+  /// Leading pages of group g that every head has filled (never written again): shareable.
+  [[nodiscard]] std::int64_t shareable(std::int32_t s, std::int32_t g) const noexcept {
+    if (groups_.is_sliding(g)) return 0;
+    return (static_cast<std::int64_t>(page_table_.shortest_base(s, g)) + lengths_.appended(s)) /
+           groups_.page_tokens();
+  }
+
+  /**
+   * @brief The one footprint computation of admission, continue_turn and fork, group by group
+   * into `out`: what group g may hold when the turn completes, how much of it is already held
+   * without a reservation, the pages to copy and the page-list entries needed.
+   * - admit: target = group_pages(rule, N, T); nothing held.
+   * - next_turn (slot s, history n): target = group_pages(rule, n + N, T); the first
+   *   min(held, target) pages stay, those only s references need no reservation and the shared
+   *   ones are copied; the list keeps max(held, target) entries.
+   * - fork (parent s): the child's target is the parent's (decode) or what it uses (ended);
+   *   fully written pages are shared, the rest of what the parent uses is copied.
+   * @param tokens N for admit, n + N for next_turn; unused for fork (as are s for admit and
+   *        max_new_tokens for fork).
+   */
+  void size_turn(turn_kind kind,
+                 std::int32_t s,
+                 std::int64_t tokens,
+                 std::int64_t max_new_tokens,
+                 turn_footprint& out) const noexcept {
+    out.clear();
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      std::int64_t target = 0, already_held = 0, copies = 0, capacity = 0, current = 0;
+      switch (kind) {
+        case turn_kind::admit:
+          target   = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
+          capacity = target;
+          break;
+        case turn_kind::next_turn: {
+          std::int64_t held = page_table_.count(s, g);
+          target = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
+          std::int64_t keep = std::min(held, target);
+          already_held      = exclusive(s, g, keep);
+          copies            = keep - already_held;
+          capacity          = std::max(held, target);
+          current           = page_table_.capacity(s, g);
+          break;
+        }
+        case turn_kind::fork: {
+          auto used    = in_use(s, g);
+          target       = sequences_[s].phase == sequence_phase::decode
+                             ? std::int64_t{page_table_.target(s, g)}
+                             : used;
+          already_held = shareable(s, g);
+          copies       = used - already_held;
+          capacity     = target;
+          break;
+        }
+      }
+      out.add(g, target, already_held, copies, capacity, current);
+    }
+  }
+
+ private:
+  group_lookup const& groups_;
+  sequence_table const& sequences_;
+  page_table_storage const& page_table_;
+  head_lengths const& lengths_;
+  Pool const& pool_;
+};
+
+}  // namespace tangram::detail
