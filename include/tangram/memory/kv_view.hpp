@@ -18,7 +18,7 @@
  *
  * FlashInfer interop: with virtual page ids `page * 2 * Hp + column` (K) and the V base offset by
  * `Hp * P * d` elements, each (request, KV head) is a single-head paged sequence; see
- * `kv_cache_manager::export_flashinfer_layer` in memory/kv_cache_manager.hpp.
+ * `export_flashinfer_layer` in interop/flashinfer.hpp.
  */
 #pragma once
 
