@@ -808,7 +808,10 @@ class basic_kv_cache_manager {
     ++sequences_[s].decoded;
     std::int32_t P = groups_.page_tokens();
     std::int32_t b = groups_.mod_page(P + 1 - groups_.mod_page(a));  // (1 - a) mod P
-    for (auto const* g = buckets_.bucket_begin(s, b); g != buckets_.bucket_end(s, b); ++g) {
+    // The bucket's end is read once: drawing a page writes int32 arrays the compiler would
+    // otherwise have to assume alias it.
+    auto const* end = buckets_.bucket_end(s, b);
+    for (auto const* g = buckets_.bucket_begin(s, b); g != end; ++g) {
       auto need = groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, *g)) + a);
       if (need > page_table_.count(s, *g)) draw_into(s, *g);
     }
