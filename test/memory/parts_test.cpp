@@ -5,6 +5,7 @@
 
 #include "memory_fixtures.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
+#include "tangram/memory/detail/chunk_rules.hpp"
 #include "tangram/memory/detail/copy_on_write.hpp"
 #include "tangram/memory/detail/decode_buckets.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
@@ -328,4 +329,27 @@ TEST_CASE("page_usage: pages in use, shareable, exclusive, and a turn's footprin
   sequences[s].may_share = true;
   CHECK(usage.exclusive(s, growing, 3) == 2);  // page 7 is shared
   CHECK(usage.exclusive(s, growing, 1) == 1);
+}
+
+TEST_CASE("chunk_rules: expected kept counts and the check of reported counts", "[memory][parts]") {
+  head_rule compressed{layer_kind::compressed, 0.25, 3, 0};
+  head_rule sliding{layer_kind::sliding_window, 1.0, 0, 10};
+  head_rule full{layer_kind::uncompressed, 1.0, 0, 0};
+  // 40 tokens at budget 1/4: 10 kept; a head holding 6 with a chunk of 8 can reach only 14.
+  CHECK(expected_kept(compressed, 6, 40, 8) == 10);
+  CHECK(expected_kept(compressed, 1, 40, 8) == 9);
+  CHECK(expected_kept(compressed, 0, 2, 2) == 2);  // within the protected tokens
+  CHECK(expected_kept(sliding, 10, 40, 8) == 10);
+  CHECK(expected_kept(sliding, 0, 7, 7) == 7);
+  CHECK(expected_kept(full, 32, 40, 8) == 40);
+
+  check_kept(layer_kind::compressed, 0, 10, 40, 2, 0, 1);
+  check_kept(layer_kind::compressed, 10, 10, 40, 2, 0, 1);
+  check_kept(layer_kind::sliding_window, 10, 10, 40, 2, 1, 0);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(check_kept(layer_kind::compressed, 11, 10, 40, 2, 3, 1),
+                                  logic_error,
+                                  "head (layer 3, head 1) of slot 2 kept 11",
+                                  "between 0 and 10 after 40 tokens");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      check_kept(layer_kind::uncompressed, 39, 40, 40, 0, 2, 0), logic_error, "exactly 40");
 }

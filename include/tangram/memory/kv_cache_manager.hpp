@@ -40,6 +40,7 @@
 #include "tangram/detail/str.hpp"
 #include "tangram/error.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
+#include "tangram/memory/detail/chunk_rules.hpp"
 #include "tangram/memory/detail/copy_on_write.hpp"
 #include "tangram/memory/detail/decode_buckets.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
@@ -78,6 +79,7 @@ struct kv_cache_manager_test_access;
  * | page_table_storage     | page lists per (slot, group) in one arena; their counters       |
  * | head_lengths           | per-head base lengths, appended and seen tokens per slot        |
  * | decode_buckets         | which growing groups start a page at each decode step           |
+ * | chunk_rules            | what a head may keep after a chunk; the check of kept counts    |
  * | page_usage             | pages a sequence uses, owns alone, shares; sizes a turn         |
  * | turn_footprint         | pages a turn (admit, continue, fork) needs, per group           |
  * | copy_on_write          | pending page copies and their page references                   |
@@ -204,40 +206,13 @@ class basic_kv_cache_manager {
                     chunk_tokens);
     sequences_.expect_phase(
         s, st.phase == sequence_phase::prefill, "prepare_chunk", ", not prefill");
-    TANGRAM_EXPECTS(st.chunk_pending == 0,
-                    logic_error,
-                    "prepare_chunk: sequence in slot ",
-                    s,
-                    " already has a prepared chunk of ",
-                    st.chunk_pending,
-                    " tokens; commit it first");
-    TANGRAM_EXPECTS(chunk_tokens <= st.prompt_remaining,
-                    logic_error,
-                    "prepare_chunk: chunk_tokens ",
-                    chunk_tokens,
-                    " exceeds the ",
-                    st.prompt_remaining,
-                    " prompt tokens left in the turn of slot ",
-                    s);
+    sequences_.expect_no_prepared_chunk(s);
+    sequences_.expect_chunk_fits(s, chunk_tokens, "prepare_chunk");
     std::int64_t n = lengths_.tokens(s) + chunk_tokens;
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      auto need                                = groups_.pages_after(g, n);
-      auto held                                = page_table_.count(s, g);
+      auto need = groups_.pages_after(g, n);
+      page_table_.expect_can_grow(s, g, need, "prepare_chunk");
       chunk_need_[static_cast<std::size_t>(g)] = need;
-      TANGRAM_EXPECTS((need > held ? need - held : 0) <= page_table_.budget(s, g) &&
-                          need <= page_table_.capacity(s, g),
-                      logic_error,
-                      "prepare_chunk: group ",
-                      g,
-                      " of slot ",
-                      s,
-                      " needs ",
-                      need,
-                      " pages but holds ",
-                      held,
-                      " with ",
-                      page_table_.budget(s, g),
-                      " reserved (internal inconsistency)");
     }
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       page_table_.count_before_chunk(s, g) = page_table_.count(s, g);
@@ -260,14 +235,7 @@ class basic_kv_cache_manager {
                     "expected_kept.chunk_tokens: must be >= 0, got ",
                     chunk_tokens);
     // Bounds n + c by the turn's admitted size (<= 2^31 - 1), so the counts fit in int32.
-    TANGRAM_EXPECTS(chunk_tokens <= sequences_[s].prompt_remaining,
-                    logic_error,
-                    "expected_kept: chunk_tokens ",
-                    chunk_tokens,
-                    " exceeds the ",
-                    sequences_[s].prompt_remaining,
-                    " prompt tokens left in the turn of slot ",
-                    s);
+    sequences_.expect_chunk_fits(s, chunk_tokens, "expected_kept");
     std::int64_t n = lengths_.tokens(s) + chunk_tokens;
     for (std::int32_t h = 0; h < groups_.num_heads(); ++h)
       out[h] = static_cast<std::int32_t>(expected_kept_of(s, h, n, chunk_tokens));
@@ -291,36 +259,12 @@ class basic_kv_cache_manager {
                     heads,
                     " counts (layers x KV heads), got ",
                     count);
-    TANGRAM_EXPECTS(st.chunk_pending > 0,
-                    logic_error,
-                    "commit_chunk: sequence in slot ",
-                    s,
-                    " has no prepared chunk");
+    sequences_.expect_prepared_chunk(s);
     std::int64_t c = st.chunk_pending;
     std::int64_t n = lengths_.tokens(s) + c;
     for (std::int32_t h = 0; h < heads; ++h) {
-      std::int64_t expect = expected_kept_of(s, h, n, c);
-      auto kind           = plan_.rules[static_cast<std::size_t>(h)].kind;
-      bool ok =
-          kind == layer_kind::compressed ? kept[h] >= 0 && kept[h] <= expect : kept[h] == expect;
-      TANGRAM_EXPECTS(ok,
-                      logic_error,
-                      "commit_chunk: head (layer ",
-                      h / H,
-                      ", head ",
-                      h % H,
-                      ") of slot ",
-                      s,
-                      " kept ",
-                      kept[h],
-                      " tokens; a ",
-                      to_string(kind),
-                      " head must keep ",
-                      kind == layer_kind::compressed ? "between 0 and " : "exactly ",
-                      expect,
-                      " after ",
-                      n,
-                      " tokens");
+      auto kind = plan_.rules[static_cast<std::size_t>(h)].kind;
+      detail::check_kept(kind, kept[h], expected_kept_of(s, h, n, c), n, s, h / H, h % H);
     }
     auto* base = lengths_.base(s);
     for (std::int32_t h = 0; h < heads; ++h)
@@ -742,11 +686,8 @@ class basic_kv_cache_manager {
                                               std::int32_t h,
                                               std::int64_t n,
                                               std::int64_t c) const noexcept {
-    auto const& r = plan_.rules[static_cast<std::size_t>(h)];
-    if (r.kind == layer_kind::sliding_window) return std::min<std::int64_t>(n, r.window);
-    std::int64_t held = lengths_.held(s, h);
-    if (r.kind == layer_kind::uncompressed) return held + c;
-    return std::min<std::int64_t>(retained_tokens(r, n), held + c);
+    return detail::expected_kept(
+        plan_.rules[static_cast<std::size_t>(h)], lengths_.held(s, h), n, c);
   }
   /// Longest and shortest base length of group g's heads (0 for a sliding ring).
   void refresh_base_range(std::int32_t s, std::int32_t g) noexcept {

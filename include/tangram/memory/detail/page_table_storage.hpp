@@ -113,6 +113,26 @@ class page_table_storage {
   /// Removes and returns the last page of the list (count > 0).
   page_id pop(std::int32_t s, std::int32_t g) noexcept { return entry(s, g, --count_[at(s, g)]); }
 
+  /// @throw logic_error naming `op` unless list (s, g) can grow to `need` pages within its
+  /// capacity and budget (an internal inconsistency: reservations cover every chunk).
+  void expect_can_grow(std::int32_t s, std::int32_t g, std::int64_t need, char const* op) const {
+    auto held = count(s, g);
+    TANGRAM_EXPECTS((need > held ? need - held : 0) <= budget(s, g) && need <= capacity(s, g),
+                    logic_error,
+                    op,
+                    ": group ",
+                    g,
+                    " of slot ",
+                    s,
+                    " needs ",
+                    need,
+                    " pages but holds ",
+                    held,
+                    " with ",
+                    budget(s, g),
+                    " reserved (internal inconsistency)");
+  }
+
   // ----- segments --------------------------------------------------------------------------
   /// True when a segment of `size` entries fits (perhaps only after `compact`).
   [[nodiscard]] bool has_room(std::int64_t size) const noexcept {

@@ -101,6 +101,37 @@ class sequence_table {
                     why);
   }
 
+  /// @throw logic_error when slot s has a prepared, uncommitted chunk.
+  void expect_no_prepared_chunk(std::int32_t s) const {
+    TANGRAM_EXPECTS((*this)[s].chunk_pending == 0,
+                    logic_error,
+                    "prepare_chunk: sequence in slot ",
+                    s,
+                    " already has a prepared chunk of ",
+                    (*this)[s].chunk_pending,
+                    " tokens; commit it first");
+  }
+  /// @throw logic_error when slot s has no prepared chunk.
+  void expect_prepared_chunk(std::int32_t s) const {
+    TANGRAM_EXPECTS((*this)[s].chunk_pending > 0,
+                    logic_error,
+                    "commit_chunk: sequence in slot ",
+                    s,
+                    " has no prepared chunk");
+  }
+  /// @throw logic_error naming `op` when a chunk of `chunk_tokens` exceeds the prompt tokens left.
+  void expect_chunk_fits(std::int32_t s, std::int64_t chunk_tokens, char const* op) const {
+    TANGRAM_EXPECTS(chunk_tokens <= (*this)[s].prompt_remaining,
+                    logic_error,
+                    op,
+                    ": chunk_tokens ",
+                    chunk_tokens,
+                    " exceeds the ",
+                    (*this)[s].prompt_remaining,
+                    " prompt tokens left in the turn of slot ",
+                    s);
+  }
+
   /**
    * @brief Takes a free slot for a new sequence in `phase` (precondition: !full()). Its turn
    * counters start at 0 and it holds `reservation`.
