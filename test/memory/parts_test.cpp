@@ -353,3 +353,39 @@ TEST_CASE("chunk_rules: expected kept counts and the check of reported counts", 
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       check_kept(layer_kind::uncompressed, 39, 40, 40, 0, 2, 0), logic_error, "exactly 40");
 }
+
+TEST_CASE("sequence_table and page_table_storage: turn and list checks", "[memory][parts]") {
+  sequence_table t(2);
+  auto s                = t.take(sequence_phase::prefill, page_reservation{});
+  t[s].prompt_remaining = 5;
+  t.expect_chunk_fits(s, 5, "op");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(t.expect_chunk_fits(s, 6, "op"),
+                                  logic_error,
+                                  "op: chunk_tokens 6 exceeds the 5 prompt tokens left");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(t.expect_prepared_chunk(s), logic_error, "no prepared chunk");
+  t[s].chunk_pending = 3;
+  t.expect_prepared_chunk(s);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      t.expect_no_prepared_chunk(s), logic_error, "prepared chunk of 3 tokens");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      t.expect_decode_room(s), logic_error, "phase prefill, not decode");
+  t[s].phase   = sequence_phase::decode;
+  t[s].max_new = 1;
+  t.expect_decode_room(s);
+  t[s].decoded = 1;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      t.expect_decode_room(s), logic_error, "already appended its max_new_tokens = 1");
+
+  page_table_storage pt(1, 1, 8);
+  turn_footprint fp(1);
+  fp.clear();
+  fp.add(0, 4, 2, 0, 4, 0);  // target 4, 2 already held: budget 2
+  pt.open(0, fp);
+  pt.push(0, 0, 1);
+  pt.expect_can_grow(0, 0, 3, "op");  // 1 held + 2 drawn
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      pt.expect_can_grow(0, 0, 4, "op"), logic_error, "needs 4 pages but holds 1 with 2 reserved");
+  pt.expect_budget(0, 0);
+  pt.budget(0, 0) = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(pt.expect_budget(0, 0), logic_error, "beyond its reservation");
+}

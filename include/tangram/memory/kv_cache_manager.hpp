@@ -337,18 +337,7 @@ class basic_kv_cache_manager {
    */
   void decode_step() {
     check_batch_live("decode_step");
-    for (std::int32_t r = 0; r < batch_.size(); ++r) {
-      std::int32_t s = batch_.slot(r);
-      auto const& st = sequences_[s];
-      sequences_.expect_phase(s, st.phase == sequence_phase::decode, "decode_step", ", not decode");
-      TANGRAM_EXPECTS(st.decoded < st.max_new,
-                      logic_error,
-                      "decode_step: sequence in slot ",
-                      s,
-                      " already appended its max_new_tokens = ",
-                      st.max_new,
-                      " decode tokens; appending past the reservation");
-    }
+    for (std::int32_t r = 0; r < batch_.size(); ++r) sequences_.expect_decode_room(batch_.slot(r));
     for (std::int32_t r = 0; r < batch_.size(); ++r) append_one(batch_.slot(r));
   }
 
@@ -725,13 +714,7 @@ class basic_kv_cache_manager {
   // ----- drawing pages -----------------------------------------------------------------------
 
   page_id draw_page(std::int32_t s, std::int32_t g) {
-    TANGRAM_EXPECTS(page_table_.budget(s, g) > 0,
-                    logic_error,
-                    "group ",
-                    g,
-                    " of slot ",
-                    s,
-                    " needs a page beyond its reservation (internal inconsistency)");
+    page_table_.expect_budget(s, g);
     page_id p = pool_.draw(sequences_[s].reservation);
     --page_table_.budget(s, g);
     ++stats_.pages_drawn;

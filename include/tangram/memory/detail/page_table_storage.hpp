@@ -113,6 +113,17 @@ class page_table_storage {
   /// Removes and returns the last page of the list (count > 0).
   page_id pop(std::int32_t s, std::int32_t g) noexcept { return entry(s, g, --count_[at(s, g)]); }
 
+  /// @throw logic_error when list (s, g) has no page left in its budget (an internal
+  /// inconsistency: a page is drawn only where the reservation covers it).
+  void expect_budget(std::int32_t s, std::int32_t g) const {
+    TANGRAM_EXPECTS(budget(s, g) > 0,
+                    logic_error,
+                    "group ",
+                    g,
+                    " of slot ",
+                    s,
+                    " needs a page beyond its reservation (internal inconsistency)");
+  }
   /// @throw logic_error naming `op` unless list (s, g) can grow to `need` pages within its
   /// capacity and budget (an internal inconsistency: reservations cover every chunk).
   void expect_can_grow(std::int32_t s, std::int32_t g, std::int64_t need, char const* op) const {

@@ -101,6 +101,18 @@ class sequence_table {
                     why);
   }
 
+  /// @throw logic_error unless slot s is in decode with decode tokens left in its turn.
+  void expect_decode_room(std::int32_t s) const {
+    auto const& st = (*this)[s];
+    expect_phase(s, st.phase == sequence_phase::decode, "decode_step", ", not decode");
+    TANGRAM_EXPECTS(st.decoded < st.max_new,
+                    logic_error,
+                    "decode_step: sequence in slot ",
+                    s,
+                    " already appended its max_new_tokens = ",
+                    st.max_new,
+                    " decode tokens; appending past the reservation");
+  }
   /// @throw logic_error when slot s has a prepared, uncommitted chunk.
   void expect_no_prepared_chunk(std::int32_t s) const {
     TANGRAM_EXPECTS((*this)[s].chunk_pending == 0,
