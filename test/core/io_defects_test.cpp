@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
@@ -219,6 +220,96 @@ TEST_CASE("write_file appends to an open descriptor's file instead of replacing 
   CHECK(after.st_ino == before.st_ino);
   CHECK(read_file(file) == "summary\nplan\n");
   CHECK(entries(dir) == std::set<std::string>{"stdout.txt"});
+}
+
+namespace {
+
+/// Runs `f` with standard output redirected to `file` (opened like a shell's `>`), then restores
+/// it.
+template <class F>
+void with_stdout_in(std::string const& file, F&& f) {
+  std::fflush(stdout);
+  int saved = ::dup(STDOUT_FILENO);
+  REQUIRE(saved >= 0);
+  int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::dup2(fd, STDOUT_FILENO) == STDOUT_FILENO);
+  ::close(fd);
+  std::string error;
+  try {
+    f();
+  } catch (std::exception const& e) {
+    error = e.what();
+  }
+  std::fflush(stdout);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  REQUIRE(error.empty());
+}
+
+}  // namespace
+
+TEST_CASE("write_file to a redirected standard output keeps what the process prints around it",
+          "[regression][file_io]") {
+  // `tangram plan --out /dev/stdout > x.json` used to open a second descriptor at offset 0 and
+  // the process's own later output overwrote the plan; other spellings of the same file were
+  // replaced by a rename, detaching the redirect.
+  auto dir                                 = fresh_dir("redirect");
+  auto file                                = dir + "/out.txt";
+  std::vector<std::string> const spellings = {"/dev/stdout",
+                                              "//dev/stdout",
+                                              "/dev/./stdout",
+                                              "/proc/thread-self/fd/1",
+                                              "/proc/" + std::to_string(::getpid()) + "/fd/1",
+                                              file};
+  for (auto const& spelling : spellings) {
+    INFO(spelling);
+    struct stat before {};
+    with_stdout_in(file, [&] {
+      REQUIRE(::stat(file.c_str(), &before) == 0);
+      REQUIRE(::write(STDOUT_FILENO, "first\n", 6) == 6);
+      write_file(spelling, "contents\n");
+      REQUIRE(::write(STDOUT_FILENO, "last\n", 5) == 5);
+    });
+    struct stat after {};
+    REQUIRE(::stat(file.c_str(), &after) == 0);
+    CHECK(after.st_ino == before.st_ino);  // the redirected file was never replaced
+    CHECK(read_file(file) == "first\ncontents\nlast\n");
+  }
+  CHECK(entries(dir) == std::set<std::string>{"out.txt"});
+}
+
+TEST_CASE("write_file writes a file whose name is as long as the system allows",
+          "[regression][file_io]") {
+  // The temporary's name used to embed the target's, 22 bytes longer: names of 234-255 bytes
+  // passed every check and then failed with "File name too long".
+  auto dir  = fresh_dir("long-name");
+  auto name = std::string(250, 'b') + ".svg";
+  write_file(dir + "/" + name, "x");
+  CHECK(read_file(dir + "/" + name) == "x");
+  CHECK(entries(dir) == std::set<std::string>{name});
+}
+
+TEST_CASE("check_writable refuses up front exactly what write_file would refuse",
+          "[regression][file_io]") {
+  using tangram::detail::check_writable;
+  auto dir = fresh_dir("check");
+  REQUIRE(::symlink((dir + "/missing.svg").c_str(), (dir + "/dangling.svg").c_str()) == 0);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(check_writable(dir + "/dangling.svg"),
+                                  tangram::invalid_argument,
+                                  "dangling.svg",
+                                  "symbolic link");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(check_writable(dir), tangram::invalid_argument, "directory");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      check_writable(dir + "/no-such/out.json"), tangram::invalid_argument, "folder", "no-such");
+  write_file(dir + "/file", "x");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      check_writable(dir + "/file/out.json"), tangram::invalid_argument, "Not a directory");
+  check_writable(dir + "/new.json");  // a new file in a writable folder
+  check_writable(dir + "/file");      // a regular file to replace
+  check_writable("/dev/null");        // a device, written directly
+  check_writable(std::string(dir + "/") + std::string(250, 'c'));
+  CHECK(entries(dir) == std::set<std::string>{"dangling.svg", "file"});  // nothing created
 }
 
 // ---- defect 7: JSON numbers, non-finite values, UTF-8 and printed names ----------------------

@@ -8,9 +8,10 @@
 
 namespace tangram::cli {
 
-/// Refuses an output path before any work is done: empty, a folder, a missing or unwritable
-/// parent folder, an existing file that may not be written. Creates nothing: the file is written
-/// (by detail::write_file) only once the command has succeeded.
+/// Refuses, before any work is done, an output path that detail::write_file could not write
+/// (detail::check_writable: empty, a folder, a dangling link, a missing or unwritable folder for a
+/// new or replaced file, a read-only descriptor). Creates nothing: the file is written only once
+/// the command has succeeded.
 /// @throw usage_error naming `option`, the path and the reason.
 void check_output_path(std::string_view option, std::string const& path);
 

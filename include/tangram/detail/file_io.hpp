@@ -31,16 +31,23 @@ namespace tangram::detail {
 /// Reads a whole file. Reading stops, and the file is refused, as soon as it exceeds `max_bytes`:
 /// memory never holds more than the cap (plus one read buffer).
 /// @throw invalid_argument naming the path and the system's reason.
-inline std::string read_file(std::string const& path, std::size_t max_bytes = std::size_t{64} << 20) {
+inline std::string read_file(std::string const& path,
+                             std::size_t max_bytes = std::size_t{64} << 20) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) TANGRAM_FAIL(invalid_argument, "cannot open ", detail::quoted(path), ": ", std::strerror(errno));
+  if (f == nullptr)
+    TANGRAM_FAIL(
+        invalid_argument, "cannot open ", detail::quoted(path), ": ", std::strerror(errno));
   std::string out;
   char buf[1 << 16];
   std::size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
     if (out.size() + n > max_bytes) {
       std::fclose(f);
-      TANGRAM_FAIL(invalid_argument, detail::quoted(path), ": file is larger than the limit of ", max_bytes, " bytes");
+      TANGRAM_FAIL(invalid_argument,
+                   detail::quoted(path),
+                   ": file is larger than the limit of ",
+                   max_bytes,
+                   " bytes");
     }
     out.append(buf, n);
   }
@@ -72,7 +79,7 @@ inline std::pair<std::string, std::string> split_path(std::string const& path) {
 /// A name no one can guess: 16 hex digits from the system's random source.
 inline std::string random_suffix() {
   std::random_device rd;
-  std::uint64_t x = (std::uint64_t{rd()} << 32) ^ rd();
+  std::uint64_t x             = (std::uint64_t{rd()} << 32) ^ rd();
   static constexpr char hex[] = "0123456789abcdef";
   std::string s(16, '0');
   for (auto& c : s) {
@@ -82,12 +89,112 @@ inline std::string random_suffix() {
   return s;
 }
 
-/// True for the paths of this process's open descriptors (/dev/stdout, /dev/fd/N,
-/// /proc/self/fd/N): they name a file that is already open, which a rename would detach.
-inline bool names_open_descriptor(std::string const& path) {
-  for (char const* prefix : {"/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/"})
-    if (path.rfind(prefix, 0) == 0) return true;
-  return false;
+/// The descriptor of this process already open on the file `st` describes, or -1: the N of
+/// `/dev/fd/N` and `/proc/self/fd/N`, or standard output or error whenever the path names the
+/// same file by any spelling (`/dev/stdout`, `//dev/stdout`, `/proc/<pid>/fd/1`, a link to one,
+/// the redirected file itself). Writing through it shares the stream's file offset, so what the
+/// process prints before or after is kept; a new descriptor or a rename would overwrite or detach
+/// it.
+inline int open_descriptor_for(std::string const& path, struct stat const& st) {
+  for (char const* prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+    std::size_t n = std::strlen(prefix);
+    if (path.size() <= n || path.size() > n + 9 || path.compare(0, n, prefix) != 0) continue;
+    if (path.find_first_not_of("0123456789", n) != std::string::npos) continue;
+    return std::atoi(path.c_str() + n);
+  }
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat fs {};
+    if (::fstat(fd, &fs) == 0 && fs.st_dev == st.st_dev && fs.st_ino == st.st_ino) return fd;
+  }
+  return -1;
+}
+
+/// How `write_file` reaches a path (see its documentation).
+struct write_target {
+  enum class kind {
+    descriptor,  ///< this process's open descriptor `fd`: written through it
+    stream,      ///< a character device or FIFO: opened and written, never replaced
+    replace,     ///< an existing regular file `file` (links resolved): temporary + rename
+    create,      ///< a new file `file`: temporary + rename
+  } how  = kind::create;
+  int fd = -1;
+  std::string file;
+  mode_t mode = 0;  ///< replace: the replaced file's permission bits (never set-id bits)
+};
+
+/// Decides how `write_file` writes `path`, creating nothing.
+/// @throw invalid_argument naming the path for paths `write_file` refuses.
+inline write_target classify_write_target(std::string const& path) {
+  auto fail = [&](char const* why) {
+    TANGRAM_FAIL(invalid_argument, "cannot write ", detail::quoted(path), ": ", why);
+  };
+  TANGRAM_EXPECTS(!path.empty(), invalid_argument, "cannot write \"\": empty path");
+  write_target t;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    int err = errno;
+    struct stat lst {};
+    if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
+      fail("it is a symbolic link to a missing file");
+    if (err != ENOENT) fail(std::strerror(err));
+    t.how  = write_target::kind::create;
+    t.file = path;
+    return t;
+  }
+  if ((t.fd = open_descriptor_for(path, st)) >= 0) {
+    t.how = write_target::kind::descriptor;
+    return t;
+  }
+  if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+    t.how = write_target::kind::stream;
+    return t;
+  }
+  if (S_ISDIR(st.st_mode)) fail("it is a directory, not a regular file");
+  if (!S_ISREG(st.st_mode))
+    fail("it exists and is not a regular file, a character device or a FIFO");
+  // Replace what a link points to, not the link: rename over the resolved path.
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) == nullptr) fail(std::strerror(errno));
+  t.how  = write_target::kind::replace;
+  t.file = resolved;
+  t.mode = st.st_mode & 0777;
+  return t;
+}
+
+/**
+ * @brief Checks, creating nothing, that `write_file(path, ...)` can write `path`, so a command can
+ * refuse an output option before its work rather than after: the target is classified as
+ * `write_file` does; a descriptor must be open for writing, a device or FIFO writable, and for a
+ * new or replaced file its folder must exist and be writable (the temporary is created there).
+ * @throw invalid_argument naming the path (or its folder) and the reason.
+ */
+inline void check_writable(std::string const& path) {
+  auto fail = [&](std::string const& why) {
+    TANGRAM_FAIL(invalid_argument, "cannot write ", detail::quoted(path), ": ", why);
+  };
+  write_target t = classify_write_target(path);
+  switch (t.how) {
+    case write_target::kind::descriptor: {
+      int flags = ::fcntl(t.fd, F_GETFL);
+      if (flags < 0) fail(std::strerror(errno));
+      if ((flags & O_ACCMODE) == O_RDONLY) fail("its descriptor is open for reading only");
+      return;
+    }
+    case write_target::kind::stream:
+      if (::access(path.c_str(), W_OK) != 0) fail(std::strerror(errno));
+      return;
+    case write_target::kind::replace:
+    case write_target::kind::create: {
+      std::string folder = split_path(t.file).first;
+      struct stat st {};
+      if (::stat(folder.c_str(), &st) != 0)
+        fail(cat("folder ", detail::quoted(folder), ": ", std::strerror(errno)));
+      if (!S_ISDIR(st.st_mode)) fail(cat(detail::quoted(folder), " is not a folder"));
+      if (::access(folder.c_str(), W_OK | X_OK) != 0)
+        fail(cat("folder ", detail::quoted(folder), ": ", std::strerror(errno)));
+      return;
+    }
+  }
 }
 
 /**
@@ -100,8 +207,10 @@ inline bool names_open_descriptor(std::string const& path) {
  *   a replaced file keeps its permission bits.
  * - A symbolic link to a regular file: the link stays, the file it points to is replaced (as an
  *   editor saving through a link does). A dangling link is refused.
- * - A character device, a FIFO or a descriptor of this process (`/dev/null`, `/dev/stdout`,
- *   `/dev/fd/N`) is written directly (appending), never replaced.
+ * - A file this process already has open as standard output or error (any spelling of
+ *   `/dev/stdout`, or the redirected file itself), and `/dev/fd/N`, `/proc/self/fd/N`: written
+ *   through that descriptor, at its current offset, so what the process prints is kept.
+ * - A character device or a FIFO (`/dev/null`, a pipe) is opened and written, never replaced.
  * - Anything else (a folder, a block device, a socket) is refused.
  * On failure the temporary is removed and the target is left as it was.
  * @throw invalid_argument naming the path and the system's reason.
@@ -110,18 +219,12 @@ inline void write_file(std::string const& path, std::string const& contents) {
   auto fail = [&](char const* why) {
     TANGRAM_FAIL(invalid_argument, "cannot write ", detail::quoted(path), ": ", why);
   };
-  TANGRAM_EXPECTS(!path.empty(), invalid_argument, "cannot write \"\": empty path");
-  std::string target = path;
-  struct stat st {};
-  bool exists = ::stat(path.c_str(), &st) == 0;
-  if (!exists) {
-    int err = errno;
-    struct stat lst {};
-    if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
-      fail("it is a symbolic link to a missing file");
-    if (err != ENOENT) fail(std::strerror(err));
-  } else if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || names_open_descriptor(path)) {
-    // Appending keeps what the process already wrote to a redirected stdout.
+  write_target t = classify_write_target(path);
+  if (t.how == write_target::kind::descriptor) {
+    if (!write_all(t.fd, contents)) fail(std::strerror(errno));
+    return;
+  }
+  if (t.how == write_target::kind::stream) {
     int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) fail(std::strerror(errno));
     bool ok = write_all(fd, contents);
@@ -132,33 +235,27 @@ inline void write_file(std::string const& path, std::string const& contents) {
     }
     if (!ok) fail(std::strerror(err));
     return;
-  } else if (!S_ISREG(st.st_mode)) {
-    fail(S_ISDIR(st.st_mode) ? "it is a folder, not a regular file"
-                             : "it exists and is not a regular file, a character device or a FIFO");
-  } else {
-    // Replace what a link points to, not the link: rename over the resolved path.
-    char resolved[PATH_MAX];
-    if (::realpath(path.c_str(), resolved) == nullptr) fail(std::strerror(errno));
-    target = resolved;
   }
 
-  auto [folder, name] = split_path(target);
-  mode_t mode         = st.st_mode & 0777;  // a replaced file's bits; never set-id bits
+  std::string folder = split_path(t.file).first;
   std::string tmp;
   int fd = -1;
+  // The temporary's name does not embed the target's: a target name near NAME_MAX still fits.
   for (int attempt = 0; attempt < 64 && fd < 0; ++attempt) {
-    tmp = folder + "/." + name + "." + random_suffix() + ".tmp";
+    tmp = folder + "/.tangram-" + random_suffix() + ".tmp";
     fd  = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) fail(std::strerror(errno));
   }
   if (fd < 0) fail("no unused temporary name in its folder");
-  bool ok = write_all(fd, contents) && (!exists || ::fchmod(fd, mode) == 0) && ::fsync(fd) == 0;
+  bool replacing = t.how == write_target::kind::replace;
+  bool ok =
+      write_all(fd, contents) && (!replacing || ::fchmod(fd, t.mode) == 0) && ::fsync(fd) == 0;
   int err = ok ? 0 : errno;
   if (::close(fd) != 0 && ok) {
     ok  = false;
     err = errno;
   }
-  if (ok && ::rename(tmp.c_str(), target.c_str()) != 0) {
+  if (ok && ::rename(tmp.c_str(), t.file.c_str()) != 0) {
     ok  = false;
     err = errno;
   }
