@@ -14,10 +14,10 @@
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
-#include "tangram/model/presets.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/workload.hpp"
+#include "tangram/model/presets.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -264,6 +264,45 @@ TEST_CASE("simulate runs a tiny trace of one 2^31-token session without huge tab
     CHECK(root["policies"][policy]["rejected_sessions"].as_int(0, 10) == 1);
     CHECK(root["policies"][policy]["generated_tokens"].as_int(0, 10) == 0);
   }
+}
+
+// Review finding: a valid trace whose answer outgrows the whole pool while full_kv decodes alone
+// ended the run with "a decode step cannot run even with one sequence" (an internal logic_error).
+TEST_CASE("a session whose answer outgrows the pool is rejected, not the whole run",
+          "[regression][simulate][cli]") {
+  std::string path = std::string(TANGRAM_BINARY_DIR) + "/sim_defects_long_answer.json";
+  tangram::detail::write_file(
+      path,
+      R"({"format":"tangram-workload/v1","sessions":[{"arrival_s":0,"turns":[{"prompt_tokens":100000,"output_tokens":1000000}]},)"
+      R"({"arrival_s":0,"turns":[{"prompt_tokens":1000,"output_tokens":10}]}]})");
+  auto r = run_cli({"simulate", "--workload", path, "--json", "--quiet"});
+  std::remove(path.c_str());
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  namespace json = tangram::detail::json;
+  auto doc       = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  // full_kv holds 1.1M tokens of Llama-3.1-8B KV in no H200: the long session is given up, the
+  // short one still runs to the end.
+  CHECK(root["policies"]["full_kv"]["rejected_sessions"].as_int(0, 10) == 1);
+  CHECK(root["policies"]["full_kv"]["generated_tokens"].as_int(0, 2000000) >= 10);
+}
+
+// Review finding: max_tokens near INT64_MAX overflowed in ceil_div and head lengths are 32-bit.
+TEST_CASE("the baseline refuses max_tokens beyond a 32-bit head length", "[regression][baseline]") {
+  auto plan = test::tiny_plan(test::tiny_budgets());
+  simulated_memory_resource mr;
+  for (std::int64_t bad : {std::int64_t{0}, std::int64_t{1} << 31, INT64_MAX}) {
+    INFO(bad);
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(
+        (unified_paging_baseline<>(plan, unified_mode::full_kv, mr, 100, 2, bad)),
+        invalid_argument,
+        "unified_paging_baseline.max_tokens",
+        "2147483647");
+  }
+  unified_paging_baseline<> ok(
+      plan, unified_mode::full_kv, mr, 100, 2, (std::int64_t{1} << 31) - 1);
+  CHECK(ok.try_admit().has_value());
 }
 
 // Defect 4: --sessions 1000000 --turns 1000 materialised 10^9 turns and died with std::bad_alloc.

@@ -277,7 +277,7 @@ int cmd_inspect(args& a, streams io) {
   for (std::int32_t l = 0; l < p.num_layers; ++l) {
     s << "    layer " << std::setw(3) << l << " " << std::left << std::setw(15)
       << to_string(p.rule(l, 0).kind) << std::right;
-    for (std::int32_t k = 0; k < H; ++k) s << std::setw(5) << v.share(l, k);
+    for (std::int32_t k = 0; k < H; ++k) s << ' ' << std::setw(4) << v.share(l, k);  // never run together
     s << "\n";
   }
   if (svg) s << "\nwrote " << printable(*svg) << "\n";

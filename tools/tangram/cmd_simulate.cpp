@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -228,6 +229,8 @@ int cmd_simulate(args& a, streams io) {
   }
   std::int64_t max_tokens = 1;
   for (auto const& s : work.sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
+  // The baselines count a head's tokens in 32 bits; a longer session is refused at admission.
+  max_tokens = std::min<std::int64_t>(max_tokens, std::numeric_limits<std::int32_t>::max());
   auto n_sessions = static_cast<std::int32_t>(work.sessions.size());
   std::int32_t slots = std::min<std::int32_t>(n_sessions, 4096);
 

@@ -70,7 +70,8 @@ class unified_paging_baseline {
    * @param upstream  arena resource
    * @param num_pages pages of `H * 2 * P * d * sizeof(dtype)` bytes
    * @param max_sequences sequences alive at once
-   * @param max_tokens    tokens one sequence may reach (a limit only: allocates nothing)
+   * @param max_tokens    tokens one sequence may reach, in [1, 2^31 - 1] (a limit only: allocates
+   * nothing)
    * @throw invalid_argument for non-positive sizes; out_of_memory when the arena is refused.
    */
   unified_paging_baseline(static_plan const& plan,
@@ -84,10 +85,10 @@ class unified_paging_baseline {
         H_(plan.num_kv_heads),
         P_(plan.geometry.page_tokens),
         S_(checked_positive(max_sequences, "max_sequences")),
-        max_pages_(ceil_div(checked_positive(max_tokens, "max_tokens"), plan.geometry.page_tokens)),
-        // Tokens that max_pages_ pages hold, saturated (ceil_div may round past INT64_MAX).
-        token_cap_(detail::mul_checked<std::int64_t>(max_pages_, P_)
-                       .value_or(std::numeric_limits<std::int64_t>::max())),
+        max_pages_(ceil_div(checked_max_tokens(max_tokens), plan.geometry.page_tokens)),
+        // Tokens that max_pages_ pages hold, at most what a 32-bit head length can count.
+        token_cap_(
+            std::min<std::int64_t>(max_pages_ * P_, std::numeric_limits<std::int32_t>::max())),
         rules_(plan.rules),
         pool_(upstream, page_layout<>(layer_geometry(plan)), num_pages) {
     auto SL = static_cast<std::size_t>(S_) * static_cast<std::size_t>(L_);
@@ -281,6 +282,16 @@ class unified_paging_baseline {
   }
 
  private:
+  /// Head lengths are 32-bit, and ceil_div(max_tokens, P) must not overflow: at most 2^31 - 1.
+  static std::int64_t checked_max_tokens(std::int64_t v) {
+    TANGRAM_EXPECTS(v >= 1 && v <= std::numeric_limits<std::int32_t>::max(),
+                    invalid_argument,
+                    "unified_paging_baseline.max_tokens: must be in [1, ",
+                    std::numeric_limits<std::int32_t>::max(),
+                    "], got ",
+                    v);
+    return v;
+  }
   template <class T>
   static T checked_positive(T v, char const* field) {
     TANGRAM_EXPECTS(

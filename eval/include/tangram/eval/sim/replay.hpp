@@ -474,8 +474,23 @@ inline replay_result replay(workload const& work,
       if (ss_of(s).state == phase::decode) decoders.push_back(s);
     while (!decoders.empty() && !timed([&] { return policy.decode(decoders); })) {
       // Out of pages (baselines only): preempt the latest admitted sequence and try again.
-      if (!make_room(-1))
-        TANGRAM_FAIL(logic_error, "replay: a decode step cannot run even with one sequence");
+      if (!make_room(-1)) {
+        // Alone on a pool with no idle session left, its answer still outgrows the memory: the
+        // session can never finish here, so it is given up like a turn that never fits at
+        // admission (counted in rejected_sessions), not the whole run.
+        std::int32_t s = decoders.front();
+        running.erase(std::find(running.begin(), running.end(), s));
+        timed([&] {
+          policy.release(s);
+          return 0;
+        });
+        ss_of(s).holds_kv = false;
+        --resident;
+        out.rejected_sessions += 1;
+        finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
+        ss_of(s).state = phase::done;
+        --active;
+      }
       decoders.erase(
           std::remove_if(
               decoders.begin(), decoders.end(), [&](std::int32_t s) { return !is_running(s); }),
