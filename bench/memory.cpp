@@ -193,7 +193,7 @@ void decode_step(benchmark::State& state) {
   m.set_batch(ids);
 
   // Baseline: layer-wide pages (vLLM style, one page table per layer), same batch and lengths.
-  unified_paging_baseline<> base(plan,
+  unified_paging_baseline base(plan,
                                  unified_mode::compressed_reclaim,
                                  mr,
                                  batch * (ceil_div(N + batch * 7 + T, 16) * plan.num_layers + 1),
@@ -264,8 +264,8 @@ void memory_efficiency(benchmark::State& state, std::string scorer, std::int64_t
     tangram_drawn     = m.stats().pages_drawn;
 
     std::int64_t layer_pages = ceil_div(context, 16) * plan.num_layers + 16;
-    unified_paging_baseline<> f(plan, unified_mode::full_kv, mr, layer_pages, 1, context);
-    unified_paging_baseline<> r(
+    unified_paging_baseline f(plan, unified_mode::full_kv, mr, layer_pages, 1, context);
+    unified_paging_baseline r(
         plan, unified_mode::compressed_reclaim, mr, layer_pages, 1, context);
     auto fs = *f.try_admit(), rs = *r.try_admit();
     for (std::int64_t n = 0; n < context; n += chunk) {

@@ -12,7 +12,7 @@ TEST_CASE("full-KV layer pages: ceil(n / P) pages per layer, nothing reclaimed",
           "[memory][baseline]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
-  unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, 100, 2, 64);
+  unified_paging_baseline b(plan, unified_mode::full_kv, mr, 100, 2, 64);
   CHECK(b.page_bytes() == 4 * 2 * 4 * 4 * 4);  // H * 2 * P * d * sizeof(f32) = 512
   auto s = *b.try_admit();
   for (auto c : {8, 8, 4}) REQUIRE(b.prefill_chunk(s, c));
@@ -31,7 +31,7 @@ TEST_CASE("compressed pages spanning a layer: allocate the chunk, then reclaim t
           "[memory][baseline]") {
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource mr;
-  unified_paging_baseline<> b(plan, unified_mode::compressed_reclaim, mr, 100, 2, 64);
+  unified_paging_baseline b(plan, unified_mode::compressed_reclaim, mr, 100, 2, 64);
   auto s = *b.try_admit();
   // Chunk 1 (n = 8): every layer gets ceil(8/4) = 2 pages; longest kept heads 6 (l0), 8 (sliding,
   // W 10), 8 (uncompressed), 5 (l3): still 2 pages each, nothing reclaimed.
@@ -71,7 +71,7 @@ TEST_CASE("compressed pages spanning a layer: allocate the chunk, then reclaim t
 TEST_CASE("running out of pages is a failed step, not an exception", "[memory][baseline]") {
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource mr;
-  unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, 6, 1, 64);
+  unified_paging_baseline b(plan, unified_mode::full_kv, mr, 6, 1, 64);
   auto s = *b.try_admit();
   CHECK_FALSE(b.prefill_chunk(s, 8));  // needs 8 pages
   CHECK(b.stats().failed_steps == 1);
@@ -101,8 +101,8 @@ TEST_CASE(
       t.expected_kept(id, chunk, kept.data());
       t.commit_chunk(id, kept);
     }
-    unified_paging_baseline<> full(plan, unified_mode::full_kv, mr, 100000, 1, C);
-    unified_paging_baseline<> reclaim(plan, unified_mode::compressed_reclaim, mr, 100000, 1, C);
+    unified_paging_baseline full(plan, unified_mode::full_kv, mr, 100000, 1, C);
+    unified_paging_baseline reclaim(plan, unified_mode::compressed_reclaim, mr, 100000, 1, C);
     auto f = *full.try_admit(), r = *reclaim.try_admit();
     for (std::int64_t n = 0; n < C; n += chunk) {
       REQUIRE(full.prefill_chunk(f, chunk));

@@ -4,6 +4,7 @@
 // page contents), sliding rings, the FlashInfer export, tensor parallelism and every misuse.
 #include "tangram/interop/flashinfer.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/tensor_parallel.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 
 #include <numeric>
@@ -335,12 +336,9 @@ TEST_CASE("the pool arena failure surfaces as out_of_memory at construction",
           "[memory][manager][resource]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource host;
-  limiting_resource_adaptor<host_memory_resource> lim(host, 100 * 256 - 1);
+  limiting_resource_adaptor lim(host, 100 * 256 - 1);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      (basic_kv_cache_manager<page_layout<>, limiting_resource_adaptor<host_memory_resource>>(
-          plan, lim, opts(100, 8))),
-      out_of_memory,
-      "25600 bytes");
+      (basic_kv_cache_manager<>(plan, lim, opts(100, 8))), out_of_memory, "25600 bytes");
   CHECK(lim.allocated_bytes() == 0);
   manager_options o = opts(0, 8);
   o.pool_bytes      = 255;
@@ -352,8 +350,7 @@ TEST_CASE("the pool arena failure surfaces as out_of_memory at construction",
       (basic_kv_cache_manager<page_layout<128>>(plan, sim, opts(10, 8))),
       invalid_argument,
       "head_dim is fixed to 128");
-  basic_kv_cache_manager<page_layout<4, 2, 4>, simulated_memory_resource> fixed(
-      plan, sim, opts(10, 8));
+  basic_kv_cache_manager<page_layout<4, 2, 4>> fixed(plan, sim, opts(10, 8));
   CHECK(fixed.pool().page_bytes() == 256);
 }
 

@@ -77,24 +77,21 @@ TEST_CASE("simulated resource hands out fake aligned addresses up to its capacit
 TEST_CASE("limiting adaptor injects arena failure; the pool throws out_of_memory and leaks nothing",
           "[memory][resource][pool]") {
   host_memory_resource host;
-  limiting_resource_adaptor<host_memory_resource> lim(host, 1000);
+  limiting_resource_adaptor lim(host, 1000);
   CHECK(lim.kind() == memory_kind::host);
   // 4 pages of 256 bytes = 1024 > 1000.
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      (page_pool<page_layout<>, limiting_resource_adaptor<host_memory_resource>>(
-          lim, page_layout<>(small_geometry()), 4)),
-      out_of_memory,
-      "1024 bytes",
-      "1000-byte limit");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL((page_pool<>(lim, page_layout<>(small_geometry()), 4)),
+                                  out_of_memory,
+                                  "1024 bytes",
+                                  "1000-byte limit");
   CHECK(lim.refusals() == 1);
   CHECK(lim.allocated_bytes() == 0);
   {
-    page_pool<page_layout<>, limiting_resource_adaptor<host_memory_resource>> ok(
-        lim, page_layout<>(small_geometry()), 3);
+    page_pool<> ok(lim, page_layout<>(small_geometry()), 3);
     CHECK(lim.allocated_bytes() == 768);
   }
   CHECK(lim.allocated_bytes() == 0);  // the destructor returned the arena
-  limiting_resource_adaptor<host_memory_resource> none(host, 0);
+  limiting_resource_adaptor none(host, 0);
   CHECK_THROWS_AS(none.allocate(1), out_of_memory);
 }
 
@@ -109,8 +106,7 @@ TEST_CASE("pool geometry, addresses and static layouts", "[memory][pool]") {
   CHECK(big.kind() == memory_kind::simulated);
   CHECK(big.page_ptr(10) - big.page_ptr(0) == 10 * 32768);
   CHECK(big.stats().available() == pages);
-  page_pool<page_layout<128, 4, 16>, simulated_memory_resource> fixed(
-      sim, page_layout<128, 4, 16>(g), 8);
+  page_pool<page_layout<128, 4, 16>> fixed(sim, page_layout<128, 4, 16>(g), 8);
   CHECK(fixed.page_bytes() == 32768);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(page_layout<64>(g), invalid_argument, "head_dim", "64", "128");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(

@@ -10,11 +10,15 @@
 #include "tangram/memory/detail/decode_buckets.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
 #include "tangram/memory/detail/head_lengths.hpp"
+#include "tangram/memory/detail/page_flow.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
 #include "tangram/memory/detail/page_usage.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/detail/turn_footprint.hpp"
+#include "tangram/memory/detail/view_assembly.hpp"
 #include "tangram/memory/detail/view_journal.hpp"
+#include "tangram/memory/memory_resource.hpp"
+#include "tangram/memory/page_pool.hpp"
 
 using namespace tangram;
 using namespace tangram::detail;
@@ -388,4 +392,215 @@ TEST_CASE("sequence_table and page_table_storage: turn and list checks", "[memor
   pt.expect_budget(0, 0);
   pt.budget(0, 0) = 0;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(pt.expect_budget(0, 0), logic_error, "beyond its reservation");
+}
+
+namespace {
+
+/// The parts page_flow moves pages between, over the tiny plan (P = 4), 3 slots, 256 pages.
+struct flow_fixture {
+  static_plan plan = tiny_plan(tiny_budgets(), 4);
+  group_lookup groups{plan};
+  sequence_table sequences{3};
+  page_table_storage table{3, groups.num_groups(), 256};
+  head_lengths lengths{3, groups.num_heads()};
+  decode_buckets buckets{3, groups.page_tokens(), groups.growing_groups()};
+  view_journal journal{1024, 3};
+  copy_on_write copies;
+  simulated_memory_resource mr;
+  page_pool<> pool{mr, page_layout<>(plan.geometry), 256};
+  manager_stats stats;
+  page_flow<page_pool<>> flow{
+      groups, sequences, table, lengths, buckets, journal, copies, pool, stats};
+  turn_footprint fp{groups.num_groups()};
+
+  /// A slot reserving `per_group` pages for every group (list capacity the same).
+  std::int32_t open(std::int64_t per_group, sequence_phase phase = sequence_phase::decode) {
+    fp.clear();
+    for (std::int32_t g = 0; g < groups.num_groups(); ++g) fp.add(g, per_group, 0, 0, per_group, 0);
+    auto s = sequences.take(phase, std::move(*pool.try_reserve(fp.reserve_total())));
+    table.open(s, fp);
+    return s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("page_flow: draws charge budgets and the reservation; tails release as surplus",
+          "[memory][parts]") {
+  flow_fixture f;
+  auto s = f.open(3);
+  auto G = f.groups.num_groups();
+  CHECK(f.sequences[s].reservation.pages() == 3 * G);
+  f.flow.grow_to(s, 0, 3);
+  CHECK(f.table.count(s, 0) == 3);
+  CHECK(f.table.budget(s, 0) == 0);
+  CHECK(f.sequences[s].reservation.pages() == 3 * G - 3);
+  CHECK(f.stats.pages_drawn == 3);
+  CHECK(f.pool.stats().used == 3);
+  CHECK(f.journal.changes().num_page_entries == 3);  // each new entry is journaled
+  f.flow.grow_to(s, 0, 2);                           // already holds more: nothing
+  CHECK(f.stats.pages_drawn == 3);
+  // Beyond the group's budget is an internal inconsistency; nothing changes.
+  REQUIRE_THROWS_AS(f.flow.grow_to(s, 0, 4), logic_error);
+  CHECK(f.table.count(s, 0) == 3);
+  CHECK(f.sequences[s].reservation.pages() == 3 * G - 3);
+
+  // Pages at positions >= 2 were drawn by "this chunk": the last is reclaimed, the other not.
+  f.flow.release_tail(s, 0, 1, 2);
+  CHECK(f.table.count(s, 0) == 1);
+  CHECK(f.stats.surplus_pages_released == 2);
+  CHECK(f.stats.reclaimed_pages == 1);
+  CHECK(f.pool.stats().used == 1);
+  f.flow.release_all(s);
+  CHECK(f.pool.stats().used == 0);
+
+  // The page-id arena: room up to its free entries, none beyond.
+  CHECK(f.flow.make_index_room(256 - 3 * G));
+  CHECK_FALSE(f.flow.make_index_room(256 - 3 * G + 1));
+  CHECK(f.stats.index_compactions == 0);
+}
+
+TEST_CASE("page_flow: copy-on-write of shared pages, fork sharing, decode growth",
+          "[memory][parts]") {
+  flow_fixture f;
+  auto growing = f.groups.growing_groups()[0];
+  auto sliding = f.groups.sliding_groups()[0];
+  auto s       = f.open(6);
+  f.flow.grow_to(s, growing, 3);
+  auto p0 = f.table.entry(s, growing, 0), p1 = f.table.entry(s, growing, 1),
+       p2 = f.table.entry(s, growing, 2);
+
+  // Fork: the first page shared, the next two (still written) copied into drawn pages.
+  auto c                            = f.open(6);
+  f.table.longest_base(s, growing)  = 9;
+  f.table.shortest_base(s, growing) = 4;
+  f.flow.share_into_fork(s, c, growing, 1, 3);
+  REQUIRE(f.table.count(c, growing) == 3);
+  CHECK(f.table.entry(c, growing, 0) == p0);
+  CHECK(f.table.longest_base(c, growing) == 9);
+  CHECK(f.table.shortest_base(c, growing) == 4);
+  CHECK(f.pool.ref_count(p0) == 2);
+  CHECK(f.pool.ref_count(p1) == 2);  // held by the pending copy until the engine copied
+  auto d1 = f.table.entry(c, growing, 1), d2 = f.table.entry(c, growing, 2);
+  CHECK(f.pool.ref_count(d1) == 2);
+  REQUIRE(f.copies.pending().size() == 2);
+  CHECK(f.copies.pending()[0] == page_copy{p1, d1});
+  CHECK(f.copies.pending()[1] == page_copy{p2, d2});
+  CHECK(f.stats.page_copies == 2);
+  f.copies.complete(f.pool);
+  CHECK(f.pool.ref_count(p1) == 1);
+  CHECK(f.pool.ref_count(d1) == 1);
+
+  // A new turn of s overwrites its first pages: without may_share nothing is scanned.
+  f.flow.copy_shared_head(s, growing, 3);
+  CHECK(f.copies.pending().empty());
+  f.sequences[s].may_share = true;
+  f.flow.copy_shared_head(s, growing, 3);  // only p0 is shared (with c)
+  REQUIRE(f.copies.pending().size() == 1);
+  auto fresh = f.table.entry(s, growing, 0);
+  CHECK(fresh != p0);
+  CHECK(f.copies.pending()[0] == page_copy{p0, fresh});
+  CHECK(f.pool.ref_count(p0) == 2);     // c's reference and the copy's (moved from s)
+  CHECK(f.pool.ref_count(fresh) == 2);  // s's list and the copy
+  CHECK(f.table.entry(s, growing, 1) == p1);
+
+  // Decode: a group whose longest head ends on a page boundary starts a page with the next
+  // token; a sliding ring grows when the token count crosses a page.
+  auto d = f.open(6);
+  for (auto g : f.groups.growing_groups()) {
+    f.flow.grow_to(d, g, 1);
+    f.table.longest_base(d, g) = g == growing ? 4 : 3;
+  }
+  for (auto g : f.groups.sliding_groups()) f.flow.grow_to(d, g, 1);
+  f.lengths.tokens(d) = 4;
+  f.flow.rebuild_buckets(d);
+  f.flow.append_decode_token(d);
+  CHECK(f.lengths.appended(d) == 1);
+  CHECK(f.lengths.tokens(d) == 5);
+  CHECK(f.sequences[d].decoded == 1);
+  CHECK(f.table.count(d, growing) == 2);  // 4 + 1 tokens: 2 pages
+  for (auto g : f.groups.growing_groups())
+    if (g != growing) CHECK(f.table.count(d, g) == 1);  // 3 + 1 tokens: still 1 page
+  CHECK(f.table.count(d, sliding) == 2);
+  f.flow.append_decode_token(d);  // 3 + 2 = 5 tokens: the other groups start their second page
+  for (auto g : f.groups.growing_groups()) CHECK(f.table.count(d, g) == 2);
+  CHECK(f.table.count(d, sliding) == 2);
+}
+
+TEST_CASE("page_table_storage turns, head_lengths commit, view assembly", "[memory][parts]") {
+  flow_fixture f;
+  auto s = f.open(4, sequence_phase::prefill);
+  f.flow.grow_to(s, 0, 2);
+  f.fp.clear();
+  for (std::int32_t g = 0; g < f.groups.num_groups(); ++g) f.fp.add(g, 5, 2, 0, 5, 4);
+  f.table.start_turn(s, f.fp);
+  CHECK(f.table.target(s, 0) == 5);
+  CHECK(f.table.budget(s, 0) == 3);
+  CHECK(f.table.count_before_chunk(s, 0) == 2);
+  f.table.end_turn(s);
+  CHECK(f.table.budget(s, 0) == 0);
+  CHECK(f.table.target(s, 0) == 2);  // the list as it is
+  CHECK(f.table.target(s, 1) == 0);
+
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(f.groups.num_heads()));
+  for (std::size_t h = 0; h < kept.size(); ++h) kept[h] = static_cast<std::int32_t>(h + 1);
+  f.lengths.appended(s) = 7;
+  f.lengths.commit_chunk(s, kept.data(), 30, [](std::int32_t h) { return h == 5; });
+  CHECK(f.lengths.base(s)[4] == 5);
+  CHECK(f.lengths.base(s)[5] == 0);  // a sliding head's length is the token count
+  CHECK(f.lengths.appended(s) == 0);
+  CHECK(f.lengths.tokens(s) == 30);
+
+  batch_membership batch(4, 3);
+  sequence_id id{s, f.sequences[s].generation};
+  batch.set(&id, 1, f.sequences);
+  auto v = assemble_view(f.pool.base(), f.plan.geometry, f.groups, f.table, f.lengths, batch);
+  CHECK(v.pool == f.pool.base());
+  CHECK(v.num_groups == f.groups.num_groups());
+  CHECK(v.batch_size == 1);
+  CHECK(v.batch_slots[0] == s);
+  CHECK(v.seq_tokens[s] == 30);
+  CHECK(v.pages[v.page_offset[s * v.num_groups]] == f.table.entry(s, 0, 0));
+  auto e = assemble_extents(2, f.groups, f.table, batch);
+  CHECK(e.page_offset == 2 * f.groups.num_groups());
+  CHECK(e.head_base_len == 2 * f.groups.num_heads());
+  CHECK(e.pages == 256);
+  CHECK(e.batch == 1);
+  auto i = assemble_info(id, s, f.sequences, f.lengths, f.table);
+  CHECK(i.phase == sequence_phase::prefill);
+  CHECK(i.seq_tokens == 30);
+  CHECK(i.held_pages == 2);
+  CHECK(i.reserved_pages == f.sequences[s].reservation.pages());
+}
+
+TEST_CASE("copy_on_write::execute_host copies host pages and refuses other memory",
+          "[memory][parts]") {
+  host_memory_resource host;
+  page_pool<> pool(host, page_layout<>(page_geometry{2, 1, 4, dtype::f32}), 4);
+  auto a = *pool.try_allocate(), b = *pool.try_allocate(), c = *pool.try_allocate();
+  auto bytes = static_cast<std::size_t>(pool.page_bytes());
+  std::fill_n(pool.base() + a * static_cast<std::ptrdiff_t>(bytes), bytes, std::byte{7});
+  std::fill_n(pool.base() + b * static_cast<std::ptrdiff_t>(bytes), bytes, std::byte{0});
+  copy_on_write cow;
+  cow.reserve(1);
+  pool.retain(a);
+  pool.retain(b);
+  cow.record(a, b);
+  cow.execute_host(pool);
+  CHECK(std::all_of(pool.base() + b * static_cast<std::ptrdiff_t>(bytes),
+                    pool.base() + (b + 1) * static_cast<std::ptrdiff_t>(bytes),
+                    [](std::byte x) { return x == std::byte{7}; }));
+  CHECK(cow.pending().empty());
+  CHECK(pool.ref_count(a) == 1);
+  CHECK(pool.ref_count(b) == 1);
+
+  simulated_memory_resource sim;
+  page_pool<> fake(sim, page_layout<>(page_geometry{2, 1, 4, dtype::f32}), 4);
+  auto x = *fake.try_allocate(), y = *fake.try_allocate();
+  fake.retain(x);
+  fake.retain(y);
+  cow.record(x, y);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(cow.execute_host(fake), logic_error, "simulated memory");
+  CHECK(cow.pending().size() == 1);  // nothing done
+  (void)c;
 }

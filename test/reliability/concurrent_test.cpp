@@ -16,6 +16,7 @@
 
 #include "../memory/memory_fixtures.hpp"
 #include "tangram/memory/concurrent_kv_cache.hpp"
+#include "tangram/memory/tensor_parallel.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

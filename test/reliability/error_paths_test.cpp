@@ -216,16 +216,16 @@ TEST_CASE("resources, geometry, segment arena and baseline name the field and th
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource mr;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      unified_paging_baseline<>(plan, unified_mode::full_kv, mr, 16, 0, 64),
+      unified_paging_baseline(plan, unified_mode::full_kv, mr, 16, 0, 64),
       invalid_argument,
       "unified_paging_baseline.max_sequences",
       "got 0");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      unified_paging_baseline<>(plan, unified_mode::full_kv, mr, 16, 2, -1),
+      unified_paging_baseline(plan, unified_mode::full_kv, mr, 16, 2, -1),
       invalid_argument,
       "unified_paging_baseline.max_tokens",
       "got -1");
-  unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, 64, 2, 16);
+  unified_paging_baseline b(plan, unified_mode::full_kv, mr, 64, 2, 16);
   auto s = *b.try_admit();
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       (void)b.prefill_chunk(s, 17), logic_error, "chunk of 17 tokens", "max 16");

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_pool.hpp"
-#include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "test_support.hpp"
 
@@ -94,27 +94,25 @@ inline std::int64_t run_resource_faults(static_plan const& plan,
   std::int64_t faults = 0;
 
   // 1. A limiting adaptor below the arena: limits 0, 1, one byte short and a random one.
-  using limited = limiting_resource_adaptor<memory_resource>;
   std::vector<std::size_t> limits{0, 1, arena - 1, static_cast<std::size_t>(rng() % arena)};
   for (auto limit : limits) {
-    limited lim(base, limit);
-    expect_out_of_memory([&] { basic_kv_cache_manager<page_layout<>, limited> m(plan, lim, o); },
+    limiting_resource_adaptor lim(base, limit);
+    expect_out_of_memory([&] { basic_kv_cache_manager<> m(plan, lim, o); },
                          std::to_string(arena) + " bytes");
     REQUIRE(lim.allocated_bytes() == 0);
     REQUIRE(lim.refusals() == 1);
     ++faults;
   }
   {
-    limited lim(base, arena);  // exactly enough
+    limiting_resource_adaptor lim(base, arena);  // exactly enough
     {
-      basic_kv_cache_manager<page_layout<>, limited> m(plan, lim, o);
+      basic_kv_cache_manager<> m(plan, lim, o);
       REQUIRE(lim.allocated_bytes() == arena);
       auto id = m.try_admit(1, 1);
       REQUIRE(id.has_value());
       m.free(*id);
       // A second manager does not fit under the same limit, and leaves the first untouched.
-      expect_out_of_memory([&] { basic_kv_cache_manager<page_layout<>, limited> m2(plan, lim, o); },
-                           "limit");
+      expect_out_of_memory([&] { basic_kv_cache_manager<> m2(plan, lim, o); }, "limit");
       ++faults;
       REQUIRE(lim.allocated_bytes() == arena);
       m.check_invariants();
@@ -169,7 +167,7 @@ inline std::int64_t run_resource_faults(static_plan const& plan,
   {
     failing_resource fr(base, 1);
     expect_out_of_memory(
-        [&] { unified_paging_baseline<> b(plan, unified_mode::full_kv, fr, 16, 2, 256); },
+        [&] { unified_paging_baseline b(plan, unified_mode::full_kv, fr, 16, 2, 256); },
         "allocation 1");
     REQUIRE(fr.outstanding_blocks() == 0);
     ++faults;

@@ -193,7 +193,7 @@ TEST_CASE("the unified-paging baseline's tables are bounded by the pool, not max
   std::int64_t const pages = 100;
   std::int32_t const seqs  = 2;
   // 2^22 tokens: the old table took 2 x 4 x 2^20 x 4 bytes = 32 MiB for a 100-page pool.
-  unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, pages, seqs, std::int64_t{1} << 22);
+  unified_paging_baseline b(plan, unified_mode::full_kv, mr, pages, seqs, std::int64_t{1} << 22);
   // Per page one link, per (sequence, layer) a top and a count, per (sequence, layer, head) a
   // length, per sequence a token count, a liveness flag and a free-slot entry.
   std::size_t bound =
@@ -225,7 +225,7 @@ TEST_CASE("the baseline refuses chunks that overflow and decodes past max_tokens
           "[regression][baseline]") {
   auto plan = test::tiny_plan(test::tiny_budgets());
   simulated_memory_resource mr;
-  unified_paging_baseline<> b(plan, unified_mode::full_kv, mr, 100, 2, 8);  // 2 pages of P = 4
+  unified_paging_baseline b(plan, unified_mode::full_kv, mr, 100, 2, 8);  // 2 pages of P = 4
   auto s = *b.try_admit();
   REQUIRE(b.prefill_chunk(s, 4));
   TANGRAM_REQUIRE_THROWS_WITH_ALL(b.prefill_chunk(s, INT64_MAX), logic_error, "prefill_chunk");
@@ -295,12 +295,12 @@ TEST_CASE("the baseline refuses max_tokens beyond a 32-bit head length", "[regre
   for (std::int64_t bad : {std::int64_t{0}, std::int64_t{1} << 31, INT64_MAX}) {
     INFO(bad);
     TANGRAM_REQUIRE_THROWS_WITH_ALL(
-        (unified_paging_baseline<>(plan, unified_mode::full_kv, mr, 100, 2, bad)),
+        (unified_paging_baseline(plan, unified_mode::full_kv, mr, 100, 2, bad)),
         invalid_argument,
         "unified_paging_baseline.max_tokens",
         "2147483647");
   }
-  unified_paging_baseline<> ok(
+  unified_paging_baseline ok(
       plan, unified_mode::full_kv, mr, 100, 2, (std::int64_t{1} << 31) - 1);
   CHECK(ok.try_admit().has_value());
 }

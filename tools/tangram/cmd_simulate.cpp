@@ -211,7 +211,7 @@ int cmd_simulate(args& a, streams io) {
   // Every policy's pool must hold between one page and as many as a page id can number; the
   // smallest page (Tangram's head-group page) gives the most pages.
   for (double page : {static_cast<double>(plan.page_bytes()),
-                      static_cast<double>(unified_paging_baseline<>::layer_geometry(plan).page_bytes())}) {
+                      static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes())}) {
     double pages = std::floor(kv_bytes / page);
     if (pages < 1 || pages > static_cast<double>(page_pool<page_layout<>>::max_pages))
       throw usage_error(cat("--gpu-mem: ", gpu_mem_text, " GB x ", usable, " - ", model.weight_bytes / 1e9,

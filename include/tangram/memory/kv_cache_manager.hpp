@@ -6,7 +6,7 @@
  * with copy-on-write, and the batch view the kernels and the CPU reference read.
  *
  * One manager per tensor-parallel rank, built over that rank's `static_plan`; `try_admit_all`
- * admits a request on every rank or on none.
+ * (memory/tensor_parallel.hpp) admits a request on every rank or on none.
  *
  * Per step, an engine calls (see docs/memory.md for the full protocol):
  * - `try_admit(N, T)` once per request: reserves the exact footprint M(r) or answers "does not
@@ -30,14 +30,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <optional>
-#include <string>
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/detail/str.hpp"
 #include "tangram/error.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
 #include "tangram/memory/detail/chunk_rules.hpp"
@@ -47,10 +43,12 @@
 #include "tangram/memory/detail/head_lengths.hpp"
 #include "tangram/memory/detail/manager_checks.hpp"
 #include "tangram/memory/detail/manager_invariants.hpp"
+#include "tangram/memory/detail/page_flow.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
 #include "tangram/memory/detail/page_usage.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/detail/turn_footprint.hpp"
+#include "tangram/memory/detail/view_assembly.hpp"
 #include "tangram/memory/detail/view_journal.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 #include "tangram/memory/kv_view.hpp"
@@ -85,6 +83,8 @@ struct kv_cache_manager_test_access;
  * | copy_on_write          | pending page copies and their page references                   |
  * | batch_membership       | the batch: slots and generations of its requests                |
  * | view_journal           | view entries and slot rows changed since the last upload        |
+ * | page_flow              | every page move: draws, releases, sharing, copies, decode append |
+ * | view_assembly          | the view and its extents over the parts' arrays                 |
  *
  * Every operation validates its arguments and sizes its work first (the only throwing part),
  * then applies it through the parts' noexcept mutators: an operation that throws or answers
@@ -92,17 +92,16 @@ struct kv_cache_manager_test_access;
  *
  * @tparam Layout   page geometry type of the pool (`page_layout<>` dynamic by default; a static
  *                  layout must agree with the plan's geometry).
- * @tparam Upstream resource type the pool's arena comes from (`memory_resource` by default).
  *
  * Ownership: owns its pool (and so the arena, returned to `upstream` at destruction) and every
  * host array of the view; `upstream` must outlive the manager. All arrays are sized at
  * construction: admission, chunk, decode and free never allocate memory (fork and continue_turn
  * may grow the pending-copy list). Not copyable or movable.
  */
-template <class Layout = page_layout<>, class Upstream = memory_resource>
+template <class Layout = page_layout<>>
 class basic_kv_cache_manager {
  public:
-  using pool_type = page_pool<Layout, Upstream>;
+  using pool_type = page_pool<Layout>;
 
   /**
    * @brief Builds the manager and takes the pool's arena from `upstream`.
@@ -110,7 +109,7 @@ class basic_kv_cache_manager {
    * @throw out_of_memory when the upstream cannot provide the arena.
    */
   basic_kv_cache_manager(static_plan const& plan,
-                         Upstream& upstream,
+                         memory_resource& upstream,
                          manager_options const& options)
       : plan_(detail::checked_plan(plan)),
         options_(detail::checked_options(options, plan)),
@@ -124,6 +123,8 @@ class basic_kv_cache_manager {
         journal_(options_.max_view_changes, options_.max_sequences),
         footprint_(groups_.num_groups()),
         usage_(groups_, sequences_, page_table_, lengths_, pool_),
+        flow_(
+            groups_, sequences_, page_table_, lengths_, buckets_, journal_, copies_, pool_, stats_),
         chunk_need_(static_cast<std::size_t>(groups_.num_groups()), 0) {}
 
   basic_kv_cache_manager(basic_kv_cache_manager const&)            = delete;
@@ -169,7 +170,7 @@ class basic_kv_cache_manager {
     usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
     std::int64_t pages = footprint_.reserve_total();
     if (sequences_.full() || pages > pool_.available_pages() ||
-        !ensure_index_room(footprint_.capacity_total())) {
+        !flow_.make_index_room(footprint_.capacity_total())) {
       ++stats_.rejected;
       return std::nullopt;
     }
@@ -216,7 +217,7 @@ class basic_kv_cache_manager {
     }
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       page_table_.count_before_chunk(s, g) = page_table_.count(s, g);
-      while (page_table_.count(s, g) < chunk_need_[static_cast<std::size_t>(g)]) draw_into(s, g);
+      flow_.grow_to(s, g, chunk_need_[static_cast<std::size_t>(g)]);
     }
     st.chunk_pending = chunk_tokens;
   }
@@ -266,28 +267,13 @@ class basic_kv_cache_manager {
       auto kind = plan_.rules[static_cast<std::size_t>(h)].kind;
       detail::check_kept(kind, kept[h], expected_kept_of(s, h, n, c), n, s, h / H, h % H);
     }
-    auto* base = lengths_.base(s);
-    for (std::int32_t h = 0; h < heads; ++h)
-      base[h] =
-          plan_.rules[static_cast<std::size_t>(h)].kind == layer_kind::sliding_window ? 0 : kept[h];
-    lengths_.appended(s) = 0;
-    lengths_.tokens(s)   = static_cast<std::int32_t>(n);
+    lengths_.commit_chunk(s, kept, static_cast<std::int32_t>(n), [&](std::int32_t h) {
+      return plan_.rules[static_cast<std::size_t>(h)].kind == layer_kind::sliding_window;
+    });
     st.prompt_remaining -= c;
     st.chunk_pending = 0;
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      refresh_base_range(s, g);
-      // Pages beyond this turn's target hold nothing the turn will need again: decode tokens of
-      // the previous turn that this recompression dropped.
-      while (page_table_.count(s, g) > page_table_.target(s, g)) {
-        page_id p = page_table_.pop(s, g);
-        if (page_table_.count(s, g) >= page_table_.count_before_chunk(s, g))
-          ++stats_.reclaimed_pages;
-        ++stats_.surplus_pages_released;
-        pool_.release(p);
-      }
-    }
     if (st.prompt_remaining == 0) st.phase = sequence_phase::decode;
-    rebuild_buckets(s);
+    flow_.settle_after_chunk(s);
     journal_.note_slot(s);
   }
 
@@ -338,7 +324,7 @@ class basic_kv_cache_manager {
   void decode_step() {
     check_batch_live("decode_step");
     for (std::int32_t r = 0; r < batch_.size(); ++r) sequences_.expect_decode_room(batch_.slot(r));
-    for (std::int32_t r = 0; r < batch_.size(); ++r) append_one(batch_.slot(r));
+    for (std::int32_t r = 0; r < batch_.size(); ++r) flow_.append_decode_token(batch_.slot(r));
   }
 
   // ===== turns, forks, free =====================================================================
@@ -356,15 +342,9 @@ class basic_kv_cache_manager {
                             "end_turn",
                             "; a turn ends after its prompt is prefilled");
     pool_.release_unused(st.reservation);
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      auto in_use = usage_.in_use(s, g);
-      while (page_table_.count(s, g) > in_use) {
-        ++stats_.surplus_pages_released;
-        pool_.release(page_table_.pop(s, g));
-      }
-      page_table_.budget(s, g) = 0;
-      page_table_.target(s, g) = page_table_.count(s, g);
-    }
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
+      flow_.release_tail(s, g, usage_.in_use(s, g));
+    page_table_.end_turn(s);
     st.phase = sequence_phase::ended;
   }
 
@@ -395,7 +375,7 @@ class basic_kv_cache_manager {
     std::int64_t pages = footprint_.reserve_total();
     bool relocate      = footprint_.grows_capacity();
     if (pages > pool_.available_pages() ||
-        (relocate && !ensure_index_room(footprint_.capacity_total()))) {
+        (relocate && !flow_.make_index_room(footprint_.capacity_total()))) {
       ++stats_.continue_rejected;
       return false;
     }
@@ -406,25 +386,10 @@ class basic_kv_cache_manager {
       journal_.note_full_resync();
     }
     (void)pool_.try_extend(st.reservation, pages);
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      page_table_.target(s, g)             = static_cast<std::int32_t>(footprint_.target(g));
-      page_table_.budget(s, g)             = static_cast<std::int32_t>(footprint_.reserve(g));
-      page_table_.count_before_chunk(s, g) = page_table_.count(s, g);
-      // Only a forked sequence can share pages; the scan is skipped for everyone else, which
-      // keeps continue_turn O(groups) on the common path.
-      std::int64_t keep = std::min<std::int64_t>(page_table_.count(s, g), footprint_.target(g));
-      for (std::int64_t p = 0; st.may_share && p < keep; ++p) {
-        page_id src = page_table_.entry(s, g, p);
-        if (pool_.ref_count(src) == 1) continue;
-        // Shared with a fork and about to be overwritten by the recompression: copy on write.
-        // Our reference moves to the pending copy, which releases it once the engine copied.
-        page_id dst = draw_page(s, g);
-        pool_.retain(dst);
-        journal_.note_entry(page_table_.set_entry(s, g, p, dst));
-        copies_.record(src, dst);
-        ++stats_.page_copies;
-      }
-    }
+    page_table_.start_turn(s, footprint_);
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
+      flow_.copy_shared_head(
+          s, g, std::min<std::int64_t>(page_table_.count(s, g), footprint_.target(g)));
     st.phase            = sequence_phase::prefill;
     st.prompt_remaining = prompt_tokens;
     st.chunk_pending    = 0;
@@ -454,7 +419,7 @@ class basic_kv_cache_manager {
     usage_.size_turn(detail::turn_kind::fork, s, 0, 0, footprint_);
     std::int64_t pages = footprint_.reserve_total();
     if (sequences_.full() || pages > pool_.available_pages() ||
-        !ensure_index_room(footprint_.capacity_total())) {
+        !flow_.make_index_room(footprint_.capacity_total())) {
       ++stats_.fork_rejected;
       return std::nullopt;
     }
@@ -464,30 +429,13 @@ class basic_kv_cache_manager {
     auto& ps       = sequences_[s];
     auto& cs       = sequences_[c];
     page_table_.open(c, footprint_);
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      page_table_.longest_base(c, g)  = page_table_.longest_base(s, g);
-      page_table_.shortest_base(c, g) = page_table_.shortest_base(s, g);
-      auto shared = usage_.shareable(s, g), in_use = usage_.in_use(s, g);
-      for (std::int64_t p = 0; p < shared; ++p) {
-        page_id pg = page_table_.entry(s, g, p);
-        pool_.retain(pg);
-        journal_.note_entry(page_table_.push(c, g, pg));
-      }
-      for (std::int64_t p = shared; p < in_use; ++p) {
-        page_id src = page_table_.entry(s, g, p);
-        page_id dst = draw_page(c, g);
-        journal_.note_entry(page_table_.push(c, g, dst));
-        pool_.retain(src);
-        pool_.retain(dst);
-        copies_.record(src, dst);
-        ++stats_.page_copies;
-      }
-    }
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
+      flow_.share_into_fork(s, c, g, usage_.shareable(s, g), usage_.in_use(s, g));
     lengths_.copy(s, c);
     cs.max_new   = ps.max_new;
     cs.decoded   = ps.decoded;
     cs.may_share = ps.may_share = true;
-    rebuild_buckets(c);
+    flow_.rebuild_buckets(c);
     journal_.note_slot(c);
     ++stats_.forks;
     return sequence_id{c, cs.generation};
@@ -502,9 +450,7 @@ class basic_kv_cache_manager {
    */
   void free(sequence_id seq) {
     std::int32_t s = sequences_.find(seq, "free");
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
-      for (std::int32_t p = 0; p < page_table_.count(s, g); ++p)
-        pool_.release(page_table_.entry(s, g, p));
+    flow_.release_all(s);
     page_table_.close(s);
     pool_.release_unused(sequences_[s].reservation);
     lengths_.appended(s) = lengths_.tokens(s) = 0;
@@ -526,16 +472,7 @@ class basic_kv_cache_manager {
 
   /// @brief For a host pool: performs the pending copies with memcpy, then completes them.
   /// @throw logic_error when the pool is not host memory.
-  void execute_page_copies_host() {
-    TANGRAM_EXPECTS(pool_.kind() == memory_kind::host,
-                    logic_error,
-                    "execute_page_copies_host: the pool is ",
-                    to_string(pool_.kind()),
-                    " memory; the engine must copy the pages itself");
-    copy_pages_host(
-        pool_.base(), pool_.page_bytes(), copies_.pending().data(), copies_.pending().size());
-    complete_page_copies();
-  }
+  void execute_page_copies_host() { copies_.execute_host(pool_); }
 
   // ===== views ==================================================================================
 
@@ -547,37 +484,13 @@ class basic_kv_cache_manager {
    */
   [[nodiscard]] kv_cache_view view() const {
     check_batch_live("view");
-    kv_cache_view v;
-    v.pool             = pool_.base();
-    v.geometry         = plan_.geometry;
-    v.num_layers       = groups_.num_layers();
-    v.num_kv_heads     = groups_.num_kv_heads();
-    v.num_groups       = groups_.num_groups();
-    v.head_slots       = groups_.head_slots();
-    v.group_window     = groups_.windows();
-    v.group_ring_pages = groups_.ring_page_counts();
-    v.page_offset      = page_table_.offsets();
-    v.pages            = page_table_.pages();
-    v.head_base_len    = lengths_.base_array();
-    v.appended         = lengths_.appended_array();
-    v.seq_tokens       = lengths_.tokens_array();
-    v.batch_size       = batch_.size();
-    v.batch_slots      = batch_.slots();
-    return v;
+    return detail::assemble_view(
+        pool_.base(), plan_.geometry, groups_, page_table_, lengths_, batch_);
   }
 
   /// @brief Element counts of the arrays behind `view()`, for mirroring them on a device.
   [[nodiscard]] kv_view_extents view_extents() const noexcept {
-    std::int64_t S = sequences_.size(), heads = groups_.num_heads();
-    kv_view_extents e;
-    e.head_slots    = heads;
-    e.groups        = groups_.num_groups();
-    e.page_offset   = S * groups_.num_groups();
-    e.pages         = page_table_.arena_entries();
-    e.head_base_len = S * heads;
-    e.slots         = S;
-    e.batch         = batch_.size();
-    return e;
+    return detail::assemble_extents(sequences_.size(), groups_, page_table_, batch_);
   }
 
   /// @brief Changes to `pages`, `page_offset` and `head_base_len` since the last
@@ -594,20 +507,8 @@ class basic_kv_cache_manager {
 
   /// @throw logic_error for an unknown sequence.
   [[nodiscard]] sequence_info info(sequence_id seq) const {
-    std::int32_t s = sequences_.find(seq, "info");
-    auto const& st = sequences_[s];
-    sequence_info i;
-    i.id               = seq;
-    i.phase            = st.phase;
-    i.seq_tokens       = lengths_.tokens(s);
-    i.appended         = lengths_.appended(s);
-    i.prompt_remaining = st.prompt_remaining;
-    i.chunk_pending    = st.chunk_pending;
-    i.max_new          = st.max_new;
-    i.decoded          = st.decoded;
-    i.reserved_pages   = st.reservation.pages();
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) i.held_pages += page_table_.count(s, g);
-    return i;
+    return detail::assemble_info(
+        seq, sequences_.find(seq, "info"), sequences_, lengths_, page_table_);
   }
 
   /// Tokens held by head (layer, head) of `seq`. @throw logic_error for an unknown sequence.
@@ -668,8 +569,6 @@ class basic_kv_cache_manager {
     return s;
   }
 
-  // ----- lengths and pages -------------------------------------------------------------------
-
   /// Expected kept count of flat head h after the history reaches n with a chunk of c tokens.
   [[nodiscard]] std::int64_t expected_kept_of(std::int32_t s,
                                               std::int32_t h,
@@ -677,74 +576,6 @@ class basic_kv_cache_manager {
                                               std::int64_t c) const noexcept {
     return detail::expected_kept(
         plan_.rules[static_cast<std::size_t>(h)], lengths_.held(s, h), n, c);
-  }
-  /// Longest and shortest base length of group g's heads (0 for a sliding ring).
-  void refresh_base_range(std::int32_t s, std::int32_t g) noexcept {
-    std::int32_t longest = 0, shortest = 0;
-    if (!groups_.is_sliding(g)) {
-      auto const* base = lengths_.base(s);
-      shortest         = std::numeric_limits<std::int32_t>::max();
-      for (auto const* m = groups_.members_begin(g); m != groups_.members_end(g); ++m) {
-        longest  = std::max(longest, base[*m]);
-        shortest = std::min(shortest, base[*m]);
-      }
-    }
-    page_table_.longest_base(s, g)  = longest;
-    page_table_.shortest_base(s, g) = shortest;
-  }
-  void rebuild_buckets(std::int32_t s) noexcept {
-    buckets_.rebuild(
-        s, [&](std::int32_t g) { return groups_.mod_page(page_table_.longest_base(s, g)); });
-  }
-
-  // ----- turns -------------------------------------------------------------------------------
-
-  /// True when a segment of `size` entries can be placed (repacking the arena if needed, which
-  /// moves no logical state but makes the engine upload the whole view).
-  bool ensure_index_room(std::int64_t size) noexcept {
-    if (!page_table_.has_room(size)) return false;
-    if (size > 0 && page_table_.needs_compaction(size)) {
-      page_table_.compact();
-      journal_.note_full_resync();
-      ++stats_.index_compactions;
-    }
-    return true;
-  }
-
-  // ----- drawing pages -----------------------------------------------------------------------
-
-  page_id draw_page(std::int32_t s, std::int32_t g) {
-    page_table_.expect_budget(s, g);
-    page_id p = pool_.draw(sequences_[s].reservation);
-    --page_table_.budget(s, g);
-    ++stats_.pages_drawn;
-    return p;
-  }
-  void draw_into(std::int32_t s, std::int32_t g) {
-    page_id p = draw_page(s, g);
-    journal_.note_entry(page_table_.push(s, g, p));
-  }
-
-  /// One decode token for slot s (validated by the caller).
-  void append_one(std::int32_t s) {
-    auto a = ++lengths_.appended(s);
-    auto n = ++lengths_.tokens(s);
-    ++sequences_[s].decoded;
-    std::int32_t P = groups_.page_tokens();
-    std::int32_t b = groups_.mod_page(P + 1 - groups_.mod_page(a));  // (1 - a) mod P
-    // The bucket's end is read once: drawing a page writes int32 arrays the compiler would
-    // otherwise have to assume alias it.
-    auto const* end = buckets_.bucket_end(s, b);
-    for (auto const* g = buckets_.bucket_begin(s, b); g != end; ++g) {
-      auto need = groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, *g)) + a);
-      if (need > page_table_.count(s, *g)) draw_into(s, *g);
-    }
-    if (!groups_.sliding_groups().empty() && groups_.mod_page(n - 1) == 0) {
-      for (auto g : groups_.sliding_groups()) {
-        auto need = std::min<std::int64_t>(groups_.pages_for(n), groups_.ring_pages(g));
-        if (need > page_table_.count(s, g)) draw_into(s, g);
-      }
-    }
   }
 
   static_plan plan_;
@@ -760,34 +591,12 @@ class basic_kv_cache_manager {
   detail::copy_on_write copies_;
   detail::turn_footprint footprint_;
   detail::page_usage<pool_type> usage_;
+  detail::page_flow<pool_type> flow_;
   std::vector<std::int64_t> chunk_need_;  ///< prepare_chunk: pages each group needs after it
   manager_stats stats_;
 };
 
 /// @brief The manager with dynamic page extents over any `memory_resource`.
 using kv_cache_manager = basic_kv_cache_manager<>;
-
-/**
- * @brief Tensor parallelism: admits one request on every rank's manager, or on none.
- * @param ranks one manager per rank (each built over that rank's plan)
- * @return the sequence on each rank (same order), or nullopt when any rank cannot fit it; ranks
- *         that had admitted it are rolled back (freed), so no reservation remains.
- * @throw invalid_argument for bad N or T (before any rank changes).
- */
-template <class Manager>
-[[nodiscard]] std::optional<std::vector<sequence_id>> try_admit_all(
-    std::vector<Manager*> const& ranks, std::int64_t prompt_tokens, std::int64_t max_new_tokens) {
-  std::vector<sequence_id> ids;
-  ids.reserve(ranks.size());
-  for (auto* m : ranks) {
-    auto id = m->try_admit(prompt_tokens, max_new_tokens);
-    if (!id) {
-      for (std::size_t k = 0; k < ids.size(); ++k) ranks[k]->free(ids[k]);
-      return std::nullopt;
-    }
-    ids.push_back(*id);
-  }
-  return ids;
-}
 
 }  // namespace tangram

@@ -10,7 +10,7 @@
  * |---|---|---|
  * | `host_memory_resource` | aligned host memory | CPU reference, tests that read/write pages |
  * | `simulated_memory_resource` | fake addresses, never dereferenced | plan 80-141 GB pools on a
- * CPU | | `limiting_resource_adaptor<Upstream>` | whatever Upstream gives, up to a byte limit |
+ * CPU | | `limiting_resource_adaptor` | whatever its upstream gives, up to a byte limit |
  * inject allocation failure | | `cuda_memory_resource` (memory/cuda_memory_resource.hpp) |
  * `cudaMalloc` | GPU engines (needs `tangram::kernels`) |
  *
@@ -184,25 +184,23 @@ class simulated_memory_resource final : public memory_resource {
 };
 
 /**
- * @brief Forwards to `Upstream` but refuses (with `out_of_memory`) any allocation that would take
- * the bytes outstanding through this adaptor over `limit_bytes`. With a limit of 0 every
+ * @brief Forwards to an upstream resource but refuses (with `out_of_memory`) any allocation that
+ * would take the bytes outstanding through this adaptor over `limit_bytes`. With a limit of 0 every
  * allocation fails: the way tests inject an arena failure.
  *
- * @tparam Upstream any type with `allocate(bytes, alignment)`, `deallocate(p, bytes, alignment)`
- *         and `kind()`, e.g. a `memory_resource`. The adaptor holds a non-owning pointer; the
- *         upstream must outlive it. Single-threaded object.
+ * The adaptor holds a non-owning pointer to its upstream, which must outlive it.
+ * Single-threaded object.
  */
-template <class Upstream>
 class limiting_resource_adaptor final : public memory_resource {
  public:
-  limiting_resource_adaptor(Upstream& upstream, std::size_t limit_bytes)
+  limiting_resource_adaptor(memory_resource& upstream, std::size_t limit_bytes)
       : upstream_(&upstream), limit_(limit_bytes) {}
 
   [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_; }
   [[nodiscard]] std::size_t limit_bytes() const noexcept { return limit_; }
   /// Allocations refused so far.
   [[nodiscard]] std::int64_t refusals() const noexcept { return refusals_; }
-  [[nodiscard]] Upstream& upstream() const noexcept { return *upstream_; }
+  [[nodiscard]] memory_resource& upstream() const noexcept { return *upstream_; }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
@@ -227,7 +225,7 @@ class limiting_resource_adaptor final : public memory_resource {
   }
   [[nodiscard]] memory_kind do_kind() const noexcept override { return upstream_->kind(); }
 
-  Upstream* upstream_;
+  memory_resource* upstream_;
   std::size_t limit_;
   std::size_t allocated_ = 0;
   std::int64_t refusals_ = 0;

@@ -47,7 +47,7 @@ struct pool_stats {
   [[nodiscard]] std::int64_t available() const { return free - reserved; }
 };
 
-template <class Layout, class Upstream>
+template <class Layout>
 class page_pool;
 
 /**
@@ -78,7 +78,7 @@ class page_reservation {
   [[nodiscard]] void const* owner() const noexcept { return owner_; }
 
  private:
-  template <class Layout, class Upstream>
+  template <class Layout>
   friend class page_pool;
   page_reservation(void const* owner, std::int64_t pages) : owner_(owner), pages_(pages) {}
 
@@ -91,9 +91,10 @@ class page_reservation {
  *
  * @tparam Layout   page geometry, `page_layout<HeadDim, GroupSize, PageTokens>` with compile-time
  *                  or dynamic extents (`page_layout<>` by default); fixes `page_bytes()`.
- * @tparam Upstream the arena's resource: `memory_resource` (any derived resource, by default) or
- *                  any type with `allocate(bytes, alignment)`, `deallocate(p, bytes, alignment)`
- *                  and `kind()`.
+ *
+ * The arena comes from any `memory_resource` (a virtual interface, as in RMM since it dropped its
+ * upstream template parameters): the pool calls it twice in its life, at construction and
+ * destruction, so the indirection costs nothing on the allocate/free paths.
  *
  * Ownership: the pool owns its arena (returned to the upstream in the destructor) and its
  * bookkeeping (two arrays of `capacity` integers, allocated at construction: nothing on the
@@ -103,11 +104,10 @@ class page_reservation {
  * Thread safety: a single-threaded object; callers serialise all calls (the KV-cache manager owns
  * one pool and is itself single-threaded). Not copyable or movable (reservations refer to it).
  */
-template <class Layout = page_layout<>, class Upstream = memory_resource>
+template <class Layout = page_layout<>>
 class page_pool {
  public:
-  using layout_type   = Layout;
-  using upstream_type = Upstream;
+  using layout_type = Layout;
 
   /// Largest pool: page ids are 32-bit.
   static constexpr std::int64_t max_pages = (std::int64_t{1} << 31) - 1;
@@ -122,7 +122,7 @@ class page_pool {
    * @throw invalid_argument when num_pages is not in [1, max_pages] (names the value).
    * @throw out_of_memory when the upstream cannot provide the arena (no partial state remains).
    */
-  page_pool(Upstream& upstream, Layout layout, std::int64_t num_pages)
+  page_pool(memory_resource& upstream, Layout layout, std::int64_t num_pages)
       : upstream_(&upstream), layout_(layout), capacity_(num_pages) {
     TANGRAM_EXPECTS(num_pages >= 1 && num_pages <= max_pages,
                     invalid_argument,
@@ -391,7 +391,7 @@ class page_pool {
                     " pages) belongs to another pool");
   }
 
-  Upstream* upstream_;
+  memory_resource* upstream_;
   Layout layout_;
   std::int64_t capacity_;
   std::int64_t page_bytes_ = 0;

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "tangram/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
+#include "tangram/memory/memory_resource.hpp"
 
 namespace tangram::detail {
 
@@ -41,6 +43,19 @@ class copy_on_write {
       pool.release(c.dst);
     }
     pending_.clear();
+  }
+
+  /// For a host pool: performs the pending copies with memcpy, then completes them.
+  /// @throw logic_error (nothing done) when the pool is not host memory.
+  template <class Pool>
+  void execute_host(Pool& pool) {
+    TANGRAM_EXPECTS(pool.kind() == memory_kind::host,
+                    logic_error,
+                    "execute_page_copies_host: the pool is ",
+                    to_string(pool.kind()),
+                    " memory; the engine must copy the pages itself");
+    copy_pages_host(pool.base(), pool.page_bytes(), pending_.data(), pending_.size());
+    complete(pool);
   }
 
   /// Adds the references the pending copies hold to `owners[page]` (for invariant checks).

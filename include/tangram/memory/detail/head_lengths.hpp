@@ -49,6 +49,18 @@ class head_lengths {
     std::fill_n(base(s), heads_, 0);
     appended(s) = tokens(s) = 0;
   }
+  /// After a chunk: base lengths are the kept counts (0 where `sliding(h)`: a ring's length is
+  /// the token count), nothing is appended since, `n` tokens seen.
+  template <class IsSliding>
+  void commit_chunk(std::int32_t s,
+                    std::int32_t const* kept,
+                    std::int32_t n,
+                    IsSliding sliding) noexcept {
+    auto* b = base(s);
+    for (std::int32_t h = 0; h < heads_; ++h) b[h] = sliding(h) ? 0 : kept[h];
+    appended(s) = 0;
+    tokens(s)   = n;
+  }
   /// Slot `to` gets the lengths of slot `from` (a fork).
   void copy(std::int32_t from, std::int32_t to) noexcept {
     std::copy_n(base(from), heads_, base(to));

@@ -67,6 +67,8 @@ class page_table_storage {
     return shortest_base_[at(s, g)];
   }
   /// `count` when the current chunk was prepared (pages drawn by it are the ones after).
+  /// Groups per slot.
+  [[nodiscard]] std::int32_t num_groups() const noexcept { return groups_; }
   std::int32_t& count_before_chunk(std::int32_t s, std::int32_t g) noexcept {
     return count_before_chunk_[at(s, g)];
   }
@@ -194,6 +196,26 @@ class page_table_storage {
                    segment_size_[static_cast<std::size_t>(s)]);
     segment_begin_[static_cast<std::size_t>(s)] = begin;
     segment_size_[static_cast<std::size_t>(s)]  = fp.capacity_total();
+  }
+
+  /// A new turn sized by `fp` (lists already relocated if they grow): each group's target and
+  /// budget, and the counts its first chunk starts from.
+  void start_turn(std::int32_t s, turn_footprint const& fp) noexcept {
+    for (std::int32_t g = 0; g < groups_; ++g) {
+      auto i                 = at(s, g);
+      target_[i]             = static_cast<std::int32_t>(fp.target(g));
+      budget_[i]             = static_cast<std::int32_t>(fp.reserve(g));
+      count_before_chunk_[i] = count_[i];
+    }
+  }
+
+  /// The turn ended (surplus pages released): nothing more may be drawn, the lists are the target.
+  void end_turn(std::int32_t s) noexcept {
+    for (std::int32_t g = 0; g < groups_; ++g) {
+      auto i     = at(s, g);
+      budget_[i] = 0;
+      target_[i] = count_[i];
+    }
   }
 
   /// Empties slot s's lists (their pages were released) and returns its segment to the arena.

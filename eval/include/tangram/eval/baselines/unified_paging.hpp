@@ -12,8 +12,8 @@
  *
  * Neither reserves anything at admission: pages are taken as tokens arrive and a step that finds
  * no free page fails (where an engine would preempt). Same page pool as Tangram, so the figures
- * compare like with like. Single-threaded object; the pool's arena comes from `Upstream`, which
- * must outlive the baseline.
+ * compare like with like. Single-threaded object; the pool's arena comes from a `memory_resource`,
+ * which must outlive the baseline.
  */
 #pragma once
 
@@ -61,7 +61,6 @@ struct unified_stats {
  * through one entry per pool page, so a long `max_tokens` costs nothing until pages are taken
  * (`bookkeeping_bytes`). Not copyable or movable.
  */
-template <class Upstream = memory_resource>
 class unified_paging_baseline {
  public:
   /**
@@ -76,7 +75,7 @@ class unified_paging_baseline {
    */
   unified_paging_baseline(static_plan const& plan,
                           unified_mode mode,
-                          Upstream& upstream,
+                          memory_resource& upstream,
                           std::int64_t num_pages,
                           std::int32_t max_sequences,
                           std::int64_t max_tokens)
@@ -105,7 +104,7 @@ class unified_paging_baseline {
   unified_paging_baseline& operator=(unified_paging_baseline const&) = delete;
 
   [[nodiscard]] unified_mode mode() const noexcept { return mode_; }
-  [[nodiscard]] page_pool<page_layout<>, Upstream> const& pool() const noexcept { return pool_; }
+  [[nodiscard]] page_pool<page_layout<>> const& pool() const noexcept { return pool_; }
   [[nodiscard]] unified_stats const& stats() const noexcept { return stats_; }
   [[nodiscard]] std::int64_t page_bytes() const noexcept { return pool_.page_bytes(); }
 
@@ -336,7 +335,7 @@ class unified_paging_baseline {
   std::int32_t L_, H_, P_, S_;
   std::int64_t max_pages_, token_cap_;
   std::vector<head_rule> rules_;
-  page_pool<page_layout<>, Upstream> pool_;
+  page_pool<page_layout<>> pool_;
   // Page stacks: top_[sequence * L + layer] is the layer's last page, below_[page] the page
   // allocated before it in the same layer (-1 at the bottom).
   std::vector<page_id> below_, top_;

@@ -340,11 +340,11 @@ class unified_policy final : public live_accounting_policy {
   }
 
   /// The baseline, for tests that check the replay's accounting.
-  [[nodiscard]] unified_paging_baseline<> const& baseline() const { return baseline_; }
+  [[nodiscard]] unified_paging_baseline const& baseline() const { return baseline_; }
 
  private:
   static std::int64_t pages_for(static_plan const& plan, double kv_bytes) {
-    return pool_pages(kv_bytes, unified_paging_baseline<>::layer_geometry(plan).page_bytes());
+    return pool_pages(kv_bytes, unified_paging_baseline::layer_geometry(plan).page_bytes());
   }
   [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
     std::int32_t slot = slots_[static_cast<std::size_t>(s)];
@@ -354,7 +354,7 @@ class unified_policy final : public live_accounting_policy {
 
   unified_mode mode_;
   simulated_memory_resource resource_;
-  unified_paging_baseline<> baseline_;
+  unified_paging_baseline baseline_;
   std::vector<std::int32_t> slots_;
   std::vector<std::int32_t> batch_;
 };

@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file memory/detail/page_flow.hpp
+ * @brief Every movement of a page id between the pool (through a sequence's reservation) and the
+ * page lists: draws as lengths grow, releases as they shrink, sharing and copy-on-write for forks
+ * and new turns, and the decode append. The manager validates an operation, then calls these.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "tangram/memory/detail/copy_on_write.hpp"
+#include "tangram/memory/detail/decode_buckets.hpp"
+#include "tangram/memory/detail/group_lookup.hpp"
+#include "tangram/memory/detail/head_lengths.hpp"
+#include "tangram/memory/detail/page_table_storage.hpp"
+#include "tangram/memory/detail/sequence_table.hpp"
+#include "tangram/memory/detail/view_journal.hpp"
+#include "tangram/memory/kv_cache_types.hpp"
+
+namespace tangram::detail {
+
+/**
+ * @brief The mutating half of the manager's page bookkeeping. Holds references to the manager's
+ * parts (it lives inside the manager). Callers validate first: a draw beyond a group's budget or
+ * its reservation is an internal inconsistency (`logic_error` from the budget check or the pool),
+ * never a normal outcome. Allocation-free (copies are recorded into room reserved beforehand).
+ */
+template <class Pool>
+class page_flow {
+ public:
+  page_flow(group_lookup const& groups,
+            sequence_table& sequences,
+            page_table_storage& page_table,
+            head_lengths& lengths,
+            decode_buckets& buckets,
+            view_journal& journal,
+            copy_on_write& copies,
+            Pool& pool,
+            manager_stats& stats) noexcept
+      : groups_(groups),
+        sequences_(sequences),
+        page_table_(page_table),
+        lengths_(lengths),
+        buckets_(buckets),
+        journal_(journal),
+        copies_(copies),
+        pool_(pool),
+        stats_(stats) {}
+
+  /// True when a segment of `size` page-list entries can be placed, repacking the arena if needed
+  /// (which moves no logical state but makes the engine upload the whole view).
+  bool make_index_room(std::int64_t size) noexcept {
+    if (!page_table_.has_room(size)) return false;
+    if (size > 0 && page_table_.needs_compaction(size)) {
+      page_table_.compact();
+      journal_.note_full_resync();
+      ++stats_.index_compactions;
+    }
+    return true;
+  }
+
+  /// A page from slot s's reservation, charged to group g's budget (not yet in a list).
+  page_id draw(std::int32_t s, std::int32_t g) {
+    page_table_.expect_budget(s, g);
+    page_id p = pool_.draw(sequences_[s].reservation);
+    --page_table_.budget(s, g);
+    ++stats_.pages_drawn;
+    return p;
+  }
+
+  /// Appends drawn pages to (s, g) until it holds `pages`.
+  void grow_to(std::int32_t s, std::int32_t g, std::int64_t pages) {
+    while (page_table_.count(s, g) < pages) journal_.note_entry(page_table_.push(s, g, draw(s, g)));
+  }
+
+  /// Releases the pages of (s, g) beyond the first `keep` as surplus; those at positions
+  /// >= `reclaim_from` also count as reclaimed (drawn by the chunk that drops them).
+  void release_tail(std::int32_t s,
+                    std::int32_t g,
+                    std::int64_t keep,
+                    std::int64_t reclaim_from = std::numeric_limits<std::int64_t>::max()) noexcept {
+    while (page_table_.count(s, g) > keep) {
+      page_id p = page_table_.pop(s, g);
+      if (page_table_.count(s, g) >= reclaim_from) ++stats_.reclaimed_pages;
+      ++stats_.surplus_pages_released;
+      pool_.release(p);
+    }
+  }
+
+  /// Drops every page reference of slot s (its lists stay allocated until the caller closes them).
+  void release_all(std::int32_t s) noexcept {
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
+      for (std::int32_t p = 0; p < page_table_.count(s, g); ++p)
+        pool_.release(page_table_.entry(s, g, p));
+  }
+
+  /// A new turn will overwrite the first `keep` pages of (s, g): each one a fork still shares is
+  /// replaced by a fresh page, and the copy is recorded (our reference moves to the copy, which
+  /// releases it once the engine copied). Only a forked sequence can share pages; the scan is
+  /// skipped for everyone else, keeping continue_turn O(groups) on the common path.
+  void copy_shared_head(std::int32_t s, std::int32_t g, std::int64_t keep) {
+    for (std::int64_t p = 0; sequences_[s].may_share && p < keep; ++p) {
+      page_id src = page_table_.entry(s, g, p);
+      if (pool_.ref_count(src) == 1) continue;
+      page_id dst = draw(s, g);
+      pool_.retain(dst);
+      journal_.note_entry(page_table_.set_entry(s, g, p, dst));
+      copies_.record(src, dst);
+      ++stats_.page_copies;
+    }
+  }
+
+  /// Fills child c's list of group g from parent s: the first `shared` pages by reference, the
+  /// pages up to `in_use` (which heads may still write) as recorded copies into drawn pages.
+  void share_into_fork(
+      std::int32_t s, std::int32_t c, std::int32_t g, std::int64_t shared, std::int64_t in_use) {
+    page_table_.longest_base(c, g)  = page_table_.longest_base(s, g);
+    page_table_.shortest_base(c, g) = page_table_.shortest_base(s, g);
+    for (std::int64_t p = 0; p < shared; ++p) {
+      page_id pg = page_table_.entry(s, g, p);
+      pool_.retain(pg);
+      journal_.note_entry(page_table_.push(c, g, pg));
+    }
+    for (std::int64_t p = shared; p < in_use; ++p) {
+      page_id src = page_table_.entry(s, g, p);
+      page_id dst = draw(c, g);
+      journal_.note_entry(page_table_.push(c, g, dst));
+      pool_.retain(src);
+      pool_.retain(dst);
+      copies_.record(src, dst);
+      ++stats_.page_copies;
+    }
+  }
+
+  /// Longest and shortest base length of group g's heads (0 for a sliding ring).
+  void refresh_base_range(std::int32_t s, std::int32_t g) noexcept {
+    std::int32_t longest = 0, shortest = 0;
+    if (!groups_.is_sliding(g)) {
+      auto const* base = lengths_.base(s);
+      shortest         = std::numeric_limits<std::int32_t>::max();
+      for (auto const* m = groups_.members_begin(g); m != groups_.members_end(g); ++m) {
+        longest  = std::max(longest, base[*m]);
+        shortest = std::min(shortest, base[*m]);
+      }
+    }
+    page_table_.longest_base(s, g)  = longest;
+    page_table_.shortest_base(s, g) = shortest;
+  }
+
+  /// After a chunk's lengths are recorded: each group's base range, then its pages beyond this
+  /// turn's target (decode tokens of the previous turn that the recompression dropped) return to
+  /// the pool, then the decode buckets are rebuilt.
+  void settle_after_chunk(std::int32_t s) noexcept {
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      refresh_base_range(s, g);
+      release_tail(s, g, page_table_.target(s, g), page_table_.count_before_chunk(s, g));
+    }
+    rebuild_buckets(s);
+  }
+
+  /// Re-sorts slot s's growing groups by the decode step at which each starts a page.
+  void rebuild_buckets(std::int32_t s) noexcept {
+    buckets_.rebuild(
+        s, [&](std::int32_t g) { return groups_.mod_page(page_table_.longest_base(s, g)); });
+  }
+
+  /// One decode token for slot s (the caller checked its decode room): counts it and draws a page
+  /// for each group that crosses a page boundary, O(those groups).
+  void append_decode_token(std::int32_t s) {
+    auto a = ++lengths_.appended(s);
+    auto n = ++lengths_.tokens(s);
+    ++sequences_[s].decoded;
+    std::int32_t P = groups_.page_tokens();
+    std::int32_t b = groups_.mod_page(P + 1 - groups_.mod_page(a));  // (1 - a) mod P
+    // The bucket's end is read once: drawing a page writes int32 arrays the compiler would
+    // otherwise have to assume alias it.
+    auto const* end = buckets_.bucket_end(s, b);
+    for (auto const* g = buckets_.bucket_begin(s, b); g != end; ++g)
+      grow_to(
+          s, *g, groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, *g)) + a));
+    if (!groups_.sliding_groups().empty() && groups_.mod_page(n - 1) == 0) {
+      for (auto g : groups_.sliding_groups())
+        grow_to(s, g, std::min<std::int64_t>(groups_.pages_for(n), groups_.ring_pages(g)));
+    }
+  }
+
+ private:
+  group_lookup const& groups_;
+  sequence_table& sequences_;
+  page_table_storage& page_table_;
+  head_lengths& lengths_;
+  decode_buckets& buckets_;
+  view_journal& journal_;
+  copy_on_write& copies_;
+  Pool& pool_;
+  manager_stats& stats_;
+};
+
+}  // namespace tangram::detail
