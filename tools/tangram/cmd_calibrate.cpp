@@ -3,11 +3,14 @@
 // figures that say how good they are (docs/planning.md#calibration).
 #include <cmath>
 #include <iomanip>
+#include <memory>
+#include <optional>
 #include <ostream>
 
-#include "commands.hpp"
+#include "option_values.hpp"
 #include "output_path.hpp"
 #include "plan_support.hpp"
+#include "subcommands.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/io/budget_profile.hpp"
 #include "tangram/plan/calibration.hpp"
@@ -28,37 +31,40 @@ std::string setting_of(calibration_options const& o) {
   return o.estimator == budget_estimator::musigma ? cat("alpha ", o.alpha) : cat("q ", o.quantile);
 }
 
+struct calibrate_args {
+  std::optional<std::string> input;
+  std::string reservation = "static";
+  calibration_args cal;
+  evaluation_options ev;
+  elastic_options eo;
+  std::vector<CLI::Option const*> elastic_only;  // refused with --reservation static
+  CLI::Option const* margin_alpha = nullptr;
+  std::optional<std::string> out;
+  bool json    = false;
+  bool compare = false;
+};
+
+std::string const missing_samples =
+    "missing SAMPLES.json (a retention-samples/v1 file or a bundled name, see `tangram profiles`)";
+
 /// `--reservation elastic`: the elastic report (plan/elastic.hpp), with the margin sweep, and with
 /// `--compare` the static alpha curve on the same folds.
-int elastic_calibrate(args& a,
-                      streams io,
-                      calibration_args const& cal,
-                      evaluation_options const& ev) {
-  elastic_options eo;
-  eo.group_size  = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
-  eo.page_tokens = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
-  if (auto m = a.value("--margin")) eo.margin = parse_number(*m, "--margin", 0, max_elastic_margin);
-  if (auto alpha = a.value("--margin-alpha")) {
-    if (eo.margin)
-      throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
-    eo.margin_alpha = parse_number(*alpha, "--margin-alpha", 0, 1000);
-  }
-  bool as_json = a.flag("--json");
-  bool compare = a.flag("--compare");
-  if (a.value("--out"))
-    throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
+int elastic_calibrate(calibrate_args const& a, streams io) {
+  auto const& cal    = a.cal;
+  auto const& ev     = a.ev;
+  auto const& eo     = a.eo;
+  bool const as_json = a.json;
+  bool const compare = a.compare;
+  if (eo.margin && a.margin_alpha->count() > 0)
+    throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
+  if (a.out) throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
   if (cal.given)
     throw usage_error(
         cat(*cal.given, ": a static estimator option; not with --reservation elastic"));
-  a.finish(1);
-  auto pos = a.positionals();
-  if (pos.empty())
-    throw usage_error(
-        "missing SAMPLES.json (a retention-samples/v1 file or a bundled name, see `tangram "
-        "profiles`)");
+  if (!a.input) throw usage_error(missing_samples);
   if (ev.folds == 1)
     throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
-  auto in      = read_input(pos[0]);
+  auto in      = read_input(*a.input);
   auto samples = read_samples(in);
   auto heads   = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
   if (heads % static_cast<std::size_t>(eo.group_size) != 0)
@@ -195,30 +201,23 @@ int elastic_calibrate(args& a,
   return 0;
 }
 
-}  // namespace
-
-int cmd_calibrate(args& a, streams io) {
-  auto reservation = a.choice("--reservation", "static", {"static", "elastic"});
-  auto cal         = read_calibration_args(a);
-  evaluation_options ev;
-  ev.folds            = static_cast<std::int32_t>(a.integer("--folds", 2, 0, 100000));
-  ev.band             = a.number("--band", 0.05, 0, 1);
-  ev.group_by_context = a.flag("--group-by-context");
-  if (reservation == "elastic") return elastic_calibrate(a, io, cal, ev);
-  auto out     = a.value("--out");
-  bool as_json = a.flag("--json");
-  bool compare = a.flag("--compare");
-  a.finish(1);
-  auto pos = a.positionals();
-  if (pos.empty())
-    throw usage_error(
-        "missing SAMPLES.json (a retention-samples/v1 file or a bundled name, see `tangram "
-        "profiles`)");
+int calibrate_command(calibrate_args& a, streams io) {
+  check_calibration_args(a.cal);
+  if (a.reservation == "elastic") return elastic_calibrate(a, io);
+  for (auto const* opt : a.elastic_only)
+    if (opt->count() > 0)
+      throw usage_error(cat(opt->get_name(), ": applies to --reservation elastic only"));
+  auto const& cal    = a.cal;
+  auto const& ev     = a.ev;
+  auto const& out    = a.out;
+  bool const as_json = a.json;
+  bool const compare = a.compare;
+  if (!a.input) throw usage_error(missing_samples);
   if (ev.folds == 1)
     throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
   if (out) check_output_path("--out", *out);
 
-  auto in      = read_input(pos[0]);
+  auto in      = read_input(*a.input);
   auto samples = read_samples(in);
   if (ev.folds > 0 && !ev.group_by_context &&
       static_cast<std::size_t>(ev.folds) > samples.samples.size())
@@ -356,6 +355,40 @@ int cmd_calibrate(args& a, streams io) {
   }
   if (out) s << "\nwrote " << tangram::detail::printable(*out) << "\n";
   return 0;
+}
+
+}  // namespace
+
+command_body setup_calibrate(CLI::App& app) {
+  auto a   = std::make_shared<calibrate_args>();
+  auto& ev = a->ev;
+  auto& eo = a->eo;
+  add_text(app, "SAMPLES.json", a->input, "",
+           "Retention samples (retention-samples/v1), a file or a bundled name");
+  add_choice(
+      app, "--reservation", [a](std::string const& v) { a->reservation = v; }, a->reservation,
+      {"static", "elastic"},
+      "static: one budget per head; elastic: a static part plus a margin shared at run time");
+  add_calibration_options(app, a->cal);
+  add_integer(app, "--folds", ev.folds, 0, 100000,
+              "k of the held-out evaluation (0: none; 1 is refused)");
+  add_number(app, "--band", ev.band, {0, 1},
+             "Spread (max - min kept fraction) under which a head counts as narrow");
+  app.add_flag("--group-by-context", ev.group_by_context,
+               "Folds by distinct context length instead of sample index");
+  app.add_flag("--compare", a->compare, "Also evaluate the grid of estimators on the same folds");
+  add_text(app, "--out", a->out, "PROFILE.json", "static: write the budget profile");
+  a->elastic_only = {
+      add_group_size(app, eo.group_size)->description("elastic: Hp, KV heads that share a page"),
+      add_page_tokens(app, eo.page_tokens)->description("elastic: P, tokens per page"),
+      add_number(app, "--margin", eo.margin, {0, max_elastic_margin},
+                 "elastic: a fixed margin (default: calibrated, see --margin-alpha)"),
+  };
+  a->margin_alpha = add_number(app, "--margin-alpha", eo.margin_alpha, {0, 1000},
+                               "elastic: calibrated margin = mean + alpha x sd");
+  a->elastic_only.push_back(a->margin_alpha);
+  app.add_flag("--json", a->json, "One JSON document instead of the text report");
+  return [a](streams io) { return calibrate_command(*a, io); };
 }
 
 }  // namespace tangram::cli

@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <memory>
+#include <optional>
 #include <ostream>
 
-#include "commands.hpp"
+#include "option_values.hpp"
 #include "output_path.hpp"
 #include "plan_support.hpp"
+#include "subcommands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/io/static_plan.hpp"
@@ -161,16 +164,18 @@ std::string plan_svg(static_plan const& p) {
   return s;
 }
 
-}  // namespace
+struct inspect_args {
+  std::optional<std::string> input;
+  std::optional<std::string> svg;
+  bool json = false;
+};
 
-int cmd_inspect(args& a, streams io) {
-  auto svg     = a.value("--svg");
-  bool as_json = a.flag("--json");
-  a.finish(1);
-  auto pos = a.positionals();
-  if (pos.empty()) throw usage_error("missing PLAN.json (written by `tangram plan --out`)");
+int inspect(inspect_args const& a, streams io) {
+  auto const& svg    = a.svg;
+  bool const as_json = a.json;
+  if (!a.input) throw usage_error("missing PLAN.json (written by `tangram plan --out`)");
   if (svg) check_output_path("--svg", *svg);
-  auto in         = read_input(pos[0]);
+  auto in         = read_input(*a.input);
   std::string fmt = format_of(in);
   TANGRAM_EXPECTS(
       fmt == "tangram-static-plan/v1",
@@ -282,6 +287,16 @@ int cmd_inspect(args& a, streams io) {
   }
   if (svg) s << "\nwrote " << printable(*svg) << "\n";
   return 0;
+}
+
+}  // namespace
+
+command_body setup_inspect(CLI::App& app) {
+  auto a = std::make_shared<inspect_args>();
+  add_text(app, "PLAN.json", a->input, "", "A static plan, written by `tangram plan --out`");
+  add_text(app, "--svg", a->svg, "FILE.svg", "Also draw the head groups, coloured by budget, to FILE.svg");
+  app.add_flag("--json", a->json, "One JSON document instead of the text summary");
+  return [a](streams io) { return inspect(*a, io); };
 }
 
 }  // namespace tangram::cli

@@ -3,11 +3,14 @@
 // rules, head groups, page geometry and split map, with its group waste and the split imbalance
 // on a reference batch (docs/planning.md).
 #include <iomanip>
+#include <memory>
+#include <optional>
 #include <ostream>
 
-#include "commands.hpp"
+#include "option_values.hpp"
 #include "output_path.hpp"
 #include "plan_support.hpp"
+#include "subcommands.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/eval/split_imbalance.hpp"
 #include "tangram/io/static_plan.hpp"
@@ -38,33 +41,23 @@ std::string describe_layers(model_spec const& m) {
   return s + ")";
 }
 
-}  // namespace
+struct plan_args {
+  std::optional<std::string> input;
+  calibration_args cal;
+  plan_options plan;
+  std::optional<std::string> model;
+  std::optional<std::string> out;
+  bool json = false;
+};
 
-int cmd_plan(args& a, streams io) {
-  auto cal = read_calibration_args(a);
-  plan_options o;
-  o.group_size = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
-  o.scope = parse_grouping_scope(a.choice("--scope", "global", {"adjacent", "layer", "global"}));
-  o.page_tokens              = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
-  o.split.limits.sm_count    = static_cast<std::int32_t>(a.integer("--sms", 132, 1, 65536));
-  o.split.limits.ctas_per_sm = static_cast<std::int32_t>(a.integer("--ctas-per-sm", 2, 1, 64));
-  o.split.weighting =
-      parse_split_weighting(a.choice("--weighting", "batch_share", {"budget", "batch_share"}));
-  if (auto refs = a.integers("--reference-contexts",
-                             1,
-                             split_limits::max_reference_context,
-                             split_limits::max_reference_contexts);
-      !refs.empty())
-    o.split.reference_contexts = std::move(refs);
-  o.split.share_quantile = a.number("--share-quantile", o.split.share_quantile, 0, 1);
-  o.tp_size              = static_cast<std::int32_t>(a.integer("--tp-size", 1, 1, 1024));
-  o.tp_rank              = static_cast<std::int32_t>(a.integer("--tp-rank", 0, 0, 1023));
-  auto model_o           = a.value("--model");
-  auto out               = a.value("--out");
-  bool as_json           = a.flag("--json");
-  a.finish(1);
-  auto pos = a.positionals();
-  if (pos.empty())
+int plan_command(plan_args& a, streams io) {
+  check_calibration_args(a.cal);
+  auto const& cal     = a.cal;
+  auto const& o       = a.plan;
+  auto const& model_o = a.model;
+  auto const& out     = a.out;
+  bool const as_json  = a.json;
+  if (!a.input)
     throw usage_error(
         "missing SAMPLES_OR_PROFILE.json (retention samples, a budget profile or a bundled name)");
   if (o.tp_rank >= o.tp_size)
@@ -76,7 +69,7 @@ int cmd_plan(args& a, streams io) {
                           o.tp_rank));
 
   if (out) check_output_path("--out", *out);
-  auto src   = read_samples_or_profile(pos[0], cal);
+  auto src   = read_samples_or_profile(*a.input, cal);
   auto model = resolve_model(model_o, src.profile.model);
   if (out) {
     // Before the work: a plan that could not be read back is refused now, not after planning.
@@ -196,6 +189,40 @@ int cmd_plan(args& a, streams io) {
   line("greedy LPT x4, per step", imb.greedy_fine);
   if (out) s << "\nwrote " << printable(*out) << "\n";
   return 0;
+}
+
+}  // namespace
+
+command_body setup_plan(CLI::App& app) {
+  auto a  = std::make_shared<plan_args>();
+  auto& o = a->plan;
+  add_text(app, "SAMPLES_OR_PROFILE.json", a->input, "",
+           "Retention samples (calibrated here) or a budget profile, a file or a bundled name");
+  add_calibration_options(app, a->cal);
+  add_group_size(app, o.group_size);
+  add_scope(app, o.scope);
+  add_page_tokens(app, o.page_tokens);
+  add_text(app, "--model", a->model, "NAME_OR_FILE",
+           "A model-spec file or preset (default: the preset the input names)");
+  add_sms(app, o.split.limits.sm_count);
+  add_integer(app, "--ctas-per-sm", o.split.limits.ctas_per_sm, 1, 64,
+              "CTAs per SM: N_CTA = sms x ctas-per-sm");
+  add_choice(
+      app, "--weighting", [&o](std::string const& v) { o.split.weighting = parse_split_weighting(v); },
+      std::string(to_string(o.split.weighting)), {"budget", "batch_share"},
+      "How the split map weighs heads: by budget, or by share of reference batches");
+  add_integer_list(app, "--reference-contexts", o.split.reference_contexts, 1,
+                   split_limits::max_reference_context, split_limits::max_reference_contexts,
+                   cat("batch_share: the context lengths reference requests draw from (default: ",
+                       o.split.reference_contexts.size(), " lengths, log-spaced ",
+                       o.split.reference_contexts.front(), "..", o.split.reference_contexts.back(), ")"));
+  add_number(app, "--share-quantile", o.split.share_quantile, {0, 1},
+             "batch_share: quantile of a head's shares taken as its weight");
+  add_integer(app, "--tp-size", o.tp_size, 1, 1024, "Tensor-parallel ranks sharing the KV heads");
+  add_integer(app, "--tp-rank", o.tp_rank, 0, 1023, "The rank this plan is for, below --tp-size");
+  add_text(app, "--out", a->out, "PLAN.json", "Write the plan (read by `tangram inspect` and engines)");
+  app.add_flag("--json", a->json, "One JSON document instead of the text report");
+  return [a](streams io) { return plan_command(*a, io); };
 }
 
 }  // namespace tangram::cli

@@ -11,13 +11,15 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <sstream>
 
-#include "commands.hpp"
+#include "option_values.hpp"
 #include "output_path.hpp"
 #include "plan_support.hpp"
+#include "subcommands.hpp"
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
@@ -137,47 +139,45 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
 
 std::string gb(double bytes) { return fixed(bytes / 1e9, 1); }
 
-}  // namespace
-
-int cmd_simulate(args& a, streams io) {
-  auto cal        = read_calibration_args(a);
-  auto model_o    = a.value("--model");
-  auto profile_o  = a.value("--profile");
-  auto gpu_mem_o  = a.value("--gpu-mem");  // the text is kept for error messages
-  double gpu_mem  = gpu_mem_o ? parse_number(*gpu_mem_o, "--gpu-mem", 1, 1e6) : 141;
-  std::string gpu_mem_text = gpu_mem_o.value_or("141");
-  double usable   = a.number("--usable", 0.9, 0.01, 1);
-  double hbm      = a.number("--hbm-tbps", 4.8, 0.01, 1000);
-  double tflops   = a.number("--peak-tflops", 989, 1, 1e6);
+struct simulate_args {
+  calibration_args cal;
+  std::optional<std::string> model;
+  std::string profile = default_profile;
+  std::string workload = "mid";
+  double gpu_mem = 141;
+  CLI::Option* gpu_mem_option = nullptr;  // its text is quoted as given in messages
+  double usable = 0.9;
+  double hbm = 4.8;
+  double tflops = 989;
   std::optional<double> keep;
-  if (auto k = a.value("--keep")) keep = parse_number(*k, "--keep", 0.001, 1);
-  auto wl         = a.value("--workload");
   workload_options wo;
-  wo.sessions     = static_cast<std::int32_t>(a.integer("--sessions", 128, 1, 1000000));
-  wo.turns        = static_cast<std::int32_t>(a.integer("--turns", 5, 1, 1000));
-  wo.arrival_rate = a.number("--arrival-rate", 0, 0, 1e9);
-  wo.think_mean_s = a.number("--think", 2.0, 0, 1e6);
-  wo.seed         = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, std::int64_t{1} << 62));
   replay_options ro;
-  ro.concurrency       = static_cast<std::int32_t>(a.integer("--concurrency", 0, 0, 1000000));
-  ro.prefill_chunk     = a.integer("--chunk", 8192, 1, 1 << 24);
-  ro.step_token_budget = a.integer("--step-tokens", 8192, 1, 1 << 24);
-  ro.max_running       = static_cast<std::int32_t>(a.integer("--max-running", 1024, 1, 1 << 20));
   plan_options po;
-  po.group_size  = static_cast<std::int32_t>(a.integer("--group-size", 4, 1, 1024));
-  po.scope       = parse_grouping_scope(a.choice("--scope", "global", {"adjacent", "layer", "global"}));
-  po.page_tokens = static_cast<std::int32_t>(a.integer("--page-tokens", 16, 1, 4096));
-  // SMs of the GPU the split map is planned for (default 132: H100/H200 SXM); every KV head of a
-  // layer needs one of the sms x ctas_per_sm (2) CTAs.
-  po.split.limits.sm_count = static_cast<std::int32_t>(a.integer("--sms", 132, 1, 65536));
-  auto plot      = a.value("--plot");
-  bool as_json   = a.flag("--json");
-  bool quiet     = a.flag("--quiet");
-  a.finish(0);
+  std::optional<std::string> plot;
+  bool json = false;
+  bool quiet = false;
+};
+
+int simulate(simulate_args& a, streams io) {
+  check_calibration_args(a.cal);
+  auto const& cal          = a.cal;
+  auto const& model_o      = a.model;
+  double const gpu_mem     = a.gpu_mem;
+  std::string gpu_mem_text = given_text(a.gpu_mem_option, "141");
+  double const usable      = a.usable;
+  double const hbm         = a.hbm;
+  double const tflops      = a.tflops;
+  auto const& keep         = a.keep;
+  auto& wo                 = a.wo;
+  auto const& ro           = a.ro;
+  auto const& po           = a.po;
+  auto const& plot         = a.plot;
+  bool const as_json       = a.json;
+  bool const quiet         = a.quiet;
   // Checked before any work (the run can take minutes): where the plot goes, and whether a
   // generated workload fits in memory at all.
   if (plot) check_output_path("--plot", *plot);
-  std::string workload_name = wl.value_or("mid");
+  std::string const& workload_name = a.workload;
   auto kind                 = workload_kind_named(workload_name);
   if (kind) {
     auto turns = tangram::detail::mul_checked<std::int64_t>(wo.sessions, wo.turns);
@@ -187,7 +187,7 @@ int cmd_simulate(args& a, streams io) {
                             workload_limits::max_generated_turns, " for a generated workload"));
   }
 
-  auto src = read_samples_or_profile(profile_o.value_or(default_profile), cal);
+  auto src = read_samples_or_profile(a.profile, cal);
   if (keep) rescale_budgets(src.profile, *keep);
   double keep_ratio = keep.value_or(src.profile.target_keep_ratio);
   auto model = resolve_model(model_o, src.profile.model);
@@ -364,6 +364,50 @@ int cmd_simulate(args& a, streams io) {
     << fixed(tflops, 0) << " TFLOP/s); control-plane time is measured. " << fixed(wall, 1) << " s wall.\n";
   if (plot) o << "  wrote " << tangram::detail::printable(*plot) << "\n";
   return 0;
+}
+
+}  // namespace
+
+command_body setup_simulate(CLI::App& app) {
+  auto a   = std::make_shared<simulate_args>();
+  auto& wo = a->wo;
+  auto& ro = a->ro;
+  auto& po = a->po;
+  // The defaults shown and used are those of workload_options, replay_options and plan_options.
+  add_text(app, "--model", a->model, "NAME_OR_FILE",
+           "A model-spec file or preset (default: the preset the profile names)");
+  add_text(app, "--profile", a->profile, "NAME_OR_FILE",
+           "Retention samples or a budget profile, a file or a bundled name");
+  add_calibration_options(app, a->cal);
+  add_number(app, "--keep", a->keep, {0.001, 1},
+             "Rescale the profile's budgets to this keep ratio (an approximation; default: as "
+             "profiled)");
+  add_text(app, "--workload", a->workload, "short|mid|long|FILE",
+           "A generated workload, or a tangram-workload/v1 trace file");
+  add_integer(app, "--sessions", wo.sessions, 1, 1000000, "Generated: sessions");
+  add_integer(app, "--turns", wo.turns, 1, 1000, "Generated: turns per session");
+  add_number(app, "--arrival-rate", wo.arrival_rate, {0, 1e9},
+             "Generated: sessions per second (0: all at t = 0)");
+  add_number(app, "--think", wo.think_mean_s, {0, 1e6}, "Generated: mean think time between turns (s)");
+  add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed");
+  a->gpu_mem_option =
+      add_number(app, "--gpu-mem", a->gpu_mem, {1, 1e6}, "GPU memory (GB), weights included");
+  add_number(app, "--usable", a->usable, {0.01, 1}, "Fraction of GPU memory the engine may use");
+  add_number(app, "--hbm-tbps", a->hbm, {0.01, 1000}, "Modelled memory bandwidth (TB/s)");
+  add_number(app, "--peak-tflops", a->tflops, {1, 1e6}, "Modelled dense compute (TFLOP/s)");
+  add_sms(app, po.split.limits.sm_count);
+  add_integer(app, "--concurrency", ro.concurrency, 0, 1000000,
+              "Sessions in flight at once (0: no limit)");
+  add_integer(app, "--chunk", ro.prefill_chunk, 1, 1 << 24, "Prefill chunk (tokens)");
+  add_integer(app, "--step-tokens", ro.step_token_budget, 1, 1 << 24, "Tokens per engine step");
+  add_integer(app, "--max-running", ro.max_running, 1, 1 << 20, "Sequences per engine step");
+  add_group_size(app, po.group_size);
+  add_scope(app, po.scope);
+  add_page_tokens(app, po.page_tokens);
+  add_text(app, "--plot", a->plot, "FILE.svg", "Draw memory over time to FILE.svg");
+  app.add_flag("--json", a->json, "One JSON document instead of the table");
+  app.add_flag("--quiet", a->quiet, "No progress on stderr");
+  return [a](streams io) { return simulate(*a, io); };
 }
 
 }  // namespace tangram::cli

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The subcommands of the `tangram` program. Each returns the process exit code; bad input throws
-// (tangram::invalid_argument / usage_error) and `run` turns that into a one-line error, exit 2.
+// The `tangram` program as a function, so tests and fuzzers drive it in-process. Bad input throws
+// (tangram::invalid_argument / usage_error, or a CLI11 parse error) and `run` turns that into a
+// one-line error, exit 2.
 #pragma once
 
 #include <iosfwd>
 #include <string>
 #include <vector>
 
-#include "args.hpp"
+#include "usage_error.hpp"
 
 namespace tangram::cli {
 
@@ -16,13 +17,6 @@ struct streams {
   std::ostream& out;
   std::ostream& err;
 };
-
-int cmd_calibrate(args& a, streams io);
-int cmd_plan(args& a, streams io);
-int cmd_inspect(args& a, streams io);
-int cmd_simulate(args& a, streams io);
-int cmd_models(args& a, streams io);
-int cmd_profiles(args& a, streams io);
 
 /// Runs `tangram <argv...>` (argv without the program name) and returns the exit code:
 /// 0 success, 1 failure of the job itself, 2 bad usage or bad input.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "output_path.hpp"
 
-#include "args.hpp"
+#include "usage_error.hpp"
 #include "tangram/detail/file_io.hpp"
 
 namespace tangram::cli {

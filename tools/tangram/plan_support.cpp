@@ -13,48 +13,8 @@ namespace tangram::cli {
 
 using tangram::detail::cat;
 using tangram::detail::printable;
-using tangram::detail::quoted;
-
-calibration_args read_calibration_args(args& a) {
-  calibration_args out;
-  auto estimator = a.value("--estimator");
-  auto alpha     = a.value("--alpha");
-  auto quantile  = a.value("--quantile");
-  auto floor     = a.value("--floor");
-  for (auto const& [name, v] :
-       {std::pair<char const*, std::optional<std::string> const*>{"--estimator", &estimator},
-        {"--alpha", &alpha},
-        {"--quantile", &quantile},
-        {"--floor", &floor}})
-    if (*v && !out.given) out.given = name;
-  auto& o = out.options;
-  if (estimator) {
-    if (*estimator == "musigma")
-      o.estimator = budget_estimator::musigma;
-    else if (*estimator == "quantile")
-      o.estimator = budget_estimator::quantile;
-    else
-      throw usage_error(
-          cat("--estimator: expected one of musigma, quantile, got ", quoted(*estimator)));
-  }
-  if (alpha) {
-    if (o.estimator != budget_estimator::musigma)
-      throw usage_error(
-          "--alpha: applies to --estimator musigma only (use --quantile with quantile)");
-    o.alpha = parse_number(*alpha, "--alpha", 0, 1000);
-  }
-  if (quantile) {
-    if (o.estimator != budget_estimator::quantile)
-      throw usage_error(
-          "--quantile: applies to --estimator quantile only (the default is musigma)");
-    o.quantile = parse_number(*quantile, "--quantile", 0, 1);
-  }
-  if (floor) {
-    o.floor = parse_number(*floor, "--floor", 0, 1);
-    if (!(o.floor > 0)) throw usage_error(cat("--floor: must be in (0, 1], got ", *floor));
-  }
-  return out;
-}
+// detail::quoted is spelled out: CLI11 brings in <iomanip>, and argument-dependent lookup would
+// pick std::quoted for a std::string.
 
 retention_samples read_samples(input_text const& in) {
   std::string fmt = format_of(in);
@@ -62,7 +22,7 @@ retention_samples read_samples(input_text const& in) {
                   tangram::invalid_argument,
                   printable(in.source),
                   ": expected a retention-samples/v1 file, got format ",
-                  quoted(fmt));
+                  tangram::detail::quoted(fmt));
   return parse_retention_samples(in.text, in.source);
 }
 
@@ -86,7 +46,7 @@ budget_source read_samples_or_profile(std::string const& name_or_path,
     TANGRAM_FAIL(tangram::invalid_argument,
                  printable(in.source),
                  ": expected retention-samples/v1 or tangram-budget-profile/v1, got format ",
-                 quoted(fmt));
+                 tangram::detail::quoted(fmt));
   }
   return out;
 }
@@ -99,7 +59,7 @@ model_spec resolve_model(std::optional<std::string> const& option, std::string c
     std::string known;
     for (auto const& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
     throw usage_error(cat("--model: ",
-                          quoted(*option),
+                          tangram::detail::quoted(*option),
                           " is neither a model-spec file nor a preset (known: ",
                           known,
                           ")"));
@@ -108,7 +68,7 @@ model_spec resolve_model(std::optional<std::string> const& option, std::string c
   std::string known;
   for (auto const& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
   throw usage_error(cat("no built-in model matches ",
-                        quoted(model_name),
+                        tangram::detail::quoted(model_name),
                         "; pass --model NAME_OR_FILE (presets: ",
                         known,
                         ")"));

@@ -1,30 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers shared by `tangram calibrate`, `tangram plan` and `tangram inspect`: reading samples or
-// profiles, choosing the model, calibration options, number formatting.
+// profiles, choosing the model, number formatting.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "args.hpp"
+#include "common_options.hpp"
 #include "inputs.hpp"
+#include "usage_error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
 
 namespace tangram::cli {
-
-/// Calibration options read from the command line, and whether any was given explicitly.
-struct calibration_args {
-  calibration_options options;
-  std::optional<std::string> given;  ///< the first calibration option given, e.g. "--alpha"
-};
-
-/// Reads --estimator, --alpha, --quantile and --floor. --alpha with the quantile estimator or
-/// --quantile with musigma is a usage error.
-calibration_args read_calibration_args(args& a);
 
 /// The budgets a plan starts from: a profile, calibrated from samples when the input held samples.
 struct budget_source {

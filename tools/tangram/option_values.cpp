@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "option_values.hpp"
+
+#include <charconv>
+#include <cmath>
+
+#include "tangram/detail/str.hpp"
+
+namespace tangram::cli {
+
+namespace {
+
+using tangram::detail::cat;
+
+// Bounds as --help shows them: 1e+06 as 1e6.
+std::string bound_text(double v) {
+  std::string s = cat(v);
+  if (auto e = s.find("e+"); e != std::string::npos) {
+    auto digits = s.find_first_not_of('0', e + 2);
+    s.erase(e + 1, digits - (e + 1));
+  }
+  return s;
+}
+
+std::string range_text(number_range r) {
+  return cat(r.open_low ? "(" : "[", bound_text(r.lo), ", ", bound_text(r.hi), "]");
+}
+
+std::string range_text(std::int64_t lo, std::int64_t hi) { return cat("[", lo, ", ", hi, "]"); }
+
+// Each *_problem returns why `text` is not a valid value, or "" when it is (then `v` holds it).
+// That is CLI11's validator convention; CLI11 prefixes the option's name to the reason
+// ("--alpha: must be in [0, 1000], got 5000").
+std::string number_problem(std::string_view text, number_range r, double& v) {
+  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (res.ec != std::errc{} || res.ptr != text.data() + text.size() || !std::isfinite(v))
+    return cat("expected a number, got ", tangram::detail::quoted(text));
+  if (v < r.lo || v > r.hi || (r.open_low && !(v > r.lo)))
+    return cat("must be in ", range_text(r), ", got ", text);
+  return "";
+}
+
+std::string integer_problem(std::string_view text, std::int64_t lo, std::int64_t hi, std::int64_t& v) {
+  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (res.ec != std::errc{} || res.ptr != text.data() + text.size())
+    return cat("expected an integer, got ", tangram::detail::quoted(text));
+  if (v < lo || v > hi) return cat("must be in ", range_text(lo, hi), ", got ", text);
+  return "";
+}
+
+std::string list_problem(std::string_view text,
+                         std::int64_t lo,
+                         std::int64_t hi,
+                         std::size_t max_count,
+                         std::vector<std::int64_t>& out) {
+  out.clear();
+  while (true) {
+    auto comma     = text.find(',');
+    std::int64_t v = 0;
+    if (auto why = integer_problem(text.substr(0, comma), lo, hi, v); !why.empty()) return why;
+    out.push_back(v);
+    if (out.size() > max_count) return cat("at most ", max_count, " values");
+    if (comma == std::string_view::npos) return "";
+    text.remove_prefix(comma + 1);
+  }
+}
+
+// An option taking one value, checked by `problem` (described in --help as `check_help`) before
+// `set` reads it. `set` gets the user's text as typed: CLI11 converts nothing itself.
+CLI::Option* add_checked(CLI::App& app,
+                         std::string const& name,
+                         std::function<void(std::string const&)> set,
+                         std::function<std::string(std::string const&)> problem,
+                         std::string const& check_help,
+                         std::string const& type,
+                         std::string const& help) {
+  auto* opt = app.add_option(
+      name,
+      [set = std::move(set)](CLI::results_t const& res) {
+        set(res.front());
+        return true;
+      },
+      help);
+  opt->type_name(type);
+  opt->check(CLI::Validator(
+      [problem = std::move(problem)](std::string& text) { return problem(text); }, check_help));
+  return opt;
+}
+
+}  // namespace
+
+CLI::Option* add_number(CLI::App& app,
+                        std::string const& name,
+                        double& target,
+                        number_range r,
+                        std::string const& help) {
+  std::string shown = cat(target);
+  return add_checked(
+             app, name, [&target, r](std::string const& t) { number_problem(t, r, target); },
+             [r](std::string const& t) {
+               double v = 0;
+               return number_problem(t, r, v);
+             },
+             range_text(r), "FLOAT", help)
+      ->default_str(shown);
+}
+
+CLI::Option* add_number(CLI::App& app,
+                        std::string const& name,
+                        std::optional<double>& target,
+                        number_range r,
+                        std::string const& help) {
+  return add_checked(
+      app, name,
+      [&target, r](std::string const& t) {
+        double v = 0;
+        number_problem(t, r, v);
+        target = v;
+      },
+      [r](std::string const& t) {
+        double v = 0;
+        return number_problem(t, r, v);
+      },
+      range_text(r), "FLOAT", help);
+}
+
+CLI::Option* add_integer(CLI::App& app,
+                         std::string const& name,
+                         std::function<void(std::int64_t)> set,
+                         std::int64_t shown_default,
+                         std::int64_t lo,
+                         std::int64_t hi,
+                         std::string const& help) {
+  return add_checked(
+             app, name,
+             [set = std::move(set), lo, hi](std::string const& t) {
+               std::int64_t v = 0;
+               integer_problem(t, lo, hi, v);
+               set(v);
+             },
+             [lo, hi](std::string const& t) {
+               std::int64_t v = 0;
+               return integer_problem(t, lo, hi, v);
+             },
+             range_text(lo, hi), "INT", help)
+      ->default_str(cat(shown_default));
+}
+
+CLI::Option* add_integer_list(CLI::App& app,
+                              std::string const& name,
+                              std::vector<std::int64_t>& target,
+                              std::int64_t lo,
+                              std::int64_t hi,
+                              std::size_t max_count,
+                              std::string const& help) {
+  return add_checked(
+      app, name,
+      [&target, lo, hi, max_count](std::string const& t) { list_problem(t, lo, hi, max_count, target); },
+      [lo, hi, max_count](std::string const& t) {
+        std::vector<std::int64_t> v;
+        return list_problem(t, lo, hi, max_count, v);
+      },
+      cat("each in ", range_text(lo, hi), ", at most ", max_count), "N,N,...", help);
+}
+
+CLI::Option* add_choice(CLI::App& app,
+                        std::string const& name,
+                        std::function<void(std::string const&)> set,
+                        std::string const& shown_default,
+                        std::vector<std::string> const& allowed,
+                        std::string const& help) {
+  // IsMember decides and describes the choices in --help; the refusal keeps the program's
+  // wording, with the value quoted (it may be empty or hold spaces).
+  CLI::Validator member = CLI::IsMember(allowed);
+  std::string list;
+  for (auto const& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  auto refuse = [member, list](std::string& text) {
+    if (member(text).empty()) return std::string();
+    return cat("expected one of ", list, ", got ", tangram::detail::quoted(text));
+  };
+  return app.add_option_function<std::string>(name, std::move(set), help)
+      ->check(CLI::Validator(refuse, member.get_description()))
+      ->type_name("WORD")
+      ->default_str(shown_default);
+}
+
+CLI::Option* add_text(CLI::App& app,
+                      std::string const& name,
+                      std::optional<std::string>& target,
+                      std::string const& label,
+                      std::string const& help) {
+  return app.add_option_function<std::string>(
+                name, [&target](std::string const& t) { target = t; }, help)
+      ->type_name(label);
+}
+
+CLI::Option* add_text(CLI::App& app,
+                      std::string const& name,
+                      std::string& target,
+                      std::string const& label,
+                      std::string const& help) {
+  std::string shown = target;
+  return app.add_option(name, target, help)->type_name(label)->default_str(shown);
+}
+
+std::string given_text(CLI::Option const* opt, std::string fallback) {
+  return opt->count() > 0 ? opt->results().front() : std::move(fallback);
+}
+
+}  // namespace tangram::cli
