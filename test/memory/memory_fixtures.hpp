@@ -29,9 +29,11 @@ inline static_plan real_plan(model_spec const& model,
                              std::int32_t page_tokens,
                              std::int32_t group_size,
                              grouping_scope scope,
-                             std::int32_t tp_size = 1,
-                             std::int32_t tp_rank = 0) {
+                             std::int32_t tp_size            = 1,
+                             std::int32_t tp_rank            = 0,
+                             reservation_options reservation = {}) {
   plan_options o;
+  o.reservation = reservation;
   o.page_tokens = page_tokens;
   o.group_size  = group_size;
   o.scope       = scope;
@@ -42,13 +44,25 @@ inline static_plan real_plan(model_spec const& model,
 
 /// The Llama-3.1-8B plan for one bundled scorer (P = 16, Hp = 4, global grouping by default).
 inline static_plan llama_plan(std::string const& scorer,
-                              std::int32_t page_tokens = 16,
-                              std::int32_t group_size  = 4) {
+                              std::int32_t page_tokens        = 16,
+                              std::int32_t group_size         = 4,
+                              reservation_options reservation = {}) {
   return real_plan(model_preset("llama-3.1-8b"),
                    "profiles/" + scorer + "/llama-3.1-8b-instruct.json",
                    page_tokens,
                    group_size,
-                   grouping_scope::global);
+                   grouping_scope::global,
+                   1,
+                   0,
+                   reservation);
+}
+
+/// Elastic reservation at margin m (keep-ratio basis: all tokens).
+inline reservation_options elastic_reservation(double margin) {
+  reservation_options r;
+  r.mode   = reservation_mode::elastic;
+  r.margin = margin;
+  return r;
 }
 
 /// Manager options with `pages` pages and `slots` sequence slots; everything else default.
@@ -87,22 +101,26 @@ inline model_spec tiny_model(std::int32_t window = 10) {
 }
 
 inline static_plan tiny_plan(std::vector<double> budgets,
-                             std::int32_t page_tokens = 4,
-                             std::int32_t group_size  = 2,
-                             std::int32_t window      = 10,
-                             grouping_scope scope     = grouping_scope::global) {
+                             std::int32_t page_tokens        = 4,
+                             std::int32_t group_size         = 2,
+                             std::int32_t window             = 10,
+                             grouping_scope scope            = grouping_scope::global,
+                             reservation_options reservation = {},
+                             double keep_ratio               = 0.5) {
   budget_profile p;
-  p.model            = "tiny";
-  p.num_model_layers = 4;
-  p.num_kv_heads     = 4;
-  p.layer_ids        = {0, 3};
-  p.sink_tokens      = 1;
-  p.window_tokens    = 2;
-  p.budgets          = std::move(budgets);
+  p.target_keep_ratio = keep_ratio;
+  p.model             = "tiny";
+  p.num_model_layers  = 4;
+  p.num_kv_heads      = 4;
+  p.layer_ids         = {0, 3};
+  p.sink_tokens       = 1;
+  p.window_tokens     = 2;
+  p.budgets           = std::move(budgets);
   plan_options o;
   o.page_tokens = page_tokens;
   o.group_size  = group_size;
   o.scope       = scope;
+  o.reservation = reservation;
   return build_static_plan(tiny_model(window), p, o);
 }
 

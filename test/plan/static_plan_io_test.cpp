@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tangram/io/static_plan.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 
@@ -126,6 +127,47 @@ TEST_CASE("static plans round-trip through JSON for every profile and scope", "[
       CHECK(to_json(q) == text);  // stable
     }
   }
+}
+
+TEST_CASE("the reservation mode round-trips; files without it are static; bad values are named",
+          "[plan_io]") {
+  plan_options o;
+  o.reservation.mode   = reservation_mode::elastic;
+  o.reservation.margin = 0.125;
+  o.reservation.basis  = keep_ratio_basis::compressible_tokens;
+  auto p               = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", o);
+  auto text            = to_json(p);
+  auto q               = parse_static_plan(text, "mem");
+  CHECK(q.options.reservation.mode == reservation_mode::elastic);
+  CHECK(q.options.reservation.margin == 0.125);
+  CHECK(q.options.reservation.basis == keep_ratio_basis::compressible_tokens);
+  CHECK(plan_difference(p, q).empty());
+  auto s = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", plan_options{});
+  CHECK(plan_difference(p, s).find("options.reservation") != std::string::npos);
+  // A file from before elastic reservation (no "reservation") reads as static.
+  auto doc      = json::parse(text, "t");
+  auto& options = at(doc, {"options"}).members();
+  options.erase(
+      std::remove_if(
+          options.begin(), options.end(), [](auto const& m) { return m.first == "reservation"; }),
+      options.end());
+  auto old = parse_static_plan(json::dump(doc), "old.json");
+  CHECK(old.options.reservation.mode == reservation_mode::static_budgets);
+  expect_rejected(text,
+                  [](json::value& d) {
+                    at(d, {"options", "reservation", "mode"}) = json::value("dynamic");
+                  },
+                  {"options.reservation.mode", "dynamic", "static or elastic"});
+  expect_rejected(text,
+                  [](json::value& d) {
+                    at(d, {"options", "reservation", "margin"}) = json::value(11.0);
+                  },
+                  {"options.reservation.margin", "11"});
+  expect_rejected(text,
+                  [](json::value& d) {
+                    at(d, {"profile", "target_keep_ratio"}) = json::value(0.0);
+                  },
+                  {"elastic reservation needs", "target_keep_ratio"});
 }
 
 TEST_CASE("tensor-parallel plans and hybrid models round-trip through files", "[plan_io]") {

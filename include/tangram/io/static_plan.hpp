@@ -183,6 +183,25 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   if (p.model.num_kv_heads % p.options.tp_size != 0)
     o["tp_size"].fail(cat(
         "must divide the model's ", p.model.num_kv_heads, " KV heads, got ", p.options.tp_size));
+  if (auto r = o.find("reservation")) {  // absent in files written before elastic reservation
+    auto m    = (*r)["mode"];
+    auto mode = reservation_mode_named(m.as_string(32));
+    if (!mode)
+      m.fail(cat("unknown reservation mode ", m.describe(), " (expected static or elastic)"));
+    p.options.reservation.mode   = *mode;
+    p.options.reservation.margin = (*r)["margin"].as_double(0, max_elastic_margin);
+    auto b                       = (*r)["keep_ratio_basis"];
+    auto basis                   = keep_ratio_basis_named(b.as_string(32));
+    if (!basis)
+      b.fail(cat("unknown keep ratio basis ",
+                 b.describe(),
+                 " (expected all_tokens or compressible_tokens)"));
+    p.options.reservation.basis = *basis;
+    if (*mode == reservation_mode::elastic &&
+        !(p.profile.target_keep_ratio > 0 && p.profile.target_keep_ratio <= 1))
+      m.fail(cat("elastic reservation needs the profile's target_keep_ratio in (0, 1], got ",
+                 p.profile.target_keep_ratio));
+  }
 
   p.num_layers = detail::expect_derived(doc["num_layers"], p.model.num_layers, "model.num_layers");
   std::int32_t local = p.model.num_kv_heads / p.options.tp_size;
@@ -445,6 +464,17 @@ inline std::string plan_difference(static_plan const& a, static_plan const& b) {
   if (oa.split.share_quantile != ob.split.share_quantile)
     return cat(
         "options.split.share_quantile: ", oa.split.share_quantile, " vs ", ob.split.share_quantile);
+  if (oa.reservation.mode != ob.reservation.mode ||
+      oa.reservation.margin != ob.reservation.margin ||
+      oa.reservation.basis != ob.reservation.basis)
+    return cat("options.reservation: ",
+               to_string(oa.reservation.mode),
+               " margin ",
+               oa.reservation.margin,
+               " vs ",
+               to_string(ob.reservation.mode),
+               " margin ",
+               ob.reservation.margin);
   if (oa.tp_size != ob.tp_size || oa.tp_rank != ob.tp_rank)
     return cat("options.tp: ", oa.tp_size, "/", oa.tp_rank, " vs ", ob.tp_size, "/", ob.tp_rank);
   if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||

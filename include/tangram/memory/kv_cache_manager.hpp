@@ -122,7 +122,12 @@ class basic_kv_cache_manager {
         batch_(static_cast<std::int32_t>(options_.max_batch), options_.max_sequences),
         journal_(options_.max_view_changes, options_.max_sequences),
         footprint_(groups_.num_groups()),
-        usage_(groups_, sequences_, page_table_, lengths_, pool_),
+        usage_(groups_,
+               sequences_,
+               page_table_,
+               lengths_,
+               pool_,
+               groups_.staging_pages(options_.max_chunk_tokens)),
         flow_(
             groups_, sequences_, page_table_, lengths_, buckets_, journal_, copies_, pool_, stats_),
         chunk_need_(static_cast<std::size_t>(groups_.num_groups()), 0) {}
@@ -152,7 +157,12 @@ class basic_kv_cache_manager {
    */
   [[nodiscard]] std::int64_t admission_pages(std::int64_t prompt_tokens,
                                              std::int64_t max_new_tokens) const {
-    return footprint_pages(plan_, prompt_tokens, max_new_tokens);
+    if (!groups_.elastic()) return footprint_pages(plan_, prompt_tokens, max_new_tokens);
+    auto const& r = plan_.options.reservation;
+    return detail::add_or_throw(
+        elastic_footprint_pages(plan_, r.margin, prompt_tokens, max_new_tokens, r.basis),
+        usage_.staging_pages(),
+        "admission pages: elastic footprint + staging");
   }
 
   /**
@@ -209,12 +219,26 @@ class basic_kv_cache_manager {
         s, st.phase == sequence_phase::prefill, "prepare_chunk", ", not prefill");
     sequences_.expect_no_prepared_chunk(s);
     sequences_.expect_chunk_fits(s, chunk_tokens, "prepare_chunk");
-    std::int64_t n = lengths_.tokens(s) + chunk_tokens;
+    TANGRAM_EXPECTS(!groups_.elastic() || chunk_tokens <= options_.max_chunk_tokens,
+                    invalid_argument,
+                    "prepare_chunk.chunk_tokens: ",
+                    chunk_tokens,
+                    " exceeds manager_options.max_chunk_tokens = ",
+                    options_.max_chunk_tokens,
+                    " (elastic reservation stages at most that many tokens per chunk)");
+    std::int64_t n = lengths_.tokens(s) + chunk_tokens, pooled_need = 0;
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      auto need = groups_.pages_after(g, n);
-      page_table_.expect_can_grow(s, g, need, "prepare_chunk");
+      // A pooled group stages the chunk after its longest head; its eviction picks the length.
+      auto need = groups_.pooled(g) ? groups_.pages_for(page_table_.longest_base(s, g) +
+                                                        lengths_.appended(s) + chunk_tokens)
+                                    : groups_.pages_after(g, n);
+      if (groups_.pooled(g))
+        pooled_need += std::max<std::int64_t>(0, need - page_table_.count(s, g));
+      else
+        page_table_.expect_can_grow(s, g, need, "prepare_chunk");
       chunk_need_[static_cast<std::size_t>(g)] = need;
     }
+    page_table_.expect_pooled_room(s, pooled_need, "prepare_chunk");
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       page_table_.count_before_chunk(s, g) = page_table_.count(s, g);
       flow_.grow_to(s, g, chunk_need_[static_cast<std::size_t>(g)]);
@@ -267,6 +291,7 @@ class basic_kv_cache_manager {
       auto kind = plan_.rules[static_cast<std::size_t>(h)].kind;
       detail::check_kept(kind, kept[h], expected_kept_of(s, h, n, c), n, s, h / H, h % H);
     }
+    detail::check_pooled_kept(groups_, kept, page_table_.pooled_limit(s), s);
     lengths_.commit_chunk(s, kept, static_cast<std::int32_t>(n), [&](std::int32_t h) {
       return plan_.rules[static_cast<std::size_t>(h)].kind == layer_kind::sliding_window;
     });
@@ -274,6 +299,8 @@ class basic_kv_cache_manager {
     st.chunk_pending = 0;
     if (st.prompt_remaining == 0) st.phase = sequence_phase::decode;
     flow_.settle_after_chunk(s);
+    if (st.phase == sequence_phase::decode)
+      flow_.trim_pooled_budget(s, usage_.pooled_decode_need(s));
     journal_.note_slot(s);
   }
 
@@ -535,9 +562,17 @@ class basic_kv_cache_manager {
   [[nodiscard]] std::int32_t group_target(sequence_id seq, std::int32_t g) const {
     return page_table_.target(checked_group(seq, g, "group_target"), g);
   }
-  /// Pages group g of `seq` may still draw from its reservation.
+  /// Pages group g of `seq` may still draw from its reservation (0 for a compressed group under
+  /// elastic reservation: those draw from `elastic_page_limit`'s shared reservation).
   [[nodiscard]] std::int32_t group_reserved(sequence_id seq, std::int32_t g) const {
     return page_table_.budget(checked_group(seq, g, "group_reserved"), g);
+  }
+  /// Elastic reservation: the most pages the compressed groups of `seq` may hold together after
+  /// each chunk's eviction this turn: the budget of the eviction's group-length selection
+  /// (`commit_chunk` refuses more). 0 under static reservation. @throw logic_error for an unknown
+  /// sequence.
+  [[nodiscard]] std::int64_t elastic_page_limit(sequence_id seq) const {
+    return page_table_.pooled_limit(sequences_.find(seq, "elastic_page_limit"));
   }
   /// Pages group g of `seq` uses now: enough for its longest head (a sliding ring: its filled
   /// pages).
@@ -574,6 +609,8 @@ class basic_kv_cache_manager {
                                               std::int32_t h,
                                               std::int64_t n,
                                               std::int64_t c) const noexcept {
+    // Elastic: a compressed head may keep every candidate; the group-level check bounds them.
+    if (groups_.pooled(groups_.head_slot_of(h).group)) return lengths_.held(s, h) + c;
     return detail::expected_kept(
         plan_.rules[static_cast<std::size_t>(h)], lengths_.held(s, h), n, c);
   }

@@ -58,6 +58,9 @@ struct manager_options {
   std::int64_t index_capacity = 0;  ///< entries of the page-id arena; 0: 2 * pages + 4 * slots * G
   std::int64_t max_view_changes =
       0;  ///< journal entries before a full resync; 0: 4 * max_batch + 1024
+  std::int64_t max_chunk_tokens =
+      2048;  ///< elastic reservation: the longest prefill chunk; each sequence reserves room to
+             ///< stage one chunk in every compressed group before its eviction
 
   /// Field ranges only; the manager's constructor also checks the sizes derived from the plan
   /// (pages from pool_bytes, FlashInfer's 32-bit virtual page ids).
@@ -87,6 +90,11 @@ struct manager_options {
         invalid_argument,
         "manager_options.index_capacity: must be in [0, 2^31 - 1], got ",
         index_capacity);
+    TANGRAM_EXPECTS(
+        max_chunk_tokens >= 1 && max_chunk_tokens <= std::numeric_limits<std::int32_t>::max(),
+        invalid_argument,
+        "manager_options.max_chunk_tokens: must be in [1, 2^31 - 1], got ",
+        max_chunk_tokens);
     TANGRAM_EXPECTS(
         max_view_changes >= 0 && max_view_changes <= std::numeric_limits<std::int32_t>::max(),
         invalid_argument,
@@ -124,6 +132,9 @@ struct manager_stats {
   std::int64_t reclaimed_pages = 0;  ///< pages freed in the same chunk that drew them (0 by design)
   std::int64_t page_copies     = 0;  ///< copy-on-write copies recorded
   std::int64_t index_compactions = 0;  ///< times the page-id arena was repacked
+  std::int64_t staging_pages_returned =
+      0;  ///< elastic: pages a chunk's eviction gave back to its own reservation (not reclaimed:
+          ///< they were reserved for that request and stay reserved for it)
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that

@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include "tangram/error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/head_rules.hpp"
@@ -26,6 +27,12 @@ inline static_plan build_static_plan(model_spec const& model,
                                      budget_profile const& profile,
                                      plan_options const& options) {
   options.validate();
+  TANGRAM_EXPECTS(options.reservation.mode != reservation_mode::elastic ||
+                      (profile.target_keep_ratio > 0 && profile.target_keep_ratio <= 1),
+                  invalid_argument,
+                  "plan_options.reservation.mode: elastic reservation needs the profile's "
+                  "target_keep_ratio in (0, 1], got ",
+                  profile.target_keep_ratio);
   static_plan p;
   p.model         = model;
   p.profile       = profile;

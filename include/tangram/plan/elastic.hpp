@@ -59,6 +59,7 @@
 #include "tangram/detail/stats.hpp"
 #include "tangram/error.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -66,50 +67,6 @@
 #include "tangram/reference/elastic_selection.hpp"
 
 namespace tangram {
-
-/// @brief What the scorer's keep ratio applies to.
-enum class keep_ratio_basis : std::uint8_t {
-  all_tokens,  ///< rho of all n tokens, protected ones included (global top-k; bundled data)
-  compressible_tokens,  ///< rho of the n - protect unprotected tokens, plus the protected ones
-};
-
-constexpr std::string_view to_string(keep_ratio_basis b) noexcept {
-  return b == keep_ratio_basis::all_tokens ? "all_tokens" : "compressible_tokens";
-}
-
-/// @brief The scorer's total per request: how many head-tokens it keeps after n tokens.
-struct scorer_total {
-  double keep_ratio      = 0.3;  ///< rho, in (0, 1]
-  std::int64_t protect   = 0;    ///< sink + window tokens every head keeps, >= 0
-  keep_ratio_basis basis = keep_ratio_basis::all_tokens;
-
-  /// @throw invalid_argument naming the field and the value.
-  void validate() const {
-    TANGRAM_EXPECTS(keep_ratio > 0 && keep_ratio <= 1,
-                    invalid_argument,
-                    "scorer_total.keep_ratio: must be in (0, 1], got ",
-                    keep_ratio);
-    TANGRAM_EXPECTS(
-        protect >= 0, invalid_argument, "scorer_total.protect: must be >= 0, got ", protect);
-  }
-
-  /// kbar(n): one head's share of the total (file comment); in [min(n, protect), n].
-  /// @throw invalid_argument for bad fields or n < 0.
-  [[nodiscard]] std::int64_t per_head(std::int64_t n) const {
-    validate();
-    TANGRAM_EXPECTS(n >= 0, invalid_argument, "context_tokens: must be >= 0, got ", n);
-    std::int64_t p = std::min(n, protect);
-    if (basis == keep_ratio_basis::all_tokens)
-      return std::max(p, ceil_budget_tokens(keep_ratio, n));
-    return p + ceil_budget_tokens(keep_ratio, n - p);
-  }
-
-  /// K(n) = heads * kbar(n), overflow-checked.
-  [[nodiscard]] std::int64_t tokens(std::int64_t heads, std::int64_t n) const {
-    TANGRAM_EXPECTS(heads >= 0, invalid_argument, "heads: must be >= 0, got ", heads);
-    return detail::mul_or_throw(heads, per_head(n), "scorer total: heads * per-head tokens");
-  }
-};
 
 /// @brief The scorer of retention samples: their keep ratio and protected tokens.
 /// @throw invalid_argument when the samples' target_keep_ratio is not in (0, 1].
@@ -121,94 +78,6 @@ inline scorer_total scorer_of(retention_samples const& s,
                   "(0, 1], got ",
                   s.target_keep_ratio);
   return {s.target_keep_ratio, s.protected_tokens(), basis};
-}
-
-/// Largest margin accepted anywhere (1 + m multiplies a token count held in a double).
-inline constexpr double max_elastic_margin = 10.0;
-
-/**
- * @brief R(n): pages reserved for the compressed heads of one request before decode (file
- * comment), at `heads` heads grouped Hp per page, P tokens per page and margin m.
- * @throw invalid_argument naming the field: Hp not dividing heads, P < 1, margin outside
- *        [0, max_elastic_margin], n < 0, or a total that overflows.
- */
-inline std::int64_t elastic_compressed_pages(scorer_total const& t,
-                                             std::int64_t heads,
-                                             std::int32_t group_size,
-                                             std::int32_t page_tokens,
-                                             double margin,
-                                             std::int64_t n) {
-  t.validate();
-  TANGRAM_EXPECTS(group_size >= 1 && heads >= 0 && heads % group_size == 0,
-                  invalid_argument,
-                  "group_size: must be >= 1 and divide the ",
-                  heads,
-                  " compressed heads, got ",
-                  group_size);
-  TANGRAM_EXPECTS(
-      page_tokens >= 1, invalid_argument, "page_tokens: must be >= 1, got ", page_tokens);
-  TANGRAM_EXPECTS(margin >= 0 && margin <= max_elastic_margin,
-                  invalid_argument,
-                  "margin: must be in [0, ",
-                  max_elastic_margin,
-                  "], got ",
-                  margin);
-  std::int64_t K      = t.tokens(heads, n);
-  std::int64_t groups = heads / group_size;
-  // (1 + m) K in a double: exact enough below 2^53 and checked to stay far below 2^63.
-  TANGRAM_EXPECTS(static_cast<double>(K) * (1.0 + margin) < 0x1p62,
-                  invalid_argument,
-                  "scorer total: ",
-                  K,
-                  " head-tokens times 1 + margin ",
-                  margin,
-                  " overflows");
-  std::int64_t want = ceil_budget_tokens(1.0 + margin, K);
-  std::int64_t cell = static_cast<std::int64_t>(group_size) * page_tokens;
-  std::int64_t lo   = detail::mul_or_throw(groups,
-                                         ceil_div(std::min(n, t.protect), page_tokens),
-                                         "protected pages: groups * pages per group");
-  std::int64_t hi   = detail::mul_or_throw(
-      groups, ceil_div(n, page_tokens), "full pages: groups * pages per group");
-  return std::min(hi, std::max(lo, ceil_div(want, cell)));
-}
-
-/**
- * @brief Elastic footprint of a request in pages under a static plan: the compressed groups
- * reserve R(n) + G_c ceil(T / P); the other groups (sliding window, uncompressed) their static
- * pages. The scorer is the plan profile's keep ratio and protected tokens.
- * @throw invalid_argument as elastic_compressed_pages, or when the profile has no keep ratio.
- */
-inline std::int64_t elastic_footprint_pages(static_plan const& plan,
-                                            double margin,
-                                            std::int64_t context,
-                                            std::int64_t decode,
-                                            keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
-  TANGRAM_EXPECTS(decode >= 0, invalid_argument, "decode_tokens: must be >= 0, got ", decode);
-  TANGRAM_EXPECTS(
-      plan.profile.target_keep_ratio > 0 && plan.profile.target_keep_ratio <= 1,
-      invalid_argument,
-      "profile.target_keep_ratio: elastic reservation needs a keep ratio in (0, 1], got ",
-      plan.profile.target_keep_ratio);
-  scorer_total t{plan.profile.target_keep_ratio, plan.profile.protected_tokens(), basis};
-  std::int32_t P                 = plan.geometry.page_tokens;
-  std::int64_t compressed_groups = 0, total = 0;
-  for (auto const& g : plan.grouping.groups) {
-    if (g.rule.kind == layer_kind::compressed)
-      ++compressed_groups;
-    else
-      total = detail::add_or_throw(
-          total, group_pages(g.rule, context, decode, P), "elastic footprint pages");
-  }
-  std::int32_t hp = plan.grouping.group_size;
-  total           = detail::add_or_throw(
-      total,
-      elastic_compressed_pages(t, compressed_groups * hp, hp, P, margin, context),
-      "elastic footprint pages");
-  return detail::add_or_throw(
-      total,
-      detail::mul_or_throw(compressed_groups, ceil_div(decode, P), "decode pages"),
-      "elastic footprint pages");
 }
 
 /// @brief Settings of the elastic calibration.

@@ -6,7 +6,9 @@
  * A group of a request that has seen n tokens and decoded t more holds
  * `ceil((k_group(n) + t) / P)` pages, k_group the rule of its largest member; a sliding-window
  * group holds `ceil(min(n + t, W) / P)` pages (its ring never grows beyond `ceil(W / P)`).
- * Budgets are static, so the footprint is known exactly before the request runs.
+ * Budgets are static, so the footprint is known exactly before the request runs. Under elastic
+ * reservation (plan/elastic_reservation.hpp) the compressed groups share one total instead,
+ * `elastic_footprint_pages`, equally known before the request runs.
  *
  * Sizes come from callers (requests, workloads), so every function checks them: context and
  * decode must be >= 0 with `context + decode <= max_footprint_tokens`, and sums and products that
@@ -19,6 +21,7 @@
 
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/error.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 
@@ -60,7 +63,9 @@ inline std::int64_t footprint_tokens(std::int64_t context,
  * @throw invalid_argument when context < 0, decode < 0, page_tokens < 1, or context + decode
  *        overflows or exceeds `max_footprint_tokens` (names the values).
  */
-inline std::int64_t group_pages(head_rule const& group_rule, std::int64_t context, std::int64_t decode,
+inline std::int64_t group_pages(head_rule const& group_rule,
+                                std::int64_t context,
+                                std::int64_t decode,
                                 std::int32_t page_tokens) {
   std::int64_t n = detail::footprint_tokens(context, decode, page_tokens);
   if (group_rule.kind == layer_kind::sliding_window)
@@ -71,7 +76,9 @@ inline std::int64_t group_pages(head_rule const& group_rule, std::int64_t contex
 
 /// Pages a request needs in every group: `out[g]` for group g. @throw as `group_pages`; `out` is
 /// unchanged then.
-inline void footprint_pages(static_plan const& plan, std::int64_t context, std::int64_t decode,
+inline void footprint_pages(static_plan const& plan,
+                            std::int64_t context,
+                            std::int64_t decode,
                             std::vector<std::int64_t>& out) {
   (void)detail::footprint_tokens(
       context, decode, plan.geometry.page_tokens);  // before `out` changes
@@ -81,7 +88,9 @@ inline void footprint_pages(static_plan const& plan, std::int64_t context, std::
 }
 
 /// Total pages of a request: sum over groups. @throw as `group_pages`, or when the sum overflows.
-inline std::int64_t footprint_pages(static_plan const& plan, std::int64_t context, std::int64_t decode) {
+inline std::int64_t footprint_pages(static_plan const& plan,
+                                    std::int64_t context,
+                                    std::int64_t decode) {
   std::int64_t total = 0;
   for (auto const& g : plan.grouping.groups)
     total = detail::add_or_throw(total,
@@ -92,10 +101,50 @@ inline std::int64_t footprint_pages(static_plan const& plan, std::int64_t contex
 
 /// M(r) in bytes: footprint pages times page bytes. @throw as `footprint_pages`, or when the
 /// product overflows.
-inline std::int64_t footprint_bytes(static_plan const& plan, std::int64_t context, std::int64_t decode) {
+inline std::int64_t footprint_bytes(static_plan const& plan,
+                                    std::int64_t context,
+                                    std::int64_t decode) {
   return detail::mul_or_throw(footprint_pages(plan, context, decode),
                               plan.page_bytes(),
                               "footprint_bytes: pages x page_bytes");
+}
+
+/**
+ * @brief Elastic footprint of a request in pages under a static plan: the compressed groups
+ * reserve R(n) + G_c ceil(T / P); the other groups (sliding window, uncompressed) their static
+ * pages. The scorer is the plan profile's keep ratio and protected tokens.
+ * @throw invalid_argument as elastic_compressed_pages, or when the profile has no keep ratio.
+ */
+inline std::int64_t elastic_footprint_pages(static_plan const& plan,
+                                            double margin,
+                                            std::int64_t context,
+                                            std::int64_t decode,
+                                            keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
+  TANGRAM_EXPECTS(decode >= 0, invalid_argument, "decode_tokens: must be >= 0, got ", decode);
+  TANGRAM_EXPECTS(
+      plan.profile.target_keep_ratio > 0 && plan.profile.target_keep_ratio <= 1,
+      invalid_argument,
+      "profile.target_keep_ratio: elastic reservation needs a keep ratio in (0, 1], got ",
+      plan.profile.target_keep_ratio);
+  scorer_total t{plan.profile.target_keep_ratio, plan.profile.protected_tokens(), basis};
+  std::int32_t P                 = plan.geometry.page_tokens;
+  std::int64_t compressed_groups = 0, total = 0;
+  for (auto const& g : plan.grouping.groups) {
+    if (g.rule.kind == layer_kind::compressed)
+      ++compressed_groups;
+    else
+      total = detail::add_or_throw(
+          total, group_pages(g.rule, context, decode, P), "elastic footprint pages");
+  }
+  std::int32_t hp = plan.grouping.group_size;
+  total           = detail::add_or_throw(
+      total,
+      elastic_compressed_pages(t, compressed_groups * hp, hp, P, margin, context),
+      "elastic footprint pages");
+  return detail::add_or_throw(
+      total,
+      detail::mul_or_throw(compressed_groups, ceil_div(decode, P), "decode pages"),
+      "elastic footprint pages");
 }
 
 }  // namespace tangram

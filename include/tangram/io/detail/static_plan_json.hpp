@@ -133,6 +133,11 @@ inline json::value plan_to_json_value(static_plan const& p) {
   o.set("share_quantile", p.options.split.share_quantile);
   o.set("tp_size", p.options.tp_size);
   o.set("tp_rank", p.options.tp_rank);
+  auto reservation = json::value::object();
+  reservation.set("mode", to_string(p.options.reservation.mode));
+  reservation.set("margin", p.options.reservation.margin);
+  reservation.set("keep_ratio_basis", to_string(p.options.reservation.basis));
+  o.set("reservation", std::move(reservation));
   v.set("options", std::move(o));
 
   v.set("num_layers", p.num_layers);

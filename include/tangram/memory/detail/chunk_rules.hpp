@@ -2,7 +2,8 @@
 /**
  * @file memory/detail/chunk_rules.hpp
  * @brief What a head may keep after a prefill chunk: the expected count from its static rule,
- * and the check of the count the eviction kernel reports.
+ * and the checks of the counts the eviction kernel reports (per head; under elastic reservation
+ * also the compressed groups' pages together).
  */
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 
 #include "tangram/error.hpp"
+#include "tangram/memory/detail/group_lookup.hpp"
 #include "tangram/plan/retention.hpp"
 
 namespace tangram::detail {
@@ -59,6 +61,33 @@ inline void check_kept(layer_kind kind,
                   " after ",
                   n,
                   " tokens");
+}
+
+/**
+ * @brief Elastic reservation: the pooled groups' pages after a chunk, each group as long as its
+ * longest head (`kept[flat head]`), must fit `limit` pages. Nothing to check without pooled
+ * groups. @throw logic_error naming slot s, the pages and the limit.
+ */
+inline void check_pooled_kept(group_lookup const& groups,
+                              std::int32_t const* kept,
+                              std::int64_t limit,
+                              std::int32_t s) {
+  std::int64_t pages = 0;
+  for (auto g : groups.pooled_groups()) {
+    std::int32_t longest = 0;
+    for (auto const* m = groups.members_begin(g); m != groups.members_end(g); ++m)
+      longest = std::max(longest, kept[*m]);
+    pages += groups.pages_for(longest);
+  }
+  TANGRAM_EXPECTS(pages <= limit,
+                  logic_error,
+                  "commit_chunk: the compressed groups of slot ",
+                  s,
+                  " would hold ",
+                  pages,
+                  " pages after this chunk (each group as long as its longest head); the "
+                  "elastic reservation allows ",
+                  limit);
 }
 
 }  // namespace tangram::detail

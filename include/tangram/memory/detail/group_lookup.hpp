@@ -2,7 +2,8 @@
 /**
  * @file memory/detail/group_lookup.hpp
  * @brief What a manager derives once from its plan: shape, each group's rule, window and ring,
- * its member heads, growing and sliding groups, and page arithmetic over P tokens per page.
+ * its member heads, growing and sliding groups, page arithmetic over P tokens per page, and under
+ * elastic reservation which groups share the request's compressed total (pooled groups).
  */
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "tangram/error.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -21,11 +23,18 @@ namespace tangram::detail {
 class group_lookup {
  public:
   group_lookup() = default;
-  /// Precondition: the plan was validated (rules cover every head, grouping consistent).
+  /// Precondition: the plan was validated (rules cover every head, grouping consistent; under
+  /// elastic reservation a keep ratio in (0, 1] and a margin in range).
   explicit group_lookup(static_plan const& plan)
       : num_layers_(plan.num_layers),
         num_kv_heads_(plan.num_kv_heads),
         page_tokens_(plan.geometry.page_tokens),
+        group_size_(plan.geometry.group_size),
+        elastic_(plan.options.reservation.mode == reservation_mode::elastic),
+        margin_(plan.options.reservation.margin),
+        scorer_{plan.profile.target_keep_ratio,
+                plan.profile.protected_tokens(),
+                plan.options.reservation.basis},
         head_slots_(plan.grouping.slots) {
     for (std::int32_t k = 0; k < 31; ++k)
       if ((std::int32_t{1} << k) == page_tokens_) page_shift_ = k;
@@ -43,6 +52,8 @@ class group_lookup {
       } else {
         growing_.push_back(static_cast<std::int32_t>(g));
       }
+      pooled_.push_back(elastic_ && grp.rule.kind == layer_kind::compressed);
+      if (pooled_.back()) pooled_groups_.push_back(static_cast<std::int32_t>(g));
       for (auto m : grp.members) members_.push_back(m.layer * num_kv_heads_ + m.head);
       member_begin_[g + 1] = static_cast<std::int32_t>(members_.size());
     }
@@ -110,6 +121,30 @@ class group_lookup {
     return sliding_;
   }
 
+  /// True under elastic reservation.
+  [[nodiscard]] bool elastic() const noexcept { return elastic_; }
+  /// True when group g draws from its sequence's shared (pooled) budget: a compressed group under
+  /// elastic reservation. Other groups have a budget of their own.
+  [[nodiscard]] bool pooled(std::int32_t g) const noexcept {
+    return pooled_[static_cast<std::size_t>(g)] != 0;
+  }
+  [[nodiscard]] std::vector<std::int32_t> const& pooled_groups() const noexcept {
+    return pooled_groups_;
+  }
+  /// Pages a sequence's pooled groups may hold beyond their target to stage one chunk of up to
+  /// `max_chunk_tokens` tokens before its eviction (0 without pooled groups).
+  [[nodiscard]] std::int64_t staging_pages(std::int64_t max_chunk_tokens) const noexcept {
+    return static_cast<std::int64_t>(pooled_groups_.size()) * pages_for(max_chunk_tokens);
+  }
+  /// R(n): pages the pooled groups may hold after n tokens of prompt (plan/elastic_reservation.hpp;
+  /// 0 without pooled groups). Precondition: 0 <= n <= 2^31 - 1 (the manager's turn-size check),
+  /// so the validated plan's arithmetic cannot overflow or throw.
+  [[nodiscard]] std::int64_t pooled_pages(std::int64_t n) const {
+    if (pooled_groups_.empty()) return 0;
+    auto heads = static_cast<std::int64_t>(pooled_groups_.size()) * group_size_;
+    return elastic_compressed_pages(scorer_, heads, group_size_, page_tokens_, margin_, n);
+  }
+
   // View arrays (their storage lives here for the manager's lifetime).
   [[nodiscard]] head_slot const* head_slots() const noexcept { return head_slots_.data(); }
   [[nodiscard]] head_slot head_slot_of(std::int32_t flat_head) const noexcept {
@@ -136,6 +171,12 @@ class group_lookup {
  private:
   std::int32_t num_layers_ = 0, num_kv_heads_ = 0, page_tokens_ = 1;
   std::int32_t page_shift_ = -1;  ///< log2(P) when P is a power of two, else -1
+  std::int32_t group_size_ = 1;
+  bool elastic_            = false;
+  double margin_           = 0;
+  scorer_total scorer_;
+  std::vector<std::uint8_t> pooled_;
+  std::vector<std::int32_t> pooled_groups_;
   std::vector<head_slot> head_slots_;
   std::vector<head_rule> rules_;
   std::vector<std::int32_t> window_, ring_pages_;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -35,6 +36,13 @@ inline static_plan const& checked_plan(static_plan const& plan) {
                   plan.num_layers * plan.num_kv_heads,
                   " rules, got ",
                   plan.rules.size());
+  plan.options.reservation.validate();
+  TANGRAM_EXPECTS(plan.options.reservation.mode != reservation_mode::elastic ||
+                      (plan.profile.target_keep_ratio > 0 && plan.profile.target_keep_ratio <= 1),
+                  invalid_argument,
+                  "static_plan.options.reservation: elastic reservation needs the profile's "
+                  "target_keep_ratio in (0, 1], got ",
+                  plan.profile.target_keep_ratio);
   TANGRAM_EXPECTS(plan.grouping.group_size == plan.geometry.group_size,
                   invalid_argument,
                   "static_plan.geometry.group_size: ",
@@ -84,11 +92,17 @@ inline manager_options checked_options(manager_options o, static_plan const& pla
                   ")");
   if (o.max_batch == 0) o.max_batch = o.max_sequences;
   // Bounded: num_pages <= 2^31 - 1, slots <= 2^20, groups <= 2^20 (layers and heads <= 1024).
-  if (o.index_capacity == 0)
-    o.index_capacity =
-        std::min<std::int64_t>(2 * o.num_pages + 4 * static_cast<std::int64_t>(o.max_sequences) *
-                                                     plan.grouping.num_groups(),
-                               std::numeric_limits<std::int32_t>::max());
+  // Under elastic reservation a compressed group's list may hold every token it has seen, so a
+  // sequence needs about 1 / keep_ratio entries per page it holds.
+  if (o.index_capacity == 0) {
+    double per_page = plan.options.reservation.mode == reservation_mode::elastic
+                          ? 2.0 / plan.profile.target_keep_ratio
+                          : 2.0;
+    double entries  = per_page * static_cast<double>(o.num_pages) +
+                     4.0 * static_cast<double>(o.max_sequences) * plan.grouping.num_groups();
+    o.index_capacity = static_cast<std::int64_t>(
+        std::min(std::ceil(entries), double{std::numeric_limits<std::int32_t>::max()}));
+  }
   if (o.max_view_changes == 0)
     o.max_view_changes = 4 * static_cast<std::int64_t>(o.max_batch) + 1024;
   return o;

@@ -63,12 +63,43 @@ class page_flow {
   }
 
   /// A page from slot s's reservation, charged to group g's budget (not yet in a list).
+  /// (A pooled group is charged to its sequence's shared budget.)
   page_id draw(std::int32_t s, std::int32_t g) {
-    page_table_.expect_budget(s, g);
+    bool pooled = groups_.pooled(g);
+    if (pooled)
+      page_table_.expect_pooled_room(s, 1, "draw");
+    else
+      page_table_.expect_budget(s, g);
     page_id p = pool_.draw(sequences_[s].reservation);
-    --page_table_.budget(s, g);
+    if (pooled)
+      --page_table_.pooled_budget(s);
+    else
+      --page_table_.budget(s, g);
     ++stats_.pages_drawn;
     return p;
+  }
+
+  /// Elastic reservation: the pages of pooled group g beyond the first `keep` go back into slot
+  /// s's reservation (the pool takes them back and re-promises them to s, which cannot fail: they
+  /// were just freed), ready for the next chunk's staging or decode. A page still shared with a
+  /// fork only loses this reference.
+  void return_to_reservation(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
+    while (page_table_.count(s, g) > keep) {
+      if (pool_.release(page_table_.pop(s, g))) {
+        (void)pool_.try_extend(sequences_[s].reservation, 1);
+        ++page_table_.pooled_budget(s);
+        ++stats_.staging_pages_returned;
+      }
+    }
+  }
+
+  /// Elastic reservation, once the prompt is in: the pooled budget shrinks to what decode needs
+  /// (`need` pages), the rest of the reservation returns to the pool.
+  void trim_pooled_budget(std::int32_t s, std::int64_t need) {
+    auto extra = page_table_.pooled_budget(s) - need;
+    if (extra <= 0) return;
+    pool_.release_unused(sequences_[s].reservation, extra);
+    page_table_.pooled_budget(s) = need;
   }
 
   /// Appends drawn pages to (s, g) until it holds `pages`.
@@ -152,11 +183,15 @@ class page_flow {
 
   /// After a chunk's lengths are recorded: each group's base range, then its pages beyond this
   /// turn's target (decode tokens of the previous turn that the recompression dropped) return to
-  /// the pool, then the decode buckets are rebuilt.
+  /// the pool (a pooled group's pages beyond its longest head return to the reservation), then
+  /// the decode buckets are rebuilt.
   void settle_after_chunk(std::int32_t s) noexcept {
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       refresh_base_range(s, g);
-      release_tail(s, g, page_table_.target(s, g), page_table_.count_before_chunk(s, g));
+      if (groups_.pooled(g))  // elastic: staged pages the eviction did not keep
+        return_to_reservation(s, g, groups_.pages_for(page_table_.longest_base(s, g)));
+      else
+        release_tail(s, g, page_table_.target(s, g), page_table_.count_before_chunk(s, g));
     }
     rebuild_buckets(s);
   }

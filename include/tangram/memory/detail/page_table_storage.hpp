@@ -46,7 +46,9 @@ class page_table_storage {
         pages_(static_cast<std::size_t>(arena_entries), -1),
         segments_(arena_entries, slots),
         segment_begin_(static_cast<std::size_t>(slots), 0),
-        segment_size_(static_cast<std::size_t>(slots), 0) {
+        segment_size_(static_cast<std::size_t>(slots), 0),
+        pooled_budget_(static_cast<std::size_t>(slots), 0),
+        pooled_limit_(static_cast<std::size_t>(slots), 0) {
     order_.reserve(static_cast<std::size_t>(slots));
   }
 
@@ -115,6 +117,32 @@ class page_table_storage {
   /// Removes and returns the last page of the list (count > 0).
   page_id pop(std::int32_t s, std::int32_t g) noexcept { return entry(s, g, --count_[at(s, g)]); }
 
+  /// Pages slot s's pooled groups (elastic reservation) may still draw, together.
+  std::int64_t& pooled_budget(std::int32_t s) noexcept {
+    return pooled_budget_[static_cast<std::size_t>(s)];
+  }
+  [[nodiscard]] std::int64_t pooled_budget(std::int32_t s) const noexcept {
+    return pooled_budget_[static_cast<std::size_t>(s)];
+  }
+  /// The most pages slot s's pooled groups may hold after a chunk's eviction.
+  [[nodiscard]] std::int64_t pooled_limit(std::int32_t s) const noexcept {
+    return pooled_limit_[static_cast<std::size_t>(s)];
+  }
+  /// @throw logic_error naming `op` unless slot s's pooled budget covers `need` more pages (an
+  /// internal inconsistency: the elastic reservation covers every chunk and decode step).
+  void expect_pooled_room(std::int32_t s, std::int64_t need, char const* op) const {
+    TANGRAM_EXPECTS(need <= pooled_budget(s),
+                    logic_error,
+                    op,
+                    ": the compressed groups of slot ",
+                    s,
+                    " need ",
+                    need,
+                    " more pages but ",
+                    pooled_budget(s),
+                    " are reserved (internal inconsistency)");
+  }
+
   /// @throw logic_error when list (s, g) has no page left in its budget (an internal
   /// inconsistency: a page is drawn only where the reservation covers it).
   void expect_budget(std::int32_t s, std::int32_t g) const {
@@ -162,6 +190,8 @@ class page_table_storage {
    * target = `fp.target(g)`, budget = `fp.reserve(g)`, base lengths 0.
    */
   void open(std::int32_t s, turn_footprint const& fp) noexcept {
+    pooled_budget_[static_cast<std::size_t>(s)] = fp.pooled_reserve();
+    pooled_limit_[static_cast<std::size_t>(s)]  = fp.pooled_limit();
     std::int64_t begin                          = *segments_.allocate(fp.capacity_total());
     segment_begin_[static_cast<std::size_t>(s)] = begin;
     segment_size_[static_cast<std::size_t>(s)]  = fp.capacity_total();
@@ -201,6 +231,8 @@ class page_table_storage {
   /// A new turn sized by `fp` (lists already relocated if they grow): each group's target and
   /// budget, and the counts its first chunk starts from.
   void start_turn(std::int32_t s, turn_footprint const& fp) noexcept {
+    pooled_budget_[static_cast<std::size_t>(s)] = fp.pooled_reserve();
+    pooled_limit_[static_cast<std::size_t>(s)]  = fp.pooled_limit();
     for (std::int32_t g = 0; g < groups_; ++g) {
       auto i                 = at(s, g);
       target_[i]             = static_cast<std::int32_t>(fp.target(g));
@@ -211,6 +243,7 @@ class page_table_storage {
 
   /// The turn ended (surplus pages released): nothing more may be drawn, the lists are the target.
   void end_turn(std::int32_t s) noexcept {
+    pooled_budget_[static_cast<std::size_t>(s)] = 0;
     for (std::int32_t g = 0; g < groups_; ++g) {
       auto i     = at(s, g);
       budget_[i] = 0;
@@ -220,6 +253,7 @@ class page_table_storage {
 
   /// Empties slot s's lists (their pages were released) and returns its segment to the arena.
   void close(std::int32_t s) noexcept {
+    pooled_budget_[static_cast<std::size_t>(s)] = pooled_limit_[static_cast<std::size_t>(s)] = 0;
     for (std::int32_t g = 0; g < groups_; ++g) {
       auto i    = at(s, g);
       count_[i] = capacity_[i] = target_[i] = budget_[i] = 0;
@@ -275,7 +309,8 @@ class page_table_storage {
                           InUse in_use,
                           std::int64_t pool_pages,
                           std::vector<std::uint32_t>& owners) const {
-    std::int64_t budget = 0;
+    std::int64_t budget = pooled_budget(s);
+    TANGRAM_EXPECTS(budget >= 0, logic_error, "slot ", s, ": negative pooled budget ", budget);
     std::int64_t expect = segment_begin_[static_cast<std::size_t>(s)];
     for (std::int32_t g = 0; g < groups_; ++g) {
       auto i = at(s, g);
@@ -359,6 +394,7 @@ class page_table_storage {
   std::vector<page_id> pages_;
   segment_arena segments_;
   std::vector<std::int64_t> segment_begin_, segment_size_;  ///< per slot
+  std::vector<std::int64_t> pooled_budget_, pooled_limit_;  ///< per slot
   std::vector<std::int32_t> order_;                         ///< compaction scratch
 };
 

@@ -32,16 +32,32 @@ enum class turn_kind : std::uint8_t {
 template <class Pool>
 class page_usage {
  public:
+  /// @param staging_pages pages a sequence's pooled groups may hold beyond the shared target
+  ///        while one prepared chunk is not yet evicted (elastic reservation; 0 otherwise)
   page_usage(group_lookup const& groups,
              sequence_table const& sequences,
              page_table_storage const& page_table,
              head_lengths const& lengths,
-             Pool const& pool) noexcept
+             Pool const& pool,
+             std::int64_t staging_pages = 0) noexcept
       : groups_(groups),
         sequences_(sequences),
         page_table_(page_table),
         lengths_(lengths),
-        pool_(pool) {}
+        pool_(pool),
+        staging_pages_(staging_pages) {}
+
+  /// Pages a sequence's pooled groups may hold beyond their target while a chunk is prepared.
+  [[nodiscard]] std::int64_t staging_pages() const noexcept { return staging_pages_; }
+
+  /// Pages the pooled groups of slot s still need to decode its remaining tokens: each grows to
+  /// its longest base length plus the turn's T decode tokens.
+  [[nodiscard]] std::int64_t pooled_decode_need(std::int32_t s) const noexcept {
+    std::int64_t need = 0;
+    for (auto g : groups_.pooled_groups())
+      need += std::max<std::int64_t>(0, decode_end_pages(s, g) - page_table_.count(s, g));
+    return need;
+  }
 
   /// Pages group g of slot s uses for its current lengths: enough for its longest head, or the
   /// filled pages of a sliding ring.
@@ -86,9 +102,11 @@ class page_usage {
                  std::int32_t s,
                  std::int64_t tokens,
                  std::int64_t max_new_tokens,
-                 turn_footprint& out) const noexcept {
+                 turn_footprint& out) const {
     out.clear();
+    if (!groups_.pooled_groups().empty()) size_pooled(kind, s, tokens, max_new_tokens, out);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      if (groups_.pooled(g)) continue;
       std::int64_t target = 0, already_held = 0, copies = 0, capacity = 0, current = 0;
       switch (kind) {
         case turn_kind::admit:
@@ -121,11 +139,70 @@ class page_usage {
   }
 
  private:
+  /// Pages group g of slot s holds once its remaining decode tokens are appended.
+  [[nodiscard]] std::int64_t decode_end_pages(std::int32_t s, std::int32_t g) const noexcept {
+    return groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
+                             sequences_[s].max_new);
+  }
+
+  /**
+   * The pooled groups of a turn under elastic reservation (docs/memory.md#elastic-reservation):
+   * - admit: shared target R(N) + G_c ceil(T / P) + staging; a list never needs more than
+   *   ceil((N + T) / P) entries, nor more than the target;
+   * - next_turn: target max(R(n + N), held) + G_c ceil(T / P) + staging (held pages count against
+   *   it; those a fork shares are copied, since compaction rewrites the whole group);
+   * - fork: the child's target is what the parent's groups reach by the end of its decode (its
+   *   use, when ended); fully written pages are shared, the rest copied.
+   */
+  void size_pooled(turn_kind kind,
+                   std::int32_t s,
+                   std::int64_t tokens,
+                   std::int64_t max_new_tokens,
+                   turn_footprint& out) const {
+    auto const& pooled = groups_.pooled_groups();
+    auto decode_pages =
+        static_cast<std::int64_t>(pooled.size()) * groups_.pages_for(max_new_tokens);
+    if (kind == turn_kind::fork) {
+      std::int64_t target = 0;
+      for (auto g : pooled) {
+        auto used = in_use(s, g), shared = shareable(s, g);
+        auto end = sequences_[s].phase == sequence_phase::decode
+                       ? std::max(used, decode_end_pages(s, g))
+                       : used;
+        target += end;
+        out.add_pooled(g, shared, used - shared, end, 0);
+      }
+      out.set_pooled_target(target, target);
+      return;
+    }
+    std::int64_t held_total = 0;
+    std::int64_t longest    = groups_.pages_for(tokens + max_new_tokens);
+    if (kind == turn_kind::next_turn)
+      for (auto g : pooled) held_total += page_table_.count(s, g);
+    std::int64_t limit  = std::max(groups_.pooled_pages(tokens), held_total);
+    std::int64_t target = limit + decode_pages + staging_pages_;
+    for (auto g : pooled) {
+      std::int64_t held = 0, exclusive_held = 0, current = 0;
+      if (kind == turn_kind::next_turn) {
+        held           = page_table_.count(s, g);
+        exclusive_held = exclusive(s, g, held);
+        current        = page_table_.capacity(s, g);
+      }
+      out.add_pooled(g,
+                     exclusive_held,
+                     held - exclusive_held,
+                     std::max(held, std::min(longest, target)),
+                     current);
+    }
+    out.set_pooled_target(target, limit);
+  }
+
   group_lookup const& groups_;
   sequence_table const& sequences_;
   page_table_storage const& page_table_;
   head_lengths const& lengths_;
   Pool const& pool_;
+  std::int64_t staging_pages_ = 0;
 };
 
 }  // namespace tangram::detail

@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file plan/elastic_reservation.hpp
+ * @brief The reservation a plan asks for: static per-group budgets, or elastic (the request's
+ * scorer total times 1 + margin, placed per group at eviction), and the arithmetic of the elastic
+ * total. Core layer: no parsing, no files, no samples (calibration lives in plan/elastic.hpp; the
+ * footprint of a whole request in plan/footprint.hpp). Formulas: plan/elastic.hpp's file comment
+ * and docs/planning.md#elastic-reservation. Pure functions; safe from any thread.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "tangram/detail/checked_math.hpp"
+#include "tangram/error.hpp"
+#include "tangram/plan/retention.hpp"
+
+namespace tangram {
+
+/// @brief How admission reserves a request's compressed heads.
+enum class reservation_mode : std::uint8_t {
+  static_budgets,  ///< every group its static budget's pages (the paper; M(r) per group)
+  elastic,         ///< the scorer's total times 1 + margin, shared by the compressed groups
+};
+
+constexpr std::string_view to_string(reservation_mode m) noexcept {
+  return m == reservation_mode::static_budgets ? "static" : "elastic";
+}
+
+/// The mode named `name` ("static" or "elastic"), if any.
+inline std::optional<reservation_mode> reservation_mode_named(std::string_view name) noexcept {
+  if (name == "static") return reservation_mode::static_budgets;
+  if (name == "elastic") return reservation_mode::elastic;
+  return std::nullopt;
+}
+
+/// @brief What the scorer's keep ratio applies to.
+enum class keep_ratio_basis : std::uint8_t {
+  all_tokens,  ///< rho of all n tokens, protected ones included (global top-k; bundled data)
+  compressible_tokens,  ///< rho of the n - protect unprotected tokens, plus the protected ones
+};
+
+constexpr std::string_view to_string(keep_ratio_basis b) noexcept {
+  return b == keep_ratio_basis::all_tokens ? "all_tokens" : "compressible_tokens";
+}
+
+/// @brief The scorer's total per request: how many head-tokens it keeps after n tokens.
+struct scorer_total {
+  double keep_ratio      = 0.3;  ///< rho, in (0, 1]
+  std::int64_t protect   = 0;    ///< sink + window tokens every head keeps, >= 0
+  keep_ratio_basis basis = keep_ratio_basis::all_tokens;
+
+  /// @throw invalid_argument naming the field and the value.
+  void validate() const {
+    TANGRAM_EXPECTS(keep_ratio > 0 && keep_ratio <= 1,
+                    invalid_argument,
+                    "scorer_total.keep_ratio: must be in (0, 1], got ",
+                    keep_ratio);
+    TANGRAM_EXPECTS(
+        protect >= 0, invalid_argument, "scorer_total.protect: must be >= 0, got ", protect);
+  }
+
+  /// kbar(n): one head's share of the total (file comment); in [min(n, protect), n].
+  /// @throw invalid_argument for bad fields or n < 0.
+  [[nodiscard]] std::int64_t per_head(std::int64_t n) const {
+    validate();
+    TANGRAM_EXPECTS(n >= 0, invalid_argument, "context_tokens: must be >= 0, got ", n);
+    std::int64_t p = std::min(n, protect);
+    if (basis == keep_ratio_basis::all_tokens)
+      return std::max(p, ceil_budget_tokens(keep_ratio, n));
+    return p + ceil_budget_tokens(keep_ratio, n - p);
+  }
+
+  /// K(n) = heads * kbar(n), overflow-checked.
+  [[nodiscard]] std::int64_t tokens(std::int64_t heads, std::int64_t n) const {
+    TANGRAM_EXPECTS(heads >= 0, invalid_argument, "heads: must be >= 0, got ", heads);
+    return detail::mul_or_throw(heads, per_head(n), "scorer total: heads * per-head tokens");
+  }
+};
+
+inline std::optional<keep_ratio_basis> keep_ratio_basis_named(std::string_view name) noexcept {
+  if (name == "all_tokens") return keep_ratio_basis::all_tokens;
+  if (name == "compressible_tokens") return keep_ratio_basis::compressible_tokens;
+  return std::nullopt;
+}
+
+/// Largest margin accepted anywhere (1 + m multiplies a token count held in a double).
+inline constexpr double max_elastic_margin = 10.0;
+
+/**
+ * @brief R(n): pages reserved for the compressed heads of one request before decode (file
+ * comment), at `heads` heads grouped Hp per page, P tokens per page and margin m.
+ * @throw invalid_argument naming the field: Hp not dividing heads, P < 1, margin outside
+ *        [0, max_elastic_margin], n < 0, or a total that overflows.
+ */
+inline std::int64_t elastic_compressed_pages(scorer_total const& t,
+                                             std::int64_t heads,
+                                             std::int32_t group_size,
+                                             std::int32_t page_tokens,
+                                             double margin,
+                                             std::int64_t n) {
+  t.validate();
+  TANGRAM_EXPECTS(group_size >= 1 && heads >= 0 && heads % group_size == 0,
+                  invalid_argument,
+                  "group_size: must be >= 1 and divide the ",
+                  heads,
+                  " compressed heads, got ",
+                  group_size);
+  TANGRAM_EXPECTS(
+      page_tokens >= 1, invalid_argument, "page_tokens: must be >= 1, got ", page_tokens);
+  TANGRAM_EXPECTS(margin >= 0 && margin <= max_elastic_margin,
+                  invalid_argument,
+                  "margin: must be in [0, ",
+                  max_elastic_margin,
+                  "], got ",
+                  margin);
+  std::int64_t K      = t.tokens(heads, n);
+  std::int64_t groups = heads / group_size;
+  // (1 + m) K in a double: exact enough below 2^53 and checked to stay far below 2^63.
+  TANGRAM_EXPECTS(static_cast<double>(K) * (1.0 + margin) < 0x1p62,
+                  invalid_argument,
+                  "scorer total: ",
+                  K,
+                  " head-tokens times 1 + margin ",
+                  margin,
+                  " overflows");
+  std::int64_t want = ceil_budget_tokens(1.0 + margin, K);
+  std::int64_t cell = static_cast<std::int64_t>(group_size) * page_tokens;
+  std::int64_t lo   = detail::mul_or_throw(groups,
+                                         ceil_div(std::min(n, t.protect), page_tokens),
+                                         "protected pages: groups * pages per group");
+  std::int64_t hi   = detail::mul_or_throw(
+      groups, ceil_div(n, page_tokens), "full pages: groups * pages per group");
+  return std::min(hi, std::max(lo, ceil_div(want, cell)));
+}
+
+/// Margin a plan reserves under elastic reservation unless told otherwise: meets 1.15x / 0.5%
+/// held-out clipping on every bundled profile (docs/planning.md#elastic-reservation).
+inline constexpr double default_elastic_margin = 0.15;
+
+/// @brief The reservation part of plan_options.
+struct reservation_options {
+  reservation_mode mode  = reservation_mode::static_budgets;
+  double margin          = default_elastic_margin;  ///< elastic only, in [0, max_elastic_margin]
+  keep_ratio_basis basis = keep_ratio_basis::all_tokens;  ///< elastic only
+
+  /// @throw invalid_argument naming the field and the value.
+  void validate() const {
+    TANGRAM_EXPECTS(margin >= 0 && margin <= max_elastic_margin,
+                    invalid_argument,
+                    "plan_options.reservation.margin: must be in [0, ",
+                    max_elastic_margin,
+                    "], got ",
+                    margin);
+  }
+};
+
+}  // namespace tangram

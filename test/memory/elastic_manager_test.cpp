@@ -1,0 +1,347 @@
+// SPDX-License-Identifier: Apache-2.0
+// The manager under elastic reservation: admission reserves the scorer's total (plus staging
+// for one chunk), each chunk's eviction places it per group within the turn's limit, staged
+// pages return to the request's own reservation, decode never runs out, and the invariants hold
+// under random operations. Worked by hand on the tiny model, then on the real Llama profiles.
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "memory_fixtures.hpp"
+#include "tangram/io/retention_samples.hpp"
+#include "tangram/plan/elastic.hpp"
+#include "tangram/plan/footprint.hpp"
+#include "tangram/reference/elastic_selection.hpp"
+
+using namespace tangram;
+using namespace tangram::test;
+
+namespace {
+
+/// The compressed (pooled) groups of a plan, in group order, with their members' flat heads.
+std::vector<std::vector<std::int32_t>> pooled_members(static_plan const& plan) {
+  std::vector<std::vector<std::int32_t>> out;
+  for (auto const& g : plan.grouping.groups) {
+    if (g.rule.kind != layer_kind::compressed) continue;
+    out.emplace_back();
+    for (auto m : g.members) out.back().push_back(m.layer * plan.num_kv_heads + m.head);
+  }
+  return out;
+}
+std::vector<std::int32_t> pooled_group_ids(static_plan const& plan) {
+  std::vector<std::int32_t> out;
+  for (std::size_t g = 0; g < plan.grouping.groups.size(); ++g)
+    if (plan.grouping.groups[g].rule.kind == layer_kind::compressed)
+      out.push_back(static_cast<std::int32_t>(g));
+  return out;
+}
+
+/// Kept counts after a chunk: every head keeps what expected_kept allows (its candidates), except
+/// that pooled group k keeps min(length[k], candidates) in every member.
+std::vector<std::int32_t> kept_with_lengths(kv_cache_manager const& m,
+                                            sequence_id id,
+                                            std::int64_t chunk,
+                                            std::vector<std::int64_t> const& length) {
+  std::vector<std::int32_t> kept(m.plan().rules.size());
+  m.expected_kept(id, chunk, kept.data());
+  auto groups = pooled_members(m.plan());
+  for (std::size_t k = 0; k < groups.size(); ++k)
+    for (auto h : groups[k])
+      kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(
+          std::min<std::int64_t>(length[k], kept[static_cast<std::size_t>(h)]));
+  return kept;
+}
+
+std::int64_t pooled_pages_held(kv_cache_manager const& m, sequence_id id) {
+  std::int64_t pages = 0;
+  for (auto g : pooled_group_ids(m.plan())) pages += m.group_page_count(id, g);
+  return pages;
+}
+
+}  // namespace
+
+TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[memory][elastic]") {
+  // Tiny model: 8 compressed heads in G_c = 4 groups of Hp 2, P 4, protect 3, keep 0.5, m 0.25.
+  // N 20, T 6: kbar = max(3, 10) = 10, K = 80, (1 + m) K = 100 head-tokens, R = ceil(100 / 8) =
+  // 13 pages; decode 4 * ceil(6 / 4) = 8; sliding (2 groups, W 10): 3 each; uncompressed
+  // (2 groups): ceil(26 / 4) = 7 each; staging (max chunk 8): 4 * 2 = 8. Total 49.
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
+  auto o             = opts(200, 4);
+  o.max_chunk_tokens = 8;
+  simulated_memory_resource mr;
+  kv_cache_manager m(plan, mr, o);
+  CHECK(elastic_footprint_pages(plan, 0.25, 20, 6) == 13 + 8 + 6 + 14);
+  CHECK(m.admission_pages(20, 6) == 49);
+  auto id = m.try_admit(20, 6);
+  REQUIRE(id);
+  CHECK(m.pool().reserved_pages() == 49);
+  CHECK(m.elastic_page_limit(*id) == 13);
+  for (auto g : pooled_group_ids(plan)) CHECK(m.group_reserved(*id, g) == 0);
+  m.check_invariants();
+
+  // A static plan has no elastic limit; its admission is M(r).
+  kv_cache_manager s(tiny_plan(tiny_budgets()), mr, opts(200, 4));
+  auto sid = s.try_admit(20, 6);
+  REQUIRE(sid);
+  CHECK(s.elastic_page_limit(*sid) == 0);
+  CHECK(s.pool().reserved_pages() == footprint_pages(s.plan(), 20, 6));
+}
+
+TEST_CASE("elastic: chunks stage, evict into the limit, return staging; decode never runs out",
+          "[memory][elastic]") {
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
+  auto o             = opts(200, 4);
+  o.max_chunk_tokens = 8;
+  simulated_memory_resource mr;
+  kv_cache_manager m(plan, mr, o);
+  auto id     = *m.try_admit(20, 6);
+  auto pooled = pooled_group_ids(plan);
+
+  // Chunk 1 (8 tokens): every compressed group stages ceil(8 / 4) = 2 pages from the shared
+  // reservation; the eviction keeps lengths 8, 4, 3, 8 -> 2 + 1 + 1 + 2 = 6 pages (limit 13).
+  m.prepare_chunk(id, 8);
+  for (auto g : pooled) CHECK(m.group_page_count(id, g) == 2);
+  auto reserved_staged = m.info(id).reserved_pages;
+  m.commit_chunk(id, kept_with_lengths(m, id, 8, {8, 4, 3, 8}));
+  CHECK(m.group_page_count(id, pooled[1]) == 1);
+  CHECK(m.group_page_count(id, pooled[2]) == 1);
+  CHECK(pooled_pages_held(m, id) == 6);
+  CHECK(m.stats().staging_pages_returned == 2);
+  CHECK(m.info(id).reserved_pages == reserved_staged + 2);  // back in its own reservation
+  CHECK(m.stats().reclaimed_pages == 0);
+  m.check_invariants();
+
+  // Chunk 2: keeping every candidate (16, 12, 11, 16 tokens) would take 14 pages > 13: refused,
+  // nothing changes.
+  m.prepare_chunk(id, 8);
+  auto before = m.info(id);
+  std::vector<std::int64_t> counts;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g) counts.push_back(m.group_page_count(id, g));
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(m.commit_chunk(id, kept_with_lengths(m, id, 8, {16, 16, 16, 16})),
+                                  logic_error,
+                                  "would hold 14 pages",
+                                  "allows 13");
+  CHECK(m.info(id).reserved_pages == before.reserved_pages);
+  CHECK(m.info(id).chunk_pending == 8);
+  for (std::int32_t g = 0; g < m.num_groups(); ++g)
+    CHECK(m.group_page_count(id, g) == counts[static_cast<std::size_t>(g)]);
+  m.check_invariants();
+  // Exactly at the limit is fine: 16, 12, 11, 12 tokens = 4 + 3 + 3 + 3 = 13 pages.
+  m.commit_chunk(id, kept_with_lengths(m, id, 8, {16, 12, 12, 12}));
+  CHECK(pooled_pages_held(m, id) == 13);
+  m.check_invariants();
+
+  // Final chunk (4): the groups stay within 13 pages; the budget shrinks to what decode needs and
+  // the rest of the reservation (staging, unused placement) returns to the pool.
+  m.prepare_chunk(id, 4);
+  m.commit_chunk(id, kept_with_lengths(m, id, 4, {16, 12, 8, 8}));
+  CHECK(m.info(id).phase == sequence_phase::decode);
+  // Decode 6 tokens: groups of 16 / 12 / 8 / 8 tokens grow to 22 / 18 / 14 / 14: 6 + 5 + 4 + 4
+  // pages, from 4 + 3 + 2 + 2 held: 8 pooled pages; static groups need what they reserved.
+  std::int64_t pooled_decode = 8;
+  std::int64_t static_left   = 0;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g) static_left += m.group_reserved(id, g);
+  CHECK(m.info(id).reserved_pages == pooled_decode + static_left);
+  m.set_batch({id});
+  for (int t = 0; t < 6; ++t) m.decode_step();
+  CHECK(m.group_page_count(id, pooled[0]) == 6);
+  CHECK(m.group_page_count(id, pooled[3]) == 4);
+  CHECK(m.info(id).reserved_pages == 0);  // exact: nothing left over, nothing missing
+  m.check_invariants();
+  m.end_turn(id);
+  m.free(id);
+  CHECK(m.pool().used_pages() == 0);
+  CHECK(m.pool().reserved_pages() == 0);
+  CHECK(m.stats().reclaimed_pages == 0);
+}
+
+TEST_CASE("elastic: bad chunk sizes and misuse change nothing", "[memory][elastic]") {
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
+  auto o             = opts(200, 4);
+  o.max_chunk_tokens = 8;
+  simulated_memory_resource mr;
+  kv_cache_manager m(plan, mr, o);
+  auto id = *m.try_admit(20, 6);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      m.prepare_chunk(id, 9), invalid_argument, "chunk_tokens", "9", "max_chunk_tokens = 8");
+  CHECK(m.info(id).chunk_pending == 0);
+  m.check_invariants();
+  // A head may not keep more than its candidates under elastic either.
+  m.prepare_chunk(id, 8);
+  std::vector<std::int32_t> kept(plan.rules.size());
+  m.expected_kept(id, 8, kept.data());
+  kept[0] = 9;
+  REQUIRE_THROWS_AS(m.commit_chunk(id, kept), logic_error);
+  m.check_invariants();
+  // Options and plan: a margin out of range, a plan without a keep ratio.
+  auto bad             = o;
+  bad.max_chunk_tokens = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      kv_cache_manager(plan, mr, bad), invalid_argument, "max_chunk_tokens", "0");
+  auto no_ratio                      = plan;
+  no_ratio.profile.target_keep_ratio = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      kv_cache_manager(no_ratio, mr, o), invalid_argument, "target_keep_ratio");
+  auto big_margin                       = plan;
+  big_margin.options.reservation.margin = 11;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      kv_cache_manager(big_margin, mr, o), invalid_argument, "reservation.margin", "11");
+}
+
+TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memory][elastic]") {
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.15));
+  auto members = pooled_members(plan);
+  for (std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+    std::mt19937_64 rng(seed);
+    auto o             = opts(400, 6);
+    o.max_chunk_tokens = 12;
+    simulated_memory_resource mr;
+    kv_cache_manager m(plan, mr, o);
+    std::vector<sequence_id> live;
+    std::int64_t clipped = 0, wanted = 0;
+    auto pick = [&](std::int64_t lo, std::int64_t hi) {
+      return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+    };
+    for (int step = 0; step < 600; ++step) {
+      auto op = pick(0, 9);
+      if (op <= 1 || live.empty()) {
+        if (auto id = m.try_admit(pick(1, 60), pick(0, 12))) live.push_back(*id);
+      } else {
+        auto k  = static_cast<std::size_t>(pick(0, static_cast<std::int64_t>(live.size()) - 1));
+        auto id = live[k];
+        auto in = m.info(id);
+        if (in.phase == sequence_phase::prefill) {
+          auto c = std::min<std::int64_t>(pick(1, 12), in.prompt_remaining);
+          m.prepare_chunk(id, c);
+          // The scorer wants a random share of each head's candidates; the optimal placement
+          // within the limit picks the groups' lengths; padding heads keep their next-best.
+          std::vector<std::int32_t> cand(plan.rules.size());
+          m.expected_kept(id, c, cand.data());
+          std::vector<std::int64_t> needs;
+          std::vector<std::int32_t> order;
+          std::int64_t n = m.info(id).seq_tokens + c;
+          for (auto const& g : members)
+            for (auto h : g) {
+              needs.push_back(pick(std::min<std::int64_t>(3, cand[static_cast<std::size_t>(h)]),
+                                   cand[static_cast<std::size_t>(h)]));
+              order.push_back(static_cast<std::int32_t>(order.size()));
+            }
+          reference::elastic_selection_input sel;
+          sel.needs        = &needs;
+          sel.members      = &order;
+          sel.group_size   = 2;
+          sel.page_tokens  = 4;
+          sel.candidates   = n;
+          sel.protect      = 0;
+          sel.budget_pages = m.elastic_page_limit(id);
+          auto r           = reference::select_group_lengths(sel);
+          REQUIRE(r.fits);
+          std::vector<std::int64_t> lengths;
+          for (auto p : r.group_pages) lengths.push_back(p * 4);
+          m.commit_chunk(id, kept_with_lengths(m, id, c, lengths));
+          clipped += r.wanted_clipped();
+          wanted += r.wanted_total;
+          CHECK(pooled_pages_held(m, id) <= m.elastic_page_limit(id));
+        } else if (in.phase == sequence_phase::decode && op <= 5) {
+          if (in.decoded < in.max_new) {
+            m.set_batch({id});
+            m.decode_step();
+          } else {
+            m.end_turn(id);
+          }
+        } else if (in.phase == sequence_phase::ended && op <= 5) {
+          (void)m.continue_turn(id, pick(1, 30), pick(0, 8));
+        } else if (op <= 7 && in.phase != sequence_phase::prefill) {
+          if (auto c = m.fork(id)) live.push_back(*c);
+          m.complete_page_copies();
+        } else {
+          m.free(id);
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+      }
+      m.check_invariants();
+    }
+    CHECK(m.stats().reclaimed_pages == 0);
+    // The walk reached every path: continued turns, forks with copies, staging returned.
+    CHECK(m.stats().turns_continued > 0);
+    CHECK(m.stats().forks > 0);
+    CHECK(m.stats().page_copies > 0);
+    CHECK(m.stats().staging_pages_returned > 0);
+    CHECK(wanted > 0);
+    CHECK(clipped <= wanted);
+    for (auto id : live) m.free(id);
+    m.complete_page_copies();
+    CHECK(m.pool().used_pages() == 0);
+    CHECK(m.pool().reserved_pages() == 0);
+  }
+}
+
+TEST_CASE("elastic on the real Llama-3.1-8B profiles: the manager holds what calibrate predicts",
+          "[memory][elastic][profiles]") {
+  // Each bundled sample is one request (N = its context, T = 256, one chunk): admission reserves
+  // exactly elastic_footprint_pages + staging; the optimal placement of the sample's own per-head
+  // needs fits the limit; pages held never exceed it; nothing is reclaimed; after prefill only
+  // the decode pages stay reserved. Elastic reserves less than the static plan at mu + 2 sigma.
+  for (char const* scorer : {"snapkv", "keydiff"}) {
+    auto samples = load_retention_samples(
+        data_path(std::string("profiles/") + scorer + "/llama-3.1-8b-instruct.json"));
+    REQUIRE(samples.layer_ids.size() == 32);  // every layer profiled: kept is by flat head
+    auto plan          = llama_plan(scorer, 16, 4, elastic_reservation(0.15));
+    auto stat          = llama_plan(scorer);
+    auto members       = pooled_members(plan);
+    std::int64_t max_n = 0;
+    for (auto const& s : samples.samples) max_n = std::max(max_n, s.context_tokens);
+    auto o             = opts(1 << 22, 4);
+    o.max_chunk_tokens = max_n;
+    simulated_memory_resource mr;
+    kv_cache_manager m(plan, mr, o);
+    std::int64_t elastic_reserved = 0, static_reserved = 0, wanted = 0, clipped = 0;
+    for (std::size_t k = 0; k < samples.samples.size(); ++k) {
+      auto n  = samples.samples[k].context_tokens;
+      auto id = m.try_admit(n, 256);
+      REQUIRE(id);
+      auto staging = static_cast<std::int64_t>(members.size()) * ((max_n + 15) / 16);
+      CHECK(m.info(*id).reserved_pages == elastic_footprint_pages(plan, 0.15, n, 256) + staging);
+      elastic_reserved += elastic_footprint_pages(plan, 0.15, n, 256);
+      static_reserved += footprint_pages(stat, n, 256);
+      m.prepare_chunk(*id, n);
+      // The sample's needs, flat head index -> the pooled heads in group order.
+      auto const& kept = samples.samples[k].kept;
+      std::vector<std::int64_t> needs;
+      std::vector<std::int32_t> order;
+      for (auto const& g : members)
+        for (auto h : g) {
+          needs.push_back(std::min<std::int64_t>(kept[static_cast<std::size_t>(h)], n));
+          order.push_back(static_cast<std::int32_t>(order.size()));
+        }
+      reference::elastic_selection_input sel;
+      sel.needs        = &needs;
+      sel.members      = &order;
+      sel.group_size   = 4;
+      sel.page_tokens  = 16;
+      sel.candidates   = n;
+      sel.protect      = plan.profile.protected_tokens();
+      sel.budget_pages = m.elastic_page_limit(*id);
+      auto r           = reference::select_group_lengths(sel);
+      REQUIRE(r.fits);
+      std::vector<std::int64_t> lengths;
+      for (auto p : r.group_pages) lengths.push_back(p * 16);
+      m.commit_chunk(*id, kept_with_lengths(m, *id, n, lengths));
+      CHECK(pooled_pages_held(m, *id) == r.pages_used);
+      CHECK(r.pages_used <= m.elastic_page_limit(*id));
+      wanted += r.wanted_total;
+      clipped += r.wanted_clipped();
+      m.check_invariants();
+      m.free(*id);
+    }
+    CHECK(m.stats().reclaimed_pages == 0);
+    // In-sample clipping at margin 0.15 with the plan's groups: well under 1%.
+    CHECK(static_cast<double>(clipped) < 0.01 * static_cast<double>(wanted));
+    CHECK(elastic_reserved < static_reserved);
+  }
+}
