@@ -10,10 +10,12 @@
  *
  * Per step, an engine calls (see docs/memory.md for the full protocol):
  * - `try_admit(N, T)` once per request: reserves the exact footprint M(r) or answers "does not
- *   fit" (nullopt) and changes nothing. An admitted request never runs out of pages.
- * - per prefill chunk: `prepare_chunk(seq, c)` (pages for the lengths after the chunk are drawn
- *   from the reservation), then the fused eviction kernel, then `commit_chunk(seq, kept)` with the
- *   per-head kept counts it produced.
+ *   fit" (nullopt) and changes nothing. An admitted request never runs out of pages. Under
+ *   elastic reservation (the plan's `options.reservation`) M(r) is the scorer's total plus one
+ *   chunk's staging, shared by the compressed groups (docs/memory.md#elastic-reservation).
+ * - per prefill chunk: `prepare_chunk(seq, c)` (pages drawn from the reservation), then the
+ *   eviction kernel (elastic: its group-length selection keeps the groups within
+ *   `elastic_page_limit`), then `commit_chunk(seq, kept)` with the per-head kept counts.
  * - per decode step: `set_batch(ids)` when the batch changes, `decode_step()` (room for one token
  *   per head of every batch member), then `view()` for the attention kernel.
  * - `end_turn(seq)`, `continue_turn(seq, N, T)`, `fork(seq)`, `free(seq)`.
@@ -70,21 +72,9 @@ struct kv_cache_manager_test_access;
 /**
  * @brief The KV-cache manager of one tensor-parallel rank: a facade over its parts.
  *
- * | part (memory/detail/)  | owns                                                            |
- * |------------------------|-----------------------------------------------------------------|
- * | group_lookup           | plan-derived lookups: rules, windows, rings, members, page math |
- * | sequence_table         | slots: phase, turn counters, generation, reservation; free list |
- * | page_table_storage     | page lists per (slot, group) in one arena; their counters       |
- * | head_lengths           | per-head base lengths, appended and seen tokens per slot        |
- * | decode_buckets         | which growing groups start a page at each decode step           |
- * | chunk_rules            | what a head may keep after a chunk; the check of kept counts    |
- * | page_usage             | pages a sequence uses, owns alone, shares; sizes a turn         |
- * | turn_footprint         | pages a turn (admit, continue, fork) needs, per group           |
- * | copy_on_write          | pending page copies and their page references                   |
- * | batch_membership       | the batch: slots and generations of its requests                |
- * | view_journal           | view entries and slot rows changed since the last upload        |
- * | page_flow              | every page move: draws, releases, sharing, copies, decode append |
- * | view_assembly          | the view and its extents over the parts' arrays                 |
+ * Parts (memory/detail/; what each owns: docs/memory.md#the-managers-parts): group_lookup,
+ * sequence_table, page_table_storage, head_lengths, decode_buckets, chunk_rules, page_usage,
+ * turn_footprint, copy_on_write, batch_membership, view_journal, page_flow, view_assembly.
  *
  * Every operation validates its arguments and sizes its work first (the only throwing part),
  * then applies it through the parts' noexcept mutators: an operation that throws or answers
@@ -152,17 +142,13 @@ class basic_kv_cache_manager {
   // ===== admission ==============================================================================
 
   /**
-   * @brief Pages a new request of N prompt tokens and T max new tokens reserves: M(r) / page_bytes
-   * (`footprint_pages`). Pure; does not touch the pool.
+   * @brief Pages a new request of N prompt tokens and T max new tokens reserves
+   * (`admission_footprint_pages`: M(r), or the elastic total plus staging). Pure.
    */
   [[nodiscard]] std::int64_t admission_pages(std::int64_t prompt_tokens,
                                              std::int64_t max_new_tokens) const {
-    if (!groups_.elastic()) return footprint_pages(plan_, prompt_tokens, max_new_tokens);
-    auto const& r = plan_.options.reservation;
-    return detail::add_or_throw(
-        elastic_footprint_pages(plan_, r.margin, prompt_tokens, max_new_tokens, r.basis),
-        usage_.staging_pages(),
-        "admission pages: elastic footprint + staging");
+    return admission_footprint_pages(
+        plan_, prompt_tokens, max_new_tokens, options_.max_chunk_tokens);
   }
 
   /**
@@ -200,38 +186,26 @@ class basic_kv_cache_manager {
   // ===== chunked prefill ========================================================================
 
   /**
-   * @brief Before the fused eviction of a prompt chunk of `chunk_tokens` runs: draws from the
+   * @brief Before the eviction of a prompt chunk of `chunk_tokens` runs: draws from the
    * reservation the pages every group needs for its lengths after the chunk (compressed:
    * `retained_tokens(group rule, n + c)`; uncompressed: n + c; sliding: its ring up to
-   * `min(n + c, W)` tokens). Head lengths do not change until `commit_chunk`.
+   * `min(n + c, W)` tokens; elastic compressed: the chunk staged after the group's longest head).
+   * Head lengths do not change until `commit_chunk`.
    * @throw logic_error (nothing changed) for an unknown sequence, a sequence not in prefill, a
    *        chunk already prepared, or a chunk longer than the prompt tokens that remain.
-   * @throw invalid_argument when chunk_tokens < 1.
+   * @throw invalid_argument when chunk_tokens < 1 (elastic: or > max_chunk_tokens).
    */
   void prepare_chunk(sequence_id seq, std::int64_t chunk_tokens) {
     std::int32_t s = sequences_.find(seq, "prepare_chunk");
     auto& st       = sequences_[s];
-    TANGRAM_EXPECTS(chunk_tokens >= 1,
-                    invalid_argument,
-                    "prepare_chunk.chunk_tokens: must be >= 1, got ",
-                    chunk_tokens);
+    detail::check_chunk_size(groups_.elastic(), chunk_tokens, options_.max_chunk_tokens);
     sequences_.expect_phase(
         s, st.phase == sequence_phase::prefill, "prepare_chunk", ", not prefill");
     sequences_.expect_no_prepared_chunk(s);
     sequences_.expect_chunk_fits(s, chunk_tokens, "prepare_chunk");
-    TANGRAM_EXPECTS(!groups_.elastic() || chunk_tokens <= options_.max_chunk_tokens,
-                    invalid_argument,
-                    "prepare_chunk.chunk_tokens: ",
-                    chunk_tokens,
-                    " exceeds manager_options.max_chunk_tokens = ",
-                    options_.max_chunk_tokens,
-                    " (elastic reservation stages at most that many tokens per chunk)");
     std::int64_t n = lengths_.tokens(s) + chunk_tokens, pooled_need = 0;
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      // A pooled group stages the chunk after its longest head; its eviction picks the length.
-      auto need = groups_.pooled(g) ? groups_.pages_for(page_table_.longest_base(s, g) +
-                                                        lengths_.appended(s) + chunk_tokens)
-                                    : groups_.pages_after(g, n);
+      auto need = usage_.pages_after_chunk(s, g, n, chunk_tokens);
       if (groups_.pooled(g))
         pooled_need += std::max<std::int64_t>(0, need - page_table_.count(s, g));
       else
@@ -609,10 +583,11 @@ class basic_kv_cache_manager {
                                               std::int32_t h,
                                               std::int64_t n,
                                               std::int64_t c) const noexcept {
-    // Elastic: a compressed head may keep every candidate; the group-level check bounds them.
-    if (groups_.pooled(groups_.head_slot_of(h).group)) return lengths_.held(s, h) + c;
-    return detail::expected_kept(
-        plan_.rules[static_cast<std::size_t>(h)], lengths_.held(s, h), n, c);
+    return detail::expected_kept(plan_.rules[static_cast<std::size_t>(h)],
+                                 lengths_.held(s, h),
+                                 n,
+                                 c,
+                                 groups_.pooled(groups_.head_slot_of(h).group));
   }
 
   static_plan plan_;

@@ -147,4 +147,30 @@ inline std::int64_t elastic_footprint_pages(static_plan const& plan,
       "elastic footprint pages");
 }
 
+/**
+ * @brief Pages a memory manager reserves when it admits a request of N prompt and T decode
+ * tokens under the plan's reservation mode: M(r) (`footprint_pages`) under static budgets; under
+ * elastic reservation `elastic_footprint_pages` plus the staging of one chunk of up to
+ * `max_chunk_tokens` tokens in every compressed group (G_c ceil(max_chunk_tokens / P)).
+ * @throw invalid_argument as those functions, or for max_chunk_tokens < 1.
+ */
+inline std::int64_t admission_footprint_pages(static_plan const& plan,
+                                              std::int64_t context,
+                                              std::int64_t decode,
+                                              std::int64_t max_chunk_tokens) {
+  auto const& r = plan.options.reservation;
+  if (r.mode == reservation_mode::static_budgets) return footprint_pages(plan, context, decode);
+  TANGRAM_EXPECTS(max_chunk_tokens >= 1,
+                  invalid_argument,
+                  "max_chunk_tokens: must be >= 1, got ",
+                  max_chunk_tokens);
+  std::int64_t groups = 0;
+  for (auto const& g : plan.grouping.groups) groups += g.rule.kind == layer_kind::compressed;
+  return detail::add_or_throw(
+      elastic_footprint_pages(plan, r.margin, context, decode, r.basis),
+      detail::mul_or_throw(
+          groups, ceil_div(max_chunk_tokens, plan.geometry.page_tokens), "staging pages"),
+      "admission pages: elastic footprint + staging");
+}
+
 }  // namespace tangram

@@ -19,14 +19,16 @@ namespace tangram::detail {
 /**
  * @brief Tokens a head with rule `r`, holding `held` tokens, keeps once the history reaches n
  * tokens with a chunk of c: `min(n, W)` sliding, `held + c` uncompressed,
- * `min(retained_tokens(r, n), held + c)` compressed.
+ * `min(retained_tokens(r, n), held + c)` compressed; under elastic reservation (`pooled`) a
+ * compressed head may keep all `held + c` candidates (`check_pooled_kept` bounds its group).
  */
 [[nodiscard]] inline std::int64_t expected_kept(head_rule const& r,
                                                 std::int64_t held,
                                                 std::int64_t n,
-                                                std::int64_t c) noexcept {
+                                                std::int64_t c,
+                                                bool pooled = false) noexcept {
   if (r.kind == layer_kind::sliding_window) return std::min<std::int64_t>(n, r.window);
-  if (r.kind == layer_kind::uncompressed) return held + c;
+  if (r.kind == layer_kind::uncompressed || pooled) return held + c;
   return std::min<std::int64_t>(retained_tokens(r, n), held + c);
 }
 

@@ -145,4 +145,21 @@ inline void check_turn_sizes(char const* op,
                   max_tokens);
 }
 
+/// A chunk has >= 1 token; elastic reservation stages at most `max_chunk_tokens` per chunk.
+/// @throw invalid_argument naming the values.
+inline void check_chunk_size(bool elastic,
+                             std::int64_t chunk_tokens,
+                             std::int64_t max_chunk_tokens) {
+  TANGRAM_EXPECTS(chunk_tokens >= 1,
+                  invalid_argument,
+                  "prepare_chunk.chunk_tokens: must be >= 1, got ",
+                  chunk_tokens);
+  TANGRAM_EXPECTS(!elastic || chunk_tokens <= max_chunk_tokens,
+                  invalid_argument,
+                  "prepare_chunk.chunk_tokens: ",
+                  chunk_tokens,
+                  " exceeds manager_options.max_chunk_tokens = ",
+                  max_chunk_tokens,
+                  " (elastic reservation stages at most that many tokens per chunk)");
+}
 }  // namespace tangram::detail

@@ -47,6 +47,18 @@ class page_usage {
         pool_(pool),
         staging_pages_(staging_pages) {}
 
+  /// Pages group g of slot s holds while a chunk of c tokens (history n after it) is prepared: a
+  /// static group its lengths after the chunk; a pooled group stages the chunk after its longest
+  /// head (the eviction then picks its length).
+  [[nodiscard]] std::int64_t pages_after_chunk(std::int32_t s,
+                                               std::int32_t g,
+                                               std::int64_t n,
+                                               std::int64_t c) const noexcept {
+    if (!groups_.pooled(g)) return groups_.pages_after(g, n);
+    return groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
+                             lengths_.appended(s) + c);
+  }
+
   /// Pages a sequence's pooled groups may hold beyond their target while a chunk is prepared.
   [[nodiscard]] std::int64_t staging_pages() const noexcept { return staging_pages_; }
 
