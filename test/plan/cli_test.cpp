@@ -212,10 +212,10 @@ TEST_CASE("plan --json: group waste, groups and split imbalance of the plan", "[
   CHECK(num(w, "page_bytes") == 2 * 2 * 32 * 128 * 2);
   CHECK(num(w, "num_ctas") == 300);
   CHECK(w.find("split_weighting")->string() == "budget");
-  auto p15 =
-      build_static_plan(model_preset("llama-3.1-8b"),
-                        calibrate(s, {budget_estimator::musigma, 1.5, 0.95, 0.01}),
-                        {2, grouping_scope::layer, 32, {{100, 3}, split_weighting::budget}, 1, 0, {}});
+  auto p15 = build_static_plan(
+      model_preset("llama-3.1-8b"),
+      calibrate(s, {budget_estimator::musigma, 1.5, 0.95, 0.01}),
+      {2, grouping_scope::layer, 32, {{100, 3}, split_weighting::budget}, 1, 0, {}});
   CHECK(num(w, "group_waste") == group_waste(p15.grouping, p15.rules));
 }
 
@@ -389,7 +389,8 @@ TEST_CASE("plan and inspect: bad options and inputs are one-line errors with exi
   expect_error({"inspect", plan, "--svg", "/nonexistent-dir/x.svg"}, 2, {"cannot write", "x.svg"});
 }
 
-TEST_CASE("output options are checked before the work and nothing is created", "[cli][errors][regression]") {
+TEST_CASE("output options are checked before the work and nothing is created",
+          "[cli][errors][regression]") {
   // A missing folder or a directory as target: refused up front (before reading inputs or
   // planning), exit 2, naming the option; no file appears.
   auto missing = tmp("no-such-folder") + "/out.json";
@@ -401,6 +402,43 @@ TEST_CASE("output options are checked before the work and nothing is created", "
                2,
                {"--out: cannot write", "no-such-folder"});
   // inspect's input does not even exist: the output check comes first.
-  expect_error({"inspect", tmp("absent-plan.json"), "--svg", folder}, 2, {"--svg: cannot write", "directory"});
+  expect_error({"inspect", tmp("absent-plan.json"), "--svg", folder},
+               2,
+               {"--svg: cannot write", "directory"});
   CHECK_FALSE(std::filesystem::exists(missing));
+}
+
+TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin", "[cli]") {
+  auto path = tmp("llama.elastic.plan.json");
+  auto r    = run({"plan",
+                   "snapkv/llama-3.1-8b-instruct",
+                   "--reservation",
+                   "elastic",
+                   "--margin",
+                   "0.125",
+                   "--out",
+                   path});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("reservation: elastic, margin 0.125") != std::string::npos);
+  auto p = load_static_plan(path);
+  CHECK(p.options.reservation.mode == reservation_mode::elastic);
+  CHECK(p.options.reservation.margin == 0.125);
+  auto v = parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"}));
+  CHECK(v.find("reservation")->string() == "static");
+  CHECK(v.find("margin")->type() == json::kind::null);
+  auto e = parse_out(
+      run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "elastic"}));
+  CHECK(e.find("reservation")->string() == "elastic");
+  CHECK(num(e, "margin") == 0.15);
+  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--margin", "0.1"},
+               2,
+               {"--margin", "--reservation elastic"});
+  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "dynamic"},
+               2,
+               {"--reservation", "dynamic"});
+  expect_error(
+      {"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "elastic", "--margin", "11"},
+      2,
+      {"--margin", "11"});
 }

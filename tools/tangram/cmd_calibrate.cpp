@@ -57,7 +57,8 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
   bool const compare = a.compare;
   if (eo.margin && a.margin_alpha->count() > 0)
     throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
-  if (a.out) throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
+  if (a.out)
+    throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
   if (cal.given)
     throw usage_error(
         cat(*cal.given, ": a static estimator option; not with --reservation elastic"));
@@ -149,9 +150,10 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
 
   auto& s = io.out;
   s << "calibrate " << tangram::detail::printable(in.source) << " (elastic reservation)\n"
-    << "  model " << tangram::detail::printable(samples.model) << ", scorer " << tangram::detail::printable(samples.scorer) << ", " << rep.num_samples
-    << " samples, " << rep.num_heads << " profiled heads, keep ratio " << samples.target_keep_ratio
-    << " (" << to_string(rep.basis) << "), protected " << samples.sink_tokens << " sink + "
+    << "  model " << tangram::detail::printable(samples.model) << ", scorer "
+    << tangram::detail::printable(samples.scorer) << ", " << rep.num_samples << " samples, "
+    << rep.num_heads << " profiled heads, keep ratio " << samples.target_keep_ratio << " ("
+    << to_string(rep.basis) << "), protected " << samples.sink_tokens << " sink + "
     << samples.window_tokens << " window\n"
     << "  Hp " << rep.group_size << ", P " << rep.page_tokens << ", margin " << fixed(rep.margin, 4)
     << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)")
@@ -296,9 +298,9 @@ int calibrate_command(calibrate_args& a, streams io) {
 
   auto& s = io.out;
   s << "calibrate " << tangram::detail::printable(in.source) << "\n"
-    << "  model " << tangram::detail::printable(samples.model) << ", scorer " << tangram::detail::printable(samples.scorer) << ", " << rep.num_samples
-    << " samples, " << samples.layer_ids.size() << " profiled layers x " << samples.num_kv_heads
-    << " KV heads\n"
+    << "  model " << tangram::detail::printable(samples.model) << ", scorer "
+    << tangram::detail::printable(samples.scorer) << ", " << rep.num_samples << " samples, "
+    << samples.layer_ids.size() << " profiled layers x " << samples.num_kv_heads << " KV heads\n"
     << "  protected tokens: " << samples.sink_tokens << " sink + " << samples.window_tokens
     << " window\n"
     << "  estimator " << to_string(o.estimator) << ", " << setting_of(o) << ", floor " << o.floor
@@ -363,28 +365,45 @@ command_body setup_calibrate(CLI::App& app) {
   auto a   = std::make_shared<calibrate_args>();
   auto& ev = a->ev;
   auto& eo = a->eo;
-  add_text(app, "SAMPLES.json", a->input, "",
+  add_text(app,
+           "SAMPLES.json",
+           a->input,
+           "",
            "Retention samples (retention-samples/v1), a file or a bundled name");
   add_choice(
-      app, "--reservation", [a](std::string const& v) { a->reservation = v; }, a->reservation,
+      app,
+      "--reservation",
+      [a](std::string const& v) { a->reservation = v; },
+      a->reservation,
       {"static", "elastic"},
-      "static: one budget per head; elastic: a static part plus a margin shared at run time");
+      "static: one budget per head; elastic: the scorer's total per request plus a margin, "
+      "placed per group at eviction");
   add_calibration_options(app, a->cal);
-  add_integer(app, "--folds", ev.folds, 0, 100000,
-              "k of the held-out evaluation (0: none; 1 is refused)");
-  add_number(app, "--band", ev.band, {0, 1},
+  add_integer(
+      app, "--folds", ev.folds, 0, 100000, "k of the held-out evaluation (0: none; 1 is refused)");
+  add_number(app,
+             "--band",
+             ev.band,
+             {0, 1},
              "Spread (max - min kept fraction) under which a head counts as narrow");
-  app.add_flag("--group-by-context", ev.group_by_context,
+  app.add_flag("--group-by-context",
+               ev.group_by_context,
                "Folds by distinct context length instead of sample index");
   app.add_flag("--compare", a->compare, "Also evaluate the grid of estimators on the same folds");
   add_text(app, "--out", a->out, "PROFILE.json", "static: write the budget profile");
   a->elastic_only = {
       add_group_size(app, eo.group_size)->description("elastic: Hp, KV heads that share a page"),
       add_page_tokens(app, eo.page_tokens)->description("elastic: P, tokens per page"),
-      add_number(app, "--margin", eo.margin, {0, max_elastic_margin},
+      add_number(app,
+                 "--margin",
+                 eo.margin,
+                 {0, max_elastic_margin},
                  "elastic: a fixed margin (default: calibrated, see --margin-alpha)"),
   };
-  a->margin_alpha = add_number(app, "--margin-alpha", eo.margin_alpha, {0, 1000},
+  a->margin_alpha = add_number(app,
+                               "--margin-alpha",
+                               eo.margin_alpha,
+                               {0, 1000},
                                "elastic: calibrated margin = mean + alpha x sd");
   a->elastic_only.push_back(a->margin_alpha);
   app.add_flag("--json", a->json, "One JSON document instead of the text report");

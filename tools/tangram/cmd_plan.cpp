@@ -47,7 +47,8 @@ struct plan_args {
   plan_options plan;
   std::optional<std::string> model;
   std::optional<std::string> out;
-  bool json = false;
+  bool json           = false;
+  CLI::Option* margin = nullptr;
 };
 
 int plan_command(plan_args& a, streams io) {
@@ -68,6 +69,8 @@ int plan_command(plan_args& a, streams io) {
                           ", got ",
                           o.tp_rank));
 
+  if (o.reservation.mode != reservation_mode::elastic && a.margin->count() > 0)
+    throw usage_error("--margin: applies to --reservation elastic only");
   if (out) check_output_path("--out", *out);
   auto src   = read_samples_or_profile(*a.input, cal);
   auto model = resolve_model(model_o, src.profile.model);
@@ -116,6 +119,10 @@ int plan_command(plan_args& a, streams io) {
     v.set("page_bytes", plan.page_bytes());
     v.set("num_ctas", plan.splits.num_ctas());
     v.set("split_weighting", to_string(o.split.weighting));
+    v.set("reservation", to_string(o.reservation.mode));
+    v.set("margin",
+          o.reservation.mode == reservation_mode::elastic ? json::value(o.reservation.margin)
+                                                          : json::value(nullptr));
     v.set("num_groups", plan.num_groups());
     auto kinds = json::value::object();
     for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed})
@@ -146,8 +153,8 @@ int plan_command(plan_args& a, streams io) {
 
   auto& s = io.out;
   s << "plan " << printable(src.source) << "\n"
-    << "  model " << printable(model.name) << ": " << describe_layers(model) << ", " << model.num_kv_heads
-    << " KV heads";
+    << "  model " << printable(model.name) << ": " << describe_layers(model) << ", "
+    << model.num_kv_heads << " KV heads";
   if (o.tp_size > 1)
     s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads " << plan.first_kv_head << ".."
       << plan.first_kv_head + plan.num_kv_heads - 1 << ")";
@@ -162,6 +169,13 @@ int plan_command(plan_args& a, streams io) {
     s << "  budgets from profile (scorer " << printable(src.profile.scorer) << ")\n";
   s << "  page: " << o.page_tokens << " tokens x " << o.group_size << " heads x " << model.head_dim
     << " x " << to_string(model.kv_dtype) << " (K and V) = " << plan.page_bytes() << " bytes\n"
+    << "  reservation: "
+    << (o.reservation.mode == reservation_mode::elastic
+            ? cat("elastic, margin ",
+                  o.reservation.margin,
+                  " (the scorer's total per request, placed per group at eviction)")
+            : std::string("static (each group its budget's pages)"))
+    << "\n"
     << "  groups: " << plan.num_groups() << " (" << per_kind[0] << " compressed, " << per_kind[1]
     << " sliding_window, " << per_kind[2] << " uncompressed), scope " << to_string(o.scope) << "\n"
     << "  group waste over sum of budgets: " << percent(waste, 2) << "   (by scope:";
@@ -196,31 +210,69 @@ int plan_command(plan_args& a, streams io) {
 command_body setup_plan(CLI::App& app) {
   auto a  = std::make_shared<plan_args>();
   auto& o = a->plan;
-  add_text(app, "SAMPLES_OR_PROFILE.json", a->input, "",
+  add_text(app,
+           "SAMPLES_OR_PROFILE.json",
+           a->input,
+           "",
            "Retention samples (calibrated here) or a budget profile, a file or a bundled name");
   add_calibration_options(app, a->cal);
   add_group_size(app, o.group_size);
   add_scope(app, o.scope);
   add_page_tokens(app, o.page_tokens);
-  add_text(app, "--model", a->model, "NAME_OR_FILE",
+  add_text(app,
+           "--model",
+           a->model,
+           "NAME_OR_FILE",
            "A model-spec file or preset (default: the preset the input names)");
   add_sms(app, o.split.limits.sm_count);
-  add_integer(app, "--ctas-per-sm", o.split.limits.ctas_per_sm, 1, 64,
+  add_integer(app,
+              "--ctas-per-sm",
+              o.split.limits.ctas_per_sm,
+              1,
+              64,
               "CTAs per SM: N_CTA = sms x ctas-per-sm");
   add_choice(
-      app, "--weighting", [&o](std::string const& v) { o.split.weighting = parse_split_weighting(v); },
-      std::string(to_string(o.split.weighting)), {"budget", "batch_share"},
+      app,
+      "--weighting",
+      [&o](std::string const& v) { o.split.weighting = parse_split_weighting(v); },
+      std::string(to_string(o.split.weighting)),
+      {"budget", "batch_share"},
       "How the split map weighs heads: by budget, or by share of reference batches");
-  add_integer_list(app, "--reference-contexts", o.split.reference_contexts, 1,
-                   split_limits::max_reference_context, split_limits::max_reference_contexts,
+  add_integer_list(app,
+                   "--reference-contexts",
+                   o.split.reference_contexts,
+                   1,
+                   split_limits::max_reference_context,
+                   split_limits::max_reference_contexts,
                    cat("batch_share: the context lengths reference requests draw from (default: ",
-                       o.split.reference_contexts.size(), " lengths, log-spaced ",
-                       o.split.reference_contexts.front(), "..", o.split.reference_contexts.back(), ")"));
-  add_number(app, "--share-quantile", o.split.share_quantile, {0, 1},
+                       o.split.reference_contexts.size(),
+                       " lengths, log-spaced ",
+                       o.split.reference_contexts.front(),
+                       "..",
+                       o.split.reference_contexts.back(),
+                       ")"));
+  add_number(app,
+             "--share-quantile",
+             o.split.share_quantile,
+             {0, 1},
              "batch_share: quantile of a head's shares taken as its weight");
+  add_choice(
+      app,
+      "--reservation",
+      [&o](std::string const& v) { o.reservation.mode = *reservation_mode_named(v); },
+      std::string(to_string(o.reservation.mode)),
+      {"static", "elastic"},
+      "static: every group reserves its budget's pages; elastic: each request reserves the "
+      "scorer's total plus a margin, placed per group at eviction");
+  a->margin = add_number(app,
+                         "--margin",
+                         o.reservation.margin,
+                         {0, max_elastic_margin},
+                         "elastic: reserve (1 + margin) x the scorer's total");
   add_integer(app, "--tp-size", o.tp_size, 1, 1024, "Tensor-parallel ranks sharing the KV heads");
   add_integer(app, "--tp-rank", o.tp_rank, 0, 1023, "The rank this plan is for, below --tp-size");
-  add_text(app, "--out", a->out, "PLAN.json", "Write the plan (read by `tangram inspect` and engines)");
+  add_text(
+      app, "--out", a->out, "PLAN.json", "Write the plan (read by `tangram inspect` and engines)");
   app.add_flag("--json", a->json, "One JSON document instead of the text report");
   return [a](streams io) { return plan_command(*a, io); };
 }
