@@ -11,6 +11,14 @@
 //   prediction, and both baselines, for Llama-3.1-8B at 32K and 128K (P 16, Hp 4, global, alpha 2).
 //   These are measured by running the managers (counts, not timings); ideal = the mean dynamic
 //   footprint of the profile samples scaled to the context.
+// - elastic_vs_static/<scorer>: every bundled Llama-3.1-8B sample as one request (its own context,
+//   chunks of 4096) through two managers side by side: static mu + 2 sigma budgets, and elastic
+//   reservation at margin 0.15. The scorer's per-head needs come from the sample (exact at the
+//   last chunk; scaled by tokens seen for earlier chunks: modelled). Static heads keep
+//   min(need, budget); elastic groups get the optimal placement within elastic_page_limit.
+//   Counters: pages reserved at admission and held after prefill over the ideal (needs / Hp P),
+//   staging, and the fraction of wanted tokens clipped. In-sample: budgets and margin come from
+//   the same samples (held-out figures: `tangram calibrate --reservation elastic --compare`).
 //
 // Run: build/bench/bench_memory --benchmark_format=json
 #include <benchmark/benchmark.h>
@@ -32,6 +40,7 @@
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
+#include "tangram/reference/elastic_selection.hpp"
 
 namespace {
 
@@ -194,11 +203,11 @@ void decode_step(benchmark::State& state) {
 
   // Baseline: layer-wide pages (vLLM style, one page table per layer), same batch and lengths.
   unified_paging_baseline base(plan,
-                                 unified_mode::compressed_reclaim,
-                                 mr,
-                                 batch * (ceil_div(N + batch * 7 + T, 16) * plan.num_layers + 1),
-                                 batch,
-                                 N + batch * 7 + T);
+                               unified_mode::compressed_reclaim,
+                               mr,
+                               batch * (ceil_div(N + batch * 7 + T, 16) * plan.num_layers + 1),
+                               batch,
+                               N + batch * 7 + T);
   std::vector<std::int32_t> bslots;
   for (std::int32_t i = 0; i < batch; ++i) {
     auto s = *base.try_admit();
@@ -265,8 +274,7 @@ void memory_efficiency(benchmark::State& state, std::string scorer, std::int64_t
 
     std::int64_t layer_pages = ceil_div(context, 16) * plan.num_layers + 16;
     unified_paging_baseline f(plan, unified_mode::full_kv, mr, layer_pages, 1, context);
-    unified_paging_baseline r(
-        plan, unified_mode::compressed_reclaim, mr, layer_pages, 1, context);
+    unified_paging_baseline r(plan, unified_mode::compressed_reclaim, mr, layer_pages, 1, context);
     auto fs = *f.try_admit(), rs = *r.try_admit();
     for (std::int64_t n = 0; n < context; n += chunk) {
       (void)f.prefill_chunk(fs, std::min(chunk, context - n));
@@ -304,6 +312,112 @@ void memory_efficiency(benchmark::State& state, std::string scorer, std::int64_t
   state.counters["unified_peak_over_tangram"]   = peak / tangram;
 }
 
+/// One request per sample through a manager; returns {reserved, held, clipped, wanted, staging}.
+struct elastic_run {
+  double reserved = 0, held = 0, clipped = 0, wanted = 0, staging = 0, reclaimed = 0;
+};
+
+elastic_run run_samples(static_plan const& plan, retention_samples const& s, std::int64_t chunk) {
+  elastic_run out;
+  bool elastic = plan.options.reservation.mode == reservation_mode::elastic;
+  std::vector<std::vector<std::int32_t>> groups;  // pooled groups' flat heads
+  for (auto const& g : plan.grouping.groups) {
+    if (g.rule.kind != layer_kind::compressed) continue;
+    groups.emplace_back();
+    for (auto m : g.members) groups.back().push_back(m.layer * plan.num_kv_heads + m.head);
+  }
+  auto heads = static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads);
+  simulated_memory_resource mr;
+  manager_options o;
+  o.num_pages        = 1 << 24;
+  o.max_sequences    = 1;
+  o.max_chunk_tokens = chunk;
+  kv_cache_manager m(plan, mr, o);
+  std::vector<std::int32_t> kept(heads);
+  std::vector<std::int64_t> needs, order;
+  std::vector<std::int32_t> members;
+  for (auto const& smp : s.samples) {
+    auto n  = smp.context_tokens;
+    auto id = *m.try_admit(n, 0);
+    out.reserved += static_cast<double>(m.info(id).reserved_pages);
+    out.staging += static_cast<double>(
+        elastic ? m.admission_pages(n, 0) - elastic_footprint_pages(plan, 0.15, n, 0) : 0);
+    for (std::int64_t seen = 0; seen < n;) {
+      auto c = std::min(chunk, n - seen);
+      seen += c;
+      m.prepare_chunk(id, c);
+      m.expected_kept(id, c, kept.data());  // candidates (elastic) or the static cap
+      // The scorer's wish at `seen` tokens: the sample's need, scaled by the tokens seen.
+      auto need = [&](std::size_t h) {
+        return std::min<std::int64_t>(ceil_div(smp.kept[h] * seen, n), seen);
+      };
+      if (!elastic) {
+        for (std::size_t h = 0; h < heads; ++h)
+          kept[h] = static_cast<std::int32_t>(std::min<std::int64_t>(need(h), kept[h]));
+      } else {
+        needs.clear();
+        members.clear();
+        for (auto const& g : groups)
+          for (auto h : g) {
+            needs.push_back(std::min<std::int64_t>(need(static_cast<std::size_t>(h)),
+                                                   kept[static_cast<std::size_t>(h)]));
+            members.push_back(static_cast<std::int32_t>(members.size()));
+          }
+        reference::elastic_selection_input in;
+        in.needs        = &needs;
+        in.members      = &members;
+        in.group_size   = plan.geometry.group_size;
+        in.page_tokens  = plan.geometry.page_tokens;
+        in.candidates   = seen;
+        in.protect      = std::min<std::int64_t>(plan.profile.protected_tokens(), seen);
+        in.budget_pages = m.elastic_page_limit(id);
+        auto sel        = reference::select_group_lengths(in);
+        for (std::size_t k = 0; k < groups.size(); ++k)
+          for (auto h : groups[k])
+            kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(std::min<std::int64_t>(
+                sel.group_pages[k] * plan.geometry.page_tokens, kept[static_cast<std::size_t>(h)]));
+      }
+      m.commit_chunk(id, kept);
+    }
+    for (std::size_t h = 0; h < heads; ++h) {
+      auto want = std::min<std::int64_t>(smp.kept[h], n);
+      out.wanted += static_cast<double>(want);
+      out.clipped += static_cast<double>(std::max<std::int64_t>(0, want - kept[h]));
+    }
+    for (std::int32_t g = 0; g < m.num_groups(); ++g)
+      out.held += static_cast<double>(m.group_page_count(id, g));
+    m.free(id);
+  }
+  out.reclaimed = static_cast<double>(m.stats().reclaimed_pages);
+  return out;
+}
+
+void elastic_vs_static(benchmark::State& state, std::string scorer) {
+  auto const& s                      = samples(scorer);
+  auto stat                          = llama_plan(scorer);
+  auto elastic                       = stat;
+  elastic.options.reservation.mode   = reservation_mode::elastic;
+  elastic.options.reservation.margin = 0.15;
+  elastic_run a, b;
+  for (auto _ : state) {
+    a = run_samples(stat, s, 4096);
+    b = run_samples(elastic, s, 4096);
+  }
+  // Ideal pages: the scorer's needs packed Hp * P head-tokens per page, no padding.
+  double cell  = static_cast<double>(stat.geometry.group_size * stat.geometry.page_tokens);
+  double ideal = a.wanted / cell;
+  state.counters["static_reserved_over_ideal"]   = a.reserved / ideal;
+  state.counters["elastic_reserved_over_ideal"]  = (b.reserved - b.staging) / ideal;
+  state.counters["elastic_staging_over_ideal"]   = b.staging / ideal;
+  state.counters["static_held_over_ideal"]       = a.held / ideal;
+  state.counters["elastic_held_over_ideal"]      = b.held / ideal;
+  state.counters["static_clip"]                  = a.clipped / a.wanted;
+  state.counters["elastic_clip"]                 = b.clipped / b.wanted;
+  state.counters["elastic_over_static_reserved"] = (b.reserved - b.staging) / a.reserved;
+  state.counters["reclaimed_pages"]              = a.reclaimed + b.reclaimed;
+  state.counters["requests"]                     = static_cast<double>(s.samples.size());
+}
+
 void register_efficiency() {
   for (std::string scorer : {"snapkv", "ea", "keydiff", "fastkvzip"})
     for (std::int64_t ctx : {32768, 131072})
@@ -312,6 +426,11 @@ void register_efficiency() {
           [scorer, ctx](benchmark::State& st) { memory_efficiency(st, scorer, ctx); })
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
+  for (std::string scorer : {"snapkv", "ea", "keydiff", "fastkvzip"})
+    benchmark::RegisterBenchmark(("elastic_vs_static/" + scorer).c_str(),
+                                 [scorer](benchmark::State& st) { elastic_vs_static(st, scorer); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
 }
 int const registered = (register_efficiency(), 0);
 
