@@ -76,9 +76,10 @@ struct kv_cache_manager_test_access;
  * sequence_table, page_table_storage, head_lengths, decode_buckets, chunk_rules, page_usage,
  * turn_footprint, copy_on_write, batch_membership, view_journal, page_flow, view_assembly.
  *
- * Every operation validates its arguments and sizes its work first (the only throwing part),
- * then applies it through the parts' noexcept mutators: an operation that throws or answers
- * "does not fit" changes nothing (strong guarantee).
+ * Every operation validates its arguments and sizes its work first, then applies it through the
+ * parts' mutators, which cannot fail once the checks passed (the few that may throw do so only on
+ * an internal inconsistency): an operation that throws or answers "does not fit" changes nothing
+ * (strong guarantee).
  *
  * @tparam Layout   page geometry type of the pool (`page_layout<>` dynamic by default; a static
  *                  layout must agree with the plan's geometry).
@@ -129,7 +130,6 @@ class basic_kv_cache_manager {
   ~basic_kv_cache_manager()                                        = default;
 
   // ===== shape ==================================================================================
-
   [[nodiscard]] static_plan const& plan() const noexcept { return plan_; }
   [[nodiscard]] manager_options const& options() const noexcept { return options_; }
   [[nodiscard]] pool_type const& pool() const noexcept { return pool_; }
@@ -140,7 +140,6 @@ class basic_kv_cache_manager {
   [[nodiscard]] std::int32_t live_sequences() const noexcept { return sequences_.live(); }
 
   // ===== admission ==============================================================================
-
   /**
    * @brief Pages a new request of N prompt tokens and T max new tokens reserves
    * (`admission_footprint_pages`: M(r), or the elastic total plus staging). Pure.
@@ -184,7 +183,6 @@ class basic_kv_cache_manager {
   }
 
   // ===== chunked prefill ========================================================================
-
   /**
    * @brief Before the eviction of a prompt chunk of `chunk_tokens` runs: draws from the
    * reservation the pages every group needs for its lengths after the chunk (compressed:
@@ -237,7 +235,7 @@ class basic_kv_cache_manager {
     sequences_.expect_chunk_fits(s, chunk_tokens, "expected_kept");
     std::int64_t n = lengths_.tokens(s) + chunk_tokens;
     for (std::int32_t h = 0; h < groups_.num_heads(); ++h)
-      out[h] = static_cast<std::int32_t>(expected_kept_of(s, h, n, chunk_tokens));
+      out[h] = static_cast<std::int32_t>(usage_.expected_kept(s, h, n, chunk_tokens));
   }
 
   /**
@@ -263,7 +261,7 @@ class basic_kv_cache_manager {
     std::int64_t n = lengths_.tokens(s) + c;
     for (std::int32_t h = 0; h < heads; ++h) {
       auto kind = plan_.rules[static_cast<std::size_t>(h)].kind;
-      detail::check_kept(kind, kept[h], expected_kept_of(s, h, n, c), n, s, h / H, h % H);
+      detail::check_kept(kind, kept[h], usage_.expected_kept(s, h, n, c), n, s, h / H, h % H);
     }
     detail::check_pooled_kept(groups_, kept, page_table_.pooled_limit(s), s);
     lengths_.commit_chunk(s, kept, static_cast<std::int32_t>(n), [&](std::int32_t h) {
@@ -284,7 +282,6 @@ class basic_kv_cache_manager {
   }
 
   // ===== batch and decode =======================================================================
-
   /**
    * @brief Sets the batch the view and `decode_step` run over: request r is sequence ids[r].
    * O(batch), allocation-free.
@@ -329,7 +326,6 @@ class basic_kv_cache_manager {
   }
 
   // ===== turns, forks, free =====================================================================
-
   /**
    * @brief Ends the current turn (prompt done): unused reserved pages return to the pool and the
    * compressed history stays (pages beyond what the longest head uses are released as surplus).
@@ -460,7 +456,6 @@ class basic_kv_cache_manager {
   }
 
   // ===== copy-on-write ==========================================================================
-
   /// @brief Page copies recorded by `fork` / `continue_turn` that the engine has not confirmed.
   /// Each holds a reference on both pages until `complete_page_copies`.
   [[nodiscard]] std::vector<page_copy> const& pending_copies() const noexcept {
@@ -476,7 +471,6 @@ class basic_kv_cache_manager {
   void execute_page_copies_host() { copies_.execute_host(pool_); }
 
   // ===== views ==================================================================================
-
   /**
    * @brief The batch view over the manager's host arrays and the pool arena. O(batch): checks
    * that every batch member is still live. Valid until the next mutating call. Allocation-free.
@@ -502,7 +496,6 @@ class basic_kv_cache_manager {
   void clear_view_changes() noexcept { journal_.clear(); }
 
   // ===== inspection =============================================================================
-
   /// @brief True when `seq` names a live sequence.
   [[nodiscard]] bool contains(sequence_id seq) const noexcept { return sequences_.contains(seq); }
 
@@ -518,10 +511,7 @@ class basic_kv_cache_manager {
                                       std::int32_t head) const {
     std::int32_t s = sequences_.find(seq, "head_len");
     groups_.check_head(layer, head, "head_len");
-    std::int32_t h = layer * groups_.num_kv_heads() + head;
-    auto g         = groups_.head_slot_of(h).group;
-    if (groups_.is_sliding(g)) return std::min<std::int64_t>(lengths_.tokens(s), groups_.window(g));
-    return lengths_.held(s, h);
+    return usage_.head_tokens(s, layer * groups_.num_kv_heads() + head);
   }
 
   /// Entries in the page list of (seq, group g). @throw logic_error for an unknown sequence/group.
@@ -576,18 +566,6 @@ class basic_kv_cache_manager {
     std::int32_t s = sequences_.find(seq, op);
     groups_.check_group(g, op);
     return s;
-  }
-
-  /// Expected kept count of flat head h after the history reaches n with a chunk of c tokens.
-  [[nodiscard]] std::int64_t expected_kept_of(std::int32_t s,
-                                              std::int32_t h,
-                                              std::int64_t n,
-                                              std::int64_t c) const noexcept {
-    return detail::expected_kept(plan_.rules[static_cast<std::size_t>(h)],
-                                 lengths_.held(s, h),
-                                 n,
-                                 c,
-                                 groups_.pooled(groups_.head_slot_of(h).group));
   }
 
   static_plan plan_;

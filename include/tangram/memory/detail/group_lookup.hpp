@@ -35,7 +35,8 @@ class group_lookup {
         scorer_{plan.profile.target_keep_ratio,
                 plan.profile.protected_tokens(),
                 plan.options.reservation.basis},
-        head_slots_(plan.grouping.slots) {
+        head_slots_(plan.grouping.slots),
+        head_rules_(plan.rules) {
     for (std::int32_t k = 0; k < 31; ++k)
       if ((std::int32_t{1} << k) == page_tokens_) page_shift_ = k;
     auto G = static_cast<std::size_t>(plan.num_groups());
@@ -95,6 +96,10 @@ class group_lookup {
                     ")");
   }
 
+  /// The rule of flat head h (layer * H + head); a group's rule is its largest member's.
+  [[nodiscard]] head_rule const& head_rule_of(std::int32_t h) const noexcept {
+    return head_rules_[static_cast<std::size_t>(h)];
+  }
   [[nodiscard]] head_rule const& rule(std::int32_t g) const noexcept {
     return rules_[static_cast<std::size_t>(g)];
   }
@@ -178,6 +183,7 @@ class group_lookup {
   std::vector<std::uint8_t> pooled_;
   std::vector<std::int32_t> pooled_groups_;
   std::vector<head_slot> head_slots_;
+  std::vector<head_rule> head_rules_;
   std::vector<head_rule> rules_;
   std::vector<std::int32_t> window_, ring_pages_;
   std::vector<std::int32_t> members_, member_begin_;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "tangram/memory/detail/chunk_rules.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
 #include "tangram/memory/detail/head_lengths.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
@@ -89,6 +90,24 @@ class page_usage {
     for (std::int64_t p = 0; p < keep; ++p)
       count += pool_.ref_count(page_table_.entry(s, g, p)) == 1;
     return count;
+  }
+  /// Tokens flat head h of slot s may keep once the history reaches n with a chunk of c
+  /// (`expected_kept` of chunk_rules.hpp; all candidates for a pooled head).
+  [[nodiscard]] std::int64_t expected_kept(std::int32_t s,
+                                           std::int32_t h,
+                                           std::int64_t n,
+                                           std::int64_t c) const noexcept {
+    return detail::expected_kept(groups_.head_rule_of(h),
+                                 lengths_.held(s, h),
+                                 n,
+                                 c,
+                                 groups_.pooled(groups_.head_slot_of(h).group));
+  }
+  /// Tokens flat head h of slot s holds (a sliding head: its window's share of the tokens seen).
+  [[nodiscard]] std::int64_t head_tokens(std::int32_t s, std::int32_t h) const noexcept {
+    auto g = groups_.head_slot_of(h).group;
+    if (groups_.is_sliding(g)) return std::min<std::int64_t>(lengths_.tokens(s), groups_.window(g));
+    return lengths_.held(s, h);
   }
   /// Leading pages of group g that every head has filled (never written again): shareable.
   [[nodiscard]] std::int64_t shareable(std::int32_t s, std::int32_t g) const noexcept {
