@@ -442,3 +442,39 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
       2,
       {"--margin", "11"});
 }
+
+TEST_CASE("usage errors name the option and the value; help per command; output failures",
+          "[cli][errors][regression]") {
+  auto const* P = "snapkv/llama-3.1-8b-instruct";
+  expect_error({"plan", P, "--group-size", "4", "--group-size", "8"},
+               2,
+               {"--group-size: given more than once", "\"4\"", "\"8\""});
+  expect_error({"plan", P, "--group-size"}, 2, {"--group-size: needs a value"});
+  expect_error({"calibrate", P, "--json=1"}, 2, {"--json: takes no value", "\"1\""});
+  expect_error({"plan", P, "--weighting", "budget", "--share-quantile", "0.1"},
+               2,
+               {"--share-quantile", "--weighting batch_share only"});
+  expect_error({"plan", P, "--weighting", "budget", "--reference-contexts", "100,200"},
+               2,
+               {"--reference-contexts", "--weighting batch_share only"});
+  expect_error({"calibrate", P, "--reservation", "elastic", "--band", "0.9"},
+               2,
+               {"--band", "not with --reservation elastic"});
+  expect_error({"plan", P, "--reference-contexts", "5,"}, 2, {"--reference-contexts", "\"5,\""});
+  auto help = run({"help", "plan"});
+  CHECK(help.code == 0);
+  CHECK(help.out.find("Usage: tangram plan") != std::string::npos);
+  auto unknown = run({"help", "nope"});
+  CHECK(unknown.code == 2);
+  CHECK(unknown.err.find("unknown command \"nope\"") != std::string::npos);
+  // -0 reads as 0: the report never shows "-0".
+  auto zero = run({"calibrate", P, "--alpha", "-0"});
+  REQUIRE(zero.code == 0);
+  CHECK(zero.out.find("alpha 0,") != std::string::npos);
+  CHECK(zero.out.find("-0") == std::string::npos);
+  // A failed standard output (a full disk, a closed pipe) is a failed job, exit 1.
+  std::ostream broken(nullptr);
+  std::ostringstream err;
+  CHECK(cli::run({"models"}, {broken, err}) == 1);
+  CHECK(err.str().find("cannot write the output") != std::string::npos);
+}

@@ -39,6 +39,7 @@ struct calibrate_args {
   elastic_options eo;
   std::vector<CLI::Option const*> elastic_only;  // refused with --reservation static
   CLI::Option const* margin_alpha = nullptr;
+  CLI::Option const* band         = nullptr;  // a static figure: refused with elastic
   std::optional<std::string> out;
   bool json    = false;
   bool compare = false;
@@ -59,6 +60,8 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
   if (a.out)
     throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
+  if (a.band->count() > 0)
+    throw usage_error("--band: a static report figure; not with --reservation elastic");
   if (cal.given)
     throw usage_error(
         cat(*cal.given, ": a static estimator option; not with --reservation elastic"));
@@ -381,11 +384,11 @@ command_body setup_calibrate(CLI::App& app) {
   add_calibration_options(app, a->cal);
   add_integer(
       app, "--folds", ev.folds, 0, 100000, "k of the held-out evaluation (0: none; 1 is refused)");
-  add_number(app,
-             "--band",
-             ev.band,
-             {0, 1},
-             "Spread (max - min kept fraction) under which a head counts as narrow");
+  a->band = add_number(app,
+                       "--band",
+                       ev.band,
+                       {0, 1},
+                       "Spread (max - min kept fraction) under which a head counts as narrow");
   app.add_flag("--group-by-context",
                ev.group_by_context,
                "Folds by distinct context length instead of sample index");

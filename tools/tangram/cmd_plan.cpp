@@ -49,6 +49,7 @@ struct plan_args {
   std::optional<std::string> out;
   bool json           = false;
   CLI::Option* margin = nullptr;
+  std::vector<CLI::Option*> batch_share_only;  // refused with --weighting budget
 };
 
 int plan_command(plan_args& a, streams io) {
@@ -71,6 +72,10 @@ int plan_command(plan_args& a, streams io) {
 
   if (o.reservation.mode != reservation_mode::elastic && a.margin->count() > 0)
     throw usage_error("--margin: applies to --reservation elastic only");
+  if (o.split.weighting != split_weighting::batch_share)
+    for (auto* opt : a.batch_share_only)
+      if (opt->count() > 0)
+        throw usage_error(cat(opt->get_name(), ": applies to --weighting batch_share only"));
   if (out) check_output_path("--out", *out);
   auto src   = read_samples_or_profile(*a.input, cal);
   auto model = resolve_model(model_o, src.profile.model);
@@ -238,24 +243,26 @@ command_body setup_plan(CLI::App& app) {
       std::string(to_string(o.split.weighting)),
       {"budget", "batch_share"},
       "How the split map weighs heads: by budget, or by share of reference batches");
-  add_integer_list(app,
-                   "--reference-contexts",
-                   o.split.reference_contexts,
-                   1,
-                   split_limits::max_reference_context,
-                   split_limits::max_reference_contexts,
-                   cat("batch_share: the context lengths reference requests draw from (default: ",
-                       o.split.reference_contexts.size(),
-                       " lengths, log-spaced ",
-                       o.split.reference_contexts.front(),
-                       "..",
-                       o.split.reference_contexts.back(),
-                       ")"));
-  add_number(app,
-             "--share-quantile",
-             o.split.share_quantile,
-             {0, 1},
-             "batch_share: quantile of a head's shares taken as its weight");
+  a->batch_share_only.push_back(add_integer_list(
+      app,
+      "--reference-contexts",
+      o.split.reference_contexts,
+      1,
+      split_limits::max_reference_context,
+      split_limits::max_reference_contexts,
+      cat("batch_share: the context lengths reference requests draw from (default: ",
+          o.split.reference_contexts.size(),
+          " lengths, log-spaced ",
+          o.split.reference_contexts.front(),
+          "..",
+          o.split.reference_contexts.back(),
+          ")")));
+  a->batch_share_only.push_back(
+      add_number(app,
+                 "--share-quantile",
+                 o.split.share_quantile,
+                 {0, 1},
+                 "batch_share: quantile of a head's shares taken as its weight"));
   add_choice(
       app,
       "--reservation",

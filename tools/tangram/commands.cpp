@@ -22,11 +22,14 @@ struct command {
 };
 
 constexpr command commands[] = {
-    {"simulate", "Replay multi-turn serving: full_kv, unified_nonuniform and tangram side by side",
+    {"simulate",
+     "Replay multi-turn serving: full_kv, unified_nonuniform and tangram side by side",
      setup_simulate},
-    {"calibrate", "Static budgets from retention samples, with held-out and rank-stability figures",
+    {"calibrate",
+     "Static budgets from retention samples, with held-out and rank-stability figures",
      setup_calibrate},
-    {"plan", "A static plan: head groups, page geometry and split map, with waste and imbalance",
+    {"plan",
+     "A static plan: head groups, page geometry and split map, with waste and imbalance",
      setup_plan},
     {"inspect", "Summary of a static plan, and a picture of its head groups", setup_inspect},
     {"models", "List the built-in model presets", setup_models},
@@ -60,6 +63,32 @@ std::string extras_message(CLI::App const& app, CLI::ExtrasError const& e) {
                                      : cat("unexpected argument ", tangram::detail::quoted(t));
 }
 
+/// CLI11's count errors, in the program's words: "--x: given more than once ("4", "8")",
+/// "--x: needs a value", "--json: takes no value, got "1"".
+std::string mismatch_message(CLI::App const& app,
+                             CLI::ArgumentMismatch const& e,
+                             std::vector<std::string> const& args) {
+  std::string what = e.what();
+  if (auto at = what.find(" was given a disallowed flag override"); at != std::string::npos) {
+    std::string flag = "--" + what.substr(0, at);
+    for (auto const& t : args)
+      if (t.rfind(flag + "=", 0) == 0)
+        return cat(
+            flag, ": takes no value, got ", tangram::detail::quoted(t.substr(flag.size() + 1)));
+    return cat(flag, ": takes no value");
+  }
+  auto name       = what.substr(0, what.find(':'));
+  auto const* opt = app.get_option_no_throw(name);
+  if (opt == nullptr) return what;
+  if (opt->results().size() > 1) {
+    std::string given;
+    for (auto const& v : opt->results())
+      given += (given.empty() ? "" : ", ") + tangram::detail::quoted(v);
+    return cat(name, ": given more than once (", given, ")");
+  }
+  return cat(name, ": needs a value");
+}
+
 int fail(streams io, command const& c, std::string_view what, int code) {
   // Messages may carry names from files and the command line: escape_controls keeps them one
   // line and free of terminal control sequences.
@@ -81,9 +110,14 @@ int run_command(command const& c, std::vector<std::string> const& rest, streams 
     }
     std::vector<std::string> reversed(rest.rbegin(), rest.rend());  // CLI11 takes them reversed
     app.parse(reversed);
-    return body(io);
+    int code = body(io);
+    // A full disk or a closed pipe is a failed job, not a silent success.
+    if (!io.out.flush()) return fail(io, c, "cannot write the output (standard output failed)", 1);
+    return code;
   } catch (CLI::ExtrasError const& e) {
     return fail(io, c, extras_message(app, e), 2);
+  } catch (CLI::ArgumentMismatch const& e) {
+    return fail(io, c, mismatch_message(app, e, rest), 2);
   } catch (CLI::ParseError const& e) {
     return fail(io, c, e.what(), 2);
   } catch (tangram::invalid_argument const& e) {
@@ -96,6 +130,13 @@ int run_command(command const& c, std::vector<std::string> const& rest, streams 
 }  // namespace
 
 int run(std::vector<std::string> const& argv, streams io) {
+  if (argv.size() == 2 && argv[0] == "help") {  // `tangram help plan`: that command's help
+    for (auto const& c : commands)
+      if (argv[1] == c.name) return run_command(c, {"--help"}, io);
+    io.err << "tangram: error: unknown command " << tangram::detail::quoted(argv[1])
+           << " (run `tangram help`)\n";
+    return 2;
+  }
   if (argv.empty() || argv[0] == "help" || argv[0] == "--help" || argv[0] == "-h") {
     print_help(argv.empty() ? io.err : io.out);
     return argv.empty() ? 2 : 0;
@@ -106,7 +147,8 @@ int run(std::vector<std::string> const& argv, streams io) {
   }
   for (auto const& c : commands)
     if (argv[0] == c.name) return run_command(c, {argv.begin() + 1, argv.end()}, io);
-  io.err << "tangram: error: unknown command " << tangram::detail::quoted(argv[0]) << " (run `tangram help`)\n";
+  io.err << "tangram: error: unknown command " << tangram::detail::quoted(argv[0])
+         << " (run `tangram help`)\n";
   return 2;
 }
 

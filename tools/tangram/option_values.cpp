@@ -26,7 +26,9 @@ std::string range_text(number_range r) {
   return cat(r.open_low ? "(" : "[", bound_text(r.lo), ", ", bound_text(r.hi), "]");
 }
 
-std::string range_text(std::int64_t lo, std::int64_t hi) { return cat("[", lo, ", ", hi, "]"); }
+std::string range_text(std::int64_t lo, std::int64_t hi) {
+  return cat("[", lo, ", ", hi, "]");
+}
 
 // Each *_problem returns why `text` is not a valid value, or "" when it is (then `v` holds it).
 // That is CLI11's validator convention; CLI11 prefixes the option's name to the reason
@@ -37,10 +39,14 @@ std::string number_problem(std::string_view text, number_range r, double& v) {
     return cat("expected a number, got ", tangram::detail::quoted(text));
   if (v < r.lo || v > r.hi || (r.open_low && !(v > r.lo)))
     return cat("must be in ", range_text(r), ", got ", text);
+  if (v == 0) v = 0;  // -0 reads as 0: reports and files never show "-0"
   return "";
 }
 
-std::string integer_problem(std::string_view text, std::int64_t lo, std::int64_t hi, std::int64_t& v) {
+std::string integer_problem(std::string_view text,
+                            std::int64_t lo,
+                            std::int64_t hi,
+                            std::int64_t& v) {
   auto res = std::from_chars(text.data(), text.data() + text.size(), v);
   if (res.ec != std::errc{} || res.ptr != text.data() + text.size())
     return cat("expected an integer, got ", tangram::detail::quoted(text));
@@ -54,10 +60,12 @@ std::string list_problem(std::string_view text,
                          std::size_t max_count,
                          std::vector<std::int64_t>& out) {
   out.clear();
+  auto const whole = text;
   while (true) {
     auto comma     = text.find(',');
     std::int64_t v = 0;
-    if (auto why = integer_problem(text.substr(0, comma), lo, hi, v); !why.empty()) return why;
+    if (auto why = integer_problem(text.substr(0, comma), lo, hi, v); !why.empty())
+      return cat(why, " in ", tangram::detail::quoted(whole));
     out.push_back(v);
     if (out.size() > max_count) return cat("at most ", max_count, " values");
     if (comma == std::string_view::npos) return "";
@@ -96,12 +104,16 @@ CLI::Option* add_number(CLI::App& app,
                         std::string const& help) {
   std::string shown = cat(target);
   return add_checked(
-             app, name, [&target, r](std::string const& t) { number_problem(t, r, target); },
+             app,
+             name,
+             [&target, r](std::string const& t) { number_problem(t, r, target); },
              [r](std::string const& t) {
                double v = 0;
                return number_problem(t, r, v);
              },
-             range_text(r), "FLOAT", help)
+             range_text(r),
+             "FLOAT",
+             help)
       ->default_str(shown);
 }
 
@@ -111,7 +123,8 @@ CLI::Option* add_number(CLI::App& app,
                         number_range r,
                         std::string const& help) {
   return add_checked(
-      app, name,
+      app,
+      name,
       [&target, r](std::string const& t) {
         double v = 0;
         number_problem(t, r, v);
@@ -121,7 +134,9 @@ CLI::Option* add_number(CLI::App& app,
         double v = 0;
         return number_problem(t, r, v);
       },
-      range_text(r), "FLOAT", help);
+      range_text(r),
+      "FLOAT",
+      help);
 }
 
 CLI::Option* add_integer(CLI::App& app,
@@ -132,7 +147,8 @@ CLI::Option* add_integer(CLI::App& app,
                          std::int64_t hi,
                          std::string const& help) {
   return add_checked(
-             app, name,
+             app,
+             name,
              [set = std::move(set), lo, hi](std::string const& t) {
                std::int64_t v = 0;
                integer_problem(t, lo, hi, v);
@@ -142,7 +158,9 @@ CLI::Option* add_integer(CLI::App& app,
                std::int64_t v = 0;
                return integer_problem(t, lo, hi, v);
              },
-             range_text(lo, hi), "INT", help)
+             range_text(lo, hi),
+             "INT",
+             help)
       ->default_str(cat(shown_default));
 }
 
@@ -154,13 +172,18 @@ CLI::Option* add_integer_list(CLI::App& app,
                               std::size_t max_count,
                               std::string const& help) {
   return add_checked(
-      app, name,
-      [&target, lo, hi, max_count](std::string const& t) { list_problem(t, lo, hi, max_count, target); },
+      app,
+      name,
+      [&target, lo, hi, max_count](std::string const& t) {
+        list_problem(t, lo, hi, max_count, target);
+      },
       [lo, hi, max_count](std::string const& t) {
         std::vector<std::int64_t> v;
         return list_problem(t, lo, hi, max_count, v);
       },
-      cat("each in ", range_text(lo, hi), ", at most ", max_count), "N,N,...", help);
+      cat("each in ", range_text(lo, hi), ", at most ", max_count),
+      "N,N,...",
+      help);
 }
 
 CLI::Option* add_choice(CLI::App& app,
@@ -189,8 +212,9 @@ CLI::Option* add_text(CLI::App& app,
                       std::optional<std::string>& target,
                       std::string const& label,
                       std::string const& help) {
-  return app.add_option_function<std::string>(
-                name, [&target](std::string const& t) { target = t; }, help)
+  return app
+      .add_option_function<std::string>(
+          name, [&target](std::string const& t) { target = t; }, help)
       ->type_name(label);
 }
 
