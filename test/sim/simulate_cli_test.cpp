@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // `tangram simulate` driven in-process: outputs, JSON fields, the plot, and bad options.
+#include <iterator>
 #include <sstream>
+#include <vector>
 
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
@@ -29,7 +31,7 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   namespace json = tangram::detail::json;
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
-  for (char const* policy : {"full_kv", "unified_nonuniform", "tangram"}) {
+  for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"}) {
     auto p = root["policies"][policy];
     for (char const* field : {"peak_resident_sessions", "kv_bytes_allocated_peak", "kv_bytes_live_peak",
                               "reclaim_ops", "preemptions", "control_plane_us_per_step",
@@ -39,6 +41,18 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   }
   CHECK(root["policies"]["tangram"]["reclaim_ops"].as_int(0, 0) == 0);
   CHECK(root["policies"]["tangram"]["preemptions"].as_int(0, 0) == 0);
+  CHECK(root["policies"]["tangram_elastic"]["reclaim_ops"].as_int(0, 0) == 0);
+  CHECK(root["policies"]["tangram_elastic"]["preemptions"].as_int(0, 0) == 0);
+  CHECK(root["policies"]["tangram"]["modelled_eviction_pass_s"].as_double(0, 0) == 0);
+  CHECK(root["policies"]["tangram_elastic"]["modelled_eviction_pass_s"].as_double(1e-12, 1e6) > 0);
+  CHECK(root["policies"]["tangram_elastic"]["generated_tokens"].as_int(0, 1LL << 60) ==
+        root["policies"]["tangram"]["generated_tokens"].as_int(0, 1LL << 60));
+  CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(0.15));
+  CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 8192);
+  CHECK(root["tangram_elastic"]["needs"].as_string().find("modelled: retention sample") == 0);
+  CHECK(root["tangram_elastic"]["eviction_pass"].as_string().find("modelled") == 0);
+  CHECK(root["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) < 0.01);
+  CHECK(root["ratios_vs_full_kv"]["tangram_elastic"]["peak_resident_sessions"].as_double(0, 100.0) > 0);
   CHECK(root["policies"]["unified_nonuniform"]["reclaim_ops"].as_int(1, 1LL << 60) > 0);
   CHECK(root["cost_model"]["label"].as_string().find("modelled") != std::string::npos);
   CHECK(root["ratios_vs_full_kv"]["tangram"]["peak_resident_sessions"].as_double(2.0, 100.0) >= 2.0);
@@ -51,13 +65,28 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
   INFO(r.err);
   REQUIRE(r.rc == 0);
   for (char const* piece : {"full_kv", "unified_nonuniform", "tangram", "resident sessions, peak", "(modelled)",
-                            "vs full_kv"})
+                            "vs full_kv", "tangram_elastic: margin 0.15"})
     CHECK(r.out.find(piece) != std::string::npos);
-  CHECK(r.err.find("simulate: tangram (3/3) 100%") != std::string::npos);  // progress on stderr
+  // The header names four columns, static tangram third and tangram_elastic fourth; every row of
+  // figures has four values.
+  std::istringstream lines(r.out);
+  std::string line;
+  std::vector<std::string> header;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> w{std::istream_iterator<std::string>(words), {}};
+    if (!w.empty() && w[0] == "full_kv") header = w;
+    if (line.find("resident sessions, peak") != std::string::npos) CHECK(w.size() == 3 + 4);
+    if (line.find("makespan s (modelled)") != std::string::npos) CHECK(w.size() == 3 + 4);
+  }
+  CHECK(header == std::vector<std::string>{"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"});
+  CHECK(r.err.find("simulate: tangram (3/4) 100%") != std::string::npos);  // progress on stderr
+  CHECK(r.err.find("simulate: tangram_elastic (4/4) 100%") != std::string::npos);
   auto text = tangram::detail::read_file(svg);
   CHECK(text.rfind("<svg", 0) == 0);
   CHECK(text.find("polyline") != std::string::npos);
   CHECK(text.find("tangram") != std::string::npos);
+  CHECK(text.find("tangram_elastic") != std::string::npos);
   std::remove(svg.c_str());
 }
 
@@ -87,6 +116,8 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
       {{"simulate", "--workload", "/nonexistent/trace.json"}, "cannot open \"/nonexistent/trace.json\""},
       {{"simulate", "--gpu-mem", "10"}, "--gpu-mem: 10 GB"},
       {{"simulate", "--keep", "1.5"}, "--keep: must be in [0.001, 1], got 1.5"},
+      {{"simulate", "--margin", "11"}, "--margin: must be in [0, 10], got 11"},
+      {{"simulate", "--margin", "-0.5"}, "--margin: must be in [0, 10], got -0.5"},
       {{"simulate", "--model", "gpt-5"}, "--model: \"gpt-5\" is neither a model-spec file nor a preset"},
       {{"simulate", "--scope", "diagonal"}, "--scope: expected one of adjacent, layer, global"},
       {{"simulate", "--frobnicate"}, "unknown option \"--frobnicate\""},
@@ -98,4 +129,21 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
     CHECK(r.err.find(c.piece) != std::string::npos);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+}
+
+TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simulate][cli]") {
+  namespace json = tangram::detail::json;
+  auto peak = [](std::string const& margin, char const* policy) {
+    auto r = run({"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--margin", margin,
+                  "--json", "--quiet"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(std::stod(margin)));
+    return root["policies"][policy]["kv_bytes_allocated_peak"].as_double(0, 1e15);
+  };
+  // Six short sessions fit at once: a larger margin reserves more for the elastic policy only.
+  CHECK(peak("2", "tangram_elastic") > peak("0", "tangram_elastic"));
+  CHECK(peak("2", "tangram") == peak("0", "tangram"));
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// `tangram simulate`: replays a multi-turn workload for full_kv, unified_nonuniform and tangram
-// side by side on the real library (simulated memory), with a roofline time model.
+// `tangram simulate`: replays a multi-turn workload for full_kv, unified_nonuniform, tangram
+// (static per-group budgets) and tangram_elastic (elastic reservation) side by side on the real
+// library (simulated memory), with a roofline time model.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
+#include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/workload.hpp"
@@ -76,13 +78,14 @@ json::value result_json(replay_result const& r) {
   o.set("modelled_tokens_per_s", r.modelled_tokens_per_s);
   o.set("modelled_ttft_mean_s", r.modelled_ttft_mean_s);
   o.set("modelled_ttft_p95_s", r.modelled_ttft_p95_s);
+  o.set("modelled_eviction_pass_s", r.modelled_eviction_pass_s);
   return o;
 }
 
 /// Memory over time per policy: allocated (solid) and live (dashed) GB; modelled time axis.
 std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
   constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 50;
-  constexpr char const* colours[] = {"#d62728", "#ff7f0e", "#1f77b4"};
+  constexpr char const* colours[] = {"#d62728", "#ff7f0e", "#1f77b4", "#2ca02c"};
   double t_max = 1e-9;
   for (auto const& r : results)
     if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
@@ -120,7 +123,7 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
   for (std::size_t k = 0; k < results.size(); ++k) {
     auto const& r = results[k];
     for (int live = 0; live < 2; ++live) {
-      s << "<polyline fill=\"none\" stroke=\"" << colours[k % 3] << "\" stroke-width=\"1.5\""
+      s << "<polyline fill=\"none\" stroke=\"" << colours[k % 4] << "\" stroke-width=\"1.5\""
         << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
       for (auto const& p : r.timeline)
         s << x(p.time_s) << "," << y((live ? p.live_bytes : p.allocated_bytes) / 1e9) << " ";
@@ -128,7 +131,7 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
     }
     double ly = top + 20 + 36.0 * static_cast<double>(k);
     s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
-      << "\" stroke=\"" << colours[k % 3] << "\" stroke-width=\"2\"/>\n";
+      << "\" stroke=\"" << colours[k % 4] << "\" stroke-width=\"2\"/>\n";
     s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << r.policy << "</text>\n";
   }
   s << "<text x=\"" << W - right + 10 << "\" y=\"" << top + 20 + 36.0 * static_cast<double>(results.size())
@@ -150,6 +153,7 @@ struct simulate_args {
   double hbm = 4.8;
   double tflops = 989;
   std::optional<double> keep;
+  double margin = default_elastic_margin;
   workload_options wo;
   replay_options ro;
   plan_options po;
@@ -243,7 +247,7 @@ int simulate(simulate_args& a, streams io) {
     if (show_progress) {
       o.progress = [&, index](double f) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        io.err << "\rsimulate: " << policy.name() << " (" << index + 1 << "/3) " << std::setw(3)
+        io.err << "\rsimulate: " << policy.name() << " (" << index + 1 << "/4) " << std::setw(3)
                << static_cast<int>(f * 100) << "%  " << fixed(el, 1) << " s" << std::flush;
       };
     }
@@ -260,6 +264,24 @@ int simulate(simulate_args& a, streams io) {
   {
     tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
     run(tangram, 2);
+  }
+  // Elastic reservation on the same workload, chunking, cost model and pool. With --keep the
+  // scorer total and the samples' needs follow the rescaled ratio.
+  static_plan elastic_base = plan;
+  elastic_needs needs;
+  needs.samples = src.samples;
+  if (keep) {
+    elastic_base.profile.target_keep_ratio = *keep;
+    needs.scale = *keep / src.profile.target_keep_ratio;
+  }
+  bool const needs_from_samples = needs.samples && !needs.samples->samples.empty();
+  double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
+  {
+    auto elastic = make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk,
+                                               a.margin, std::move(needs));
+    run(*elastic, 3);
+    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction()); ev && ev->wanted_total() > 0)
+      elastic_clipped = static_cast<double>(ev->wanted_clipped()) / static_cast<double>(ev->wanted_total());
   }
   if (show_progress) io.err << "\n";
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -303,6 +325,17 @@ int simulate(simulate_args& a, streams io) {
     pl.set("num_groups", plan.num_groups());
     pl.set("group_waste", group_waste(plan.grouping, plan.rules));
     doc.set("plan", std::move(pl));
+    auto el = json::value::object();
+    el.set("margin", a.margin);
+    el.set("max_chunk_tokens", ro.prefill_chunk);
+    el.set("needs", needs_from_samples
+                        ? cat("modelled: retention sample (session mod samples) kept x seen / context",
+                              keep ? " x --keep / the profile's keep ratio" : "", ", capped by candidates")
+                        : "modelled: each head's budget x seen, capped by candidates (no retention samples)");
+    el.set("modelled_wanted_clipped_fraction", elastic_clipped);
+    el.set("staging", "charged: each prefilling request holds one chunk's staging pages");
+    el.set("eviction_pass", "modelled: one read + write of the compressed heads' kept K/V per chunk at HBM bandwidth");
+    doc.set("tangram_elastic", std::move(el));
     auto policies = json::value::object();
     for (auto const& r : results) policies.set(r.policy, result_json(r));
     doc.set("policies", std::move(policies));
@@ -361,7 +394,12 @@ int simulate(simulate_args& a, streams io) {
     return fixed(ratio(r.modelled_tokens_per_s, base.modelled_tokens_per_s), 2) + "x";
   });
   o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1) << " TB/s; prefill: FLOPs / "
-    << fixed(tflops, 0) << " TFLOP/s); control-plane time is measured. " << fixed(wall, 1) << " s wall.\n";
+    << fixed(tflops, 0) << " TFLOP/s); control-plane time is measured. " << fixed(wall, 1) << " s wall.\n"
+    << "  tangram_elastic: margin " << a.margin << "; each prefilling request also holds staging for one "
+    << ro.prefill_chunk << "-token chunk; per-head needs modelled from "
+    << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
+    << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
+    << " per chunk (modelled); its control plane includes the CPU group selection.\n";
   if (plot) o << "  wrote " << tangram::detail::printable(*plot) << "\n";
   return 0;
 }
@@ -379,6 +417,8 @@ command_body setup_simulate(CLI::App& app) {
   add_text(app, "--profile", a->profile, "NAME_OR_FILE",
            "Retention samples or a budget profile, a file or a bundled name");
   add_calibration_options(app, a->cal);
+  add_number(app, "--margin", a->margin, {0, max_elastic_margin},
+             "tangram_elastic: reserve the scorer's total times 1 + M (default 0.15)");
   add_number(app, "--keep", a->keep, {0.001, 1},
              "Rescale the profile's budgets to this keep ratio (an approximation; default: as "
              "profiled)");

@@ -8,6 +8,7 @@
  *   prefill      = (2 * active parameters * tokens + attention FLOPs) / peak FLOP/s
  *   attention    = 4 * query heads * head dim * layers * tokens * (tokens / 2 + past tokens)
  *   engine step  = decode step (if any sequence decodes) + prefill of the step's chunks
+ *                  + HBM traffic a policy moves outside the forward pass (an unfused eviction)
  */
 #pragma once
 
@@ -68,6 +69,9 @@ class cost_model {
   [[nodiscard]] double decode_step_s(double kv_bytes) const {
     return (model_.active_weight_bytes + kv_bytes) / gpu_.hbm_bytes_per_s;
   }
+
+  /// Moving `bytes` through HBM (read or written) at peak bandwidth.
+  [[nodiscard]] double hbm_s(double bytes) const { return bytes / gpu_.hbm_bytes_per_s; }
 
   /// Prefill of `tokens` new tokens on top of `past` tokens already in the cache.
   [[nodiscard]] double prefill_s(std::int64_t tokens, std::int64_t past) const {

@@ -9,7 +9,10 @@
  *   reclamation (each chunk is allocated in full, tail pages freed after eviction); admission
  *   checks the uncompressed prompt like the reference implementation; out of pages -> preemption.
  * - `tangram_policy`: budget reservation (M(r) at admission, increments per turn), head-group
- *   pages with the plan's clustering; never preempts.
+ *   pages with the plan's clustering; never preempts. Its eviction step is pluggable
+ *   (eval/sim/chunk_eviction.hpp): static budgets keep `expected_kept`; `tangram_elastic`
+ *   (eval/sim/elastic_policy.hpp) is the same policy over an elastic plan with the group-length
+ *   selection.
  */
 #pragma once
 
@@ -23,6 +26,7 @@
 
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
+#include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
@@ -150,6 +154,15 @@ class live_accounting_policy : public kv_policy {
   live_tracker live_;
 };
 
+/// @brief How a `tangram_policy` differs from the plain static one.
+struct tangram_policy_options {
+  std::string name = "tangram";
+  /// manager_options.max_chunk_tokens (elastic: the staging per request); 0: the manager's default
+  std::int64_t max_chunk_tokens = 0;
+  /// The eviction step of each prefill chunk; null: keep `expected_kept` (fused, static budgets).
+  std::shared_ptr<chunk_eviction> eviction;
+};
+
 /// @brief Tangram: reservation + head-group pages (kv_cache_manager).
 class tangram_policy final : public live_accounting_policy {
  public:
@@ -157,14 +170,17 @@ class tangram_policy final : public live_accounting_policy {
   tangram_policy(static_plan const& plan,
                  double kv_bytes,
                  std::int32_t max_sessions,
-                 std::int32_t num_sessions)
+                 std::int32_t num_sessions,
+                 tangram_policy_options policy_options = {})
       : live_accounting_policy(plan, num_sessions),
-        manager_(plan, resource_, options(plan, kv_bytes, max_sessions)),
+        config_(std::move(policy_options)),
+        manager_(plan, resource_, options(plan, kv_bytes, max_sessions, config_.max_chunk_tokens)),
         ids_(static_cast<std::size_t>(num_sessions)),
         kept_(static_cast<std::size_t>(plan.num_layers) *
-              static_cast<std::size_t>(plan.num_kv_heads)) {}
+              static_cast<std::size_t>(plan.num_kv_heads)),
+        extra_bytes_(static_cast<std::size_t>(num_sessions), 0.0) {}
 
-  [[nodiscard]] std::string name() const override { return "tangram"; }
+  [[nodiscard]] std::string name() const override { return config_.name; }
 
   bool start_turn(std::int32_t s,
                   std::int64_t,
@@ -190,9 +206,15 @@ class tangram_policy final : public live_accounting_policy {
     auto id = *ids_[static_cast<std::size_t>(s)];
     manager_.prepare_chunk(id, tokens);
     manager_.expected_kept(id, tokens, kept_.data());  // what the fused eviction keeps
+    extra_bytes_[static_cast<std::size_t>(s)] =
+        config_.eviction ? config_.eviction->choose(manager_, id, s, tokens, kept_) : 0.0;
     manager_.commit_chunk(id, kept_.data(), kept_.size());
     live_.touch(s);
     return true;
+  }
+
+  [[nodiscard]] double prefill_chunk_extra_bytes(std::int32_t s) const override {
+    return extra_bytes_[static_cast<std::size_t>(s)];
   }
 
   bool decode(std::vector<std::int32_t> const& sessions) override {
@@ -234,14 +256,18 @@ class tangram_policy final : public live_accounting_policy {
 
   /// The manager, for tests that check the replay's accounting.
   [[nodiscard]] kv_cache_manager const& manager() const { return manager_; }
+  /// The eviction step (null: `expected_kept`).
+  [[nodiscard]] chunk_eviction const* eviction() const { return config_.eviction.get(); }
 
  private:
   static manager_options options(static_plan const& plan,
                                  double kv_bytes,
-                                 std::int32_t max_sessions) {
+                                 std::int32_t max_sessions,
+                                 std::int64_t max_chunk_tokens) {
     manager_options o;
     o.num_pages     = pool_pages(kv_bytes, plan.page_bytes());
     o.max_sequences = max_sessions;
+    if (max_chunk_tokens > 0) o.max_chunk_tokens = max_chunk_tokens;
     return o;
   }
   [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
@@ -249,10 +275,12 @@ class tangram_policy final : public live_accounting_policy {
     return sum_heads([&](std::int32_t l, std::int32_t h) { return manager_.head_len(id, l, h); });
   }
 
+  tangram_policy_options config_;
   simulated_memory_resource resource_;
   kv_cache_manager manager_;
   std::vector<std::optional<sequence_id>> ids_;
   std::vector<std::int32_t> kept_;
+  std::vector<double> extra_bytes_;  ///< per session: the last chunk's eviction traffic
   std::vector<sequence_id> batch_;
 };
 

@@ -56,6 +56,9 @@ class kv_policy {
                           std::int64_t headroom_tokens) = 0;
   /// Prefills `tokens` more prompt tokens (one chunk, compressed if the policy compresses).
   virtual bool prefill_chunk(std::int32_t session, std::int64_t tokens) = 0;
+  /// HBM bytes the session's last successful `prefill_chunk` moved outside the forward pass (an
+  /// unfused eviction pass); the replay charges them at the HBM bandwidth (modelled). Default 0.
+  [[nodiscard]] virtual double prefill_chunk_extra_bytes(std::int32_t) const { return 0; }
   /// Appends one decoded token to every session of `sessions` (one engine decode step).
   virtual bool decode(std::vector<std::int32_t> const& sessions) = 0;
   /// The turn's answer is complete; the session keeps its (compressed) history.
@@ -119,6 +122,7 @@ struct replay_result {
   double modelled_tokens_per_s     = 0;  ///< generated tokens / makespan
   double modelled_ttft_mean_s      = 0;
   double modelled_ttft_p95_s       = 0;
+  double modelled_eviction_pass_s  = 0;  ///< step time charged for unfused eviction passes
   std::int64_t generated_tokens    = 0;
   std::int64_t prefilled_tokens    = 0;
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
@@ -514,6 +518,10 @@ inline replay_result replay(workload const& work,
         if (!make_room(s)) break;
       if (!ok) TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
       step_s += cost.prefill_s(chunk, static_cast<std::int64_t>(past));
+      if (double extra = policy.prefill_chunk_extra_bytes(s); extra > 0) {
+        step_s += cost.hbm_s(extra);
+        out.modelled_eviction_pass_s += cost.hbm_s(extra);
+      }
       budget -= chunk;
       ss.to_prefill -= chunk;
       ss.prefilled_this_turn += chunk;

@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file eval/sim/elastic_policy.hpp
+ * @brief `tangram_elastic`: `tangram_policy` over an elastic copy of the plan
+ * (docs/memory.md#elastic-reservation) with the group-length selection as its eviction step.
+ *
+ * Per prefill chunk of session s (after `prepare_chunk`): every compressed head h has seen
+ * `seen` = the session's tokens after the chunk and has `cand_h` candidates (`expected_kept`).
+ * Its need, MODELLED (no scorer runs):
+ *
+ *   with retention samples: sample k = s mod (number of samples),
+ *                           need_h = min(ceil(scale * kept_k[h] * seen / context_k), cand_h)
+ *   otherwise (a budget profile, or a layer the samples did not profile):
+ *                           need_h = min(retained_tokens(rule_h, seen), cand_h)  (budget x seen)
+ *
+ * (`scale` is 1 unless the budgets were rescaled to another keep ratio.) The group lengths are
+ * `reference::select_group_lengths` within `elastic_page_limit(seq)`; each head keeps
+ * min(its group's length in tokens, cand_h). The eviction runs once per chunk outside the forward
+ * pass: the policy reports one read and one write of the compressed heads' kept K/V per chunk
+ * (`prefill_chunk_extra_bytes`), which the replay charges at HBM bandwidth (modelled).
+ */
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tangram/eval/sim/chunk_eviction.hpp"
+#include "tangram/eval/sim/policies.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/profile/retention_samples.hpp"
+#include "tangram/reference/elastic_selection.hpp"
+
+namespace tangram::sim {
+
+/// @brief Where the elastic eviction's per-head needs come from (see the file comment).
+struct elastic_needs {
+  std::optional<retention_samples> samples;  ///< none: each head's budget x seen
+  double scale = 1.0;                        ///< multiplies the samples' kept counts, > 0
+};
+
+/// @brief The group-length selection of elastic reservation as a `chunk_eviction`.
+class elastic_eviction final : public chunk_eviction {
+ public:
+  /// @throw invalid_argument when the samples do not match the plan (KV heads, kept counts,
+  ///        empty contexts) or scale <= 0.
+  elastic_eviction(static_plan const& plan, elastic_needs needs)
+      : plan_(plan), needs_(std::move(needs)) {
+    auto H = static_cast<std::size_t>(plan.num_kv_heads);
+    TANGRAM_EXPECTS(needs_.scale > 0 && std::isfinite(needs_.scale),
+                    invalid_argument,
+                    "elastic_needs.scale: must be > 0, got ",
+                    needs_.scale);
+    if (needs_.samples && needs_.samples->samples.empty()) needs_.samples.reset();
+    sample_index_.assign(plan.rules.size(), -1);
+    if (needs_.samples) {
+      auto const& rs = *needs_.samples;
+      TANGRAM_EXPECTS(rs.num_kv_heads == plan.num_kv_heads,
+                      invalid_argument,
+                      "elastic_needs.samples: ",
+                      rs.num_kv_heads,
+                      " KV heads per layer, the plan has ",
+                      plan.num_kv_heads);
+      for (std::size_t k = 0; k < rs.samples.size(); ++k) {
+        auto const& smp = rs.samples[k];
+        TANGRAM_EXPECTS(smp.context_tokens > 0 && smp.kept.size() == rs.layer_ids.size() * H,
+                        invalid_argument,
+                        "elastic_needs.samples[",
+                        k,
+                        "]: needs context_tokens > 0 and ",
+                        rs.layer_ids.size() * H,
+                        " kept counts, got ",
+                        smp.context_tokens,
+                        " and ",
+                        smp.kept.size());
+      }
+      for (std::size_t li = 0; li < rs.layer_ids.size(); ++li) {
+        auto layer = rs.layer_ids[li];
+        if (layer < 0 || layer >= plan.num_layers) continue;
+        for (std::size_t h = 0; h < H; ++h)
+          sample_index_[static_cast<std::size_t>(layer) * H + h] =
+              static_cast<std::int64_t>(li * H + h);
+      }
+    }
+    for (auto const& g : plan.grouping.groups) {
+      if (g.rule.kind != layer_kind::compressed) continue;
+      for (auto m : g.members) heads_.push_back(m.layer * plan.num_kv_heads + m.head);
+    }
+    members_.resize(heads_.size());
+    for (std::size_t i = 0; i < members_.size(); ++i) members_[i] = static_cast<std::int32_t>(i);
+    wanted_.resize(heads_.size());
+  }
+
+  /// Head h's modelled need at `seen` tokens with `candidates` candidates (file comment).
+  [[nodiscard]] std::int64_t need(std::int32_t session,
+                                  std::int32_t h,
+                                  std::int64_t seen,
+                                  std::int64_t candidates) const {
+    auto idx = sample_index_[static_cast<std::size_t>(h)];
+    std::int64_t want;
+    if (idx < 0) {
+      want = retained_tokens(plan_.rules[static_cast<std::size_t>(h)], seen);
+    } else {
+      auto const& rs  = needs_.samples->samples;
+      auto const& smp = rs[static_cast<std::size_t>(session) % rs.size()];
+      auto kept       = smp.kept[static_cast<std::size_t>(idx)];
+      if (needs_.scale == 1.0)
+        want = ceil_div(kept * seen, smp.context_tokens);
+      else
+        want = static_cast<std::int64_t>(
+            std::ceil(needs_.scale * static_cast<double>(kept) * static_cast<double>(seen) /
+                      static_cast<double>(smp.context_tokens)));
+    }
+    return std::clamp<std::int64_t>(want, 0, candidates);
+  }
+
+  double choose(kv_cache_manager const& manager,
+                sequence_id seq,
+                std::int32_t session,
+                std::int64_t chunk_tokens,
+                std::vector<std::int32_t>& kept) override {
+    std::int64_t seen = manager.info(seq).seq_tokens + chunk_tokens, most = 0;
+    for (std::size_t i = 0; i < heads_.size(); ++i) {
+      auto h     = heads_[i];
+      auto cand  = static_cast<std::int64_t>(kept[static_cast<std::size_t>(h)]);
+      wanted_[i] = need(session, h, seen, cand);
+      most       = std::max(most, cand);
+    }
+    reference::elastic_selection_input in;
+    in.needs        = &wanted_;
+    in.members      = &members_;
+    in.group_size   = plan_.geometry.group_size;
+    in.page_tokens  = plan_.geometry.page_tokens;
+    in.candidates   = most;
+    in.protect      = plan_.profile.protected_tokens();
+    in.budget_pages = manager.elastic_page_limit(seq);
+    auto sel        = reference::select_group_lengths(in);
+    TANGRAM_EXPECTS(sel.fits,
+                    logic_error,
+                    "tangram_elastic: the protected floors exceed elastic_page_limit ",
+                    in.budget_pages,
+                    " after ",
+                    seen,
+                    " tokens");
+    wanted_total_ += sel.wanted_total;
+    wanted_clipped_ += sel.wanted_clipped();
+    auto hp          = static_cast<std::size_t>(plan_.geometry.group_size);
+    std::int64_t sum = 0;
+    for (std::size_t i = 0; i < heads_.size(); ++i) {
+      auto& k  = kept[static_cast<std::size_t>(heads_[i])];
+      auto len = sel.group_pages[i / hp] * plan_.geometry.page_tokens;
+      k        = static_cast<std::int32_t>(std::min<std::int64_t>(len, k));
+      sum += k;
+    }
+    return 2.0 * static_cast<double>(sum) * head_token_bytes(plan_);  // read + write (modelled)
+  }
+
+  /// Wanted head-tokens over every chunk's eviction so far (each chunk counts its whole need).
+  [[nodiscard]] std::int64_t wanted_total() const noexcept { return wanted_total_; }
+  /// Of those, the ones the selection could not keep within `elastic_page_limit`.
+  [[nodiscard]] std::int64_t wanted_clipped() const noexcept { return wanted_clipped_; }
+
+ private:
+  static_plan plan_;
+  elastic_needs needs_;
+  std::vector<std::int64_t> sample_index_;  ///< [flat head] index into a sample's kept, or -1
+  std::vector<std::int32_t> heads_;         ///< compressed groups' heads, Hp per group in order
+  std::vector<std::int32_t> members_;       ///< identity: wanted_ is already in group order
+  std::vector<std::int64_t> wanted_;        ///< scratch: needs in group order
+  std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
+};
+
+/// A copy of `plan` that reserves elastically with `margin`.
+/// @throw invalid_argument naming the margin when it is outside [0, max_elastic_margin].
+inline static_plan elastic_plan(static_plan plan, double margin) {
+  plan.options.reservation.mode   = reservation_mode::elastic;
+  plan.options.reservation.margin = margin;
+  plan.options.reservation.validate();
+  return plan;
+}
+
+/**
+ * @brief The `tangram_elastic` policy: `tangram_policy` over `elastic_plan(plan, margin)` whose
+ * manager stages chunks of up to `max_chunk_tokens` (the replay's prefill chunk) and whose
+ * eviction is `elastic_eviction`.
+ */
+inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
+    static_plan const& plan,
+    double kv_bytes,
+    std::int32_t max_sessions,
+    std::int32_t num_sessions,
+    std::int64_t max_chunk_tokens,
+    double margin       = default_elastic_margin,
+    elastic_needs needs = {}) {
+  auto ep = elastic_plan(plan, margin);
+  tangram_policy_options o;
+  o.name             = "tangram_elastic";
+  o.max_chunk_tokens = max_chunk_tokens;
+  o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
+  return std::make_unique<tangram_policy>(ep, kv_bytes, max_sessions, num_sessions, std::move(o));
+}
+
+}  // namespace tangram::sim

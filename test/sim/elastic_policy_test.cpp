@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+// tangram_elastic (eval/sim/elastic_policy.hpp): admission, the modelled needs, the per-chunk
+// selection within elastic_page_limit, and the replay's accounting.
+#include "tangram/eval/sim/elastic_policy.hpp"
+
+#include <cmath>
+
+#include "../memory/memory_fixtures.hpp"
+#include "tangram/eval/sim/policies.hpp"
+#include "tangram/eval/sim/replay.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/footprint.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using namespace tangram::sim;
+
+namespace {
+
+retention_samples llama_samples(std::string const& scorer) {
+  return load_retention_samples(test::data_path("profiles/" + scorer + "/llama-3.1-8b-instruct.json"));
+}
+
+elastic_needs from_samples(retention_samples s) {
+  elastic_needs n;
+  n.samples = std::move(s);
+  return n;
+}
+
+/// Forwards every call to a tangram policy and checks, after each one, the accounting the
+/// replay reads: allocated bytes == (used + reserved pages) x page bytes; after each chunk the
+/// compressed groups hold at most elastic_page_limit pages.
+class checking_policy final : public kv_policy {
+ public:
+  explicit checking_policy(tangram_policy& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  bool start_turn(std::int32_t s, std::int64_t h, std::int64_t p, std::int64_t t, std::int64_t r) override {
+    bool ok = inner_.start_turn(s, h, p, t, r);
+    check();
+    return ok;
+  }
+  bool prefill_chunk(std::int32_t s, std::int64_t n) override {
+    bool ok = inner_.prefill_chunk(s, n);
+    check();
+    chunks += 1;
+    extra_bytes += inner_.prefill_chunk_extra_bytes(s);
+    return ok;
+  }
+  double prefill_chunk_extra_bytes(std::int32_t s) const override { return inner_.prefill_chunk_extra_bytes(s); }
+  bool decode(std::vector<std::int32_t> const& ss) override {
+    bool ok = inner_.decode(ss);
+    check();
+    return ok;
+  }
+  void end_turn(std::int32_t s) override {
+    inner_.end_turn(s);
+    check();
+  }
+  void release(std::int32_t s) override {
+    inner_.release(s);
+    check();
+  }
+  double kv_bytes_read(std::int32_t s) const override { return inner_.kv_bytes_read(s); }
+  double attended_tokens(std::int32_t s) const override { return inner_.attended_tokens(s); }
+  policy_memory memory() const override { return inner_.memory(); }
+  double capacity_bytes() const override { return inner_.capacity_bytes(); }
+
+  std::int64_t checks = 0, mismatches = 0, chunks = 0;
+  double extra_bytes = 0;
+
+ private:
+  void check() {
+    auto const& pool = inner_.manager().pool();
+    double expect    = static_cast<double>(pool.used_pages() + pool.reserved_pages()) *
+                    static_cast<double>(pool.page_bytes());
+    checks += 1;
+    if (inner_.memory().allocated_bytes != expect) mismatches += 1;
+  }
+  tangram_policy& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("tangram_elastic reserves admission_footprint_pages, less than static at a small margin",
+          "[elastic][replay]") {
+  auto plan = test::llama_plan("snapkv");
+  auto m    = model_preset("llama-3.1-8b");
+  double kv = gpu_spec{}.kv_budget_bytes(m);
+  std::int64_t const N = 32768, T = 512, chunk = 1024;
+  // Independently: static reserves M(r) = footprint_pages; elastic R(N) + decode + one staged chunk.
+  std::int64_t static_pages  = footprint_pages(plan, N, T);
+  std::int64_t elastic_pages = admission_footprint_pages(elastic_plan(plan, 0.05), N, T, chunk);
+  INFO("static " << static_pages << " elastic " << elastic_pages);
+  REQUIRE(elastic_pages < static_pages);
+
+  tangram_policy stat(plan, kv, 4, 4);
+  auto elastic = make_tangram_elastic_policy(plan, kv, 4, 4, chunk, 0.05, from_samples(llama_samples("snapkv")));
+  CHECK(elastic->name() == "tangram_elastic");
+  CHECK(elastic->manager().plan().options.reservation.mode == reservation_mode::elastic);
+  CHECK(elastic->manager().options().max_chunk_tokens == chunk);
+  REQUIRE(stat.start_turn(0, 0, N, T, 0));
+  REQUIRE(elastic->start_turn(0, 0, N, T, 0));
+  auto page_bytes = static_cast<double>(plan.page_bytes());
+  CHECK(stat.memory().allocated_bytes == static_cast<double>(static_pages) * page_bytes);
+  CHECK(elastic->memory().allocated_bytes == static_cast<double>(elastic_pages) * page_bytes);
+
+  // A chunk: the compressed groups stay within the limit; every head keeps at most its candidates.
+  REQUIRE(elastic->prefill_chunk(0, chunk));
+  auto const& mgr = elastic->manager();
+  // The only live sequence: the first one admitted, in slot 0 (its generation is the manager's).
+  sequence_id seq;
+  for (std::uint32_t gen = 0; gen < 4 && seq.slot < 0; ++gen)
+    if (mgr.contains(sequence_id{0, gen})) seq = sequence_id{0, gen};
+  REQUIRE(seq.slot == 0);
+  std::int64_t pooled = 0;
+  for (std::int32_t g = 0; g < mgr.num_groups(); ++g)
+    if (plan.grouping.groups[static_cast<std::size_t>(g)].rule.kind == layer_kind::compressed)
+      pooled += mgr.group_pages_in_use(seq, g);
+  CHECK(pooled <= mgr.elastic_page_limit(seq));
+  CHECK(pooled > 0);
+  for (std::int32_t l = 0; l < plan.num_layers; ++l)
+    for (std::int32_t h = 0; h < plan.num_kv_heads; ++h) CHECK(mgr.head_len(seq, l, h) <= chunk);
+  // One read + one write of the compressed heads' kept K/V (every Llama head is compressed).
+  double kept_tokens = 0;
+  for (std::int32_t l = 0; l < plan.num_layers; ++l)
+    for (std::int32_t h = 0; h < plan.num_kv_heads; ++h) kept_tokens += static_cast<double>(mgr.head_len(seq, l, h));
+  CHECK(elastic->prefill_chunk_extra_bytes(0) == Approx(2 * kept_tokens * head_token_bytes(plan)));
+  CHECK(stat.prefill_chunk(0, chunk));
+  CHECK(stat.prefill_chunk_extra_bytes(0) == 0);
+  elastic->release(0);
+  stat.release(0);
+  CHECK(elastic->memory().allocated_bytes == 0);
+}
+
+TEST_CASE("tangram_elastic's needs follow the session's sample, or the budgets without samples",
+          "[elastic]") {
+  auto plan    = elastic_plan(test::llama_plan("snapkv"), 0.15);
+  auto samples = llama_samples("snapkv");
+  REQUIRE(samples.samples.size() >= 2);
+  elastic_eviction ev(plan, from_samples(samples));
+  std::int64_t const seen = 12345, cand = 12345;
+  for (std::int32_t s : {0, 1, static_cast<std::int32_t>(samples.samples.size()) + 1}) {
+    auto const& smp = samples.samples[static_cast<std::size_t>(s) % samples.samples.size()];
+    for (std::int32_t h : {0, 7, 100, 255}) {
+      auto kept = smp.kept[static_cast<std::size_t>(h)];
+      auto want = std::min<std::int64_t>(
+          static_cast<std::int64_t>(std::ceil(static_cast<double>(kept) * seen / static_cast<double>(smp.context_tokens))),
+          cand);
+      CHECK(ev.need(s, h, seen, cand) == want);
+      CHECK(ev.need(s, h, seen, 10) == std::min<std::int64_t>(want, 10));  // capped by the candidates
+    }
+  }
+  elastic_eviction by_budget(plan, elastic_needs{});
+  for (std::int32_t h : {0, 7, 100, 255})
+    CHECK(by_budget.need(3, h, seen, cand) == retained_tokens(plan.rules[static_cast<std::size_t>(h)], seen));
+  elastic_needs bad;
+  bad.scale = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(elastic_eviction(plan, bad), invalid_argument, "elastic_needs.scale");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(elastic_plan(plan, 11), invalid_argument, "margin", "11");
+}
+
+TEST_CASE("tangram_elastic's replay: allocated == used + reserved, nothing reclaimed, every session completes",
+          "[elastic][replay]") {
+  auto plan = test::llama_plan("snapkv");
+  auto m    = model_preset("llama-3.1-8b");
+  gpu_spec gpu;
+  gpu.memory_bytes = 40e9;  // small GPU: memory is contended
+  cost_model cost(m, gpu);
+  double kv = gpu.kv_budget_bytes(m);
+  workload_options wo;
+  wo.kind     = workload_kind::mid_context;
+  wo.sessions = 24;
+  wo.turns    = 3;
+  auto work   = generate_workload(wo);
+  std::int64_t outputs = 0;
+  for (auto const& s : work.sessions)
+    for (auto const& t : s.turns) outputs += t.output_tokens;
+  replay_options ro;
+  ro.prefill_chunk = 4096;
+
+  auto elastic = make_tangram_elastic_policy(plan, kv, 24, 24, ro.prefill_chunk, 0.15, from_samples(llama_samples("snapkv")));
+  checking_policy checked(*elastic);
+  auto r = replay(work, checked, cost, ro);
+  CHECK(r.policy == "tangram_elastic");
+  CHECK(checked.checks > 100);
+  CHECK(checked.mismatches == 0);
+  CHECK(r.generated_tokens == outputs);
+  CHECK(r.rejected_sessions == 0);
+  CHECK(r.preemptions == 0);
+  CHECK(r.idle_evictions == 0);
+  CHECK(r.reclaim_ops == 0);
+  CHECK(elastic->manager().stats().reclaimed_pages == 0);
+  CHECK(r.admission_waits > 0);  // the pool was contended
+  CHECK(r.kv_bytes_allocated_peak <= r.capacity_bytes);
+  for (auto const& pt : r.timeline) CHECK(pt.live_bytes <= pt.allocated_bytes + 1);
+  // The eviction passes were charged: their bytes at HBM bandwidth.
+  CHECK(checked.chunks > 0);
+  CHECK(r.modelled_eviction_pass_s == Approx(checked.extra_bytes / gpu.hbm_bytes_per_s));
+  CHECK(r.modelled_eviction_pass_s > 0);
+  auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction());
+  REQUIRE(ev != nullptr);
+  CHECK(ev->wanted_total() > 0);
+  CHECK(ev->wanted_clipped() <= ev->wanted_total());
+  // Everything returned.
+  CHECK(elastic->manager().live_sequences() == 0);
+  CHECK(elastic->manager().pool().used_pages() == 0);
+  CHECK(elastic->manager().pool().reserved_pages() == 0);
+  REQUIRE_NOTHROW(elastic->manager().check_invariants());
+
+  // The static policy on the same workload pays no eviction pass.
+  tangram_policy stat(plan, kv, 24, 24);
+  auto rs = replay(work, stat, cost, ro);
+  CHECK(rs.modelled_eviction_pass_s == 0);
+  CHECK(rs.generated_tokens == outputs);
+}
+
+TEST_CASE("tangram_elastic on a hybrid model: sliding and uncompressed heads keep their exact counts",
+          "[elastic][replay]") {
+  // Layers 0 and 3 compressed, 1 sliding window, 2 uncompressed; a budget profile (no samples):
+  // the needs are each head's budget x seen.
+  auto plan = test::tiny_plan(test::tiny_budgets(), 4, 2, 10);
+  cost_model cost(test::tiny_model(), gpu_spec{});
+  workload w;
+  w.name = "hybrid";
+  w.sessions.push_back({0.0, {{150, 20, 0.5}, {60, 10, 0.0}}});
+  w.sessions.push_back({0.1, {{333, 5, 0.2}, {17, 30, 0.1}, {90, 3, 0.0}}});
+  w.sessions.push_back({0.2, {{64, 64, 0.0}}});
+  replay_options ro;
+  ro.prefill_chunk                = 32;
+  ro.step_token_budget            = 64;
+  ro.continuation_headroom_tokens = 16;
+  // 700 pages: the 333-token session alone reserves 445 (admission_footprint_pages), so turns wait.
+  double kv = 700.0 * static_cast<double>(plan.page_bytes());
+  auto elastic = make_tangram_elastic_policy(plan, kv, 3, 3, ro.prefill_chunk, 0.15);
+  checking_policy checked(*elastic);
+  auto r = replay(w, checked, cost, ro);
+  std::int64_t outputs = 0;
+  for (auto const& s : w.sessions)
+    for (auto const& t : s.turns) outputs += t.output_tokens;
+  CHECK(r.generated_tokens == outputs);
+  CHECK(r.rejected_sessions == 0);
+  CHECK(r.preemptions == 0);
+  CHECK(r.admission_waits > 0);  // 445 + 247 + 155 pages of admission: not all at once
+  CHECK(checked.mismatches == 0);
+  CHECK(checked.chunks >= (150 + 60 + 333 + 17 + 90 + 64) / 32);
+  CHECK(elastic->manager().stats().reclaimed_pages == 0);
+  CHECK(elastic->manager().pool().used_pages() == 0);
+  CHECK(elastic->manager().pool().reserved_pages() == 0);
+  REQUIRE_NOTHROW(elastic->manager().check_invariants());
+}
