@@ -5,6 +5,23 @@
 // in two sequences without copy-on-write, released too early, or mislocated shows up as wrong
 // data. The model also predicts every group's page count, target and reservation from the plan
 // alone (footprint formulas), without looking at the manager's internals.
+//
+// Elastic reservation (plan.options.reservation.mode == elastic): the eviction of each chunk
+// draws a random need per compressed head in [min(protect, candidates), candidates], chooses the
+// compressed groups' lengths with the optimal reference::select_group_lengths within the turn's
+// limit, and keeps min(group length, candidates) tokens per head (sometimes a few fewer, never
+// below min(protect, candidates)). The model predicts from the plan and the formulas alone:
+// admission = admission_footprint_pages; the limit R(N) (elastic_compressed_pages), or
+// max(R(n + N), held) on a next turn, or what the parent's groups reach by the end of its decode
+// on a fork; the staged pages after prepare_chunk (ceil((longest + c) / P) per group); each
+// compressed group's pages after a commit (ceil(longest kept / P)); the shared budget
+// (admission: R(N) + G_c ceil(T / P) + staging; each chunk and decode step draws what the groups
+// grow by and unkept staging returns; after the last chunk exactly the decode need, sum of
+// ceil((longest + T) / P) - held; next turn: limit + G_c ceil(T / P) + staging - held; fork:
+// sum of the parent's decode ends - pages in use; 0 once ended); and each compressed group's
+// list bound (group_target). Not checked: the reservation while a chunk is prepared but not
+// committed (the storm verifies only between calls), and the exclusive/shared split a next turn
+// reserves before its copy-on-write copies run (only the total after the copies is predicted).
 #pragma once
 
 #include <algorithm>
@@ -16,7 +33,9 @@
 #include <vector>
 
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/footprint.hpp"
+#include "tangram/reference/elastic_selection.hpp"
 #include "test_support.hpp"
 
 namespace tangram::test {
@@ -30,6 +49,10 @@ struct sim_sequence {
   std::int64_t max_new          = 0;
   std::int64_t decoded          = 0;
   std::vector<std::int64_t> held, target;  // per group, predicted
+  // Elastic reservation, predicted: the compressed groups' shared budget (pages still promised
+  // to them) and the turn's limit after each chunk's eviction (elastic_page_limit).
+  std::int64_t pooled_budget = 0;
+  std::int64_t pooled_limit  = 0;
 };
 
 /// Everything observable about a manager, for "nothing changed" checks.
@@ -55,7 +78,8 @@ manager_snapshot snapshot(Manager const& m, std::vector<sequence_id> const& ids)
                  st.pages_drawn,
                  st.surplus_pages_released,
                  st.reclaimed_pages,
-                 st.page_copies})
+                 st.page_copies,
+                 st.staging_pages_returned})
     v.push_back(x);
   auto ps = m.pool().stats();
   for (auto x : {ps.free, ps.reserved, ps.used, ps.peak_used, ps.allocations, ps.frees})
@@ -80,6 +104,7 @@ manager_snapshot snapshot(Manager const& m, std::vector<sequence_id> const& ids)
                    i.reserved_pages,
                    i.held_pages})
       v.push_back(x);
+    v.push_back(m.elastic_page_limit(id));
     for (std::int32_t g = 0; g < m.num_groups(); ++g) {
       v.push_back(m.group_target(id, g));
       v.push_back(m.group_reserved(id, g));
@@ -101,11 +126,69 @@ class engine_sim {
  public:
   engine_sim(kv_cache_manager& m, std::uint32_t seed, double keep_fewer_probability = 0.2)
       : m_(m), plan_(m.plan()), rng_(seed), keep_fewer_(keep_fewer_probability) {
-    L_    = plan_.num_layers;
-    H_    = plan_.num_kv_heads;
-    P_    = plan_.geometry.page_tokens;
-    G_    = plan_.num_groups();
-    data_ = m.pool().kind() == memory_kind::host;  // simulated pools: counts only
+    L_       = plan_.num_layers;
+    H_       = plan_.num_kv_heads;
+    P_       = plan_.geometry.page_tokens;
+    G_       = plan_.num_groups();
+    data_    = m.pool().kind() == memory_kind::host;  // simulated pools: counts only
+    elastic_ = plan_.options.reservation.mode == reservation_mode::elastic;
+    Hp_      = plan_.grouping.group_size;
+    protect_ = plan_.profile.protected_tokens();
+    pooled_.assign(static_cast<std::size_t>(G_), false);
+    for (std::int32_t g = 0; elastic_ && g < G_; ++g) {
+      if (rule(g).kind != layer_kind::compressed) continue;
+      pooled_[static_cast<std::size_t>(g)] = true;
+      pooled_members_.emplace_back();
+      for (auto mb : plan_.grouping.groups[static_cast<std::size_t>(g)].members)
+        pooled_members_.back().push_back(mb.layer * H_ + mb.head);
+    }
+    Gc_      = static_cast<std::int64_t>(pooled_members_.size());
+    staging_ = elastic_ ? Gc_ * ceil_div(m.options().max_chunk_tokens, P_) : 0;
+  }
+
+  bool elastic() const { return elastic_; }
+  /// Elastic evictions run, and the wanted tokens they clipped (the limit bound the selection).
+  std::int64_t elastic_evictions() const { return elastic_evictions_; }
+  std::int64_t elastic_clipped() const { return elastic_clipped_; }
+  bool pooled(std::int32_t g) const { return pooled_[static_cast<std::size_t>(g)]; }
+
+  /// R(n): the compressed groups' pages after n tokens, from the plan's scorer and margin.
+  std::int64_t elastic_limit(std::int64_t n) const {
+    scorer_total t{plan_.profile.target_keep_ratio, protect_, plan_.options.reservation.basis};
+    return elastic_compressed_pages(t, Gc_ * Hp_, Hp_, P_, plan_.options.reservation.margin, n);
+  }
+
+  /// Pages compressed group g of q reaches by the end of its decode (its use once ended).
+  std::int64_t pooled_decode_end(sim_sequence const& q, std::int32_t g) const {
+    auto used = in_use(q, g);
+    if (q.phase != sequence_phase::decode) return used;
+    return std::max(used, ceil_div(longest(q, g) - q.decoded + q.max_new, P_));
+  }
+
+  /// An upper bound of the pages a fork of q reserves (its parent's targets, or what it uses).
+  std::int64_t fork_reservation_bound(sim_sequence const& q) const {
+    std::int64_t ub = 0;
+    for (std::int32_t g = 0; g < G_; ++g)
+      ub += pooled(g)                           ? pooled_decode_end(q, g)
+            : q.phase == sequence_phase::decode ? q.target[static_cast<std::size_t>(g)]
+                                                : in_use(q, g);
+    return ub;
+  }
+
+  /// An upper bound of the pages a next turn of (N, T) reserves for q (the whole footprint after
+  /// n + N tokens; elastic: the compressed groups' target without counting what they hold).
+  std::int64_t continue_reservation_bound(sim_sequence const& q,
+                                          std::int64_t N,
+                                          std::int64_t T) const {
+    if (!elastic_) return footprint_pages(plan_, q.n + N, T);
+    std::int64_t ub = 0, held = 0;
+    for (std::int32_t g = 0; g < G_; ++g) {
+      if (pooled(g))
+        held += q.held[static_cast<std::size_t>(g)];
+      else
+        ub += group_pages(rule(g), q.n + N, T, P_);
+    }
+    return ub + std::max(elastic_limit(q.n + N), held) + Gc_ * ceil_div(T, P_) + staging_;
   }
 
   std::map<std::int32_t, sim_sequence>& sequences() { return seqs_; }
@@ -128,18 +211,38 @@ class engine_sim {
     q.target.resize(static_cast<std::size_t>(G_));
     for (std::int32_t g = 0; g < G_; ++g)
       q.target[static_cast<std::size_t>(g)] = group_pages(rule(g), N, T, P_);
+    if (elastic_) {
+      q.pooled_limit  = elastic_limit(N);
+      q.pooled_budget = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging_;
+      for (std::int32_t g = 0; g < G_; ++g)
+        if (pooled(g))
+          q.target[static_cast<std::size_t>(g)] = std::min(ceil_div(N + T, P_), q.pooled_budget);
+    }
+    // Admission reserves exactly admission_footprint_pages: the model's parts add up to it.
+    std::int64_t reserved = q.pooled_budget;
+    for (std::int32_t g = 0; g < G_; ++g)
+      if (!pooled(g)) reserved += q.target[static_cast<std::size_t>(g)];
+    REQUIRE(reserved == admission_footprint_pages(plan_, N, T, m_.options().max_chunk_tokens));
+    REQUIRE(m_.info(*id).reserved_pages == reserved);
     seqs_[id->slot] = q;
     return id;
   }
 
-  /// One prefill chunk with fused eviction; returns the kept counts used.
-  void chunk(sequence_id id, std::int64_t c) {
+  /// One prefill chunk with fused eviction (elastic: the per-chunk group-length selection);
+  /// `prepared`: prepare_chunk(id, c) was already called (and nothing since changed the state).
+  void chunk(sequence_id id, std::int64_t c, bool prepared = false) {
     auto& q        = seqs_.at(id.slot);
     std::int64_t n = q.n + c;
-    m_.prepare_chunk(id, c);
-    for (std::int32_t g = 0; g < G_; ++g)
-      q.held[static_cast<std::size_t>(g)] =
-          std::max(q.held[static_cast<std::size_t>(g)], need_pages(g, n));
+    if (!prepared) m_.prepare_chunk(id, c);
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto gi = static_cast<std::size_t>(g);
+      if (pooled(g))  // staged: the chunk after the group's longest head
+        REQUIRE(m_.group_page_count(id, g) ==
+                std::max(q.held[gi], ceil_div(longest(q, g) + c, P_)));
+      else
+        q.held[gi] = std::max(q.held[gi], need_pages(g, n));
+    }
+    auto elastic_kept = elastic_ ? elastic_eviction(q, id, c) : std::vector<std::int64_t>{};
     // Candidates per head: held tags (read back through the view: must match the model) + chunk.
     std::vector<std::int32_t> kept(static_cast<std::size_t>(L_ * H_));
     std::vector<std::vector<float>> next(static_cast<std::size_t>(L_ * H_));
@@ -154,11 +257,16 @@ class engine_sim {
         auto w = std::min<std::size_t>(cand.size(), static_cast<std::size_t>(r.window));
         keep.assign(cand.end() - static_cast<std::ptrdiff_t>(w), cand.end());
       } else {
-        auto e =
-            std::min<std::int64_t>(retained_tokens(r, n), static_cast<std::int64_t>(cand.size()));
-        auto k = e;
-        if (std::uniform_real_distribution<double>(0, 1)(rng_) < keep_fewer_)
-          k = std::max<std::int64_t>(0, e - static_cast<std::int64_t>(rng_() % 4));
+        std::int64_t k = 0;
+        if (elastic_) {
+          k = elastic_kept[static_cast<std::size_t>(h)];
+        } else {
+          auto e =
+              std::min<std::int64_t>(retained_tokens(r, n), static_cast<std::int64_t>(cand.size()));
+          k = e;
+          if (std::uniform_real_distribution<double>(0, 1)(rng_) < keep_fewer_)
+            k = std::max<std::int64_t>(0, e - static_cast<std::int64_t>(rng_() % 4));
+        }
         if (!data_) {  // counts only: which tokens does not matter
           next[static_cast<std::size_t>(h)].assign(cand.begin(), cand.begin() + k);
           kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(k);
@@ -189,9 +297,33 @@ class engine_sim {
     q.n    = n;
     q.prompt_remaining -= c;
     if (q.prompt_remaining == 0) q.phase = sequence_phase::decode;
-    for (std::int32_t g = 0; g < G_; ++g)
-      q.held[static_cast<std::size_t>(g)] =
-          std::min(q.held[static_cast<std::size_t>(g)], q.target[static_cast<std::size_t>(g)]);
+    std::int64_t pooled_held = 0;
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto gi = static_cast<std::size_t>(g);
+      if (pooled(g)) {
+        // Each compressed group holds ceil(longest kept / P); the staging it did not keep went
+        // back into the shared budget.
+        auto now = in_use(q, g);
+        q.pooled_budget -= now - q.held[gi];
+        q.held[gi] = now;
+        pooled_held += now;
+      } else {
+        q.held[gi] = std::min(q.held[gi], q.target[gi]);
+      }
+    }
+    if (elastic_) {
+      REQUIRE(pooled_held <= q.pooled_limit);
+      REQUIRE(q.pooled_budget >= 0);
+      if (q.phase == sequence_phase::decode) {
+        // The shared budget becomes exactly what the T decode tokens need (never less).
+        std::int64_t need = 0;
+        for (std::int32_t g = 0; g < G_; ++g)
+          if (pooled(g))
+            need += ceil_div(longest(q, g) + q.max_new, P_) - q.held[static_cast<std::size_t>(g)];
+        REQUIRE(q.pooled_budget >= need);
+        q.pooled_budget = need;
+      }
+    }
     // The engine's fused eviction writes the kept tokens compacted into the group's pages.
     write_all(q);
   }
@@ -218,9 +350,12 @@ class engine_sim {
           t.erase(t.begin());
         write_token(v, r, h / H_, h % H_, static_cast<std::int32_t>(t.size()) - 1, t.back());
       }
-      for (std::int32_t g = 0; g < G_; ++g)
-        q.held[static_cast<std::size_t>(g)] =
-            std::max(q.held[static_cast<std::size_t>(g)], in_use(q, g));
+      for (std::int32_t g = 0; g < G_; ++g) {
+        auto gi  = static_cast<std::size_t>(g);
+        auto now = std::max(q.held[gi], in_use(q, g));
+        if (pooled(g)) q.pooled_budget -= now - q.held[gi];  // drawn from the shared budget
+        q.held[gi] = now;
+      }
     }
   }
 
@@ -230,6 +365,7 @@ class engine_sim {
     q.phase = sequence_phase::ended;
     for (std::int32_t g = 0; g < G_; ++g)
       q.held[static_cast<std::size_t>(g)] = q.target[static_cast<std::size_t>(g)] = in_use(q, g);
+    q.pooled_budget = 0;  // the limit stays the ended turn's
   }
 
   bool continue_turn(sequence_id id, std::int64_t N, std::int64_t T) {
@@ -241,7 +377,22 @@ class engine_sim {
     q.max_new          = T;
     q.decoded          = 0;
     for (std::int32_t g = 0; g < G_; ++g)
-      q.target[static_cast<std::size_t>(g)] = group_pages(rule(g), q.n + N, T, P_);
+      if (!pooled(g)) q.target[static_cast<std::size_t>(g)] = group_pages(rule(g), q.n + N, T, P_);
+    if (elastic_) {
+      // Limit max(R(n + N), held); target limit + G_c ceil(T / P) + staging; the held pages
+      // count against it (those shared with a fork were copied from the budget).
+      std::int64_t held = 0;
+      for (std::int32_t g = 0; g < G_; ++g)
+        if (pooled(g)) held += q.held[static_cast<std::size_t>(g)];
+      q.pooled_limit      = std::max(elastic_limit(q.n + N), held);
+      std::int64_t target = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging_;
+      q.pooled_budget     = target - held;
+      for (std::int32_t g = 0; g < G_; ++g) {
+        auto gi = static_cast<std::size_t>(g);
+        if (pooled(g))
+          q.target[gi] = std::max(q.held[gi], std::min(ceil_div(q.n + N + T, P_), target));
+      }
+    }
     return true;
   }
 
@@ -251,9 +402,19 @@ class engine_sim {
     copy_pages();
     auto q = seqs_.at(id.slot);
     q.id   = *child;
+    // Elastic: the child's compressed groups may reach what the parent's reach by the end of
+    // its decode; those pages are its limit, and what they do not use yet its budget.
+    q.pooled_budget = q.pooled_limit = 0;
     for (std::int32_t g = 0; g < G_; ++g) {
-      q.held[static_cast<std::size_t>(g)] = in_use(q, g);
-      if (q.phase == sequence_phase::ended) q.target[static_cast<std::size_t>(g)] = in_use(q, g);
+      auto gi    = static_cast<std::size_t>(g);
+      q.held[gi] = in_use(q, g);
+      if (pooled(g)) {
+        q.target[gi] = pooled_decode_end(q, g);
+        q.pooled_limit += q.target[gi];
+        q.pooled_budget += q.target[gi] - q.held[gi];
+      } else if (q.phase == sequence_phase::ended) {
+        q.target[gi] = in_use(q, g);
+      }
     }
     seqs_[child->slot] = q;
     return child;
@@ -306,7 +467,7 @@ class engine_sim {
         REQUIRE(m_.group_page_count(q.id, g) == q.held[gi]);
         REQUIRE(m_.group_target(q.id, g) == q.target[gi]);
         REQUIRE(m_.group_pages_in_use(q.id, g) == in_use(q, g));
-        std::int64_t model_res = q.phase == sequence_phase::ended
+        std::int64_t model_res = q.phase == sequence_phase::ended || pooled(g)
                                      ? 0
                                      : q.target[gi] - std::min(q.held[gi], q.target[gi]);
         REQUIRE(m_.group_reserved(q.id, g) == model_res);
@@ -314,6 +475,11 @@ class engine_sim {
         auto pages = m_.group_pages(q.id, g);
         for (std::int32_t p = 0; p < m_.group_page_count(q.id, g); ++p)
           ++owners[static_cast<std::size_t>(pages[p])];
+      }
+      {
+        INFO("slot " << q.id.slot << " phase " << to_string(q.phase) << " shared budget");
+        REQUIRE(m_.elastic_page_limit(q.id) == q.pooled_limit);
+        res += q.pooled_budget;
       }
       REQUIRE(info.reserved_pages == res);
       reserved += res;
@@ -348,7 +514,65 @@ class engine_sim {
     return ceil_div(longest, P_);
   }
 
+  /// The longest member head of group g, in tokens.
+  std::int64_t longest(sim_sequence const& q, std::int32_t g) const {
+    std::int64_t out = 0;
+    for (auto mb : plan_.grouping.groups[static_cast<std::size_t>(g)].members)
+      out = std::max<std::int64_t>(
+          out,
+          static_cast<std::int64_t>(
+              q.tags[static_cast<std::size_t>(mb.layer * H_ + mb.head)].size()));
+    return out;
+  }
+
+  /// The compressed groups' flat member heads, in group order (elastic; empty otherwise).
+  std::vector<std::vector<std::int32_t>> const& pooled_members() const { return pooled_members_; }
+
  private:
+  /// Elastic eviction of one chunk: a random need per compressed head, the optimal group lengths
+  /// within the limit, each head keeping min(length, candidates) (a few fewer sometimes, never
+  /// below its protected tokens). Returns kept counts per flat head (compressed heads only).
+  std::vector<std::int64_t> elastic_eviction(sim_sequence const& q,
+                                             sequence_id id,
+                                             std::int64_t c) {
+    REQUIRE(m_.elastic_page_limit(id) == q.pooled_limit);
+    std::vector<std::int64_t> needs, cand;
+    std::vector<std::int32_t> order;
+    for (auto const& grp : pooled_members_)
+      for (auto h : grp) {
+        auto k = static_cast<std::int64_t>(q.tags[static_cast<std::size_t>(h)].size()) + c;
+        needs.push_back(
+            std::uniform_int_distribution<std::int64_t>(std::min(protect_, k), k)(rng_));
+        cand.push_back(k);
+        order.push_back(static_cast<std::int32_t>(order.size()));
+      }
+    reference::elastic_selection_input sel;
+    sel.needs        = &needs;
+    sel.members      = &order;
+    sel.group_size   = Hp_;
+    sel.page_tokens  = P_;
+    sel.candidates   = q.n + c;
+    sel.protect      = protect_;
+    sel.budget_pages = q.pooled_limit;
+    auto r           = reference::select_group_lengths(sel);
+    REQUIRE(r.fits);  // the limit always covers the protected floors
+    REQUIRE(r.pages_used <= q.pooled_limit);
+    ++elastic_evictions_;
+    elastic_clipped_ += r.wanted_clipped();
+    std::vector<std::int64_t> kept(static_cast<std::size_t>(L_ * H_), 0);
+    std::size_t i = 0;
+    for (std::size_t k = 0; k < pooled_members_.size(); ++k) {
+      auto len = r.group_pages[k] * P_;
+      for (auto h : pooled_members_[k]) {
+        auto x = std::min(len, cand[i++]);
+        if (std::uniform_real_distribution<double>(0, 1)(rng_) < keep_fewer_)
+          x = std::max(std::min(protect_, x), x - static_cast<std::int64_t>(rng_() % 4));
+        kept[static_cast<std::size_t>(h)] = x;
+      }
+    }
+    return kept;
+  }
+
   std::int64_t need_pages(std::int32_t g, std::int64_t n) const {
     auto const& r = rule(g);
     if (r.kind == layer_kind::sliding_window) return std::min(ceil_div(n, P_), ring_pages(r, P_));
@@ -395,8 +619,14 @@ class engine_sim {
   std::mt19937 rng_;
   double keep_fewer_;
   std::int32_t L_ = 0, H_ = 0, P_ = 0, G_ = 0;
-  float next_tag_ = 1;
-  bool data_      = true;
+  float next_tag_       = 1;
+  bool data_            = true;
+  bool elastic_         = false;
+  std::int32_t Hp_      = 1;
+  std::int64_t protect_ = 0, Gc_ = 0, staging_ = 0;
+  std::int64_t elastic_evictions_ = 0, elastic_clipped_ = 0;
+  std::vector<bool> pooled_;
+  std::vector<std::vector<std::int32_t>> pooled_members_;
   std::map<std::int32_t, sim_sequence> seqs_;
 };
 

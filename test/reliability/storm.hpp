@@ -15,7 +15,8 @@
 //   request whose footprint fits the unreserved pages (with a free slot) is admitted;
 // - misuse (stale handles, unknown slots, double free, commit without prepare, kept above the
 //   rule, decode past T, duplicate batch members, a freed batch member, ...) throws the
-//   documented exception naming the value, with nothing changed;
+//   documented exception naming the value, with nothing changed; under elastic reservation also
+//   a chunk above max_chunk_tokens and kept counts whose compressed groups exceed the limit;
 // - the view journal: an engine-side mirror updated only from view_changes() equals the arrays;
 // - the FlashInfer export lists each head's length and its group's pages;
 // - after every drain the pool is empty (nothing leaked) and the resource got its arena back.
@@ -70,12 +71,15 @@ struct storm_totals {
   std::int64_t frees = 0, aborts = 0;
   std::int64_t misuses   = 0;  ///< misuse calls: threw, nothing changed
   std::int64_t bad_sizes = 0;  ///< of which sizes no sequence may have (0, < 0, near INT64_MAX)
-  std::int64_t unchanged_checks = 0;  ///< "does not fit" answers compared before/after
-  std::int64_t index_refusals   = 0;  ///< refused with pages and a slot free (page-id arena full)
-  std::int64_t full_checks      = 0;  ///< full verifications (model, invariants, journal, export)
-  std::int64_t full_pool_bursts = 0;  ///< admission bursts until the pool refused repeatedly
-  std::int64_t drains           = 0;  ///< every request run to completion and freed; pool empty
-  static constexpr std::size_t misuse_kinds = 14;
+  std::int64_t unchanged_checks  = 0;  ///< "does not fit" answers compared before/after
+  std::int64_t index_refusals    = 0;  ///< refused with pages and a slot free (page-id arena full)
+  std::int64_t full_checks       = 0;  ///< full verifications (model, invariants, journal, export)
+  std::int64_t full_pool_bursts  = 0;  ///< admission bursts until the pool refused repeatedly
+  std::int64_t drains            = 0;  ///< every request run to completion and freed; pool empty
+  std::int64_t elastic_evictions = 0;  ///< elastic: chunk evictions with the group-length selection
+  std::int64_t elastic_clipped   = 0;  ///< elastic: wanted tokens the limit made them drop
+  std::int64_t limit_refusals    = 0;  ///< elastic: commits refused past elastic_page_limit
+  static constexpr std::size_t misuse_kinds = 15;
   std::array<std::int64_t, misuse_kinds> misuse_by_kind{};  ///< misuses per case of storm::misuse
 
   void add(storm_totals const& o) {
@@ -100,6 +104,9 @@ struct storm_totals {
     full_checks += o.full_checks;
     full_pool_bursts += o.full_pool_bursts;
     drains += o.drains;
+    elastic_evictions += o.elastic_evictions;
+    elastic_clipped += o.elastic_clipped;
+    limit_refusals += o.limit_refusals;
     for (std::size_t k = 0; k < misuse_kinds; ++k) misuse_by_kind[k] += o.misuse_by_kind[k];
   }
 };
@@ -135,6 +142,41 @@ inline storm_config make_storm_config(std::string name,
   if (small_index) c.options.index_capacity = c.options.num_pages + 4 * plan.num_groups();
   c.plan = std::move(plan);
   return c;
+}
+
+/// An elastic-reservation config: chunks of at most `max_chunk` tokens (manager_options too), a
+/// pool of about `requests` of the largest first turns' admission (footprint + staging).
+inline storm_config make_elastic_storm_config(std::string name,
+                                              static_plan plan,
+                                              bool host,
+                                              double requests,
+                                              std::int32_t max_sequences,
+                                              std::int64_t max_prompt,
+                                              std::int64_t max_new,
+                                              std::int64_t max_chunk) {
+  auto c                     = make_storm_config(std::move(name),
+                             std::move(plan),
+                             host,
+                             requests,
+                             max_sequences,
+                             max_prompt,
+                             max_new,
+                             max_chunk);
+  c.options.max_chunk_tokens = max_chunk;
+  auto M                     = admission_footprint_pages(c.plan, max_prompt, max_new, max_chunk);
+  c.options.num_pages        = std::max<std::int64_t>(1, static_cast<std::int64_t>(requests * M));
+  return c;
+}
+
+/// Pool pages for the resource fault cases of a config (test/reliability/faults.hpp): its pool,
+/// at most `cap`. Those cases build managers with default options; under elastic reservation a
+/// request then stages the default max_chunk_tokens, so the pool must hold the (1, 1) and (2, 2)
+/// admissions they make.
+inline std::int64_t fault_case_pages(storm_config const& c, std::int64_t cap) {
+  auto chunk = manager_options{}.max_chunk_tokens;
+  return std::max({std::min<std::int64_t>(c.options.num_pages, cap),
+                   admission_footprint_pages(c.plan, 1, 1, chunk),
+                   admission_footprint_pages(c.plan, 2, 2, chunk)});
 }
 
 /**
@@ -239,6 +281,36 @@ inline std::vector<storm_config> storm_configs() {
                                   2048,
                                   256,
                                   1024));
+  // Elastic reservation: the compressed groups share one budget, each chunk's eviction picks the
+  // groups' lengths within the turn's limit (engine_sim), chunks stage up to max_chunk tokens.
+  out.push_back(make_elastic_storm_config(
+      "tiny-elastic-global-P4-Hp2-m0.15-chunk8",
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.15)),
+      true,
+      5,
+      8,
+      40,
+      24,
+      8));
+  out.push_back(make_elastic_storm_config(
+      "tiny-elastic-adjacent-P3-Hp2-m0-chunk12",
+      tiny_plan(tiny_budgets(), 3, 2, 7, grouping_scope::adjacent, elastic_reservation(0.0)),
+      true,
+      5,
+      8,
+      36,
+      20,
+      12));
+  // Prompts past the profile's 4128 protected tokens (32 sink + 4096 window), so that the
+  // scorer's share, not the protection, sets the limit and the selection clips.
+  out.push_back(make_elastic_storm_config("llama-3.1-8b-snapkv-elastic-P16-Hp4-m0.15",
+                                          llama_plan("snapkv", 16, 4, elastic_reservation(0.15)),
+                                          false,
+                                          5,
+                                          8,
+                                          10240,
+                                          128,
+                                          1024));
   return out;
 }
 
@@ -447,6 +519,11 @@ class storm {
     sim_->chunk(id, uniform(1, std::min(rem, cfg_.max_chunk)));
     ++t_.chunks;
     t_.calls += 2;
+    note_elastic();
+  }
+  void note_elastic() {
+    t_.elastic_evictions = sim_->elastic_evictions();
+    t_.elastic_clipped   = sim_->elastic_clipped();
   }
   void chunk() {
     auto pre = phase(sequence_phase::prefill);
@@ -496,9 +573,10 @@ class storm {
     auto id = pick(ended);
     auto N  = uniform(1, std::max<std::int64_t>(1, cfg_.max_prompt / 2));
     auto T  = uniform(0, cfg_.max_new);
-    auto n  = sim_->sequences().at(id.slot).n;
-    // Upper bound of what the turn reserves: the whole footprint after n + N tokens.
-    bool fits  = footprint_pages(cfg_.plan, n + N, T) <= manager_->pool().available_pages();
+    // Upper bound of what the turn reserves: the whole footprint after n + N tokens (elastic:
+    // the compressed groups' whole target, held pages not deducted).
+    bool fits = sim_->continue_reservation_bound(sim_->sequences().at(id.slot), N, T) <=
+                manager_->pool().available_pages();
     bool arena = arena_may_refuse();
     bool ok    = fits_or_unchanged(!fits || arena, [&] { return sim_->continue_turn(id, N, T); });
     if (fits && !arena) REQUIRE(ok);
@@ -516,15 +594,11 @@ class storm {
     if (cand.empty()) return admit();
     auto id = pick(cand);
     // Upper bound of the child's reservation: the parent's targets (or pages in use when ended).
-    auto const& q   = sim_->sequences().at(id.slot);
-    std::int64_t ub = 0;
-    for (std::int32_t g = 0; g < G_; ++g)
-      ub += q.phase == sequence_phase::decode ? q.target[static_cast<std::size_t>(g)]
-                                              : sim_->in_use(q, g);
-    auto& m        = *manager_;
-    bool slot_free = m.live_sequences() < m.max_sequences();
-    bool fits      = slot_free && ub <= m.pool().available_pages();
-    bool arena     = arena_may_refuse();
+    std::int64_t ub = sim_->fork_reservation_bound(sim_->sequences().at(id.slot));
+    auto& m         = *manager_;
+    bool slot_free  = m.live_sequences() < m.max_sequences();
+    bool fits       = slot_free && ub <= m.pool().available_pages();
+    bool arena      = arena_may_refuse();
     std::optional<sequence_id> child;
     bool ok = fits_or_unchanged(!fits || arena, [&] {
       child = sim_->fork(id);
@@ -702,7 +776,11 @@ class storm {
         if (!pre.empty()) {
           auto id  = pick(pre);
           auto rem = sim_->sequences().at(id.slot).prompt_remaining;
-          expect_misuse<logic_error>("prompt tokens left", [&] { m.prepare_chunk(id, rem + 1); });
+          if (sim_->elastic() && rem + 1 > m.options().max_chunk_tokens)  // the size check first
+            expect_misuse<invalid_argument>("max_chunk_tokens",
+                                            [&] { m.prepare_chunk(id, rem + 1); });
+          else
+            expect_misuse<logic_error>("prompt tokens left", [&] { m.prepare_chunk(id, rem + 1); });
         }
         break;
       case 7:  // turn calls in the wrong phase
@@ -780,6 +858,9 @@ class storm {
       case 12:  // bad and hostile sizes (zero, negative, near INT64_MAX): nothing changes
         bad_sizes(pre, end);
         break;
+      case 14:  // elastic: a chunk above max_chunk_tokens; kept counts past the limit
+        if (sim_->elastic() && !pre.empty()) elastic_misuse(pick(pre));
+        break;
       default:  // a stale generation on a live slot
         if (!live.empty()) {
           auto id = pick(live);
@@ -788,6 +869,41 @@ class storm {
         }
         break;
     }
+  }
+
+  /// Elastic misuse on a prefilling request: a chunk above max_chunk_tokens (invalid_argument);
+  /// then a prepared chunk whose commit keeps every candidate of every head when that makes the
+  /// compressed groups exceed elastic_page_limit (logic_error "would hold"; when every candidate
+  /// fits the limit there is no such commit to try); nothing changes, and the engine then commits
+  /// a valid eviction of the same prepared chunk.
+  void elastic_misuse(sequence_id id) {
+    auto& m  = *manager_;
+    auto mc  = m.options().max_chunk_tokens;
+    auto big = mc + 1 + static_cast<std::int64_t>(rng_() % 5);
+    expect_misuse<invalid_argument>("max_chunk_tokens", [&] { m.prepare_chunk(id, big); });
+    auto rem = sim_->sequences().at(id.slot).prompt_remaining;
+    auto c   = uniform(1, std::min(rem, cfg_.max_chunk));
+    m.prepare_chunk(id, c);
+    ++t_.calls;
+    std::vector<std::int32_t> kept(static_cast<std::size_t>(LH_));
+    m.expected_kept(id, c, kept.data());  // compressed heads: all their candidates
+    auto P           = cfg_.plan.geometry.page_tokens;
+    std::int64_t all = 0;
+    for (auto const& grp : sim_->pooled_members()) {
+      std::int32_t longest = 0;
+      for (auto h : grp) longest = std::max(longest, kept[static_cast<std::size_t>(h)]);
+      all += ceil_div(longest, P);
+    }
+    auto limit = m.elastic_page_limit(id);
+    if (all > limit) {
+      auto piece = "would hold " + std::to_string(all) + " pages";
+      expect_misuse<logic_error>(piece.c_str(), [&] { m.commit_chunk(id, kept); });
+      ++t_.limit_refusals;
+    }
+    sim_->chunk(id, c, true);  // the engine's valid eviction of the chunk still prepared
+    ++t_.chunks;
+    ++t_.calls;
+    note_elastic();
   }
 
   /// A size from the edges of int64 (or just past a limit): sums with it overflow or exceed
@@ -871,7 +987,10 @@ class storm {
         if (!pre.empty()) {
           auto id = pick(pre);
           auto c  = hostile_size();
-          expect_misuse<logic_error>("prompt tokens left", [&] { m.prepare_chunk(id, c); });
+          if (sim_->elastic())  // beyond max_chunk_tokens: refused before the prompt check
+            expect_misuse<invalid_argument>("max_chunk_tokens", [&] { m.prepare_chunk(id, c); });
+          else
+            expect_misuse<logic_error>("prompt tokens left", [&] { m.prepare_chunk(id, c); });
         }
         break;
       default:

@@ -26,7 +26,15 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
       s.step();
     }
     s.finish();
-    all.add(s.totals());
+    auto const& t = s.totals();
+    if (cfg.name.find("elastic") != std::string::npos) {
+      // Every elastic config reached the per-chunk selection, turns, forks and the misuse case.
+      CHECK(t.elastic_evictions > 20);
+      CHECK(t.continued > 0);
+      CHECK(t.forks > 0);
+      CHECK(t.misuse_by_kind[14] > 0);
+    }
+    all.add(t);
   }
   INFO("ops " << all.ops << " misuses " << all.misuses << " unchanged " << all.unchanged_checks
               << " forks " << all.forks << " continued " << all.continued);
@@ -40,6 +48,11 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
   CHECK(all.aborts > 10);
   CHECK(all.full_pool_bursts > 0);
   CHECK(all.bad_sizes > 10);  // hostile sizes: rejected, state unchanged
+  // Elastic configs: the group-length selection ran, the limit bound it (wanted tokens clipped),
+  // and commits past the limit were refused with nothing changed.
+  CHECK(all.elastic_evictions > 100);
+  CHECK(all.elastic_clipped > 0);
+  CHECK(all.limit_refusals > 5);
   for (std::size_t k = 0; k < storm_totals::misuse_kinds; ++k) {
     INFO("misuse case " << k);
     CHECK(all.misuse_by_kind[k] > 0);
@@ -76,8 +89,7 @@ TEST_CASE("resource faults at construction are out_of_memory and leak nothing",
   auto configs = storm_configs();
   for (auto const& c : configs) {
     INFO(c.name);
-    faults +=
-        run_resource_faults(c.plan, std::min<std::int64_t>(c.options.num_pages, 2048), c.host, 3);
+    faults += run_resource_faults(c.plan, fault_case_pages(c, 2048), c.host, 3);
   }
   CHECK(faults == 12 * static_cast<std::int64_t>(2 + configs.size()));
 }

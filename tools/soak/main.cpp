@@ -158,6 +158,13 @@ void print_totals(char const* label, storm_totals const& t) {
       static_cast<long long>(t.full_checks),
       static_cast<long long>(t.full_pool_bursts),
       static_cast<long long>(t.drains));
+  if (t.elastic_evictions > 0)
+    std::printf(
+        "%-46s elastic evictions %8lld  wanted tokens clipped %10lld  limit refusals %6lld\n",
+        "",
+        static_cast<long long>(t.elastic_evictions),
+        static_cast<long long>(t.elastic_clipped),
+        static_cast<long long>(t.limit_refusals));
 }
 
 }  // namespace
@@ -198,7 +205,7 @@ int main(int argc, char** argv) {
       try {
         fault_cases += tangram::test::run_resource_faults(
             c.plan,
-            std::min<std::int64_t>(c.options.num_pages, 4096),
+            tangram::test::fault_case_pages(c, 4096),
             c.host,
             static_cast<std::uint32_t>(storm_seed(o.seed, 1000000 + k)));
       } catch (std::exception const& e) {
