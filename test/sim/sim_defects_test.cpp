@@ -331,7 +331,7 @@ TEST_CASE("a --gpu-mem too large for a page pool names the option and its value"
   auto r = run_cli({"simulate", "--gpu-mem", "1e6", "--quiet"});
   INFO(r.err);
   CHECK(r.rc == 2);
-  CHECK(r.err.find("--gpu-mem: 1e6 GB") != std::string::npos);
+  CHECK(r.err.find("--gpu-mem x --usable: 1e6 GB") != std::string::npos);
   CHECK(r.err.find("page_pool") == std::string::npos);
   CHECK(r.err.find("2147483647") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);

@@ -114,7 +114,12 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
   } cases[] = {
       {{"simulate", "--sessions", "0"}, "--sessions: must be in [1, 1000000], got 0"},
       {{"simulate", "--workload", "/nonexistent/trace.json"}, "cannot open \"/nonexistent/trace.json\""},
-      {{"simulate", "--gpu-mem", "10"}, "--gpu-mem: 10 GB"},
+      {{"simulate", "--gpu-mem", "10"}, "--gpu-mem x --usable: 10 GB"},
+      {{"simulate", "--usable", "0.01"}, "--gpu-mem x --usable: 141 GB x 0.01"},
+      {{"simulate", "--workload", "nosuch"}, "--workload: cannot open \"nosuch\""},
+      {{"simulate", "--group-size", "3"}, "--group-size: Hp = 3 does not divide"},
+      {{"simulate", "--sessions", "1000001"}, "--sessions: must be in [1, 1000000]"},
+      {{"simulate", "--turns", "1001"}, "--turns: must be in [1, 1000]"},
       {{"simulate", "--keep", "1.5"}, "--keep: must be in [0.001, 1], got 1.5"},
       {{"simulate", "--margin", "11"}, "--margin: must be in [0, 10], got 11"},
       {{"simulate", "--margin", "-0.5"}, "--margin: must be in [0, 10], got -0.5"},
@@ -129,6 +134,27 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
     CHECK(r.err.find(c.piece) != std::string::npos);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+}
+
+TEST_CASE("simulate with a workload file refuses the generator's options and reports none",
+          "[simulate][cli][errors][regression]") {
+  auto trace = std::string(TANGRAM_SOURCE_DIR) + "/fuzz/corpus/workload/tiny.json";
+  for (char const* opt : {"--sessions", "--turns", "--seed", "--arrival-rate", "--think"}) {
+    auto r = run({"simulate", "--quiet", "--workload", trace, opt, "3"});
+    INFO(r.err);
+    CHECK(r.rc == 2);
+    CHECK(r.err.find(std::string(opt) + ": applies to generated workloads") != std::string::npos);
+  }
+  auto r = run({"simulate", "--quiet", "--workload", trace, "--json"});
+  REQUIRE(r.rc == 0);
+  namespace json = tangram::detail::json;
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK(root["workload"]["seed"].raw().type() == json::kind::null);
+  CHECK(root["workload"]["arrival_rate"].raw().type() == json::kind::null);
+  auto text = run({"simulate", "--quiet", "--workload", trace});
+  CHECK(text.out.find("arrivals from the file") != std::string::npos);
+  CHECK(text.out.find("seed") == std::string::npos);
 }
 
 TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simulate][cli]") {

@@ -87,7 +87,7 @@ int plan_command(plan_args& a, streams io) {
       throw usage_error(cat("--out: ", e.what(), " (--tp-size, --group-size)"));
     }
   }
-  auto plan = build_static_plan(model, src.profile, o);
+  auto plan = build_plan_for_cli(model, src.profile, o);
   if (out) save_static_plan(plan, *out);
 
   double waste = group_waste(plan.grouping, plan.rules);

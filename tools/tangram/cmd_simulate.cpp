@@ -149,6 +149,7 @@ struct simulate_args {
   std::string workload = "mid";
   double gpu_mem = 141;
   CLI::Option* gpu_mem_option = nullptr;  // its text is quoted as given in messages
+  std::vector<CLI::Option*> generator_only;  // refused with a workload file
   double usable = 0.9;
   double hbm = 4.8;
   double tflops = 989;
@@ -167,7 +168,7 @@ int simulate(simulate_args& a, streams io) {
   auto const& cal          = a.cal;
   auto const& model_o      = a.model;
   double const gpu_mem     = a.gpu_mem;
-  std::string gpu_mem_text = given_text(a.gpu_mem_option, "141");
+  std::string gpu_mem_text = given_text(a.gpu_mem_option, cat(a.gpu_mem));
   double const usable      = a.usable;
   double const hbm         = a.hbm;
   double const tflops      = a.tflops;
@@ -183,6 +184,13 @@ int simulate(simulate_args& a, streams io) {
   if (plot) check_output_path("--plot", *plot);
   std::string const& workload_name = a.workload;
   auto kind                 = workload_kind_named(workload_name);
+  if (!kind)
+    for (auto* opt : a.generator_only)
+      if (opt->count() > 0)
+        throw usage_error(cat(opt->get_name(),
+                              ": applies to generated workloads (short, mid, long), not to the "
+                              "workload file ",
+                              tangram::detail::quoted(workload_name)));
   if (kind) {
     auto turns = tangram::detail::mul_checked<std::int64_t>(wo.sessions, wo.turns);
     if (!turns || *turns > workload_limits::max_generated_turns)
@@ -200,7 +208,7 @@ int simulate(simulate_args& a, streams io) {
                           " CTAs = ", po.split.limits.max_ctas(), " CTAs, fewer than the ", model.num_kv_heads,
                           " KV heads per layer of ", model.name, " (each needs one); give --sms ",
                           ceil_div(model.num_kv_heads, po.split.limits.ctas_per_sm), " or more"));
-  auto plan  = build_static_plan(model, src.profile, po);
+  auto plan  = build_plan_for_cli(model, src.profile, po);
 
   gpu_spec gpu;
   gpu.memory_bytes    = gpu_mem * 1e9;
@@ -210,7 +218,7 @@ int simulate(simulate_args& a, streams io) {
   cost_model cost(model, gpu);
   double kv_bytes = gpu.kv_budget_bytes(model);
   if (kv_bytes <= 0)
-    throw usage_error(cat("--gpu-mem: ", gpu_mem_text, " GB x ", usable, " leaves no room for the KV cache after ",
+    throw usage_error(cat("--gpu-mem x --usable: ", gpu_mem_text, " GB x ", usable, " leaves no room for the KV cache after ",
                           model.weight_bytes / 1e9, " GB of weights"));
   // Every policy's pool must hold between one page and as many as a page id can number; the
   // smallest page (Tangram's head-group page) gives the most pages.
@@ -218,7 +226,7 @@ int simulate(simulate_args& a, streams io) {
                       static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes())}) {
     double pages = std::floor(kv_bytes / page);
     if (pages < 1 || pages > static_cast<double>(page_pool<page_layout<>>::max_pages))
-      throw usage_error(cat("--gpu-mem: ", gpu_mem_text, " GB x ", usable, " - ", model.weight_bytes / 1e9,
+      throw usage_error(cat("--gpu-mem x --usable: ", gpu_mem_text, " GB x ", usable, " - ", model.weight_bytes / 1e9,
                             " GB of weights leaves ", kv_bytes / 1e9, " GB for KV: ", pages, " pages of ",
                             page, " bytes (--page-tokens ", po.page_tokens, "), outside the [1, ",
                             page_pool<page_layout<>>::max_pages, "] pages a pool can hold"));
@@ -229,7 +237,12 @@ int simulate(simulate_args& a, streams io) {
     wo.kind = *kind;
     work    = generate_workload(wo);
   } else {
-    work = load_workload(workload_name);
+    try {
+      work = load_workload(workload_name);
+    } catch (tangram::invalid_argument const& e) {
+      throw usage_error(
+          cat("--workload: ", e.what(), " (give short, mid, long or a tangram-workload/v1 file)"));
+    }
   }
   std::int64_t max_tokens = 1;
   for (auto const& s : work.sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
@@ -302,9 +315,11 @@ int simulate(simulate_args& a, streams io) {
     w.set("name", work.name);
     w.set("sessions", n_sessions);
     w.set("turns_per_session", work.sessions.empty() ? 0 : static_cast<std::int64_t>(work.sessions[0].turns.size()));
-    w.set("arrival_rate", wo.arrival_rate);
+    w.set("generated", kind.has_value());
+    // A trace file's arrivals are its own: the generator's settings are reported only when used.
+    w.set("arrival_rate", kind ? json::value(wo.arrival_rate) : json::value(nullptr));
     w.set("concurrency", ro.concurrency);
-    w.set("seed", static_cast<std::int64_t>(wo.seed));
+    w.set("seed", kind ? json::value(static_cast<std::int64_t>(wo.seed)) : json::value(nullptr));
     doc.set("workload", std::move(w));
     auto c = json::value::object();
     c.set("label", "modelled: roofline, not measured");
@@ -362,8 +377,12 @@ int simulate(simulate_args& a, streams io) {
     << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
     << " P=" << po.page_tokens << ", group waste " << percent(group_waste(plan.grouping, plan.rules), 2) << "\n"
     << "  workload " << tangram::detail::printable(work.name) << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()
-    << " turns, " << (wo.arrival_rate > 0 ? cat(wo.arrival_rate, " sessions/s") : std::string("all at t=0"))
-    << (ro.concurrency > 0 ? cat(", concurrency ", ro.concurrency) : std::string()) << ", seed " << wo.seed << "\n\n";
+    << " turns, "
+    << (!kind                  ? std::string("arrivals from the file")
+        : wo.arrival_rate > 0 ? cat(wo.arrival_rate, " sessions/s")
+                              : std::string("all at t=0"))
+    << (ro.concurrency > 0 ? cat(", concurrency ", ro.concurrency) : std::string())
+    << (kind ? cat(", seed ", wo.seed) : std::string()) << "\n\n";
   auto row = [&](std::string const& label, auto value_of) {
     o << "  " << std::left << std::setw(30) << label << std::right;
     for (auto const& r : results) o << std::setw(20) << value_of(r);
@@ -424,12 +443,17 @@ command_body setup_simulate(CLI::App& app) {
              "profiled)");
   add_text(app, "--workload", a->workload, "short|mid|long|FILE",
            "A generated workload, or a tangram-workload/v1 trace file");
-  add_integer(app, "--sessions", wo.sessions, 1, 1000000, "Generated: sessions");
-  add_integer(app, "--turns", wo.turns, 1, 1000, "Generated: turns per session");
-  add_number(app, "--arrival-rate", wo.arrival_rate, {0, 1e9},
-             "Generated: sessions per second (0: all at t = 0)");
-  add_number(app, "--think", wo.think_mean_s, {0, 1e6}, "Generated: mean think time between turns (s)");
-  add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed");
+  a->generator_only = {
+      add_integer(app, "--sessions", wo.sessions, 1, workload_limits::max_sessions,
+                  "Generated: sessions"),
+      add_integer(app, "--turns", wo.turns, 1, workload_limits::max_generated_turns_per_session,
+                  "Generated: turns per session"),
+      add_number(app, "--arrival-rate", wo.arrival_rate, {0, 1e9},
+                 "Generated: sessions per second (0: all at t = 0)"),
+      add_number(app, "--think", wo.think_mean_s, {0, 1e6},
+                 "Generated: mean think time between turns (s)"),
+      add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed"),
+  };
   a->gpu_mem_option =
       add_number(app, "--gpu-mem", a->gpu_mem, {1, 1e6}, "GPU memory (GB), weights included");
   add_number(app, "--usable", a->usable, {0.01, 1}, "Fraction of GPU memory the engine may use");

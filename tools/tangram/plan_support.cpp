@@ -3,11 +3,14 @@
 
 #include <sys/stat.h>
 #include <cstdio>
+#include <string_view>
+#include <utility>
 
 #include "tangram/io/budget_profile.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 
 namespace tangram::cli {
 
@@ -72,6 +75,32 @@ model_spec resolve_model(std::optional<std::string> const& option, std::string c
                         "; pass --model NAME_OR_FILE (presets: ",
                         known,
                         ")"));
+}
+
+static_plan build_plan_for_cli(model_spec const& model,
+                               budget_profile const& profile,
+                               plan_options const& options) {
+  try {
+    return build_static_plan(model, profile, options);
+  } catch (tangram::invalid_argument const& e) {
+    // Library field -> option; a prefix ending in ": " is replaced, any other is kept as context.
+    static constexpr std::pair<std::string_view, std::string_view> names[] = {
+        {"plan_options.tp_size: ", "--tp-size"},
+        {"tp_size: ", "--tp-size"},
+        {"plan_options.tp_rank: ", "--tp-rank"},
+        {"plan_options.group_size: ", "--group-size"},
+        {"group_size: ", "--group-size"},
+        {"plan_options.page_tokens: ", "--page-tokens"},
+        {"N_CTA", "--sms x --ctas-per-sm"},
+    };
+    std::string_view what = e.what();
+    for (auto const& [field, option] : names) {
+      if (what.substr(0, field.size()) != field) continue;
+      bool replace = field.back() == ' ';
+      throw usage_error(cat(option, ": ", replace ? what.substr(field.size()) : what));
+    }
+    throw;
+  }
 }
 
 std::string fixed(double v, int decimals) {

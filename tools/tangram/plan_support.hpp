@@ -12,6 +12,7 @@
 #include "usage_error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
 
@@ -35,6 +36,13 @@ retention_samples read_samples(input_text const& in);
 /// the preset matching `model_name` (from the samples or the profile).
 /// @throw usage_error asking for --model when no preset matches.
 model_spec resolve_model(std::optional<std::string> const& option, std::string const& model_name);
+
+/// build_static_plan, with the planner's refusals of plan options in the program's words: the
+/// message names the command-line option (--tp-size, --group-size, --page-tokens, --sms and
+/// --ctas-per-sm) instead of the library's field. @throw usage_error for bad options.
+static_plan build_plan_for_cli(model_spec const& model,
+                               budget_profile const& profile,
+                               plan_options const& options);
 
 /// Fixed-point text: fixed(1.23456, 3) == "1.235".
 std::string fixed(double v, int decimals);

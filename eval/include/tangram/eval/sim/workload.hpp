@@ -55,6 +55,7 @@ struct workload {
 struct workload_limits {
   static constexpr std::int64_t max_sessions       = 1000000;
   static constexpr std::int64_t max_turns          = 10000;
+  static constexpr std::int64_t max_generated_turns_per_session = 1000;  ///< `turns` of a generator
   static constexpr std::int64_t max_tokens         = std::int64_t{1} << 30;  ///< one prompt/answer
   static constexpr std::int64_t max_session_tokens = (std::int64_t{1} << 31) - 1;  ///< a session
   static constexpr std::int64_t max_total_tokens   = std::int64_t{1} << 40;        ///< whole trace
@@ -105,11 +106,11 @@ struct workload_options {
   /// @throw invalid_argument naming the field and the value; for sessions x turns above
   /// `workload_limits::max_generated_turns`, naming both.
   void validate() const {
-    TANGRAM_EXPECTS(sessions >= 1 && sessions <= 1000000,
+    TANGRAM_EXPECTS(sessions >= 1 && sessions <= workload_limits::max_sessions,
                     invalid_argument,
                     "workload.sessions: must be in [1, 1000000], got ",
                     sessions);
-    TANGRAM_EXPECTS(turns >= 1 && turns <= 1000,
+    TANGRAM_EXPECTS(turns >= 1 && turns <= workload_limits::max_generated_turns_per_session,
                     invalid_argument,
                     "workload.turns: must be in [1, 1000], got ",
                     turns);
