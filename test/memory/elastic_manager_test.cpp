@@ -345,3 +345,48 @@ TEST_CASE("elastic on the real Llama-3.1-8B profiles: the manager holds what cal
     CHECK(elastic_reserved < static_reserved);
   }
 }
+
+TEST_CASE("elastic: an eviction may drop pages whose copy is still pending (found by review)",
+          "[memory][elastic][regression]") {
+  // A forked session continues; its shared compressed pages are copied (pending). The engine
+  // runs chunks before completing the copies and its eviction drops copied pages: the sequence
+  // must not lose reservation, so later chunks and decode never run short.
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
+  auto o             = opts(400, 4);
+  o.max_chunk_tokens = 8;
+  simulated_memory_resource mr;
+  kv_cache_manager m(plan, mr, o);
+  auto keep = [&](sequence_id id, std::int64_t c, std::int64_t len) {
+    return kept_with_lengths(
+        m, id, c, std::vector<std::int64_t>(pooled_group_ids(plan).size(), len));
+  };
+  auto p = *m.try_admit(16, 8);
+  m.prepare_chunk(p, 8);
+  m.commit_chunk(p, keep(p, 8, 8));
+  m.prepare_chunk(p, 8);
+  m.commit_chunk(p, keep(p, 8, 8));
+  m.end_turn(p);
+  auto c = *m.fork(p);
+  m.complete_page_copies();
+  REQUIRE(m.continue_turn(p, 56, 8));
+  REQUIRE(!m.pending_copies().empty());
+  m.prepare_chunk(p, 8);
+  m.commit_chunk(p, keep(p, 8, 0));  // legal: the eviction keeps nothing, copies still pending
+  m.check_invariants();
+  while (m.info(p).prompt_remaining > 0) {
+    auto L = m.elastic_page_limit(p);
+    auto n = std::min<std::int64_t>(8, m.info(p).prompt_remaining);
+    m.prepare_chunk(p, n);  // threw "need 8 more pages but 5 are reserved" before the fix
+    m.commit_chunk(p, keep(p, n, (L / 4) * 4));
+    m.check_invariants();
+  }
+  m.set_batch({p});
+  for (int t = 0; t < 8; ++t) m.decode_step();
+  m.check_invariants();
+  m.complete_page_copies();
+  m.free(p);
+  m.free(c);
+  CHECK(m.pool().used_pages() == 0);
+  CHECK(m.pool().reserved_pages() == 0);
+}

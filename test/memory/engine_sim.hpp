@@ -17,8 +17,8 @@
 // compressed group's pages after a commit (ceil(longest kept / P)); the shared budget
 // (admission: R(N) + G_c ceil(T / P) + staging; each chunk and decode step draws what the groups
 // grow by and unkept staging returns; after the last chunk exactly the decode need, sum of
-// ceil((longest + T) / P) - held; next turn: limit + G_c ceil(T / P) + staging - held; fork:
-// sum of the parent's decode ends - pages in use; 0 once ended); and each compressed group's
+// ceil((longest + T) / P) - held; next turn: limit + G_c ceil(T / P) + staging + copies - held;
+// fork: sum of the parent's decode ends - pages in use; 0 once ended); and each compressed group's
 // list bound (group_target). Not checked: the reservation while a chunk is prepared but not
 // committed (the storm verifies only between calls), and the exclusive/shared split a next turn
 // reserves before its copy-on-write copies run (only the total after the copies is predicted).
@@ -188,7 +188,8 @@ class engine_sim {
       else
         ub += group_pages(rule(g), q.n + N, T, P_);
     }
-    return ub + std::max(elastic_limit(q.n + N), held) + Gc_ * ceil_div(T, P_) + staging_;
+    // + held: the copies of shared pages, at most every held page.
+    return ub + std::max(elastic_limit(q.n + N), held) + Gc_ * ceil_div(T, P_) + staging_ + held;
   }
 
   std::map<std::int32_t, sim_sequence>& sequences() { return seqs_; }
@@ -369,6 +370,15 @@ class engine_sim {
   }
 
   bool continue_turn(sequence_id id, std::int64_t N, std::int64_t T) {
+    // Compressed pages a fork still shares: the turn copies them and counts each once more in
+    // its target (an eviction may drop a copy before the engine completed it).
+    std::int64_t shared = 0;
+    for (std::int32_t g = 0; elastic_ && g < G_; ++g) {
+      if (!pooled(g)) continue;
+      auto const* pages = m_.group_pages(id, g);
+      for (std::int32_t p = 0; p < m_.group_page_count(id, g); ++p)
+        shared += m_.pool().ref_count(pages[p]) > 1;
+    }
     if (!m_.continue_turn(id, N, T)) return false;
     copy_pages();
     auto& q            = seqs_.at(id.slot);
@@ -385,7 +395,7 @@ class engine_sim {
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g)) held += q.held[static_cast<std::size_t>(g)];
       q.pooled_limit      = std::max(elastic_limit(q.n + N), held);
-      std::int64_t target = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging_;
+      std::int64_t target = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging_ + shared;
       q.pooled_budget     = target - held;
       for (std::int32_t g = 0; g < G_; ++g) {
         auto gi = static_cast<std::size_t>(g);

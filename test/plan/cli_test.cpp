@@ -343,7 +343,7 @@ TEST_CASE("plan and inspect: bad options and inputs are one-line errors with exi
                {"--tp-rank: must be in [0, 1] for --tp-size 2, got 2"});
   expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--tp-size", "3"},
                2,
-               {"tp_size: 3 does not divide"});
+               {"--tp-size: 3 does not divide"});
   expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--group-size", "3", "--scope", "layer"},
                2,
                {"Hp = 3", "scope layer"});

@@ -56,6 +56,7 @@ struct manager_options {
   std::int32_t max_sequences  = 256;  ///< slots: sequences alive at once (forks included)
   std::int32_t max_batch      = 0;    ///< largest batch of `set_batch`; 0 means max_sequences
   std::int64_t index_capacity = 0;  ///< entries of the page-id arena; 0: 2 * pages + 4 * slots * G
+                                    ///< (elastic: min(2 / keep_ratio, 16) * pages + 4 * slots * G)
   std::int64_t max_view_changes =
       0;  ///< journal entries before a full resync; 0: 4 * max_batch + 1024
   std::int64_t max_chunk_tokens =

@@ -95,8 +95,10 @@ inline manager_options checked_options(manager_options o, static_plan const& pla
   // Under elastic reservation a compressed group's list may hold every token it has seen, so a
   // sequence needs about 1 / keep_ratio entries per page it holds.
   if (o.index_capacity == 0) {
+    // Capped at 16 entries per page: below keep ratio 1/8 an engine sizes the arena itself (a
+    // full arena makes admission answer "does not fit", never fail).
     double per_page = plan.options.reservation.mode == reservation_mode::elastic
-                          ? 2.0 / plan.profile.target_keep_ratio
+                          ? std::min(2.0 / plan.profile.target_keep_ratio, 16.0)
                           : 2.0;
     double entries  = per_page * static_cast<double>(o.num_pages) +
                      4.0 * static_cast<double>(o.max_sequences) * plan.grouping.num_groups();

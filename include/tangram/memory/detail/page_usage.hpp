@@ -181,7 +181,8 @@ class page_usage {
    * - admit: shared target R(N) + G_c ceil(T / P) + staging; a list never needs more than
    *   ceil((N + T) / P) entries, nor more than the target;
    * - next_turn: target max(R(n + N), held) + G_c ceil(T / P) + staging (held pages count against
-   *   it; those a fork shares are copied, since compaction rewrites the whole group);
+   *   it; those a fork shares are copied, since compaction rewrites the whole group, and the target
+   *   counts each copy once more: an eviction may drop a copy before the engine completed it);
    * - fork: the child's target is what the parent's groups reach by the end of its decode (its
    *   use, when ended); fully written pages are shared, the rest copied.
    */
@@ -206,12 +207,17 @@ class page_usage {
       out.set_pooled_target(target, target);
       return;
     }
-    std::int64_t held_total = 0;
-    std::int64_t longest    = groups_.pages_for(tokens + max_new_tokens);
+    std::int64_t held_total = 0, copies = 0;
+    std::int64_t longest = groups_.pages_for(tokens + max_new_tokens);
     if (kind == turn_kind::next_turn)
-      for (auto g : pooled) held_total += page_table_.count(s, g);
+      for (auto g : pooled) {
+        held_total += page_table_.count(s, g);
+        copies += page_table_.count(s, g) - exclusive(s, g, page_table_.count(s, g));
+      }
+    // A copy's new page is held by the list and by the pending copy until the engine completes
+    // it; an eviction that drops it before then frees nothing, so the target covers it twice.
     std::int64_t limit  = std::max(groups_.pooled_pages(tokens), held_total);
-    std::int64_t target = limit + decode_pages + staging_pages_;
+    std::int64_t target = limit + decode_pages + staging_pages_ + copies;
     for (auto g : pooled) {
       std::int64_t held = 0, exclusive_held = 0, current = 0;
       if (kind == turn_kind::next_turn) {
