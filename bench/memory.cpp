@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "tangram/eval/baselines/unified_paging.hpp"
+#include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/presets.hpp"
@@ -40,7 +41,6 @@
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "tangram/reference/elastic_selection.hpp"
 
 namespace {
 
@@ -320,12 +320,10 @@ struct elastic_run {
 elastic_run run_samples(static_plan const& plan, retention_samples const& s, std::int64_t chunk) {
   elastic_run out;
   bool elastic = plan.options.reservation.mode == reservation_mode::elastic;
-  std::vector<std::vector<std::int32_t>> groups;  // pooled groups' flat heads
-  for (auto const& g : plan.grouping.groups) {
-    if (g.rule.kind != layer_kind::compressed) continue;
-    groups.emplace_back();
-    for (auto m : g.members) groups.back().push_back(m.layer * plan.num_kv_heads + m.head);
-  }
+  // Elastic: the simulator's eviction step (sample k's needs for request k, scaled by the tokens
+  // seen; the optimal group lengths within elastic_page_limit). Static: each head keeps
+  // min(need, its budget's count).
+  sim::elastic_eviction eviction(plan, sim::elastic_needs{s, 1.0});
   auto heads = static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads);
   simulated_memory_resource mr;
   manager_options o;
@@ -334,11 +332,10 @@ elastic_run run_samples(static_plan const& plan, retention_samples const& s, std
   o.max_chunk_tokens = chunk;
   kv_cache_manager m(plan, mr, o);
   std::vector<std::int32_t> kept(heads);
-  std::vector<std::int64_t> needs, order;
-  std::vector<std::int32_t> members;
-  for (auto const& smp : s.samples) {
-    auto n  = smp.context_tokens;
-    auto id = *m.try_admit(n, 0);
+  for (std::size_t k = 0; k < s.samples.size(); ++k) {
+    auto const& smp = s.samples[k];
+    auto n          = smp.context_tokens;
+    auto id         = *m.try_admit(n, 0);
     out.reserved += static_cast<double>(m.info(id).reserved_pages);
     out.staging += static_cast<double>(
         elastic ? m.admission_pages(n, 0) - elastic_footprint_pages(plan, 0.15, n, 0) : 0);
@@ -347,35 +344,12 @@ elastic_run run_samples(static_plan const& plan, retention_samples const& s, std
       seen += c;
       m.prepare_chunk(id, c);
       m.expected_kept(id, c, kept.data());  // candidates (elastic) or the static cap
-      // The scorer's wish at `seen` tokens: the sample's need, scaled by the tokens seen.
-      auto need = [&](std::size_t h) {
-        return std::min<std::int64_t>(ceil_div(smp.kept[h] * seen, n), seen);
-      };
-      if (!elastic) {
-        for (std::size_t h = 0; h < heads; ++h)
-          kept[h] = static_cast<std::int32_t>(std::min<std::int64_t>(need(h), kept[h]));
+      if (elastic) {
+        (void)eviction.choose(m, id, static_cast<std::int32_t>(k), c, kept);
       } else {
-        needs.clear();
-        members.clear();
-        for (auto const& g : groups)
-          for (auto h : g) {
-            needs.push_back(std::min<std::int64_t>(need(static_cast<std::size_t>(h)),
-                                                   kept[static_cast<std::size_t>(h)]));
-            members.push_back(static_cast<std::int32_t>(members.size()));
-          }
-        reference::elastic_selection_input in;
-        in.needs        = &needs;
-        in.members      = &members;
-        in.group_size   = plan.geometry.group_size;
-        in.page_tokens  = plan.geometry.page_tokens;
-        in.candidates   = seen;
-        in.protect      = std::min<std::int64_t>(plan.profile.protected_tokens(), seen);
-        in.budget_pages = m.elastic_page_limit(id);
-        auto sel        = reference::select_group_lengths(in);
-        for (std::size_t k = 0; k < groups.size(); ++k)
-          for (auto h : groups[k])
-            kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(std::min<std::int64_t>(
-                sel.group_pages[k] * plan.geometry.page_tokens, kept[static_cast<std::size_t>(h)]));
+        for (std::size_t h = 0; h < heads; ++h)
+          kept[h] = static_cast<std::int32_t>(
+              std::min<std::int64_t>(ceil_div(smp.kept[h] * seen, n), kept[h]));
       }
       m.commit_chunk(id, kept);
     }

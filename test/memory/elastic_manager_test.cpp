@@ -59,6 +59,21 @@ std::int64_t pooled_pages_held(kv_cache_manager const& m, sequence_id id) {
   return pages;
 }
 
+/// The tiny model under elastic reservation at margin 0.25 (binary: exact products), chunks of
+/// at most 8 tokens, `pages` pages and 4 slots.
+struct tiny_elastic {
+  static_plan plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
+  simulated_memory_resource mr;
+  kv_cache_manager m;
+  explicit tiny_elastic(std::int64_t pages) : m(plan, mr, options(pages)) {}
+  static manager_options options(std::int64_t pages) {
+    auto o             = opts(pages, 4);
+    o.max_chunk_tokens = 8;
+    return o;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[memory][elastic]") {
@@ -66,12 +81,9 @@ TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[me
   // N 20, T 6: kbar = max(3, 10) = 10, K = 80, (1 + m) K = 100 head-tokens, R = ceil(100 / 8) =
   // 13 pages; decode 4 * ceil(6 / 4) = 8; sliding (2 groups, W 10): 3 each; uncompressed
   // (2 groups): ceil(26 / 4) = 7 each; staging (max chunk 8): 4 * 2 = 8. Total 49.
-  auto plan =
-      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
-  auto o             = opts(200, 4);
-  o.max_chunk_tokens = 8;
-  simulated_memory_resource mr;
-  kv_cache_manager m(plan, mr, o);
+  tiny_elastic fx(200);
+  auto const& plan = fx.plan;
+  auto& m          = fx.m;
   CHECK(elastic_footprint_pages(plan, 0.25, 20, 6) == 13 + 8 + 6 + 14);
   CHECK(m.admission_pages(20, 6) == 49);
   auto id = m.try_admit(20, 6);
@@ -82,7 +94,7 @@ TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[me
   m.check_invariants();
 
   // A static plan has no elastic limit; its admission is M(r).
-  kv_cache_manager s(tiny_plan(tiny_budgets()), mr, opts(200, 4));
+  kv_cache_manager s(tiny_plan(tiny_budgets()), fx.mr, opts(200, 4));
   auto sid = s.try_admit(20, 6);
   REQUIRE(sid);
   CHECK(s.elastic_page_limit(*sid) == 0);
@@ -91,14 +103,11 @@ TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[me
 
 TEST_CASE("elastic: chunks stage, evict into the limit, return staging; decode never runs out",
           "[memory][elastic]") {
-  auto plan =
-      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
-  auto o             = opts(200, 4);
-  o.max_chunk_tokens = 8;
-  simulated_memory_resource mr;
-  kv_cache_manager m(plan, mr, o);
-  auto id     = *m.try_admit(20, 6);
-  auto pooled = pooled_group_ids(plan);
+  tiny_elastic fx(200);
+  auto const& plan = fx.plan;
+  auto& m          = fx.m;
+  auto id          = *m.try_admit(20, 6);
+  auto pooled      = pooled_group_ids(plan);
 
   // Chunk 1 (8 tokens): every compressed group stages ceil(8 / 4) = 2 pages from the shared
   // reservation; the eviction keeps lengths 8, 4, 3, 8 -> 2 + 1 + 1 + 2 = 6 pages (limit 13).
@@ -159,13 +168,10 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging; decode n
 }
 
 TEST_CASE("elastic: bad chunk sizes and misuse change nothing", "[memory][elastic]") {
-  auto plan =
-      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
-  auto o             = opts(200, 4);
-  o.max_chunk_tokens = 8;
-  simulated_memory_resource mr;
-  kv_cache_manager m(plan, mr, o);
-  auto id = *m.try_admit(20, 6);
+  tiny_elastic fx(200);
+  auto const& plan = fx.plan;
+  auto& m          = fx.m;
+  auto id          = *m.try_admit(20, 6);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       m.prepare_chunk(id, 9), invalid_argument, "chunk_tokens", "9", "max_chunk_tokens = 8");
   CHECK(m.info(id).chunk_pending == 0);
@@ -178,8 +184,10 @@ TEST_CASE("elastic: bad chunk sizes and misuse change nothing", "[memory][elasti
   REQUIRE_THROWS_AS(m.commit_chunk(id, kept), logic_error);
   m.check_invariants();
   // Options and plan: a margin out of range, a plan without a keep ratio.
+  auto o               = tiny_elastic::options(200);
   auto bad             = o;
   bad.max_chunk_tokens = 0;
+  auto& mr             = fx.mr;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       kv_cache_manager(plan, mr, bad), invalid_argument, "max_chunk_tokens", "0");
   auto no_ratio                      = plan;
@@ -351,13 +359,10 @@ TEST_CASE("elastic: an eviction may drop pages whose copy is still pending (foun
   // A forked session continues; its shared compressed pages are copied (pending). The engine
   // runs chunks before completing the copies and its eviction drops copied pages: the sequence
   // must not lose reservation, so later chunks and decode never run short.
-  auto plan =
-      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
-  auto o             = opts(400, 4);
-  o.max_chunk_tokens = 8;
-  simulated_memory_resource mr;
-  kv_cache_manager m(plan, mr, o);
-  auto keep = [&](sequence_id id, std::int64_t c, std::int64_t len) {
+  tiny_elastic fx(400);
+  auto const& plan = fx.plan;
+  auto& m          = fx.m;
+  auto keep        = [&](sequence_id id, std::int64_t c, std::int64_t len) {
     return kept_with_lengths(
         m, id, c, std::vector<std::int64_t>(pooled_group_ids(plan).size(), len));
   };
