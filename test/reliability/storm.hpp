@@ -214,14 +214,16 @@ inline std::vector<storm_config> storm_configs() {
       60,
       30,
       25));
+  // Prompts up to 10,240 tokens: the profile protects 4,128 (sink + window), so shorter prompts
+  // would never compress.
   out.push_back(make_storm_config("llama-3.1-8b-snapkv-P16-Hp4-global",
                                   llama_plan("snapkv", 16, 4),
                                   false,
                                   6,
                                   12,
-                                  1024,
+                                  10240,
                                   128,
-                                  512));
+                                  2048));
   out.push_back(make_storm_config("qwen3-4b-ea-P32-Hp2-layer-data",
                                   real_plan(with_small_heads(model_preset("qwen3-4b")),
                                             "profiles/ea/qwen3-4b-instruct-2507.json",
