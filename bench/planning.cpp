@@ -10,13 +10,30 @@
 //   imbalance/<w>/<c>/<batch>    max/mean CTA tokens of the four planners on all 8 real profiles,
 //                                8 batches each (contexts log-uniform 1K..128K, seeds 1..8),
 //                                every layer; w: 0 batch_share, 1 budget; N_CTA = 132 x c
+//   elastic_imbalance/<s>/<c>/<batch>
+//                                the same measure on ELASTIC placements of the 4 Llama-3.1-8B
+//                                profiles (s: ea, fastkvzip, keydiff, snapkv): each request is a
+//                                sample whose per-head lengths are its group lengths
+//                                (select_group_lengths within R(n), margin 0.15); c: 0 every
+//                                request at its sample's own context (measured), 1 at a context
+//                                drawn log-uniform 1K..128K, kept counts scaled (modelled).
+//                                AOT map of the elastic plan (placement-rule shares) and of the
+//                                static plan (budget shares) on the same lengths, equal split,
+//                                greedy; batch_share, Hp 4, P 16, global, N_CTA 264; 16 batches
+//                                per size, every layer. Also: aot_static_on_budgets (the static
+//                                map with every head at its budget, the non-elastic figure) and a
+//                                diagnostic in-sample map from mean placement lengths
 //
 // Run: build/bench/bench_planning --benchmark_format=json
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,6 +45,7 @@
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/clustering.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace {
@@ -236,6 +254,120 @@ void imbalance(benchmark::State& state) {
 }
 BENCHMARK(imbalance)
     ->ArgsProduct({{0, 1}, {1, 2, 4}, {1, 2, 4, 8, 16, 32, 64, 128, 256}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
+// Imbalance on elastic placements (see the file comment). Per request: sample k drawn uniformly,
+// context its own (c = 0) or log-uniform 1K..128K (c = 1, kept counts scaled: modelled); needs
+// `sample_needs_at`, lengths `elastic_placement_lengths` of the elastic plan (same groups as the
+// static plan: the grouping does not depend on the reservation mode).
+char const* const elastic_scorers[] = {"ea", "fastkvzip", "keydiff", "snapkv"};
+
+void elastic_imbalance(benchmark::State& state) {
+  auto scorer   = static_cast<int>(state.range(0));
+  bool scaled   = state.range(1) == 1;
+  auto batch    = static_cast<std::int32_t>(state.range(2));
+  auto const& s = samples(scorer == 0   ? 0
+                          : scorer == 1 ? 2
+                          : scorer == 2 ? 4
+                                        : 6);  // the llama profiles
+  auto prof     = calibrate(s);
+  plan_options o;
+  o.group_size         = 4;
+  o.page_tokens        = 16;
+  o.scope              = grouping_scope::global;
+  o.split.limits       = {132, 2};
+  o.split.weighting    = split_weighting::batch_share;
+  auto model           = model_preset(s.model);
+  static_plan stat     = build_static_plan(model, prof, o);
+  o.reservation.mode   = reservation_mode::elastic;
+  o.reservation.margin = 0.15;
+  static_plan elas     = build_static_plan(model, prof, o);
+  auto L = elas.num_layers, H = elas.num_kv_heads;
+  constexpr std::uint64_t batches = 16;
+  // Diagnostic (in-sample, optimistic: the batches are drawn from the same samples): a map
+  // apportioned from each head's mean elastic placement length over the samples at their own
+  // contexts (ratio units, length / n), what "shares from per-sample head shares under elastic
+  // placement" would give.
+  split_map oracle = elas.splits;
+  {
+    std::vector<double> mean(elas.rules.size(), 0.0);
+    for (std::size_t k = 0; k < s.samples.size(); ++k) {
+      auto n   = s.samples[k].context_tokens;
+      auto len = elastic_placement_lengths(elas, sample_needs_at(elas, s, k, n), n);
+      for (std::size_t i = 0; i < mean.size(); ++i)
+        mean[i] += static_cast<double>(len[i]) / static_cast<double>(n);
+    }
+    oracle.cta_begin.clear();
+    oracle.phi = mean;
+    for (std::int32_t l = 0; l < L; ++l) {
+      std::vector<double> w(mean.begin() + static_cast<std::ptrdiff_t>(l) * H,
+                            mean.begin() + static_cast<std::ptrdiff_t>(l + 1) * H);
+      auto seats         = apportion(w, oracle.num_ctas());
+      std::int32_t begin = 0;
+      for (auto x : seats) {
+        oracle.cta_begin.push_back(begin);
+        begin += x;
+      }
+      oracle.cta_begin.push_back(begin);
+    }
+  }
+  split_evaluator on_elastic(elas.splits), on_static(stat.splits), budgets(stat.rules, stat.splits),
+      on_oracle(oracle);
+  std::vector<double> ae, as, eq, gr, g4, ab, ao;
+  std::vector<std::int64_t> layer_lengths(static_cast<std::size_t>(batch) * H),
+      req(static_cast<std::size_t>(batch) * elas.rules.size());  // [r][flat head]
+  for (auto _ : state) {
+    for (auto* v : {&ae, &as, &eq, &gr, &g4, &ab, &ao}) v->clear();
+    for (std::uint64_t b = 1; b <= batches; ++b) {
+      std::mt19937_64 pick(0x5eed0000ULL + b);
+      auto ctx = log_uniform_contexts(batch, 1024, 131072, b);
+      for (std::int32_t r = 0; r < batch; ++r) {
+        auto k  = std::min(s.samples.size() - 1,
+                          static_cast<std::size_t>(detail::canonical_uniform(pick) *
+                                                   static_cast<double>(s.samples.size())));
+        auto& n = ctx[static_cast<std::size_t>(r)];
+        if (!scaled) n = s.samples[k].context_tokens;
+        auto len = elastic_placement_lengths(elas, sample_needs_at(elas, s, k, n), n);
+        std::copy(
+            len.begin(), len.end(), req.begin() + static_cast<std::ptrdiff_t>(r * len.size()));
+      }
+      for (std::int32_t l = 0; l < L; ++l) {
+        for (std::int32_t r = 0; r < batch; ++r)
+          for (std::int32_t h = 0; h < H; ++h)
+            layer_lengths[static_cast<std::size_t>(r) * H + h] =
+                req[static_cast<std::size_t>(r) * elas.rules.size() +
+                    static_cast<std::size_t>(l) * H + h];
+        auto e = on_elastic.evaluate_lengths(l, layer_lengths.data(), batch);
+        ae.push_back(e.aot);
+        eq.push_back(e.equal_split);
+        gr.push_back(e.greedy);
+        g4.push_back(e.greedy_fine);
+        as.push_back(on_static.evaluate_lengths(l, layer_lengths.data(), batch).aot);
+        ao.push_back(on_oracle.evaluate_lengths(l, layer_lengths.data(), batch).aot);
+        ab.push_back(budgets.evaluate(l, ctx.data(), batch).aot);
+      }
+    }
+  }
+  auto put = [&](char const* name, std::vector<double> const& v) {
+    auto sm                                     = summarize_imbalance(v);
+    state.counters[std::string(name) + "_mean"] = sm.mean;
+    state.counters[std::string(name) + "_p95"]  = sm.p95;
+  };
+  put("aot_elastic_map", ae);  // elastic plan's map (placement-rule shares), elastic lengths
+  put("aot_static_map", as);   // static plan's map (budget shares), the same elastic lengths
+  put("equal_split", eq);
+  put("greedy", gr);
+  put("greedy4", g4);
+  put("aot_static_on_budgets", ab);  // reference: static map, every head at its static budget
+  put("aot_sample_mean_map_insample", ao);  // diagnostic: shares from mean placement lengths
+  state.counters["launches"] = static_cast<double>(ae.size());
+  state.SetLabel(std::string(elastic_scorers[scorer]) + "/llama-3.1-8b, " +
+                 (scaled ? "contexts log-uniform 1K..128K (modelled)" : "own contexts") +
+                 ", N_CTA 264");
+}
+BENCHMARK(elastic_imbalance)
+    ->ArgsProduct({{0, 1, 2, 3}, {0, 1}, {8, 32, 128}})
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -5,9 +5,26 @@
  * profile and the plan options, by clustering heads into groups (plan/clustering.hpp) and
  * splitting each layer's CTAs among its heads (plan/split_planner.hpp).
  *
+ * The split map weighs each head by the tokens it will hold at decode. Under static budgets that
+ * is its own rule (`p.rules`). Under elastic reservation it is not: the eviction chooses each
+ * compressed group's length per request, and every member of the group then holds
+ * min(group length, tokens seen) tokens (a head that wants fewer keeps next-best tokens as
+ * padding), so a head's own budget understates the work of the small members of a group. The
+ * split map of an elastic plan is therefore built from the *placement rules*: every compressed
+ * head takes its group's rule (the rule of its largest member, `head_group::rule`), the static
+ * proxy for the group's length. `p.rules` itself is unchanged (the budgets and the clustering
+ * still use each head's own rule), and a static plan's map is exactly what it was. Measured on
+ * elastic placements of the bundled Llama profiles, this map balances about as well as the
+ * budget-share map, not better, and misses p95 <= 1.10
+ * (docs/planning.md#split-map-under-elastic-placement): the group rule is a poor proxy for the
+ * per-request group lengths.
+ *
  * Host only; a pure function of its inputs (the same inputs give the same plan, bit for bit).
  */
 #pragma once
+
+#include <cstddef>
+#include <vector>
 
 #include "tangram/error.hpp"
 #include "tangram/model/model_spec.hpp"
@@ -18,6 +35,23 @@
 #include "tangram/profile/budget_profile.hpp"
 
 namespace tangram {
+
+/**
+ * @brief The rules the split map of `p` weighs its heads by: `p.rules` under static budgets;
+ * under elastic reservation every compressed head takes its group's rule (file comment).
+ * Needs `p.rules` and `p.grouping` set.
+ */
+inline std::vector<head_rule> split_rules(static_plan const& p) {
+  auto out = p.rules;
+  if (p.options.reservation.mode != reservation_mode::elastic) return out;
+  for (auto const& g : p.grouping.groups) {
+    if (g.rule.kind != layer_kind::compressed) continue;
+    for (auto m : g.members)
+      out[static_cast<std::size_t>(m.layer) * static_cast<std::size_t>(p.num_kv_heads) +
+          static_cast<std::size_t>(m.head)] = g.rule;
+  }
+  return out;
+}
 
 /**
  * @brief Builds the static plan of one rank: rules, clustering, page geometry and split map.
@@ -45,7 +79,7 @@ inline static_plan build_static_plan(model_spec const& model,
       cluster_heads(p.rules, p.num_layers, p.num_kv_heads, options.group_size, options.scope);
   p.geometry = {options.page_tokens, options.group_size, model.head_dim, model.kv_dtype};
   p.geometry.validate();
-  p.splits = build_split_map(p.rules, p.num_layers, p.num_kv_heads, options.split);
+  p.splits = build_split_map(split_rules(p), p.num_layers, p.num_kv_heads, options.split);
   return p;
 }
 

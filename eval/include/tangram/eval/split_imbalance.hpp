@@ -5,8 +5,13 @@
  * (eval/baselines/split_planners.hpp): per launch, per layer and summarised over a model, plus the
  * reproducible batches the figures use. Evaluation code: not installed.
  *
- * Load imbalance of a launch = max slot tokens / mean slot tokens over the N_CTA slots.
- * The free functions are pure; a `split_evaluator` owns its buffers (one per thread).
+ * Load imbalance of a launch = max slot tokens / mean slot tokens over the N_CTA slots. The
+ * measures take explicit per-request, per-head lengths (`aot_cta_loads_from_lengths`,
+ * `split_evaluator::evaluate_lengths`, `layer_imbalance_from_lengths`), so they apply to any
+ * placement. The context-based forms give every head head_tokens(rule, n, 0): `evaluate` and
+ * `layer_imbalance` go through the lengths forms; `aot_cta_loads` shares their per-head split.
+ * Elastic placements of real samples: `sample_needs_at` and `elastic_placement_lengths`. The free
+ * functions are pure; a `split_evaluator` owns its buffers (one per thread).
  */
 #pragma once
 
@@ -22,14 +27,54 @@
 #include "tangram/error.hpp"
 #include "tangram/eval/baselines/split_planners.hpp"
 #include "tangram/plan/aot_mapping.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/split_map.hpp"
+#include "tangram/plan/static_plan.hpp"
+#include "tangram/profile/retention_samples.hpp"
+#include "tangram/reference/elastic_selection.hpp"
 
 namespace tangram {
 
+namespace detail {
+
+/// Loads of one head's `share` CTAs splitting `total` tokens at split_bound: loads[0, share).
+inline void head_cta_loads(std::int64_t total, std::int64_t share, std::int64_t* loads) {
+  std::int64_t lo = 0;
+  for (std::int64_t j = 0; j < share; ++j) {
+    std::int64_t hi = split_bound(j + 1, share, total);
+    loads[j]        = hi - lo;
+    lo              = hi;
+  }
+}
+
+}  // namespace detail
+
 /**
- * @brief Tokens each CTA of one layer's AOT launch attends: loads[c] for c in [0, N_CTA).
- * O(H x batch + N_CTA); allocates nothing.
+ * @brief Tokens each CTA of one layer's AOT launch attends, from explicit per-request, per-head
+ * lengths: loads[c] for c in [0, N_CTA). The AOT split depends only on each head's total over
+ * the batch, so this is the measure for any placement (e.g. elastic group lengths), not only the
+ * rules' `head_tokens`. O(H x batch + N_CTA); allocates nothing.
+ * @param lengths [batch * num_kv_heads]: lengths[r * H + h] tokens head h holds for request r
+ * @param loads   caller buffer of N_CTA entries
+ */
+inline void aot_cta_loads_from_lengths(split_map_view const& view,
+                                       std::int32_t layer,
+                                       std::int64_t const* lengths,
+                                       std::int32_t batch,
+                                       std::int64_t* loads) {
+  auto H = static_cast<std::size_t>(view.num_kv_heads);
+  for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
+    std::int64_t total = 0;
+    for (std::int32_t r = 0; r < batch; ++r)
+      total += lengths[static_cast<std::size_t>(r) * H + static_cast<std::size_t>(h)];
+    detail::head_cta_loads(total, view.share(layer, h), loads + view.begin(layer, h));
+  }
+}
+
+/**
+ * @brief Tokens each CTA of one layer's AOT launch attends when every head holds what its rule
+ * gives (`head_tokens`): loads[c] for c in [0, N_CTA). O(H x batch + N_CTA); allocates nothing.
  * @param offsets scratch of batch + 1 entries; @param loads caller buffer of N_CTA entries
  */
 inline void aot_cta_loads(split_map_view const& view,
@@ -40,17 +85,10 @@ inline void aot_cta_loads(split_map_view const& view,
                           std::int32_t batch,
                           std::int64_t* offsets,
                           std::int64_t* loads) {
-  for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
-    std::int64_t total = head_stream_offsets(rules[h], contexts, decoded, batch, offsets);
-    std::int64_t share = view.share(layer, h);
-    std::int32_t base  = view.begin(layer, h);
-    std::int64_t lo    = 0;
-    for (std::int64_t j = 0; j < share; ++j) {
-      std::int64_t hi = split_bound(j + 1, share, total);
-      loads[base + j] = hi - lo;
-      lo              = hi;
-    }
-  }
+  for (std::int32_t h = 0; h < view.num_kv_heads; ++h)
+    detail::head_cta_loads(head_stream_offsets(rules[h], contexts, decoded, batch, offsets),
+                           view.share(layer, h),
+                           loads + view.begin(layer, h));
 }
 
 /// Max slot load over mean slot load; 1 when there is no work at all.
@@ -72,8 +110,9 @@ struct planner_imbalance {
 };
 
 /**
- * @brief Runs the three planners on the layers of a model for given batches, reusing buffers.
- * Holds copies of the rules and the split map. One object per thread.
+ * @brief Runs the three planners on the layers of a model for given batches, reusing buffers:
+ * from contexts (every head holds what its rule gives) or from explicit per-head lengths (any
+ * placement). Holds copies of the rules (if given) and the split map. One object per thread.
  */
 class split_evaluator {
  public:
@@ -94,14 +133,54 @@ class split_evaluator {
                     rules_.size());
   }
 
+  /// Lengths only (`evaluate_lengths`); `evaluate` from contexts then throws.
+  /// @throw invalid_argument when the map is invalid.
+  explicit split_evaluator(split_map map, std::int64_t min_chunk = 128)
+      : map_(std::move(map)),
+        greedy_(min_chunk, 1),
+        greedy_fine_(min_chunk, 4),
+        min_chunk_(min_chunk) {
+    map_.validate();
+  }
+
   [[nodiscard]] std::int32_t num_layers() const noexcept { return map_.num_layers; }
   [[nodiscard]] split_map const& map() const noexcept { return map_; }
 
   /**
-   * @brief Imbalance of each planner on layer `layer` for a batch (decode tokens 0).
-   * @throw invalid_argument when batch < 1 or the layer is out of range.
+   * @brief Imbalance of each planner on layer `layer` for a batch (decode tokens 0), every head
+   * holding head_tokens(rule, context, 0).
+   * @throw invalid_argument when batch < 1, the layer is out of range or the evaluator has no
+   *        rules.
    */
   planner_imbalance evaluate(std::int32_t layer, std::int64_t const* contexts, std::int32_t batch) {
+    check(layer, batch);
+    TANGRAM_EXPECTS(!rules_.empty(),
+                    invalid_argument,
+                    "split_evaluator: built without rules; use evaluate_lengths");
+    auto H = map_.num_kv_heads;
+    lengths_.resize(static_cast<std::size_t>(batch) * H);
+    head_rule const* rules = rules_.data() + static_cast<std::size_t>(layer) * H;
+    for (std::int32_t r = 0; r < batch; ++r)
+      for (std::int32_t h = 0; h < H; ++h)
+        lengths_[static_cast<std::size_t>(r) * H + h] = head_tokens(rules[h], contexts[r], 0);
+    return run(layer, lengths_.data(), batch);
+  }
+
+  /**
+   * @brief Imbalance of each planner on layer `layer` for a batch whose heads hold `lengths`
+   * ([batch * num_kv_heads], lengths[r * H + h]): the AOT map splits each head's total evenly
+   * over its CTAs (`aot_cta_loads_from_lengths`); the per-step planners see the same lengths.
+   * @throw invalid_argument when batch < 1 or the layer is out of range.
+   */
+  planner_imbalance evaluate_lengths(std::int32_t layer,
+                                     std::int64_t const* lengths,
+                                     std::int32_t batch) {
+    check(layer, batch);
+    return run(layer, lengths, batch);
+  }
+
+ private:
+  void check(std::int32_t layer, std::int32_t batch) const {
     TANGRAM_EXPECTS(batch >= 1, invalid_argument, "batch: must be >= 1, got ", batch);
     TANGRAM_EXPECTS(layer >= 0 && layer < map_.num_layers,
                     invalid_argument,
@@ -109,35 +188,30 @@ class split_evaluator {
                     map_.num_layers - 1,
                     "], got ",
                     layer);
+  }
+
+  planner_imbalance run(std::int32_t layer, std::int64_t const* lengths, std::int32_t batch) {
     auto H = map_.num_kv_heads;
     auto N = map_.num_ctas();
-    offsets_.resize(static_cast<std::size_t>(batch) + 1);
     loads_.resize(static_cast<std::size_t>(N));
-    lengths_.resize(static_cast<std::size_t>(batch) * H);
-    head_rule const* rules = rules_.data() + static_cast<std::size_t>(layer) * H;
-    for (std::int32_t r = 0; r < batch; ++r)
-      for (std::int32_t h = 0; h < H; ++h)
-        lengths_[static_cast<std::size_t>(r) * H + h] = head_tokens(rules[h], contexts[r], 0);
     planner_imbalance out;
-    aot_cta_loads(
-        map_.view(), layer, rules, contexts, nullptr, batch, offsets_.data(), loads_.data());
+    aot_cta_loads_from_lengths(map_.view(), layer, lengths, batch, loads_.data());
     out.aot = load_imbalance(loads_.data(), N);
-    auto eq = plan_equal_split(lengths_.data(), batch, H, N, min_chunk_);
-    equal_split_loads(lengths_.data(), batch, H, N, eq, loads_.data(), heap_);
+    auto eq = plan_equal_split(lengths, batch, H, N, min_chunk_);
+    equal_split_loads(lengths, batch, H, N, eq, loads_.data(), heap_);
     out.equal_split = load_imbalance(loads_.data(), N);
-    greedy_.plan(lengths_.data(), batch, H, N, loads_.data());
+    greedy_.plan(lengths, batch, H, N, loads_.data());
     out.greedy = load_imbalance(loads_.data(), N);
-    greedy_fine_.plan(lengths_.data(), batch, H, N, loads_.data());
+    greedy_fine_.plan(lengths, batch, H, N, loads_.data());
     out.greedy_fine = load_imbalance(loads_.data(), N);
     return out;
   }
 
- private:
   std::vector<head_rule> rules_;
   split_map map_;
   greedy_split_planner greedy_, greedy_fine_;
   std::int64_t min_chunk_;
-  std::vector<std::int64_t> offsets_, loads_, lengths_;
+  std::vector<std::int64_t> loads_, lengths_;
   detail::slot_heap heap_;
 };
 
@@ -204,18 +278,14 @@ struct batch_imbalance {
   imbalance_summary aot, equal_split, greedy, greedy_fine;
 };
 
-/**
- * @brief Imbalance of each planner over every layer of a model for one batch.
- * @param rules [map.num_layers * map.num_kv_heads]
- */
-inline batch_imbalance layer_imbalance(std::vector<head_rule> const& rules,
-                                       split_map const& map,
-                                       std::vector<std::int64_t> const& contexts) {
-  TANGRAM_EXPECTS(!contexts.empty(), invalid_argument, "contexts: empty batch");
-  split_evaluator ev(rules, map);
+namespace detail {
+
+/// Summarises `per_layer(l)` (a planner_imbalance) over the layers [0, num_layers).
+template <class F>
+batch_imbalance summarize_layers(std::int32_t num_layers, F&& per_layer) {
   std::vector<double> a, e, g, f;
-  for (std::int32_t l = 0; l < map.num_layers; ++l) {
-    auto r = ev.evaluate(l, contexts.data(), static_cast<std::int32_t>(contexts.size()));
+  for (std::int32_t l = 0; l < num_layers; ++l) {
+    planner_imbalance r = per_layer(l);
     a.push_back(r.aot);
     e.push_back(r.equal_split);
     g.push_back(r.greedy);
@@ -225,6 +295,159 @@ inline batch_imbalance layer_imbalance(std::vector<head_rule> const& rules,
           summarize_imbalance(std::move(e)),
           summarize_imbalance(std::move(g)),
           summarize_imbalance(std::move(f))};
+}
+
+}  // namespace detail
+
+/**
+ * @brief Imbalance of each planner over every layer of a model for one batch.
+ * @param rules [map.num_layers * map.num_kv_heads]
+ */
+inline batch_imbalance layer_imbalance(std::vector<head_rule> const& rules,
+                                       split_map const& map,
+                                       std::vector<std::int64_t> const& contexts) {
+  TANGRAM_EXPECTS(!contexts.empty(), invalid_argument, "contexts: empty batch");
+  split_evaluator ev(rules, map);
+  auto batch = static_cast<std::int32_t>(contexts.size());
+  return detail::summarize_layers(
+      map.num_layers, [&](std::int32_t l) { return ev.evaluate(l, contexts.data(), batch); });
+}
+
+/**
+ * @brief Imbalance of each planner over every layer of a model for one batch given explicit
+ * per-head lengths (any placement).
+ * @param lengths [num_layers * batch * num_kv_heads]: lengths[(l * batch + r) * H + h]
+ * @throw invalid_argument when batch < 1 or lengths has the wrong size.
+ */
+inline batch_imbalance layer_imbalance_from_lengths(split_map const& map,
+                                                    std::vector<std::int64_t> const& lengths,
+                                                    std::int32_t batch) {
+  TANGRAM_EXPECTS(batch >= 1, invalid_argument, "batch: must be >= 1, got ", batch);
+  auto per_layer = static_cast<std::size_t>(batch) * static_cast<std::size_t>(map.num_kv_heads);
+  TANGRAM_EXPECTS(lengths.size() == static_cast<std::size_t>(map.num_layers) * per_layer,
+                  invalid_argument,
+                  "lengths: expected num_layers x batch x num_kv_heads = ",
+                  static_cast<std::size_t>(map.num_layers) * per_layer,
+                  " entries, got ",
+                  lengths.size());
+  split_evaluator ev(map);
+  return detail::summarize_layers(map.num_layers, [&](std::int32_t l) {
+    return ev.evaluate_lengths(l, lengths.data() + static_cast<std::size_t>(l) * per_layer, batch);
+  });
+}
+
+/**
+ * @brief What each head of a request wants after `context` tokens, modelled from retention
+ * sample `k` as the simulator's elastic eviction does (eval/sim/elastic_policy.hpp):
+ * need = clamp(ceil(kept_k[h] * context / context_k), 0, context) for the profiled layers
+ * (scaled in proportion to the context: exact at context = context_k), retained_tokens(rule,
+ * context) for the others. [num_layers * num_kv_heads], flat heads.
+ * @throw invalid_argument when the samples do not match the plan's KV heads or k is out of range.
+ */
+inline std::vector<std::int64_t> sample_needs_at(static_plan const& plan,
+                                                 retention_samples const& s,
+                                                 std::size_t k,
+                                                 std::int64_t context) {
+  TANGRAM_EXPECTS(s.num_kv_heads == plan.num_kv_heads && k < s.samples.size(),
+                  invalid_argument,
+                  "sample_needs_at: sample ",
+                  k,
+                  " of ",
+                  s.samples.size(),
+                  " with ",
+                  s.num_kv_heads,
+                  " KV heads per layer; the plan has ",
+                  plan.num_kv_heads);
+  auto const& smp = s.samples[k];
+  auto H          = static_cast<std::size_t>(plan.num_kv_heads);
+  TANGRAM_EXPECTS(smp.context_tokens > 0 && smp.kept.size() == s.layer_ids.size() * H,
+                  invalid_argument,
+                  "sample_needs_at: sample ",
+                  k,
+                  " needs context_tokens > 0 and ",
+                  s.layer_ids.size() * H,
+                  " kept counts");
+  std::vector<std::int64_t> needs(plan.rules.size());
+  for (std::size_t i = 0; i < needs.size(); ++i) needs[i] = retained_tokens(plan.rules[i], context);
+  for (std::size_t li = 0; li < s.layer_ids.size(); ++li) {
+    auto layer = s.layer_ids[li];
+    if (layer < 0 || layer >= plan.num_layers) continue;
+    for (std::size_t h = 0; h < H; ++h)
+      needs[static_cast<std::size_t>(layer) * H + h] =
+          ceil_div(smp.kept[li * H + h] * context, smp.context_tokens);
+  }
+  for (auto& n : needs) n = std::clamp<std::int64_t>(n, 0, context);
+  return needs;
+}
+
+/**
+ * @brief Per-head lengths of one request under the elastic placement of `plan`
+ * (docs/memory.md#elastic-reservation): the compressed groups' lengths are
+ * `reference::select_group_lengths` of `needs` within R(context) pages
+ * (`elastic_compressed_pages` at the plan's scorer, Hp, P and reservation margin; candidates =
+ * context, no decode tokens), every member of a group holding min(group length, context); other
+ * heads hold head_tokens(rule, context, 0). [num_layers * num_kv_heads], flat heads.
+ * @param needs [num_layers * num_kv_heads] wanted tokens per head (e.g. `sample_needs_at`)
+ * @throw invalid_argument when the plan is not elastic, has no keep ratio, or needs has the
+ *        wrong size or a value outside [0, context].
+ */
+inline std::vector<std::int64_t> elastic_placement_lengths(static_plan const& plan,
+                                                           std::vector<std::int64_t> const& needs,
+                                                           std::int64_t context) {
+  TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,
+                  invalid_argument,
+                  "elastic_placement_lengths: the plan reserves static budgets");
+  TANGRAM_EXPECTS(needs.size() == plan.rules.size(),
+                  invalid_argument,
+                  "elastic_placement_lengths: expected ",
+                  plan.rules.size(),
+                  " needs, got ",
+                  needs.size());
+  auto H = static_cast<std::size_t>(plan.num_kv_heads);
+  std::vector<std::int64_t> lengths(plan.rules.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    lengths[i] = head_tokens(plan.rules[i], context, 0);
+  std::vector<std::int32_t> heads;  // compressed groups' heads, Hp per group in order
+  for (auto const& g : plan.grouping.groups) {
+    if (g.rule.kind != layer_kind::compressed) continue;
+    for (auto m : g.members)
+      heads.push_back(static_cast<std::int32_t>(static_cast<std::size_t>(m.layer) * H +
+                                                static_cast<std::size_t>(m.head)));
+  }
+  if (heads.empty()) return lengths;
+  std::vector<std::int64_t> wanted(heads.size());
+  std::vector<std::int32_t> members(heads.size());
+  for (std::size_t i = 0; i < heads.size(); ++i) {
+    wanted[i]  = needs[static_cast<std::size_t>(heads[i])];
+    members[i] = static_cast<std::int32_t>(i);
+  }
+  auto const& geo = plan.geometry;
+  scorer_total t{plan.profile.target_keep_ratio,
+                 plan.profile.protected_tokens(),
+                 plan.options.reservation.basis};
+  reference::elastic_selection_input in;
+  in.needs        = &wanted;
+  in.members      = &members;
+  in.group_size   = geo.group_size;
+  in.page_tokens  = geo.page_tokens;
+  in.candidates   = context;
+  in.protect      = t.protect;
+  in.budget_pages = elastic_compressed_pages(t,
+                                             static_cast<std::int64_t>(heads.size()),
+                                             geo.group_size,
+                                             geo.page_tokens,
+                                             plan.options.reservation.margin,
+                                             context);
+  auto sel        = reference::select_group_lengths(in);
+  TANGRAM_EXPECTS(sel.fits,
+                  logic_error,
+                  "elastic_placement_lengths: the protected floors exceed R(n) = ",
+                  in.budget_pages);
+  auto hp = static_cast<std::size_t>(geo.group_size);
+  for (std::size_t i = 0; i < heads.size(); ++i)
+    lengths[static_cast<std::size_t>(heads[i])] =
+        std::min(sel.group_pages[i / hp] * geo.page_tokens, context);
+  return lengths;
 }
 
 }  // namespace tangram
