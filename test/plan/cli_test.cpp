@@ -424,6 +424,11 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   auto p = load_static_plan(path);
   CHECK(p.options.reservation.mode == reservation_mode::elastic);
   CHECK(p.options.reservation.margin == 0.125);
+  auto shown = run({"inspect", path});
+  CHECK(shown.out.find("reservation: elastic, margin 0.125") != std::string::npos);
+  auto iv = parse_out(run({"inspect", path, "--json"}));
+  CHECK(iv.find("reservation")->string() == "elastic");
+  CHECK(num(iv, "margin") == 0.125);
   auto v = parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"}));
   CHECK(v.find("reservation")->string() == "static");
   CHECK(v.find("margin")->type() == json::kind::null);

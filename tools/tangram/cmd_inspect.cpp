@@ -217,6 +217,11 @@ int inspect(inspect_args const& a, streams io) {
       kinds.set(std::string(to_string(k)), per_kind[static_cast<int>(k)]);
     o.set("groups_by_kind", std::move(kinds));
     o.set("group_waste", waste);
+    o.set("reservation", to_string(p.options.reservation.mode));
+    o.set("margin",
+          p.options.reservation.mode == reservation_mode::elastic
+              ? json::value(p.options.reservation.margin)
+              : json::value(nullptr));
     auto h = json::value::array();
     for (auto c : hist) h.push_back(c);
     o.set("budget_histogram", std::move(h));
@@ -263,6 +268,11 @@ int inspect(inspect_args const& a, streams io) {
   s << "   (C compressed, S sliding window, U uncompressed)\n\n"
     << "  page: " << p.options.page_tokens << " tokens x " << p.options.group_size
     << " heads = " << p.page_bytes() << " bytes\n"
+    << "  reservation: "
+    << (p.options.reservation.mode == reservation_mode::elastic
+            ? cat("elastic, margin ", p.options.reservation.margin)
+            : std::string("static"))
+    << "\n"
     << "  groups: " << p.num_groups() << ", scope " << to_string(p.options.scope) << ": "
     << per_kind[0] << " compressed, " << per_kind[1] << " sliding_window, " << per_kind[2]
     << " uncompressed\n"
@@ -282,7 +292,8 @@ int inspect(inspect_args const& a, streams io) {
   for (std::int32_t l = 0; l < p.num_layers; ++l) {
     s << "    layer " << std::setw(3) << l << " " << std::left << std::setw(15)
       << to_string(p.rule(l, 0).kind) << std::right;
-    for (std::int32_t k = 0; k < H; ++k) s << ' ' << std::setw(4) << v.share(l, k);  // never run together
+    for (std::int32_t k = 0; k < H; ++k)
+      s << ' ' << std::setw(4) << v.share(l, k);  // never run together
     s << "\n";
   }
   if (svg) s << "\nwrote " << printable(*svg) << "\n";
@@ -294,7 +305,11 @@ int inspect(inspect_args const& a, streams io) {
 command_body setup_inspect(CLI::App& app) {
   auto a = std::make_shared<inspect_args>();
   add_text(app, "PLAN.json", a->input, "", "A static plan, written by `tangram plan --out`");
-  add_text(app, "--svg", a->svg, "FILE.svg", "Also draw the head groups, coloured by budget, to FILE.svg");
+  add_text(app,
+           "--svg",
+           a->svg,
+           "FILE.svg",
+           "Also draw the head groups, coloured by budget, to FILE.svg");
   app.add_flag("--json", a->json, "One JSON document instead of the text summary");
   return [a](streams io) { return inspect(*a, io); };
 }
