@@ -29,7 +29,6 @@ for s in "${stages[@]}"; do
   esac
   command -v cmake >/dev/null || need cmake
   command -v g++ >/dev/null || need g++
-  has_header CLI/CLI.hpp || need libcli11-dev # the command-line parser of tools/tangram
   case $s in
     main)
       command -v ccache >/dev/null || need ccache # the GPU check's build reuses the main build's objects
