@@ -16,6 +16,7 @@
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
+#include "tangram/kernels/elastic_lengths.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "test_support.hpp"
@@ -573,5 +574,52 @@ TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line err
   expect({"calibrate", p, "--reservation", "elastic", "--out", "x.json"},
          {"--out", "not with --reservation elastic"});
   expect({"calibrate", p, "--reservation", "elastic", "--folds", "1"}, {"--folds", "got 1"});
-  expect({"calibrate", p, "--margin", "0.1"}, {"--margin", "applies to --reservation elastic only"});
+  expect({"calibrate", p, "--margin", "0.1"},
+         {"--margin", "applies to --reservation elastic only"});
+}
+
+TEST_CASE("elastic::select_lengths (the kernels' form) equals the greedy reference",
+          "[plan][elastic][kernels]") {
+  std::mt19937_64 rng(20261201);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  int cases = 0, clipped_cases = 0;
+  for (int it = 0; it < 4000; ++it) {
+    auto hp      = static_cast<std::int32_t>(pick(1, 4));
+    auto P       = static_cast<std::int32_t>(pick(1, 8));
+    auto G       = static_cast<std::int32_t>(pick(1, 7));
+    auto cand    = pick(0, 60);
+    auto protect = pick(0, 12);
+    auto heads   = static_cast<std::size_t>(G * hp);
+    std::vector<std::int64_t> needs(heads);
+    std::vector<std::int32_t> members(heads);
+    // Ties on purpose: needs from a few values make equal gains across groups common.
+    for (std::size_t h = 0; h < heads; ++h) {
+      needs[h]   = it % 3 == 0 ? std::min<std::int64_t>(cand, 4 * pick(0, 4)) : pick(0, cand);
+      members[h] = static_cast<std::int32_t>(h);
+    }
+    std::int64_t lo = ceil_div(std::min(cand, protect), P);
+    reference::elastic_selection_input in;
+    in.needs        = &needs;
+    in.members      = &members;
+    in.group_size   = hp;
+    in.page_tokens  = P;
+    in.candidates   = cand;
+    in.protect      = protect;
+    in.budget_pages = pick(0, G * (lo + ceil_div(cand, P)) + 2);
+    auto ref        = reference::select_group_lengths(in);
+    if (!ref.fits) continue;
+    std::vector<std::int64_t> pages(static_cast<std::size_t>(G));
+    auto given =
+        elastic::select_lengths(needs.data(), G, hp, P, lo, in.budget_pages - G * lo, pages.data());
+    INFO("case " << it << " G " << G << " Hp " << hp << " P " << P << " budget "
+                 << in.budget_pages);
+    REQUIRE(pages == ref.group_pages);
+    CHECK(given == ref.pages_used - G * lo);
+    ++cases;
+    clipped_cases += ref.wanted_clipped() > 0;
+  }
+  CHECK(cases > 2000);
+  CHECK(clipped_cases > 500);  // the budget bound the selection in many cases
 }
