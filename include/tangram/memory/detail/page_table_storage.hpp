@@ -68,9 +68,9 @@ class page_table_storage {
   std::int32_t& shortest_base(std::int32_t s, std::int32_t g) noexcept {
     return shortest_base_[at(s, g)];
   }
-  /// `count` when the current chunk was prepared (pages drawn by it are the ones after).
   /// Groups per slot.
   [[nodiscard]] std::int32_t num_groups() const noexcept { return groups_; }
+  /// `count` when the current chunk was prepared (pages drawn by it are the ones after).
   std::int32_t& count_before_chunk(std::int32_t s, std::int32_t g) noexcept {
     return count_before_chunk_[at(s, g)];
   }
