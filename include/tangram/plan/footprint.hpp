@@ -109,6 +109,23 @@ inline std::int64_t footprint_bytes(static_plan const& plan,
                               "footprint_bytes: pages x page_bytes");
 }
 
+/// Groups of compressed heads: under elastic reservation, the ones sharing a request's total.
+inline std::int64_t compressed_group_count(static_plan const& plan) noexcept {
+  std::int64_t groups = 0;
+  for (auto const& g : plan.grouping.groups) groups += g.rule.kind == layer_kind::compressed;
+  return groups;
+}
+
+/// Staging of elastic reservation: room for one chunk of up to `max_chunk_tokens` (>= 1) in
+/// each of `compressed_groups` groups, G_c ceil(max_chunk_tokens / P) pages.
+/// @throw invalid_argument when the product overflows.
+inline std::int64_t elastic_staging_pages(std::int64_t compressed_groups,
+                                          std::int32_t page_tokens,
+                                          std::int64_t max_chunk_tokens) {
+  return detail::mul_or_throw(
+      compressed_groups, ceil_div(max_chunk_tokens, page_tokens), "staging pages");
+}
+
 /**
  * @brief Elastic footprint of a request in pages under a static plan: the compressed groups
  * reserve R(n) + G_c ceil(T / P); the other groups (sliding window, uncompressed) their static
@@ -128,11 +145,9 @@ inline std::int64_t elastic_footprint_pages(static_plan const& plan,
       plan.profile.target_keep_ratio);
   scorer_total t{plan.profile.target_keep_ratio, plan.profile.protected_tokens(), basis};
   std::int32_t P                 = plan.geometry.page_tokens;
-  std::int64_t compressed_groups = 0, total = 0;
+  std::int64_t compressed_groups = compressed_group_count(plan), total = 0;
   for (auto const& g : plan.grouping.groups) {
-    if (g.rule.kind == layer_kind::compressed)
-      ++compressed_groups;
-    else
+    if (g.rule.kind != layer_kind::compressed)
       total = detail::add_or_throw(
           total, group_pages(g.rule, context, decode, P), "elastic footprint pages");
   }
@@ -164,12 +179,10 @@ inline std::int64_t admission_footprint_pages(static_plan const& plan,
                   invalid_argument,
                   "max_chunk_tokens: must be >= 1, got ",
                   max_chunk_tokens);
-  std::int64_t groups = 0;
-  for (auto const& g : plan.grouping.groups) groups += g.rule.kind == layer_kind::compressed;
   return detail::add_or_throw(
       elastic_footprint_pages(plan, r.margin, context, decode, r.basis),
-      detail::mul_or_throw(
-          groups, ceil_div(max_chunk_tokens, plan.geometry.page_tokens), "staging pages"),
+      elastic_staging_pages(
+          compressed_group_count(plan), plan.geometry.page_tokens, max_chunk_tokens),
       "admission pages: elastic footprint + staging");
 }
 

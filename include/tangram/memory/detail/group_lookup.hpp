@@ -137,9 +137,11 @@ class group_lookup {
     return pooled_groups_;
   }
   /// Pages a sequence's pooled groups may hold beyond their target to stage one chunk of up to
-  /// `max_chunk_tokens` tokens before its eviction (0 without pooled groups).
-  [[nodiscard]] std::int64_t staging_pages(std::int64_t max_chunk_tokens) const noexcept {
-    return static_cast<std::int64_t>(pooled_groups_.size()) * pages_for(max_chunk_tokens);
+  /// `max_chunk_tokens` tokens before its eviction (0 without pooled groups); the manager's
+  /// options bound it (chunk <= 2^31 - 1, groups <= 2^20), so it does not overflow.
+  [[nodiscard]] std::int64_t staging_pages(std::int64_t max_chunk_tokens) const {
+    return elastic_staging_pages(
+        static_cast<std::int64_t>(pooled_groups_.size()), page_tokens_, max_chunk_tokens);
   }
   /// R(n): pages the pooled groups may hold after n tokens of prompt (plan/elastic_reservation.hpp;
   /// 0 without pooled groups). Precondition: 0 <= n <= 2^31 - 1 (the manager's turn-size check),
