@@ -367,11 +367,9 @@ elastic_run run_samples(static_plan const& plan, retention_samples const& s, std
 }
 
 void elastic_vs_static(benchmark::State& state, std::string scorer) {
-  auto const& s                      = samples(scorer);
-  auto stat                          = llama_plan(scorer);
-  auto elastic                       = stat;
-  elastic.options.reservation.mode   = reservation_mode::elastic;
-  elastic.options.reservation.margin = 0.15;
+  auto const& s = samples(scorer);
+  auto stat     = llama_plan(scorer);
+  auto elastic  = sim::elastic_plan(stat, 0.15);
   elastic_run a, b;
   for (auto _ : state) {
     a = run_samples(stat, s, 4096);

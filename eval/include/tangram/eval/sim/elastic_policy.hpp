@@ -30,6 +30,7 @@
 
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/policies.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
@@ -174,13 +175,15 @@ class elastic_eviction final : public chunk_eviction {
   std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
 };
 
-/// A copy of `plan` that reserves elastically with `margin`.
-/// @throw invalid_argument naming the margin when it is outside [0, max_elastic_margin].
-inline static_plan elastic_plan(static_plan plan, double margin) {
-  plan.options.reservation.mode   = reservation_mode::elastic;
-  plan.options.reservation.margin = margin;
-  plan.options.reservation.validate();
-  return plan;
+/// The plan of the same model, profile and options that reserves elastically with `margin`,
+/// built by the planner (so its split map is the elastic plan's, not the static one's).
+/// @throw invalid_argument naming the margin when it is outside [0, max_elastic_margin], or when
+///        the profile has no keep ratio.
+inline static_plan elastic_plan(static_plan const& plan, double margin) {
+  auto options               = plan.options;
+  options.reservation.mode   = reservation_mode::elastic;
+  options.reservation.margin = margin;
+  return build_static_plan(plan.model, plan.profile, options);
 }
 
 /**
