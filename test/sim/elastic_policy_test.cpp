@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "../memory/memory_fixtures.hpp"
+#include "contended_replay.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/model/presets.hpp"
@@ -18,7 +19,8 @@ using namespace tangram::sim;
 namespace {
 
 retention_samples llama_samples(std::string const& scorer) {
-  return load_retention_samples(test::data_path("profiles/" + scorer + "/llama-3.1-8b-instruct.json"));
+  return load_retention_samples(
+      test::data_path("profiles/" + scorer + "/llama-3.1-8b-instruct.json"));
 }
 
 elastic_needs from_samples(retention_samples s) {
@@ -34,7 +36,8 @@ class checking_policy final : public kv_policy {
  public:
   explicit checking_policy(tangram_policy& inner) : inner_(inner) {}
   std::string name() const override { return inner_.name(); }
-  bool start_turn(std::int32_t s, std::int64_t h, std::int64_t p, std::int64_t t, std::int64_t r) override {
+  bool start_turn(
+      std::int32_t s, std::int64_t h, std::int64_t p, std::int64_t t, std::int64_t r) override {
     bool ok = inner_.start_turn(s, h, p, t, r);
     check();
     return ok;
@@ -46,7 +49,9 @@ class checking_policy final : public kv_policy {
     extra_bytes += inner_.prefill_chunk_extra_bytes(s);
     return ok;
   }
-  double prefill_chunk_extra_bytes(std::int32_t s) const override { return inner_.prefill_chunk_extra_bytes(s); }
+  double prefill_chunk_extra_bytes(std::int32_t s) const override {
+    return inner_.prefill_chunk_extra_bytes(s);
+  }
   bool decode(std::vector<std::int32_t> const& ss) override {
     bool ok = inner_.decode(ss);
     check();
@@ -83,18 +88,20 @@ class checking_policy final : public kv_policy {
 
 TEST_CASE("tangram_elastic reserves admission_footprint_pages, less than static at a small margin",
           "[elastic][replay]") {
-  auto plan = test::llama_plan("snapkv");
-  auto m    = model_preset("llama-3.1-8b");
-  double kv = gpu_spec{}.kv_budget_bytes(m);
+  auto plan            = test::llama_plan("snapkv");
+  auto m               = model_preset("llama-3.1-8b");
+  double kv            = gpu_spec{}.kv_budget_bytes(m);
   std::int64_t const N = 32768, T = 512, chunk = 1024;
-  // Independently: static reserves M(r) = footprint_pages; elastic R(N) + decode + one staged chunk.
+  // Independently: static reserves M(r) = footprint_pages; elastic R(N) + decode + one staged
+  // chunk.
   std::int64_t static_pages  = footprint_pages(plan, N, T);
   std::int64_t elastic_pages = admission_footprint_pages(elastic_plan(plan, 0.05), N, T, chunk);
   INFO("static " << static_pages << " elastic " << elastic_pages);
   REQUIRE(elastic_pages < static_pages);
 
   tangram_policy stat(plan, kv, 4, 4);
-  auto elastic = make_tangram_elastic_policy(plan, kv, 4, 4, chunk, 0.05, from_samples(llama_samples("snapkv")));
+  auto elastic = make_tangram_elastic_policy(
+      plan, kv, 4, 4, chunk, 0.05, from_samples(llama_samples("snapkv")));
   CHECK(elastic->name() == "tangram_elastic");
   CHECK(elastic->manager().plan().options.reservation.mode == reservation_mode::elastic);
   CHECK(elastic->manager().options().max_chunk_tokens == chunk);
@@ -123,7 +130,8 @@ TEST_CASE("tangram_elastic reserves admission_footprint_pages, less than static 
   // One read + one write of the compressed heads' kept K/V (every Llama head is compressed).
   double kept_tokens = 0;
   for (std::int32_t l = 0; l < plan.num_layers; ++l)
-    for (std::int32_t h = 0; h < plan.num_kv_heads; ++h) kept_tokens += static_cast<double>(mgr.head_len(seq, l, h));
+    for (std::int32_t h = 0; h < plan.num_kv_heads; ++h)
+      kept_tokens += static_cast<double>(mgr.head_len(seq, l, h));
   CHECK(elastic->prefill_chunk_extra_bytes(0) == Approx(2 * kept_tokens * head_token_bytes(plan)));
   CHECK(stat.prefill_chunk(0, chunk));
   CHECK(stat.prefill_chunk_extra_bytes(0) == 0);
@@ -144,41 +152,36 @@ TEST_CASE("tangram_elastic's needs follow the session's sample, or the budgets w
     for (std::int32_t h : {0, 7, 100, 255}) {
       auto kept = smp.kept[static_cast<std::size_t>(h)];
       auto want = std::min<std::int64_t>(
-          static_cast<std::int64_t>(std::ceil(static_cast<double>(kept) * seen / static_cast<double>(smp.context_tokens))),
+          static_cast<std::int64_t>(std::ceil(static_cast<double>(kept) * seen /
+                                              static_cast<double>(smp.context_tokens))),
           cand);
       CHECK(ev.need(s, h, seen, cand) == want);
-      CHECK(ev.need(s, h, seen, 10) == std::min<std::int64_t>(want, 10));  // capped by the candidates
+      CHECK(ev.need(s, h, seen, 10) ==
+            std::min<std::int64_t>(want, 10));  // capped by the candidates
     }
   }
   elastic_eviction by_budget(plan, elastic_needs{});
   for (std::int32_t h : {0, 7, 100, 255})
-    CHECK(by_budget.need(3, h, seen, cand) == retained_tokens(plan.rules[static_cast<std::size_t>(h)], seen));
+    CHECK(by_budget.need(3, h, seen, cand) ==
+          retained_tokens(plan.rules[static_cast<std::size_t>(h)], seen));
   elastic_needs bad;
   bad.scale = 0;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(elastic_eviction(plan, bad), invalid_argument, "elastic_needs.scale");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      elastic_eviction(plan, bad), invalid_argument, "elastic_needs.scale");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(elastic_plan(plan, 11), invalid_argument, "margin", "11");
 }
 
-TEST_CASE("tangram_elastic's replay: allocated == used + reserved, nothing reclaimed, every session completes",
-          "[elastic][replay]") {
-  auto plan = test::llama_plan("snapkv");
-  auto m    = model_preset("llama-3.1-8b");
-  gpu_spec gpu;
-  gpu.memory_bytes = 40e9;  // small GPU: memory is contended
-  cost_model cost(m, gpu);
-  double kv = gpu.kv_budget_bytes(m);
-  workload_options wo;
-  wo.kind     = workload_kind::mid_context;
-  wo.sessions = 24;
-  wo.turns    = 3;
-  auto work   = generate_workload(wo);
-  std::int64_t outputs = 0;
-  for (auto const& s : work.sessions)
-    for (auto const& t : s.turns) outputs += t.output_tokens;
+TEST_CASE(
+    "tangram_elastic's replay: allocated == used + reserved, nothing reclaimed, every session "
+    "completes",
+    "[elastic][replay]") {
+  test::contended_replay fx;
+  auto const& [plan, m, gpu, cost, kv, work, outputs] = fx;
   replay_options ro;
   ro.prefill_chunk = 4096;
 
-  auto elastic = make_tangram_elastic_policy(plan, kv, 24, 24, ro.prefill_chunk, 0.15, from_samples(llama_samples("snapkv")));
+  auto elastic = make_tangram_elastic_policy(
+      plan, kv, 24, 24, ro.prefill_chunk, 0.15, from_samples(llama_samples("snapkv")));
   checking_policy checked(*elastic);
   auto r = replay(work, checked, cost, ro);
   CHECK(r.policy == "tangram_elastic");
@@ -214,8 +217,9 @@ TEST_CASE("tangram_elastic's replay: allocated == used + reserved, nothing recla
   CHECK(rs.generated_tokens == outputs);
 }
 
-TEST_CASE("tangram_elastic on a hybrid model: sliding and uncompressed heads keep their exact counts",
-          "[elastic][replay]") {
+TEST_CASE(
+    "tangram_elastic on a hybrid model: sliding and uncompressed heads keep their exact counts",
+    "[elastic][replay]") {
   // Layers 0 and 3 compressed, 1 sliding window, 2 uncompressed; a budget profile (no samples):
   // the needs are each head's budget x seen.
   auto plan = test::tiny_plan(test::tiny_budgets(), 4, 2, 10);
@@ -230,10 +234,10 @@ TEST_CASE("tangram_elastic on a hybrid model: sliding and uncompressed heads kee
   ro.step_token_budget            = 64;
   ro.continuation_headroom_tokens = 16;
   // 700 pages: the 333-token session alone reserves 445 (admission_footprint_pages), so turns wait.
-  double kv = 700.0 * static_cast<double>(plan.page_bytes());
+  double kv    = 700.0 * static_cast<double>(plan.page_bytes());
   auto elastic = make_tangram_elastic_policy(plan, kv, 3, 3, ro.prefill_chunk, 0.15);
   checking_policy checked(*elastic);
-  auto r = replay(w, checked, cost, ro);
+  auto r               = replay(w, checked, cost, ro);
   std::int64_t outputs = 0;
   for (auto const& s : w.sessions)
     for (auto const& t : s.turns) outputs += t.output_tokens;

@@ -3,10 +3,11 @@
 
 #include <map>
 
+#include "../memory/memory_fixtures.hpp"
+#include "contended_replay.hpp"
+#include "tangram/eval/sim/policies.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/calibration.hpp"
-#include "tangram/eval/sim/policies.hpp"
-#include "../memory/memory_fixtures.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -18,7 +19,11 @@ namespace {
 class recording_policy final : public kv_policy {
  public:
   std::string name() const override { return "recording"; }
-  bool start_turn(std::int32_t s, std::int64_t history, std::int64_t prompt, std::int64_t max_new, std::int64_t) override {
+  bool start_turn(std::int32_t s,
+                  std::int64_t history,
+                  std::int64_t prompt,
+                  std::int64_t max_new,
+                  std::int64_t) override {
     log.push_back(detail::cat("start ", s, " ", history, " ", prompt, " ", max_new));
     tokens[s] += 0;
     return true;
@@ -40,8 +45,12 @@ class recording_policy final : public kv_policy {
     log.push_back(detail::cat("release ", s));
     tokens.erase(s);
   }
-  double kv_bytes_read(std::int32_t s) const override { return static_cast<double>(tokens.at(s)) * 1000.0; }
-  double attended_tokens(std::int32_t s) const override { return static_cast<double>(tokens.at(s)); }
+  double kv_bytes_read(std::int32_t s) const override {
+    return static_cast<double>(tokens.at(s)) * 1000.0;
+  }
+  double attended_tokens(std::int32_t s) const override {
+    return static_cast<double>(tokens.at(s));
+  }
   policy_memory memory() const override {
     policy_memory m;
     for (auto const& [s, n] : tokens) m.live_bytes += static_cast<double>(n) * 1000.0;
@@ -62,13 +71,17 @@ TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
   auto m = model_preset("llama-3.1-8b");
   cost_model cost(m, gpu_spec{});
   replay_options o;
-  o.continuation_headroom_tokens = 0;
-  auto r = replay(w, p, cost, o);
-  std::vector<std::string> expected = {
-      "start 0 0 100 3", "prefill 0 100",            // step 1: prefill + first token
-      "decode 0", "decode 0", "end 0",              // steps 2-3: two more tokens; turn ends
-      "start 0 103 20 2", "prefill 0 20",           // after 1 s of thinking
-      "decode 0", "release 0"};
+  o.continuation_headroom_tokens    = 0;
+  auto r                            = replay(w, p, cost, o);
+  std::vector<std::string> expected = {"start 0 0 100 3",
+                                       "prefill 0 100",  // step 1: prefill + first token
+                                       "decode 0",
+                                       "decode 0",
+                                       "end 0",  // steps 2-3: two more tokens; turn ends
+                                       "start 0 103 20 2",
+                                       "prefill 0 20",  // after 1 s of thinking
+                                       "decode 0",
+                                       "release 0"};
   CHECK(p.log == expected);
   CHECK(r.generated_tokens == 5);
   CHECK(r.prefilled_tokens == 120);
@@ -79,9 +92,9 @@ TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
              cost.decode_step_s(102e3) + 1.0 + cost.prefill_s(20, 102) + cost.decode_step_s(122e3) +
              cost.decode_step_s(123e3);
   CHECK(r.modelled_makespan_s == Approx(t));
-  CHECK(r.modelled_ttft_mean_s ==
-        Approx((cost.prefill_s(100, 0) + cost.decode_step_s(100e3) + cost.prefill_s(20, 102) +
-                cost.decode_step_s(122e3)) / 2));
+  CHECK(r.modelled_ttft_mean_s == Approx((cost.prefill_s(100, 0) + cost.decode_step_s(100e3) +
+                                          cost.prefill_s(20, 102) + cost.decode_step_s(122e3)) /
+                                         2));
   CHECK(r.peak_resident_sessions == 1);
   CHECK(r.preemptions == 0);
 }
@@ -103,20 +116,8 @@ TEST_CASE("open-loop time to first token counts from the arrival, not the next s
 }
 
 TEST_CASE("replays return every page and never show more live than allocated bytes", "[replay]") {
-  auto plan = test::llama_plan("snapkv");
-  auto m    = model_preset("llama-3.1-8b");
-  gpu_spec gpu;
-  gpu.memory_bytes = 40e9;  // small GPU: memory is contended
-  cost_model cost(m, gpu);
-  double kv = gpu.kv_budget_bytes(m);
-  workload_options wo;
-  wo.kind     = workload_kind::mid_context;
-  wo.sessions = 24;
-  wo.turns    = 3;
-  auto work   = generate_workload(wo);
-  std::int64_t outputs = 0;
-  for (auto const& s : work.sessions)
-    for (auto const& t : s.turns) outputs += t.output_tokens;
+  test::contended_replay fx;
+  auto const& [plan, m, gpu, cost, kv, work, outputs] = fx;
 
   tangram_policy tp(plan, kv, 24, 24);
   unified_policy full(plan, unified_mode::full_kv, kv, 24, 24, 131073);
@@ -140,7 +141,8 @@ TEST_CASE("replays return every page and never show more live than allocated byt
   CHECK(nonu.baseline().pool().used_pages() == 0);
 }
 
-TEST_CASE("baselines preempt and recompute when memory runs out; every turn still completes", "[replay]") {
+TEST_CASE("baselines preempt and recompute when memory runs out; every turn still completes",
+          "[replay]") {
   auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");
   gpu_spec gpu;
@@ -155,7 +157,7 @@ TEST_CASE("baselines preempt and recompute when memory runs out; every turn stil
   replay_options o;
   o.continuation_headroom_tokens = 0;  // optimistic admission: forces preemption
   unified_policy full(plan, unified_mode::full_kv, kv, 40, 40, 131073);
-  auto r = replay(work, full, cost, o);
+  auto r               = replay(work, full, cost, o);
   std::int64_t outputs = 0;
   for (auto const& s : work.sessions)
     for (auto const& t : s.turns) outputs += t.output_tokens;
@@ -165,7 +167,8 @@ TEST_CASE("baselines preempt and recompute when memory runs out; every turn stil
   CHECK(full.baseline().pool().used_pages() == 0);
 }
 
-TEST_CASE("tangram holds at least 2x the sessions of full-KV on mid and long workloads", "[replay][acceptance]") {
+TEST_CASE("tangram holds at least 2x the sessions of full-KV on mid and long workloads",
+          "[replay][acceptance]") {
   auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");
   gpu_spec gpu;
@@ -180,7 +183,8 @@ TEST_CASE("tangram holds at least 2x the sessions of full-KV on mid and long wor
     unified_policy full(plan, unified_mode::full_kv, kv, 96, 96, 131073);
     auto rt = replay(work, tp, cost);
     auto rf = replay(work, full, cost);
-    INFO(to_string(kind) << ": tangram " << rt.peak_resident_sessions << " vs full_kv " << rf.peak_resident_sessions);
+    INFO(to_string(kind) << ": tangram " << rt.peak_resident_sessions << " vs full_kv "
+                         << rf.peak_resident_sessions);
     CHECK(rt.peak_resident_sessions >= 2 * rf.peak_resident_sessions);
     CHECK(rt.reclaim_ops == 0);
     CHECK(rt.preemptions == 0);
