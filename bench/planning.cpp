@@ -21,8 +21,8 @@
 //                                static plan (budget shares) on the same lengths, equal split,
 //                                greedy; batch_share, Hp 4, P 16, global, N_CTA 264; 16 batches
 //                                per size, every layer. Also: aot_static_on_budgets (the static
-//                                map with every head at its budget, the non-elastic figure) and a
-//                                diagnostic in-sample map from mean placement lengths
+//                                map with every head at its budget, the non-elastic figure) and
+//                                the elastic plan built from the samples (placement shares)
 //
 // Run: build/bench/bench_planning --benchmark_format=json
 #include <benchmark/benchmark.h>
@@ -285,35 +285,12 @@ void elastic_imbalance(benchmark::State& state) {
   static_plan elas     = build_static_plan(model, prof, o);
   auto L = elas.num_layers, H = elas.num_kv_heads;
   constexpr std::uint64_t batches = 16;
-  // Diagnostic (in-sample, optimistic: the batches are drawn from the same samples): a map
-  // apportioned from each head's mean elastic placement length over the samples at their own
-  // contexts (ratio units, length / n), what "shares from per-sample head shares under elastic
-  // placement" would give.
-  split_map oracle = elas.splits;
-  {
-    std::vector<double> mean(elas.rules.size(), 0.0);
-    for (std::size_t k = 0; k < s.samples.size(); ++k) {
-      auto n   = s.samples[k].context_tokens;
-      auto len = elastic_placement_lengths(elas, sample_needs_at(elas, s, k, n), n);
-      for (std::size_t i = 0; i < mean.size(); ++i)
-        mean[i] += static_cast<double>(len[i]) / static_cast<double>(n);
-    }
-    oracle.cta_begin.clear();
-    oracle.phi = mean;
-    for (std::int32_t l = 0; l < L; ++l) {
-      std::vector<double> w(mean.begin() + static_cast<std::ptrdiff_t>(l) * H,
-                            mean.begin() + static_cast<std::ptrdiff_t>(l + 1) * H);
-      auto seats         = apportion(w, oracle.num_ctas());
-      std::int32_t begin = 0;
-      for (auto x : seats) {
-        oracle.cta_begin.push_back(begin);
-        begin += x;
-      }
-      oracle.cta_begin.push_back(begin);
-    }
-  }
+  // The elastic plan as `tangram plan --reservation elastic` builds it from the samples: split
+  // shares from elastic placements of the samples at the reference contexts (in-sample here: the
+  // batches below draw from the same samples; test/plan/elastic_split_test.cpp checks held out).
+  static_plan placed = build_static_plan(model, prof, o, s);
   split_evaluator on_elastic(elas.splits), on_static(stat.splits), budgets(stat.rules, stat.splits),
-      on_oracle(oracle);
+      on_placed(placed.splits);
   std::vector<double> ae, as, eq, gr, g4, ab, ao;
   std::vector<std::int64_t> layer_lengths(static_cast<std::size_t>(batch) * H),
       req(static_cast<std::size_t>(batch) * elas.rules.size());  // [r][flat head]
@@ -344,7 +321,7 @@ void elastic_imbalance(benchmark::State& state) {
         gr.push_back(e.greedy);
         g4.push_back(e.greedy_fine);
         as.push_back(on_static.evaluate_lengths(l, layer_lengths.data(), batch).aot);
-        ao.push_back(on_oracle.evaluate_lengths(l, layer_lengths.data(), batch).aot);
+        ao.push_back(on_placed.evaluate_lengths(l, layer_lengths.data(), batch).aot);
         ab.push_back(budgets.evaluate(l, ctx.data(), batch).aot);
       }
     }
@@ -360,7 +337,7 @@ void elastic_imbalance(benchmark::State& state) {
   put("greedy", gr);
   put("greedy4", g4);
   put("aot_static_on_budgets", ab);  // reference: static map, every head at its static budget
-  put("aot_sample_mean_map_insample", ao);  // diagnostic: shares from mean placement lengths
+  put("aot_placement_map", ao);  // elastic plan from samples: placement shares (in-sample)
   state.counters["launches"] = static_cast<double>(ae.size());
   state.SetLabel(std::string(elastic_scorers[scorer]) + "/llama-3.1-8b, " +
                  (scaled ? "contexts log-uniform 1K..128K (modelled)" : "own contexts") +

@@ -436,6 +436,22 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
       run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "elastic"}));
   CHECK(e.find("reservation")->string() == "elastic");
   CHECK(num(e, "margin") == 0.15);
+  // From samples: the split map is weighed on their placements and the imbalance measured on them
+  // (the saved map equals the library's build from the same samples).
+  CHECK(e.find("split_from_placements")->boolean());
+  CHECK(e.find("imbalance_lengths")->string() == "elastic_placements");
+  CHECK(v.find("imbalance_lengths")->string() == "budgets");
+  CHECK_FALSE(v.find("split_from_placements")->boolean());
+  CHECK(r.out.find("weighting batch_share over elastic placements of the samples") !=
+        std::string::npos);
+  {
+    auto samples = load_retention_samples(
+        tangram::test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+    auto o               = p.options;
+    auto library         = build_static_plan(p.model, calibrate(samples), o, samples);
+    CHECK(p.splits.cta_begin == library.splits.cta_begin);
+    CHECK(p.splits.cta_begin != build_static_plan(p.model, p.profile, o).splits.cta_begin);
+  }
   expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--margin", "0.1"},
                2,
                {"--margin", "--reservation elastic"});

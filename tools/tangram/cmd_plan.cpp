@@ -87,7 +87,7 @@ int plan_command(plan_args& a, streams io) {
       throw usage_error(cat("--out: ", e.what(), " (--tp-size, --group-size)"));
     }
   }
-  auto plan = build_plan_for_cli(model, src.profile, o);
+  auto plan = build_plan_for_cli(model, src.profile, o, src.samples ? &*src.samples : nullptr);
   if (out) save_static_plan(plan, *out);
 
   double waste = group_waste(plan.grouping, plan.rules);
@@ -104,7 +104,13 @@ int plan_command(plan_args& a, streams io) {
   std::int32_t per_kind[3] = {0, 0, 0};
   for (auto const& g : plan.grouping.groups) ++per_kind[static_cast<int>(g.rule.kind)];
   reference_batch batch;
-  auto imb = layer_imbalance(plan.rules, plan.splits, batch.contexts());
+  // An elastic plan's heads hold their groups' placed lengths, not their budgets: measured on
+  // placements of the samples when there are samples.
+  bool on_placements = o.reservation.mode == reservation_mode::elastic && src.samples;
+  bool split_from_placements = on_placements && o.split.weighting == split_weighting::batch_share;
+  auto imb           = on_placements
+                           ? elastic_layer_imbalance(plan, *src.samples, batch.contexts(), batch.seed)
+                           : layer_imbalance(plan.rules, plan.splits, batch.contexts());
 
   if (as_json) {
     auto v = json::value::object();
@@ -151,6 +157,8 @@ int plan_command(plan_args& a, streams io) {
     b.set("max_context", batch.max_context);
     b.set("seed", static_cast<std::int64_t>(batch.seed));
     v.set("imbalance_batch", std::move(b));
+    v.set("imbalance_lengths", on_placements ? "elastic_placements" : "budgets");
+    v.set("split_from_placements", split_from_placements);
     v.set("out", out ? json::value(*out) : json::value(nullptr));
     io.out << json::dump(v, -1) << "\n";
     return 0;
@@ -190,10 +198,14 @@ int plan_command(plan_args& a, streams io) {
   s << ")\n"
     << "  split map: N_CTA = " << plan.splits.num_ctas() << " (" << o.split.limits.sm_count
     << " SMs x " << o.split.limits.ctas_per_sm << "), weighting " << to_string(o.split.weighting)
+    << (split_from_placements ? " over elastic placements of the samples" : "")
     << "\n\n"
     << "  split imbalance (max / mean CTA tokens) over the " << plan.num_layers << " layers, "
     << batch.requests << " requests, contexts log-uniform " << batch.min_context << ".."
-    << batch.max_context << ", seed " << batch.seed << ":\n"
+    << batch.max_context << ", seed " << batch.seed << ", "
+    << (on_placements ? "heads at elastic placements of the samples (scaled: modelled)"
+                      : "heads at their budgets")
+    << ":\n"
     << "    " << std::left << std::setw(26) << "planner" << std::right << std::setw(8) << "mean"
     << std::setw(8) << "p95" << std::setw(8) << "max"
     << "\n";

@@ -79,9 +79,11 @@ model_spec resolve_model(std::optional<std::string> const& option, std::string c
 
 static_plan build_plan_for_cli(model_spec const& model,
                                budget_profile const& profile,
-                               plan_options const& options) {
+                               plan_options const& options,
+                               retention_samples const* samples) {
   try {
-    return build_static_plan(model, profile, options);
+    return samples ? build_static_plan(model, profile, options, *samples)
+                   : build_static_plan(model, profile, options);
   } catch (tangram::invalid_argument const& e) {
     // Library field -> option; a prefix ending in ": " is replaced, any other is kept as context.
     static constexpr std::pair<std::string_view, std::string_view> names[] = {

@@ -15,6 +15,7 @@
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
+#include "tangram/profile/retention_samples.hpp"
 
 namespace tangram::cli {
 
@@ -39,10 +40,13 @@ model_spec resolve_model(std::optional<std::string> const& option, std::string c
 
 /// build_static_plan, with the planner's refusals of plan options in the program's words: the
 /// message names the command-line option (--tp-size, --group-size, --page-tokens, --sms and
-/// --ctas-per-sm) instead of the library's field. @throw usage_error for bad options.
+/// --ctas-per-sm) instead of the library's field. With `samples` (the profile was calibrated
+/// from them), an elastic plan's split map is weighed on their placements.
+/// @throw usage_error for bad options.
 static_plan build_plan_for_cli(model_spec const& model,
                                budget_profile const& profile,
-                               plan_options const& options);
+                               plan_options const& options,
+                               retention_samples const* samples = nullptr);
 
 /// Fixed-point text: fixed(1.23456, 3) == "1.235".
 std::string fixed(double v, int decimals);

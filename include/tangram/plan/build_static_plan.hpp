@@ -29,10 +29,12 @@
 #include "tangram/error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/clustering.hpp"
+#include "tangram/plan/elastic_split_map.hpp"
 #include "tangram/plan/head_rules.hpp"
 #include "tangram/plan/split_planner.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
+#include "tangram/profile/retention_samples.hpp"
 
 namespace tangram {
 
@@ -80,6 +82,24 @@ inline static_plan build_static_plan(model_spec const& model,
   p.geometry = {options.page_tokens, options.group_size, model.head_dim, model.kv_dtype};
   p.geometry.validate();
   p.splits = build_split_map(split_rules(p), p.num_layers, p.num_kv_heads, options.split);
+  return p;
+}
+
+/**
+ * @brief `build_static_plan` for a profile calibrated from `samples`: an elastic plan with
+ * batch_share weighting weighs its split map on elastic placements of the samples
+ * (plan/elastic_split_map.hpp) instead of its groups' rules; any other plan is the same as
+ * without samples.
+ * @throw invalid_argument as build_static_plan, or when the samples do not match the plan's heads.
+ */
+inline static_plan build_static_plan(model_spec const& model,
+                                     budget_profile const& profile,
+                                     plan_options const& options,
+                                     retention_samples const& samples) {
+  static_plan p = build_static_plan(model, profile, options);
+  if (options.reservation.mode == reservation_mode::elastic &&
+      options.split.weighting == split_weighting::batch_share)
+    p.splits = elastic_placement_split_map(p, samples);
   return p;
 }
 

@@ -146,6 +146,42 @@ inline std::vector<std::int32_t> apportion(std::vector<double> const& weights, s
 }
 
 /**
+ * @brief The split map that apportions each layer's N_CTA CTAs to its heads by `phi`
+ * (`apportion`: at least one each, largest remainder). Shared by every weighting.
+ * @param phi [num_layers * num_kv_heads] weights, >= 0 and finite
+ * @throw invalid_argument when phi has the wrong size or a bad weight, or N_CTA is smaller than
+ *        the heads of a layer.
+ */
+inline split_map split_map_from_weights(std::vector<double> const& phi, std::int32_t num_layers,
+                                        std::int32_t num_kv_heads, device_limits const& limits) {
+  TANGRAM_EXPECTS(num_layers >= 1 && num_kv_heads >= 1, invalid_argument,
+                  "split_map_from_weights: num_layers and num_kv_heads must be >= 1, got ",
+                  num_layers, " and ", num_kv_heads);
+  auto H = static_cast<std::size_t>(num_kv_heads);
+  TANGRAM_EXPECTS(phi.size() == static_cast<std::size_t>(num_layers) * H, invalid_argument,
+                  "split_map_from_weights: expected ", static_cast<std::size_t>(num_layers) * H,
+                  " weights, got ", phi.size());
+  split_map m;
+  m.num_layers   = num_layers;
+  m.num_kv_heads = num_kv_heads;
+  m.limits       = limits;
+  m.phi          = phi;
+  m.cta_begin.reserve(static_cast<std::size_t>(num_layers) * (H + 1));
+  for (std::size_t l = 0; l < static_cast<std::size_t>(num_layers); ++l) {
+    std::vector<double> layer(phi.begin() + static_cast<std::ptrdiff_t>(l * H),
+                              phi.begin() + static_cast<std::ptrdiff_t>((l + 1) * H));
+    auto seats         = apportion(layer, limits.max_ctas());
+    std::int32_t begin = 0;
+    for (std::size_t h = 0; h < H; ++h) {
+      m.cta_begin.push_back(begin);
+      begin += seats[h];
+    }
+    m.cta_begin.push_back(begin);
+  }
+  return m;
+}
+
+/**
  * @brief Algorithm 1: the static split map of a model.
  * @param rules [num_layers * num_kv_heads] retention rule of every head
  * @throw invalid_argument on bad limits, or N_CTA smaller than the heads of a layer.
@@ -159,26 +195,16 @@ inline split_map build_split_map(std::vector<head_rule> const& rules, std::int32
   TANGRAM_EXPECTS(rules.size() == static_cast<std::size_t>(num_layers) * num_kv_heads,
                   invalid_argument, "build_split_map: expected ", num_layers * num_kv_heads,
                   " rules, got ", rules.size());
-  split_map m;
-  m.num_layers   = num_layers;
-  m.num_kv_heads = num_kv_heads;
-  m.limits       = options.limits;
-  m.cta_begin.reserve(static_cast<std::size_t>(num_layers) * (num_kv_heads + 1));
   std::vector<std::int64_t> batch_contexts;
   if (options.weighting == split_weighting::batch_share) batch_contexts = reference_batch_contexts(options);
+  std::vector<double> phi;
+  phi.reserve(rules.size());
   for (std::int32_t l = 0; l < num_layers; ++l) {
-    auto phi = split_weights(&rules[static_cast<std::size_t>(l) * num_kv_heads], num_kv_heads, options,
-                             batch_contexts);
-    auto seats = apportion(phi, options.limits.max_ctas());
-    std::int32_t begin = 0;
-    for (std::int32_t h = 0; h < num_kv_heads; ++h) {
-      m.cta_begin.push_back(begin);
-      begin += seats[static_cast<std::size_t>(h)];
-    }
-    m.cta_begin.push_back(begin);
-    m.phi.insert(m.phi.end(), phi.begin(), phi.end());
+    auto layer_phi = split_weights(&rules[static_cast<std::size_t>(l) * num_kv_heads], num_kv_heads,
+                                   options, batch_contexts);
+    phi.insert(phi.end(), layer_phi.begin(), layer_phi.end());
   }
-  return m;
+  return split_map_from_weights(phi, num_layers, num_kv_heads, options.limits);
 }
 
 }  // namespace tangram

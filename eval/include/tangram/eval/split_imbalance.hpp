@@ -10,8 +10,8 @@
  * `split_evaluator::evaluate_lengths`, `layer_imbalance_from_lengths`), so they apply to any
  * placement. The context-based forms give every head head_tokens(rule, n, 0): `evaluate` and
  * `layer_imbalance` go through the lengths forms; `aot_cta_loads` shares their per-head split.
- * Elastic placements of real samples: `sample_needs_at` and `elastic_placement_lengths`. The free
- * functions are pure; a `split_evaluator` owns its buffers (one per thread).
+ * Elastic placements of real samples come from plan/elastic_placement.hpp. The free functions
+ * are pure; a `split_evaluator` owns its buffers (one per thread).
  */
 #pragma once
 
@@ -27,12 +27,11 @@
 #include "tangram/error.hpp"
 #include "tangram/eval/baselines/split_planners.hpp"
 #include "tangram/plan/aot_mapping.hpp"
-#include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/elastic_placement.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/split_map.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "tangram/reference/elastic_selection.hpp"
 
 namespace tangram {
 
@@ -337,117 +336,34 @@ inline batch_imbalance layer_imbalance_from_lengths(split_map const& map,
 }
 
 /**
- * @brief What each head of a request wants after `context` tokens, modelled from retention
- * sample `k` as the simulator's elastic eviction does (eval/sim/elastic_policy.hpp):
- * need = clamp(ceil(kept_k[h] * context / context_k), 0, context) for the profiled layers
- * (scaled in proportion to the context: exact at context = context_k), retained_tokens(rule,
- * context) for the others. [num_layers * num_kv_heads], flat heads.
- * @throw invalid_argument when the samples do not match the plan's KV heads or k is out of range.
+ * @brief Imbalance of each planner over every layer of an elastic plan for one batch, on elastic
+ * placements of retention samples: request r is sample k (drawn uniformly by an mt19937_64 stream
+ * seeded with `seed`) at context contexts[r], with lengths `elastic_placement_lengths` (modelled
+ * away from the sample's own context).
+ * @throw invalid_argument when the plan is not elastic, there are no samples or no contexts, or
+ *        the samples do not match the plan.
  */
-inline std::vector<std::int64_t> sample_needs_at(static_plan const& plan,
-                                                 retention_samples const& s,
-                                                 std::size_t k,
-                                                 std::int64_t context) {
-  TANGRAM_EXPECTS(s.num_kv_heads == plan.num_kv_heads && k < s.samples.size(),
-                  invalid_argument,
-                  "sample_needs_at: sample ",
-                  k,
-                  " of ",
-                  s.samples.size(),
-                  " with ",
-                  s.num_kv_heads,
-                  " KV heads per layer; the plan has ",
-                  plan.num_kv_heads);
-  auto const& smp = s.samples[k];
-  auto H          = static_cast<std::size_t>(plan.num_kv_heads);
-  TANGRAM_EXPECTS(smp.context_tokens > 0 && smp.kept.size() == s.layer_ids.size() * H,
-                  invalid_argument,
-                  "sample_needs_at: sample ",
-                  k,
-                  " needs context_tokens > 0 and ",
-                  s.layer_ids.size() * H,
-                  " kept counts");
-  std::vector<std::int64_t> needs(plan.rules.size());
-  for (std::size_t i = 0; i < needs.size(); ++i) needs[i] = retained_tokens(plan.rules[i], context);
-  for (std::size_t li = 0; li < s.layer_ids.size(); ++li) {
-    auto layer = s.layer_ids[li];
-    if (layer < 0 || layer >= plan.num_layers) continue;
-    for (std::size_t h = 0; h < H; ++h)
-      needs[static_cast<std::size_t>(layer) * H + h] =
-          ceil_div(smp.kept[li * H + h] * context, smp.context_tokens);
+inline batch_imbalance elastic_layer_imbalance(static_plan const& plan,
+                                               retention_samples const& samples,
+                                               std::vector<std::int64_t> const& contexts,
+                                               std::uint64_t seed) {
+  TANGRAM_EXPECTS(!contexts.empty(), invalid_argument, "contexts: empty batch");
+  TANGRAM_EXPECTS(!samples.samples.empty(), invalid_argument, "elastic_layer_imbalance: no samples");
+  auto batch = contexts.size();
+  auto H     = static_cast<std::size_t>(plan.num_kv_heads);
+  auto L     = static_cast<std::size_t>(plan.num_layers);
+  std::vector<std::int64_t> lengths(L * batch * H);  // [(l * batch + r) * H + h]
+  std::mt19937_64 pick(seed);
+  for (std::size_t r = 0; r < batch; ++r) {
+    auto k   = std::min(samples.samples.size() - 1,
+                      static_cast<std::size_t>(detail::canonical_uniform(pick) *
+                                               static_cast<double>(samples.samples.size())));
+    auto len = elastic_placement_lengths(plan, sample_needs_at(plan, samples, k, contexts[r]),
+                                         contexts[r]);
+    for (std::size_t l = 0; l < L; ++l)
+      for (std::size_t h = 0; h < H; ++h) lengths[(l * batch + r) * H + h] = len[l * H + h];
   }
-  for (auto& n : needs) n = std::clamp<std::int64_t>(n, 0, context);
-  return needs;
-}
-
-/**
- * @brief Per-head lengths of one request under the elastic placement of `plan`
- * (docs/memory.md#elastic-reservation): the compressed groups' lengths are
- * `reference::select_group_lengths` of `needs` within R(context) pages
- * (`elastic_compressed_pages` at the plan's scorer, Hp, P and reservation margin; candidates =
- * context, no decode tokens), every member of a group holding min(group length, context); other
- * heads hold head_tokens(rule, context, 0). [num_layers * num_kv_heads], flat heads.
- * @param needs [num_layers * num_kv_heads] wanted tokens per head (e.g. `sample_needs_at`)
- * @throw invalid_argument when the plan is not elastic, has no keep ratio, or needs has the
- *        wrong size or a value outside [0, context].
- */
-inline std::vector<std::int64_t> elastic_placement_lengths(static_plan const& plan,
-                                                           std::vector<std::int64_t> const& needs,
-                                                           std::int64_t context) {
-  TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,
-                  invalid_argument,
-                  "elastic_placement_lengths: the plan reserves static budgets");
-  TANGRAM_EXPECTS(needs.size() == plan.rules.size(),
-                  invalid_argument,
-                  "elastic_placement_lengths: expected ",
-                  plan.rules.size(),
-                  " needs, got ",
-                  needs.size());
-  auto H = static_cast<std::size_t>(plan.num_kv_heads);
-  std::vector<std::int64_t> lengths(plan.rules.size());
-  for (std::size_t i = 0; i < lengths.size(); ++i)
-    lengths[i] = head_tokens(plan.rules[i], context, 0);
-  std::vector<std::int32_t> heads;  // compressed groups' heads, Hp per group in order
-  for (auto const& g : plan.grouping.groups) {
-    if (g.rule.kind != layer_kind::compressed) continue;
-    for (auto m : g.members)
-      heads.push_back(static_cast<std::int32_t>(static_cast<std::size_t>(m.layer) * H +
-                                                static_cast<std::size_t>(m.head)));
-  }
-  if (heads.empty()) return lengths;
-  std::vector<std::int64_t> wanted(heads.size());
-  std::vector<std::int32_t> members(heads.size());
-  for (std::size_t i = 0; i < heads.size(); ++i) {
-    wanted[i]  = needs[static_cast<std::size_t>(heads[i])];
-    members[i] = static_cast<std::int32_t>(i);
-  }
-  auto const& geo = plan.geometry;
-  scorer_total t{plan.profile.target_keep_ratio,
-                 plan.profile.protected_tokens(),
-                 plan.options.reservation.basis};
-  reference::elastic_selection_input in;
-  in.needs        = &wanted;
-  in.members      = &members;
-  in.group_size   = geo.group_size;
-  in.page_tokens  = geo.page_tokens;
-  in.candidates   = context;
-  in.protect      = t.protect;
-  in.budget_pages = elastic_compressed_pages(t,
-                                             static_cast<std::int64_t>(heads.size()),
-                                             geo.group_size,
-                                             geo.page_tokens,
-                                             plan.options.reservation.margin,
-                                             context);
-  auto sel        = reference::select_group_lengths(in);
-  TANGRAM_EXPECTS(sel.fits,
-                  logic_error,
-                  "elastic_placement_lengths: the protected floors exceed R(n) = ",
-                  in.budget_pages);
-  auto hp = static_cast<std::size_t>(geo.group_size);
-  for (std::size_t i = 0; i < heads.size(); ++i)
-    lengths[static_cast<std::size_t>(heads[i])] =
-        std::min(sel.group_pages[i / hp] * geo.page_tokens, context);
-  return lengths;
+  return layer_imbalance_from_lengths(plan.splits, lengths, static_cast<std::int32_t>(batch));
 }
 
 }  // namespace tangram
