@@ -9,7 +9,7 @@
 set -euo pipefail
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(main asan valgrind tsan soak fuzz)
+[ ${#stages[@]} -gt 0 ] || stages=(main python asan valgrind tsan soak fuzz)
 
 # has_header <relative path>: the header is in a default include directory.
 has_header() { [ -f "/usr/include/$1" ] || [ -f "/usr/local/include/$1" ]; }
@@ -24,8 +24,8 @@ missing=()
 need() { [[ " ${missing[*]} " == *" $1 "* ]] || missing+=("$1"); }
 for s in "${stages[@]}"; do
   case $s in
-    main | asan | valgrind | tsan | soak | fuzz) ;;
-    *) echo "install_deps.sh: unknown stage '$s' (main, asan, valgrind, tsan, soak, fuzz)" >&2; exit 2 ;;
+    main | python | asan | valgrind | tsan | soak | fuzz) ;;
+    *) echo "install_deps.sh: unknown stage '$s' (main, python, asan, valgrind, tsan, soak, fuzz)" >&2; exit 2 ;;
   esac
   command -v cmake >/dev/null || need cmake
   command -v g++ >/dev/null || need g++
@@ -34,6 +34,12 @@ for s in "${stages[@]}"; do
       command -v ccache >/dev/null || need ccache # the GPU check's build reuses the main build's objects
       has_header catch2/catch.hpp || need catch2
       has_header benchmark/benchmark.h || need libbenchmark-dev
+      ;;
+    python)
+      # The package builds from PyPI's nanobind and scikit-build-core inside a virtual environment.
+      command -v python3 >/dev/null || need python3
+      python3 -c 'import venv, ensurepip' 2>/dev/null || need python3-venv
+      python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || need python3-dev
       ;;
     asan | tsan) has_header catch2/catch.hpp || need catch2 ;;
     valgrind)

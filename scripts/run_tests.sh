@@ -4,6 +4,8 @@
 #             hidden: tangram_cli builds and `tangram simulate` prints its table); then the Release
 #             build of the library, kernels (when nvcc exists), tools, tests, benchmarks and the
 #             whole ctest suite (GPU tests report "Skipped" without a GPU)
+#   python    `pip install .` (the nanobind package, docs/python.md) into a fresh virtual
+#             environment, then its pytest suite and the Python engine loop example
 #   asan      the CPU test suites again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   valgrind  the CPU test executables of the main build under valgrind memcheck
 #   tsan      the concurrent engine tests ([concurrent], the only multi-threaded ones) under TSan
@@ -13,7 +15,7 @@
 # First installs what the selected stages need and the machine lacks (scripts/install_deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stages=${TANGRAM_STAGES:-main,asan,valgrind,tsan,soak,fuzz}
+stages=${TANGRAM_STAGES:-main,python,asan,valgrind,tsan,soak,fuzz}
 IFS=, read -ra stage_list <<<"$stages"
 scripts/install_deps.sh "${stage_list[@]}"
 jobs=${TANGRAM_JOBS:-$(nproc)}
@@ -61,6 +63,18 @@ if want main; then
     -DCMAKE_REQUIRE_FIND_PACKAGE_Catch2=ON -DCMAKE_REQUIRE_FIND_PACKAGE_benchmark=ON
   cmake --build "$build" -j"$jobs"
   ctest --test-dir "$build" --output-on-failure --no-tests=error -j"$jobs"
+fi
+
+if want python; then
+  stage "python: pip install . into a fresh virtual environment, then pytest"
+  venv="$build-python"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check ".[test]"
+  # From outside the checkout, so that `import tangram` is the installed package.
+  (cd "$venv" && bin/python -c "import tangram; print('tangram', tangram.__version__)" &&
+    bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" &&
+    bin/python "$OLDPWD/examples/python/engine_loop.py")
 fi
 
 if want asan; then

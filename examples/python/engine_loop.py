@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A Python engine loop over tangram.KVCacheManager (docs/python.md).
+
+Admission until the pool is full, chunked prefill (prepare, eviction, commit), decode steps over a
+batch, a second turn, a copy-on-write fork, and free: at the end every page and slot is back.
+The eviction itself (a kernel in a real engine) is stood in for by the counts the plan's rules
+keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets.
+
+Run: python examples/python/engine_loop.py   (after `pip install .`)
+"""
+from __future__ import annotations
+
+import tangram
+
+CHUNK = 512
+
+
+def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
+    """Every remaining prompt token of the turn, one chunk at a time."""
+    while (left := kv.info(seq)["prompt_remaining"]) > 0:
+        chunk = min(CHUNK, left)
+        kv.prepare_chunk(seq, chunk)
+        kept = kv.expected_kept(seq, chunk)  # the eviction kernel's new lengths
+        kv.commit_chunk(seq, kept)
+
+
+def decode(kv: tangram.KVCacheManager, batch: list[tangram.SequenceId], steps: int) -> None:
+    kv.set_batch(batch)
+    for _ in range(steps):
+        kv.decode_step()  # room for one token per head; the engine appends K/V and attends
+
+
+def run(num_pages: int = 8000, verbose: bool = True) -> dict:
+    samples = tangram.load_retention_samples(
+        str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
+    plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples))
+    kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16)
+
+    # Admission until full: the reservation is exact, so "does not fit" is known up front.
+    waiting = [(300 + 100 * i, 64) for i in range(12)]  # (prompt, max new tokens)
+    running = []
+    while waiting and (seq := kv.try_admit(*waiting[0])) is not None:
+        waiting.pop(0)
+        running.append(seq)
+    for seq in running:
+        prefill(kv, seq)
+    decode(kv, running, 64)
+
+    # A second turn for the first session; the others end.
+    first = running[0]
+    kv.end_turn(first)  # keeps the compressed history, returns the unused reservation
+    for seq in running[1:]:
+        kv.free(seq)
+    if not kv.continue_turn(first, 300, 32):  # "does not fit" is a return value
+        raise SystemExit("the second turn did not fit")
+    prefill(kv, first)
+    # A fork shares the parent's pages copy-on-write.
+    child = kv.fork(first)
+    if child is not None:
+        kv.execute_page_copies()
+        decode(kv, [first, child], 32)
+        kv.free(child)
+    else:
+        decode(kv, [first], 32)
+    kv.free(first)
+    kv.check_invariants()
+
+    result = {
+        "admitted": kv.stats["admitted"],
+        "rejected_waiting": len(waiting),
+        "used_pages": kv.used_pages,
+        "reserved_pages": kv.reserved_pages,
+        "live_sequences": kv.live_sequences,
+        "reclaimed_pages": kv.stats["reclaimed_pages"],
+    }
+    if verbose:
+        print(", ".join(f"{k} {v}" for k, v in result.items()))
+    return result
+
+
+if __name__ == "__main__":
+    out = run()
+    assert out["used_pages"] == 0 and out["reserved_pages"] == 0 and out["live_sequences"] == 0

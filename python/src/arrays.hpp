@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+// NumPy arrays for the bindings: copies of small value arrays, and read-only aliases of memory
+// that a Python object owns.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tangram::python {
+
+/// A NumPy array that owns a copy of `values`, with shape `shape` (the product must be its size).
+template <class T>
+nanobind::object numpy_copy(std::vector<T> const& values, std::vector<std::size_t> shape) {
+  auto* data = new std::vector<T>(values);
+  nanobind::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nanobind::ndarray<nanobind::numpy, T>(data->data(), shape.size(), shape.data(), owner)
+      .cast();
+}
+
+/// A read-only 1-D NumPy array of `count` elements at `data`, which `owner` keeps alive.
+template <class T>
+nanobind::object numpy_alias(T const* data, std::int64_t count, nanobind::handle owner) {
+  std::size_t shape[1] = {static_cast<std::size_t>(count)};
+  return nanobind::ndarray<nanobind::numpy, T const, nanobind::ndim<1>>(data, 1, shape, owner).cast();
+}
+
+}  // namespace tangram::python

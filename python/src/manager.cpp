@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+// The KV-cache manager over host memory, its whole lifecycle, and its view arrays as read-only
+// NumPy arrays that alias the manager's own memory (zero copies; each array keeps the manager
+// alive). The pool is a writable NumPy array over the page arena, for the CPU reference kernels.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/memory_resource.hpp"
+
+namespace nb = nanobind;
+
+namespace tangram::python {
+
+namespace {
+
+/// The manager with the host memory it draws its arena from (declared first: built first,
+/// destroyed last).
+struct host_kv_cache {
+  host_memory_resource memory;
+  kv_cache_manager kv;
+  host_kv_cache(static_plan const& plan, manager_options const& o) : kv(plan, memory, o) {}
+};
+
+nb::dict stats_dict(manager_stats const& s) {
+  nb::dict d;
+  d["admitted"]               = s.admitted;
+  d["rejected"]               = s.rejected;
+  d["turns_continued"]        = s.turns_continued;
+  d["continue_rejected"]      = s.continue_rejected;
+  d["forks"]                  = s.forks;
+  d["fork_rejected"]          = s.fork_rejected;
+  d["freed"]                  = s.freed;
+  d["pages_drawn"]            = s.pages_drawn;
+  d["surplus_pages_released"] = s.surplus_pages_released;
+  d["reclaimed_pages"]        = s.reclaimed_pages;
+  d["page_copies"]            = s.page_copies;
+  d["index_compactions"]      = s.index_compactions;
+  d["staging_pages_returned"] = s.staging_pages_returned;
+  return d;
+}
+
+}  // namespace
+
+void bind_manager(nb::module_& m) {
+  nb::class_<sequence_id>(m, "SequenceId", "Handle of a live sequence: slot and generation.")
+      .def_ro("slot", &sequence_id::slot)
+      .def_ro("generation", &sequence_id::generation)
+      .def("__eq__", [](sequence_id a, sequence_id b) { return a == b; })
+      .def("__hash__",
+           [](sequence_id a) {
+             return static_cast<std::int64_t>(a.slot) * 0x100000000LL + a.generation;
+           })
+      .def("__repr__", [](sequence_id a) {
+        return "SequenceId(slot=" + std::to_string(a.slot) +
+               ", generation=" + std::to_string(a.generation) + ")";
+      });
+
+  nb::class_<host_kv_cache>(
+      m, "KVCacheManager",
+      "The paged KV-cache manager of one rank over host memory (kv_cache_manager).\n"
+      "Single-threaded: the caller serialises every call. Reservations are exact and all or\n"
+      "nothing; 'does not fit' is a None return, misuse raises UsageError.")
+      .def(
+          "__init__",
+          [](host_kv_cache* self, static_plan const& plan, std::int64_t num_pages,
+             std::int64_t pool_bytes, std::int32_t max_sequences, std::int32_t max_batch,
+             std::int64_t index_capacity, std::int64_t max_view_changes,
+             std::int64_t max_chunk_tokens) {
+            manager_options o;
+            o.num_pages        = num_pages;
+            o.pool_bytes       = pool_bytes;
+            o.max_sequences    = max_sequences;
+            o.max_batch        = max_batch;
+            o.index_capacity   = index_capacity;
+            o.max_view_changes = max_view_changes;
+            o.max_chunk_tokens = max_chunk_tokens;
+            new (self) host_kv_cache(plan, o);
+          },
+          nb::arg("plan"), nb::kw_only(), nb::arg("num_pages") = 0, nb::arg("pool_bytes") = 0,
+          nb::arg("max_sequences") = 256, nb::arg("max_batch") = 0, nb::arg("index_capacity") = 0,
+          nb::arg("max_view_changes") = 0, nb::arg("max_chunk_tokens") = 2048)
+      // ----- shape
+      .def_prop_ro("plan", [](host_kv_cache const& c) { return c.kv.plan(); })
+      .def_prop_ro("num_pages", [](host_kv_cache const& c) { return c.kv.pool().capacity(); })
+      .def_prop_ro("used_pages", [](host_kv_cache const& c) { return c.kv.pool().used_pages(); })
+      .def_prop_ro("reserved_pages",
+                   [](host_kv_cache const& c) { return c.kv.pool().reserved_pages(); },
+                   "Free pages promised to admitted sequences.")
+      .def_prop_ro("available_pages",
+                   [](host_kv_cache const& c) { return c.kv.pool().available_pages(); },
+                   "Free pages no reservation holds: what admission can still promise.")
+      .def_prop_ro("num_groups", [](host_kv_cache const& c) { return c.kv.num_groups(); })
+      .def_prop_ro("max_sequences", [](host_kv_cache const& c) { return c.kv.max_sequences(); })
+      .def_prop_ro("live_sequences", [](host_kv_cache const& c) { return c.kv.live_sequences(); })
+      .def_prop_ro("stats", [](host_kv_cache const& c) { return stats_dict(c.kv.stats()); })
+      // ----- admission and prefill
+      .def("admission_pages",
+           [](host_kv_cache const& c, std::int64_t n, std::int64_t t) {
+             return c.kv.admission_pages(n, t);
+           },
+           nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
+           "Pages try_admit would reserve for this request.")
+      .def("try_admit",
+           [](host_kv_cache& c, std::int64_t n, std::int64_t t) { return c.kv.try_admit(n, t); },
+           nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
+           "Reserves the request's pages, all or nothing: a SequenceId, or None (nothing changed).")
+      .def("prepare_chunk",
+           [](host_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.prepare_chunk(s, n); },
+           nb::arg("seq"), nb::arg("chunk_tokens"))
+      .def("expected_kept",
+           [](host_kv_cache const& c, sequence_id s, std::int64_t n) {
+             auto const& p = c.kv.plan();
+             std::vector<std::int32_t> out(static_cast<std::size_t>(p.num_layers) *
+                                           static_cast<std::size_t>(p.num_kv_heads));
+             c.kv.expected_kept(s, n, out.data());
+             return out;
+           },
+           nb::arg("seq"), nb::arg("chunk_tokens"),
+           "Per (layer, KV head) tokens each head keeps after this chunk under the plan's rules.")
+      .def("commit_chunk",
+           [](host_kv_cache& c, sequence_id s,
+              nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> kept) {
+             c.kv.commit_chunk(s, kept.data(), kept.shape(0));
+           },
+           nb::arg("seq"), nb::arg("kept"))
+      .def("commit_chunk",
+           [](host_kv_cache& c, sequence_id s, std::vector<std::int32_t> const& kept) {
+             c.kv.commit_chunk(s, kept);
+           },
+           nb::arg("seq"), nb::arg("kept"),
+           "Records the chunk's eviction: kept[layer * H + head] tokens per head.")
+      .def("elastic_page_limit",
+           [](host_kv_cache const& c, sequence_id s) { return c.kv.elastic_page_limit(s); },
+           nb::arg("seq"))
+      // ----- batch and decode
+      .def("set_batch",
+           [](host_kv_cache& c, std::vector<sequence_id> const& ids) { c.kv.set_batch(ids); },
+           nb::arg("ids"))
+      .def_prop_ro("batch_size", [](host_kv_cache const& c) { return c.kv.batch_size(); })
+      .def("decode_step", [](host_kv_cache& c) { c.kv.decode_step(); },
+           "Room for one more token in every head of every batch member (never fails).")
+      // ----- turns, forks, free
+      .def("end_turn", [](host_kv_cache& c, sequence_id s) { c.kv.end_turn(s); }, nb::arg("seq"))
+      .def("continue_turn",
+           [](host_kv_cache& c, sequence_id s, std::int64_t n, std::int64_t t) {
+             return c.kv.continue_turn(s, n, t);
+           },
+           nb::arg("seq"), nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
+           "Reserves the next turn: True, or False when it does not fit (nothing changed).")
+      .def("fork", [](host_kv_cache& c, sequence_id s) { return c.kv.fork(s); }, nb::arg("parent"),
+           "A copy-on-write child: a SequenceId, or None when it does not fit.")
+      .def("free", [](host_kv_cache& c, sequence_id s) { c.kv.free(s); }, nb::arg("seq"))
+      .def("pending_copies",
+           [](host_kv_cache const& c) {
+             std::vector<std::pair<std::int32_t, std::int32_t>> out;
+             for (auto const& x : c.kv.pending_copies()) out.emplace_back(x.src, x.dst);
+             return out;
+           },
+           "(src, dst) page copies recorded by fork / continue_turn, not yet completed.")
+      .def("complete_page_copies", [](host_kv_cache& c) { c.kv.complete_page_copies(); })
+      .def("execute_page_copies", [](host_kv_cache& c) { c.kv.execute_page_copies_host(); },
+           "Performs the pending copies in the host pool, then completes them.")
+      // ----- queries
+      .def("contains", [](host_kv_cache const& c, sequence_id s) { return c.kv.contains(s); },
+           nb::arg("seq"))
+      .def("info",
+           [](host_kv_cache const& c, sequence_id s) {
+             auto i = c.kv.info(s);
+             nb::dict d;
+             d["phase"]            = std::string(to_string(i.phase));
+             d["seq_tokens"]       = i.seq_tokens;
+             d["appended"]         = i.appended;
+             d["prompt_remaining"] = i.prompt_remaining;
+             d["chunk_pending"]    = i.chunk_pending;
+             d["max_new"]          = i.max_new;
+             d["decoded"]          = i.decoded;
+             d["reserved_pages"]   = i.reserved_pages;
+             d["held_pages"]       = i.held_pages;
+             return d;
+           },
+           nb::arg("seq"))
+      .def("head_len",
+           [](host_kv_cache const& c, sequence_id s, std::int32_t l, std::int32_t h) {
+             return c.kv.head_len(s, l, h);
+           },
+           nb::arg("seq"), nb::arg("layer"), nb::arg("head"))
+      .def("group_pages",
+           [](host_kv_cache const& c, sequence_id s, std::int32_t g) {
+             auto const* p = c.kv.group_pages(s, g);
+             return std::vector<std::int32_t>(p, p + c.kv.group_page_count(s, g));
+           },
+           nb::arg("seq"), nb::arg("group"))
+      .def("check_invariants", [](host_kv_cache const& c) { c.kv.check_invariants(); },
+           "Full consistency check (O(pool)); raises UsageError naming the broken invariant.")
+      // ----- zero-copy views
+      .def(
+          "view",
+          [](nb::handle self) {
+            auto& c = nb::cast<host_kv_cache&>(self);
+            auto v  = c.kv.view();
+            auto e  = c.kv.view_extents();
+            nb::dict d;
+            d["page_offset"]      = numpy_alias(v.page_offset, e.page_offset, self);
+            d["pages"]            = numpy_alias(v.pages, e.pages, self);
+            d["head_base_len"]    = numpy_alias(v.head_base_len, e.head_base_len, self);
+            d["appended"]         = numpy_alias(v.appended, e.slots, self);
+            d["seq_tokens"]       = numpy_alias(v.seq_tokens, e.slots, self);
+            d["batch_slots"]      = numpy_alias(v.batch_slots, v.batch_size, self);
+            d["group_window"]     = numpy_alias(v.group_window, e.groups, self);
+            d["group_ring_pages"] = numpy_alias(v.group_ring_pages, e.groups, self);
+            d["head_group"] = numpy_alias(reinterpret_cast<std::int32_t const*>(v.head_slots),
+                                    2 * e.head_slots, self);
+            return d;
+          },
+          "The batch view's arrays as read-only NumPy arrays aliasing the manager's memory (no\n"
+          "copy; each keeps the manager alive). Contents change with later calls. head_group\n"
+          "interleaves (group, column) per (layer, head).")
+      .def(
+          "pool",
+          [](nb::handle self) {
+            auto& c                = nb::cast<host_kv_cache&>(self);
+            auto const& p          = c.kv.pool();
+            std::size_t shape[2]   = {static_cast<std::size_t>(p.capacity()),
+                                      static_cast<std::size_t>(c.kv.plan().page_bytes())};
+            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<2>>(
+                reinterpret_cast<std::uint8_t*>(p.base()), 2, shape, self);
+          },
+          "[num_pages, page_bytes] writable uint8 array over the page arena (no copy).");
+}
+
+}  // namespace tangram::python

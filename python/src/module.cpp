@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+// tangram._tangram: Python bindings over the same headers engines embed (docs/python.md).
+#include "bindings.hpp"
+
+#include "tangram/version.hpp"
+
+NB_MODULE(_tangram, m) {
+  m.doc() = "Tangram: per-head KV-cache budgets, head-group paging and an AOT decode split.";
+  m.attr("__version__") = TANGRAM_VERSION_STRING;
+  tangram::python::bind_errors(m);
+  tangram::python::bind_model(m);
+  tangram::python::bind_profiles(m);
+  tangram::python::bind_plan(m);
+  tangram::python::bind_manager(m);
+}

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+// Plan options (every field of plan_options), building, saving and inspecting a static plan.
+// Enumerations are their lower-case names, parsed by the library (errors name the field).
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "tangram/detail/str.hpp"
+#include "tangram/io/static_plan.hpp"
+#include "tangram/plan/build_static_plan.hpp"
+
+namespace nb = nanobind;
+
+namespace tangram::python {
+
+namespace {
+
+reservation_mode reservation_from(std::string const& name) {
+  auto r = reservation_mode_named(name);
+  TANGRAM_EXPECTS(r.has_value(), invalid_argument, "PlanOptions.reservation: unknown mode ",
+                  detail::quoted(name), " (expected static or elastic)");
+  return *r;
+}
+
+keep_ratio_basis basis_from(std::string const& name) {
+  auto b = keep_ratio_basis_named(name);
+  TANGRAM_EXPECTS(b.has_value(), invalid_argument, "PlanOptions.basis: unknown basis ",
+                  detail::quoted(name), " (expected all_tokens or compressible_tokens)");
+  return *b;
+}
+
+}  // namespace
+
+void bind_plan(nb::module_& m) {
+  nb::class_<plan_options>(m, "PlanOptions", "Every option of a static plan (plan_options).")
+      .def(nb::init<>())
+      .def_rw("group_size", &plan_options::group_size, "Hp: heads per page")
+      .def_prop_rw("scope",
+                   [](plan_options const& o) { return std::string(to_string(o.scope)); },
+                   [](plan_options& o, std::string const& v) {
+                     o.scope = parse_grouping_scope(v, "PlanOptions.scope");
+                   },
+                   "\"adjacent\", \"layer\" or \"global\"")
+      .def_rw("page_tokens", &plan_options::page_tokens, "P: tokens per page")
+      .def_prop_rw("sm_count", [](plan_options const& o) { return o.split.limits.sm_count; },
+                   [](plan_options& o, std::int32_t v) { o.split.limits.sm_count = v; })
+      .def_prop_rw("ctas_per_sm", [](plan_options const& o) { return o.split.limits.ctas_per_sm; },
+                   [](plan_options& o, std::int32_t v) { o.split.limits.ctas_per_sm = v; })
+      .def_prop_rw("weighting",
+                   [](plan_options const& o) { return std::string(to_string(o.split.weighting)); },
+                   [](plan_options& o, std::string const& v) {
+                     o.split.weighting = parse_split_weighting(v, "PlanOptions.weighting");
+                   },
+                   "\"budget\" or \"batch_share\"")
+      .def_prop_rw("reference_contexts",
+                   [](plan_options const& o) { return o.split.reference_contexts; },
+                   [](plan_options& o, std::vector<std::int64_t> v) {
+                     o.split.reference_contexts = std::move(v);
+                   })
+      .def_prop_rw("reference_batch_size",
+                   [](plan_options const& o) { return o.split.reference_batch_size; },
+                   [](plan_options& o, std::int32_t v) { o.split.reference_batch_size = v; })
+      .def_prop_rw("reference_batches",
+                   [](plan_options const& o) { return o.split.reference_batches; },
+                   [](plan_options& o, std::int32_t v) { o.split.reference_batches = v; })
+      .def_prop_rw("share_quantile", [](plan_options const& o) { return o.split.share_quantile; },
+                   [](plan_options& o, double v) { o.split.share_quantile = v; })
+      .def_rw("tp_size", &plan_options::tp_size)
+      .def_rw("tp_rank", &plan_options::tp_rank)
+      .def_prop_rw("reservation",
+                   [](plan_options const& o) { return std::string(to_string(o.reservation.mode)); },
+                   [](plan_options& o, std::string const& v) { o.reservation.mode = reservation_from(v); },
+                   "\"static\" (per-group budgets) or \"elastic\" (the scorer's total, placed at eviction)")
+      .def_prop_rw("margin", [](plan_options const& o) { return o.reservation.margin; },
+                   [](plan_options& o, double v) { o.reservation.margin = v; })
+      .def_prop_rw("basis",
+                   [](plan_options const& o) { return std::string(to_string(o.reservation.basis)); },
+                   [](plan_options& o, std::string const& v) { o.reservation.basis = basis_from(v); })
+      .def("validate", &plan_options::validate, "Raises ValueError naming the field and the value.");
+
+  nb::class_<static_plan>(m, "StaticPlan",
+                          "The plan of one tensor-parallel rank (a value: copies are independent).")
+      .def_ro("model", &static_plan::model)
+      .def_ro("profile", &static_plan::profile)
+      .def_ro("options", &static_plan::options)
+      .def_ro("num_layers", &static_plan::num_layers)
+      .def_ro("num_kv_heads", &static_plan::num_kv_heads)
+      .def_ro("first_kv_head", &static_plan::first_kv_head)
+      .def_prop_ro("num_groups", &static_plan::num_groups)
+      .def_prop_ro("page_bytes", &static_plan::page_bytes)
+      .def_prop_ro("page_tokens", [](static_plan const& p) { return p.geometry.page_tokens; })
+      .def_prop_ro("group_size", [](static_plan const& p) { return p.geometry.group_size; })
+      .def_prop_ro("head_rules",
+                   [](static_plan const& p) {
+                     nb::list out;
+                     for (auto const& r : p.rules) {
+                       nb::dict d;
+                       d["kind"]    = std::string(to_string(r.kind));
+                       d["budget"]  = r.budget;
+                       d["protect"] = r.protect;
+                       d["window"]  = r.window;
+                       out.append(d);
+                     }
+                     return out;
+                   },
+                   "[num_layers * num_kv_heads] dicts: kind, budget, protect, window")
+      .def_prop_ro("groups",
+                   [](static_plan const& p) {
+                     std::vector<std::vector<std::pair<std::int32_t, std::int32_t>>> out;
+                     for (auto const& g : p.grouping.groups) {
+                       out.emplace_back();
+                       for (auto h : g.members) out.back().emplace_back(h.layer, h.head);
+                     }
+                     return out;
+                   },
+                   "Members (layer, head) of every group, column order")
+      .def_prop_ro("cta_begin",
+                   [](static_plan const& p) {
+                     return numpy_copy(p.splits.cta_begin,
+                                       {static_cast<std::size_t>(p.num_layers),
+                                        static_cast<std::size_t>(p.num_kv_heads) + 1});
+                   },
+                   "[num_layers, num_kv_heads + 1] first CTA of every head (split map; a copy)")
+      .def_prop_ro("split_weights",
+                   [](static_plan const& p) {
+                     return numpy_copy(p.splits.phi, {static_cast<std::size_t>(p.num_layers),
+                                                      static_cast<std::size_t>(p.num_kv_heads)});
+                   },
+                   "[num_layers, num_kv_heads] Phi the split map was apportioned by (a copy)")
+      .def_prop_ro("num_ctas", [](static_plan const& p) { return p.splits.num_ctas(); });
+
+  m.def("build_plan",
+        [](model_spec const& model, budget_profile const& profile, plan_options const& options,
+           std::optional<retention_samples> const& samples) {
+          return samples ? build_static_plan(model, profile, options, *samples)
+                         : build_static_plan(model, profile, options);
+        },
+        nb::arg("model"), nb::arg("profile"), nb::arg("options") = plan_options{},
+        nb::arg("samples") = nb::none(),
+        "build_static_plan. With the samples the profile was calibrated from, an elastic plan's\n"
+        "split map is weighed on their placements. Raises ValueError naming the option.");
+  m.def("save_plan", &save_static_plan, nb::arg("plan"), nb::arg("path"),
+        "Writes the plan JSON atomically (temporary file in the target's folder, then rename).");
+  m.def("load_plan", &load_static_plan, nb::arg("path"),
+        "Reads a plan file. Raises ParseError naming the field.");
+}
+
+}  // namespace tangram::python

@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The manager's lifecycle through the bindings; views alias the manager's memory."""
+import gc
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+import tangram
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def prefill(kv, seq, chunk=512):
+    while (left := kv.info(seq)["prompt_remaining"]) > 0:
+        c = min(chunk, left)
+        kv.prepare_chunk(seq, c)
+        kv.commit_chunk(seq, np.asarray(kv.expected_kept(seq, c), dtype=np.int32))
+
+
+def test_admission_reserves_exactly_what_admission_pages_says(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=6000, max_sequences=8)
+    want = kv.admission_pages(1000, 64)
+    seq = kv.try_admit(1000, 64)
+    assert kv.info(seq)["reserved_pages"] == want
+    assert kv.reserved_pages == want
+    assert kv.available_pages == kv.num_pages - want
+
+
+def test_whole_lifecycle_returns_every_page(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=6000, max_sequences=8)
+    seqs = []
+    while (s := kv.try_admit(400, 32)) is not None:
+        seqs.append(s)
+    assert len(seqs) >= 2 and kv.stats["rejected"] == 1
+    for s in seqs:
+        prefill(kv, s)
+        assert kv.info(s)["phase"] == "decode"
+    kv.set_batch(seqs)
+    for _ in range(32):
+        kv.decode_step()
+    assert all(kv.info(s)["decoded"] == 32 for s in seqs)
+    kv.end_turn(seqs[0])
+    for s in seqs[1:]:
+        kv.free(s)
+    assert kv.continue_turn(seqs[0], 200, 16)
+    prefill(kv, seqs[0])
+    child = kv.fork(seqs[0])
+    assert child is not None and kv.live_sequences == 2
+    kv.execute_page_copies()
+    assert kv.pending_copies() == []
+    kv.free(child)
+    kv.free(seqs[0])
+    kv.check_invariants()
+    assert (kv.used_pages, kv.reserved_pages, kv.live_sequences) == (0, 0, 0)
+    assert kv.stats["reclaimed_pages"] == 0
+
+
+def test_elastic_lifecycle(elastic_plan):
+    kv = tangram.KVCacheManager(elastic_plan, num_pages=8000, max_sequences=4, max_chunk_tokens=512)
+    seq = kv.try_admit(1000, 32)
+    assert seq is not None
+    assert kv.elastic_page_limit(seq) > 0
+    prefill(kv, seq)
+    kv.set_batch([seq])
+    kv.decode_step()
+    kv.free(seq)
+    kv.check_invariants()
+    assert kv.used_pages == 0 and kv.reserved_pages == 0
+
+
+def test_views_alias_the_managers_memory(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=6000, max_sequences=4)
+    seq = kv.try_admit(1000, 16)
+    kv.set_batch([seq])
+    view = kv.view()
+    lengths = view["head_base_len"]
+    assert not lengths.flags.writeable and not lengths.flags.owndata
+    assert lengths[:4].tolist() == [0, 0, 0, 0]
+    prefill(kv, seq)
+    # The same array object shows the committed lengths: no copy was made.
+    assert lengths[0] == kv.head_len(seq, 0, 0) > 0
+    assert view["batch_slots"].tolist() == [seq.slot]
+    with pytest.raises(ValueError):
+        lengths[0] = 1
+    g = int(view["head_group"][0])
+    offset = view["page_offset"][seq.slot * kv.num_groups + g]
+    assert view["pages"][offset] == kv.group_pages(seq, g)[0]
+
+
+def test_views_keep_the_manager_alive(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=2)
+    seq = kv.try_admit(500, 8)
+    prefill(kv, seq)
+    pages = kv.view()["pages"]
+    first = pages[:8].copy()
+    del kv
+    gc.collect()
+    assert np.array_equal(pages[:8], first)  # still readable: the array owns a reference
+
+
+def test_pool_is_a_writable_alias(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=64, max_sequences=2)
+    pool = kv.pool()
+    assert pool.shape == (64, static_plan.page_bytes) and pool.dtype == np.uint8
+    pool[3, 5] = 42
+    assert kv.pool()[3, 5] == 42
+    assert pool.__dlpack__() is not None  # DLPack export for other frameworks
+
+
+def test_engine_loop_example_returns_everything():
+    spec = importlib.util.spec_from_file_location("engine_loop", ROOT / "examples/python/engine_loop.py")
+    loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop)
+    out = loop.run(verbose=False)
+    assert out["admitted"] >= 2 and out["rejected_waiting"] > 0
+    assert (out["used_pages"], out["reserved_pages"], out["live_sequences"]) == (0, 0, 0)
+    assert out["reclaimed_pages"] == 0

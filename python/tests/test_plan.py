@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Calibration and plans through the bindings agree with the C++ library's contracts."""
+import numpy as np
+
+import tangram
+from conftest import make_plan
+
+
+def test_samples_and_profile_shapes(samples, profile):
+    assert samples.kept.shape == (len(samples), len(samples.layer_ids) * samples.num_kv_heads)
+    assert profile.budgets.shape == (len(profile.layer_ids), profile.num_kv_heads)
+    assert np.all((profile.budgets > 0) & (profile.budgets <= 1))
+
+
+def test_calibration_report_matches_the_budgets(samples, profile):
+    report = tangram.evaluate_calibration(samples)
+    assert report.num_samples == len(samples)
+    assert abs(report.mean_budget - float(profile.budgets.mean())) < 1e-9
+    assert report.reserved_over_ideal > 1.0
+    assert 0.0 <= report.heldout_clip_fraction < 0.05
+
+
+def test_plan_options_round_trip_every_field():
+    o = tangram.PlanOptions()
+    o.group_size, o.page_tokens, o.scope = 2, 32, "layer"
+    o.sm_count, o.ctas_per_sm, o.weighting = 78, 3, "budget"
+    o.reference_contexts = [2048, 8192]
+    o.reference_batch_size, o.reference_batches, o.share_quantile = 8, 64, 0.9
+    o.tp_size, o.tp_rank = 2, 1
+    o.reservation, o.margin, o.basis = "elastic", 0.1, "compressible_tokens"
+    o.validate()
+    assert (o.group_size, o.page_tokens, o.scope) == (2, 32, "layer")
+    assert (o.sm_count, o.ctas_per_sm, o.weighting) == (78, 3, "budget")
+    assert o.reference_contexts == [2048, 8192]
+    assert (o.tp_size, o.tp_rank, o.reservation, o.margin, o.basis) == (2, 1, "elastic", 0.1,
+                                                                        "compressible_tokens")
+
+
+def test_plan_save_and_load(tmp_path, static_plan):
+    path = tmp_path / "plan.json"
+    tangram.save_plan(static_plan, str(path))
+    back = tangram.load_plan(str(path))
+    assert back.num_groups == static_plan.num_groups
+    assert np.array_equal(back.cta_begin, static_plan.cta_begin)
+    assert back.groups == static_plan.groups
+    assert back.options.reservation == "static"
+
+
+def test_split_map_rows_cover_every_cta(static_plan):
+    cta = static_plan.cta_begin
+    assert cta.shape == (static_plan.num_layers, static_plan.num_kv_heads + 1)
+    assert np.all(cta[:, 0] == 0) and np.all(cta[:, -1] == static_plan.num_ctas)
+    assert np.all(np.diff(cta, axis=1) >= 1)
+
+
+def test_elastic_plan_from_samples_weighs_placements(model, profile, samples, elastic_plan):
+    from_profile = make_plan(model, profile, "elastic")
+    assert elastic_plan.options.reservation == "elastic"
+    assert not np.array_equal(elastic_plan.cta_begin, from_profile.cta_begin)
+    static_with_samples = make_plan(model, profile, "static", samples)
+    static_without = make_plan(model, profile, "static")
+    assert np.array_equal(static_with_samples.cta_begin, static_without.cta_begin)
