@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -28,6 +29,10 @@
 #include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/retention_needs.hpp"
+#include "tangram/eval/sim/sensitivity.hpp"
+#include "tangram/eval/sim/serving_costs.hpp"
+#include "tangram/eval/split_imbalance.hpp"
 #include "tangram/eval/sim/workload.hpp"
 #include "tangram/eval/sim/workload_io.hpp"
 #include "tangram/plan/build_static_plan.hpp"
@@ -79,6 +84,20 @@ json::value result_json(replay_result const& r) {
   o.set("modelled_ttft_mean_s", r.modelled_ttft_mean_s);
   o.set("modelled_ttft_p95_s", r.modelled_ttft_p95_s);
   o.set("modelled_eviction_pass_s", r.modelled_eviction_pass_s);
+  o.set("completed_requests", r.completed_requests);
+  o.set("modelled_requests_per_s", r.modelled_requests_per_s);
+  o.set("truncated_answers", r.truncated_answers);
+  o.set("reserved_decode_tokens", r.reserved_decode_tokens);
+  auto t = json::value::object();
+  t.set("prefill_s", r.time.prefill_s);
+  t.set("eviction_pass_s", r.time.eviction_pass_s);
+  t.set("decode_attention_s", r.time.decode_attention_s);
+  t.set("weights_s", r.time.weights_s);
+  t.set("reclamation_s", r.time.reclamation_s);
+  t.set("replanning_s", r.time.replanning_s);
+  t.set("overhead_s", r.time.overhead_s);
+  t.set("idle_s", r.time.idle_s);
+  o.set("modelled_time_breakdown", std::move(t));
   return o;
 }
 
@@ -161,7 +180,41 @@ struct simulate_args {
   std::optional<std::string> plot;
   bool json = false;
   bool quiet = false;
+  bool sensitivity = false;
+  bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
+  serving_costs costs;
+  std::optional<double> reclaim_us, skew, replan, overhead_us;
+  bool no_padded_reads = false;
 };
+
+/// Per-policy (printed) figures of the cost model's constants.
+json::value costs_json(serving_costs const& c) {
+  auto o = json::value::object();
+  o.set("label", "modelled: constants of eval/sim/serving_costs.hpp (sources in docs/benchmarks.md)");
+  o.set("reclaim_s_per_page", c.reclaim_s_per_page);
+  o.set("padded_reads", c.padded_reads);
+  o.set("baseline_balance", std::string(to_string(c.balance)));
+  o.set("unbalanced_skew", c.unbalanced_skew);
+  o.set("replan_fraction", c.replan_fraction);
+  o.set("step_overhead_s", c.step_overhead_s);
+  o.set("planner_skew_measured", c.planner_skew);
+  o.set("tangram_skew_measured", c.tangram_skew);
+  o.set("tangram_elastic_skew_measured", c.tangram_elastic_skew);
+  return o;
+}
+
+/// A constant measured in seconds ("..._s", "..._s_per_page"): printed in us.
+bool seconds_valued(std::string const& name) {
+  return name.find("_s_per_") != std::string::npos ||
+         (name.size() > 2 && name.compare(name.size() - 2, 2, "_s") == 0);
+}
+
+json::value verdict_json(verdict const& v) {
+  auto o = json::value::object();
+  o.set("modelled_tokens_per_s", v.tokens_per_s_ratio);
+  o.set("mean_resident_sessions", v.mean_resident_ratio);
+  return o;
+}
 
 int simulate(simulate_args& a, streams io) {
   check_calibration_args(a.cal);
@@ -232,10 +285,26 @@ int simulate(simulate_args& a, streams io) {
                             page_pool<page_layout<>>::max_pages, "] pages a pool can hold"));
   }
 
+  // Costs beyond the roofline: defaults (eval/sim/serving_costs.hpp), then the overrides; the
+  // decode skews are measured on the reference batch (eval/split_imbalance.hpp).
+  serving_costs costs = a.costs;
+  if (a.reclaim_us) costs.reclaim_s_per_page = *a.reclaim_us * 1e-6;
+  if (a.skew) costs.unbalanced_skew = *a.skew;
+  if (a.replan) costs.replan_fraction = *a.replan;
+  if (a.overhead_us) costs.step_overhead_s = *a.overhead_us * 1e-6;
+  costs.padded_reads = !a.no_padded_reads;
+  auto contexts      = reference_batch{}.contexts();
+  {
+    auto imb             = layer_imbalance(plan.rules, plan.splits, contexts);
+    costs.planner_skew   = std::max(1.0, std::min(imb.greedy.mean, imb.greedy_fine.mean));
+    costs.tangram_skew   = std::max(1.0, imb.aot.mean);
+  }
+
   workload work;
   if (kind) {
-    wo.kind = *kind;
-    work    = generate_workload(wo);
+    wo.kind        = *kind;
+    wo.max_context = ro.max_context;  // a generated session fits the same context
+    work           = generate_workload(wo);
   } else {
     try {
       work = load_workload(workload_name);
@@ -257,6 +326,7 @@ int simulate(simulate_args& a, streams io) {
   auto t_start = std::chrono::steady_clock::now();
   auto run = [&](kv_policy& policy, int index) {
     replay_options o = ro;
+    o.charges        = costs.charges_for(policy.name());
     if (show_progress) {
       o.progress = [&, index](double f) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -270,10 +340,20 @@ int simulate(simulate_args& a, streams io) {
     unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
     run(full, 0);
   }
-  {
-    unified_policy nonuniform(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions, max_tokens);
-    run(nonuniform, 1);
+  // The baseline keeps each input's own retention (the samples); --baseline-retention budgets,
+  // or a budget profile without samples, gives it Tangram's padded budgets instead.
+  std::shared_ptr<retention_needs const> own;
+  if (!a.baseline_budgets && src.samples && !src.samples->samples.empty()) {
+    elastic_needs bn;
+    bn.samples = src.samples;
+    if (keep) bn.scale = *keep / src.profile.target_keep_ratio;
+    own = std::make_shared<retention_needs>(plan, std::move(bn));
   }
+  auto make_unified = [&] {
+    return std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots,
+                                            n_sessions, max_tokens, own);
+  };
+  run(*make_unified(), 1);
   {
     tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
     run(tangram, 2);
@@ -288,15 +368,43 @@ int simulate(simulate_args& a, streams io) {
     needs.scale = *keep / src.profile.target_keep_ratio;
   }
   bool const needs_from_samples = needs.samples && !needs.samples->samples.empty();
+  {
+    auto ep                    = elastic_plan(elastic_base, a.margin);
+    costs.tangram_elastic_skew = std::max(1.0, layer_imbalance(ep.rules, ep.splits, contexts).aot.mean);
+  }
+  auto make_elastic = [&] {
+    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk, a.margin,
+                                       needs);
+  };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   {
-    auto elastic = make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk,
-                                               a.margin, std::move(needs));
+    auto elastic = make_elastic();
     run(*elastic, 3);
     if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction()); ev && ev->wanted_total() > 0)
       elastic_clipped = static_cast<double>(ev->wanted_clipped()) / static_cast<double>(ev->wanted_total());
   }
   if (show_progress) io.err << "\n";
+  // --sensitivity: the verdict at each end of every uncalibrated constant's range.
+  std::optional<sensitivity_report> sens;
+  if (a.sensitivity) {
+    std::map<std::string, replay_result> defaults;
+    for (auto const& r : results) defaults.emplace(r.policy, r);
+    sens = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram", "tangram_elastic"},
+                             [&](std::string const& name, step_charges const& ch) {
+                               replay_options o = ro;
+                               o.charges        = ch;
+                               std::unique_ptr<kv_policy> p;
+                               if (name == "unified_nonuniform")
+                                 p = make_unified();
+                               else if (name == "tangram")
+                                 p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
+                               else
+                                 p = make_elastic();
+                               if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
+                               return replay(work, *p, cost, o);
+                             });
+    if (show_progress) io.err << "\n";
+  }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   std::string title = cat(model.name, " on ", gpu.name, ", workload ", work.name, ", ", n_sessions, " sessions");
@@ -332,7 +440,13 @@ int simulate(simulate_args& a, streams io) {
     c.set("peak_flops", gpu.peak_flops);
     c.set("active_weight_bytes", model.active_weight_bytes);
     c.set("active_parameters", model.active_parameters);
+    c.set("serving_costs", costs_json(costs));
     doc.set("cost_model", std::move(c));
+    auto rv = json::value::object();
+    rv.set("max_tokens", ro.max_tokens);
+    rv.set("max_context", ro.max_context);
+    rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
+    doc.set("reservation", std::move(rv));
     auto pl = json::value::object();
     pl.set("group_size", po.group_size);
     pl.set("scope", to_string(po.scope));
@@ -363,6 +477,32 @@ int simulate(simulate_args& a, streams io) {
       ratios.set(r.policy, std::move(o));
     }
     doc.set("ratios_vs_full_kv", std::move(ratios));
+    auto vs_unified = json::value::object();
+    for (auto const& r : results) vs_unified.set(r.policy, verdict_json(verdict_of(r, results[1])));
+    doc.set("ratios_vs_unified_nonuniform", std::move(vs_unified));
+    if (sens) {
+      auto sj = json::value::object();
+      auto pts = json::value::array();
+      for (auto const& pt : sens->points) {
+        auto po_ = json::value::object();
+        po_.set("constant", pt.variation.constant);
+        po_.set("end", pt.variation.end);
+        po_.set("value", pt.variation.value);
+        for (auto const& [name, v] : pt.verdicts) po_.set(name, verdict_json(v));
+        pts.push_back(std::move(po_));
+      }
+      sj.set("points", std::move(pts));
+      auto rg = json::value::object();
+      for (auto const& [name, r] : sens->range) {
+        auto ro_ = json::value::object();
+        ro_.set("low", verdict_json(r.low));
+        ro_.set("high", verdict_json(r.high));
+        rg.set(name, std::move(ro_));
+      }
+      sj.set("range_vs_unified_nonuniform", std::move(rg));
+      sj.set("replays", sens->replays);
+      doc.set("sensitivity", std::move(sj));
+    }
     doc.set("wall_seconds", wall);
     io.out << json::dump(doc, -1) << "\n";
     return 0;
@@ -401,10 +541,20 @@ int simulate(simulate_args& a, streams io) {
   row("idle evictions", [](replay_result const& r) { return cat(r.idle_evictions); });
   row("recomputed tokens", [](replay_result const& r) { return cat(r.recomputed_tokens); });
   row("control plane us/step", [](replay_result const& r) { return fixed(r.control_plane_us_per_step, 2); });
+  row("answers cut at max_tokens", [](replay_result const& r) { return cat(r.truncated_answers); });
   row("tokens/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_tokens_per_s, 0); });
+  row("requests/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_requests_per_s, 3); });
   row("TTFT mean s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_mean_s, 2); });
   row("TTFT p95 s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_p95_s, 2); });
   row("makespan s (modelled)", [](replay_result const& r) { return fixed(r.modelled_makespan_s, 1); });
+  row("  prefill s", [](replay_result const& r) { return fixed(r.time.prefill_s, 1); });
+  row("  decode attention s", [](replay_result const& r) { return fixed(r.time.decode_attention_s, 1); });
+  row("  decode weights s", [](replay_result const& r) { return fixed(r.time.weights_s, 1); });
+  row("  reclamation s", [](replay_result const& r) { return fixed(r.time.reclamation_s, 1); });
+  row("  re-planning s", [](replay_result const& r) { return fixed(r.time.replanning_s, 1); });
+  row("  eviction pass s", [](replay_result const& r) { return fixed(r.time.eviction_pass_s, 1); });
+  row("  step overhead s", [](replay_result const& r) { return fixed(r.time.overhead_s, 1); });
+  row("  idle s", [](replay_result const& r) { return fixed(r.time.idle_s, 1); });
   o << "\n";
   row("vs full_kv: resident peak", [&](replay_result const& r) {
     return fixed(ratio(r.peak_resident_sessions, base.peak_resident_sessions), 2) + "x";
@@ -412,8 +562,48 @@ int simulate(simulate_args& a, streams io) {
   row("vs full_kv: tokens/s (modelled)", [&](replay_result const& r) {
     return fixed(ratio(r.modelled_tokens_per_s, base.modelled_tokens_per_s), 2) + "x";
   });
+  row("vs unified: resident mean", [&](replay_result const& r) {
+    return fixed(verdict_of(r, results[1]).mean_resident_ratio, 2) + "x";
+  });
+  row("vs unified: tokens/s (modelled)", [&](replay_result const& r) {
+    return fixed(verdict_of(r, results[1]).tokens_per_s_ratio, 2) + "x";
+  });
+  if (sens) {
+    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; " << sens->replays
+      << " replays):\n";
+    o << "  " << std::left << std::setw(34) << "constant = value" << std::right << std::setw(22)
+      << "tangram vs unified" << std::setw(24) << "elastic vs unified" << "\n";
+    o << "  " << std::left << std::setw(34) << "" << std::right << std::setw(22) << "tok/s  resident" << std::setw(24)
+      << "tok/s  resident" << "\n";
+    auto pair = [](verdict const& v) { return cat(fixed(v.tokens_per_s_ratio, 2), "x  ", fixed(v.mean_resident_ratio, 2), "x"); };
+    for (auto const& pt : sens->points)
+      o << "  " << std::left << std::setw(34)
+        << cat(pt.variation.constant, " = ",
+               seconds_valued(pt.variation.constant) ? fixed(pt.variation.value * 1e6, 2) + " us"
+                                                                      : fixed(pt.variation.value, 3))
+        << std::right
+        << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
+        << "\n";
+    for (auto const& [name, r] : sens->range)
+      o << "  verdict range, " << name << " vs unified: tokens/s " << fixed(r.low.tokens_per_s_ratio, 2) << "-"
+        << fixed(r.high.tokens_per_s_ratio, 2) << "x, mean resident " << fixed(r.low.mean_resident_ratio, 2) << "-"
+        << fixed(r.high.mean_resident_ratio, 2) << "x\n";
+  }
   o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1) << " TB/s; prefill: FLOPs / "
-    << fixed(tflops, 0) << " TFLOP/s); control-plane time is measured. " << fixed(wall, 1) << " s wall.\n"
+    << fixed(tflops, 0) << " TFLOP/s) plus charged costs; control-plane time is measured, not added. " << fixed(wall, 1)
+    << " s wall.\n"
+    << "  Costs (eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclaim " << fixed(costs.reclaim_s_per_page * 1e6, 3)
+    << " us/page; padded page reads " << (costs.padded_reads ? "on" : "off") << "; step overhead "
+    << fixed(costs.step_overhead_s * 1e6, 0) << " us; baseline balance " << to_string(costs.balance)
+    << (costs.balance == baseline_balance::replan
+            ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, skew ", fixed(costs.planner_skew, 3),
+                  " measured)")
+            : cat(" (unbalanced skew ", fixed(costs.unbalanced_skew, 2), ")"))
+    << ";\n  decode skew measured from the split maps: tangram " << fixed(costs.tangram_skew, 3) << ", tangram_elastic "
+    << fixed(costs.tangram_elastic_skew, 3) << "; full_kv 1.\n"
+    << "  Reservation: max_tokens " << ro.max_tokens << " per turn (context " << ro.max_context
+    << "), answers drawn separately; unified_nonuniform keeps "
+    << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram_elastic: margin " << a.margin << "; each prefilling request also holds staging for one "
     << ro.prefill_chunk << "-token chunk; per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
@@ -469,6 +659,29 @@ command_body setup_simulate(CLI::App& app) {
   add_scope(app, po.scope);
   add_page_tokens(app, po.page_tokens);
   add_text(app, "--plot", a->plot, "FILE.svg", "Draw memory over time to FILE.svg");
+  add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
+              "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
+  add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,
+              "Model context limit (tokens): caps each turn's reservation and generated sessions");
+  add_choice(
+      app, "--baseline-retention", [a](std::string const& v) { a->baseline_budgets = v == "budgets"; }, "own",
+      {"own", "budgets"},
+      "unified_nonuniform keeps each input's own retention from the samples (own) or Tangram's padded budgets");
+  add_choice(
+      app, "--baseline-balance",
+      [a](std::string const& v) { a->costs.balance = v == "none" ? baseline_balance::none : baseline_balance::replan; },
+      "replan", {"replan", "none"},
+      "unified_nonuniform balances decode by per-step re-planning (replan) or not at all (none: decode skew)");
+  add_number(app, "--reclaim-us-per-page", a->reclaim_us, {0, 1e6},
+             "Charged time per reclaimed page, us (default 3.2: the paper's +17.5% prefill)");
+  add_number(app, "--unbalanced-skew", a->skew, {1, 100},
+             "Decode skew without load balancing, --baseline-balance none (default 1.55; paper 1.4-1.7)");
+  add_number(app, "--replan-fraction", a->replan, {0, 10},
+             "Per-step re-planning, fraction of a decode step (default 0.175; paper 0.15-0.20)");
+  add_number(app, "--step-overhead-us", a->overhead_us, {0, 1e6}, "Fixed overhead per engine step, us (default 1000)");
+  app.add_flag("--no-padded-reads", a->no_padded_reads, "Decode reads live tokens only, not whole pages");
+  app.add_flag("--sensitivity", a->sensitivity,
+               "Also rerun the verdict at each end of every uncalibrated cost's range");
   app.add_flag("--json", a->json, "One JSON document instead of the table");
   app.add_flag("--quiet", a->quiet, "No progress on stderr");
   return [a](streams io) { return simulate(*a, io); };
