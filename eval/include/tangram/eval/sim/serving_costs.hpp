@@ -8,7 +8,7 @@
  * - reclaim_s_per_page (uncalibrated): the paper measured +10-25% prefill time for dynamic
  *   reclamation on unified pages. Per page: 0.175 (the midpoint) x the baseline's modelled prefill
  *   time / its reclaimed pages in the default run (`simulate`, mid, Llama-3.1-8B bf16, H200,
- *   chunk 8192, per-input retention: 141.8 s of prefill over 7,661,524 reclaimed pages, so
+ *   chunk 8192, per-input retention: 141.8 s of prefill over 7,661,680 reclaimed pages, so
  *   0.175 x 141.8 / 7.66e6 = 3.2 us a page). Range: the paper's 10% and 25% ends scaled the same
  *   way (1.8-4.6 us).
  * - padded_reads (structural, on): a decode step reads whole pages. Unified pages are as long as
@@ -75,9 +75,6 @@ struct serving_costs {
   static constexpr cost_range unbalanced_skew_range() { return {1.4, 1.7}; }
   static constexpr cost_range replan_range() { return {0.15, 0.20}; }
   static constexpr cost_range step_overhead_range() { return {0.2e-3, 3e-3}; }
-
-  /// @throw invalid_argument naming the field and the value.
-  void validate() const { charges_for("full_kv").validate(); charges_for("unified_nonuniform").validate(); }
 
   /**
    * @brief What policy `name` (full_kv, unified_nonuniform, tangram, tangram_elastic, or any
