@@ -52,7 +52,8 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
     auto t        = p["modelled_time_breakdown"];
     double sum    = 0;
     for (char const* term : {"prefill_s", "eviction_pass_s", "decode_attention_s", "weights_s",
-                             "reclamation_s", "replanning_s", "overhead_s", "idle_s"})
+                             "reclamation_s", "replanning_s", "overhead_s", "control_plane_s",
+                             "idle_s"})
       sum += t[term].as_double(0, 1e12);
     CHECK(sum == Approx(p["modelled_makespan_s"].as_double(0, 1e12)));
     CHECK(t["overhead_s"].as_double(0, 1e12) ==

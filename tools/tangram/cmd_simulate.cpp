@@ -96,6 +96,7 @@ json::value result_json(replay_result const& r) {
   t.set("reclamation_s", r.time.reclamation_s);
   t.set("replanning_s", r.time.replanning_s);
   t.set("overhead_s", r.time.overhead_s);
+  t.set("control_plane_s", r.time.control_plane_s);
   t.set("idle_s", r.time.idle_s);
   o.set("modelled_time_breakdown", std::move(t));
   return o;
@@ -185,6 +186,7 @@ struct simulate_args {
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
   bool no_padded_reads = false;
+  bool charge_control_plane = false;
 };
 
 /// Per-policy (printed) figures of the cost model's constants.
@@ -197,6 +199,7 @@ json::value costs_json(serving_costs const& c) {
   o.set("unbalanced_skew", c.unbalanced_skew);
   o.set("replan_fraction", c.replan_fraction);
   o.set("step_overhead_s", c.step_overhead_s);
+  o.set("control_plane_charged", c.control_plane);
   o.set("planner_skew_measured", c.planner_skew);
   o.set("tangram_skew_measured", c.tangram_skew);
   o.set("tangram_elastic_skew_measured", c.tangram_elastic_skew);
@@ -292,7 +295,8 @@ int simulate(simulate_args& a, streams io) {
   if (a.skew) costs.unbalanced_skew = *a.skew;
   if (a.replan) costs.replan_fraction = *a.replan;
   if (a.overhead_us) costs.step_overhead_s = *a.overhead_us * 1e-6;
-  costs.padded_reads = !a.no_padded_reads;
+  costs.padded_reads  = !a.no_padded_reads;
+  costs.control_plane = a.charge_control_plane;
   auto contexts      = reference_batch{}.contexts();
   {
     auto imb             = layer_imbalance(plan.rules, plan.splits, contexts);
@@ -554,6 +558,8 @@ int simulate(simulate_args& a, streams io) {
   row("  re-planning s", [](replay_result const& r) { return fixed(r.time.replanning_s, 1); });
   row("  eviction pass s", [](replay_result const& r) { return fixed(r.time.eviction_pass_s, 1); });
   row("  step overhead s", [](replay_result const& r) { return fixed(r.time.overhead_s, 1); });
+  if (costs.control_plane)
+    row("  control plane s (measured)", [](replay_result const& r) { return fixed(r.time.control_plane_s, 1); });
   row("  idle s", [](replay_result const& r) { return fixed(r.time.idle_s, 1); });
   o << "\n";
   row("vs full_kv: resident peak", [&](replay_result const& r) {
@@ -590,7 +596,8 @@ int simulate(simulate_args& a, streams io) {
         << fixed(r.high.mean_resident_ratio, 2) << "x\n";
   }
   o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1) << " TB/s; prefill: FLOPs / "
-    << fixed(tflops, 0) << " TFLOP/s) plus charged costs; control-plane time is measured, not added. " << fixed(wall, 1)
+    << fixed(tflops, 0) << " TFLOP/s) plus charged costs; control-plane time is measured, "
+    << (costs.control_plane ? "and added (--charge-control-plane). " : "not added. ") << fixed(wall, 1)
     << " s wall.\n"
     << "  Costs (eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclaim " << fixed(costs.reclaim_s_per_page * 1e6, 3)
     << " us/page; padded page reads " << (costs.padded_reads ? "on" : "off") << "; step overhead "
@@ -680,6 +687,8 @@ command_body setup_simulate(CLI::App& app) {
              "Per-step re-planning, fraction of a decode step (default 0.175; paper 0.15-0.20)");
   add_number(app, "--step-overhead-us", a->overhead_us, {0, 1e6}, "Fixed overhead per engine step, us (default 1000)");
   app.add_flag("--no-padded-reads", a->no_padded_reads, "Decode reads live tokens only, not whole pages");
+  app.add_flag("--charge-control-plane", a->charge_control_plane,
+               "Add each step's measured policy (control-plane) time to modelled time (not deterministic)");
   app.add_flag("--sensitivity", a->sensitivity,
                "Also rerun the verdict at each end of every uncalibrated cost's range");
   app.add_flag("--json", a->json, "One JSON document instead of the table");

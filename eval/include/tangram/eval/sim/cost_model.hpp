@@ -69,6 +69,9 @@ struct step_charges {
   double decode_skew        = 1.0;    ///< decode attention time x this (split load imbalance)
   double replan_fraction    = 0;      ///< per-step re-planning, as a fraction of the decode step
   double step_overhead_s    = 0;      ///< fixed per engine step (launches, scheduling)
+  /// Adds the wall time measured inside the policy's calls of each step (host control plane,
+  /// not overlapped with the GPU). Measured, so a run is no longer deterministic: off by default.
+  bool control_plane = false;
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
@@ -92,7 +95,7 @@ struct step_charges {
   friend bool operator==(step_charges const& a, step_charges const& b) {
     return a.reclaim_s_per_page == b.reclaim_s_per_page && a.padded_reads == b.padded_reads &&
            a.decode_skew == b.decode_skew && a.replan_fraction == b.replan_fraction &&
-           a.step_overhead_s == b.step_overhead_s;
+           a.step_overhead_s == b.step_overhead_s && a.control_plane == b.control_plane;
   }
 };
 

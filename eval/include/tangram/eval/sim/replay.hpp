@@ -115,10 +115,11 @@ struct time_breakdown {
   double reclamation_s      = 0;  ///< reclaimed pages x reclaim_s_per_page
   double replanning_s       = 0;  ///< per-step re-planning
   double overhead_s         = 0;  ///< fixed per-step overhead
+  double control_plane_s    = 0;  ///< measured policy time, when `step_charges::control_plane`
   double idle_s             = 0;  ///< nothing to run (waiting for arrivals or think time)
   [[nodiscard]] double sum() const {
     return prefill_s + eviction_pass_s + decode_attention_s + weights_s + reclamation_s +
-           replanning_s + overhead_s + idle_s;
+           replanning_s + overhead_s + control_plane_s + idle_s;
   }
 };
 
@@ -499,6 +500,7 @@ inline replay_result replay(workload const& work,
       (ss_of(s).holds_kv ? ready_continue : ready_new).push_back(s);
     }
 
+    double const control_at_start = control_s;  // this iteration's policy time starts here
     // 2. Admission: continuing turns first; new sessions only behind them.
     if (try_admit(ready_continue, false)) try_admit(ready_new, true);
 
@@ -626,6 +628,10 @@ inline replay_result replay(workload const& work,
     reclaim_seen   = mem.reclaim_ops;
     step_s += reclaim;
     out.time.reclamation_s += reclaim;
+    if (ch.control_plane) {  // admission, chunks and decode of this step, as measured
+      step_s += control_s - control_at_start;
+      out.time.control_plane_s += control_s - control_at_start;
+    }
     out.kv_bytes_allocated_peak = std::max(out.kv_bytes_allocated_peak, mem.allocated_bytes);
     out.kv_bytes_live_peak      = std::max(out.kv_bytes_live_peak, mem.live_bytes);
     out.peak_resident_sessions  = std::max(out.peak_resident_sessions, resident);

@@ -28,6 +28,9 @@
  * - step_overhead_s (uncalibrated): fixed per engine step (kernel launches, scheduling, sampling),
  *   the same for every policy; 1 ms default, range 0.2-3 ms (CUDA-graph decode to an eager
  *   engine's Python step). To be measured with scripts/gpu_check.sh once a GPU is available.
+ * - control_plane (measured, off by default): the wall time inside each step's policy calls
+ *   (admission, chunk commit, decode step) added to modelled time, for a host control plane that
+ *   does not overlap the GPU. Off by default because a measured time makes runs differ.
  */
 #pragma once
 
@@ -65,6 +68,7 @@ struct serving_costs {
   double unbalanced_skew                      = 1.55;  ///< paper: 1.4-1.7
   double replan_fraction                      = 0.175;  ///< paper: 15-20% of a decode step
   double step_overhead_s                      = 1e-3;
+  bool control_plane                          = false;  ///< add the measured policy time
   double planner_skew                         = 1.0;  ///< measured: per-step greedy planner
   double tangram_skew                         = 1.0;  ///< measured: Tangram's AOT split
   double tangram_elastic_skew                 = 1.0;  ///< measured: the elastic plan's split
@@ -85,6 +89,7 @@ struct serving_costs {
     c.reclaim_s_per_page = reclaim_s_per_page;
     c.padded_reads       = padded_reads;
     c.step_overhead_s    = step_overhead_s;
+    c.control_plane      = control_plane;
     if (name == "unified_nonuniform") {
       if (balance == baseline_balance::replan) {
         c.decode_skew     = planner_skew;
