@@ -73,12 +73,13 @@ TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
   replay_options o;
   o.continuation_headroom_tokens    = 0;
   auto r                            = replay(w, p, cost, o);
-  std::vector<std::string> expected = {"start 0 0 100 3",
+  // No oracle: each turn reserves max_tokens (4096), not its answer length.
+  std::vector<std::string> expected = {"start 0 0 100 4096",
                                        "prefill 0 100",  // step 1: prefill + first token
                                        "decode 0",
                                        "decode 0",
                                        "end 0",  // steps 2-3: two more tokens; turn ends
-                                       "start 0 103 20 2",
+                                       "start 0 103 20 4096",
                                        "prefill 0 20",  // after 1 s of thinking
                                        "decode 0",
                                        "release 0"};

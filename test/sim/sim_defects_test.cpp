@@ -91,6 +91,7 @@ TEST_CASE("the replay's timeline is capped and keeps the peaks and the final poi
   cost_model cost(model_preset("llama-3.1-8b"), gpu_spec{});
   replay_options o;
   o.timeline_points = 50;
+  o.max_tokens      = 20000;  // the whole answer
   auto r            = replay(w, p, cost, o);
   REQUIRE(r.steps > 10000);
   CHECK(r.timeline.size() <= 50);
@@ -275,7 +276,9 @@ TEST_CASE("a session whose answer outgrows the pool is rejected, not the whole r
       path,
       R"({"format":"tangram-workload/v1","sessions":[{"arrival_s":0,"turns":[{"prompt_tokens":100000,"output_tokens":1000000}]},)"
       R"({"arrival_s":0,"turns":[{"prompt_tokens":1000,"output_tokens":10}]}]})");
-  auto r = run_cli({"simulate", "--workload", path, "--json", "--quiet"});
+  // The whole answer is reserved and decoded: no max_tokens or context cap cuts it.
+  auto r = run_cli({"simulate", "--workload", path, "--json", "--quiet", "--max-tokens", "1073741824",
+                    "--max-context", "2147483647"});
   std::remove(path.c_str());
   INFO(r.err);
   REQUIRE(r.rc == 0);

@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -20,6 +21,7 @@
 #include "option_values.hpp"
 #include "output_path.hpp"
 #include "plan_support.hpp"
+#include "simulate_report.hpp"
 #include "subcommands.hpp"
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
@@ -28,6 +30,10 @@
 #include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/retention_needs.hpp"
+#include "tangram/eval/sim/sensitivity.hpp"
+#include "tangram/eval/sim/serving_costs.hpp"
+#include "tangram/eval/split_imbalance.hpp"
 #include "tangram/eval/sim/workload.hpp"
 #include "tangram/eval/sim/workload_io.hpp"
 #include "tangram/plan/build_static_plan.hpp"
@@ -53,93 +59,6 @@ void rescale_budgets(budget_profile& p, double keep) {
   for (auto& b : p.budgets) b = std::min(1.0, std::max(b * f, std::max(p.calibration.floor, 1e-6)));
 }
 
-json::value result_json(replay_result const& r) {
-  auto o = json::value::object();
-  o.set("peak_resident_sessions", r.peak_resident_sessions);
-  o.set("mean_resident_sessions", r.mean_resident_sessions);
-  o.set("peak_running", r.peak_running);
-  o.set("kv_bytes_capacity", r.capacity_bytes);
-  o.set("kv_bytes_allocated_peak", r.kv_bytes_allocated_peak);
-  o.set("kv_bytes_live_peak", r.kv_bytes_live_peak);
-  o.set("mean_utilisation", r.mean_utilisation);
-  o.set("admission_waits", r.admission_waits);
-  o.set("modelled_mean_admission_wait_s", r.mean_admission_wait_s);
-  o.set("reclaim_ops", r.reclaim_ops);
-  o.set("surplus_pages_released", r.released_pages);
-  o.set("preemptions", r.preemptions);
-  o.set("idle_evictions", r.idle_evictions);
-  o.set("recomputed_tokens", r.recomputed_tokens);
-  o.set("rejected_sessions", r.rejected_sessions);
-  o.set("steps", r.steps);
-  o.set("control_plane_us_per_step", r.control_plane_us_per_step);
-  o.set("generated_tokens", r.generated_tokens);
-  o.set("prefilled_tokens", r.prefilled_tokens);
-  o.set("modelled_makespan_s", r.modelled_makespan_s);
-  o.set("modelled_tokens_per_s", r.modelled_tokens_per_s);
-  o.set("modelled_ttft_mean_s", r.modelled_ttft_mean_s);
-  o.set("modelled_ttft_p95_s", r.modelled_ttft_p95_s);
-  o.set("modelled_eviction_pass_s", r.modelled_eviction_pass_s);
-  return o;
-}
-
-/// Memory over time per policy: allocated (solid) and live (dashed) GB; modelled time axis.
-std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
-  constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 50;
-  constexpr char const* colours[] = {"#d62728", "#ff7f0e", "#1f77b4", "#2ca02c"};
-  double t_max = 1e-9;
-  for (auto const& r : results)
-    if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
-  // Round axis steps: 1, 2 or 5 times a power of ten, five or so ticks.
-  auto nice_step = [](double span) {
-    double raw = span / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
-    for (double m : {1.0, 2.0, 5.0, 10.0})
-      if (raw <= m * mag) return m * mag;
-    return 10 * mag;
-  };
-  double y_step = nice_step(capacity_gb * 1.05), t_step = nice_step(t_max);
-  double y_max  = std::ceil(capacity_gb * 1.05 / y_step) * y_step;
-  t_max         = std::ceil(t_max / t_step) * t_step;
-  auto x = [&](double t) { return left + (W - left - right) * t / t_max; };
-  auto y = [&](double gb) { return H - bottom - (H - top - bottom) * gb / y_max; };
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1);
-  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
-  s << std::setprecision(0);
-  for (double gb = 0; gb <= y_max + 1e-9; gb += y_step)
-    s << "<text x=\"" << left - 8 << "\" y=\"" << y(gb) + 4 << "\" text-anchor=\"end\">" << gb << "</text>\n";
-  for (double t = 0; t <= t_max + 1e-9; t += t_step)
-    s << "<text x=\"" << x(t) << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\">" << t << "</text>\n";
-  s << std::setprecision(1);
-  s << "<line x1=\"" << left << "\" y1=\"" << y(capacity_gb) << "\" x2=\"" << W - right << "\" y2=\""
-    << y(capacity_gb) << "\" stroke=\"gray\" stroke-dasharray=\"2,3\"/>\n";
-  s << "<text x=\"" << W - right - 4 << "\" y=\"" << y(capacity_gb) - 5 << "\" text-anchor=\"end\" fill=\"gray\" font-size=\"10\">KV capacity</text>\n";
-  s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12 << "\" text-anchor=\"middle\">modelled time (s)</text>\n";
-  s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
-    << ")\" text-anchor=\"middle\">KV memory (GB)</text>\n";
-  for (std::size_t k = 0; k < results.size(); ++k) {
-    auto const& r = results[k];
-    for (int live = 0; live < 2; ++live) {
-      s << "<polyline fill=\"none\" stroke=\"" << colours[k % 4] << "\" stroke-width=\"1.5\""
-        << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
-      for (auto const& p : r.timeline)
-        s << x(p.time_s) << "," << y((live ? p.live_bytes : p.allocated_bytes) / 1e9) << " ";
-      s << "\"/>\n";
-    }
-    double ly = top + 20 + 36.0 * static_cast<double>(k);
-    s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
-      << "\" stroke=\"" << colours[k % 4] << "\" stroke-width=\"2\"/>\n";
-    s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << r.policy << "</text>\n";
-  }
-  s << "<text x=\"" << W - right + 10 << "\" y=\"" << top + 20 + 36.0 * static_cast<double>(results.size())
-    << "\" font-size=\"11\" fill=\"gray\">solid: allocated, dashed: live</text>\n";
-  s << "</svg>\n";
-  return s.str();
-}
-
 std::string gb(double bytes) { return fixed(bytes / 1e9, 1); }
 
 struct simulate_args {
@@ -161,8 +80,15 @@ struct simulate_args {
   std::optional<std::string> plot;
   bool json = false;
   bool quiet = false;
+  bool sensitivity = false;
+  bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
+  serving_costs costs;
+  std::optional<double> reclaim_us, skew, replan, overhead_us;
+  bool no_padded_reads = false;
+  bool charge_control_plane = false;
 };
 
+/// Per-policy (printed) figures of the cost model's constants.
 int simulate(simulate_args& a, streams io) {
   check_calibration_args(a.cal);
   auto const& cal          = a.cal;
@@ -232,10 +158,27 @@ int simulate(simulate_args& a, streams io) {
                             page_pool<page_layout<>>::max_pages, "] pages a pool can hold"));
   }
 
+  // Costs beyond the roofline: defaults (eval/sim/serving_costs.hpp), then the overrides; the
+  // decode skews are measured on the reference batch (eval/split_imbalance.hpp).
+  serving_costs costs = a.costs;
+  if (a.reclaim_us) costs.reclaim_s_per_page = *a.reclaim_us * 1e-6;
+  if (a.skew) costs.unbalanced_skew = *a.skew;
+  if (a.replan) costs.replan_fraction = *a.replan;
+  if (a.overhead_us) costs.step_overhead_s = *a.overhead_us * 1e-6;
+  costs.padded_reads  = !a.no_padded_reads;
+  costs.control_plane = a.charge_control_plane;
+  auto contexts      = reference_batch{}.contexts();
+  {
+    auto imb             = layer_imbalance(plan.rules, plan.splits, contexts);
+    costs.planner_skew   = std::max(1.0, std::min(imb.greedy.mean, imb.greedy_fine.mean));
+    costs.tangram_skew   = std::max(1.0, imb.aot.mean);
+  }
+
   workload work;
   if (kind) {
-    wo.kind = *kind;
-    work    = generate_workload(wo);
+    wo.kind        = *kind;
+    wo.max_context = ro.max_context;  // a generated session fits the same context
+    work           = generate_workload(wo);
   } else {
     try {
       work = load_workload(workload_name);
@@ -257,6 +200,7 @@ int simulate(simulate_args& a, streams io) {
   auto t_start = std::chrono::steady_clock::now();
   auto run = [&](kv_policy& policy, int index) {
     replay_options o = ro;
+    o.charges        = costs.charges_for(policy.name());
     if (show_progress) {
       o.progress = [&, index](double f) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -270,10 +214,20 @@ int simulate(simulate_args& a, streams io) {
     unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
     run(full, 0);
   }
-  {
-    unified_policy nonuniform(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions, max_tokens);
-    run(nonuniform, 1);
+  // The baseline keeps each input's own retention (the samples); --baseline-retention budgets,
+  // or a budget profile without samples, gives it Tangram's padded budgets instead.
+  std::shared_ptr<retention_needs const> own;
+  if (!a.baseline_budgets && src.samples && !src.samples->samples.empty()) {
+    elastic_needs bn;
+    bn.samples = src.samples;
+    if (keep) bn.scale = *keep / src.profile.target_keep_ratio;
+    own = std::make_shared<retention_needs>(plan, std::move(bn));
   }
+  auto make_unified = [&] {
+    return std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots,
+                                            n_sessions, max_tokens, own);
+  };
+  run(*make_unified(), 1);
   {
     tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
     run(tangram, 2);
@@ -288,15 +242,43 @@ int simulate(simulate_args& a, streams io) {
     needs.scale = *keep / src.profile.target_keep_ratio;
   }
   bool const needs_from_samples = needs.samples && !needs.samples->samples.empty();
+  {
+    auto ep                    = elastic_plan(elastic_base, a.margin);
+    costs.tangram_elastic_skew = std::max(1.0, layer_imbalance(ep.rules, ep.splits, contexts).aot.mean);
+  }
+  auto make_elastic = [&] {
+    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk, a.margin,
+                                       needs);
+  };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   {
-    auto elastic = make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk,
-                                               a.margin, std::move(needs));
+    auto elastic = make_elastic();
     run(*elastic, 3);
     if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction()); ev && ev->wanted_total() > 0)
       elastic_clipped = static_cast<double>(ev->wanted_clipped()) / static_cast<double>(ev->wanted_total());
   }
   if (show_progress) io.err << "\n";
+  // --sensitivity: the verdict at each end of every uncalibrated constant's range.
+  std::optional<sensitivity_report> sens;
+  if (a.sensitivity) {
+    std::map<std::string, replay_result> defaults;
+    for (auto const& r : results) defaults.emplace(r.policy, r);
+    sens = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram", "tangram_elastic"},
+                             [&](std::string const& name, step_charges const& ch) {
+                               replay_options o = ro;
+                               o.charges        = ch;
+                               std::unique_ptr<kv_policy> p;
+                               if (name == "unified_nonuniform")
+                                 p = make_unified();
+                               else if (name == "tangram")
+                                 p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
+                               else
+                                 p = make_elastic();
+                               if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
+                               return replay(work, *p, cost, o);
+                             });
+    if (show_progress) io.err << "\n";
+  }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   std::string title = cat(model.name, " on ", gpu.name, ", workload ", work.name, ", ", n_sessions, " sessions");
@@ -332,7 +314,13 @@ int simulate(simulate_args& a, streams io) {
     c.set("peak_flops", gpu.peak_flops);
     c.set("active_weight_bytes", model.active_weight_bytes);
     c.set("active_parameters", model.active_parameters);
+    c.set("serving_costs", costs_json(costs));
     doc.set("cost_model", std::move(c));
+    auto rv = json::value::object();
+    rv.set("max_tokens", ro.max_tokens);
+    rv.set("max_context", ro.max_context);
+    rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
+    doc.set("reservation", std::move(rv));
     auto pl = json::value::object();
     pl.set("group_size", po.group_size);
     pl.set("scope", to_string(po.scope));
@@ -363,6 +351,32 @@ int simulate(simulate_args& a, streams io) {
       ratios.set(r.policy, std::move(o));
     }
     doc.set("ratios_vs_full_kv", std::move(ratios));
+    auto vs_unified = json::value::object();
+    for (auto const& r : results) vs_unified.set(r.policy, verdict_json(verdict_of(r, results[1])));
+    doc.set("ratios_vs_unified_nonuniform", std::move(vs_unified));
+    if (sens) {
+      auto sj = json::value::object();
+      auto pts = json::value::array();
+      for (auto const& pt : sens->points) {
+        auto po_ = json::value::object();
+        po_.set("constant", pt.variation.constant);
+        po_.set("end", pt.variation.end);
+        po_.set("value", pt.variation.value);
+        for (auto const& [name, v] : pt.verdicts) po_.set(name, verdict_json(v));
+        pts.push_back(std::move(po_));
+      }
+      sj.set("points", std::move(pts));
+      auto rg = json::value::object();
+      for (auto const& [name, r] : sens->range) {
+        auto ro_ = json::value::object();
+        ro_.set("low", verdict_json(r.low));
+        ro_.set("high", verdict_json(r.high));
+        rg.set(name, std::move(ro_));
+      }
+      sj.set("range_vs_unified_nonuniform", std::move(rg));
+      sj.set("replays", sens->replays);
+      doc.set("sensitivity", std::move(sj));
+    }
     doc.set("wall_seconds", wall);
     io.out << json::dump(doc, -1) << "\n";
     return 0;
@@ -401,10 +415,22 @@ int simulate(simulate_args& a, streams io) {
   row("idle evictions", [](replay_result const& r) { return cat(r.idle_evictions); });
   row("recomputed tokens", [](replay_result const& r) { return cat(r.recomputed_tokens); });
   row("control plane us/step", [](replay_result const& r) { return fixed(r.control_plane_us_per_step, 2); });
+  row("answers cut at max_tokens", [](replay_result const& r) { return cat(r.truncated_answers); });
   row("tokens/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_tokens_per_s, 0); });
+  row("requests/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_requests_per_s, 3); });
   row("TTFT mean s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_mean_s, 2); });
   row("TTFT p95 s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_p95_s, 2); });
   row("makespan s (modelled)", [](replay_result const& r) { return fixed(r.modelled_makespan_s, 1); });
+  row("  prefill s", [](replay_result const& r) { return fixed(r.time.prefill_s, 1); });
+  row("  decode attention s", [](replay_result const& r) { return fixed(r.time.decode_attention_s, 1); });
+  row("  decode weights s", [](replay_result const& r) { return fixed(r.time.weights_s, 1); });
+  row("  reclamation s", [](replay_result const& r) { return fixed(r.time.reclamation_s, 1); });
+  row("  re-planning s", [](replay_result const& r) { return fixed(r.time.replanning_s, 1); });
+  row("  eviction pass s", [](replay_result const& r) { return fixed(r.time.eviction_pass_s, 1); });
+  row("  step overhead s", [](replay_result const& r) { return fixed(r.time.overhead_s, 1); });
+  if (costs.control_plane)
+    row("  control plane s (measured)", [](replay_result const& r) { return fixed(r.time.control_plane_s, 1); });
+  row("  idle s", [](replay_result const& r) { return fixed(r.time.idle_s, 1); });
   o << "\n";
   row("vs full_kv: resident peak", [&](replay_result const& r) {
     return fixed(ratio(r.peak_resident_sessions, base.peak_resident_sessions), 2) + "x";
@@ -412,8 +438,49 @@ int simulate(simulate_args& a, streams io) {
   row("vs full_kv: tokens/s (modelled)", [&](replay_result const& r) {
     return fixed(ratio(r.modelled_tokens_per_s, base.modelled_tokens_per_s), 2) + "x";
   });
+  row("vs unified: resident mean", [&](replay_result const& r) {
+    return fixed(verdict_of(r, results[1]).mean_resident_ratio, 2) + "x";
+  });
+  row("vs unified: tokens/s (modelled)", [&](replay_result const& r) {
+    return fixed(verdict_of(r, results[1]).tokens_per_s_ratio, 2) + "x";
+  });
+  if (sens) {
+    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; " << sens->replays
+      << " replays):\n";
+    o << "  " << std::left << std::setw(34) << "constant = value" << std::right << std::setw(22)
+      << "tangram vs unified" << std::setw(24) << "elastic vs unified" << "\n";
+    o << "  " << std::left << std::setw(34) << "" << std::right << std::setw(22) << "tok/s  resident" << std::setw(24)
+      << "tok/s  resident" << "\n";
+    auto pair = [](verdict const& v) { return cat(fixed(v.tokens_per_s_ratio, 2), "x  ", fixed(v.mean_resident_ratio, 2), "x"); };
+    for (auto const& pt : sens->points)
+      o << "  " << std::left << std::setw(34)
+        << cat(pt.variation.constant, " = ",
+               seconds_valued(pt.variation.constant) ? fixed(pt.variation.value * 1e6, 2) + " us"
+                                                                      : fixed(pt.variation.value, 3))
+        << std::right
+        << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
+        << "\n";
+    for (auto const& [name, r] : sens->range)
+      o << "  verdict range, " << name << " vs unified: tokens/s " << fixed(r.low.tokens_per_s_ratio, 2) << "-"
+        << fixed(r.high.tokens_per_s_ratio, 2) << "x, mean resident " << fixed(r.low.mean_resident_ratio, 2) << "-"
+        << fixed(r.high.mean_resident_ratio, 2) << "x\n";
+  }
   o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1) << " TB/s; prefill: FLOPs / "
-    << fixed(tflops, 0) << " TFLOP/s); control-plane time is measured. " << fixed(wall, 1) << " s wall.\n"
+    << fixed(tflops, 0) << " TFLOP/s) plus charged costs; control-plane time is measured, "
+    << (costs.control_plane ? "and added (--charge-control-plane). " : "not added. ") << fixed(wall, 1)
+    << " s wall.\n"
+    << "  Costs (eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclaim " << fixed(costs.reclaim_s_per_page * 1e6, 3)
+    << " us/page; padded page reads " << (costs.padded_reads ? "on" : "off") << "; step overhead "
+    << fixed(costs.step_overhead_s * 1e6, 0) << " us; baseline balance " << to_string(costs.balance)
+    << (costs.balance == baseline_balance::replan
+            ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, skew ", fixed(costs.planner_skew, 3),
+                  " measured)")
+            : cat(" (unbalanced skew ", fixed(costs.unbalanced_skew, 2), ")"))
+    << ";\n  decode skew measured from the split maps: tangram " << fixed(costs.tangram_skew, 3) << ", tangram_elastic "
+    << fixed(costs.tangram_elastic_skew, 3) << "; full_kv 1.\n"
+    << "  Reservation: max_tokens " << ro.max_tokens << " per turn (context " << ro.max_context
+    << "), answers drawn separately; unified_nonuniform keeps "
+    << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram_elastic: margin " << a.margin << "; each prefilling request also holds staging for one "
     << ro.prefill_chunk << "-token chunk; per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
@@ -469,6 +536,31 @@ command_body setup_simulate(CLI::App& app) {
   add_scope(app, po.scope);
   add_page_tokens(app, po.page_tokens);
   add_text(app, "--plot", a->plot, "FILE.svg", "Draw memory over time to FILE.svg");
+  add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
+              "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
+  add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,
+              "Model context limit (tokens): caps each turn's reservation and generated sessions");
+  add_choice(
+      app, "--baseline-retention", [a](std::string const& v) { a->baseline_budgets = v == "budgets"; }, "own",
+      {"own", "budgets"},
+      "unified_nonuniform keeps each input's own retention from the samples (own) or Tangram's padded budgets");
+  add_choice(
+      app, "--baseline-balance",
+      [a](std::string const& v) { a->costs.balance = v == "none" ? baseline_balance::none : baseline_balance::replan; },
+      "replan", {"replan", "none"},
+      "unified_nonuniform balances decode by per-step re-planning (replan) or not at all (none: decode skew)");
+  add_number(app, "--reclaim-us-per-page", a->reclaim_us, {0, 1e6},
+             "Charged time per reclaimed page, us (default 3.2: the paper's +17.5% prefill)");
+  add_number(app, "--unbalanced-skew", a->skew, {1, 100},
+             "Decode skew without load balancing, --baseline-balance none (default 1.55; paper 1.4-1.7)");
+  add_number(app, "--replan-fraction", a->replan, {0, 10},
+             "Per-step re-planning, fraction of a decode step (default 0.175; paper 0.15-0.20)");
+  add_number(app, "--step-overhead-us", a->overhead_us, {0, 1e6}, "Fixed overhead per engine step, us (default 1000)");
+  app.add_flag("--no-padded-reads", a->no_padded_reads, "Decode reads live tokens only, not whole pages");
+  app.add_flag("--charge-control-plane", a->charge_control_plane,
+               "Add each step's measured policy (control-plane) time to modelled time (not deterministic)");
+  app.add_flag("--sensitivity", a->sensitivity,
+               "Also rerun the verdict at each end of every uncalibrated cost's range");
   app.add_flag("--json", a->json, "One JSON document instead of the table");
   app.add_flag("--quiet", a->quiet, "No progress on stderr");
   return [a](streams io) { return simulate(*a, io); };

@@ -246,6 +246,10 @@ class unified_paging_baseline {
   [[nodiscard]] std::int64_t n_pages(std::int32_t seq, std::int32_t layer) const {
     return n_pages_[sl(seq, layer)];
   }
+  /// Tokens `seq` has seen (prefilled and decoded, before any eviction).
+  [[nodiscard]] std::int64_t seq_tokens(std::int32_t seq) const {
+    return seq_tokens_[static_cast<std::size_t>(seq)];
+  }
   /// Pages `seq` holds over all layers.
   [[nodiscard]] std::int64_t pages_held(std::int32_t seq) const {
     std::int64_t t = 0;

@@ -9,6 +9,10 @@
  *   attention    = 4 * query heads * head dim * layers * tokens * (tokens / 2 + past tokens)
  *   engine step  = decode step (if any sequence decodes) + prefill of the step's chunks
  *                  + HBM traffic a policy moves outside the forward pass (an unfused eviction)
+ *                  + what `step_charges` adds per policy (all off by default: a pure roofline)
+ *
+ * `step_charges` are the costs a roofline misses (reclamation, padded reads, decode skew,
+ * re-planning, launch overhead); their values and sources are in eval/sim/serving_costs.hpp.
  */
 #pragma once
 
@@ -55,6 +59,46 @@ struct gpu_spec {
   }
 };
 
+/**
+ * @brief What one policy pays per engine step beyond the roofline (modelled). The defaults charge
+ * nothing, so `replay` without charges is the plain roofline.
+ */
+struct step_charges {
+  double reclaim_s_per_page = 0;      ///< per page freed right after an eviction (reclamation)
+  bool padded_reads         = false;  ///< decode reads whole pages (padding included)
+  double decode_skew        = 1.0;    ///< decode attention time x this (split load imbalance)
+  double replan_fraction    = 0;      ///< per-step re-planning, as a fraction of the decode step
+  double step_overhead_s    = 0;      ///< fixed per engine step (launches, scheduling)
+  /// Adds the wall time measured inside the policy's calls of each step (host control plane,
+  /// not overlapped with the GPU). Measured, so a run is no longer deterministic: off by default.
+  bool control_plane = false;
+
+  /// @throw invalid_argument naming the field and the value.
+  void validate() const {
+    TANGRAM_EXPECTS(reclaim_s_per_page >= 0 && std::isfinite(reclaim_s_per_page),
+                    invalid_argument,
+                    "charges.reclaim_s_per_page: must be >= 0, got ",
+                    reclaim_s_per_page);
+    TANGRAM_EXPECTS(decode_skew >= 1 && std::isfinite(decode_skew),
+                    invalid_argument,
+                    "charges.decode_skew: must be >= 1, got ",
+                    decode_skew);
+    TANGRAM_EXPECTS(replan_fraction >= 0 && std::isfinite(replan_fraction),
+                    invalid_argument,
+                    "charges.replan_fraction: must be >= 0, got ",
+                    replan_fraction);
+    TANGRAM_EXPECTS(step_overhead_s >= 0 && std::isfinite(step_overhead_s),
+                    invalid_argument,
+                    "charges.step_overhead_s: must be >= 0, got ",
+                    step_overhead_s);
+  }
+  friend bool operator==(step_charges const& a, step_charges const& b) {
+    return a.reclaim_s_per_page == b.reclaim_s_per_page && a.padded_reads == b.padded_reads &&
+           a.decode_skew == b.decode_skew && a.replan_fraction == b.replan_fraction &&
+           a.step_overhead_s == b.step_overhead_s && a.control_plane == b.control_plane;
+  }
+};
+
 /// @brief Roofline times for one model on one GPU (modelled).
 class cost_model {
  public:
@@ -69,6 +113,9 @@ class cost_model {
   [[nodiscard]] double decode_step_s(double kv_bytes) const {
     return (model_.active_weight_bytes + kv_bytes) / gpu_.hbm_bytes_per_s;
   }
+
+  /// Reading the active weights once (the weight part of a decode step).
+  [[nodiscard]] double weights_s() const { return model_.active_weight_bytes / gpu_.hbm_bytes_per_s; }
 
   /// Moving `bytes` through HBM (read or written) at peak bandwidth.
   [[nodiscard]] double hbm_s(double bytes) const { return bytes / gpu_.hbm_bytes_per_s; }

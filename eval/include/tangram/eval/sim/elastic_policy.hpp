@@ -6,14 +6,7 @@
  *
  * Per prefill chunk of session s (after `prepare_chunk`): every compressed head h has seen
  * `seen` = the session's tokens after the chunk and has `cand_h` candidates (`expected_kept`).
- * Its need, MODELLED (no scorer runs):
- *
- *   with retention samples: sample k = s mod (number of samples),
- *                           need_h = min(ceil(scale * kept_k[h] * seen / context_k), cand_h)
- *   otherwise (a budget profile, or a layer the samples did not profile):
- *                           need_h = min(retained_tokens(rule_h, seen), cand_h)  (budget x seen)
- *
- * (`scale` is 1 unless the budgets were rescaled to another keep ratio.) The group lengths are
+ * Its need is MODELLED by `retention_needs` (eval/sim/retention_needs.hpp). The group lengths are
  * `reference::select_group_lengths` within `elastic_page_limit(seq)`; each head keeps
  * min(its group's length in tokens, cand_h). The eviction runs once per chunk outside the forward
  * pass: the policy reports one read and one write of the compressed heads' kept K/V per chunk
@@ -30,6 +23,7 @@
 
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/policies.hpp"
+#include "tangram/eval/sim/retention_needs.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -38,55 +32,13 @@
 
 namespace tangram::sim {
 
-/// @brief Where the elastic eviction's per-head needs come from (see the file comment).
-struct elastic_needs {
-  std::optional<retention_samples> samples;  ///< none: each head's budget x seen
-  double scale = 1.0;                        ///< multiplies the samples' kept counts, > 0
-};
-
 /// @brief The group-length selection of elastic reservation as a `chunk_eviction`.
 class elastic_eviction final : public chunk_eviction {
  public:
   /// @throw invalid_argument when the samples do not match the plan (KV heads, kept counts,
   ///        empty contexts) or scale <= 0.
   elastic_eviction(static_plan const& plan, elastic_needs needs)
-      : plan_(plan), needs_(std::move(needs)) {
-    auto H = static_cast<std::size_t>(plan.num_kv_heads);
-    TANGRAM_EXPECTS(needs_.scale > 0 && std::isfinite(needs_.scale),
-                    invalid_argument,
-                    "elastic_needs.scale: must be > 0, got ",
-                    needs_.scale);
-    if (needs_.samples && needs_.samples->samples.empty()) needs_.samples.reset();
-    sample_index_.assign(plan.rules.size(), -1);
-    if (needs_.samples) {
-      auto const& rs = *needs_.samples;
-      TANGRAM_EXPECTS(rs.num_kv_heads == plan.num_kv_heads,
-                      invalid_argument,
-                      "elastic_needs.samples: ",
-                      rs.num_kv_heads,
-                      " KV heads per layer, the plan has ",
-                      plan.num_kv_heads);
-      for (std::size_t k = 0; k < rs.samples.size(); ++k) {
-        auto const& smp = rs.samples[k];
-        TANGRAM_EXPECTS(smp.context_tokens > 0 && smp.kept.size() == rs.layer_ids.size() * H,
-                        invalid_argument,
-                        "elastic_needs.samples[",
-                        k,
-                        "]: needs context_tokens > 0 and ",
-                        rs.layer_ids.size() * H,
-                        " kept counts, got ",
-                        smp.context_tokens,
-                        " and ",
-                        smp.kept.size());
-      }
-      for (std::size_t li = 0; li < rs.layer_ids.size(); ++li) {
-        auto layer = rs.layer_ids[li];
-        if (layer < 0 || layer >= plan.num_layers) continue;
-        for (std::size_t h = 0; h < H; ++h)
-          sample_index_[static_cast<std::size_t>(layer) * H + h] =
-              static_cast<std::int64_t>(li * H + h);
-      }
-    }
+      : plan_(plan), needs_(plan, std::move(needs)) {
     for (auto const& g : plan.grouping.groups) {
       if (g.rule.kind != layer_kind::compressed) continue;
       for (auto m : g.members) heads_.push_back(m.layer * plan.num_kv_heads + m.head);
@@ -101,22 +53,7 @@ class elastic_eviction final : public chunk_eviction {
                                   std::int32_t h,
                                   std::int64_t seen,
                                   std::int64_t candidates) const {
-    auto idx = sample_index_[static_cast<std::size_t>(h)];
-    std::int64_t want;
-    if (idx < 0) {
-      want = retained_tokens(plan_.rules[static_cast<std::size_t>(h)], seen);
-    } else {
-      auto const& rs  = needs_.samples->samples;
-      auto const& smp = rs[static_cast<std::size_t>(session) % rs.size()];
-      auto kept       = smp.kept[static_cast<std::size_t>(idx)];
-      if (needs_.scale == 1.0)
-        want = ceil_div(kept * seen, smp.context_tokens);
-      else
-        want = static_cast<std::int64_t>(
-            std::ceil(needs_.scale * static_cast<double>(kept) * static_cast<double>(seen) /
-                      static_cast<double>(smp.context_tokens)));
-    }
-    return std::clamp<std::int64_t>(want, 0, candidates);
+    return needs_.need(session, h, seen, candidates);
   }
 
   double choose(kv_cache_manager const& manager,
@@ -167,8 +104,7 @@ class elastic_eviction final : public chunk_eviction {
 
  private:
   static_plan plan_;
-  elastic_needs needs_;
-  std::vector<std::int64_t> sample_index_;  ///< [flat head] index into a sample's kept, or -1
+  retention_needs needs_;
   std::vector<std::int32_t> heads_;         ///< compressed groups' heads, Hp per group in order
   std::vector<std::int32_t> members_;       ///< identity: wanted_ is already in group order
   std::vector<std::int64_t> wanted_;        ///< scratch: needs in group order

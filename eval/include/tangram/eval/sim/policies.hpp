@@ -5,9 +5,11 @@
  * library objects on a simulated memory resource (no real memory, exact accounting):
  *
  * - `full_kv_policy`: vLLM-style paging, one page spans all KV heads of a layer, no compression.
- * - `unified_nonuniform_policy`: the same non-uniform budgets on layer-wide pages with dynamic
- *   reclamation (each chunk is allocated in full, tail pages freed after eviction); admission
- *   checks the uncompressed prompt like the reference implementation; out of pages -> preemption.
+ * - `unified_nonuniform_policy`: non-uniform compression on layer-wide pages with dynamic
+ *   reclamation (each chunk is allocated in full, tail pages freed after eviction); each input keeps
+ *   its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
+ *   keeps), or, given no needs, Tangram's padded budgets; admission checks the uncompressed prompt
+ *   like the reference implementation; out of pages -> preemption.
  * - `tangram_policy`: budget reservation (M(r) at admission, increments per turn), head-group
  *   pages with the plan's clustering; never preempts. Its eviction step is pluggable
  *   (eval/sim/chunk_eviction.hpp): static budgets keep `expected_kept`; `tangram_elastic`
@@ -28,6 +30,7 @@
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/retention_needs.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -253,6 +256,13 @@ class tangram_policy final : public live_accounting_policy {
   [[nodiscard]] double capacity_bytes() const override {
     return static_cast<double>(manager_.pool().arena_bytes());
   }
+  /// Whole head-group pages in use, padding included.
+  [[nodiscard]] double kv_bytes_read_padded(std::int32_t s) const override {
+    auto id         = *ids_[static_cast<std::size_t>(s)];
+    std::int64_t np = 0;
+    for (std::int32_t g = 0; g < manager_.num_groups(); ++g) np += manager_.group_pages_in_use(id, g);
+    return static_cast<double>(np) * static_cast<double>(manager_.pool().page_bytes());
+  }
 
   /// The manager, for tests that check the replay's accounting.
   [[nodiscard]] kv_cache_manager const& manager() const { return manager_; }
@@ -292,11 +302,14 @@ class unified_policy final : public live_accounting_policy {
                  double kv_bytes,
                  std::int32_t max_sessions,
                  std::int32_t num_sessions,
-                 std::int64_t max_tokens)
+                 std::int64_t max_tokens,
+                 std::shared_ptr<retention_needs const> own_retention = nullptr)
       : live_accounting_policy(plan, num_sessions),
         mode_(mode),
         baseline_(plan, mode, resource_, pages_for(plan, kv_bytes), max_sessions, max_tokens),
-        slots_(static_cast<std::size_t>(num_sessions), -1) {}
+        slots_(static_cast<std::size_t>(num_sessions), -1),
+        own_(mode == unified_mode::compressed_reclaim ? std::move(own_retention) : nullptr),
+        kept_(own_ ? plan.rules.size() : 0) {}
 
   [[nodiscard]] std::string name() const override {
     return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
@@ -331,7 +344,20 @@ class unified_policy final : public live_accounting_policy {
   }
 
   bool prefill_chunk(std::int32_t s, std::int64_t tokens) override {
-    if (!baseline_.prefill_chunk(slots_[static_cast<std::size_t>(s)], tokens)) return false;
+    std::int32_t slot = slots_[static_cast<std::size_t>(s)];
+    if (own_) {  // each compressed head keeps this input's own retention
+      std::int64_t seen = baseline_.seq_tokens(slot) + tokens;
+      for (std::int32_t i = 0; i < static_cast<std::int32_t>(kept_.size()); ++i) {
+        std::int32_t l = i / plan_.num_kv_heads, h = i % plan_.num_kv_heads;
+        std::int64_t cand = baseline_.head_len(slot, l, h) + tokens;
+        auto const& rule  = plan_.rules[static_cast<std::size_t>(i)];
+        kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(
+            rule.kind == layer_kind::compressed
+                ? own_->need(s, i, seen, cand)
+                : std::min(retained_tokens(rule, seen), cand));
+      }
+    }
+    if (!baseline_.prefill_chunk(slot, tokens, own_ ? kept_.data() : nullptr)) return false;
     live_.touch(s);
     return true;
   }
@@ -366,6 +392,13 @@ class unified_policy final : public live_accounting_policy {
   [[nodiscard]] double capacity_bytes() const override {
     return static_cast<double>(baseline_.pool().arena_bytes());
   }
+  /// Whole layer-wide pages held: a decode step reads every head up to the layer's longest one.
+  [[nodiscard]] double kv_bytes_read_padded(std::int32_t s) const override {
+    return static_cast<double>(baseline_.pages_held(slots_[static_cast<std::size_t>(s)])) *
+           static_cast<double>(baseline_.page_bytes());
+  }
+  /// True when each input keeps its own retention (not Tangram's padded budgets).
+  [[nodiscard]] bool own_retention() const noexcept { return own_ != nullptr; }
 
   /// The baseline, for tests that check the replay's accounting.
   [[nodiscard]] unified_paging_baseline const& baseline() const { return baseline_; }
@@ -385,6 +418,8 @@ class unified_policy final : public live_accounting_policy {
   unified_paging_baseline baseline_;
   std::vector<std::int32_t> slots_;
   std::vector<std::int32_t> batch_;
+  std::shared_ptr<retention_needs const> own_;  ///< null: the plan's padded budgets
+  std::vector<std::int32_t> kept_;              ///< scratch: [layer * H + head]
 };
 
 }  // namespace tangram::sim

@@ -7,8 +7,14 @@
  *
  * The engine loop is policy-agnostic; policies (eval/sim/policies.hpp) drive the real library
  * objects (pools, page tables, admission) on a simulated memory resource. Time advances by the
- * roofline cost model (eval/sim/cost_model.hpp): every time figure is modelled. The control-plane
- * time is the wall-clock time actually spent inside policy calls, measured.
+ * roofline cost model (eval/sim/cost_model.hpp) plus each policy's `step_charges`: every time
+ * figure is modelled, and `replay_result::time` breaks the makespan into its terms. The
+ * control-plane time is the wall-clock time actually spent inside policy calls, measured (not
+ * added to modelled time).
+ *
+ * No oracle: a turn reserves `max_tokens` of decode (capped by what the context allows); its
+ * answer length comes from the workload, truncated at that reservation, and is decoded until it
+ * ends. Every policy sees the same arrivals and answer lengths.
  */
 #pragma once
 
@@ -67,6 +73,11 @@ class kv_policy {
   virtual void release(std::int32_t session) = 0;
   /// Bytes of KV a decode step reads for this session (its live tokens).
   [[nodiscard]] virtual double kv_bytes_read(std::int32_t session) const = 0;
+  /// Bytes a decode step reads when it reads whole pages, padding included (charged with
+  /// `step_charges::padded_reads`). Default: the live bytes.
+  [[nodiscard]] virtual double kv_bytes_read_padded(std::int32_t session) const {
+    return kv_bytes_read(session);
+  }
   /// Tokens the session's heads hold on average (the "past" its next prefill chunk attends to).
   [[nodiscard]] virtual double attended_tokens(std::int32_t session) const = 0;
   [[nodiscard]] virtual policy_memory memory() const                       = 0;
@@ -86,7 +97,30 @@ struct replay_options {
   /// Most points the memory timeline keeps, in [2, 1000000]: however long the run, the replay
   /// holds at most twice this many (see `replay_result::timeline`).
   std::int32_t timeline_points = 400;
+  /// Decode tokens a turn reserves at admission (an engine's `max_tokens`; the answer length is
+  /// not known in advance): min(max_tokens, max_context - context), at least 1. 4096: see
+  /// docs/benchmarks.md.
+  std::int64_t max_tokens  = 4096;
+  std::int64_t max_context = 131072;  ///< the model's context limit (Llama-3.1: 128K)
+  step_charges charges;               ///< costs beyond the roofline (none by default)
   std::function<void(double)> progress;  ///< called with the completed fraction (optional)
+};
+
+/// @brief Where the modelled makespan went; the terms sum to `modelled_makespan_s`.
+struct time_breakdown {
+  double prefill_s          = 0;  ///< prefill chunks (roofline FLOPs)
+  double eviction_pass_s    = 0;  ///< unfused eviction passes (HBM traffic)
+  double decode_attention_s = 0;  ///< KV read by decode steps, times the decode skew
+  double weights_s          = 0;  ///< weights read by decode steps
+  double reclamation_s      = 0;  ///< reclaimed pages x reclaim_s_per_page
+  double replanning_s       = 0;  ///< per-step re-planning
+  double overhead_s         = 0;  ///< fixed per-step overhead
+  double control_plane_s    = 0;  ///< measured policy time, when `step_charges::control_plane`
+  double idle_s             = 0;  ///< nothing to run (waiting for arrivals or think time)
+  [[nodiscard]] double sum() const {
+    return prefill_s + eviction_pass_s + decode_attention_s + weights_s + reclamation_s +
+           replanning_s + overhead_s + control_plane_s + idle_s;
+  }
 };
 
 /// @brief One point of the memory timeline.
@@ -125,6 +159,11 @@ struct replay_result {
   double modelled_eviction_pass_s  = 0;  ///< step time charged for unfused eviction passes
   std::int64_t generated_tokens    = 0;
   std::int64_t prefilled_tokens    = 0;
+  std::int64_t completed_requests  = 0;  ///< turns whose answer finished
+  double modelled_requests_per_s   = 0;  ///< completed requests / makespan
+  std::int64_t truncated_answers   = 0;  ///< answers cut at the turn's max_tokens reservation
+  std::int64_t reserved_decode_tokens = 0;  ///< decode tokens reserved at admission, summed
+  time_breakdown time;                      ///< the makespan by term (modelled)
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
   /// while the run is short; in a longer run each point stands for a run of consecutive steps and
   /// carries the largest allocated, live and resident figures of those steps (so every peak
@@ -145,6 +184,9 @@ struct session_state {
   std::int64_t to_decode           = 0;  ///< answer tokens not yet produced
   std::int64_t prefilled_this_turn = 0;
   std::int64_t decoded_this_turn   = 0;
+  std::int64_t context             = 0;  ///< tokens of finished turns (prompts and answers)
+  std::int64_t reserve             = 0;  ///< decode tokens this turn reserves (max_new)
+  std::int64_t answer              = 0;  ///< this turn's answer length (after truncation)
   double ready_s                   = 0;  ///< when the current turn became ready
   double idle_since_s              = 0;  ///< when it last stopped running (LRU eviction)
   bool waited                      = false;
@@ -262,6 +304,20 @@ inline replay_result replay(workload const& work,
                   workload_limits::max_session_tokens,
                   "], got ",
                   options.continuation_headroom_tokens);
+  TANGRAM_EXPECTS(options.max_tokens >= 1 && options.max_tokens <= workload_limits::max_tokens,
+                  invalid_argument,
+                  "replay.max_tokens: must be in [1, ",
+                  workload_limits::max_tokens,
+                  "], got ",
+                  options.max_tokens);
+  TANGRAM_EXPECTS(options.max_context >= 1 &&
+                      options.max_context <= workload_limits::max_session_tokens,
+                  invalid_argument,
+                  "replay.max_context: must be in [1, ",
+                  workload_limits::max_session_tokens,
+                  "], got ",
+                  options.max_context);
+  options.charges.validate();
   TANGRAM_EXPECTS(options.timeline_points >= 2 && options.timeline_points <= 1000000,
                   invalid_argument,
                   "replay.timeline_points: must be in [2, 1000000], got ",
@@ -307,11 +363,19 @@ inline replay_result replay(workload const& work,
     return r;
   };
 
+  // The turn's reservation and answer depend only on the workload and the options, never on the
+  // policy: every policy decodes the same answers. A session whose KV was dropped while it
+  // thought prefills its history again (context - history).
   auto set_turn = [&](std::int32_t s, std::int32_t turn) {
     auto& ss               = ss_of(s);
     ss.turn                = turn;
-    ss.to_prefill          = turn_of(s).prompt_tokens;
-    ss.to_decode           = turn_of(s).output_tokens;
+    std::int64_t prompt    = turn_of(s).prompt_tokens;
+    ss.to_prefill          = prompt + (ss.context - ss.history);
+    ss.reserve             = std::max<std::int64_t>(
+        1, std::min(options.max_tokens, options.max_context - ss.context - prompt));
+    ss.to_decode = std::min(turn_of(s).output_tokens, ss.reserve);
+    ss.answer    = ss.to_decode;
+    if (ss.to_decode < turn_of(s).output_tokens) out.truncated_answers += 1;
     ss.prefilled_this_turn = 0;
     ss.decoded_this_turn   = 0;
     ss.state               = phase::waiting;
@@ -332,6 +396,7 @@ inline replay_result replay(workload const& work,
     --resident;
     out.recomputed_tokens += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
     ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
+    ss.reserve -= ss.decoded_this_turn;  // decoded tokens become prompt; the rest stays reserved
     ss.history             = 0;
     ss.prefilled_this_turn = 0;
     ss.decoded_this_turn   = 0;
@@ -392,7 +457,7 @@ inline replay_result replay(workload const& work,
       auto& ss              = ss_of(s);
       std::int64_t headroom = new_sessions ? options.continuation_headroom_tokens * resident : 0;
       bool ok               = timed(
-          [&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.to_decode, headroom); });
+          [&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.reserve, headroom); });
       if (!ok) {
         if (!ss.waited) {
           ss.waited = true;
@@ -401,6 +466,7 @@ inline replay_result replay(workload const& work,
         return false;
       }
       queue.pop_front();
+      out.reserved_decode_tokens += ss.reserve;
       if (ss.waited) wait_total_s += t - ss.ready_s;
       if (!ss.holds_kv) {
         ss.holds_kv = true;
@@ -414,6 +480,7 @@ inline replay_result replay(workload const& work,
   };
 
   std::int64_t last_progress_step = 0;
+  std::int64_t reclaim_seen       = 0;  // the policy's reclaim operations already charged
   std::vector<std::int32_t> first_token_now, snapshot, decoders;  // per step; reused
   while (finished_turns < total_turns) {
     // 1. Arrivals and think timers that are due.
@@ -433,6 +500,7 @@ inline replay_result replay(workload const& work,
       (ss_of(s).holds_kv ? ready_continue : ready_new).push_back(s);
     }
 
+    double const control_at_start = control_s;  // this iteration's policy time starts here
     // 2. Admission: continuing turns first; new sessions only behind them.
     if (try_admit(ready_continue, false)) try_admit(ready_new, true);
 
@@ -443,7 +511,8 @@ inline replay_result replay(workload const& work,
         next = spec(by_arrival[next_arrival]).arrival_s;
       for (auto const& th : thinking) next = std::min(next, th.first);
       if (std::isfinite(next) && (ready_continue.empty() && ready_new.empty())) {
-        resident_area += resident * (next - t);
+        resident_area += resident * std::max(0.0, next - t);
+        out.time.idle_s += std::max(0.0, next - t);
         t = std::max(t, next);
         continue;
       }
@@ -517,10 +586,12 @@ inline replay_result replay(workload const& work,
       while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); })))
         if (!make_room(s)) break;
       if (!ok) TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
-      step_s += cost.prefill_s(chunk, static_cast<std::int64_t>(past));
+      double prefill = cost.prefill_s(chunk, static_cast<std::int64_t>(past));
+      step_s += prefill;
+      out.time.prefill_s += prefill;
       if (double extra = policy.prefill_chunk_extra_bytes(s); extra > 0) {
         step_s += cost.hbm_s(extra);
-        out.modelled_eviction_pass_s += cost.hbm_s(extra);
+        out.time.eviction_pass_s += cost.hbm_s(extra);
       }
       budget -= chunk;
       ss.to_prefill -= chunk;
@@ -535,12 +606,32 @@ inline replay_result replay(workload const& work,
         first_token_now.push_back(s);
       }
     }
+    auto const& ch = options.charges;
     for (auto s : running)
-      if (ss_of(s).state == phase::decode) kv_read += policy.kv_bytes_read(s);
-    if (any_decode || !first_token_now.empty()) step_s += cost.decode_step_s(kv_read);
+      if (ss_of(s).state == phase::decode)
+        kv_read += ch.padded_reads ? policy.kv_bytes_read_padded(s) : policy.kv_bytes_read(s);
+    if (any_decode || !first_token_now.empty()) {
+      double weights = cost.weights_s(), attention = cost.hbm_s(kv_read) * ch.decode_skew;
+      double replan  = ch.replan_fraction * (weights + attention);
+      step_s += weights + attention + replan;
+      out.time.weights_s += weights;
+      out.time.decode_attention_s += attention;
+      out.time.replanning_s += replan;
+    }
+    step_s += ch.step_overhead_s;
+    out.time.overhead_s += ch.step_overhead_s;
     out.steps += 1;
 
     auto mem                    = policy.memory();  // accounting, not engine work: not timed
+    // Reclamation happens inside this step's chunks and decode: charged to this step.
+    double reclaim = static_cast<double>(mem.reclaim_ops - reclaim_seen) * ch.reclaim_s_per_page;
+    reclaim_seen   = mem.reclaim_ops;
+    step_s += reclaim;
+    out.time.reclamation_s += reclaim;
+    if (ch.control_plane) {  // admission, chunks and decode of this step, as measured
+      step_s += control_s - control_at_start;
+      out.time.control_plane_s += control_s - control_at_start;
+    }
     out.kv_bytes_allocated_peak = std::max(out.kv_bytes_allocated_peak, mem.allocated_bytes);
     out.kv_bytes_live_peak      = std::max(out.kv_bytes_live_peak, mem.live_bytes);
     out.peak_resident_sessions  = std::max(out.peak_resident_sessions, resident);
@@ -567,6 +658,8 @@ inline replay_result replay(workload const& work,
       }
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
       finished_turns += 1;
+      out.completed_requests += 1;
+      ss.context += turn_of(s).prompt_tokens + ss.answer;
       ss.history += ss.prefilled_this_turn + ss.decoded_this_turn;
       ss.prefilled_this_turn = 0;
       ss.decoded_this_turn   = 0;
@@ -603,6 +696,9 @@ inline replay_result replay(workload const& work,
   out.control_plane_us_per_step =
       out.steps > 0 ? control_s * 1e6 / static_cast<double>(out.steps) : 0;
   out.modelled_tokens_per_s = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
+  out.modelled_requests_per_s =
+      t > 0 ? static_cast<double>(out.completed_requests) / t : 0;
+  out.modelled_eviction_pass_s = out.time.eviction_pass_s;
   out.mean_admission_wait_s =
       out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
   out.reclaim_ops    = end.reclaim_ops;

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file eval/sim/sensitivity.hpp
+ * @brief The verdict of `tangram simulate` (tangram and tangram_elastic against the unified-page
+ * baseline: ratio of modelled throughput and of mean resident sessions) and its sensitivity to
+ * the uncalibrated costs of eval/sim/serving_costs.hpp: each constant is set to the low, then the
+ * high end of its plausible range, one at a time, and the verdict recomputed.
+ *
+ * Only the policies whose charges change are replayed again (a policy with no reclaim operations
+ * ignores the reclaim constant), so a sweep costs a few replays, not four per point.
+ */
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/serving_costs.hpp"
+
+namespace tangram::sim {
+
+/// @brief One policy against the baseline.
+struct verdict {
+  double tokens_per_s_ratio = 0;    ///< modelled tokens/s, policy / baseline
+  double mean_resident_ratio = 0;   ///< time-weighted resident sessions, policy / baseline
+};
+
+inline verdict verdict_of(replay_result const& policy, replay_result const& baseline) {
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  return {ratio(policy.modelled_tokens_per_s, baseline.modelled_tokens_per_s),
+          ratio(policy.mean_resident_sessions, baseline.mean_resident_sessions)};
+}
+
+/// @brief One uncalibrated constant at one end of its range.
+struct cost_variation {
+  std::string constant;  ///< e.g. "reclaim_s_per_page"
+  std::string end;       ///< "low" or "high"
+  double value = 0;
+  serving_costs costs;   ///< the defaults with this one constant changed
+};
+
+/// The variations a sweep runs, each at both ends of its range: reclaim per page; the baseline
+/// balancing by re-planning (replan_fraction) and without balancing (unbalanced_skew), whichever
+/// the default is; the per-step overhead.
+inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& base) {
+  std::vector<cost_variation> out;
+  auto add = [&](std::string name, cost_range r, double serving_costs::*field) {
+    for (auto [end, v] : {std::pair<char const*, double>{"low", r.low}, {"high", r.high}}) {
+      cost_variation c{name, end, v, base};
+      c.costs.*field = v;
+      out.push_back(std::move(c));
+    }
+  };
+  add("reclaim_s_per_page", serving_costs::reclaim_range(), &serving_costs::reclaim_s_per_page);
+  // How the baseline balances decode is itself uncertain: the other way is swept too.
+  add("replan_fraction", serving_costs::replan_range(), &serving_costs::replan_fraction);
+  add("unbalanced_skew", serving_costs::unbalanced_skew_range(), &serving_costs::unbalanced_skew);
+  for (auto& c : out) {
+    if (c.constant == "replan_fraction") c.costs.balance = baseline_balance::replan;
+    if (c.constant == "unbalanced_skew") c.costs.balance = baseline_balance::none;
+  }
+  add("step_overhead_s", serving_costs::step_overhead_range(), &serving_costs::step_overhead_s);
+  return out;
+}
+
+/// @brief The verdict at one variation.
+struct sensitivity_point {
+  cost_variation variation;
+  std::map<std::string, verdict> verdicts;  ///< by policy (the compared ones)
+};
+
+/// @brief The verdict's range over the sweep, per compared policy.
+struct verdict_range {
+  verdict low, high;
+};
+
+/// @brief A sweep and its summary.
+struct sensitivity_report {
+  std::vector<sensitivity_point> points;
+  std::map<std::string, verdict_range> range;  ///< includes the default verdict
+  std::int32_t replays = 0;                    ///< replays the sweep ran
+};
+
+/**
+ * @brief Runs the sweep. `rerun(policy, charges)` replays one policy with other charges;
+ * `defaults` holds the default run's results by policy name (the baseline and each of
+ * `compared`), `costs` the default constants.
+ */
+inline sensitivity_report sweep_sensitivity(
+    serving_costs const& costs,
+    std::map<std::string, replay_result> const& defaults,
+    std::string const& baseline,
+    std::vector<std::string> const& compared,
+    std::function<replay_result(std::string const&, step_charges const&)> const& rerun) {
+  sensitivity_report rep;
+  auto same = [&](std::string const& name, step_charges a, step_charges b) {
+    if (defaults.at(name).reclaim_ops == 0) a.reclaim_s_per_page = b.reclaim_s_per_page;
+    return a == b;
+  };
+  auto note = [&](std::string const& name, verdict v) {
+    auto it = rep.range.find(name);
+    if (it == rep.range.end()) {
+      rep.range[name] = {v, v};
+      return;
+    }
+    auto& r                   = it->second;
+    r.low.tokens_per_s_ratio  = std::min(r.low.tokens_per_s_ratio, v.tokens_per_s_ratio);
+    r.high.tokens_per_s_ratio = std::max(r.high.tokens_per_s_ratio, v.tokens_per_s_ratio);
+    r.low.mean_resident_ratio = std::min(r.low.mean_resident_ratio, v.mean_resident_ratio);
+    r.high.mean_resident_ratio = std::max(r.high.mean_resident_ratio, v.mean_resident_ratio);
+  };
+  for (auto const& name : compared)
+    note(name, verdict_of(defaults.at(name), defaults.at(baseline)));
+  for (auto const& var : uncalibrated_variations(costs)) {
+    std::map<std::string, replay_result> now;
+    auto result = [&](std::string const& name) -> replay_result const& {
+      auto it = now.find(name);
+      if (it != now.end()) return it->second;
+      auto ch = var.costs.charges_for(name);
+      if (same(name, ch, costs.charges_for(name))) return defaults.at(name);
+      rep.replays += 1;
+      return now.emplace(name, rerun(name, ch)).first->second;
+    };
+    sensitivity_point p{var, {}};
+    for (auto const& name : compared) {
+      auto v = verdict_of(result(name), result(baseline));
+      p.verdicts[name] = v;
+      note(name, v);
+    }
+    rep.points.push_back(std::move(p));
+  }
+  return rep;
+}
+
+}  // namespace tangram::sim

@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+// Issue 13: no oracle (max_tokens reserved, answers drawn separately and the same for every
+// policy), the unified baseline driven by each input's own retention, and the cost accounting
+// (the time breakdown sums to the makespan, reclamation = operations x constant, switching one
+// cost off changes only its term), and the sensitivity sweep.
+#include <map>
+
+#include "../memory/memory_fixtures.hpp"
+#include "contended_replay.hpp"
+#include "tangram/eval/sim/elastic_policy.hpp"
+#include "tangram/eval/sim/policies.hpp"
+#include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/retention_needs.hpp"
+#include "tangram/eval/sim/sensitivity.hpp"
+#include "tangram/eval/sim/serving_costs.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using namespace tangram::sim;
+
+namespace {
+
+std::shared_ptr<retention_needs const> own_needs(static_plan const& plan) {
+  elastic_needs n;
+  n.samples = load_retention_samples(
+      test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  return std::make_shared<retention_needs>(plan, std::move(n));
+}
+
+/// Forwards to a policy and records what the replay asked of it: per session, the max_new of
+/// every start_turn and the decode tokens appended per turn.
+class recording final : public kv_policy {
+ public:
+  explicit recording(kv_policy& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  bool start_turn(
+      std::int32_t s, std::int64_t h, std::int64_t p, std::int64_t t, std::int64_t r) override {
+    bool ok = inner_.start_turn(s, h, p, t, r);
+    if (ok) reserved[s].push_back(t);
+    return ok;
+  }
+  bool prefill_chunk(std::int32_t s, std::int64_t n) override { return inner_.prefill_chunk(s, n); }
+  double prefill_chunk_extra_bytes(std::int32_t s) const override {
+    return inner_.prefill_chunk_extra_bytes(s);
+  }
+  bool decode(std::vector<std::int32_t> const& ss) override {
+    if (!inner_.decode(ss)) return false;
+    for (auto s : ss) decoded[s] += 1;
+    return true;
+  }
+  void end_turn(std::int32_t s) override { inner_.end_turn(s); }
+  void release(std::int32_t s) override { inner_.release(s); }
+  double kv_bytes_read(std::int32_t s) const override { return inner_.kv_bytes_read(s); }
+  double kv_bytes_read_padded(std::int32_t s) const override {
+    return inner_.kv_bytes_read_padded(s);
+  }
+  double attended_tokens(std::int32_t s) const override { return inner_.attended_tokens(s); }
+  policy_memory memory() const override { return inner_.memory(); }
+  double capacity_bytes() const override { return inner_.capacity_bytes(); }
+
+  std::map<std::int32_t, std::vector<std::int64_t>> reserved;
+  std::map<std::int32_t, std::int64_t> decoded;
+
+ private:
+  kv_policy& inner_;
+};
+
+/// The four policies of `simulate` on the contended fixture (the baseline on its own retention).
+std::vector<std::unique_ptr<kv_policy>> four_policies(test::contended_replay const& fx) {
+  std::vector<std::unique_ptr<kv_policy>> ps;
+  ps.push_back(std::make_unique<unified_policy>(fx.plan, unified_mode::full_kv, fx.kv, 24, 24, 131073));
+  ps.push_back(std::make_unique<unified_policy>(
+      fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073, own_needs(fx.plan)));
+  ps.push_back(std::make_unique<tangram_policy>(fx.plan, fx.kv, 24, 24));
+  ps.push_back(make_tangram_elastic_policy(fx.plan, fx.kv, 24, 24, 8192));
+  return ps;
+}
+
+/// Every cost on, at round values.
+step_charges all_charges() {
+  step_charges c;
+  c.reclaim_s_per_page = 2e-6;
+  c.padded_reads       = true;
+  c.decode_skew        = 1.3;
+  c.replan_fraction    = 0.2;
+  c.step_overhead_s    = 1e-3;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("no oracle: turns reserve max_tokens and every policy decodes the same answers",
+          "[replay][issue13]") {
+  test::contended_replay fx;
+  for (std::int64_t max_tokens : {std::int64_t{4096}, std::int64_t{200}}) {
+    INFO("max_tokens " << max_tokens);
+    // The answers the workload draws, cut at the reservation.
+    std::map<std::int32_t, std::int64_t> answers;
+    std::int64_t cut = 0;
+    for (std::size_t s = 0; s < fx.work.sessions.size(); ++s)
+      for (auto const& t : fx.work.sessions[s].turns) {
+        answers[static_cast<std::int32_t>(s)] += std::min(t.output_tokens, max_tokens);
+        cut += t.output_tokens > max_tokens;
+      }
+    replay_options o;
+    o.max_tokens = max_tokens;
+    o.charges    = all_charges();
+    for (auto& p : four_policies(fx)) {
+      recording rec(*p);
+      auto r = replay(fx.work, rec, fx.cost, o);
+      INFO(r.policy);
+      CHECK(r.rejected_sessions == 0);
+      CHECK(r.truncated_answers == cut);
+      CHECK(r.completed_requests == 24 * 3);
+      // The reservation is max_tokens (the contexts here leave room), never the answer length.
+      for (auto const& [s, list] : rec.reserved)
+        for (auto t : list) CHECK(t == max_tokens);
+      // Same answers, session by session (the first token of a turn comes with its prefill).
+      for (auto const& [s, n] : answers) CHECK(rec.decoded[s] + 3 == n);
+    }
+  }
+}
+
+TEST_CASE("a turn's reservation is capped by the context it has left", "[replay][issue13]") {
+  test::contended_replay fx;
+  workload w;
+  w.sessions.push_back({0.0, {{1000, 50, 0.0}, {500, 50, 0.0}}});
+  replay_options o;
+  o.max_tokens  = 4096;
+  o.max_context = 1000 + 50 + 500 + 300;  // turn 1 has 850 tokens of context left, turn 2 300
+  tangram_policy tp(fx.plan, fx.kv, 1, 1);
+  recording rec(tp);
+  auto r = replay(w, rec, fx.cost, o);
+  CHECK(rec.reserved[0] == std::vector<std::int64_t>{850, 300});
+  CHECK(r.generated_tokens == 100);
+  CHECK(r.reserved_decode_tokens == 850 + 300);
+}
+
+TEST_CASE("tangram returns the unused reservation at the end of the turn", "[replay][issue13]") {
+  test::contended_replay fx;
+  tangram_policy tp(fx.plan, fx.kv, 1, 1);
+  REQUIRE(tp.start_turn(0, 0, 2000, 4096, 0));
+  REQUIRE(tp.prefill_chunk(0, 2000));
+  for (int i = 0; i < 10; ++i) REQUIRE(tp.decode({0}));
+  auto before = tp.manager().pool().reserved_pages();
+  CHECK(before > 0);
+  tp.end_turn(0);
+  CHECK(tp.manager().pool().reserved_pages() < before);
+  CHECK(tp.manager().pool().reserved_pages() == 0);
+}
+
+TEST_CASE("the unified baseline keeps each input's own retention, not the padded budgets",
+          "[replay][issue13]") {
+  test::contended_replay fx;
+  auto needs = own_needs(fx.plan);
+  unified_policy own(fx.plan, unified_mode::compressed_reclaim, fx.kv, 2, 2, 131073, needs);
+  unified_policy padded(fx.plan, unified_mode::compressed_reclaim, fx.kv, 2, 2, 131073);
+  CHECK(own.own_retention());
+  CHECK_FALSE(padded.own_retention());
+  std::int64_t const n = 30000;
+  for (std::int32_t s = 0; s < 2; ++s) {
+    REQUIRE(own.start_turn(s, 0, n, 10, 0));
+    REQUIRE(padded.start_turn(s, 0, n, 10, 0));
+    REQUIRE(own.prefill_chunk(s, n));
+    REQUIRE(padded.prefill_chunk(s, n));
+    auto const& b = own.baseline();
+    for (std::int32_t l = 0; l < fx.plan.num_layers; ++l)
+      for (std::int32_t h = 0; h < fx.plan.num_kv_heads; ++h) {
+        auto i = l * fx.plan.num_kv_heads + h;
+        if (fx.plan.rules[static_cast<std::size_t>(i)].kind != layer_kind::compressed) continue;
+        CHECK(b.head_len(s, l, h) == needs->need(s, i, n, n));
+      }
+    // mu + 2 sigma budgets pad every head: the input's own retention holds less.
+    CHECK(own.kv_bytes_read(s) < padded.kv_bytes_read(s));
+  }
+  // Sessions 0 and 1 use different samples.
+  CHECK(own.kv_bytes_read(0) != own.kv_bytes_read(1));
+}
+
+TEST_CASE("the time breakdown sums to the makespan; reclamation = operations x constant",
+          "[replay][issue13]") {
+  test::contended_replay fx;
+  replay_options o;
+  o.charges               = all_charges();
+  o.charges.control_plane = true;  // measured: the only term that differs between runs
+  for (auto& p : four_policies(fx)) {
+    auto r = replay(fx.work, *p, fx.cost, o);
+    INFO(r.policy);
+    CHECK(r.time.sum() == Approx(r.modelled_makespan_s).epsilon(1e-9));
+    CHECK(r.time.control_plane_s > 0);
+    CHECK(r.time.reclamation_s == Approx(static_cast<double>(r.reclaim_ops) * 2e-6));
+    CHECK(r.time.overhead_s == Approx(static_cast<double>(r.steps) * 1e-3));
+    CHECK(r.time.replanning_s == Approx(0.2 * (r.time.weights_s + r.time.decode_attention_s)));
+    CHECK(r.modelled_requests_per_s == Approx(r.completed_requests / r.modelled_makespan_s));
+  }
+}
+
+TEST_CASE("switching one cost off changes only its own term", "[replay][issue13]") {
+  // All sessions at t = 0, no think time: the schedule does not depend on time, so every other
+  // term must stay exactly as it was.
+  test::contended_replay fx;
+  auto wo         = test::contended_replay::options();
+  wo.think_mean_s = 0;
+  auto work       = generate_workload(wo);
+  unified_policy base(fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073,
+                      own_needs(fx.plan));
+  replay_options on;
+  on.charges  = all_charges();
+  auto all    = replay(work, base, fx.cost, on);
+  REQUIRE(all.reclaim_ops > 0);
+  auto without = [&](auto&& off) {
+    replay_options o = on;
+    off(o.charges);
+    unified_policy p(fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073,
+                     own_needs(fx.plan));
+    return replay(work, p, fx.cost, o);
+  };
+  auto same_except = [&](replay_result const& r, double time_breakdown::*term) {
+    for (auto field : {&time_breakdown::prefill_s, &time_breakdown::eviction_pass_s,
+                       &time_breakdown::decode_attention_s, &time_breakdown::weights_s,
+                       &time_breakdown::reclamation_s, &time_breakdown::replanning_s,
+                       &time_breakdown::overhead_s, &time_breakdown::control_plane_s,
+                       &time_breakdown::idle_s}) {
+      if (field == term) {
+        CHECK(r.time.*field == 0);
+        CHECK(all.time.*field > 0);
+      } else {
+        CHECK(r.time.*field == Approx(all.time.*field));
+      }
+    }
+    CHECK(r.steps == all.steps);
+    CHECK(r.modelled_makespan_s == Approx(all.modelled_makespan_s - all.time.*term));
+  };
+  same_except(without([](step_charges& c) { c.reclaim_s_per_page = 0; }),
+              &time_breakdown::reclamation_s);
+  same_except(without([](step_charges& c) { c.step_overhead_s = 0; }), &time_breakdown::overhead_s);
+  same_except(without([](step_charges& c) { c.replan_fraction = 0; }),
+              &time_breakdown::replanning_s);
+}
+
+TEST_CASE("charges are validated, naming the field", "[replay][issue13][errors]") {
+  test::contended_replay fx;
+  tangram_policy tp(fx.plan, fx.kv, 24, 24);
+  replay_options o;
+  o.charges.decode_skew = 0.5;
+  CHECK_THROWS_WITH(replay(fx.work, tp, fx.cost, o), Catch::Contains("charges.decode_skew"));
+  o = {};
+  o.max_tokens = 0;
+  CHECK_THROWS_WITH(replay(fx.work, tp, fx.cost, o), Catch::Contains("replay.max_tokens"));
+}
+
+TEST_CASE("the sensitivity sweep replays only what changes and brackets the default verdict",
+          "[replay][issue13]") {
+  serving_costs costs;
+  std::map<std::string, replay_result> defaults;
+  auto result = [](std::string name, double tps, double resident, std::int64_t reclaims) {
+    replay_result r;
+    r.policy                 = name;
+    r.modelled_tokens_per_s  = tps;
+    r.mean_resident_sessions = resident;
+    r.reclaim_ops            = reclaims;
+    return r;
+  };
+  defaults["unified_nonuniform"] = result("unified_nonuniform", 100, 10, 1000);
+  defaults["tangram"]            = result("tangram", 120, 9, 0);
+  std::vector<std::pair<std::string, step_charges>> calls;
+  auto rep = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"},
+                               [&](std::string const& name, step_charges const& ch) {
+                                 calls.emplace_back(name, ch);
+                                 // slower baseline with a larger reclaim or re-planning charge
+                                 double t = 100 / (1 + ch.reclaim_s_per_page * 1e4 +
+                                                   ch.replan_fraction + ch.step_overhead_s);
+                                 return result(name, name == "tangram" ? 120 : t, 10, 0);
+                               });
+  auto vars = uncalibrated_variations(costs);
+  CHECK(rep.points.size() == vars.size());
+  CHECK(vars.size() == 8);
+  // Tangram has no reclaim operations and pays no re-planning or skew change: only the overhead
+  // variations replay it; the baseline replays at every point.
+  std::int32_t tangram_runs = 0;
+  for (auto const& [name, ch] : calls) tangram_runs += name == "tangram";
+  CHECK(tangram_runs == 2);
+  CHECK(rep.replays == static_cast<std::int32_t>(calls.size()));
+  CHECK(rep.replays == 10);
+  auto const& range = rep.range.at("tangram");
+  CHECK(range.low.tokens_per_s_ratio <= 1.2);
+  CHECK(range.high.tokens_per_s_ratio >= 1.2);
+  CHECK(range.low.tokens_per_s_ratio <= range.high.tokens_per_s_ratio);
+}

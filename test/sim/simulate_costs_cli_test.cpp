@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// `tangram simulate` (issue 13): the cost constants printed and in --json, their overrides, the
+// reservation settings, the time breakdown, --sensitivity, and errors naming the option.
+#include <algorithm>
+#include <sstream>
+
+#include "commands.hpp"
+#include "tangram/detail/json.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+struct result {
+  int rc;
+  std::string out, err;
+};
+
+result run(std::vector<std::string> argv) {
+  std::ostringstream out, err;
+  int rc = tangram::cli::run(argv, {out, err});
+  return {rc, out.str(), err.str()};
+}
+
+std::vector<std::string> small(std::vector<std::string> extra) {
+  std::vector<std::string> argv = {"simulate", "--sessions", "12", "--turns", "2", "--quiet"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+}  // namespace
+
+TEST_CASE("simulate --json reports the costs, the reservation and each policy's time breakdown",
+          "[simulate][cli][issue13]") {
+  namespace json = tangram::detail::json;
+  auto r         = run(small({"--json", "--step-overhead-us", "250", "--max-tokens", "2048"}));
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  auto costs = root["cost_model"]["serving_costs"];
+  CHECK(costs["step_overhead_s"].as_double(0, 1) == Approx(250e-6));
+  CHECK(costs["reclaim_s_per_page"].as_double(0, 1) == Approx(3.2e-6));
+  CHECK(costs["replan_fraction"].as_double(0, 1) == Approx(0.175));
+  CHECK(costs["baseline_balance"].as_string() == "replan");
+  CHECK(costs["padded_reads"].type() == json::kind::boolean);
+  CHECK(costs["tangram_skew_measured"].as_double(1, 10) >= 1);
+  CHECK(root["reservation"]["max_tokens"].as_int(0, 1 << 30) == 2048);
+  CHECK(root["reservation"]["baseline_retention"].as_string().find("own") == 0);
+  for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"}) {
+    INFO(policy);
+    auto p        = root["policies"][policy];
+    auto t        = p["modelled_time_breakdown"];
+    double sum    = 0;
+    for (char const* term : {"prefill_s", "eviction_pass_s", "decode_attention_s", "weights_s",
+                             "reclamation_s", "replanning_s", "overhead_s", "control_plane_s",
+                             "idle_s"})
+      sum += t[term].as_double(0, 1e12);
+    CHECK(sum == Approx(p["modelled_makespan_s"].as_double(0, 1e12)));
+    CHECK(t["overhead_s"].as_double(0, 1e12) ==
+          Approx(250e-6 * static_cast<double>(p["steps"].as_int(0, 1LL << 40))));
+    CHECK(p["modelled_requests_per_s"].as_double(1e-9, 1e9) > 0);
+    CHECK(p["completed_requests"].as_int(0, 1000) == 24);
+    CHECK(p["mean_resident_sessions"].as_double(0, 1e6) > 0);
+    CHECK(root["ratios_vs_unified_nonuniform"][policy]["modelled_tokens_per_s"].as_double(0, 100) > 0);
+  }
+  CHECK(root["policies"]["unified_nonuniform"]["modelled_time_breakdown"]["replanning_s"].as_double(
+            1e-12, 1e12) > 0);
+  CHECK(root["policies"]["tangram"]["modelled_time_breakdown"]["replanning_s"].as_double(0, 0) == 0);
+  CHECK(root["ratios_vs_unified_nonuniform"]["unified_nonuniform"]["modelled_tokens_per_s"].as_double(
+            0, 100) == Approx(1));
+}
+
+TEST_CASE("simulate switches: no padded reads, the unbalanced baseline, the budget baseline",
+          "[simulate][cli][issue13]") {
+  namespace json = tangram::detail::json;
+  auto r         = run(small({"--json", "--no-padded-reads", "--baseline-balance", "none",
+                              "--unbalanced-skew", "1.6", "--baseline-retention", "budgets"}));
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK_FALSE(root["cost_model"]["serving_costs"]["padded_reads"].as_bool());
+  CHECK(root["cost_model"]["serving_costs"]["baseline_balance"].as_string() == "none");
+  CHECK(root["reservation"]["baseline_retention"].as_string().find("budgets") == 0);
+  CHECK(root["policies"]["unified_nonuniform"]["modelled_time_breakdown"]["replanning_s"].as_double(
+            0, 0) == 0);
+}
+
+TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in --json",
+          "[simulate][cli][issue13]") {
+  auto t = run(small({"--sensitivity"}));
+  INFO(t.err);
+  REQUIRE(t.rc == 0);
+  CHECK(t.out.find("verdict range, tangram vs unified") != std::string::npos);
+  CHECK(t.out.find("reclaim_s_per_page = ") != std::string::npos);
+  CHECK(t.out.find("Costs (eval/sim/serving_costs.hpp") != std::string::npos);
+
+  namespace json = tangram::detail::json;
+  auto r         = run(small({"--sensitivity", "--json"}));
+  REQUIRE(r.rc == 0);
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  auto s = root["sensitivity"];
+  CHECK(s["points"].size() == 8);
+  for (char const* policy : {"tangram", "tangram_elastic"}) {
+    auto rg = s["range_vs_unified_nonuniform"][policy];
+    CHECK(rg["low"]["modelled_tokens_per_s"].as_double(0, 100) <=
+          rg["high"]["modelled_tokens_per_s"].as_double(0, 100));
+  }
+}
+
+TEST_CASE("simulate refuses bad cost and reservation options, naming them",
+          "[simulate][cli][errors][issue13]") {
+  struct bad {
+    std::vector<std::string> argv;
+    std::string piece;
+  } cases[] = {
+      {{"simulate", "--max-tokens", "0"}, "--max-tokens: must be in [1, 1073741824], got 0"},
+      {{"simulate", "--max-context", "100"}, "--max-context: must be in [4096, 2147483647], got 100"},
+      {{"simulate", "--baseline-balance", "foo"}, "--baseline-balance: expected one of replan, none"},
+      {{"simulate", "--baseline-retention", "x"}, "--baseline-retention: expected one of own, budgets"},
+      {{"simulate", "--unbalanced-skew", "0.5"}, "--unbalanced-skew: must be in [1, 100], got 0.5"},
+      {{"simulate", "--reclaim-us-per-page", "-1"}, "--reclaim-us-per-page: must be in [0, 1e6], got -1"},
+      {{"simulate", "--replan-fraction", "11"}, "--replan-fraction: must be in [0, 10], got 11"},
+      {{"simulate", "--step-overhead-us", "nan"}, "--step-overhead-us"},
+  };
+  for (auto const& c : cases) {
+    auto r = run(c.argv);
+    INFO(r.err);
+    CHECK(r.rc == 2);
+    CHECK(r.err.find(c.piece) != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}
