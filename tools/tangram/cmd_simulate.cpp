@@ -243,8 +243,13 @@ int simulate(simulate_args& a, streams io) {
   }
   bool const needs_from_samples = needs.samples && !needs.samples->samples.empty();
   {
-    auto ep                    = elastic_plan(elastic_base, a.margin);
-    costs.tangram_elastic_skew = std::max(1.0, layer_imbalance(ep.rules, ep.splits, contexts).aot.mean);
+    // Elastic heads hold their groups' placed lengths: with (unscaled) samples the skew is
+    // measured on their placements, over the elastic plan weighed on them; else on the budgets.
+    bool placements = needs_from_samples && needs.scale == 1.0;
+    auto ep         = elastic_plan(elastic_base, a.margin, placements ? &*needs.samples : nullptr);
+    auto imb        = placements ? elastic_layer_imbalance(ep, *needs.samples, contexts, 1)
+                                 : layer_imbalance(ep.rules, ep.splits, contexts);
+    costs.tangram_elastic_skew = std::max(1.0, imb.aot.mean);
   }
   auto make_elastic = [&] {
     return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk, a.margin,

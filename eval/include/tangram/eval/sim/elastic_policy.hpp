@@ -112,14 +112,19 @@ class elastic_eviction final : public chunk_eviction {
 };
 
 /// The plan of the same model, profile and options that reserves elastically with `margin`,
-/// built by the planner (so its split map is the elastic plan's, not the static one's).
+/// built by the planner (so its split map is the elastic plan's, not the static one's): weighed
+/// on the placements of `samples` when given (as `tangram plan` does from samples), else on the
+/// groups' rules.
 /// @throw invalid_argument naming the margin when it is outside [0, max_elastic_margin], or when
 ///        the profile has no keep ratio.
-inline static_plan elastic_plan(static_plan const& plan, double margin) {
+inline static_plan elastic_plan(static_plan const& plan,
+                                double margin,
+                                retention_samples const* samples = nullptr) {
   auto options               = plan.options;
   options.reservation.mode   = reservation_mode::elastic;
   options.reservation.margin = margin;
-  return build_static_plan(plan.model, plan.profile, options);
+  return samples ? build_static_plan(plan.model, plan.profile, options, *samples)
+                 : build_static_plan(plan.model, plan.profile, options);
 }
 
 /**
@@ -135,7 +140,9 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     std::int64_t max_chunk_tokens,
     double margin       = default_elastic_margin,
     elastic_needs needs = {}) {
-  auto ep = elastic_plan(plan, margin);
+  // Unscaled samples weigh the split map on their placements (scaled ones no longer match it).
+  bool placements = needs.samples && !needs.samples->samples.empty() && needs.scale == 1.0;
+  auto ep         = elastic_plan(plan, margin, placements ? &*needs.samples : nullptr);
   tangram_policy_options o;
   o.name             = "tangram_elastic";
   o.max_chunk_tokens = max_chunk_tokens;
