@@ -11,5 +11,6 @@ void bind_model(nanobind::module_& m);     // model specs and presets (model.cpp
 void bind_profiles(nanobind::module_& m);  // samples, budget profiles, calibration (profiles.cpp)
 void bind_plan(nanobind::module_& m);      // plan options, static plans (plan.cpp)
 void bind_manager(nanobind::module_& m);   // the KV-cache manager and its view (manager.cpp)
+void bind_reference(nanobind::module_& m); // CPU reference kernels on NumPy (reference.cpp)
 
 }  // namespace tangram::python

@@ -15,22 +15,13 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
-#include "tangram/memory/kv_cache_manager.hpp"
-#include "tangram/memory/memory_resource.hpp"
+#include "host_kv_cache.hpp"
 
 namespace nb = nanobind;
 
 namespace tangram::python {
 
 namespace {
-
-/// The manager with the host memory it draws its arena from (declared first: built first,
-/// destroyed last).
-struct host_kv_cache {
-  host_memory_resource memory;
-  kv_cache_manager kv;
-  host_kv_cache(static_plan const& plan, manager_options const& o) : kv(plan, memory, o) {}
-};
 
 nb::dict stats_dict(manager_stats const& s) {
   nb::dict d;

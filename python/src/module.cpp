@@ -12,4 +12,5 @@ NB_MODULE(_tangram, m) {
   tangram::python::bind_profiles(m);
   tangram::python::bind_plan(m);
   tangram::python::bind_manager(m);
+  tangram::python::bind_reference(m);
 }

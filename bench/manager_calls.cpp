@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// The manager calls that bench/python/bench_bindings.py times through the Python bindings, here
+// from C++ on the same plan and sizes (Llama-3.1-8B, snapkv profile, static budgets, host pool):
+// the difference is what the bindings add per call (docs/python.md).
+//   build/bench/bench_manager_calls --benchmark_format=json
+#include <benchmark/benchmark.h>
+
+#include <string>
+
+#include "tangram/io/retention_samples.hpp"
+#include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
+#include "tangram/plan/calibration.hpp"
+
+namespace {
+
+using namespace tangram;
+
+static_plan const& llama_plan() {
+  static static_plan p = [] {
+    auto s = load_retention_samples(std::string(TANGRAM_DATA_DIR) +
+                                    "/profiles/snapkv/llama-3.1-8b-instruct.json");
+    return build_static_plan(model_preset(s.model), calibrate(s), plan_options{});
+  }();
+  return p;
+}
+
+/// A manager with one sequence in decode (prompt 64, 4096 decode tokens reserved), as the Python
+/// benchmark builds it.
+struct fixture {
+  host_memory_resource memory;
+  kv_cache_manager kv;
+  sequence_id seq;
+  fixture() : kv(llama_plan(), memory, options()) {
+    seq = *kv.try_admit(64, 4096);
+    kv.prepare_chunk(seq, 64);
+    kv.commit_chunk(seq, expected(64));
+    kv.set_batch(&seq, 1);
+  }
+  static manager_options options() {
+    manager_options o;
+    o.num_pages     = 20000;
+    o.max_sequences = 8;
+    return o;
+  }
+  std::vector<std::int32_t> expected(std::int64_t c) {
+    std::vector<std::int32_t> k(static_cast<std::size_t>(llama_plan().rules.size()));
+    kv.expected_kept(seq, c, k.data());
+    return k;
+  }
+  /// One decode step; a new one-token turn when the reservation is used up (same cycle as Python).
+  void step() {
+    if (kv.info(seq).decoded == 4096) {
+      kv.end_turn(seq);
+      (void)kv.continue_turn(seq, 1, 4096);
+      kv.prepare_chunk(seq, 1);
+      kv.commit_chunk(seq, expected(1));
+      kv.set_batch(&seq, 1);
+    }
+    kv.decode_step();
+  }
+};
+
+void try_admit_and_free(benchmark::State& state) {
+  fixture f;
+  for (auto _ : state) {
+    auto s = f.kv.try_admit(1000, 64);
+    f.kv.free(*s);
+  }
+}
+BENCHMARK(try_admit_and_free);
+
+void info(benchmark::State& state) {
+  fixture f;
+  for (auto _ : state) benchmark::DoNotOptimize(f.kv.info(f.seq));
+}
+BENCHMARK(info);
+
+void set_batch(benchmark::State& state) {
+  fixture f;
+  for (auto _ : state) f.kv.set_batch(&f.seq, 1);
+}
+BENCHMARK(set_batch);
+
+void decode_step(benchmark::State& state) {
+  fixture f;
+  for (auto _ : state) f.step();
+}
+BENCHMARK(decode_step);
+
+void view(benchmark::State& state) {
+  fixture f;
+  for (auto _ : state) benchmark::DoNotOptimize(f.kv.view());
+}
+BENCHMARK(view);
+
+}  // namespace

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU reference kernels on NumPy arrays, over a KVCacheManager's view and pool: append of a
+// decode token's K/V, decode attention, and the fused eviction of a prefill chunk. They read and
+// write the manager's page arena in place, exactly as the CUDA kernels do on a device pool.
+// K/V in the cache dtype are passed as NumPy arrays of that element size (bf16 as uint16 bit
+// patterns, or an ml_dtypes.bfloat16 array); queries, outputs and scores are float32.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "host_kv_cache.hpp"
+#include "tangram/detail/str.hpp"
+#include "tangram/reference/append.hpp"
+#include "tangram/reference/decode_attention.hpp"
+#include "tangram/reference/eviction.hpp"
+
+namespace nb = nanobind;
+
+namespace tangram::python {
+
+namespace {
+
+using f32_array = nb::ndarray<float const, nb::c_contig, nb::device::cpu>;
+using any_array = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+/// Checks that `a` holds exactly `count` elements (any shape), naming the argument.
+void expect_elements(std::size_t size, std::int64_t count, char const* what) {
+  TANGRAM_EXPECTS(static_cast<std::int64_t>(size) == count, invalid_argument, what,
+                  ": expected ", count, " elements, got ", size);
+}
+
+/// K/V in the cache's dtype: element size must match.
+void expect_cache_elements(any_array const& a, kv_cache_view const& v, std::int64_t count,
+                           char const* what) {
+  expect_elements(a.size(), count, what);
+  TANGRAM_EXPECTS(a.itemsize() == static_cast<std::size_t>(size_of(v.geometry.kv_dtype)),
+                  invalid_argument, what, ": elements of ", a.itemsize(),
+                  " bytes, the cache holds ", to_string(v.geometry.kv_dtype), " (",
+                  size_of(v.geometry.kv_dtype), " bytes)");
+}
+
+score_source source_named(std::string const& name) {
+  for (auto s : {score_source::supplied, score_source::snapkv, score_source::key_norm})
+    if (to_string(s) == name) return s;
+  TANGRAM_FAIL(invalid_argument, "source: unknown score source ", detail::quoted(name),
+               " (expected supplied, snapkv or key_norm)");
+}
+
+}  // namespace
+
+void bind_reference(nb::module_& m) {
+  m.def(
+      "reference_append",
+      [](host_kv_cache& c, std::int32_t layer, f32_array k, f32_array v) {
+        auto view = c.kv.view();
+        std::int64_t count =
+            static_cast<std::int64_t>(view.batch_size) * view.num_kv_heads * view.geometry.head_dim;
+        expect_elements(k.size(), count, "k");
+        expect_elements(v.size(), count, "v");
+        append_params p;
+        p.kv        = view;
+        p.layer     = layer;
+        p.k         = k.data();
+        p.v         = v.data();
+        p.src_dtype = dtype::f32;
+        reference::append_decode_kv(p);
+      },
+      nb::arg("kv"), nb::arg("layer"), nb::arg("k"), nb::arg("v"),
+      "Writes one decode token's K/V ([batch, H, d] float32, converted to the cache dtype) of\n"
+      "`layer` for every batch member, after decode_step (reference/append.hpp).");
+
+  m.def(
+      "reference_decode_attention",
+      [](host_kv_cache& c, std::int32_t layer, f32_array q, std::optional<f32_array> sinks,
+         float sm_scale) {
+        auto view        = c.kv.view();
+        auto const& plan = c.kv.plan();
+        std::int32_t group = plan.model.gqa_group();
+        std::int64_t rows  = static_cast<std::int64_t>(view.batch_size) * view.num_kv_heads * group;
+        expect_elements(q.size(), rows * view.geometry.head_dim, "q");
+        if (sinks) expect_elements(sinks->size(), view.num_kv_heads * group, "sinks");
+        std::vector<float> o(static_cast<std::size_t>(rows * view.geometry.head_dim));
+        std::vector<float> lse(static_cast<std::size_t>(rows));
+        decode_params p;
+        p.kv       = view;
+        p.splits   = plan.splits.view();
+        p.layer    = layer;
+        p.group    = group;
+        p.q        = q.data();
+        p.q_dtype  = dtype::f32;
+        p.o        = o.data();
+        p.o_dtype  = dtype::f32;
+        p.lse      = lse.data();
+        p.sinks    = sinks ? sinks->data() : nullptr;
+        p.sm_scale = sm_scale;
+        reference::decode_attention(p);
+        auto b = static_cast<std::size_t>(view.batch_size);
+        auto hq = static_cast<std::size_t>(view.num_kv_heads * group);
+        return std::make_tuple(
+            numpy_copy(o, {b, hq, static_cast<std::size_t>(view.geometry.head_dim)}),
+            numpy_copy(lse, {b, hq}));
+      },
+      nb::arg("kv"), nb::arg("layer"), nb::arg("q"), nb::arg("sinks") = nb::none(),
+      nb::arg("sm_scale") = 0.f,
+      "Decode attention of `layer` for the batch (reference/decode_attention.hpp, split as the\n"
+      "plan's split map): q [batch, query heads, d] float32 -> (o [batch, query heads, d],\n"
+      "lse [batch, query heads]) float32. sm_scale 0 means 1/sqrt(d).");
+
+  m.def(
+      "reference_evict",
+      [](host_kv_cache& c, std::int32_t layer,
+         nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> chunk_indptr,
+         any_array chunk_k, any_array chunk_v, std::string const& source,
+         std::optional<f32_array> scores, std::optional<f32_array> q, std::int32_t max_candidates,
+         std::int32_t obs_window) {
+        auto view        = c.kv.view();
+        auto const& plan = c.kv.plan();
+        expect_elements(chunk_indptr.size(), view.batch_size + 1, "chunk_indptr");
+        std::int64_t rows = chunk_indptr.data()[view.batch_size] - chunk_indptr.data()[0];
+        std::int64_t row  = static_cast<std::int64_t>(view.num_kv_heads) * view.geometry.head_dim;
+        expect_cache_elements(chunk_k, view, rows * row, "chunk_k");
+        expect_cache_elements(chunk_v, view, rows * row, "chunk_v");
+        eviction_params p;
+        p.kv             = view;
+        p.layer          = layer;
+        auto rules       = std::vector<head_rule>(
+            plan.rules.begin() + static_cast<std::ptrdiff_t>(layer) * plan.num_kv_heads,
+            plan.rules.begin() + static_cast<std::ptrdiff_t>(layer + 1) * plan.num_kv_heads);
+        TANGRAM_EXPECTS(layer >= 0 && layer < plan.num_layers, invalid_argument,
+                        "layer: must be in [0, ", plan.num_layers, "), got ", layer);
+        p.rules          = rules.data();
+        p.sink           = plan.profile.sink_tokens;
+        p.chunk_indptr   = chunk_indptr.data();
+        p.chunk_k        = chunk_k.data();
+        p.chunk_v        = chunk_v.data();
+        p.max_candidates = max_candidates;
+        p.source         = source_named(source);
+        p.group          = plan.model.gqa_group();
+        p.obs_window     = obs_window;
+        p.q_dtype        = dtype::f32;
+        if (scores) {
+          expect_elements(scores->size(),
+                          static_cast<std::int64_t>(view.batch_size) * view.num_kv_heads *
+                              max_candidates,
+                          "scores");
+          p.scores = scores->data();
+        }
+        if (q) {
+          expect_elements(q->size(), rows * row * p.group, "q");
+          p.q = q->data();
+        }
+        std::vector<std::int32_t> new_len(
+            static_cast<std::size_t>(view.batch_size) * static_cast<std::size_t>(view.num_kv_heads));
+        p.new_len = new_len.data();
+        reference::evict_chunk(p);
+        return numpy_copy(new_len, {static_cast<std::size_t>(view.batch_size),
+                                    static_cast<std::size_t>(view.num_kv_heads)});
+      },
+      nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr"), nb::arg("chunk_k"),
+      nb::arg("chunk_v"), nb::kw_only(), nb::arg("source") = "key_norm",
+      nb::arg("scores") = nb::none(), nb::arg("q") = nb::none(), nb::arg("max_candidates"),
+      nb::arg("obs_window") = 32,
+      "The fused eviction of one prefill chunk for `layer` (reference/eviction.hpp), state\n"
+      "before the chunk (after prepare_chunk): chunk_k/chunk_v [rows, H, d] in the cache dtype,\n"
+      "rows of request r at chunk_indptr[r]..; source key_norm, supplied (scores [batch * H,\n"
+      "max_candidates] float32) or snapkv (q [rows, query heads, d] float32). Returns new_len\n"
+      "[batch, H]: the layer's part of commit_chunk's kept counts.");
+}
+
+}  // namespace tangram::python

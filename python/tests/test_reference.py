@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CPU reference kernels on NumPy arrays, checked against attention computed here in NumPy."""
+import numpy as np
+import pytest
+
+import tangram
+
+
+def to_bf16_bits(x):
+    """float32 -> bfloat16 bit patterns (round to nearest even), as uint16."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_prefill_eviction_append_and_decode_match_numpy(static_plan):
+    plan = static_plan
+    L, H, d = plan.num_layers, plan.num_kv_heads, plan.model.head_dim
+    group = plan.model.gqa_group
+    n = 24  # below the protected 4128 tokens: every head keeps the whole chunk
+    rng = np.random.default_rng(7)
+    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    seq = kv.try_admit(n, 4)
+    kv.set_batch([seq])
+    kv.prepare_chunk(seq, n)
+    chunk_k = to_bf16_bits(rng.standard_normal((L, n, H, d), dtype=np.float32))
+    chunk_v = to_bf16_bits(rng.standard_normal((L, n, H, d), dtype=np.float32))
+    indptr = np.array([0, n], dtype=np.int32)
+    kept = np.concatenate([
+        tangram.reference_evict(kv, l, indptr, chunk_k[l], chunk_v[l], source="key_norm",
+                                max_candidates=n).ravel()
+        for l in range(L)])
+    assert kept.tolist() == kv.expected_kept(seq, n)
+    kv.commit_chunk(seq, kept.astype(np.int32))
+
+    kv.decode_step()
+    new_k = rng.standard_normal((L, 1, H, d), dtype=np.float32)
+    new_v = rng.standard_normal((L, 1, H, d), dtype=np.float32)
+    for l in range(L):
+        tangram.reference_append(kv, l, new_k[l], new_v[l])
+    q = rng.standard_normal((1, H * group, d), dtype=np.float32)
+    o, lse = tangram.reference_decode_attention(kv, 0, q)
+    assert o.shape == (1, H * group, d) and lse.shape == (1, H * group)
+
+    # Independent: softmax attention over the 24 prompt tokens and the decoded one, in NumPy.
+    keys = np.concatenate([from_bf16_bits(chunk_k[0]), from_bf16_bits(to_bf16_bits(new_k[0]))])
+    vals = np.concatenate([from_bf16_bits(chunk_v[0]), from_bf16_bits(to_bf16_bits(new_v[0]))])
+    for qh in range(H * group):
+        h = qh // group
+        logits = keys[:, h, :] @ q[0, qh] / np.sqrt(d)
+        m = logits.max()
+        w = np.exp(logits - m)
+        want = (w / w.sum()) @ vals[:, h, :]
+        np.testing.assert_allclose(o[0, qh], want, rtol=2e-4, atol=2e-5)
+        assert lse[0, qh] == pytest.approx(m + np.log(w.sum()), rel=1e-5, abs=1e-5)
+    kv.free(seq)
+    kv.check_invariants()
+
+
+def test_wrong_sizes_and_dtypes_name_the_argument(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=2)
+    seq = kv.try_admit(16, 2)
+    kv.set_batch([seq])
+    kv.prepare_chunk(seq, 16)
+    H, d = static_plan.num_kv_heads, static_plan.model.head_dim
+    indptr = np.array([0, 16], dtype=np.int32)
+    as_f32 = np.zeros((16, H, d), dtype=np.float32)  # the cache holds bf16 (2 bytes)
+    with pytest.raises(ValueError, match="chunk_k: elements of 4 bytes, the cache holds bf16"):
+        tangram.reference_evict(kv, 0, indptr, as_f32, as_f32, max_candidates=16)
+    short = np.zeros((15, H, d), dtype=np.uint16)
+    with pytest.raises(ValueError, match="chunk_k: expected"):
+        tangram.reference_evict(kv, 0, indptr, short, short, max_candidates=16)
+    with pytest.raises(ValueError, match="source: unknown score source"):
+        ok = np.zeros((16, H, d), dtype=np.uint16)
+        tangram.reference_evict(kv, 0, indptr, ok, ok, source="random", max_candidates=16)
