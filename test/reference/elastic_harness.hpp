@@ -20,10 +20,10 @@ namespace tangram::test {
 /// The inputs of one elastic chunk (held tokens come from the test_cache built from `seqs`).
 struct elastic_setup {
   cache_layout layout;
-  std::vector<head_rule> rules;        ///< [L * H]
-  std::vector<sequence_spec> seqs;     ///< reserve >= chunk in every growing group
-  std::vector<std::int32_t> batch;     ///< sequence of each request
-  std::vector<std::int32_t> indptr;    ///< [batch + 1] chunk rows
+  std::vector<head_rule> rules;      ///< [L * H]
+  std::vector<sequence_spec> seqs;   ///< reserve >= chunk in every growing group
+  std::vector<std::int32_t> batch;   ///< sequence of each request
+  std::vector<std::int32_t> indptr;  ///< [batch + 1] chunk rows
   std::int32_t sink           = 0;
   std::int32_t max_candidates = 1;
   std::vector<unsigned char> chunk_k, chunk_v;  ///< [rows][H][d] in the KV dtype
@@ -49,7 +49,7 @@ struct elastic_setup {
   void fill_chunk(test_cache& cache) {
     auto const& g  = layout.geometry;
     std::size_t es = size_of(g.kv_dtype);
-    auto n = static_cast<std::size_t>(indptr.back()) * static_cast<std::size_t>(H()) *
+    auto n         = static_cast<std::size_t>(indptr.back()) * static_cast<std::size_t>(H()) *
              static_cast<std::size_t>(g.head_dim);
     chunk_k.assign(n * es, 0);
     chunk_v.assign(n * es, 0);
@@ -65,10 +65,10 @@ struct elastic_setup {
 
 /// What a run produced besides the pool.
 struct elastic_outcome {
-  std::vector<std::uint32_t> keys;        ///< [batch][L * H][max_candidates]
-  std::vector<std::int32_t> stage_len;    ///< [L][batch * H] new_len of the stage launches
-  std::vector<std::int32_t> new_len;      ///< [batch][L * H]
-  std::vector<std::int64_t> pages_out;    ///< [batch]
+  std::vector<std::uint32_t> keys;      ///< [batch][L * H][max_candidates]
+  std::vector<std::int32_t> stage_len;  ///< [L][batch * H] new_len of the stage launches
+  std::vector<std::int32_t> new_len;    ///< [batch][L * H]
+  std::vector<std::int64_t> pages_out;  ///< [batch]
 };
 
 /// The per-layer parameters of the stage launch of `layer` on `v`.
@@ -130,7 +130,7 @@ inline std::vector<std::vector<float>> candidate_rows(
     elastic_setup& s, test_cache& cache, std::int32_t r, std::int32_t l, std::int32_t h, int kv) {
   auto const& g  = s.layout.geometry;
   std::int32_t d = g.head_dim, seq = s.batch[static_cast<std::size_t>(r)];
-  std::int32_t len = cache.len(seq, l, h);
+  std::int32_t len  = cache.len(seq, l, h);
   auto const& dense = cache.dense(kv, seq, l, h);
   std::vector<std::vector<float>> rows;
   for (std::int32_t i = 0; i < len; ++i)
@@ -150,9 +150,13 @@ inline std::vector<std::vector<float>> candidate_rows(
 }
 
 /// The row stored at column position `pos` of (request r, layer l, head h).
-inline std::vector<float> stored_row(
-    elastic_setup& s, test_cache& cache, std::int32_t r, std::int32_t l, std::int32_t h,
-    std::int32_t pos, int kv) {
+inline std::vector<float> stored_row(elastic_setup& s,
+                                     test_cache& cache,
+                                     std::int32_t r,
+                                     std::int32_t l,
+                                     std::int32_t h,
+                                     std::int32_t pos,
+                                     int kv) {
   std::vector<float> row;
   for (std::int32_t x = 0; x < s.layout.geometry.head_dim; ++x)
     row.push_back(cache.stored(s.batch[static_cast<std::size_t>(r)], l, h, pos, x, kv));

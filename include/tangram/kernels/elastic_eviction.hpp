@@ -65,7 +65,7 @@ inline constexpr std::int64_t elastic_invalid_head = -2;
  * are compacted in place.
  */
 struct elastic_eviction_params {
-  kv_cache_view kv;                          ///< state before the chunk, chunk staged
+  kv_cache_view kv;                            ///< state before the chunk, chunk staged
   const head_rule* rules           = nullptr;  ///< [num_layers * num_kv_heads] (layer-major)
   std::int32_t sink                = 0;        ///< as in eviction_params
   const std::int32_t* chunk_indptr = nullptr;  ///< [batch + 1] rows of each request's chunk
@@ -202,10 +202,10 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
       eviction_plan e = plan_eviction(q, make_head_cursor(kv, r, l, h), r, h);
       if (e.action == eviction_action::invalid) invalid = true;
       if (e.action != eviction_action::stage) continue;
-      staged                 = true;
+      staged                        = true;
       index[kv.slot_of(l, h).group] = 0;
-      std::int64_t f         = ceil_div(elastic_protected(e, p.sink), P);
-      lo                     = f > lo ? f : lo;
+      std::int64_t f                = ceil_div(elastic_protected(e, p.sink), P);
+      lo                            = f > lo ? f : lo;
     }
   }
   if (invalid) return elastic_invalid_head;
@@ -221,13 +221,8 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
     }
   std::int64_t floors = groups * lo, limit = p.page_limit[r];
   if (floors > limit) return elastic_does_not_fit;
-  return floors + elastic::select_lengths(grouped,
-                                          static_cast<std::int32_t>(groups),
-                                          Hp,
-                                          P,
-                                          lo,
-                                          limit - floors,
-                                          pages);
+  return floors + elastic::select_lengths(
+                      grouped, static_cast<std::int32_t>(groups), Hp, P, lo, limit - floors, pages);
 }
 
 /**

@@ -35,9 +35,8 @@ void compact_staged(head_cursor const& cur,
                     std::int64_t keep) {
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-    return key[a] > key[b];
-  });
+  std::stable_sort(
+      order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return key[a] > key[b]; });
   order.resize(static_cast<std::size_t>(keep));
   std::sort(order.begin(), order.end());
   auto d = static_cast<std::size_t>(cur.head_dim);
@@ -66,8 +65,7 @@ inline std::vector<std::int64_t> elastic_needs(elastic_eviction_params const& p,
     auto row = (static_cast<std::int64_t>(r) * p.heads() + static_cast<std::int64_t>(i)) *
                p.max_candidates;
     for (std::int64_t c = 0; c < plans[i].candidates; ++c)
-      all.emplace_back(p.keys[row + c],
-                       static_cast<std::int64_t>(i) * p.max_candidates + c);
+      all.emplace_back(p.keys[row + c], static_cast<std::int64_t>(i) * p.max_candidates + c);
   }
   auto k = std::clamp<std::int64_t>(p.wanted[r], 0, static_cast<std::int64_t>(all.size()));
   std::sort(all.begin(), all.end(), [](auto const& a, auto const& b) {
@@ -92,8 +90,8 @@ void evict_elastic_request(elastic_eviction_params const& p, std::int32_t r) {
     }
   }
   auto need = elastic_needs(p, r, plans);
-  std::vector<std::int64_t> grouped(
-      static_cast<std::size_t>(p.kv.num_groups) * static_cast<std::size_t>(p.kv.geometry.group_size));
+  std::vector<std::int64_t> grouped(static_cast<std::size_t>(p.kv.num_groups) *
+                                    static_cast<std::size_t>(p.kv.geometry.group_size));
   std::vector<std::int64_t> index(static_cast<std::size_t>(p.kv.num_groups));
   std::vector<std::int64_t> pages(static_cast<std::size_t>(p.kv.num_groups));
   std::int64_t status =
@@ -111,9 +109,8 @@ void evict_elastic_request(elastic_eviction_params const& p, std::int32_t r) {
       continue;
     }
     auto g    = index[static_cast<std::size_t>(p.kv.slot_of(i / H, i % H).group)];
-    auto keep = elastic_head_keep(pages[static_cast<std::size_t>(g)],
-                                  p.kv.geometry.page_tokens,
-                                  e.candidates);
+    auto keep = elastic_head_keep(
+        pages[static_cast<std::size_t>(g)], p.kv.geometry.page_tokens, e.candidates);
     compact_staged<T>(cur[static_cast<std::size_t>(i)],
                       p.keys + (static_cast<std::int64_t>(r) * HH + i) * p.max_candidates,
                       e.candidates,
