@@ -26,9 +26,14 @@ struct elastic_setup {
   std::vector<std::int32_t> indptr;  ///< [batch + 1] chunk rows
   std::int32_t sink           = 0;
   std::int32_t max_candidates = 1;
-  std::vector<unsigned char> chunk_k, chunk_v;  ///< [rows][H][d] in the KV dtype
-  std::vector<float> scores;                    ///< [L][batch * H][max_candidates]
-  std::vector<std::int64_t> wanted, limit;      ///< [batch]
+  std::vector<unsigned char> chunk_k, chunk_v;   ///< [rows][H][d] in the KV dtype
+  std::vector<float> scores;                     ///< [L][batch * H][max_candidates]
+  std::vector<std::int64_t> wanted, limit;       ///< [batch]
+  score_source source = score_source::supplied;  ///< of the stage launches
+  std::vector<float> q;                          ///< snapkv: [rows][H * group][d] f32
+  std::int32_t group       = 1;
+  std::int32_t obs_window  = 32;
+  std::int32_t pool_kernel = 0;
 
   [[nodiscard]] std::int32_t L() const { return layout.num_layers; }
   [[nodiscard]] std::int32_t H() const { return layout.num_kv_heads; }
@@ -69,6 +74,7 @@ struct elastic_outcome {
   std::vector<std::int32_t> stage_len;  ///< [L][batch * H] new_len of the stage launches
   std::vector<std::int32_t> new_len;    ///< [batch][L * H]
   std::vector<std::int64_t> pages_out;  ///< [batch]
+  std::vector<float> scores_out;        ///< [L][batch * H][max_candidates] raw scores
 };
 
 /// The per-layer parameters of the stage launch of `layer` on `v`.
@@ -82,8 +88,13 @@ inline eviction_params stage_params(elastic_setup& s, kv_cache_view const& v, st
   p.chunk_k        = s.chunk_k.data();
   p.chunk_v        = s.chunk_v.data();
   p.max_candidates = s.max_candidates;
-  p.source         = score_source::supplied;
+  p.source         = s.source;
   p.scores         = &s.score(layer, 0, 0, 0);
+  p.q              = s.q.data();
+  p.q_dtype        = dtype::f32;
+  p.group          = s.group;
+  p.obs_window     = s.obs_window;
+  p.pool_kernel    = s.pool_kernel;
   return p;
 }
 
@@ -95,10 +106,13 @@ elastic_outcome run_elastic(elastic_setup& s, test_cache& cache, Backend& backen
   auto BH = static_cast<std::size_t>(s.B() * s.H());
   o.keys.assign(static_cast<std::size_t>(s.B() * s.L() * s.H() * s.max_candidates), 0xdeadbeefu);
   o.stage_len.assign(static_cast<std::size_t>(s.L()) * BH, -9);
+  auto BHC = BH * static_cast<std::size_t>(s.max_candidates);
+  o.scores_out.assign(static_cast<std::size_t>(s.L()) * BHC, 0.f);
   for (std::int32_t l = 0; l < s.L(); ++l) {
     auto p       = stage_params(s, v, l);
     p.new_len    = o.stage_len.data() + static_cast<std::size_t>(l) * BH;
     p.stage_keys = o.keys.data();
+    p.scores_out = o.scores_out.data() + static_cast<std::size_t>(l) * BHC;
     backend.evict(cache, p);
   }
   o.new_len.assign(static_cast<std::size_t>(s.B() * s.L() * s.H()), -9);
