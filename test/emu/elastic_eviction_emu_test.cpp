@@ -5,6 +5,8 @@
 // lengths and pages must end byte-identical.
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include "../gpu/elastic_cases.hpp"
 #include "emu_backend.hpp"
 #include "emu_support.hpp"
@@ -32,4 +34,31 @@ TEST_CASE("emulated elastic eviction equals the CPU reference: supplied scores",
 TEST_CASE("emulated elastic eviction equals the CPU reference: built-in scores",
           "[emu][eviction][elastic]") {
   for (auto const& c : test::elastic_cases_builtin()) check_all_schedules(c);
+}
+
+TEST_CASE(
+    "emulated elastic eviction: a deleted load-to-store barrier in its compaction is detected",
+    "[emu][mutation][elastic]") {
+  // The elastic compaction moves staged survivors to earlier positions of the same column:
+  // without the barrier (vec.cuh sync_site::compact_loaded = 3) stores overwrite unread sources.
+  constexpr int compact_loaded = 3;
+  test::elastic_case c;
+  c.seed = 160;
+  emu::options o{7, emu::copy_mode::deferred, 0};
+  {
+    emu::scoped_options scope(o);
+    test::emu_backend backend;
+    REQUIRE(test::check_elastic(c, backend) == "");  // the control
+  }
+  o.mutation = compact_loaded;
+  std::string verdict;
+  try {
+    emu::scoped_options scope(o);
+    test::emu_backend backend;
+    verdict = test::check_elastic(c, backend);
+  } catch (emu::kernel_fault const& e) {
+    verdict = e.what();
+  }
+  INFO("mutated: " << verdict);
+  CHECK_FALSE(verdict.empty());
 }
