@@ -277,7 +277,7 @@ TEST_CASE("elastic eviction reference: optimal, within the limit, against brute 
           "[reference][elastic]") {
   std::mt19937_64 rng(20261201);
   reference_backend ref;
-  int fitted = 0, refused = 0;
+  int fitted = 0, refused = 0, compared = 0;
   for (int iter = 0; iter < 400; ++iter) {
     auto c               = make_random_case(rng);
     auto& s              = c.s;
@@ -444,6 +444,7 @@ TEST_CASE("elastic eviction reference: optimal, within the limit, against brute 
       rules[static_cast<std::size_t>(i)] = *rr;
     }
     if (!comparable) continue;
+    ++compared;
     auto v = c.twin->view(s.batch);
     std::vector<std::int32_t> len(static_cast<std::size_t>(H));
     for (std::int32_t l = 0; l < L; ++l) {
@@ -462,5 +463,6 @@ TEST_CASE("elastic eviction reference: optimal, within the limit, against brute 
     }
   }
   CHECK(fitted > 200);
+  CHECK(compared > 50);
   CHECK(refused > 10);
 }
