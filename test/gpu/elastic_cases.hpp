@@ -33,7 +33,8 @@ struct elastic_case {
   std::int32_t group      = 4;
   std::int32_t long_len   = 600;  ///< tokens seen by the longest request before its chunk
   std::int32_t long_chunk = 200;
-  double keep_ratio       = 0.3;  ///< K = ceil(keep_ratio n_seen) per compressed head
+  double keep_ratio       = 0.3;    ///< K = ceil(keep_ratio n_seen) per compressed head
+  bool short_max          = false;  ///< max_candidates one below the longest head: invalid heads
   std::uint64_t seed      = 1;
 
   [[nodiscard]] std::string describe() const {
@@ -44,7 +45,8 @@ struct elastic_case {
   }
 };
 
-/// Supplied scores (many ties): every dtype at d 128 / P 16, then bf16 d 64 / P 1, f16 d 256.
+/// Supplied scores (many ties): every dtype at d 128 / P 16, then bf16 d 64 / P 1, f16 d 256,
+/// then bf16 d 128 with one request's heads over max_candidates.
 inline std::vector<elastic_case> elastic_cases_supplied() {
   std::vector<elastic_case> out;
   std::uint64_t seed = 100;
@@ -65,6 +67,13 @@ inline std::vector<elastic_case> elastic_cases_supplied() {
   c.sink     = 0;
   c.recent   = 0;  // no protection: floors of 0 pages
   c.seed     = ++seed;
+  out.push_back(c);
+  c.kv_dtype  = dtype::bf16;
+  c.d         = 128;
+  c.sink      = 4;
+  c.recent    = 8;
+  c.short_max = true;  // the longest request's heads are invalid, the others unaffected
+  c.seed      = ++seed;
   out.push_back(c);
   return out;
 }
@@ -104,7 +113,7 @@ inline elastic_setup make_elastic_setup(elastic_case const& c) {
       max_cand =
           std::max(max_cand, q.base_len[static_cast<std::size_t>(i)] + q.appended + s.chunk(r));
   }
-  s.max_candidates = max_cand;
+  s.max_candidates = c.short_max ? max_cand - 1 : max_cand;
   return s;
 }
 
@@ -205,6 +214,9 @@ std::string check_elastic(elastic_case const& c, Backend& backend) {
   }
   if (!compacted) return where.str() + "no head was compacted (scenario too weak)";
   if (!refused && c.sink + c.recent > 0) return where.str() + "no request was refused";
+  bool invalid = std::find(want.pages_out.begin(), want.pages_out.end(), elastic_invalid_head) !=
+                 want.pages_out.end();
+  if (invalid != c.short_max) return where.str() + "invalid heads not as the scenario intends";
   return {};
 }
 

@@ -135,6 +135,17 @@ TEST_CASE("elastic eviction reference: a case worked by hand", "[reference][elas
     CHECK(o.new_len == std::vector<std::int32_t>{-1, -1, -1, -1, 6, 6});
     CHECK(o.pages_out == std::vector<std::int64_t>{elastic_does_not_fit});
   }
+  SECTION("max_candidates below the candidates: every head invalid, the request unchanged") {
+    s.max_candidates = 5;
+    s.wanted         = {13};
+    s.limit          = {5};
+    auto before      = cache->pool();
+    auto o           = run_elastic(s, *cache, ref);
+    CHECK(o.stage_len == std::vector<std::int32_t>(6, -1));
+    CHECK(o.new_len == std::vector<std::int32_t>(6, -1));
+    CHECK(o.pages_out == std::vector<std::int64_t>{elastic_invalid_head});
+    CHECK(cache->pool() == before);
+  }
   SECTION("K 0 and no protection beyond the floors: a zero-gain page is never given") {
     s.wanted = {0};
     s.limit  = {6};

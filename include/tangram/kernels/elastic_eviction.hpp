@@ -52,8 +52,9 @@ namespace tangram {
 
 /// `pages_out` value: the protected floors alone exceed the request's page limit.
 inline constexpr std::int64_t elastic_does_not_fit = -1;
-/// `pages_out` value: a compressed head had more candidates than `max_candidates`, or a rule
-/// kind disagreed with its group's window; nothing changed.
+/// `pages_out` value: a head of the request (any kind) had more candidates than
+/// `max_candidates`, or a rule kind disagreed with its group's window (`plan_eviction`'s
+/// `invalid`); its compressed heads get `new_len = -1` and nothing of them changed.
 inline constexpr std::int64_t elastic_invalid_head = -2;
 
 /**
