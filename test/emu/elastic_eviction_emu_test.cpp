@@ -36,6 +36,11 @@ TEST_CASE("emulated elastic eviction equals the CPU reference: built-in scores",
   for (auto const& c : test::elastic_cases_builtin()) check_all_schedules(c);
 }
 
+TEST_CASE("emulated elastic eviction: long candidate lists (several compaction tiles)",
+          "[emu][eviction][elastic]") {
+  check_all_schedules(test::elastic_case_long());
+}
+
 TEST_CASE(
     "emulated elastic eviction: a deleted load-to-store barrier in its compaction is detected",
     "[emu][mutation][elastic]") {

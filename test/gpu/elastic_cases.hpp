@@ -92,6 +92,15 @@ inline std::vector<elastic_case> elastic_cases_builtin() {
   return {c, k};
 }
 
+/// Long candidate lists: several compaction tiles (1024) per head and ~17K keys per request.
+inline elastic_case elastic_case_long() {
+  elastic_case c;
+  c.long_len   = 3000;
+  c.long_chunk = 300;
+  c.seed       = 150;
+  return c;
+}
+
 /// Builds the setup of `c` over `cache` (constructed from the returned setup's layout and seqs).
 inline elastic_setup make_elastic_setup(elastic_case const& c) {
   constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;

@@ -20,3 +20,9 @@ TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: built-in scores
   for (auto const& c : test::elastic_cases_builtin())
     GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
 }
+
+TANGRAM_GPU_TEST("gpu elastic eviction: long candidate lists (several compaction tiles)",
+                 "[gpu][eviction][elastic]") {
+  test::gpu_backend gpu;
+  GPU_REQUIRE_AGREES(test::check_elastic(test::elastic_case_long(), gpu));
+}
