@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // The emulator as a backend of test/gpu/kernel_cases.hpp: runs the real kernel bodies
 // (include/tangram/kernels/detail/*.cuh) through their real launch sequences on host memory.
-// Defined in emu_{decode,eviction,append}.cpp, one translation unit per kernel family, so the
-// instantiations compile in parallel and the test files need no kernel headers.
+// Defined in emu_{decode,eviction,elastic_eviction,append}.cpp, one translation unit per kernel
+// family, so the instantiations compile in parallel and the test files need no kernel headers.
 #pragma once
 
 #include "../reference/kv_test_cache.hpp"
 #include "simt/simt.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
 
 namespace tangram::test {
@@ -19,6 +20,9 @@ struct emu_backend {
   void decode(test_cache& cache, decode_params const& p);
   /// The eviction kernels for p (host pointers), in place on the cache's pool.
   void evict(test_cache& cache, eviction_params const& p);
+  /// The elastic selection kernels for p (host pointers), in place on the cache's pool; the
+  /// workspace starts poisoned (0xff).
+  void evict_elastic(test_cache& cache, elastic_eviction_params const& p);
   /// The append kernel for p (host pointers), in place on the cache's pool.
   void append(test_cache& cache, append_params const& p);
 };

@@ -16,6 +16,7 @@
 #include "kernel_cases.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
 #include "tangram/memory/kv_view.hpp"
 
@@ -109,22 +110,52 @@ struct gpu_backend {
                      hp.q ? rows * H * hp.group * d * size_of(hp.q_dtype) : 0);
     auto dscores = upload(hp.scores, cand);
     device_buffer dnew(static_cast<std::size_t>(B) * H * 4), dscores_out(cand * 4);
-    eviction_params p = hp;
-    p.kv              = dev.view;
-    p.rules           = drules.get<head_rule>();
-    p.chunk_indptr    = dindptr.get<std::int32_t>();
-    p.chunk_k         = dck.get();
-    p.chunk_v         = dcv.get();
-    p.q               = hp.q ? dq.get() : nullptr;
-    p.scores          = hp.scores ? dscores.get<float>() : nullptr;
-    p.new_len         = dnew.get<std::int32_t>();
-    p.scores_out      = hp.scores_out ? dscores_out.get<float>() : nullptr;
+    const std::size_t stage = hp.stage_keys ? cand * static_cast<std::size_t>(hp.kv.num_layers) : 0;
+    auto dstage             = upload(hp.stage_keys, stage);
+    eviction_params p       = hp;
+    p.stage_keys            = hp.stage_keys ? dstage.get<std::uint32_t>() : nullptr;
+    p.kv                    = dev.view;
+    p.rules                 = drules.get<head_rule>();
+    p.chunk_indptr          = dindptr.get<std::int32_t>();
+    p.chunk_k               = dck.get();
+    p.chunk_v               = dcv.get();
+    p.q                     = hp.q ? dq.get() : nullptr;
+    p.scores                = hp.scores ? dscores.get<float>() : nullptr;
+    p.new_len               = dnew.get<std::int32_t>();
+    p.scores_out            = hp.scores_out ? dscores_out.get<float>() : nullptr;
     device_buffer ws(eviction_workspace_bytes(p));
     evict_chunk(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "evict_chunk");
     download(dev.pool, cache.pool().data(), cache.pool().size());
     download(dnew, hp.new_len, dnew.bytes());
     if (hp.scores_out) download(dscores_out, hp.scores_out, dscores_out.bytes());
+    if (hp.stage_keys) download(dstage, hp.stage_keys, dstage.bytes());
+  }
+  void evict_elastic(test_cache& cache, elastic_eviction_params const& hp) {
+    device_cache dev(cache, hp.kv);
+    const auto B  = static_cast<std::size_t>(hp.kv.batch_size);
+    const auto HH = static_cast<std::size_t>(hp.heads());
+    auto drules   = upload(hp.rules, HH);
+    auto dindptr  = upload(hp.chunk_indptr, B + 1);
+    auto dkeys    = upload(hp.keys, B * HH * static_cast<std::size_t>(hp.max_candidates));
+    auto dwanted  = upload(hp.wanted, B);
+    auto dlimit   = upload(hp.page_limit, B);
+    device_buffer dnew(B * HH * 4), dpages(B * 8);
+    elastic_eviction_params p = hp;
+    p.kv                      = dev.view;
+    p.rules                   = drules.get<head_rule>();
+    p.chunk_indptr            = dindptr.get<std::int32_t>();
+    p.keys                    = dkeys.get<std::uint32_t>();
+    p.wanted                  = dwanted.get<std::int64_t>();
+    p.page_limit              = dlimit.get<std::int64_t>();
+    p.new_len                 = dnew.get<std::int32_t>();
+    p.pages_out               = hp.pages_out ? dpages.get<std::int64_t>() : nullptr;
+    device_buffer ws(elastic_workspace_bytes(p));
+    ::tangram::evict_elastic(p, ws.get(), ws.bytes(), nullptr);
+    cuda_check(cudaDeviceSynchronize(), "evict_elastic");
+    download(dev.pool, cache.pool().data(), cache.pool().size());
+    download(dnew, hp.new_len, dnew.bytes());
+    if (hp.pages_out) download(dpages, hp.pages_out, dpages.bytes());
   }
 
   void append(test_cache& cache, append_params const& hp) {

@@ -18,7 +18,13 @@
  * - **sliding-window** head (the group has a window W in the view): the chunk tokens among the last
  *   W of the sequence are written into the ring; the head then holds `min(n_seen, W)` tokens.
  *
- * `new_len[r * num_kv_heads + h]` receives the tokens the head holds afterwards. Requests with an
+ * - **staged** compressed head (elastic reservation: `stage_keys` set): the chunk is appended at
+ *   positions `[len, len + c)` (pages drawn by `kv_cache_manager::prepare_chunk`) and the
+ *   selection key of every candidate is written to `stage_keys`; nothing is selected. The
+ *   request-wide selection (kernels/elastic_eviction.hpp) runs after the last layer.
+ *
+ * `new_len[r * num_kv_heads + h]` receives the tokens the head holds afterwards (a staged head:
+ * its candidates, `len + c`, which the elastic selection then reduces). Requests with an
  * empty chunk are left unchanged (`new_len` = current length). The owner of the view then records
  * the new lengths and adds `c` to the sequence's `seq_tokens` (after all layers ran).
  *
@@ -211,6 +217,11 @@ struct eviction_params {
   std::int32_t pool_kernel    = 0;        ///< odd max-pool width; 0: 7 for snapkv, 1 otherwise
   std::int32_t* new_len       = nullptr;  ///< out: [batch * num_kv_heads]; -1 marks an invalid head
   float* scores_out           = nullptr;  ///< optional out: raw scores of heads that selected
+  /// Elastic reservation only (null otherwise): compressed heads stage instead of selecting and
+  /// write their candidates' keys to `[batch][num_layers * num_kv_heads][max_candidates]`,
+  /// candidate `i` of (r, this layer, h) at `((r * num_layers + layer) * num_kv_heads + h) *
+  /// max_candidates + i`. Caller-owned; the input of `evict_elastic`.
+  std::uint32_t* stage_keys = nullptr;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t pool() const {
     return pool_kernel != 0 ? pool_kernel : (source == score_source::snapkv ? 7 : 1);
@@ -277,7 +288,13 @@ enum class eviction_action : std::uint8_t {
   ring,       ///< sliding window: chunk tokens among the last W go into the ring
   append,     ///< uncompressed, or a compressed head that keeps every candidate
   select,     ///< compressed: keep `keep` of `candidates`
+  stage,      ///< compressed under elastic reservation: append the chunk, write the keys
 };
+
+/// True for the actions that need the candidates' scores (select and stage).
+TANGRAM_HOST_DEVICE bool eviction_scores(eviction_action a) {
+  return a == eviction_action::select || a == eviction_action::stage;
+}
 
 /// @brief The decision for one (request, KV head) and the numbers behind it.
 struct eviction_plan {
@@ -325,10 +342,15 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
     e.keep   = -1;
     return e;
   }
+  e.window = rule.protect - p.sink > 0 ? rule.protect - p.sink : 0;
+  if (rule.kind == layer_kind::compressed && p.stage_keys != nullptr) {
+    e.action = eviction_action::stage;
+    e.keep   = e.candidates;
+    return e;
+  }
   e.keep   = rule.kind == layer_kind::compressed ? eviction_keep(rule, e.n_seen, e.candidates)
                                                  : e.candidates;
   e.action = e.keep >= e.candidates ? eviction_action::append : eviction_action::select;
-  e.window = rule.protect - p.sink > 0 ? rule.protect - p.sink : 0;
   return e;
 }
 

@@ -3,7 +3,8 @@
  * @file reference/eviction.hpp
  * @brief CPU reference of the fused scoring + top-k eviction + compaction of one prefill chunk
  * (kernels/eviction.hpp): same parameters over host memory, same selection keys (shared host/device
- * functions), survivors gathered and then written in order.
+ * functions), survivors gathered and then written in order. With `stage_keys` set (elastic
+ * reservation) compressed heads stage the chunk and write their keys instead of selecting.
  */
 #pragma once
 
@@ -128,6 +129,7 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
       for (std::int64_t t = 0; t < e.chunk; ++t) copy_token(chunk_k(t), chunk_v(t), e.len + t);
       return static_cast<std::int32_t>(e.keep);
     case eviction_action::select:
+    case eviction_action::stage:
       break;
   }
   std::int64_t len = e.len, c = e.chunk, n = e.candidates, k = e.keep;
@@ -151,6 +153,12 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
   std::vector<std::uint32_t> key(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
     key[static_cast<std::size_t>(i)] = candidate_key(raw.data(), n, i, p.pool(), p.sink, e.window);
+  if (e.action == eviction_action::stage) {  // elastic: keys out, chunk appended, no selection
+    auto row = (static_cast<std::int64_t>(r) * p.kv.num_layers + p.layer) * H + h;
+    std::copy(key.begin(), key.end(), p.stage_keys + row * p.max_candidates);
+    for (std::int64_t t = 0; t < e.chunk; ++t) copy_token(chunk_k(t), chunk_v(t), e.len + t);
+    return static_cast<std::int32_t>(e.keep);
+  }
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), std::int64_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {

@@ -20,7 +20,9 @@
  *   (block scans with carries) and moves survivors tile by tile: all loads of a batch of
  *   survivors complete before its stores, and every survivor moves to a position at or before its
  *   source, so compacting in place within the column is safe. Ring and append heads copy their
- *   chunk tokens in the same kernel.
+ *   chunk tokens in the same kernel; staged heads (elastic reservation) write their keys to
+ *   `stage_keys` and append the chunk. The select-and-compact part is `select_and_compact`, which
+ *   the elastic compaction (elastic_eviction.cuh) reuses with its own keep counts.
  */
 #pragma once
 
@@ -96,7 +98,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args cons
   __shared__ float qs[QT][D];
   __shared__ float red[Score ? QT : 1][Score ? KT : 1];
   const eviction_head x = resolve_head(a, blockIdx.y);
-  if (x.e.action != eviction_action::select) return;
+  if (!eviction_scores(x.e.action)) return;
   const std::int64_t n = x.e.candidates, len = x.e.len, c = x.e.chunk;
   const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * KT;
   if (i0 >= n) return;
@@ -180,7 +182,7 @@ template <class Unused = void>
 TANGRAM_KERNEL __launch_bounds__(256) void snapkv_reduce_kernel(eviction_args const a,
                                                                 std::int32_t key_tile) {
   const eviction_head x = resolve_head(a, blockIdx.x);
-  if (x.e.action != eviction_action::select) return;
+  if (!eviction_scores(x.e.action)) return;
   const std::int64_t w     = x.e.chunk < a.p.obs_window ? x.e.chunk : a.p.obs_window;
   const int nq             = static_cast<int>(w) * a.p.group;
   const std::int64_t tiles = (x.e.candidates + key_tile - 1) / key_tile;
@@ -203,7 +205,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_reduce_kernel(eviction_args co
 template <class T, int D>
 TANGRAM_KERNEL __launch_bounds__(256) void key_norm_kernel(eviction_args const a) {
   const eviction_head x = resolve_head(a, blockIdx.y);
-  if (x.e.action != eviction_action::select) return;
+  if (!eviction_scores(x.e.action)) return;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   for (int u = 0; u < 8; ++u) {
     const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 64 + warp * 8 + u;
@@ -279,20 +281,117 @@ __device__ __forceinline__ void copy_tokens(
   }
 }
 
-/// One CTA per (request, KV head): ring/append copies, or select-and-compact (see file comment).
-/// T only sets the element size (f16 and bf16 share the bfloat16 instantiation).
+/// Shared memory of the radix select and compaction of one head.
 template <class T, int D>
-TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args const a) {
+struct select_smem {
   using cfg    = compact_config<T, D>;
   using scan_t = cub::BlockScan<std::uint32_t, cfg::threads>;
   using hist_t = cub::BlockHistogram<int, cfg::threads, cfg::items, 257, cub::BLOCK_HISTO_ATOMIC>;
-  __shared__ union {
+  union {
     typename scan_t::TempStorage scan;
     typename hist_t::TempStorage hist;
   } tmp;
-  __shared__ unsigned int hist[257];  // bucket 256 collects keys outside the current prefix
-  __shared__ std::uint32_t s_bucket, s_above;
-  __shared__ std::int32_t list_src[cfg::tile];
+  unsigned int hist[257];  // bucket 256 collects keys outside the current prefix
+  std::uint32_t s_bucket, s_above;
+  std::int32_t list_src[cfg::tile];
+};
+
+/**
+ * Keeps the `k` largest of the `n` candidate keys of head `x` (ties to the earlier position) and
+ * compacts them in order to column positions [0, k). The first radix pass takes each key from
+ * `key_of(i)` (which may compute and store it); later passes and the compaction read `keys[i]`
+ * (every index is read by the thread that produced it). Called by every thread of the CTA.
+ */
+template <class T, int D, class KeyOf>
+__device__ __forceinline__ void select_and_compact(eviction_args const& a,
+                                                   eviction_head const& x,
+                                                   std::int64_t n,
+                                                   std::int64_t k,
+                                                   const std::uint32_t* keys,
+                                                   KeyOf key_of,
+                                                   select_smem<T, D>& sm) {
+  using cfg     = compact_config<T, D>;
+  using scan_t  = typename select_smem<T, D>::scan_t;
+  using hist_t  = typename select_smem<T, D>::hist_t;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (k <= 0) return;
+
+  // Radix select of the k-th largest key, 8 bits per pass from the top.
+  std::uint32_t prefix = 0, mask = 0, k_rem = static_cast<std::uint32_t>(k);
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int b = tid; b < 257; b += cfg::threads) sm.hist[b] = 0;
+    __syncthreads();
+    for (std::int64_t base = 0; base < n; base += cfg::tile) {
+      int bins[cfg::items];
+#pragma unroll
+      for (int u = 0; u < cfg::items; ++u) {
+        const std::int64_t i = base + tid * cfg::items + u;
+        std::uint32_t key    = 0;
+        if (i < n) key = pass == 0 ? key_of(i) : keys[i];
+        bins[u] = i < n && (key & mask) == prefix ? static_cast<int>((key >> shift) & 0xffu) : 256;
+      }
+      hist_t(sm.tmp.hist).Composite(bins, sm.hist);
+      __syncthreads();
+    }
+    // Bucket b holding the k_rem-th largest: keys above it < k_rem <= keys above it + its count.
+    const std::uint32_t count = sm.hist[255 - tid];
+    std::uint32_t incl;
+    scan_t(sm.tmp.scan).InclusiveSum(count, incl);
+    if (incl - count < k_rem && k_rem <= incl) {
+      sm.s_bucket = static_cast<std::uint32_t>(255 - tid);
+      sm.s_above  = incl - count;
+    }
+    __syncthreads();
+    k_rem -= sm.s_above;
+    prefix |= sm.s_bucket << shift;
+    mask |= 0xffu << shift;
+    __syncthreads();
+  }
+  const std::uint32_t threshold = prefix, ties_needed = k_rem;
+
+  // Compaction: keep keys above the threshold and the first `ties_needed` keys equal to it.
+  std::uint32_t carry_tie = 0, carry_keep = 0;
+  for (std::int64_t base = 0; base < n; base += cfg::tile) {
+    std::uint32_t key[cfg::items], tie[cfg::items], keep[cfg::items], rank[cfg::items];
+#pragma unroll
+    for (int u = 0; u < cfg::items; ++u) {
+      const std::int64_t i = base + tid * cfg::items + u;
+      key[u]               = i < n ? keys[i] : 0u;
+      tie[u]               = i < n && key[u] == threshold ? 1u : 0u;
+    }
+    std::uint32_t tie_total, keep_total;
+    scan_t(sm.tmp.scan).ExclusiveSum(tie, rank, tie_total);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < cfg::items; ++u) {
+      const std::int64_t i = base + tid * cfg::items + u;
+      keep[u] =
+          i < n && (key[u] > threshold || (tie[u] && carry_tie + rank[u] < ties_needed)) ? 1u : 0u;
+    }
+    scan_t(sm.tmp.scan).ExclusiveSum(keep, rank, keep_total);
+#pragma unroll
+    for (int u = 0; u < cfg::items; ++u)
+      if (keep[u]) sm.list_src[rank[u]] = static_cast<std::int32_t>(base + tid * cfg::items + u);
+    __syncthreads();
+    const std::uint32_t dst0 = carry_keep;
+    copy_tokens<T, D>(
+        a,
+        x,
+        static_cast<int>(keep_total),
+        [&](int t) { return static_cast<std::int64_t>(sm.list_src[t]); },
+        [&](int t) { return static_cast<std::int64_t>(dst0) + t; });
+    carry_tie += tie_total;
+    carry_keep += keep_total;
+  }
+}
+
+/// One CTA per (request, KV head): ring/append copies, staging, or select-and-compact (see file
+/// comment). T only sets the element size (f16 and bf16 share the bfloat16 instantiation).
+template <class T, int D>
+TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args const a) {
+  using cfg = compact_config<T, D>;
+  __shared__ select_smem<T, D> sm;
   const int tid            = static_cast<int>(threadIdx.x);
   const eviction_head x    = resolve_head(a, blockIdx.x);
   eviction_params const& p = a.p;
@@ -313,100 +412,48 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
           [&](int t) { return (first + t) % x.cur.ring; });
       return;
     }
+    case eviction_action::stage:
     case eviction_action::append:
-      copy_tokens<T, D>(
-          a,
-          x,
-          static_cast<int>(x.e.chunk),
-          [&](int t) { return x.e.len + t; },
-          [&](int t) { return x.e.len + t; });
-      return;
     case eviction_action::select:
       break;
   }
-  const std::int64_t n = x.e.candidates, k = x.e.keep;
-  if (k <= 0) return;
+  const std::int64_t n = x.e.candidates;
   const float* raw =
       (p.source == score_source::supplied ? p.scores : a.raw) + x.rh * p.max_candidates;
-  std::uint32_t* keys     = a.keys + x.rh * p.max_candidates;
   const std::int32_t pool = p.pool();
-
-  // Radix select of the k-th largest key, 8 bits per pass from the top.
-  std::uint32_t prefix = 0, mask = 0, k_rem = static_cast<std::uint32_t>(k);
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
-    for (int b = tid; b < 257; b += cfg::threads) hist[b] = 0;
-    __syncthreads();
-    for (std::int64_t base = 0; base < n; base += cfg::tile) {
-      int bins[cfg::items];
-#pragma unroll
-      for (int u = 0; u < cfg::items; ++u) {
-        const std::int64_t i = base + tid * cfg::items + u;
-        std::uint32_t key    = 0;
-        if (i < n) {
-          if (pass == 0) {
-            key     = candidate_key(raw, n, i, pool, p.sink, x.e.window);
-            keys[i] = key;
-            if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
-          } else {
-            key = keys[i];
-          }
-        }
-        bins[u] = i < n && (key & mask) == prefix ? static_cast<int>((key >> shift) & 0xffu) : 256;
-      }
-      hist_t(tmp.hist).Composite(bins, hist);
-      __syncthreads();
+  if (x.e.action == eviction_action::stage) {  // elastic: keys out, chunk appended
+    std::uint32_t* out =
+        p.stage_keys +
+        ((static_cast<std::int64_t>(x.r) * p.kv.num_layers + p.layer) * p.kv.num_kv_heads + x.h) *
+            p.max_candidates;
+    for (std::int64_t i = tid; i < n; i += cfg::threads) {
+      out[i] = candidate_key(raw, n, i, pool, p.sink, x.e.window);
+      if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
     }
-    // Bucket b holding the k_rem-th largest: keys above it < k_rem <= keys above it + its count.
-    const std::uint32_t count = hist[255 - tid];
-    std::uint32_t incl;
-    scan_t(tmp.scan).InclusiveSum(count, incl);
-    if (incl - count < k_rem && k_rem <= incl) {
-      s_bucket = static_cast<std::uint32_t>(255 - tid);
-      s_above  = incl - count;
-    }
-    __syncthreads();
-    k_rem -= s_above;
-    prefix |= s_bucket << shift;
-    mask |= 0xffu << shift;
-    __syncthreads();
   }
-  const std::uint32_t threshold = prefix, ties_needed = k_rem;
-
-  // Compaction: keep keys above the threshold and the first `ties_needed` keys equal to it.
-  std::uint32_t carry_tie = 0, carry_keep = 0;
-  for (std::int64_t base = 0; base < n; base += cfg::tile) {
-    std::uint32_t key[cfg::items], tie[cfg::items], keep[cfg::items], rank[cfg::items];
-#pragma unroll
-    for (int u = 0; u < cfg::items; ++u) {
-      const std::int64_t i = base + tid * cfg::items + u;
-      key[u]               = i < n ? keys[i] : 0u;
-      tie[u]               = i < n && key[u] == threshold ? 1u : 0u;
-    }
-    std::uint32_t tie_total, keep_total;
-    scan_t(tmp.scan).ExclusiveSum(tie, rank, tie_total);
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < cfg::items; ++u) {
-      const std::int64_t i = base + tid * cfg::items + u;
-      keep[u] =
-          i < n && (key[u] > threshold || (tie[u] && carry_tie + rank[u] < ties_needed)) ? 1u : 0u;
-    }
-    scan_t(tmp.scan).ExclusiveSum(keep, rank, keep_total);
-#pragma unroll
-    for (int u = 0; u < cfg::items; ++u)
-      if (keep[u]) list_src[rank[u]] = static_cast<std::int32_t>(base + tid * cfg::items + u);
-    __syncthreads();
-    const std::uint32_t dst0 = carry_keep;
+  if (x.e.action != eviction_action::select) {
     copy_tokens<T, D>(
         a,
         x,
-        static_cast<int>(keep_total),
-        [&](int t) { return static_cast<std::int64_t>(list_src[t]); },
-        [&](int t) { return static_cast<std::int64_t>(dst0) + t; });
-    carry_tie += tie_total;
-    carry_keep += keep_total;
+        static_cast<int>(x.e.chunk),
+        [&](int t) { return x.e.len + t; },
+        [&](int t) { return x.e.len + t; });
+    return;
   }
+  std::uint32_t* keys = a.keys + x.rh * p.max_candidates;
+  select_and_compact<T, D>(
+      a,
+      x,
+      n,
+      x.e.keep,
+      keys,
+      [&](std::int64_t i) {
+        const std::uint32_t key = candidate_key(raw, n, i, pool, p.sink, x.e.window);
+        keys[i]                 = key;
+        if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
+        return key;
+      },
+      sm);
 }
 
 /// The kernels' arguments for validated parameters and a workspace of

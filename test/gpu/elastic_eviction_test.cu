@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA elastic eviction (stage launches, request-wide selection, compaction) against the CPU
+// reference: the scenarios of elastic_cases.hpp, which the host emulation tests in test/emu run
+// too. Pools, keys, lengths and pages must end byte-identical.
+#include "elastic_cases.hpp"
+#include "gpu_support.cuh"
+
+using namespace tangram;
+
+TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: supplied scores",
+                 "[gpu][eviction][elastic]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::elastic_cases_supplied())
+    GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
+}
+
+TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: built-in scores",
+                 "[gpu][eviction][elastic]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::elastic_cases_builtin())
+    GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
+}
+
+TANGRAM_GPU_TEST("gpu elastic eviction: long candidate lists (several compaction tiles)",
+                 "[gpu][eviction][elastic]") {
+  test::gpu_backend gpu;
+  GPU_REQUIRE_AGREES(test::check_elastic(test::elastic_case_long(), gpu));
+}
