@@ -26,18 +26,13 @@ static_plan const& llama_plan() {
   return p;
 }
 
-/// A manager with one sequence in decode (prompt 64, 4096 decode tokens reserved), as the Python
+/// A manager with one sequence in decode (prompt 64, 2048 decode tokens reserved), as the Python
 /// benchmark builds it.
 struct fixture {
   host_memory_resource memory;
   kv_cache_manager kv;
   sequence_id seq;
-  fixture() : kv(llama_plan(), memory, options()) {
-    seq = *kv.try_admit(64, 4096);
-    kv.prepare_chunk(seq, 64);
-    kv.commit_chunk(seq, expected(64));
-    kv.set_batch(&seq, 1);
-  }
+  fixture() : kv(llama_plan(), memory, options()) { start(); }
   static manager_options options() {
     manager_options o;
     o.num_pages     = 20000;
@@ -49,14 +44,19 @@ struct fixture {
     kv.expected_kept(seq, c, k.data());
     return k;
   }
-  /// One decode step; a new one-token turn when the reservation is used up (same cycle as Python).
+  /// A fresh sequence in decode (prompt 64, 2048 decode tokens reserved).
+  void start() {
+    seq = *kv.try_admit(64, 2048);
+    kv.prepare_chunk(seq, 64);
+    kv.commit_chunk(seq, expected(64));
+    kv.set_batch(&seq, 1);
+  }
+  /// One decode step; when the reservation is used up the sequence is replaced by a fresh one
+  /// (same cycle as the Python benchmark, amortised over 2048 steps).
   void step() {
-    if (kv.info(seq).decoded == 4096) {
-      kv.end_turn(seq);
-      (void)kv.continue_turn(seq, 1, 4096);
-      kv.prepare_chunk(seq, 1);
-      kv.commit_chunk(seq, expected(1));
-      kv.set_batch(&seq, 1);
+    if (kv.info(seq).decoded == 2048) {
+      kv.free(seq);
+      start();
     }
     kv.decode_step();
   }
