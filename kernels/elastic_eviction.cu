@@ -16,16 +16,7 @@ void evict_elastic(elastic_eviction_params const& p,
                    std::size_t workspace_bytes,
                    cuda_stream_t stream) {
   p.validate();
-  auto const& g = p.kv.geometry;
-  TANGRAM_EXPECTS(
-      (g.kv_dtype == dtype::f32 || g.kv_dtype == dtype::f16 || g.kv_dtype == dtype::bf16) &&
-          (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256),
-      invalid_argument,
-      "evict_elastic: no CUDA kernel for kv dtype ",
-      to_string(g.kv_dtype),
-      " with head_dim ",
-      g.head_dim,
-      " (supported: f32/f16/bf16 x 64/128/256)");
+  expect_eviction_kernel(p.kv.geometry, "evict_elastic");
   TANGRAM_EXPECTS(reinterpret_cast<std::uintptr_t>(p.kv.pool) % 16 == 0,
                   invalid_argument,
                   "evict_elastic: kv.pool must be 16-byte aligned");
@@ -56,6 +47,7 @@ void evict_elastic(elastic_eviction_params const& p,
   if (p.kv.batch_size == 0) return;
   detail::elastic_args a = detail::make_elastic_args(p, workspace);
   cudaError_t err        = cudaSuccess;
+  auto const& g = p.kv.geometry;
   detail::dispatch_eviction(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     err = detail::launch_elastic<decltype(tag), decltype(dim)::value>(a, stream);
   });

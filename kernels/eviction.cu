@@ -29,16 +29,7 @@ void evict_chunk(eviction_params const& p,
                  std::size_t workspace_bytes,
                  cuda_stream_t stream) {
   p.validate();
-  auto const& g = p.kv.geometry;
-  TANGRAM_EXPECTS(
-      (g.kv_dtype == dtype::f32 || g.kv_dtype == dtype::f16 || g.kv_dtype == dtype::bf16) &&
-          (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256),
-      invalid_argument,
-      "evict_chunk: no CUDA kernel for kv dtype ",
-      to_string(g.kv_dtype),
-      " with head_dim ",
-      g.head_dim,
-      " (supported: f32/f16/bf16 x 64/128/256)");
+  expect_eviction_kernel(p.kv.geometry, "evict_chunk");
   if (p.source == score_source::snapkv)
     TANGRAM_EXPECTS(p.q_dtype == dtype::f32 || p.q_dtype == dtype::f16 || p.q_dtype == dtype::bf16,
                     invalid_argument,
@@ -68,6 +59,7 @@ void evict_chunk(eviction_params const& p,
   if (heads == 0) return;
   detail::eviction_args a = detail::make_eviction_args(p, workspace);
   cudaError_t err         = cudaSuccess;
+  auto const& g = p.kv.geometry;
   detail::dispatch_eviction(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     err = detail::launch_eviction<decltype(tag), decltype(dim)::value>(a, stream);
   });

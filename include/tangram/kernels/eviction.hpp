@@ -354,6 +354,22 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
   return e;
 }
 
+/// @brief Refuses a cache the eviction kernels are not compiled for (f32/f16/bf16 x head dims
+/// 64/128/256), naming the launcher `who`. Shared by evict_chunk and evict_elastic.
+/// @throw invalid_argument naming the dtype and the head dim.
+inline void expect_eviction_kernel(page_geometry const& g, char const* who) {
+  TANGRAM_EXPECTS(
+      (g.kv_dtype == dtype::f32 || g.kv_dtype == dtype::f16 || g.kv_dtype == dtype::bf16) &&
+          (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256),
+      invalid_argument,
+      who,
+      ": no CUDA kernel for kv dtype ",
+      to_string(g.kv_dtype),
+      " with head_dim ",
+      g.head_dim,
+      " (supported: f32/f16/bf16 x 64/128/256)");
+}
+
 /// Bytes of workspace `evict_chunk` needs for `p`.
 inline std::size_t eviction_workspace_bytes(eviction_params const& p) {
   return static_cast<std::size_t>(eviction_workspace(p.kv.batch_size,
