@@ -134,3 +134,14 @@ def test_build_plan_rejects_samples_of_another_model(model, profile):
     other = tangram.parse_retention_samples(json.dumps(d))
     with pytest.raises(ValueError):
         make_plan(model, profile, "elastic", other)  # today: layers >= 32 skipped, built
+
+
+def test_reference_evict_on_an_empty_batch_returns_empty(static_plan):
+    # decode attention and append accept an empty batch; evict raises about an internal field:
+    # ValueError "eviction_params.new_len: null" (a zero-size std::vector's data() is null)
+    kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=2)
+    kv.set_batch([])
+    H, d = static_plan.num_kv_heads, static_plan.model.head_dim
+    k = np.zeros((0, H, d), np.uint16)
+    out = tangram.reference_evict(kv, 0, np.array([0], np.int32), k, k, max_candidates=1)
+    assert out.shape == (0, H)
