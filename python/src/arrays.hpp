@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// NumPy arrays for the bindings: copies of small value arrays, and read-only aliases of memory
-// that a Python object owns.
+// NumPy arrays for the bindings (copies of small value arrays, read-only aliases of memory that a
+// Python object owns) and copies of bound value types.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -19,6 +19,19 @@ nanobind::object numpy_copy(std::vector<T> const& values, std::vector<std::size_
   nanobind::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   return nanobind::ndarray<nanobind::numpy, T>(data->data(), shape.size(), shape.data(), owner)
       .cast();
+}
+
+/// `copy.copy` and `copy.deepcopy` for a bound value type `T` (a C++ copy: values share nothing).
+template <class T>
+void add_value_copies() {
+  nanobind::handle cls = nanobind::type<T>();
+  nanobind::setattr(cls, "__copy__",
+                    nanobind::cpp_function([](T const& x) { return x; }, nanobind::scope(cls),
+                                           nanobind::name("__copy__"), nanobind::is_method()));
+  nanobind::setattr(cls, "__deepcopy__",
+                    nanobind::cpp_function([](T const& x, nanobind::handle) { return x; },
+                                           nanobind::scope(cls), nanobind::name("__deepcopy__"),
+                                           nanobind::is_method(), nanobind::arg("memo")));
 }
 
 /// A read-only 1-D NumPy array of `count` elements at `data`, which `owner` keeps alive.

@@ -47,7 +47,7 @@ void bind_manager(nb::module_& m) {
   nb::class_<sequence_id>(m, "SequenceId", "Handle of a live sequence: slot and generation.")
       .def_ro("slot", &sequence_id::slot)
       .def_ro("generation", &sequence_id::generation)
-      .def("__eq__", [](sequence_id a, sequence_id b) { return a == b; })
+      .def("__eq__", [](sequence_id a, sequence_id b) { return a == b; }, nb::is_operator())
       .def("__hash__",
            [](sequence_id a) {
              return static_cast<std::int64_t>(a.slot) * 0x100000000LL + a.generation;
@@ -124,7 +124,7 @@ void bind_manager(nb::module_& m) {
               nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> kept) {
              c.kv.commit_chunk(s, kept.data(), kept.shape(0));
            },
-           nb::arg("seq"), nb::arg("kept"))
+           nb::arg("seq"), nb::arg("kept").noconvert())
       .def("commit_chunk",
            [](host_kv_cache& c, sequence_id s, std::vector<std::int32_t> const& kept) {
              c.kv.commit_chunk(s, kept);

@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "arrays.hpp"
 #include "bindings.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/model/model_spec.hpp"
@@ -37,6 +38,7 @@ void bind_model(nb::module_& m) {
   m.def("model_preset_names", &model_preset_names, "Names of the built-in models.");
   m.def("load_model_spec", &load_model_spec, nb::arg("path"),
         "Reads a tangram-model/v1 file. Raises ParseError naming the field.");
+  add_value_copies<model_spec>();
 }
 
 }  // namespace tangram::python

@@ -92,7 +92,8 @@ void bind_plan(nb::module_& m) {
                           "The plan of one tensor-parallel rank (a value: copies are independent).")
       .def_ro("model", &static_plan::model)
       .def_ro("profile", &static_plan::profile)
-      .def_ro("options", &static_plan::options)
+      .def_prop_ro("options", [](static_plan const& p) { return p.options; },
+                   "A copy of the options the plan was built with (changing it changes no plan).")
       .def_ro("num_layers", &static_plan::num_layers)
       .def_ro("num_kv_heads", &static_plan::num_kv_heads)
       .def_ro("first_kv_head", &static_plan::first_kv_head)
@@ -145,7 +146,7 @@ void bind_plan(nb::module_& m) {
           return samples ? build_static_plan(model, profile, options, *samples)
                          : build_static_plan(model, profile, options);
         },
-        nb::arg("model"), nb::arg("profile"), nb::arg("options") = plan_options{},
+        nb::call_guard<nb::gil_scoped_release>(), nb::arg("model"), nb::arg("profile"), nb::arg("options") = plan_options{},
         nb::arg("samples") = nb::none(),
         "build_static_plan. With the samples the profile was calibrated from, an elastic plan's\n"
         "split map is weighed on their placements. Raises ValueError naming the option.");
@@ -153,6 +154,8 @@ void bind_plan(nb::module_& m) {
         "Writes the plan JSON atomically (temporary file in the target's folder, then rename).");
   m.def("load_plan", &load_static_plan, nb::arg("path"),
         "Reads a plan file. Raises ParseError naming the field.");
+  add_value_copies<plan_options>();
+  add_value_copies<static_plan>();
 }
 
 }  // namespace tangram::python

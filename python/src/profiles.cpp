@@ -116,6 +116,9 @@ void bind_profiles(nb::module_& m) {
         nb::arg("samples"), nb::arg("options") = calibration_options{}, nb::arg("folds") = 2,
         nb::arg("band") = 0.05, nb::arg("group_by_context") = false,
         "The calibration report of `tangram calibrate` (held-out folds by sample index or prompt).");
+  add_value_copies<retention_samples>();
+  add_value_copies<budget_profile>();
+  add_value_copies<calibration_options>();
 }
 
 }  // namespace tangram::python

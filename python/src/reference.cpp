@@ -38,14 +38,42 @@ void expect_elements(std::size_t size, std::int64_t count, char const* what) {
                   ": expected ", count, " elements, got ", size);
 }
 
-/// K/V in the cache's dtype: element size must match.
+/// The NumPy element types that carry a cache dtype: itself where NumPy has it (float32,
+/// float16), else its bit patterns (bf16: uint16 or a bfloat16 extension type; fp8: uint8).
+bool carries(nb::dlpack::dtype t, dtype cache) {
+  using code = nb::dlpack::dtype_code;
+  auto is   = [&](code c, int bits) {
+    return t.code == static_cast<std::uint8_t>(c) && t.bits == bits && t.lanes == 1;
+  };
+  switch (cache) {
+    case dtype::f32:
+      return is(code::Float, 32);
+    case dtype::f16:
+      return is(code::Float, 16);
+    case dtype::bf16:
+      return is(code::UInt, 16) || is(code::Bfloat, 16);
+    case dtype::fp8_e4m3:
+    case dtype::fp8_e5m2:
+      return is(code::UInt, 8);
+  }
+  return false;
+}
+
+/// K/V in the cache's dtype (see `carries`) with exactly `count` elements.
 void expect_cache_elements(any_array const& a, kv_cache_view const& v, std::int64_t count,
                            char const* what) {
   expect_elements(a.size(), count, what);
-  TANGRAM_EXPECTS(a.itemsize() == static_cast<std::size_t>(size_of(v.geometry.kv_dtype)),
-                  invalid_argument, what, ": elements of ", a.itemsize(),
-                  " bytes, the cache holds ", to_string(v.geometry.kv_dtype), " (",
-                  size_of(v.geometry.kv_dtype), " bytes)");
+  TANGRAM_EXPECTS(carries(a.dtype(), v.geometry.kv_dtype), invalid_argument, what,
+                  ": the cache holds ", to_string(v.geometry.kv_dtype),
+                  "; pass float32 for f32, float16 for f16, uint16 bit patterns (or bfloat16) for "
+                  "bf16, uint8 for fp8 (got elements of ", a.itemsize(), " bytes, dtype code ",
+                  static_cast<int>(a.dtype().code), ")");
+}
+
+/// The layer index, checked before anything is indexed with it.
+void expect_layer(static_plan const& plan, std::int32_t layer) {
+  TANGRAM_EXPECTS(layer >= 0 && layer < plan.num_layers, invalid_argument,
+                  "layer: must be in [0, ", plan.num_layers, "), got ", layer);
 }
 
 score_source source_named(std::string const& name) {
@@ -61,6 +89,7 @@ void bind_reference(nb::module_& m) {
   m.def(
       "reference_append",
       [](host_kv_cache& c, std::int32_t layer, f32_array k, f32_array v) {
+        expect_layer(c.kv.plan(), layer);
         auto view = c.kv.view();
         std::int64_t count =
             static_cast<std::int64_t>(view.batch_size) * view.num_kv_heads * view.geometry.head_dim;
@@ -84,6 +113,7 @@ void bind_reference(nb::module_& m) {
          float sm_scale) {
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
+        expect_layer(plan, layer);
         std::int32_t group = plan.model.gqa_group();
         std::int64_t rows  = static_cast<std::int64_t>(view.batch_size) * view.num_kv_heads * group;
         expect_elements(q.size(), rows * view.geometry.head_dim, "q");
@@ -124,8 +154,23 @@ void bind_reference(nb::module_& m) {
          std::int32_t obs_window) {
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
+        expect_layer(plan, layer);
         expect_elements(chunk_indptr.size(), view.batch_size + 1, "chunk_indptr");
-        std::int64_t rows = chunk_indptr.data()[view.batch_size] - chunk_indptr.data()[0];
+        auto const* ptr = chunk_indptr.data();
+        TANGRAM_EXPECTS(ptr[0] == 0, invalid_argument, "chunk_indptr[0]: must be 0, got ", ptr[0]);
+        // Each request's rows must be the chunk it prepared: the reference writes the chunk into
+        // the pages prepare_chunk drew, and nowhere else is backed.
+        for (std::int32_t r = 0; r < view.batch_size; ++r) {
+          std::int64_t rows_r  = static_cast<std::int64_t>(ptr[r + 1]) - ptr[r];
+          std::int64_t pending = c.kv.info(c.kv.batch_sequence(r)).chunk_pending;
+          TANGRAM_EXPECTS(rows_r == pending, invalid_argument, "chunk_indptr: request ", r,
+                          " has ", rows_r, " rows but its prepared chunk (prepare_chunk) has ",
+                          pending, " tokens");
+        }
+        std::int64_t rows = ptr[view.batch_size];
+        if (view.batch_size == 0)
+          return numpy_copy(std::vector<std::int32_t>{},
+                            {std::size_t{0}, static_cast<std::size_t>(view.num_kv_heads)});
         std::int64_t row  = static_cast<std::int64_t>(view.num_kv_heads) * view.geometry.head_dim;
         expect_cache_elements(chunk_k, view, rows * row, "chunk_k");
         expect_cache_elements(chunk_v, view, rows * row, "chunk_v");
@@ -135,8 +180,6 @@ void bind_reference(nb::module_& m) {
         auto rules       = std::vector<head_rule>(
             plan.rules.begin() + static_cast<std::ptrdiff_t>(layer) * plan.num_kv_heads,
             plan.rules.begin() + static_cast<std::ptrdiff_t>(layer + 1) * plan.num_kv_heads);
-        TANGRAM_EXPECTS(layer >= 0 && layer < plan.num_layers, invalid_argument,
-                        "layer: must be in [0, ", plan.num_layers, "), got ", layer);
         p.rules          = rules.data();
         p.sink           = plan.profile.sink_tokens;
         p.chunk_indptr   = chunk_indptr.data();
@@ -165,7 +208,7 @@ void bind_reference(nb::module_& m) {
         return numpy_copy(new_len, {static_cast<std::size_t>(view.batch_size),
                                     static_cast<std::size_t>(view.num_kv_heads)});
       },
-      nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr"), nb::arg("chunk_k"),
+      nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr").noconvert(), nb::arg("chunk_k"),
       nb::arg("chunk_v"), nb::kw_only(), nb::arg("source") = "key_norm",
       nb::arg("scores") = nb::none(), nb::arg("q") = nb::none(), nb::arg("max_candidates"),
       nb::arg("obs_window") = 32,

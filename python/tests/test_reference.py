@@ -68,7 +68,7 @@ def test_wrong_sizes_and_dtypes_name_the_argument(static_plan):
     H, d = static_plan.num_kv_heads, static_plan.model.head_dim
     indptr = np.array([0, 16], dtype=np.int32)
     as_f32 = np.zeros((16, H, d), dtype=np.float32)  # the cache holds bf16 (2 bytes)
-    with pytest.raises(ValueError, match="chunk_k: elements of 4 bytes, the cache holds bf16"):
+    with pytest.raises(ValueError, match="chunk_k: the cache holds bf16; pass float32 for f32"):
         tangram.reference_evict(kv, 0, indptr, as_f32, as_f32, max_candidates=16)
     short = np.zeros((15, H, d), dtype=np.uint16)
     with pytest.raises(ValueError, match="chunk_k: expected"):

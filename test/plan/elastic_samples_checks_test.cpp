@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reproducers from the adversarial review (branch h-review) for the elastic split map built from
-// retention samples. "[review][fails]" cases FAIL on 8de2684; the others pass and pin what held.
+// Elastic placements of retention samples under hostile or unusual inputs (found by an adversarial
+// review): the right heads under tensor parallelism, determinism, samples of another model and a
+// negative context refused with an error.
 #include <cstdint>
 #include <vector>
 
@@ -52,18 +53,18 @@ TEST_CASE("review: sample_needs_at reads the rank's own heads under tensor paral
   CHECK(again.splits.cta_begin == p1.splits.cta_begin);
 }
 
-TEST_CASE("review: samples of another model (more layers) are rejected", "[review][fails]") {
+TEST_CASE("review: samples of another model (more layers) are rejected", "[review]") {
   auto s          = llama_samples();
   auto plan       = elastic_plan(s, 1, 0);
   auto other      = s;
   other.num_model_layers = 48;
   for (auto& id : other.layer_ids) id += 16;  // layers 16..47 of a 48-layer model
-  // Today: layers >= 32 are skipped silently and layers 16..31 take the other model's counts.
+  // Before the check, layers >= 32 were skipped silently and 16..31 took the other model's counts.
   CHECK_THROWS_AS(sample_needs_at(plan, other, 0, 8000), invalid_argument);
   CHECK_THROWS_AS(elastic_placement_split_map(plan, other), invalid_argument);
 }
 
-TEST_CASE("review: a negative context is rejected by sample_needs_at itself", "[review][fails]") {
+TEST_CASE("review: a negative context is rejected by sample_needs_at itself", "[review]") {
   auto s    = llama_samples();
   auto plan = elastic_plan(s, 1, 0);
   // std::clamp(n, 0, context) with context < 0 violates clamp's precondition (UB).

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reproducers from the adversarial review (branch h-review). Every test here FAILS on 8de2684:
-each asserts the behaviour docs/python.md promises (a clean Python error, never a crash or a
-silent wrap). The crashing cases run in a subprocess so that pytest survives them."""
+"""Hostile inputs found by an adversarial review: each gets the clean Python error
+docs/python.md promises (never a crash, a silent wrap or a reinterpretation). The cases that used to
+crash the interpreter run in a subprocess so that a regression cannot take pytest down."""
 import copy
 import json
 import os
@@ -73,7 +73,7 @@ def test_commit_chunk_rejects_int64_counts_that_wrap(static_plan):
     kv.prepare_chunk(seq, 24)
     kept = np.array(kv.expected_kept(seq, 24), dtype=np.int64) + 2**32  # nonsense counts
     with pytest.raises((ValueError, TypeError)):
-        kv.commit_chunk(seq, kept)  # today: converted to int32, wraps to the right counts, accepted
+        kv.commit_chunk(seq, kept)  # must not wrap to int32 (it once did, and was accepted)
 
 
 def test_commit_chunk_rejects_fractional_counts(static_plan):
@@ -120,7 +120,7 @@ def test_plan_options_of_a_built_plan_are_not_mutable(model, profile):
 def test_sequence_id_compares_unequal_to_other_types(static_plan):
     kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=2)
     seq = kv.try_admit(24, 4)
-    assert (seq == None) is False  # noqa: E711  today: TypeError from __eq__
+    assert (seq == None) is False  # noqa: E711  (once a TypeError from __eq__)
     assert seq not in [None, 3]
 
 
@@ -133,7 +133,7 @@ def test_build_plan_rejects_samples_of_another_model(model, profile):
     d["layer_ids"] = [i + 16 for i in d["layer_ids"]]
     other = tangram.parse_retention_samples(json.dumps(d))
     with pytest.raises(ValueError):
-        make_plan(model, profile, "elastic", other)  # today: layers >= 32 skipped, built
+        make_plan(model, profile, "elastic", other)  # once: layers >= 32 skipped, built
 
 
 def test_reference_evict_on_an_empty_batch_returns_empty(static_plan):
