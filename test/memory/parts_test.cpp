@@ -378,7 +378,7 @@ TEST_CASE("sequence_table and page_table_storage: turn and list checks", "[memor
   t.expect_decode_room(s);
   t[s].decoded = 1;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      t.expect_decode_room(s), logic_error, "already appended its max_new_tokens = 1");
+      t.expect_decode_room(s), logic_error, "has appended 1 of its max_new_tokens = 1");
 
   page_table_storage pt(1, 1, 8);
   turn_footprint fp(1);

@@ -79,6 +79,10 @@ struct storm_totals {
   std::int64_t elastic_evictions = 0;  ///< elastic: chunk evictions with the group-length selection
   std::int64_t elastic_clipped   = 0;  ///< elastic: wanted tokens the limit made them drop
   std::int64_t limit_refusals    = 0;  ///< elastic: commits refused past elastic_page_limit
+  std::int64_t extended = 0, extend_rejected = 0;  ///< try_extend that fit / did not
+  std::int64_t speculative_steps = 0;  ///< decode steps with per-member counts, or append_tokens
+  std::int64_t rollbacks         = 0;  ///< rollbacks of rejected speculative tokens
+  std::int64_t rolled_back       = 0;  ///< tokens they removed
   static constexpr std::size_t misuse_kinds = 15;
   std::array<std::int64_t, misuse_kinds> misuse_by_kind{};  ///< misuses per case of storm::misuse
 
@@ -107,6 +111,11 @@ struct storm_totals {
     elastic_evictions += o.elastic_evictions;
     elastic_clipped += o.elastic_clipped;
     limit_refusals += o.limit_refusals;
+    extended += o.extended;
+    extend_rejected += o.extend_rejected;
+    speculative_steps += o.speculative_steps;
+    rollbacks += o.rollbacks;
+    rolled_back += o.rolled_back;
     for (std::size_t k = 0; k < misuse_kinds; ++k) misuse_by_kind[k] += o.misuse_by_kind[k];
   }
 };
@@ -365,6 +374,10 @@ class storm {
       full_pool_burst();
     } else if (op < 902) {
       drain();
+    } else if (op < 940) {
+      speculate();
+    } else if (op < 965) {
+      extend();
     } else {
       decode();
     }
@@ -549,6 +562,65 @@ class storm {
     if (batch.empty()) return chunk();
     std::shuffle(batch.begin(), batch.end(), rng_);
     do_decode(batch);
+  }
+
+  /// Speculative decoding: a batch whose members append random counts (0 allowed) in one step,
+  /// or a draft for one sequence through append_tokens; then a member rolls back a random part
+  /// of what it decoded (up to max_rollback), and sometimes tries one token more than allowed.
+  void speculate() {
+    std::vector<sequence_id> batch;
+    std::vector<std::int32_t> counts;
+    for (auto id : phase(sequence_phase::decode)) {
+      auto const& q = sim_->sequences().at(id.slot);
+      if (q.decoded < q.max_new && rng_() % 3 != 0) {
+        batch.push_back(id);
+        counts.push_back(static_cast<std::int32_t>(uniform(0, std::min<std::int64_t>(4, q.max_new - q.decoded))));
+      }
+    }
+    if (!batch.empty()) {
+      if (batch.size() == 1 && counts[0] > 0 && rng_() % 2 == 0)
+        sim_->append(batch[0], counts[0]);
+      else
+        sim_->decode(batch, counts);
+      ++t_.speculative_steps;
+      t_.calls += 2;
+    }
+    auto dec = phase(sequence_phase::decode);
+    if (dec.empty()) return decode();
+    auto id    = pick(dec);
+    auto limit = manager_->max_rollback(id);
+    REQUIRE(limit <= sim_->sequences().at(id.slot).decoded);
+    if (limit > 0) {
+      auto k = uniform(1, limit);
+      sim_->rollback(id, k);
+      ++t_.rollbacks;
+      t_.rolled_back += k;
+      ++t_.calls;
+    }
+    if (rng_() % 8 == 0) {
+      auto over = manager_->max_rollback(id) + 1;
+      expect_misuse<logic_error>("exceeds max_rollback", [&] { manager_->rollback(id, over); });
+    }
+  }
+
+  /// Grows a decoding turn by a random count: it fits exactly when the model's page count is
+  /// available (the page-id arena may refuse while forks share pages); a refusal changes nothing.
+  void extend() {
+    auto dec = phase(sequence_phase::decode);
+    if (dec.empty()) return decode();
+    auto id    = pick(dec);
+    auto more  = uniform(1, std::max<std::int64_t>(1, cfg_.max_new));
+    auto pages = sim_->extension_pages(sim_->sequences().at(id.slot), more).total();
+    bool fits  = pages <= manager_->pool().available_pages();
+    bool arena = arena_may_refuse();
+    bool ok    = fits_or_unchanged(!fits || arena, [&] { return sim_->extend(id, more); });
+    if (fits && !arena) REQUIRE(ok);
+    if (!fits) REQUIRE(!ok);
+    note_refusal(fits, ok);
+    if (ok)
+      ++t_.extended;
+    else
+      ++t_.extend_rejected;
   }
 
   void do_end_turn(sequence_id id) {

@@ -17,7 +17,9 @@
  *   eviction kernel (elastic: its group-length selection keeps the groups within
  *   `elastic_page_limit`), then `commit_chunk(seq, kept)` with the per-head kept counts.
  * - per decode step: `set_batch(ids)` when the batch changes, `decode_step()` (room for one token
- *   per head of every batch member), then `view()` for the attention kernel.
+ *   per head of every batch member; `decode_step(counts)` or `append_tokens(seq, k)` for several,
+ *   `rollback(seq, k)` for rejected speculative tokens), then `view()` for the attention kernel.
+ * - `try_extend(seq, more)` grows a running turn's decode reservation, all or nothing.
  * - `end_turn(seq)`, `continue_turn(seq, N, T)`, `fork(seq)`, `free(seq)`.
  * FlashInfer's paged-KV CSR comes from `export_flashinfer_layer` in interop/flashinfer.hpp.
  *
@@ -325,10 +327,150 @@ class basic_kv_cache_manager {
     for (std::int32_t r = 0; r < batch_.size(); ++r) flow_.append_decode_token(batch_.slot(r));
   }
 
+  /**
+   * @brief `decode_step` with a token count per batch member (speculative decoding: request r
+   * appends `tokens[r]` tokens, 0 allowed), all drawn from the reservations: never fails for lack
+   * of memory. Allocation-free.
+   * @throw invalid_argument when count != batch_size() or a count is negative; logic_error when
+   *        a member was freed, is not in decode, or would pass its max_new_tokens (try_extend
+   *        first). Nothing changes when it throws.
+   */
+  void decode_step(std::int32_t const* tokens, std::size_t count) {
+    check_batch_live("decode_step");
+    TANGRAM_EXPECTS(count == static_cast<std::size_t>(batch_.size()),
+                    invalid_argument,
+                    "decode_step.tokens: expected ",
+                    batch_.size(),
+                    " counts (one per batch member), got ",
+                    count);
+    for (std::int32_t r = 0; r < batch_.size(); ++r) {
+      TANGRAM_EXPECTS(tokens[r] >= 0,
+                      invalid_argument,
+                      "decode_step.tokens[",
+                      r,
+                      "]: must be >= 0, got ",
+                      tokens[r]);
+      sequences_.expect_decode_room(batch_.slot(r), tokens[r]);
+    }
+    for (std::int32_t r = 0; r < batch_.size(); ++r)
+      flow_.append_decode_tokens(batch_.slot(r), tokens[r]);
+  }
+  /// @brief `decode_step` with a vector of per-member counts.
+  void decode_step(std::vector<std::int32_t> const& tokens) {
+    decode_step(tokens.data(), tokens.size());
+  }
+
+  /**
+   * @brief Appends `tokens` decode tokens to one sequence (in a batch or not), e.g. a draft of
+   * speculative tokens before verification; pages come from its reservation. Allocation-free.
+   * @throw invalid_argument when tokens < 1; logic_error for an unknown sequence, one not in
+   *        decode, or one that would pass its max_new_tokens (try_extend first). Nothing changes
+   *        when it throws.
+   */
+  void append_tokens(sequence_id seq, std::int64_t tokens) {
+    std::int32_t s = sequences_.find(seq, "append_tokens");
+    detail::check_token_count("append_tokens.tokens", tokens);
+    sequences_.expect_decode_room(s, tokens, "append_tokens");
+    flow_.append_decode_tokens(s, tokens);
+  }
+
+  /**
+   * @brief Removes the last `tokens` decode tokens of `seq` (speculative tokens the verifier
+   * rejected): `decoded`, `appended` and `seq_tokens` go back by `tokens`, and the pages those
+   * tokens had started return to the sequence's own reservation, not to the pool, so appending
+   * them again can never fail. The K/V the kernel wrote for them is simply overwritten later.
+   * Allocation-free, O(groups + pages returned).
+   * @throw invalid_argument when tokens < 1; logic_error for an unknown sequence, one not in
+   *        decode, or tokens > `max_rollback(seq)` (names both). Nothing changes when it throws.
+   */
+  void rollback(sequence_id seq, std::int64_t tokens) {
+    std::int32_t s = sequences_.find(seq, "rollback");
+    detail::check_token_count("rollback.tokens", tokens);
+    sequences_.expect_phase(
+        s, sequences_[s].phase == sequence_phase::decode, "rollback", ", not decode");
+    auto limit = usage_.max_rollback(s);
+    TANGRAM_EXPECTS(tokens <= limit,
+                    logic_error,
+                    "rollback.tokens: ",
+                    tokens,
+                    " exceeds max_rollback = ",
+                    limit,
+                    " for the sequence in slot ",
+                    s,
+                    " (",
+                    sequences_[s].decoded,
+                    " decode tokens this turn",
+                    limit < sequences_[s].decoded
+                        ? "; a page of those positions is shared with a fork or an uncompleted "
+                          "page copy, or a sliding-window ring already overwrote tokens its "
+                          "window needs again)"
+                        : ")");
+    flow_.rollback_decode_tokens(s, tokens);
+    stats_.rolled_back_tokens += tokens;
+  }
+
+  /**
+   * @brief The most tokens `rollback(seq, k)` accepts now: the decode tokens of this turn (0
+   * outside decode), less where a rolled-back position's page is shared (a fork's page, or one
+   * a pending copy still reads: complete the copies first) or where a sliding-window ring that
+   * wrapped lacks the older tokens its window needs again (at most ring_pages * P - W, less the
+   * tokens already rolled back since the highest position written).
+   * O(groups), O(pages) for a forked sequence.
+   * @throw logic_error for an unknown sequence.
+   */
+  [[nodiscard]] std::int64_t max_rollback(sequence_id seq) const {
+    return usage_.max_rollback(sequences_.find(seq, "max_rollback"));
+  }
+
+  /**
+   * @brief Grows the decode reservation of a running turn by `more_tokens` (an engine that
+   * reserved an expected length and now needs more): all or nothing. Per group the pages its
+   * heads reach after max_new + more decode tokens, less what it holds or has reserved; under
+   * elastic reservation the compressed groups' shared budget grows by what their decode now needs
+   * beyond it. What was reserved before stays guaranteed either way.
+   * @return true when reserved (max_new_tokens grew by `more_tokens`); false ("does not fit":
+   *         the pool lacks the pages, or the page-id arena the room for longer lists), nothing
+   *         changed then (the arena may have been repacked, which moves no logical state).
+   * @throw invalid_argument when more_tokens < 1 or the turn would pass 2^31 - 1 tokens;
+   *        logic_error for an unknown sequence or one not in decode. Nothing changes then.
+   */
+  [[nodiscard]] bool try_extend(sequence_id seq, std::int64_t more_tokens) {
+    std::int32_t s = sequences_.find(seq, "try_extend");
+    auto& st       = sequences_[s];
+    sequences_.expect_phase(s,
+                            st.phase == sequence_phase::decode,
+                            "try_extend",
+                            ", not decode (reserve prompt-phase tokens at admission)");
+    std::int64_t max_new =
+        detail::check_extension(lengths_.tokens(s) - st.decoded, st.max_new, more_tokens);
+    usage_.size_extension(s, max_new, footprint_);
+    std::int64_t pages = footprint_.reserve_total();
+    bool relocate      = footprint_.grows_capacity();
+    if (pages > pool_.available_pages() ||
+        (relocate && !flow_.make_index_room(footprint_.capacity_total()))) {
+      ++stats_.extend_rejected;
+      return false;
+    }
+    // Checked: nothing below fails.
+    if (relocate) {
+      page_table_.relocate(s, footprint_);
+      journal_.note_full_resync();
+    }
+    (void)pool_.try_extend(st.reservation, pages);
+    page_table_.extend_turn(s, footprint_);
+    st.max_new = max_new;
+    ++stats_.extended;
+    return true;
+  }
+
   // ===== turns, forks, free =====================================================================
   /**
    * @brief Ends the current turn (prompt done): unused reserved pages return to the pool and the
    * compressed history stays (pages beyond what the longest head uses are released as surplus).
+   * This is also how a turn that stops early (EOS before max_new_tokens) gives back what it did
+   * not use: the whole remaining reservation (every group's budget and, elastic, the shared
+   * budget) and any page no head uses return to the pool at once; `info().reserved_pages` is 0
+   * afterwards and each group keeps exactly `group_pages_in_use` pages.
    * @throw logic_error (nothing changed) for an unknown sequence or one not in the decode phase.
    */
   void end_turn(sequence_id seq) {
@@ -431,6 +573,7 @@ class basic_kv_cache_manager {
     lengths_.copy(s, c);
     cs.max_new   = ps.max_new;
     cs.decoded   = ps.decoded;
+    cs.written_tokens = ps.written_tokens;
     cs.may_share = ps.may_share = true;
     flow_.rebuild_buckets(c);
     journal_.note_slot(c);

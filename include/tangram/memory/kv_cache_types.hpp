@@ -136,6 +136,11 @@ struct manager_stats {
   std::int64_t staging_pages_returned =
       0;  ///< elastic: pages a chunk's eviction gave back to its own reservation (not reclaimed:
           ///< they were reserved for that request and stay reserved for it)
+  std::int64_t extended        = 0;  ///< successful try_extend
+  std::int64_t extend_rejected = 0;  ///< try_extend that did not fit
+  std::int64_t rolled_back_tokens = 0;  ///< decode tokens removed by rollback
+  std::int64_t rollback_pages_returned =
+      0;  ///< pages rollback returned to their sequence's reservation (never to the pool)
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that

@@ -147,6 +147,33 @@ inline void check_turn_sizes(char const* op,
                   max_tokens);
 }
 
+/// A count of tokens an operation adds or removes (`op.field`): >= 1. @throw invalid_argument
+/// naming the field and the value.
+inline void check_token_count(char const* op, std::int64_t tokens) {
+  TANGRAM_EXPECTS(tokens >= 1, invalid_argument, op, ": must be >= 1, got ", tokens);
+}
+
+/// `try_extend`: a turn whose prompt ended at `prompt_end` tokens with `max_new` decode tokens
+/// reserved grows by `more` (>= 1) to at most 2^31 - 1 tokens, computed without overflow.
+/// @return the turn's new max_new. @throw invalid_argument naming the values.
+inline std::int64_t check_extension(std::int64_t prompt_end, std::int64_t max_new, std::int64_t more) {
+  check_token_count("try_extend.more_tokens", more);
+  auto grown = detail::add_checked(max_new, more);
+  auto total = grown ? detail::add_checked(prompt_end, *grown) : std::nullopt;
+  TANGRAM_EXPECTS(total.has_value() && *total <= max_tokens,
+                  invalid_argument,
+                  "try_extend.more_tokens: ",
+                  more,
+                  " more decode tokens after seq_tokens ",
+                  prompt_end,
+                  " + max_new_tokens ",
+                  max_new,
+                  " exceed ",
+                  max_tokens,
+                  " tokens");
+  return *grown;
+}
+
 /// A chunk has >= 1 token; elastic reservation stages at most `max_chunk_tokens` per chunk.
 /// @throw invalid_argument naming the values.
 inline void check_chunk_size(bool elastic,
