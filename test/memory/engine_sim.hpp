@@ -202,9 +202,12 @@ class engine_sim {
     return out;
   }
   std::mt19937& rng() { return rng_; }
+  /// What the last `admit` answered (the reason when it did not fit).
+  admit_result const& last_admit() const { return last_admit_; }
 
   std::optional<sequence_id> admit(std::int64_t N, std::int64_t T) {
-    auto id = m_.try_admit(N, T);
+    last_admit_ = m_.admit(N, T);
+    auto id     = last_admit_.id;
     if (!id) return std::nullopt;
     sim_sequence q;
     q.id = *id;
@@ -368,16 +371,22 @@ class engine_sim {
     q.decoded -= k;
     for (std::int32_t h = 0; h < L_ * H_; ++h) {
       auto hi = static_cast<std::size_t>(h);
-      auto& t = q.tags[hi];
-      t.resize(t.size() - static_cast<std::size_t>(k));
+      auto& t        = q.tags[hi];
       auto const& ru = plan_.rules[hi];
-      if (ru.kind != layer_kind::sliding_window) continue;
-      auto& d = q.dropped[hi];
-      while (!d.empty() && static_cast<std::int64_t>(t.size()) < std::min<std::int64_t>(q.n, ru.window)) {
-        t.insert(t.begin(), d.back());
-        d.pop_back();
+      if (ru.kind != layer_kind::sliding_window) {
+        t.resize(t.size() - static_cast<std::size_t>(k));
+        continue;
       }
-      REQUIRE(static_cast<std::int64_t>(t.size()) == std::min<std::int64_t>(q.n, ru.window));
+      // The tokens this turn pushed out, then the window: drop the last k, keep the new window.
+      auto& d = q.dropped[hi];
+      std::vector<float> all(d);
+      all.insert(all.end(), t.begin(), t.end());
+      REQUIRE(static_cast<std::int64_t>(all.size()) >= k);
+      all.resize(all.size() - static_cast<std::size_t>(k));
+      auto w = std::min<std::int64_t>(q.n, ru.window);
+      REQUIRE(static_cast<std::int64_t>(all.size()) >= w);
+      t.assign(all.end() - static_cast<std::ptrdiff_t>(w), all.end());
+      d.assign(all.begin(), all.end() - static_cast<std::ptrdiff_t>(w));
     }
     for (std::int32_t g = 0; g < G_; ++g) {
       auto gi  = static_cast<std::size_t>(g);
@@ -511,6 +520,13 @@ class engine_sim {
   /// reservations, and the reference counts against the owners found in the page lists.
   void verify() {
     auto list = ids();
+    // The manager lists exactly the model's sequences, with their phases.
+    auto live = m_.sequences();
+    REQUIRE(live.size() == list.size());
+    for (std::size_t k = 0; k < live.size(); ++k) {
+      REQUIRE(live[k].id == list[k]);
+      REQUIRE(live[k].phase == seqs_.at(list[k].slot).phase);
+    }
     m_.set_batch(list);
     auto v = m_.view();
     std::vector<std::uint32_t> owners(static_cast<std::size_t>(m_.pool().capacity()), 0);
@@ -743,6 +759,7 @@ class engine_sim {
   std::vector<bool> pooled_;
   std::vector<std::vector<std::int32_t>> pooled_members_;
   std::map<std::int32_t, sim_sequence> seqs_;
+  admit_result last_admit_;
 };
 
 }  // namespace tangram::test

@@ -519,6 +519,22 @@ class storm {
     // A request whose footprint fits the unreserved pages, with a free slot, is admitted.
     if (fits && !arena) REQUIRE(ok);
     if (!fits) REQUIRE(!ok);
+    // The reason: the pool or the arena can never hold it, else the slot, the pages, the arena.
+    auto const& r = sim_->last_admit();
+    REQUIRE(r.pages_needed == need);
+    if (!ok && r.reason != admit_failure::never_fits) {
+      REQUIRE(need <= m.pool().capacity());
+      if (!slots)
+        REQUIRE(r.reason == admit_failure::no_free_slot);
+      else if (!fits)
+        REQUIRE((r.reason == admit_failure::not_enough_pages &&
+                 r.pages_missing == need - m.pool().available_pages()));
+      else
+        REQUIRE(r.reason == admit_failure::page_table_arena_full);
+    }
+    if (!ok && r.reason == admit_failure::never_fits)
+      REQUIRE(r.pages_missing == std::max<std::int64_t>(0, need - m.pool().capacity()));
+    if (ok) REQUIRE(r.reason == admit_failure::none);
     note_refusal(fits, ok);
     if (ok)
       ++t_.admitted;

@@ -163,13 +163,63 @@ class basic_kv_cache_manager {
    */
   [[nodiscard]] std::optional<sequence_id> try_admit(std::int64_t prompt_tokens,
                                                      std::int64_t max_new_tokens) {
-    detail::check_turn_sizes("try_admit", 0, prompt_tokens, max_new_tokens);
+    return admit_checked("try_admit", prompt_tokens, max_new_tokens).id;
+  }
+
+  /**
+   * @brief `try_admit` that says why a request did not fit: no free slot, not enough unreserved
+   * pages now (and how many are missing), no room in the page-id arena now, or a request that can
+   * never fit (larger than the whole pool or arena). Checked in that order after never_fits; the
+   * first that applies is reported. Same reservation, guarantees and errors as `try_admit`.
+   * @throw invalid_argument as `try_admit` (names "admit"); nothing changes then.
+   */
+  [[nodiscard]] admit_result admit(std::int64_t prompt_tokens, std::int64_t max_new_tokens) {
+    return admit_checked("admit", prompt_tokens, max_new_tokens);
+  }
+
+  /**
+   * @brief Calls `f(sequence_info const&)` for every live sequence, in slot order (its id,
+   * phase, lengths and pages, as `info`). O(slots + live sequences x groups), allocation-free.
+   * `f` must not call the manager's mutating members.
+   */
+  template <class F>
+  void for_each_sequence(F&& f) const {
+    for (std::int32_t s = 0; s < sequences_.size(); ++s) {
+      if (sequences_[s].phase == sequence_phase::free) continue;
+      f(detail::assemble_info(sequence_id{s, sequences_[s].generation},
+                              s,
+                              sequences_,
+                              lengths_,
+                              page_table_));
+    }
+  }
+  /// @brief Every live sequence's `info`, in slot order (allocates the vector).
+  [[nodiscard]] std::vector<sequence_info> sequences() const {
+    std::vector<sequence_info> out;
+    out.reserve(static_cast<std::size_t>(sequences_.live()));
+    for_each_sequence([&](sequence_info const& i) { out.push_back(i); });
+    return out;
+  }
+
+ private:
+  admit_result admit_checked(char const* op, std::int64_t prompt_tokens, std::int64_t max_new_tokens) {
+    detail::check_turn_sizes(op, 0, prompt_tokens, max_new_tokens);
     usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
+    admit_result r;
     std::int64_t pages = footprint_.reserve_total();
-    if (sequences_.full() || pages > pool_.available_pages() ||
-        !flow_.make_index_room(footprint_.capacity_total())) {
+    r.pages_needed     = pages;
+    r.reason           = detail::admission_failure(pages,
+                                         footprint_.capacity_total(),
+                                         pool_.capacity(),
+                                         pool_.available_pages(),
+                                         page_table_.arena_entries(),
+                                         sequences_.full(),
+                                         r.pages_missing);
+    if (r.reason == admit_failure::none && !flow_.make_index_room(footprint_.capacity_total()))
+      r.reason = admit_failure::page_table_arena_full;
+    if (r.reason != admit_failure::none) {
       ++stats_.rejected;
-      return std::nullopt;
+      return r;
     }
     // Checked: nothing below fails.
     std::int32_t s = sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
@@ -181,9 +231,11 @@ class basic_kv_cache_manager {
     buckets_.reset(s);
     journal_.note_slot(s);
     ++stats_.admitted;
-    return sequence_id{s, st.generation};
+    r.id = sequence_id{s, st.generation};
+    return r;
   }
 
+ public:
   // ===== chunked prefill ========================================================================
   /**
    * @brief Before the eviction of a prompt chunk of `chunk_tokens` runs: draws from the

@@ -147,6 +147,30 @@ inline void check_turn_sizes(char const* op,
                   max_tokens);
 }
 
+/// Why a request of `pages` pages and `entries` page-list entries cannot be admitted now, before
+/// the page-id arena is asked for room (the caller checks that last): never_fits (more than the
+/// pool's `capacity` pages or the arena's `arena_entries`), no_free_slot, not_enough_pages; none
+/// when it may fit. Sets `missing` to the pages lacking (beyond the pool, or beyond `available`).
+inline admit_failure admission_failure(std::int64_t pages,
+                                       std::int64_t entries,
+                                       std::int64_t capacity,
+                                       std::int64_t available,
+                                       std::int64_t arena_entries,
+                                       bool slots_full,
+                                       std::int64_t& missing) noexcept {
+  missing = 0;
+  if (pages > capacity || entries > arena_entries) {
+    missing = pages > capacity ? pages - capacity : 0;
+    return admit_failure::never_fits;
+  }
+  if (slots_full) return admit_failure::no_free_slot;
+  if (pages > available) {
+    missing = pages - available;
+    return admit_failure::not_enough_pages;
+  }
+  return admit_failure::none;
+}
+
 /// A count of tokens an operation adds or removes (`op.field`): >= 1. @throw invalid_argument
 /// naming the field and the value.
 inline void check_token_count(char const* op, std::int64_t tokens) {
