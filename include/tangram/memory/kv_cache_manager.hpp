@@ -13,7 +13,9 @@
  *   fit" (nullopt) and changes nothing. An admitted request never runs out of pages. Under
  *   elastic reservation (the plan's `options.reservation`) M(r) is the scorer's total plus one
  *   chunk's staging, shared by the compressed groups (docs/memory.md#elastic-reservation).
- * - per prefill chunk: `prepare_chunk(seq, c)` (pages drawn from the reservation), then the
+ * - per prefill chunk: `prepare_chunk(seq, c)` (pages drawn from the reservation), then
+ *   `set_batch` to the sequences whose chunks one launch evicts (the eviction kernel runs over
+ *   the view's batch: set it before that launch, and the decode batch again after), the
  *   eviction kernel (elastic: its group-length selection keeps the groups within
  *   `elastic_page_limit`), then `commit_chunk(seq, kept)` with the per-head kept counts.
  * - per decode step: `set_batch(ids)` when the batch changes, `decode_step()` (room for one token
