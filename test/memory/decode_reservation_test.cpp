@@ -324,3 +324,40 @@ TEST_CASE("elastic reservation: try_extend, speculative append and rollback",
   CHECK(m.pool().stats().used == 0);
   CHECK(m.pool().stats().reserved == 0);
 }
+
+TEST_CASE("the change journal lists appended / seq_tokens changes; extents fit every batch",
+          "[memory][decode_reservation][journal]") {
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  auto o      = opts(100, 8);
+  o.max_batch = 4;
+  kv_cache_manager m(plan, mr, o);
+  engine_sim sim(m, 12, 0.0);
+  // Sized at load time, before any batch: batch_slots holds max_batch entries.
+  auto e = m.view_extents();
+  CHECK(e.batch == 4);
+  CHECK(e.slots == 8);
+  CHECK(m.batch_size() == 0);
+  auto a = prefilled(sim, 8);
+  auto b = prefilled(sim, 8);
+  m.clear_view_changes();
+  sim.decode({a});  // only a's counters move
+  auto c = m.changes();
+  REQUIRE(c.num_counter_slots == 1);
+  CHECK(c.counter_slots[0] == a.slot);
+  CHECK(c.num_slots == 0);
+  m.clear_view_changes();
+  sim.append(b, 3);
+  sim.rollback(b, 1);
+  sim.decode({a, b}, {0, 1});  // a appends nothing but stays listed only if it changed
+  c = m.changes();
+  REQUIRE(c.num_counter_slots == 1);
+  CHECK(c.counter_slots[0] == b.slot);
+  m.clear_view_changes();
+  sim.rollback(a, 1);
+  sim.free(b);
+  c = m.changes();
+  std::vector<std::int32_t> listed(c.counter_slots, c.counter_slots + c.num_counter_slots);
+  CHECK(listed == std::vector<std::int32_t>{a.slot, b.slot});
+  CHECK(m.view_extents().batch == 4);
+}

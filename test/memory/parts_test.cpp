@@ -565,7 +565,7 @@ TEST_CASE("page_table_storage turns, head_lengths commit, view assembly", "[memo
   CHECK(e.page_offset == 2 * f.groups.num_groups());
   CHECK(e.head_base_len == 2 * f.groups.num_heads());
   CHECK(e.pages == 256);
-  CHECK(e.batch == 1);
+  CHECK(e.batch == 4);  // the capacity (max_batch), not the current batch of 1
   auto i = assemble_info(id, s, f.sequences, f.lengths, f.table);
   CHECK(i.phase == sequence_phase::prefill);
   CHECK(i.seq_tokens == 30);
@@ -603,4 +603,21 @@ TEST_CASE("copy_on_write::execute_host copies host pages and refuses other memor
   TANGRAM_REQUIRE_THROWS_WITH_ALL(cow.execute_host(fake), logic_error, "simulated memory");
   CHECK(cow.pending().size() == 1);  // nothing done
   (void)c;
+}
+
+TEST_CASE("view_journal lists counter changes once per slot; note_slot lists them too",
+          "[memory][parts]") {
+  tangram::detail::view_journal j(4, 3);
+  j.note_counters(2);
+  j.note_counters(2);
+  j.note_slot(0);
+  auto c = j.changes();
+  REQUIRE(c.num_counter_slots == 2);
+  CHECK(c.counter_slots[0] == 2);
+  CHECK(c.counter_slots[1] == 0);
+  CHECK(c.num_slots == 1);
+  j.clear();
+  CHECK(j.changes().num_counter_slots == 0);
+  j.note_counters(2);
+  CHECK(j.changes().num_counter_slots == 1);
 }

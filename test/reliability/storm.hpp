@@ -1107,6 +1107,11 @@ class storm {
     m_offset_.assign(v.page_offset, v.page_offset + e.page_offset);
     m_pages_.assign(v.pages, v.pages + e.pages);
     m_base_.assign(v.head_base_len, v.head_base_len + e.head_base_len);
+    m_appended_.assign(v.appended, v.appended + e.slots);
+    m_tokens_.assign(v.seq_tokens, v.seq_tokens + e.slots);
+    // Sized once for every batch: the largest set_batch accepts.
+    REQUIRE(e.batch == manager_->options().max_batch);
+    REQUIRE(e.batch >= 1);
     manager_->clear_view_changes();
   }
 
@@ -1130,10 +1135,17 @@ class storm {
           m_base_[s * static_cast<std::size_t>(LH_) + h] =
               v.head_base_len[s * static_cast<std::size_t>(LH_) + h];
       }
+      for (std::size_t k = 0; k < c.num_counter_slots; ++k) {
+        auto s         = static_cast<std::size_t>(c.counter_slots[k]);
+        m_appended_[s] = v.appended[s];
+        m_tokens_[s]   = v.seq_tokens[s];
+      }
       m.clear_view_changes();
     }
     for (auto id : sim_->ids()) {
       auto s = static_cast<std::size_t>(id.slot);
+      REQUIRE(m_appended_[s] == v.appended[s]);
+      REQUIRE(m_tokens_[s] == v.seq_tokens[s]);
       for (std::int32_t h = 0; h < LH_; ++h)
         REQUIRE(m_base_[s * static_cast<std::size_t>(LH_) + static_cast<std::size_t>(h)] ==
                 v.head_base_len[s * static_cast<std::size_t>(LH_) + static_cast<std::size_t>(h)]);
@@ -1192,7 +1204,7 @@ class storm {
   std::vector<sequence_id> graveyard_;
   std::vector<sequence_id> forked_;  ///< parents and children of forks (may share pages)
   std::size_t misuse_kind_ = 0;
-  std::vector<std::int32_t> m_offset_, m_pages_, m_base_;
+  std::vector<std::int32_t> m_offset_, m_pages_, m_base_, m_appended_, m_tokens_;
   flashinfer_paged_kv fi_;
   storm_totals t_;
 };

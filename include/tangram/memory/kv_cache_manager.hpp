@@ -648,6 +648,7 @@ class basic_kv_cache_manager {
     page_table_.close(s);
     pool_.release_unused(sequences_[s].reservation);
     lengths_.appended(s) = lengths_.tokens(s) = 0;
+    journal_.note_counters(s);
     sequences_.release(s);
     ++stats_.freed;
   }
@@ -680,14 +681,17 @@ class basic_kv_cache_manager {
         pool_.base(), plan_.geometry, groups_, page_table_, lengths_, batch_);
   }
 
-  /// @brief Element counts of the arrays behind `view()`, for mirroring them on a device.
+  /// @brief Element counts of the arrays behind `view()`, for sizing device mirrors once at load
+  /// time: every count is a capacity fixed at construction (`batch` is max_batch, not the current
+  /// batch), so pointers to buffers of these sizes never need to move.
   [[nodiscard]] kv_view_extents view_extents() const noexcept {
     return detail::assemble_extents(sequences_.size(), groups_, page_table_, batch_);
   }
 
-  /// @brief Changes to `pages`, `page_offset` and `head_base_len` since the last
-  /// `clear_view_changes()` (counters `appended` / `seq_tokens` of batch members change every
-  /// step and are not journaled).
+  /// @brief Changes to `pages`, `page_offset`, `head_base_len` and the `appended` / `seq_tokens`
+  /// counters since the last `clear_view_changes()`: an engine keeps a device mirror of the view
+  /// from it alone (upload the listed entries, or everything when `full_resync`). `batch_slots`
+  /// is not journaled: upload it after each `set_batch`.
   [[nodiscard]] view_changes changes() const noexcept { return journal_.changes(); }
   /// @brief Forgets the journal (after the engine uploaded the changes). Allocation-free.
   void clear_view_changes() noexcept { journal_.clear(); }

@@ -214,6 +214,11 @@ struct view_changes {
   std::size_t num_page_entries     = 0;
   std::int32_t const* slots = nullptr;  ///< slots whose page_offset / head_base_len rows changed
   std::size_t num_slots     = 0;
+  /// Slots whose `appended` / `seq_tokens` entries changed (decode steps, appends, rollbacks,
+  /// chunks, admission, forks, frees); with the lists above, enough to keep a device mirror of
+  /// every view array from the journal alone.
+  std::int32_t const* counter_slots = nullptr;
+  std::size_t num_counter_slots     = 0;
   bool full_resync = false;  ///< too many changes, or the arena was repacked: upload everything
 };
 
@@ -225,7 +230,8 @@ struct kv_view_extents {
   std::int64_t pages         = 0;  ///< index capacity
   std::int64_t head_base_len = 0;  ///< slots * L * H
   std::int64_t slots         = 0;  ///< appended, seq_tokens
-  std::int64_t batch         = 0;  ///< batch_slots in use
+  std::int64_t batch         = 0;  ///< batch_slots: the largest batch (manager_options::max_batch,
+                                   ///< resolved), so buffers sized at load time fit every batch
 };
 
 }  // namespace tangram

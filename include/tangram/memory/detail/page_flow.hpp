@@ -217,6 +217,7 @@ class page_flow {
     lengths_.appended(s) -= t;
     lengths_.tokens(s) -= t;
     sequences_[s].decoded -= tokens;
+    journal_.note_counters(s);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       std::int64_t keep =
           groups_.is_sliding(g)
@@ -242,6 +243,7 @@ class page_flow {
     auto n = ++lengths_.tokens(s);
     ++sequences_[s].decoded;
     sequences_[s].written_tokens = std::max<std::int64_t>(sequences_[s].written_tokens, n);
+    journal_.note_counters(s);
     std::int32_t P = groups_.page_tokens();
     std::int32_t b = groups_.mod_page(P + 1 - groups_.mod_page(a));  // (1 - a) mod P
     // The bucket's end is read once: drawing a page writes int32 arrays the compiler would
