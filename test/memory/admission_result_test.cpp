@@ -13,8 +13,7 @@
 using namespace tangram;
 using namespace tangram::test;
 
-TEST_CASE("admit names why a request does not fit and the pages it lacks",
-          "[memory][admission]") {
+TEST_CASE("admit names why a request does not fit and the pages it lacks", "[memory][admission]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
   kv_cache_manager m(plan, mr, opts(40, 2));
@@ -87,16 +86,16 @@ TEST_CASE("admit rejects sizes no sequence may have, naming admit", "[memory][ad
       (void)m.admit(0, 1), invalid_argument, "admit.prompt_tokens: must be >= 1, got 0");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       (void)m.admit(1, -1), invalid_argument, "admit.max_new_tokens: must be >= 0, got -1");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL((void)m.admit(std::numeric_limits<std::int64_t>::max(), 1),
-                                  invalid_argument,
-                                  "overflows");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)m.admit(std::numeric_limits<std::int64_t>::max(), 1), invalid_argument, "overflows");
   CHECK(m.stats().rejected == 0);
   CHECK(m.live_sequences() == 0);
 }
 
 TEST_CASE("admit under elastic reservation reports the elastic footprint",
           "[memory][admission][elastic]") {
-  auto plan = tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.15));
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.15));
   host_memory_resource mr;
   auto o             = opts(60, 4);
   o.max_chunk_tokens = 8;

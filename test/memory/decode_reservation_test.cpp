@@ -273,7 +273,8 @@ TEST_CASE("append_tokens, decode_step counts and rollback misuse changes nothing
   sim.verify();
 }
 
-TEST_CASE("an early end_turn returns the whole unused reservation", "[memory][decode_reservation]") {
+TEST_CASE("an early end_turn returns the whole unused reservation",
+          "[memory][decode_reservation]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
   kv_cache_manager m(plan, mr, opts(100, 8));
@@ -294,7 +295,8 @@ TEST_CASE("an early end_turn returns the whole unused reservation", "[memory][de
 
 TEST_CASE("elastic reservation: try_extend, speculative append and rollback",
           "[memory][decode_reservation][elastic]") {
-  auto plan = tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.15));
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.15));
   host_memory_resource mr;
   auto o             = opts(200, 8);
   o.max_chunk_tokens = 8;  // staging: 4 compressed groups x 2 pages

@@ -302,7 +302,7 @@ class engine_sim {
     m_.commit_chunk(id, kept);
     q.tags = std::move(next);
     q.dropped.assign(static_cast<std::size_t>(L_ * H_), {});  // rollback reaches this turn only
-    q.n    = n;
+    q.n = n;
     q.prompt_remaining -= c;
     if (q.prompt_remaining == 0) q.phase = sequence_phase::decode;
     std::int64_t pooled_held = 0;
@@ -370,7 +370,7 @@ class engine_sim {
     q.n -= k;
     q.decoded -= k;
     for (std::int32_t h = 0; h < L_ * H_; ++h) {
-      auto hi = static_cast<std::size_t>(h);
+      auto hi        = static_cast<std::size_t>(h);
       auto& t        = q.tags[hi];
       auto const& ru = plan_.rules[hi];
       if (ru.kind != layer_kind::sliding_window) {
@@ -685,7 +685,8 @@ class engine_sim {
       auto const& ru = plan_.rules[hi];
       for (std::int64_t j = 0; j < k; ++j) {
         t.push_back(next_tag_++);
-        if (ru.kind == layer_kind::sliding_window && t.size() > static_cast<std::size_t>(ru.window)) {
+        if (ru.kind == layer_kind::sliding_window &&
+            t.size() > static_cast<std::size_t>(ru.window)) {
           auto& d = q.dropped[hi];
           d.push_back(t.front());
           if (d.size() > static_cast<std::size_t>(2 * P_)) d.erase(d.begin());

@@ -590,7 +590,8 @@ class storm {
       auto const& q = sim_->sequences().at(id.slot);
       if (q.decoded < q.max_new && rng_() % 3 != 0) {
         batch.push_back(id);
-        counts.push_back(static_cast<std::int32_t>(uniform(0, std::min<std::int64_t>(4, q.max_new - q.decoded))));
+        counts.push_back(static_cast<std::int32_t>(
+            uniform(0, std::min<std::int64_t>(4, q.max_new - q.decoded))));
       }
     }
     if (!batch.empty()) {

@@ -188,11 +188,8 @@ class basic_kv_cache_manager {
   void for_each_sequence(F&& f) const {
     for (std::int32_t s = 0; s < sequences_.size(); ++s) {
       if (sequences_[s].phase == sequence_phase::free) continue;
-      f(detail::assemble_info(sequence_id{s, sequences_[s].generation},
-                              s,
-                              sequences_,
-                              lengths_,
-                              page_table_));
+      f(detail::assemble_info(
+          sequence_id{s, sequences_[s].generation}, s, sequences_, lengths_, page_table_));
     }
   }
   /// @brief Every live sequence's `info`, in slot order (allocates the vector).
@@ -203,41 +200,6 @@ class basic_kv_cache_manager {
     return out;
   }
 
- private:
-  admit_result admit_checked(char const* op, std::int64_t prompt_tokens, std::int64_t max_new_tokens) {
-    detail::check_turn_sizes(op, 0, prompt_tokens, max_new_tokens);
-    usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
-    admit_result r;
-    std::int64_t pages = footprint_.reserve_total();
-    r.pages_needed     = pages;
-    r.reason           = detail::admission_failure(pages,
-                                         footprint_.capacity_total(),
-                                         pool_.capacity(),
-                                         pool_.available_pages(),
-                                         page_table_.arena_entries(),
-                                         sequences_.full(),
-                                         r.pages_missing);
-    if (r.reason == admit_failure::none && !flow_.make_index_room(footprint_.capacity_total()))
-      r.reason = admit_failure::page_table_arena_full;
-    if (r.reason != admit_failure::none) {
-      ++stats_.rejected;
-      return r;
-    }
-    // Checked: nothing below fails.
-    std::int32_t s = sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
-    auto& st       = sequences_[s];
-    st.prompt_remaining = prompt_tokens;
-    st.max_new          = max_new_tokens;
-    page_table_.open(s, footprint_);
-    lengths_.reset(s);
-    buckets_.reset(s);
-    journal_.note_slot(s);
-    ++stats_.admitted;
-    r.id = sequence_id{s, st.generation};
-    return r;
-  }
-
- public:
   // ===== chunked prefill ========================================================================
   /**
    * @brief Before the eviction of a prompt chunk of `chunk_tokens` runs: draws from the
@@ -625,8 +587,8 @@ class basic_kv_cache_manager {
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
       flow_.share_into_fork(s, c, g, usage_.shareable(s, g), usage_.in_use(s, g));
     lengths_.copy(s, c);
-    cs.max_new   = ps.max_new;
-    cs.decoded   = ps.decoded;
+    cs.max_new        = ps.max_new;
+    cs.decoded        = ps.decoded;
     cs.written_tokens = ps.written_tokens;
     cs.may_share = ps.may_share = true;
     flow_.rebuild_buckets(c);
@@ -761,6 +723,42 @@ class basic_kv_cache_manager {
 
  private:
   friend struct detail::kv_cache_manager_test_access;
+
+  /// try_admit / admit (`op` names the call in errors): sizes, classifies, then admits.
+  admit_result admit_checked(char const* op,
+                             std::int64_t prompt_tokens,
+                             std::int64_t max_new_tokens) {
+    detail::check_turn_sizes(op, 0, prompt_tokens, max_new_tokens);
+    usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
+    admit_result r;
+    std::int64_t pages = footprint_.reserve_total();
+    r.pages_needed     = pages;
+    r.reason           = detail::admission_failure(pages,
+                                         footprint_.capacity_total(),
+                                         pool_.capacity(),
+                                         pool_.available_pages(),
+                                         page_table_.arena_entries(),
+                                         sequences_.full(),
+                                         r.pages_missing);
+    if (r.reason == admit_failure::none && !flow_.make_index_room(footprint_.capacity_total()))
+      r.reason = admit_failure::page_table_arena_full;
+    if (r.reason != admit_failure::none) {
+      ++stats_.rejected;
+      return r;
+    }
+    // Checked: nothing below fails.
+    std::int32_t s = sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
+    auto& st       = sequences_[s];
+    st.prompt_remaining = prompt_tokens;
+    st.max_new          = max_new_tokens;
+    page_table_.open(s, footprint_);
+    lengths_.reset(s);
+    buckets_.reset(s);
+    journal_.note_slot(s);
+    ++stats_.admitted;
+    r.id = sequence_id{s, st.generation};
+    return r;
+  }
 
   /// The slot of `seq` after checking it and group g. @throw as the group_* accessors.
   std::int32_t checked_group(sequence_id seq, std::int32_t g, char const* op) const {

@@ -81,7 +81,7 @@ constexpr std::string_view to_string(admit_failure f) noexcept {
 /// @brief What `admit` answers: the new sequence, or why the request did not fit. Plain value.
 struct admit_result {
   std::optional<sequence_id> id;  ///< the admitted sequence; empty when it did not fit
-  admit_failure reason = admit_failure::none;
+  admit_failure reason      = admit_failure::none;
   std::int64_t pages_needed = 0;  ///< the request's footprint (`admission_pages(N, T)`)
   /// Pages missing: beyond the unreserved pages now (not_enough_pages), or beyond the whole pool
   /// (never_fits; 0 when only the page-id arena can never hold it); 0 otherwise.
@@ -176,8 +176,8 @@ struct manager_stats {
   std::int64_t staging_pages_returned =
       0;  ///< elastic: pages a chunk's eviction gave back to its own reservation (not reclaimed:
           ///< they were reserved for that request and stay reserved for it)
-  std::int64_t extended        = 0;  ///< successful try_extend
-  std::int64_t extend_rejected = 0;  ///< try_extend that did not fit
+  std::int64_t extended           = 0;  ///< successful try_extend
+  std::int64_t extend_rejected    = 0;  ///< try_extend that did not fit
   std::int64_t rolled_back_tokens = 0;  ///< decode tokens removed by rollback
   std::int64_t rollback_pages_returned =
       0;  ///< pages rollback returned to their sequence's reservation (never to the pool)

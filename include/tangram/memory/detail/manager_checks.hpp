@@ -180,7 +180,9 @@ inline void check_token_count(char const* op, std::int64_t tokens) {
 /// `try_extend`: a turn whose prompt ended at `prompt_end` tokens with `max_new` decode tokens
 /// reserved grows by `more` (>= 1) to at most 2^31 - 1 tokens, computed without overflow.
 /// @return the turn's new max_new. @throw invalid_argument naming the values.
-inline std::int64_t check_extension(std::int64_t prompt_end, std::int64_t max_new, std::int64_t more) {
+inline std::int64_t check_extension(std::int64_t prompt_end,
+                                    std::int64_t max_new,
+                                    std::int64_t more) {
   check_token_count("try_extend.more_tokens", more);
   auto grown = detail::add_checked(max_new, more);
   auto total = grown ? detail::add_checked(prompt_end, *grown) : std::nullopt;

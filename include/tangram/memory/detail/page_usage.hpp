@@ -183,8 +183,7 @@ class page_usage {
       for (std::int64_t p = page_table_.count(s, g) - 1; st.may_share && p >= 0; --p) {
         if (pool_.ref_count(page_table_.entry(s, g, p)) == 1) continue;
         limit = std::min(
-            limit,
-            std::max<std::int64_t>(0, page_table_.shortest_base(s, g) + a - (p + 1) * P));
+            limit, std::max<std::int64_t>(0, page_table_.shortest_base(s, g) + a - (p + 1) * P));
         break;
       }
     }

@@ -27,8 +27,8 @@ struct sequence_state {
   std::int64_t decoded          = 0;
   std::int64_t written_tokens   = 0;  ///< most tokens seen since the last chunk: a sliding ring
                                       ///< holds positions from written_tokens - ring on (rollback)
-  bool may_share                = false;  ///< forked (parent or child): pages may be shared
-  page_reservation reservation;           ///< pages still promised to the sequence
+  bool may_share = false;             ///< forked (parent or child): pages may be shared
+  page_reservation reservation;       ///< pages still promised to the sequence
 };
 
 /**
@@ -105,8 +105,9 @@ class sequence_table {
 
   /// @throw logic_error naming `op` unless slot s is in decode with room for `tokens` more
   /// decode tokens in its turn (decoded + tokens <= max_new; tokens >= 0 checked by the caller).
-  void expect_decode_room(std::int32_t s, std::int64_t tokens = 1, char const* op = "decode_step")
-      const {
+  void expect_decode_room(std::int32_t s,
+                          std::int64_t tokens = 1,
+                          char const* op      = "decode_step") const {
     auto const& st = (*this)[s];
     expect_phase(s, st.phase == sequence_phase::decode, op, ", not decode");
     TANGRAM_EXPECTS(tokens <= st.max_new - st.decoded,
@@ -163,8 +164,8 @@ class sequence_table {
     auto& st            = (*this)[s];
     st.phase            = phase;
     st.prompt_remaining = st.chunk_pending = st.max_new = st.decoded = st.written_tokens = 0;
-    st.may_share                                                     = false;
-    st.reservation                                                   = std::move(reservation);
+    st.may_share                                                                         = false;
+    st.reservation = std::move(reservation);
     return s;
   }
 

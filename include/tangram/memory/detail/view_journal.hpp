@@ -56,13 +56,13 @@ class view_journal {
 
   [[nodiscard]] view_changes changes() const noexcept {
     view_changes c;
-    c.page_entries     = entries_.data();
-    c.num_page_entries = entries_.size();
-    c.slots            = slots_.data();
-    c.num_slots        = slots_.size();
-    c.counter_slots    = counters_.data();
+    c.page_entries      = entries_.data();
+    c.num_page_entries  = entries_.size();
+    c.slots             = slots_.data();
+    c.num_slots         = slots_.size();
+    c.counter_slots     = counters_.data();
     c.num_counter_slots = counters_.size();
-    c.full_resync      = full_resync_;
+    c.full_resync       = full_resync_;
     return c;
   }
   /// Forgets every change (after the engine uploaded them).
