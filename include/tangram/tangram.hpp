@@ -1,22 +1,59 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file tangram.hpp
- * @brief The model, profile and device types with their file readers and writers (io/) in one
- * include. Planning (`tangram/plan/...`), the memory manager (`tangram/memory/...`) and the kernel
- * launchers (`tangram/kernels/...`) have their own headers.
+ * @brief Everything host-side in one include: the model, profile and device types with their
+ * file readers and writers (io/), planning (plan/: calibration, grouping, footprints, split
+ * maps, elastic reservation, the static plan and its JSON file), the memory manager (memory/:
+ * pools, resources, the KV-cache manager, its thread-safe wrapper, tensor-parallel admission,
+ * the batch view), the FlashInfer export (interop/) and the CPU reference kernels (reference/).
+ *
+ * Not included, because they need the CUDA library (`tangram::kernels`): the kernel launchers
+ * (`tangram/kernels/...`) and `tangram/memory/cuda_memory_resource.hpp`. Include those where the
+ * engine launches kernels or allocates its device pool.
  */
 #pragma once
 
 #include "tangram/config.hpp"
+#include "tangram/device/device.hpp"
 #include "tangram/device/device_limits.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
+#include "tangram/interop/flashinfer.hpp"
 #include "tangram/io/budget_profile.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/io/retention_samples.hpp"
+#include "tangram/io/static_plan.hpp"
+#include "tangram/memory/concurrent_kv_cache.hpp"
+#include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/kv_cache_types.hpp"
+#include "tangram/memory/kv_view.hpp"
+#include "tangram/memory/memory_resource.hpp"
+#include "tangram/memory/page_layout.hpp"
+#include "tangram/memory/page_pool.hpp"
+#include "tangram/memory/segment_arena.hpp"
+#include "tangram/memory/tensor_parallel.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/numeric.hpp"
+#include "tangram/plan/aot_mapping.hpp"
+#include "tangram/plan/build_static_plan.hpp"
+#include "tangram/plan/calibration.hpp"
+#include "tangram/plan/clustering.hpp"
+#include "tangram/plan/elastic.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/footprint.hpp"
+#include "tangram/plan/head_grouping.hpp"
+#include "tangram/plan/head_rules.hpp"
+#include "tangram/plan/retention.hpp"
+#include "tangram/plan/split_map.hpp"
+#include "tangram/plan/split_options.hpp"
+#include "tangram/plan/split_planner.hpp"
+#include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
+#include "tangram/reference/append.hpp"
+#include "tangram/reference/decode_attention.hpp"
+#include "tangram/reference/elastic_selection.hpp"
+#include "tangram/reference/eviction.hpp"
+#include "tangram/reference/storage.hpp"
 #include "tangram/version.hpp"

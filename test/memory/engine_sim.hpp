@@ -53,6 +53,9 @@ struct sim_sequence {
   // to them) and the turn's limit after each chunk's eviction (elastic_page_limit).
   std::int64_t pooled_budget = 0;
   std::int64_t pooled_limit  = 0;
+  // Sliding heads: the tags decode pushed out of the window this turn, oldest first (a rollback
+  // brings them back; the ring still holds them when max_rollback allowed it).
+  std::vector<std::vector<float>> dropped;
 };
 
 /// Everything observable about a manager, for "nothing changed" checks.
@@ -199,9 +202,12 @@ class engine_sim {
     return out;
   }
   std::mt19937& rng() { return rng_; }
+  /// What the last `admit` answered (the reason when it did not fit).
+  admit_result const& last_admit() const { return last_admit_; }
 
   std::optional<sequence_id> admit(std::int64_t N, std::int64_t T) {
-    auto id = m_.try_admit(N, T);
+    last_admit_ = m_.admit(N, T);
+    auto id     = last_admit_.id;
     if (!id) return std::nullopt;
     sim_sequence q;
     q.id = *id;
@@ -295,7 +301,8 @@ class engine_sim {
     }
     m_.commit_chunk(id, kept);
     q.tags = std::move(next);
-    q.n    = n;
+    q.dropped.assign(static_cast<std::size_t>(L_ * H_), {});  // rollback reaches this turn only
+    q.n = n;
     q.prompt_remaining -= c;
     if (q.prompt_remaining == 0) q.phase = sequence_phase::decode;
     std::int64_t pooled_held = 0;
@@ -335,29 +342,103 @@ class engine_sim {
     free(id);
   }
 
-  void decode(std::vector<sequence_id> const& batch) {
+  /// One decode step over `batch`: one token each, or `tokens[r]` for member r (speculative
+  /// decoding, `decode_step(counts)`).
+  void decode(std::vector<sequence_id> const& batch, std::vector<std::int32_t> const& tokens = {}) {
     m_.set_batch(batch);
-    m_.decode_step();
+    if (tokens.empty())
+      m_.decode_step();
+    else
+      m_.decode_step(tokens);
     auto v = m_.view();
-    for (std::int32_t r = 0; r < static_cast<std::int32_t>(batch.size()); ++r) {
-      auto& q = seqs_.at(batch[static_cast<std::size_t>(r)].slot);
-      ++q.n;
-      ++q.decoded;
-      for (std::int32_t h = 0; h < L_ * H_; ++h) {
-        auto& t = q.tags[static_cast<std::size_t>(h)];
-        t.push_back(next_tag_++);
-        auto const& ru = plan_.rules[static_cast<std::size_t>(h)];
-        if (ru.kind == layer_kind::sliding_window && t.size() > static_cast<std::size_t>(ru.window))
-          t.erase(t.begin());
-        write_token(v, r, h / H_, h % H_, static_cast<std::int32_t>(t.size()) - 1, t.back());
+    for (std::int32_t r = 0; r < static_cast<std::int32_t>(batch.size()); ++r)
+      appended(v, r, tokens.empty() ? 1 : tokens[static_cast<std::size_t>(r)]);
+  }
+
+  /// `append_tokens(id, k)`: k speculative tokens for one sequence, written through its view.
+  void append(sequence_id id, std::int64_t k) {
+    m_.append_tokens(id, k);
+    m_.set_batch({id});
+    appended(m_.view(), 0, k);
+  }
+
+  /// `rollback(id, k)`: the last k tokens of every head go; sliding heads get back the tokens
+  /// they had pushed out of their window; pages past what the heads use return to the budgets.
+  void rollback(sequence_id id, std::int64_t k) {
+    m_.rollback(id, k);
+    auto& q = seqs_.at(id.slot);
+    q.n -= k;
+    q.decoded -= k;
+    for (std::int32_t h = 0; h < L_ * H_; ++h) {
+      auto hi        = static_cast<std::size_t>(h);
+      auto& t        = q.tags[hi];
+      auto const& ru = plan_.rules[hi];
+      if (ru.kind != layer_kind::sliding_window) {
+        t.resize(t.size() - static_cast<std::size_t>(k));
+        continue;
       }
-      for (std::int32_t g = 0; g < G_; ++g) {
-        auto gi  = static_cast<std::size_t>(g);
-        auto now = std::max(q.held[gi], in_use(q, g));
-        if (pooled(g)) q.pooled_budget -= now - q.held[gi];  // drawn from the shared budget
-        q.held[gi] = now;
-      }
+      // The tokens this turn pushed out, then the window: drop the last k, keep the new window.
+      auto& d = q.dropped[hi];
+      std::vector<float> all(d);
+      all.insert(all.end(), t.begin(), t.end());
+      REQUIRE(static_cast<std::int64_t>(all.size()) >= k);
+      all.resize(all.size() - static_cast<std::size_t>(k));
+      auto w = std::min<std::int64_t>(q.n, ru.window);
+      REQUIRE(static_cast<std::int64_t>(all.size()) >= w);
+      t.assign(all.end() - static_cast<std::ptrdiff_t>(w), all.end());
+      d.assign(all.begin(), all.end() - static_cast<std::ptrdiff_t>(w));
     }
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto gi  = static_cast<std::size_t>(g);
+      auto now = std::min(q.held[gi], in_use(q, g));
+      if (pooled(g)) q.pooled_budget += q.held[gi] - now;  // back into the shared budget
+      q.held[gi] = now;
+    }
+  }
+
+  /// Pages `try_extend(q, more)` reserves, from the model: each static group's target grows to
+  /// the pages its heads reach after max_new + more decode tokens (`static_pages`); the
+  /// compressed groups of an elastic plan reserve what their decode then needs beyond their
+  /// shared budget (`pooled_pages`).
+  struct extension {
+    std::int64_t static_pages = 0, pooled_pages = 0;
+    std::int64_t total() const { return static_pages + pooled_pages; }
+  };
+  extension extension_pages(sim_sequence const& q, std::int64_t more) const {
+    extension e;
+    std::int64_t pooled_need = 0;
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto end = extension_end(q, g, q.max_new + more);
+      if (pooled(g))
+        pooled_need += std::max<std::int64_t>(0, end - q.held[static_cast<std::size_t>(g)]);
+      else
+        e.static_pages += std::max<std::int64_t>(0, end - q.target[static_cast<std::size_t>(g)]);
+    }
+    e.pooled_pages = std::max<std::int64_t>(0, pooled_need - q.pooled_budget);
+    return e;
+  }
+
+  /// `try_extend(id, more)`; the model follows when it fits.
+  bool extend(sequence_id id, std::int64_t more) {
+    auto& q  = seqs_.at(id.slot);
+    auto e   = extension_pages(q, more);
+    auto res = m_.info(id).reserved_pages;
+    if (!m_.try_extend(id, more)) return false;
+    REQUIRE(m_.info(id).reserved_pages == res + e.total());
+    q.max_new += more;
+    q.pooled_budget += e.pooled_pages;
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto gi      = static_cast<std::size_t>(g);
+      q.target[gi] = std::max(q.target[gi], extension_end(q, g, q.max_new));
+    }
+    return true;
+  }
+
+  /// Pages group g of q (in decode) reaches after `max_new` decode tokens in its turn.
+  std::int64_t extension_end(sim_sequence const& q, std::int32_t g, std::int64_t max_new) const {
+    if (rule(g).kind == layer_kind::sliding_window)
+      return std::min(ceil_div(q.n - q.decoded + max_new, P_), ring_pages(rule(g), P_));
+    return ceil_div(longest(q, g) - q.decoded + max_new, P_);
   }
 
   void end_turn(sequence_id id) {
@@ -439,6 +520,13 @@ class engine_sim {
   /// reservations, and the reference counts against the owners found in the page lists.
   void verify() {
     auto list = ids();
+    // The manager lists exactly the model's sequences, with their phases.
+    auto live = m_.sequences();
+    REQUIRE(live.size() == list.size());
+    for (std::size_t k = 0; k < live.size(); ++k) {
+      REQUIRE(live[k].id == list[k]);
+      REQUIRE(live[k].phase == seqs_.at(list[k].slot).phase);
+    }
     m_.set_batch(list);
     auto v = m_.view();
     std::vector<std::uint32_t> owners(static_cast<std::size_t>(m_.pool().capacity()), 0);
@@ -583,6 +671,40 @@ class engine_sim {
     return kept;
   }
 
+  /// Request r of view v appended k tokens: the model pushes k tags per head (a sliding head
+  /// drops the oldest past its window, kept for a rollback), writes the last ones through the
+  /// view, and counts the pages drawn.
+  void appended(kv_cache_view const& v, std::int32_t r, std::int64_t k) {
+    auto& q = seqs_.at(v.seq_slot(r));
+    q.n += k;
+    q.decoded += k;
+    if (q.dropped.empty()) q.dropped.assign(static_cast<std::size_t>(L_ * H_), {});
+    for (std::int32_t h = 0; h < L_ * H_; ++h) {
+      auto hi        = static_cast<std::size_t>(h);
+      auto& t        = q.tags[hi];
+      auto const& ru = plan_.rules[hi];
+      for (std::int64_t j = 0; j < k; ++j) {
+        t.push_back(next_tag_++);
+        if (ru.kind == layer_kind::sliding_window &&
+            t.size() > static_cast<std::size_t>(ru.window)) {
+          auto& d = q.dropped[hi];
+          d.push_back(t.front());
+          if (d.size() > static_cast<std::size_t>(2 * P_)) d.erase(d.begin());
+          t.erase(t.begin());
+        }
+      }
+      auto from = t.size() - std::min(t.size(), static_cast<std::size_t>(k));
+      for (auto i = from; i < t.size(); ++i)
+        write_token(v, r, h / H_, h % H_, static_cast<std::int32_t>(i), t[i]);
+    }
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto gi  = static_cast<std::size_t>(g);
+      auto now = std::max(q.held[gi], in_use(q, g));
+      if (pooled(g)) q.pooled_budget -= now - q.held[gi];  // drawn from the shared budget
+      q.held[gi] = now;
+    }
+  }
+
   std::int64_t need_pages(std::int32_t g, std::int64_t n) const {
     auto const& r = rule(g);
     if (r.kind == layer_kind::sliding_window) return std::min(ceil_div(n, P_), ring_pages(r, P_));
@@ -638,6 +760,7 @@ class engine_sim {
   std::vector<bool> pooled_;
   std::vector<std::vector<std::int32_t>> pooled_members_;
   std::map<std::int32_t, sim_sequence> seqs_;
+  admit_result last_admit_;
 };
 
 }  // namespace tangram::test

@@ -473,5 +473,6 @@ TEST_CASE("view journal lists the page-table entries a step wrote", "[memory][ma
   auto e = m.view_extents();
   CHECK(e.page_offset == 8 * 8);
   CHECK(e.head_base_len == 8 * 16);
-  CHECK(e.batch == 1);
+  CHECK(e.batch == 8);  // max_batch (0: max_sequences), not the current batch of 1
+  CHECK(e.slots == 8);
 }

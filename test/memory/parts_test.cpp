@@ -378,7 +378,7 @@ TEST_CASE("sequence_table and page_table_storage: turn and list checks", "[memor
   t.expect_decode_room(s);
   t[s].decoded = 1;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      t.expect_decode_room(s), logic_error, "already appended its max_new_tokens = 1");
+      t.expect_decode_room(s), logic_error, "has appended 1 of its max_new_tokens = 1");
 
   page_table_storage pt(1, 1, 8);
   turn_footprint fp(1);
@@ -565,7 +565,7 @@ TEST_CASE("page_table_storage turns, head_lengths commit, view assembly", "[memo
   CHECK(e.page_offset == 2 * f.groups.num_groups());
   CHECK(e.head_base_len == 2 * f.groups.num_heads());
   CHECK(e.pages == 256);
-  CHECK(e.batch == 1);
+  CHECK(e.batch == 4);  // the capacity (max_batch), not the current batch of 1
   auto i = assemble_info(id, s, f.sequences, f.lengths, f.table);
   CHECK(i.phase == sequence_phase::prefill);
   CHECK(i.seq_tokens == 30);
@@ -603,4 +603,67 @@ TEST_CASE("copy_on_write::execute_host copies host pages and refuses other memor
   TANGRAM_REQUIRE_THROWS_WITH_ALL(cow.execute_host(fake), logic_error, "simulated memory");
   CHECK(cow.pending().size() == 1);  // nothing done
   (void)c;
+}
+
+TEST_CASE("view_journal lists counter changes once per slot; note_slot lists them too",
+          "[memory][parts]") {
+  tangram::detail::view_journal j(4, 3);
+  j.note_counters(2);
+  j.note_counters(2);
+  j.note_slot(0);
+  auto c = j.changes();
+  REQUIRE(c.num_counter_slots == 2);
+  CHECK(c.counter_slots[0] == 2);
+  CHECK(c.counter_slots[1] == 0);
+  CHECK(c.num_slots == 1);
+  j.clear();
+  CHECK(j.changes().num_counter_slots == 0);
+  j.note_counters(2);
+  CHECK(j.changes().num_counter_slots == 1);
+}
+
+TEST_CASE("page_usage and page_flow: extension sizing, max_rollback, rollback into the budgets",
+          "[memory][parts]") {
+  flow_fixture f;
+  page_usage<page_pool<>> usage{f.groups, f.sequences, f.table, f.lengths, f.pool};
+  auto G       = f.groups.num_groups();
+  auto growing = static_cast<std::int32_t>(f.groups.growing_groups().size());
+  auto s       = f.open(6);  // decode, every base length 0, 6 pages of budget per group
+  f.lengths.reset(s);
+  f.buckets.reset(s);
+  f.sequences[s].max_new = 8;
+  f.flow.append_decode_tokens(s, 5);  // every group: ceil(5 / 4) = 2 pages (rings too)
+  for (std::int32_t g = 0; g < G; ++g) CHECK(f.table.count(s, g) == 2);
+  CHECK(f.sequences[s].decoded == 5);
+  CHECK(f.sequences[s].written_tokens == 5);
+  CHECK(usage.max_rollback(s) == 5);  // 5 tokens never wrapped a 12-position ring
+  f.flow.rollback_decode_tokens(s, 2);
+  for (std::int32_t g = 0; g < G; ++g) {
+    CHECK(f.table.count(s, g) == 1);  // ceil(3 / 4)
+    CHECK(f.table.budget(s, g) == 5);
+  }
+  CHECK(f.stats.rollback_pages_returned == G);
+  CHECK(f.sequences[s].reservation.pages() == 5 * G);
+  CHECK(f.pool.stats().used == G);
+  CHECK(f.lengths.tokens(s) == 3);
+  CHECK(f.lengths.appended(s) == 3);
+  CHECK(f.sequences[s].written_tokens == 5);  // the ring's high-water mark stays
+  // A shared first page (as after a fork) bars rewriting positions 0..3: nothing may go.
+  f.sequences[s].may_share = true;
+  auto shared              = f.table.entry(s, f.groups.growing_groups()[0], 0);
+  f.pool.retain(shared);
+  CHECK(usage.max_rollback(s) == 0);
+  f.pool.release(shared);
+  CHECK(usage.max_rollback(s) == 3);
+  // Sizing an extension: T = 12 fits the targets of 6 (growing ends at ceil(12 / 4) = 3);
+  // T = 30 needs ceil(30 / 4) = 8 pages per growing group: 2 more each, lists grow. Rings stay.
+  usage.size_extension(s, 12, f.fp);
+  CHECK(f.fp.reserve_total() == 0);
+  CHECK_FALSE(f.fp.grows_capacity());
+  usage.size_extension(s, 30, f.fp);
+  CHECK(f.fp.reserve_total() == 2 * growing);
+  CHECK(f.fp.grows_capacity());
+  CHECK(f.fp.target(f.groups.growing_groups()[0]) == 8);
+  CHECK(f.fp.target(f.groups.sliding_groups()[0]) == 6);
+  f.flow.release_all(s);
 }

@@ -317,3 +317,31 @@ TEST_CASE("concurrent_kv_cache: tensor-parallel admission on every rank or on no
   CHECK(r0.pool_statistics().reserved == 0);
   CHECK(r1.pool_statistics().reserved == 0);
 }
+
+TEST_CASE("concurrent_kv_cache: admit says why, try_extend and sequences under the lock",
+          "[reliability][concurrent]") {
+  auto plan = tiny_plan(tiny_budgets());
+  simulated_memory_resource mr;
+  concurrent_kv_cache<> kv(plan, mr, opts(40, 4));
+  auto a = kv.admit(20, 5);  // 35 of 40 pages (see manager_test.cpp)
+  REQUIRE(a);
+  auto b = kv.admit(20, 5);
+  CHECK(b.reason == admit_failure::not_enough_pages);
+  CHECK(b.pages_missing == 30);
+  kv.with_lock([&](kv_cache_manager& m) {
+    std::vector<std::int32_t> kept(m.plan().rules.size());
+    m.prepare_chunk(*a.id, 20);
+    m.expected_kept(*a.id, 20, kept.data());
+    m.commit_chunk(*a.id, kept);
+  });
+  // +1: G0 and G2 grow by a page each (see decode_reservation_test.cpp): 2 of the 5 left.
+  CHECK(kv.try_extend(*a.id, 1));
+  CHECK(kv.info(*a.id)->max_new == 6);
+  CHECK_FALSE(kv.try_extend(*a.id, 8));
+  auto list = kv.sequences();
+  REQUIRE(list.size() == 1);
+  CHECK(list[0].phase == sequence_phase::decode);
+  kv.free(*a.id);
+  CHECK(kv.sequences().empty());
+  kv.check_invariants();
+}

@@ -79,6 +79,10 @@ struct storm_totals {
   std::int64_t elastic_evictions = 0;  ///< elastic: chunk evictions with the group-length selection
   std::int64_t elastic_clipped   = 0;  ///< elastic: wanted tokens the limit made them drop
   std::int64_t limit_refusals    = 0;  ///< elastic: commits refused past elastic_page_limit
+  std::int64_t extended = 0, extend_rejected = 0;  ///< try_extend that fit / did not
+  std::int64_t speculative_steps = 0;  ///< decode steps with per-member counts, or append_tokens
+  std::int64_t rollbacks         = 0;  ///< rollbacks of rejected speculative tokens
+  std::int64_t rolled_back       = 0;  ///< tokens they removed
   static constexpr std::size_t misuse_kinds = 15;
   std::array<std::int64_t, misuse_kinds> misuse_by_kind{};  ///< misuses per case of storm::misuse
 
@@ -107,6 +111,11 @@ struct storm_totals {
     elastic_evictions += o.elastic_evictions;
     elastic_clipped += o.elastic_clipped;
     limit_refusals += o.limit_refusals;
+    extended += o.extended;
+    extend_rejected += o.extend_rejected;
+    speculative_steps += o.speculative_steps;
+    rollbacks += o.rollbacks;
+    rolled_back += o.rolled_back;
     for (std::size_t k = 0; k < misuse_kinds; ++k) misuse_by_kind[k] += o.misuse_by_kind[k];
   }
 };
@@ -365,6 +374,10 @@ class storm {
       full_pool_burst();
     } else if (op < 902) {
       drain();
+    } else if (op < 940) {
+      speculate();
+    } else if (op < 965) {
+      extend();
     } else {
       decode();
     }
@@ -506,6 +519,22 @@ class storm {
     // A request whose footprint fits the unreserved pages, with a free slot, is admitted.
     if (fits && !arena) REQUIRE(ok);
     if (!fits) REQUIRE(!ok);
+    // The reason: the pool or the arena can never hold it, else the slot, the pages, the arena.
+    auto const& r = sim_->last_admit();
+    REQUIRE(r.pages_needed == need);
+    if (!ok && r.reason != admit_failure::never_fits) {
+      REQUIRE(need <= m.pool().capacity());
+      if (!slots)
+        REQUIRE(r.reason == admit_failure::no_free_slot);
+      else if (!fits)
+        REQUIRE((r.reason == admit_failure::not_enough_pages &&
+                 r.pages_missing == need - m.pool().available_pages()));
+      else
+        REQUIRE(r.reason == admit_failure::page_table_arena_full);
+    }
+    if (!ok && r.reason == admit_failure::never_fits)
+      REQUIRE(r.pages_missing == std::max<std::int64_t>(0, need - m.pool().capacity()));
+    if (ok) REQUIRE(r.reason == admit_failure::none);
     note_refusal(fits, ok);
     if (ok)
       ++t_.admitted;
@@ -549,6 +578,66 @@ class storm {
     if (batch.empty()) return chunk();
     std::shuffle(batch.begin(), batch.end(), rng_);
     do_decode(batch);
+  }
+
+  /// Speculative decoding: a batch whose members append random counts (0 allowed) in one step,
+  /// or a draft for one sequence through append_tokens; then a member rolls back a random part
+  /// of what it decoded (up to max_rollback), and sometimes tries one token more than allowed.
+  void speculate() {
+    std::vector<sequence_id> batch;
+    std::vector<std::int32_t> counts;
+    for (auto id : phase(sequence_phase::decode)) {
+      auto const& q = sim_->sequences().at(id.slot);
+      if (q.decoded < q.max_new && rng_() % 3 != 0) {
+        batch.push_back(id);
+        counts.push_back(static_cast<std::int32_t>(
+            uniform(0, std::min<std::int64_t>(4, q.max_new - q.decoded))));
+      }
+    }
+    if (!batch.empty()) {
+      if (batch.size() == 1 && counts[0] > 0 && rng_() % 2 == 0)
+        sim_->append(batch[0], counts[0]);
+      else
+        sim_->decode(batch, counts);
+      ++t_.speculative_steps;
+      t_.calls += 2;
+    }
+    auto dec = phase(sequence_phase::decode);
+    if (dec.empty()) return decode();
+    auto id    = pick(dec);
+    auto limit = manager_->max_rollback(id);
+    REQUIRE(limit <= sim_->sequences().at(id.slot).decoded);
+    if (limit > 0) {
+      auto k = uniform(1, limit);
+      sim_->rollback(id, k);
+      ++t_.rollbacks;
+      t_.rolled_back += k;
+      ++t_.calls;
+    }
+    if (rng_() % 8 == 0) {
+      auto over = manager_->max_rollback(id) + 1;
+      expect_misuse<logic_error>("exceeds max_rollback", [&] { manager_->rollback(id, over); });
+    }
+  }
+
+  /// Grows a decoding turn by a random count: it fits exactly when the model's page count is
+  /// available (the page-id arena may refuse while forks share pages); a refusal changes nothing.
+  void extend() {
+    auto dec = phase(sequence_phase::decode);
+    if (dec.empty()) return decode();
+    auto id    = pick(dec);
+    auto more  = uniform(1, std::max<std::int64_t>(1, cfg_.max_new));
+    auto pages = sim_->extension_pages(sim_->sequences().at(id.slot), more).total();
+    bool fits  = pages <= manager_->pool().available_pages();
+    bool arena = arena_may_refuse();
+    bool ok    = fits_or_unchanged(!fits || arena, [&] { return sim_->extend(id, more); });
+    if (fits && !arena) REQUIRE(ok);
+    if (!fits) REQUIRE(!ok);
+    note_refusal(fits, ok);
+    if (ok)
+      ++t_.extended;
+    else
+      ++t_.extend_rejected;
   }
 
   void do_end_turn(sequence_id id) {
@@ -1019,6 +1108,11 @@ class storm {
     m_offset_.assign(v.page_offset, v.page_offset + e.page_offset);
     m_pages_.assign(v.pages, v.pages + e.pages);
     m_base_.assign(v.head_base_len, v.head_base_len + e.head_base_len);
+    m_appended_.assign(v.appended, v.appended + e.slots);
+    m_tokens_.assign(v.seq_tokens, v.seq_tokens + e.slots);
+    // Sized once for every batch: the largest set_batch accepts.
+    REQUIRE(e.batch == manager_->options().max_batch);
+    REQUIRE(e.batch >= 1);
     manager_->clear_view_changes();
   }
 
@@ -1042,10 +1136,17 @@ class storm {
           m_base_[s * static_cast<std::size_t>(LH_) + h] =
               v.head_base_len[s * static_cast<std::size_t>(LH_) + h];
       }
+      for (std::size_t k = 0; k < c.num_counter_slots; ++k) {
+        auto s         = static_cast<std::size_t>(c.counter_slots[k]);
+        m_appended_[s] = v.appended[s];
+        m_tokens_[s]   = v.seq_tokens[s];
+      }
       m.clear_view_changes();
     }
     for (auto id : sim_->ids()) {
       auto s = static_cast<std::size_t>(id.slot);
+      REQUIRE(m_appended_[s] == v.appended[s]);
+      REQUIRE(m_tokens_[s] == v.seq_tokens[s]);
       for (std::int32_t h = 0; h < LH_; ++h)
         REQUIRE(m_base_[s * static_cast<std::size_t>(LH_) + static_cast<std::size_t>(h)] ==
                 v.head_base_len[s * static_cast<std::size_t>(LH_) + static_cast<std::size_t>(h)]);
@@ -1104,7 +1205,7 @@ class storm {
   std::vector<sequence_id> graveyard_;
   std::vector<sequence_id> forked_;  ///< parents and children of forks (may share pages)
   std::size_t misuse_kind_ = 0;
-  std::vector<std::int32_t> m_offset_, m_pages_, m_base_;
+  std::vector<std::int32_t> m_offset_, m_pages_, m_base_, m_appended_, m_tokens_;
   flashinfer_paged_kv fi_;
   storm_totals t_;
 };

@@ -49,6 +49,12 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
   CHECK(all.aborts > 10);
   CHECK(all.full_pool_bursts > 0);
   CHECK(all.bad_sizes > 10);  // hostile sizes: rejected, state unchanged
+  // Growing and speculative decode: extensions that fit and that did not, multi-token steps and
+  // rollbacks of rejected tokens.
+  CHECK(all.extended > 20);
+  CHECK(all.extend_rejected > 0);
+  CHECK(all.speculative_steps > 20);
+  CHECK(all.rollbacks > 20);
   // Elastic configs: the group-length selection ran, the limit bound it (wanted tokens clipped),
   // and commits past the limit were refused with nothing changed.
   CHECK(all.elastic_evictions > 100);

@@ -158,6 +158,15 @@ void print_totals(char const* label, storm_totals const& t) {
       static_cast<long long>(t.full_checks),
       static_cast<long long>(t.full_pool_bursts),
       static_cast<long long>(t.drains));
+  std::printf(
+      "%-46s extended %8lld (refused %6lld)  speculative steps %8lld  rollbacks %8lld "
+      "(tokens %9lld)\n",
+      "",
+      static_cast<long long>(t.extended),
+      static_cast<long long>(t.extend_rejected),
+      static_cast<long long>(t.speculative_steps),
+      static_cast<long long>(t.rollbacks),
+      static_cast<long long>(t.rolled_back));
   if (t.elastic_evictions > 0)
     std::printf(
         "%-46s elastic evictions %8lld  wanted tokens clipped %10lld  limit refusals %6lld\n",

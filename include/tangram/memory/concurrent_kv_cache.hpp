@@ -153,6 +153,26 @@ class concurrent_kv_cache {
     return m_.try_admit(prompt_tokens, max_new_tokens);
   }
 
+  /// @brief `Manager::admit` under the lock: the new sequence or why it did not fit.
+  /// @throw invalid_argument as the manager.
+  [[nodiscard]] admit_result admit(std::int64_t prompt_tokens, std::int64_t max_new_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return m_.admit(prompt_tokens, max_new_tokens);
+  }
+
+  /// @brief `Manager::try_extend` under the lock (grows a decoding turn's reservation, all or
+  /// nothing). @throw as the manager (nothing changed).
+  [[nodiscard]] bool try_extend(sequence_id seq, std::int64_t more_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return m_.try_extend(seq, more_tokens);
+  }
+
+  /// @brief `Manager::sequences` under the lock: a copy of every live sequence's info.
+  [[nodiscard]] std::vector<sequence_info> sequences() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return m_.sequences();
+  }
+
   /// @brief `Manager::continue_turn` under the lock. @throw as the manager (nothing changed).
   [[nodiscard]] bool continue_turn(sequence_id seq,
                                    std::int64_t prompt_tokens,

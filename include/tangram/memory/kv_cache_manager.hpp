@@ -13,11 +13,15 @@
  *   fit" (nullopt) and changes nothing. An admitted request never runs out of pages. Under
  *   elastic reservation (the plan's `options.reservation`) M(r) is the scorer's total plus one
  *   chunk's staging, shared by the compressed groups (docs/memory.md#elastic-reservation).
- * - per prefill chunk: `prepare_chunk(seq, c)` (pages drawn from the reservation), then the
+ * - per prefill chunk: `prepare_chunk(seq, c)` (pages drawn from the reservation), then
+ *   `set_batch` to the sequences whose chunks one launch evicts (the eviction kernel runs over
+ *   the view's batch: set it before that launch, and the decode batch again after), the
  *   eviction kernel (elastic: its group-length selection keeps the groups within
  *   `elastic_page_limit`), then `commit_chunk(seq, kept)` with the per-head kept counts.
  * - per decode step: `set_batch(ids)` when the batch changes, `decode_step()` (room for one token
- *   per head of every batch member), then `view()` for the attention kernel.
+ *   per head of every batch member; `decode_step(counts)` or `append_tokens(seq, k)` for several,
+ *   `rollback(seq, k)` for rejected speculative tokens), then `view()` for the attention kernel.
+ * - `try_extend(seq, more)` grows a running turn's decode reservation, all or nothing.
  * - `end_turn(seq)`, `continue_turn(seq, N, T)`, `fork(seq)`, `free(seq)`.
  * FlashInfer's paged-KV CSR comes from `export_flashinfer_layer` in interop/flashinfer.hpp.
  *
@@ -161,25 +165,39 @@ class basic_kv_cache_manager {
    */
   [[nodiscard]] std::optional<sequence_id> try_admit(std::int64_t prompt_tokens,
                                                      std::int64_t max_new_tokens) {
-    detail::check_turn_sizes("try_admit", 0, prompt_tokens, max_new_tokens);
-    usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
-    std::int64_t pages = footprint_.reserve_total();
-    if (sequences_.full() || pages > pool_.available_pages() ||
-        !flow_.make_index_room(footprint_.capacity_total())) {
-      ++stats_.rejected;
-      return std::nullopt;
+    return admit_checked("try_admit", prompt_tokens, max_new_tokens).id;
+  }
+
+  /**
+   * @brief `try_admit` that says why a request did not fit: no free slot, not enough unreserved
+   * pages now (and how many are missing), no room in the page-id arena now, or a request that can
+   * never fit (larger than the whole pool or arena). Checked in that order after never_fits; the
+   * first that applies is reported. Same reservation, guarantees and errors as `try_admit`.
+   * @throw invalid_argument as `try_admit` (names "admit"); nothing changes then.
+   */
+  [[nodiscard]] admit_result admit(std::int64_t prompt_tokens, std::int64_t max_new_tokens) {
+    return admit_checked("admit", prompt_tokens, max_new_tokens);
+  }
+
+  /**
+   * @brief Calls `f(sequence_info const&)` for every live sequence, in slot order (its id,
+   * phase, lengths and pages, as `info`). O(slots + live sequences x groups), allocation-free.
+   * `f` must not call the manager's mutating members.
+   */
+  template <class F>
+  void for_each_sequence(F&& f) const {
+    for (std::int32_t s = 0; s < sequences_.size(); ++s) {
+      if (sequences_[s].phase == sequence_phase::free) continue;
+      f(detail::assemble_info(
+          sequence_id{s, sequences_[s].generation}, s, sequences_, lengths_, page_table_));
     }
-    // Checked: nothing below fails.
-    std::int32_t s = sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
-    auto& st       = sequences_[s];
-    st.prompt_remaining = prompt_tokens;
-    st.max_new          = max_new_tokens;
-    page_table_.open(s, footprint_);
-    lengths_.reset(s);
-    buckets_.reset(s);
-    journal_.note_slot(s);
-    ++stats_.admitted;
-    return sequence_id{s, st.generation};
+  }
+  /// @brief Every live sequence's `info`, in slot order (allocates the vector).
+  [[nodiscard]] std::vector<sequence_info> sequences() const {
+    std::vector<sequence_info> out;
+    out.reserve(static_cast<std::size_t>(sequences_.live()));
+    for_each_sequence([&](sequence_info const& i) { out.push_back(i); });
+    return out;
   }
 
   // ===== chunked prefill ========================================================================
@@ -325,10 +343,150 @@ class basic_kv_cache_manager {
     for (std::int32_t r = 0; r < batch_.size(); ++r) flow_.append_decode_token(batch_.slot(r));
   }
 
+  /**
+   * @brief `decode_step` with a token count per batch member (speculative decoding: request r
+   * appends `tokens[r]` tokens, 0 allowed), all drawn from the reservations: never fails for lack
+   * of memory. Allocation-free.
+   * @throw invalid_argument when count != batch_size() or a count is negative; logic_error when
+   *        a member was freed, is not in decode, or would pass its max_new_tokens (try_extend
+   *        first). Nothing changes when it throws.
+   */
+  void decode_step(std::int32_t const* tokens, std::size_t count) {
+    check_batch_live("decode_step");
+    TANGRAM_EXPECTS(count == static_cast<std::size_t>(batch_.size()),
+                    invalid_argument,
+                    "decode_step.tokens: expected ",
+                    batch_.size(),
+                    " counts (one per batch member), got ",
+                    count);
+    for (std::int32_t r = 0; r < batch_.size(); ++r) {
+      TANGRAM_EXPECTS(tokens[r] >= 0,
+                      invalid_argument,
+                      "decode_step.tokens[",
+                      r,
+                      "]: must be >= 0, got ",
+                      tokens[r]);
+      sequences_.expect_decode_room(batch_.slot(r), tokens[r]);
+    }
+    for (std::int32_t r = 0; r < batch_.size(); ++r)
+      flow_.append_decode_tokens(batch_.slot(r), tokens[r]);
+  }
+  /// @brief `decode_step` with a vector of per-member counts.
+  void decode_step(std::vector<std::int32_t> const& tokens) {
+    decode_step(tokens.data(), tokens.size());
+  }
+
+  /**
+   * @brief Appends `tokens` decode tokens to one sequence (in a batch or not), e.g. a draft of
+   * speculative tokens before verification; pages come from its reservation. Allocation-free.
+   * @throw invalid_argument when tokens < 1; logic_error for an unknown sequence, one not in
+   *        decode, or one that would pass its max_new_tokens (try_extend first). Nothing changes
+   *        when it throws.
+   */
+  void append_tokens(sequence_id seq, std::int64_t tokens) {
+    std::int32_t s = sequences_.find(seq, "append_tokens");
+    detail::check_token_count("append_tokens.tokens", tokens);
+    sequences_.expect_decode_room(s, tokens, "append_tokens");
+    flow_.append_decode_tokens(s, tokens);
+  }
+
+  /**
+   * @brief Removes the last `tokens` decode tokens of `seq` (speculative tokens the verifier
+   * rejected): `decoded`, `appended` and `seq_tokens` go back by `tokens`, and the pages those
+   * tokens had started return to the sequence's own reservation, not to the pool, so appending
+   * them again can never fail. The K/V the kernel wrote for them is simply overwritten later.
+   * Allocation-free, O(groups + pages returned).
+   * @throw invalid_argument when tokens < 1; logic_error for an unknown sequence, one not in
+   *        decode, or tokens > `max_rollback(seq)` (names both). Nothing changes when it throws.
+   */
+  void rollback(sequence_id seq, std::int64_t tokens) {
+    std::int32_t s = sequences_.find(seq, "rollback");
+    detail::check_token_count("rollback.tokens", tokens);
+    sequences_.expect_phase(
+        s, sequences_[s].phase == sequence_phase::decode, "rollback", ", not decode");
+    auto limit = usage_.max_rollback(s);
+    TANGRAM_EXPECTS(tokens <= limit,
+                    logic_error,
+                    "rollback.tokens: ",
+                    tokens,
+                    " exceeds max_rollback = ",
+                    limit,
+                    " for the sequence in slot ",
+                    s,
+                    " (",
+                    sequences_[s].decoded,
+                    " decode tokens this turn",
+                    limit < sequences_[s].decoded
+                        ? "; a page of those positions is shared with a fork or an uncompleted "
+                          "page copy, or a sliding-window ring already overwrote tokens its "
+                          "window needs again)"
+                        : ")");
+    flow_.rollback_decode_tokens(s, tokens);
+    stats_.rolled_back_tokens += tokens;
+  }
+
+  /**
+   * @brief The most tokens `rollback(seq, k)` accepts now: the decode tokens of this turn (0
+   * outside decode), less where a rolled-back position's page is shared (a fork's page, or one
+   * a pending copy still reads: complete the copies first) or where a sliding-window ring that
+   * wrapped lacks the older tokens its window needs again (at most ring_pages * P - W, less the
+   * tokens already rolled back since the highest position written).
+   * O(groups), O(pages) for a forked sequence.
+   * @throw logic_error for an unknown sequence.
+   */
+  [[nodiscard]] std::int64_t max_rollback(sequence_id seq) const {
+    return usage_.max_rollback(sequences_.find(seq, "max_rollback"));
+  }
+
+  /**
+   * @brief Grows the decode reservation of a running turn by `more_tokens` (an engine that
+   * reserved an expected length and now needs more): all or nothing. Per group the pages its
+   * heads reach after max_new + more decode tokens, less what it holds or has reserved; under
+   * elastic reservation the compressed groups' shared budget grows by what their decode now needs
+   * beyond it. What was reserved before stays guaranteed either way.
+   * @return true when reserved (max_new_tokens grew by `more_tokens`); false ("does not fit":
+   *         the pool lacks the pages, or the page-id arena the room for longer lists), nothing
+   *         changed then (the arena may have been repacked, which moves no logical state).
+   * @throw invalid_argument when more_tokens < 1 or the turn would pass 2^31 - 1 tokens;
+   *        logic_error for an unknown sequence or one not in decode. Nothing changes then.
+   */
+  [[nodiscard]] bool try_extend(sequence_id seq, std::int64_t more_tokens) {
+    std::int32_t s = sequences_.find(seq, "try_extend");
+    auto& st       = sequences_[s];
+    sequences_.expect_phase(s,
+                            st.phase == sequence_phase::decode,
+                            "try_extend",
+                            ", not decode (reserve prompt-phase tokens at admission)");
+    std::int64_t max_new =
+        detail::check_extension(lengths_.tokens(s) - st.decoded, st.max_new, more_tokens);
+    usage_.size_extension(s, max_new, footprint_);
+    std::int64_t pages = footprint_.reserve_total();
+    bool relocate      = footprint_.grows_capacity();
+    if (pages > pool_.available_pages() ||
+        (relocate && !flow_.make_index_room(footprint_.capacity_total()))) {
+      ++stats_.extend_rejected;
+      return false;
+    }
+    // Checked: nothing below fails.
+    if (relocate) {
+      page_table_.relocate(s, footprint_);
+      journal_.note_full_resync();
+    }
+    (void)pool_.try_extend(st.reservation, pages);
+    page_table_.extend_turn(s, footprint_);
+    st.max_new = max_new;
+    ++stats_.extended;
+    return true;
+  }
+
   // ===== turns, forks, free =====================================================================
   /**
    * @brief Ends the current turn (prompt done): unused reserved pages return to the pool and the
    * compressed history stays (pages beyond what the longest head uses are released as surplus).
+   * This is also how a turn that stops early (EOS before max_new_tokens) gives back what it did
+   * not use: the whole remaining reservation (every group's budget and, elastic, the shared
+   * budget) and any page no head uses return to the pool at once; `info().reserved_pages` is 0
+   * afterwards and each group keeps exactly `group_pages_in_use` pages.
    * @throw logic_error (nothing changed) for an unknown sequence or one not in the decode phase.
    */
   void end_turn(sequence_id seq) {
@@ -429,8 +587,9 @@ class basic_kv_cache_manager {
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
       flow_.share_into_fork(s, c, g, usage_.shareable(s, g), usage_.in_use(s, g));
     lengths_.copy(s, c);
-    cs.max_new   = ps.max_new;
-    cs.decoded   = ps.decoded;
+    cs.max_new        = ps.max_new;
+    cs.decoded        = ps.decoded;
+    cs.written_tokens = ps.written_tokens;
     cs.may_share = ps.may_share = true;
     flow_.rebuild_buckets(c);
     journal_.note_slot(c);
@@ -451,6 +610,7 @@ class basic_kv_cache_manager {
     page_table_.close(s);
     pool_.release_unused(sequences_[s].reservation);
     lengths_.appended(s) = lengths_.tokens(s) = 0;
+    journal_.note_counters(s);
     sequences_.release(s);
     ++stats_.freed;
   }
@@ -483,14 +643,17 @@ class basic_kv_cache_manager {
         pool_.base(), plan_.geometry, groups_, page_table_, lengths_, batch_);
   }
 
-  /// @brief Element counts of the arrays behind `view()`, for mirroring them on a device.
+  /// @brief Element counts of the arrays behind `view()`, for sizing device mirrors once at load
+  /// time: every count is a capacity fixed at construction (`batch` is max_batch, not the current
+  /// batch), so pointers to buffers of these sizes never need to move.
   [[nodiscard]] kv_view_extents view_extents() const noexcept {
     return detail::assemble_extents(sequences_.size(), groups_, page_table_, batch_);
   }
 
-  /// @brief Changes to `pages`, `page_offset` and `head_base_len` since the last
-  /// `clear_view_changes()` (counters `appended` / `seq_tokens` of batch members change every
-  /// step and are not journaled).
+  /// @brief Changes to `pages`, `page_offset`, `head_base_len` and the `appended` / `seq_tokens`
+  /// counters since the last `clear_view_changes()`: an engine keeps a device mirror of the view
+  /// from it alone (upload the listed entries, or everything when `full_resync`). `batch_slots`
+  /// is not journaled: upload it after each `set_batch`.
   [[nodiscard]] view_changes changes() const noexcept { return journal_.changes(); }
   /// @brief Forgets the journal (after the engine uploaded the changes). Allocation-free.
   void clear_view_changes() noexcept { journal_.clear(); }
@@ -560,6 +723,42 @@ class basic_kv_cache_manager {
 
  private:
   friend struct detail::kv_cache_manager_test_access;
+
+  /// try_admit / admit (`op` names the call in errors): sizes, classifies, then admits.
+  admit_result admit_checked(char const* op,
+                             std::int64_t prompt_tokens,
+                             std::int64_t max_new_tokens) {
+    detail::check_turn_sizes(op, 0, prompt_tokens, max_new_tokens);
+    usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
+    admit_result r;
+    std::int64_t pages = footprint_.reserve_total();
+    r.pages_needed     = pages;
+    r.reason           = detail::admission_failure(pages,
+                                         footprint_.capacity_total(),
+                                         pool_.capacity(),
+                                         pool_.available_pages(),
+                                         page_table_.arena_entries(),
+                                         sequences_.full(),
+                                         r.pages_missing);
+    if (r.reason == admit_failure::none && !flow_.make_index_room(footprint_.capacity_total()))
+      r.reason = admit_failure::page_table_arena_full;
+    if (r.reason != admit_failure::none) {
+      ++stats_.rejected;
+      return r;
+    }
+    // Checked: nothing below fails.
+    std::int32_t s = sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
+    auto& st       = sequences_[s];
+    st.prompt_remaining = prompt_tokens;
+    st.max_new          = max_new_tokens;
+    page_table_.open(s, footprint_);
+    lengths_.reset(s);
+    buckets_.reset(s);
+    journal_.note_slot(s);
+    ++stats_.admitted;
+    r.id = sequence_id{s, st.generation};
+    return r;
+  }
 
   /// The slot of `seq` after checking it and group g. @throw as the group_* accessors.
   std::int32_t checked_group(sequence_id seq, std::int32_t g, char const* op) const {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string_view>
 
 #include "tangram/error.hpp"
@@ -48,6 +49,45 @@ constexpr std::string_view to_string(sequence_phase p) noexcept {
   }
   return "?";
 }
+
+/// @brief Why an admission did not fit (`admit_result::reason`).
+enum class admit_failure : std::uint8_t {
+  none,                   ///< admitted
+  no_free_slot,           ///< every sequence slot is live (max_sequences); retry after a free
+  not_enough_pages,       ///< the unreserved pages do not hold the footprint now; retry later
+  page_table_arena_full,  ///< the page-id arena lacks room for its page lists now (forks hold
+                          ///< many lists; see manager_options::index_capacity); retry later
+  never_fits,             ///< larger than the whole pool or the whole page-id arena: no amount
+                          ///< of waiting admits it (shorten the request or build a larger pool)
+};
+
+/// @brief Lower-case name of an admission failure ("none", "no_free_slot", ...).
+constexpr std::string_view to_string(admit_failure f) noexcept {
+  switch (f) {
+    case admit_failure::none:
+      return "none";
+    case admit_failure::no_free_slot:
+      return "no_free_slot";
+    case admit_failure::not_enough_pages:
+      return "not_enough_pages";
+    case admit_failure::page_table_arena_full:
+      return "page_table_arena_full";
+    case admit_failure::never_fits:
+      return "never_fits";
+  }
+  return "?";
+}
+
+/// @brief What `admit` answers: the new sequence, or why the request did not fit. Plain value.
+struct admit_result {
+  std::optional<sequence_id> id;  ///< the admitted sequence; empty when it did not fit
+  admit_failure reason      = admit_failure::none;
+  std::int64_t pages_needed = 0;  ///< the request's footprint (`admission_pages(N, T)`)
+  /// Pages missing: beyond the unreserved pages now (not_enough_pages), or beyond the whole pool
+  /// (never_fits; 0 when only the page-id arena can never hold it); 0 otherwise.
+  std::int64_t pages_missing = 0;
+  [[nodiscard]] explicit operator bool() const noexcept { return id.has_value(); }
+};
 
 /// @brief Sizes chosen when a manager is built.
 struct manager_options {
@@ -136,6 +176,11 @@ struct manager_stats {
   std::int64_t staging_pages_returned =
       0;  ///< elastic: pages a chunk's eviction gave back to its own reservation (not reclaimed:
           ///< they were reserved for that request and stay reserved for it)
+  std::int64_t extended           = 0;  ///< successful try_extend
+  std::int64_t extend_rejected    = 0;  ///< try_extend that did not fit
+  std::int64_t rolled_back_tokens = 0;  ///< decode tokens removed by rollback
+  std::int64_t rollback_pages_returned =
+      0;  ///< pages rollback returned to their sequence's reservation (never to the pool)
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that
@@ -169,6 +214,11 @@ struct view_changes {
   std::size_t num_page_entries     = 0;
   std::int32_t const* slots = nullptr;  ///< slots whose page_offset / head_base_len rows changed
   std::size_t num_slots     = 0;
+  /// Slots whose `appended` / `seq_tokens` entries changed (decode steps, appends, rollbacks,
+  /// chunks, admission, forks, frees); with the lists above, enough to keep a device mirror of
+  /// every view array from the journal alone.
+  std::int32_t const* counter_slots = nullptr;
+  std::size_t num_counter_slots     = 0;
   bool full_resync = false;  ///< too many changes, or the arena was repacked: upload everything
 };
 
@@ -180,7 +230,8 @@ struct kv_view_extents {
   std::int64_t pages         = 0;  ///< index capacity
   std::int64_t head_base_len = 0;  ///< slots * L * H
   std::int64_t slots         = 0;  ///< appended, seq_tokens
-  std::int64_t batch         = 0;  ///< batch_slots in use
+  std::int64_t batch         = 0;  ///< batch_slots: the largest batch (manager_options::max_batch,
+                                   ///< resolved), so buffers sized at load time fit every batch
 };
 
 }  // namespace tangram

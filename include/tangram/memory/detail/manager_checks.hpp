@@ -147,6 +147,59 @@ inline void check_turn_sizes(char const* op,
                   max_tokens);
 }
 
+/// Why a request of `pages` pages and `entries` page-list entries cannot be admitted now, before
+/// the page-id arena is asked for room (the caller checks that last): never_fits (more than the
+/// pool's `capacity` pages or the arena's `arena_entries`), no_free_slot, not_enough_pages; none
+/// when it may fit. Sets `missing` to the pages lacking (beyond the pool, or beyond `available`).
+inline admit_failure admission_failure(std::int64_t pages,
+                                       std::int64_t entries,
+                                       std::int64_t capacity,
+                                       std::int64_t available,
+                                       std::int64_t arena_entries,
+                                       bool slots_full,
+                                       std::int64_t& missing) noexcept {
+  missing = 0;
+  if (pages > capacity || entries > arena_entries) {
+    missing = pages > capacity ? pages - capacity : 0;
+    return admit_failure::never_fits;
+  }
+  if (slots_full) return admit_failure::no_free_slot;
+  if (pages > available) {
+    missing = pages - available;
+    return admit_failure::not_enough_pages;
+  }
+  return admit_failure::none;
+}
+
+/// A count of tokens an operation adds or removes (`op.field`): >= 1. @throw invalid_argument
+/// naming the field and the value.
+inline void check_token_count(char const* op, std::int64_t tokens) {
+  TANGRAM_EXPECTS(tokens >= 1, invalid_argument, op, ": must be >= 1, got ", tokens);
+}
+
+/// `try_extend`: a turn whose prompt ended at `prompt_end` tokens with `max_new` decode tokens
+/// reserved grows by `more` (>= 1) to at most 2^31 - 1 tokens, computed without overflow.
+/// @return the turn's new max_new. @throw invalid_argument naming the values.
+inline std::int64_t check_extension(std::int64_t prompt_end,
+                                    std::int64_t max_new,
+                                    std::int64_t more) {
+  check_token_count("try_extend.more_tokens", more);
+  auto grown = detail::add_checked(max_new, more);
+  auto total = grown ? detail::add_checked(prompt_end, *grown) : std::nullopt;
+  TANGRAM_EXPECTS(total.has_value() && *total <= max_tokens,
+                  invalid_argument,
+                  "try_extend.more_tokens: ",
+                  more,
+                  " more decode tokens after seq_tokens ",
+                  prompt_end,
+                  " + max_new_tokens ",
+                  max_new,
+                  " exceed ",
+                  max_tokens,
+                  " tokens");
+  return *grown;
+}
+
 /// A chunk has >= 1 token; elastic reservation stages at most `max_chunk_tokens` per chunk.
 /// @throw invalid_argument naming the values.
 inline void check_chunk_size(bool elastic,

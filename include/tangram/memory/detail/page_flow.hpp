@@ -186,6 +186,7 @@ class page_flow {
   /// the pool (a pooled group's pages beyond its longest head return to the reservation), then
   /// the decode buckets are rebuilt.
   void settle_after_chunk(std::int32_t s) noexcept {
+    sequences_[s].written_tokens = lengths_.tokens(s);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       refresh_base_range(s, g);
       if (groups_.pooled(g))  // elastic: staged pages the eviction did not keep
@@ -202,12 +203,47 @@ class page_flow {
         s, [&](std::int32_t g) { return groups_.mod_page(page_table_.longest_base(s, g)); });
   }
 
+  /// `tokens` decode tokens for slot s, one after another (the caller checked its decode room).
+  void append_decode_tokens(std::int32_t s, std::int64_t tokens) {
+    for (std::int64_t k = 0; k < tokens; ++k) append_decode_token(s);
+  }
+
+  /// Removes the last `tokens` decode tokens of slot s (the caller checked `max_rollback`): the
+  /// counters go back, and every page the group no longer uses (exclusive: checked) returns to
+  /// the sequence's reservation and to its group's budget (the pooled budget for a pooled group),
+  /// so the tokens can be appended again without a new reservation.
+  void rollback_decode_tokens(std::int32_t s, std::int64_t tokens) noexcept {
+    auto t = static_cast<std::int32_t>(tokens);
+    lengths_.appended(s) -= t;
+    lengths_.tokens(s) -= t;
+    sequences_[s].decoded -= tokens;
+    journal_.note_counters(s);
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      std::int64_t keep =
+          groups_.is_sliding(g)
+              ? std::min<std::int64_t>(groups_.pages_for(lengths_.tokens(s)), groups_.ring_pages(g))
+              : groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
+                                  lengths_.appended(s));
+      while (page_table_.count(s, g) > keep) {
+        (void)pool_.release(page_table_.pop(s, g));
+        (void)pool_.try_extend(sequences_[s].reservation, 1);  // just freed: cannot fail
+        if (groups_.pooled(g))
+          ++page_table_.pooled_budget(s);
+        else
+          ++page_table_.budget(s, g);
+        ++stats_.rollback_pages_returned;
+      }
+    }
+  }
+
   /// One decode token for slot s (the caller checked its decode room): counts it and draws a page
   /// for each group that crosses a page boundary, O(those groups).
   void append_decode_token(std::int32_t s) {
     auto a = ++lengths_.appended(s);
     auto n = ++lengths_.tokens(s);
     ++sequences_[s].decoded;
+    sequences_[s].written_tokens = std::max<std::int64_t>(sequences_[s].written_tokens, n);
+    journal_.note_counters(s);
     std::int32_t P = groups_.page_tokens();
     std::int32_t b = groups_.mod_page(P + 1 - groups_.mod_page(a));  // (1 - a) mod P
     // The bucket's end is read once: drawing a page writes int32 arrays the compiler would

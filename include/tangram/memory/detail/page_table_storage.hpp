@@ -241,6 +241,18 @@ class page_table_storage {
     }
   }
 
+  /// A running turn grows (`try_extend`; lists already relocated if they grow): each group's
+  /// target becomes `fp.target(g)` and its budget gains `fp.reserve(g)`; the pooled budget gains
+  /// `fp.pooled_reserve()` (its limit is unchanged).
+  void extend_turn(std::int32_t s, turn_footprint const& fp) noexcept {
+    pooled_budget_[static_cast<std::size_t>(s)] += fp.pooled_reserve();
+    for (std::int32_t g = 0; g < groups_; ++g) {
+      auto i     = at(s, g);
+      target_[i] = static_cast<std::int32_t>(fp.target(g));
+      budget_[i] += static_cast<std::int32_t>(fp.reserve(g));
+    }
+  }
+
   /// The turn ended (surplus pages released): nothing more may be drawn, the lists are the target.
   void end_turn(std::int32_t s) noexcept {
     pooled_budget_[static_cast<std::size_t>(s)] = 0;

@@ -116,6 +116,80 @@ class page_usage {
            groups_.page_tokens();
   }
 
+  /// Pages group g of slot s (in decode) holds once its turn reaches `max_new` decode tokens: a
+  /// growing group its longest head after them, a sliding ring its pages after the turn's tokens.
+  [[nodiscard]] std::int64_t decode_end(std::int32_t s,
+                                        std::int32_t g,
+                                        std::int64_t max_new) const noexcept {
+    if (groups_.is_sliding(g))
+      return std::min<std::int64_t>(
+          groups_.pages_for(lengths_.tokens(s) - sequences_[s].decoded + max_new),
+          groups_.ring_pages(g));
+    return groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) + max_new);
+  }
+
+  /**
+   * @brief `try_extend`: slot s (in decode) grows its turn to `max_new` decode tokens in all.
+   * Per group into `out`: a static group's target becomes max(target, decode_end) and it reserves
+   * the difference; the pooled groups (elastic) reserve together what their decode now needs
+   * beyond their shared budget, sum over g of max(0, decode_end - held) - budget; a list whose
+   * capacity is below its new end grows (the segment moves).
+   */
+  void size_extension(std::int32_t s, std::int64_t max_new, turn_footprint& out) const noexcept {
+    out.clear();
+    std::int64_t pooled_need = 0;
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      std::int64_t end = decode_end(s, g, max_new);
+      std::int64_t cap = page_table_.capacity(s, g);
+      if (groups_.pooled(g)) {
+        // A pooled group's target only bounds its list; its pages come from the shared budget.
+        pooled_need += std::max<std::int64_t>(0, end - page_table_.count(s, g));
+        std::int64_t grown = std::max<std::int64_t>(page_table_.target(s, g), end);
+        out.add(g, grown, grown, 0, std::max(cap, end), cap);
+      } else {
+        std::int64_t target = page_table_.target(s, g), grown = std::max(target, end);
+        out.add(g, grown, target, 0, std::max(cap, grown), cap);
+      }
+    }
+    out.set_pooled_target(std::max<std::int64_t>(0, pooled_need - page_table_.pooled_budget(s)),
+                          page_table_.pooled_limit(s));
+  }
+
+  /**
+   * @brief The most decode tokens `rollback` may remove from slot s now (0 unless in decode):
+   * the decode tokens of this turn, less where the pages the rolled-back positions occupy are
+   * shared (with a fork, or by a copy the engine has not completed: a rollback would rewrite
+   * them), and, for a sliding ring that already wrapped (more tokens written than its
+   * ring_pages * P positions), at most ring_pages * P - W less the tokens already rolled back
+   * since the highest position written (older tokens the window needs again were overwritten).
+   */
+  [[nodiscard]] std::int64_t max_rollback(std::int32_t s) const noexcept {
+    auto const& st = sequences_[s];
+    if (st.phase != sequence_phase::decode) return 0;
+    std::int64_t limit = st.decoded, a = lengths_.appended(s), t = lengths_.tokens(s);
+    std::int64_t P = groups_.page_tokens();
+    for (std::int32_t g = 0; g < groups_.num_groups() && limit > 0; ++g) {
+      if (groups_.is_sliding(g)) {
+        // The ring holds positions [written - ring, written): the window after k fewer tokens,
+        // [t - k - W, t - k), must lie in it once the ring wrapped.
+        std::int64_t ring = static_cast<std::int64_t>(groups_.ring_pages(g)) * P;
+        if (st.written_tokens > ring)
+          limit = std::min(limit, ring - groups_.window(g) - (st.written_tokens - t));
+        for (std::int32_t p = 0; st.may_share && p < page_table_.count(s, g); ++p)
+          if (pool_.ref_count(page_table_.entry(s, g, p)) > 1) limit = 0;
+        continue;
+      }
+      // Positions from shortest_base + a - k on are rewritten: no page from there may be shared.
+      for (std::int64_t p = page_table_.count(s, g) - 1; st.may_share && p >= 0; --p) {
+        if (pool_.ref_count(page_table_.entry(s, g, p)) == 1) continue;
+        limit = std::min(
+            limit, std::max<std::int64_t>(0, page_table_.shortest_base(s, g) + a - (p + 1) * P));
+        break;
+      }
+    }
+    return std::max<std::int64_t>(0, limit);
+  }
+
   /**
    * @brief The one footprint computation of admission, continue_turn and fork, group by group
    * into `out`: what group g may hold when the turn completes, how much of it is already held

@@ -25,8 +25,10 @@ struct sequence_state {
   std::int64_t chunk_pending    = 0;
   std::int64_t max_new          = 0;
   std::int64_t decoded          = 0;
-  bool may_share                = false;  ///< forked (parent or child): pages may be shared
-  page_reservation reservation;           ///< pages still promised to the sequence
+  std::int64_t written_tokens   = 0;  ///< most tokens seen since the last chunk: a sliding ring
+                                      ///< holds positions from written_tokens - ring on (rollback)
+  bool may_share = false;             ///< forked (parent or child): pages may be shared
+  page_reservation reservation;       ///< pages still promised to the sequence
 };
 
 /**
@@ -101,17 +103,25 @@ class sequence_table {
                     why);
   }
 
-  /// @throw logic_error unless slot s is in decode with decode tokens left in its turn.
-  void expect_decode_room(std::int32_t s) const {
+  /// @throw logic_error naming `op` unless slot s is in decode with room for `tokens` more
+  /// decode tokens in its turn (decoded + tokens <= max_new; tokens >= 0 checked by the caller).
+  void expect_decode_room(std::int32_t s,
+                          std::int64_t tokens = 1,
+                          char const* op      = "decode_step") const {
     auto const& st = (*this)[s];
-    expect_phase(s, st.phase == sequence_phase::decode, "decode_step", ", not decode");
-    TANGRAM_EXPECTS(st.decoded < st.max_new,
+    expect_phase(s, st.phase == sequence_phase::decode, op, ", not decode");
+    TANGRAM_EXPECTS(tokens <= st.max_new - st.decoded,
                     logic_error,
-                    "decode_step: sequence in slot ",
+                    op,
+                    ": sequence in slot ",
                     s,
-                    " already appended its max_new_tokens = ",
+                    " has appended ",
+                    st.decoded,
+                    " of its max_new_tokens = ",
                     st.max_new,
-                    " decode tokens; appending past the reservation");
+                    " decode tokens; ",
+                    tokens,
+                    " more would append past the reservation (try_extend first)");
   }
   /// @throw logic_error when slot s has a prepared, uncommitted chunk.
   void expect_no_prepared_chunk(std::int32_t s) const {
@@ -153,9 +163,9 @@ class sequence_table {
     free_.pop_back();
     auto& st            = (*this)[s];
     st.phase            = phase;
-    st.prompt_remaining = st.chunk_pending = st.max_new = st.decoded = 0;
-    st.may_share                                                     = false;
-    st.reservation                                                   = std::move(reservation);
+    st.prompt_remaining = st.chunk_pending = st.max_new = st.decoded = st.written_tokens = 0;
+    st.may_share                                                                         = false;
+    st.reservation = std::move(reservation);
     return s;
   }
 

@@ -47,7 +47,8 @@ namespace tangram::detail {
   return v;
 }
 
-/// Element counts of the arrays behind `assemble_view` for `slots` sequence slots.
+/// Element counts of the arrays behind `assemble_view` for `slots` sequence slots; `batch` is
+/// the batch's capacity (max_batch), not its current size.
 [[nodiscard]] inline kv_view_extents assemble_extents(std::int64_t slots,
                                                       group_lookup const& groups,
                                                       page_table_storage const& page_table,
@@ -60,7 +61,7 @@ namespace tangram::detail {
   e.pages         = page_table.arena_entries();
   e.head_base_len = slots * heads;
   e.slots         = slots;
-  e.batch         = batch.size();
+  e.batch         = batch.max_size();
   return e;
 }
 

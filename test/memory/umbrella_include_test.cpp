@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+// tangram/tangram.hpp is the one include an engine needs on the host: this file includes nothing
+// else from Tangram, builds a plan from a model and a profile, and runs a manager through a
+// request (admission, a prefill chunk, speculative decode with rollback, the end of the turn).
+#include "tangram/tangram.hpp"
+
+#include <cstdint>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+TEST_CASE("tangram.hpp alone builds a plan and runs a manager", "[memory][onboarding]") {
+  tangram::model_spec model;
+  model.name            = "umbrella";
+  model.num_layers      = 2;
+  model.num_query_heads = 4;
+  model.num_kv_heads    = 2;
+  model.head_dim        = 4;
+  model.kv_dtype        = tangram::dtype::f32;
+  model.layers          = tangram::uniform_layers(2);
+  tangram::budget_profile profile;
+  profile.target_keep_ratio = 0.5;
+  profile.model             = "umbrella";
+  profile.num_model_layers  = 2;
+  profile.num_kv_heads      = 2;
+  profile.layer_ids         = {0, 1};
+  profile.sink_tokens       = 1;
+  profile.window_tokens     = 2;
+  profile.budgets           = {0.5, 0.25, 0.75, 0.5};
+  tangram::plan_options po;
+  po.page_tokens = 4;
+  po.group_size  = 2;
+  auto plan      = tangram::build_static_plan(model, profile, po);
+  REQUIRE(plan.num_groups() >= 1);
+
+  tangram::host_memory_resource host;
+  tangram::manager_options o;
+  o.num_pages     = 64;
+  o.max_sequences = 4;
+  tangram::kv_cache_manager kv(plan, host, o);
+  auto r = kv.admit(12, 4);
+  REQUIRE(r);
+  std::vector<std::int32_t> kept(plan.rules.size());
+  kv.prepare_chunk(*r.id, 12);
+  kv.expected_kept(*r.id, 12, kept.data());
+  kv.commit_chunk(*r.id, kept);
+  kv.append_tokens(*r.id, 3);
+  kv.rollback(*r.id, 2);
+  REQUIRE(kv.try_extend(*r.id, 4));
+  kv.set_batch({*r.id});
+  kv.decode_step({7});
+  CHECK(kv.info(*r.id).decoded == 8);
+  kv.end_turn(*r.id);
+  kv.free(*r.id);
+  CHECK(kv.pool().stats().used == 0);
+  CHECK(kv.pool().stats().reserved == 0);
+  kv.check_invariants();
+}
