@@ -1,14 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """A Python engine loop over tangram.KVCacheManager (docs/python.md).
 
-Admission until the pool is full, chunked prefill (prepare, eviction, commit), decode steps over a
-batch, a second turn, a copy-on-write fork, and free: at the end every page and slot is back.
+Admission until the pool is full (with the reason when a request does not fit), chunked prefill
+(prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
+reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
+slot is back.
 The eviction itself (a kernel in a real engine) is stood in for by the counts the plan's rules
 keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets.
 
 Run: python examples/python/engine_loop.py   (after `pip install .`)
 """
 from __future__ import annotations
+
+import numpy as np
 
 import tangram
 
@@ -39,12 +43,25 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     # Admission until full: the reservation is exact, so "does not fit" is known up front.
     waiting = [(300 + 100 * i, 64) for i in range(12)]  # (prompt, max new tokens)
     running = []
-    while waiting and (seq := kv.try_admit(*waiting[0])) is not None:
+    while waiting:
+        result = kv.admit(*waiting[0])  # says why when it does not fit
+        if result["id"] is None:
+            if verbose:
+                print(f"waiting: {result['reason']}, {result['pages_missing']} pages missing")
+            break
         waiting.pop(0)
-        running.append(seq)
+        running.append(result["id"])
     for seq in running:
         prefill(kv, seq)
-    decode(kv, running, 64)
+    decode(kv, running, 32)
+    # Speculative decoding: 4 draft tokens per member, then the rejected ones are rolled back.
+    kv.decode_step(np.full(len(running), 4, dtype=np.int32))
+    for seq in running:
+        kv.rollback(seq, 3)  # 1 of 4 accepted
+    # The first session's answer runs long: grow its reservation (all or nothing).
+    if not kv.try_extend(running[0], 32):
+        raise SystemExit("could not extend the first turn")
+    decode(kv, running[:1], 64 + 32 - 33)  # to the end of the extended turn
 
     # A second turn for the first session; the others end.
     first = running[0]

@@ -41,6 +41,20 @@ nb::dict stats_dict(manager_stats const& s) {
   return d;
 }
 
+nb::dict info_dict(sequence_info const& i) {
+  nb::dict d;
+  d["phase"]            = std::string(to_string(i.phase));
+  d["seq_tokens"]       = i.seq_tokens;
+  d["appended"]         = i.appended;
+  d["prompt_remaining"] = i.prompt_remaining;
+  d["chunk_pending"]    = i.chunk_pending;
+  d["max_new"]          = i.max_new;
+  d["decoded"]          = i.decoded;
+  d["reserved_pages"]   = i.reserved_pages;
+  d["held_pages"]       = i.held_pages;
+  return d;
+}
+
 }  // namespace
 
 void bind_manager(nb::module_& m) {
@@ -102,6 +116,36 @@ void bind_manager(nb::module_& m) {
            },
            nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
            "Pages try_admit would reserve for this request.")
+      .def("admit",
+           [](host_kv_cache& c, std::int64_t n, std::int64_t t) {
+             auto r = c.kv.admit(n, t);
+             nb::dict d;
+             d["id"]            = r.id ? nb::cast(*r.id) : nb::none();
+             d["reason"]        = std::string(to_string(r.reason));
+             d["pages_needed"]  = r.pages_needed;
+             d["pages_missing"] = r.pages_missing;
+             return d;
+           },
+           nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
+           "try_admit that says why: {'id': SequenceId or None, 'reason': 'none', 'no_free_slot',\n"
+           "'not_enough_pages', 'page_table_arena_full' or 'never_fits', 'pages_needed',\n"
+           "'pages_missing'}.")
+      .def("try_extend",
+           [](host_kv_cache& c, sequence_id s, std::int64_t more) { return c.kv.try_extend(s, more); },
+           nb::arg("seq"), nb::arg("more_tokens"),
+           "Grows a decoding turn's reservation by more_tokens, all or nothing: False when it does\n"
+           "not fit (nothing changed).")
+      .def("append_tokens",
+           [](host_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.append_tokens(s, n); },
+           nb::arg("seq"), nb::arg("tokens"), "Room for `tokens` more decode tokens of one sequence.")
+      .def("rollback",
+           [](host_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.rollback(s, n); },
+           nb::arg("seq"), nb::arg("tokens"),
+           "Drops the last `tokens` appended tokens (rejected speculation); their pages go back to\n"
+           "the sequence's own reservation.")
+      .def("max_rollback",
+           [](host_kv_cache const& c, sequence_id s) { return c.kv.max_rollback(s); },
+           nb::arg("seq"))
       .def("try_admit",
            [](host_kv_cache& c, std::int64_t n, std::int64_t t) { return c.kv.try_admit(n, t); },
            nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
@@ -141,6 +185,14 @@ void bind_manager(nb::module_& m) {
       .def_prop_ro("batch_size", [](host_kv_cache const& c) { return c.kv.batch_size(); })
       .def("decode_step", [](host_kv_cache& c) { c.kv.decode_step(); },
            "Room for one more token in every head of every batch member (never fails).")
+      .def("decode_step",
+           [](host_kv_cache& c,
+              nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens) {
+             c.kv.decode_step(tokens.data(), tokens.shape(0));
+           },
+           nb::arg("tokens").noconvert(),
+           "Room for tokens[r] more tokens (int32, 0 allowed) for batch member r: speculative\n"
+           "decoding's several tokens per step.")
       // ----- turns, forks, free
       .def("end_turn", [](host_kv_cache& c, sequence_id s) { c.kv.end_turn(s); }, nb::arg("seq"))
       .def("continue_turn",
@@ -165,22 +217,19 @@ void bind_manager(nb::module_& m) {
       // ----- queries
       .def("contains", [](host_kv_cache const& c, sequence_id s) { return c.kv.contains(s); },
            nb::arg("seq"))
-      .def("info",
-           [](host_kv_cache const& c, sequence_id s) {
-             auto i = c.kv.info(s);
-             nb::dict d;
-             d["phase"]            = std::string(to_string(i.phase));
-             d["seq_tokens"]       = i.seq_tokens;
-             d["appended"]         = i.appended;
-             d["prompt_remaining"] = i.prompt_remaining;
-             d["chunk_pending"]    = i.chunk_pending;
-             d["max_new"]          = i.max_new;
-             d["decoded"]          = i.decoded;
-             d["reserved_pages"]   = i.reserved_pages;
-             d["held_pages"]       = i.held_pages;
-             return d;
-           },
+      .def("info", [](host_kv_cache const& c, sequence_id s) { return info_dict(c.kv.info(s)); },
            nb::arg("seq"))
+      .def("sequences",
+           [](host_kv_cache const& c) {
+             nb::list out;
+             c.kv.for_each_sequence([&](sequence_info const& i) {
+               auto d  = info_dict(i);
+               d["id"] = i.id;
+               out.append(d);
+             });
+             return out;
+           },
+           "Every live sequence's info (with its 'id'), in slot order.")
       .def("head_len",
            [](host_kv_cache const& c, sequence_id s, std::int32_t l, std::int32_t h) {
              return c.kv.head_len(s, l, h);

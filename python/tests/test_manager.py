@@ -117,3 +117,41 @@ def test_engine_loop_example_returns_everything():
     assert out["admitted"] >= 2 and out["rejected_waiting"] > 0
     assert (out["used_pages"], out["reserved_pages"], out["live_sequences"]) == (0, 0, 0)
     assert out["reclaimed_pages"] == 0
+
+
+def test_admission_says_why(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=1)
+    never = kv.admit(200_000, 16)
+    assert never["id"] is None and never["reason"] == "never_fits"
+    assert never["pages_needed"] == kv.admission_pages(200_000, 16)
+    assert never["pages_missing"] == never["pages_needed"] - kv.num_pages
+    ok = kv.admit(400, 16)
+    assert ok["reason"] == "none" and ok["id"] is not None
+    full = kv.admit(400, 16)
+    assert full["id"] is None and full["reason"] == "no_free_slot"
+    listed = kv.sequences()
+    assert [s["id"] for s in listed] == [ok["id"]] and listed[0]["phase"] == "prefill"
+
+
+def test_extend_speculate_and_roll_back(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=2)
+    seq = kv.try_admit(200, 16)
+    prefill(kv, seq)
+    kv.set_batch([seq])
+    reserved = kv.info(seq)["reserved_pages"]
+    assert kv.try_extend(seq, 64)  # the turn may now decode 80 tokens
+    assert kv.info(seq)["max_new"] == 80 and kv.info(seq)["reserved_pages"] > reserved
+    assert not kv.try_extend(seq, 10_000_000)  # does not fit: a return value, nothing changed
+    assert kv.info(seq)["max_new"] == 80
+    kv.decode_step(np.array([5], dtype=np.int32))  # 5 speculative tokens
+    assert kv.info(seq)["decoded"] == 5
+    used = kv.used_pages
+    kv.rollback(seq, 3)  # 3 rejected
+    assert kv.info(seq)["decoded"] == 2 and kv.used_pages <= used
+    with pytest.raises(tangram.UsageError):
+        kv.rollback(seq, kv.max_rollback(seq) + 1)
+    kv.append_tokens(seq, 78)
+    assert kv.info(seq)["decoded"] == 80
+    kv.free(seq)
+    kv.check_invariants()
+    assert kv.used_pages == 0 and kv.reserved_pages == 0
