@@ -178,6 +178,11 @@ void bind_manager(nb::module_& m) {
       .def("elastic_page_limit",
            [](host_kv_cache const& c, sequence_id s) { return c.kv.elastic_page_limit(s); },
            nb::arg("seq"))
+      .def("elastic_wanted_tokens",
+           [](host_kv_cache const& c, sequence_id s) { return c.kv.elastic_wanted_tokens(s); },
+           nb::arg("seq"),
+           "The scorer's total over the compressed heads once the prepared chunk is in (0 under\n"
+           "static budgets): the elastic eviction's `wanted`.")
       // ----- batch and decode
       .def("set_batch",
            [](host_kv_cache& c, std::vector<sequence_id> const& ids) { c.kv.set_batch(ids); },

@@ -62,6 +62,11 @@ def test_elastic_lifecycle(elastic_plan):
     seq = kv.try_admit(1000, 32)
     assert seq is not None
     assert kv.elastic_page_limit(seq) > 0
+    kv.prepare_chunk(seq, 512)
+    # 1000 < the 4128 protected tokens: every compressed head wants all 512 tokens.
+    compressed = sum(1 for r in elastic_plan.head_rules if r["kind"] == "compressed")
+    assert kv.elastic_wanted_tokens(seq) == 512 * compressed
+    kv.commit_chunk(seq, kv.expected_kept(seq, 512))
     prefill(kv, seq)
     kv.set_batch([seq])
     kv.decode_step()

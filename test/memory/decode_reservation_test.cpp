@@ -108,7 +108,7 @@ TEST_CASE("try_extend that does not fit answers false and changes nothing",
   sim.verify();
 }
 
-TEST_CASE("try_extend misuse names the field and value; nothing changes",
+TEST_CASE("try_extend misuse names the field and value, nothing changes",
           "[memory][decode_reservation]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
@@ -327,7 +327,7 @@ TEST_CASE("elastic reservation: try_extend, speculative append and rollback",
   CHECK(m.pool().stats().reserved == 0);
 }
 
-TEST_CASE("the change journal lists appended / seq_tokens changes; extents fit every batch",
+TEST_CASE("the change journal lists appended / seq_tokens changes, extents fit every batch",
           "[memory][decode_reservation][journal]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;

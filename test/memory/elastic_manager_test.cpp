@@ -99,9 +99,23 @@ TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[me
   REQUIRE(sid);
   CHECK(s.elastic_page_limit(*sid) == 0);
   CHECK(s.pool().reserved_pages() == footprint_pages(s.plan(), 20, 6));
+
+  // The eviction's `wanted`: the scorer's total over the 8 compressed heads once the prepared
+  // chunk is in. Nothing seen yet: 0. A chunk of 8: kbar = max(min(8, 3), ceil(0.5 x 8)) = 4 per
+  // head, 32 in all; then 8 more tokens (n = 16): max(3, 8) = 8 per head, 64.
+  CHECK(m.elastic_wanted_tokens(*id) == 0);
+  m.prepare_chunk(*id, 8);
+  CHECK(m.elastic_wanted_tokens(*id) == 32);
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
+  m.expected_kept(*id, 8, kept.data());
+  m.commit_chunk(*id, kept);
+  m.prepare_chunk(*id, 8);
+  CHECK(m.elastic_wanted_tokens(*id) == 64);
+  CHECK(s.elastic_wanted_tokens(*sid) == 0);  // static budgets
+  CHECK_THROWS_AS(m.elastic_wanted_tokens(sequence_id{3, 9}), tangram::logic_error);
 }
 
-TEST_CASE("elastic: chunks stage, evict into the limit, return staging; decode never runs out",
+TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode never runs out",
           "[memory][elastic]") {
   tiny_elastic fx(200);
   auto const& plan = fx.plan;

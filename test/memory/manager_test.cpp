@@ -103,7 +103,7 @@ TEST_CASE("admission, chunked prefill and decode follow the footprint exactly",
   CHECK(m.stats().surplus_pages_released == 0);
 }
 
-TEST_CASE("multi-turn: a new turn reserves only the increment; dropped decode pages return",
+TEST_CASE("multi-turn: a new turn reserves only the increment, dropped decode pages return",
           "[memory][manager][turns]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;

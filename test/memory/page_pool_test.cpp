@@ -74,7 +74,7 @@ TEST_CASE("simulated resource hands out fake aligned addresses up to its capacit
   CHECK(mr.peak_bytes() == (std::size_t{100} << 30) + 1000);
 }
 
-TEST_CASE("limiting adaptor injects arena failure; the pool throws out_of_memory and leaks nothing",
+TEST_CASE("limiting adaptor injects arena failure, the pool throws out_of_memory and leaks nothing",
           "[memory][resource][pool]") {
   host_memory_resource host;
   limiting_resource_adaptor lim(host, 1000);

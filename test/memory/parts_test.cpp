@@ -173,7 +173,7 @@ TEST_CASE("decode_buckets: groups that start a page at each decode step", "[memo
   // with the 9th token: appended a = 4, bucket (1 - 4) mod 4 = 1.
 }
 
-TEST_CASE("batch_membership: set validates all first; dead members are named", "[memory][parts]") {
+TEST_CASE("batch_membership: set validates all first, dead members are named", "[memory][parts]") {
   sequence_table t(4);
   auto a = t.take(sequence_phase::decode, page_reservation{});
   auto b = t.take(sequence_phase::decode, page_reservation{});
@@ -425,7 +425,7 @@ struct flow_fixture {
 
 }  // namespace
 
-TEST_CASE("page_flow: draws charge budgets and the reservation; tails release as surplus",
+TEST_CASE("page_flow: draws charge budgets and the reservation, tails release as surplus",
           "[memory][parts]") {
   flow_fixture f;
   auto s = f.open(3);
@@ -605,7 +605,7 @@ TEST_CASE("copy_on_write::execute_host copies host pages and refuses other memor
   (void)c;
 }
 
-TEST_CASE("view_journal lists counter changes once per slot; note_slot lists them too",
+TEST_CASE("view_journal lists counter changes once per slot, note_slot lists them too",
           "[memory][parts]") {
   tangram::detail::view_journal j(4, 3);
   j.note_counters(2);

@@ -464,7 +464,7 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
       {"--margin", "11"});
 }
 
-TEST_CASE("usage errors name the option and the value; help per command; output failures",
+TEST_CASE("usage errors name the option and the value, help per command, output failures",
           "[cli][errors][regression]") {
   auto const* P = "snapkv/llama-3.1-8b-instruct";
   expect_error({"plan", P, "--group-size", "4", "--group-size", "8"},

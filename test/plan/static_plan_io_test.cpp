@@ -129,7 +129,7 @@ TEST_CASE("static plans round-trip through JSON for every profile and scope", "[
   }
 }
 
-TEST_CASE("the reservation mode round-trips; files without it are static; bad values are named",
+TEST_CASE("the reservation mode round-trips, files without it are static, bad values are named",
           "[plan_io]") {
   plan_options o;
   o.reservation.mode   = reservation_mode::elastic;

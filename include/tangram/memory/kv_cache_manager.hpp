@@ -701,6 +701,16 @@ class basic_kv_cache_manager {
   [[nodiscard]] std::int64_t elastic_page_limit(sequence_id seq) const {
     return page_table_.pooled_limit(sequences_.find(seq, "elastic_page_limit"));
   }
+  /// Elastic reservation: the tokens the scorer keeps over the compressed heads of `seq` once its
+  /// prepared chunk is in (its global top-k after `seq_tokens + chunk_pending` tokens): the
+  /// `wanted` input of `evict_elastic` (kernels/elastic_eviction.hpp), beside
+  /// `elastic_page_limit`. 0 under static reservation. O(1), allocation-free.
+  /// @throw logic_error for an unknown sequence.
+  [[nodiscard]] std::int64_t elastic_wanted_tokens(sequence_id seq) const {
+    std::int32_t s = sequences_.find(seq, "elastic_wanted_tokens");
+    return groups_.pooled_wanted(static_cast<std::int64_t>(lengths_.tokens(s)) +
+                                 sequences_[s].chunk_pending);
+  }
   /// Pages group g of `seq` uses now: enough for its longest head (a sliding ring: its filled
   /// pages).
   [[nodiscard]] std::int64_t group_pages_in_use(sequence_id seq, std::int32_t g) const {

@@ -152,6 +152,13 @@ class group_lookup {
     return elastic_compressed_pages(scorer_, heads, group_size_, page_tokens_, margin_, n);
   }
 
+  /// K(n): the scorer's total over the pooled groups' heads after n tokens (what the elastic
+  /// eviction keeps before page rounding; 0 without pooled groups). Same precondition on n.
+  [[nodiscard]] std::int64_t pooled_wanted(std::int64_t n) const {
+    if (pooled_groups_.empty()) return 0;
+    return scorer_.tokens(static_cast<std::int64_t>(pooled_groups_.size()) * group_size_, n);
+  }
+
   // View arrays (their storage lives here for the manager's lifetime).
   [[nodiscard]] head_slot const* head_slots() const noexcept { return head_slots_.data(); }
   [[nodiscard]] head_slot head_slot_of(std::int32_t flat_head) const noexcept {
