@@ -157,7 +157,7 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
 
-TEST_CASE("simulate --ablation adds reservation_only and +head_groups; --help lists every option",
+TEST_CASE("simulate --ablation adds reservation_only and +head_groups, --help lists every option",
           "[simulate][cli][ablation]") {
   namespace json = tangram::detail::json;
   auto r = run({"simulate", "--sessions", "6", "--turns", "2", "--quiet", "--json", "--ablation"});
@@ -175,5 +175,38 @@ TEST_CASE("simulate --ablation adds reservation_only and +head_groups; --help li
                           "--max-context", "--step-tokens", "--max-running", "--chunk", "--sensitivity"}) {
     INFO(opt);
     CHECK(h.out.find(opt) != std::string::npos);
+  }
+}
+
+TEST_CASE("a context-length range replaces the workload class's", "[workload][simulate][cli]") {
+  workload_options wo;
+  wo.sessions   = 200;
+  wo.turns      = 1;
+  wo.context_lo = 5000;
+  wo.context_hi = 6000;
+  auto w        = generate_workload(wo);
+  CHECK(w.name == "mid (contexts 5000-6000)");
+  for (auto const& s : w.sessions) {
+    CHECK(s.turns[0].prompt_tokens >= 4999);  // exp(log(x)) may round down by one
+    CHECK(s.turns[0].prompt_tokens <= 6000);
+  }
+  wo.context_lo = 7000;
+  CHECK_THROWS_WITH(generate_workload(wo), Catch::Contains("workload.context_range"));
+
+  auto r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--context-range",
+                "5000,6000"});
+  INFO(r.err);
+  CHECK(r.rc == 0);
+  CHECK(r.out.find("contexts 5000-6000") != std::string::npos);
+  for (auto const& [argv, piece] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"simulate", "--context-range", "9000,3000"}, "--context-range: must be LO,HI"},
+           {{"simulate", "--context-range", "5000"}, "--context-range: must be LO,HI"},
+           {{"simulate", "--context-range", "1,200000"}, "--context-range: must be LO,HI"},
+           {{"simulate", "--context-range", "0,5"}, "--context-range"}}) {
+    auto e = run(argv);
+    INFO(piece);
+    CHECK(e.rc == 2);
+    CHECK(e.err.find(piece) != std::string::npos);
+    CHECK(std::count(e.err.begin(), e.err.end(), '\n') == 1);
   }
 }

@@ -183,7 +183,7 @@ TEST_CASE("the unified baseline keeps each input's own retention, not the padded
   CHECK(own.kv_bytes_read(0) != own.kv_bytes_read(1));
 }
 
-TEST_CASE("the time breakdown sums to the makespan; reclamation = operations x constant",
+TEST_CASE("the time breakdown sums to the makespan, reclamation = operations x constant",
           "[replay][issue13]") {
   test::contended_replay fx;
   replay_options o;

@@ -142,7 +142,7 @@ TEST_CASE("replays return every page and never show more live than allocated byt
   CHECK(nonu.baseline().pool().used_pages() == 0);
 }
 
-TEST_CASE("baselines preempt and recompute when memory runs out; every turn still completes",
+TEST_CASE("baselines preempt and recompute when memory runs out, every turn still completes",
           "[replay]") {
   auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");

@@ -2,8 +2,12 @@
 // full_kv as vLLM v1 (issue 13): pages per scheduled chunk, idle sessions' KV as an evictable
 // prefix cache (LRU) recomputed on a miss, no invented headroom rule; time between tokens.
 #include <cmath>
+#include <sstream>
+#include <tuple>
 
 #include "../memory/memory_fixtures.hpp"
+#include "commands.hpp"
+#include "tangram/detail/json.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/log_histogram.hpp"
 #include "tangram/eval/sim/policies.hpp"
@@ -24,7 +28,7 @@ double unified_kv_bytes(static_plan const& plan, std::int64_t pages_per_layer) {
 
 }  // namespace
 
-TEST_CASE("full_kv admits on its first scheduled chunk; unified_nonuniform needs the whole prompt",
+TEST_CASE("full_kv admits on its first scheduled chunk, unified_nonuniform needs the whole prompt",
           "[replay][vllm]") {
   auto plan      = test::llama_plan("snapkv");
   std::int64_t P = plan.geometry.page_tokens;
@@ -124,4 +128,48 @@ TEST_CASE("time between tokens: p50 and p95 of the steps between a request's tok
   double kv_token = head_token_bytes(plan) * plan.num_layers * plan.num_kv_heads;
   CHECK(r.modelled_tbt_p50_s == Approx(cost.decode_step_s(101 * kv_token)).epsilon(0.01));
   CHECK(r.modelled_tbt_p95_s == Approx(cost.decode_step_s(101 * kv_token)).epsilon(0.01));
+}
+
+TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, vllm is the default",
+          "[simulate][cli][vllm]") {
+  auto run = [](std::vector<std::string> argv) {
+    std::ostringstream out, err;
+    int rc = tangram::cli::run(argv, {out, err});
+    return std::make_tuple(rc, out.str(), err.str());
+  };
+  namespace json = tangram::detail::json;
+  std::vector<std::string> base = {"simulate", "--sessions", "24", "--turns", "3", "--gpu-mem", "40",
+                                   "--quiet", "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  auto [rc1, out1, err1] = run(with({}));
+  auto [rc2, out2, err2] = run(with({"--full-kv-scheduler", "pinned"}));
+  INFO(err1 << err2);
+  REQUIRE(rc1 == 0);
+  REQUIRE(rc2 == 0);
+  auto d1 = json::parse(out1, "stdout");
+  auto d2 = json::parse(out2, "stdout");
+  json::node v1(d1, "stdout"), pinned(d2, "stdout");
+  CHECK(v1["cost_model"]["full_kv_scheduler"].as_string() == "vllm");
+  CHECK(pinned["cost_model"]["full_kv_scheduler"].as_string() == "pinned");
+  // Pinned evicts idle sessions only when nothing can run; vLLM v1 on 40 GB evicts them for
+  // every new request that needs the room, and recomputes more.
+  auto evictions = [](json::node const& root) {
+    return root["policies"]["full_kv"]["idle_evictions"].as_int(0, 1 << 30);
+  };
+  auto recomputed = [](json::node const& root) {
+    return root["policies"]["full_kv"]["recomputed_tokens"].as_int(0, std::int64_t{1} << 40);
+  };
+  CHECK(evictions(pinned) < evictions(v1));
+  CHECK(recomputed(pinned) < recomputed(v1));
+  // The other policies do not change.
+  CHECK(v1["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12) ==
+        pinned["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12));
+
+  auto [rc3, out3, err3] = run({"simulate", "--full-kv-scheduler", "lru"});
+  CHECK(rc3 == 2);
+  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, pinned") != std::string::npos);
 }

@@ -87,6 +87,7 @@ struct simulate_args {
   bool quiet = false;
   bool sensitivity = false;
   bool ablation = false;  // --ablation: also reservation_only and +head_groups
+  std::vector<std::int64_t> context_range;  // --context-range LO,HI (generated workloads)
   bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   serving_costs costs;
@@ -193,7 +194,15 @@ int simulate(simulate_args& a, streams io) {
   if (kind) {
     wo.kind        = *kind;
     wo.max_context = ro.max_context;  // a generated session fits the same context
-    work           = generate_workload(wo);
+    if (!a.context_range.empty()) {
+      auto const& r = a.context_range;
+      if (r.size() != 2 || r[0] > r[1] || r[1] > ro.max_context)
+        throw usage_error(cat("--context-range: must be LO,HI with LO <= HI <= --max-context (", ro.max_context,
+                              "), got ", r[0], r.size() > 1 ? cat(",", r[1]) : std::string()));
+      wo.context_lo = r[0];
+      wo.context_hi = r[1];
+    }
+    work = generate_workload(wo);
   } else {
     try {
       work = load_workload(workload_name);
@@ -574,6 +583,9 @@ command_body setup_simulate(CLI::App& app) {
       add_number(app, "--think", wo.think_mean_s, {0, 1e6},
                  "Generated: mean think time between turns (s)"),
       add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed"),
+      add_integer_list(app, "--context-range", a->context_range, 1, workload_limits::max_session_tokens, 2,
+                       "Generated: first-turn contexts log-uniform in LO,HI tokens instead of the workload's "
+                       "(short 4096,20000; mid 20000,100000; long 100000,120000)"),
   };
   {
     std::vector<std::string> keys;

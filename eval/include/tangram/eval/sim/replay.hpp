@@ -282,7 +282,11 @@ class timeline_thinner {
  * of the step's token budget. A running sequence that cannot get memory preempts the most
  * recently admitted other sequence (vLLM's recompute policy). If nothing runs and the next turn
  * still does not fit, the least recently used idle session's KV is dropped (an idle eviction;
- * its history is prefilled again later).
+ * its history is prefilled again later). A policy whose idle KV is a prefix cache
+ * (`kv_policy::idle_kv_is_prefix_cache`, full_kv as vLLM v1) gets no continuation headroom, has
+ * idle KV evicted (LRU) before anything is preempted, whenever admission, a chunk or a decode
+ * step needs memory; a chunk that does not fit preempts the newest running request, itself
+ * included, and a preempted request keeps its KV as cached blocks until they are evicted.
  * @throw invalid_argument for bad options.
  */
 inline replay_result replay(workload const& work,
