@@ -26,8 +26,10 @@
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
+#include "tangram/eval/sim/ablation.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/elastic_policy.hpp"
+#include "tangram/eval/sim/gpu_presets.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/retention_needs.hpp"
@@ -66,8 +68,11 @@ struct simulate_args {
   std::optional<std::string> model;
   std::string profile = default_profile;
   std::string workload = "mid";
+  std::string gpu_key = "h200";  // --gpu: a preset; --gpu-mem, --hbm-tbps, --peak-tflops override it
   double gpu_mem = 141;
   CLI::Option* gpu_mem_option = nullptr;  // its text is quoted as given in messages
+  CLI::Option *hbm_option = nullptr, *tflops_option = nullptr, *step_tokens_option = nullptr,
+              *max_running_option = nullptr;
   std::vector<CLI::Option*> generator_only;  // refused with a workload file
   double usable = 0.9;
   double hbm = 4.8;
@@ -81,6 +86,9 @@ struct simulate_args {
   bool json = false;
   bool quiet = false;
   bool sensitivity = false;
+  bool ablation = false;  // --ablation: also reservation_only and +head_groups
+  std::vector<std::int64_t> context_range;  // --context-range LO,HI (generated workloads)
+  bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
@@ -91,6 +99,13 @@ struct simulate_args {
 /// Per-policy (printed) figures of the cost model's constants.
 int simulate(simulate_args& a, streams io) {
   check_calibration_args(a.cal);
+  // --gpu: the preset's figures and vLLM v1's default limits on it, unless given one by one.
+  auto const preset = *find_gpu_preset(a.gpu_key);  // add_choice allows only preset keys
+  if (a.gpu_mem_option->count() == 0) a.gpu_mem = preset.gpu.memory_bytes / 1e9;
+  if (a.hbm_option->count() == 0) a.hbm = preset.gpu.hbm_bytes_per_s / 1e12;
+  if (a.tflops_option->count() == 0) a.tflops = preset.gpu.peak_flops / 1e12;
+  if (a.step_tokens_option->count() == 0) a.ro.step_token_budget = preset.max_num_batched_tokens;
+  if (a.max_running_option->count() == 0) a.ro.max_running = preset.max_num_seqs;
   auto const& cal          = a.cal;
   auto const& model_o      = a.model;
   double const gpu_mem     = a.gpu_mem;
@@ -137,6 +152,7 @@ int simulate(simulate_args& a, streams io) {
   auto plan  = build_plan_for_cli(model, src.profile, po);
 
   gpu_spec gpu;
+  gpu.name            = preset.gpu.name;
   gpu.memory_bytes    = gpu_mem * 1e9;
   gpu.usable_fraction = usable;
   gpu.hbm_bytes_per_s = hbm * 1e12;
@@ -178,7 +194,15 @@ int simulate(simulate_args& a, streams io) {
   if (kind) {
     wo.kind        = *kind;
     wo.max_context = ro.max_context;  // a generated session fits the same context
-    work           = generate_workload(wo);
+    if (!a.context_range.empty()) {
+      auto const& r = a.context_range;
+      if (r.size() != 2 || r[0] > r[1] || r[1] > ro.max_context)
+        throw usage_error(cat("--context-range: must be LO,HI with LO <= HI <= --max-context (", ro.max_context,
+                              "), got ", r[0], r.size() > 1 ? cat(",", r[1]) : std::string()));
+      wo.context_lo = r[0];
+      wo.context_hi = r[1];
+    }
+    work = generate_workload(wo);
   } else {
     try {
       work = load_workload(workload_name);
@@ -198,13 +222,14 @@ int simulate(simulate_args& a, streams io) {
   // Carriage-return progress only on a terminal: in a log file it is one unreadable line.
   bool const show_progress = !quiet && (&io.err != &std::cerr || ::isatty(STDERR_FILENO) != 0);
   auto t_start = std::chrono::steady_clock::now();
+  int const n_policies = a.ablation ? 6 : 4;
   auto run = [&](kv_policy& policy, int index) {
     replay_options o = ro;
     o.charges        = costs.charges_for(policy.name());
     if (show_progress) {
       o.progress = [&, index](double f) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        io.err << "\rsimulate: " << policy.name() << " (" << index + 1 << "/4) " << std::setw(3)
+        io.err << "\rsimulate: " << policy.name() << " (" << index + 1 << "/" << n_policies << ") " << std::setw(3)
                << static_cast<int>(f * 100) << "%  " << fixed(el, 1) << " s" << std::flush;
       };
     }
@@ -212,6 +237,8 @@ int simulate(simulate_args& a, streams io) {
   };
   {
     unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
+    full.set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
+    full.set_vllm_v1(!a.full_kv_pinned);
     run(full, 0);
   }
   // The baseline keeps each input's own retention (the samples); --baseline-retention budgets,
@@ -228,9 +255,20 @@ int simulate(simulate_args& a, streams io) {
                                             n_sessions, max_tokens, own);
   };
   run(*make_unified(), 1);
+  if (a.ablation) {  // the paper's incremental study (eval/sim/ablation.hpp)
+    auto ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
+    tangram_policy_options reservation;
+    reservation.name = reservation_only_name;
+    tangram_policy reservation_only(ro_plan, kv_bytes, slots, n_sessions, reservation);
+    run(reservation_only, 2);
+    tangram_policy_options groups;
+    groups.name = head_groups_name;
+    tangram_policy head_groups(plan, kv_bytes, slots, n_sessions, groups);
+    run(head_groups, 3);
+  }
   {
     tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
-    run(tangram, 2);
+    run(tangram, a.ablation ? 4 : 2);
   }
   // Elastic reservation on the same workload, chunking, cost model and pool. With --keep the
   // scorer total and the samples' needs follow the rescaled ratio.
@@ -258,7 +296,7 @@ int simulate(simulate_args& a, streams io) {
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   {
     auto elastic = make_elastic();
-    run(*elastic, 3);
+    run(*elastic, n_policies - 1);
     if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction()); ev && ev->wanted_total() > 0)
       elastic_clipped = static_cast<double>(ev->wanted_clipped()) / static_cast<double>(ev->wanted_total());
   }
@@ -317,6 +355,10 @@ int simulate(simulate_args& a, streams io) {
     c.set("kv_budget_bytes", kv_bytes);
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
+    c.set("gpu_preset", a.gpu_key);
+    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : "vllm");
+    c.set("step_token_budget", ro.step_token_budget);
+    c.set("max_running", ro.max_running);
     c.set("active_weight_bytes", model.active_weight_bytes);
     c.set("active_parameters", model.active_parameters);
     c.set("serving_costs", costs_json(costs));
@@ -390,7 +432,10 @@ int simulate(simulate_args& a, streams io) {
   auto& o = io.out;
   o << "tangram simulate: " << tangram::detail::printable(model.name) << " (" << to_string(model.kv_dtype) << " KV) on one " << tangram::detail::printable(gpu.name)
     << ": " << gb(gpu.memory_bytes) << " GB x " << fixed(usable, 2) << " - " << gb(model.weight_bytes)
-    << " GB weights = " << gb(kv_bytes) << " GB for KV\n"
+    << " GB weights = " << gb(kv_bytes) << " GB for KV; engine: " << ro.step_token_budget << " tokens/step, "
+    << ro.max_running << " sequences"
+    << (a.step_tokens_option->count() + a.max_running_option->count() == 0 ? " (vLLM v1's defaults on this GPU)" : "")
+    << "\n"
     << "  profile " << tangram::detail::printable(src.source) << " (keep ratio "
     << fixed(keep_ratio, 2)
     << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
@@ -425,6 +470,8 @@ int simulate(simulate_args& a, streams io) {
   row("requests/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_requests_per_s, 3); });
   row("TTFT mean s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_mean_s, 2); });
   row("TTFT p95 s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_p95_s, 2); });
+  row("TBT p50 ms (modelled)", [](replay_result const& r) { return fixed(r.modelled_tbt_p50_s * 1e3, 1); });
+  row("TBT p95 ms (modelled)", [](replay_result const& r) { return fixed(r.modelled_tbt_p95_s * 1e3, 1); });
   row("makespan s (modelled)", [](replay_result const& r) { return fixed(r.modelled_makespan_s, 1); });
   row("  prefill s", [](replay_result const& r) { return fixed(r.time.prefill_s, 1); });
   row("  decode attention s", [](replay_result const& r) { return fixed(r.time.decode_attention_s, 1); });
@@ -490,7 +537,18 @@ int simulate(simulate_args& a, streams io) {
     << ro.prefill_chunk << "-token chunk; per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
     << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
-    << " per chunk (modelled); its control plane includes the CPU group selection.\n";
+    << " per chunk (modelled); its control plane includes the CPU group selection.\n"
+    << (a.full_kv_pinned ? ""
+                         : "  The full_kv column is vLLM v1: pages per scheduled chunk, idle sessions' KV an LRU prefix cache (evicted "
+                           "whole,\n  recomputed as prefill on the next turn), the newest request preempted when a step runs "
+                           "out;\n  the other policies keep idle sessions and admit new ones with headroom (see "
+                           "--full-kv-scheduler).\n");
+  if (a.full_kv_pinned)
+    o << "  --full-kv-scheduler pinned: full_kv admits whole prompts, keeps idle sessions and leaves headroom, "
+         "like the compressed policies.\n";
+  if (a.ablation)
+    o << "  Ablation (--ablation): reservation_only and +head_groups balance decode like unified_nonuniform (no AOT\n"
+      << "  split); +aot_split is tangram, +elastic is tangram_elastic.\n";
   if (plot) o << "  wrote " << tangram::detail::printable(*plot) << "\n";
   return 0;
 }
@@ -525,18 +583,38 @@ command_body setup_simulate(CLI::App& app) {
       add_number(app, "--think", wo.think_mean_s, {0, 1e6},
                  "Generated: mean think time between turns (s)"),
       add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed"),
+      add_integer_list(app, "--context-range", a->context_range, 1, workload_limits::max_session_tokens, 2,
+                       "Generated: first-turn contexts log-uniform in LO,HI tokens instead of the workload's "
+                       "(short 4096,20000; mid 20000,100000; long 100000,120000)"),
   };
+  {
+    std::vector<std::string> keys;
+    std::string listed;
+    for (auto const& p : gpu_presets()) {
+      keys.push_back(p.key);
+      listed += cat(listed.empty() ? "" : "; ", p.key, " = ", p.gpu.name, " (", p.gpu.memory_bytes / 1e9, " GB, ",
+                    p.gpu.hbm_bytes_per_s / 1e12, " TB/s, ", p.gpu.peak_flops / 1e12, " TFLOP/s; vLLM ",
+                    p.max_num_batched_tokens, " tokens/step, ", p.max_num_seqs, " seqs)");
+    }
+    add_choice(app, "--gpu", [a](std::string const& v) { a->gpu_key = v; }, "h200", keys,
+               cat("GPU preset: memory, bandwidth, dense bf16 peak and vLLM v1's default --step-tokens and "
+                   "--max-running on it, each overridable: ",
+                   listed));
+  }
   a->gpu_mem_option =
-      add_number(app, "--gpu-mem", a->gpu_mem, {1, 1e6}, "GPU memory (GB), weights included");
+      add_number(app, "--gpu-mem", a->gpu_mem, {1, 1e6}, "GPU memory (GB), weights included (default: --gpu's)");
   add_number(app, "--usable", a->usable, {0.01, 1}, "Fraction of GPU memory the engine may use");
-  add_number(app, "--hbm-tbps", a->hbm, {0.01, 1000}, "Modelled memory bandwidth (TB/s)");
-  add_number(app, "--peak-tflops", a->tflops, {1, 1e6}, "Modelled dense compute (TFLOP/s)");
+  a->hbm_option = add_number(app, "--hbm-tbps", a->hbm, {0.01, 1000}, "Modelled memory bandwidth (TB/s; default: --gpu's)");
+  a->tflops_option =
+      add_number(app, "--peak-tflops", a->tflops, {1, 1e6}, "Modelled dense compute (TFLOP/s; default: --gpu's)");
   add_sms(app, po.split.limits.sm_count);
   add_integer(app, "--concurrency", ro.concurrency, 0, 1000000,
               "Sessions in flight at once (0: no limit)");
   add_integer(app, "--chunk", ro.prefill_chunk, 1, 1 << 24, "Prefill chunk (tokens)");
-  add_integer(app, "--step-tokens", ro.step_token_budget, 1, 1 << 24, "Tokens per engine step");
-  add_integer(app, "--max-running", ro.max_running, 1, 1 << 20, "Sequences per engine step");
+  a->step_tokens_option = add_integer(app, "--step-tokens", ro.step_token_budget, 1, 1 << 24,
+                                      "Tokens per engine step (vLLM max_num_batched_tokens; default: --gpu's)");
+  a->max_running_option = add_integer(app, "--max-running", ro.max_running, 1, 1 << 20,
+                                      "Sequences per engine step (vLLM max_num_seqs; default: --gpu's)");
   add_group_size(app, po.group_size);
   add_scope(app, po.scope);
   add_page_tokens(app, po.page_tokens);
@@ -564,6 +642,16 @@ command_body setup_simulate(CLI::App& app) {
   app.add_flag("--no-padded-reads", a->no_padded_reads, "Decode reads live tokens only, not whole pages");
   app.add_flag("--charge-control-plane", a->charge_control_plane,
                "Add each step's measured policy (control-plane) time to modelled time (not deterministic)");
+  add_choice(
+      app, "--full-kv-scheduler", [a](std::string const& v) { a->full_kv_pinned = v == "pinned"; }, "vllm",
+      {"vllm", "pinned"},
+      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache recomputed on a miss) or with "
+      "the simulator's session-aware admission the compressed policies use (pinned: whole prompt, idle "
+      "sessions kept, headroom for new sessions)");
+  app.add_flag("--ablation", a->ablation,
+               "Also run the paper's incremental study: reservation_only (Tangram's reservation on layer-wide "
+               "pages) and +head_groups (head-group pages, no AOT split); +aot_split is tangram, +elastic "
+               "tangram_elastic");
   app.add_flag("--sensitivity", a->sensitivity,
                "Also rerun the verdict at each end of every uncalibrated cost's range");
   app.add_flag("--json", a->json, "One JSON document instead of the table");

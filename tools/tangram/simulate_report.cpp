@@ -37,6 +37,8 @@ json::value result_json(replay_result const& r) {
   o.set("modelled_tokens_per_s", r.modelled_tokens_per_s);
   o.set("modelled_ttft_mean_s", r.modelled_ttft_mean_s);
   o.set("modelled_ttft_p95_s", r.modelled_ttft_p95_s);
+  o.set("modelled_tbt_p50_s", r.modelled_tbt_p50_s);
+  o.set("modelled_tbt_p95_s", r.modelled_tbt_p95_s);
   o.set("modelled_eviction_pass_s", r.modelled_eviction_pass_s);
   o.set("completed_requests", r.completed_requests);
   o.set("modelled_requests_per_s", r.modelled_requests_per_s);
@@ -58,7 +60,15 @@ json::value result_json(replay_result const& r) {
 
 std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
   constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 50;
-  constexpr char const* colours[] = {"#d62728", "#ff7f0e", "#1f77b4", "#2ca02c"};
+  // One colour per policy, whichever policies run (--ablation adds two).
+  auto colour = [](std::string const& policy) {
+    if (policy == "full_kv") return "#d62728";
+    if (policy == "unified_nonuniform") return "#ff7f0e";
+    if (policy == "reservation_only") return "#9467bd";
+    if (policy == "+head_groups") return "#8c564b";
+    if (policy == "tangram") return "#1f77b4";
+    return "#2ca02c";
+  };
   double t_max = 1e-9;
   for (auto const& r : results)
     if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
@@ -96,7 +106,7 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
   for (std::size_t k = 0; k < results.size(); ++k) {
     auto const& r = results[k];
     for (int live = 0; live < 2; ++live) {
-      s << "<polyline fill=\"none\" stroke=\"" << colours[k % 4] << "\" stroke-width=\"1.5\""
+      s << "<polyline fill=\"none\" stroke=\"" << colour(r.policy) << "\" stroke-width=\"1.5\""
         << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
       for (auto const& p : r.timeline)
         s << x(p.time_s) << "," << y((live ? p.live_bytes : p.allocated_bytes) / 1e9) << " ";
@@ -104,7 +114,7 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
     }
     double ly = top + 20 + 36.0 * static_cast<double>(k);
     s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
-      << "\" stroke=\"" << colours[k % 4] << "\" stroke-width=\"2\"/>\n";
+      << "\" stroke=\"" << colour(r.policy) << "\" stroke-width=\"2\"/>\n";
     s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << r.policy << "</text>\n";
   }
   s << "<text x=\"" << W - right + 10 << "\" y=\"" << top + 20 + 36.0 * static_cast<double>(results.size())

@@ -4,7 +4,11 @@
  * @brief The three KV-memory policies the replay compares, each a thin adapter over the real
  * library objects on a simulated memory resource (no real memory, exact accounting):
  *
- * - `full_kv_policy`: vLLM-style paging, one page spans all KV heads of a layer, no compression.
+ * - `full_kv`: vLLM v1 paging, one page spans all KV heads of a layer, no compression; pages are
+ *   allocated per scheduled prefill chunk (admission needs only the first chunk's pages), and an
+ *   idle session's pages are an evictable prefix cache (`idle_kv_is_prefix_cache`: the replay
+ *   drops the least recently used idle session's KV when memory is needed, and the session
+ *   recomputes it on its next turn).
  * - `unified_nonuniform_policy`: non-uniform compression on layer-wide pages with dynamic
  *   reclamation (each chunk is allocated in full, tail pages freed after eviction); each input keeps
  *   its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
@@ -314,9 +318,22 @@ class unified_policy final : public live_accounting_policy {
   [[nodiscard]] std::string name() const override {
     return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
   }
+  /// full_kv only: vLLM v1's automatic prefix caching (see the file comment).
+  [[nodiscard]] bool idle_kv_is_prefix_cache() const override {
+    return mode_ == unified_mode::full_kv && vllm_v1_;
+  }
+  /// full_kv: false gives the simulator's earlier, session-aware full_kv (whole-prompt
+  /// admission, idle sessions pinned, continuation headroom for new sessions), for comparison
+  /// (`simulate --full-kv-scheduler pinned`); default true (vLLM v1).
+  void set_vllm_v1(bool on) { vllm_v1_ = on; }
+  /// full_kv: the largest first chunk admission checks (the replay's `prefill_chunk`, at most
+  /// its `step_token_budget`); default 8192.
+  void set_scheduled_chunk(std::int64_t tokens) { scheduled_chunk_ = std::max<std::int64_t>(1, tokens); }
 
-  /// Admission as vLLM with a full-prompt check (and the reference implementation) does it: the
-  /// uncompressed prompt must fit in the free pages now; nothing is reserved.
+  /// Admission. unified_nonuniform: as vLLM with a full-prompt check (and the reference
+  /// implementation) does it, the uncompressed prompt must fit in the free pages now. full_kv: as
+  /// vLLM v1, only the first scheduled chunk (`scheduled_chunk` tokens at most) must fit; later
+  /// chunks allocate as they are scheduled. Nothing is reserved.
   bool start_turn(std::int32_t s,
                   std::int64_t,
                   std::int64_t prompt,
@@ -325,6 +342,7 @@ class unified_policy final : public live_accounting_policy {
     auto& slot        = slots_[static_cast<std::size_t>(s)];
     std::int32_t P    = plan_.geometry.page_tokens;
     std::int64_t need = 0;
+    if (idle_kv_is_prefix_cache()) prompt = std::min(prompt, scheduled_chunk_);
     for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
       std::int64_t longest = 0, held = 0;
       if (slot >= 0) {
@@ -414,6 +432,8 @@ class unified_policy final : public live_accounting_policy {
   }
 
   unified_mode mode_;
+  std::int64_t scheduled_chunk_ = 8192;
+  bool vllm_v1_                 = true;
   simulated_memory_resource resource_;
   unified_paging_baseline baseline_;
   std::vector<std::int32_t> slots_;

@@ -30,6 +30,7 @@
 
 #include "tangram/error.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
+#include "tangram/eval/sim/log_histogram.hpp"
 #include "tangram/eval/sim/workload.hpp"
 
 namespace tangram::sim {
@@ -81,6 +82,11 @@ class kv_policy {
   /// Tokens the session's heads hold on average (the "past" its next prefill chunk attends to).
   [[nodiscard]] virtual double attended_tokens(std::int32_t session) const = 0;
   [[nodiscard]] virtual policy_memory memory() const                       = 0;
+  /// True when an idle session's KV is an evictable prefix cache (vLLM v1's automatic prefix
+  /// caching): when memory is needed, at admission, for a prefill chunk or for a decode step,
+  /// the least recently used idle session's KV is dropped before any running sequence is
+  /// preempted, and admission keeps no continuation headroom for idle sessions. Default false.
+  [[nodiscard]] virtual bool idle_kv_is_prefix_cache() const { return false; }
   /// Pages in the pool, for utilisation figures.
   [[nodiscard]] virtual double capacity_bytes() const = 0;
 };
@@ -92,7 +98,8 @@ struct replay_options {
   std::int32_t max_running       = 1024;  ///< cap on sequences in the batch (vLLM max_num_seqs)
   std::int32_t concurrency       = 0;     ///< closed loop: sessions in the system at once (0: open)
   /// A new session is admitted only if every resident session could still grow by this many
-  /// tokens (a follow-up prompt plus its answer), so idle sessions can always continue.
+  /// tokens (a follow-up prompt plus its answer), so idle sessions can always continue. Not
+  /// applied to policies whose idle KV is a prefix cache (`kv_policy::idle_kv_is_prefix_cache`).
   std::int64_t continuation_headroom_tokens = 1024;
   /// Most points the memory timeline keeps, in [2, 1000000]: however long the run, the replay
   /// holds at most twice this many (see `replay_result::timeline`).
@@ -156,6 +163,8 @@ struct replay_result {
   double modelled_tokens_per_s     = 0;  ///< generated tokens / makespan
   double modelled_ttft_mean_s      = 0;
   double modelled_ttft_p95_s       = 0;
+  double modelled_tbt_p50_s        = 0;  ///< time between a request's consecutive tokens
+  double modelled_tbt_p95_s        = 0;  ///< (from a log histogram: within 1%)
   double modelled_eviction_pass_s  = 0;  ///< step time charged for unfused eviction passes
   std::int64_t generated_tokens    = 0;
   std::int64_t prefilled_tokens    = 0;
@@ -189,7 +198,9 @@ struct session_state {
   std::int64_t answer              = 0;  ///< this turn's answer length (after truncation)
   double ready_s                   = 0;  ///< when the current turn became ready
   double idle_since_s              = 0;  ///< when it last stopped running (LRU eviction)
+  double last_token_s              = 0;  ///< when it last produced a token (time between tokens)
   bool waited                      = false;
+  bool paused = false;  ///< preempted with its KV kept as a prefix cache (resumes where it was)
   bool ttft_recorded               = false;
   bool holds_kv                    = false;
   std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
@@ -271,7 +282,11 @@ class timeline_thinner {
  * of the step's token budget. A running sequence that cannot get memory preempts the most
  * recently admitted other sequence (vLLM's recompute policy). If nothing runs and the next turn
  * still does not fit, the least recently used idle session's KV is dropped (an idle eviction;
- * its history is prefilled again later).
+ * its history is prefilled again later). A policy whose idle KV is a prefix cache
+ * (`kv_policy::idle_kv_is_prefix_cache`, full_kv as vLLM v1) gets no continuation headroom, has
+ * idle KV evicted (LRU) before anything is preempted, whenever admission, a chunk or a decode
+ * step needs memory; a chunk that does not fit preempts the newest running request, itself
+ * included, and a preempted request keeps its KV as cached blocks until they are evicted.
  * @throw invalid_argument for bad options.
  */
 inline replay_result replay(workload const& work,
@@ -349,6 +364,8 @@ inline replay_result replay(workload const& work,
   std::vector<std::int32_t> running;        // prefill or decode, admission order
   std::vector<std::pair<double, std::int32_t>> thinking;  // (wake time, session)
   std::vector<double> ttft;
+  log_histogram tbt;  // one sample per token after a request's first: bounded memory
+  bool const prefix_cache = policy.idle_kv_is_prefix_cache();
   std::size_t next_arrival    = 0;
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
@@ -393,6 +410,7 @@ inline replay_result replay(workload const& work,
       return 0;
     });
     ss.holds_kv = false;
+    ss.paused   = false;  // nothing left to resume: the turn starts its prefill again
     --resident;
     out.recomputed_tokens += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
     ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
@@ -402,19 +420,53 @@ inline replay_result replay(workload const& work,
     ss.decoded_this_turn   = 0;
   };
 
-  // vLLM's recompute preemption: the most recently admitted running sequence other than `keep`.
-  auto preempt_one = [&](std::int32_t keep) -> bool {
+  // The most recently admitted running sequence other than `keep` (-1: none).
+  auto newest_running = [&](std::int32_t keep) {
     std::int32_t victim = -1;
-    if (keep < 0 && running.size() < 2) return false;  // a step must keep at least one sequence
     for (auto s : running)
       if (s != keep && (victim < 0 || ss_of(s).admit_seq > ss_of(victim).admit_seq)) victim = s;
-    if (victim < 0) return false;
+    return victim;
+  };
+  // vLLM's recompute preemption of `victim`: it drops its KV and waits first in line. With a
+  // prefix cache (vLLM v1) its pages become cached blocks instead: it keeps them, evictable like
+  // an idle session's (most recently used, so last), and resumes where it stopped if they are
+  // still there when it is scheduled again; if they were evicted it recomputes them.
+  auto preempt = [&](std::int32_t victim) {
     running.erase(std::find(running.begin(), running.end(), victim));
     out.preemptions += 1;
+    auto& ss = ss_of(victim);
+    if (prefix_cache) {
+      ss.paused       = true;
+      ss.idle_since_s = t;
+      ss.state        = phase::waiting;
+      ready_continue.push_front(victim);  // first in line, holding its KV
+      return;
+    }
     drop_kv(victim);
-    ss_of(victim).state = phase::waiting;
+    ss.state = phase::waiting;
     ready_new.push_front(victim);  // first in line once memory frees up
+  };
+  // Preempts the most recently admitted running sequence other than `keep`.
+  auto preempt_one = [&](std::int32_t keep) -> bool {
+    if (keep < 0 && running.size() < 2) return false;  // a step must keep at least one sequence
+    std::int32_t victim = newest_running(keep);
+    if (victim < 0) return false;
+    preempt(victim);
     return true;
+  };
+  // Gives up a running session that cannot fit even alone (counted in rejected_sessions).
+  auto give_up = [&](std::int32_t s) {
+    running.erase(std::find(running.begin(), running.end(), s));
+    timed([&] {
+      policy.release(s);
+      return 0;
+    });
+    ss_of(s).holds_kv = false;
+    --resident;
+    out.rejected_sessions += 1;
+    finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
+    ss_of(s).state = phase::done;
+    --active;
   };
 
   // Prompt tokens the running sequences still have to prefill: a new turn is admitted only when
@@ -425,13 +477,13 @@ inline replay_result replay(workload const& work,
       if (ss_of(s).state == phase::prefill) n += ss_of(s).to_prefill;
     return n;
   };
-  // Drops the KV of the least recently used idle resident session (thinking, or waiting for its
-  // next turn); false when there is none.
-  auto evict_idle = [&]() -> bool {
+  // Drops the KV of the least recently used idle resident session other than `keep` (thinking,
+  // or waiting for its next turn); false when there is none.
+  auto evict_idle = [&](std::int32_t keep) -> bool {
     std::int32_t victim = -1;
     for (std::int32_t s = 0; s < n_sessions; ++s) {
       auto const& ss = ss_of(s);
-      if (ss.holds_kv && ss.state != phase::prefill && ss.state != phase::decode &&
+      if (s != keep && ss.holds_kv && ss.state != phase::prefill && ss.state != phase::decode &&
           (victim < 0 || ss.idle_since_s < ss_of(victim).idle_since_s))
         victim = s;
     }
@@ -446,8 +498,12 @@ inline replay_result replay(workload const& work,
     return true;
   };
   // Frees memory for a running sequence that needs it: preempt another running sequence, or
-  // failing that drop an idle session's KV.
-  auto make_room = [&](std::int32_t keep) { return preempt_one(keep) || evict_idle(); };
+  // failing that drop an idle session's KV. With a prefix cache, idle KV goes first (vLLM v1
+  // evicts cached blocks before it preempts).
+  auto make_room = [&](std::int32_t keep) {
+    if (prefix_cache) return evict_idle(keep) || preempt_one(keep);
+    return preempt_one(keep) || evict_idle(-1);
+  };
 
   auto try_admit = [&](std::deque<std::int32_t>& queue, bool new_sessions) -> bool {
     while (!queue.empty() && static_cast<std::int32_t>(running.size()) < options.max_running &&
@@ -455,26 +511,37 @@ inline replay_result replay(workload const& work,
                options.step_token_budget) {
       std::int32_t s        = queue.front();
       auto& ss              = ss_of(s);
-      std::int64_t headroom = new_sessions ? options.continuation_headroom_tokens * resident : 0;
-      bool ok               = timed(
-          [&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.reserve, headroom); });
+      std::int64_t headroom =
+          new_sessions && !prefix_cache ? options.continuation_headroom_tokens * resident : 0;
+      auto start = [&] {
+        return timed(
+            [&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.reserve, headroom); });
+      };
+      bool ok = start();
+      // A prefix cache counts idle sessions' blocks as free: evict them (LRU) until it fits.
+      while (!ok && prefix_cache && evict_idle(s)) ok = start();
       if (!ok) {
-        if (!ss.waited) {
+        if (!ss.waited && !ss.paused) {
           ss.waited = true;
           out.admission_waits += 1;
         }
         return false;
       }
       queue.pop_front();
+      ss.admit_seq = ++admit_counter;
+      running.push_back(s);
+      if (ss.paused) {  // resumes its turn where the preemption stopped it
+        ss.paused = false;
+        ss.state  = ss.to_prefill > 0 ? phase::prefill : phase::decode;
+        continue;
+      }
       out.reserved_decode_tokens += ss.reserve;
       if (ss.waited) wait_total_s += t - ss.ready_s;
       if (!ss.holds_kv) {
         ss.holds_kv = true;
         ++resident;
       }
-      ss.state     = phase::prefill;
-      ss.admit_seq = ++admit_counter;
-      running.push_back(s);
+      ss.state = phase::prefill;
     }
     return true;
   };
@@ -518,7 +585,7 @@ inline replay_result replay(workload const& work,
       }
       // Turns wait and nothing runs: free memory held by idle sessions (LRU), or give up on a
       // turn that cannot fit even on an empty GPU.
-      if (evict_idle()) continue;
+      if (evict_idle(-1)) continue;
       if (!ready_continue.empty() || !ready_new.empty()) {
         auto& queue    = ready_continue.empty() ? ready_new : ready_continue;
         std::int32_t s = queue.front();
@@ -551,18 +618,7 @@ inline replay_result replay(workload const& work,
         // Alone on a pool with no idle session left, its answer still outgrows the memory: the
         // session can never finish here, so it is given up like a turn that never fits at
         // admission (counted in rejected_sessions), not the whole run.
-        std::int32_t s = decoders.front();
-        running.erase(std::find(running.begin(), running.end(), s));
-        timed([&] {
-          policy.release(s);
-          return 0;
-        });
-        ss_of(s).holds_kv = false;
-        --resident;
-        out.rejected_sessions += 1;
-        finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
-        ss_of(s).state = phase::done;
-        --active;
+        give_up(decoders.front());
       }
       decoders.erase(
           std::remove_if(
@@ -583,9 +639,25 @@ inline replay_result replay(workload const& work,
       std::int64_t chunk = std::min({ss.to_prefill, budget, options.prefill_chunk});
       double past        = policy.attended_tokens(s);
       bool ok            = false;
-      while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); })))
-        if (!make_room(s)) break;
-      if (!ok) TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
+      while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); }))) {
+        if (!prefix_cache) {
+          if (!make_room(s)) break;
+          continue;
+        }
+        // vLLM v1 (pages per scheduled chunk): evict cached idle blocks, then preempt the newest
+        // running request, which may be this one; alone, it can never fit and is given up.
+        if (evict_idle(s)) continue;
+        if (running.size() < 2) {
+          give_up(s);
+          break;
+        }
+        std::int32_t victim = newest_running(-1);
+        preempt(victim);
+        if (victim == s) break;
+      }
+      if (!ok && !prefix_cache)
+        TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
+      if (!ok) continue;
       double prefill = cost.prefill_s(chunk, static_cast<std::int64_t>(past));
       step_s += prefill;
       out.time.prefill_s += prefill;
@@ -639,12 +711,19 @@ inline replay_result replay(workload const& work,
     resident_area += resident * step_s;
     if (mem.allocated_bytes > 0) util_area += mem.live_bytes / mem.allocated_bytes * step_s;
     t += step_s;
+    for (auto s : decoders) {  // still running: each produced a token this step
+      tbt.add(t - ss_of(s).last_token_s);
+      ss_of(s).last_token_s = t;
+    }
     for (auto s : first_token_now) {
       auto& ss = ss_of(s);
       if (!ss.ttft_recorded) {
         ss.ttft_recorded = true;
         ttft.push_back(t - ss.ready_s);
+      } else {
+        tbt.add(t - ss.last_token_s);  // resumed after a preemption: the stall counts
       }
+      ss.last_token_s = t;
     }
     timeline.add({t, mem.allocated_bytes, mem.live_bytes, resident});
 
@@ -711,6 +790,8 @@ inline replay_result replay(workload const& work,
     out.modelled_ttft_p95_s =
         ttft[static_cast<std::size_t>(0.95 * static_cast<double>(ttft.size() - 1))];
   }
+  out.modelled_tbt_p50_s = tbt.quantile(0.50);
+  out.modelled_tbt_p95_s = tbt.quantile(0.95);
   if (options.progress) options.progress(1.0);
   return out;
 }

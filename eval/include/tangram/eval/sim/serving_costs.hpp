@@ -81,8 +81,8 @@ struct serving_costs {
   static constexpr cost_range step_overhead_range() { return {0.2e-3, 3e-3}; }
 
   /**
-   * @brief What policy `name` (full_kv, unified_nonuniform, tangram, tangram_elastic, or any
-   * other: no skew, no re-planning) pays.
+   * @brief What policy `name` (full_kv, unified_nonuniform, tangram, tangram_elastic, the
+   * ablation's reservation_only and +head_groups, or any other: no skew, no re-planning) pays.
    */
   [[nodiscard]] step_charges charges_for(std::string_view name) const {
     step_charges c;
@@ -90,7 +90,9 @@ struct serving_costs {
     c.padded_reads       = padded_reads;
     c.step_overhead_s    = step_overhead_s;
     c.control_plane      = control_plane;
-    if (name == "unified_nonuniform") {
+    // The ablation's steps without the AOT split (eval/sim/ablation.hpp) balance decode the way
+    // the baseline does.
+    if (name == "unified_nonuniform" || name == "reservation_only" || name == "+head_groups") {
       if (balance == baseline_balance::replan) {
         c.decode_skew     = planner_skew;
         c.replan_fraction = replan_fraction;

@@ -102,6 +102,9 @@ struct workload_options {
   double think_mean_s      = 2.0;     ///< mean user think time between turns (exponential)
   std::int64_t max_context = 131072;  ///< model context limit: a whole session must fit in it
   std::uint64_t seed       = 1;
+  /// First-turn context range [context_lo, context_hi] (log-uniform) instead of the class's;
+  /// 0, 0: the class's (short 4096-20000, mid 20000-100000, long 100000-120000).
+  std::int64_t context_lo = 0, context_hi = 0;
 
   /// @throw invalid_argument naming the field and the value; for sessions x turns above
   /// `workload_limits::max_generated_turns`, naming both.
@@ -137,12 +140,21 @@ struct workload_options {
                     invalid_argument,
                     "workload.max_context: must be >= 4096, got ",
                     max_context);
+    TANGRAM_EXPECTS((context_lo == 0 && context_hi == 0) ||
+                        (context_lo >= 1 && context_lo <= context_hi && context_hi <= max_context),
+                    invalid_argument,
+                    "workload.context_range: must be LO,HI with 1 <= LO <= HI <= max_context (",
+                    max_context,
+                    "), got ",
+                    context_lo,
+                    ",",
+                    context_hi);
   }
 };
 
 /**
  * @brief Generates an SCBench-like multi-turn workload: a long shared context in the first turn
- * (log-uniform within the class's range), then follow-up questions of 64-512 tokens; answers of
+ * (log-uniform within the class's range or `context_lo`-`context_hi`), then follow-up questions of 64-512 tokens; answers of
  * 64-512 tokens. Deterministic for a given seed. Contexts are capped so a whole session fits in
  * `max_context` tokens.
  */
@@ -157,12 +169,18 @@ inline workload generate_workload(workload_options const& o) {
     lo = 100000;
     hi = 120000;
   }
+  if (o.context_hi > 0) {
+    lo = static_cast<double>(o.context_lo);
+    hi = static_cast<double>(o.context_hi);
+  }
   std::uniform_real_distribution<double> log_ctx(std::log(lo), std::log(hi));
   std::uniform_int_distribution<std::int64_t> small(64, 512);
   std::exponential_distribution<double> think(o.think_mean_s > 0 ? 1.0 / o.think_mean_s : 1.0);
   std::exponential_distribution<double> gap(o.arrival_rate > 0 ? o.arrival_rate : 1.0);
   workload w;
   w.name   = std::string(to_string(o.kind));
+  if (o.context_hi > 0)
+    w.name += " (contexts " + std::to_string(o.context_lo) + "-" + std::to_string(o.context_hi) + ")";
   double t = 0;
   for (std::int32_t s = 0; s < o.sessions; ++s) {
     session_spec sess;

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file eval/sim/gpu_presets.hpp
+ * @brief Accelerators `tangram simulate --gpu` names, with vendor figures and the scheduling
+ * limits vLLM v1 picks by default on each (online serving).
+ *
+ * Figures (dense, no sparsity; one GPU of the SXM/HGX board):
+ * - H100 80GB SXM: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s bf16 (the datasheet's 1,979 is with
+ *   sparsity). NVIDIA H100 datasheet, www.nvidia.com/en-us/data-center/h100/; checked against
+ *   glennklockwood.com/garden/processors/h100 (989.4 matrix bf16).
+ * - H200 141GB SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s bf16 (same GH100 compute as H100).
+ *   www.nvidia.com/en-us/data-center/h200/.
+ * - B200 (HGX, 1000 W): 180 GB HBM3e exposed per GPU (192 GB on the package; DGX/HGX B200
+ *   list 1,440 GB for 8 GPUs), 8 TB/s, 2,250 TFLOP/s bf16 dense (4,500 with sparsity).
+ *   www.nvidia.com/en-us/data-center/hgx/ and the DGX B200 datasheet; checked against
+ *   glennklockwood.com/garden/processors/B200 (HGX 1000 W: bf16 2250 matrix).
+ * - A100 80GB SXM: 80 GB HBM2e, 2.039 TB/s, 312 TFLOP/s bf16 (624 with sparsity). NVIDIA A100
+ *   datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf).
+ *
+ * vLLM v1 defaults (vllm/engine/arg_utils.py, EngineArgs batch defaults, OpenAI API server
+ * usage context): on GPUs with at least 70 GiB that are not A100, max_num_batched_tokens 8192
+ * and max_num_seqs 1024; otherwise (A100 included) 2048 and 256.
+ */
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tangram/eval/sim/cost_model.hpp"
+
+namespace tangram::sim {
+
+/// @brief One accelerator preset: its figures and vLLM v1's default scheduling limits on it.
+struct gpu_preset {
+  std::string key;  ///< the --gpu value
+  gpu_spec gpu;     ///< name, memory, bandwidth, peak (usable_fraction left at 0.90)
+  std::int64_t max_num_batched_tokens = 8192;  ///< vLLM v1 default (online serving)
+  std::int32_t max_num_seqs           = 1024;  ///< vLLM v1 default (online serving)
+};
+
+/// Every preset, in the order `--help` lists them.
+inline std::vector<gpu_preset> const& gpu_presets() {
+  static std::vector<gpu_preset> const all = [] {
+    auto make = [](char const* key, char const* name, double gb, double tbps, double tflops,
+                   std::int64_t tokens, std::int32_t seqs) {
+      gpu_preset p;
+      p.key                    = key;
+      p.gpu.name               = name;
+      p.gpu.memory_bytes       = gb * 1e9;
+      p.gpu.hbm_bytes_per_s    = tbps * 1e12;
+      p.gpu.peak_flops         = tflops * 1e12;
+      p.max_num_batched_tokens = tokens;
+      p.max_num_seqs           = seqs;
+      return p;
+    };
+    return std::vector<gpu_preset>{
+        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024),
+        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024),
+        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024),
+        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256),
+    };
+  }();
+  return all;
+}
+
+/// The preset named `key` (h200, h100, b200, a100), or none.
+inline std::optional<gpu_preset> find_gpu_preset(std::string const& key) {
+  for (auto const& p : gpu_presets())
+    if (p.key == key) return p;
+  return std::nullopt;
+}
+
+}  // namespace tangram::sim

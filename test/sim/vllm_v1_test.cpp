@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+// full_kv as vLLM v1 (issue 13): pages per scheduled chunk, idle sessions' KV as an evictable
+// prefix cache (LRU) recomputed on a miss, no invented headroom rule; time between tokens.
+#include <cmath>
+#include <sstream>
+#include <tuple>
+
+#include "../memory/memory_fixtures.hpp"
+#include "commands.hpp"
+#include "tangram/detail/json.hpp"
+#include "tangram/eval/baselines/unified_paging.hpp"
+#include "tangram/eval/sim/log_histogram.hpp"
+#include "tangram/eval/sim/policies.hpp"
+#include "tangram/eval/sim/replay.hpp"
+#include "tangram/model/presets.hpp"
+#include "test_support.hpp"
+
+using namespace tangram;
+using namespace tangram::sim;
+
+namespace {
+
+/// KV bytes that hold exactly `pages_per_layer` layer-wide pages for every layer of the plan.
+double unified_kv_bytes(static_plan const& plan, std::int64_t pages_per_layer) {
+  auto page = static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes());
+  return page * static_cast<double>(pages_per_layer * plan.num_layers);
+}
+
+}  // namespace
+
+TEST_CASE("full_kv admits on its first scheduled chunk, unified_nonuniform needs the whole prompt",
+          "[replay][vllm]") {
+  auto plan      = test::llama_plan("snapkv");
+  std::int64_t P = plan.geometry.page_tokens;
+  double kv      = unified_kv_bytes(plan, 5);  // 5 pages per layer
+  unified_policy full(plan, unified_mode::full_kv, kv, 4, 4, 1 << 20);
+  unified_policy nonu(plan, unified_mode::compressed_reclaim, kv, 4, 4, 1 << 20);
+  full.set_scheduled_chunk(2 * P);
+  CHECK(full.idle_kv_is_prefix_cache());
+  CHECK_FALSE(nonu.idle_kv_is_prefix_cache());
+  // An 8-page prompt on a 5-page-per-layer pool: the first 2-page chunk fits now.
+  CHECK(full.start_turn(0, 0, 8 * P, 1, 0));
+  CHECK_FALSE(nonu.start_turn(0, 0, 8 * P, 1, 0));
+  CHECK(full.prefill_chunk(0, 2 * P));
+  CHECK(full.prefill_chunk(0, 2 * P));
+  CHECK_FALSE(full.prefill_chunk(0, 2 * P));  // the third chunk (6 pages) no longer fits
+  full.release(0);
+}
+
+TEST_CASE("full_kv: an idle session's KV is evicted for a new one and recomputed on its next turn",
+          "[replay][vllm]") {
+  auto plan      = test::llama_plan("snapkv");
+  std::int64_t P = plan.geometry.page_tokens;
+  auto m         = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  double kv = unified_kv_bytes(plan, 10);  // 10 pages per layer
+  // A: 6P-token prompt, 2-token answer, then 10 s of thinking and a P-token follow-up.
+  // B arrives at 1 s (A idle, holding 7 pages per layer) with a 6P-token prompt.
+  workload w;
+  w.sessions.push_back({0.0, {{6 * P, 2, 10.0}, {P, 1, 0.0}}});
+  w.sessions.push_back({1.0, {{6 * P, 2, 0.0}}});
+  unified_policy full(plan, unified_mode::full_kv, kv, 2, 2, 1 << 20);
+  replay_options o;  // continuation headroom 1024 by default: not applied to a prefix cache
+  auto r = replay(w, full, cost, o);
+  // B's 6 pages do not fit next to A's 7: A's idle KV (6P + 2 tokens of history) is evicted at
+  // once, so B never waits; A's second turn prefills its history again plus its prompt.
+  CHECK(r.idle_evictions == 1);
+  CHECK(r.preemptions == 0);
+  CHECK(r.admission_waits == 0);
+  CHECK(r.recomputed_tokens == 6 * P + 2);
+  CHECK(r.prefilled_tokens == 6 * P + 6 * P + (6 * P + 2 + P));
+  CHECK(r.generated_tokens == 5);
+  CHECK(r.completed_requests == 3);
+  CHECK(full.baseline().pool().used_pages() == 0);
+
+  // With room for both (20 pages per layer), nothing is evicted or recomputed.
+  unified_policy roomy(plan, unified_mode::full_kv, unified_kv_bytes(plan, 20), 2, 2, 1 << 20);
+  auto r2 = replay(w, roomy, cost, o);
+  CHECK(r2.idle_evictions == 0);
+  CHECK(r2.recomputed_tokens == 0);
+  CHECK(r2.prefilled_tokens == 6 * P + 6 * P + P);
+}
+
+TEST_CASE("full_kv: a chunk that does not fit preempts the newest request, itself if newest",
+          "[replay][vllm]") {
+  auto plan      = test::llama_plan("snapkv");
+  std::int64_t P = plan.geometry.page_tokens;
+  auto m         = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  // 8 pages per layer. A (first) decodes a long answer from a 4P prompt; B (second, newer) has a
+  // 6P prompt in chunks of 2P: its first chunks fit, then it runs out and, being the newest,
+  // preempts itself (A keeps running), and resumes after A is done.
+  workload w;
+  w.sessions.push_back({0.0, {{4 * P, 40, 0.0}}});
+  w.sessions.push_back({0.0, {{6 * P, 1, 0.0}}});
+  unified_policy full(plan, unified_mode::full_kv, unified_kv_bytes(plan, 8), 2, 2, 1 << 20);
+  replay_options o;
+  o.prefill_chunk = 2 * P;
+  full.set_scheduled_chunk(o.prefill_chunk);
+  auto r = replay(w, full, cost, o);
+  CHECK(r.preemptions >= 1);
+  CHECK(r.rejected_sessions == 0);
+  CHECK(r.generated_tokens == 41);
+  CHECK(r.completed_requests == 2);
+  // A was never preempted: only B's prefilled chunks were recomputed.
+  CHECK(r.recomputed_tokens % (2 * P) == 0);
+  CHECK(r.recomputed_tokens == r.prefilled_tokens - 4 * P - 6 * P);
+  CHECK(full.baseline().pool().used_pages() == 0);
+}
+
+TEST_CASE("time between tokens: p50 and p95 of the steps between a request's tokens",
+          "[replay][tbt]") {
+  log_histogram h;
+  CHECK(h.quantile(0.5) == 0);
+  for (int i = 1; i <= 100; ++i) h.add(i * 1e-3);
+  CHECK(h.count() == 100);
+  CHECK(h.quantile(0.50) == Approx(50e-3).epsilon(0.01));
+  CHECK(h.quantile(0.95) == Approx(95e-3).epsilon(0.01));
+
+  auto plan = test::llama_plan("snapkv");
+  auto m    = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  workload w;
+  w.sessions.push_back({0.0, {{100, 3, 0.0}}});
+  unified_policy full(plan, unified_mode::full_kv, unified_kv_bytes(plan, 100), 1, 1, 1 << 20);
+  auto r = replay(w, full, cost);
+  // Two gaps, each one decode step of 101 and 102 tokens' KV reads: weights dominate.
+  double kv_token = head_token_bytes(plan) * plan.num_layers * plan.num_kv_heads;
+  CHECK(r.modelled_tbt_p50_s == Approx(cost.decode_step_s(101 * kv_token)).epsilon(0.01));
+  CHECK(r.modelled_tbt_p95_s == Approx(cost.decode_step_s(101 * kv_token)).epsilon(0.01));
+}
+
+TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, vllm is the default",
+          "[simulate][cli][vllm]") {
+  auto run = [](std::vector<std::string> argv) {
+    std::ostringstream out, err;
+    int rc = tangram::cli::run(argv, {out, err});
+    return std::make_tuple(rc, out.str(), err.str());
+  };
+  namespace json = tangram::detail::json;
+  std::vector<std::string> base = {"simulate", "--sessions", "24", "--turns", "3", "--gpu-mem", "40",
+                                   "--quiet", "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  auto [rc1, out1, err1] = run(with({}));
+  auto [rc2, out2, err2] = run(with({"--full-kv-scheduler", "pinned"}));
+  INFO(err1 << err2);
+  REQUIRE(rc1 == 0);
+  REQUIRE(rc2 == 0);
+  auto d1 = json::parse(out1, "stdout");
+  auto d2 = json::parse(out2, "stdout");
+  json::node v1(d1, "stdout"), pinned(d2, "stdout");
+  CHECK(v1["cost_model"]["full_kv_scheduler"].as_string() == "vllm");
+  CHECK(pinned["cost_model"]["full_kv_scheduler"].as_string() == "pinned");
+  // Pinned evicts idle sessions only when nothing can run; vLLM v1 on 40 GB evicts them for
+  // every new request that needs the room, and recomputes more.
+  auto evictions = [](json::node const& root) {
+    return root["policies"]["full_kv"]["idle_evictions"].as_int(0, 1 << 30);
+  };
+  auto recomputed = [](json::node const& root) {
+    return root["policies"]["full_kv"]["recomputed_tokens"].as_int(0, std::int64_t{1} << 40);
+  };
+  CHECK(evictions(pinned) < evictions(v1));
+  CHECK(recomputed(pinned) < recomputed(v1));
+  // The other policies do not change.
+  CHECK(v1["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12) ==
+        pinned["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12));
+
+  auto [rc3, out3, err3] = run({"simulate", "--full-kv-scheduler", "lru"});
+  CHECK(rc3 == 2);
+  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, pinned") != std::string::npos);
+}
