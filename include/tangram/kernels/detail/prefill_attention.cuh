@@ -121,14 +121,11 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
 
   // This warp's row-heads: (chunk row, liveness) and the online-softmax state.
   const int lr0 = warp * rpw;
-  int qt[rpw];
-  bool live[rpw];
+  // Row-head i of the warp is m0 + lr0 + i: live while < m_end, chunk row (m0 + lr0 + i) / G.
+  const int live_rows = m_end - (m0 + lr0);  // row-heads i < live_rows are live (may be <= 0)
   float o[rpw][vo], mx[rpw], l[rpw];
 #pragma unroll
   for (int i = 0; i < rpw; ++i) {
-    const int m = m0 + lr0 + i;
-    live[i]     = m < m_end;
-    qt[i]       = live[i] ? m / G : 0;
     mx[i]       = -INFINITY;
     l[i]        = 0.f;
 #pragma unroll
@@ -174,7 +171,8 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
     for (int i = 0; i < rpw; ++i) {
 #pragma unroll
       for (int off = lpk / 2; off > 0; off /= 2) sc[i] += __shfl_xor_sync(0xffffffffu, sc[i], off);
-      const bool visible = live[i] && k < k_end && prefill_visible(k, qt[i], len, window);
+      const bool visible =
+          i < live_rows && k < k_end && prefill_visible(k, (m0 + lr0 + i) / G, len, window);
       sc[i]              = visible ? sc[i] : -INFINITY;
     }
 
@@ -198,7 +196,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
     }
 
     // o += P V over the tile.
-#pragma unroll 4
+#pragma unroll
     for (int j = 0; j < kt; ++j) {
       float vf[vo];
 #pragma unroll
@@ -215,7 +213,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   // The sink joins the denominator; store o and the natural-log lse.
 #pragma unroll
   for (int i = 0; i < rpw; ++i) {
-    if (!live[i]) continue;
+    if (i >= live_rows) continue;
     const int m            = m0 + lr0 + i;
     const std::int64_t qh  = (row0 + m / G) * Hq + static_cast<std::int64_t>(h) * G + m % G;
     const float sink2      = p.sinks ? p.sinks[h * G + m % G] * log2e : -INFINITY;
