@@ -136,7 +136,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   const T* chunk_v    = static_cast<const T*>(p.chunk_v);
 
   for (std::int64_t kb = k_begin; kb < k_end; kb += kt) {
-    __syncthreads();  // the previous tile is consumed (first pass: the queries are stored)
+    __syncthreads();  // every warp is done with the previous tile
     for (int ci = tid; ci < 2 * kt * cfg::row_chunks; ci += cfg::threads) {
       const int kvsel = ci / (kt * cfg::row_chunks), rem = ci % (kt * cfg::row_chunks);
       const int tok = rem / cfg::row_chunks, ch = rem % cfg::row_chunks;
@@ -150,7 +150,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
       }
       reinterpret_cast<uint4*>((kvsel ? vs : ks) + tok * ld)[ch] = val;
     }
-    __syncthreads();
+    sync_block(sync_site::prefill_tile_ready);  // the tile (first pass: the queries) is stored
 
     // Scores of this lane's key for the warp's row-heads.
     const std::int64_t k = kb + key_local;
