@@ -40,7 +40,7 @@ def demangle(names):
 
 def short(name):
     name = re.sub(r"^void ", "", name).replace("tangram::detail::", "").replace("tangram::", "")
-    name = re.sub(r"\((detail::)?(decode_args|eviction_args|append_params)\)$", "", name)
+    name = re.sub(r"\((detail::)?(decode_args|eviction_args|append_params|prefill_args)\)$", "", name)
     name = re.sub(r", int\)$", "", name)
     return name.replace("float16", "f16").replace("bfloat16", "bf16").replace("float8_e4m3", "fp8_e4m3").replace("float8_e5m2", "fp8_e5m2")
 
