@@ -268,3 +268,26 @@ TEST_CASE("prefill reference rejects bad parameters, naming the field and value"
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       reference::prefill_attention(p), invalid_argument, "chunk_indptr[0]", "got 1");
 }
+
+TEST_CASE("prefill visibility: the first key is the smallest visible one and grows with the row",
+          "[reference][prefill]") {
+  for (std::int64_t W : {0, 1, 2, 5, 40})
+    for (std::int64_t len : {0, 1, 3, 39, 40})
+      for (std::int64_t t = 0; t < 50; ++t) {
+        INFO("W " << W << " len " << len << " t " << t);
+        std::int64_t first = prefill_first_key(t, len, W);
+        CHECK(prefill_visible(first, t, len, W));
+        if (first > 0) CHECK_FALSE(prefill_visible(first - 1, t, len, W));
+        CHECK(prefill_visible(len + t, t, len, W));  // a row always sees its own token
+        CHECK_FALSE(prefill_visible(len + t + 1, t, len, W));
+        CHECK(prefill_first_key(t + 1, len, W) >= first);
+        std::int64_t seen = 0;  // visible keys: all of [first, len + t]
+        for (std::int64_t k = 0; k <= len + t + 1; ++k) seen += prefill_visible(k, t, len, W);
+        CHECK(seen == len + t + 1 - first);
+        if (W > 0) CHECK(seen == std::min<std::int64_t>(W, len + t + 1));
+      }
+  CHECK(prefill_query_tiles(0, 4) == 0);
+  CHECK(prefill_query_tiles(1, 1) == 1);
+  CHECK(prefill_query_tiles(4, 4) == 1);
+  CHECK(prefill_query_tiles(5, 4) == 2);
+}
