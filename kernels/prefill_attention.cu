@@ -39,9 +39,8 @@ void prefill_attention(prefill_params const& p,
                   invalid_argument,
                   "prefill_params.kv.num_kv_heads: at most 65535 (grid y), got ",
                   p.kv.num_kv_heads);
-  TANGRAM_EXPECTS(aligned16(p.kv.pool),
-                  invalid_argument,
-                  "prefill_params.kv.pool: must be 16-byte aligned");
+  TANGRAM_EXPECTS(
+      aligned16(p.kv.pool), invalid_argument, "prefill_params.kv.pool: must be 16-byte aligned");
   TANGRAM_EXPECTS(aligned16(p.chunk_k) && aligned16(p.chunk_v),
                   invalid_argument,
                   "prefill_params.chunk_k/chunk_v: must be 16-byte aligned");
@@ -57,8 +56,8 @@ void prefill_attention(prefill_params const& p,
   if (p.kv.batch_size == 0 || p.max_chunk == 0) return;
   const detail::prefill_args a = detail::make_prefill_args(p);
   detail::dispatch_prefill(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
-    detail::launch_prefill_with<decltype(tag), decltype(dim)::value>(
-        a, detail::stream_launch{stream});
+    detail::launch_prefill_with<decltype(tag), decltype(dim)::value>(a,
+                                                                     detail::stream_launch{stream});
   });
   detail::check_launch(cudaGetLastError(), "prefill_attention: kernel launch");
 }

@@ -36,21 +36,22 @@ TEST_CASE("emulated prefill equals the CPU reference: dtypes x head dims", "[emu
   for (auto const& c : test::prefill_cases_shapes()) emu_check_prefill(c, 1);
 }
 
-TEST_CASE("emulated prefill equals the CPU reference: a chunk over several query tiles and a "
-          "held context over many key tiles",
-          "[emu][prefill]") {
+TEST_CASE(
+    "emulated prefill equals the CPU reference: a chunk over several query tiles and a "
+    "held context over many key tiles",
+    "[emu][prefill]") {
   test::prefill_case c;
-  c.kv_dtype = dtype::bf16;
-  c.d        = 128;
-  c.group    = 4;
-  c.layers   = 2;
-  c.heads    = 2;
-  c.lens     = {700, 1};
-  c.chunks   = {45, 70};
-  c.window   = 64;
+  c.kv_dtype   = dtype::bf16;
+  c.d          = 128;
+  c.group      = 4;
+  c.layers     = 2;
+  c.heads      = 2;
+  c.lens       = {700, 1};
+  c.chunks     = {45, 70};
+  c.window     = 64;
   c.ring_pages = 5;
-  c.sinks    = true;
-  c.seed     = 91;
+  c.sinks      = true;
+  c.seed       = 91;
   emu_check_prefill(c, 1);
 }
 

@@ -21,15 +21,15 @@ TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: a long held context and 
                  "[gpu][prefill]") {
   test::gpu_backend gpu;
   test::prefill_case c;
-  c.kv_dtype = dtype::bf16;
-  c.d        = 128;
-  c.group    = 4;
-  c.heads    = 2;
-  c.lens     = {5000, 700, 1};
-  c.chunks   = {300, 129, 64};
-  c.window   = 128;
+  c.kv_dtype   = dtype::bf16;
+  c.d          = 128;
+  c.group      = 4;
+  c.heads      = 2;
+  c.lens       = {5000, 700, 1};
+  c.chunks     = {300, 129, 64};
+  c.window     = 128;
   c.ring_pages = 9;
-  c.sinks    = true;
-  c.seed     = 92;
+  c.sinks      = true;
+  c.seed       = 92;
   GPU_REQUIRE_AGREES(test::check_prefill(c, gpu));
 }

@@ -32,16 +32,16 @@ namespace tangram::test {
 struct prefill_case {
   dtype kv_dtype = dtype::bf16;
   std::int32_t d = 64, P = 16, Hp = 2, group = 4, layers = 2, heads = 4;
-  std::vector<std::int32_t> lens;    ///< held tokens of head 0 of every layer, per request
-  std::vector<std::int32_t> chunks;  ///< chunk rows per request
+  std::vector<std::int32_t> lens;        ///< held tokens of head 0 of every layer, per request
+  std::vector<std::int32_t> chunks;      ///< chunk rows per request
   std::vector<std::int32_t> seen_extra;  ///< seq_tokens = lens + extra (empty: 50 for all)
   std::vector<std::int32_t> sliding = {1};
   std::int32_t window = 40, ring_pages = 4;
-  bool sinks         = false;
-  dtype q_dtype      = dtype::f32;
-  dtype o_dtype      = dtype::f32;
+  bool sinks                   = false;
+  dtype q_dtype                = dtype::f32;
+  dtype o_dtype                = dtype::f32;
   std::int32_t max_chunk_slack = 0;  ///< max_chunk = longest chunk + slack
-  std::uint64_t seed = 1;
+  std::uint64_t seed           = 1;
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
@@ -107,8 +107,7 @@ struct prefill_scenario {
             dtype t,
             std::int64_t n,
             float range) {
-    bytes.assign(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * size_of(t),
-                 std::byte{0});
+    bytes.assign(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * size_of(t), std::byte{0});
     floats.resize(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
       float x = std::uniform_real_distribution<float>(-range, range)(rng);
@@ -211,8 +210,8 @@ std::string check_prefill(prefill_case const& c, Backend& backend) {
       float b       = reference::detail::load_as_float(o_ref.data(), c.o_dtype, at);
       float tol     = c.o_dtype == dtype::f32 ? 1e-4f : 1e-2f * std::max(1.f, std::abs(b));
       if (!(std::abs(a - b) <= tol)) {
-        where << "output element " << i << " (row " << at / (Hq * c.d) << ", head "
-              << at / c.d % Hq << ") is " << a << ", reference " << b;
+        where << "output element " << i << " (row " << at / (Hq * c.d) << ", head " << at / c.d % Hq
+              << ") is " << a << ", reference " << b;
         return where.str();
       }
     }

@@ -33,10 +33,10 @@ void brute_force(prefill_case const& c,
   lse.assign(static_cast<std::size_t>(rows * Hq), 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (std::size_t r = 0; r < s.batch.size(); ++r) {
-    const std::int32_t slot   = s.batch[r];
-    const std::int64_t row0   = s.chunk_indptr[r];
-    const std::int64_t chunk  = s.chunk_indptr[r + 1] - row0;
-    const std::int64_t seen   = s.cache.seq_tokens()[static_cast<std::size_t>(slot)];
+    const std::int32_t slot  = s.batch[r];
+    const std::int64_t row0  = s.chunk_indptr[r];
+    const std::int64_t chunk = s.chunk_indptr[r + 1] - row0;
+    const std::int64_t seen  = s.cache.seq_tokens()[static_cast<std::size_t>(slot)];
     for (std::int32_t h = 0; h < H; ++h) {
       const std::int32_t grp = c.layers > 0 ? s.view.slot_of(layer, h).group : 0;
       const std::int64_t W   = s.cache.layout().group_window[static_cast<std::size_t>(grp)];
@@ -103,14 +103,16 @@ void run_case(prefill_case const& c) {
     brute_force(c, s, layer, o_ref, lse_ref);
     std::int64_t bad = 0;
     for (std::size_t i = 0; i < o_ref.size(); ++i) {
-      double a = reference::detail::load_as_float(o.data(), c.o_dtype, static_cast<std::int64_t>(i));
+      double a =
+          reference::detail::load_as_float(o.data(), c.o_dtype, static_cast<std::int64_t>(i));
       if (!(std::abs(a - o_ref[i]) <= tol * std::max(1.0, std::abs(o_ref[i])))) {
         if (bad++ < 3) FAIL_CHECK("o[" << i << "] = " << a << ", brute force " << o_ref[i]);
       }
     }
     for (std::size_t i = 0; i < lse_ref.size(); ++i)
       if (!(std::abs(lse[i] - lse_ref[i]) <= 1e-5 * std::max(1.0, std::abs(lse_ref[i])))) {
-        if (bad++ < 6) FAIL_CHECK("lse[" << i << "] = " << lse[i] << ", brute force " << lse_ref[i]);
+        if (bad++ < 6)
+          FAIL_CHECK("lse[" << i << "] = " << lse[i] << ", brute force " << lse_ref[i]);
       }
     CHECK(bad == 0);
   }

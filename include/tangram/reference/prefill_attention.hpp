@@ -84,11 +84,11 @@ inline void validate_chunks(prefill_params const& p) {
 
 template <class T>
 void prefill_request_head(prefill_params const& p, std::int32_t r, std::int32_t h) {
-  auto const& kv        = p.kv;
-  const std::int32_t d  = kv.geometry.head_dim;
-  const std::int32_t G  = p.group;
-  const std::int32_t H  = kv.num_kv_heads;
-  const std::int32_t Hq = p.num_q_heads();
+  auto const& kv          = p.kv;
+  const std::int32_t d    = kv.geometry.head_dim;
+  const std::int32_t G    = p.group;
+  const std::int32_t H    = kv.num_kv_heads;
+  const std::int32_t Hq   = p.num_q_heads();
   const std::int64_t row0 = p.chunk_indptr[r];
   const std::int64_t c    = p.chunk_indptr[r + 1] - row0;
   if (c == 0) return;
@@ -112,7 +112,7 @@ void prefill_request_head(prefill_params const& p, std::int32_t r, std::int32_t 
   const T* chunk_v = static_cast<const T*>(p.chunk_v);
   for (std::int64_t u = 0; u < c; ++u)
     for (std::int32_t x = 0; x < d; ++x) {
-      std::int64_t at = ((row0 + u) * H + h) * d + x;
+      std::int64_t at                         = ((row0 + u) * H + h) * d + x;
       ck[static_cast<std::size_t>(u * d + x)] = to_float(chunk_k[at]);
       cv[static_cast<std::size_t>(u * d + x)] = to_float(chunk_v[at]);
     }
@@ -125,14 +125,16 @@ void prefill_request_head(prefill_params const& p, std::int32_t r, std::int32_t 
       const std::int64_t qh = (row0 + t) * Hq + static_cast<std::int64_t>(h) * G + g;
       for (std::int32_t x = 0; x < d; ++x)
         q[static_cast<std::size_t>(x)] =
-            load_as_float(p.q, p.q_dtype, (row0 + t) * p.q_row_stride() +
-                                              (static_cast<std::int64_t>(h) * G + g) * d + x) *
+            load_as_float(
+                p.q,
+                p.q_dtype,
+                (row0 + t) * p.q_row_stride() + (static_cast<std::int64_t>(h) * G + g) * d + x) *
             scale2;
       softmax_part a = attend_rows(q, hk, hv, first < len ? first : len, len, d);
       softmax_part b = attend_rows(q, ck, cv, first > len ? first - len : 0, t + 1, d);
       const float la = a.lse2(), lb = b.lse2();
-      const float z  = p.sinks ? p.sinks[h * G + g] * log2e : -INFINITY;
-      float mm       = la > lb ? la : lb;
+      const float z = p.sinks ? p.sinks[h * G + g] * log2e : -INFINITY;
+      float mm      = la > lb ? la : lb;
       if (z > mm) mm = z;
       const float wa = exp2_shifted(la, mm), wb = exp2_shifted(lb, mm);
       const float den = wa + wb + exp2_shifted(z, mm);
@@ -166,8 +168,7 @@ inline void prefill_attention(prefill_params const& p) {
   detail::visit_storage(p.kv.geometry.kv_dtype, [&](auto tag) {
     using T = decltype(tag);
     for (std::int32_t r = 0; r < p.kv.batch_size; ++r)
-      for (std::int32_t h = 0; h < p.kv.num_kv_heads; ++h)
-        detail::prefill_request_head<T>(p, r, h);
+      for (std::int32_t h = 0; h < p.kv.num_kv_heads; ++h) detail::prefill_request_head<T>(p, r, h);
   });
 }
 

@@ -97,10 +97,10 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   const int m_end = c * G < m0 + cfg::rows ? c * G : m0 + cfg::rows;
   if (m0 >= m_end) return;  // uniform across the CTA
 
-  const head_cursor cur      = make_head_cursor(kv, r, p.layer, h);
-  const std::int64_t len     = cur.len;
-  const std::int64_t window  = kv.group_window[kv.slot_of(p.layer, h).group];
-  const int t_first          = m0 / G, t_last = (m_end - 1) / G;
+  const head_cursor cur     = make_head_cursor(kv, r, p.layer, h);
+  const std::int64_t len    = cur.len;
+  const std::int64_t window = kv.group_window[kv.slot_of(p.layer, h).group];
+  const int t_first = m0 / G, t_last = (m_end - 1) / G;
   const std::int64_t k_begin = prefill_first_key(t_first, len, window);
   const std::int64_t k_end   = len + t_last + 1;
 
@@ -109,7 +109,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   T* vs     = ks + kt * ld;
   for (int e = tid; e < cfg::rows * D; e += cfg::threads) {
     const int m = m0 + e / D, x = e % D;
-    float v     = 0.f;
+    float v = 0.f;
     if (m < m_end)
       v = load_scalar(p.q,
                       p.q_dtype,
@@ -126,14 +126,14 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   float o[rpw][vo], mx[rpw], l[rpw];
 #pragma unroll
   for (int i = 0; i < rpw; ++i) {
-    mx[i]       = -INFINITY;
-    l[i]        = 0.f;
+    mx[i] = -INFINITY;
+    l[i]  = 0.f;
 #pragma unroll
     for (int e = 0; e < vo; ++e) o[i][e] = 0.f;
   }
   const int key_local = lane / lpk, part = lane % lpk;
-  const T* chunk_k    = static_cast<const T*>(p.chunk_k);
-  const T* chunk_v    = static_cast<const T*>(p.chunk_v);
+  const T* chunk_k = static_cast<const T*>(p.chunk_k);
+  const T* chunk_v = static_cast<const T*>(p.chunk_v);
 
   for (std::int64_t kb = k_begin; kb < k_end; kb += kt) {
     __syncthreads();  // every warp is done with the previous tile
@@ -173,7 +173,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
       for (int off = lpk / 2; off > 0; off /= 2) sc[i] += __shfl_xor_sync(0xffffffffu, sc[i], off);
       const bool visible =
           i < live_rows && k < k_end && prefill_visible(k, (m0 + lr0 + i) / G, len, window);
-      sc[i]              = visible ? sc[i] : -INFINITY;
+      sc[i] = visible ? sc[i] : -INFINITY;
     }
 
     // Online softmax: one rescale per tile; sc becomes the key's weight.
@@ -189,7 +189,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
       float psum        = part == 0 ? sc[i] : 0.f;
 #pragma unroll
       for (int off = 16; off > 0; off /= 2) psum += __shfl_xor_sync(0xffffffffu, psum, off);
-      l[i] = l[i] * alpha + psum;
+      l[i]  = l[i] * alpha + psum;
       mx[i] = mnew;
 #pragma unroll
       for (int e = 0; e < vo; ++e) o[i][e] *= alpha;
@@ -214,12 +214,12 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
 #pragma unroll
   for (int i = 0; i < rpw; ++i) {
     if (i >= live_rows) continue;
-    const int m            = m0 + lr0 + i;
-    const std::int64_t qh  = (row0 + m / G) * Hq + static_cast<std::int64_t>(h) * G + m % G;
-    const float sink2      = p.sinks ? p.sinks[h * G + m % G] * log2e : -INFINITY;
-    const float mm         = sink2 > mx[i] ? sink2 : mx[i];
-    const float alpha      = exp2_shifted(mx[i], mm);
-    const float den        = l[i] * alpha + exp2_shifted(sink2, mm);
+    const int m           = m0 + lr0 + i;
+    const std::int64_t qh = (row0 + m / G) * Hq + static_cast<std::int64_t>(h) * G + m % G;
+    const float sink2     = p.sinks ? p.sinks[h * G + m % G] * log2e : -INFINITY;
+    const float mm        = sink2 > mx[i] ? sink2 : mx[i];
+    const float alpha     = exp2_shifted(mx[i], mm);
+    const float den       = l[i] * alpha + exp2_shifted(sink2, mm);
 #pragma unroll
     for (int e = 0; e < vo; ++e)
       store_scalar(p.o, p.o_dtype, qh * D + lane * vo + e, o[i][e] * alpha / den);
