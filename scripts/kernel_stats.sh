@@ -21,7 +21,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 for f in decode_attention_f32 decode_attention_f16 decode_attention_bf16 decode_attention \
-  eviction_f32 eviction_f16 eviction_bf16 append; do
+  eviction_f32 eviction_f16 eviction_bf16 append prefill_attention; do
   echo "kernel_stats: compiling kernels/$f.cu" >&2
   "$nvcc_bin" -arch=sm_"$arch" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -I include \
     -cubin -Xptxas -v "kernels/$f.cu" -o "$work/$f.cubin" 2>"$work/$f.ptxas"
@@ -40,7 +40,7 @@ def demangle(names):
 
 def short(name):
     name = re.sub(r"^void ", "", name).replace("tangram::detail::", "").replace("tangram::", "")
-    name = re.sub(r"\((detail::)?(decode_args|eviction_args|append_params)\)$", "", name)
+    name = re.sub(r"\((detail::)?(decode_args|eviction_args|append_params|prefill_args)\)$", "", name)
     name = re.sub(r", int\)$", "", name)
     return name.replace("float16", "f16").replace("bfloat16", "bf16").replace("float8_e4m3", "fp8_e4m3").replace("float8_e5m2", "fp8_e5m2")
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The emulator as a backend of test/gpu/kernel_cases.hpp: runs the real kernel bodies
 // (include/tangram/kernels/detail/*.cuh) through their real launch sequences on host memory.
-// Defined in emu_{decode,eviction,elastic_eviction,append}.cpp, one translation unit per kernel
+// Defined in emu_{decode,eviction,elastic_eviction,append,prefill}.cpp, one translation unit per kernel
 // family, so the instantiations compile in parallel and the test files need no kernel headers.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
+#include "tangram/kernels/prefill_attention.hpp"
 
 namespace tangram::test {
 
@@ -25,6 +26,8 @@ struct emu_backend {
   void evict_elastic(test_cache& cache, elastic_eviction_params const& p);
   /// The append kernel for p (host pointers), in place on the cache's pool.
   void append(test_cache& cache, append_params const& p);
+  /// The prefill-attention kernel for p (host pointers), into p.o and p.lse.
+  void prefill(test_cache& cache, prefill_params const& p);
 };
 
 }  // namespace tangram::test

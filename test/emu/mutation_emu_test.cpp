@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../gpu/kernel_cases.hpp"
+#include "../gpu/prefill_cases.hpp"
 #include "emu_support.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 
@@ -18,9 +19,32 @@ namespace {
 
 // The sites of include/tangram/kernels/detail/vec.cuh (sync_site), by value: this file does
 // not include the device headers.
-constexpr int decode_tile_ready = 1, decode_tile_wait = 2, compact_loaded = 3, snapkv_queries = 4;
+constexpr int decode_tile_ready = 1, decode_tile_wait = 2, compact_loaded = 3, snapkv_queries = 4,
+              prefill_tile_ready = 5;
 
 /// The scenario's verdict with `site` weakened ("" when it still matches the reference).
+/// check_prefill under one emulator schedule.
+std::string emu_check_prefill(test::prefill_case const& c, emu::options o) {
+  emu::scoped_options scope(o);
+  test::emu_backend backend;
+  return test::check_prefill(c, backend);
+}
+
+/// The prefill scenario's verdict with `site` weakened; requires the unmutated control to pass.
+void require_prefill_detected(test::prefill_case const& c, emu::options o, int site) {
+  INFO(c.describe() << ", schedule seed " << o.seed << ", site " << site);
+  REQUIRE(emu_check_prefill(c, o) == "");
+  o.mutation = site;
+  std::string verdict;
+  try {
+    verdict = emu_check_prefill(c, o);
+  } catch (emu::kernel_fault const& e) {
+    verdict = e.what();
+  }
+  INFO("mutated: " << verdict);
+  CHECK_FALSE(verdict.empty());
+}
+
 template <class Case>
 std::string mutated(Case const& c, emu::options o, int site) {
   o.mutation = site;
@@ -86,4 +110,21 @@ TEST_CASE("mutation: a deleted query-tile barrier in SnapKV scoring is detected"
   c.source = score_source::snapkv;
   c.seed   = 61;
   require_detected(c, {9, emu::copy_mode::deferred, 0}, snapkv_queries);
+}
+
+TEST_CASE("mutation: a deleted barrier of the prefill K/V tile is detected", "[emu][mutation]") {
+  // Without it a thread scores keys (and reads queries) other threads have not stored yet
+  // (poisoned shared memory). (The barrier before a refill is not a numbered site: the emulator
+  // advances every warp by one shuffle per phase and all warps issue the same shuffles per tile,
+  // so no warp can refill a tile another still reads there; on a GPU it can.)
+  test::prefill_case c;
+  c.kv_dtype = dtype::bf16;
+  c.d        = 64;
+  c.group    = 4;
+  c.layers   = 1;
+  c.sliding.clear();
+  c.lens   = {90, 7};
+  c.chunks = {20, 5};
+  c.seed   = 62;
+  require_prefill_detected(c, {11, emu::copy_mode::deferred, 0}, prefill_tile_ready);
 }

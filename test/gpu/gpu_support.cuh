@@ -14,10 +14,12 @@
 #include "device_buffer.cuh"
 #include "gpu_test.hpp"
 #include "kernel_cases.hpp"
+#include "prefill_cases.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
+#include "tangram/kernels/prefill_attention.hpp"
 #include "tangram/memory/kv_view.hpp"
 
 namespace tangram::test {
@@ -171,6 +173,37 @@ struct gpu_backend {
     append_decode_kv(p, nullptr);
     cuda_check(cudaDeviceSynchronize(), "append_decode_kv");
     download(dev.pool, cache.pool().data(), cache.pool().size());
+  }
+
+  void prefill(test_cache& cache, prefill_params const& hp) {
+    device_cache dev(cache, hp.kv);
+    const auto B      = static_cast<std::size_t>(hp.kv.batch_size);
+    const auto rows   = static_cast<std::size_t>(B ? hp.chunk_indptr[B] : 0);
+    const auto H      = static_cast<std::size_t>(hp.kv.num_kv_heads);
+    const auto Hq     = static_cast<std::size_t>(hp.num_q_heads());
+    const auto d      = static_cast<std::size_t>(hp.kv.geometry.head_dim);
+    const auto es     = static_cast<std::size_t>(hp.kv.geometry.element_bytes());
+    const std::size_t out_bytes = rows * Hq * d * size_of(hp.o_dtype);
+    auto dindptr      = upload(hp.chunk_indptr, B + 1);
+    auto dq           = upload(static_cast<const unsigned char*>(hp.q),
+                     rows * static_cast<std::size_t>(hp.q_row_stride()) * size_of(hp.q_dtype));
+    auto dck          = upload(static_cast<const unsigned char*>(hp.chunk_k), rows * H * d * es);
+    auto dcv          = upload(static_cast<const unsigned char*>(hp.chunk_v), rows * H * d * es);
+    auto dsinks       = upload(hp.sinks, Hq);
+    device_buffer dout(out_bytes), dlse(rows * Hq * 4);
+    prefill_params p  = hp;
+    p.kv              = dev.view;
+    p.chunk_indptr    = dindptr.get<std::int32_t>();
+    p.q               = dq.get();
+    p.chunk_k         = dck.get();
+    p.chunk_v         = dcv.get();
+    p.sinks           = hp.sinks ? dsinks.get<float>() : nullptr;
+    p.o               = dout.get();
+    p.lse             = hp.lse ? dlse.get<float>() : nullptr;
+    prefill_attention(p, nullptr, 0, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "prefill_attention");
+    download(dout, hp.o, out_bytes);
+    if (hp.lse) download(dlse, hp.lse, dlse.bytes());
   }
 };
 

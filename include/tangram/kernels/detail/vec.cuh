@@ -133,6 +133,7 @@ enum class sync_site : int {
   decode_tile_wait,   ///< decode: cp.async wait for the stage about to be read
   compact_loaded,     ///< eviction compaction: every load of a batch precedes its stores
   snapkv_queries,     ///< SnapKV scoring: the query tile is in shared memory
+  prefill_tile_ready, ///< prefill: the K/V tile (and the queries) are in shared memory
 };
 
 /// `__syncthreads()` at a numbered site.
