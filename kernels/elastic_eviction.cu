@@ -48,7 +48,7 @@ void evict_elastic(elastic_eviction_params const& p,
   detail::elastic_args a = detail::make_elastic_args(p, workspace);
   cudaError_t err        = cudaSuccess;
   auto const& g = p.kv.geometry;
-  detail::dispatch_eviction(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+  detail::dispatch_kv_kernel(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     err = detail::launch_elastic<decltype(tag), decltype(dim)::value>(a, stream);
   });
   detail::check_launch(err, "evict_elastic: kernel launch");

@@ -60,7 +60,7 @@ void evict_chunk(eviction_params const& p,
   detail::eviction_args a = detail::make_eviction_args(p, workspace);
   cudaError_t err         = cudaSuccess;
   auto const& g = p.kv.geometry;
-  detail::dispatch_eviction(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+  detail::dispatch_kv_kernel(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     err = detail::launch_eviction<decltype(tag), decltype(dim)::value>(a, stream);
   });
   detail::check_launch(err, "evict_chunk: kernel launch");

@@ -55,7 +55,7 @@ void prefill_attention(prefill_params const& p,
   (void)workspace;
   if (p.kv.batch_size == 0 || p.max_chunk == 0) return;
   const detail::prefill_args a = detail::make_prefill_args(p);
-  detail::dispatch_prefill(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+  detail::dispatch_kv_kernel(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     detail::launch_prefill_with<decltype(tag), decltype(dim)::value>(a,
                                                                      detail::stream_launch{stream});
   });

@@ -497,37 +497,6 @@ void launch_eviction_with(eviction_args const& a, Launch const& launch) {
   launch(select_compact_kernel<copy_t, D>, dim3(heads), 256, 0, a);
 }
 
-/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16)
-/// and head dim (64, 128, 256); returns false when it is not compiled.
-template <class F>
-bool dispatch_eviction(dtype t, int head_dim, F&& f) {
-  auto with_type = [&](auto tag) {
-    switch (head_dim) {
-      case 64:
-        f(tag, std::integral_constant<int, 64>{});
-        return true;
-      case 128:
-        f(tag, std::integral_constant<int, 128>{});
-        return true;
-      case 256:
-        f(tag, std::integral_constant<int, 256>{});
-        return true;
-      default:
-        return false;
-    }
-  };
-  switch (t) {
-    case dtype::f32:
-      return with_type(float{});
-    case dtype::f16:
-      return with_type(float16{});
-    case dtype::bf16:
-      return with_type(bfloat16{});
-    default:
-      return false;
-  }
-}
-
 #if !defined(TANGRAM_EMULATION)
 /// Launches the eviction kernels for (T, D) (defined per dtype in kernels/eviction_*.cu).
 template <class T, int D>

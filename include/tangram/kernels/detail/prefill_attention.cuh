@@ -227,37 +227,6 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   }
 }
 
-/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime configuration; returns false
-/// when it is not compiled.
-template <class F>
-bool dispatch_prefill(dtype t, int head_dim, F&& f) {
-  auto with_type = [&](auto tag) {
-    switch (head_dim) {
-      case 64:
-        f(tag, std::integral_constant<int, 64>{});
-        return true;
-      case 128:
-        f(tag, std::integral_constant<int, 128>{});
-        return true;
-      case 256:
-        f(tag, std::integral_constant<int, 256>{});
-        return true;
-      default:
-        return false;
-    }
-  };
-  switch (t) {
-    case dtype::f32:
-      return with_type(float{});
-    case dtype::f16:
-      return with_type(float16{});
-    case dtype::bf16:
-      return with_type(bfloat16{});
-    default:
-      return false;
-  }
-}
-
 /// The kernel's arguments for validated parameters.
 inline prefill_args make_prefill_args(prefill_params const& p) {
   prefill_args a;

@@ -21,6 +21,7 @@
 
 #include <cassert>
 #include <cstdint>
+#include <type_traits>
 
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
@@ -186,6 +187,38 @@ inline void check_launch(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     TANGRAM_FAIL(cuda_error, what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  }
+}
+
+/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16)
+/// and head dim (64, 128, 256), the set the eviction and prefill kernels are compiled for;
+/// returns false for any other.
+template <class F>
+bool dispatch_kv_kernel(dtype t, int head_dim, F&& f) {
+  auto with_type = [&](auto tag) {
+    switch (head_dim) {
+      case 64:
+        f(tag, std::integral_constant<int, 64>{});
+        return true;
+      case 128:
+        f(tag, std::integral_constant<int, 128>{});
+        return true;
+      case 256:
+        f(tag, std::integral_constant<int, 256>{});
+        return true;
+      default:
+        return false;
+    }
+  };
+  switch (t) {
+    case dtype::f32:
+      return with_type(float{});
+    case dtype::f16:
+      return with_type(float16{});
+    case dtype::bf16:
+      return with_type(bfloat16{});
+    default:
+      return false;
   }
 }
 
