@@ -71,6 +71,12 @@ if want python; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check ".[test]"
+  # The C++ twin of the Python engine loop, whose page accounting the tests compare.
+  cmake -S . -B "$build-examples" -DCMAKE_BUILD_TYPE=Release -DTANGRAM_ENABLE_CUDA=OFF \
+    -DTANGRAM_BUILD_TESTS=OFF -DTANGRAM_BUILD_BENCHMARKS=OFF -DTANGRAM_BUILD_TOOLS=OFF \
+    -DTANGRAM_BUILD_EXAMPLES=ON >/dev/null
+  cmake --build "$build-examples" -j"$jobs" --target example_engine_loop
+  export TANGRAM_CPP_ENGINE_LOOP="$PWD/$build-examples/examples/example_engine_loop"
   # From outside the checkout, so that `import tangram` is the installed package.
   (cd "$venv" && bin/python -c "import tangram; print('tangram', tangram.__version__)" &&
     bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" &&

@@ -4,7 +4,8 @@
 Admission until the pool is full (with the reason when a request does not fit), chunked prefill
 (prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
 reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
-slot is back.
+slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
+accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
 The eviction itself (a kernel in a real engine) is stood in for by the counts the plan's rules
 keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets.
 
@@ -34,6 +35,13 @@ def decode(kv: tangram.KVCacheManager, batch: list[tangram.SequenceId], steps: i
         kv.decode_step()  # room for one token per head; the engine appends K/V and attends
 
 
+def snapshot(label: str, kv: tangram.KVCacheManager) -> dict:
+    """Page accounting at one point of the loop."""
+    return {"label": label, "used_pages": kv.used_pages, "reserved_pages": kv.reserved_pages,
+            "available_pages": kv.available_pages, "live_sequences": kv.live_sequences,
+            "pages_drawn": kv.stats["pages_drawn"]}
+
+
 def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     samples = tangram.load_retention_samples(
         str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
@@ -43,6 +51,7 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     # Admission until full: the reservation is exact, so "does not fit" is known up front.
     waiting = [(300 + 100 * i, 64) for i in range(12)]  # (prompt, max new tokens)
     running = []
+    trace = []
     while waiting:
         result = kv.admit(*waiting[0])  # says why when it does not fit
         if result["id"] is None:
@@ -51,36 +60,46 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
             break
         waiting.pop(0)
         running.append(result["id"])
+    trace.append(snapshot("admitted", kv))
     for seq in running:
         prefill(kv, seq)
+    trace.append(snapshot("prefilled", kv))
     decode(kv, running, 32)
+    trace.append(snapshot("decoded", kv))
     # Speculative decoding: 4 draft tokens per member, then the rejected ones are rolled back.
     kv.decode_step(np.full(len(running), 4, dtype=np.int32))
     for seq in running:
         kv.rollback(seq, 3)  # 1 of 4 accepted
+    trace.append(snapshot("rolled_back", kv))
     # The first session's answer runs long: grow its reservation (all or nothing).
     if not kv.try_extend(running[0], 32):
         raise SystemExit("could not extend the first turn")
     decode(kv, running[:1], 64 + 32 - 33)  # to the end of the extended turn
+    trace.append(snapshot("extended", kv))
 
     # A second turn for the first session; the others end.
     first = running[0]
     kv.end_turn(first)  # keeps the compressed history, returns the unused reservation
     for seq in running[1:]:
         kv.free(seq)
+    trace.append(snapshot("turn_ended", kv))
     if not kv.continue_turn(first, 300, 32):  # "does not fit" is a return value
         raise SystemExit("the second turn did not fit")
     prefill(kv, first)
+    trace.append(snapshot("second_turn", kv))
     # A fork shares the parent's pages copy-on-write.
     child = kv.fork(first)
     if child is not None:
         kv.execute_page_copies()
+        trace.append(snapshot("forked", kv))
         decode(kv, [first, child], 32)
         kv.free(child)
     else:
         decode(kv, [first], 32)
+    trace.append(snapshot("fork_done", kv))
     kv.free(first)
     kv.check_invariants()
+    trace.append(snapshot("freed", kv))
 
     result = {
         "admitted": kv.stats["admitted"],
@@ -89,9 +108,14 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
         "reserved_pages": kv.reserved_pages,
         "live_sequences": kv.live_sequences,
         "reclaimed_pages": kv.stats["reclaimed_pages"],
+        "checkpoints": trace,
     }
     if verbose:
-        print(", ".join(f"{k} {v}" for k, v in result.items()))
+        for c in trace:
+            print(f"{c['label']:<12} used {c['used_pages']:6d}  reserved {c['reserved_pages']:6d}  "
+                  f"available {c['available_pages']:6d}  live {c['live_sequences']:2d}  "
+                  f"drawn {c['pages_drawn']:6d}")
+        print(", ".join(f"{k} {v}" for k, v in result.items() if k != "checkpoints"))
     return result
 
 

@@ -41,4 +41,15 @@ nanobind::object numpy_alias(T const* data, std::int64_t count, nanobind::handle
   return nanobind::ndarray<nanobind::numpy, T const, nanobind::ndim<1>>(data, 1, shape, owner).cast();
 }
 
+/// The same alias as a framework-neutral tensor (nanobind's `nb_ndarray`): it implements
+/// `__dlpack__` in both DLPack flavours (versioned, flagged read-only; and legacy, for consumers
+/// such as older PyTorch that do not ask for a version — NumPy 2 refuses those for a read-only
+/// array) and the buffer protocol.
+template <class T>
+nanobind::object dlpack_alias(T const* data, std::int64_t count, nanobind::handle owner) {
+  std::size_t shape[1] = {static_cast<std::size_t>(count)};
+  return nanobind::ndarray<nanobind::array_api, T const, nanobind::ndim<1>>(data, 1, shape, owner)
+      .cast();
+}
+
 }  // namespace tangram::python

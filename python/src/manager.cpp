@@ -251,26 +251,34 @@ void bind_manager(nb::module_& m) {
       // ----- zero-copy views
       .def(
           "view",
-          [](nb::handle self) {
+          [](nb::handle self, std::string const& framework) {
+            auto alias = [&](auto const* data, std::int64_t count) {
+              if (framework == "numpy") return numpy_alias(data, count, self);
+              if (framework == "dlpack") return dlpack_alias(data, count, self);
+              TANGRAM_FAIL(invalid_argument, "view: framework must be 'numpy' or 'dlpack', got '",
+                           framework, "'");
+            };
             auto& c = nb::cast<host_kv_cache&>(self);
             auto v  = c.kv.view();
             auto e  = c.kv.view_extents();
             nb::dict d;
-            d["page_offset"]      = numpy_alias(v.page_offset, e.page_offset, self);
-            d["pages"]            = numpy_alias(v.pages, e.pages, self);
-            d["head_base_len"]    = numpy_alias(v.head_base_len, e.head_base_len, self);
-            d["appended"]         = numpy_alias(v.appended, e.slots, self);
-            d["seq_tokens"]       = numpy_alias(v.seq_tokens, e.slots, self);
-            d["batch_slots"]      = numpy_alias(v.batch_slots, v.batch_size, self);
-            d["group_window"]     = numpy_alias(v.group_window, e.groups, self);
-            d["group_ring_pages"] = numpy_alias(v.group_ring_pages, e.groups, self);
-            d["head_group"] = numpy_alias(reinterpret_cast<std::int32_t const*>(v.head_slots),
-                                    2 * e.head_slots, self);
+            d["page_offset"]      = alias(v.page_offset, e.page_offset);
+            d["pages"]            = alias(v.pages, e.pages);
+            d["head_base_len"]    = alias(v.head_base_len, e.head_base_len);
+            d["appended"]         = alias(v.appended, e.slots);
+            d["seq_tokens"]       = alias(v.seq_tokens, e.slots);
+            d["batch_slots"]      = alias(v.batch_slots, v.batch_size);
+            d["group_window"]     = alias(v.group_window, e.groups);
+            d["group_ring_pages"] = alias(v.group_ring_pages, e.groups);
+            d["head_group"] =
+                alias(reinterpret_cast<std::int32_t const*>(v.head_slots), 2 * e.head_slots);
             return d;
           },
-          "The batch view's arrays as read-only NumPy arrays aliasing the manager's memory (no\n"
-          "copy; each keeps the manager alive). Contents change with later calls. head_group\n"
-          "interleaves (group, column) per (layer, head).")
+          nb::arg("framework") = "numpy",
+          "The batch view's arrays aliasing the manager's memory (no copy; each keeps the manager\n"
+          "alive). framework='numpy': read-only NumPy arrays; 'dlpack': read-only tensors that\n"
+          "export DLPack (torch.from_dlpack, np.from_dlpack) in both DLPack flavours. Contents\n"
+          "change with later calls. head_group interleaves (group, column) per (layer, head).")
       .def(
           "pool",
           [](nb::handle self) {

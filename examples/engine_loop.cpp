@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// An engine loop over kv_cache_manager (docs/integration.md), the C++ twin of
+// examples/python/engine_loop.py: the same requests, the same calls, the same page accounting
+// (python/tests/test_engine_loop.py compares the two checkpoint by checkpoint).
+//
+// Admission until the pool is full (with the reason when a request does not fit), chunked prefill
+// (prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
+// reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
+// slot is back. The eviction itself (a kernel in a real engine) is stood in for by the counts the
+// plan's rules keep (`expected_kept`), which is what the CPU reference eviction produces.
+//
+// Run: build/examples/example_engine_loop [--json]
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tangram/tangram.hpp"
+
+namespace {
+
+constexpr std::int64_t chunk_size = 512;
+
+/// Page accounting at one point of the loop.
+struct checkpoint {
+  std::string label;
+  std::int64_t used_pages, reserved_pages, available_pages, live_sequences, pages_drawn;
+};
+
+checkpoint snapshot(char const* label, tangram::kv_cache_manager const& kv) {
+  return {label,
+          kv.pool().used_pages(),
+          kv.pool().reserved_pages(),
+          kv.pool().available_pages(),
+          kv.live_sequences(),
+          kv.stats().pages_drawn};
+}
+
+/// Every remaining prompt token of the turn, one chunk at a time.
+void prefill(tangram::kv_cache_manager& kv, tangram::sequence_id seq) {
+  auto const& plan = kv.plan();
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(plan.num_layers) *
+                                 static_cast<std::size_t>(plan.num_kv_heads));
+  while (std::int64_t left = kv.info(seq).prompt_remaining) {
+    std::int64_t chunk = left < chunk_size ? left : chunk_size;
+    kv.prepare_chunk(seq, chunk);
+    kv.expected_kept(seq, chunk, kept.data());  // the eviction kernel's new lengths
+    kv.commit_chunk(seq, kept);
+  }
+}
+
+void decode(tangram::kv_cache_manager& kv,
+            std::vector<tangram::sequence_id> const& batch,
+            int steps) {
+  kv.set_batch(batch);
+  for (int i = 0; i < steps; ++i) kv.decode_step();  // room for one token per head
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  auto samples = tangram::load_retention_samples(std::string(TANGRAM_DATA_DIR) +
+                                                 "/profiles/snapkv/llama-3.1-8b-instruct.json");
+  auto plan =
+      tangram::build_static_plan(tangram::model_preset("llama-3.1-8b"), tangram::calibrate(samples), {});
+  tangram::host_memory_resource memory;
+  tangram::manager_options options;
+  options.num_pages     = 8000;
+  options.max_sequences = 16;
+  tangram::kv_cache_manager kv(plan, memory, options);
+  std::vector<checkpoint> trace;
+
+  // Admission until full: the reservation is exact, so "does not fit" is known up front.
+  std::deque<std::pair<std::int64_t, std::int64_t>> waiting;  // (prompt, max new tokens)
+  for (int i = 0; i < 12; ++i) waiting.emplace_back(300 + 100 * i, 64);
+  std::vector<tangram::sequence_id> running;
+  while (!waiting.empty()) {
+    auto result = kv.admit(waiting.front().first, waiting.front().second);
+    if (!result) {
+      if (!json)
+        std::printf("waiting: %s, %lld pages missing\n",
+                    std::string(tangram::to_string(result.reason)).c_str(),
+                    static_cast<long long>(result.pages_missing));
+      break;
+    }
+    waiting.pop_front();
+    running.push_back(*result.id);
+  }
+  trace.push_back(snapshot("admitted", kv));
+  for (auto seq : running) prefill(kv, seq);
+  trace.push_back(snapshot("prefilled", kv));
+  decode(kv, running, 32);
+  trace.push_back(snapshot("decoded", kv));
+  // Speculative decoding: 4 draft tokens per member, then the rejected ones are rolled back.
+  std::vector<std::int32_t> drafts(running.size(), 4);
+  kv.decode_step(drafts.data(), static_cast<std::int64_t>(drafts.size()));
+  for (auto seq : running) kv.rollback(seq, 3);  // 1 of 4 accepted
+  trace.push_back(snapshot("rolled_back", kv));
+  // The first session's answer runs long: grow its reservation (all or nothing).
+  if (!kv.try_extend(running[0], 32)) {
+    std::fprintf(stderr, "could not extend the first turn\n");
+    return 1;
+  }
+  decode(kv, {running[0]}, 64 + 32 - 33);  // to the end of the extended turn
+  trace.push_back(snapshot("extended", kv));
+
+  // A second turn for the first session; the others end.
+  auto first = running[0];
+  kv.end_turn(first);  // keeps the compressed history, returns the unused reservation
+  for (std::size_t i = 1; i < running.size(); ++i) kv.free(running[i]);
+  trace.push_back(snapshot("turn_ended", kv));
+  if (!kv.continue_turn(first, 300, 32)) {  // "does not fit" is a return value
+    std::fprintf(stderr, "the second turn did not fit\n");
+    return 1;
+  }
+  prefill(kv, first);
+  trace.push_back(snapshot("second_turn", kv));
+  // A fork shares the parent's pages copy-on-write.
+  if (auto child = kv.fork(first)) {
+    kv.execute_page_copies_host();
+    trace.push_back(snapshot("forked", kv));
+    decode(kv, {first, *child}, 32);
+    kv.free(*child);
+  } else {
+    decode(kv, {first}, 32);
+  }
+  trace.push_back(snapshot("fork_done", kv));
+  kv.free(first);
+  kv.check_invariants();
+  trace.push_back(snapshot("freed", kv));
+
+  auto const& s = kv.stats();
+  if (json) {
+    std::printf("{\"admitted\": %lld, \"rejected_waiting\": %zu, \"reclaimed_pages\": %lld,\n",
+                static_cast<long long>(s.admitted), waiting.size(),
+                static_cast<long long>(s.reclaimed_pages));
+    std::printf(" \"checkpoints\": [\n");
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+      auto const& c = trace[i];
+      std::printf("  {\"label\": \"%s\", \"used_pages\": %lld, \"reserved_pages\": %lld, "
+                  "\"available_pages\": %lld, \"live_sequences\": %lld, \"pages_drawn\": %lld}%s\n",
+                  c.label.c_str(), static_cast<long long>(c.used_pages),
+                  static_cast<long long>(c.reserved_pages),
+                  static_cast<long long>(c.available_pages),
+                  static_cast<long long>(c.live_sequences), static_cast<long long>(c.pages_drawn),
+                  i + 1 < trace.size() ? "," : "");
+    }
+    std::printf(" ]}\n");
+  } else {
+    for (auto const& c : trace)
+      std::printf("%-12s used %6lld  reserved %6lld  available %6lld  live %2lld  drawn %6lld\n",
+                  c.label.c_str(), static_cast<long long>(c.used_pages),
+                  static_cast<long long>(c.reserved_pages),
+                  static_cast<long long>(c.available_pages),
+                  static_cast<long long>(c.live_sequences), static_cast<long long>(c.pages_drawn));
+    std::printf("admitted %lld, rejected_waiting %zu, reclaimed_pages %lld\n",
+                static_cast<long long>(s.admitted), waiting.size(),
+                static_cast<long long>(s.reclaimed_pages));
+  }
+  auto const& end = trace.back();
+  return end.used_pages == 0 && end.reserved_pages == 0 && end.live_sequences == 0 ? 0 : 1;
+}
