@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU reference kernels on NumPy arrays, over a KVCacheManager's view and pool: append of a
 // decode token's K/V, decode attention, and the fused eviction of a prefill chunk. They read and
-// write the manager's page arena in place, exactly as the CUDA kernels do on a device pool.
+// write the manager's page arena in place, exactly as the CUDA kernels do on a device pool. Under
+// elastic reservation the per-layer eviction stages the chunk and its keys (stage_keys), and
+// reference_evict_elastic then does the request-wide selection after the last layer.
 // K/V in the cache dtype are passed as NumPy arrays of that element size (bf16 as uint16 bit
 // patterns, or an ml_dtypes.bfloat16 array); queries, outputs and scores are float32.
 #include <nanobind/ndarray.h>
@@ -21,6 +23,7 @@
 #include "tangram/detail/str.hpp"
 #include "tangram/reference/append.hpp"
 #include "tangram/reference/decode_attention.hpp"
+#include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"
 
 namespace nb = nanobind;
@@ -31,6 +34,9 @@ namespace {
 
 using f32_array = nb::ndarray<float const, nb::c_contig, nb::device::cpu>;
 using any_array = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using chunk_rows = nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+/// Stage keys: [batch, num_layers * num_kv_heads, max_candidates] uint32, written per layer.
+using key_array = nb::ndarray<std::uint32_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
 
 /// Checks that `a` holds exactly `count` elements (any shape), naming the argument.
 void expect_elements(std::size_t size, std::int64_t count, char const* what) {
@@ -81,6 +87,35 @@ score_source source_named(std::string const& name) {
     if (to_string(s) == name) return s;
   TANGRAM_FAIL(invalid_argument, "source: unknown score source ", detail::quoted(name),
                " (expected supplied, snapkv or key_norm)");
+}
+
+/// The batch's chunk rows: chunk_indptr [batch + 1] from 0, each request's rows equal to the
+/// chunk it prepared (the reference writes the chunk into the pages prepare_chunk drew, and
+/// nowhere else is backed).
+void expect_prepared_chunks(host_kv_cache const& c, chunk_rows const& chunk_indptr) {
+  auto view = c.kv.view();
+  expect_elements(chunk_indptr.size(), view.batch_size + 1, "chunk_indptr");
+  auto const* ptr = chunk_indptr.data();
+  TANGRAM_EXPECTS(ptr[0] == 0, invalid_argument, "chunk_indptr[0]: must be 0, got ", ptr[0]);
+  for (std::int32_t r = 0; r < view.batch_size; ++r) {
+    std::int64_t rows_r  = static_cast<std::int64_t>(ptr[r + 1]) - ptr[r];
+    std::int64_t pending = c.kv.info(c.kv.batch_sequence(r)).chunk_pending;
+    TANGRAM_EXPECTS(rows_r == pending, invalid_argument, "chunk_indptr: request ", r, " has ",
+                    rows_r, " rows but its prepared chunk (prepare_chunk) has ", pending,
+                    " tokens");
+  }
+}
+
+/// stage_keys / keys: exactly [batch, num_layers * num_kv_heads, max_candidates].
+void expect_key_shape(key_array const& keys, kv_cache_view const& view,
+                      std::int32_t max_candidates) {
+  std::int64_t want[3] = {view.batch_size,
+                          static_cast<std::int64_t>(view.num_layers) * view.num_kv_heads,
+                          max_candidates};
+  for (std::size_t i = 0; i < 3; ++i)
+    TANGRAM_EXPECTS(static_cast<std::int64_t>(keys.shape(i)) == want[i], invalid_argument,
+                    "stage_keys: expected shape [", want[0], ", ", want[1], ", ", want[2],
+                    "], got dimension ", i, " = ", keys.shape(i));
 }
 
 }  // namespace
@@ -148,26 +183,20 @@ void bind_reference(nb::module_& m) {
   m.def(
       "reference_evict",
       [](host_kv_cache& c, std::int32_t layer,
-         nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> chunk_indptr,
-         any_array chunk_k, any_array chunk_v, std::string const& source,
+         chunk_rows chunk_indptr, any_array chunk_k, any_array chunk_v, std::string const& source,
          std::optional<f32_array> scores, std::optional<f32_array> q, std::int32_t max_candidates,
-         std::int32_t obs_window) {
+         std::int32_t obs_window, std::optional<key_array> stage_keys) {
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);
-        expect_elements(chunk_indptr.size(), view.batch_size + 1, "chunk_indptr");
-        auto const* ptr = chunk_indptr.data();
-        TANGRAM_EXPECTS(ptr[0] == 0, invalid_argument, "chunk_indptr[0]: must be 0, got ", ptr[0]);
-        // Each request's rows must be the chunk it prepared: the reference writes the chunk into
-        // the pages prepare_chunk drew, and nowhere else is backed.
-        for (std::int32_t r = 0; r < view.batch_size; ++r) {
-          std::int64_t rows_r  = static_cast<std::int64_t>(ptr[r + 1]) - ptr[r];
-          std::int64_t pending = c.kv.info(c.kv.batch_sequence(r)).chunk_pending;
-          TANGRAM_EXPECTS(rows_r == pending, invalid_argument, "chunk_indptr: request ", r,
-                          " has ", rows_r, " rows but its prepared chunk (prepare_chunk) has ",
-                          pending, " tokens");
-        }
-        std::int64_t rows = ptr[view.batch_size];
+        expect_prepared_chunks(c, chunk_indptr);
+        std::int64_t rows = chunk_indptr.data()[view.batch_size];
+        bool elastic      = plan.options.reservation.mode == reservation_mode::elastic;
+        TANGRAM_EXPECTS(elastic == stage_keys.has_value(), invalid_argument, "stage_keys: ",
+                        elastic ? "the plan reserves elastically: pass stage_keys (uint32 [batch, "
+                                  "layers * KV heads, max_candidates]), then reference_evict_elastic"
+                                : "only for a plan with elastic reservation (this one is static)");
+        if (stage_keys) expect_key_shape(*stage_keys, view, max_candidates);
         if (view.batch_size == 0)
           return numpy_copy(std::vector<std::int32_t>{},
                             {std::size_t{0}, static_cast<std::size_t>(view.num_kv_heads)});
@@ -204,6 +233,7 @@ void bind_reference(nb::module_& m) {
         std::vector<std::int32_t> new_len(
             static_cast<std::size_t>(view.batch_size) * static_cast<std::size_t>(view.num_kv_heads));
         p.new_len = new_len.data();
+        p.stage_keys = stage_keys ? stage_keys->data() : nullptr;
         reference::evict_chunk(p);
         return numpy_copy(new_len, {static_cast<std::size_t>(view.batch_size),
                                     static_cast<std::size_t>(view.num_kv_heads)});
@@ -211,12 +241,58 @@ void bind_reference(nb::module_& m) {
       nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr").noconvert(), nb::arg("chunk_k"),
       nb::arg("chunk_v"), nb::kw_only(), nb::arg("source") = "key_norm",
       nb::arg("scores") = nb::none(), nb::arg("q") = nb::none(), nb::arg("max_candidates"),
-      nb::arg("obs_window") = 32,
+      nb::arg("obs_window") = 32, nb::arg("stage_keys").noconvert() = nb::none(),
       "The fused eviction of one prefill chunk for `layer` (reference/eviction.hpp), state\n"
       "before the chunk (after prepare_chunk): chunk_k/chunk_v [rows, H, d] in the cache dtype,\n"
       "rows of request r at chunk_indptr[r]..; source key_norm, supplied (scores [batch * H,\n"
       "max_candidates] float32) or snapkv (q [rows, query heads, d] float32). Returns new_len\n"
-      "[batch, H]: the layer's part of commit_chunk's kept counts.");
+      "[batch, H]: the layer's part of commit_chunk's kept counts. Elastic plans (and only they)\n"
+      "pass stage_keys, uint32 [batch, layers * KV heads, max_candidates] shared by every layer:\n"
+      "compressed heads then append the chunk and write their candidates' keys (new_len counts\n"
+      "the candidates) for reference_evict_elastic.");
+
+  m.def(
+      "reference_evict_elastic",
+      [](host_kv_cache& c, chunk_rows chunk_indptr, key_array keys, std::int32_t max_candidates) {
+        auto view        = c.kv.view();
+        auto const& plan = c.kv.plan();
+        TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,
+                        invalid_argument,
+                        "reference_evict_elastic: the plan reserves static budgets (the per-layer "
+                        "reference_evict already selected)");
+        expect_prepared_chunks(c, chunk_indptr);
+        expect_key_shape(keys, view, max_candidates);
+        auto batch = static_cast<std::size_t>(view.batch_size);
+        std::vector<std::int64_t> wanted(batch), limit(batch), pages(batch);
+        for (std::size_t r = 0; r < batch; ++r) {
+          auto seq  = c.kv.batch_sequence(static_cast<std::int32_t>(r));
+          wanted[r] = c.kv.elastic_wanted_tokens(seq);
+          limit[r]  = c.kv.elastic_page_limit(seq);
+        }
+        auto heads = static_cast<std::size_t>(view.num_layers) *
+                     static_cast<std::size_t>(view.num_kv_heads);
+        std::vector<std::int32_t> new_len(batch * heads);
+        elastic_eviction_params e;
+        e.kv             = view;
+        e.rules          = plan.rules.data();
+        e.sink           = plan.profile.sink_tokens;
+        e.chunk_indptr   = chunk_indptr.data();
+        e.max_candidates = max_candidates;
+        e.keys           = keys.data();
+        e.wanted         = wanted.data();
+        e.page_limit     = limit.data();
+        e.new_len        = new_len.data();
+        e.pages_out      = pages.data();
+        reference::evict_elastic(e);
+        return std::make_tuple(numpy_copy(new_len, {batch, heads}), numpy_copy(pages, {batch}));
+      },
+      nb::arg("kv"), nb::arg("chunk_indptr").noconvert(), nb::arg("keys").noconvert(), nb::kw_only(),
+      nb::arg("max_candidates"),
+      "The elastic eviction's request-wide step after every layer staged the chunk\n"
+      "(reference/elastic_eviction.hpp): per batch member the global top-K of the staged keys\n"
+      "(K = elastic_wanted_tokens), the group lengths within elastic_page_limit, and the\n"
+      "compaction in the pool. Returns (new_len [batch, layers * KV heads] int32, pages [batch]\n"
+      "int64): new_len[r] is request r's commit_chunk kept counts.");
 }
 
 }  // namespace tangram::python
