@@ -15,7 +15,11 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
-#include "host_kv_cache.hpp"
+#include "bound_kv_cache.hpp"
+
+#if TANGRAM_HAS_KERNELS
+#include "tangram/memory/cuda_memory_resource.hpp"
+#endif
 
 namespace nb = nanobind;
 
@@ -57,6 +61,21 @@ nb::dict info_dict(sequence_info const& i) {
 
 }  // namespace
 
+std::unique_ptr<memory_resource> make_memory(std::string const& name, std::int32_t device) {
+  if (name == "host") return std::make_unique<host_memory_resource>();
+  if (name == "cuda") {
+#if TANGRAM_HAS_KERNELS
+    TANGRAM_EXPECTS(device >= 0, invalid_argument, "device: must be >= 0, got ", device);
+    return std::make_unique<cuda_memory_resource>(device);
+#else
+    TANGRAM_FAIL(invalid_argument,
+                 "memory: 'cuda' needs the package built with the CUDA kernels (nvcc found at "
+                 "`pip install .`); this one is host-only");
+#endif
+  }
+  TANGRAM_FAIL(invalid_argument, "memory: must be 'host' or 'cuda', got '", name, "'");
+}
+
 void bind_manager(nb::module_& m) {
   nb::class_<sequence_id>(m, "SequenceId", "Handle of a live sequence: slot and generation.")
       .def_ro("slot", &sequence_id::slot)
@@ -71,17 +90,17 @@ void bind_manager(nb::module_& m) {
                ", generation=" + std::to_string(a.generation) + ")";
       });
 
-  nb::class_<host_kv_cache>(
+  nb::class_<bound_kv_cache>(
       m, "KVCacheManager",
       "The paged KV-cache manager of one rank over host memory (kv_cache_manager).\n"
       "Single-threaded: the caller serialises every call. Reservations are exact and all or\n"
       "nothing; 'does not fit' is a None return, misuse raises UsageError.")
       .def(
           "__init__",
-          [](host_kv_cache* self, static_plan const& plan, std::int64_t num_pages,
+          [](bound_kv_cache* self, static_plan const& plan, std::int64_t num_pages,
              std::int64_t pool_bytes, std::int32_t max_sequences, std::int32_t max_batch,
              std::int64_t index_capacity, std::int64_t max_view_changes,
-             std::int64_t max_chunk_tokens) {
+             std::int64_t max_chunk_tokens, std::string const& memory, std::int32_t device) {
             manager_options o;
             o.num_pages        = num_pages;
             o.pool_bytes       = pool_bytes;
@@ -90,34 +109,39 @@ void bind_manager(nb::module_& m) {
             o.index_capacity   = index_capacity;
             o.max_view_changes = max_view_changes;
             o.max_chunk_tokens = max_chunk_tokens;
-            new (self) host_kv_cache(plan, o);
+            auto resource = make_memory(memory, device);
+            new (self) bound_kv_cache(plan, o, std::move(resource), memory == "cuda" ? device : -1);
           },
           nb::arg("plan"), nb::kw_only(), nb::arg("num_pages") = 0, nb::arg("pool_bytes") = 0,
           nb::arg("max_sequences") = 256, nb::arg("max_batch") = 0, nb::arg("index_capacity") = 0,
-          nb::arg("max_view_changes") = 0, nb::arg("max_chunk_tokens") = 2048)
+          nb::arg("max_view_changes") = 0, nb::arg("max_chunk_tokens") = 2048,
+          nb::arg("memory") = "host", nb::arg("device") = 0,
+          "memory='host' (default): the page arena in host memory, for the CPU reference kernels.\n"
+          "memory='cuda': the arena on CUDA device `device` (a package built with the CUDA\n"
+          "kernels: tangram.cuda), for tangram.cuda's launchers.")
       // ----- shape
-      .def_prop_ro("plan", [](host_kv_cache const& c) { return c.kv.plan(); })
-      .def_prop_ro("num_pages", [](host_kv_cache const& c) { return c.kv.pool().capacity(); })
-      .def_prop_ro("used_pages", [](host_kv_cache const& c) { return c.kv.pool().used_pages(); })
+      .def_prop_ro("plan", [](bound_kv_cache const& c) { return c.kv.plan(); })
+      .def_prop_ro("num_pages", [](bound_kv_cache const& c) { return c.kv.pool().capacity(); })
+      .def_prop_ro("used_pages", [](bound_kv_cache const& c) { return c.kv.pool().used_pages(); })
       .def_prop_ro("reserved_pages",
-                   [](host_kv_cache const& c) { return c.kv.pool().reserved_pages(); },
+                   [](bound_kv_cache const& c) { return c.kv.pool().reserved_pages(); },
                    "Free pages promised to admitted sequences.")
       .def_prop_ro("available_pages",
-                   [](host_kv_cache const& c) { return c.kv.pool().available_pages(); },
+                   [](bound_kv_cache const& c) { return c.kv.pool().available_pages(); },
                    "Free pages no reservation holds: what admission can still promise.")
-      .def_prop_ro("num_groups", [](host_kv_cache const& c) { return c.kv.num_groups(); })
-      .def_prop_ro("max_sequences", [](host_kv_cache const& c) { return c.kv.max_sequences(); })
-      .def_prop_ro("live_sequences", [](host_kv_cache const& c) { return c.kv.live_sequences(); })
-      .def_prop_ro("stats", [](host_kv_cache const& c) { return stats_dict(c.kv.stats()); })
+      .def_prop_ro("num_groups", [](bound_kv_cache const& c) { return c.kv.num_groups(); })
+      .def_prop_ro("max_sequences", [](bound_kv_cache const& c) { return c.kv.max_sequences(); })
+      .def_prop_ro("live_sequences", [](bound_kv_cache const& c) { return c.kv.live_sequences(); })
+      .def_prop_ro("stats", [](bound_kv_cache const& c) { return stats_dict(c.kv.stats()); })
       // ----- admission and prefill
       .def("admission_pages",
-           [](host_kv_cache const& c, std::int64_t n, std::int64_t t) {
+           [](bound_kv_cache const& c, std::int64_t n, std::int64_t t) {
              return c.kv.admission_pages(n, t);
            },
            nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
            "Pages try_admit would reserve for this request.")
       .def("admit",
-           [](host_kv_cache& c, std::int64_t n, std::int64_t t) {
+           [](bound_kv_cache& c, std::int64_t n, std::int64_t t) {
              auto r = c.kv.admit(n, t);
              nb::dict d;
              d["id"]            = r.id ? nb::cast(*r.id) : nb::none();
@@ -131,30 +155,30 @@ void bind_manager(nb::module_& m) {
            "'not_enough_pages', 'page_table_arena_full' or 'never_fits', 'pages_needed',\n"
            "'pages_missing'}.")
       .def("try_extend",
-           [](host_kv_cache& c, sequence_id s, std::int64_t more) { return c.kv.try_extend(s, more); },
+           [](bound_kv_cache& c, sequence_id s, std::int64_t more) { return c.kv.try_extend(s, more); },
            nb::arg("seq"), nb::arg("more_tokens"),
            "Grows a decoding turn's reservation by more_tokens, all or nothing: False when it does\n"
            "not fit (nothing changed).")
       .def("append_tokens",
-           [](host_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.append_tokens(s, n); },
+           [](bound_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.append_tokens(s, n); },
            nb::arg("seq"), nb::arg("tokens"), "Room for `tokens` more decode tokens of one sequence.")
       .def("rollback",
-           [](host_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.rollback(s, n); },
+           [](bound_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.rollback(s, n); },
            nb::arg("seq"), nb::arg("tokens"),
            "Drops the last `tokens` appended tokens (rejected speculation); their pages go back to\n"
            "the sequence's own reservation.")
       .def("max_rollback",
-           [](host_kv_cache const& c, sequence_id s) { return c.kv.max_rollback(s); },
+           [](bound_kv_cache const& c, sequence_id s) { return c.kv.max_rollback(s); },
            nb::arg("seq"))
       .def("try_admit",
-           [](host_kv_cache& c, std::int64_t n, std::int64_t t) { return c.kv.try_admit(n, t); },
+           [](bound_kv_cache& c, std::int64_t n, std::int64_t t) { return c.kv.try_admit(n, t); },
            nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
            "Reserves the request's pages, all or nothing: a SequenceId, or None (nothing changed).")
       .def("prepare_chunk",
-           [](host_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.prepare_chunk(s, n); },
+           [](bound_kv_cache& c, sequence_id s, std::int64_t n) { c.kv.prepare_chunk(s, n); },
            nb::arg("seq"), nb::arg("chunk_tokens"))
       .def("expected_kept",
-           [](host_kv_cache const& c, sequence_id s, std::int64_t n) {
+           [](bound_kv_cache const& c, sequence_id s, std::int64_t n) {
              auto const& p = c.kv.plan();
              std::vector<std::int32_t> out(static_cast<std::size_t>(p.num_layers) *
                                            static_cast<std::size_t>(p.num_kv_heads));
@@ -164,34 +188,34 @@ void bind_manager(nb::module_& m) {
            nb::arg("seq"), nb::arg("chunk_tokens"),
            "Per (layer, KV head) tokens each head keeps after this chunk under the plan's rules.")
       .def("commit_chunk",
-           [](host_kv_cache& c, sequence_id s,
+           [](bound_kv_cache& c, sequence_id s,
               nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> kept) {
              c.kv.commit_chunk(s, kept.data(), kept.shape(0));
            },
            nb::arg("seq"), nb::arg("kept").noconvert())
       .def("commit_chunk",
-           [](host_kv_cache& c, sequence_id s, std::vector<std::int32_t> const& kept) {
+           [](bound_kv_cache& c, sequence_id s, std::vector<std::int32_t> const& kept) {
              c.kv.commit_chunk(s, kept);
            },
            nb::arg("seq"), nb::arg("kept"),
            "Records the chunk's eviction: kept[layer * H + head] tokens per head.")
       .def("elastic_page_limit",
-           [](host_kv_cache const& c, sequence_id s) { return c.kv.elastic_page_limit(s); },
+           [](bound_kv_cache const& c, sequence_id s) { return c.kv.elastic_page_limit(s); },
            nb::arg("seq"))
       .def("elastic_wanted_tokens",
-           [](host_kv_cache const& c, sequence_id s) { return c.kv.elastic_wanted_tokens(s); },
+           [](bound_kv_cache const& c, sequence_id s) { return c.kv.elastic_wanted_tokens(s); },
            nb::arg("seq"),
            "The scorer's total over the compressed heads once the prepared chunk is in (0 under\n"
            "static budgets): the elastic eviction's `wanted`.")
       // ----- batch and decode
       .def("set_batch",
-           [](host_kv_cache& c, std::vector<sequence_id> const& ids) { c.kv.set_batch(ids); },
+           [](bound_kv_cache& c, std::vector<sequence_id> const& ids) { c.kv.set_batch(ids); },
            nb::arg("ids"))
-      .def_prop_ro("batch_size", [](host_kv_cache const& c) { return c.kv.batch_size(); })
-      .def("decode_step", [](host_kv_cache& c) { c.kv.decode_step(); },
+      .def_prop_ro("batch_size", [](bound_kv_cache const& c) { return c.kv.batch_size(); })
+      .def("decode_step", [](bound_kv_cache& c) { c.kv.decode_step(); },
            "Room for one more token in every head of every batch member (never fails).")
       .def("decode_step",
-           [](host_kv_cache& c,
+           [](bound_kv_cache& c,
               nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens) {
              c.kv.decode_step(tokens.data(), tokens.shape(0));
            },
@@ -199,33 +223,38 @@ void bind_manager(nb::module_& m) {
            "Room for tokens[r] more tokens (int32, 0 allowed) for batch member r: speculative\n"
            "decoding's several tokens per step.")
       // ----- turns, forks, free
-      .def("end_turn", [](host_kv_cache& c, sequence_id s) { c.kv.end_turn(s); }, nb::arg("seq"))
+      .def("end_turn", [](bound_kv_cache& c, sequence_id s) { c.kv.end_turn(s); }, nb::arg("seq"))
       .def("continue_turn",
-           [](host_kv_cache& c, sequence_id s, std::int64_t n, std::int64_t t) {
+           [](bound_kv_cache& c, sequence_id s, std::int64_t n, std::int64_t t) {
              return c.kv.continue_turn(s, n, t);
            },
            nb::arg("seq"), nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
            "Reserves the next turn: True, or False when it does not fit (nothing changed).")
-      .def("fork", [](host_kv_cache& c, sequence_id s) { return c.kv.fork(s); }, nb::arg("parent"),
+      .def("fork", [](bound_kv_cache& c, sequence_id s) { return c.kv.fork(s); }, nb::arg("parent"),
            "A copy-on-write child: a SequenceId, or None when it does not fit.")
-      .def("free", [](host_kv_cache& c, sequence_id s) { c.kv.free(s); }, nb::arg("seq"))
+      .def("free", [](bound_kv_cache& c, sequence_id s) { c.kv.free(s); }, nb::arg("seq"))
       .def("pending_copies",
-           [](host_kv_cache const& c) {
+           [](bound_kv_cache const& c) {
              std::vector<std::pair<std::int32_t, std::int32_t>> out;
              for (auto const& x : c.kv.pending_copies()) out.emplace_back(x.src, x.dst);
              return out;
            },
            "(src, dst) page copies recorded by fork / continue_turn, not yet completed.")
-      .def("complete_page_copies", [](host_kv_cache& c) { c.kv.complete_page_copies(); })
-      .def("execute_page_copies", [](host_kv_cache& c) { c.kv.execute_page_copies_host(); },
-           "Performs the pending copies in the host pool, then completes them.")
+      .def("complete_page_copies", [](bound_kv_cache& c) { c.kv.complete_page_copies(); })
+      .def("execute_page_copies",
+           [](bound_kv_cache& c) {
+             c.expect_host_pool("execute_page_copies");
+             c.kv.execute_page_copies_host();
+           },
+           "Performs the pending copies in the host pool, then completes them (a device arena:\n"
+           "tangram.cuda.execute_page_copies).")
       // ----- queries
-      .def("contains", [](host_kv_cache const& c, sequence_id s) { return c.kv.contains(s); },
+      .def("contains", [](bound_kv_cache const& c, sequence_id s) { return c.kv.contains(s); },
            nb::arg("seq"))
-      .def("info", [](host_kv_cache const& c, sequence_id s) { return info_dict(c.kv.info(s)); },
+      .def("info", [](bound_kv_cache const& c, sequence_id s) { return info_dict(c.kv.info(s)); },
            nb::arg("seq"))
       .def("sequences",
-           [](host_kv_cache const& c) {
+           [](bound_kv_cache const& c) {
              nb::list out;
              c.kv.for_each_sequence([&](sequence_info const& i) {
                auto d  = info_dict(i);
@@ -236,17 +265,17 @@ void bind_manager(nb::module_& m) {
            },
            "Every live sequence's info (with its 'id'), in slot order.")
       .def("head_len",
-           [](host_kv_cache const& c, sequence_id s, std::int32_t l, std::int32_t h) {
+           [](bound_kv_cache const& c, sequence_id s, std::int32_t l, std::int32_t h) {
              return c.kv.head_len(s, l, h);
            },
            nb::arg("seq"), nb::arg("layer"), nb::arg("head"))
       .def("group_pages",
-           [](host_kv_cache const& c, sequence_id s, std::int32_t g) {
+           [](bound_kv_cache const& c, sequence_id s, std::int32_t g) {
              auto const* p = c.kv.group_pages(s, g);
              return std::vector<std::int32_t>(p, p + c.kv.group_page_count(s, g));
            },
            nb::arg("seq"), nb::arg("group"))
-      .def("check_invariants", [](host_kv_cache const& c) { c.kv.check_invariants(); },
+      .def("check_invariants", [](bound_kv_cache const& c) { c.kv.check_invariants(); },
            "Full consistency check (O(pool)); raises UsageError naming the broken invariant.")
       // ----- zero-copy views
       .def(
@@ -258,7 +287,7 @@ void bind_manager(nb::module_& m) {
               TANGRAM_FAIL(invalid_argument, "view: framework must be 'numpy' or 'dlpack', got '",
                            framework, "'");
             };
-            auto& c = nb::cast<host_kv_cache&>(self);
+            auto& c = nb::cast<bound_kv_cache&>(self);
             auto v  = c.kv.view();
             auto e  = c.kv.view_extents();
             nb::dict d;
@@ -281,15 +310,22 @@ void bind_manager(nb::module_& m) {
           "change with later calls. head_group interleaves (group, column) per (layer, head).")
       .def(
           "pool",
-          [](nb::handle self) {
-            auto& c                = nb::cast<host_kv_cache&>(self);
-            auto const& p          = c.kv.pool();
-            std::size_t shape[2]   = {static_cast<std::size_t>(p.capacity()),
-                                      static_cast<std::size_t>(c.kv.plan().page_bytes())};
-            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<2>>(
-                reinterpret_cast<std::uint8_t*>(p.base()), 2, shape, self);
+          [](nb::handle self) -> nb::object {
+            auto& c              = nb::cast<bound_kv_cache&>(self);
+            auto const& p        = c.kv.pool();
+            std::size_t shape[2] = {static_cast<std::size_t>(p.capacity()),
+                                    static_cast<std::size_t>(c.kv.plan().page_bytes())};
+            auto* base           = reinterpret_cast<std::uint8_t*>(p.base());
+            if (c.on_device())
+              return nb::ndarray<nb::array_api, std::uint8_t, nb::ndim<2>>(
+                         base, 2, shape, self, nullptr, nb::dtype<std::uint8_t>(),
+                         nb::device::cuda::value, c.device)
+                  .cast();
+            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<2>>(base, 2, shape, self).cast();
           },
-          "[num_pages, page_bytes] writable uint8 array over the page arena (no copy).");
+          "[num_pages, page_bytes] writable uint8 array over the page arena (no copy): a NumPy\n"
+          "array for memory='host'; for memory='cuda' a device tensor exporting DLPack\n"
+          "(torch.from_dlpack(kv.pool())).");
 }
 
 }  // namespace tangram::python

@@ -13,4 +13,10 @@ NB_MODULE(_tangram, m) {
   tangram::python::bind_plan(m);
   tangram::python::bind_manager(m);
   tangram::python::bind_reference(m);
+#if TANGRAM_HAS_KERNELS
+  m.attr("has_cuda_kernels") = true;
+  tangram::python::bind_cuda(m);
+#else
+  m.attr("has_cuda_kernels") = false;
+#endif
 }

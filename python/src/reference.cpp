@@ -18,8 +18,9 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "dtypes.hpp"
 #include "bindings.hpp"
-#include "host_kv_cache.hpp"
+#include "bound_kv_cache.hpp"
 #include "tangram/detail/str.hpp"
 #include "tangram/reference/append.hpp"
 #include "tangram/reference/decode_attention.hpp"
@@ -42,27 +43,6 @@ using key_array = nb::ndarray<std::uint32_t, nb::ndim<3>, nb::c_contig, nb::devi
 void expect_elements(std::size_t size, std::int64_t count, char const* what) {
   TANGRAM_EXPECTS(static_cast<std::int64_t>(size) == count, invalid_argument, what,
                   ": expected ", count, " elements, got ", size);
-}
-
-/// The NumPy element types that carry a cache dtype: itself where NumPy has it (float32,
-/// float16), else its bit patterns (bf16: uint16 or a bfloat16 extension type; fp8: uint8).
-bool carries(nb::dlpack::dtype t, dtype cache) {
-  using code = nb::dlpack::dtype_code;
-  auto is   = [&](code c, int bits) {
-    return t.code == static_cast<std::uint8_t>(c) && t.bits == bits && t.lanes == 1;
-  };
-  switch (cache) {
-    case dtype::f32:
-      return is(code::Float, 32);
-    case dtype::f16:
-      return is(code::Float, 16);
-    case dtype::bf16:
-      return is(code::UInt, 16) || is(code::Bfloat, 16);
-    case dtype::fp8_e4m3:
-    case dtype::fp8_e5m2:
-      return is(code::UInt, 8);
-  }
-  return false;
 }
 
 /// K/V in the cache's dtype (see `carries`) with exactly `count` elements.
@@ -92,7 +72,7 @@ score_source source_named(std::string const& name) {
 /// The batch's chunk rows: chunk_indptr [batch + 1] from 0, each request's rows equal to the
 /// chunk it prepared (the reference writes the chunk into the pages prepare_chunk drew, and
 /// nowhere else is backed).
-void expect_prepared_chunks(host_kv_cache const& c, chunk_rows const& chunk_indptr) {
+void expect_prepared_chunks(bound_kv_cache const& c, chunk_rows const& chunk_indptr) {
   auto view = c.kv.view();
   expect_elements(chunk_indptr.size(), view.batch_size + 1, "chunk_indptr");
   auto const* ptr = chunk_indptr.data();
@@ -123,7 +103,8 @@ void expect_key_shape(key_array const& keys, kv_cache_view const& view,
 void bind_reference(nb::module_& m) {
   m.def(
       "reference_append",
-      [](host_kv_cache& c, std::int32_t layer, f32_array k, f32_array v) {
+      [](bound_kv_cache& c, std::int32_t layer, f32_array k, f32_array v) {
+        c.expect_host_pool("reference_append");
         expect_layer(c.kv.plan(), layer);
         auto view = c.kv.view();
         std::int64_t count =
@@ -144,8 +125,9 @@ void bind_reference(nb::module_& m) {
 
   m.def(
       "reference_decode_attention",
-      [](host_kv_cache& c, std::int32_t layer, f32_array q, std::optional<f32_array> sinks,
+      [](bound_kv_cache& c, std::int32_t layer, f32_array q, std::optional<f32_array> sinks,
          float sm_scale) {
+        c.expect_host_pool("reference_decode_attention");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);
@@ -182,10 +164,11 @@ void bind_reference(nb::module_& m) {
 
   m.def(
       "reference_evict",
-      [](host_kv_cache& c, std::int32_t layer,
+      [](bound_kv_cache& c, std::int32_t layer,
          chunk_rows chunk_indptr, any_array chunk_k, any_array chunk_v, std::string const& source,
          std::optional<f32_array> scores, std::optional<f32_array> q, std::int32_t max_candidates,
          std::int32_t obs_window, std::optional<key_array> stage_keys) {
+        c.expect_host_pool("reference_evict");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);
@@ -253,7 +236,8 @@ void bind_reference(nb::module_& m) {
 
   m.def(
       "reference_evict_elastic",
-      [](host_kv_cache& c, chunk_rows chunk_indptr, key_array keys, std::int32_t max_candidates) {
+      [](bound_kv_cache& c, chunk_rows chunk_indptr, key_array keys, std::int32_t max_candidates) {
+        c.expect_host_pool("reference_evict_elastic");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
         TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,

@@ -1,0 +1,467 @@
+// SPDX-License-Identifier: Apache-2.0
+// tangram.cuda: the CUDA launchers of tangram::kernels on device tensors (DLPack or
+// __cuda_array_interface__), with a stream argument. Built only when the package is built with
+// the kernels (nvcc found at `pip install .`).
+//
+// A DeviceMirror holds the manager's view on the device (kv_view_mirror: one async upload of the
+// journal's changes per sync) and the plan's constant arrays (split map, head rules), uploaded
+// once. Launchers take the mirror, check every tensor (CUDA, C-contiguous, element type, shape,
+// device, workspace size) against what the kernel reads, and enqueue on the stream: no host
+// synchronisation, no allocation, nothing copied.
+#include <cuda_runtime_api.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "../bindings.hpp"
+#include "../bound_kv_cache.hpp"
+#include "../dtypes.hpp"
+#include "device_tensor.hpp"
+#include "tangram/detail/str.hpp"
+#include "tangram/device/kv_view_mirror.hpp"
+#include "tangram/kernels/append.hpp"
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/elastic_eviction.hpp"
+#include "tangram/kernels/eviction.hpp"
+#include "tangram/memory/cuda_memory_resource.hpp"
+
+namespace nb = nanobind;
+
+namespace tangram::python {
+
+namespace {
+
+void cuda_check(cudaError_t e, char const* what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();  // clear a sticky launch error
+  TANGRAM_FAIL(cuda_error, what, ": ", cudaGetErrorString(e));
+}
+
+/// A device copy of constant host data (the plan's split map and rules), made once.
+class device_copy {
+ public:
+  device_copy(void const* host, std::size_t bytes, std::int32_t device)
+      : memory_(device), bytes_(bytes > 0 ? bytes : 1) {
+    data_ = memory_.allocate(bytes_);
+    if (bytes > 0) {
+      cudaError_t e = cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice);
+      if (e != cudaSuccess) {
+        memory_.deallocate(data_, bytes_);
+        cuda_check(e, "DeviceMirror: cudaMemcpy of the plan's arrays");
+      }
+    }
+  }
+  ~device_copy() { memory_.deallocate(data_, bytes_); }
+  device_copy(device_copy const&)            = delete;
+  device_copy& operator=(device_copy const&) = delete;
+  template <class T>
+  [[nodiscard]] T const* get() const noexcept {
+    return static_cast<T const*>(data_);
+  }
+
+ private:
+  cuda_memory_resource memory_;
+  std::size_t bytes_;
+  void* data_ = nullptr;
+};
+
+/// tangram.cuda.DeviceMirror: the view and the plan's constant arrays on the manager's device.
+struct device_mirror {
+  nb::object owner;  ///< the KVCacheManager: kept alive while the mirror exists
+  bound_kv_cache* cache;
+  kv_view_mirror mirror;
+  device_copy cta_begin;
+  device_copy rules;
+
+  device_mirror(nb::handle manager, bound_kv_cache& c)
+      : owner(nb::borrow(manager)),
+        cache(&c),
+        mirror(c.kv, checked_device(c)),
+        cta_begin(c.kv.plan().splits.cta_begin.data(),
+                  c.kv.plan().splits.cta_begin.size() * sizeof(std::int32_t), c.device),
+        rules(c.kv.plan().rules.data(), c.kv.plan().rules.size() * sizeof(head_rule), c.device) {}
+
+  static std::int32_t checked_device(bound_kv_cache const& c) {
+    TANGRAM_EXPECTS(c.on_device(), invalid_argument,
+                    "DeviceMirror: the manager's page arena is host memory; build the "
+                    "KVCacheManager with memory='cuda' so kernels can read its pages");
+    return c.device;
+  }
+
+  [[nodiscard]] static_plan const& plan() const { return cache->kv.plan(); }
+  [[nodiscard]] kv_cache_view const& view() const { return mirror.view(); }
+  [[nodiscard]] split_map_view splits() const {
+    auto s      = plan().splits.view();
+    s.cta_begin = cta_begin.get<std::int32_t>();
+    return s;
+  }
+  [[nodiscard]] std::int32_t max_batch() const { return cache->kv.view_extents().batch; }
+
+  /// A tensor on this mirror's device (DLPack states it; __cuda_array_interface__ does not, so
+  /// its pointer is asked: device memory of this device, or managed memory).
+  void expect_here(device_tensor const& t, char const* name) const {
+    if (t.device >= 0) {
+      TANGRAM_EXPECTS(t.device == cache->device, invalid_argument, name, ": on CUDA device ",
+                      t.device, " but the manager's pool is on device ", cache->device);
+      return;
+    }
+    cudaPointerAttributes a{};
+    cuda_check(cudaPointerGetAttributes(&a, t.data), name);
+    TANGRAM_EXPECTS((a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) &&
+                        a.device == cache->device,
+                    invalid_argument, name, ": not device memory of CUDA device ", cache->device);
+  }
+};
+
+device_tensor workspace_of(device_mirror const& m, nb::handle obj, std::size_t need) {
+  auto ws = device_tensor_from(obj, "workspace");
+  m.expect_here(ws, "workspace");
+  expect_writable(ws, "workspace");
+  TANGRAM_EXPECTS(ws.bytes() >= static_cast<std::int64_t>(need), invalid_argument,
+                  "workspace: needs ", need, " bytes, got ", ws.bytes(), " (",
+                  ws.describe(), ")");
+  return ws;
+}
+
+/// A tensor argument: on the mirror's device, of element type `ok`, with shape `shape`.
+template <class Ok>
+device_tensor tensor_arg(device_mirror const& m, nb::handle obj, char const* name,
+                         std::initializer_list<std::int64_t> shape, Ok ok, char const* want_type,
+                         bool output = false) {
+  auto t = device_tensor_from(obj, name);
+  m.expect_here(t, name);
+  TANGRAM_EXPECTS(ok(t.dtype), invalid_argument, name, ": expected ", want_type, ", got ",
+                  t.describe());
+  expect_shape(t, shape, name);
+  if (output) expect_writable(t, name);
+  return t;
+}
+
+auto is_type(nb::dlpack::dtype_code c, int bits) {
+  return [=](nb::dlpack::dtype t) { return is_element(t, c, bits); };
+}
+auto const is_f32 = is_type(nb::dlpack::dtype_code::Float, 32);
+auto const is_i32 = is_type(nb::dlpack::dtype_code::Int, 32);
+auto const is_i64 = is_type(nb::dlpack::dtype_code::Int, 64);
+auto const is_u32 = is_type(nb::dlpack::dtype_code::UInt, 32);
+auto const is_u8  = is_type(nb::dlpack::dtype_code::UInt, 8);
+auto const is_float = [](nb::dlpack::dtype t) { return float_dtype_of(t).has_value(); };
+
+score_source source_named(std::string const& name) {
+  for (auto s : {score_source::supplied, score_source::snapkv, score_source::key_norm})
+    if (to_string(s) == name) return s;
+  TANGRAM_FAIL(invalid_argument, "source: unknown score source ", detail::quoted(name),
+               " (expected supplied, snapkv or key_norm)");
+}
+
+void expect_layer(static_plan const& plan, std::int32_t layer) {
+  TANGRAM_EXPECTS(layer >= 0 && layer < plan.num_layers, invalid_argument,
+                  "layer: must be in [0, ", plan.num_layers, "), got ", layer);
+}
+
+}  // namespace
+
+void bind_cuda(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule(
+      "cuda",
+      "The CUDA launchers of tangram::kernels on device tensors (DLPack or\n"
+      "__cuda_array_interface__: PyTorch, CuPy, Numba) with a stream argument.");
+
+  m.def(
+      "device_count",
+      [] {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+          cudaGetLastError();
+          return 0;
+        }
+        return n;
+      },
+      "CUDA devices the runtime sees (0 without a driver or device; never raises).");
+
+  m.def(
+      "tensor_info",
+      [](nb::handle t) {
+        auto d = device_tensor_from(t, "tensor");
+        nb::dict out;
+        out["data"]     = reinterpret_cast<std::uintptr_t>(d.data);
+        out["dtype"]    = d.describe().substr(0, d.describe().find('['));
+        out["shape"]    = nb::tuple(nb::cast(d.shape));
+        out["device"]   = d.device;
+        out["readonly"] = d.readonly;
+        return out;
+      },
+      nb::arg("tensor"),
+      "What the launchers see in a device tensor: {'data', 'dtype', 'shape', 'device' (-1 when\n"
+      "__cuda_array_interface__ does not say), 'readonly'}. Raises ValueError naming the\n"
+      "problem (not CUDA, not C-contiguous, masked).");
+
+  nb::class_<device_mirror>(
+      m, "DeviceMirror",
+      "The manager's view on its device, kept current by sync(stream) (kv_view_mirror: one\n"
+      "asynchronous upload of what changed, pointers fixed for the mirror's life, CUDA-graph\n"
+      "friendly), plus the plan's split map and head rules uploaded once. Keeps the manager\n"
+      "alive. Call sync after the manager's calls of a step and before the launches that read\n"
+      "the view; it is the only consumer of the manager's change journal.")
+      .def(
+          "__init__",
+          [](device_mirror* self, nb::handle kv) {
+            auto& c = nb::cast<bound_kv_cache&>(kv);
+            new (self) device_mirror(kv, c);
+          },
+          nb::arg("kv"))
+      .def(
+          "sync",
+          [](device_mirror& m, nb::handle stream) { m.mirror.sync(m.cache->kv, stream_from(stream)); },
+          nb::arg("stream") = nb::none(),
+          "Enqueues on `stream` the upload of the view's changes since the last sync.")
+      .def_prop_ro("device", [](device_mirror const& m) { return m.cache->device; })
+      .def_prop_ro("batch_size", [](device_mirror const& m) { return m.view().batch_size; },
+                   "The batch as of the last sync.")
+      .def_prop_ro("bytes", [](device_mirror const& m) { return m.mirror.bytes(); })
+      .def_prop_ro("last_sync_bytes", [](device_mirror const& m) { return m.mirror.last_sync_bytes(); })
+      .def("decode_workspace_bytes",
+           [](device_mirror const& m) {
+             auto const& p = m.plan();
+             return decode_workspace_bytes(m.splits(), m.max_batch(), p.model.gqa_group(),
+                                           p.model.head_dim);
+           },
+           "Workspace bytes of decode_attention for any batch up to the manager's max_batch.")
+      .def("eviction_workspace_bytes",
+           [](device_mirror const& m, std::int32_t max_candidates, std::string const& source,
+              std::int32_t obs_window) {
+             auto const& p = m.plan();
+             TANGRAM_EXPECTS(max_candidates >= 1, invalid_argument,
+                             "max_candidates: must be >= 1, got ", max_candidates);
+             return static_cast<std::size_t>(
+                 eviction_workspace(m.max_batch(), p.num_kv_heads, max_candidates,
+                                    source_named(source), p.model.gqa_group(), obs_window,
+                                    p.model.head_dim)
+                     .bytes);
+           },
+           nb::arg("max_candidates"), nb::arg("source") = "key_norm", nb::arg("obs_window") = 32,
+           "Workspace bytes of evict_chunk for any batch up to the manager's max_batch.")
+      .def("elastic_workspace_bytes",
+           [](device_mirror const& m) {
+             auto const& v = m.view();
+             return static_cast<std::size_t>(
+                 elastic_workspace(m.max_batch(), v.num_layers * v.num_kv_heads, v.num_groups,
+                                   v.geometry.group_size)
+                     .bytes);
+           },
+           "Workspace bytes of evict_elastic for any batch up to the manager's max_batch.");
+
+  m.def(
+      "execute_page_copies",
+      [](bound_kv_cache& c, nb::handle stream) {
+        TANGRAM_EXPECTS(c.on_device(), invalid_argument,
+                        "execute_page_copies: the manager's arena is host memory (use "
+                        "KVCacheManager.execute_page_copies)");
+        auto s     = reinterpret_cast<cudaStream_t>(stream_from(stream));
+        auto bytes = static_cast<std::size_t>(c.kv.plan().page_bytes());
+        auto* base = static_cast<std::byte*>(c.kv.pool().base());
+        for (auto const& x : c.kv.pending_copies())
+          cuda_check(cudaMemcpyAsync(base + static_cast<std::size_t>(x.dst) * bytes,
+                                     base + static_cast<std::size_t>(x.src) * bytes, bytes,
+                                     cudaMemcpyDeviceToDevice, s),
+                     "execute_page_copies: cudaMemcpyAsync");
+        c.kv.complete_page_copies();
+      },
+      nb::arg("kv"), nb::arg("stream") = nb::none(),
+      "Enqueues the pending copy-on-write page copies (fork, continue_turn) on `stream`, then\n"
+      "completes them in the manager: kernels that read the pages must run on the same stream\n"
+      "(or after it).");
+
+  m.def(
+      "append_decode_kv",
+      [](device_mirror const& m, std::int32_t layer, nb::handle k, nb::handle v,
+         nb::handle stream) {
+        auto const& view = m.view();
+        expect_layer(m.plan(), layer);
+        std::int64_t B = view.batch_size, H = view.num_kv_heads, d = view.geometry.head_dim;
+        char const* types = "float32, float16 or bfloat16 (uint16 bits)";
+        auto tk = tensor_arg(m, k, "k", {B, H, d}, is_float, types);
+        auto tv = tensor_arg(m, v, "v", {B, H, d}, is_float, types);
+        TANGRAM_EXPECTS(*float_dtype_of(tk.dtype) == *float_dtype_of(tv.dtype), invalid_argument,
+                        "k, v: must have one element type, got ", tk.describe(), " and ",
+                        tv.describe());
+        append_params p;
+        p.kv        = view;
+        p.layer     = layer;
+        p.k         = tk.data;
+        p.v         = tv.data;
+        p.src_dtype = *float_dtype_of(tk.dtype);
+        append_decode_kv(p, stream_from(stream));
+      },
+      nb::arg("mirror"), nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::kw_only(),
+      nb::arg("stream") = nb::none(),
+      "Writes one decode token's K/V ([batch, H, d]) of `layer` for every batch member (after\n"
+      "decode_step and sync), converted to the cache dtype.");
+
+  m.def(
+      "decode_attention",
+      [](device_mirror const& m, std::int32_t layer, nb::handle q, nb::handle o,
+         nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
+         nb::handle stream) {
+        auto const& view = m.view();
+        auto const& plan = m.plan();
+        expect_layer(plan, layer);
+        std::int32_t group = plan.model.gqa_group();
+        std::int64_t B = view.batch_size, Hq = std::int64_t{view.num_kv_heads} * group,
+                     d = view.geometry.head_dim;
+        char const* types = "float32, float16 or bfloat16 (uint16 bits)";
+        auto tq = tensor_arg(m, q, "q", {B, Hq, d}, is_float, types);
+        auto to = tensor_arg(m, o, "o", {B, Hq, d}, is_float, types, true);
+        decode_params p;
+        p.kv       = view;
+        p.splits   = m.splits();
+        p.layer    = layer;
+        p.group    = group;
+        p.q        = tq.data;
+        p.q_dtype  = *float_dtype_of(tq.dtype);
+        p.o        = to.data;
+        p.o_dtype  = *float_dtype_of(to.dtype);
+        p.sm_scale = sm_scale;
+        std::optional<device_tensor> tl, ts;
+        if (!lse.is_none()) {
+          tl    = tensor_arg(m, lse, "lse", {B, Hq}, is_f32, "float32", true);
+          p.lse = static_cast<float*>(tl->data);
+        }
+        if (!sinks.is_none()) {
+          ts      = tensor_arg(m, sinks, "sinks", {Hq}, is_f32, "float32");
+          p.sinks = static_cast<float const*>(ts->data);
+        }
+        auto ws = workspace_of(m, workspace, decode_workspace_bytes(p));
+        decode_attention(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
+      },
+      nb::arg("mirror"), nb::arg("layer"), nb::arg("q"), nb::arg("o"), nb::kw_only(),
+      nb::arg("workspace"), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(),
+      nb::arg("sm_scale") = 0.f, nb::arg("stream") = nb::none(),
+      "Decode attention of `layer` for the mirror's batch on the plan's split map: q and o\n"
+      "[batch, query heads, d], lse [batch, query heads] float32, sinks [query heads] float32;\n"
+      "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.");
+
+  m.def(
+      "evict_chunk",
+      [](device_mirror const& m, std::int32_t layer, nb::handle chunk_indptr, nb::handle chunk_k,
+         nb::handle chunk_v, nb::handle new_len, nb::handle workspace, std::int32_t max_candidates,
+         std::string const& source, nb::handle scores, nb::handle q, std::int32_t obs_window,
+         nb::handle stage_keys, nb::handle stream) {
+        auto const& view = m.view();
+        auto const& plan = m.plan();
+        expect_layer(plan, layer);
+        std::int64_t B = view.batch_size, H = view.num_kv_heads, d = view.geometry.head_dim;
+        std::int32_t group = plan.model.gqa_group();
+        auto cache_type    = [&](nb::dlpack::dtype t) { return carries(t, view.geometry.kv_dtype); };
+        std::string kv_type = "the cache's " + std::string(to_string(view.geometry.kv_dtype)) +
+                              " (bf16: bfloat16 or uint16 bits; fp8: uint8)";
+        auto ti = tensor_arg(m, chunk_indptr, "chunk_indptr", {B + 1}, is_i32, "int32");
+        auto tk = tensor_arg(m, chunk_k, "chunk_k", {-1, H, d}, cache_type, kv_type.c_str());
+        std::int64_t rows = tk.shape[0];
+        auto tv = tensor_arg(m, chunk_v, "chunk_v", {rows, H, d}, cache_type, kv_type.c_str());
+        auto tn = tensor_arg(m, new_len, "new_len", {B, H}, is_i32, "int32", true);
+        eviction_params p;
+        p.kv             = view;
+        p.layer          = layer;
+        p.rules          = m.rules.get<head_rule>() + static_cast<std::ptrdiff_t>(layer) * H;
+        p.sink           = plan.profile.sink_tokens;
+        p.chunk_indptr   = static_cast<std::int32_t const*>(ti.data);
+        p.chunk_k        = tk.data;
+        p.chunk_v        = tv.data;
+        p.max_candidates = max_candidates;
+        p.source         = source_named(source);
+        p.group          = group;
+        p.obs_window     = obs_window;
+        p.new_len        = static_cast<std::int32_t*>(tn.data);
+        std::optional<device_tensor> ts, tq, tkeys;
+        if (!scores.is_none()) {
+          ts       = tensor_arg(m, scores, "scores", {B, H, max_candidates}, is_f32, "float32");
+          p.scores = static_cast<float const*>(ts->data);
+        }
+        if (!q.is_none()) {
+          tq        = tensor_arg(m, q, "q", {rows, H * group, d}, is_float,
+                                 "float32, float16 or bfloat16 (uint16 bits)");
+          p.q       = tq->data;
+          p.q_dtype = *float_dtype_of(tq->dtype);
+        }
+        bool elastic = plan.options.reservation.mode == reservation_mode::elastic;
+        TANGRAM_EXPECTS(elastic == !stage_keys.is_none(), invalid_argument, "stage_keys: ",
+                        elastic ? "the plan reserves elastically: pass stage_keys (uint32 [batch, "
+                                  "layers * KV heads, max_candidates]), then evict_elastic"
+                                : "only for a plan with elastic reservation (this one is static)");
+        if (elastic) {
+          tkeys = tensor_arg(m, stage_keys, "stage_keys",
+                             {B, std::int64_t{view.num_layers} * H, max_candidates}, is_u32,
+                             "uint32", true);
+          p.stage_keys = static_cast<std::uint32_t*>(tkeys->data);
+        }
+        p.validate();
+        auto ws = workspace_of(m, workspace, eviction_workspace_bytes(p));
+        evict_chunk(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
+      },
+      nb::arg("mirror"), nb::arg("layer"), nb::arg("chunk_indptr"), nb::arg("chunk_k"),
+      nb::arg("chunk_v"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
+      nb::arg("max_candidates"), nb::arg("source") = "key_norm", nb::arg("scores") = nb::none(),
+      nb::arg("q") = nb::none(), nb::arg("obs_window") = 32, nb::arg("stage_keys") = nb::none(),
+      nb::arg("stream") = nb::none(),
+      "The fused eviction of one prefill chunk for `layer` (after prepare_chunk and sync):\n"
+      "chunk_indptr [batch + 1] int32 (it must match each request's prepared chunk: the kernel\n"
+      "trusts it), chunk_k/chunk_v [rows, H, d] in the cache dtype, new_len [batch, H] int32\n"
+      "out; source key_norm, supplied (scores [batch, H, max_candidates] float32) or snapkv\n"
+      "(q [rows, query heads, d]); elastic plans pass stage_keys (uint32 [batch, layers * H,\n"
+      "max_candidates]) and finish with evict_elastic. workspace: at least\n"
+      "mirror.eviction_workspace_bytes(max_candidates, source, obs_window) bytes.");
+
+  m.def(
+      "evict_elastic",
+      [](device_mirror const& m, nb::handle chunk_indptr, nb::handle keys, nb::handle wanted,
+         nb::handle page_limit, nb::handle new_len, nb::handle workspace,
+         std::int32_t max_candidates, nb::handle pages_out, nb::handle stream) {
+        auto const& view = m.view();
+        auto const& plan = m.plan();
+        TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,
+                        invalid_argument,
+                        "evict_elastic: the plan reserves static budgets (evict_chunk already "
+                        "selected)");
+        std::int64_t B = view.batch_size, LH = std::int64_t{view.num_layers} * view.num_kv_heads;
+        auto ti = tensor_arg(m, chunk_indptr, "chunk_indptr", {B + 1}, is_i32, "int32");
+        auto tk = tensor_arg(m, keys, "keys", {B, LH, max_candidates}, is_u32, "uint32");
+        auto tw = tensor_arg(m, wanted, "wanted", {B}, is_i64, "int64");
+        auto tl = tensor_arg(m, page_limit, "page_limit", {B}, is_i64, "int64");
+        auto tn = tensor_arg(m, new_len, "new_len", {B, LH}, is_i32, "int32", true);
+        elastic_eviction_params e;
+        e.kv             = view;
+        e.rules          = m.rules.get<head_rule>();
+        e.sink           = plan.profile.sink_tokens;
+        e.chunk_indptr   = static_cast<std::int32_t const*>(ti.data);
+        e.max_candidates = max_candidates;
+        e.keys           = static_cast<std::uint32_t const*>(tk.data);
+        e.wanted         = static_cast<std::int64_t const*>(tw.data);
+        e.page_limit     = static_cast<std::int64_t const*>(tl.data);
+        e.new_len        = static_cast<std::int32_t*>(tn.data);
+        std::optional<device_tensor> tp;
+        if (!pages_out.is_none()) {
+          tp          = tensor_arg(m, pages_out, "pages_out", {B}, is_i64, "int64", true);
+          e.pages_out = static_cast<std::int64_t*>(tp->data);
+        }
+        e.validate();
+        auto ws = workspace_of(m, workspace, elastic_workspace_bytes(e));
+        evict_elastic(e, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
+      },
+      nb::arg("mirror"), nb::arg("chunk_indptr"), nb::arg("keys"), nb::arg("wanted"),
+      nb::arg("page_limit"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
+      nb::arg("max_candidates"), nb::arg("pages_out") = nb::none(), nb::arg("stream") = nb::none(),
+      "The elastic eviction's request-wide step after every layer's evict_chunk staged the\n"
+      "chunk: wanted [batch] int64 (KVCacheManager.elastic_wanted_tokens per member) and\n"
+      "page_limit [batch] int64 (elastic_page_limit) on the device, new_len [batch, layers * H]\n"
+      "int32 out (commit_chunk's kept counts), pages_out [batch] int64 optional. workspace: at\n"
+      "least mirror.elastic_workspace_bytes() bytes.");
+}
+
+}  // namespace tangram::python

@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tangram.cuda on a GPU: the same prefill, append and decode run by the CUDA kernels on a device
+arena (through DeviceMirror) and by the CPU reference on a host arena must leave byte-identical
+pools and matching attention. Needs a device and PyTorch or CuPy for the tensors; skipped
+otherwise (scripts/gpu_check.sh runs the C++ GPU tests on a bare GPU machine)."""
+import numpy as np
+import pytest
+
+import tangram
+
+torch = cupy = None
+try:
+    import torch  # noqa: F811
+    if not torch.cuda.is_available():
+        torch = None
+except ImportError:
+    pass
+if torch is None:
+    try:
+        import cupy  # noqa: F811
+    except ImportError:
+        pass
+
+pytestmark = pytest.mark.skipif(
+    not tangram.has_cuda_kernels or tangram.cuda.device_count() == 0 or (torch is None and cupy is None),
+    reason="needs the CUDA kernels, a device, and PyTorch or CuPy")
+
+
+def dev(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda() if torch else cupy.asarray(a)
+
+
+def host(t):
+    return t.cpu().numpy() if torch else cupy.asnumpy(t)
+
+
+def empty(shape, dtype):
+    return dev(np.zeros(shape, dtype=dtype))
+
+
+def pool_bytes(kv):
+    if torch:
+        return torch.from_dlpack(kv.pool()).cpu().numpy()
+    return cupy.asnumpy(cupy.from_dlpack(kv.pool()))
+
+
+def test_device_kernels_match_the_cpu_reference(static_plan):
+    plan = static_plan
+    L, H, d, group = plan.num_layers, plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
+    n = 24
+    rng = np.random.default_rng(5)
+    chunk_k = rng.integers(0, 1 << 16, (L, n, H, d), dtype=np.uint16) & 0x3FFF  # finite bf16 bits
+    chunk_v = rng.integers(0, 1 << 16, (L, n, H, d), dtype=np.uint16) & 0x3FFF
+    new_k = rng.standard_normal((L, 1, H, d), dtype=np.float32)
+    new_v = rng.standard_normal((L, 1, H, d), dtype=np.float32)
+    q = rng.standard_normal((1, H * group, d), dtype=np.float32)
+    indptr = np.array([0, n], dtype=np.int32)
+
+    managers = {}
+    for memory in ("host", "cuda"):
+        kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2, memory=memory)
+        seq = kv.try_admit(n, 4)
+        kv.set_batch([seq])
+        kv.prepare_chunk(seq, n)
+        managers[memory] = (kv, seq)
+
+    kv, seq = managers["host"]
+    kept = np.concatenate([tangram.reference_evict(kv, l, indptr, chunk_k[l], chunk_v[l],
+                                                   max_candidates=n).ravel() for l in range(L)])
+    kv.commit_chunk(seq, kept.astype(np.int32))
+    kv.decode_step()
+    for l in range(L):
+        tangram.reference_append(kv, l, new_k[l], new_v[l])
+    o_ref, lse_ref = tangram.reference_decode_attention(kv, 0, q)
+
+    kv, seq = managers["cuda"]
+    mirror = tangram.cuda.DeviceMirror(kv)
+    mirror.sync()
+    ws = empty((max(mirror.decode_workspace_bytes(),
+                    mirror.eviction_workspace_bytes(n, "key_norm")),), np.uint8)
+    new_len = empty((1, H), np.int32)
+    d_indptr = dev(indptr)
+    kept_dev = []
+    for l in range(L):
+        tangram.cuda.evict_chunk(mirror, l, d_indptr, dev(chunk_k[l]), dev(chunk_v[l]), new_len,
+                                 workspace=ws, max_candidates=n, source="key_norm")
+        kept_dev.append(host(new_len).ravel().copy())
+    kept_dev = np.concatenate(kept_dev)
+    assert kept_dev.tolist() == kept.tolist()
+    kv.commit_chunk(seq, kept_dev.astype(np.int32))
+    kv.decode_step()
+    mirror.sync()
+    for l in range(L):
+        tangram.cuda.append_decode_kv(mirror, l, dev(new_k[l]), dev(new_v[l]))
+    o = empty((1, H * group, d), np.float32)
+    lse = empty((1, H * group), np.float32)
+    tangram.cuda.decode_attention(mirror, 0, dev(q), o, workspace=ws, lse=lse)
+    np.testing.assert_allclose(host(o), o_ref, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(host(lse), lse_ref, rtol=1e-4, atol=1e-4)
+
+    host_kv, _ = managers["host"]
+    assert np.array_equal(pool_bytes(kv), host_kv.pool()), "the pools differ after the same writes"
