@@ -11,6 +11,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include "tangram/reference/decode_attention.hpp"
 #include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"
+#include "tangram/reference/prefill_attention.hpp"
 
 namespace nb = nanobind;
 
@@ -161,6 +163,59 @@ void bind_reference(nb::module_& m) {
       "Decode attention of `layer` for the batch (reference/decode_attention.hpp, split as the\n"
       "plan's split map): q [batch, query heads, d] float32 -> (o [batch, query heads, d],\n"
       "lse [batch, query heads]) float32. sm_scale 0 means 1/sqrt(d).");
+
+  m.def(
+      "reference_prefill_attention",
+      [](bound_kv_cache& c, std::int32_t layer, chunk_rows chunk_indptr, f32_array q,
+         any_array chunk_k, any_array chunk_v, std::optional<f32_array> sinks, float sm_scale) {
+        c.expect_host_pool("reference_prefill_attention");
+        auto view        = c.kv.view();
+        auto const& plan = c.kv.plan();
+        expect_layer(plan, layer);
+        expect_prepared_chunks(c, chunk_indptr);
+        std::int32_t group = plan.model.gqa_group();
+        auto const* ptr    = chunk_indptr.data();
+        std::int32_t rows  = view.batch_size > 0 ? ptr[view.batch_size] : 0;
+        std::int32_t max_chunk = 0;
+        for (std::int32_t r = 0; r < view.batch_size; ++r)
+          max_chunk = std::max(max_chunk, ptr[r + 1] - ptr[r]);
+        std::int64_t hq  = static_cast<std::int64_t>(view.num_kv_heads) * group;
+        std::int64_t row = static_cast<std::int64_t>(view.num_kv_heads) * view.geometry.head_dim;
+        expect_elements(q.size(), rows * hq * view.geometry.head_dim, "q");
+        expect_cache_elements(chunk_k, view, rows * row, "chunk_k");
+        expect_cache_elements(chunk_v, view, rows * row, "chunk_v");
+        if (sinks) expect_elements(sinks->size(), hq, "sinks");
+        std::vector<float> o(static_cast<std::size_t>(rows * hq * view.geometry.head_dim));
+        std::vector<float> lse(static_cast<std::size_t>(rows * hq));
+        prefill_params p;
+        p.kv           = view;
+        p.layer        = layer;
+        p.group        = group;
+        p.chunk_indptr = ptr;
+        p.max_chunk    = max_chunk;
+        p.q            = q.data();
+        p.q_dtype      = dtype::f32;
+        p.chunk_k      = chunk_k.data();
+        p.chunk_v      = chunk_v.data();
+        p.o            = o.data();
+        p.o_dtype      = dtype::f32;
+        p.lse          = lse.data();
+        p.sinks        = sinks ? sinks->data() : nullptr;
+        p.sm_scale     = sm_scale;
+        reference::prefill_attention(p);
+        auto n = static_cast<std::size_t>(rows), h = static_cast<std::size_t>(hq);
+        return std::make_tuple(
+            numpy_copy(o, {n, h, static_cast<std::size_t>(view.geometry.head_dim)}),
+            numpy_copy(lse, {n, h}));
+      },
+      nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr").noconvert(), nb::arg("q"),
+      nb::arg("chunk_k"), nb::arg("chunk_v"), nb::kw_only(), nb::arg("sinks") = nb::none(),
+      nb::arg("sm_scale") = 0.f,
+      "Chunked-prefill attention of `layer` (reference/prefill_attention.hpp), state before the\n"
+      "chunk (after prepare_chunk, before the eviction): each chunk row attends over its head's\n"
+      "kept tokens and the chunk's rows up to itself. q [rows, query heads, d] float32,\n"
+      "chunk_k/chunk_v [rows, H, d] in the cache dtype -> (o [rows, query heads, d],\n"
+      "lse [rows, query heads]) float32.");
 
   m.def(
       "reference_evict",

@@ -54,6 +54,7 @@ def test_device_kernels_match_the_cpu_reference(static_plan):
     new_k = rng.standard_normal((L, 1, H, d), dtype=np.float32)
     new_v = rng.standard_normal((L, 1, H, d), dtype=np.float32)
     q = rng.standard_normal((1, H * group, d), dtype=np.float32)
+    q_chunk = rng.standard_normal((n, H * group, d), dtype=np.float32)
     indptr = np.array([0, n], dtype=np.int32)
 
     managers = {}
@@ -65,6 +66,8 @@ def test_device_kernels_match_the_cpu_reference(static_plan):
         managers[memory] = (kv, seq)
 
     kv, seq = managers["host"]
+    o_pre_ref, lse_pre_ref = tangram.reference_prefill_attention(kv, 0, indptr, q_chunk,
+                                                                chunk_k[0], chunk_v[0])
     kept = np.concatenate([tangram.reference_evict(kv, l, indptr, chunk_k[l], chunk_v[l],
                                                    max_candidates=n).ravel() for l in range(L)])
     kv.commit_chunk(seq, kept.astype(np.int32))
@@ -80,6 +83,11 @@ def test_device_kernels_match_the_cpu_reference(static_plan):
                     mirror.eviction_workspace_bytes(n, "key_norm")),), np.uint8)
     new_len = empty((1, H), np.int32)
     d_indptr = dev(indptr)
+    o_pre, lse_pre = empty((n, H * group, d), np.float32), empty((n, H * group), np.float32)
+    tangram.cuda.prefill_attention(mirror, 0, d_indptr, dev(q_chunk), dev(chunk_k[0]),
+                                   dev(chunk_v[0]), o_pre, max_chunk=n, lse=lse_pre)
+    np.testing.assert_allclose(host(o_pre), o_pre_ref, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(host(lse_pre), lse_pre_ref, rtol=1e-4, atol=1e-4)
     kept_dev = []
     for l in range(L):
         tangram.cuda.evict_chunk(mirror, l, d_indptr, dev(chunk_k[l]), dev(chunk_v[l]), new_len,

@@ -76,3 +76,48 @@ def test_wrong_sizes_and_dtypes_name_the_argument(static_plan):
     with pytest.raises(ValueError, match="source: unknown score source"):
         ok = np.zeros((16, H, d), dtype=np.uint16)
         tangram.reference_evict(kv, 0, indptr, ok, ok, source="random", max_candidates=16)
+
+
+def causal_attention(q, keys, vals, past, group):
+    """Softmax attention of chunk rows q [c, Hq, d] over `past` earlier keys and the chunk's rows
+    up to each row (keys/vals [past + c, H, d]); returns (o, lse)."""
+    c, hq, d = q.shape
+    o = np.zeros_like(q)
+    lse = np.zeros((c, hq), dtype=np.float32)
+    for t in range(c):
+        for qh in range(hq):
+            k = keys[: past + t + 1, qh // group]
+            logits = k @ q[t, qh] / np.sqrt(d)
+            m = logits.max()
+            w = np.exp(logits - m)
+            o[t, qh] = (w / w.sum()) @ vals[: past + t + 1, qh // group]
+            lse[t, qh] = m + np.log(w.sum())
+    return o, lse
+
+
+def test_prefill_attention_over_the_kept_past_and_the_chunk(static_plan):
+    plan = static_plan
+    L, H, d, group = plan.num_layers, plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
+    rng = np.random.default_rng(9)
+    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    seq = kv.try_admit(40, 4)  # two chunks, 24 then 16 rows; all below the protected 4128
+    kv.set_batch([seq])
+    ks, vs = [], []
+    for n in (24, 16):
+        kv.prepare_chunk(seq, n)
+        indptr = np.array([0, n], dtype=np.int32)
+        ck = to_bf16_bits(rng.standard_normal((L, n, H, d), dtype=np.float32))
+        cv = to_bf16_bits(rng.standard_normal((L, n, H, d), dtype=np.float32))
+        q = rng.standard_normal((n, H * group, d), dtype=np.float32)
+        o, lse = tangram.reference_prefill_attention(kv, 1, indptr, q, ck[1], cv[1])
+        ks.append(from_bf16_bits(ck[1]))
+        vs.append(from_bf16_bits(cv[1]))
+        want_o, want_lse = causal_attention(q, np.concatenate(ks), np.concatenate(vs),
+                                            sum(len(k) for k in ks[:-1]), group)
+        np.testing.assert_allclose(o, want_o, rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+        kept = np.concatenate([tangram.reference_evict(kv, l, indptr, ck[l], cv[l],
+                                                       max_candidates=64).ravel()
+                               for l in range(L)])
+        kv.commit_chunk(seq, kept.astype(np.int32))
+    kv.free(seq)

@@ -29,6 +29,7 @@
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
+#include "tangram/kernels/prefill_attention.hpp"
 #include "tangram/memory/cuda_memory_resource.hpp"
 
 namespace nb = nanobind;
@@ -346,6 +347,65 @@ void bind_cuda(nb::module_& parent) {
       "Decode attention of `layer` for the mirror's batch on the plan's split map: q and o\n"
       "[batch, query heads, d], lse [batch, query heads] float32, sinks [query heads] float32;\n"
       "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.");
+
+  m.def(
+      "prefill_attention",
+      [](device_mirror const& m, std::int32_t layer, nb::handle chunk_indptr, nb::handle q,
+         nb::handle chunk_k, nb::handle chunk_v, nb::handle o, std::int32_t max_chunk,
+         nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
+         nb::handle stream) {
+        auto const& view = m.view();
+        auto const& plan = m.plan();
+        expect_layer(plan, layer);
+        std::int32_t group = plan.model.gqa_group();
+        std::int64_t B = view.batch_size, H = view.num_kv_heads, d = view.geometry.head_dim;
+        auto cache_type = [&](nb::dlpack::dtype t) { return carries(t, view.geometry.kv_dtype); };
+        std::string kv_type = "the cache's " + std::string(to_string(view.geometry.kv_dtype)) +
+                              " (bf16: bfloat16 or uint16 bits; fp8: uint8)";
+        char const* types = "float32, float16 or bfloat16 (uint16 bits)";
+        auto ti = tensor_arg(m, chunk_indptr, "chunk_indptr", {B + 1}, is_i32, "int32");
+        auto tk = tensor_arg(m, chunk_k, "chunk_k", {-1, H, d}, cache_type, kv_type.c_str());
+        std::int64_t rows = tk.shape[0];
+        auto tv = tensor_arg(m, chunk_v, "chunk_v", {rows, H, d}, cache_type, kv_type.c_str());
+        auto tq = tensor_arg(m, q, "q", {rows, H * group, d}, is_float, types);
+        auto to = tensor_arg(m, o, "o", {rows, H * group, d}, is_float, types, true);
+        prefill_params p;
+        p.kv           = view;
+        p.layer        = layer;
+        p.group        = group;
+        p.chunk_indptr = static_cast<std::int32_t const*>(ti.data);
+        p.max_chunk    = max_chunk;
+        p.q            = tq.data;
+        p.q_dtype      = *float_dtype_of(tq.dtype);
+        p.chunk_k      = tk.data;
+        p.chunk_v      = tv.data;
+        p.o            = to.data;
+        p.o_dtype      = *float_dtype_of(to.dtype);
+        p.sm_scale     = sm_scale;
+        std::optional<device_tensor> tl, ts;
+        if (!lse.is_none()) {
+          tl    = tensor_arg(m, lse, "lse", {rows, H * group}, is_f32, "float32", true);
+          p.lse = static_cast<float*>(tl->data);
+        }
+        if (!sinks.is_none()) {
+          ts      = tensor_arg(m, sinks, "sinks", {H * group}, is_f32, "float32");
+          p.sinks = static_cast<float const*>(ts->data);
+        }
+        std::size_t need = prefill_workspace_bytes(p);
+        std::optional<device_tensor> ws;
+        if (need > 0 || !workspace.is_none()) ws = workspace_of(m, workspace, need);
+        prefill_attention(p, ws ? ws->data : nullptr,
+                          ws ? static_cast<std::size_t>(ws->bytes()) : 0, stream_from(stream));
+      },
+      nb::arg("mirror"), nb::arg("layer"), nb::arg("chunk_indptr"), nb::arg("q"),
+      nb::arg("chunk_k"), nb::arg("chunk_v"), nb::arg("o"), nb::kw_only(), nb::arg("max_chunk"),
+      nb::arg("workspace") = nb::none(), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(), nb::arg("sm_scale") = 0.f,
+      nb::arg("stream") = nb::none(),
+      "Chunked-prefill attention of `layer` (after prepare_chunk and sync, before the layer's\n"
+      "evict_chunk): q and o [rows, query heads, d], chunk_k/chunk_v [rows, H, d] in the cache\n"
+      "dtype, chunk_indptr [batch + 1] int32 with no chunk above max_chunk rows (the kernel\n"
+      "trusts it), lse [rows, query heads] float32 (the eviction scorer's normaliser).\n"
+      "workspace: none today (prefill_workspace_bytes is 0); accepted for a split-KV future.");
 
   m.def(
       "evict_chunk",
