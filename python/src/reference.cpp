@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "arguments.hpp"
 #include "arrays.hpp"
 #include "dtypes.hpp"
 #include "bindings.hpp"
@@ -56,19 +57,6 @@ void expect_cache_elements(any_array const& a, kv_cache_view const& v, std::int6
                   "; pass float32 for f32, float16 for f16, uint16 bit patterns (or bfloat16) for "
                   "bf16, uint8 for fp8 (got elements of ", a.itemsize(), " bytes, dtype code ",
                   static_cast<int>(a.dtype().code), ")");
-}
-
-/// The layer index, checked before anything is indexed with it.
-void expect_layer(static_plan const& plan, std::int32_t layer) {
-  TANGRAM_EXPECTS(layer >= 0 && layer < plan.num_layers, invalid_argument,
-                  "layer: must be in [0, ", plan.num_layers, "), got ", layer);
-}
-
-score_source source_named(std::string const& name) {
-  for (auto s : {score_source::supplied, score_source::snapkv, score_source::key_norm})
-    if (to_string(s) == name) return s;
-  TANGRAM_FAIL(invalid_argument, "source: unknown score source ", detail::quoted(name),
-               " (expected supplied, snapkv or key_norm)");
 }
 
 /// The batch's chunk rows: chunk_indptr [batch + 1] from 0, each request's rows equal to the

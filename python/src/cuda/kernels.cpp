@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "../arguments.hpp"
 #include "../bindings.hpp"
 #include "../bound_kv_cache.hpp"
 #include "../dtypes.hpp"
@@ -153,18 +154,6 @@ auto const is_i64 = is_type(nb::dlpack::dtype_code::Int, 64);
 auto const is_u32 = is_type(nb::dlpack::dtype_code::UInt, 32);
 auto const is_u8  = is_type(nb::dlpack::dtype_code::UInt, 8);
 auto const is_float = [](nb::dlpack::dtype t) { return float_dtype_of(t).has_value(); };
-
-score_source source_named(std::string const& name) {
-  for (auto s : {score_source::supplied, score_source::snapkv, score_source::key_norm})
-    if (to_string(s) == name) return s;
-  TANGRAM_FAIL(invalid_argument, "source: unknown score source ", detail::quoted(name),
-               " (expected supplied, snapkv or key_norm)");
-}
-
-void expect_layer(static_plan const& plan, std::int32_t layer) {
-  TANGRAM_EXPECTS(layer >= 0 && layer < plan.num_layers, invalid_argument,
-                  "layer: must be in [0, ", plan.num_layers, "), got ", layer);
-}
 
 }  // namespace
 
