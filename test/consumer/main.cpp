@@ -2,6 +2,7 @@
 // Exercises the public API the way an embedding engine would, through the installed or fetched
 // package only.
 #include <cstdio>
+#include <string>
 
 #include "tangram/tangram.hpp"
 #ifdef TANGRAM_HAS_KERNELS
@@ -17,5 +18,9 @@ int main() {
 #ifdef TANGRAM_HAS_KERNELS
   std::printf("kernels linked; CUDA devices: %d\n", tangram::cuda_device_count());
 #endif
-  return model.kv_bytes_per_token() == 131072 ? 0 : 1;
+  // The data folder the build system named (TANGRAM_DATA_DIR) holds the bundled profiles.
+  auto samples = tangram::load_retention_samples(std::string(TANGRAM_DATA_DIR) +
+                                                 "/profiles/snapkv/llama-3.1-8b-instruct.json");
+  std::printf("%zu retention samples from %s\n", samples.samples.size(), TANGRAM_DATA_DIR);
+  return model.kv_bytes_per_token() == 131072 && !samples.samples.empty() ? 0 : 1;
 }
