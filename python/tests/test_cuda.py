@@ -59,6 +59,10 @@ def test_tensor_info_reads_the_cuda_array_interface():
 def test_tensor_info_refuses_host_arrays():
     with pytest.raises(ValueError, match=r"expected a CUDA tensor, got one on DLPack device type 1 \(cpu\)"):
         tangram.cuda.tensor_info(np.zeros(4, dtype=np.float32))
+    frozen = np.zeros(4, dtype=np.float32)
+    frozen.flags.writeable = False  # exported read-only (DLPack 1.0): read, then refused as cpu
+    with pytest.raises(ValueError, match=r"got one on DLPack device type 1 \(cpu\)"):
+        tangram.cuda.tensor_info(frozen)
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
         tangram.cuda.tensor_info([1, 2, 3])
 

@@ -144,18 +144,27 @@ device_tensor device_tensor_from(nb::handle obj, char const* name) {
                   ": expected a CUDA tensor, got None");
   if (nb::hasattr(obj, "__cuda_array_interface__") && !nb::hasattr(obj, "__dlpack__"))
     return from_cuda_array_interface(obj, obj.attr("__cuda_array_interface__"), name);
-  nb::ndarray<> a;
-  TANGRAM_EXPECTS(nb::try_cast(obj, a, /*convert=*/false), invalid_argument, name,
-                  ": expected a CUDA tensor (DLPack or __cuda_array_interface__), got ",
-                  nb::cast<std::string>(nb::str(obj.type())));
+  // Writable first; a tensor exported read-only (DLPack 1.0's flag, e.g. JAX) only as read-only.
+  nb::ndarray<nb::ro> a;
+  bool readonly = false;
+  nb::ndarray<> writable;
+  if (nb::try_cast(obj, writable, /*convert=*/false)) {
+    a = nb::ndarray<nb::ro>(writable);
+  } else {
+    readonly = true;
+    TANGRAM_EXPECTS(nb::try_cast(obj, a, /*convert=*/false), invalid_argument, name,
+                    ": expected a CUDA tensor (DLPack or __cuda_array_interface__), got ",
+                    nb::cast<std::string>(nb::str(obj.type())));
+  }
   TANGRAM_EXPECTS(a.device_type() == nb::device::cuda::value ||
                       a.device_type() == nb::device::cuda_managed::value,
                   invalid_argument, name, ": expected a CUDA tensor, got one on DLPack device type ",
                   a.device_type(), a.device_type() == nb::device::cpu::value ? " (cpu)" : "");
   device_tensor t;
-  t.data   = a.data();
-  t.dtype  = a.dtype();
-  t.device = a.device_id();
+  t.data     = const_cast<void*>(static_cast<void const*>(a.data()));
+  t.dtype    = a.dtype();
+  t.device   = a.device_id();
+  t.readonly = readonly;
   for (std::size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(static_cast<std::int64_t>(a.shape(i)));
   auto want = c_strides(t.shape);
   for (std::size_t i = 0; i < a.ndim(); ++i)
