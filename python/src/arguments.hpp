@@ -26,4 +26,22 @@ inline score_source source_named(std::string const& name) {
                " (expected supplied, snapkv or key_norm)");
 }
 
+/// Stage keys belong to elastic plans only: they must be given exactly when the plan reserves
+/// elastically (`next` names the request-wide call that follows the staging).
+inline void expect_stage_keys_rule(static_plan const& plan, bool given, char const* next) {
+  bool elastic = plan.options.reservation.mode == reservation_mode::elastic;
+  TANGRAM_EXPECTS(elastic == given, invalid_argument, "stage_keys: ",
+                  elastic ? "the plan reserves elastically: pass stage_keys (uint32 [batch, layers * "
+                            "KV heads, max_candidates]), then "
+                          : "only for a plan with elastic reservation (this one is static)",
+                  elastic ? next : "");
+}
+
+/// The request-wide elastic step (`who`) needs an elastic plan.
+inline void expect_elastic_plan(static_plan const& plan, char const* who) {
+  TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic, invalid_argument,
+                  who, ": the plan reserves static budgets (the per-layer eviction already "
+                  "selected)");
+}
+
 }  // namespace tangram::python

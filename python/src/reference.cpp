@@ -217,11 +217,7 @@ void bind_reference(nb::module_& m) {
         expect_layer(plan, layer);
         expect_prepared_chunks(c, chunk_indptr);
         std::int64_t rows = chunk_indptr.data()[view.batch_size];
-        bool elastic      = plan.options.reservation.mode == reservation_mode::elastic;
-        TANGRAM_EXPECTS(elastic == stage_keys.has_value(), invalid_argument, "stage_keys: ",
-                        elastic ? "the plan reserves elastically: pass stage_keys (uint32 [batch, "
-                                  "layers * KV heads, max_candidates]), then reference_evict_elastic"
-                                : "only for a plan with elastic reservation (this one is static)");
+        expect_stage_keys_rule(plan, stage_keys.has_value(), "reference_evict_elastic");
         if (stage_keys) expect_key_shape(*stage_keys, view, max_candidates);
         if (view.batch_size == 0)
           return numpy_copy(std::vector<std::int32_t>{},
@@ -283,10 +279,7 @@ void bind_reference(nb::module_& m) {
         c.expect_host_pool("reference_evict_elastic");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
-        TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,
-                        invalid_argument,
-                        "reference_evict_elastic: the plan reserves static budgets (the per-layer "
-                        "reference_evict already selected)");
+        expect_elastic_plan(plan, "reference_evict_elastic");
         expect_prepared_chunks(c, chunk_indptr);
         expect_key_shape(keys, view, max_candidates);
         auto batch = static_cast<std::size_t>(view.batch_size);

@@ -439,12 +439,8 @@ void bind_cuda(nb::module_& parent) {
           p.q       = tq->data;
           p.q_dtype = *float_dtype_of(tq->dtype);
         }
-        bool elastic = plan.options.reservation.mode == reservation_mode::elastic;
-        TANGRAM_EXPECTS(elastic == !stage_keys.is_none(), invalid_argument, "stage_keys: ",
-                        elastic ? "the plan reserves elastically: pass stage_keys (uint32 [batch, "
-                                  "layers * KV heads, max_candidates]), then evict_elastic"
-                                : "only for a plan with elastic reservation (this one is static)");
-        if (elastic) {
+        expect_stage_keys_rule(plan, !stage_keys.is_none(), "evict_elastic");
+        if (!stage_keys.is_none()) {
           tkeys = tensor_arg(m, stage_keys, "stage_keys",
                              {B, std::int64_t{view.num_layers} * H, max_candidates}, is_u32,
                              "uint32", true);
@@ -474,10 +470,7 @@ void bind_cuda(nb::module_& parent) {
          std::int32_t max_candidates, nb::handle pages_out, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
-        TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,
-                        invalid_argument,
-                        "evict_elastic: the plan reserves static budgets (evict_chunk already "
-                        "selected)");
+        expect_elastic_plan(plan, "evict_elastic");
         std::int64_t B = view.batch_size, LH = std::int64_t{view.num_layers} * view.num_kv_heads;
         auto ti = tensor_arg(m, chunk_indptr, "chunk_indptr", {B + 1}, is_i32, "int32");
         auto tk = tensor_arg(m, keys, "keys", {B, LH, max_candidates}, is_u32, "uint32");
