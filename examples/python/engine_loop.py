@@ -6,7 +6,9 @@ Admission until the pool is full (with the reason when a request does not fit), 
 reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
 slot is back.
 The eviction itself (a kernel in a real engine) is stood in for by the counts the plan's rules
-keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets.
+keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets;
+so this loop asks for static reservation. Under elastic reservation (the default) the eviction
+chooses the groups' lengths within `elastic_page_limit` (docs/integration.md).
 
 Run: python examples/python/engine_loop.py   (after `pip install .`)
 """
@@ -37,7 +39,10 @@ def decode(kv: tangram.KVCacheManager, batch: list[tangram.SequenceId], steps: i
 def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     samples = tangram.load_retention_samples(
         str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
-    plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples))
+    options = tangram.PlanOptions()
+    options.reservation = "static"  # expected_kept stands in for the eviction (docstring)
+    plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples),
+                              options)
     kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16)
 
     # Admission until full: the reservation is exact, so "does not fit" is known up front.
