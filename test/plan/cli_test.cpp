@@ -482,6 +482,12 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   // the option, the field and the value, and --reservation static plans it.
   auto profile = tmp("no-keep-ratio.profile.json");
   REQUIRE(run({"calibrate", "snapkv/llama-3.1-8b-instruct", "--out", profile}).code == 0);
+  // With its keep ratio a profile plans elastic by default, its map weighed on the groups' rules.
+  auto from_profile = run({"plan", profile});
+  INFO(from_profile.err);
+  REQUIRE(from_profile.code == 0);
+  CHECK(from_profile.out.find("reservation: elastic, margin 0.15") != std::string::npos);
+  CHECK(from_profile.out.find("over the groups' rules") != std::string::npos);
   auto text = detail::read_file(profile);
   auto at   = text.find("\"target_keep_ratio\":");
   REQUIRE(at != std::string::npos);

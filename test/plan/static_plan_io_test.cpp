@@ -152,9 +152,10 @@ TEST_CASE("the reservation mode round-trips, files without it are static, bad va
   auto s = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", so);
   CHECK(plan_difference(p, s).find("options.reservation") != std::string::npos);
   // Elastic is the default, and a default plan's file says so.
-  auto d = parse_static_plan(to_json(make_plan("profiles/snapkv/llama-3.1-8b-instruct.json")), "d");
-  CHECK(d.options.reservation.mode == reservation_mode::elastic);
-  CHECK(d.options.reservation.margin == default_elastic_margin);
+  auto dflt =
+      parse_static_plan(to_json(make_plan("profiles/snapkv/llama-3.1-8b-instruct.json")), "d");
+  CHECK(dflt.options.reservation.mode == reservation_mode::elastic);
+  CHECK(dflt.options.reservation.margin == default_elastic_margin);
   // A file from before elastic reservation (no "reservation") reads as static, what it was
   // written as, not as the current default.
   auto doc      = json::parse(text, "t");
