@@ -21,7 +21,9 @@ static_plan const& llama_plan() {
   static static_plan p = [] {
     auto s = load_retention_samples(std::string(TANGRAM_DATA_DIR) +
                                     "/profiles/snapkv/llama-3.1-8b-instruct.json");
-    return build_static_plan(model_preset(s.model), calibrate(s), plan_options{});
+    plan_options o;
+    o.reservation.mode = reservation_mode::static_budgets;  // as documented in docs/python.md
+    return build_static_plan(model_preset(s.model), calibrate(s), o);
   }();
   return p;
 }

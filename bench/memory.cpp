@@ -64,9 +64,10 @@ static_plan const& llama_plan(std::string const& scorer) {
   auto it = cache.find(scorer);
   if (it == cache.end()) {
     plan_options o;
-    o.page_tokens = 16;
-    o.group_size  = 4;
-    o.scope       = grouping_scope::global;
+    o.reservation.mode = reservation_mode::static_budgets;  // Tangram's static column
+    o.page_tokens      = 16;
+    o.group_size       = 4;
+    o.scope            = grouping_scope::global;
     it =
         cache
             .emplace(scorer,

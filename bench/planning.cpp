@@ -78,8 +78,9 @@ static_plan const& plan_for(int profile, split_weighting w, int ctas_per_sm) {
   if (!slot) {
     auto const& s = samples(profile);
     plan_options o;
-    o.split.limits    = {132, ctas_per_sm};
-    o.split.weighting = w;
+    o.split.limits     = {132, ctas_per_sm};
+    o.split.weighting  = w;
+    o.reservation.mode = reservation_mode::static_budgets;  // maps weighed on the budgets
     slot = std::make_unique<static_plan>(build_static_plan(model_preset(s.model), calibrate(s), o));
   }
   return *slot;
@@ -278,6 +279,7 @@ void elastic_imbalance(benchmark::State& state) {
   o.scope              = grouping_scope::global;
   o.split.limits       = {132, 2};
   o.split.weighting    = split_weighting::batch_share;
+  o.reservation.mode   = reservation_mode::static_budgets;
   auto model           = model_preset(s.model);
   static_plan stat     = build_static_plan(model, prof, o);
   o.reservation.mode   = reservation_mode::elastic;

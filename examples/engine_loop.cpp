@@ -65,8 +65,11 @@ int main(int argc, char** argv) {
   bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
   auto samples = tangram::load_retention_samples(std::string(TANGRAM_DATA_DIR) +
                                                  "/profiles/snapkv/llama-3.1-8b-instruct.json");
-  auto plan =
-      tangram::build_static_plan(tangram::model_preset("llama-3.1-8b"), tangram::calibrate(samples), {});
+  tangram::plan_options plan_options;
+  // expected_kept stands in for the eviction (file comment): static budgets, as the Python twin.
+  plan_options.reservation.mode = tangram::reservation_mode::static_budgets;
+  auto plan = tangram::build_static_plan(
+      tangram::model_preset("llama-3.1-8b"), tangram::calibrate(samples), plan_options);
   tangram::host_memory_resource memory;
   tangram::manager_options options;
   options.num_pages     = 8000;

@@ -31,7 +31,9 @@ def start(kv):
 def make_manager():
     samples = tangram.load_retention_samples(
         str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
-    plan = tangram.build_plan(tangram.model_preset(samples.model), tangram.calibrate(samples))
+    options = tangram.PlanOptions()
+    options.reservation = "static"  # as bench/manager_calls.cpp and docs/python.md
+    plan = tangram.build_plan(tangram.model_preset(samples.model), tangram.calibrate(samples), options)
     kv = tangram.KVCacheManager(plan, num_pages=20000, max_sequences=8)
     return kv, start(kv)
 

@@ -7,7 +7,9 @@ reservation extended, a second turn, a copy-on-write fork, and free: at the end 
 slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
 accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
 The eviction itself (a kernel in a real engine) is stood in for by the counts the plan's rules
-keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets.
+keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets;
+so this loop asks for static reservation. Under elastic reservation (the default) the eviction
+chooses the groups' lengths within `elastic_page_limit` (docs/integration.md).
 
 Run: python examples/python/engine_loop.py   (after `pip install .`)
 """
@@ -45,7 +47,10 @@ def snapshot(label: str, kv: tangram.KVCacheManager) -> dict:
 def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     samples = tangram.load_retention_samples(
         str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
-    plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples))
+    options = tangram.PlanOptions()
+    options.reservation = "static"  # expected_kept stands in for the eviction (docstring)
+    plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples),
+                              options)
     kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16)
 
     # Admission until full: the reservation is exact, so "does not fit" is known up front.

@@ -19,7 +19,9 @@ from conftest import make_plan
 PRELUDE = """
 import numpy as np, tangram
 samples = tangram.load_retention_samples(str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
-plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples))
+options = tangram.PlanOptions()
+options.reservation = "static"  # as the static_plan fixture (conftest.make_plan)
+plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples), options)
 H, d = plan.num_kv_heads, plan.model.head_dim
 kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
 seq = kv.try_admit(24, 4)

@@ -36,6 +36,12 @@ def test_plan_options_round_trip_every_field():
                                                                         "compressible_tokens")
 
 
+def test_plan_options_default_to_elastic_reservation(model, profile):
+    o = tangram.PlanOptions()  # follows plan_options' defaults
+    assert (o.reservation, o.margin) == ("elastic", 0.15)
+    assert tangram.build_plan(model, profile).options.reservation == "elastic"
+
+
 def test_plan_save_and_load(tmp_path, static_plan):
     path = tmp_path / "plan.json"
     tangram.save_plan(static_plan, str(path))

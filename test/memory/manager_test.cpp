@@ -419,10 +419,11 @@ TEST_CASE("tensor parallelism: admit on every rank or on none", "[memory][manage
   std::vector<static_plan> plans;
   for (std::int32_t rank = 0; rank < 2; ++rank) {
     plan_options o;
-    o.page_tokens = 4;
-    o.group_size  = 2;
-    o.tp_size     = 2;
-    o.tp_rank     = rank;
+    o.reservation.mode = reservation_mode::static_budgets;  // the profile has no keep ratio
+    o.page_tokens      = 4;
+    o.group_size       = 2;
+    o.tp_size          = 2;
+    o.tp_rank          = rank;
     plans.push_back(build_static_plan(model, p, o));
   }
   simulated_memory_resource sim;

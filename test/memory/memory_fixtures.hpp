@@ -22,6 +22,14 @@
 
 namespace tangram::test {
 
+/// Static per-group budgets. The fixtures' plans default to it (not to the library's default,
+/// elastic): most memory tests check static reservation; elastic ones pass elastic_reservation.
+inline reservation_options static_reservation() {
+  reservation_options r;
+  r.mode = reservation_mode::static_budgets;
+  return r;
+}
+
 /// The plan of `model` from bundled samples (`samples_rel` under data/), budgets calibrated by the
 /// library (mu + 2 sigma).
 inline static_plan real_plan(model_spec const& model,
@@ -31,7 +39,7 @@ inline static_plan real_plan(model_spec const& model,
                              grouping_scope scope,
                              std::int32_t tp_size            = 1,
                              std::int32_t tp_rank            = 0,
-                             reservation_options reservation = {}) {
+                             reservation_options reservation = static_reservation()) {
   plan_options o;
   o.reservation = reservation;
   o.page_tokens = page_tokens;
@@ -46,7 +54,7 @@ inline static_plan real_plan(model_spec const& model,
 inline static_plan llama_plan(std::string const& scorer,
                               std::int32_t page_tokens        = 16,
                               std::int32_t group_size         = 4,
-                              reservation_options reservation = {}) {
+                              reservation_options reservation = static_reservation()) {
   return real_plan(model_preset("llama-3.1-8b"),
                    "profiles/" + scorer + "/llama-3.1-8b-instruct.json",
                    page_tokens,
@@ -105,7 +113,7 @@ inline static_plan tiny_plan(std::vector<double> budgets,
                              std::int32_t group_size         = 2,
                              std::int32_t window             = 10,
                              grouping_scope scope            = grouping_scope::global,
-                             reservation_options reservation = {},
+                             reservation_options reservation = static_reservation(),
                              double keep_ratio               = 0.5) {
   budget_profile p;
   p.target_keep_ratio = keep_ratio;

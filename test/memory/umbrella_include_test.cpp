@@ -28,8 +28,10 @@ TEST_CASE("tangram.hpp alone builds a plan and runs a manager", "[memory][onboar
   profile.window_tokens     = 2;
   profile.budgets           = {0.5, 0.25, 0.75, 0.5};
   tangram::plan_options po;
-  po.page_tokens = 4;
-  po.group_size  = 2;
+  // Static: expected_kept stands in for the eviction below, which elastic plans do not allow.
+  po.reservation.mode = tangram::reservation_mode::static_budgets;
+  po.page_tokens      = 4;
+  po.group_size       = 2;
   auto plan      = tangram::build_static_plan(model, profile, po);
   REQUIRE(plan.num_groups() >= 1);
 

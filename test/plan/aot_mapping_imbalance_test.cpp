@@ -311,7 +311,8 @@ TEST_CASE("on a real profile the static map balances better than per-step baseli
   auto prof      = calibrate(s);
   auto plan_with = [&](split_weighting w) {
     plan_options o;
-    o.split.weighting = w;
+    o.split.weighting  = w;
+    o.reservation.mode = reservation_mode::static_budgets;  // the map weighed on the budgets
     return build_static_plan(model_preset("llama-3.1-8b"), prof, o);
   };
   auto ps = plan_with(split_weighting::batch_share), pb = plan_with(split_weighting::budget);

@@ -170,9 +170,13 @@ TEST_CASE("calibrate: bad options and inputs are one-line errors with exit 2", "
 }
 
 TEST_CASE("plan --json: group waste, groups and split imbalance of the plan", "[cli]") {
-  auto v    = parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"}));
-  auto s    = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
-  auto plan = build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), {});
+  // Static: the split imbalance below is the budgets' (an elastic plan's is its placements').
+  auto v = parse_out(
+      run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
+  auto s = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  plan_options so;
+  so.reservation.mode = reservation_mode::static_budgets;
+  auto plan           = build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), so);
   CHECK(num(v, "num_groups") == 64);
   CHECK(num(v, "group_waste") == group_waste(plan.grouping, plan.rules));
   CHECK(v.find("model")->string() == "Llama-3.1-8B");
@@ -238,10 +242,13 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   CHECK(p.first_kv_head == 4);
   CHECK(p.num_groups() == 32);
 
-  // The reference traffic of the split map: a service of long prompts only.
+  // The reference traffic of the split map: a service of long prompts only (a static plan, whose
+  // map is weighed on its budgets).
   auto long_path = tmp("llama.long-traffic.plan.json");
   auto lr        = run({"plan",
                         "snapkv/llama-3.1-8b-instruct",
+                        "--reservation",
+                        "static",
                         "--reference-contexts",
                         "65536,131072",
                         "--share-quantile",
@@ -292,11 +299,13 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
     CHECK(sum == 264);
   }
 
-  // A profile file plans like the samples it came from; hybrid models pick their preset.
+  // A profile file plans like the samples it came from under static budgets (elastic weighs the
+  // map on the samples' placements, which a profile lacks); hybrid models pick their preset.
   auto profile = tmp("ea-qwen.profile.json");
   REQUIRE(run({"calibrate", "ea/qwen3-4b-instruct-2507", "--out", profile}).code == 0);
-  auto a = parse_out(run({"plan", "ea/qwen3-4b-instruct-2507", "--json"}));
-  auto b = parse_out(run({"plan", profile, "--json"}));
+  auto a = parse_out(
+      run({"plan", "ea/qwen3-4b-instruct-2507", "--json", "--reservation", "static"}));
+  auto b = parse_out(run({"plan", profile, "--json", "--reservation", "static"}));
   CHECK(num(a, "group_waste") == num(b, "group_waste"));
   CHECK(num(a, "split_imbalance") == num(b, "split_imbalance"));
   auto g = parse_out(run({"plan", data_path("derived/gemma-3-12b-it.derived.json"), "--json"}));
@@ -429,13 +438,20 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   auto iv = parse_out(run({"inspect", path, "--json"}));
   CHECK(iv.find("reservation")->string() == "elastic");
   CHECK(num(iv, "margin") == 0.125);
-  auto v = parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"}));
+  auto v = parse_out(
+      run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
   CHECK(v.find("reservation")->string() == "static");
   CHECK(v.find("margin")->type() == json::kind::null);
   auto e = parse_out(
       run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "elastic"}));
   CHECK(e.find("reservation")->string() == "elastic");
   CHECK(num(e, "margin") == 0.15);
+  // Elastic is the default: without --reservation the plan is the elastic one, margin included.
+  auto d = parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"}));
+  CHECK(d.find("reservation")->string() == "elastic");
+  CHECK(num(d, "margin") == 0.15);
+  CHECK(d.find("split_from_placements")->boolean());
+  CHECK(num(d, "split_imbalance") == num(e, "split_imbalance"));
   // From samples: the split map is weighed on their placements and the imbalance measured on them
   // (the saved map equals the library's build from the same samples).
   CHECK(e.find("split_from_placements")->boolean());
@@ -452,7 +468,7 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
     CHECK(p.splits.cta_begin == library.splits.cta_begin);
     CHECK(p.splits.cta_begin != build_static_plan(p.model, p.profile, o).splits.cta_begin);
   }
-  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--margin", "0.1"},
+  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "static", "--margin", "0.1"},
                2,
                {"--margin", "--reservation elastic"});
   expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "dynamic"},
@@ -462,6 +478,26 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
       {"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "elastic", "--margin", "11"},
       2,
       {"--margin", "11"});
+  // A profile without a keep ratio cannot take the default (elastic) reservation: the error names
+  // the option, the field and the value, and --reservation static plans it.
+  auto profile = tmp("no-keep-ratio.profile.json");
+  REQUIRE(run({"calibrate", "snapkv/llama-3.1-8b-instruct", "--out", profile}).code == 0);
+  // With its keep ratio a profile plans elastic by default, its map weighed on the groups' rules.
+  auto from_profile = run({"plan", profile});
+  INFO(from_profile.err);
+  REQUIRE(from_profile.code == 0);
+  CHECK(from_profile.out.find("reservation: elastic, margin 0.15") != std::string::npos);
+  CHECK(from_profile.out.find("over the groups' rules") != std::string::npos);
+  auto text = detail::read_file(profile);
+  auto at   = text.find("\"target_keep_ratio\":");
+  REQUIRE(at != std::string::npos);
+  auto value = at + std::string("\"target_keep_ratio\":").size();
+  detail::write_file(profile, text.replace(value, text.find(',', value) - value, " 0"));
+  expect_error({"plan", profile},
+               2,
+               {"--reservation: elastic reservation (the default)", "target_keep_ratio", "got 0",
+                "static"});
+  CHECK(run({"plan", profile, "--reservation", "static"}).code == 0);
 }
 
 TEST_CASE("usage errors name the option and the value, help per command, output failures",

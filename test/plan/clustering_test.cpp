@@ -141,9 +141,11 @@ TEST_CASE("hybrid models keep kinds apart", "[clustering]") {
   p.window_tokens    = 64;
   for (int l = 5; l < 48; l += 6) p.layer_ids.push_back(l);
   for (std::size_t i = 0; i < p.layer_ids.size() * 8; ++i) p.budgets.push_back(0.05 + 0.01 * static_cast<double>(i % 17));
+  // Static: this hand-made profile has no keep ratio, which elastic reservation needs.
+  plan_options o;
+  o.reservation.mode = reservation_mode::static_budgets;
   for (auto scope : {grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global}) {
-    plan_options o;
-    o.scope = scope;
+    o.scope   = scope;
     auto plan = build_static_plan(model, p, o);
     REQUIRE_NOTHROW(plan.grouping.validate());
     for (auto const& g : plan.grouping.groups) {
@@ -162,7 +164,7 @@ TEST_CASE("hybrid models keep kinds apart", "[clustering]") {
   // Profiling a sliding layer is refused.
   auto bad = p;
   bad.layer_ids[0] = 4;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_static_plan(model, bad, {}), invalid_argument, "layer 4",
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_static_plan(model, bad, o), invalid_argument, "layer 4",
                                   "sliding-window");
 }
 

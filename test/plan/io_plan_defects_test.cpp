@@ -99,6 +99,7 @@ TEST_CASE("plan_json_bound is an upper bound of the written plan", "[regression]
     auto model   = synthetic_model(s.L, s.H, std::string(200, '\x01'));
     auto profile = synthetic_profile(model, 7);
     plan_options o;
+    o.reservation.mode         = reservation_mode::static_budgets;  // no keep ratio to be elastic
     o.group_size               = s.Hp;
     o.scope                    = s.scope;
     o.tp_size                  = s.tp;
@@ -174,6 +175,7 @@ TEST_CASE("reference contexts above 2^24 are refused by the CLI, the reader and 
   auto model   = synthetic_model(2, 4);
   auto profile = synthetic_profile(model, 3);
   plan_options o;
+  o.reservation.mode         = reservation_mode::static_budgets;  // no keep ratio to be elastic
   o.split.reference_contexts = {1024, (std::int64_t{1} << 24) + 1};
   // The planner refuses it too (split_options::validate), not only the file layer.
   TANGRAM_REQUIRE_THROWS_WITH_ALL(build_static_plan(model, profile, o),

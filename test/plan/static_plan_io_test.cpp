@@ -113,18 +113,23 @@ void expect_rejected(std::string const& text,
 
 }  // namespace
 
-TEST_CASE("static plans round-trip through JSON for every profile and scope", "[plan_io]") {
+TEST_CASE("static plans round-trip through JSON for every profile, scope and reservation",
+          "[plan_io]") {
   for (auto const& rel : bundled_profiles()) {
     for (auto scope : {grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global}) {
-      INFO(rel << " " << to_string(scope));
-      plan_options o;
-      o.scope = scope;
-      if (scope == grouping_scope::layer) o.split.weighting = split_weighting::budget;
-      auto p    = make_plan("profiles/" + rel, o);
-      auto text = to_json(p);
-      auto q    = parse_static_plan(text, "mem");
-      require_same(p, q);
-      CHECK(to_json(q) == text);  // stable
+      for (auto mode : {reservation_mode::static_budgets, reservation_mode::elastic}) {
+        INFO(rel << " " << to_string(scope) << " " << to_string(mode));
+        plan_options o;
+        o.scope            = scope;
+        o.reservation.mode = mode;
+        if (scope == grouping_scope::layer) o.split.weighting = split_weighting::budget;
+        auto p    = make_plan("profiles/" + rel, o);
+        auto text = to_json(p);
+        auto q    = parse_static_plan(text, "mem");
+        require_same(p, q);
+        CHECK(q.options.reservation.mode == mode);
+        CHECK(to_json(q) == text);  // stable
+      }
     }
   }
 }
@@ -142,9 +147,17 @@ TEST_CASE("the reservation mode round-trips, files without it are static, bad va
   CHECK(q.options.reservation.margin == 0.125);
   CHECK(q.options.reservation.basis == keep_ratio_basis::compressible_tokens);
   CHECK(plan_difference(p, q).empty());
-  auto s = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", plan_options{});
+  plan_options so;
+  so.reservation.mode = reservation_mode::static_budgets;
+  auto s = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", so);
   CHECK(plan_difference(p, s).find("options.reservation") != std::string::npos);
-  // A file from before elastic reservation (no "reservation") reads as static.
+  // Elastic is the default, and a default plan's file says so.
+  auto dflt =
+      parse_static_plan(to_json(make_plan("profiles/snapkv/llama-3.1-8b-instruct.json")), "d");
+  CHECK(dflt.options.reservation.mode == reservation_mode::elastic);
+  CHECK(dflt.options.reservation.margin == default_elastic_margin);
+  // A file from before elastic reservation (no "reservation") reads as static, what it was
+  // written as, not as the current default.
   auto doc      = json::parse(text, "t");
   auto& options = at(doc, {"options"}).members();
   options.erase(

@@ -245,6 +245,7 @@ TEST_CASE("FlashInfer's 32-bit virtual page ids are checked when the manager is 
   profile.window_tokens    = 2;
   profile.budgets.assign(1024, 0.5);
   plan_options po;
+  po.reservation.mode      = reservation_mode::static_budgets;  // the profile has no keep ratio
   po.page_tokens           = 4;
   po.group_size            = 1024;
   po.split.limits.sm_count = 512;  // N_CTA >= 1024 heads of a layer

@@ -48,6 +48,7 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   CHECK(root["policies"]["tangram_elastic"]["generated_tokens"].as_int(0, 1LL << 60) ==
         root["policies"]["tangram"]["generated_tokens"].as_int(0, 1LL << 60));
   CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(0.15));
+  CHECK(root["tangram_elastic"]["default_reservation"].as_bool());  // the `tangram` column is static
   CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 8192);
   CHECK(root["tangram_elastic"]["needs"].as_string().find("modelled: retention sample") == 0);
   CHECK(root["tangram_elastic"]["eviction_pass"].as_string().find("modelled") == 0);
@@ -65,7 +66,8 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
   INFO(r.err);
   REQUIRE(r.rc == 0);
   for (char const* piece : {"full_kv", "unified_nonuniform", "tangram", "resident sessions, peak", "(modelled)",
-                            "vs full_kv", "tangram_elastic: margin 0.15"})
+                            "vs full_kv", "tangram: static per-group budgets (--reservation static)",
+                            "tangram_elastic: elastic reservation, the default", "margin 0.15;"})
     CHECK(r.out.find(piece) != std::string::npos);
   // The header names four columns, static tangram third and tangram_elastic fourth; every row of
   // figures has four values.

@@ -33,6 +33,8 @@ std::string setting_of(calibration_options const& o) {
 
 struct calibrate_args {
   std::optional<std::string> input;
+  // Static stays the default here, unlike plan_options: this command writes the budget profile
+  // (--out), which elastic plans group their heads by too; elastic is a report on the samples.
   std::string reservation = "static";
   calibration_args cal;
   evaluation_options ev;
@@ -379,8 +381,9 @@ command_body setup_calibrate(CLI::App& app) {
       [a](std::string const& v) { a->reservation = v; },
       a->reservation,
       {"static", "elastic"},
-      "static: one budget per head; elastic: the scorer's total per request plus a margin, "
-      "placed per group at eviction");
+      "static: one budget per head (the budgets every plan groups its heads by, elastic ones "
+      "too; --out writes them); elastic: the report of the plans' default reservation, the "
+      "scorer's total per request plus a margin, placed per group at eviction");
   add_calibration_options(app, a->cal);
   add_integer(
       app, "--folds", ev.folds, 0, 100000, "k of the held-out evaluation (0: none; 1 is refused)");

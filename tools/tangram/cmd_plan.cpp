@@ -198,7 +198,11 @@ int plan_command(plan_args& a, streams io) {
   s << ")\n"
     << "  split map: N_CTA = " << plan.splits.num_ctas() << " (" << o.split.limits.sm_count
     << " SMs x " << o.split.limits.ctas_per_sm << "), weighting " << to_string(o.split.weighting)
-    << (split_from_placements ? " over elastic placements of the samples" : "")
+    << (split_from_placements ? " over elastic placements of the samples"
+        : o.reservation.mode == reservation_mode::elastic && !src.samples
+            ? " over the groups' rules (a profile has no samples to place; plan from the "
+              "retention samples for a better-balanced elastic map)"
+            : "")
     << "\n\n"
     << "  split imbalance (max / mean CTA tokens) over the " << plan.num_layers << " layers, "
     << batch.requests << " requests, contexts log-uniform " << batch.min_context << ".."

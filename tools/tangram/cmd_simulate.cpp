@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // `tangram simulate`: replays a multi-turn workload for full_kv, unified_nonuniform, tangram
-// (static per-group budgets) and tangram_elastic (elastic reservation) side by side on the real
-// library (simulated memory), with a roofline time model.
+// (static per-group budgets, `--reservation static`) and tangram_elastic (elastic reservation,
+// the library's default) side by side on the real library (simulated memory), with a roofline
+// time model.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -81,7 +82,13 @@ struct simulate_args {
   double margin = default_elastic_margin;
   workload_options wo;
   replay_options ro;
-  plan_options po;
+  // The `tangram` column is static budgets, explicitly (elastic is plan_options' default); the
+  // tangram_elastic column re-plans these options elastically (elastic_plan).
+  plan_options po = [] {
+    plan_options o;
+    o.reservation.mode = reservation_mode::static_budgets;
+    return o;
+  }();
   std::optional<std::string> plot;
   bool json = false;
   bool quiet = false;
@@ -376,6 +383,7 @@ int simulate(simulate_args& a, streams io) {
     pl.set("group_waste", group_waste(plan.grouping, plan.rules));
     doc.set("plan", std::move(pl));
     auto el = json::value::object();
+    el.set("default_reservation", plan_options{}.reservation.mode == reservation_mode::elastic);
     el.set("margin", a.margin);
     el.set("max_chunk_tokens", ro.prefill_chunk);
     el.set("needs", needs_from_samples
@@ -533,7 +541,8 @@ int simulate(simulate_args& a, streams io) {
     << "  Reservation: max_tokens " << ro.max_tokens << " per turn (context " << ro.max_context
     << "), answers drawn separately; unified_nonuniform keeps "
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
-    << "  tangram_elastic: margin " << a.margin << "; each prefilling request also holds staging for one "
+    << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
+    << "  of plan_options and `tangram plan`, margin " << a.margin << "; each prefilling request also holds staging for one "
     << ro.prefill_chunk << "-token chunk; per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
     << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"

@@ -23,7 +23,8 @@ struct command {
 
 constexpr command commands[] = {
     {"simulate",
-     "Replay multi-turn serving: full_kv, unified_nonuniform and tangram side by side",
+     "Replay multi-turn serving: full_kv, unified_nonuniform, tangram (static) and "
+     "tangram_elastic (default reservation) side by side",
      setup_simulate},
     {"calibrate",
      "Static budgets from retention samples, with held-out and rank-stability figures",

@@ -93,6 +93,7 @@ static_plan build_plan_for_cli(model_spec const& model,
         {"plan_options.group_size: ", "--group-size"},
         {"group_size: ", "--group-size"},
         {"plan_options.page_tokens: ", "--page-tokens"},
+        {"plan_options.reservation.mode: ", "--reservation"},
         {"N_CTA", "--sms x --ctas-per-sm"},
     };
     std::string_view what = e.what();

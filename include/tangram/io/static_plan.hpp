@@ -183,7 +183,10 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   if (p.model.num_kv_heads % p.options.tp_size != 0)
     o["tp_size"].fail(cat(
         "must divide the model's ", p.model.num_kv_heads, " KV heads, got ", p.options.tp_size));
-  if (auto r = o.find("reservation")) {  // absent in files written before elastic reservation
+  // Absent in files written before elastic reservation: those were static plans (their split
+  // maps and budgets assume static), so a missing field means static, not the current default.
+  p.options.reservation.mode = reservation_mode::static_budgets;
+  if (auto r = o.find("reservation")) {
     auto m    = (*r)["mode"];
     auto mode = reservation_mode_named(m.as_string(32));
     if (!mode)

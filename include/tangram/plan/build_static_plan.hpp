@@ -66,9 +66,10 @@ inline static_plan build_static_plan(model_spec const& model,
   TANGRAM_EXPECTS(options.reservation.mode != reservation_mode::elastic ||
                       (profile.target_keep_ratio > 0 && profile.target_keep_ratio <= 1),
                   invalid_argument,
-                  "plan_options.reservation.mode: elastic reservation needs the profile's "
-                  "target_keep_ratio in (0, 1], got ",
-                  profile.target_keep_ratio);
+                  "plan_options.reservation.mode: elastic reservation (the default) needs the "
+                  "profile's target_keep_ratio in (0, 1], got ",
+                  profile.target_keep_ratio,
+                  "; give the profile its keep ratio or choose reservation mode static");
   static_plan p;
   p.model         = model;
   p.profile       = profile;

@@ -141,9 +141,14 @@ inline std::int64_t elastic_compressed_pages(scorer_total const& t,
 /// held-out clipping on every bundled profile (docs/planning.md#elastic-reservation).
 inline constexpr double default_elastic_margin = 0.15;
 
-/// @brief The reservation part of plan_options.
+/**
+ * @brief The reservation part of plan_options. Elastic is the default: on the bundled profiles it
+ * reserves about 1.14x the ideal footprint against 1.27-1.40x for static mu + 2 sigma budgets
+ * (docs/memory.md#elastic-reservation). Choose `reservation_mode::static_budgets` for an engine
+ * that cannot run one cross-layer eviction per chunk (docs/integration.md).
+ */
 struct reservation_options {
-  reservation_mode mode  = reservation_mode::static_budgets;
+  reservation_mode mode  = reservation_mode::elastic;
   double margin          = default_elastic_margin;  ///< elastic only, in [0, max_elastic_margin]
   keep_ratio_basis basis = keep_ratio_basis::all_tokens;  ///< elastic only
 

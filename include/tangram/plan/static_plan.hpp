@@ -32,7 +32,7 @@ struct plan_options {
   split_options split;              ///< N_CTA and how shares are weighted
   std::int32_t tp_size = 1;         ///< tensor-parallel ranks sharing the KV heads
   std::int32_t tp_rank = 0;         ///< the rank this plan is for
-  reservation_options reservation;  ///< static budgets (default) or elastic
+  reservation_options reservation;  ///< elastic (default) or static budgets
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
