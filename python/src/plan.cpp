@@ -80,7 +80,8 @@ void bind_plan(nb::module_& m) {
       .def_prop_rw("reservation",
                    [](plan_options const& o) { return std::string(to_string(o.reservation.mode)); },
                    [](plan_options& o, std::string const& v) { o.reservation.mode = reservation_from(v); },
-                   "\"static\" (per-group budgets) or \"elastic\" (the scorer's total, placed at eviction)")
+                   "\"elastic\" (the default: the scorer's total, placed per group at eviction) or\n"
+                   "\"static\" (per-group budgets; docs/memory.md says when to choose it)")
       .def_prop_rw("margin", [](plan_options const& o) { return o.reservation.margin; },
                    [](plan_options& o, double v) { o.reservation.margin = v; })
       .def_prop_rw("basis",
