@@ -252,6 +252,7 @@ class tangram_policy final : public live_accounting_policy {
     policy_memory m;
     m.allocated_bytes = static_cast<double>(pool.used_pages() + pool.reserved_pages()) *
                         static_cast<double>(pool.page_bytes());
+    m.held_bytes = static_cast<double>(pool.used_pages()) * static_cast<double>(pool.page_bytes());
     m.live_bytes     = live_.total();
     m.reclaim_ops    = manager_.stats().reclaimed_pages;
     m.released_pages = manager_.stats().surplus_pages_released;
