@@ -125,3 +125,16 @@ TEST_CASE("simulate --plot also draws the time breakdown and the TTFT-vs-rate fi
   CHECK(rate.find("<polyline") != std::string::npos);
   CHECK(r.out.find("simulate_sweep_plot-rate.svg") != std::string::npos);
 }
+
+TEST_CASE("simulate --rate-sweep sizes the policies for the sweep's own sessions", "[simulate][cli][rate_sweep]") {
+  // The sweep's sessions (Poisson arrivals drawn at 1 session/s) are not the main run's (all at
+  // t = 0): here one of them is longer than any of the main run's, which once overflowed the
+  // baseline's per-slot token limit ("takes slot 1 to 43802 tokens (max 43456)").
+  auto r = run({"simulate", "--profile", "fastkvzip/qwen3-4b-instruct-2507", "--context-range", "20000,45000",
+                "--turns", "1", "--sessions", "64", "--rate-sweep", "2", "--json", "--quiet"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK(root["rate_sweep"]["points"][0]["policies"]["unified_nonuniform"]["completed_requests"].as_int(0, 1000) == 64);
+}

@@ -217,8 +217,17 @@ int simulate(simulate_args& a, streams io) {
           cat("--workload: ", e.what(), " (give short, mid, long or a tangram-workload/v1 file)"));
     }
   }
+  // --rate-sweep: the same sessions (generated once at 1 session/s) at each arrival rate; the
+  // policies are sized for the longest session of either workload.
+  workload unit;
+  if (!a.rate_sweep.empty()) {
+    workload_options uo = wo;
+    uo.arrival_rate     = 1;
+    unit                = generate_workload(uo);
+  }
   std::int64_t max_tokens = 1;
-  for (auto const& s : work.sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
+  for (auto const* w : {&work, &unit})
+    for (auto const& s : w->sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
   // The baselines count a head's tokens in 32 bits; a longer session is refused at admission.
   max_tokens = std::min<std::int64_t>(max_tokens, std::numeric_limits<std::int32_t>::max());
   auto n_sessions = static_cast<std::int32_t>(work.sessions.size());
@@ -312,13 +321,10 @@ int simulate(simulate_args& a, streams io) {
     return into;
   };
   results = run_all(work, true);
-  // --rate-sweep: the same sessions (generated once at 1 session/s) at each arrival rate.
   std::vector<rate_point> sweep;
   if (!a.rate_sweep.empty()) {
-    workload_options uo = wo;
-    uo.arrival_rate     = 1;
     std::size_t k = 0;
-    sweep = sweep_arrival_rates(generate_workload(uo), a.rate_sweep, [&](workload const& w) {
+    sweep = sweep_arrival_rates(unit, a.rate_sweep, [&](workload const& w) {
       run_label = cat("rate ", a.rate_sweep[k++], "/s, ");
       return run_all(w, false);
     });
