@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "simulate_report.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "test_support.hpp"
@@ -137,4 +138,24 @@ TEST_CASE("simulate --rate-sweep sizes the policies for the sweep's own sessions
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK(root["rate_sweep"]["points"][0]["policies"]["unified_nonuniform"]["completed_requests"].as_int(0, 1000) == 64);
+}
+
+TEST_CASE("the time-breakdown figure's segments sum to the makespan's terms", "[simulate][plot]") {
+  tangram::sim::time_breakdown t;
+  t.prefill_s          = 1;
+  t.eviction_pass_s    = 2;
+  t.decode_attention_s = 4;
+  t.weights_s          = 8;
+  t.reclamation_s      = 16;
+  t.replanning_s       = 32;
+  t.overhead_s         = 64;
+  t.control_plane_s    = 128;
+  t.idle_s             = 256;
+  double sum = 0;
+  for (auto const& seg : tangram::cli::time_segments(t)) sum += seg.seconds;
+  CHECK(sum == 511);  // every term once: 1 + 2 + ... + 256
+  CHECK(tangram::cli::plot_path("out/m.svg", "-time") == "out/m-time.svg");
+  CHECK(tangram::cli::plot_path("m", "-rate") == "m-rate");
+  CHECK(tangram::cli::plot_path("a.b/m", "-rate") == "a.b/m-rate");
+  CHECK(tangram::cli::plot_path(".svg", "-rate") == ".svg-rate");
 }
