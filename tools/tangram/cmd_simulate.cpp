@@ -91,6 +91,7 @@ struct simulate_args {
   std::vector<std::int64_t> context_range;  // --context-range LO,HI (generated workloads)
   std::vector<double> rate_sweep;           // --rate-sweep R1,R2,... sessions/s (generated workloads)
   bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
+  bool full_kv_blocks = false;  // --full-kv-scheduler vllm-blocks: block-level prefix eviction
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
@@ -295,6 +296,7 @@ int simulate(simulate_args& a, streams io) {
       unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
       full.set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
       full.set_vllm_v1(!a.full_kv_pinned);
+      full.set_block_eviction(a.full_kv_blocks);
       run(w, into, full, 0);
     }
     run(w, into, *make_unified(), 1);
@@ -395,7 +397,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
     c.set("gpu_preset", a.gpu_key);
-    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : "vllm");
+    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm-blocks" : "vllm");
     c.set("step_token_budget", ro.step_token_budget);
     c.set("max_running", ro.max_running);
     c.set("active_weight_bytes", model.active_weight_bytes);
@@ -586,6 +588,10 @@ int simulate(simulate_args& a, streams io) {
                            "whole,\n  recomputed as prefill on the next turn), the newest request preempted when a step runs "
                            "out;\n  the other policies keep idle sessions and admit new ones with headroom (see "
                            "--full-kv-scheduler).\n");
+  if (a.full_kv_blocks)
+    o << "  --full-kv-scheduler vllm-blocks: full_kv evicts the LRU idle session's tail blocks one by one and keeps its "
+         "prefix\n  (prefix blocks evicted: "
+      << base.prefix_blocks_evicted << "), not whole sessions.\n";
   if (a.full_kv_pinned)
     o << "  --full-kv-scheduler pinned: full_kv admits whole prompts, keeps idle sessions and leaves headroom, "
          "like the compressed policies.\n";
@@ -700,9 +706,15 @@ command_body setup_simulate(CLI::App& app) {
   app.add_flag("--charge-control-plane", a->charge_control_plane,
                "Add each step's measured policy (control-plane) time to modelled time (not deterministic)");
   add_choice(
-      app, "--full-kv-scheduler", [a](std::string const& v) { a->full_kv_pinned = v == "pinned"; }, "vllm",
-      {"vllm", "pinned"},
-      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache recomputed on a miss) or with "
+      app, "--full-kv-scheduler",
+      [a](std::string const& v) {
+        a->full_kv_pinned = v == "pinned";
+        a->full_kv_blocks = v == "vllm-blocks";
+      },
+      "vllm", {"vllm", "vllm-blocks", "pinned"},
+      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache evicted a whole session at a time "
+      "and recomputed on a miss; vllm-blocks: the same evicting the LRU session's tail blocks one by one and "
+      "keeping its prefix, as vLLM v1's block pool does) or with "
       "the simulator's session-aware admission the compressed policies use (pinned: whole prompt, idle "
       "sessions kept, headroom for new sessions)");
   app.add_flag("--ablation", a->ablation,

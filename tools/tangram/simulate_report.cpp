@@ -47,6 +47,7 @@ json::value result_json(replay_result const& r) {
   o.set("truncated_answers", r.truncated_answers);
   o.set("reserved_decode_tokens", r.reserved_decode_tokens);
   o.set("modelled_ttft_p50_s", r.modelled_ttft_p50_s);
+  o.set("prefix_blocks_evicted", r.prefix_blocks_evicted);
   o.set("compressed_keep_ratio", r.compressed_keep_ratio);
   o.set("stored_keep_ratio", r.stored_keep_ratio);
   auto t = json::value::object();

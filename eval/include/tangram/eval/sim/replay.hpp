@@ -90,6 +90,11 @@ class kv_policy {
   /// the least recently used idle session's KV is dropped before any running sequence is
   /// preempted, and admission keeps no continuation headroom for idle sessions. Default false.
   [[nodiscard]] virtual bool idle_kv_is_prefix_cache() const { return false; }
+  /// A prefix cache evicting blocks, not whole sessions (vLLM v1's block pool): drops the last
+  /// block (one page of every layer) of an idle session's cached KV and returns the tokens it
+  /// still holds (0: nothing left, the replay then releases the session); -1 (the default): the
+  /// policy evicts whole sessions only.
+  virtual std::int64_t evict_cached_block(std::int32_t /*session*/) { return -1; }
   /// Pages in the pool, for utilisation figures.
   [[nodiscard]] virtual double capacity_bytes() const = 0;
 };
@@ -162,6 +167,7 @@ struct replay_result {
   std::int64_t released_pages      = 0;
   std::int64_t preemptions         = 0;  ///< running sequences preempted (recompute)
   std::int64_t idle_evictions      = 0;  ///< idle sessions whose KV was dropped to make room
+  std::int64_t prefix_blocks_evicted = 0;  ///< tail blocks of idle sessions' cached KV evicted
   std::int64_t recomputed_tokens   = 0;
   std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
   std::int64_t steps               = 0;
@@ -515,6 +521,24 @@ inline replay_result replay(workload const& work,
         victim = s;
     }
     if (victim < 0) return false;
+    // Block-level prefix cache: the victim's tail block goes, its prefix stays cached; its next
+    // turn prefills the evicted tokens again. A preempted (paused) request is dropped whole.
+    if (auto& vs = ss_of(victim); !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
+      std::int64_t left = timed([&] { return policy.evict_cached_block(victim); });
+      if (left > 0) {
+        std::int64_t evicted = vs.cached - left;
+        TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history, logic_error, "replay: session ", victim,
+                        " evicted ", evicted, " cached tokens of ", vs.cached);
+        out.prefix_blocks_evicted += 1;
+        out.recomputed_tokens += evicted;
+        seen_tokens -= evicted;
+        vs.cached -= evicted;
+        vs.history -= evicted;
+        if (vs.state == phase::waiting) vs.to_prefill += evicted;
+        return true;
+      }
+      if (left == 0) out.prefix_blocks_evicted += 1;
+    }
     out.idle_evictions += 1;
     drop_kv(victim);
     auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
