@@ -89,6 +89,7 @@ TEST_CASE("simulate reports the keep ratio as compressed and as stored", "[simul
   REQUIRE(r.rc == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
+  CHECK(root["keep_ratio_definitions"].as_string().find("stored_keep_ratio") != std::string::npos);
   auto full = root["policies"]["full_kv"];
   CHECK(full["compressed_keep_ratio"].as_double(0, 10) == Approx(1.0).epsilon(1e-9));
   CHECK(full["stored_keep_ratio"].as_double(0, 10) >= 1.0);

@@ -377,6 +377,10 @@ int simulate(simulate_args& a, streams io) {
     doc.set("profile", src.source);
     doc.set("keep_ratio", keep_ratio);
     doc.set("keep_rescaled", keep.has_value());
+    doc.set("keep_ratio_definitions",
+            "policies.*.compressed_keep_ratio: live bytes / the same tokens uncompressed; stored_keep_ratio: bytes "
+            "of pages held (padding, group waste, page rounding; no unbacked reservation) / the same tokens "
+            "uncompressed; both time-weighted over the tokens handed to each policy");
     auto w = json::value::object();
     w.set("name", work.name);
     w.set("sessions", n_sessions);
