@@ -171,5 +171,41 @@ TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, 
 
   auto [rc3, out3, err3] = run({"simulate", "--full-kv-scheduler", "lru"});
   CHECK(rc3 == 2);
-  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, pinned") != std::string::npos);
+  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, vllm-blocks, pinned") != std::string::npos);
+}
+
+TEST_CASE("full_kv with block eviction: the idle session loses its tail blocks, keeps its prefix",
+          "[replay][vllm][blocks]") {
+  auto plan      = test::llama_plan("snapkv");
+  std::int64_t P = plan.geometry.page_tokens;
+  auto m         = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  // The scenario above, 10 pages per layer. A's first turn leaves 6P + 1 tokens cached (6P
+  // prefilled, 1 decode append; 7 pages a layer) and 6P + 2 of history. B's admission needs its
+  // first 6-page chunk: 3 free, so A's tail blocks go one by one: 6P + 1 -> 6P -> 5P -> 4P (3
+  // blocks). B's decode append then needs a 7th page: one more block, 4P -> 3P. B finishes and
+  // frees its pages; A's second turn prefills only what it lost: its history drops from 6P + 2
+  // by the 3P + 1 evicted tokens, so it prefills (6P + 2) - (3P + 1) = 3P + 1 again, plus its
+  // P-token prompt.
+  workload w;
+  w.sessions.push_back({0.0, {{6 * P, 2, 10.0}, {P, 1, 0.0}}});
+  w.sessions.push_back({1.0, {{6 * P, 2, 0.0}}});
+  unified_policy full(plan, unified_mode::full_kv, unified_kv_bytes(plan, 10), 2, 2, 1 << 20);
+  full.set_block_eviction(true);
+  auto r = replay(w, full, cost);
+  CHECK(r.prefix_blocks_evicted == 4);
+  CHECK(r.idle_evictions == 0);
+  CHECK(r.preemptions == 0);
+  CHECK(r.admission_waits == 0);
+  CHECK(r.recomputed_tokens == 3 * P + 1);
+  CHECK(r.prefilled_tokens == 6 * P + 6 * P + (3 * P + 1 + P));
+  CHECK(r.generated_tokens == 5);
+  CHECK(r.completed_requests == 3);
+  CHECK(full.baseline().pool().used_pages() == 0);
+
+  // The whole-session default recomputes all 6P + 2 tokens of A's history instead.
+  unified_policy whole(plan, unified_mode::full_kv, unified_kv_bytes(plan, 10), 2, 2, 1 << 20);
+  auto r2 = replay(w, whole, cost);
+  CHECK(r2.prefix_blocks_evicted == 0);
+  CHECK(r2.recomputed_tokens == 6 * P + 2);
 }

@@ -32,6 +32,7 @@
 #include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/gpu_presets.hpp"
 #include "tangram/eval/sim/policies.hpp"
+#include "tangram/eval/sim/rate_sweep.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/retention_needs.hpp"
 #include "tangram/eval/sim/sensitivity.hpp"
@@ -95,7 +96,9 @@ struct simulate_args {
   bool sensitivity = false;
   bool ablation = false;  // --ablation: also reservation_only and +head_groups
   std::vector<std::int64_t> context_range;  // --context-range LO,HI (generated workloads)
+  std::vector<double> rate_sweep;           // --rate-sweep R1,R2,... sessions/s (generated workloads)
   bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
+  bool full_kv_blocks = false;  // --full-kv-scheduler vllm-blocks: block-level prefix eviction
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
@@ -129,7 +132,11 @@ int simulate(simulate_args& a, streams io) {
   bool const quiet         = a.quiet;
   // Checked before any work (the run can take minutes): where the plot goes, and whether a
   // generated workload fits in memory at all.
-  if (plot) check_output_path("--plot", *plot);
+  if (plot) {
+    check_output_path("--plot", *plot);
+    check_output_path("--plot", plot_path(*plot, "-time"));
+    if (!a.rate_sweep.empty()) check_output_path("--plot", plot_path(*plot, "-rate"));
+  }
   std::string const& workload_name = a.workload;
   auto kind                 = workload_kind_named(workload_name);
   if (!kind)
@@ -218,8 +225,17 @@ int simulate(simulate_args& a, streams io) {
           cat("--workload: ", e.what(), " (give short, mid, long or a tangram-workload/v1 file)"));
     }
   }
+  // --rate-sweep: the same sessions (generated once at 1 session/s) at each arrival rate; the
+  // policies are sized for the longest session of either workload.
+  workload unit;
+  if (!a.rate_sweep.empty()) {
+    workload_options uo = wo;
+    uo.arrival_rate     = 1;
+    unit                = generate_workload(uo);
+  }
   std::int64_t max_tokens = 1;
-  for (auto const& s : work.sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
+  for (auto const* w : {&work, &unit})
+    for (auto const& s : w->sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
   // The baselines count a head's tokens in 32 bits; a longer session is refused at admission.
   max_tokens = std::min<std::int64_t>(max_tokens, std::numeric_limits<std::int32_t>::max());
   auto n_sessions = static_cast<std::int32_t>(work.sessions.size());
@@ -230,24 +246,19 @@ int simulate(simulate_args& a, streams io) {
   bool const show_progress = !quiet && (&io.err != &std::cerr || ::isatty(STDERR_FILENO) != 0);
   auto t_start = std::chrono::steady_clock::now();
   int const n_policies = a.ablation ? 6 : 4;
-  auto run = [&](kv_policy& policy, int index) {
+  std::string run_label;  // "" for the main run; "rate R, " in a sweep
+  auto run = [&](workload const& w, std::vector<replay_result>& into, kv_policy& policy, int index) {
     replay_options o = ro;
     o.charges        = costs.charges_for(policy.name());
     if (show_progress) {
       o.progress = [&, index](double f) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        io.err << "\rsimulate: " << policy.name() << " (" << index + 1 << "/" << n_policies << ") " << std::setw(3)
-               << static_cast<int>(f * 100) << "%  " << fixed(el, 1) << " s" << std::flush;
+        io.err << "\rsimulate: " << run_label << policy.name() << " (" << index + 1 << "/" << n_policies << ") "
+               << std::setw(3) << static_cast<int>(f * 100) << "%  " << fixed(el, 1) << " s" << std::flush;
       };
     }
-    results.push_back(replay(work, policy, cost, o));
+    into.push_back(replay(w, policy, cost, o));
   };
-  {
-    unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
-    full.set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
-    full.set_vllm_v1(!a.full_kv_pinned);
-    run(full, 0);
-  }
   // The baseline keeps each input's own retention (the samples); --baseline-retention budgets,
   // or a budget profile without samples, gives it Tangram's padded budgets instead.
   std::shared_ptr<retention_needs const> own;
@@ -261,22 +272,6 @@ int simulate(simulate_args& a, streams io) {
     return std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots,
                                             n_sessions, max_tokens, own);
   };
-  run(*make_unified(), 1);
-  if (a.ablation) {  // the paper's incremental study (eval/sim/ablation.hpp)
-    auto ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
-    tangram_policy_options reservation;
-    reservation.name = reservation_only_name;
-    tangram_policy reservation_only(ro_plan, kv_bytes, slots, n_sessions, reservation);
-    run(reservation_only, 2);
-    tangram_policy_options groups;
-    groups.name = head_groups_name;
-    tangram_policy head_groups(plan, kv_bytes, slots, n_sessions, groups);
-    run(head_groups, 3);
-  }
-  {
-    tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
-    run(tangram, a.ablation ? 4 : 2);
-  }
   // Elastic reservation on the same workload, chunking, cost model and pool. With --keep the
   // scorer total and the samples' needs follow the rescaled ratio.
   static_plan elastic_base = plan;
@@ -301,11 +296,48 @@ int simulate(simulate_args& a, streams io) {
                                        needs);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
-  {
+  // Every policy on workload `w`, in the report's order.
+  auto run_all = [&](workload const& w, bool main_run) {
+    std::vector<replay_result> into;
+    {
+      unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
+      full.set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
+      full.set_vllm_v1(!a.full_kv_pinned);
+      full.set_block_eviction(a.full_kv_blocks);
+      run(w, into, full, 0);
+    }
+    run(w, into, *make_unified(), 1);
+    if (a.ablation) {  // the paper's incremental study (eval/sim/ablation.hpp)
+      auto ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
+      tangram_policy_options reservation;
+      reservation.name = reservation_only_name;
+      tangram_policy reservation_only(ro_plan, kv_bytes, slots, n_sessions, reservation);
+      run(w, into, reservation_only, 2);
+      tangram_policy_options groups;
+      groups.name = head_groups_name;
+      tangram_policy head_groups(plan, kv_bytes, slots, n_sessions, groups);
+      run(w, into, head_groups, 3);
+    }
+    {
+      tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
+      run(w, into, tangram, a.ablation ? 4 : 2);
+    }
     auto elastic = make_elastic();
-    run(*elastic, n_policies - 1);
-    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction()); ev && ev->wanted_total() > 0)
+    run(w, into, *elastic, n_policies - 1);
+    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction());
+        main_run && ev && ev->wanted_total() > 0)
       elastic_clipped = static_cast<double>(ev->wanted_clipped()) / static_cast<double>(ev->wanted_total());
+    return into;
+  };
+  results = run_all(work, true);
+  std::vector<rate_point> sweep;
+  if (!a.rate_sweep.empty()) {
+    std::size_t k = 0;
+    sweep = sweep_arrival_rates(unit, a.rate_sweep, [&](workload const& w) {
+      run_label = cat("rate ", a.rate_sweep[k++], "/s, ");
+      return run_all(w, false);
+    });
+    run_label.clear();
   }
   if (show_progress) io.err << "\n";
   // --sensitivity: the verdict at each end of every uncalibrated constant's range.
@@ -332,7 +364,16 @@ int simulate(simulate_args& a, streams io) {
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   std::string title = cat(model.name, " on ", gpu.name, ", workload ", work.name, ", ", n_sessions, " sessions");
-  if (plot) tangram::detail::write_file(*plot, memory_svg(results, kv_bytes / 1e9, title));
+  if (plot) {
+    tangram::detail::write_file(*plot, memory_svg(results, kv_bytes / 1e9, title));
+    tangram::detail::write_file(plot_path(*plot, "-time"),
+                                time_breakdown_svg(results, cat("Modelled time breakdown: ", title)));
+    if (!sweep.empty())
+      tangram::detail::write_file(
+          plot_path(*plot, "-rate"),
+          ttft_rate_svg(sweep, cat("Modelled TTFT vs arrival rate: ", model.name, " on ", gpu.name, ", workload ",
+                                   work.name, ", ", n_sessions, " sessions")));
+  }
 
   auto const& base = results[0];
   auto ratio = [](double a_, double b_) { return b_ > 0 ? a_ / b_ : 0.0; };
@@ -343,6 +384,10 @@ int simulate(simulate_args& a, streams io) {
     doc.set("profile", src.source);
     doc.set("keep_ratio", keep_ratio);
     doc.set("keep_rescaled", keep.has_value());
+    doc.set("keep_ratio_definitions",
+            "policies.*.compressed_keep_ratio: live bytes / the same tokens uncompressed; stored_keep_ratio: bytes "
+            "of pages held (padding, group waste, page rounding; no unbacked reservation) / the same tokens "
+            "uncompressed; both time-weighted over the tokens handed to each policy");
     auto w = json::value::object();
     w.set("name", work.name);
     w.set("sessions", n_sessions);
@@ -363,7 +408,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
     c.set("gpu_preset", a.gpu_key);
-    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : "vllm");
+    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm-blocks" : "vllm");
     c.set("step_token_budget", ro.step_token_budget);
     c.set("max_running", ro.max_running);
     c.set("active_weight_bytes", model.active_weight_bytes);
@@ -432,6 +477,7 @@ int simulate(simulate_args& a, streams io) {
       sj.set("replays", sens->replays);
       doc.set("sensitivity", std::move(sj));
     }
+    if (!sweep.empty()) doc.set("rate_sweep", sweep_json(sweep));
     doc.set("wall_seconds", wall);
     io.out << json::dump(doc, -1) << "\n";
     return 0;
@@ -466,6 +512,8 @@ int simulate(simulate_args& a, streams io) {
   row("running sequences, peak", [](replay_result const& r) { return cat(r.peak_running); });
   row("KV allocated peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_allocated_peak); });
   row("KV live peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_live_peak); });
+  row("keep ratio, as compressed", [](replay_result const& r) { return fixed(r.compressed_keep_ratio, 3); });
+  row("keep ratio, as stored", [](replay_result const& r) { return fixed(r.stored_keep_ratio, 3); });
   row("utilisation live/alloc", [](replay_result const& r) { return percent(r.mean_utilisation, 1); });
   row("admission waits", [](replay_result const& r) { return cat(r.admission_waits); });
   row("reclaim ops (pages)", [](replay_result const& r) { return cat(r.reclaim_ops); });
@@ -504,6 +552,7 @@ int simulate(simulate_args& a, streams io) {
   row("vs unified: tokens/s (modelled)", [&](replay_result const& r) {
     return fixed(verdict_of(r, results[1]).tokens_per_s_ratio, 2) + "x";
   });
+  print_sweep(o, sweep);
   if (sens) {
     o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; " << sens->replays
       << " replays):\n";
@@ -552,13 +601,24 @@ int simulate(simulate_args& a, streams io) {
                            "whole,\n  recomputed as prefill on the next turn), the newest request preempted when a step runs "
                            "out;\n  the other policies keep idle sessions and admit new ones with headroom (see "
                            "--full-kv-scheduler).\n");
+  if (a.full_kv_blocks)
+    o << "  --full-kv-scheduler vllm-blocks: full_kv evicts the LRU idle session's tail blocks one by one and keeps its "
+         "prefix\n  (prefix blocks evicted: "
+      << base.prefix_blocks_evicted << "), not whole sessions.\n";
   if (a.full_kv_pinned)
     o << "  --full-kv-scheduler pinned: full_kv admits whole prompts, keeps idle sessions and leaves headroom, "
          "like the compressed policies.\n";
   if (a.ablation)
     o << "  Ablation (--ablation): reservation_only and +head_groups balance decode like unified_nonuniform (no AOT\n"
       << "  split); +aot_split is tangram, +elastic is tangram_elastic.\n";
-  if (plot) o << "  wrote " << tangram::detail::printable(*plot) << "\n";
+  o << "  Keep ratio (time-weighted over resident tokens): as compressed = tokens kept / tokens seen (the scorer's "
+    << fixed(keep_ratio, 2) << (keep ? ", rescaled by --keep" : "")
+    << ", padded by the budgets'\n  calibration for tangram); as stored = bytes of pages held / the same tokens "
+       "uncompressed (budget padding, group\n  waste and page rounding included; decode reservations not yet backed by "
+       "pages excluded).\n";
+  if (plot)
+    o << "  wrote " << tangram::detail::printable(*plot) << ", " << tangram::detail::printable(plot_path(*plot, "-time"))
+      << (sweep.empty() ? std::string() : cat(", ", tangram::detail::printable(plot_path(*plot, "-rate")))) << "\n";
   return 0;
 }
 
@@ -595,6 +655,11 @@ command_body setup_simulate(CLI::App& app) {
       add_integer_list(app, "--context-range", a->context_range, 1, workload_limits::max_session_tokens, 2,
                        "Generated: first-turn contexts log-uniform in LO,HI tokens instead of the workload's "
                        "(short 4096,20000; mid 20000,100000; long 100000,120000)"),
+      add_number_list(app, "--rate-sweep", a->rate_sweep, {0, 1e9, true}, max_sweep_rates,
+                      "Generated: also replay the same sessions (generated once at --seed with Poisson arrivals "
+                      "at 1 session/s, arrival times divided by R) at each rate R sessions/s, every policy, and "
+                      "report TTFT p50/p95, TBT p95, tokens/s, requests/s and mean resident sessions per rate "
+                      "(TTFT vs rate); costs one full run per rate on top of the main run"),
   };
   {
     std::vector<std::string> keys;
@@ -627,7 +692,9 @@ command_body setup_simulate(CLI::App& app) {
   add_group_size(app, po.group_size);
   add_scope(app, po.scope);
   add_page_tokens(app, po.page_tokens);
-  add_text(app, "--plot", a->plot, "FILE.svg", "Draw memory over time to FILE.svg");
+  add_text(app, "--plot", a->plot, "FILE.svg",
+           "Draw memory over time to FILE.svg, the time breakdown per policy to FILE-time.svg and, with "
+           "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg");
   add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
               "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
   add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,
@@ -652,9 +719,15 @@ command_body setup_simulate(CLI::App& app) {
   app.add_flag("--charge-control-plane", a->charge_control_plane,
                "Add each step's measured policy (control-plane) time to modelled time (not deterministic)");
   add_choice(
-      app, "--full-kv-scheduler", [a](std::string const& v) { a->full_kv_pinned = v == "pinned"; }, "vllm",
-      {"vllm", "pinned"},
-      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache recomputed on a miss) or with "
+      app, "--full-kv-scheduler",
+      [a](std::string const& v) {
+        a->full_kv_pinned = v == "pinned";
+        a->full_kv_blocks = v == "vllm-blocks";
+      },
+      "vllm", {"vllm", "vllm-blocks", "pinned"},
+      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache evicted a whole session at a time "
+      "and recomputed on a miss; vllm-blocks: the same evicting the LRU session's tail blocks one by one and "
+      "keeping its prefix, as vLLM v1's block pool does) or with "
       "the simulator's session-aware admission the compressed policies use (pinned: whole prompt, idle "
       "sessions kept, headroom for new sessions)");
   app.add_flag("--ablation", a->ablation,

@@ -73,6 +73,24 @@ std::string list_problem(std::string_view text,
   }
 }
 
+std::string number_list_problem(std::string_view text,
+                                number_range r,
+                                std::size_t max_count,
+                                std::vector<double>& out) {
+  out.clear();
+  auto const whole = text;
+  while (true) {
+    auto comma = text.find(',');
+    double v   = 0;
+    if (auto why = number_problem(text.substr(0, comma), r, v); !why.empty())
+      return cat(why, " in ", tangram::detail::quoted(whole));
+    out.push_back(v);
+    if (out.size() > max_count) return cat("at most ", max_count, " values");
+    if (comma == std::string_view::npos) return "";
+    text.remove_prefix(comma + 1);
+  }
+}
+
 // An option taking one value, checked by `problem` (described in --help as `check_help`) before
 // `set` reads it. `set` gets the user's text as typed: CLI11 converts nothing itself.
 CLI::Option* add_checked(CLI::App& app,
@@ -183,6 +201,25 @@ CLI::Option* add_integer_list(CLI::App& app,
       },
       cat("each in ", range_text(lo, hi), ", at most ", max_count),
       "N,N,...",
+      help);
+}
+
+CLI::Option* add_number_list(CLI::App& app,
+                             std::string const& name,
+                             std::vector<double>& target,
+                             number_range r,
+                             std::size_t max_count,
+                             std::string const& help) {
+  return add_checked(
+      app,
+      name,
+      [&target, r, max_count](std::string const& t) { number_list_problem(t, r, max_count, target); },
+      [r, max_count](std::string const& t) {
+        std::vector<double> v;
+        return number_list_problem(t, r, max_count, v);
+      },
+      cat("each in ", range_text(r), ", at most ", max_count),
+      "X,X,...",
       help);
 }
 

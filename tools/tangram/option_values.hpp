@@ -68,6 +68,15 @@ CLI::Option* add_integer_list(CLI::App& app,
                               std::size_t max_count,
                               std::string const& help);
 
+/// Comma-separated reals ("X,X,..."), each in `r`, at most `max_count` of them; `target` is left
+/// as it is unless the option is given.
+CLI::Option* add_number_list(CLI::App& app,
+                             std::string const& name,
+                             std::vector<double>& target,
+                             number_range r,
+                             std::size_t max_count,
+                             std::string const& help);
+
 /// One word of `allowed`, passed to `set`; `shown_default` is what --help shows.
 CLI::Option* add_choice(CLI::App& app,
                         std::string const& name,

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "simulate_report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <ostream>
 #include <sstream>
 
 #include "plan_support.hpp"
@@ -44,6 +46,10 @@ json::value result_json(replay_result const& r) {
   o.set("modelled_requests_per_s", r.modelled_requests_per_s);
   o.set("truncated_answers", r.truncated_answers);
   o.set("reserved_decode_tokens", r.reserved_decode_tokens);
+  o.set("modelled_ttft_p50_s", r.modelled_ttft_p50_s);
+  o.set("prefix_blocks_evicted", r.prefix_blocks_evicted);
+  o.set("compressed_keep_ratio", r.compressed_keep_ratio);
+  o.set("stored_keep_ratio", r.stored_keep_ratio);
   auto t = json::value::object();
   t.set("prefill_s", r.time.prefill_s);
   t.set("eviction_pass_s", r.time.eviction_pass_s);
@@ -121,6 +127,215 @@ std::string memory_svg(std::vector<replay_result> const& results, double capacit
     << "\" font-size=\"11\" fill=\"gray\">solid: allocated, dashed: live</text>\n";
   s << "</svg>\n";
   return s.str();
+}
+
+namespace {
+
+// One colour per policy, whichever policies run (--ablation adds two).
+char const* policy_colour(std::string const& policy) {
+  if (policy == "full_kv") return "#d62728";
+  if (policy == "unified_nonuniform") return "#ff7f0e";
+  if (policy == "reservation_only") return "#9467bd";
+  if (policy == "+head_groups") return "#8c564b";
+  if (policy == "tangram") return "#1f77b4";
+  return "#2ca02c";
+}
+
+// Round axis steps: 1, 2 or 5 times a power of ten, five or so ticks.
+double nice_step(double span) {
+  if (!(span > 0)) return 1;
+  double raw = span / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * mag) return m * mag;
+  return 10 * mag;
+}
+
+void svg_open(std::ostringstream& s, double W, double H, double left, std::string const& title) {
+  s << std::fixed << std::setprecision(1);
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
+}
+
+// A tick label: integers plainly, else up to three significant decimals.
+std::string tick(double v) {
+  std::ostringstream t;
+  if (std::fabs(v - std::round(v)) < 1e-9) {
+    t << static_cast<long long>(std::llround(v));
+  } else {
+    t << std::setprecision(3) << v;
+  }
+  return t.str();
+}
+
+}  // namespace
+
+std::vector<time_segment> time_segments(time_breakdown const& t) {
+  return {{"prefill", t.prefill_s, "#1f77b4"},
+          {"eviction pass", t.eviction_pass_s, "#aec7e8"},
+          {"decode attention", t.decode_attention_s, "#ff7f0e"},
+          {"decode weights", t.weights_s, "#ffbb78"},
+          {"reclamation", t.reclamation_s, "#d62728"},
+          {"re-planning", t.replanning_s, "#9467bd"},
+          {"step overhead", t.overhead_s + t.control_plane_s, "#8c564b"},
+          {"idle", t.idle_s, "#dddddd"}};
+}
+
+std::string time_breakdown_svg(std::vector<replay_result> const& results, std::string const& title) {
+  constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 70;
+  double t_max = 1e-9;
+  for (auto const& r : results) t_max = std::max(t_max, r.time.sum());
+  double step = nice_step(t_max);
+  double y_max = std::ceil(t_max / step) * step;
+  auto y = [&](double sec) { return H - bottom - (H - top - bottom) * sec / y_max; };
+  std::ostringstream s;
+  svg_open(s, W, H, left, title);
+  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
+  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
+  for (double v = 0; v <= y_max + 1e-9; v += step)
+    s << "<text x=\"" << left - 8 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">" << tick(v) << "</text>\n";
+  s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
+    << ")\" text-anchor=\"middle\">modelled makespan (s)</text>\n";
+  double slot = (W - left - right) / static_cast<double>(std::max<std::size_t>(1, results.size()));
+  for (std::size_t k = 0; k < results.size(); ++k) {
+    auto const& r = results[k];
+    double x0 = left + slot * (static_cast<double>(k) + 0.2), w = slot * 0.6, acc = 0;
+    for (auto const& seg : time_segments(r.time)) {
+      if (seg.seconds <= 0) continue;
+      s << "<rect x=\"" << x0 << "\" y=\"" << y(acc + seg.seconds) << "\" width=\"" << w << "\" height=\""
+        << y(acc) - y(acc + seg.seconds) << "\" fill=\"" << seg.colour << "\"><title>" << xml_escape(r.policy) << ": "
+        << seg.name << " " << fixed(seg.seconds, 2) << " s</title></rect>\n";
+      acc += seg.seconds;
+    }
+    s << "<text x=\"" << x0 + w / 2 << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\" font-size=\"11\">"
+      << xml_escape(r.policy) << "</text>\n";
+    s << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y(acc) - 4 << "\" text-anchor=\"middle\" font-size=\"10\">"
+      << fixed(acc, 1) << "</text>\n";
+  }
+  auto segs = time_segments(time_breakdown{});
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    double ly = top + 10 + 22.0 * static_cast<double>(i);
+    s << "<rect x=\"" << W - right + 10 << "\" y=\"" << ly - 8 << "\" width=\"14\" height=\"12\" fill=\""
+      << segs[i].colour << "\"/>\n";
+    s << "<text x=\"" << W - right + 30 << "\" y=\"" << ly + 2 << "\">" << segs[i].name << "</text>\n";
+  }
+  s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12
+    << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"gray\">modelled: roofline plus charged costs; each bar sums "
+       "to the policy's makespan</text>\n";
+  s << "</svg>\n";
+  return s.str();
+}
+
+std::string ttft_rate_svg(std::vector<rate_point> const& sweep, std::string const& title) {
+  constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 50;
+  double r_max = 1e-9, v_max = 1e-9;
+  for (auto const& p : sweep) {
+    r_max = std::max(r_max, p.rate);
+    for (auto const& r : p.results) v_max = std::max(v_max, r.modelled_ttft_p95_s);
+  }
+  double r_step = nice_step(r_max), v_step = nice_step(v_max);
+  r_max = std::ceil(r_max / r_step) * r_step;
+  v_max = std::ceil(v_max / v_step) * v_step;
+  auto x = [&](double r) { return left + (W - left - right) * r / r_max; };
+  auto y = [&](double v) { return H - bottom - (H - top - bottom) * v / v_max; };
+  std::ostringstream s;
+  svg_open(s, W, H, left, title);
+  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
+  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
+  for (double v = 0; v <= v_max + 1e-9; v += v_step)
+    s << "<text x=\"" << left - 8 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">" << tick(v) << "</text>\n";
+  for (double r = 0; r <= r_max + 1e-9; r += r_step)
+    s << "<text x=\"" << x(r) << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\">" << tick(r) << "</text>\n";
+  s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12
+    << "\" text-anchor=\"middle\">arrival rate (sessions/s)</text>\n";
+  s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
+    << ")\" text-anchor=\"middle\">modelled TTFT (s)</text>\n";
+  std::vector<std::string> policies;
+  if (!sweep.empty())
+    for (auto const& r : sweep.front().results) policies.push_back(r.policy);
+  for (std::size_t k = 0; k < policies.size(); ++k) {
+    for (int p95 = 0; p95 < 2; ++p95) {
+      s << "<polyline fill=\"none\" stroke=\"" << policy_colour(policies[k]) << "\" stroke-width=\"1.5\""
+        << (p95 ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
+      for (auto const& p : sweep)
+        if (k < p.results.size())
+          s << x(p.rate) << "," << y(p95 ? p.results[k].modelled_ttft_p95_s : p.results[k].modelled_ttft_p50_s)
+            << " ";
+      s << "\"/>\n";
+      for (auto const& p : sweep)
+        if (k < p.results.size())
+          s << "<circle cx=\"" << x(p.rate) << "\" cy=\""
+            << y(p95 ? p.results[k].modelled_ttft_p95_s : p.results[k].modelled_ttft_p50_s) << "\" r=\"2.5\" fill=\""
+            << policy_colour(policies[k]) << "\"/>\n";
+    }
+    double ly = top + 20 + 36.0 * static_cast<double>(k);
+    s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
+      << "\" stroke=\"" << policy_colour(policies[k]) << "\" stroke-width=\"2\"/>\n";
+    s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << xml_escape(policies[k]) << "</text>\n";
+  }
+  s << "<text x=\"" << W - right + 10 << "\" y=\"" << top + 20 + 36.0 * static_cast<double>(policies.size())
+    << "\" font-size=\"11\" fill=\"gray\">solid: p50, dashed: p95</text>\n";
+  s << "</svg>\n";
+  return s.str();
+}
+
+std::string plot_path(std::string const& path, std::string const& suffix) {
+  auto slash = path.find_last_of('/');
+  auto dot   = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) ||
+      dot == (slash == std::string::npos ? 0 : slash + 1))
+    return path + suffix;
+  return path.substr(0, dot) + suffix + path.substr(dot);
+}
+
+json::value sweep_json(std::vector<rate_point> const& sweep) {
+  auto o = json::value::object();
+  o.set("label",
+        "modelled: the same sessions (generated once with Poisson arrivals at 1 session/s, arrival times "
+        "divided by the rate) replayed for every policy at each rate");
+  auto pts = json::value::array();
+  for (auto const& p : sweep) {
+    auto pj = json::value::object();
+    pj.set("arrival_rate", p.rate);
+    pj.set("last_arrival_s", p.last_arrival_s);
+    auto pol = json::value::object();
+    for (auto const& r : p.results) {
+      auto rj = json::value::object();
+      rj.set("modelled_ttft_p50_s", r.modelled_ttft_p50_s);
+      rj.set("modelled_ttft_p95_s", r.modelled_ttft_p95_s);
+      rj.set("modelled_ttft_mean_s", r.modelled_ttft_mean_s);
+      rj.set("modelled_tbt_p95_s", r.modelled_tbt_p95_s);
+      rj.set("modelled_tokens_per_s", r.modelled_tokens_per_s);
+      rj.set("modelled_requests_per_s", r.modelled_requests_per_s);
+      rj.set("mean_resident_sessions", r.mean_resident_sessions);
+      rj.set("peak_resident_sessions", r.peak_resident_sessions);
+      rj.set("modelled_makespan_s", r.modelled_makespan_s);
+      rj.set("generated_tokens", r.generated_tokens);
+      rj.set("completed_requests", r.completed_requests);
+      rj.set("preemptions", r.preemptions);
+      pol.set(r.policy, std::move(rj));
+    }
+    pj.set("policies", std::move(pol));
+    pts.push_back(std::move(pj));
+  }
+  o.set("points", std::move(pts));
+  return o;
+}
+
+void print_sweep(std::ostream& o, std::vector<rate_point> const& sweep) {
+  if (sweep.empty()) return;
+  o << "\n  Arrival-rate sweep (--rate-sweep; modelled; the same sessions at every rate, arrivals of a Poisson\n"
+    << "  process at 1 session/s divided by the rate):\n";
+  o << "  " << std::right << std::setw(8) << "rate/s" << "  " << std::left << std::setw(20) << "policy" << std::right
+    << std::setw(10) << "TTFT p50" << std::setw(10) << "TTFT p95" << std::setw(12) << "TBT p95 ms" << std::setw(10)
+    << "tok/s" << std::setw(10) << "req/s" << std::setw(14) << "resident mean" << "\n";
+  for (auto const& p : sweep)
+    for (auto const& r : p.results)
+      o << "  " << std::right << std::setw(8) << tick(p.rate) << "  " << std::left << std::setw(20) << r.policy
+        << std::right << std::setw(10) << fixed(r.modelled_ttft_p50_s, 2) << std::setw(10)
+        << fixed(r.modelled_ttft_p95_s, 2) << std::setw(12) << fixed(r.modelled_tbt_p95_s * 1e3, 1) << std::setw(10)
+        << fixed(r.modelled_tokens_per_s, 0) << std::setw(10) << fixed(r.modelled_requests_per_s, 3) << std::setw(14)
+        << fixed(r.mean_resident_sessions, 1) << "\n";
 }
 
 json::value costs_json(serving_costs const& c) {

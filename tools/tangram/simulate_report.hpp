@@ -3,10 +3,12 @@
 // of a verdict, and the memory-over-time SVG.
 #pragma once
 
+#include <iosfwd>
 #include <string>
 #include <vector>
 
 #include "tangram/detail/json.hpp"
+#include "tangram/eval/sim/rate_sweep.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/sensitivity.hpp"
 #include "tangram/eval/sim/serving_costs.hpp"
@@ -25,5 +27,25 @@ bool seconds_valued(std::string const& name);
 std::string memory_svg(std::vector<sim::replay_result> const& results,
                        double capacity_gb,
                        std::string const& title);
+
+/// One stacked segment of a policy's time breakdown.
+struct time_segment {
+  std::string name;
+  double seconds = 0;
+  char const* colour = "";
+};
+/// The breakdown's segments in drawing order (they sum to `t.sum()`, the makespan; measured
+/// control-plane time, when charged, is drawn with the step overhead).
+std::vector<time_segment> time_segments(sim::time_breakdown const& t);
+/// Stacked bars of the modelled time breakdown, one per policy.
+std::string time_breakdown_svg(std::vector<sim::replay_result> const& results, std::string const& title);
+/// TTFT p50 (solid) and p95 (dashed) per policy against the arrival rate.
+std::string ttft_rate_svg(std::vector<sim::rate_point> const& sweep, std::string const& title);
+/// `path` with `suffix` before its extension: plot_path("m.svg", "-time") == "m-time.svg".
+std::string plot_path(std::string const& path, std::string const& suffix);
+/// The sweep's figures per rate and policy (`--json`'s "rate_sweep").
+tangram::detail::json::value sweep_json(std::vector<sim::rate_point> const& sweep);
+/// The sweep as a table.
+void print_sweep(std::ostream& o, std::vector<sim::rate_point> const& sweep);
 
 }  // namespace tangram::cli

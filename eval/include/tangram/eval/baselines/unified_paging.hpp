@@ -242,6 +242,35 @@ class unified_paging_baseline {
     free_slots_.push_back(seq);
   }
 
+  /**
+   * @brief full_kv only: keeps the first `tokens` tokens of `seq` (every head, every layer) and
+   * returns the pages beyond them to the pool, tail first (a prefix cache evicting its tail
+   * blocks). Nothing changes when `tokens` >= what the sequence holds.
+   * @return pages returned. @throw logic_error for an unknown slot or a compressed pool;
+   *         invalid_argument for tokens < 0.
+   */
+  std::int64_t truncate(std::int32_t seq, std::int64_t tokens) {
+    check(seq);
+    TANGRAM_EXPECTS(mode_ == unified_mode::full_kv, logic_error,
+                    "unified_paging_baseline::truncate: only a full_kv pool keeps a prefix");
+    TANGRAM_EXPECTS(tokens >= 0, invalid_argument, "unified_paging_baseline::truncate.tokens: must be >= 0, got ",
+                    tokens);
+    std::int64_t freed = 0;
+    for (std::int32_t l = 0; l < L_; ++l) {
+      for (std::int32_t h = 0; h < H_; ++h) {
+        auto& len = len_[lh(seq, l, h)];
+        if (len > tokens) len = static_cast<std::int32_t>(tokens);
+      }
+      while (n_pages_[sl(seq, l)] > ceil_div(longest(seq, l), P_)) {
+        pop_page(seq, l);
+        ++freed;
+      }
+    }
+    auto& n = seq_tokens_[static_cast<std::size_t>(seq)];
+    n       = std::min(n, tokens);
+    return freed;
+  }
+
   /// Pages layer `layer` of `seq` holds.
   [[nodiscard]] std::int64_t n_pages(std::int32_t seq, std::int32_t layer) const {
     return n_pages_[sl(seq, layer)];

@@ -252,6 +252,7 @@ class tangram_policy final : public live_accounting_policy {
     policy_memory m;
     m.allocated_bytes = static_cast<double>(pool.used_pages() + pool.reserved_pages()) *
                         static_cast<double>(pool.page_bytes());
+    m.held_bytes = static_cast<double>(pool.used_pages()) * static_cast<double>(pool.page_bytes());
     m.live_bytes     = live_.total();
     m.reclaim_ops    = manager_.stats().reclaimed_pages;
     m.released_pages = manager_.stats().surplus_pages_released;
@@ -326,6 +327,18 @@ class unified_policy final : public live_accounting_policy {
   /// admission, idle sessions pinned, continuation headroom for new sessions), for comparison
   /// (`simulate --full-kv-scheduler pinned`); default true (vLLM v1).
   void set_vllm_v1(bool on) { vllm_v1_ = on; }
+  /// full_kv as vLLM v1: evict idle sessions' cached KV block by block, tail first, keeping a
+  /// prefix (vLLM's block pool), instead of whole sessions (default false).
+  void set_block_eviction(bool on) { block_eviction_ = on; }
+  std::int64_t evict_cached_block(std::int32_t s) override {
+    std::int32_t slot = slots_[static_cast<std::size_t>(s)];
+    if (!block_eviction_ || !idle_kv_is_prefix_cache() || slot < 0) return -1;
+    std::int64_t held = baseline_.seq_tokens(slot), P = plan_.geometry.page_tokens;
+    std::int64_t keep = held > 0 ? (held - 1) / P * P : 0;
+    baseline_.truncate(slot, keep);
+    live_.touch(s);
+    return keep;
+  }
   /// full_kv: the largest first chunk admission checks (the replay's `prefill_chunk`, at most
   /// its `step_token_budget`); default 8192.
   void set_scheduled_chunk(std::int64_t tokens) { scheduled_chunk_ = std::max<std::int64_t>(1, tokens); }
@@ -434,6 +447,7 @@ class unified_policy final : public live_accounting_policy {
   unified_mode mode_;
   std::int64_t scheduled_chunk_ = 8192;
   bool vllm_v1_                 = true;
+  bool block_eviction_          = false;
   simulated_memory_resource resource_;
   unified_paging_baseline baseline_;
   std::vector<std::int32_t> slots_;

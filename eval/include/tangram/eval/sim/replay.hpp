@@ -39,6 +39,9 @@ namespace tangram::sim {
 struct policy_memory {
   double allocated_bytes      = 0;  ///< bytes of pages held or reserved for sequences
   double live_bytes           = 0;  ///< bytes of tokens actually stored
+  /// Bytes of pages handed out to sequences (page rounding and padding included, reservations
+  /// not yet backed by pages excluded); < 0: the same as `allocated_bytes`.
+  double held_bytes           = -1;
   std::int64_t reclaim_ops    = 0;  ///< pages freed after eviction (allocate-then-free)
   std::int64_t released_pages = 0;  ///< pages returned when a recompression shrinks a group
 };
@@ -87,6 +90,11 @@ class kv_policy {
   /// the least recently used idle session's KV is dropped before any running sequence is
   /// preempted, and admission keeps no continuation headroom for idle sessions. Default false.
   [[nodiscard]] virtual bool idle_kv_is_prefix_cache() const { return false; }
+  /// A prefix cache evicting blocks, not whole sessions (vLLM v1's block pool): drops the last
+  /// block (one page of every layer) of an idle session's cached KV and returns the tokens it
+  /// still holds (0: nothing left, the replay then releases the session); -1 (the default): the
+  /// policy evicts whole sessions only.
+  virtual std::int64_t evict_cached_block(std::int32_t /*session*/) { return -1; }
   /// Pages in the pool, for utilisation figures.
   [[nodiscard]] virtual double capacity_bytes() const = 0;
 };
@@ -111,6 +119,10 @@ struct replay_options {
   std::int64_t max_context = 131072;  ///< the model's context limit (Llama-3.1: 128K)
   step_charges charges;               ///< costs beyond the roofline (none by default)
   std::function<void(double)> progress;  ///< called with the completed fraction (optional)
+  /// Called as each turn becomes ready (optional): the session, the turn, when it became ready
+  /// (a first turn in an open loop: its arrival) and the answer it will decode. What the trace
+  /// gave this policy, for checking that every policy saw the same arrivals and answers.
+  std::function<void(std::int32_t session, std::int32_t turn, double ready_s, std::int64_t answer)> on_turn;
 };
 
 /// @brief Where the modelled makespan went; the terms sum to `modelled_makespan_s`.
@@ -155,6 +167,7 @@ struct replay_result {
   std::int64_t released_pages      = 0;
   std::int64_t preemptions         = 0;  ///< running sequences preempted (recompute)
   std::int64_t idle_evictions      = 0;  ///< idle sessions whose KV was dropped to make room
+  std::int64_t prefix_blocks_evicted = 0;  ///< tail blocks of idle sessions' cached KV evicted
   std::int64_t recomputed_tokens   = 0;
   std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
   std::int64_t steps               = 0;
@@ -163,6 +176,7 @@ struct replay_result {
   double modelled_tokens_per_s     = 0;  ///< generated tokens / makespan
   double modelled_ttft_mean_s      = 0;
   double modelled_ttft_p95_s       = 0;
+  double modelled_ttft_p50_s       = 0;
   double modelled_tbt_p50_s        = 0;  ///< time between a request's consecutive tokens
   double modelled_tbt_p95_s        = 0;  ///< (from a log histogram: within 1%)
   double modelled_eviction_pass_s  = 0;  ///< step time charged for unfused eviction passes
@@ -172,6 +186,14 @@ struct replay_result {
   double modelled_requests_per_s   = 0;  ///< completed requests / makespan
   std::int64_t truncated_answers   = 0;  ///< answers cut at the turn's max_tokens reservation
   std::int64_t reserved_decode_tokens = 0;  ///< decode tokens reserved at admission, summed
+  /// Keep ratio as compressed: time-weighted live bytes (tokens the compressor kept) over the
+  /// bytes the same resident tokens take uncompressed (model_spec::kv_bytes_per_token). 1 for
+  /// full_kv; 0 when nothing was ever resident.
+  double compressed_keep_ratio = 0;
+  /// Keep ratio as stored: time-weighted bytes of pages held (policy_memory::held_bytes: padding
+  /// of budgets and page rounding included, unbacked reservations not) over the same
+  /// uncompressed bytes.
+  double stored_keep_ratio = 0;
   time_breakdown time;                      ///< the makespan by term (modelled)
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
   /// while the run is short; in a longer run each point stands for a run of consecutive steps and
@@ -203,6 +225,7 @@ struct session_state {
   bool paused = false;  ///< preempted with its KV kept as a prefix cache (resumes where it was)
   bool ttft_recorded               = false;
   bool holds_kv                    = false;
+  std::int64_t cached = 0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
   std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
 };
 
@@ -369,6 +392,14 @@ inline replay_result replay(workload const& work,
   std::size_t next_arrival    = 0;
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
+  // Tokens handed to the policy that it still holds (prefill chunks and decode appends of the
+  // resident sessions), and its time integral beside the live and held bytes' (the keep ratios).
+  std::int64_t seen_tokens = 0;
+  double seen_area = 0, live_area = 0, held_area = 0;
+  auto const forget = [&seen_tokens](session_state& ss) {
+    seen_tokens -= ss.cached;
+    ss.cached = 0;
+  };
   std::int32_t resident = 0;
   std::int32_t active   = 0;  // sessions arrived and not finished (closed-loop concurrency)
   timeline_thinner timeline(options.timeline_points);  // bounded: not one point per step
@@ -412,6 +443,7 @@ inline replay_result replay(workload const& work,
     ss.holds_kv = false;
     ss.paused   = false;  // nothing left to resume: the turn starts its prefill again
     --resident;
+    forget(ss);
     out.recomputed_tokens += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
     ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
     ss.reserve -= ss.decoded_this_turn;  // decoded tokens become prompt; the rest stays reserved
@@ -463,6 +495,7 @@ inline replay_result replay(workload const& work,
     });
     ss_of(s).holds_kv = false;
     --resident;
+    forget(ss_of(s));
     out.rejected_sessions += 1;
     finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
     ss_of(s).state = phase::done;
@@ -488,6 +521,24 @@ inline replay_result replay(workload const& work,
         victim = s;
     }
     if (victim < 0) return false;
+    // Block-level prefix cache: the victim's tail block goes, its prefix stays cached; its next
+    // turn prefills the evicted tokens again. A preempted (paused) request is dropped whole.
+    if (auto& vs = ss_of(victim); !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
+      std::int64_t left = timed([&] { return policy.evict_cached_block(victim); });
+      if (left > 0) {
+        std::int64_t evicted = vs.cached - left;
+        TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history, logic_error, "replay: session ", victim,
+                        " evicted ", evicted, " cached tokens of ", vs.cached);
+        out.prefix_blocks_evicted += 1;
+        out.recomputed_tokens += evicted;
+        seen_tokens -= evicted;
+        vs.cached -= evicted;
+        vs.history -= evicted;
+        if (vs.state == phase::waiting) vs.to_prefill += evicted;
+        return true;
+      }
+      if (left == 0) out.prefix_blocks_evicted += 1;
+    }
     out.idle_evictions += 1;
     drop_kv(victim);
     auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
@@ -556,6 +607,7 @@ inline replay_result replay(workload const& work,
       std::int32_t s = by_arrival[next_arrival++];
       set_turn(s, 0);  // ready now: a closed-loop client enters when a slot frees
       if (options.concurrency == 0) ss_of(s).ready_s = spec(s).arrival_s;  // open loop: on arrival
+      if (options.on_turn) options.on_turn(s, 0, ss_of(s).ready_s, ss_of(s).answer);
       ready_new.push_back(s);
       ++active;
     }
@@ -564,6 +616,7 @@ inline replay_result replay(workload const& work,
       std::int32_t s = thinking.front().second;
       thinking.erase(thinking.begin());
       set_turn(s, ss_of(s).turn + 1);
+      if (options.on_turn) options.on_turn(s, ss_of(s).turn, ss_of(s).ready_s, ss_of(s).answer);
       (ss_of(s).holds_kv ? ready_continue : ready_new).push_back(s);
     }
 
@@ -630,6 +683,8 @@ inline replay_result replay(workload const& work,
       any_decode = true;
       budget -= 1;
       ss.decoded_this_turn += 1;
+      ss.cached += 1;
+      seen_tokens += 1;
       ss.to_decode -= 1;
       out.generated_tokens += 1;
     }
@@ -668,6 +723,8 @@ inline replay_result replay(workload const& work,
       budget -= chunk;
       ss.to_prefill -= chunk;
       ss.prefilled_this_turn += chunk;
+      ss.cached += chunk;
+      seen_tokens += chunk;
       out.prefilled_tokens += chunk;
       if (ss.to_prefill == 0) {
         // The step that completes a prefill also samples the turn's first token.
@@ -710,6 +767,9 @@ inline replay_result replay(workload const& work,
     out.peak_running = std::max(out.peak_running, static_cast<std::int32_t>(running.size()));
     resident_area += resident * step_s;
     if (mem.allocated_bytes > 0) util_area += mem.live_bytes / mem.allocated_bytes * step_s;
+    seen_area += static_cast<double>(seen_tokens) * step_s;
+    live_area += mem.live_bytes * step_s;
+    held_area += (mem.held_bytes < 0 ? mem.allocated_bytes : mem.held_bytes) * step_s;
     t += step_s;
     for (auto s : decoders) {  // still running: each produced a token this step
       tbt.add(t - ss_of(s).last_token_s);
@@ -758,6 +818,7 @@ inline replay_result replay(workload const& work,
         });
         ss.holds_kv = false;
         --resident;
+        forget(ss);
         --active;
       }
     }
@@ -789,9 +850,15 @@ inline replay_result replay(workload const& work,
     std::sort(ttft.begin(), ttft.end());
     out.modelled_ttft_p95_s =
         ttft[static_cast<std::size_t>(0.95 * static_cast<double>(ttft.size() - 1))];
+    out.modelled_ttft_p50_s =
+        ttft[static_cast<std::size_t>(0.50 * static_cast<double>(ttft.size() - 1))];
   }
   out.modelled_tbt_p50_s = tbt.quantile(0.50);
   out.modelled_tbt_p95_s = tbt.quantile(0.95);
+  if (double seen_bytes = seen_area * static_cast<double>(cost.model().kv_bytes_per_token()); seen_bytes > 0) {
+    out.compressed_keep_ratio = live_area / seen_bytes;
+    out.stored_keep_ratio     = held_area / seen_bytes;
+  }
   if (options.progress) options.progress(1.0);
   return out;
 }
