@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "mirror_storm.hpp"
 #include "tangram/device/detail/mirror_layout.hpp"
 
 using namespace tangram;
@@ -102,15 +102,6 @@ void require_mirrored(host_mirror const& hm, kv_cache_manager const& m) {
     covered += l.bytes[a];
   }
   REQUIRE(covered <= l.total);
-}
-
-std::int64_t uniform(std::mt19937& rng, std::int64_t lo, std::int64_t hi) {
-  return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
-}
-
-template <class T>
-T pick(std::vector<T> const& v, std::mt19937& rng) {
-  return v[rng() % v.size()];
 }
 
 }  // namespace
@@ -259,154 +250,34 @@ TEST_CASE("mirror: a journal entry outside the extents is refused before anythin
 
 TEST_CASE("mirror: random storms keep the uploaded copy equal to the host view byte for byte",
           "[memory][mirror][property]") {
-  const int trials = 8, ops = 700;
-  std::int64_t full = 0, incremental = 0, batch_only = 0, compactions = 0;
-  for (int trial = 0; trial < trials; ++trial) {
-    std::mt19937 rng(7000 + static_cast<std::uint32_t>(trial));
-    std::vector<double> budgets(8);
-    for (auto& b : budgets) b = std::uniform_real_distribution<double>(0.05, 1.0)(rng);
-    auto P      = static_cast<std::int32_t>(uniform(rng, 2, 5));
-    auto Hp     = pick<std::int32_t>({1, 2, 4}, rng);
-    auto window = static_cast<std::int32_t>(uniform(rng, 3, 12));
-    auto scope  = Hp == 4 ? grouping_scope::global
-                          : pick<grouping_scope>({grouping_scope::global, grouping_scope::layer},
-                                                 rng);
-    reservation_options res;
-    if (trial % 4 == 3) res = elastic_reservation(0.2);
-    auto plan = tiny_plan(budgets, P, Hp, window, scope, res);
-    host_memory_resource host;
-    simulated_memory_resource simulated;
-    memory_resource& mr = trial % 2 ? static_cast<memory_resource&>(host) : simulated;
-    manager_options o;
-    o.num_pages     = uniform(rng, 80, 400);
-    o.max_sequences = static_cast<std::int32_t>(uniform(rng, 4, 10));
-    o.max_batch     = static_cast<std::int32_t>(uniform(rng, 1, o.max_sequences));
-    // Small arenas force repacking (full resync); a small journal overflows into one.
-    o.index_capacity   = trial % 3 == 0 ? o.num_pages + 40 : 0;
-    o.max_view_changes = trial % 3 == 1 ? 6 : 0;
-    kv_cache_manager m(plan, mr, o);
-    engine_sim sim(m, static_cast<std::uint32_t>(trial), 0.25);
-    std::int64_t gap = pick<std::int64_t>({0, 16, 256, detail::mirror_stager::default_merge_gap},
-                                          rng);
-    host_mirror hm(m, gap);
-    INFO("trial " << trial << " P " << P << " Hp " << Hp << " W " << window << " gap " << gap
-                  << " max_batch " << o.max_batch << " journal " << m.options().max_view_changes
-                  << (res.mode == reservation_mode::elastic ? " elastic" : ""));
-
-    auto in_phase = [&](sequence_phase ph) {
-      std::vector<sequence_id> out;
-      for (auto const& [s, q] : sim.sequences())
-        if (q.phase == ph) out.push_back(q.id);
-      return out;
-    };
-    auto random_batch = [&] {
-      auto ids = sim.ids();
-      std::shuffle(ids.begin(), ids.end(), rng);
-      ids.resize(std::min<std::size_t>(ids.size(),
-                                       static_cast<std::size_t>(uniform(rng, 0, o.max_batch))));
-      m.set_batch(ids);
-    };
-    auto decode_batch = [&] {
-      std::vector<sequence_id> batch;
-      for (auto id : in_phase(sequence_phase::decode)) {
-        auto const& q = sim.sequences().at(id.slot);
-        if (q.decoded < q.max_new && rng() % 3 != 0 &&
-            batch.size() < static_cast<std::size_t>(o.max_batch))
-          batch.push_back(id);
+  const int trials = 8;
+  std::int64_t uploaded = 0, whole = 0;
+  auto t = mirror_storms(trials, 700, 7000, [&](kv_cache_manager& m, std::mt19937& rng) {
+    // Exact ranges, small gaps, and the default coalescing.
+    std::int64_t gaps[] = {0, 16, 256, detail::mirror_stager::default_merge_gap};
+    struct checked {
+      host_mirror hm;
+      std::int64_t *uploaded, *whole;
+      mirror_sync_kind sync(kv_cache_manager& kv) {
+        hm.sync(kv);
+        require_mirrored(hm, kv);
+        *uploaded += hm.stager.upload_bytes();
+        *whole += hm.stager.layout().total;
+        auto const& c = hm.stager.changed();
+        return {hm.stager.staged_full(),
+                !hm.stager.staged_full() && c.size() == 1 &&
+                    c[0].begin == hm.stager.layout().offset_of(mirror_array::batch_slots)};
       }
-      return batch;
     };
-
-    for (int step = 0; step < ops; ++step) {
-      INFO("step " << step);
-      int op = static_cast<int>(rng() % 100);
-      if (op < 12) {
-        (void)sim.admit(uniform(rng, 1, 40), uniform(rng, 0, 20));
-      } else if (op < 30) {
-        auto pre = in_phase(sequence_phase::prefill);
-        if (!pre.empty()) {
-          auto id = pick(pre, rng);
-          sim.chunk(id, uniform(rng, 1, sim.sequences().at(id.slot).prompt_remaining));
-        }
-      } else if (op < 52) {
-        auto batch = decode_batch();
-        if (!batch.empty()) {
-          std::vector<std::int32_t> tokens;
-          if (rng() % 3 == 0)  // speculative: several tokens per member, 0 allowed
-            for (auto id : batch) {
-              auto const& q = sim.sequences().at(id.slot);
-              tokens.push_back(static_cast<std::int32_t>(uniform(rng, 0, q.max_new - q.decoded)));
-            }
-          sim.decode(batch, tokens);
-        }
-      } else if (op < 57) {
-        auto dec = in_phase(sequence_phase::decode);
-        if (!dec.empty()) {
-          auto id       = pick(dec, rng);
-          auto const& q = sim.sequences().at(id.slot);
-          if (q.decoded < q.max_new) sim.append(id, uniform(rng, 1, q.max_new - q.decoded));
-        }
-      } else if (op < 62) {
-        auto dec = in_phase(sequence_phase::decode);
-        if (!dec.empty()) {
-          auto id = pick(dec, rng);
-          if (auto k = m.max_rollback(id); k > 0) sim.rollback(id, uniform(rng, 1, k));
-        }
-      } else if (op < 66) {
-        auto dec = in_phase(sequence_phase::decode);
-        if (!dec.empty()) (void)sim.extend(pick(dec, rng), uniform(rng, 1, 30));
-      } else if (op < 72) {
-        auto dec = in_phase(sequence_phase::decode);
-        if (!dec.empty()) sim.end_turn(pick(dec, rng));
-      } else if (op < 78) {
-        auto ended = in_phase(sequence_phase::ended);
-        if (!ended.empty())
-          (void)sim.continue_turn(pick(ended, rng), uniform(rng, 1, 20), uniform(rng, 0, 15));
-      } else if (op < 83) {
-        auto cand  = in_phase(sequence_phase::decode);
-        auto ended = in_phase(sequence_phase::ended);
-        cand.insert(cand.end(), ended.begin(), ended.end());
-        if (!cand.empty()) (void)sim.fork(pick(cand, rng));
-      } else if (op < 89) {
-        auto ids = sim.ids();
-        if (!ids.empty()) sim.free(pick(ids, rng));
-      } else if (op < 91) {
-        auto pre = in_phase(sequence_phase::prefill);
-        if (!pre.empty()) {
-          auto id = pick(pre, rng);
-          sim.abort_mid_chunk(id, uniform(rng, 1, sim.sequences().at(id.slot).prompt_remaining));
-        }
-      } else {
-        random_batch();
-      }
-      // An engine sets the batch again after freeing a member (view() refuses a stale one).
-      bool stale = false;
-      for (std::int32_t r = 0; r < m.batch_size(); ++r)
-        stale |= !m.contains(m.batch_sequence(r));
-      if (stale) random_batch();
-      // Sync after most steps; sometimes let the journal accumulate a few operations.
-      if (rng() % 4 != 0 || step + 1 == ops) {
-        auto before_full = hm.full_syncs;
-        compactions += m.changes().full_resync;
-        hm.sync(m);
-        if (hm.full_syncs > before_full)
-          ++full;
-        else
-          ++incremental;
-        if (!hm.stager.staged_full() && hm.stager.changed().size() == 1 &&
-            hm.stager.changed()[0].begin == hm.stager.layout().offset_of(mirror_array::batch_slots))
-          ++batch_only;
-        require_mirrored(hm, m);
-      }
-    }
-    // Incremental syncs upload less than the whole block on average.
-    CHECK(hm.bytes < hm.syncs * hm.stager.layout().total);
-  }
-  INFO("full " << full << " incremental " << incremental << " batch only " << batch_only
-               << " resyncs " << compactions);
-  // The walk exercised both kinds of sync, journal resyncs and batch-only uploads.
-  CHECK(full > trials);
-  CHECK(incremental > 1000);
-  CHECK(compactions > 0);
-  CHECK(batch_only > 0);
+    return checked{host_mirror(m, gaps[rng() % 4]), &uploaded, &whole};
+  });
+  INFO("syncs " << t.syncs << " full " << t.full << " incremental " << t.incremental
+                << " batch only " << t.batch_only << " resyncs " << t.resyncs);
+  // The walk exercised both kinds of sync, journal resyncs and batch-only uploads; incremental
+  // syncs upload less than the whole block.
+  CHECK(t.full > trials);
+  CHECK(t.incremental > 1000);
+  CHECK(t.resyncs > 0);
+  CHECK(t.batch_only > 0);
+  CHECK(uploaded < whole / 2);
 }
