@@ -106,7 +106,8 @@ TANGRAM_GPU_TEST("kv_view_mirror: a random storm keeps the device arrays equal t
   o.num_pages      = 300;
   o.max_sequences  = 8;
   o.max_batch      = 6;
-  o.index_capacity = 340;  // small: the arena repacks (full resync) now and then
+  o.index_capacity   = 340;  // small: the arena repacks (full resync) now and then
+  o.max_view_changes = 24;   // small: a long chunk overflows the journal (full resync)
   kv_cache_manager kv(plan, gpu, o);
   kv_view_mirror mirror(kv, 0);
   GPU_REQUIRE(mirror.device_id() == 0);
@@ -195,8 +196,8 @@ TANGRAM_GPU_TEST("kv_view_mirror: a random storm keeps the device arrays equal t
     }
   }
   require_mirrored(mirror, kv, stream.s);
-  GPU_CHECK_MSG(incremental > 500, incremental << " incremental syncs");
-  GPU_CHECK_MSG(resyncs > 0, "the arena never repacked");
+  GPU_CHECK_MSG(incremental > 300, incremental << " incremental syncs");
+  GPU_CHECK_MSG(resyncs > 0, "no full resync");
   GPU_CHECK(checks > 200);
 }
 
@@ -205,7 +206,7 @@ TANGRAM_GPU_TEST("kv_view_mirror: decode attention through mirror.view() equals 
   auto plan = hybrid_plan(64, 16);
   cuda_memory_resource gpu(0);
   manager_options o;
-  o.num_pages     = 96;
+  o.num_pages     = 400;  // 16 KiB pages; the 300-token request alone holds ~90
   o.max_sequences = 4;
   kv_cache_manager kv(plan, gpu, o);
   kv_view_mirror mirror(kv, 0);
