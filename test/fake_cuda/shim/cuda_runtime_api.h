@@ -233,3 +233,21 @@ inline cudaError_t cudaDeviceSynchronize() {
   fake_cuda::run();
   return cudaSuccess;
 }
+// What test/gpu/kv_view_mirror_test.cpp calls besides (run here by gpu_mirror_main.cpp).
+typedef void (*cudaHostFn_t)(void*);
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  static int streams = 0;
+  *s = reinterpret_cast<cudaStream_t>(&streams);  // never dereferenced
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t) {
+  fake_cuda::run();
+  return cudaSuccess;
+}
+/// Runs nothing: the fake's queue already holds work back until something waits.
+inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void*) { return cudaSuccess; }
+inline cudaError_t cudaMemcpy(void* dst, void const* src, std::size_t bytes, cudaMemcpyKind) {
+  fake_cuda::run();  // synchronous: after the work before it
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
