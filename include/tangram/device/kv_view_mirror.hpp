@@ -36,7 +36,7 @@ namespace tangram {
  * (`view_extents()`: max_batch batch entries, every slot, the whole page-id arena), and two
  * pinned host shadows of the same layout. All are allocated by the constructor and never move,
  * so `view()` and its pointers stay valid for the mirror's lifetime (a CUDA graph may capture
- * them).
+ * them; `sync` itself must not be captured: it waits on an event).
  *
  * `sync` (once per step, before the kernels that read the view): copies into one shadow what
  * changed since its last use, enqueues on the stream the fewest `cudaMemcpyAsync` that cover this
