@@ -99,7 +99,9 @@ kv_view_mirror::kv_view_mirror(kv_cache_manager const& kv, std::int32_t device_i
   if (device_) layout.attach(view_, device_);
 }
 
-kv_view_mirror::~kv_view_mirror() { release(); }
+kv_view_mirror::~kv_view_mirror() {
+  release();
+}
 
 void kv_view_mirror::release() noexcept {
   if (device_id_ < 0) return;
@@ -133,7 +135,9 @@ void kv_view_mirror::swap(kv_view_mirror& other) noexcept {
   std::swap(view_, other.view_);
 }
 
-kv_view_mirror::kv_view_mirror(kv_view_mirror&& other) noexcept { swap(other); }
+kv_view_mirror::kv_view_mirror(kv_view_mirror&& other) noexcept {
+  swap(other);
+}
 
 kv_view_mirror& kv_view_mirror::operator=(kv_view_mirror&& other) noexcept {
   if (this != &other) {

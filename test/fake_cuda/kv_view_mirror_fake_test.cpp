@@ -39,8 +39,7 @@ std::byte const* block_of(kv_view_mirror const& mirror) {
 /// A mirror whose every upload is checked when the fake stream runs it.
 class checked_mirror {
  public:
-  checked_mirror(kv_cache_manager& m, std::uint32_t seed)
-      : s_(std::make_unique<state>(m, seed)) {
+  checked_mirror(kv_cache_manager& m, std::uint32_t seed) : s_(std::make_unique<state>(m, seed)) {
     fake_cuda::state().on_record_run = [s = s_.get()](CUevent_st*) { s->record_ran(); };
   }
   checked_mirror(checked_mirror&&) = default;
@@ -74,8 +73,7 @@ class checked_mirror {
       auto it = expected.begin();  // records run in order: the oldest pending one
       auto n  = it->second.size();
       CHECK(n == mirror.bytes());
-      if (n == mirror.bytes())
-        CHECK(std::memcmp(block_of(mirror), it->second.data(), n) == 0);
+      if (n == mirror.bytes()) CHECK(std::memcmp(block_of(mirror), it->second.data(), n) == 0);
       expected.erase(it);
     }
   };
@@ -116,7 +114,7 @@ TEST_CASE("kv_view_mirror (fake runtime): construction errors name the call or t
   auto plan = tiny_plan(tiny_budgets());
   simulated_memory_resource sim;
   kv_cache_manager m(plan, sim, opts(200, 8));
-  auto& fs = fake_cuda::state();
+  auto& fs   = fake_cuda::state();
   fs.devices = 0;
   CHECK(error_of([&] { kv_view_mirror x(m, 0); }) ==
         "kv_view_mirror: cudaGetDeviceCount (no usable CUDA device) failed: cudaErrorNoDevice "

@@ -76,7 +76,9 @@ void require_mirrored(kv_view_mirror const& mirror, kv_cache_manager const& kv, 
   GPU_REQUIRE(mirror.view().batch_size == kv.batch_size());
 }
 
-void CUDART_CB sleep_1ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }
+void CUDART_CB sleep_1ms(void*) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 std::int64_t uniform(std::mt19937& rng, std::int64_t lo, std::int64_t hi) {
   return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
@@ -103,9 +105,9 @@ TANGRAM_GPU_TEST("kv_view_mirror: a random storm keeps the device arrays equal t
   auto plan = hybrid_plan(4, 4);
   cuda_memory_resource gpu(0);
   manager_options o;
-  o.num_pages      = 300;
-  o.max_sequences  = 8;
-  o.max_batch      = 6;
+  o.num_pages        = 300;
+  o.max_sequences    = 8;
+  o.max_batch        = 6;
   o.index_capacity   = 340;  // small: the arena repacks (full resync) now and then
   o.max_view_changes = 24;   // small: a long chunk overflows the journal (full resync)
   kv_cache_manager kv(plan, gpu, o);
@@ -124,7 +126,7 @@ TANGRAM_GPU_TEST("kv_view_mirror: a random storm keeps the device arrays equal t
       if (kv.info(id).phase == ph) out.push_back(id);
     return out;
   };
-  auto pick = [&](std::vector<sequence_id> const& v) { return v[rng() % v.size()]; };
+  auto pick         = [&](std::vector<sequence_id> const& v) { return v[rng() % v.size()]; };
   auto random_batch = [&] {
     auto ids = live;
     std::shuffle(ids.begin(), ids.end(), rng);
@@ -189,7 +191,8 @@ TANGRAM_GPU_TEST("kv_view_mirror: a random storm keeps the device arrays equal t
                 !kv.changes().full_resync);  // the journal was cleared
     incremental += mirror.last_sync_bytes() < static_cast<std::int64_t>(mirror.bytes());
     // The pointers never move.
-    GPU_REQUIRE(mirror.view().pages == first.pages && mirror.view().batch_slots == first.batch_slots);
+    GPU_REQUIRE(mirror.view().pages == first.pages &&
+                mirror.view().batch_slots == first.batch_slots);
     if (step % 3 == 2) {
       require_mirrored(mirror, kv, stream.s);
       ++checks;
@@ -215,7 +218,8 @@ TANGRAM_GPU_TEST("kv_view_mirror: decode attention through mirror.view() equals 
   for (std::int64_t n : {300, 37, 129}) {
     auto id = kv.try_admit(n, 12);
     GPU_REQUIRE(id.has_value());
-    for (std::int64_t done = 0; done < n; done += 64) chunk(kv, *id, std::min<std::int64_t>(64, n - done));
+    for (std::int64_t done = 0; done < n; done += 64)
+      chunk(kv, *id, std::min<std::int64_t>(64, n - done));
     ids.push_back(*id);
   }
   // Every page random (the kernel and the reference read the same bytes, held or not).
@@ -233,15 +237,16 @@ TANGRAM_GPU_TEST("kv_view_mirror: decode attention through mirror.view() equals 
 
   auto compare = [&](char const* when) {
     mirror.sync(kv, stream.s);
-    auto host = kv.view();
+    auto host    = kv.view();
     const auto B = static_cast<std::size_t>(host.batch_size);
     std::vector<float> q(B * static_cast<std::size_t>(Hq * d));
     for (auto& x : q) x = u(rng);
     device_buffer dq(q), dout(q.size() * 4), dlse(B * static_cast<std::size_t>(Hq) * 4);
     for (std::int32_t layer = 0; layer < plan.num_layers; ++layer) {
       decode_params p;
-      p.kv      = mirror.view();
-      p.splits  = {splits.num_layers, splits.num_kv_heads, splits.num_ctas, dbegin.get<std::int32_t>()};
+      p.kv     = mirror.view();
+      p.splits = {
+          splits.num_layers, splits.num_kv_heads, splits.num_ctas, dbegin.get<std::int32_t>()};
       p.layer   = layer;
       p.group   = 2;
       p.q       = dq.get();
@@ -251,8 +256,8 @@ TANGRAM_GPU_TEST("kv_view_mirror: decode attention through mirror.view() equals 
       device_buffer ws(decode_workspace_bytes(p));
       decode_attention(p, ws.get(), ws.bytes(), stream.s);
       cuda_check(cudaStreamSynchronize(stream.s), "decode_attention");
-      auto o_gpu   = dout.download<float>();
-      auto lse_gpu = dlse.download<float>();
+      auto o_gpu      = dout.download<float>();
+      auto lse_gpu    = dlse.download<float>();
       decode_params r = p;
       r.kv            = host;
       r.kv.pool       = reinterpret_cast<std::byte*>(pool.data());
@@ -267,8 +272,9 @@ TANGRAM_GPU_TEST("kv_view_mirror: decode attention through mirror.view() equals 
                         when << ", layer " << layer << ": output " << i << " is " << o_gpu[i]
                              << ", reference " << o_ref[i]);
       for (std::size_t i = 0; i < lse_ref.size(); ++i)
-        GPU_REQUIRE_MSG(std::abs(lse_gpu[i] - lse_ref[i]) <= 1e-4f * std::max(1.f, std::abs(lse_ref[i])),
-                        when << ", layer " << layer << ": lse " << i);
+        GPU_REQUIRE_MSG(
+            std::abs(lse_gpu[i] - lse_ref[i]) <= 1e-4f * std::max(1.f, std::abs(lse_ref[i])),
+            when << ", layer " << layer << ": lse " << i);
     }
   };
   kv.set_batch({ids[2], ids[0], ids[1]});
@@ -302,10 +308,10 @@ TANGRAM_GPU_TEST("kv_view_mirror: errors name the value; moves keep the device v
     } catch (cuda_error const& e) {
       what = e.what();
     }
-    GPU_CHECK_MSG(what.find("device_id must be in [0, " + std::to_string(count) + ")") !=
-                          std::string::npos &&
-                      what.find("got " + std::to_string(bad)) != std::string::npos,
-                  "device_id " << bad << ": '" << what << "'");
+    GPU_CHECK_MSG(
+        what.find("device_id must be in [0, " + std::to_string(count) + ")") != std::string::npos &&
+            what.find("got " + std::to_string(bad)) != std::string::npos,
+        "device_id " << bad << ": '" << what << "'");
   }
   // A host pool mirrors fine: its pool pointer stays the host arena.
   kv_view_mirror hm(other, 0);

@@ -49,10 +49,10 @@ mirror_storm_totals mirror_storms(int trials, int ops, std::uint32_t seed, Make 
     auto P      = static_cast<std::int32_t>(uniform(rng, 2, 5));
     auto Hp     = pick(std::vector<std::int32_t>{1, 2, 4}, rng);
     auto window = static_cast<std::int32_t>(uniform(rng, 3, 12));
-    auto scope  = Hp == 4 ? grouping_scope::global
-                          : pick(std::vector<grouping_scope>{grouping_scope::global,
-                                                             grouping_scope::layer},
-                                 rng);
+    auto scope =
+        Hp == 4
+            ? grouping_scope::global
+            : pick(std::vector<grouping_scope>{grouping_scope::global, grouping_scope::layer}, rng);
     reservation_options res;
     if (trial % 4 == 3) res = elastic_reservation(0.2);
     auto plan = tiny_plan(budgets, P, Hp, window, scope, res);
@@ -156,8 +156,7 @@ mirror_storm_totals mirror_storms(int trials, int ops, std::uint32_t seed, Make 
         random_batch();
       }
       bool stale = false;
-      for (std::int32_t r = 0; r < m.batch_size(); ++r)
-        stale |= !m.contains(m.batch_sequence(r));
+      for (std::int32_t r = 0; r < m.batch_size(); ++r) stale |= !m.contains(m.batch_sequence(r));
       if (stale) random_batch();
       if (rng() % 4 != 0 || step + 1 == ops) {
         t.resyncs += m.changes().full_resync;

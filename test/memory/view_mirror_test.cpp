@@ -47,7 +47,7 @@ char const* name_of(std::size_t a) {
 struct host_mirror {
   detail::mirror_stager stager;
   std::vector<std::byte> shadow[2], device;
-  int next = 0;
+  int next           = 0;
   std::int64_t syncs = 0, full_syncs = 0, bytes = 0, copies = 0;
 
   explicit host_mirror(kv_cache_manager const& m,
@@ -82,8 +82,8 @@ struct host_mirror {
 
 /// Every array of the host view (at its full extent) equals the device copy; padding is zero.
 void require_mirrored(host_mirror const& hm, kv_cache_manager const& m) {
-  auto const& l = hm.stager.layout();
-  auto v        = m.view();
+  auto const& l        = hm.stager.layout();
+  auto v               = m.view();
   std::int64_t covered = 0;
   for (std::size_t a = 0; a < detail::mirror_array_count; ++a) {
     auto const* host = detail::mirror_layout::host_array(v, static_cast<mirror_array>(a));
@@ -167,16 +167,17 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
     host_mirror merged(m);
     merged.sync(m);
     m.decode_step();  // a = 2: groups 0 and 2 cross (the journal test in manager_test.cpp)
-    v       = m.view();
+    v = m.view();
     // The last entry of each list: group 0's 5th page, group 2's 3rd.
     auto lo = v.page_offset[s * 8 + 0] + m.group_page_count(a, 0) - 1;
     auto hi = v.page_offset[s * 8 + 2] + m.group_page_count(a, 2) - 1;
     REQUIRE(lo < hi);
     merged.sync(m);
-    CHECK(merged.stager.changed() == std::vector<mirror_range>{{1152 + 4 * lo, 1152 + 4 * lo + 4},
-                                                               {1152 + 4 * hi, 1152 + 4 * hi + 4},
-                                                               {A + 4 * s, A + 4 * s + 4},
-                                                               {A + 128 + 4 * s, A + 128 + 4 * s + 4}});
+    CHECK(merged.stager.changed() ==
+          std::vector<mirror_range>{{1152 + 4 * lo, 1152 + 4 * lo + 4},
+                                    {1152 + 4 * hi, 1152 + 4 * hi + 4},
+                                    {A + 4 * s, A + 4 * s + 4},
+                                    {A + 128 + 4 * s, A + 128 + 4 * s + 4}});
     REQUIRE(merged.stager.uploads().size() == 1);
     CHECK(merged.stager.uploads()[0] == mirror_range{1152 + 4 * lo, A + 128 + 4 * s + 4});
     require_mirrored(merged, m);
@@ -187,8 +188,7 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
     merged.sync(m);
     m.set_batch({b, a});
     merged.sync(m);
-    CHECK(merged.stager.uploads() ==
-          std::vector<mirror_range>{{A + 256, A + 256 + 32}});
+    CHECK(merged.stager.uploads() == std::vector<mirror_range>{{A + 256, A + 256 + 32}});
     require_mirrored(merged, m);
     // Nothing changed: nothing to upload.
     merged.sync(m);
@@ -205,7 +205,7 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
 TEST_CASE("mirror layout: bad extents are refused naming the field", "[memory][mirror]") {
   kv_view_extents e;
   e.head_slots = e.groups = e.page_offset = e.pages = e.head_base_len = e.slots = e.batch = 1;
-  e.pages = -3;
+  e.pages                                                                                 = -3;
   auto msg = [](kv_view_extents const& x) {
     try {
       (void)detail::mirror_layout::of(x);
@@ -250,7 +250,7 @@ TEST_CASE("mirror: a journal entry outside the extents is refused before anythin
 
 TEST_CASE("mirror: random storms keep the uploaded copy equal to the host view byte for byte",
           "[memory][mirror][property]") {
-  const int trials = 8;
+  const int trials      = 8;
   std::int64_t uploaded = 0, whole = 0;
   auto t = mirror_storms(trials, 700, 7000, [&](kv_cache_manager& m, std::mt19937& rng) {
     // Exact ranges, small gaps, and the default coalescing.

@@ -124,7 +124,7 @@ class kv_view_mirror {
   std::int32_t device_id_          = -1;
   memory_kind pool_kind_           = memory_kind::simulated;
   detail::mirror_stager stager_;
-  std::byte* device_         = nullptr;  ///< the packed block (cudaMalloc)
+  std::byte* device_         = nullptr;             ///< the packed block (cudaMalloc)
   std::byte* shadow_[2]      = {nullptr, nullptr};  ///< pinned shadows (one cudaHostAlloc)
   ::CUevent_st* uploaded_[2] = {nullptr, nullptr};  ///< last upload read from each shadow
   int next_                  = 0;                   ///< the shadow the next sync writes

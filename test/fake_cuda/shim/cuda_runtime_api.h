@@ -60,10 +60,10 @@ typedef CUevent_st* cudaEvent_t;
 namespace fake_cuda {
 
 struct op {
-  void* dst       = nullptr;  ///< a copy, or (dst == nullptr) an event record
-  void const* src = nullptr;
-  std::size_t bytes = 0;
-  CUevent_st* event = nullptr;
+  void* dst             = nullptr;  ///< a copy, or (dst == nullptr) an event record
+  void const* src       = nullptr;
+  std::size_t bytes     = 0;
+  CUevent_st* event     = nullptr;
   std::int64_t position = 0;
 };
 
@@ -75,10 +75,10 @@ struct state_t {
   std::int64_t executed = 0;  ///< ops ever run
   std::map<void const*, std::pair<std::size_t, int>> device_blocks;  ///< base -> (bytes, device)
   std::map<void const*, std::size_t> pinned_blocks;
-  std::int64_t copies = 0, copy_bytes = 0;   ///< cudaMemcpyAsync calls that succeeded
-  std::int64_t waits_that_ran_work = 0;      ///< event waits that had to run queued work
-  int fail_memcpy_async_in = -1;             ///< fail the n-th next cudaMemcpyAsync (0: next)
-  int fail_malloc_in       = -1;             ///< fail the n-th next cudaMalloc
+  std::int64_t copies = 0, copy_bytes = 0;         ///< cudaMemcpyAsync calls that succeeded
+  std::int64_t waits_that_ran_work = 0;            ///< event waits that had to run queued work
+  int fail_memcpy_async_in         = -1;           ///< fail the n-th next cudaMemcpyAsync (0: next)
+  int fail_malloc_in               = -1;           ///< fail the n-th next cudaMalloc
   std::function<void(CUevent_st*)> on_record_run;  ///< called when an event record runs
 };
 
@@ -115,12 +115,18 @@ inline cudaError_t cudaGetLastError() {
 }
 inline const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    default: return "cudaErrorLaunchFailure";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    default:
+      return "cudaErrorLaunchFailure";
   }
 }
 inline const char* cudaGetErrorString(cudaError_t e) {
@@ -147,7 +153,7 @@ inline cudaError_t cudaSetDevice(int d) {
 inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (fake_cuda::consume(fake_cuda::state().fail_malloc_in))
     return fake_fail(cudaErrorMemoryAllocation);
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  *p                                   = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   fake_cuda::state().device_blocks[*p] = {bytes, fake_cuda::state().current};
   return cudaSuccess;
 }
@@ -237,7 +243,7 @@ inline cudaError_t cudaDeviceSynchronize() {
 typedef void (*cudaHostFn_t)(void*);
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
   static int streams = 0;
-  *s = reinterpret_cast<cudaStream_t>(&streams);  // never dereferenced
+  *s                 = reinterpret_cast<cudaStream_t>(&streams);  // never dereferenced
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) {
@@ -245,7 +251,9 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t) {
   return cudaSuccess;
 }
 /// Runs nothing: the fake's queue already holds work back until something waits.
-inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void*) { return cudaSuccess; }
+inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void*) {
+  return cudaSuccess;
+}
 inline cudaError_t cudaMemcpy(void* dst, void const* src, std::size_t bytes, cudaMemcpyKind) {
   fake_cuda::run();  // synchronous: after the work before it
   std::memcpy(dst, src, bytes);

@@ -142,15 +142,33 @@ struct mirror_layout {
                                                    mirror_array a) noexcept {
     void const* p = nullptr;
     switch (a) {
-      case mirror_array::head_slots: p = v.head_slots; break;
-      case mirror_array::group_window: p = v.group_window; break;
-      case mirror_array::group_ring_pages: p = v.group_ring_pages; break;
-      case mirror_array::page_offset: p = v.page_offset; break;
-      case mirror_array::head_base_len: p = v.head_base_len; break;
-      case mirror_array::pages: p = v.pages; break;
-      case mirror_array::appended: p = v.appended; break;
-      case mirror_array::seq_tokens: p = v.seq_tokens; break;
-      case mirror_array::batch_slots: p = v.batch_slots; break;
+      case mirror_array::head_slots:
+        p = v.head_slots;
+        break;
+      case mirror_array::group_window:
+        p = v.group_window;
+        break;
+      case mirror_array::group_ring_pages:
+        p = v.group_ring_pages;
+        break;
+      case mirror_array::page_offset:
+        p = v.page_offset;
+        break;
+      case mirror_array::head_base_len:
+        p = v.head_base_len;
+        break;
+      case mirror_array::pages:
+        p = v.pages;
+        break;
+      case mirror_array::appended:
+        p = v.appended;
+        break;
+      case mirror_array::seq_tokens:
+        p = v.seq_tokens;
+        break;
+      case mirror_array::batch_slots:
+        p = v.batch_slots;
+        break;
     }
     return static_cast<std::byte const*>(p);
   }
@@ -158,7 +176,7 @@ struct mirror_layout {
   /// Points every array of `v` into `block` (laid out by this layout); scalars are left as they
   /// are.
   void attach(kv_cache_view& v, std::byte* block) const noexcept {
-    auto at = [&](mirror_array a) { return block + offset_of(a); };
+    auto at            = [&](mirror_array a) { return block + offset_of(a); };
     v.head_slots       = reinterpret_cast<head_slot const*>(at(mirror_array::head_slots));
     v.group_window     = reinterpret_cast<std::int32_t const*>(at(mirror_array::group_window));
     v.group_ring_pages = reinterpret_cast<std::int32_t const*>(at(mirror_array::group_ring_pages));
@@ -223,8 +241,10 @@ class mirror_stager {
                     invalid_argument,
                     "kv_view_mirror: max_view_changes must be >= 0, got ",
                     max_view_changes);
-    TANGRAM_EXPECTS(
-        merge_gap >= 0, invalid_argument, "kv_view_mirror: merge_gap must be >= 0, got ", merge_gap);
+    TANGRAM_EXPECTS(merge_gap >= 0,
+                    invalid_argument,
+                    "kv_view_mirror: merge_gap must be >= 0, got ",
+                    merge_gap);
     // Ranges: one per page entry, two rows per slot (page_offset, head_base_len), two counters
     // per counter slot, the batch.
     auto ranges = add_or_throw(max_view_changes,
@@ -337,11 +357,12 @@ class mirror_stager {
     current_.clear();
     auto const& e = layout_.extents;
     // The journal names slots; the rows of a slot are G (page_offset) and L * H (head_base_len).
-    std::int64_t G = e.slots > 0 ? e.page_offset / e.slots : 0;
+    std::int64_t G  = e.slots > 0 ? e.page_offset / e.slots : 0;
     std::int64_t LH = e.slots > 0 ? e.head_base_len / e.slots : 0;
-    bool ok = sorted(c.slots, c.num_slots, e.slots, "slots");
+    bool ok         = sorted(c.slots, c.num_slots, e.slots, "slots");
     for (std::size_t k = 0; ok && k < scratch_.size(); ++k)
-      ok = push(layout_.elements(mirror_array::page_offset, scratch_[k] * G, (scratch_[k] + 1) * G));
+      ok =
+          push(layout_.elements(mirror_array::page_offset, scratch_[k] * G, (scratch_[k] + 1) * G));
     for (std::size_t k = 0; ok && k < scratch_.size(); ++k)
       ok = push(
           layout_.elements(mirror_array::head_base_len, scratch_[k] * LH, (scratch_[k] + 1) * LH));
