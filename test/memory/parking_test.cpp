@@ -9,6 +9,8 @@
 #include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
 #include "tangram/memory/concurrent_kv_cache.hpp"
+#include "tangram/memory/tensor_parallel.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 
 using namespace tangram;
 using namespace tangram::test;
@@ -370,4 +372,58 @@ TEST_CASE("concurrent_kv_cache forwards parking", "[memory][manager][parking]") 
   CHECK(kv.info(back->id)->phase == sequence_phase::prefill);
   CHECK(static_cast<std::int64_t>(back->device_pages.size()) == session.host_pages());
   kv.check_invariants();
+}
+
+TEST_CASE("tensor parallelism: restore a parked session on every rank or on none",
+          "[memory][manager][parking][tp]") {
+  budget_profile p;
+  p.num_model_layers = 4;
+  p.num_kv_heads     = 4;
+  p.layer_ids        = {0, 3};
+  p.sink_tokens      = 1;
+  p.window_tokens    = 2;
+  p.budgets          = tiny_budgets();
+  std::vector<static_plan> plans;
+  for (std::int32_t rank = 0; rank < 2; ++rank) {
+    plan_options o;
+    o.page_tokens = 4;
+    o.group_size  = 2;
+    o.tp_size     = 2;
+    o.tp_rank     = rank;
+    plans.push_back(build_static_plan(tiny_model(), p, o));
+  }
+  simulated_memory_resource mr;
+  kv_cache_manager r0(plans[0], mr, opts(100, 8)), r1(plans[1], mr, opts(100, 8));
+  CHECK(r0.fingerprint() != r1.fingerprint());  // the ranks hold different heads
+  std::vector<kv_cache_manager*> ranks{&r0, &r1};
+  auto ids = *try_admit_all(ranks, 20, 5);
+  std::vector<parked_session> sessions;
+  for (std::size_t r = 0; r < 2; ++r) {
+    prefill(*ranks[r], ids[r], 20);
+    ranks[r]->end_turn(ids[r]);
+    sessions.push_back(ranks[r]->park(ids[r]));
+    ranks[r]->complete_park(ids[r]);
+  }
+  // Swapped sessions belong to the other rank: refused before any rank changes.
+  CHECK_THROWS_AS(try_unpark_all(ranks, {sessions[1], sessions[0]}, 6, 2), invalid_argument);
+  CHECK_THROWS_AS(try_unpark_all(ranks, {sessions[0]}, 6, 2), invalid_argument);
+  CHECK(r0.live_sequences() + r1.live_sequences() == 0);
+  // Rank 1 full: rank 0's restore is rolled back.
+  std::int64_t T = 0;  // the longest request that still fits rank 1 leaves < G pages free
+  while (r1.admission_pages(1, T + 1) <= r1.pool().available_pages()) ++T;
+  auto hog = r1.try_admit(1, T);
+  REQUIRE(hog);
+  REQUIRE(r1.pool().available_pages() < r1.unpark_pages(sessions[1], 6, 2));
+  CHECK_FALSE(try_unpark_all(ranks, sessions, 6, 2).has_value());
+  CHECK(r0.live_sequences() == 0);
+  CHECK(r0.pool().stats().used + r0.pool().stats().reserved == 0);
+  r1.free(*hog);
+  auto back = try_unpark_all(ranks, sessions, 6, 2);
+  REQUIRE(back);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(ranks[r]->info((*back)[r].id).phase == sequence_phase::prefill);
+    CHECK(static_cast<std::int64_t>((*back)[r].device_pages.size()) ==
+          sessions[r].host_pages());
+    ranks[r]->check_invariants();
+  }
 }
