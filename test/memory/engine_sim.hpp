@@ -462,7 +462,12 @@ class engine_sim {
     }
     if (!m_.continue_turn(id, N, T)) return false;
     copy_pages();
-    auto& q            = seqs_.at(id.slot);
+    next_turn(seqs_.at(id.slot), N, T, shared);
+    return true;
+  }
+
+  /// The model of a next turn of (N, T) on q (ended), `shared` compressed pages copied on write.
+  void next_turn(sim_sequence& q, std::int64_t N, std::int64_t T, std::int64_t shared) {
     q.phase            = sequence_phase::prefill;
     q.prompt_remaining = N;
     q.max_new          = T;
@@ -484,7 +489,75 @@ class engine_sim {
           q.target[gi] = std::max(q.held[gi], std::min(ceil_div(q.n + N + T, P_), target));
       }
     }
-    return true;
+  }
+
+  /// A session parked in host memory: the manager's descriptor, the host pages (host pools;
+  /// empty for simulated ones) and the model of what it holds.
+  struct parked {
+    parked_session session;
+    std::vector<std::byte> host;
+    sim_sequence model;
+  };
+
+  /// `park(id)`: the model enters phase parking (pages still held, as when ended). The returned
+  /// session lists the pages to copy out (`copy_out`) before `complete_park`.
+  parked_session park(sequence_id id) {
+    auto p  = m_.park(id);
+    auto& q = seqs_.at(id.slot);
+    REQUIRE(p.host_pages() == static_cast<std::int64_t>(p.device_pages.size()));
+    std::int64_t k = 0;
+    for (std::int32_t g = 0; g < G_; ++g) {
+      REQUIRE(p.group_pages[static_cast<std::size_t>(g)] == q.held[static_cast<std::size_t>(g)]);
+      auto const* pages = m_.group_pages(id, g);
+      for (std::int32_t i = 0; i < m_.group_page_count(id, g); ++i)
+        REQUIRE(p.device_pages[static_cast<std::size_t>(k++)] == pages[i]);
+    }
+    q.phase = sequence_phase::parking;
+    return p;
+  }
+
+  /// The engine's copy-out of a park: host page k <- device page k (host pools only).
+  std::vector<std::byte> copy_out(parked_session const& p) const {
+    std::vector<std::byte> host;
+    if (!data_) return host;
+    host.resize(static_cast<std::size_t>(p.host_pages() * p.page_bytes));
+    copy_pages_to_host(
+        m_.pool().base(), p.page_bytes, p.device_pages.data(), p.device_pages.size(), host.data());
+    return host;
+  }
+
+  /// `complete_park(id)` after the copy-out: the sequence leaves the manager and the model; the
+  /// returned value holds what an engine keeps.
+  parked complete_park(sequence_id id, parked_session session, std::vector<std::byte> host) {
+    m_.complete_park(id);
+    parked out{std::move(session), std::move(host), seqs_.at(id.slot)};
+    out.model.phase = sequence_phase::ended;
+    seqs_.erase(id.slot);
+    return out;
+  }
+
+  void cancel_park(sequence_id id) {
+    m_.cancel_park(id);
+    seqs_.at(id.slot).phase = sequence_phase::ended;
+  }
+
+  /// `try_unpark(p, N, T)`; when it fits, the host pages are copied into the new pages and the
+  /// model is the parked one after a next turn (nothing shared: no copy on write).
+  std::optional<sequence_id> unpark(parked const& p, std::int64_t N, std::int64_t T) {
+    auto r = m_.try_unpark(p.session, N, T);
+    if (!r) return std::nullopt;
+    REQUIRE(static_cast<std::int64_t>(r->device_pages.size()) == p.session.host_pages());
+    if (data_)
+      copy_pages_from_host(m_.pool().base(),
+                           p.session.page_bytes,
+                           r->device_pages.data(),
+                           r->device_pages.size(),
+                           p.host.data());
+    auto q = p.model;
+    q.id   = r->id;
+    next_turn(q, N, T, 0);
+    seqs_[r->id.slot] = q;
+    return r->id;
   }
 
   std::optional<sequence_id> fork(sequence_id id) {
@@ -565,7 +638,8 @@ class engine_sim {
         REQUIRE(m_.group_page_count(q.id, g) == q.held[gi]);
         REQUIRE(m_.group_target(q.id, g) == q.target[gi]);
         REQUIRE(m_.group_pages_in_use(q.id, g) == in_use(q, g));
-        std::int64_t model_res = q.phase == sequence_phase::ended || pooled(g)
+        std::int64_t model_res = q.phase == sequence_phase::ended ||
+                                         q.phase == sequence_phase::parking || pooled(g)
                                      ? 0
                                      : q.target[gi] - std::min(q.held[gi], q.target[gi]);
         REQUIRE(m_.group_reserved(q.id, g) == model_res);

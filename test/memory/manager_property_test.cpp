@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Thousands of random operations (admit, chunk with fused eviction, decode, fork, end turn,
-// continue, free, abort mid-chunk) across many sequences on random tiny plans. After every
+// continue, free, abort mid-chunk, park / complete_park / cancel_park / try_unpark through a
+// host copy of the pages) across many sequences on random tiny plans. After every
 // operation the engine_sim checks, independently of the manager's own bookkeeping: every held
 // token's K/V read back through the view, each group's page count / target / reservation from the
 // footprint formulas, reference counts = owners found in the page lists, used + reserved <=
@@ -31,6 +32,7 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
           "[memory][manager][property]") {
   const int trials = 6, ops = 1500;
   std::int64_t total_ops = 0, misuses = 0, forks = 0, rejections = 0, continues = 0;
+  std::int64_t parks = 0, cancels = 0, unparks = 0, unpark_refusals = 0, shared_parks = 0;
   for (int trial = 0; trial < trials; ++trial) {
     std::mt19937 rng(1000 + static_cast<std::uint32_t>(trial));
     std::vector<double> budgets(8);
@@ -50,6 +52,16 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
     kv_cache_manager m(plan, mr, o);
     engine_sim sim(m, static_cast<std::uint32_t>(trial), 0.25);
     std::vector<sequence_id> graveyard;
+    // Parking: sequences between park and complete_park (with their host copy once taken), and
+    // sessions held in host memory (restorable, possibly several times).
+    struct parking_entry {
+      sequence_id id;
+      parked_session session;
+      std::vector<std::byte> host;
+      bool copied = false;
+    };
+    std::vector<parking_entry> parking;
+    std::vector<engine_sim::parked> parked;
     INFO("trial " << trial << " P " << P << " Hp " << Hp << " W " << window << " scope "
                   << to_string(scope));
 
@@ -76,8 +88,65 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
     };
 
     for (int step = 0; step < ops; ++step) {
+      // Sequences another op freed are no longer parking.
+      parking.erase(std::remove_if(parking.begin(),
+                                   parking.end(),
+                                   [&](parking_entry const& e) { return !m.contains(e.id); }),
+                    parking.end());
       int op = static_cast<int>(rng() % 100);
-      if (op < 14) {
+      if (rng() % 100 < 10) {
+        // Host offload: park an ended session (copy it out now or just before completing),
+        // complete or cancel a park, restore a parked session with its next turn.
+        int kind   = static_cast<int>(rng() % 3);
+        auto ended = in_phase(sequence_phase::ended);
+        if (kind == 0 && !ended.empty()) {
+          auto id = pick(ended, rng);
+          for (std::int32_t g = 0; g < m.num_groups(); ++g)
+            for (std::int32_t p = 0; p < m.group_page_count(id, g); ++p)
+              if (m.pool().ref_count(m.group_pages(id, g)[p]) > 1) {
+                ++shared_parks;
+                g = m.num_groups();
+                break;
+              }
+          parking_entry e{id, sim.park(id), {}, false};
+          if (rng() % 2) {
+            e.host   = sim.copy_out(e.session);
+            e.copied = true;
+          }
+          parking.push_back(std::move(e));
+          ++parks;
+        } else if (kind == 1 && !parking.empty()) {
+          auto k  = rng() % parking.size();
+          auto& e = parking[k];
+          if (rng() % 5 == 0) {
+            sim.cancel_park(e.id);
+            ++cancels;
+          } else {
+            if (!e.copied) e.host = sim.copy_out(e.session);
+            parked.push_back(sim.complete_park(e.id, std::move(e.session), std::move(e.host)));
+            graveyard.push_back(e.id);
+            if (parked.size() > 6) parked.erase(parked.begin() + static_cast<long>(rng() % 6));
+          }
+          parking.erase(parking.begin() + static_cast<long>(k));
+        } else if (kind == 2 && !parked.empty()) {
+          auto k    = rng() % parked.size();
+          auto N    = uniform(rng, 1, 20), T = uniform(rng, 0, 15);
+          auto need = m.unpark_pages(parked[k].session, N, T);
+          bool fits = m.live_sequences() < m.max_sequences() && need <= m.pool().available_pages();
+          auto ids  = sim.ids();
+          auto before = snapshot(m, ids);
+          auto back   = sim.unpark(parked[k], N, T);
+          if (!fits) REQUIRE_FALSE(back);
+          if (back) {
+            ++unparks;
+            REQUIRE(m.info(*back).reserved_pages == need - parked[k].session.host_pages());
+            if (rng() % 2) parked.erase(parked.begin() + static_cast<long>(k));
+          } else {
+            ++unpark_refusals;
+            REQUIRE(snapshot(m, ids) == before);  // does not fit: nothing changed
+          }
+        }
+      } else if (op < 14) {
         auto N = uniform(rng, 1, 40), T = uniform(rng, 0, 20);
         if (!sim.admit(N, T)) ++rejections;
       } else if (op < 34) {
@@ -162,14 +231,33 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
           misuse([&] { m.set_batch({id, id}); }, "listed twice");
         } else if (kind == 7 && !pre.empty()) {
           misuse([&] { m.end_turn(pick(pre, rng)); }, "phase prefill");
-        } else if (!ended.empty()) {
+        } else if (!ended.empty() && rng() % 2) {
           misuse([&] { m.prepare_chunk(pick(ended, rng), 1); }, "phase ended");
+        } else if (!parking.empty()) {
+          auto id = parking[rng() % parking.size()].id;
+          if (rng() % 2)
+            misuse([&] { (void)m.continue_turn(id, 1, 1); }, "phase parking");
+          else
+            misuse([&] { (void)m.fork(id); }, "phase parking");
+        } else if (!pre.empty() || !dec.empty()) {
+          auto id = pick(pre.empty() ? dec : pre, rng);
+          misuse([&] { (void)m.park(id); }, "only an ended session can be parked");
+        }
+        if (!parked.empty() && rng() % 2) {
+          // A corrupted session: invalid_argument naming the field, nothing changed.
+          auto c = parked[rng() % parked.size()].session;
+          c.group_pages[rng() % c.group_pages.size()] += 1;
+          auto ids    = sim.ids();
+          auto before = snapshot(m, ids);
+          REQUIRE_THROWS_AS(m.try_unpark(c, 1, 1), invalid_argument);
+          REQUIRE(snapshot(m, ids) == before);
+          ++misuses;
         }
       }
       sim.verify();
       ++total_ops;
     }
-    for (auto id : sim.ids()) sim.free(id);
+    for (auto id : sim.ids()) sim.free(id);  // parking ones too: free accepts every phase
     auto ps = m.pool().stats();
     CHECK(ps.used == 0);
     CHECK(ps.reserved == 0);
@@ -186,4 +274,10 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
   CHECK(forks > 20);
   CHECK(continues > 20);
   CHECK(rejections > 0);
+  INFO("parks " << parks << " cancels " << cancels << " unparks " << unparks << " refusals "
+                << unpark_refusals << " forked parks " << shared_parks);
+  CHECK(parks > 30);
+  CHECK(cancels > 3);
+  CHECK(unparks > 20);
+  CHECK(shared_parks > 0);
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Operation storms: long random walks of engine operations (admission, prefill chunks with fused
 // eviction and kept counts below the rule, decode steps over changing batches, turn ends, next
-// turns, forks, frees, aborts mid-chunk, misuse) against a kv_cache_manager built from real plans,
+// turns, forks, frees, aborts mid-chunk, parking idle sessions in host memory and restoring them,
+// misuse) against a kv_cache_manager built from real plans,
 // checked by the independent model of test/memory/engine_sim.hpp. Shared by the Catch suite
 // (test/reliability, a short storm) and the soak driver (tools/soak, millions of operations).
 //
@@ -17,6 +18,10 @@
 //   rule, decode past T, duplicate batch members, a freed batch member, ...) throws the
 //   documented exception naming the value, with nothing changed; under elastic reservation also
 //   a chunk above max_chunk_tokens and kept counts whose compressed groups exceed the limit;
+// - parking: an ended session's pages go to a host buffer (park, copy-out now or just before
+//   complete_park, sometimes cancel_park), the session later restores with its next turn
+//   (try_unpark: fits exactly when unpark_pages are available with a free slot, else nothing
+//   changes); on host pools every restored token is read back through the view;
 // - the view journal: an engine-side mirror updated only from view_changes() equals the arrays;
 // - the FlashInfer export lists each head's length and its group's pages;
 // - after every drain the pool is empty (nothing leaked) and the resource got its arena back.
@@ -83,7 +88,9 @@ struct storm_totals {
   std::int64_t speculative_steps = 0;  ///< decode steps with per-member counts, or append_tokens
   std::int64_t rollbacks         = 0;  ///< rollbacks of rejected speculative tokens
   std::int64_t rolled_back       = 0;  ///< tokens they removed
-  static constexpr std::size_t misuse_kinds = 15;
+  std::int64_t parks = 0, park_cancels = 0;  ///< sessions parked (complete_park) / cancelled
+  std::int64_t unparks = 0, unpark_rejected = 0;  ///< try_unpark that fit / did not
+  static constexpr std::size_t misuse_kinds = 16;
   std::array<std::int64_t, misuse_kinds> misuse_by_kind{};  ///< misuses per case of storm::misuse
 
   void add(storm_totals const& o) {
@@ -116,6 +123,10 @@ struct storm_totals {
     speculative_steps += o.speculative_steps;
     rollbacks += o.rollbacks;
     rolled_back += o.rolled_back;
+    parks += o.parks;
+    park_cancels += o.park_cancels;
+    unparks += o.unparks;
+    unpark_rejected += o.unpark_rejected;
     for (std::size_t k = 0; k < misuse_kinds; ++k) misuse_by_kind[k] += o.misuse_by_kind[k];
   }
 };
@@ -378,6 +389,8 @@ class storm {
       speculate();
     } else if (op < 965) {
       extend();
+    } else if (op < 995) {
+      park_op();
     } else {
       decode();
     }
@@ -708,6 +721,77 @@ class storm {
       ++t_.fork_rejected;
   }
 
+  /// Host offload: park an ended session (its copy-out now or just before complete_park),
+  /// complete or cancel a park, or restore a parked session with a next turn. A restore fits
+  /// exactly when `unpark_pages` are available with a free slot (the page-id arena may refuse
+  /// while forks share pages); a refusal changes nothing. On host pools the restored history is
+  /// read back token by token at the next check.
+  void park_op() {
+    auto& m = *manager_;
+    parking_.erase(std::remove_if(parking_.begin(),
+                                  parking_.end(),
+                                  [&](parking_entry const& e) { return !m.contains(e.id); }),
+                   parking_.end());
+    switch (rng_() % 3) {
+      case 0: {
+        auto ended = phase(sequence_phase::ended);
+        if (ended.empty()) return end_turn();
+        auto id = pick(ended);
+        parking_entry e{id, sim_->park(id), {}, false};
+        if (rng_() % 2) {
+          e.host   = sim_->copy_out(e.session);
+          e.copied = true;
+        }
+        parking_.push_back(std::move(e));
+        ++t_.calls;
+        return;
+      }
+      case 1: {
+        if (parking_.empty()) return;
+        auto k  = rng_() % parking_.size();
+        auto& e = parking_[k];
+        if (rng_() % 6 == 0) {
+          sim_->cancel_park(e.id);
+          ++t_.park_cancels;
+        } else {
+          if (!e.copied) e.host = sim_->copy_out(e.session);
+          parked_.push_back(sim_->complete_park(e.id, std::move(e.session), std::move(e.host)));
+          graveyard(e.id);
+          ++t_.parks;
+          if (parked_.size() > 8) parked_.erase(parked_.begin() + static_cast<long>(rng_() % 8));
+        }
+        ++t_.calls;
+        parking_.erase(parking_.begin() + static_cast<long>(k));
+        return;
+      }
+      default: {
+        if (parked_.empty()) return;
+        auto k     = rng_() % parked_.size();
+        auto N     = uniform(1, std::max<std::int64_t>(1, cfg_.max_prompt / 2));
+        auto T     = uniform(0, cfg_.max_new);
+        auto need  = m.unpark_pages(parked_[k].session, N, T);
+        bool fits  = m.live_sequences() < m.max_sequences() && need <= m.pool().available_pages();
+        bool arena = arena_may_refuse();
+        std::optional<sequence_id> back;
+        bool ok = fits_or_unchanged(!fits || arena, [&] {
+          back = sim_->unpark(parked_[k], N, T);
+          return back.has_value();
+        });
+        if (fits && !arena) REQUIRE(ok);
+        if (!fits) REQUIRE(!ok);
+        note_refusal(fits, ok);
+        if (ok) {
+          REQUIRE(m.info(*back).reserved_pages == need - parked_[k].session.host_pages());
+          ++t_.unparks;
+          if (rng_() % 2) parked_.erase(parked_.begin() + static_cast<long>(k));
+        } else {
+          ++t_.unpark_rejected;
+        }
+        return;
+      }
+    }
+  }
+
   void free_one() {
     auto ids = sim_->ids();
     if (ids.empty()) return admit();
@@ -952,11 +1036,75 @@ class storm {
       case 14:  // elastic: a chunk above max_chunk_tokens; kept counts past the limit
         if (sim_->elastic() && !pre.empty()) elastic_misuse(pick(pre));
         break;
+      case 15:  // parking: the wrong phase, a session of another plan or corrupted
+        parking_misuse(pre, dec, end);
+        break;
       default:  // a stale generation on a live slot
         if (!live.empty()) {
           auto id = pick(live);
           sequence_id stale{id.slot, id.generation + 1 + static_cast<std::uint32_t>(rng_() % 3)};
           expect_misuse<logic_error>("generation", [&] { m.end_turn(stale); });
+        }
+        break;
+    }
+  }
+
+  /// Parking misuse: park outside the ended phase, complete or cancel a park that was never
+  /// started, turn calls on a parking sequence (logic_error naming the phase), and a session
+  /// whose fingerprint, page size or counts are wrong (invalid_argument naming the field).
+  void parking_misuse(std::vector<sequence_id> const& pre,
+                      std::vector<sequence_id> const& dec,
+                      std::vector<sequence_id> const& end) {
+    auto& m = *manager_;
+    switch (rng_() % 4) {
+      case 0:
+        if (!pre.empty() || !dec.empty()) {
+          auto id = pick(pre.empty() ? dec : pre);
+          expect_misuse<logic_error>("only an ended session can be parked",
+                                     [&] { (void)m.park(id); });
+        }
+        break;
+      case 1:
+        if (!end.empty()) {
+          auto id = pick(end);
+          if (rng_() % 2)
+            expect_misuse<logic_error>("not parking", [&] { m.complete_park(id); });
+          else
+            expect_misuse<logic_error>("not parking", [&] { m.cancel_park(id); });
+        }
+        break;
+      case 2: {
+        std::vector<sequence_id> parking;
+        for (auto const& e : parking_)
+          if (m.contains(e.id)) parking.push_back(e.id);
+        if (parking.empty()) break;
+        auto id = pick(parking);
+        if (rng_() % 2)
+          expect_misuse<logic_error>("phase parking", [&] { (void)m.continue_turn(id, 1, 1); });
+        else
+          expect_misuse<logic_error>("phase parking", [&] { (void)m.fork(id); });
+        break;
+      }
+      default:
+        if (!parked_.empty()) {
+          auto c = parked_[rng_() % parked_.size()].session;
+          switch (rng_() % 3) {
+            case 0:
+              c.plan_fingerprint ^= 1;
+              expect_misuse<invalid_argument>("session.plan_fingerprint",
+                                              [&] { (void)m.try_unpark(c, 1, 0); });
+              break;
+            case 1:
+              c.page_bytes *= 2;
+              expect_misuse<invalid_argument>("session.page_bytes",
+                                              [&] { (void)m.try_unpark(c, 1, 0); });
+              break;
+            default:
+              c.group_pages[rng_() % c.group_pages.size()] += 1;
+              expect_misuse<invalid_argument>("session.group_pages[",
+                                              [&] { (void)m.try_unpark(c, 1, 0); });
+              break;
+          }
         }
         break;
     }
@@ -1205,6 +1353,14 @@ class storm {
   std::vector<sequence_id> graveyard_;
   std::vector<sequence_id> forked_;  ///< parents and children of forks (may share pages)
   std::size_t misuse_kind_ = 0;
+  struct parking_entry {  ///< a sequence between park and complete_park
+    sequence_id id;
+    parked_session session;
+    std::vector<std::byte> host;
+    bool copied = false;  ///< copied out already (else just before complete_park)
+  };
+  std::vector<parking_entry> parking_;
+  std::vector<engine_sim::parked> parked_;  ///< sessions in host memory (restorable again)
   std::vector<std::int32_t> m_offset_, m_pages_, m_base_, m_appended_, m_tokens_;
   flashinfer_paged_kv fi_;
   storm_totals t_;

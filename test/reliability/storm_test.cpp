@@ -38,7 +38,9 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
     all.add(t);
   }
   INFO("ops " << all.ops << " misuses " << all.misuses << " unchanged " << all.unchanged_checks
-              << " forks " << all.forks << " continued " << all.continued);
+              << " forks " << all.forks << " continued " << all.continued << " parks "
+              << all.parks << " cancelled " << all.park_cancels << " unparks " << all.unparks
+              << " refused " << all.unpark_rejected);
   // The walk reached every path it is meant to check.
   CHECK(all.admitted > 100);
   CHECK(all.admit_rejected > 20);
@@ -55,6 +57,11 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
   CHECK(all.extend_rejected > 0);
   CHECK(all.speculative_steps > 20);
   CHECK(all.rollbacks > 20);
+  // Idle sessions parked in host memory, some parks cancelled, restores that fit and did not.
+  CHECK(all.parks > 20);
+  CHECK(all.park_cancels > 0);
+  CHECK(all.unparks > 20);
+  CHECK(all.unpark_rejected > 0);
   // Elastic configs: the group-length selection ran, the limit bound it (wanted tokens clipped),
   // and commits past the limit were refused with nothing changed.
   CHECK(all.elastic_evictions > 100);

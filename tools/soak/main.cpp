@@ -160,13 +160,17 @@ void print_totals(char const* label, storm_totals const& t) {
       static_cast<long long>(t.drains));
   std::printf(
       "%-46s extended %8lld (refused %6lld)  speculative steps %8lld  rollbacks %8lld "
-      "(tokens %9lld)\n",
+      "(tokens %9lld)  parked %7lld (cancelled %6lld)  unparked %7lld (refused %6lld)\n",
       "",
       static_cast<long long>(t.extended),
       static_cast<long long>(t.extend_rejected),
       static_cast<long long>(t.speculative_steps),
       static_cast<long long>(t.rollbacks),
-      static_cast<long long>(t.rolled_back));
+      static_cast<long long>(t.rolled_back),
+      static_cast<long long>(t.parks),
+      static_cast<long long>(t.park_cancels),
+      static_cast<long long>(t.unparks),
+      static_cast<long long>(t.unpark_rejected));
   if (t.elastic_evictions > 0)
     std::printf(
         "%-46s elastic evictions %8lld  wanted tokens clipped %10lld  limit refusals %6lld\n",

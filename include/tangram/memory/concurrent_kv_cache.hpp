@@ -29,6 +29,9 @@
  * ```
  *
  * What may be shared, and how (see docs/reliability.md):
+ * - parking: `park` / `complete_park` / `try_unpark` from any thread; the page copies they
+ *   describe run on the scheduler's stream like the fork copies (out before `complete_park`, in
+ *   before the restored sequence's first chunk).
  * - `concurrent_kv_cache`: every public member may be called from any thread at any time; calls
  *   are serialised by one mutex (they are O(groups) or less, except the O(pool) checks).
  * - a `step` (from `begin_step`) belongs to the thread that took it; while it lives no other call
@@ -199,6 +202,38 @@ class concurrent_kv_cache {
   void free(sequence_id seq) {
     std::lock_guard<std::mutex> lock(mu_);
     m_.free(seq);
+  }
+
+  /// @brief `Manager::park` under the lock: the session and the pages to copy out. The copy-outs
+  /// run on the scheduler's stream (after the pending page copies); then `complete_park`.
+  /// @throw as the manager (nothing changed).
+  [[nodiscard]] parked_session park(sequence_id seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return m_.park(seq);
+  }
+
+  /// @brief `Manager::complete_park` under the lock (the copy-outs are done): pages and slot free.
+  /// @throw logic_error as the manager.
+  void complete_park(sequence_id seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.complete_park(seq);
+  }
+
+  /// @brief `Manager::cancel_park` under the lock: the sequence is ended again, pages kept.
+  /// @throw logic_error as the manager.
+  void cancel_park(sequence_id seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.cancel_park(seq);
+  }
+
+  /// @brief `Manager::try_unpark` under the lock; the scheduler copies the host pages into
+  /// `device_pages` in its next step, before any kernel reads the sequence.
+  /// @throw as the manager (nothing changed).
+  [[nodiscard]] std::optional<restored_session> try_unpark(parked_session const& session,
+                                                           std::int64_t prompt_tokens,
+                                                           std::int64_t max_new_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return m_.try_unpark(session, prompt_tokens, max_new_tokens);
   }
 
   /// @brief Frees `seq` when it is still live; false when another thread already freed it.

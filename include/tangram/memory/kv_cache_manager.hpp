@@ -23,6 +23,8 @@
  *   `rollback(seq, k)` for rejected speculative tokens), then `view()` for the attention kernel.
  * - `try_extend(seq, more)` grows a running turn's decode reservation, all or nothing.
  * - `end_turn(seq)`, `continue_turn(seq, N, T)`, `fork(seq)`, `free(seq)`.
+ * - idle sessions in host memory: `park(seq)` (copy its pages out), `complete_park(seq)`, later
+ *   `try_unpark(session, N, T)` (copy them into fresh pages) instead of `continue_turn`.
  * FlashInfer's paged-KV CSR comes from `export_flashinfer_layer` in interop/flashinfer.hpp.
  *
  * Thread safety: a single-threaded object. Every call, including `view()`, must be serialised by
@@ -52,6 +54,7 @@
 #include "tangram/memory/detail/page_flow.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
 #include "tangram/memory/detail/page_usage.hpp"
+#include "tangram/memory/detail/parking.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/detail/turn_footprint.hpp"
 #include "tangram/memory/detail/view_assembly.hpp"
@@ -91,7 +94,7 @@ struct kv_cache_manager_test_access;
  * Ownership: owns its pool (and so the arena, returned to `upstream` at destruction) and every
  * host array of the view; `upstream` must outlive the manager. All arrays are sized at
  * construction: admission, chunk, decode and free never allocate memory (fork and continue_turn
- * may grow the pending-copy list). Not copyable or movable.
+ * may grow the pending-copy list; park and try_unpark allocate only the value they return). Not copyable or movable.
  */
 template <class Layout = page_layout<>>
 class basic_kv_cache_manager {
@@ -107,6 +110,7 @@ class basic_kv_cache_manager {
                          memory_resource& upstream,
                          manager_options const& options)
       : plan_(detail::checked_plan(plan)),
+        fingerprint_(plan_fingerprint(plan_)),
         options_(detail::checked_options(options, plan)),
         pool_(upstream, Layout(plan.geometry), options_.num_pages),
         groups_(plan_),
@@ -142,6 +146,8 @@ class basic_kv_cache_manager {
   [[nodiscard]] manager_stats const& stats() const noexcept { return stats_; }
   /// Sequences alive (any phase but free).
   [[nodiscard]] std::int32_t live_sequences() const noexcept { return sequences_.live(); }
+  /// `plan_fingerprint(plan())`: what a `parked_session` must carry to restore here.
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept { return fingerprint_; }
 
   // ===== admission ==============================================================================
   /**
@@ -605,14 +611,160 @@ class basic_kv_cache_manager {
    * @throw logic_error (nothing changed) for an unknown sequence.
    */
   void free(sequence_id seq) {
-    std::int32_t s = sequences_.find(seq, "free");
-    flow_.release_all(s);
-    page_table_.close(s);
-    pool_.release_unused(sequences_[s].reservation);
-    lengths_.appended(s) = lengths_.tokens(s) = 0;
-    journal_.note_counters(s);
-    sequences_.release(s);
+    release_sequence(sequences_.find(seq, "free"));
     ++stats_.freed;
+  }
+
+  // ===== host offload of idle sessions ==========================================================
+  /**
+   * @brief Starts parking an ended session in host memory: returns the self-contained
+   * `parked_session` (lengths, page counts, plan fingerprint) and, in `device_pages`, the pages
+   * the engine copies out (device page `device_pages[k]` -> host page k). The sequence enters
+   * phase `parking`: it keeps its pages (and its slot) so that nothing rewrites or reuses them
+   * while the copies run, accepts only `complete_park`, `cancel_park`, `free` and the queries.
+   * Pages shared with a fork are only read; page copies still pending (`pending_copies`) must be
+   * performed before the copy-outs (same stream), as for any kernel that reads their pages.
+   * Allocates the returned value only; nothing changes when that throws.
+   * @throw logic_error (nothing changed) for an unknown sequence or one not ended.
+   */
+  [[nodiscard]] parked_session park(sequence_id seq) {
+    std::int32_t s = sequences_.find(seq, "park");
+    auto& st       = sequences_[s];
+    sequences_.expect_phase(s,
+                            st.phase == sequence_phase::ended,
+                            "park",
+                            "; only an ended session can be parked (end_turn first)");
+    parked_session p;
+    p.plan_fingerprint = fingerprint_;
+    p.page_bytes       = pool_.page_bytes();
+    p.seq_tokens       = lengths_.tokens(s);
+    p.appended         = lengths_.appended(s);
+    p.written_tokens   = std::max<std::int64_t>(st.written_tokens, lengths_.tokens(s));
+    p.head_base_len.assign(lengths_.base(s), lengths_.base(s) + groups_.num_heads());
+    p.group_pages.resize(static_cast<std::size_t>(groups_.num_groups()));
+    std::int64_t total = 0;
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) total += page_table_.count(s, g);
+    p.device_pages.reserve(static_cast<std::size_t>(total));
+    // Allocated: nothing below fails.
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      p.group_pages[static_cast<std::size_t>(g)] = page_table_.count(s, g);
+      auto const* list                           = page_table_.list(s, g);
+      p.device_pages.insert(p.device_pages.end(), list, list + page_table_.count(s, g));
+    }
+    st.phase = sequence_phase::parking;
+    stats_.pages_parked += total;
+    return p;
+  }
+
+  /**
+   * @brief The engine copied every page of `park` out (the copies completed, or are ordered on
+   * its stream before any later write): the sequence's page references return to the pool (a
+   * page a fork shares stays with the fork) and its slot becomes free; the handle goes stale. The
+   * session lives on only in the engine's `parked_session` and host pages.
+   * @throw logic_error (nothing changed) for an unknown sequence or one not parking.
+   */
+  void complete_park(sequence_id seq) {
+    std::int32_t s = sequences_.find(seq, "complete_park");
+    sequences_.expect_phase(s,
+                            sequences_[s].phase == sequence_phase::parking,
+                            "complete_park",
+                            ", not parking (call park first)");
+    release_sequence(s);
+    ++stats_.parked;
+  }
+
+  /**
+   * @brief Abandons a `park` (e.g. the engine could not get host memory): the sequence is ended
+   * again, with its pages, as before `park`. The returned `parked_session` must not be restored.
+   * @throw logic_error (nothing changed) for an unknown sequence or one not parking.
+   */
+  void cancel_park(sequence_id seq) {
+    std::int32_t s = sequences_.find(seq, "cancel_park");
+    sequences_.expect_phase(s,
+                            sequences_[s].phase == sequence_phase::parking,
+                            "cancel_park",
+                            ", not parking (call park first)");
+    sequences_[s].phase = sequence_phase::ended;
+  }
+
+  /**
+   * @brief Pages `try_unpark(session, N, T)` reserves now: the session's pages (drawn fresh for
+   * its history) plus what `continue_turn(N, T)` would reserve for a sequence holding them
+   * exclusively. Pure; allocates scratch.
+   * @throw invalid_argument as `try_unpark` (names "unpark_pages").
+   */
+  [[nodiscard]] std::int64_t unpark_pages(parked_session const& session,
+                                          std::int64_t prompt_tokens,
+                                          std::int64_t max_new_tokens) const {
+    check_unpark("unpark_pages", session, prompt_tokens, max_new_tokens);
+    detail::turn_footprint fp(groups_.num_groups());
+    usage_.size_turn(detail::turn_kind::restore,
+                     -1,
+                     session.seq_tokens + prompt_tokens,
+                     max_new_tokens,
+                     fp,
+                     session.group_pages.data());
+    return fp.reserve_total() + session.host_pages();
+  }
+
+  /**
+   * @brief Restores a parked session and starts its next turn of `prompt_tokens` prompt and
+   * `max_new_tokens` decode tokens, all or nothing: reserves `unpark_pages(session, N, T)`, takes
+   * a slot, draws fresh pages for the history (`device_pages[k]` receives host page k: the engine
+   * copies every one before any kernel reads the sequence) and leaves the new sequence exactly as
+   * `continue_turn(N, T)` leaves the original: phase prefill, same lengths, page counts, targets
+   * and reservation (nothing shared, so nothing to copy on write). The session is not consumed:
+   * the same host copy may be restored again (each restore gets its own pages).
+   * Allocates the returned value only, before anything changes.
+   * @return the new sequence and its pages, or nullopt ("does not fit": no free slot, not enough
+   *         unreserved pages, or no room in the page-id arena); nothing changes then (the arena
+   *         may have been repacked, which moves no logical state).
+   * @throw invalid_argument (nothing changed) for a session of another plan or page size, one
+   *        whose lengths and page counts no ended sequence can have (names the field and value),
+   *        N < 1, T < 0, or seq_tokens + N + T past 2^31 - 1 (also when it overflows int64);
+   *        std::bad_alloc when the result cannot be allocated.
+   */
+  [[nodiscard]] std::optional<restored_session> try_unpark(parked_session const& session,
+                                                           std::int64_t prompt_tokens,
+                                                           std::int64_t max_new_tokens) {
+    check_unpark("try_unpark", session, prompt_tokens, max_new_tokens);
+    usage_.size_turn(detail::turn_kind::restore,
+                     -1,
+                     session.seq_tokens + prompt_tokens,
+                     max_new_tokens,
+                     footprint_,
+                     session.group_pages.data());
+    std::int64_t history = session.host_pages();
+    std::int64_t pages   = footprint_.reserve_total() + history;
+    if (sequences_.full() || pages > pool_.available_pages() ||
+        !flow_.make_index_room(footprint_.capacity_total())) {
+      ++stats_.unpark_rejected;
+      return std::nullopt;
+    }
+    restored_session out;
+    out.device_pages.reserve(static_cast<std::size_t>(history));  // the only allocation
+    // Checked: nothing below fails.
+    std::int32_t s =
+        sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
+    auto& st = sequences_[s];
+    page_table_.open(s, footprint_);
+    std::copy(session.head_base_len.begin(), session.head_base_len.end(), lengths_.base(s));
+    lengths_.appended(s) = session.appended;
+    lengths_.tokens(s)   = static_cast<std::int32_t>(session.seq_tokens);
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      flow_.restore_pages(s, g, session.group_pages[static_cast<std::size_t>(g)], out.device_pages);
+      flow_.refresh_base_range(s, g);
+    }
+    page_table_.start_turn(s, footprint_);
+    flow_.rebuild_buckets(s);
+    st.prompt_remaining = prompt_tokens;
+    st.max_new          = max_new_tokens;
+    st.written_tokens   = session.written_tokens;
+    journal_.note_slot(s);
+    ++stats_.unparked;
+    stats_.pages_restored += history;
+    out.id = sequence_id{s, st.generation};
+    return out;
   }
 
   // ===== copy-on-write ==========================================================================
@@ -770,6 +922,25 @@ class basic_kv_cache_manager {
     return r;
   }
 
+  /// free / complete_park: page references, list segment and unused reservation back, slot free.
+  void release_sequence(std::int32_t s) {
+    flow_.release_all(s);
+    page_table_.close(s);
+    pool_.release_unused(sequences_[s].reservation);
+    lengths_.appended(s) = lengths_.tokens(s) = 0;
+    journal_.note_counters(s);
+    sequences_.release(s);
+  }
+
+  /// try_unpark / unpark_pages (`op`): the session belongs here and the turn sizes are valid.
+  void check_unpark(char const* op,
+                    parked_session const& session,
+                    std::int64_t prompt_tokens,
+                    std::int64_t max_new_tokens) const {
+    detail::check_parked_session(op, session, fingerprint_, pool_.page_bytes(), groups_);
+    detail::check_turn_sizes(op, session.seq_tokens, prompt_tokens, max_new_tokens);
+  }
+
   /// The slot of `seq` after checking it and group g. @throw as the group_* accessors.
   std::int32_t checked_group(sequence_id seq, std::int32_t g, char const* op) const {
     std::int32_t s = sequences_.find(seq, op);
@@ -778,6 +949,7 @@ class basic_kv_cache_manager {
   }
 
   static_plan plan_;
+  std::uint64_t fingerprint_ = 0;  ///< plan_fingerprint(plan_), carried by parked sessions
   manager_options options_;
   pool_type pool_;
   detail::group_lookup groups_;

@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "tangram/error.hpp"
 #include "tangram/memory/page_pool.hpp"
@@ -33,6 +34,8 @@ enum class sequence_phase : std::uint8_t {
   prefill,  ///< prompt tokens of the turn remain to be prefilled
   decode,   ///< the prompt is in; decode tokens may be appended
   ended,    ///< the turn ended: compressed history kept, no reservation held
+  parking,  ///< `park` handed its pages out for copying to host memory; they stay held (no
+            ///< reservation) until `complete_park` frees them and the slot, or `cancel_park`
 };
 
 /// @brief Lower-case name of a phase ("free", "prefill", "decode", "ended").
@@ -46,6 +49,8 @@ constexpr std::string_view to_string(sequence_phase p) noexcept {
       return "decode";
     case sequence_phase::ended:
       return "ended";
+    case sequence_phase::parking:
+      return "parking";
   }
   return "?";
 }
@@ -181,6 +186,11 @@ struct manager_stats {
   std::int64_t rolled_back_tokens = 0;  ///< decode tokens removed by rollback
   std::int64_t rollback_pages_returned =
       0;  ///< pages rollback returned to their sequence's reservation (never to the pool)
+  std::int64_t parked          = 0;  ///< sessions parked (complete_park)
+  std::int64_t unparked        = 0;  ///< successful try_unpark
+  std::int64_t unpark_rejected = 0;  ///< try_unpark that did not fit
+  std::int64_t pages_parked    = 0;  ///< pages handed out for copying to host (park)
+  std::int64_t pages_restored  = 0;  ///< pages drawn for restored histories (try_unpark)
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that
@@ -204,6 +214,80 @@ inline void copy_pages_host(std::byte* base,
   for (std::size_t i = 0; i < count; ++i)
     std::memcpy(base + static_cast<std::int64_t>(copies[i].dst) * page_bytes,
                 base + static_cast<std::int64_t>(copies[i].src) * page_bytes,
+                static_cast<std::size_t>(page_bytes));
+}
+
+/**
+ * @brief An ended session parked in host memory (docs/memory.md#parking-idle-sessions-in-host-
+ * memory): everything a manager over the same plan needs to rebuild it, plus the device pages the
+ * engine copies out. Plain, self-contained value owned by the engine (which also owns the host
+ * copy of the pages); no manager keeps a reference to it.
+ *
+ * Host page k of the session is the k-th page of the page lists, group after group, in list
+ * order: `group_pages[0]` pages of group 0, then group 1's, and so on (`host_pages()` in all).
+ * Each host page is one whole device page (`page_bytes`, K and V of all its columns).
+ */
+struct parked_session {
+  /// Hash of what the pages and lengths mean (`plan_fingerprint(plan)`): layers, heads, page
+  /// geometry, grouping, rules and reservation mode. `try_unpark` refuses another plan's session.
+  std::uint64_t plan_fingerprint = 0;
+  std::int64_t page_bytes        = 0;  ///< bytes of one page (and of one host page)
+  std::int64_t seq_tokens        = 0;  ///< tokens the session has seen (all turns)
+  std::int32_t appended = 0;  ///< decode tokens appended to every growing head since the last
+                              ///< compression (the next turn's first chunk recompresses them)
+  std::int64_t written_tokens = 0;         ///< most tokens seen since the last chunk
+  std::vector<std::int32_t> head_base_len;  ///< [layer * H + head]: tokens kept at the last
+                                            ///< compression (0 for sliding heads)
+  std::vector<std::int32_t> group_pages;    ///< [group]: pages of its list
+  /// Device pages to copy out, `device_pages[k]` -> host page k. Valid only between `park` and
+  /// `complete_park` (the pages are freed then; the ids mean nothing afterwards).
+  std::vector<page_id> device_pages;
+
+  /// Pages of the session (host pages the engine keeps): the sum of `group_pages`.
+  [[nodiscard]] std::int64_t host_pages() const noexcept {
+    std::int64_t n = 0;
+    for (auto c : group_pages) n += c;
+    return n;
+  }
+};
+
+/// @brief What `try_unpark` answers when the session fits: its new sequence (in prefill, as after
+/// `continue_turn`) and the device page that receives each host page. Plain value.
+struct restored_session {
+  sequence_id id;
+  /// `device_pages[k]` <- host page k of the session. The engine copies every one before any
+  /// kernel reads the sequence (its first chunk's eviction reads the whole history).
+  std::vector<page_id> device_pages;
+};
+
+/**
+ * @brief Copies whole pages from a host arena to a host buffer: host page k (`host + k *
+ * page_bytes`) gets the bytes of page `pages[k]` (`base + pages[k] * page_bytes`), k < count.
+ * The copy-out of `park` on a host pool; a device pool copies with cudaMemcpyAsync instead.
+ */
+inline void copy_pages_to_host(std::byte const* base,
+                               std::int64_t page_bytes,
+                               page_id const* pages,
+                               std::size_t count,
+                               std::byte* host) {
+  for (std::size_t k = 0; k < count; ++k)
+    std::memcpy(host + static_cast<std::int64_t>(k) * page_bytes,
+                base + static_cast<std::int64_t>(pages[k]) * page_bytes,
+                static_cast<std::size_t>(page_bytes));
+}
+
+/**
+ * @brief The copy-in of `try_unpark` on a host pool: page `pages[k]` of the arena at `base` gets
+ * host page k (`host + k * page_bytes`), k < count.
+ */
+inline void copy_pages_from_host(std::byte* base,
+                                 std::int64_t page_bytes,
+                                 page_id const* pages,
+                                 std::size_t count,
+                                 std::byte const* host) {
+  for (std::size_t k = 0; k < count; ++k)
+    std::memcpy(base + static_cast<std::int64_t>(pages[k]) * page_bytes,
+                host + static_cast<std::int64_t>(k) * page_bytes,
                 static_cast<std::size_t>(page_bytes));
 }
 

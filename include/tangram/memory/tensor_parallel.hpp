@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file memory/tensor_parallel.hpp
- * @brief Admission across tensor-parallel ranks: one manager per rank, a request on all or none.
+ * @brief Admission and restores of parked sessions across tensor-parallel ranks: one manager per
+ * rank, a request on all or none.
  */
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
+#include "tangram/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 
 namespace tangram {
@@ -38,6 +41,44 @@ template <class Manager>
     ids.push_back(*id);
   }
   return ids;
+}
+
+/**
+ * @brief Tensor parallelism: restores a session parked on every rank (`sessions[r]` from rank r's
+ * `park`) with its next turn of N prompt and T decode tokens on every rank, or on none.
+ * @tparam Manager any type with `unpark_pages`, `try_unpark` and `free` (a
+ *         `basic_kv_cache_manager`).
+ * @return each rank's restored sequence and pages (same order), or nullopt when any rank cannot
+ *         fit it; ranks that had restored it are rolled back (freed), so nothing remains.
+ * @throw invalid_argument (before any rank changes) when `sessions.size() != ranks.size()`, or
+ *        as `try_unpark` for a session that is not its rank's or bad N, T (every rank's session
+ *        is checked first, through `unpark_pages`); std::bad_alloc as `try_unpark`.
+ */
+template <class Manager>
+[[nodiscard]] std::optional<std::vector<restored_session>> try_unpark_all(
+    std::vector<Manager*> const& ranks,
+    std::vector<parked_session> const& sessions,
+    std::int64_t prompt_tokens,
+    std::int64_t max_new_tokens) {
+  TANGRAM_EXPECTS(sessions.size() == ranks.size(),
+                  invalid_argument,
+                  "try_unpark_all.sessions: expected one per rank (",
+                  ranks.size(),
+                  "), got ",
+                  sessions.size());
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    (void)ranks[r]->unpark_pages(sessions[r], prompt_tokens, max_new_tokens);
+  std::vector<restored_session> out;
+  out.reserve(ranks.size());
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    auto got = ranks[r]->try_unpark(sessions[r], prompt_tokens, max_new_tokens);
+    if (!got) {
+      for (std::size_t k = 0; k < out.size(); ++k) ranks[k]->free(out[k].id);
+      return std::nullopt;
+    }
+    out.push_back(std::move(*got));
+  }
+  return out;
 }
 
 }  // namespace tangram

@@ -24,6 +24,7 @@ enum class turn_kind : std::uint8_t {
   admit,      ///< a new request of N prompt and T decode tokens
   next_turn,  ///< an ended session continues with N more prompt and T decode tokens
   fork,       ///< a child of a sequence in decode or ended
+  restore,    ///< a parked session's next turn: its history held in fresh, exclusive pages
 };
 
 /**
@@ -200,16 +201,22 @@ class page_usage {
    *   ones are copied; the list keeps max(held, target) entries.
    * - fork (parent s): the child's target is the parent's (decode) or what it uses (ended);
    *   fully written pages are shared, the rest of what the parent uses is copied.
-   * @param tokens N for admit, n + N for next_turn; unused for fork (as are s for admit and
-   *        max_new_tokens for fork).
+   * - restore (a parked session, no slot yet): as next_turn over `restore_held[g]` pages per
+   *   group, every one exclusive (drawn fresh for the history), none copied; the list is new.
+   *   The history pages are not part of the footprint: the caller reserves them on top.
+   * @param tokens N for admit, n + N for next_turn and restore; unused for fork (as are s for
+   *        admit and restore, and max_new_tokens for fork).
+   * @param restore_held restore only: the session's pages per group.
    */
   void size_turn(turn_kind kind,
                  std::int32_t s,
                  std::int64_t tokens,
                  std::int64_t max_new_tokens,
-                 turn_footprint& out) const {
+                 turn_footprint& out,
+                 std::int32_t const* restore_held = nullptr) const {
     out.clear();
-    if (!groups_.pooled_groups().empty()) size_pooled(kind, s, tokens, max_new_tokens, out);
+    if (!groups_.pooled_groups().empty())
+      size_pooled(kind, s, tokens, max_new_tokens, out, restore_held);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       if (groups_.pooled(g)) continue;
       std::int64_t target = 0, already_held = 0, copies = 0, capacity = 0, current = 0;
@@ -226,6 +233,13 @@ class page_usage {
           copies            = keep - already_held;
           capacity          = std::max(held, target);
           current           = page_table_.capacity(s, g);
+          break;
+        }
+        case turn_kind::restore: {
+          std::int64_t held = restore_held[g];
+          target = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
+          already_held = std::min(held, target);  // fresh pages: all exclusive
+          capacity     = std::max(held, target);
           break;
         }
         case turn_kind::fork: {
@@ -264,7 +278,8 @@ class page_usage {
                    std::int32_t s,
                    std::int64_t tokens,
                    std::int64_t max_new_tokens,
-                   turn_footprint& out) const {
+                   turn_footprint& out,
+                   std::int32_t const* restore_held) const {
     auto const& pooled = groups_.pooled_groups();
     auto decode_pages =
         static_cast<std::int64_t>(pooled.size()) * groups_.pages_for(max_new_tokens);
@@ -288,6 +303,8 @@ class page_usage {
         held_total += page_table_.count(s, g);
         copies += page_table_.count(s, g) - exclusive(s, g, page_table_.count(s, g));
       }
+    if (kind == turn_kind::restore)
+      for (auto g : pooled) held_total += restore_held[g];
     // A copy's new page is held by the list and by the pending copy until the engine completes
     // it; an eviction that drops it before then frees nothing, so the target covers it twice.
     std::int64_t limit  = std::max(groups_.pooled_pages(tokens), held_total);
@@ -298,6 +315,8 @@ class page_usage {
         held           = page_table_.count(s, g);
         exclusive_held = exclusive(s, g, held);
         current        = page_table_.capacity(s, g);
+      } else if (kind == turn_kind::restore) {
+        held = exclusive_held = restore_held[g];
       }
       out.add_pooled(g,
                      exclusive_held,
