@@ -6,18 +6,22 @@
 // Admission until the pool is full (with the reason when a request does not fit), chunked prefill
 // (prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
 // reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
-// slot is back. The eviction itself (a kernel in a real engine) is stood in for by the counts the
-// plan's rules keep (`expected_kept`), which is what the CPU reference eviction produces.
+// slot is back. Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
+// layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
+// kernel would on a device pool; under static budgets its counts are known in advance, so the
+// loop checks them against `expected_kept`.
 //
 // Run: build/examples/example_engine_loop [--json]
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tangram/reference/eviction.hpp"
 #include "tangram/tangram.hpp"
 
 namespace {
@@ -39,15 +43,48 @@ checkpoint snapshot(char const* label, tangram::kv_cache_manager const& kv) {
           kv.stats().pages_drawn};
 }
 
-/// Every remaining prompt token of the turn, one chunk at a time.
+/// A chunk's K (or V) for one layer as bf16 bit patterns, [rows][heads][head_dim]: a fixed
+/// pattern (the Python twin writes the same), standing in for the model's projections.
+std::vector<std::uint16_t> chunk_kv(std::int64_t rows, std::int32_t heads, std::int32_t head_dim) {
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(rows * heads * head_dim));
+  for (std::int64_t t = 0; t < rows; ++t)
+    for (std::int32_t h = 0; h < heads; ++h)
+      for (std::int32_t x = 0; x < head_dim; ++x)
+        out[static_cast<std::size_t>((t * heads + h) * head_dim + x)] =
+            static_cast<std::uint16_t>((t * 31 + h * 7 + x) % 128 + 0x3F00);
+  return out;
+}
+
+/// Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit.
 void prefill(tangram::kv_cache_manager& kv, tangram::sequence_id seq) {
   auto const& plan = kv.plan();
-  std::vector<std::int32_t> kept(static_cast<std::size_t>(plan.num_layers) *
-                                 static_cast<std::size_t>(plan.num_kv_heads));
+  std::int32_t const L = plan.num_layers, H = plan.num_kv_heads;
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(L) * static_cast<std::size_t>(H));
+  std::vector<std::int32_t> expected(kept.size());
   while (std::int64_t left = kv.info(seq).prompt_remaining) {
     std::int64_t chunk = left < chunk_size ? left : chunk_size;
     kv.prepare_chunk(seq, chunk);
-    kv.expected_kept(seq, chunk, kept.data());  // the eviction kernel's new lengths
+    kv.set_batch({seq});  // the eviction runs over the view's batch
+    auto data                       = chunk_kv(chunk, H, plan.model.head_dim);
+    std::int32_t const indptr[2]    = {0, static_cast<std::int32_t>(chunk)};
+    tangram::eviction_params p;
+    p.kv             = kv.view();
+    p.sink           = plan.profile.sink_tokens;
+    p.chunk_indptr   = indptr;
+    p.chunk_k        = data.data();
+    p.chunk_v        = data.data();
+    p.max_candidates = static_cast<std::int32_t>(kv.info(seq).seq_tokens + chunk);
+    p.source         = tangram::score_source::key_norm;
+    p.group          = plan.model.gqa_group();
+    for (std::int32_t layer = 0; layer < L; ++layer) {
+      p.layer   = layer;
+      p.rules   = plan.rules.data() + static_cast<std::ptrdiff_t>(layer) * H;
+      p.new_len = kept.data() + static_cast<std::ptrdiff_t>(layer) * H;
+      tangram::reference::evict_chunk(p);
+    }
+    // Static budgets: the kernel keeps exactly what the rules say.
+    kv.expected_kept(seq, chunk, expected.data());
+    if (kept != expected) throw std::logic_error("the reference eviction kept other counts");
     kv.commit_chunk(seq, kept);
   }
 }

@@ -6,10 +6,12 @@ Admission until the pool is full (with the reason when a request does not fit), 
 reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
 slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
 accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
-The eviction itself (a kernel in a real engine) is stood in for by the counts the plan's rules
-keep (`expected_kept`), which is what the CPU reference eviction produces under static budgets;
-so this loop asks for static reservation. Under elastic reservation (the default) the eviction
-chooses the groups' lengths within `elastic_page_limit` (docs/integration.md).
+Each chunk is evicted by the CPU reference kernel (`reference_evict`, layer by layer, key-norm
+scores) on K/V written into the manager's own pool, as the CUDA kernel would on a device pool;
+under static budgets its counts are known in advance, so the loop checks them against
+`expected_kept`. (Under elastic reservation, the default, the eviction instead stages every
+layer and chooses the groups' lengths within `elastic_page_limit` once per chunk:
+`reference_evict(..., stage_keys=...)` then `reference_evict_elastic`, docs/integration.md.)
 
 Run: python examples/python/engine_loop.py   (after `pip install .`)
 """
@@ -22,12 +24,29 @@ import tangram
 CHUNK = 512
 
 
+def chunk_kv(rows: int, heads: int, head_dim: int) -> np.ndarray:
+    """A chunk's K (or V) for one layer as bf16 bit patterns, [rows, heads, head_dim]: a fixed
+    pattern (the C++ twin writes the same), standing in for the model's projections."""
+    t, h, x = np.meshgrid(np.arange(rows), np.arange(heads), np.arange(head_dim), indexing="ij")
+    return (((t * 31 + h * 7 + x) % 128) + 0x3F00).astype(np.uint16)
+
+
 def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
-    """Every remaining prompt token of the turn, one chunk at a time."""
+    """Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit."""
+    plan = kv.plan
     while (left := kv.info(seq)["prompt_remaining"]) > 0:
         chunk = min(CHUNK, left)
         kv.prepare_chunk(seq, chunk)
-        kept = kv.expected_kept(seq, chunk)  # the eviction kernel's new lengths
+        kv.set_batch([seq])  # the eviction runs over the view's batch
+        data = chunk_kv(chunk, plan.num_kv_heads, plan.model.head_dim)
+        indptr = np.array([0, chunk], dtype=np.int32)
+        candidates = kv.info(seq)["seq_tokens"] + chunk  # bound on held + chunk of any head
+        kept = np.concatenate([
+            tangram.reference_evict(kv, layer, indptr, data, data, source="key_norm",
+                                    max_candidates=candidates).ravel()
+            for layer in range(plan.num_layers)]).astype(np.int32)
+        # Static budgets: the kernel keeps exactly what the rules say.
+        assert kept.tolist() == kv.expected_kept(seq, chunk)
         kv.commit_chunk(seq, kept)
 
 

@@ -8,6 +8,7 @@
 #include "tangram/detail/str.hpp"
 #include "tangram/error.hpp"
 #include "tangram/kernels/eviction.hpp"
+#include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram::python {
@@ -42,6 +43,29 @@ inline void expect_elastic_plan(static_plan const& plan, char const* who) {
   TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic, invalid_argument,
                   who, ": the plan reserves static budgets (the per-layer eviction already "
                   "selected)");
+}
+
+/// Every head of `layer` that takes candidates (not a sliding-window ring) has at most
+/// `max_candidates` of them (held tokens + its request's prepared chunk): the eviction would
+/// otherwise skip it with new_len -1 after rewriting the others. Checked on the host, before any
+/// launch, from the manager's current batch.
+inline void expect_candidates_fit(kv_cache_manager const& kv, std::int32_t layer,
+                                  std::int32_t max_candidates) {
+  TANGRAM_EXPECTS(max_candidates >= 1, invalid_argument, "max_candidates: must be >= 1, got ",
+                  max_candidates);
+  auto view = kv.view();
+  for (std::int32_t r = 0; r < view.batch_size; ++r) {
+    auto seq           = kv.batch_sequence(r);
+    std::int64_t chunk = kv.info(seq).chunk_pending;
+    if (chunk <= 0) continue;
+    for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
+      if (view.group_window[view.slot_of(layer, h).group] > 0) continue;
+      std::int64_t candidates = static_cast<std::int64_t>(kv.head_len(seq, layer, h)) + chunk;
+      TANGRAM_EXPECTS(candidates <= max_candidates, invalid_argument, "max_candidates: ",
+                      max_candidates, " is below the ", candidates,
+                      " candidates (held + chunk) of request ", r, ", layer ", layer, ", head ", h);
+    }
+  }
 }
 
 }  // namespace tangram::python

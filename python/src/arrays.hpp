@@ -5,12 +5,20 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
+
+#include <filesystem>
+#include <string>
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace tangram::python {
+
+/// A file argument: a str or any os.PathLike (pathlib.Path, as tangram.profile_path returns), as
+/// the UTF-8 string the io/ functions take.
+inline std::string path_string(std::filesystem::path const& p) { return p.u8string(); }
 
 /// A NumPy array that owns a copy of `values`, with shape `shape` (the product must be its size).
 template <class T>

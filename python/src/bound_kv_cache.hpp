@@ -20,6 +20,7 @@ std::unique_ptr<memory_resource> make_memory(std::string const& name, std::int32
 struct bound_kv_cache {
   std::unique_ptr<memory_resource> memory;
   std::int32_t device = -1;  ///< CUDA device of a device arena, else -1
+  bool mirrored       = false;  ///< a tangram.cuda.DeviceMirror consumes the change journal
   kv_cache_manager kv;
   bound_kv_cache(static_plan const& plan,
                  manager_options const& o,

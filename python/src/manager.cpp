@@ -16,6 +16,7 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "bound_kv_cache.hpp"
+#include "tangram/interop/flashinfer.hpp"
 
 #if TANGRAM_HAS_KERNELS
 #include "tangram/memory/cuda_memory_resource.hpp"
@@ -92,7 +93,8 @@ void bind_manager(nb::module_& m) {
 
   nb::class_<bound_kv_cache>(
       m, "KVCacheManager",
-      "The paged KV-cache manager of one rank over host memory (kv_cache_manager).\n"
+      "The paged KV-cache manager of one rank (kv_cache_manager), its arena in host memory or\n"
+      "(memory='cuda') on a CUDA device.\n"
       "Single-threaded: the caller serialises every call. Reservations are exact and all or\n"
       "nothing; 'does not fit' is a None return, misuse raises UsageError.")
       .def(
@@ -131,6 +133,8 @@ void bind_manager(nb::module_& m) {
                    "Free pages no reservation holds: what admission can still promise.")
       .def_prop_ro("num_groups", [](bound_kv_cache const& c) { return c.kv.num_groups(); })
       .def_prop_ro("max_sequences", [](bound_kv_cache const& c) { return c.kv.max_sequences(); })
+      .def_prop_ro("max_batch", [](bound_kv_cache const& c) { return c.kv.view_extents().batch; },
+                   "Requests one batch may hold (workspaces are sized for it).")
       .def_prop_ro("live_sequences", [](bound_kv_cache const& c) { return c.kv.live_sequences(); })
       .def_prop_ro("stats", [](bound_kv_cache const& c) { return stats_dict(c.kv.stats()); })
       // ----- admission and prefill
@@ -197,8 +201,9 @@ void bind_manager(nb::module_& m) {
            [](bound_kv_cache& c, sequence_id s, std::vector<std::int32_t> const& kept) {
              c.kv.commit_chunk(s, kept);
            },
-           nb::arg("seq"), nb::arg("kept"),
-           "Records the chunk's eviction: kept[layer * H + head] tokens per head.")
+           nb::arg("seq"), nb::arg("kept").noconvert(),
+           "Records the chunk's eviction: kept[layer * H + head] tokens per head (an int32 array,\n"
+           "or a list of ints; other integer arrays are refused, never converted).")
       .def("elastic_page_limit",
            [](bound_kv_cache const& c, sequence_id s) { return c.kv.elastic_page_limit(s); },
            nb::arg("seq"))
@@ -213,7 +218,8 @@ void bind_manager(nb::module_& m) {
            nb::arg("ids"))
       .def_prop_ro("batch_size", [](bound_kv_cache const& c) { return c.kv.batch_size(); })
       .def("decode_step", [](bound_kv_cache& c) { c.kv.decode_step(); },
-           "Room for one more token in every head of every batch member (never fails).")
+           "Room for one more token in every head of every batch member (its reservation always\n"
+           "has it; UsageError past max_new_tokens or for a freed member).")
       .def("decode_step",
            [](bound_kv_cache& c,
               nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens) {
@@ -301,13 +307,37 @@ void bind_manager(nb::module_& m) {
             d["group_ring_pages"] = alias(v.group_ring_pages, e.groups);
             d["head_group"] =
                 alias(reinterpret_cast<std::int32_t const*>(v.head_slots), 2 * e.head_slots);
+            // The decode split map: the manager's own plan copy, fixed for its life.
+            auto const& splits = c.kv.plan().splits.cta_begin;
+            d["cta_begin"]     = alias(splits.data(), static_cast<std::int64_t>(splits.size()));
             return d;
           },
           nb::arg("framework") = "numpy",
           "The batch view's arrays aliasing the manager's memory (no copy; each keeps the manager\n"
           "alive). framework='numpy': read-only NumPy arrays; 'dlpack': read-only tensors that\n"
           "export DLPack (torch.from_dlpack, np.from_dlpack) in both DLPack flavours. Contents\n"
-          "change with later calls. head_group interleaves (group, column) per (layer, head).")
+          "change with later calls. head_group interleaves (group, column) per (layer, head);\n"
+          "cta_begin is the plan's decode split map ([layers * (KV heads + 1)]).")
+      .def(
+          "flashinfer_layer",
+          [](bound_kv_cache const& c, std::int32_t layer) {
+            flashinfer_paged_kv out;
+            export_flashinfer_layer(c.kv, layer, out);
+            nb::dict d;
+            d["indptr"]               = numpy_copy(out.indptr, {out.indptr.size()});
+            d["indices"]              = numpy_copy(out.indices, {out.indices.size()});
+            d["last_page_len"]        = numpy_copy(out.last_page_len, {out.last_page_len.size()});
+            d["first_page_skip"]      = numpy_copy(out.first_page_skip, {out.first_page_skip.size()});
+            d["page_size"]            = out.page_size;
+            d["v_offset_elements"]    = out.v_offset_elements;
+            d["page_stride_elements"] = out.page_stride_elements;
+            return d;
+          },
+          nb::arg("layer"),
+          "FlashInfer's paged-KV CSR of `layer` for the current batch (interop/flashinfer.hpp):\n"
+          "one single-head request per (batch request r, KV head h) at r * H + h; int32 arrays\n"
+          "indptr, indices (virtual page ids: K of pool page p, column c is p * 2 * Hp + c),\n"
+          "last_page_len, first_page_skip (copies: the CSR is computed), and the layout scalars.")
       .def(
           "pool",
           [](nb::handle self) -> nb::object {

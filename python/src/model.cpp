@@ -36,7 +36,9 @@ void bind_model(nb::module_& m) {
   m.def("model_preset", [](std::string const& name) { return model_preset(name); }, nb::arg("name"),
         "A built-in model by name (e.g. \"llama-3.1-8b\"). Raises ValueError naming the known ones.");
   m.def("model_preset_names", &model_preset_names, "Names of the built-in models.");
-  m.def("load_model_spec", &load_model_spec, nb::arg("path"),
+  m.def("load_model_spec",
+        [](std::filesystem::path const& p) { return load_model_spec(path_string(p)); },
+        nb::arg("path"),
         "Reads a tangram-model/v1 file. Raises ParseError naming the field.");
   add_value_copies<model_spec>();
 }

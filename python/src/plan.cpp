@@ -142,8 +142,10 @@ void bind_plan(nb::module_& m) {
       .def_prop_ro("num_ctas", [](static_plan const& p) { return p.splits.num_ctas(); });
 
   m.def("build_plan",
-        [](model_spec const& model, budget_profile const& profile, plan_options const& options,
-           std::optional<retention_samples> const& samples) {
+        // By value: the arguments are copied while the GIL is held, so another thread that
+        // mutates them during the (GIL-free) build cannot race it.
+        [](model_spec model, budget_profile profile, plan_options options,
+           std::optional<retention_samples> samples) {
           return samples ? build_static_plan(model, profile, options, *samples)
                          : build_static_plan(model, profile, options);
         },
@@ -151,9 +153,15 @@ void bind_plan(nb::module_& m) {
         nb::arg("samples") = nb::none(),
         "build_static_plan. With the samples the profile was calibrated from, an elastic plan's\n"
         "split map is weighed on their placements. Raises ValueError naming the option.");
-  m.def("save_plan", &save_static_plan, nb::arg("plan"), nb::arg("path"),
+  m.def("save_plan",
+        [](static_plan const& plan, std::filesystem::path const& p) {
+          save_static_plan(plan, path_string(p));
+        },
+        nb::arg("plan"), nb::arg("path"),
         "Writes the plan JSON atomically (temporary file in the target's folder, then rename).");
-  m.def("load_plan", &load_static_plan, nb::arg("path"),
+  m.def("load_plan",
+        [](std::filesystem::path const& p) { return load_static_plan(path_string(p)); },
+        nb::arg("path"),
         "Reads a plan file. Raises ParseError naming the field.");
   add_value_copies<plan_options>();
   add_value_copies<static_plan>();

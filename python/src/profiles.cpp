@@ -46,7 +46,9 @@ void bind_profiles(nb::module_& m) {
                      return numpy_copy(k, {s.samples.size(), heads});
                    },
                    "[samples, profiled layers * KV heads] kept tokens, protected included (a copy).");
-  m.def("load_retention_samples", &load_retention_samples, nb::arg("path"),
+  m.def("load_retention_samples",
+        [](std::filesystem::path const& p) { return load_retention_samples(path_string(p)); },
+        nb::arg("path"),
         "Reads a retention-samples/v1 file. Raises ParseError naming the field.");
   m.def("parse_retention_samples",
         [](std::string const& text, std::string const& source) {
@@ -70,8 +72,14 @@ void bind_profiles(nb::module_& m) {
                    },
                    "[profiled layers, KV heads] budgets B in (0, 1] (a copy).")
       .def("validate", &budget_profile::validate, "Raises ValueError naming the field.");
-  m.def("load_budget_profile", &load_budget_profile, nb::arg("path"));
-  m.def("save_budget_profile", &save_budget_profile, nb::arg("profile"), nb::arg("path"),
+  m.def("load_budget_profile",
+        [](std::filesystem::path const& p) { return load_budget_profile(path_string(p)); },
+        nb::arg("path"));
+  m.def("save_budget_profile",
+        [](budget_profile const& b, std::filesystem::path const& p) {
+          save_budget_profile(b, path_string(p));
+        },
+        nb::arg("profile"), nb::arg("path"),
         "Writes atomically (temporary file in the target's folder, then rename).");
 
   nb::class_<calibration_options>(m, "CalibrationOptions")

@@ -216,6 +216,7 @@ void bind_reference(nb::module_& m) {
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);
         expect_prepared_chunks(c, chunk_indptr);
+        expect_candidates_fit(c.kv, layer, max_candidates);
         std::int64_t rows = chunk_indptr.data()[view.batch_size];
         expect_stage_keys_rule(plan, stage_keys.has_value(), "reference_evict_elastic");
         if (stage_keys) expect_key_shape(*stage_keys, view, max_candidates);

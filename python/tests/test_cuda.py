@@ -16,7 +16,7 @@ class FakeDeviceArray:
     """An object exporting only __cuda_array_interface__ (as Numba's device arrays do)."""
 
     def __init__(self, **interface):
-        self.__cuda_array_interface__ = {"version": 3, "strides": None, **interface}
+        self.__cuda_array_interface__ = {"version": 3, **interface}
 
 
 def test_host_only_builds_say_so(static_plan):
@@ -87,3 +87,36 @@ def test_a_mirror_needs_a_device_arena(static_plan):
 def test_a_device_arena_without_a_device_is_a_clear_error(static_plan):
     with pytest.raises((RuntimeError, MemoryError), match="cuda"):
         tangram.KVCacheManager(static_plan, num_pages=16, max_sequences=1, memory="cuda")
+
+
+@needs_kernels
+@pytest.mark.parametrize("interface, message", [
+    ({"shape": 5, "typestr": "<f4", "data": (4096, False)}, "shape must be a tuple"),
+    ({"shape": "ab", "typestr": "<f4", "data": (4096, False)}, "shape must be a tuple"),
+    ({"shape": [2, 3], "typestr": "<f4", "data": (4096, False)}, "shape must be a tuple"),
+    ({"shape": None, "typestr": "<f4", "data": (4096, False)}, "shape must be a tuple"),
+    ({"shape": (2.5,), "typestr": "<f4", "data": (4096, False)}, "shape must be an integer"),
+    ({"shape": (2 ** 63,), "typestr": "<f4", "data": (4096, False)}, "shape must be an integer"),
+    ({"shape": (2 ** 40, 2 ** 40), "typestr": "<f4", "data": (4096, False)}, "overflows"),
+    ({"shape": (2,), "typestr": 4, "data": (4096, False)}, "typestr must be a string"),
+    ({"shape": (2,), "typestr": "<f4", "data": [4096, False]}, "data must be a tuple"),
+    ({"shape": (2,), "typestr": "<f4", "data": (-1, False)}, "data pointer must be an integer"),
+    ({"shape": (2,), "typestr": "<f4", "data": ("x", False)}, "data pointer must be an integer"),
+    ({"shape": (2,), "typestr": "<f4", "data": (4096, 0)}, "data must be \\(pointer, read_only\\)"),
+    ({"shape": (2,), "typestr": "<f4", "data": (0, False)}, "data pointer is null"),
+    ({"shape": (2, 3), "typestr": "<f4", "data": (4096, False), "strides": 4}, "strides must be a tuple"),
+    ({"shape": (2, 3), "typestr": "<f4", "data": (4096, False), "strides": (12,)}, "1 strides for 2 dimensions"),
+    ({"shape": (2, 3), "typestr": "<f4", "data": (4096, False), "strides": [12, 4]}, "strides must be a tuple"),
+])
+def test_a_lying_cuda_array_interface_is_an_error_not_a_crash(interface, message):
+    with pytest.raises(ValueError, match=message):
+        tangram.cuda.tensor_info(FakeDeviceArray(**interface))
+
+
+@needs_kernels
+def test_a_mirror_needs_a_manager():
+    for wrong in (3, "kv", object()):
+        with pytest.raises(TypeError, match="kv must be a KVCacheManager"):
+            tangram.cuda.DeviceMirror(wrong)
+    with pytest.raises(TypeError):
+        tangram.cuda.DeviceMirror(None)

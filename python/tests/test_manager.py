@@ -174,3 +174,53 @@ def test_extend_speculate_and_roll_back(static_plan):
     kv.free(seq)
     kv.check_invariants()
     assert kv.used_pages == 0 and kv.reserved_pages == 0
+
+
+def test_view_aliases_the_split_map(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=64, max_sequences=1)
+    cta = kv.view()["cta_begin"]
+    assert not cta.flags.owndata and not cta.flags.writeable
+    assert np.array_equal(cta, static_plan.cta_begin.ravel())
+
+
+def test_flashinfer_layer_lists_each_heads_pages(static_plan):
+    plan = static_plan
+    H, P, Hp = plan.num_kv_heads, plan.page_tokens, plan.group_size
+    kv = tangram.KVCacheManager(plan, num_pages=3000, max_sequences=2)
+    seq = kv.try_admit(500, 8)
+    prefill(kv, seq)
+    kv.set_batch([seq])
+    layer = 3
+    fl = kv.flashinfer_layer(layer)
+    head_group = kv.view()["head_group"]
+    assert fl["page_size"] == P and fl["indptr"].tolist()[0] == 0 and len(fl["indptr"]) == H + 1
+    for h in range(H):
+        # Independent: the group's page list, the head's column, and its length from the manager.
+        g, col = head_group[2 * (layer * H + h)], head_group[2 * (layer * H + h) + 1]
+        n = kv.head_len(seq, layer, h)
+        pages = -(-n // P)
+        got = fl["indices"][fl["indptr"][h]:fl["indptr"][h + 1]].tolist()
+        assert got == [p * 2 * Hp + col for p in kv.group_pages(seq, int(g))[:pages]]
+        assert fl["last_page_len"][h] == n - (pages - 1) * P
+    with pytest.raises(ValueError, match="layer"):
+        kv.flashinfer_layer(plan.num_layers)
+
+
+def test_commit_chunk_never_converts_arrays(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=1)
+    seq = kv.try_admit(24, 4)
+    kv.prepare_chunk(seq, 24)
+    kept = kv.expected_kept(seq, 24)
+    for wrong in (np.array(kept, np.int64), np.array(kept, np.uint32), np.array(kept, np.float64)):
+        with pytest.raises(TypeError):
+            kv.commit_chunk(seq, wrong)
+    kv.check_invariants()
+    kv.commit_chunk(seq, kept)  # a list of ints is fine
+    assert kv.info(seq)["phase"] == "decode"
+
+
+def test_files_take_pathlike(tmp_path, static_plan):
+    samples = tangram.load_retention_samples(tangram.profile_path("snapkv/llama-3.1-8b-instruct"))
+    assert len(samples.contexts) > 0
+    tangram.save_plan(static_plan, tmp_path / "plan.json")
+    assert tangram.load_plan(tmp_path / "plan.json").page_bytes == static_plan.page_bytes

@@ -121,3 +121,18 @@ def test_prefill_attention_over_the_kept_past_and_the_chunk(static_plan):
                                for l in range(L)])
         kv.commit_chunk(seq, kept.astype(np.int32))
     kv.free(seq)
+
+
+def test_too_few_candidates_is_refused_before_anything_changes(static_plan):
+    H, d = static_plan.num_kv_heads, static_plan.model.head_dim
+    kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=1)
+    seq = kv.try_admit(24, 4)
+    kv.set_batch([seq])
+    kv.prepare_chunk(seq, 24)
+    before = kv.pool().copy()
+    kv_data = np.ones((24, H, d), dtype=np.uint16)
+    indptr = np.array([0, 24], dtype=np.int32)
+    with pytest.raises(ValueError, match=r"max_candidates: 1 is below the 24 candidates \(held \+ chunk\) of request 0, layer 0"):
+        tangram.reference_evict(kv, 0, indptr, kv_data, kv_data, max_candidates=1)
+    assert np.array_equal(kv.pool(), before)
+    kv.check_invariants()

@@ -175,9 +175,9 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
   std::size_t G     = heads / static_cast<std::size_t>(in.group_size);
   elastic_selection out;
   for (auto n : needs)
-    out.wanted_total = detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
+    out.wanted_total = ::tangram::detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
   std::int64_t lo = ceil_div(std::min(in.candidates, in.protect), in.page_tokens);
-  auto floors = detail::mul_checked(lo, static_cast<std::int64_t>(G)).value_or(in.budget_pages + 1);
+  auto floors = ::tangram::detail::mul_checked(lo, static_cast<std::int64_t>(G)).value_or(in.budget_pages + 1);
   if (floors > in.budget_pages) return out;
 
   out.fits = true;

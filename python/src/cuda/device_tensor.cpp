@@ -82,6 +82,26 @@ std::vector<std::int64_t> c_strides(std::vector<std::int64_t> const& shape) {
   return out;
 }
 
+/// A tuple member of a __cuda_array_interface__ dict (a list or anything else is refused: the
+/// protocol says tuple, and a lying object must get an error, never a misread).
+nb::tuple cai_tuple(nb::dict const& d, char const* key, char const* name) {
+  nb::object v = d[key];
+  TANGRAM_EXPECTS(nb::isinstance<nb::tuple>(v), invalid_argument, name,
+                  ": __cuda_array_interface__ ", key, " must be a tuple, got ",
+                  nb::cast<std::string>(nb::str(v.type())));
+  return nb::borrow<nb::tuple>(v);
+}
+
+/// An integer member (a Python int in range), or an error naming the field.
+template <class T>
+T cai_int(nb::handle v, char const* field, char const* name) {
+  T out{};
+  TANGRAM_EXPECTS(nb::isinstance<nb::int_>(v) && nb::try_cast(v, out, /*convert=*/false),
+                  invalid_argument, name, ": __cuda_array_interface__ ", field,
+                  " must be an integer in range, got ", nb::cast<std::string>(nb::repr(v)));
+  return out;
+}
+
 device_tensor from_cuda_array_interface(nb::handle obj, nb::handle cai, char const* name) {
   TANGRAM_EXPECTS(nb::isinstance<nb::dict>(cai), invalid_argument, name,
                   ": __cuda_array_interface__ is not a dict");
@@ -90,29 +110,35 @@ device_tensor from_cuda_array_interface(nb::handle obj, nb::handle cai, char con
                   invalid_argument, name,
                   ": __cuda_array_interface__ lacks one of shape, typestr, data");
   device_tensor t;
-  t.dtype = dtype_from_typestr(nb::cast<std::string>(d["typestr"]), name);
-  for (nb::handle e : nb::borrow<nb::tuple>(d["shape"])) {
-    auto x = nb::cast<std::int64_t>(e);
+  nb::object typestr = d["typestr"];
+  TANGRAM_EXPECTS(nb::isinstance<nb::str>(typestr), invalid_argument, name,
+                  ": __cuda_array_interface__ typestr must be a string");
+  t.dtype = dtype_from_typestr(nb::cast<std::string>(typestr), name);
+  for (nb::handle e : cai_tuple(d, "shape", name)) {
+    auto x = cai_int<std::int64_t>(e, "shape", name);
     TANGRAM_EXPECTS(x >= 0, invalid_argument, name, ": negative extent ", x);
     t.shape.push_back(x);
   }
-  nb::tuple data = nb::borrow<nb::tuple>(d["data"]);
-  TANGRAM_EXPECTS(nb::len(data) == 2, invalid_argument, name,
-                  ": __cuda_array_interface__ data must be (pointer, read_only)");
-  t.data     = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(data[0]));
+  (void)t.bytes();  // overflow-checked extents
+  nb::tuple data = cai_tuple(d, "data", name);
+  TANGRAM_EXPECTS(nb::len(data) == 2 && nb::isinstance<nb::bool_>(data[1]), invalid_argument,
+                  name, ": __cuda_array_interface__ data must be (pointer, read_only)");
+  t.data     = reinterpret_cast<void*>(cai_int<std::uintptr_t>(data[0], "data pointer", name));
   t.readonly = nb::cast<bool>(data[1]);
+  TANGRAM_EXPECTS(t.data != nullptr || t.elements() == 0, invalid_argument, name,
+                  ": __cuda_array_interface__ data pointer is null");
   if (d.contains("mask"))
     TANGRAM_EXPECTS(d["mask"].is_none(), invalid_argument, name, ": masked arrays are not supported");
   if (d.contains("strides") && !d["strides"].is_none()) {
+    nb::tuple strides = cai_tuple(d, "strides", name);
+    TANGRAM_EXPECTS(nb::len(strides) == t.shape.size(), invalid_argument, name, ": ",
+                    nb::len(strides), " strides for ", t.shape.size(), " dimensions");
     auto want = c_strides(t.shape);
-    std::size_t i = 0;
-    for (nb::handle e : nb::borrow<nb::tuple>(d["strides"])) {
-      TANGRAM_EXPECTS(i < t.shape.size(), invalid_argument, name, ": strides longer than shape");
-      auto bytes = nb::cast<std::int64_t>(e);
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+      auto bytes = cai_int<std::int64_t>(strides[i], "strides", name);
       TANGRAM_EXPECTS(t.shape[i] <= 1 || bytes == want[i] * (t.dtype.bits / 8), invalid_argument,
                       name, ": must be C-contiguous (dimension ", i, " has a stride of ", bytes,
                       " bytes)");
-      ++i;
     }
   }
   t.owner = nb::borrow(obj);
@@ -193,20 +219,27 @@ void expect_writable(device_tensor const& t, char const* name) {
 }
 
 cuda_stream_t stream_from(nb::handle obj) {
+  auto handle_of = [](nb::handle v, char const* what) {
+    std::uintptr_t h = 0;
+    TANGRAM_EXPECTS(nb::isinstance<nb::int_>(v) && nb::try_cast(v, h, /*convert=*/false),
+                    invalid_argument, "stream: ", what, " must be a non-negative integer handle, got ",
+                    nb::cast<std::string>(nb::repr(v)));
+    return h;
+  };
   std::uintptr_t handle = 0;
   if (!obj.is_valid() || obj.is_none()) {
     handle = 0;
   } else if (nb::isinstance<nb::int_>(obj)) {
-    handle = nb::cast<std::uintptr_t>(obj);
+    handle = handle_of(obj, "the integer");
   } else if (nb::hasattr(obj, "__cuda_stream__")) {
     nb::object r = obj.attr("__cuda_stream__")();
     TANGRAM_EXPECTS(nb::isinstance<nb::tuple>(r) && nb::len(r) == 2, invalid_argument,
                     "stream: __cuda_stream__() must return (version, handle)");
-    handle = nb::cast<std::uintptr_t>(nb::borrow<nb::tuple>(r)[1]);
+    handle = handle_of(nb::borrow<nb::tuple>(r)[1], "__cuda_stream__()[1]");
   } else if (nb::hasattr(obj, "cuda_stream")) {
-    handle = nb::cast<std::uintptr_t>(obj.attr("cuda_stream"));
+    handle = handle_of(obj.attr("cuda_stream"), "cuda_stream");
   } else if (nb::hasattr(obj, "ptr")) {
-    handle = nb::cast<std::uintptr_t>(obj.attr("ptr"));
+    handle = handle_of(obj.attr("ptr"), "ptr");
   } else {
     TANGRAM_FAIL(invalid_argument, "stream: expected None, an integer handle or a stream object "
                  "(__cuda_stream__, cuda_stream or ptr), got ",

@@ -14,7 +14,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,12 +89,23 @@ struct device_mirror {
         mirror(c.kv, checked_device(c)),
         cta_begin(c.kv.plan().splits.cta_begin.data(),
                   c.kv.plan().splits.cta_begin.size() * sizeof(std::int32_t), c.device),
-        rules(c.kv.plan().rules.data(), c.kv.plan().rules.size() * sizeof(head_rule), c.device) {}
+        rules(c.kv.plan().rules.data(), c.kv.plan().rules.size() * sizeof(head_rule), c.device) {
+    c.mirrored = true;  // only once every member is built (a failed construction leaves none)
+  }
 
-  static std::int32_t checked_device(bound_kv_cache const& c) {
+  ~device_mirror() { cache->mirrored = false; }
+  device_mirror(device_mirror const&)            = delete;
+  device_mirror& operator=(device_mirror const&) = delete;
+
+  /// The manager's device, after the checks: a device arena, and no other mirror (each sync
+  /// clears the manager's change journal, so a second mirror would silently miss changes).
+  static std::int32_t checked_device(bound_kv_cache& c) {
     TANGRAM_EXPECTS(c.on_device(), invalid_argument,
                     "DeviceMirror: the manager's page arena is host memory; build the "
                     "KVCacheManager with memory='cuda' so kernels can read its pages");
+    TANGRAM_EXPECTS(!c.mirrored, invalid_argument,
+                    "DeviceMirror: this manager already has one (a mirror consumes the manager's "
+                    "change journal; share that mirror)");
     return c.device;
   }
 
@@ -120,6 +133,27 @@ struct device_mirror {
                     invalid_argument, name, ": not device memory of CUDA device ", cache->device);
   }
 };
+
+/// The chunk rows of a prefill or eviction launch against what the host knows: the mirror's
+/// batch is the manager's (synced since set_batch), its members' prepared chunks add up to `rows`
+/// and none exceeds `max_chunk` (the kernels trust chunk_indptr, which lives on the device).
+void expect_synced_chunks(device_mirror const& m, std::int64_t rows, std::int64_t max_chunk,
+                          char const* who) {
+  auto const& kv = m.cache->kv;
+  TANGRAM_EXPECTS(kv.batch_size() == m.view().batch_size, invalid_argument, who,
+                  ": the manager's batch has ", kv.batch_size(), " requests but the mirror's has ",
+                  m.view().batch_size, " (call mirror.sync after set_batch)");
+  std::int64_t total = 0, longest = 0;
+  for (std::int32_t r = 0; r < kv.batch_size(); ++r) {
+    std::int64_t c = kv.info(kv.batch_sequence(r)).chunk_pending;
+    total += c;
+    longest = std::max(longest, c);
+  }
+  TANGRAM_EXPECTS(rows == total, invalid_argument, who, ": ", rows,
+                  " chunk rows but the batch's prepared chunks (prepare_chunk) hold ", total);
+  TANGRAM_EXPECTS(longest <= max_chunk, invalid_argument, who, ": max_chunk ", max_chunk,
+                  " is below a prepared chunk of ", longest, " rows");
+}
 
 device_tensor workspace_of(device_mirror const& m, nb::handle obj, std::size_t need) {
   auto ws = device_tensor_from(obj, "workspace");
@@ -202,8 +236,9 @@ void bind_cuda(nb::module_& parent) {
       .def(
           "__init__",
           [](device_mirror* self, nb::handle kv) {
-            auto& c = nb::cast<bound_kv_cache&>(kv);
-            new (self) device_mirror(kv, c);
+            if (!nb::isinstance<bound_kv_cache>(kv) || !nb::inst_ready(kv))
+              throw nb::type_error("DeviceMirror: kv must be a KVCacheManager");
+            new (self) device_mirror(kv, nb::cast<bound_kv_cache&>(kv));
           },
           nb::arg("kv"))
       .def(
@@ -358,6 +393,7 @@ void bind_cuda(nb::module_& parent) {
         auto tv = tensor_arg(m, chunk_v, "chunk_v", {rows, H, d}, cache_type, kv_type.c_str());
         auto tq = tensor_arg(m, q, "q", {rows, H * group, d}, is_float, types);
         auto to = tensor_arg(m, o, "o", {rows, H * group, d}, is_float, types, true);
+        expect_synced_chunks(m, rows, max_chunk, "prefill_attention");
         prefill_params p;
         p.kv           = view;
         p.layer        = layer;
@@ -415,6 +451,8 @@ void bind_cuda(nb::module_& parent) {
         std::int64_t rows = tk.shape[0];
         auto tv = tensor_arg(m, chunk_v, "chunk_v", {rows, H, d}, cache_type, kv_type.c_str());
         auto tn = tensor_arg(m, new_len, "new_len", {B, H}, is_i32, "int32", true);
+        expect_synced_chunks(m, rows, std::numeric_limits<std::int64_t>::max(), "evict_chunk");
+        expect_candidates_fit(m.cache->kv, layer, max_candidates);
         eviction_params p;
         p.kv             = view;
         p.layer          = layer;
