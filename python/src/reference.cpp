@@ -41,6 +41,8 @@ using any_array = nb::ndarray<nb::c_contig, nb::device::cpu>;
 using chunk_rows = nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 /// Stage keys: [batch, num_layers * num_kv_heads, max_candidates] uint32, written per layer.
 using key_array = nb::ndarray<std::uint32_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+/// The same keys, read only (reference_evict_elastic reads them).
+using key_input = nb::ndarray<std::uint32_t const, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
 
 /// Checks that `a` holds exactly `count` elements (any shape), naming the argument.
 void expect_elements(std::size_t size, std::int64_t count, char const* what) {
@@ -77,8 +79,8 @@ void expect_prepared_chunks(bound_kv_cache const& c, chunk_rows const& chunk_ind
 }
 
 /// stage_keys / keys: exactly [batch, num_layers * num_kv_heads, max_candidates].
-void expect_key_shape(key_array const& keys, kv_cache_view const& view,
-                      std::int32_t max_candidates) {
+template <class Keys>
+void expect_key_shape(Keys const& keys, kv_cache_view const& view, std::int32_t max_candidates) {
   std::int64_t want[3] = {view.batch_size,
                           static_cast<std::int64_t>(view.num_layers) * view.num_kv_heads,
                           max_candidates};
@@ -276,7 +278,7 @@ void bind_reference(nb::module_& m) {
 
   m.def(
       "reference_evict_elastic",
-      [](bound_kv_cache& c, chunk_rows chunk_indptr, key_array keys, std::int32_t max_candidates) {
+      [](bound_kv_cache& c, chunk_rows chunk_indptr, key_input keys, std::int32_t max_candidates) {
         c.expect_host_pool("reference_evict_elastic");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();

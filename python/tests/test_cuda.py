@@ -3,6 +3,8 @@
 kernels (nvcc found at `pip install .`). Without a device, what can be checked is checked: the
 tensor protocol parsing, the errors before any launch, and that nothing crashes; the launches
 themselves run where a GPU and PyTorch or CuPy exist (and in scripts/gpu_check.sh from C++)."""
+import importlib
+
 import numpy as np
 import pytest
 
@@ -21,9 +23,12 @@ class FakeDeviceArray:
 
 def test_host_only_builds_say_so(static_plan):
     if tangram.has_cuda_kernels:
-        assert hasattr(tangram, "cuda")
+        cuda = importlib.import_module("tangram.cuda")
+        assert cuda.DeviceMirror is tangram.cuda.DeviceMirror
+        assert hasattr(cuda, "decode_attention")
         return
-    assert not hasattr(tangram, "cuda")
+    with pytest.raises(ImportError, match="built without the CUDA kernels"):
+        importlib.import_module("tangram.cuda")
     with pytest.raises(ValueError, match="memory: 'cuda' needs the package built with the CUDA"):
         tangram.KVCacheManager(static_plan, num_pages=16, max_sequences=1, memory="cuda")
 
