@@ -43,6 +43,11 @@ nb::dict stats_dict(manager_stats const& s) {
   d["page_copies"]            = s.page_copies;
   d["index_compactions"]      = s.index_compactions;
   d["staging_pages_returned"] = s.staging_pages_returned;
+  d["parked"]                 = s.parked;
+  d["unparked"]               = s.unparked;
+  d["unpark_rejected"]        = s.unpark_rejected;
+  d["pages_parked"]           = s.pages_parked;
+  d["pages_restored"]         = s.pages_restored;
   return d;
 }
 
@@ -90,6 +95,28 @@ void bind_manager(nb::module_& m) {
         return "SequenceId(slot=" + std::to_string(a.slot) +
                ", generation=" + std::to_string(a.generation) + ")";
       });
+
+  nb::class_<parked_session>(
+      m, "ParkedSession",
+      "An ended session parked in host memory (KVCacheManager.park): what try_unpark needs to\n"
+      "restore it into fresh pages of any manager over the same plan. A value; its pages live\n"
+      "wherever the engine copied them (host page k <- device_pages[k]).")
+      .def_ro("plan_fingerprint", &parked_session::plan_fingerprint)
+      .def_ro("page_bytes", &parked_session::page_bytes)
+      .def_ro("seq_tokens", &parked_session::seq_tokens)
+      .def_ro("appended", &parked_session::appended)
+      .def_prop_ro("host_pages", &parked_session::host_pages)
+      .def_prop_ro("group_pages",
+                   [](parked_session const& p) {
+                     return numpy_copy(p.group_pages, {p.group_pages.size()});
+                   })
+      .def_prop_ro("device_pages",
+                   [](parked_session const& p) {
+                     return numpy_copy(p.device_pages, {p.device_pages.size()});
+                   },
+                   "Pages to copy out, device_pages[k] -> host page k; valid only until\n"
+                   "complete_park (a copy).");
+  add_value_copies<parked_session>();
 
   nb::class_<bound_kv_cache>(
       m, "KVCacheManager",
@@ -239,6 +266,31 @@ void bind_manager(nb::module_& m) {
       .def("fork", [](bound_kv_cache& c, sequence_id s) { return c.kv.fork(s); }, nb::arg("parent"),
            "A copy-on-write child: a SequenceId, or None when it does not fit.")
       .def("free", [](bound_kv_cache& c, sequence_id s) { c.kv.free(s); }, nb::arg("seq"))
+      .def("park", [](bound_kv_cache& c, sequence_id s) { return c.kv.park(s); }, nb::arg("seq"),
+           "Starts parking an ended sequence in host memory: a ParkedSession whose device_pages\n"
+           "the engine copies out, then complete_park (pages back to the pool, slot released) or\n"
+           "cancel_park (the sequence is ended again, unchanged).")
+      .def("complete_park", [](bound_kv_cache& c, sequence_id s) { c.kv.complete_park(s); },
+           nb::arg("seq"))
+      .def("cancel_park", [](bound_kv_cache& c, sequence_id s) { c.kv.cancel_park(s); },
+           nb::arg("seq"))
+      .def("unpark_pages",
+           [](bound_kv_cache const& c, parked_session const& p, std::int64_t n, std::int64_t t) {
+             return c.kv.unpark_pages(p, n, t);
+           },
+           nb::arg("session"), nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
+           "Pages try_unpark would reserve (the history in fresh pages plus the next turn).")
+      .def("try_unpark",
+           [](bound_kv_cache& c, parked_session const& p, std::int64_t n,
+              std::int64_t t) -> nb::object {
+             auto r = c.kv.try_unpark(p, n, t);
+             if (!r) return nb::none();
+             return nb::make_tuple(r->id, numpy_copy(r->device_pages, {r->device_pages.size()}));
+           },
+           nb::arg("session"), nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
+           "Restores a parked session with its next turn, all or nothing: (SequenceId,\n"
+           "device_pages) where host page k goes to device_pages[k] before any kernel reads the\n"
+           "sequence, or None when it does not fit (nothing changed).")
       .def("pending_copies",
            [](bound_kv_cache const& c) {
              std::vector<std::pair<std::int32_t, std::int32_t>> out;

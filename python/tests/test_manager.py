@@ -224,3 +224,45 @@ def test_files_take_pathlike(tmp_path, static_plan):
     assert len(samples.contexts) > 0
     tangram.save_plan(static_plan, tmp_path / "plan.json")
     assert tangram.load_plan(tmp_path / "plan.json").page_bytes == static_plan.page_bytes
+
+
+def test_park_in_host_memory_and_restore(static_plan):
+    L, H = static_plan.num_layers, static_plan.num_kv_heads
+    kv = tangram.KVCacheManager(static_plan, num_pages=4000, max_sequences=2)
+    seq = kv.try_admit(400, 8)
+    prefill(kv, seq)
+    kv.set_batch([seq])
+    for _ in range(8):
+        kv.decode_step()
+    pool = kv.pool()
+    rng = np.random.default_rng(2)
+    pool[:] = rng.integers(0, 256, pool.shape, dtype=np.uint8)  # stand-in K/V bytes
+    kv.end_turn(seq)
+    lengths = [kv.head_len(seq, l, h) for l in range(L) for h in range(H)]
+    held = kv.used_pages
+
+    parked = kv.park(seq)
+    assert kv.info(seq)["phase"] == "parking" and parked.host_pages == len(parked.device_pages)
+    host = pool[parked.device_pages].copy()  # the engine's copy-out
+    with pytest.raises(tangram.UsageError):
+        kv.decode_step()  # a parking sequence takes no other call
+    kv.complete_park(seq)
+    assert kv.used_pages == held - parked.host_pages and kv.live_sequences == 0
+    assert not kv.contains(seq)
+
+    need = kv.unpark_pages(parked, 100, 8)
+    restored = kv.try_unpark(parked, 100, 8)
+    assert restored is not None
+    new_seq, pages = restored
+    assert kv.reserved_pages + kv.used_pages >= need and len(pages) == parked.host_pages
+    pool[pages] = host  # the engine's copy-in, before any kernel reads the sequence
+    assert [kv.head_len(new_seq, l, h) for l in range(L) for h in range(H)] == lengths
+    assert kv.info(new_seq)["phase"] == "prefill" and kv.info(new_seq)["prompt_remaining"] == 100
+    assert kv.stats["parked"] == 1 and kv.stats["unparked"] == 1
+    kv.free(new_seq)
+    kv.check_invariants()
+    assert kv.used_pages == 0 and kv.reserved_pages == 0
+
+    other = tangram.KVCacheManager(static_plan, num_pages=parked.host_pages, max_sequences=1)
+    assert other.try_unpark(parked, 100, 8) is None  # does not fit: a value, nothing changed
+    other.check_invariants()
