@@ -52,8 +52,9 @@ static_plan hybrid_plan(std::int32_t head_dim, std::int32_t page_tokens) {
   p.window_tokens     = 2;
   p.budgets           = {0.5, 0.25, 0.75, 0.3, 0.45, 0.2, 0.6, 0.35};
   plan_options o;
-  o.page_tokens = page_tokens;
-  o.group_size  = 2;
+  o.page_tokens      = page_tokens;
+  o.group_size       = 2;
+  o.reservation.mode = reservation_mode::static_budgets;  // the rules' kept counts are committed
   return build_static_plan(m, p, o);
 }
 

@@ -53,7 +53,7 @@ mirror_storm_totals mirror_storms(int trials, int ops, std::uint32_t seed, Make 
         Hp == 4
             ? grouping_scope::global
             : pick(std::vector<grouping_scope>{grouping_scope::global, grouping_scope::layer}, rng);
-    reservation_options res;
+    reservation_options res = static_reservation();
     if (trial % 4 == 3) res = elastic_reservation(0.2);
     auto plan = tiny_plan(budgets, P, Hp, window, scope, res);
     host_memory_resource host;

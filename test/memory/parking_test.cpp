@@ -390,6 +390,7 @@ TEST_CASE("tensor parallelism: restore a parked session on every rank or on none
     o.group_size  = 2;
     o.tp_size     = 2;
     o.tp_rank     = rank;
+    o.reservation = static_reservation();  // the profile has no keep ratio (elastic needs one)
     plans.push_back(build_static_plan(tiny_model(), p, o));
   }
   simulated_memory_resource mr;
