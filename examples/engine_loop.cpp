@@ -5,13 +5,14 @@
 //
 // Admission until the pool is full (with the reason when a request does not fit), chunked prefill
 // (prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
-// reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
-// slot is back. Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
+// reservation extended, a second turn, a copy-on-write fork, the session parked in host memory and
+// brought back for a third turn, and free: at the end every page and slot is back. Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
 // layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
 // kernel would on a device pool; under static budgets its counts are known in advance, so the
 // loop checks them against `expected_kept`.
 //
 // Run: build/examples/example_engine_loop [--json]
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -169,6 +170,29 @@ int main(int argc, char** argv) {
     decode(kv, {first}, 32);
   }
   trace.push_back(snapshot("fork_done", kv));
+
+  // The session idles between turns: park it in host memory (its pages go back to the pool),
+  // then bring it back into fresh pages for a third turn.
+  kv.end_turn(first);
+  auto parked = kv.park(first);
+  std::vector<std::byte> host(static_cast<std::size_t>(parked.host_pages() * parked.page_bytes));
+  tangram::copy_pages_to_host(kv.pool().base(), parked.page_bytes, parked.device_pages.data(),
+                              parked.device_pages.size(), host.data());  // the engine's copy-out
+  kv.complete_park(first);
+  trace.push_back(snapshot("parked", kv));
+  auto restored = kv.try_unpark(parked, 200, 16);  // "does not fit" is nullopt
+  if (!restored) {
+    std::fprintf(stderr, "the parked session did not fit back\n");
+    return 1;
+  }
+  first = restored->id;
+  // The copy-in, before any kernel reads the sequence.
+  tangram::copy_pages_from_host(kv.pool().base(), parked.page_bytes,
+                                restored->device_pages.data(), restored->device_pages.size(),
+                                host.data());
+  prefill(kv, first);
+  decode(kv, {first}, 16);
+  trace.push_back(snapshot("unparked", kv));
   kv.free(first);
   kv.check_invariants();
   trace.push_back(snapshot("freed", kv));

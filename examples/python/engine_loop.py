@@ -3,8 +3,8 @@
 
 Admission until the pool is full (with the reason when a request does not fit), chunked prefill
 (prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
-reservation extended, a second turn, a copy-on-write fork, and free: at the end every page and
-slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
+reservation extended, a second turn, a copy-on-write fork, the session parked in host memory and
+brought back for a third turn, and free: at the end every page and slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
 accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
 Each chunk is evicted by the CPU reference kernel (`reference_evict`, layer by layer, key-norm
 scores) on K/V written into the manager's own pool, as the CUDA kernel would on a device pool;
@@ -121,6 +121,22 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     else:
         decode(kv, [first], 32)
     trace.append(snapshot("fork_done", kv))
+
+    # The session idles between turns: park it in host memory (its pages go back to the pool),
+    # then bring it back into fresh pages for a third turn.
+    kv.end_turn(first)
+    parked = kv.park(first)
+    host = kv.pool()[parked.device_pages].copy()  # the engine's copy-out
+    kv.complete_park(first)
+    trace.append(snapshot("parked", kv))
+    restored = kv.try_unpark(parked, 200, 16)  # "does not fit" is None
+    if restored is None:
+        raise SystemExit("the parked session did not fit back")
+    first, pages = restored
+    kv.pool()[pages] = host  # the copy-in, before any kernel reads the sequence
+    prefill(kv, first)
+    decode(kv, [first], 16)
+    trace.append(snapshot("unparked", kv))
     kv.free(first)
     kv.check_invariants()
     trace.append(snapshot("freed", kv))
