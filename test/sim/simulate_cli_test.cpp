@@ -175,3 +175,50 @@ TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simula
   CHECK(peak("2", "tangram_elastic") > peak("0", "tangram_elastic"));
   CHECK(peak("2", "tangram") == peak("0", "tangram"));
 }
+
+TEST_CASE("simulate reports every compressed policy's clipped share of wanted head-tokens",
+          "[simulate][cli][clipping]") {
+  namespace json = tangram::detail::json;
+  auto clipped = [](std::vector<std::string> extra) {
+    std::vector<std::string> argv{"simulate", "--sessions", "12", "--turns", "2", "--workload", "mid",
+                                  "--json",   "--quiet"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = run(argv);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    CHECK(root["policies"]["full_kv"]["modelled_wanted_clipped_fraction"].type() == json::kind::null);
+    CHECK(root["policies"]["unified_nonuniform"]["modelled_wanted_clipped_fraction"].as_double(0, 1) == 0);
+    CHECK(root["policies"]["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) ==
+          root["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1));
+    return root["policies"]["tangram"]["modelled_wanted_clipped_fraction"].as_double(0, 1);
+  };
+  // Median budgets clip about half the inputs' wanted tokens; the default (padded) ones far less.
+  double median = clipped({"--estimator", "quantile", "--quantile", "0.5"});
+  double padded = clipped({});
+  CHECK(median > 0.01);
+  CHECK(padded < median);
+  auto r = run({"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--quiet"});
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("wanted head-tokens clipped") != std::string::npos);
+}
+
+TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[simulate][cli]") {
+  namespace json = tangram::detail::json;
+  auto elastic = [](std::string const& chunk) {
+    auto r = run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "long", "--step-tokens", "2048",
+                  "--chunk", chunk, "--json", "--quiet"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 2048);
+    auto p = root["policies"]["tangram_elastic"];
+    return std::vector<double>{p["modelled_tokens_per_s"].as_double(0, 1e12),
+                               p["kv_bytes_allocated_peak"].as_double(0, 1e15),
+                               p["peak_resident_sessions"].as_double(0, 1e9)};
+  };
+  // Chunks never exceed --step-tokens, so a larger --chunk must change nothing.
+  CHECK(elastic("8192") == elastic("2048"));
+}

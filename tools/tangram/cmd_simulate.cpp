@@ -291,42 +291,62 @@ int simulate(simulate_args& a, streams io) {
                                  : layer_imbalance(ep.rules, ep.splits, contexts);
     costs.tangram_elastic_skew = std::max(1.0, imb.aot.mean);
   }
+  std::int64_t const staged_chunk = std::min(ro.prefill_chunk, ro.step_token_budget);
   auto make_elastic = [&] {
-    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk, a.margin,
-                                       needs);
+    // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
+    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
+  // The static budgets' clipping, counted the same way (the samples' needs, or the budgets
+  // without samples, which clip nothing): each compressed policy's share of wanted head-tokens.
+  auto clip_meter = [&](static_plan const& p) { return std::make_shared<static_clipping>(p, needs); };
+  auto clipped_of = [](auto const& m) {
+    return m.wanted_total() > 0 ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
+                                : 0.0;
+  };
   // Every policy on workload `w`, in the report's order.
   auto run_all = [&](workload const& w, bool main_run) {
     std::vector<replay_result> into;
     {
       unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
-      full.set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
+      full.set_scheduled_chunk(staged_chunk);
       full.set_vllm_v1(!a.full_kv_pinned);
       full.set_block_eviction(a.full_kv_blocks);
       run(w, into, full, 0);
     }
     run(w, into, *make_unified(), 1);
+    into.back().wanted_clipped_fraction = 0.0;  // keeps its own retention (or the budgets it is given)
     if (a.ablation) {  // the paper's incremental study (eval/sim/ablation.hpp)
       auto ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
       tangram_policy_options reservation;
       reservation.name = reservation_only_name;
+      auto ro_meter        = clip_meter(ro_plan);
+      reservation.eviction = ro_meter;
       tangram_policy reservation_only(ro_plan, kv_bytes, slots, n_sessions, reservation);
       run(w, into, reservation_only, 2);
+      into.back().wanted_clipped_fraction = clipped_of(*ro_meter);
       tangram_policy_options groups;
-      groups.name = head_groups_name;
+      groups.name     = head_groups_name;
+      auto hg_meter   = clip_meter(plan);
+      groups.eviction = hg_meter;
       tangram_policy head_groups(plan, kv_bytes, slots, n_sessions, groups);
       run(w, into, head_groups, 3);
+      into.back().wanted_clipped_fraction = clipped_of(*hg_meter);
     }
     {
-      tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
+      tangram_policy_options so;
+      auto meter  = clip_meter(plan);
+      so.eviction = meter;
+      tangram_policy tangram(plan, kv_bytes, slots, n_sessions, so);
       run(w, into, tangram, a.ablation ? 4 : 2);
+      into.back().wanted_clipped_fraction = clipped_of(*meter);
     }
     auto elastic = make_elastic();
     run(w, into, *elastic, n_policies - 1);
-    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction());
-        main_run && ev && ev->wanted_total() > 0)
-      elastic_clipped = static_cast<double>(ev->wanted_clipped()) / static_cast<double>(ev->wanted_total());
+    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction())) {
+      into.back().wanted_clipped_fraction = clipped_of(*ev);
+      if (main_run) elastic_clipped = clipped_of(*ev);
+    }
     return into;
   };
   results = run_all(work, true);
@@ -430,7 +450,7 @@ int simulate(simulate_args& a, streams io) {
     auto el = json::value::object();
     el.set("default_reservation", plan_options{}.reservation.mode == reservation_mode::elastic);
     el.set("margin", a.margin);
-    el.set("max_chunk_tokens", ro.prefill_chunk);
+    el.set("max_chunk_tokens", staged_chunk);
     el.set("needs", needs_from_samples
                         ? cat("modelled: retention sample (session mod samples) kept x seen / context",
                               keep ? " x --keep / the profile's keep ratio" : "", ", capped by candidates")
@@ -514,6 +534,9 @@ int simulate(simulate_args& a, streams io) {
   row("KV live peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_live_peak); });
   row("keep ratio, as compressed", [](replay_result const& r) { return fixed(r.compressed_keep_ratio, 3); });
   row("keep ratio, as stored", [](replay_result const& r) { return fixed(r.stored_keep_ratio, 3); });
+  row("wanted head-tokens clipped", [](replay_result const& r) {
+    return r.wanted_clipped_fraction ? percent(*r.wanted_clipped_fraction, 3) : std::string("-");
+  });
   row("utilisation live/alloc", [](replay_result const& r) { return percent(r.mean_utilisation, 1); });
   row("admission waits", [](replay_result const& r) { return cat(r.admission_waits); });
   row("reclaim ops (pages)", [](replay_result const& r) { return cat(r.reclaim_ops); });
@@ -592,7 +615,7 @@ int simulate(simulate_args& a, streams io) {
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
     << "  of plan_options and `tangram plan`, margin " << a.margin << "; each prefilling request also holds staging for one "
-    << ro.prefill_chunk << "-token chunk; per-head needs modelled from "
+    << staged_chunk << "-token chunk; per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
     << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
     << " per chunk (modelled); its control plane includes the CPU group selection.\n"
