@@ -222,3 +222,41 @@ TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[s
   // Chunks never exceed --step-tokens, so a larger --chunk must change nothing.
   CHECK(elastic("8192") == elastic("2048"));
 }
+
+TEST_CASE("simulate refuses a trace prompt beyond --max-context, naming the session and value",
+          "[simulate][cli][errors]") {
+  std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_long_trace.json";
+  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 1000, "output_tokens": 10}]},
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 30000, "output_tokens": 100}, {"prompt_tokens": 5000, "output_tokens": 10}]}]})");
+  // Session 1 reaches 30000 + 100 + 5000 = 35100 tokens with its second prompt.
+  auto r = run({"simulate", "--workload", path, "--max-context", "32768", "--quiet"});
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--workload: session 1 turn 1 reaches 35100 tokens with its prompt, above --max-context 32768") !=
+        std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  auto ok = run({"simulate", "--workload", path, "--max-context", "35100", "--quiet"});
+  INFO(ok.err);
+  CHECK(ok.rc == 0);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("simulate reports and warns about sessions a policy never completed", "[simulate][cli]") {
+  std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_reject_trace.json";
+  // 120K uncompressed tokens need 120000 x 128 KiB = 15.7 GB of KV; the GPU leaves about 5 GB.
+  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 2000, "output_tokens": 10}]},
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 120000, "output_tokens": 10}]}]})");
+  auto r = run({"simulate", "--workload", path, "--gpu-mem", "24", "--quiet"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.err.find("simulate: warning: full_kv never completed 1 of 2 sessions") != std::string::npos);
+  auto at = r.out.find("rejected sessions");
+  REQUIRE(at != std::string::npos);
+  auto line = r.out.substr(at, r.out.find('\n', at) - at);
+  std::istringstream cols(line.substr(std::string("rejected sessions").size()));
+  std::vector<std::string> v{std::istream_iterator<std::string>(cols), std::istream_iterator<std::string>()};
+  REQUIRE(v.size() == 4);
+  CHECK(v[0] == "1");
+  std::remove(path.c_str());
+}

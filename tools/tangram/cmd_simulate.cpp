@@ -225,6 +225,21 @@ int simulate(simulate_args& a, streams io) {
           cat("--workload: ", e.what(), " (give short, mid, long or a tangram-workload/v1 file)"));
     }
   }
+  // A trace's sessions must fit the context: the replay would reserve at least one token past it.
+  if (!kind) {
+    for (std::size_t i = 0; i < work.sessions.size(); ++i) {
+      std::int64_t context = 0;
+      auto const& turns    = work.sessions[i].turns;
+      for (std::size_t t = 0; t < turns.size(); ++t) {
+        context += turns[t].prompt_tokens;
+        if (context > ro.max_context)
+          throw usage_error(cat("--workload: session ", i, " turn ", t, " reaches ", context,
+                                " tokens with its prompt, above --max-context ", ro.max_context));
+        context += std::min(turns[t].output_tokens,
+                            std::max<std::int64_t>(1, std::min(ro.max_tokens, ro.max_context - context)));
+      }
+    }
+  }
   // --rate-sweep: the same sessions (generated once at 1 session/s) at each arrival rate; the
   // policies are sized for the longest session of either workload.
   workload unit;
@@ -395,6 +410,11 @@ int simulate(simulate_args& a, streams io) {
                                    work.name, ", ", n_sessions, " sessions")));
   }
 
+  // A policy that gave up on sessions reports figures over the rest only: say so.
+  for (auto const& r : results)
+    if (r.rejected_sessions > 0)
+      io.err << "simulate: warning: " << r.policy << " never completed " << r.rejected_sessions << " of " << n_sessions
+             << " sessions (a turn could not fit even alone); its figures cover the others only\n";
   auto const& base = results[0];
   auto ratio = [](double a_, double b_) { return b_ > 0 ? a_ / b_ : 0.0; };
   if (as_json) {
@@ -537,6 +557,7 @@ int simulate(simulate_args& a, streams io) {
   row("wanted head-tokens clipped", [](replay_result const& r) {
     return r.wanted_clipped_fraction ? percent(*r.wanted_clipped_fraction, 3) : std::string("-");
   });
+  row("rejected sessions", [](replay_result const& r) { return cat(r.rejected_sessions); });
   row("utilisation live/alloc", [](replay_result const& r) { return percent(r.mean_utilisation, 1); });
   row("admission waits", [](replay_result const& r) { return cat(r.admission_waits); });
   row("reclaim ops (pages)", [](replay_result const& r) { return cat(r.reclaim_ops); });
