@@ -260,3 +260,25 @@ TEST_CASE("simulate reports and warns about sessions a policy never completed", 
   CHECK(v[0] == "1");
   std::remove(path.c_str());
 }
+
+TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chunk by default",
+          "[simulate][cli]") {
+  namespace json = tangram::detail::json;
+  auto admission = [](std::vector<std::string> extra) {
+    std::vector<std::string> argv{"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--json",
+                                  "--quiet"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = run(argv);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    return root["reservation"]["baseline_admission"].as_string();
+  };
+  CHECK(admission({}) == "chunk");
+  CHECK(admission({"--baseline-admission", "whole"}) == "whole");
+  auto bad = run({"simulate", "--baseline-admission", "half"});
+  CHECK(bad.rc == 2);
+  CHECK(bad.err.find("--baseline-admission") != std::string::npos);
+  CHECK(bad.err.find("half") != std::string::npos);
+}

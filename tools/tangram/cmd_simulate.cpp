@@ -99,6 +99,7 @@ struct simulate_args {
   std::vector<double> rate_sweep;           // --rate-sweep R1,R2,... sessions/s (generated workloads)
   bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
   bool full_kv_blocks = false;  // --full-kv-scheduler vllm-blocks: block-level prefix eviction
+  bool baseline_chunk_admission = true;  // --baseline-admission chunk (vLLM v1) | whole
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
@@ -284,8 +285,11 @@ int simulate(simulate_args& a, streams io) {
     own = std::make_shared<retention_needs>(plan, std::move(bn));
   }
   auto make_unified = [&] {
-    return std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots,
-                                            n_sessions, max_tokens, own);
+    auto u = std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions,
+                                              max_tokens, own);
+    u->set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
+    u->set_chunk_admission(a.baseline_chunk_admission);
+    return u;
   };
   // Elastic reservation on the same workload, chunking, cost model and pool. With --keep the
   // scorer total and the samples' needs follow the rescaled ratio.
@@ -459,6 +463,7 @@ int simulate(simulate_args& a, streams io) {
     rv.set("max_tokens", ro.max_tokens);
     rv.set("max_context", ro.max_context);
     rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
+    rv.set("baseline_admission", a.baseline_chunk_admission ? "chunk" : "whole");
     doc.set("reservation", std::move(rv));
     auto pl = json::value::object();
     pl.set("group_size", po.group_size);
@@ -747,6 +752,11 @@ command_body setup_simulate(CLI::App& app) {
       app, "--baseline-retention", [a](std::string const& v) { a->baseline_budgets = v == "budgets"; }, "own",
       {"own", "budgets"},
       "unified_nonuniform keeps each input's own retention from the samples (own) or Tangram's padded budgets");
+  add_choice(
+      app, "--baseline-admission", [a](std::string const& v) { a->baseline_chunk_admission = v == "chunk"; }, "chunk",
+      {"chunk", "whole"},
+      "unified_nonuniform admits a turn when its first scheduled chunk fits (chunk, as vLLM v1) or only when its "
+      "whole uncompressed prompt fits (whole)");
   add_choice(
       app, "--baseline-balance",
       [a](std::string const& v) { a->costs.balance = v == "none" ? baseline_balance::none : baseline_balance::replan; },

@@ -714,8 +714,10 @@ inline replay_result replay(workload const& work,
         preempt(victim);
         if (victim == s) break;
       }
-      if (!ok && !prefix_cache)
-        TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
+      // Nothing left to preempt and the chunk still does not fit (a policy that admits on its
+      // first chunk, e.g. unified_nonuniform with chunk admission): the session can never finish
+      // here, so it is given up (counted in rejected_sessions), not the whole run.
+      if (!ok && !prefix_cache && is_running(s)) give_up(s);
       if (!ok) continue;
       double prefill = cost.prefill_s(chunk, static_cast<std::int64_t>(past));
       step_s += prefill;
