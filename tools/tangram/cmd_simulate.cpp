@@ -384,6 +384,22 @@ int simulate(simulate_args& a, streams io) {
   if (a.sensitivity) {
     std::map<std::string, replay_result> defaults;
     for (auto const& r : results) defaults.emplace(r.policy, r);
+    // The engine's max_tokens (not measured): every policy replayed at 512 and 8192.
+    max_tokens_variation mt;
+    mt.rerun = [&](std::string const& name, std::int64_t max_new) {
+      replay_options o = ro;
+      o.charges        = costs.charges_for(name);
+      o.max_tokens     = max_new;
+      std::unique_ptr<kv_policy> p;
+      if (name == "unified_nonuniform")
+        p = make_unified();
+      else if (name == "tangram")
+        p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
+      else
+        p = make_elastic();
+      if (show_progress) io.err << "\rsimulate: sensitivity, max_tokens " << max_new << ", " << name << "   " << std::flush;
+      return replay(work, *p, cost, o);
+    };
     sens = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram", "tangram_elastic"},
                              [&](std::string const& name, step_charges const& ch) {
                                replay_options o = ro;
@@ -397,7 +413,8 @@ int simulate(simulate_args& a, streams io) {
                                  p = make_elastic();
                                if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
                                return replay(work, *p, cost, o);
-                             });
+                             },
+                             &mt);
     if (show_progress) io.err << "\n";
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -613,8 +630,9 @@ int simulate(simulate_args& a, streams io) {
     for (auto const& pt : sens->points)
       o << "  " << std::left << std::setw(34)
         << cat(pt.variation.constant, " = ",
-               seconds_valued(pt.variation.constant) ? fixed(pt.variation.value * 1e6, 2) + " us"
-                                                                      : fixed(pt.variation.value, 3))
+               seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
+               : pt.variation.constant == "max_tokens" ? fixed(pt.variation.value, 0)
+                                                       : fixed(pt.variation.value, 3))
         << std::right
         << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
         << "\n";
