@@ -253,3 +253,45 @@ TEST_CASE(
   CHECK(elastic->manager().pool().reserved_pages() == 0);
   REQUIRE_NOTHROW(elastic->manager().check_invariants());
 }
+
+TEST_CASE("static_clipping counts the samples' wanted head-tokens beyond the static budgets",
+          "[elastic][clipping]") {
+  auto plan    = test::llama_plan("snapkv");
+  auto samples = llama_samples("snapkv");
+  auto H       = static_cast<std::size_t>(plan.num_kv_heads);
+  std::int64_t const chunk = 8192;  // one chunk of a fresh session: seen == chunk
+  std::int32_t const s     = 1;
+  auto const& smp          = samples.samples[static_cast<std::size_t>(s) % samples.samples.size()];
+  for (double scale : {0.01, 1.0, 10.0}) {
+    // Independent expectation: every compressed head the samples profile wants
+    // min(ceil(scale * kept * seen / context), seen); the budget keeps min(retained_tokens, seen).
+    std::int64_t want_total = 0, want_clipped = 0;
+    for (std::size_t li = 0; li < samples.layer_ids.size(); ++li)
+      for (std::size_t j = 0; j < H; ++j) {
+        auto h = static_cast<std::size_t>(samples.layer_ids[li]) * H + j;
+        if (plan.rules[h].kind != layer_kind::compressed) continue;
+        auto kept = static_cast<double>(smp.kept[li * H + j]);
+        auto want = std::min<std::int64_t>(
+            static_cast<std::int64_t>(std::ceil(scale * kept * static_cast<double>(chunk) /
+                                                static_cast<double>(smp.context_tokens))),
+            chunk);
+        auto budget = std::min<std::int64_t>(retained_tokens(plan.rules[h], chunk), chunk);
+        want_total += want;
+        want_clipped += std::max<std::int64_t>(0, want - budget);
+      }
+    auto n  = from_samples(samples);
+    n.scale = scale;
+    auto meter = std::make_shared<static_clipping>(plan, n);
+    tangram_policy_options o;
+    o.eviction = meter;
+    tangram_policy p(plan, 40e9, 4, 4, o);
+    REQUIRE(p.start_turn(s, 0, chunk, 16, 0));
+    REQUIRE(p.prefill_chunk(s, chunk));
+    CHECK(p.prefill_chunk_extra_bytes(s) == 0);  // still the fused static eviction
+    INFO("scale " << scale << " wanted " << want_total << " clipped " << want_clipped);
+    CHECK(meter->wanted_total() == want_total);
+    CHECK(meter->wanted_clipped() == want_clipped);
+    if (scale == 0.01) CHECK(meter->wanted_clipped() == 0);
+    if (scale == 10.0) CHECK(meter->wanted_clipped() > 0);
+  }
+}

@@ -293,3 +293,42 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
   CHECK(range.high.tokens_per_s_ratio >= 1.2);
   CHECK(range.low.tokens_per_s_ratio <= range.high.tokens_per_s_ratio);
 }
+
+TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens",
+          "[replay][issue13]") {
+  serving_costs costs;
+  std::map<std::string, replay_result> defaults;
+  auto result = [](std::string name, double tps, double resident) {
+    replay_result r;
+    r.policy                 = name;
+    r.modelled_tokens_per_s  = tps;
+    r.mean_resident_sessions = resident;
+    return r;
+  };
+  defaults["unified_nonuniform"] = result("unified_nonuniform", 100, 10);
+  defaults["tangram"]            = result("tangram", 120, 9);
+  std::vector<std::pair<std::string, std::int64_t>> calls;
+  max_tokens_variation mt;
+  mt.rerun = [&](std::string const& name, std::int64_t max_new) {
+    calls.emplace_back(name, max_new);
+    // tangram: 150 tok/s at 512, 90 at 8192; the baseline 100 either way; resident 9 vs 10
+    return result(name, name == "tangram" ? (max_new == 512 ? 150 : 90) : 100, name == "tangram" ? 9 : 10);
+  };
+  auto rep = sweep_sensitivity(
+      costs, defaults, "unified_nonuniform", {"tangram"},
+      [&](std::string const& name, step_charges const&) { return defaults.at(name); }, &mt);
+  auto n = uncalibrated_variations(costs).size();
+  REQUIRE(rep.points.size() == n + 2);
+  auto const& lo = rep.points[n];
+  auto const& hi = rep.points[n + 1];
+  CHECK(lo.variation.constant == "max_tokens");
+  CHECK(lo.variation.end == "low");
+  CHECK(lo.variation.value == 512);
+  CHECK(hi.variation.value == 8192);
+  CHECK(lo.verdicts.at("tangram").tokens_per_s_ratio == Approx(1.5));
+  CHECK(hi.verdicts.at("tangram").tokens_per_s_ratio == Approx(0.9));
+  CHECK(calls == std::vector<std::pair<std::string, std::int64_t>>{
+                     {"unified_nonuniform", 512}, {"tangram", 512}, {"unified_nonuniform", 8192}, {"tangram", 8192}});
+  CHECK(rep.range.at("tangram").low.tokens_per_s_ratio == Approx(0.9));
+  CHECK(rep.range.at("tangram").high.tokens_per_s_ratio == Approx(1.5));
+}

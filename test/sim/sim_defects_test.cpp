@@ -252,7 +252,9 @@ TEST_CASE("simulate runs a tiny trace of one 2^31-token session without huge tab
       R"({"format":"tangram-workload/v1","sessions":[{"arrival_s":0,"turns":[{"prompt_tokens":1073741824,"output_tokens":1},{"prompt_tokens":1073741821,"output_tokens":1}]}]})";
   REQUIRE(trace.size() <= 178);
   tangram::detail::write_file(path, trace);
-  auto r = run_cli({"simulate", "--workload", path, "--json", "--quiet"});
+  // The context limit as large as a session may be, so the trace reaches the policies (at the
+  // default --max-context it is refused up front, naming the session).
+  auto r = run_cli({"simulate", "--workload", path, "--max-context", "2147483647", "--json", "--quiet"});
   std::remove(path.c_str());
   INFO(r.err);
   REQUIRE(r.rc == 0);

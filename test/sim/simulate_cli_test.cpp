@@ -175,3 +175,110 @@ TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simula
   CHECK(peak("2", "tangram_elastic") > peak("0", "tangram_elastic"));
   CHECK(peak("2", "tangram") == peak("0", "tangram"));
 }
+
+TEST_CASE("simulate reports every compressed policy's clipped share of wanted head-tokens",
+          "[simulate][cli][clipping]") {
+  namespace json = tangram::detail::json;
+  auto clipped = [](std::vector<std::string> extra) {
+    std::vector<std::string> argv{"simulate", "--sessions", "12", "--turns", "2", "--workload", "mid",
+                                  "--json",   "--quiet"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = run(argv);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    CHECK(root["policies"]["full_kv"]["modelled_wanted_clipped_fraction"].type() == json::kind::null);
+    CHECK(root["policies"]["unified_nonuniform"]["modelled_wanted_clipped_fraction"].as_double(0, 1) == 0);
+    CHECK(root["policies"]["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) ==
+          root["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1));
+    return root["policies"]["tangram"]["modelled_wanted_clipped_fraction"].as_double(0, 1);
+  };
+  // Median budgets clip about half the inputs' wanted tokens; the default (padded) ones far less.
+  double median = clipped({"--estimator", "quantile", "--quantile", "0.5"});
+  double padded = clipped({});
+  CHECK(median > 0.01);
+  CHECK(padded < median);
+  auto r = run({"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--quiet"});
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("wanted head-tokens clipped") != std::string::npos);
+}
+
+TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[simulate][cli]") {
+  namespace json = tangram::detail::json;
+  auto elastic = [](std::string const& chunk) {
+    auto r = run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "long", "--step-tokens", "2048",
+                  "--chunk", chunk, "--json", "--quiet"});
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 2048);
+    auto p = root["policies"]["tangram_elastic"];
+    return std::vector<double>{p["modelled_tokens_per_s"].as_double(0, 1e12),
+                               p["kv_bytes_allocated_peak"].as_double(0, 1e15),
+                               p["peak_resident_sessions"].as_double(0, 1e9)};
+  };
+  // Chunks never exceed --step-tokens, so a larger --chunk must change nothing.
+  CHECK(elastic("8192") == elastic("2048"));
+}
+
+TEST_CASE("simulate refuses a trace prompt beyond --max-context, naming the session and value",
+          "[simulate][cli][errors]") {
+  std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_long_trace.json";
+  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 1000, "output_tokens": 10}]},
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 30000, "output_tokens": 100}, {"prompt_tokens": 5000, "output_tokens": 10}]}]})");
+  // Session 1 reaches 30000 + 100 + 5000 = 35100 tokens with its second prompt.
+  auto r = run({"simulate", "--workload", path, "--max-context", "32768", "--quiet"});
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--workload: session 1 turn 1 reaches 35100 tokens with its prompt, above --max-context 32768") !=
+        std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  auto ok = run({"simulate", "--workload", path, "--max-context", "35100", "--quiet"});
+  INFO(ok.err);
+  CHECK(ok.rc == 0);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("simulate reports and warns about sessions a policy never completed", "[simulate][cli]") {
+  std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_reject_trace.json";
+  // 120K uncompressed tokens need 120000 x 128 KiB = 15.7 GB of KV; the GPU leaves about 5 GB.
+  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 2000, "output_tokens": 10}]},
+    {"arrival_s": 0, "turns": [{"prompt_tokens": 120000, "output_tokens": 10}]}]})");
+  auto r = run({"simulate", "--workload", path, "--gpu-mem", "24", "--quiet"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.err.find("simulate: warning: full_kv never completed 1 of 2 sessions") != std::string::npos);
+  auto at = r.out.find("rejected sessions");
+  REQUIRE(at != std::string::npos);
+  auto line = r.out.substr(at, r.out.find('\n', at) - at);
+  std::istringstream cols(line.substr(std::string("rejected sessions").size()));
+  std::vector<std::string> v{std::istream_iterator<std::string>(cols), std::istream_iterator<std::string>()};
+  REQUIRE(v.size() == 4);
+  CHECK(v[0] == "1");
+  std::remove(path.c_str());
+}
+
+TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chunk by default",
+          "[simulate][cli]") {
+  namespace json = tangram::detail::json;
+  auto admission = [](std::vector<std::string> extra) {
+    std::vector<std::string> argv{"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--json",
+                                  "--quiet"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = run(argv);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    return root["reservation"]["baseline_admission"].as_string();
+  };
+  CHECK(admission({}) == "chunk");
+  CHECK(admission({"--baseline-admission", "whole"}) == "whole");
+  auto bad = run({"simulate", "--baseline-admission", "half"});
+  CHECK(bad.rc == 2);
+  CHECK(bad.err.find("--baseline-admission") != std::string::npos);
+  CHECK(bad.err.find("half") != std::string::npos);
+}

@@ -101,7 +101,9 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto s = root["sensitivity"];
-  CHECK(s["points"].size() == 8);
+  CHECK(s["points"].size() == 10);  // 4 charges and the engine's max_tokens, each at both ends
+  CHECK(t.out.find("max_tokens = 512") != std::string::npos);
+  CHECK(t.out.find("max_tokens = 8192") != std::string::npos);
   for (char const* policy : {"tangram", "tangram_elastic"}) {
     auto rg = s["range_vs_unified_nonuniform"][policy];
     CHECK(rg["low"]["modelled_tokens_per_s"].as_double(0, 100) <=

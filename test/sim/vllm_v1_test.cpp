@@ -47,6 +47,22 @@ TEST_CASE("full_kv admits on its first scheduled chunk, unified_nonuniform needs
   full.release(0);
 }
 
+TEST_CASE("unified_nonuniform with chunk admission admits on its first scheduled chunk",
+          "[replay][vllm]") {
+  auto plan      = test::llama_plan("snapkv");
+  std::int64_t P = plan.geometry.page_tokens;
+  double kv      = unified_kv_bytes(plan, 5);  // 5 pages per layer
+  unified_policy nonu(plan, unified_mode::compressed_reclaim, kv, 4, 4, 1 << 20);
+  nonu.set_scheduled_chunk(2 * P);
+  CHECK_FALSE(nonu.chunk_admission());
+  CHECK_FALSE(nonu.start_turn(0, 0, 8 * P, 1, 0));  // whole prompt: 8 pages > 5
+  nonu.set_chunk_admission(true);
+  CHECK(nonu.start_turn(0, 0, 8 * P, 1, 0));  // first chunk: 2 pages <= 5
+  nonu.set_scheduled_chunk(6 * P);
+  CHECK_FALSE(nonu.start_turn(1, 0, 8 * P, 1, 0));  // a 6-page first chunk does not fit 5 pages
+  nonu.release(0);
+}
+
 TEST_CASE("full_kv: an idle session's KV is evicted for a new one and recomputed on its next turn",
           "[replay][vllm]") {
   auto plan      = test::llama_plan("snapkv");

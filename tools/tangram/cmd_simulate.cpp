@@ -99,6 +99,7 @@ struct simulate_args {
   std::vector<double> rate_sweep;           // --rate-sweep R1,R2,... sessions/s (generated workloads)
   bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
   bool full_kv_blocks = false;  // --full-kv-scheduler vllm-blocks: block-level prefix eviction
+  bool baseline_chunk_admission = true;  // --baseline-admission chunk (vLLM v1) | whole
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
@@ -225,6 +226,21 @@ int simulate(simulate_args& a, streams io) {
           cat("--workload: ", e.what(), " (give short, mid, long or a tangram-workload/v1 file)"));
     }
   }
+  // A trace's sessions must fit the context: the replay would reserve at least one token past it.
+  if (!kind) {
+    for (std::size_t i = 0; i < work.sessions.size(); ++i) {
+      std::int64_t context = 0;
+      auto const& turns    = work.sessions[i].turns;
+      for (std::size_t t = 0; t < turns.size(); ++t) {
+        context += turns[t].prompt_tokens;
+        if (context > ro.max_context)
+          throw usage_error(cat("--workload: session ", i, " turn ", t, " reaches ", context,
+                                " tokens with its prompt, above --max-context ", ro.max_context));
+        context += std::min(turns[t].output_tokens,
+                            std::max<std::int64_t>(1, std::min(ro.max_tokens, ro.max_context - context)));
+      }
+    }
+  }
   // --rate-sweep: the same sessions (generated once at 1 session/s) at each arrival rate; the
   // policies are sized for the longest session of either workload.
   workload unit;
@@ -269,8 +285,11 @@ int simulate(simulate_args& a, streams io) {
     own = std::make_shared<retention_needs>(plan, std::move(bn));
   }
   auto make_unified = [&] {
-    return std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots,
-                                            n_sessions, max_tokens, own);
+    auto u = std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions,
+                                              max_tokens, own);
+    u->set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
+    u->set_chunk_admission(a.baseline_chunk_admission);
+    return u;
   };
   // Elastic reservation on the same workload, chunking, cost model and pool. With --keep the
   // scorer total and the samples' needs follow the rescaled ratio.
@@ -291,42 +310,62 @@ int simulate(simulate_args& a, streams io) {
                                  : layer_imbalance(ep.rules, ep.splits, contexts);
     costs.tangram_elastic_skew = std::max(1.0, imb.aot.mean);
   }
+  std::int64_t const staged_chunk = std::min(ro.prefill_chunk, ro.step_token_budget);
   auto make_elastic = [&] {
-    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, ro.prefill_chunk, a.margin,
-                                       needs);
+    // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
+    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
+  // The static budgets' clipping, counted the same way (the samples' needs, or the budgets
+  // without samples, which clip nothing): each compressed policy's share of wanted head-tokens.
+  auto clip_meter = [&](static_plan const& p) { return std::make_shared<static_clipping>(p, needs); };
+  auto clipped_of = [](auto const& m) {
+    return m.wanted_total() > 0 ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
+                                : 0.0;
+  };
   // Every policy on workload `w`, in the report's order.
   auto run_all = [&](workload const& w, bool main_run) {
     std::vector<replay_result> into;
     {
       unified_policy full(plan, unified_mode::full_kv, kv_bytes, slots, n_sessions, max_tokens);
-      full.set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
+      full.set_scheduled_chunk(staged_chunk);
       full.set_vllm_v1(!a.full_kv_pinned);
       full.set_block_eviction(a.full_kv_blocks);
       run(w, into, full, 0);
     }
     run(w, into, *make_unified(), 1);
+    into.back().wanted_clipped_fraction = 0.0;  // keeps its own retention (or the budgets it is given)
     if (a.ablation) {  // the paper's incremental study (eval/sim/ablation.hpp)
       auto ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
       tangram_policy_options reservation;
       reservation.name = reservation_only_name;
+      auto ro_meter        = clip_meter(ro_plan);
+      reservation.eviction = ro_meter;
       tangram_policy reservation_only(ro_plan, kv_bytes, slots, n_sessions, reservation);
       run(w, into, reservation_only, 2);
+      into.back().wanted_clipped_fraction = clipped_of(*ro_meter);
       tangram_policy_options groups;
-      groups.name = head_groups_name;
+      groups.name     = head_groups_name;
+      auto hg_meter   = clip_meter(plan);
+      groups.eviction = hg_meter;
       tangram_policy head_groups(plan, kv_bytes, slots, n_sessions, groups);
       run(w, into, head_groups, 3);
+      into.back().wanted_clipped_fraction = clipped_of(*hg_meter);
     }
     {
-      tangram_policy tangram(plan, kv_bytes, slots, n_sessions);
+      tangram_policy_options so;
+      auto meter  = clip_meter(plan);
+      so.eviction = meter;
+      tangram_policy tangram(plan, kv_bytes, slots, n_sessions, so);
       run(w, into, tangram, a.ablation ? 4 : 2);
+      into.back().wanted_clipped_fraction = clipped_of(*meter);
     }
     auto elastic = make_elastic();
     run(w, into, *elastic, n_policies - 1);
-    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction());
-        main_run && ev && ev->wanted_total() > 0)
-      elastic_clipped = static_cast<double>(ev->wanted_clipped()) / static_cast<double>(ev->wanted_total());
+    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction())) {
+      into.back().wanted_clipped_fraction = clipped_of(*ev);
+      if (main_run) elastic_clipped = clipped_of(*ev);
+    }
     return into;
   };
   results = run_all(work, true);
@@ -345,6 +384,22 @@ int simulate(simulate_args& a, streams io) {
   if (a.sensitivity) {
     std::map<std::string, replay_result> defaults;
     for (auto const& r : results) defaults.emplace(r.policy, r);
+    // The engine's max_tokens (not measured): every policy replayed at 512 and 8192.
+    max_tokens_variation mt;
+    mt.rerun = [&](std::string const& name, std::int64_t max_new) {
+      replay_options o = ro;
+      o.charges        = costs.charges_for(name);
+      o.max_tokens     = max_new;
+      std::unique_ptr<kv_policy> p;
+      if (name == "unified_nonuniform")
+        p = make_unified();
+      else if (name == "tangram")
+        p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
+      else
+        p = make_elastic();
+      if (show_progress) io.err << "\rsimulate: sensitivity, max_tokens " << max_new << ", " << name << "   " << std::flush;
+      return replay(work, *p, cost, o);
+    };
     sens = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram", "tangram_elastic"},
                              [&](std::string const& name, step_charges const& ch) {
                                replay_options o = ro;
@@ -358,7 +413,8 @@ int simulate(simulate_args& a, streams io) {
                                  p = make_elastic();
                                if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
                                return replay(work, *p, cost, o);
-                             });
+                             },
+                             &mt);
     if (show_progress) io.err << "\n";
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -375,6 +431,11 @@ int simulate(simulate_args& a, streams io) {
                                    work.name, ", ", n_sessions, " sessions")));
   }
 
+  // A policy that gave up on sessions reports figures over the rest only: say so.
+  for (auto const& r : results)
+    if (r.rejected_sessions > 0)
+      io.err << "simulate: warning: " << r.policy << " never completed " << r.rejected_sessions << " of " << n_sessions
+             << " sessions (a turn could not fit even alone); its figures cover the others only\n";
   auto const& base = results[0];
   auto ratio = [](double a_, double b_) { return b_ > 0 ? a_ / b_ : 0.0; };
   if (as_json) {
@@ -419,6 +480,7 @@ int simulate(simulate_args& a, streams io) {
     rv.set("max_tokens", ro.max_tokens);
     rv.set("max_context", ro.max_context);
     rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
+    rv.set("baseline_admission", a.baseline_chunk_admission ? "chunk" : "whole");
     doc.set("reservation", std::move(rv));
     auto pl = json::value::object();
     pl.set("group_size", po.group_size);
@@ -430,7 +492,7 @@ int simulate(simulate_args& a, streams io) {
     auto el = json::value::object();
     el.set("default_reservation", plan_options{}.reservation.mode == reservation_mode::elastic);
     el.set("margin", a.margin);
-    el.set("max_chunk_tokens", ro.prefill_chunk);
+    el.set("max_chunk_tokens", staged_chunk);
     el.set("needs", needs_from_samples
                         ? cat("modelled: retention sample (session mod samples) kept x seen / context",
                               keep ? " x --keep / the profile's keep ratio" : "", ", capped by candidates")
@@ -514,6 +576,10 @@ int simulate(simulate_args& a, streams io) {
   row("KV live peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_live_peak); });
   row("keep ratio, as compressed", [](replay_result const& r) { return fixed(r.compressed_keep_ratio, 3); });
   row("keep ratio, as stored", [](replay_result const& r) { return fixed(r.stored_keep_ratio, 3); });
+  row("wanted head-tokens clipped", [](replay_result const& r) {
+    return r.wanted_clipped_fraction ? percent(*r.wanted_clipped_fraction, 3) : std::string("-");
+  });
+  row("rejected sessions", [](replay_result const& r) { return cat(r.rejected_sessions); });
   row("utilisation live/alloc", [](replay_result const& r) { return percent(r.mean_utilisation, 1); });
   row("admission waits", [](replay_result const& r) { return cat(r.admission_waits); });
   row("reclaim ops (pages)", [](replay_result const& r) { return cat(r.reclaim_ops); });
@@ -564,8 +630,9 @@ int simulate(simulate_args& a, streams io) {
     for (auto const& pt : sens->points)
       o << "  " << std::left << std::setw(34)
         << cat(pt.variation.constant, " = ",
-               seconds_valued(pt.variation.constant) ? fixed(pt.variation.value * 1e6, 2) + " us"
-                                                                      : fixed(pt.variation.value, 3))
+               seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
+               : pt.variation.constant == "max_tokens" ? fixed(pt.variation.value, 0)
+                                                       : fixed(pt.variation.value, 3))
         << std::right
         << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
         << "\n";
@@ -592,7 +659,7 @@ int simulate(simulate_args& a, streams io) {
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
     << "  of plan_options and `tangram plan`, margin " << a.margin << "; each prefilling request also holds staging for one "
-    << ro.prefill_chunk << "-token chunk; per-head needs modelled from "
+    << staged_chunk << "-token chunk; per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
     << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
     << " per chunk (modelled); its control plane includes the CPU group selection.\n"
@@ -703,6 +770,11 @@ command_body setup_simulate(CLI::App& app) {
       app, "--baseline-retention", [a](std::string const& v) { a->baseline_budgets = v == "budgets"; }, "own",
       {"own", "budgets"},
       "unified_nonuniform keeps each input's own retention from the samples (own) or Tangram's padded budgets");
+  add_choice(
+      app, "--baseline-admission", [a](std::string const& v) { a->baseline_chunk_admission = v == "chunk"; }, "chunk",
+      {"chunk", "whole"},
+      "unified_nonuniform admits a turn when its first scheduled chunk fits (chunk, as vLLM v1) or only when its "
+      "whole uncompressed prompt fits (whole)");
   add_choice(
       app, "--baseline-balance",
       [a](std::string const& v) { a->costs.balance = v == "none" ? baseline_balance::none : baseline_balance::replan; },

@@ -31,6 +31,8 @@ json::value result_json(replay_result const& r) {
   o.set("idle_evictions", r.idle_evictions);
   o.set("recomputed_tokens", r.recomputed_tokens);
   o.set("rejected_sessions", r.rejected_sessions);
+  o.set("modelled_wanted_clipped_fraction",
+        r.wanted_clipped_fraction ? json::value(*r.wanted_clipped_fraction) : json::value(nullptr));
   o.set("steps", r.steps);
   o.set("control_plane_us_per_step", r.control_plane_us_per_step);
   o.set("generated_tokens", r.generated_tokens);

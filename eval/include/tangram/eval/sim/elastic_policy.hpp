@@ -111,6 +111,47 @@ class elastic_eviction final : public chunk_eviction {
   std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
 };
 
+/**
+ * @brief The static budgets' clipping, counted as `elastic_eviction` counts its own: per prefill
+ * chunk, each compressed head's modelled need (`retention_needs`, capped by the tokens seen) is
+ * wanted; what exceeds the count the budget keeps (`expected_kept`) is clipped. Leaves the kept
+ * counts unchanged and moves no bytes (the static eviction stays fused).
+ */
+class static_clipping final : public chunk_eviction {
+ public:
+  /// @throw invalid_argument as `retention_needs`.
+  static_clipping(static_plan const& plan, elastic_needs needs) : needs_(plan, std::move(needs)) {
+    for (auto const& g : plan.grouping.groups) {
+      if (g.rule.kind != layer_kind::compressed) continue;
+      for (auto m : g.members) heads_.push_back(m.layer * plan.num_kv_heads + m.head);
+    }
+  }
+
+  double choose(kv_cache_manager const& manager,
+                sequence_id seq,
+                std::int32_t session,
+                std::int64_t chunk_tokens,
+                std::vector<std::int32_t>& kept) override {
+    std::int64_t seen = manager.info(seq).seq_tokens + chunk_tokens;
+    for (auto h : heads_) {
+      auto want = needs_.need(session, h, seen, seen);
+      wanted_total_ += want;
+      wanted_clipped_ += std::max<std::int64_t>(0, want - kept[static_cast<std::size_t>(h)]);
+    }
+    return 0.0;
+  }
+
+  /// Wanted head-tokens over every chunk so far (each chunk counts its whole need).
+  [[nodiscard]] std::int64_t wanted_total() const noexcept { return wanted_total_; }
+  /// Of those, the ones beyond what the static budgets keep.
+  [[nodiscard]] std::int64_t wanted_clipped() const noexcept { return wanted_clipped_; }
+
+ private:
+  retention_needs needs_;
+  std::vector<std::int32_t> heads_;
+  std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
+};
+
 /// The plan of the same model, profile and options that reserves elastically with `margin`,
 /// built by the planner (so its split map is the elastic plan's, not the static one's): weighed
 /// on the placements of `samples` when given (as `tangram plan` does from samples), else on the

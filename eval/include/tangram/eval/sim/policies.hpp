@@ -343,10 +343,17 @@ class unified_policy final : public live_accounting_policy {
   /// its `step_token_budget`); default 8192.
   void set_scheduled_chunk(std::int64_t tokens) { scheduled_chunk_ = std::max<std::int64_t>(1, tokens); }
 
-  /// Admission. unified_nonuniform: as vLLM with a full-prompt check (and the reference
-  /// implementation) does it, the uncompressed prompt must fit in the free pages now. full_kv: as
-  /// vLLM v1, only the first scheduled chunk (`scheduled_chunk` tokens at most) must fit; later
-  /// chunks allocate as they are scheduled. Nothing is reserved.
+  /// unified_nonuniform: true admits on the first scheduled chunk as full_kv (vLLM v1) does, later
+  /// chunks allocating as they are scheduled (and preempting when they do not fit); false (the
+  /// default here) needs the whole uncompressed prompt free at admission.
+  void set_chunk_admission(bool on) { chunk_admission_ = on; }
+  [[nodiscard]] bool chunk_admission() const noexcept { return chunk_admission_; }
+
+  /// Admission. unified_nonuniform: by default, as vLLM with a full-prompt check (and the
+  /// reference implementation) does it, the uncompressed prompt must fit in the free pages now;
+  /// with `set_chunk_admission(true)` only its first scheduled chunk. full_kv: as vLLM v1, only
+  /// the first scheduled chunk (`scheduled_chunk` tokens at most) must fit; later chunks allocate
+  /// as they are scheduled. Nothing is reserved.
   bool start_turn(std::int32_t s,
                   std::int64_t,
                   std::int64_t prompt,
@@ -355,7 +362,8 @@ class unified_policy final : public live_accounting_policy {
     auto& slot        = slots_[static_cast<std::size_t>(s)];
     std::int32_t P    = plan_.geometry.page_tokens;
     std::int64_t need = 0;
-    if (idle_kv_is_prefix_cache()) prompt = std::min(prompt, scheduled_chunk_);
+    if (idle_kv_is_prefix_cache() || (mode_ == unified_mode::compressed_reclaim && chunk_admission_))
+      prompt = std::min(prompt, scheduled_chunk_);
     for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
       std::int64_t longest = 0, held = 0;
       if (slot >= 0) {
@@ -448,6 +456,7 @@ class unified_policy final : public live_accounting_policy {
   std::int64_t scheduled_chunk_ = 8192;
   bool vllm_v1_                 = true;
   bool block_eviction_          = false;
+  bool chunk_admission_         = false;
   simulated_memory_resource resource_;
   unified_paging_baseline baseline_;
   std::vector<std::int32_t> slots_;

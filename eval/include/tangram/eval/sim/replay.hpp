@@ -25,6 +25,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,9 @@ struct replay_result {
   /// of budgets and page rounding included, unbacked reservations not) over the same
   /// uncompressed bytes.
   double stored_keep_ratio = 0;
+  /// Share of the modelled wanted head-tokens (retention samples) the policy's budgets or
+  /// selection clipped; set by the caller (`tangram simulate`); none for uncompressed policies.
+  std::optional<double> wanted_clipped_fraction;
   time_breakdown time;                      ///< the makespan by term (modelled)
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
   /// while the run is short; in a longer run each point stands for a run of consecutive steps and
@@ -710,8 +714,10 @@ inline replay_result replay(workload const& work,
         preempt(victim);
         if (victim == s) break;
       }
-      if (!ok && !prefix_cache)
-        TANGRAM_FAIL(logic_error, "replay: session ", s, " cannot prefill even alone");
+      // Nothing left to preempt and the chunk still does not fit (a policy that admits on its
+      // first chunk, e.g. unified_nonuniform with chunk admission): the session can never finish
+      // here, so it is given up (counted in rejected_sessions), not the whole run.
+      if (!ok && !prefix_cache && is_running(s)) give_up(s);
       if (!ok) continue;
       double prefill = cost.prefill_s(chunk, static_cast<std::int64_t>(past));
       step_s += prefill;

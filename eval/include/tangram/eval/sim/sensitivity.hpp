@@ -6,6 +6,8 @@
  * the uncalibrated costs of eval/sim/serving_costs.hpp: each constant is set to the low, then the
  * high end of its plausible range, one at a time, and the verdict recomputed.
  *
+ * `max_tokens_variation` adds the engine's max_tokens (every policy replayed at each end).
+ *
  * Only the policies whose charges change are replayed again (a policy with no reclaim operations
  * ignores the reclaim constant), so a sweep costs a few replays, not four per point.
  */
@@ -66,6 +68,15 @@ inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& 
   return out;
 }
 
+/// @brief The engine's `max_tokens` (what every turn reserves at admission; not measured), swept
+/// after the charges: at each end every policy, the baseline included, is replayed with it.
+struct max_tokens_variation {
+  std::int64_t low  = 512;   ///< a short-answer engine setting
+  std::int64_t high = 8192;  ///< a long-answer (reasoning) engine setting
+  /// Replays one policy with the default charges and this max_tokens.
+  std::function<replay_result(std::string const&, std::int64_t)> rerun;
+};
+
 /// @brief The verdict at one variation.
 struct sensitivity_point {
   cost_variation variation;
@@ -94,7 +105,8 @@ inline sensitivity_report sweep_sensitivity(
     std::map<std::string, replay_result> const& defaults,
     std::string const& baseline,
     std::vector<std::string> const& compared,
-    std::function<replay_result(std::string const&, step_charges const&)> const& rerun) {
+    std::function<replay_result(std::string const&, step_charges const&)> const& rerun,
+    max_tokens_variation const* max_tokens = nullptr) {
   sensitivity_report rep;
   auto same = [&](std::string const& name, step_charges a, step_charges b) {
     if (defaults.at(name).reclaim_ops == 0) a.reclaim_s_per_page = b.reclaim_s_per_page;
@@ -131,6 +143,20 @@ inline sensitivity_report sweep_sensitivity(
       note(name, v);
     }
     rep.points.push_back(std::move(p));
+  }
+  if (max_tokens && max_tokens->rerun) {
+    for (auto [end, v] : {std::pair<char const*, std::int64_t>{"low", max_tokens->low}, {"high", max_tokens->high}}) {
+      sensitivity_point p{cost_variation{"max_tokens", end, static_cast<double>(v), costs}, {}};
+      rep.replays += 1;
+      auto base = max_tokens->rerun(baseline, v);
+      for (auto const& name : compared) {
+        rep.replays += 1;
+        auto v_ = verdict_of(max_tokens->rerun(name, v), base);
+        p.verdicts[name] = v_;
+        note(name, v_);
+      }
+      rep.points.push_back(std::move(p));
+    }
   }
   return rep;
 }
