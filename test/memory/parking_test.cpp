@@ -59,6 +59,11 @@ TEST_CASE("parking: the pages out, the reservation back in and every byte, worke
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
   kv_cache_manager m(plan, mr, opts(200, 8));
+  // The arena starts uninitialised; the byte comparisons below cover whole pages, including
+  // slots no token was written to, so give every byte a value first (valgrind memcheck).
+  std::memset(m.pool().base(), 0x5a,
+              static_cast<std::size_t>(m.pool().capacity()) *
+                  static_cast<std::size_t>(plan.page_bytes()));
   engine_sim sim(m, 3, 0.0);
   // Turn 1 as in manager_test ("multi-turn"): N = 20, T = 5; the ended session holds
   // G0..G3 5 4 3 3, sliding 3 3, uncompressed 7 7 = 35 pages, reserves nothing.
