@@ -21,16 +21,6 @@ namespace {
 //   0: (0,2)+(3,2) B .75   1: (0,0)+(3,0) B .5   2: (0,3)+(3,3) B .35   3: (0,1)+(3,1) B .25
 //   4, 5: sliding (layer 1, W = 10, ring 3 pages of P = 4)   6, 7: uncompressed (layer 2)
 // After a 20-token prompt the longest kept heads are G0 15, G1 10, G2 7, G3 5 tokens.
-std::vector<std::int32_t> counts(kv_cache_manager const& m, sequence_id id) {
-  std::vector<std::int32_t> out;
-  for (std::int32_t g = 0; g < m.num_groups(); ++g) out.push_back(m.group_page_count(id, g));
-  return out;
-}
-std::vector<std::int32_t> targets(kv_cache_manager const& m, sequence_id id) {
-  std::vector<std::int32_t> out;
-  for (std::int32_t g = 0; g < m.num_groups(); ++g) out.push_back(m.group_target(id, g));
-  return out;
-}
 
 /// Admits (20, T) and prefills it in chunks of 8, 8, 4 at the static rules.
 sequence_id prefilled(engine_sim& sim, std::int64_t T) {
@@ -52,8 +42,8 @@ TEST_CASE("try_extend grows a running turn's decode reservation by exact page co
   engine_sim sim(m, 3, /*keep_fewer_probability=*/0.0);
   auto id = prefilled(sim, 5);
   // T = 5: targets G0 ceil(20/4)=5 G1 ceil(15/4)=4 G2 3 G3 3, sliding 3, uncompressed 7.
-  CHECK(targets(m, id) == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
-  CHECK(counts(m, id) == std::vector<std::int32_t>{4, 3, 2, 2, 3, 3, 5, 5});
+  CHECK(group_page_targets(m, id) == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
+  CHECK(group_page_counts(m, id) == std::vector<std::int32_t>{4, 3, 2, 2, 3, 3, 5, 5});
   CHECK(m.info(id).reserved_pages == 8);
   sim.decode({id});
   m.clear_view_changes();
@@ -61,7 +51,7 @@ TEST_CASE("try_extend grows a running turn's decode reservation by exact page co
   // ring stays 3; uncompressed ceil(28/4)=7 (no change). Four more pages, lists grow: the
   // segment moves and the journal asks for a full upload.
   REQUIRE(sim.extend(id, 3));
-  CHECK(targets(m, id) == std::vector<std::int32_t>{6, 5, 4, 4, 3, 3, 7, 7});
+  CHECK(group_page_targets(m, id) == std::vector<std::int32_t>{6, 5, 4, 4, 3, 3, 7, 7});
   CHECK(m.info(id).max_new == 8);
   CHECK(m.info(id).reserved_pages == 8 - 2 + 4);  // one decode step drew 2 (uncompressed)
   CHECK(m.pool().stats().reserved == 10);
@@ -70,11 +60,11 @@ TEST_CASE("try_extend grows a running turn's decode reservation by exact page co
   m.check_invariants();
   // +4 (T = 12): G0 ceil(27/4)=7 G1 6 G2 5 G3 5, uncompressed ceil(32/4)=8: six more pages.
   REQUIRE(sim.extend(id, 4));
-  CHECK(targets(m, id) == std::vector<std::int32_t>{7, 6, 5, 5, 3, 3, 8, 8});
+  CHECK(group_page_targets(m, id) == std::vector<std::int32_t>{7, 6, 5, 5, 3, 3, 8, 8});
   CHECK(m.info(id).reserved_pages == 16);
   // Decode the whole extended turn: the lists reach the targets exactly, nothing is left over.
   for (int k = 1; k < 12; ++k) sim.decode({id});
-  CHECK(counts(m, id) == targets(m, id));
+  CHECK(group_page_counts(m, id) == group_page_targets(m, id));
   CHECK(m.info(id).reserved_pages == 0);
   CHECK(m.pool().stats().peak_used == 7 + 6 + 5 + 5 + 3 + 3 + 8 + 8);
   sim.verify();
@@ -152,14 +142,14 @@ TEST_CASE("speculative tokens: append several, roll back the rejected ones into 
   engine_sim sim(m, 6, 0.0);
   auto id = prefilled(sim, 8);
   // T = 8: targets G0 ceil(23/4)=6 G1 5 G2 4 G3 4, sliding 3, uncompressed 7: 39 pages.
-  CHECK(targets(m, id) == std::vector<std::int32_t>{6, 5, 4, 4, 3, 3, 7, 7});
+  CHECK(group_page_targets(m, id) == std::vector<std::int32_t>{6, 5, 4, 4, 3, 3, 7, 7});
   CHECK(m.info(id).reserved_pages == 12);
   // A draft of 3: G0 18 tokens -> 5 (+1), G1 13 -> 4 (+1), G2 10 -> 3 (+1), G3 8 -> 2, rings
   // full, uncompressed 23 -> 6 (+1 each): five pages drawn.
   auto drawn = m.stats().pages_drawn;
   sim.append(id, 3);
   CHECK(m.stats().pages_drawn - drawn == 5);
-  CHECK(counts(m, id) == std::vector<std::int32_t>{5, 4, 3, 2, 3, 3, 6, 6});
+  CHECK(group_page_counts(m, id) == std::vector<std::int32_t>{5, 4, 3, 2, 3, 3, 6, 6});
   CHECK(m.info(id).reserved_pages == 7);
   sim.verify();
   // The sliding rings hold 12 positions for W = 10 and already wrapped (23 tokens): only 2 of the
@@ -173,7 +163,7 @@ TEST_CASE("speculative tokens: append several, roll back the rejected ones into 
   // budget (not the pool); uncompressed 21 tokens still need 6.
   auto used = m.pool().stats().used;
   sim.rollback(id, 2);
-  CHECK(counts(m, id) == std::vector<std::int32_t>{4, 3, 2, 2, 3, 3, 6, 6});
+  CHECK(group_page_counts(m, id) == std::vector<std::int32_t>{4, 3, 2, 2, 3, 3, 6, 6});
   CHECK(m.info(id).decoded == 1);
   CHECK(m.info(id).seq_tokens == 21);
   CHECK(m.info(id).reserved_pages == 10);
@@ -185,7 +175,7 @@ TEST_CASE("speculative tokens: append several, roll back the rejected ones into 
   sim.verify();  // the sliding heads see their older tokens again, from the ring
   // The rest of the turn in one verified step of 7: exactly the targets, nothing left.
   sim.decode({id}, {7});
-  CHECK(counts(m, id) == targets(m, id));
+  CHECK(group_page_counts(m, id) == group_page_targets(m, id));
   CHECK(m.info(id).reserved_pages == 0);
   CHECK(m.pool().stats().peak_used == 39);
   sim.verify();
@@ -285,7 +275,7 @@ TEST_CASE("an early end_turn returns the whole unused reservation",
   // EOS after 2 of 8: the lists keep what the heads use (G0 ceil(17/4)=5, G1 3, G2 3, G3 2,
   // rings 3, uncompressed ceil(22/4)=6) and every other page returns to the pool.
   sim.end_turn(id);
-  CHECK(counts(m, id) == std::vector<std::int32_t>{5, 3, 3, 2, 3, 3, 6, 6});
+  CHECK(group_page_counts(m, id) == std::vector<std::int32_t>{5, 3, 3, 2, 3, 3, 6, 6});
   CHECK(m.info(id).reserved_pages == 0);
   CHECK(m.pool().stats().reserved == 0);
   CHECK(m.pool().stats().used == 31);

@@ -15,18 +15,9 @@
 using namespace tangram;
 using namespace tangram::test;
 
-namespace {
-
 // Group ids of the tiny plan under global grouping, Hp = 2 (see tiny_budgets):
 //   0: (0,2)+(3,2) B .75   1: (0,0)+(3,0) B .5   2: (0,3)+(3,3) B .35   3: (0,1)+(3,1) B .25
 //   4, 5: sliding (layer 1)   6, 7: uncompressed (layer 2)
-std::vector<std::int32_t> counts(kv_cache_manager const& m, sequence_id id) {
-  std::vector<std::int32_t> out;
-  for (std::int32_t g = 0; g < m.num_groups(); ++g) out.push_back(m.group_page_count(id, g));
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("tiny plan groups as worked out by hand", "[memory][manager]") {
   auto plan = tiny_plan(tiny_budgets());
@@ -60,7 +51,7 @@ TEST_CASE("admission, chunked prefill and decode follow the footprint exactly",
   CHECK(targets == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
   // Chunk 1 (n = 8): G0 k=6 -> 2 pages; G1 4 -> 1; G2 3 -> 1; G3 3 -> 1; sliding 2; uncompressed 2.
   sim.chunk(*id, 8);
-  CHECK(counts(m, *id) == std::vector<std::int32_t>{2, 1, 1, 1, 2, 2, 2, 2});
+  CHECK(group_page_counts(m, *id) == std::vector<std::int32_t>{2, 1, 1, 1, 2, 2, 2, 2});
   CHECK(m.info(*id).reserved_pages == 35 - 13);
   CHECK(m.head_len(*id, 0, 2) == 6);
   CHECK(m.head_len(*id, 0, 1) == 3);  // protect = 3
@@ -69,11 +60,11 @@ TEST_CASE("admission, chunked prefill and decode follow the footprint exactly",
   sim.verify();
   // Chunk 2 (n = 16): G0 12 -> 3; G1 8 -> 2; G2 6 -> 2; G3 4 -> 1; sliding min(4, 3) = 3; unc. 4.
   sim.chunk(*id, 8);
-  CHECK(counts(m, *id) == std::vector<std::int32_t>{3, 2, 2, 1, 3, 3, 4, 4});
+  CHECK(group_page_counts(m, *id) == std::vector<std::int32_t>{3, 2, 2, 1, 3, 3, 4, 4});
   CHECK(m.head_len(*id, 1, 0) == 10);  // the window
   // Chunk 3 (n = 20): G0 15 -> 4; G1 10 -> 3; G2 7 -> 2; G3 5 -> 2; sliding 3; unc. 5.
   sim.chunk(*id, 4);
-  CHECK(counts(m, *id) == std::vector<std::int32_t>{4, 3, 2, 2, 3, 3, 5, 5});
+  CHECK(group_page_counts(m, *id) == std::vector<std::int32_t>{4, 3, 2, 2, 3, 3, 5, 5});
   CHECK(m.info(*id).phase == sequence_phase::decode);
   CHECK(m.info(*id).reserved_pages == 35 - 27);
   sim.verify();
@@ -86,7 +77,7 @@ TEST_CASE("admission, chunked prefill and decode follow the footprint exactly",
     drawn_per_step.push_back(m.stats().pages_drawn - before);
   }
   CHECK(drawn_per_step == std::vector<std::int64_t>{2, 2, 1, 1, 2});
-  CHECK(counts(m, *id) == targets);  // tight: the peak is exactly M(r)
+  CHECK(group_page_counts(m, *id) == targets);  // tight: the peak is exactly M(r)
   CHECK(m.pool().stats().peak_used == 35);
   CHECK(m.info(*id).reserved_pages == 0);
   CHECK(m.head_len(*id, 0, 2) == 20);
@@ -124,7 +115,7 @@ TEST_CASE("multi-turn: a new turn reserves only the increment, dropped decode pa
     sim.chunk(id, 6);
     sim.decode({id});
     sim.decode({id});
-    CHECK(counts(m, id) == std::vector<std::int32_t>{7, 5, 4, 3, 3, 3, 9, 9});
+    CHECK(group_page_counts(m, id) == std::vector<std::int32_t>{7, 5, 4, 3, 3, 3, 9, 9});
     CHECK(m.info(id).reserved_pages == 0);
     CHECK(m.stats().surplus_pages_released == 0);
     sim.verify();
@@ -135,14 +126,14 @@ TEST_CASE("multi-turn: a new turn reserves only the increment, dropped decode pa
     for (int i = 0; i < 40; ++i) sim.decode({id});
     sim.end_turn(id);
     // Held after turn 1: G0 ceil(55/4)=14, G1 13, G2 12, G3 12, sliding 3, uncompressed 15.
-    CHECK(counts(m, id) == std::vector<std::int32_t>{14, 13, 12, 12, 3, 3, 15, 15});
+    CHECK(group_page_counts(m, id) == std::vector<std::int32_t>{14, 13, 12, 12, 3, 3, 15, 15});
     auto used_before = m.pool().stats().used;
     // Turn 2: N = 1, T = 0, history 61: G0 k=46 -> 12, G1 31 -> 8, G2 22 -> 6, G3 16 -> 4,
     // uncompressed 16. Increments: only uncompressed +1 each = 2.
     REQUIRE(sim.continue_turn(id, 1, 0));
     CHECK(m.info(id).reserved_pages == 2);
     sim.chunk(id, 1);
-    CHECK(counts(m, id) == std::vector<std::int32_t>{12, 8, 6, 4, 3, 3, 16, 16});
+    CHECK(group_page_counts(m, id) == std::vector<std::int32_t>{12, 8, 6, 4, 3, 3, 16, 16});
     CHECK(m.stats().surplus_pages_released == 2 + 5 + 6 + 8);
     CHECK(m.stats().reclaimed_pages == 0);  // not reclamation: no page was allocated then freed
     CHECK(m.pool().stats().used == used_before - 21 + 2);
@@ -408,24 +399,7 @@ TEST_CASE("FlashInfer export lists the same token addresses as the view",
 }
 
 TEST_CASE("tensor parallelism: admit on every rank or on none", "[memory][manager][tp]") {
-  auto model = tiny_model();
-  budget_profile p;
-  p.num_model_layers = 4;
-  p.num_kv_heads     = 4;
-  p.layer_ids        = {0, 3};
-  p.sink_tokens      = 1;
-  p.window_tokens    = 2;
-  p.budgets          = tiny_budgets();
-  std::vector<static_plan> plans;
-  for (std::int32_t rank = 0; rank < 2; ++rank) {
-    plan_options o;
-    o.reservation.mode = reservation_mode::static_budgets;  // the profile has no keep ratio
-    o.page_tokens      = 4;
-    o.group_size       = 2;
-    o.tp_size          = 2;
-    o.tp_rank          = rank;
-    plans.push_back(build_static_plan(model, p, o));
-  }
+  auto plans = tiny_tp_plans();
   simulated_memory_resource sim;
   kv_cache_manager r0(plans[0], sim, opts(100, 8));
   kv_cache_manager r1(plans[1], sim, opts(30, 8));

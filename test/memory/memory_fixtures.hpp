@@ -137,4 +137,43 @@ inline std::vector<double> tiny_budgets() {
   return {0.5, 0.25, 0.75, 0.3, 0.45, 0.2, 0.6, 0.35};
 }
 
+/// The tiny model's plans for 2 tensor-parallel ranks (P = 4, Hp = 2), static budgets: the
+/// profile has no keep ratio, which elastic reservation needs.
+inline std::vector<static_plan> tiny_tp_plans() {
+  budget_profile p;
+  p.num_model_layers = 4;
+  p.num_kv_heads     = 4;
+  p.layer_ids        = {0, 3};
+  p.sink_tokens      = 1;
+  p.window_tokens    = 2;
+  p.budgets          = tiny_budgets();
+  std::vector<static_plan> plans;
+  for (std::int32_t rank = 0; rank < 2; ++rank) {
+    plan_options o;
+    o.reservation = static_reservation();
+    o.page_tokens = 4;
+    o.group_size  = 2;
+    o.tp_size     = 2;
+    o.tp_rank     = rank;
+    plans.push_back(build_static_plan(tiny_model(), p, o));
+  }
+  return plans;
+}
+
+/// Pages each group of `id` holds, group by group.
+template <class Manager>
+std::vector<std::int32_t> group_page_counts(Manager const& m, sequence_id id) {
+  std::vector<std::int32_t> out;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g) out.push_back(m.group_page_count(id, g));
+  return out;
+}
+
+/// Each group's page target of `id`, group by group.
+template <class Manager>
+std::vector<std::int32_t> group_page_targets(Manager const& m, sequence_id id) {
+  std::vector<std::int32_t> out;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g) out.push_back(m.group_target(id, g));
+  return out;
+}
+
 }  // namespace tangram::test

@@ -17,16 +17,6 @@ using namespace tangram::test;
 
 namespace {
 
-std::vector<std::int32_t> counts(kv_cache_manager const& m, sequence_id id) {
-  std::vector<std::int32_t> out;
-  for (std::int32_t g = 0; g < m.num_groups(); ++g) out.push_back(m.group_page_count(id, g));
-  return out;
-}
-std::vector<std::int32_t> targets(kv_cache_manager const& m, sequence_id id) {
-  std::vector<std::int32_t> out;
-  for (std::int32_t g = 0; g < m.num_groups(); ++g) out.push_back(m.group_target(id, g));
-  return out;
-}
 
 /// The bytes of pages `pages` of m's host arena, one after another.
 std::vector<std::byte> page_bytes(kv_cache_manager const& m, std::vector<page_id> const& pages) {
@@ -71,10 +61,10 @@ TEST_CASE("parking: the pages out, the reservation back in and every byte, worke
   sim.chunk(id, 20);
   for (int i = 0; i < 5; ++i) sim.decode({id});
   sim.end_turn(id);
-  REQUIRE(counts(m, id) == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
+  REQUIRE(group_page_counts(m, id) == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
   std::vector<page_id> original;
   for (std::int32_t g = 0; g < m.num_groups(); ++g)
-    original.insert(original.end(), m.group_pages(id, g), m.group_pages(id, g) + counts(m, id)[g]);
+    original.insert(original.end(), m.group_pages(id, g), m.group_pages(id, g) + group_page_counts(m, id)[g]);
   auto original_bytes = page_bytes(m, original);
 
   auto session = sim.park(id);
@@ -107,14 +97,14 @@ TEST_CASE("parking: the pages out, the reservation back in and every byte, worke
     REQUIRE(back);
     CHECK(m.info(*back).phase == sequence_phase::prefill);
     CHECK(m.info(*back).reserved_pages == 8);
-    CHECK(counts(m, *back) == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
-    CHECK(targets(m, *back) == std::vector<std::int32_t>{7, 5, 4, 3, 3, 3, 9, 9});
+    CHECK(group_page_counts(m, *back) == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
+    CHECK(group_page_targets(m, *back) == std::vector<std::int32_t>{7, 5, 4, 3, 3, 3, 9, 9});
     CHECK(m.stats().unparked == 1);
     CHECK(m.stats().pages_restored == 35);
     std::vector<page_id> restored;
     for (std::int32_t g = 0; g < m.num_groups(); ++g)
       restored.insert(
-          restored.end(), m.group_pages(*back, g), m.group_pages(*back, g) + counts(m, *back)[g]);
+          restored.end(), m.group_pages(*back, g), m.group_pages(*back, g) + group_page_counts(m, *back)[g]);
     CHECK(restored != original);
     // Every byte of every restored page equals the page it was parked from.
     CHECK(page_bytes(m, restored) == original_bytes);
@@ -122,7 +112,7 @@ TEST_CASE("parking: the pages out, the reservation back in and every byte, worke
     sim.chunk(*back, 6);
     sim.decode({*back});
     sim.decode({*back});
-    CHECK(counts(m, *back) == std::vector<std::int32_t>{7, 5, 4, 3, 3, 3, 9, 9});
+    CHECK(group_page_counts(m, *back) == std::vector<std::int32_t>{7, 5, 4, 3, 3, 3, 9, 9});
     CHECK(m.info(*back).reserved_pages == 0);
     sim.verify();
     // The same host copy restores again, into its own pages.
@@ -192,8 +182,8 @@ TEST_CASE("parking: a restored session is in the state continue_turn leaves the 
     CHECK(x.decoded == y.decoded);
     CHECK(x.reserved_pages == y.reserved_pages);
     CHECK(x.held_pages == y.held_pages);
-    CHECK(counts(a, ia) == counts(b, *rb));
-    CHECK(targets(a, ia) == targets(b, *rb));
+    CHECK(group_page_counts(a, ia) == group_page_counts(b, *rb));
+    CHECK(group_page_targets(a, ia) == group_page_targets(b, *rb));
     CHECK(a.elastic_page_limit(ia) == b.elastic_page_limit(*rb));
     for (std::int32_t g = 0; g < a.num_groups(); ++g)
       CHECK(a.group_reserved(ia, g) == b.group_reserved(*rb, g));
@@ -213,7 +203,7 @@ TEST_CASE("parking: a restored session is in the state continue_turn leaves the 
       sa.decode({ia});
       sb.decode({*rb});
     }
-    CHECK(counts(a, ia) == counts(b, *rb));
+    CHECK(group_page_counts(a, ia) == group_page_counts(b, *rb));
     CHECK(a.info(ia).reserved_pages == b.info(*rb).reserved_pages);
     sa.verify();
     sb.verify();
@@ -381,23 +371,7 @@ TEST_CASE("concurrent_kv_cache forwards parking", "[memory][manager][parking]") 
 
 TEST_CASE("tensor parallelism: restore a parked session on every rank or on none",
           "[memory][manager][parking][tp]") {
-  budget_profile p;
-  p.num_model_layers = 4;
-  p.num_kv_heads     = 4;
-  p.layer_ids        = {0, 3};
-  p.sink_tokens      = 1;
-  p.window_tokens    = 2;
-  p.budgets          = tiny_budgets();
-  std::vector<static_plan> plans;
-  for (std::int32_t rank = 0; rank < 2; ++rank) {
-    plan_options o;
-    o.page_tokens = 4;
-    o.group_size  = 2;
-    o.tp_size     = 2;
-    o.tp_rank     = rank;
-    o.reservation = static_reservation();  // the profile has no keep ratio (elastic needs one)
-    plans.push_back(build_static_plan(tiny_model(), p, o));
-  }
+  auto plans = tiny_tp_plans();
   simulated_memory_resource mr;
   kv_cache_manager r0(plans[0], mr, opts(100, 8)), r1(plans[1], mr, opts(100, 8));
   CHECK(r0.fingerprint() != r1.fingerprint());  // the ranks hold different heads
