@@ -11,8 +11,9 @@
 //   prediction, and both baselines, for Llama-3.1-8B at 32K and 128K (P 16, Hp 4, global, alpha 2).
 //   These are measured by running the managers (counts, not timings); ideal = the mean dynamic
 //   footprint of the profile samples scaled to the context.
-// - elastic_vs_static/<scorer>: every bundled Llama-3.1-8B sample as one request (its own context,
-//   chunks of 4096) through two managers side by side: static mu + 2 sigma budgets, and elastic
+// - elastic_vs_static/<scorer>/<model>: every bundled sample (Llama-3.1-8B and Qwen3-4B) as one
+//   request (its own context, chunks of 4096) through two managers side by side: static
+//   mu + 2 sigma budgets, and elastic
 //   reservation at margin 0.15. The scorer's per-head needs come from the sample (exact at the
 //   last chunk; scaled by tokens seen for earlier chunks: modelled). Static heads keep
 //   min(need, budget); elastic groups get the optimal placement within elastic_page_limit.
@@ -47,32 +48,42 @@ namespace {
 using namespace tangram;
 using clock_type = std::chrono::steady_clock;
 
-retention_samples const& samples(std::string const& scorer) {
+/// Bundled profile file of a model preset.
+std::string profile_file(std::string const& model) {
+  return model == "qwen3-4b" ? "qwen3-4b-instruct-2507.json" : "llama-3.1-8b-instruct.json";
+}
+
+retention_samples const& samples(std::string const& scorer,
+                                 std::string const& model = "llama-3.1-8b") {
   static std::map<std::string, retention_samples> cache;
-  auto it = cache.find(scorer);
+  auto key = scorer + "/" + model;
+  auto it  = cache.find(key);
   if (it == cache.end())
     it = cache
-             .emplace(scorer,
+             .emplace(key,
                       load_retention_samples(std::string(TANGRAM_DATA_DIR) + "/profiles/" + scorer +
-                                             "/llama-3.1-8b-instruct.json"))
+                                             "/" + profile_file(model)))
              .first;
   return it->second;
 }
 
-static_plan const& llama_plan(std::string const& scorer) {
+/// The static plan (mu + 2 sigma budgets, P 16, Hp 4, global grouping) of a bundled profile.
+static_plan const& static_plan_of(std::string const& scorer,
+                                  std::string const& model = "llama-3.1-8b") {
   static std::map<std::string, static_plan> cache;
-  auto it = cache.find(scorer);
+  auto key = scorer + "/" + model;
+  auto it  = cache.find(key);
   if (it == cache.end()) {
     plan_options o;
     o.reservation.mode = reservation_mode::static_budgets;  // Tangram's static column
     o.page_tokens      = 16;
     o.group_size       = 4;
     o.scope            = grouping_scope::global;
-    it =
-        cache
-            .emplace(scorer,
-                     build_static_plan(model_preset("llama-3.1-8b"), calibrate(samples(scorer)), o))
-            .first;
+    it                 = cache
+             .emplace(key,
+                      build_static_plan(
+                          model_preset(model), calibrate(samples(scorer, model)), o))
+             .first;
   }
   return it->second;
 }
@@ -146,7 +157,7 @@ BENCHMARK(pool_reserve_draw)->Unit(benchmark::kMicrosecond);
 // ----- admission ------------------------------------------------------------------------------
 
 void admission(benchmark::State& state) {
-  auto const& plan = llama_plan("snapkv");
+  auto const& plan = static_plan_of("snapkv");
   simulated_memory_resource mr;
   manager_options o;
   o.num_pages     = page_pool<>::pages_for_bytes(141'000'000'000, page_layout<>(plan.geometry));
@@ -181,7 +192,7 @@ BENCHMARK(admission)->Unit(benchmark::kMicrosecond);
 // ----- decode step ----------------------------------------------------------------------------
 
 void decode_step(benchmark::State& state) {
-  auto const& plan     = llama_plan("snapkv");
+  auto const& plan     = static_plan_of("snapkv");
   const auto batch     = static_cast<std::int32_t>(state.range(0));
   const std::int64_t N = 8192, T = 8192;
   const std::int64_t steps_cap = 8000;  // one turn's reservation bounds the steps we may run
@@ -244,7 +255,7 @@ BENCHMARK(decode_step)->Arg(64)->Arg(256)->Iterations(4000)->Unit(benchmark::kMi
 
 void memory_efficiency(benchmark::State& state, std::string scorer, std::int64_t context) {
   auto const& s            = samples(scorer);
-  auto const& plan         = llama_plan(scorer);
+  auto const& plan         = static_plan_of(scorer);
   const std::int64_t chunk = 4096;
   auto report  = evaluate_calibration(s, calibration_options{}, evaluation_options{0, 0.05});
   double waste = group_waste(plan.grouping, plan.rules);
@@ -367,9 +378,9 @@ elastic_run run_samples(static_plan const& plan, retention_samples const& s, std
   return out;
 }
 
-void elastic_vs_static(benchmark::State& state, std::string scorer) {
-  auto const& s = samples(scorer);
-  auto stat     = llama_plan(scorer);
+void elastic_vs_static(benchmark::State& state, std::string scorer, std::string model) {
+  auto const& s = samples(scorer, model);
+  auto stat     = static_plan_of(scorer, model);
   auto elastic  = sim::elastic_plan(stat, 0.15);
   elastic_run a, b;
   for (auto _ : state) {
@@ -399,11 +410,13 @@ void register_efficiency() {
           [scorer, ctx](benchmark::State& st) { memory_efficiency(st, scorer, ctx); })
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
-  for (std::string scorer : {"snapkv", "ea", "keydiff", "fastkvzip"})
-    benchmark::RegisterBenchmark(("elastic_vs_static/" + scorer).c_str(),
-                                 [scorer](benchmark::State& st) { elastic_vs_static(st, scorer); })
-        ->Iterations(1)
-        ->Unit(benchmark::kMillisecond);
+  for (std::string model : {"llama-3.1-8b", "qwen3-4b"})
+    for (std::string scorer : {"snapkv", "ea", "keydiff", "fastkvzip"})
+      benchmark::RegisterBenchmark(
+          ("elastic_vs_static/" + scorer + "/" + model).c_str(),
+          [scorer, model](benchmark::State& st) { elastic_vs_static(st, scorer, model); })
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
 }
 int const registered = (register_efficiency(), 0);
 

@@ -397,6 +397,42 @@ TEST_CASE("elastic on the bundled profiles: held out by prompt, Hp 4, P 16",
   }
 }
 
+TEST_CASE("elastic: the suggested margin is the smallest on its grid that meets the clip target",
+          "[plan][elastic][profiles]") {
+  // Independent check: evaluate the sweep at the suggestion and one grid step below it.
+  for (auto const* name :
+       {"snapkv/qwen3-4b-instruct-2507.json", "ea/llama-3.1-8b-instruct.json"}) {
+    INFO(name);
+    auto s = load(name);
+    for (double target : {0.005, 0.002}) {
+      auto rep = evaluate_elastic(s, {}, by_prompt(), {}, target);
+      REQUIRE(rep.suggested);
+      CHECK(rep.clip_target == target);
+      double m = rep.suggested->margin;
+      auto k   = std::llround(m / suggestion_step);
+      CHECK(m == Approx(static_cast<double>(k) * suggestion_step).margin(1e-12));
+      REQUIRE(k >= 1);
+      auto chk = evaluate_elastic(
+          s, {}, by_prompt(), {m, static_cast<double>(k - 1) * suggestion_step});
+      CHECK(chk.sweep[0].heldout_clip_fraction == rep.suggested->heldout_clip_fraction);
+      CHECK(chk.sweep[0].heldout_reserved_over_ideal ==
+            rep.suggested->heldout_reserved_over_ideal);
+      CHECK(chk.sweep[0].heldout_clip_fraction <= target);
+      CHECK(chk.sweep[1].heldout_clip_fraction > target);
+    }
+  }
+  // A target of zero asks for no clipping at all; without folds nothing is suggested.
+  auto s    = load("ea/qwen3-4b-instruct-2507.json");
+  auto zero = evaluate_elastic(s, {}, by_prompt(), {}, 0.0);
+  REQUIRE(zero.suggested);
+  CHECK(zero.suggested->heldout_clip_fraction == 0.0);
+  evaluation_options none;
+  none.folds = 0;
+  CHECK_FALSE(evaluate_elastic(s, {}, none, {}, 0.005).suggested);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      (void)evaluate_elastic(s, {}, by_prompt(), {}, 1.5), invalid_argument, "clip_target", "1.5");
+}
+
 TEST_CASE("elastic: bad input is an error naming the field and the value",
           "[plan][elastic][errors]") {
   TANGRAM_REQUIRE_THROWS_WITH_ALL(((void)scorer_total{0.0, 10}.tokens(4, 10)),
@@ -540,10 +576,49 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
   CHECK(num(cmp->elements()[4], "heldout_clip_fraction") ==
         Approx(st.heldout_clip_fraction).epsilon(1e-12));
 
+  auto const* sug = v.find("suggested_margin");
+  REQUIRE(sug != nullptr);
+  auto rs = evaluate_elastic(
+      load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(), {}, 0.005);
+  REQUIRE(rs.suggested);
+  CHECK(num(*sug, "margin") == rs.suggested->margin);
+  CHECK(num(*sug, "heldout_clip_fraction") == rs.suggested->heldout_clip_fraction);
+  CHECK(num(v, "clip_target") == 0.005);
+
+  // Without --margin the report is the plans' default margin; --calibrate-margin (or
+  // --margin-alpha) asks for mean + alpha sd.
   auto text = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "elastic"});
   REQUIRE(text.code == 0);
   CHECK(text.out.find("margin sweep") != std::string::npos);
-  CHECK(text.out.find("calibrated: mean + 2 sd") != std::string::npos);
+  CHECK(text.out.find("margin 0.1500 (the plans' default") != std::string::npos);
+  CHECK(text.out.find("smallest margin with held-out clip <= 0.50%") != std::string::npos);
+  auto dflt = json::parse(
+      run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "elastic", "--json"}).out,
+      "stdout");
+  CHECK(num(dflt, "margin") == default_elastic_margin);
+  CHECK(dflt.find("margin_calibrated")->boolean() == false);
+  auto cal = run({"calibrate",
+                  "ea/qwen3-4b-instruct-2507",
+                  "--reservation",
+                  "elastic",
+                  "--calibrate-margin",
+                  "--json"});
+  REQUIRE(cal.code == 0);
+  auto cv = json::parse(cal.out, "stdout");
+  CHECK(cv.find("margin_calibrated")->boolean() == true);
+  CHECK(num(cv, "margin") ==
+        Approx(evaluate_elastic(load("ea/qwen3-4b-instruct-2507.json")).margin).epsilon(1e-12));
+  auto alpha = json::parse(run({"calibrate",
+                                "ea/qwen3-4b-instruct-2507",
+                                "--reservation",
+                                "elastic",
+                                "--margin-alpha",
+                                "1",
+                                "--json"})
+                               .out,
+                           "stdout");
+  CHECK(alpha.find("margin_calibrated")->boolean() == true);
+  CHECK(num(alpha, "margin") < num(cv, "margin"));
 
   // The static mode's output is unchanged by the new option.
   auto a = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--json"});
@@ -567,6 +642,12 @@ TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line err
   expect({"calibrate", p, "--reservation", "elastic", "--margin", "11"}, {"--margin", "11"});
   expect({"calibrate", p, "--reservation", "elastic", "--margin", "0.1", "--margin-alpha", "1"},
          {"--margin-alpha", "fixed --margin"});
+  expect({"calibrate", p, "--reservation", "elastic", "--margin", "0.1", "--calibrate-margin"},
+         {"--calibrate-margin", "fixed --margin"});
+  expect({"calibrate", p, "--reservation", "elastic", "--clip-target", "1.5"},
+         {"--clip-target", "1.5"});
+  expect({"calibrate", p, "--calibrate-margin"},
+         {"--calibrate-margin", "applies to --reservation elastic only"});
   expect({"calibrate", p, "--reservation", "elastic", "--group-size", "3"},
          {"--group-size", "3", "256 profiled heads"});
   expect({"calibrate", p, "--reservation", "elastic", "--alpha", "2"},

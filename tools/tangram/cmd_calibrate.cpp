@@ -42,6 +42,8 @@ struct calibrate_args {
   std::vector<CLI::Option const*> elastic_only;  // refused with --reservation static
   CLI::Option const* margin_alpha = nullptr;
   CLI::Option const* band         = nullptr;  // a static figure: refused with elastic
+  bool calibrate_margin           = false;    // elastic: mean + alpha sd instead of the default
+  double clip_target              = 0.005;    // elastic: the suggested margin's held-out goal
   std::optional<std::string> out;
   bool json    = false;
   bool compare = false;
@@ -55,11 +57,18 @@ std::string const missing_samples =
 int elastic_calibrate(calibrate_args const& a, streams io) {
   auto const& cal    = a.cal;
   auto const& ev     = a.ev;
-  auto const& eo     = a.eo;
+  auto eo            = a.eo;
   bool const as_json = a.json;
   bool const compare = a.compare;
   if (eo.margin && a.margin_alpha->count() > 0)
     throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
+  if (eo.margin && a.calibrate_margin)
+    throw usage_error("--calibrate-margin: calibrates the margin; not with a fixed --margin");
+  // Unless asked to calibrate, report the margin plans reserve by default, so these figures are
+  // what `tangram plan` gives.
+  if (!eo.margin && !a.calibrate_margin && a.margin_alpha->count() == 0)
+    eo.margin = default_elastic_margin;
+  bool const plans_default = !a.eo.margin && eo.margin;
   if (a.out)
     throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
   if (a.band->count() > 0)
@@ -80,8 +89,11 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
                           heads,
                           " profiled heads of ",
                           in.source));
-  auto rep = evaluate_elastic(
-      samples, eo, ev, ev.folds > 0 ? elastic_margin_grid() : std::vector<double>{});
+  auto rep = evaluate_elastic(samples,
+                              eo,
+                              ev,
+                              ev.folds > 0 ? elastic_margin_grid() : std::vector<double>{},
+                              ev.folds > 0 ? std::optional<double>(a.clip_target) : std::nullopt);
   std::vector<std::pair<double, calibration_report>> static_rows;
   if (compare && ev.folds > 0)
     for (auto const& o : estimator_grid(cal.options.floor))
@@ -137,6 +149,16 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
       sweep.push_back(std::move(r));
     }
     v.set("sweep", std::move(sweep));
+    v.set("clip_target", number_or_null(rep.clip_target));
+    if (rep.suggested) {
+      auto r = json::value::object();
+      r.set("margin", rep.suggested->margin);
+      r.set("heldout_reserved_over_ideal", rep.suggested->heldout_reserved_over_ideal);
+      r.set("heldout_clip_fraction", rep.suggested->heldout_clip_fraction);
+      v.set("suggested_margin", std::move(r));
+    } else {
+      v.set("suggested_margin", nullptr);
+    }
     if (compare) {
       auto arr = json::value::array();
       for (auto const& [alpha, cr] : static_rows) {
@@ -162,6 +184,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     << samples.window_tokens << " window\n"
     << "  Hp " << rep.group_size << ", P " << rep.page_tokens << ", margin " << fixed(rep.margin, 4)
     << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)")
+        : plans_default       ? std::string(" (the plans' default; --calibrate-margin for mean + 2 sd)")
                               : std::string(" (fixed)"))
     << "\n\n";
   auto row = [&](char const* label, std::string const& value) {
@@ -195,6 +218,18 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
         << fixed(p.heldout_reserved_over_ideal, 3) << std::setw(16)
         << percent(p.heldout_clip_fraction, 3) << std::setw(25)
         << percent(p.heldout_per_request_clip_fraction, 3) << "\n";
+    s << "\n";
+    if (rep.suggested)
+      row(cat("smallest margin with held-out clip <= ", percent(rep.clip_target, 2)).c_str(),
+          cat(fixed(rep.suggested->margin, 3),
+              ": reserved / ideal ",
+              fixed(rep.suggested->heldout_reserved_over_ideal, 3),
+              ", clip ",
+              percent(rep.suggested->heldout_clip_fraction, 3),
+              " (chosen on these folds: optimistic)"));
+    else
+      row(cat("smallest margin with held-out clip <= ", percent(rep.clip_target, 2)).c_str(),
+          cat("none up to ", max_elastic_margin));
     if (compare) {
       s << "\n  static musigma on the same folds (tokens, no page rounding):\n  " << std::left
         << std::setw(10) << "alpha" << std::right << std::setw(16) << "reserved/ideal"
@@ -404,13 +439,24 @@ command_body setup_calibrate(CLI::App& app) {
                  "--margin",
                  eo.margin,
                  {0, max_elastic_margin},
-                 "elastic: a fixed margin (default: calibrated, see --margin-alpha)"),
+                 cat("elastic: a fixed margin (default: the plans' ", default_elastic_margin,
+                     ")")),
   };
+  a->elastic_only.push_back(app.add_flag(
+      "--calibrate-margin",
+      a->calibrate_margin,
+      "elastic: calibrate the margin as mean + alpha x sd of the samples' required margins"));
+  a->elastic_only.push_back(add_number(app,
+                                       "--clip-target",
+                                       a->clip_target,
+                                       {0, 1},
+                                       "elastic: held-out clipping the suggested margin must meet"));
   a->margin_alpha = add_number(app,
                                "--margin-alpha",
                                eo.margin_alpha,
                                {0, 1000},
-                               "elastic: calibrated margin = mean + alpha x sd");
+                               "elastic: calibrated margin = mean + alpha x sd (implies "
+                               "--calibrate-margin)");
   a->elastic_only.push_back(a->margin_alpha);
   app.add_flag("--json", a->json, "One JSON document instead of the text report");
   return [a](streams io) { return calibrate_command(*a, io); };

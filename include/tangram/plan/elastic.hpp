@@ -189,7 +189,16 @@ struct elastic_report {
   double heldout_group_padding             = std::numeric_limits<double>::quiet_NaN();
   double heldout_per_request_clip_fraction = std::numeric_limits<double>::quiet_NaN();
   std::vector<elastic_sweep_point> sweep;  ///< filled by evaluate_elastic when asked
+  /// The smallest margin on the `suggestion_step` grid whose held-out clipping (the folds'
+  /// mean) is at most `clip_target`: filled when evaluate_elastic is given a clip target and
+  /// folds; nullopt when even max_elastic_margin clips more. Chosen on the folds it is measured
+  /// on, so its held-out figures are optimistic by that selection.
+  std::optional<elastic_sweep_point> suggested;
+  double clip_target = std::numeric_limits<double>::quiet_NaN();
 };
+
+/// Grid of the suggested margin (evaluate_elastic's clip target search).
+inline constexpr double suggestion_step = 0.005;
 
 namespace detail {
 
@@ -338,16 +347,26 @@ inline std::vector<double> elastic_margin_grid() {
 /**
  * @brief Evaluates elastic reservation on retention samples (file comment for every formula):
  * in sample (groups and margin from all samples), held out over the folds of `e` (groups and
- * margin from the training folds), and, for every margin of `sweep`, held out at that fixed margin.
- * Cost: O((1 + folds (1 + |sweep|)) x samples x (heads log heads + reserved pages x (Hp + log G))).
+ * margin from the training folds), for every margin of `sweep` held out at that fixed margin,
+ * and, given `clip_target`, the smallest margin k x suggestion_step whose held-out clipping is at
+ * most the target (`suggested`; held-out clipping never rises with the margin, since R(n) never
+ * shrinks, so a binary search over k finds it exactly).
+ * Cost: O((1 + folds (1 + |sweep| + 12)) x samples x (heads log heads + reserved pages x
+ * (Hp + log G))).
  * @throw invalid_argument for bad options or samples (Hp not dividing the heads, no keep ratio),
- *        or more folds than samples (distinct context lengths with group_by_context).
+ *        more folds than samples (distinct context lengths with group_by_context), or a clip
+ *        target outside [0, 1].
  */
 inline elastic_report evaluate_elastic(retention_samples const& s,
-                                       elastic_options const& o         = {},
-                                       evaluation_options const& e      = {},
-                                       std::vector<double> const& sweep = {}) {
+                                       elastic_options const& o          = {},
+                                       evaluation_options const& e       = {},
+                                       std::vector<double> const& sweep  = {},
+                                       std::optional<double> clip_target = std::nullopt) {
   e.validate();
+  TANGRAM_EXPECTS(!clip_target || (*clip_target >= 0 && *clip_target <= 1),
+                  invalid_argument,
+                  "clip_target: must be in [0, 1], got ",
+                  clip_target.value_or(0));
   std::size_t n = detail::check_elastic(s, o);
   for (std::size_t i = 0; i < sweep.size(); ++i)
     TANGRAM_EXPECTS(sweep[i] >= 0 && sweep[i] <= max_elastic_margin,
@@ -434,6 +453,31 @@ inline elastic_report evaluate_elastic(retention_samples const& s,
   for (double m : sweep) {
     auto hm = heldout(std::vector<double>(train.size(), m));
     rep.sweep.push_back({m, hm.roi, hm.clip, hm.clip_per_request});
+  }
+  if (clip_target) {
+    rep.clip_target = *clip_target;
+    auto at         = [&](std::int64_t k) {
+      auto hm = heldout(std::vector<double>(train.size(), static_cast<double>(k) * suggestion_step));
+      return elastic_sweep_point{
+          static_cast<double>(k) * suggestion_step, hm.roi, hm.clip, hm.clip_per_request};
+    };
+    // Smallest k in [0, kmax] with clip(k) <= target; clip never rises with k.
+    auto kmax = static_cast<std::int64_t>(std::floor(max_elastic_margin / suggestion_step));
+    auto best = at(kmax);
+    if (best.heldout_clip_fraction <= *clip_target) {
+      std::int64_t lo = -1, hi = kmax;  // clip(lo) > target (or lo = -1), clip(hi) <= target
+      while (hi - lo > 1) {
+        std::int64_t mid = lo + (hi - lo) / 2;
+        auto p           = at(mid);
+        if (p.heldout_clip_fraction <= *clip_target) {
+          hi   = mid;
+          best = p;
+        } else {
+          lo = mid;
+        }
+      }
+      rep.suggested = best;
+    }
   }
   return rep;
 }
