@@ -94,6 +94,23 @@ TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[me
   for (auto g : pooled_group_ids(plan)) CHECK(m.group_reserved(*id, g) == 0);
   m.check_invariants();
 
+  // A prompt shorter than the chunk bound stages only itself: N 4, T 0: R = 4 (every group's
+  // protected page), sliding and uncompressed groups 1 page each (4), staging 4 * ceil(4 / 4) = 4
+  // (not 4 * ceil(8 / 4) = 8: no chunk of a 4-token prompt is longer than 4). Total 12.
+  CHECK(elastic_footprint_pages(plan, 0.25, 4, 0) == 8);
+  CHECK(m.admission_pages(4, 0) == 12);
+  CHECK(admission_footprint_pages(plan, 4, 0, 8) == 12);
+  auto small = m.try_admit(4, 0);
+  REQUIRE(small);
+  CHECK(m.pool().reserved_pages() == 49 + 12);
+  m.prepare_chunk(*small, 4);
+  std::vector<std::int32_t> small_kept(static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
+  m.expected_kept(*small, 4, small_kept.data());
+  m.commit_chunk(*small, small_kept);
+  m.check_invariants();
+  m.free(*small);
+  CHECK(m.pool().reserved_pages() == 49);
+
   // A static plan has no elastic limit; its admission is M(r).
   kv_cache_manager s(tiny_plan(tiny_budgets()), fx.mr, opts(200, 4));
   auto sid = s.try_admit(20, 6);
@@ -347,7 +364,8 @@ TEST_CASE("elastic on every bundled profile: the manager holds what calibrate pr
       auto n  = samples.samples[k].context_tokens;
       auto id = m.try_admit(n, 256);
       REQUIRE(id);
-      auto staging = static_cast<std::int64_t>(members.size()) * ((max_n + 15) / 16);
+      // Staging: one chunk of at most min(max_chunk_tokens, n) = n tokens per compressed group.
+      auto staging = static_cast<std::int64_t>(members.size()) * ((n + 15) / 16);
       CHECK(m.info(*id).reserved_pages == elastic_footprint_pages(plan, 0.15, n, 256) + staging);
       elastic_reserved += elastic_footprint_pages(plan, 0.15, n, 256);
       // The compressed groups' share of the reservation: the footprint without decode pages and

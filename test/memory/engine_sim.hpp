@@ -146,7 +146,7 @@ class engine_sim {
         pooled_members_.back().push_back(mb.layer * H_ + mb.head);
     }
     Gc_      = static_cast<std::int64_t>(pooled_members_.size());
-    staging_ = elastic_ ? Gc_ * ceil_div(m.options().max_chunk_tokens, P_) : 0;
+    max_chunk_ = m.options().max_chunk_tokens;
   }
 
   bool elastic() const { return elastic_; }
@@ -192,7 +192,7 @@ class engine_sim {
         ub += group_pages(rule(g), q.n + N, T, P_);
     }
     // + held: the copies of shared pages, at most every held page.
-    return ub + std::max(elastic_limit(q.n + N), held) + Gc_ * ceil_div(T, P_) + staging_ + held;
+    return ub + std::max(elastic_limit(q.n + N), held) + Gc_ * ceil_div(T, P_) + staging(N) + held;
   }
 
   std::map<std::int32_t, sim_sequence>& sequences() { return seqs_; }
@@ -220,7 +220,7 @@ class engine_sim {
       q.target[static_cast<std::size_t>(g)] = group_pages(rule(g), N, T, P_);
     if (elastic_) {
       q.pooled_limit  = elastic_limit(N);
-      q.pooled_budget = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging_;
+      q.pooled_budget = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging(N);
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g))
           q.target[static_cast<std::size_t>(g)] = std::min(ceil_div(N + T, P_), q.pooled_budget);
@@ -481,7 +481,7 @@ class engine_sim {
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g)) held += q.held[static_cast<std::size_t>(g)];
       q.pooled_limit      = std::max(elastic_limit(q.n + N), held);
-      std::int64_t target = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging_ + shared;
+      std::int64_t target = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging(N) + shared;
       q.pooled_budget     = target - held;
       for (std::int32_t g = 0; g < G_; ++g) {
         auto gi = static_cast<std::size_t>(g);
@@ -829,7 +829,12 @@ class engine_sim {
   bool data_            = true;
   bool elastic_         = false;
   std::int32_t Hp_      = 1;
-  std::int64_t protect_ = 0, Gc_ = 0, staging_ = 0;
+  std::int64_t protect_ = 0, Gc_ = 0, max_chunk_ = 1;
+  /// Elastic staging of a turn of N prompt tokens: one chunk, at most min(max_chunk, N) tokens,
+  /// in every compressed group.
+  [[nodiscard]] std::int64_t staging(std::int64_t N) const {
+    return elastic_ ? Gc_ * ceil_div(std::min(max_chunk_, N), P_) : 0;
+  }
   std::int64_t elastic_evictions_ = 0, elastic_clipped_ = 0;
   std::vector<bool> pooled_;
   std::vector<std::vector<std::int32_t>> pooled_members_;

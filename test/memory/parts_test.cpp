@@ -304,11 +304,11 @@ TEST_CASE("page_usage: pages in use, shareable, exclusive, and a turn's footprin
   struct shared_pool {
     std::int32_t ref_count(page_id p) const { return p == 7 ? 2 : 1; }  // page 7 is shared
   } pool;
-  page_usage<shared_pool> usage(groups, sequences, table, lengths, pool);
+  page_usage<shared_pool> usage(groups, sequences, table, lengths, pool, 16);  // static: no staging
   turn_footprint fp(groups.num_groups());
 
   // Admission: per group exactly group_pages(rule, N, T); in all M(r) in pages.
-  usage.size_turn(turn_kind::admit, -1, 9, 3, fp);
+  usage.size_turn(turn_kind::admit, -1, 9, 9, 3, fp);
   CHECK(fp.reserve_total() == footprint_pages(plan, 9, 3));
   CHECK(fp.capacity_total() == fp.reserve_total());
   CHECK(fp.copies_total() == 0);
@@ -625,7 +625,7 @@ TEST_CASE("view_journal lists counter changes once per slot, note_slot lists the
 TEST_CASE("page_usage and page_flow: extension sizing, max_rollback, rollback into the budgets",
           "[memory][parts]") {
   flow_fixture f;
-  page_usage<page_pool<>> usage{f.groups, f.sequences, f.table, f.lengths, f.pool};
+  page_usage<page_pool<>> usage{f.groups, f.sequences, f.table, f.lengths, f.pool, 16};
   auto G       = f.groups.num_groups();
   auto growing = static_cast<std::int32_t>(f.groups.growing_groups().size());
   auto s       = f.open(6);  // decode, every base length 0, 6 pages of budget per group

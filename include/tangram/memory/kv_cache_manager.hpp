@@ -126,7 +126,7 @@ class basic_kv_cache_manager {
                page_table_,
                lengths_,
                pool_,
-               groups_.staging_pages(options_.max_chunk_tokens)),
+               options_.max_chunk_tokens),
         flow_(
             groups_, sequences_, page_table_, lengths_, buckets_, journal_, copies_, pool_, stats_),
         chunk_need_(static_cast<std::size_t>(groups_.num_groups()), 0) {}
@@ -531,8 +531,12 @@ class basic_kv_cache_manager {
         s, st.phase == sequence_phase::ended, "continue_turn", "; call end_turn first");
     std::int64_t n = lengths_.tokens(s);
     detail::check_turn_sizes("continue_turn", n, prompt_tokens, max_new_tokens);
-    usage_.size_turn(
-        detail::turn_kind::next_turn, s, n + prompt_tokens, max_new_tokens, footprint_);
+    usage_.size_turn(detail::turn_kind::next_turn,
+                     s,
+                     n + prompt_tokens,
+                     prompt_tokens,
+                     max_new_tokens,
+                     footprint_);
     std::int64_t pages = footprint_.reserve_total();
     bool relocate      = footprint_.grows_capacity();
     if (pages > pool_.available_pages() ||
@@ -577,7 +581,7 @@ class basic_kv_cache_manager {
                                 sequences_[s].phase == sequence_phase::ended,
                             "fork",
                             "; fork after the prompt is prefilled");
-    usage_.size_turn(detail::turn_kind::fork, s, 0, 0, footprint_);
+    usage_.size_turn(detail::turn_kind::fork, s, 0, 0, 0, footprint_);
     std::int64_t pages = footprint_.reserve_total();
     if (sequences_.full() || pages > pool_.available_pages() ||
         !flow_.make_index_room(footprint_.capacity_total())) {
@@ -701,6 +705,7 @@ class basic_kv_cache_manager {
     usage_.size_turn(detail::turn_kind::restore,
                      -1,
                      session.seq_tokens + prompt_tokens,
+                     prompt_tokens,
                      max_new_tokens,
                      fp,
                      session.group_pages.data());
@@ -731,6 +736,7 @@ class basic_kv_cache_manager {
     usage_.size_turn(detail::turn_kind::restore,
                      -1,
                      session.seq_tokens + prompt_tokens,
+                     prompt_tokens,
                      max_new_tokens,
                      footprint_,
                      session.group_pages.data());
@@ -891,7 +897,8 @@ class basic_kv_cache_manager {
                              std::int64_t prompt_tokens,
                              std::int64_t max_new_tokens) {
     detail::check_turn_sizes(op, 0, prompt_tokens, max_new_tokens);
-    usage_.size_turn(detail::turn_kind::admit, -1, prompt_tokens, max_new_tokens, footprint_);
+    usage_.size_turn(
+        detail::turn_kind::admit, -1, prompt_tokens, prompt_tokens, max_new_tokens, footprint_);
     admit_result r;
     std::int64_t pages = footprint_.reserve_total();
     r.pages_needed     = pages;

@@ -16,6 +16,7 @@
  */
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -165,8 +166,8 @@ inline std::int64_t elastic_footprint_pages(static_plan const& plan,
 /**
  * @brief Pages a memory manager reserves when it admits a request of N prompt and T decode
  * tokens under the plan's reservation mode: M(r) (`footprint_pages`) under static budgets; under
- * elastic reservation `elastic_footprint_pages` plus the staging of one chunk of up to
- * `max_chunk_tokens` tokens in every compressed group (G_c ceil(max_chunk_tokens / P)).
+ * elastic reservation `elastic_footprint_pages` plus the staging of one chunk in every compressed
+ * group: G_c ceil(min(max_chunk_tokens, N) / P), since no chunk of the prompt is longer.
  * @throw invalid_argument as those functions, or for max_chunk_tokens < 1.
  */
 inline std::int64_t admission_footprint_pages(static_plan const& plan,
@@ -179,11 +180,13 @@ inline std::int64_t admission_footprint_pages(static_plan const& plan,
                   invalid_argument,
                   "max_chunk_tokens: must be >= 1, got ",
                   max_chunk_tokens);
-  return detail::add_or_throw(
-      elastic_footprint_pages(plan, r.margin, context, decode, r.basis),
-      elastic_staging_pages(
-          compressed_group_count(plan), plan.geometry.page_tokens, max_chunk_tokens),
-      "admission pages: elastic footprint + staging");
+  // First: it validates the context, which the staging then uses.
+  auto footprint = elastic_footprint_pages(plan, r.margin, context, decode, r.basis);
+  return detail::add_or_throw(footprint,
+                              elastic_staging_pages(compressed_group_count(plan),
+                                                    plan.geometry.page_tokens,
+                                                    std::min(max_chunk_tokens, context)),
+                              "admission pages: elastic footprint + staging");
 }
 
 }  // namespace tangram

@@ -34,20 +34,20 @@ enum class turn_kind : std::uint8_t {
 template <class Pool>
 class page_usage {
  public:
-  /// @param staging_pages pages a sequence's pooled groups may hold beyond the shared target
-  ///        while one prepared chunk is not yet evicted (elastic reservation; 0 otherwise)
+  /// @param max_chunk_tokens the manager's chunk bound: a turn's pooled groups stage at most
+  ///        min(max_chunk_tokens, its prompt) tokens before an eviction (elastic reservation)
   page_usage(group_lookup const& groups,
              sequence_table const& sequences,
              page_table_storage const& page_table,
              head_lengths const& lengths,
              Pool const& pool,
-             std::int64_t staging_pages = 0) noexcept
+             std::int64_t max_chunk_tokens) noexcept
       : groups_(groups),
         sequences_(sequences),
         page_table_(page_table),
         lengths_(lengths),
         pool_(pool),
-        staging_pages_(staging_pages) {}
+        max_chunk_tokens_(max_chunk_tokens) {}
 
   /// Pages group g of slot s holds while a chunk of c tokens (history n after it) is prepared: a
   /// static group its lengths after the chunk; a pooled group stages the chunk after its longest
@@ -61,8 +61,11 @@ class page_usage {
                              lengths_.appended(s) + c);
   }
 
-  /// Pages a sequence's pooled groups may hold beyond their target while a chunk is prepared.
-  [[nodiscard]] std::int64_t staging_pages() const noexcept { return staging_pages_; }
+  /// Pages a turn of `prompt_tokens` (>= 1) prompt tokens lets its pooled groups hold beyond
+  /// their limit while a chunk is prepared: no chunk exceeds min(max_chunk_tokens, prompt).
+  [[nodiscard]] std::int64_t staging_pages(std::int64_t prompt_tokens) const {
+    return groups_.staging_pages(std::min(max_chunk_tokens_, prompt_tokens));
+  }
 
   /// Pages the pooled groups of slot s still need to decode its remaining tokens: each grows to
   /// its longest base length plus the turn's T decode tokens.
@@ -205,18 +208,21 @@ class page_usage {
    *   group, every one exclusive (drawn fresh for the history), none copied; the list is new.
    *   The history pages are not part of the footprint: the caller reserves them on top.
    * @param tokens N for admit, n + N for next_turn and restore; unused for fork (as are s for
-   *        admit and restore, and max_new_tokens for fork).
+   *        admit and restore, and prompt_tokens and max_new_tokens for fork).
+   * @param prompt_tokens N, the turn's prompt (>= 1 except for fork): bounds its chunks, so its
+   *        staging (elastic).
    * @param restore_held restore only: the session's pages per group.
    */
   void size_turn(turn_kind kind,
                  std::int32_t s,
                  std::int64_t tokens,
+                 std::int64_t prompt_tokens,
                  std::int64_t max_new_tokens,
                  turn_footprint& out,
                  std::int32_t const* restore_held = nullptr) const {
     out.clear();
     if (!groups_.pooled_groups().empty())
-      size_pooled(kind, s, tokens, max_new_tokens, out, restore_held);
+      size_pooled(kind, s, tokens, prompt_tokens, max_new_tokens, out, restore_held);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       if (groups_.pooled(g)) continue;
       std::int64_t target = 0, already_held = 0, copies = 0, capacity = 0, current = 0;
@@ -266,7 +272,8 @@ class page_usage {
 
   /**
    * The pooled groups of a turn under elastic reservation (docs/memory.md#elastic-reservation):
-   * - admit: shared target R(N) + G_c ceil(T / P) + staging; a list never needs more than
+   * - admit: shared target R(N) + G_c ceil(T / P) + staging (G_c ceil(min(chunk, N) / P));
+   *   a list never needs more than
    *   ceil((N + T) / P) entries, nor more than the target;
    * - next_turn: target max(R(n + N), held) + G_c ceil(T / P) + staging (held pages count against
    *   it; those a fork shares are copied, since compaction rewrites the whole group, and the target
@@ -277,6 +284,7 @@ class page_usage {
   void size_pooled(turn_kind kind,
                    std::int32_t s,
                    std::int64_t tokens,
+                   std::int64_t prompt_tokens,
                    std::int64_t max_new_tokens,
                    turn_footprint& out,
                    std::int32_t const* restore_held) const {
@@ -308,7 +316,7 @@ class page_usage {
     // A copy's new page is held by the list and by the pending copy until the engine completes
     // it; an eviction that drops it before then frees nothing, so the target covers it twice.
     std::int64_t limit  = std::max(groups_.pooled_pages(tokens), held_total);
-    std::int64_t target = limit + decode_pages + staging_pages_ + copies;
+    std::int64_t target = limit + decode_pages + staging_pages(prompt_tokens) + copies;
     for (auto g : pooled) {
       std::int64_t held = 0, exclusive_held = 0, current = 0;
       if (kind == turn_kind::next_turn) {
@@ -332,7 +340,7 @@ class page_usage {
   page_table_storage const& page_table_;
   head_lengths const& lengths_;
   Pool const& pool_;
-  std::int64_t staging_pages_ = 0;
+  std::int64_t max_chunk_tokens_ = 1;
 };
 
 }  // namespace tangram::detail
