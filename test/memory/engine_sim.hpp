@@ -82,11 +82,25 @@ manager_snapshot snapshot(Manager const& m, std::vector<sequence_id> const& ids)
                  st.surplus_pages_released,
                  st.reclaimed_pages,
                  st.page_copies,
-                 st.staging_pages_returned})
+                 st.staging_pages_returned,
+                 st.spare_pages_kept})
     v.push_back(x);
   auto ps = m.pool().stats();
-  for (auto x : {ps.free, ps.reserved, ps.used, ps.peak_used, ps.allocations, ps.frees})
+  for (auto x : {ps.free,
+                 ps.reserved,
+                 ps.used,
+                 ps.peak_used,
+                 ps.allocations,
+                 ps.frees,
+                 ps.retired,
+                 ps.retirements,
+                 m.current_epoch(),
+                 m.released_epoch()})
     v.push_back(x);
+  m.pool().for_each_retired([&](page_id p, std::int64_t e) {
+    v.push_back(p);
+    v.push_back(e);
+  });
   for (page_id p = 0; p < m.pool().capacity(); ++p) v.push_back(m.pool().ref_count(p));
   v.push_back(m.live_sequences());
   v.push_back(m.batch_size());
@@ -363,7 +377,8 @@ class engine_sim {
   }
 
   /// `rollback(id, k)`: the last k tokens of every head go; sliding heads get back the tokens
-  /// they had pushed out of their window; pages past what the heads use return to the budgets.
+  /// they had pushed out of their window; pages past what the heads use return to the budgets
+  /// (under deferred reuse they stay in the lists as spares: counts and budgets unchanged).
   void rollback(sequence_id id, std::int64_t k) {
     m_.rollback(id, k);
     auto& q = seqs_.at(id.slot);
@@ -388,7 +403,7 @@ class engine_sim {
       t.assign(all.end() - static_cast<std::ptrdiff_t>(w), all.end());
       d.assign(all.begin(), all.end() - static_cast<std::ptrdiff_t>(w));
     }
-    for (std::int32_t g = 0; g < G_; ++g) {
+    for (std::int32_t g = 0; g < G_ && !m_.options().deferred_reuse; ++g) {
       auto gi  = static_cast<std::size_t>(g);
       auto now = std::min(q.held[gi], in_use(q, g));
       if (pooled(g)) q.pooled_budget += q.held[gi] - now;  // back into the shared budget

@@ -90,6 +90,14 @@ inline manager_options checked_options(manager_options o, static_plan const& pla
                   ", pool_bytes ",
                   o.pool_bytes,
                   ")");
+  // Deferred reuse keeps a rollback's pages in their group's list (page_flow::keep_spares); the
+  // compressed groups of an elastic reservation share one budget that those pages return to, so
+  // a spare stuck in one group could leave another short. Not supported (yet): refused here.
+  TANGRAM_EXPECTS(!o.deferred_reuse || plan.options.reservation.mode != reservation_mode::elastic,
+                  invalid_argument,
+                  "manager_options.deferred_reuse: true is not supported with the plan's elastic "
+                  "reservation (options.reservation.mode = elastic); use static reservation or "
+                  "deferred_reuse = false");
   if (o.max_batch == 0) o.max_batch = o.max_sequences;
   // Bounded: num_pages <= 2^31 - 1, slots <= 2^20, groups <= 2^20 (layers and heads <= 1024).
   // Under elastic reservation a compressed group's list may hold every token it has seen, so a
@@ -169,6 +177,24 @@ inline admit_failure admission_failure(std::int64_t pages,
     return admit_failure::not_enough_pages;
   }
   return admit_failure::none;
+}
+
+/// `admission_failure` with deferred reuse: a request that lacks unreserved pages now but fits
+/// with the `retired` pages waiting for release reports pages_awaiting_release instead of
+/// not_enough_pages (`missing` unchanged: pages beyond the unreserved free pages now).
+inline admit_failure admission_failure(std::int64_t pages,
+                                       std::int64_t entries,
+                                       std::int64_t capacity,
+                                       std::int64_t available,
+                                       std::int64_t retired,
+                                       std::int64_t arena_entries,
+                                       bool slots_full,
+                                       std::int64_t& missing) noexcept {
+  auto r =
+      admission_failure(pages, entries, capacity, available, arena_entries, slots_full, missing);
+  if (r == admit_failure::not_enough_pages && missing <= retired)
+    r = admit_failure::pages_awaiting_release;
+  return r;
 }
 
 /// A count of tokens an operation adds or removes (`op.field`): >= 1. @throw invalid_argument

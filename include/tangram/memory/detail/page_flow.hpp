@@ -84,6 +84,7 @@ class page_flow {
   /// s's reservation (the pool takes them back and re-promises them to s, which cannot fail: they
   /// were just freed), ready for the next chunk's staging or decode. A page still shared with a
   /// fork only loses this reference.
+  /// (Never under deferred reuse: the manager refuses it with elastic reservation.)
   void return_to_reservation(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
     while (page_table_.count(s, g) > keep) {
       if (pool_.release(page_table_.pop(s, g))) {
@@ -179,6 +180,33 @@ class page_flow {
     }
   }
 
+  /**
+   * @brief Deferred reuse, rollback: the pages of (s, g) beyond the first `keep`, which go back
+   * to slot s's own reservation without deferral, stay in the list instead, as spares the
+   * sequence fills again with its next decode tokens: through the pool they would be
+   * reusable by any sequence at once (a retired page cannot back a reservation, whose draws must
+   * never fail), while a kernel on another stream may still read them. Positions beyond `keep`
+   * hold nothing the heads use, so their order is free: exclusive pages move to the front of
+   * that range; pages shared with a fork are dropped from the list (only this reference goes;
+   * no page becomes unreferenced), since a later write into them would reach the fork.
+   * The budgets and the reservation do not change (a spare stays drawn). Allocation-free.
+   */
+  void keep_spares(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
+    std::int64_t w = keep, n = page_table_.count(s, g);
+    for (std::int64_t p = keep; p < n; ++p) {
+      page_id pg = page_table_.entry(s, g, p);
+      if (pool_.ref_count(pg) != 1) continue;
+      if (w != p) {
+        page_id other = page_table_.entry(s, g, w);
+        journal_.note_entry(page_table_.set_entry(s, g, w, pg));
+        journal_.note_entry(page_table_.set_entry(s, g, p, other));
+      }
+      ++w;
+    }
+    stats_.spare_pages_kept += w - keep;
+    while (page_table_.count(s, g) > w) (void)pool_.release(page_table_.pop(s, g));
+  }
+
   /// Longest and shortest base length of group g's heads (0 for a sliding ring).
   void refresh_base_range(std::int32_t s, std::int32_t g) noexcept {
     std::int32_t longest = 0, shortest = 0;
@@ -224,7 +252,8 @@ class page_flow {
   /// Removes the last `tokens` decode tokens of slot s (the caller checked `max_rollback`): the
   /// counters go back, and every page the group no longer uses (exclusive: checked) returns to
   /// the sequence's reservation and to its group's budget (the pooled budget for a pooled group),
-  /// so the tokens can be appended again without a new reservation.
+  /// so the tokens can be appended again without a new reservation. Under deferred reuse those
+  /// pages stay in the lists as spares instead (`keep_spares`), refilled by the next appends.
   void rollback_decode_tokens(std::int32_t s, std::int64_t tokens) noexcept {
     auto t = static_cast<std::int32_t>(tokens);
     lengths_.appended(s) -= t;
@@ -237,6 +266,10 @@ class page_flow {
               ? std::min<std::int64_t>(groups_.pages_for(lengths_.tokens(s)), groups_.ring_pages(g))
               : groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
                                   lengths_.appended(s));
+      if (pool_.deferred_reuse()) {
+        keep_spares(s, g, keep);
+        continue;
+      }
       while (page_table_.count(s, g) > keep) {
         (void)pool_.release(page_table_.pop(s, g));
         (void)pool_.try_extend(sequences_[s].reservation, 1);  // just freed: cannot fail
