@@ -28,8 +28,8 @@ std::vector<std::pair<page_id, std::int64_t>> retired_list(page_pool<> const& po
   return out;
 }
 
-/// Every page some live sequence's list or a pending copy references, from the manager's
-/// public accessors only.
+/// Every page a live sequence references (its lists and its spares) or a pending copy holds,
+/// from the manager's public accessors only.
 std::set<page_id> owned_pages(kv_cache_manager const& m) {
   std::set<page_id> out;
   m.for_each_sequence([&](sequence_info const& i) {
@@ -37,6 +37,7 @@ std::set<page_id> owned_pages(kv_cache_manager const& m) {
       auto p = m.group_pages(i.id, g);
       out.insert(p, p + m.group_page_count(i.id, g));
     }
+    m.for_each_spare_page(i.id, [&](page_id p) { out.insert(p); });
   });
   for (auto c : m.pending_copies()) {
     out.insert(c.src);
@@ -371,7 +372,7 @@ TEST_CASE("deferred reuse: copy-on-write pages retire once, when the last holder
   check_accounting(m);
 }
 
-TEST_CASE("deferred reuse: a rollback keeps its pages as spares the next tokens refill",
+TEST_CASE("deferred reuse: a rollback's pages become its own spares, taken by its next tokens",
           "[memory][manager][deferred]") {
   auto plan = tiny_plan(tiny_budgets(), 4, 2, 40);  // a window the ring never wraps past here
   host_memory_resource mr;
@@ -379,62 +380,94 @@ TEST_CASE("deferred reuse: a rollback keeps its pages as spares the next tokens 
   auto a = *m.try_admit(20, 12);
   prefill(m, a, 20);
   m.append_tokens(a, 9);
-  auto lists    = group_page_counts(m, a);
-  auto owned    = owned_pages(m);
-  auto reserved = m.info(a).reserved_pages;
-  auto drawn    = m.stats().pages_drawn;
-  auto limit    = m.max_rollback(a);
-  REQUIRE(limit >= 8);
+  auto lists       = group_page_counts(m, a);
+  auto owned       = owned_pages(m);
+  auto reserved    = m.info(a).reserved_pages;
+  auto pool_before = m.pool().stats();
+  REQUIRE(m.max_rollback(a) >= 8);
   m.rollback(a, 8);
-  // Nothing went back through the pool: same lists, same reservation, nothing retired.
+  // The lists shrink as without deferral; the pages they drop stay with the sequence.
+  std::int64_t spares = 0;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g) {
+    CHECK(m.group_page_count(a, g) == m.group_pages_in_use(a, g));
+    spares += lists[static_cast<std::size_t>(g)] - m.group_page_count(a, g);
+  }
+  REQUIRE(spares > 0);  // some group had crossed a page boundary in those 8 tokens
+  std::set<page_id> spare_set;
+  m.for_each_spare_page(a, [&](page_id p) { spare_set.insert(p); });
+  CHECK(static_cast<std::int64_t>(spare_set.size()) == spares);
+  CHECK(owned_pages(m) == owned);                            // referenced by a alone, as before
+  CHECK(m.info(a).reserved_pages == reserved + spares);      // back in its reservation
+  CHECK(m.pool().stats().reserved == pool_before.reserved);  // ... but not through the pool
+  CHECK(m.pool().stats().used == pool_before.used);
+  CHECK(m.retired_pages() == 0);
+  CHECK(m.stats().spare_pages_kept == spares);
+  CHECK(m.stats().rollback_pages_returned == spares);
+  check_accounting(m);
+  // The same tokens again: the spares come back, the pool hands out nothing.
+  m.append_tokens(a, 8);
+  CHECK(m.pool().stats().allocations == pool_before.allocations);
   CHECK(group_page_counts(m, a) == lists);
   CHECK(owned_pages(m) == owned);
   CHECK(m.info(a).reserved_pages == reserved);
-  CHECK(m.retired_pages() == 0);
-  CHECK(m.info(a).seq_tokens == 21);
-  std::int64_t spares = 0;
-  for (std::int32_t g = 0; g < m.num_groups(); ++g)
-    spares += m.group_page_count(a, g) - m.group_pages_in_use(a, g);
-  CHECK(spares > 0);  // some group had crossed a page boundary in those 8 tokens
-  CHECK(m.stats().spare_pages_kept == spares);
-  CHECK(m.stats().rollback_pages_returned == 0);
-  check_accounting(m);
-  // The same tokens again: no page is drawn, the spares are reused in place.
-  m.append_tokens(a, 8);
-  CHECK(m.stats().pages_drawn == drawn);
-  CHECK(group_page_counts(m, a) == lists);
-  CHECK(owned_pages(m) == owned);
-  for (std::int32_t g = 0; g < m.num_groups(); ++g)
-    CHECK(m.group_page_count(a, g) == m.group_pages_in_use(a, g));
-  // end_turn gives back whatever spares remain past the heads (here none) and the reservation.
-  m.rollback(a, 3);
+  std::int64_t left = 0;
+  m.for_each_spare_page(a, [&](page_id) { ++left; });
+  CHECK(left == 0);
+  // Spares left at end_turn retire with the pages past the heads.
+  m.rollback(a, 8);
+  spare_set.clear();
+  m.for_each_spare_page(a, [&](page_id p) { spare_set.insert(p); });
+  REQUIRE_FALSE(spare_set.empty());
   m.end_turn(a);
-  for (std::int32_t g = 0; g < m.num_groups(); ++g)
-    CHECK(m.group_page_count(a, g) == m.group_pages_in_use(a, g));
   CHECK(m.info(a).reserved_pages == 0);
+  auto retired = retired_set(m);
+  for (auto p : spare_set) CHECK(retired.count(p) == 1);
   check_accounting(m);
   m.free(a);
-  m.advance_epoch();
-  m.release_epochs_through(m.current_epoch() - 1);
+  m.release_epochs_through(m.advance_epoch());
   CHECK(m.pool().free_pages() == 80);
+  check_accounting(m);
 }
 
-TEST_CASE("deferred reuse: refused with elastic reservation, naming the option",
-          "[memory][manager][deferred]") {
+TEST_CASE(
+    "deferred reuse: elastic reservation, staging pages an eviction did not keep become "
+    "spares",
+    "[memory][manager][deferred][elastic]") {
   auto plan =
-      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.2), 0.5);
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
   host_memory_resource mr;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(kv_cache_manager(plan, mr, deferred_opts(80, 2)),
-                                  invalid_argument,
-                                  "manager_options.deferred_reuse",
-                                  "elastic");
-  kv_cache_manager ok(plan, mr, opts(80, 2));  // without deferral: fine
-  CHECK_FALSE(ok.options().deferred_reuse);
+  auto o             = deferred_opts(400, 4);
+  o.max_chunk_tokens = 12;
+  kv_cache_manager m(plan, mr, o);
+  engine_sim sim(m, 5, 0.5);
+  auto a = sim.admit(40, 8);
+  REQUIRE(a);
+  auto allocations         = m.pool().stats().allocations;
+  std::int64_t staged_back = 0;
+  while (sim.sequences().at(a->slot).prompt_remaining > 0) {
+    sim.chunk(*a, std::min<std::int64_t>(12, sim.sequences().at(a->slot).prompt_remaining));
+    sim.verify();
+    check_accounting(m);
+    staged_back = m.stats().staging_pages_returned;
+  }
+  REQUIRE(staged_back > 0);  // the evictions gave staging pages back
+  CHECK(m.stats().spare_pages_kept == staged_back);
+  // Every page given back was a spare taken again by a later chunk or trimmed (retired) when
+  // the prompt ended: the pool drew only what the lists and spares hold now plus the retired.
+  CHECK(m.pool().stats().allocations - allocations == m.pool().used_pages() + m.retired_pages());
+  sim.decode({*a});
+  sim.rollback(*a, 1);
+  sim.verify();
+  check_accounting(m);
+  sim.free(*a);
+  m.release_epochs_through(m.advance_epoch());
+  CHECK(m.pool().free_pages() == 400);
+  check_accounting(m);
 }
 
 TEST_CASE("deferred reuse: random lifecycles never hand out a page before its epoch's release",
           "[memory][manager][deferred][property]") {
-  const int trials = 5, ops = 1500;
+  const int trials = 6, ops = 1500;
   std::int64_t advances = 0, releases = 0, waits = 0, rollbacks = 0, reuse_checks = 0;
   std::int64_t awaiting = 0, misuses = 0;
   for (int trial = 0; trial < trials; ++trial) {
@@ -446,12 +479,21 @@ TEST_CASE("deferred reuse: random lifecycles never hand out a page before its ep
     for (auto& b : budgets) b = std::uniform_real_distribution<double>(0.05, 1.0)(rng);
     std::int32_t P      = static_cast<std::int32_t>(uniform(2, 5));
     std::int32_t window = static_cast<std::int32_t>(uniform(3, 12));
-    auto plan           = tiny_plan(budgets, P, 2, window, grouping_scope::global);
+    bool elastic        = trial % 2 == 1;
+    auto plan           = tiny_plan(budgets,
+                          P,
+                          2,
+                          window,
+                          grouping_scope::global,
+                          elastic ? elastic_reservation(0.2) : static_reservation());
     host_memory_resource mr;
     auto o = deferred_opts(uniform(60, 250), static_cast<std::int32_t>(uniform(3, 8)));
+    if (elastic) o.max_chunk_tokens = 12;
+    std::int64_t max_chunk = elastic ? 12 : 1 << 30;
     kv_cache_manager m(plan, mr, o);
     engine_sim sim(m, static_cast<std::uint32_t>(trial), 0.25);
-    INFO("trial " << trial << " P " << P << " W " << window << " pages " << o.num_pages);
+    INFO("trial " << trial << " P " << P << " W " << window << " pages " << o.num_pages
+                  << (elastic ? " elastic" : " static"));
     // The model: the epoch in which each page was last seen referenced (-1: never). A page seen
     // unreferenced and then referenced again was handed out anew: that epoch must be released.
     std::vector<std::int64_t> last_owned(static_cast<std::size_t>(o.num_pages), -1);
@@ -483,7 +525,8 @@ TEST_CASE("deferred reuse: random lifecycles never hand out a page before its ep
         auto pre = in_phase(sequence_phase::prefill);
         if (!pre.empty()) {
           auto id = pick(pre);
-          sim.chunk(id, uniform(1, sim.sequences().at(id.slot).prompt_remaining));
+          sim.chunk(id,
+                    uniform(1, std::min(max_chunk, sim.sequences().at(id.slot).prompt_remaining)));
         }
       } else if (op < 48) {
         std::vector<sequence_id> batch;
@@ -520,7 +563,8 @@ TEST_CASE("deferred reuse: random lifecycles never hand out a page before its ep
         auto pre = in_phase(sequence_phase::prefill);
         if (!pre.empty()) {
           auto id = pick(pre);
-          sim.abort_mid_chunk(id, uniform(1, sim.sequences().at(id.slot).prompt_remaining));
+          sim.abort_mid_chunk(
+              id, uniform(1, std::min(max_chunk, sim.sequences().at(id.slot).prompt_remaining)));
         }
       } else if (op < 90) {
         closed.push_back(m.advance_epoch());  // the engine recorded its event

@@ -378,7 +378,7 @@ class engine_sim {
 
   /// `rollback(id, k)`: the last k tokens of every head go; sliding heads get back the tokens
   /// they had pushed out of their window; pages past what the heads use return to the budgets
-  /// (under deferred reuse they stay in the lists as spares: counts and budgets unchanged).
+  /// (under deferred reuse as the sequence's spares: same budgets, the pool not involved).
   void rollback(sequence_id id, std::int64_t k) {
     m_.rollback(id, k);
     auto& q = seqs_.at(id.slot);
@@ -403,7 +403,7 @@ class engine_sim {
       t.assign(all.end() - static_cast<std::ptrdiff_t>(w), all.end());
       d.assign(all.begin(), all.end() - static_cast<std::ptrdiff_t>(w));
     }
-    for (std::int32_t g = 0; g < G_ && !m_.options().deferred_reuse; ++g) {
+    for (std::int32_t g = 0; g < G_; ++g) {
       auto gi  = static_cast<std::size_t>(g);
       auto now = std::min(q.held[gi], in_use(q, g));
       if (pooled(g)) q.pooled_budget += q.held[gi] - now;  // back into the shared budget
@@ -670,6 +670,11 @@ class engine_sim {
       }
       REQUIRE(info.reserved_pages == res);
       reserved += res;
+      // Deferred reuse: spares back part of `res` with pages the sequence still references.
+      m_.for_each_spare_page(q.id, [&](page_id p) {
+        ++owners[static_cast<std::size_t>(p)];
+        --reserved;  // not in the pool's reserved count
+      });
     }
     REQUIRE(m_.pending_copies().empty());
     std::int64_t used = 0;

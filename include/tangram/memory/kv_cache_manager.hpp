@@ -505,6 +505,7 @@ class basic_kv_cache_manager {
                             "end_turn",
                             "; a turn ends after its prompt is prefilled");
     pool_.release_unused(st.reservation);
+    flow_.release_spares(s);  // deferred reuse: they retire
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
       flow_.release_tail(s, g, usage_.in_use(s, g));
     page_table_.end_turn(s);
@@ -624,8 +625,9 @@ class basic_kv_cache_manager {
    * the copy-on-write releases of continue_turn and fork) retires under the current epoch instead
    * of becoming free: no admission, reservation or draw hands it out until
    * `release_epochs_through` covers its epoch (docs/memory.md#deferred-reuse-several-streams).
-   * Pages a rollback removes stay in the sequence's lists as spares for its next tokens. Unused
-   * reservation (end_turn, free) returns at once: those pages were never written.
+   * Pages that go back to their own sequence's reservation (a rollback's, an elastic eviction's
+   * unneeded staging) stay with it as spares, taken by its next draws; `end_turn` and `free`
+   * retire what is left. Unused reservation returns at once: those pages were never written.
    *
    * Closes the open epoch (call once per step, after the step's kernels were enqueued and an
    * event recorded behind them; `stream_epochs` in device/stream_epochs.hpp does both) and
@@ -641,6 +643,13 @@ class basic_kv_cache_manager {
   /// @brief Pages waiting for `release_epochs_through` (neither free nor used; not available to
   /// admission). 0 without deferred reuse.
   [[nodiscard]] std::int64_t retired_pages() const noexcept { return pool_.retired_pages(); }
+  /// @brief Calls `f(page_id)` for each spare page of `seq` (deferred reuse: pages back in its own
+  /// reservation, referenced by it alone, counted in `info().reserved_pages`; none otherwise).
+  /// O(its spares), allocation-free. @throw logic_error for an unknown sequence.
+  template <class F>
+  void for_each_spare_page(sequence_id seq, F&& f) const {
+    flow_.for_each_spare(sequences_.find(seq, "for_each_spare_page"), f);
+  }
 
   /**
    * @brief The work enqueued up to the close of `epoch` (every kernel or copy that may read a
@@ -917,9 +926,13 @@ class basic_kv_cache_manager {
    */
   void check_invariants() const {
     detail::check_manager_invariants(
-        pool_, sequences_, batch_, page_table_, copies_, [&](std::int32_t s, std::int32_t g) {
-          return usage_.in_use(s, g);
-        });
+        pool_,
+        sequences_,
+        batch_,
+        page_table_,
+        copies_,
+        [&](std::int32_t s, std::int32_t g) { return usage_.in_use(s, g); },
+        [&](std::int32_t s, auto&& f) { flow_.for_each_spare(s, f); });
   }
 
  private:

@@ -120,7 +120,6 @@ struct manager_options {
   /// complete_park, complete_page_copies, ...) retire under the current epoch and become free
   /// only at `release_epochs_through` (docs/memory.md#deferred-reuse-several-streams). Off:
   /// freed pages are reusable by the very next call (safe when every kernel runs on one stream).
-  /// Static reservation only (refused with an elastic plan).
   bool deferred_reuse = false;
 
   /// Field ranges only; the manager's constructor also checks the sizes derived from the plan
@@ -207,8 +206,8 @@ struct manager_stats {
   std::int64_t pages_parked    = 0;  ///< pages handed out for copying to host (park)
   std::int64_t pages_restored  = 0;  ///< pages drawn for restored histories (try_unpark)
   std::int64_t spare_pages_kept =
-      0;  ///< deferred reuse: pages a rollback left in the sequence's lists as spares (instead
-          ///< of returning them to its reservation through the pool)
+      0;  ///< deferred reuse: pages returned to their own sequence's reservation (rollback,
+          ///< elastic staging) kept as its spares instead of going through the pool
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that

@@ -90,14 +90,6 @@ inline manager_options checked_options(manager_options o, static_plan const& pla
                   ", pool_bytes ",
                   o.pool_bytes,
                   ")");
-  // Deferred reuse keeps a rollback's pages in their group's list (page_flow::keep_spares); the
-  // compressed groups of an elastic reservation share one budget that those pages return to, so
-  // a spare stuck in one group could leave another short. Not supported (yet): refused here.
-  TANGRAM_EXPECTS(!o.deferred_reuse || plan.options.reservation.mode != reservation_mode::elastic,
-                  invalid_argument,
-                  "manager_options.deferred_reuse: true is not supported with the plan's elastic "
-                  "reservation (options.reservation.mode = elastic); use static reservation or "
-                  "deferred_reuse = false");
   if (o.max_batch == 0) o.max_batch = o.max_sequences;
   // Bounded: num_pages <= 2^31 - 1, slots <= 2^20, groups <= 2^20 (layers and heads <= 1024).
   // Under elastic reservation a compressed group's list may hold every token it has seen, so a

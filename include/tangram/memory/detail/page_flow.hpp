@@ -49,7 +49,8 @@ class page_flow {
         journal_(journal),
         copies_(copies),
         pool_(pool),
-        stats_(stats) {}
+        stats_(stats),
+        spare_next_(pool.deferred_reuse() ? static_cast<std::size_t>(pool.capacity()) : 0, -1) {}
 
   /// True when a segment of `size` page-list entries can be placed, repacking the arena if needed
   /// (which moves no logical state but makes the engine upload the whole view).
@@ -71,7 +72,7 @@ class page_flow {
       page_table_.expect_pooled_room(s, 1, "draw");
     else
       page_table_.expect_budget(s, g);
-    page_id p = pool_.draw(sequences_[s].reservation);
+    page_id p = take(s);
     if (pooled)
       --page_table_.pooled_budget(s);
     else
@@ -84,15 +85,76 @@ class page_flow {
   /// s's reservation (the pool takes them back and re-promises them to s, which cannot fail: they
   /// were just freed), ready for the next chunk's staging or decode. A page still shared with a
   /// fork only loses this reference.
-  /// (Never under deferred reuse: the manager refuses it with elastic reservation.)
+  /// (Under deferred reuse such a page goes on the sequence's spare stack instead: `give_back`.)
   void return_to_reservation(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
     while (page_table_.count(s, g) > keep) {
-      if (pool_.release(page_table_.pop(s, g))) {
-        (void)pool_.try_extend(sequences_[s].reservation, 1);
+      if (give_back(s, page_table_.pop(s, g))) {
         ++page_table_.pooled_budget(s);
         ++stats_.staging_pages_returned;
       }
     }
+  }
+
+  /**
+   * @brief A page leaves one of slot s's lists for s's own reservation. Without deferred reuse:
+   * released to the pool, which re-promises it to s (cannot fail: it was just freed). With it,
+   * an exclusive page stays referenced on s's spare stack (through the pool any sequence's next
+   * draw could take it while a kernel on another stream still reads it, and a retired page
+   * cannot back a reservation, whose draws must never fail); s's next draw takes it back. A page
+   * still shared (a fork's) only loses this reference either way.
+   * @return true when the page now backs s's reservation (the caller raises the budget).
+   */
+  bool give_back(std::int32_t s, page_id p) noexcept {
+    if (!pool_.deferred_reuse()) {
+      if (!pool_.release(p)) return false;
+      (void)pool_.try_extend(sequences_[s].reservation, 1);
+      return true;
+    }
+    if (pool_.ref_count(p) != 1) {
+      (void)pool_.release(p);
+      return false;
+    }
+    auto& st                                 = sequences_[s];
+    spare_next_[static_cast<std::size_t>(p)] = st.spare_top;
+    st.spare_top                             = p;
+    ++st.spare_pages;
+    ++stats_.spare_pages_kept;
+    return true;
+  }
+
+  /// A page for slot s: a spare first (deferred reuse), else one drawn from its reservation.
+  page_id take(std::int32_t s) {
+    auto& st = sequences_[s];
+    if (st.spare_pages == 0) return pool_.draw(st.reservation);
+    page_id p    = st.spare_top;
+    st.spare_top = spare_next_[static_cast<std::size_t>(p)];
+    --st.spare_pages;
+    return p;
+  }
+
+  /// Deferred reuse: releases up to `n` of slot s's spares to the pool (they retire).
+  /// @return how many were released.
+  std::int64_t release_spares(std::int32_t s, std::int64_t n) noexcept {
+    auto& st         = sequences_[s];
+    std::int64_t out = 0;
+    for (; out < n && st.spare_pages > 0; ++out) {
+      page_id p    = st.spare_top;
+      st.spare_top = spare_next_[static_cast<std::size_t>(p)];
+      --st.spare_pages;
+      (void)pool_.release(p);
+    }
+    return out;
+  }
+  /// Releases every spare of slot s (end_turn, free).
+  void release_spares(std::int32_t s) noexcept {
+    (void)release_spares(s, sequences_[s].spare_pages);
+  }
+
+  /// Calls f(page) for each spare of slot s (invariant checks and inspection).
+  template <class F>
+  void for_each_spare(std::int32_t s, F&& f) const {
+    for (page_id p = sequences_[s].spare_top; p >= 0; p = spare_next_[static_cast<std::size_t>(p)])
+      f(p);
   }
 
   /// Elastic reservation, once the prompt is in: the pooled budget shrinks to what decode needs
@@ -100,7 +162,7 @@ class page_flow {
   void trim_pooled_budget(std::int32_t s, std::int64_t need) {
     auto extra = page_table_.pooled_budget(s) - need;
     if (extra <= 0) return;
-    pool_.release_unused(sequences_[s].reservation, extra);
+    pool_.release_unused(sequences_[s].reservation, extra - release_spares(s, extra));
     page_table_.pooled_budget(s) = need;
   }
 
@@ -135,8 +197,10 @@ class page_flow {
     }
   }
 
-  /// Drops every page reference of slot s (its lists stay allocated until the caller closes them).
+  /// Drops every page reference of slot s, its spares' too (its lists stay allocated until the
+  /// caller closes them).
   void release_all(std::int32_t s) noexcept {
+    release_spares(s);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
       for (std::int32_t p = 0; p < page_table_.count(s, g); ++p)
         pool_.release(page_table_.entry(s, g, p));
@@ -178,33 +242,6 @@ class page_flow {
       copies_.record(src, dst);
       ++stats_.page_copies;
     }
-  }
-
-  /**
-   * @brief Deferred reuse, rollback: the pages of (s, g) beyond the first `keep`, which go back
-   * to slot s's own reservation without deferral, stay in the list instead, as spares the
-   * sequence fills again with its next decode tokens: through the pool they would be
-   * reusable by any sequence at once (a retired page cannot back a reservation, whose draws must
-   * never fail), while a kernel on another stream may still read them. Positions beyond `keep`
-   * hold nothing the heads use, so their order is free: exclusive pages move to the front of
-   * that range; pages shared with a fork are dropped from the list (only this reference goes;
-   * no page becomes unreferenced), since a later write into them would reach the fork.
-   * The budgets and the reservation do not change (a spare stays drawn). Allocation-free.
-   */
-  void keep_spares(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
-    std::int64_t w = keep, n = page_table_.count(s, g);
-    for (std::int64_t p = keep; p < n; ++p) {
-      page_id pg = page_table_.entry(s, g, p);
-      if (pool_.ref_count(pg) != 1) continue;
-      if (w != p) {
-        page_id other = page_table_.entry(s, g, w);
-        journal_.note_entry(page_table_.set_entry(s, g, w, pg));
-        journal_.note_entry(page_table_.set_entry(s, g, p, other));
-      }
-      ++w;
-    }
-    stats_.spare_pages_kept += w - keep;
-    while (page_table_.count(s, g) > w) (void)pool_.release(page_table_.pop(s, g));
   }
 
   /// Longest and shortest base length of group g's heads (0 for a sliding ring).
@@ -252,8 +289,8 @@ class page_flow {
   /// Removes the last `tokens` decode tokens of slot s (the caller checked `max_rollback`): the
   /// counters go back, and every page the group no longer uses (exclusive: checked) returns to
   /// the sequence's reservation and to its group's budget (the pooled budget for a pooled group),
-  /// so the tokens can be appended again without a new reservation. Under deferred reuse those
-  /// pages stay in the lists as spares instead (`keep_spares`), refilled by the next appends.
+  /// so the tokens can be appended again without a new reservation (under deferred reuse through
+  /// the sequence's spare stack, `give_back`, not through the pool).
   void rollback_decode_tokens(std::int32_t s, std::int64_t tokens) noexcept {
     auto t = static_cast<std::int32_t>(tokens);
     lengths_.appended(s) -= t;
@@ -266,13 +303,8 @@ class page_flow {
               ? std::min<std::int64_t>(groups_.pages_for(lengths_.tokens(s)), groups_.ring_pages(g))
               : groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
                                   lengths_.appended(s));
-      if (pool_.deferred_reuse()) {
-        keep_spares(s, g, keep);
-        continue;
-      }
       while (page_table_.count(s, g) > keep) {
-        (void)pool_.release(page_table_.pop(s, g));
-        (void)pool_.try_extend(sequences_[s].reservation, 1);  // just freed: cannot fail
+        (void)give_back(s, page_table_.pop(s, g));  // exclusive (checked): cannot fail
         if (groups_.pooled(g))
           ++page_table_.pooled_budget(s);
         else
@@ -314,6 +346,7 @@ class page_flow {
   copy_on_write& copies_;
   Pool& pool_;
   manager_stats& stats_;
+  std::vector<page_id> spare_next_;  ///< deferred reuse: spare stacks, linked through the pages
 };
 
 }  // namespace tangram::detail
