@@ -51,3 +51,22 @@ def test_without_deferred_reuse_pages_free_at_once(static_plan):
     assert kv.retired_pages == 0 and kv.available_pages == kv.num_pages
     r = kv.admit(500, 16)
     assert r["reason"] == "none" and r["pages_retired"] == 0
+
+
+def test_elastic_reservation_with_deferred_reuse(elastic_plan):
+    kv = tangram.KVCacheManager(elastic_plan, num_pages=8000, max_sequences=4,
+                                max_chunk_tokens=512, deferred_reuse=True)
+    seq = kv.try_admit(1000, 32)
+    assert seq is not None
+    prefill(kv, seq)
+    kv.set_batch([seq])
+    for _ in range(8):
+        kv.decode_step()
+    kv.rollback(seq, 3)
+    kv.end_turn(seq)
+    kv.free(seq)
+    assert kv.used_pages == 0 and kv.reserved_pages == 0
+    assert kv.retired_pages > 0
+    kv.release_epochs_through(kv.advance_epoch())
+    assert kv.retired_pages == 0 and kv.available_pages == kv.num_pages
+    kv.check_invariants()
