@@ -48,6 +48,7 @@ nb::dict stats_dict(manager_stats const& s) {
   d["unpark_rejected"]        = s.unpark_rejected;
   d["pages_parked"]           = s.pages_parked;
   d["pages_restored"]         = s.pages_restored;
+  d["spare_pages_kept"]       = s.spare_pages_kept;
   return d;
 }
 
@@ -129,7 +130,8 @@ void bind_manager(nb::module_& m) {
           [](bound_kv_cache* self, static_plan const& plan, std::int64_t num_pages,
              std::int64_t pool_bytes, std::int32_t max_sequences, std::int32_t max_batch,
              std::int64_t index_capacity, std::int64_t max_view_changes,
-             std::int64_t max_chunk_tokens, std::string const& memory, std::int32_t device) {
+             std::int64_t max_chunk_tokens, std::string const& memory, std::int32_t device,
+             bool deferred_reuse) {
             manager_options o;
             o.num_pages        = num_pages;
             o.pool_bytes       = pool_bytes;
@@ -138,16 +140,18 @@ void bind_manager(nb::module_& m) {
             o.index_capacity   = index_capacity;
             o.max_view_changes = max_view_changes;
             o.max_chunk_tokens = max_chunk_tokens;
+            o.deferred_reuse   = deferred_reuse;
             auto resource = make_memory(memory, device);
             new (self) bound_kv_cache(plan, o, std::move(resource), memory == "cuda" ? device : -1);
           },
           nb::arg("plan"), nb::kw_only(), nb::arg("num_pages") = 0, nb::arg("pool_bytes") = 0,
           nb::arg("max_sequences") = 256, nb::arg("max_batch") = 0, nb::arg("index_capacity") = 0,
           nb::arg("max_view_changes") = 0, nb::arg("max_chunk_tokens") = 2048,
-          nb::arg("memory") = "host", nb::arg("device") = 0,
+          nb::arg("memory") = "host", nb::arg("device") = 0, nb::arg("deferred_reuse") = false,
           "memory='host' (default): the page arena in host memory, for the CPU reference kernels.\n"
           "memory='cuda': the arena on CUDA device `device` (a package built with the CUDA\n"
-          "kernels: tangram.cuda), for tangram.cuda's launchers.")
+          "kernels: tangram.cuda), for tangram.cuda's launchers.\n"
+          "deferred_reuse=True: freed pages retire until release_epochs_through (several streams).")
       // ----- shape
       .def_prop_ro("plan", [](bound_kv_cache const& c) { return c.kv.plan(); })
       .def_prop_ro("num_pages", [](bound_kv_cache const& c) { return c.kv.pool().capacity(); })
@@ -179,12 +183,13 @@ void bind_manager(nb::module_& m) {
              d["reason"]        = std::string(to_string(r.reason));
              d["pages_needed"]  = r.pages_needed;
              d["pages_missing"] = r.pages_missing;
+             d["pages_retired"] = r.pages_retired;
              return d;
            },
            nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
            "try_admit that says why: {'id': SequenceId or None, 'reason': 'none', 'no_free_slot',\n"
-           "'not_enough_pages', 'page_table_arena_full' or 'never_fits', 'pages_needed',\n"
-           "'pages_missing'}.")
+           "'not_enough_pages', 'page_table_arena_full', 'never_fits' or\n"
+           "'pages_awaiting_release', 'pages_needed', 'pages_missing', 'pages_retired'}.")
       .def("try_extend",
            [](bound_kv_cache& c, sequence_id s, std::int64_t more) { return c.kv.try_extend(s, more); },
            nb::arg("seq"), nb::arg("more_tokens"),
@@ -266,6 +271,19 @@ void bind_manager(nb::module_& m) {
       .def("fork", [](bound_kv_cache& c, sequence_id s) { return c.kv.fork(s); }, nb::arg("parent"),
            "A copy-on-write child: a SequenceId, or None when it does not fit.")
       .def("free", [](bound_kv_cache& c, sequence_id s) { c.kv.free(s); }, nb::arg("seq"))
+      // ----- deferred reuse (several streams)
+      .def("advance_epoch", [](bound_kv_cache& c) { return c.kv.advance_epoch(); },
+           "Closes the open epoch (once per step, after the step's work was enqueued and an event\n"
+           "recorded behind it) and returns its id.")
+      .def("release_epochs_through",
+           [](bound_kv_cache& c, std::int64_t e) { return c.kv.release_epochs_through(e); },
+           nb::arg("epoch"),
+           "The work of every epoch <= epoch completed: their retired pages become free.\n"
+           "Returns the pages freed.")
+      .def_prop_ro("current_epoch", [](bound_kv_cache const& c) { return c.kv.current_epoch(); })
+      .def_prop_ro("released_epoch", [](bound_kv_cache const& c) { return c.kv.released_epoch(); })
+      .def_prop_ro("retired_pages", [](bound_kv_cache const& c) { return c.kv.retired_pages(); },
+                   "Pages waiting for release_epochs_through (deferred_reuse).")
       .def("park", [](bound_kv_cache& c, sequence_id s) { return c.kv.park(s); }, nb::arg("seq"),
            "Starts parking an ended sequence in host memory: a ParkedSession whose device_pages\n"
            "the engine copies out, then complete_park (pages back to the pool, slot released) or\n"

@@ -82,11 +82,25 @@ manager_snapshot snapshot(Manager const& m, std::vector<sequence_id> const& ids)
                  st.surplus_pages_released,
                  st.reclaimed_pages,
                  st.page_copies,
-                 st.staging_pages_returned})
+                 st.staging_pages_returned,
+                 st.spare_pages_kept})
     v.push_back(x);
   auto ps = m.pool().stats();
-  for (auto x : {ps.free, ps.reserved, ps.used, ps.peak_used, ps.allocations, ps.frees})
+  for (auto x : {ps.free,
+                 ps.reserved,
+                 ps.used,
+                 ps.peak_used,
+                 ps.allocations,
+                 ps.frees,
+                 ps.retired,
+                 ps.retirements,
+                 m.current_epoch(),
+                 m.released_epoch()})
     v.push_back(x);
+  m.pool().for_each_retired([&](page_id p, std::int64_t e) {
+    v.push_back(p);
+    v.push_back(e);
+  });
   for (page_id p = 0; p < m.pool().capacity(); ++p) v.push_back(m.pool().ref_count(p));
   v.push_back(m.live_sequences());
   v.push_back(m.batch_size());
@@ -363,7 +377,8 @@ class engine_sim {
   }
 
   /// `rollback(id, k)`: the last k tokens of every head go; sliding heads get back the tokens
-  /// they had pushed out of their window; pages past what the heads use return to the budgets.
+  /// they had pushed out of their window; pages past what the heads use return to the budgets
+  /// (under deferred reuse as the sequence's spares: same budgets, the pool not involved).
   void rollback(sequence_id id, std::int64_t k) {
     m_.rollback(id, k);
     auto& q = seqs_.at(id.slot);
@@ -655,6 +670,11 @@ class engine_sim {
       }
       REQUIRE(info.reserved_pages == res);
       reserved += res;
+      // Deferred reuse: spares back part of `res` with pages the sequence still references.
+      m_.for_each_spare_page(q.id, [&](page_id p) {
+        ++owners[static_cast<std::size_t>(p)];
+        --reserved;  // not in the pool's reserved count
+      });
     }
     REQUIRE(m_.pending_copies().empty());
     std::int64_t used = 0;

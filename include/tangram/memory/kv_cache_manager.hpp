@@ -25,6 +25,8 @@
  * - `end_turn(seq)`, `continue_turn(seq, N, T)`, `fork(seq)`, `free(seq)`.
  * - idle sessions in host memory: `park(seq)` (copy its pages out), `complete_park(seq)`, later
  *   `try_unpark(session, N, T)` (copy them into fresh pages) instead of `continue_turn`.
+ * - several streams: with `manager_options::deferred_reuse`, `advance_epoch()` once per step and
+ *   `release_epochs_through(e)` once epoch e's work completed; freed pages wait until then.
  * FlashInfer's paged-KV CSR comes from `export_flashinfer_layer` in interop/flashinfer.hpp.
  *
  * Thread safety: a single-threaded object. Every call, including `view()`, must be serialised by
@@ -112,7 +114,7 @@ class basic_kv_cache_manager {
       : plan_(detail::checked_plan(plan)),
         fingerprint_(plan_fingerprint(plan_)),
         options_(detail::checked_options(options, plan)),
-        pool_(upstream, Layout(plan.geometry), options_.num_pages),
+        pool_(upstream, Layout(plan.geometry), options_.num_pages, options_.deferred_reuse),
         groups_(plan_),
         sequences_(options_.max_sequences),
         page_table_(options_.max_sequences, groups_.num_groups(), options_.index_capacity),
@@ -503,6 +505,7 @@ class basic_kv_cache_manager {
                             "end_turn",
                             "; a turn ends after its prompt is prefilled");
     pool_.release_unused(st.reservation);
+    flow_.release_spares(s);  // deferred reuse: they retire
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
       flow_.release_tail(s, g, usage_.in_use(s, g));
     page_table_.end_turn(s);
@@ -617,6 +620,52 @@ class basic_kv_cache_manager {
   void free(sequence_id seq) {
     release_sequence(sequences_.find(seq, "free"));
     ++stats_.freed;
+  }
+
+  // ===== deferred reuse (multi-stream engines) ==================================================
+  /**
+   * @brief With `manager_options::deferred_reuse`, every page whose last reference is dropped
+   * (commit_chunk's recompression surplus, end_turn, free, complete_park, complete_page_copies,
+   * the copy-on-write releases of continue_turn and fork) retires under the current epoch instead
+   * of becoming free: no admission, reservation or draw hands it out until
+   * `release_epochs_through` covers its epoch (docs/memory.md#deferred-reuse-several-streams).
+   * Pages that go back to their own sequence's reservation (a rollback's, an elastic eviction's
+   * unneeded staging) stay with it as spares, taken by its next draws; `end_turn` and `free`
+   * retire what is left. Unused reservation returns at once: those pages were never written.
+   *
+   * Closes the open epoch (call once per step, after the step's kernels were enqueued and an
+   * event recorded behind them; `stream_epochs` in device/stream_epochs.hpp does both) and
+   * returns its id. O(1), allocation-free. Also accepted without deferred reuse (nothing retires).
+   * @throw logic_error when the epoch id would overflow int64; nothing changes then.
+   */
+  std::int64_t advance_epoch() { return pool_.advance_epoch(); }
+
+  /// @brief The open epoch: pages unreferenced from now on retire under this id (0 at first).
+  [[nodiscard]] std::int64_t current_epoch() const noexcept { return pool_.current_epoch(); }
+  /// @brief The newest epoch released so far (-1 before the first release).
+  [[nodiscard]] std::int64_t released_epoch() const noexcept { return pool_.released_through(); }
+  /// @brief Pages waiting for `release_epochs_through` (neither free nor used; not available to
+  /// admission). 0 without deferred reuse.
+  [[nodiscard]] std::int64_t retired_pages() const noexcept { return pool_.retired_pages(); }
+  /// @brief Calls `f(page_id)` for each spare page of `seq` (deferred reuse: pages back in its own
+  /// reservation, referenced by it alone, counted in `info().reserved_pages`; none otherwise).
+  /// O(its spares), allocation-free. @throw logic_error for an unknown sequence.
+  template <class F>
+  void for_each_spare_page(sequence_id seq, F&& f) const {
+    flow_.for_each_spare(sequences_.find(seq, "for_each_spare_page"), f);
+  }
+
+  /**
+   * @brief The work enqueued up to the close of `epoch` (every kernel or copy that may read a
+   * page retired in an epoch <= `epoch`) completed: those pages become free, oldest epoch first.
+   * Releasing an epoch already released does nothing (a poller may repeat itself).
+   * O(pages released), allocation-free.
+   * @return the pages that became free.
+   * @throw invalid_argument naming the value when epoch < 0 or epoch >= current_epoch() (not
+   *        closed by `advance_epoch` yet); nothing changes then.
+   */
+  std::int64_t release_epochs_through(std::int64_t epoch) {
+    return pool_.release_epochs_through(epoch);
   }
 
   // ===== host offload of idle sessions ==========================================================
@@ -750,9 +799,8 @@ class basic_kv_cache_manager {
     restored_session out;
     out.device_pages.reserve(static_cast<std::size_t>(history));  // the only allocation
     // Checked: nothing below fails.
-    std::int32_t s =
-        sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
-    auto& st = sequences_[s];
+    std::int32_t s = sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
+    auto& st       = sequences_[s];
     page_table_.open(s, footprint_);
     std::copy(session.head_base_len.begin(), session.head_base_len.end(), lengths_.base(s));
     lengths_.appended(s) = session.appended;
@@ -884,9 +932,13 @@ class basic_kv_cache_manager {
    */
   void check_invariants() const {
     detail::check_manager_invariants(
-        pool_, sequences_, batch_, page_table_, copies_, [&](std::int32_t s, std::int32_t g) {
-          return usage_.in_use(s, g);
-        });
+        pool_,
+        sequences_,
+        batch_,
+        page_table_,
+        copies_,
+        [&](std::int32_t s, std::int32_t g) { return usage_.in_use(s, g); },
+        [&](std::int32_t s, auto&& f) { flow_.for_each_spare(s, f); });
   }
 
  private:
@@ -902,10 +954,12 @@ class basic_kv_cache_manager {
     admit_result r;
     std::int64_t pages = footprint_.reserve_total();
     r.pages_needed     = pages;
+    r.pages_retired    = pool_.retired_pages();
     r.reason           = detail::admission_failure(pages,
                                          footprint_.capacity_total(),
                                          pool_.capacity(),
                                          pool_.available_pages(),
+                                         r.pages_retired,
                                          page_table_.arena_entries(),
                                          sequences_.full(),
                                          r.pages_missing);

@@ -57,13 +57,16 @@ constexpr std::string_view to_string(sequence_phase p) noexcept {
 
 /// @brief Why an admission did not fit (`admit_result::reason`).
 enum class admit_failure : std::uint8_t {
-  none,                   ///< admitted
-  no_free_slot,           ///< every sequence slot is live (max_sequences); retry after a free
-  not_enough_pages,       ///< the unreserved pages do not hold the footprint now; retry later
-  page_table_arena_full,  ///< the page-id arena lacks room for its page lists now (forks hold
-                          ///< many lists; see manager_options::index_capacity); retry later
-  never_fits,             ///< larger than the whole pool or the whole page-id arena: no amount
-                          ///< of waiting admits it (shorten the request or build a larger pool)
+  none,                    ///< admitted
+  no_free_slot,            ///< every sequence slot is live (max_sequences); retry after a free
+  not_enough_pages,        ///< the unreserved pages do not hold the footprint now; retry later
+  page_table_arena_full,   ///< the page-id arena lacks room for its page lists now (forks hold
+                           ///< many lists; see manager_options::index_capacity); retry later
+  never_fits,              ///< larger than the whole pool or the whole page-id arena: no amount
+                           ///< of waiting admits it (shorten the request or build a larger pool)
+  pages_awaiting_release,  ///< deferred reuse: the unreserved free pages do not hold the footprint
+                           ///< now, but would with the retired pages (`pages_retired`) that wait
+                           ///< for `release_epochs_through`; retry after the next release
 };
 
 /// @brief Lower-case name of an admission failure ("none", "no_free_slot", ...).
@@ -79,6 +82,8 @@ constexpr std::string_view to_string(admit_failure f) noexcept {
       return "page_table_arena_full";
     case admit_failure::never_fits:
       return "never_fits";
+    case admit_failure::pages_awaiting_release:
+      return "pages_awaiting_release";
   }
   return "?";
 }
@@ -88,9 +93,13 @@ struct admit_result {
   std::optional<sequence_id> id;  ///< the admitted sequence; empty when it did not fit
   admit_failure reason      = admit_failure::none;
   std::int64_t pages_needed = 0;  ///< the request's footprint (`admission_pages(N, T)`)
-  /// Pages missing: beyond the unreserved pages now (not_enough_pages), or beyond the whole pool
-  /// (never_fits; 0 when only the page-id arena can never hold it); 0 otherwise.
+  /// Pages missing: beyond the unreserved pages now (not_enough_pages, pages_awaiting_release),
+  /// or beyond the whole pool (never_fits; 0 when only the page-id arena can never hold it); 0
+  /// otherwise.
   std::int64_t pages_missing = 0;
+  /// Deferred reuse: pages waiting for release when the request was sized (the pool's
+  /// `retired_pages()`), whatever the reason; 0 without deferred reuse.
+  std::int64_t pages_retired = 0;
   [[nodiscard]] explicit operator bool() const noexcept { return id.has_value(); }
 };
 
@@ -107,6 +116,11 @@ struct manager_options {
   std::int64_t max_chunk_tokens =
       2048;  ///< elastic reservation: the longest prefill chunk; each sequence reserves room to
              ///< stage one chunk in every compressed group before its eviction
+  /// Multi-stream engines: pages whose last reference is dropped (commit_chunk, end_turn, free,
+  /// complete_park, complete_page_copies, ...) retire under the current epoch and become free
+  /// only at `release_epochs_through` (docs/memory.md#deferred-reuse-several-streams). Off:
+  /// freed pages are reusable by the very next call (safe when every kernel runs on one stream).
+  bool deferred_reuse = false;
 
   /// Field ranges only; the manager's constructor also checks the sizes derived from the plan
   /// (pages from pool_bytes, FlashInfer's 32-bit virtual page ids).
@@ -191,6 +205,9 @@ struct manager_stats {
   std::int64_t unpark_rejected = 0;  ///< try_unpark that did not fit
   std::int64_t pages_parked    = 0;  ///< pages handed out for copying to host (park)
   std::int64_t pages_restored  = 0;  ///< pages drawn for restored histories (try_unpark)
+  std::int64_t spare_pages_kept =
+      0;  ///< deferred reuse: pages returned to their own sequence's reservation (rollback,
+          ///< elastic staging) kept as its spares instead of going through the pool
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that

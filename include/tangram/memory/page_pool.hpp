@@ -5,8 +5,9 @@
  * per-page reference counts and all-or-nothing reservations.
  *
  * Invariants (checked by `check_invariants` and by the tests after every operation):
- * - every page is either free (reference count 0, on the free stack exactly once) or used
- *   (reference count >= 1, not on the free stack);
+ * - every page is either free (reference count 0, on the free stack exactly once), retired
+ *   (reference count 0, in the retire list exactly once: deferred reuse, below) or used
+ *   (reference count >= 1, on neither); free + retired + used = capacity;
  * - `used + reserved <= capacity`: reserved pages are free pages promised to an owner, so a
  *   reservation can always be drawn without failing;
  * - a misuse (double free, unknown page, drawing past a reservation, a foreign reservation)
@@ -14,6 +15,17 @@
  *
  * "Does not fit" (no free page, a reservation larger than the unreserved free pages) is a return
  * value, never an exception.
+ *
+ * Deferred reuse (multi-stream engines; off unless the pool is built with `deferred_reuse`): a
+ * page whose last reference is dropped is not pushed on the free stack but appended to a FIFO
+ * retire list, tagged with the pool's current epoch. The engine closes an epoch once per step
+ * (`advance_epoch`, after recording an event behind the work it launched) and, once that work is
+ * known complete, calls `release_epochs_through(e)`: the retired pages of every epoch <= e (oldest
+ * first) become free. Until then no allocation, reservation or draw can hand them out, so no
+ * kernel still reading a page races with its next owner's writes. Retired pages are neither free
+ * nor reserved: they do not count in `available_pages` (admission may answer "does not fit" until
+ * a release). The retire list has room for every page (allocated at construction; a page retires
+ * at most once between two uses), so retiring never allocates and never fails.
  */
 #pragma once
 
@@ -36,12 +48,16 @@ using page_id = std::int32_t;
 /// @brief Counters of a page pool. Plain value.
 struct pool_stats {
   std::int64_t capacity    = 0;  ///< pages in the arena
-  std::int64_t free        = 0;  ///< pages with reference count 0 (includes reserved ones)
+  std::int64_t free        = 0;  ///< pages on the free stack (includes reserved ones)
   std::int64_t reserved    = 0;  ///< free pages promised to reservations
   std::int64_t used        = 0;  ///< pages with reference count >= 1
   std::int64_t peak_used   = 0;  ///< the most pages ever used at once
   std::int64_t allocations = 0;  ///< pages handed out (allocate + draw), ever
   std::int64_t frees       = 0;  ///< pages returned to the free stack, ever
+  /// Deferred reuse: pages unreferenced but waiting for `release_epochs_through` (neither free
+  /// nor used); free + retired + used = capacity. 0 without deferred reuse.
+  std::int64_t retired     = 0;
+  std::int64_t retirements = 0;  ///< pages put in the retire list, ever
 
   /// Free pages nobody has reserved: what `try_allocate` and `try_reserve` may take.
   [[nodiscard]] std::int64_t available() const { return free - reserved; }
@@ -119,11 +135,17 @@ class page_pool {
 
   /**
    * @brief Takes an arena of `num_pages * layout.page_bytes()` bytes from `upstream`.
+   * @param deferred_reuse  retire released pages until `release_epochs_through` (see the file
+   *                        comment) instead of freeing them at once; sizes the retire list (two
+   *                        arrays of `num_pages` entries) here.
    * @throw invalid_argument when num_pages is not in [1, max_pages] (names the value).
    * @throw out_of_memory when the upstream cannot provide the arena (no partial state remains).
    */
-  page_pool(memory_resource& upstream, Layout layout, std::int64_t num_pages)
-      : upstream_(&upstream), layout_(layout), capacity_(num_pages) {
+  page_pool(memory_resource& upstream,
+            Layout layout,
+            std::int64_t num_pages,
+            bool deferred_reuse = false)
+      : upstream_(&upstream), layout_(layout), capacity_(num_pages), deferred_(deferred_reuse) {
     TANGRAM_EXPECTS(num_pages >= 1 && num_pages <= max_pages,
                     invalid_argument,
                     "page_pool.num_pages: must be in [1, ",
@@ -145,7 +167,11 @@ class page_pool {
     for (std::int64_t i = 0; i < num_pages; ++i)
       free_stack_[static_cast<std::size_t>(i)] = static_cast<page_id>(num_pages - 1 - i);
     free_top_ = num_pages;
-    arena_    = static_cast<std::byte*>(
+    if (deferred_) {
+      retired_pages_.resize(static_cast<std::size_t>(num_pages));
+      retired_epochs_.resize(static_cast<std::size_t>(num_pages));
+    }
+    arena_ = static_cast<std::byte*>(
         upstream_->allocate(static_cast<std::size_t>(arena_bytes()), default_arena_alignment));
     kind_ = upstream_->kind();
   }
@@ -186,21 +212,27 @@ class page_pool {
     s.capacity    = capacity_;
     s.free        = free_top_;
     s.reserved    = reserved_;
-    s.used        = capacity_ - free_top_;
+    s.used        = used_pages();
     s.peak_used   = peak_used_;
     s.allocations = allocations_;
     s.frees       = frees_;
+    s.retired     = retired_count_;
+    s.retirements = retirements_;
     return s;
   }
   [[nodiscard]] std::int64_t free_pages() const noexcept { return free_top_; }
   [[nodiscard]] std::int64_t reserved_pages() const noexcept { return reserved_; }
-  [[nodiscard]] std::int64_t used_pages() const noexcept { return capacity_ - free_top_; }
+  [[nodiscard]] std::int64_t used_pages() const noexcept {
+    return capacity_ - free_top_ - retired_count_;
+  }
+  /// Deferred reuse: pages waiting for `release_epochs_through` (0 without deferred reuse).
+  [[nodiscard]] std::int64_t retired_pages() const noexcept { return retired_count_; }
   /// Free pages nobody has reserved.
   [[nodiscard]] std::int64_t available_pages() const noexcept { return free_top_ - reserved_; }
   /// Forgets the peak so far (the current use becomes the peak).
   void reset_peak() noexcept { peak_used_ = used_pages(); }
 
-  /// Reference count of page `p` (0 = free). @throw logic_error when p is out of range.
+  /// Reference count of page `p` (0 = free or retired). @throw logic_error when p is out of range.
   [[nodiscard]] std::uint32_t ref_count(page_id p) const {
     check_range(p, "ref_count");
     return refs_[static_cast<std::size_t>(p)];
@@ -223,16 +255,17 @@ class page_pool {
                     logic_error,
                     "page_pool::retain: page ",
                     p,
-                    " is free (reference count 0)");
+                    " is free or retired (reference count 0)");
     ++refs_[static_cast<std::size_t>(p)];
   }
 
   /**
-   * @brief Drops one reference; the page returns to the free stack when the count reaches 0.
-   * O(1), allocation-free.
-   * @return true when the page became free.
-   * @throw logic_error naming the page when it is out of range or already free (double free);
-   *        the pool is unchanged.
+   * @brief Drops one reference; when the count reaches 0 the page returns to the free stack, or,
+   * with deferred reuse, to the retire list under `current_epoch()` (exactly once: a retired page
+   * has count 0, so neither `retain` nor `release` accepts it again). O(1), allocation-free.
+   * @return true when the page became unreferenced (free, or retired).
+   * @throw logic_error naming the page when it is out of range or already free or retired
+   *        (double free); the pool is unchanged.
    */
   bool release(page_id p) {
     check_range(p, "release");
@@ -241,11 +274,87 @@ class page_pool {
                     logic_error,
                     "page_pool::release: page ",
                     p,
-                    " is already free (double free, or a page that was never allocated)");
+                    " is already free or retired (double free, or a page that was never "
+                    "allocated)");
     if (--r > 0) return false;
+    if (deferred_) {
+      auto at = (retired_head_ + retired_count_) % capacity_;  // room: every retired page is
+      retired_pages_[static_cast<std::size_t>(at)]  = p;       // distinct, so count < capacity
+      retired_epochs_[static_cast<std::size_t>(at)] = epoch_;
+      ++retired_count_;
+      ++retirements_;
+      return true;
+    }
     free_stack_[static_cast<std::size_t>(free_top_++)] = p;
     ++frees_;
     return true;
+  }
+
+  // ----- deferred reuse ---------------------------------------------------------------------
+
+  /// True when released pages retire until `release_epochs_through` (the constructor's flag).
+  [[nodiscard]] bool deferred_reuse() const noexcept { return deferred_; }
+  /// The open epoch: pages released now retire under this id. Starts at 0.
+  [[nodiscard]] std::int64_t current_epoch() const noexcept { return epoch_; }
+  /// The newest epoch released so far (-1 before the first release).
+  [[nodiscard]] std::int64_t released_through() const noexcept { return released_through_; }
+
+  /**
+   * @brief Closes the open epoch and opens the next one. Call it after the work that may still
+   * read the pages released so far was enqueued (and an event recorded behind it). O(1),
+   * allocation-free. Works without deferred reuse too (no page ever retires then).
+   * @return the id of the epoch just closed (what `release_epochs_through` takes once its work
+   *         completed).
+   * @throw logic_error when the epoch id would overflow int64 (nothing changes).
+   */
+  std::int64_t advance_epoch() {
+    TANGRAM_EXPECTS(epoch_ < std::numeric_limits<std::int64_t>::max(),
+                    logic_error,
+                    "advance_epoch: epoch id ",
+                    epoch_,
+                    " cannot advance (int64 overflow)");
+    return epoch_++;
+  }
+
+  /**
+   * @brief The work of every epoch <= `epoch` completed: their retired pages become free, oldest
+   * epoch first (FIFO), in the order they retired. An epoch already released is accepted and
+   * releases nothing (polling may repeat itself). O(pages released), allocation-free.
+   * @return the pages that became free.
+   * @throw invalid_argument naming the value when epoch < 0 or epoch is not closed yet
+   *        (>= current_epoch(): its work may not even be enqueued); nothing changes then.
+   */
+  std::int64_t release_epochs_through(std::int64_t epoch) {
+    TANGRAM_EXPECTS(
+        epoch >= 0, invalid_argument, "release_epochs_through.epoch: must be >= 0, got ", epoch);
+    TANGRAM_EXPECTS(epoch < epoch_,
+                    invalid_argument,
+                    "release_epochs_through.epoch: ",
+                    epoch,
+                    " is not closed yet (the open epoch is ",
+                    epoch_,
+                    "; release only epochs advance_epoch returned)");
+    std::int64_t released = 0;
+    while (retired_count_ > 0 &&
+           retired_epochs_[static_cast<std::size_t>(retired_head_)] <= epoch) {
+      free_stack_[static_cast<std::size_t>(free_top_++)] =
+          retired_pages_[static_cast<std::size_t>(retired_head_)];
+      retired_head_ = retired_head_ + 1 == capacity_ ? 0 : retired_head_ + 1;
+      --retired_count_;
+      ++released;
+    }
+    frees_ += released;
+    if (epoch > released_through_) released_through_ = epoch;
+    return released;
+  }
+
+  /// Calls `f(page_id, epoch)` for every retired page, oldest first. For tests and debugging.
+  template <class F>
+  void for_each_retired(F&& f) const {
+    for (std::int64_t k = 0; k < retired_count_; ++k) {
+      auto at = static_cast<std::size_t>((retired_head_ + k) % capacity_);
+      f(retired_pages_[at], retired_epochs_[at]);
+    }
   }
 
   // ----- reservations -----------------------------------------------------------------------
@@ -324,8 +433,10 @@ class page_pool {
   }
 
   /**
-   * @brief Full consistency check, O(capacity): free stack and reference counts agree, no page is
-   * on the stack twice, reserved <= free. For tests and debugging.
+   * @brief Full consistency check, O(capacity): free stack, retire list and reference counts
+   * agree, no page is on the stack or in the retire list twice (or in both), retired epochs are
+   * in FIFO order within (released_through, current_epoch], reserved <= free. For tests and
+   * debugging.
    * @throw logic_error describing the first inconsistency.
    */
   void check_invariants() const {
@@ -352,13 +463,52 @@ class page_pool {
                       " has reference count ",
                       refs_[static_cast<std::size_t>(p)]);
     }
+    TANGRAM_EXPECTS(retired_count_ >= 0 && free_top_ + retired_count_ <= capacity_ &&
+                        (deferred_ || retired_count_ == 0),
+                    logic_error,
+                    "page_pool: ",
+                    retired_count_,
+                    " retired pages beside ",
+                    free_top_,
+                    " free ones in a pool of ",
+                    capacity_);
+    std::int64_t last_epoch = released_through_;
+    for_each_retired([&](page_id p, std::int64_t e) {
+      TANGRAM_EXPECTS(p >= 0 && p < capacity_, logic_error, "page_pool: retire list holds ", p);
+      TANGRAM_EXPECTS(!on_stack[static_cast<std::size_t>(p)],
+                      logic_error,
+                      "page_pool: page ",
+                      p,
+                      " is retired twice, or both retired and free");
+      on_stack[static_cast<std::size_t>(p)] = 1;
+      TANGRAM_EXPECTS(refs_[static_cast<std::size_t>(p)] == 0,
+                      logic_error,
+                      "page_pool: retired page ",
+                      p,
+                      " has reference count ",
+                      refs_[static_cast<std::size_t>(p)]);
+      TANGRAM_EXPECTS(e >= last_epoch && e > released_through_ && e <= epoch_,
+                      logic_error,
+                      "page_pool: retired page ",
+                      p,
+                      " has epoch ",
+                      e,
+                      " out of FIFO order (previous ",
+                      last_epoch,
+                      ", released through ",
+                      released_through_,
+                      ", open ",
+                      epoch_,
+                      ")");
+      last_epoch = e;
+    });
     for (std::int64_t p = 0; p < capacity_; ++p)
       TANGRAM_EXPECTS(
           on_stack[static_cast<std::size_t>(p)] || refs_[static_cast<std::size_t>(p)] > 0,
           logic_error,
           "page_pool: page ",
           p,
-          " is neither free nor referenced (leaked)");
+          " is neither free, retired nor referenced (leaked)");
   }
 
  private:
@@ -366,7 +516,7 @@ class page_pool {
     page_id p                          = free_stack_[static_cast<std::size_t>(--free_top_)];
     refs_[static_cast<std::size_t>(p)] = 1;
     ++allocations_;
-    std::int64_t used = capacity_ - free_top_;
+    std::int64_t used = used_pages();
     if (used > peak_used_) peak_used_ = used;
     return p;
   }
@@ -404,6 +554,15 @@ class page_pool {
   std::int64_t peak_used_   = 0;
   std::int64_t allocations_ = 0;
   std::int64_t frees_       = 0;
+  // Deferred reuse: a FIFO ring of (page, epoch) with room for every page.
+  bool deferred_ = false;
+  std::vector<page_id> retired_pages_;
+  std::vector<std::int64_t> retired_epochs_;
+  std::int64_t retired_head_     = 0;
+  std::int64_t retired_count_    = 0;
+  std::int64_t retirements_      = 0;
+  std::int64_t epoch_            = 0;
+  std::int64_t released_through_ = -1;
 };
 
 }  // namespace tangram

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // A fake CUDA runtime for running the runtime-only sources of tangram::kernels (no kernels:
-// kernels/kv_view_mirror.cu) on the CPU, in test/fake_cuda. Just the calls those sources make.
+// kernels/kv_view_mirror.cu, kernels/stream_epochs.cu) on the CPU, in test/fake_cuda. Just the
+// calls those sources make.
 //
 // "Device" memory is host memory. Work enqueued on a stream (cudaMemcpyAsync, cudaEventRecord)
 // does NOT run when enqueued: it waits in one queue (streams are not told apart, a stricter
 // order than CUDA's) until cudaEventSynchronize of an event recorded in it, cudaStreamSynchronize,
-// cudaDeviceSynchronize, or fake_cuda::run(n). A copy reads its source when it runs, as a DMA
-// engine does, so a host buffer rewritten before its pending copy ran shows up as wrong data.
-// Failures can be injected per call kind. Not thread-safe.
+// cudaDeviceSynchronize, or fake_cuda::run(n); cudaEventQuery never runs any (it answers
+// cudaErrorNotReady until the record ran), as a GPU busy with earlier work would. A copy reads its
+// source when it runs, as a DMA engine does, so a host buffer rewritten before its pending copy ran
+// shows up as wrong data. Failures can be injected per call kind. Not thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +26,7 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorNoDevice         = 100,
   cudaErrorInvalidDevice    = 101,
+  cudaErrorNotReady         = 600,
   cudaErrorLaunchFailure    = 719,
 };
 enum cudaMemcpyKind {
@@ -75,10 +78,15 @@ struct state_t {
   std::int64_t executed = 0;  ///< ops ever run
   std::map<void const*, std::pair<std::size_t, int>> device_blocks;  ///< base -> (bytes, device)
   std::map<void const*, std::size_t> pinned_blocks;
-  std::int64_t copies = 0, copy_bytes = 0;         ///< cudaMemcpyAsync calls that succeeded
-  std::int64_t waits_that_ran_work = 0;            ///< event waits that had to run queued work
-  int fail_memcpy_async_in         = -1;           ///< fail the n-th next cudaMemcpyAsync (0: next)
-  int fail_malloc_in               = -1;           ///< fail the n-th next cudaMalloc
+  std::int64_t copies = 0, copy_bytes = 0;  ///< cudaMemcpyAsync calls that succeeded
+  std::int64_t waits_that_ran_work = 0;     ///< event waits that had to run queued work
+  int fail_memcpy_async_in         = -1;    ///< fail the n-th next cudaMemcpyAsync (0: next)
+  int fail_malloc_in               = -1;    ///< fail the n-th next cudaMalloc
+  int fail_event_create_in         = -1;    ///< fail the n-th next cudaEventCreateWithFlags
+  int fail_event_record_in         = -1;    ///< fail the n-th next cudaEventRecord
+  int fail_event_query_in          = -1;    ///< fail the n-th next cudaEventQuery
+  std::int64_t events_live         = 0;     ///< events created and not yet destroyed
+  std::int64_t event_queries = 0, event_syncs = 0, stream_waits = 0;  ///< calls made
   std::function<void(CUevent_st*)> on_record_run;  ///< called when an event record runs
 };
 
@@ -96,7 +104,7 @@ inline void run(std::int64_t n = -1) {
     ++s.executed;
     if (o.dst)
       std::memcpy(o.dst, o.src, o.bytes);
-    else if (s.on_record_run)
+    else if (s.on_record_run && o.event)
       s.on_record_run(o.event);
   }
 }
@@ -125,6 +133,8 @@ inline const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice:
       return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
     default:
       return "cudaErrorLaunchFailure";
   }
@@ -193,15 +203,24 @@ inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, void const
   return cudaSuccess;
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  if (fake_cuda::consume(fake_cuda::state().fail_event_create_in))
+    return fake_fail(cudaErrorMemoryAllocation);
   *e = new CUevent_st;
+  ++fake_cuda::state().events_live;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  // A record still queued would name a dead event: drop its pointer (the record then only marks
+  // a queue position, as CUDA releases a destroyed event once its work completed).
+  for (auto& o : fake_cuda::state().queue)
+    if (o.event == e) o.event = nullptr;
   delete e;
+  --fake_cuda::state().events_live;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   auto& s = fake_cuda::state();
+  if (fake_cuda::consume(s.fail_event_record_in)) return fake_fail(cudaErrorLaunchFailure);
   fake_cuda::op o;
   o.event        = e;
   o.position     = s.enqueued++;
@@ -209,8 +228,22 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   s.queue.push_back(o);
   return cudaSuccess;
 }
+/// cudaSuccess once the event's last record ran (or when never recorded), cudaErrorNotReady
+/// before; runs nothing.
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+  auto& s = fake_cuda::state();
+  ++s.event_queries;
+  if (fake_cuda::consume(s.fail_event_query_in)) return fake_fail(cudaErrorLaunchFailure);
+  return e->last_record >= s.executed ? cudaErrorNotReady : cudaSuccess;
+}
+/// The fake has one queue, already in order: a wait on an event orders nothing more.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
+  ++fake_cuda::state().stream_waits;
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   auto& s = fake_cuda::state();
+  ++s.event_syncs;
   if (e->last_record >= s.executed) {
     ++s.waits_that_ran_work;
     fake_cuda::run(e->last_record + 1 - s.executed);

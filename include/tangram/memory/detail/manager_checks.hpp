@@ -171,6 +171,24 @@ inline admit_failure admission_failure(std::int64_t pages,
   return admit_failure::none;
 }
 
+/// `admission_failure` with deferred reuse: a request that lacks unreserved pages now but fits
+/// with the `retired` pages waiting for release reports pages_awaiting_release instead of
+/// not_enough_pages (`missing` unchanged: pages beyond the unreserved free pages now).
+inline admit_failure admission_failure(std::int64_t pages,
+                                       std::int64_t entries,
+                                       std::int64_t capacity,
+                                       std::int64_t available,
+                                       std::int64_t retired,
+                                       std::int64_t arena_entries,
+                                       bool slots_full,
+                                       std::int64_t& missing) noexcept {
+  auto r =
+      admission_failure(pages, entries, capacity, available, arena_entries, slots_full, missing);
+  if (r == admit_failure::not_enough_pages && missing <= retired)
+    r = admit_failure::pages_awaiting_release;
+  return r;
+}
+
 /// A count of tokens an operation adds or removes (`op.field`): >= 1. @throw invalid_argument
 /// naming the field and the value.
 inline void check_token_count(char const* op, std::int64_t tokens) {

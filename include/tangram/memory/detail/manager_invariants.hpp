@@ -26,13 +26,14 @@ namespace tangram::detail {
  * (`in_use(s, g)` pages), and that segments do not overlap. O(pool + all page lists); allocates.
  * @throw logic_error describing the first inconsistency.
  */
-template <class Pool, class InUse>
+template <class Pool, class InUse, class Spares>
 void check_manager_invariants(Pool const& pool,
                               sequence_table const& sequences,
                               batch_membership const& batch,
                               page_table_storage const& page_table,
                               copy_on_write const& copies,
-                              InUse in_use) {
+                              InUse in_use,
+                              Spares for_each_spare) {
   pool.check_invariants();
   sequences.check_invariants();
   batch.check_invariants();
@@ -41,21 +42,49 @@ void check_manager_invariants(Pool const& pool,
   for (std::int32_t s = 0; s < sequences.size(); ++s) {
     auto const& st = sequences[s];
     if (st.phase == sequence_phase::free) {
-      TANGRAM_EXPECTS(st.reservation.empty(), logic_error, "free slot ", s, " holds a reservation");
+      TANGRAM_EXPECTS(st.reservation.empty() && st.spare_pages == 0,
+                      logic_error,
+                      "free slot ",
+                      s,
+                      " holds a reservation or spare pages");
       continue;
     }
+    // Deferred reuse: each spare holds one reference and backs one unit of the budgets.
+    std::int64_t spares = 0;
+    for_each_spare(s, [&](page_id p) {
+      TANGRAM_EXPECTS(p >= 0 && p < pool.capacity() && spares < pool.capacity(),
+                      logic_error,
+                      "slot ",
+                      s,
+                      ": spare page ",
+                      p,
+                      " out of range, or a cycle in its spare stack");
+      ++owners[static_cast<std::size_t>(p)];
+      ++spares;
+    });
+    TANGRAM_EXPECTS(spares == st.spare_pages,
+                    logic_error,
+                    "slot ",
+                    s,
+                    ": ",
+                    spares,
+                    " pages on its spare stack but spare_pages says ",
+                    st.spare_pages);
     TANGRAM_EXPECTS(pool.owns(st.reservation), logic_error, "slot ", s, ": foreign reservation");
     reserved += st.reservation.pages();
     auto budget = page_table.check_slot(
         s, [&](std::int32_t g) { return in_use(s, g); }, pool.capacity(), owners);
-    TANGRAM_EXPECTS(budget == st.reservation.pages(),
+    TANGRAM_EXPECTS(budget == st.reservation.pages() + spares,
                     logic_error,
                     "slot ",
                     s,
                     ": group budgets sum to ",
                     budget,
                     " but the reservation holds ",
-                    st.reservation.pages());
+                    st.reservation.pages(),
+                    " (and ",
+                    spares,
+                    " spare pages)");
   }
   copies.count_references(owners);
   for (std::int64_t p = 0; p < pool.capacity(); ++p)

@@ -49,7 +49,8 @@ class page_flow {
         journal_(journal),
         copies_(copies),
         pool_(pool),
-        stats_(stats) {}
+        stats_(stats),
+        spare_next_(pool.deferred_reuse() ? static_cast<std::size_t>(pool.capacity()) : 0, -1) {}
 
   /// True when a segment of `size` page-list entries can be placed, repacking the arena if needed
   /// (which moves no logical state but makes the engine upload the whole view).
@@ -71,7 +72,7 @@ class page_flow {
       page_table_.expect_pooled_room(s, 1, "draw");
     else
       page_table_.expect_budget(s, g);
-    page_id p = pool_.draw(sequences_[s].reservation);
+    page_id p = take(s);
     if (pooled)
       --page_table_.pooled_budget(s);
     else
@@ -84,14 +85,76 @@ class page_flow {
   /// s's reservation (the pool takes them back and re-promises them to s, which cannot fail: they
   /// were just freed), ready for the next chunk's staging or decode. A page still shared with a
   /// fork only loses this reference.
+  /// (Under deferred reuse such a page goes on the sequence's spare stack instead: `give_back`.)
   void return_to_reservation(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
     while (page_table_.count(s, g) > keep) {
-      if (pool_.release(page_table_.pop(s, g))) {
-        (void)pool_.try_extend(sequences_[s].reservation, 1);
+      if (give_back(s, page_table_.pop(s, g))) {
         ++page_table_.pooled_budget(s);
         ++stats_.staging_pages_returned;
       }
     }
+  }
+
+  /**
+   * @brief A page leaves one of slot s's lists for s's own reservation. Without deferred reuse:
+   * released to the pool, which re-promises it to s (cannot fail: it was just freed). With it,
+   * an exclusive page stays referenced on s's spare stack (through the pool any sequence's next
+   * draw could take it while a kernel on another stream still reads it, and a retired page
+   * cannot back a reservation, whose draws must never fail); s's next draw takes it back. A page
+   * still shared (a fork's) only loses this reference either way.
+   * @return true when the page now backs s's reservation (the caller raises the budget).
+   */
+  bool give_back(std::int32_t s, page_id p) noexcept {
+    if (!pool_.deferred_reuse()) {
+      if (!pool_.release(p)) return false;
+      (void)pool_.try_extend(sequences_[s].reservation, 1);
+      return true;
+    }
+    if (pool_.ref_count(p) != 1) {
+      (void)pool_.release(p);
+      return false;
+    }
+    auto& st                                 = sequences_[s];
+    spare_next_[static_cast<std::size_t>(p)] = st.spare_top;
+    st.spare_top                             = p;
+    ++st.spare_pages;
+    ++stats_.spare_pages_kept;
+    return true;
+  }
+
+  /// A page for slot s: a spare first (deferred reuse), else one drawn from its reservation.
+  page_id take(std::int32_t s) {
+    auto& st = sequences_[s];
+    if (st.spare_pages == 0) return pool_.draw(st.reservation);
+    page_id p    = st.spare_top;
+    st.spare_top = spare_next_[static_cast<std::size_t>(p)];
+    --st.spare_pages;
+    return p;
+  }
+
+  /// Deferred reuse: releases up to `n` of slot s's spares to the pool (they retire).
+  /// @return how many were released.
+  std::int64_t release_spares(std::int32_t s, std::int64_t n) noexcept {
+    auto& st         = sequences_[s];
+    std::int64_t out = 0;
+    for (; out < n && st.spare_pages > 0; ++out) {
+      page_id p    = st.spare_top;
+      st.spare_top = spare_next_[static_cast<std::size_t>(p)];
+      --st.spare_pages;
+      (void)pool_.release(p);
+    }
+    return out;
+  }
+  /// Releases every spare of slot s (end_turn, free).
+  void release_spares(std::int32_t s) noexcept {
+    (void)release_spares(s, sequences_[s].spare_pages);
+  }
+
+  /// Calls f(page) for each spare of slot s (invariant checks and inspection).
+  template <class F>
+  void for_each_spare(std::int32_t s, F&& f) const {
+    for (page_id p = sequences_[s].spare_top; p >= 0; p = spare_next_[static_cast<std::size_t>(p)])
+      f(p);
   }
 
   /// Elastic reservation, once the prompt is in: the pooled budget shrinks to what decode needs
@@ -99,7 +162,7 @@ class page_flow {
   void trim_pooled_budget(std::int32_t s, std::int64_t need) {
     auto extra = page_table_.pooled_budget(s) - need;
     if (extra <= 0) return;
-    pool_.release_unused(sequences_[s].reservation, extra);
+    pool_.release_unused(sequences_[s].reservation, extra - release_spares(s, extra));
     page_table_.pooled_budget(s) = need;
   }
 
@@ -134,8 +197,10 @@ class page_flow {
     }
   }
 
-  /// Drops every page reference of slot s (its lists stay allocated until the caller closes them).
+  /// Drops every page reference of slot s, its spares' too (its lists stay allocated until the
+  /// caller closes them).
   void release_all(std::int32_t s) noexcept {
+    release_spares(s);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
       for (std::int32_t p = 0; p < page_table_.count(s, g); ++p)
         pool_.release(page_table_.entry(s, g, p));
@@ -224,7 +289,8 @@ class page_flow {
   /// Removes the last `tokens` decode tokens of slot s (the caller checked `max_rollback`): the
   /// counters go back, and every page the group no longer uses (exclusive: checked) returns to
   /// the sequence's reservation and to its group's budget (the pooled budget for a pooled group),
-  /// so the tokens can be appended again without a new reservation.
+  /// so the tokens can be appended again without a new reservation (under deferred reuse through
+  /// the sequence's spare stack, `give_back`, not through the pool).
   void rollback_decode_tokens(std::int32_t s, std::int64_t tokens) noexcept {
     auto t = static_cast<std::int32_t>(tokens);
     lengths_.appended(s) -= t;
@@ -238,8 +304,7 @@ class page_flow {
               : groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
                                   lengths_.appended(s));
       while (page_table_.count(s, g) > keep) {
-        (void)pool_.release(page_table_.pop(s, g));
-        (void)pool_.try_extend(sequences_[s].reservation, 1);  // just freed: cannot fail
+        (void)give_back(s, page_table_.pop(s, g));  // exclusive (checked): cannot fail
         if (groups_.pooled(g))
           ++page_table_.pooled_budget(s);
         else
@@ -281,6 +346,7 @@ class page_flow {
   copy_on_write& copies_;
   Pool& pool_;
   manager_stats& stats_;
+  std::vector<page_id> spare_next_;  ///< deferred reuse: spare stacks, linked through the pages
 };
 
 }  // namespace tangram::detail

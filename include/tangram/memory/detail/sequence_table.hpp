@@ -29,6 +29,11 @@ struct sequence_state {
                                       ///< holds positions from written_tokens - ring on (rollback)
   bool may_share = false;             ///< forked (parent or child): pages may be shared
   page_reservation reservation;       ///< pages still promised to the sequence
+  /// Deferred reuse: pages returned to this sequence's own reservation (rollback, an elastic
+  /// eviction's unneeded staging), kept referenced on a stack (page_flow) instead of going back
+  /// through the pool: its group budgets count them beside `reservation`; draws take them first.
+  page_id spare_top        = -1;
+  std::int64_t spare_pages = 0;
 };
 
 /**
@@ -166,6 +171,8 @@ class sequence_table {
     st.prompt_remaining = st.chunk_pending = st.max_new = st.decoded = st.written_tokens = 0;
     st.may_share                                                                         = false;
     st.reservation = std::move(reservation);
+    st.spare_top   = -1;
+    st.spare_pages = 0;
     return s;
   }
 

@@ -81,7 +81,7 @@ namespace tangram::detail {
   i.chunk_pending    = st.chunk_pending;
   i.max_new          = st.max_new;
   i.decoded          = st.decoded;
-  i.reserved_pages   = st.reservation.pages();
+  i.reserved_pages   = st.reservation.pages() + st.spare_pages;  // spares: deferred reuse
   for (std::int32_t g = 0; g < page_table.num_groups(); ++g) i.held_pages += page_table.count(s, g);
   return i;
 }

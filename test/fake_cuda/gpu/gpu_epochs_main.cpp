@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+// The GPU test of stream_epochs (test/gpu/stream_epochs_test.cpp) on the CPU: the fake CUDA
+// runtime (../shim) stands in for the device. Its cudaLaunchHostFunc runs nothing and its queue
+// holds work until something waits, so the stream is "held" before the events just as the gate
+// holds a real one. What this leaves to a real GPU: the CUDA runtime's own behaviour.
+// Its own runner, like test/gpu's (gpu_test.hpp): exit 0 when every test passes, 1 otherwise.
+#include <cuda_runtime_api.h>  // the fake: ../shim comes first on the include path
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "../../../kernels/cuda_memory_resource.cu"
+#include "../../../kernels/stream_epochs.cu"
+#include "../../gpu/stream_epochs_test.cpp"
+
+int main() {
+  using namespace tangram::gpu_test;
+  int failed = 0;
+  for (auto const& t : registry()) {
+    failures().clear();
+    try {
+      t.run();
+    } catch (required_failed const&) {
+    } catch (std::exception const& e) {
+      failures().push_back(std::string("exception: ") + e.what());
+    }
+    std::printf("%s: %s\n", failures().empty() ? "PASS" : "FAIL", t.name.c_str());
+    for (auto const& f : failures()) std::printf("    %s\n", f.c_str());
+    failed += !failures().empty();
+  }
+  return failed == 0 && !registry().empty() ? 0 : 1;
+}
