@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <iomanip>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -591,7 +592,15 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
   REQUIRE(text.code == 0);
   CHECK(text.out.find("margin sweep") != std::string::npos);
   CHECK(text.out.find("margin 0.1500 (the plans' default") != std::string::npos);
-  CHECK(text.out.find("smallest margin with held-out clip <= 0.50%") != std::string::npos);
+  // Folds by sample index here (no --group-by-context): the library's suggestion on them.
+  elastic_options fixed15;
+  fixed15.margin = 0.15;
+  auto by_index  = evaluate_elastic(load("ea/qwen3-4b-instruct-2507.json"), fixed15, {}, {}, 0.005);
+  REQUIRE(by_index.suggested);
+  std::ostringstream suggested;
+  suggested << std::fixed << std::setprecision(3) << by_index.suggested->margin;
+  CHECK(text.out.find("suggested margin (smallest with held-out clip <= 0.500%): " +
+                      suggested.str() + ", reserved / ideal") != std::string::npos);
   auto dflt = json::parse(
       run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "elastic", "--json"}).out,
       "stdout");
@@ -646,6 +655,8 @@ TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line err
          {"--calibrate-margin", "fixed --margin"});
   expect({"calibrate", p, "--reservation", "elastic", "--clip-target", "1.5"},
          {"--clip-target", "1.5"});
+  expect({"calibrate", p, "--reservation", "elastic", "--folds", "0", "--clip-target", "0.001"},
+         {"--clip-target", "--folds 0"});
   expect({"calibrate", p, "--calibrate-margin"},
          {"--calibrate-margin", "applies to --reservation elastic only"});
   expect({"calibrate", p, "--reservation", "elastic", "--group-size", "3"},

@@ -190,8 +190,8 @@ inline storm_config make_elastic_storm_config(std::string name,
 
 /// Pool pages for the resource fault cases of a config (test/reliability/faults.hpp): its pool,
 /// at most `cap`. Those cases build managers with default options; under elastic reservation a
-/// request then stages the default max_chunk_tokens, so the pool must hold the (1, 1) and (2, 2)
-/// admissions they make.
+/// request then stages min(default max_chunk_tokens, its prompt), so the pool must hold the
+/// (1, 1) and (2, 2) admissions they make (sized through admission_footprint_pages).
 inline std::int64_t fault_case_pages(storm_config const& c, std::int64_t cap) {
   auto chunk = manager_options{}.max_chunk_tokens;
   return std::max({std::min<std::int64_t>(c.options.num_pages, cap),

@@ -44,6 +44,7 @@ struct calibrate_args {
   CLI::Option const* band         = nullptr;  // a static figure: refused with elastic
   bool calibrate_margin           = false;    // elastic: mean + alpha sd instead of the default
   double clip_target              = 0.005;    // elastic: the suggested margin's held-out goal
+  CLI::Option const* clip_target_option = nullptr;
   std::optional<std::string> out;
   bool json    = false;
   bool compare = false;
@@ -79,6 +80,8 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
   if (!a.input) throw usage_error(missing_samples);
   if (ev.folds == 1)
     throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
+  if (ev.folds == 0 && a.clip_target_option->count() > 0)
+    throw usage_error("--clip-target: the suggested margin is measured held out; not with --folds 0");
   auto in      = read_input(*a.input);
   auto samples = read_samples(in);
   auto heads   = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
@@ -219,17 +222,15 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
         << percent(p.heldout_clip_fraction, 3) << std::setw(25)
         << percent(p.heldout_per_request_clip_fraction, 3) << "\n";
     s << "\n";
+    s << "  suggested margin (smallest with held-out clip <= " << percent(rep.clip_target, 3)
+      << "): ";
     if (rep.suggested)
-      row(cat("smallest margin with held-out clip <= ", percent(rep.clip_target, 2)).c_str(),
-          cat(fixed(rep.suggested->margin, 3),
-              ": reserved / ideal ",
-              fixed(rep.suggested->heldout_reserved_over_ideal, 3),
-              ", clip ",
-              percent(rep.suggested->heldout_clip_fraction, 3),
-              " (chosen on these folds: optimistic)"));
+      s << fixed(rep.suggested->margin, 3) << ", reserved / ideal "
+        << fixed(rep.suggested->heldout_reserved_over_ideal, 3) << ", clip "
+        << percent(rep.suggested->heldout_clip_fraction, 3)
+        << " (chosen on these folds: optimistic)\n";
     else
-      row(cat("smallest margin with held-out clip <= ", percent(rep.clip_target, 2)).c_str(),
-          cat("none up to ", max_elastic_margin));
+      s << "none up to " << max_elastic_margin << "\n";
     if (compare) {
       s << "\n  static musigma on the same folds (tokens, no page rounding):\n  " << std::left
         << std::setw(10) << "alpha" << std::right << std::setw(16) << "reserved/ideal"
@@ -446,11 +447,12 @@ command_body setup_calibrate(CLI::App& app) {
       "--calibrate-margin",
       a->calibrate_margin,
       "elastic: calibrate the margin as mean + alpha x sd of the samples' required margins"));
-  a->elastic_only.push_back(add_number(app,
+  a->clip_target_option = add_number(app,
                                        "--clip-target",
                                        a->clip_target,
                                        {0, 1},
-                                       "elastic: held-out clipping the suggested margin must meet"));
+                                       "elastic: held-out clipping the suggested margin must meet");
+  a->elastic_only.push_back(a->clip_target_option);
   a->margin_alpha = add_number(app,
                                "--margin-alpha",
                                eo.margin_alpha,

@@ -164,7 +164,8 @@ class live_accounting_policy : public kv_policy {
 /// @brief How a `tangram_policy` differs from the plain static one.
 struct tangram_policy_options {
   std::string name = "tangram";
-  /// manager_options.max_chunk_tokens (elastic: the staging per request); 0: the manager's default
+  /// manager_options.max_chunk_tokens (elastic: bounds the staging per request, with its prompt);
+  /// 0: the manager's default
   std::int64_t max_chunk_tokens = 0;
   /// The eviction step of each prefill chunk; null: keep `expected_kept` (fused, static budgets).
   std::shared_ptr<chunk_eviction> eviction;
