@@ -187,7 +187,7 @@ TEST_CASE("plan: bad stage options are one-line errors naming the option and the
   expect_error({"plan", in, "--layers", "0:16", "--pipeline-stages", "2"},
                {"--layers: cannot be combined with --pipeline-stages"});
   expect_error({"plan", in, "--stage-context", "1000"},
-               {"--stage-context: applies to --pipeline-stages only"});
+               {"--stage-context: applies to --pipeline-stages", "several --layers ranges"});
   // --help lists the options.
   auto h = run({"plan", "--help"});
   CHECK(h.code == 0);

@@ -572,3 +572,34 @@ TEST_CASE("a session parked on one stage is not another stage's, even of the sam
   auto first = build_static_plan(m, p, with_layers(six_options(grouping_scope::layer), 0, 6));
   CHECK(plan_fingerprint(whole) == plan_fingerprint(first));
 }
+
+TEST_CASE("samples map to a stage's layers: needs are the whole plan's slice, elastic maps build",
+          "[pipeline][elastic]") {
+  auto s     = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  auto model = model_preset(s.model.c_str());
+  auto prof  = calibrate(s);
+  plan_options o;
+  o.reservation.mode           = reservation_mode::elastic;
+  o.split.weighting            = split_weighting::batch_share;
+  o.split.reference_batches    = 8;  // a quick map: the shape is what is checked here
+  o.split.reference_batch_size = 4;
+  auto whole                   = build_static_plan(model, prof, o);
+  plan_options staged          = o;
+  staged.layers                = layer_range{8, 16};
+  auto stage                   = build_static_plan(model, prof, staged);
+  auto H                       = static_cast<std::ptrdiff_t>(whole.num_kv_heads);
+  for (std::size_t k : {std::size_t{0}, std::size_t{5}}) {
+    for (std::int64_t n : {1000, 20000}) {
+      auto all  = sample_needs_at(whole, s, k, n);
+      auto mine = sample_needs_at(stage, s, k, n);
+      CHECK(mine == std::vector<std::int64_t>(all.begin() + 8 * H, all.begin() + 16 * H));
+    }
+  }
+  // The split map weighed on elastic placements of the stage's own groups.
+  auto from_samples = build_static_plan(model, prof, staged, s);
+  CHECK(from_samples.splits.num_layers == 8);
+  CHECK_NOTHROW(from_samples.splits.validate());
+  CHECK(from_samples.splits.cta_begin != stage.splits.cta_begin);  // placements, not group rules
+  auto text = to_json(from_samples);
+  CHECK(plan_difference(parse_static_plan(text, "stage.json"), from_samples).empty());
+}

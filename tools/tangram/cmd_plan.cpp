@@ -224,8 +224,9 @@ int plan_command(plan_args& a, streams io) {
   if (a.layers_opt->count() > 0 && a.stages_opt->count() > 0)
     throw usage_error(
         "--layers: cannot be combined with --pipeline-stages (give the ranges or the count)");
-  if (a.stage_context_opt->count() > 0 && a.stages_opt->count() == 0)
-    throw usage_error("--stage-context: applies to --pipeline-stages only");
+  if (a.stage_context_opt->count() > 0 && a.stages_opt->count() == 0 && a.layers.size() < 2)
+    throw usage_error(
+        "--stage-context: applies to --pipeline-stages (or several --layers ranges) only");
   if (o.reservation.mode != reservation_mode::elastic && a.margin->count() > 0)
     throw usage_error("--margin: applies to --reservation elastic only");
   if (o.split.weighting != split_weighting::batch_share)
@@ -521,7 +522,8 @@ command_body setup_plan(CLI::App& app) {
                   a->stage_context,
                   1,
                   max_footprint_tokens,
-                  "--pipeline-stages: the request length (tokens) whose KV memory is balanced");
+                  "--pipeline-stages: the request length (tokens) whose KV memory is balanced "
+                  "(and reported per stage)");
   add_text(
       app, "--out", a->out, "PLAN.json", "Write the plan (read by `tangram inspect` and engines)");
   app.add_flag("--json", a->json, "One JSON document instead of the text report");

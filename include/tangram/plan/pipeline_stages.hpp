@@ -14,7 +14,9 @@
  * pages live on one device and cannot span stages. With scope `layer` or `adjacent` a stage's
  * groups, budgets and split map are exactly the whole plan's for those layers and the stages'
  * footprints add up to the whole plan's; with scope `global` each stage clusters its own heads
- * (never worse than forcing the whole model's global groups apart, which may mix stages).
+ * (the whole model's global groups mix layers of different stages), which may take a few more
+ * pages in total than one global grouping of the whole model. An elastic plan's split map from
+ * samples is weighed on the stage's own placements.
  *
  * Partitions: explicit ranges (`check_pipeline_stages`: they must cover the model's layers in
  * order, each non-empty, without overlap or gap), or N stages balanced by KV memory
