@@ -118,7 +118,8 @@ void bind_plan(nb::module_& m) {
       .def("validate", &plan_options::validate, "Raises ValueError naming the field and the value.");
 
   nb::class_<static_plan>(m, "StaticPlan",
-                          "The plan of one tensor-parallel rank (a value: copies are independent).")
+                          "The plan of one tensor-parallel rank and pipeline stage (a value: "
+                          "copies are independent).")
       .def_ro("model", &static_plan::model)
       .def_ro("profile", &static_plan::profile)
       .def_prop_ro("options", [](static_plan const& p) { return p.options; },
