@@ -330,7 +330,7 @@ TEST_CASE("bad partitions and ranges are refused, naming the stage and the range
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       with_layers(six_options(grouping_scope::layer), 5, 2).validate(),
       invalid_argument,
-      "plan_options.layers: [5, 2) is empty");
+      "plan_options.layers: [5, 2) is empty (last must exceed first)");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       build_stage_plans(m, p, with_layers(six_options(grouping_scope::layer), 0, 2), {{0, 6}}),
       invalid_argument,

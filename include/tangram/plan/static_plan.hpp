@@ -63,7 +63,8 @@ struct layer_range {
                     first,
                     ", ",
                     last,
-                    ") is empty; a pipeline stage holds at least one layer");
+                    ") is empty (last must exceed first); a pipeline stage holds at least one "
+                    "layer");
   }
 };
 
