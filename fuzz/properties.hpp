@@ -115,6 +115,13 @@ inline void static_plan_roundtrip(std::string_view text) {
     auto p = tangram::parse_static_plan(text, "fuzz");
     p.grouping.validate();
     p.splits.validate();
+    // A pipeline stage lies inside the model; without one the plan covers every layer.
+    auto stage = p.stage_layers();
+    require(stage.first >= 0 && stage.first < stage.last && stage.last <= p.model.num_layers &&
+                (p.options.layers ? *p.options.layers == stage
+                                  : stage.first == 0 && stage.last == p.model.num_layers),
+            "plan stage inside the model");
+    require(p.rules == tangram::head_rules_for(p.model, p.profile, p.options), "stage rules");
     auto back = tangram::parse_static_plan(tangram::to_json(p), "roundtrip");
     require(tangram::plan_difference(p, back).empty(), "plan round trip");
   } catch (tangram::parse_error const&) {

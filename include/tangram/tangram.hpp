@@ -44,6 +44,7 @@
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/head_grouping.hpp"
 #include "tangram/plan/head_rules.hpp"
+#include "tangram/plan/pipeline_stages.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/split_map.hpp"
 #include "tangram/plan/split_options.hpp"

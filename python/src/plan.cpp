@@ -18,6 +18,7 @@
 #include "tangram/detail/str.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/plan/build_static_plan.hpp"
+#include "tangram/plan/pipeline_stages.hpp"
 
 namespace nb = nanobind;
 
@@ -37,6 +38,20 @@ keep_ratio_basis basis_from(std::string const& name) {
   TANGRAM_EXPECTS(b.has_value(), invalid_argument, "PlanOptions.basis: unknown basis ",
                   detail::quoted(name), " (expected all_tokens or compressible_tokens)");
   return *b;
+}
+
+using range_pair = std::pair<std::int32_t, std::int32_t>;
+
+std::vector<layer_range> ranges_from(std::vector<range_pair> const& v) {
+  std::vector<layer_range> out;
+  for (auto [first, last] : v) out.push_back({first, last});
+  return out;
+}
+
+std::vector<range_pair> pairs_from(std::vector<layer_range> const& v) {
+  std::vector<range_pair> out;
+  for (auto r : v) out.emplace_back(r.first, r.last);
+  return out;
 }
 
 }  // namespace
@@ -77,6 +92,19 @@ void bind_plan(nb::module_& m) {
                    [](plan_options& o, double v) { o.split.share_quantile = v; })
       .def_rw("tp_size", &plan_options::tp_size)
       .def_rw("tp_rank", &plan_options::tp_rank)
+      .def_prop_rw("layers",
+                   [](plan_options const& o) -> std::optional<range_pair> {
+                     if (!o.layers) return std::nullopt;
+                     return range_pair{o.layers->first, o.layers->last};
+                   },
+                   [](plan_options& o, std::optional<range_pair> v) {
+                     if (v)
+                       o.layers = layer_range{v->first, v->second};
+                     else
+                       o.layers.reset();
+                   },
+                   nb::arg("value").none(),
+                   "Pipeline stage: model layers (first, last), last excluded; None: every layer")
       .def_prop_rw("reservation",
                    [](plan_options const& o) { return std::string(to_string(o.reservation.mode)); },
                    [](plan_options& o, std::string const& v) { o.reservation.mode = reservation_from(v); },
@@ -90,7 +118,8 @@ void bind_plan(nb::module_& m) {
       .def("validate", &plan_options::validate, "Raises ValueError naming the field and the value.");
 
   nb::class_<static_plan>(m, "StaticPlan",
-                          "The plan of one tensor-parallel rank (a value: copies are independent).")
+                          "The plan of one tensor-parallel rank and pipeline stage (a value: "
+                          "copies are independent).")
       .def_ro("model", &static_plan::model)
       .def_ro("profile", &static_plan::profile)
       .def_prop_ro("options", [](static_plan const& p) { return p.options; },
@@ -98,6 +127,14 @@ void bind_plan(nb::module_& m) {
       .def_ro("num_layers", &static_plan::num_layers)
       .def_ro("num_kv_heads", &static_plan::num_kv_heads)
       .def_ro("first_kv_head", &static_plan::first_kv_head)
+      .def_ro("first_layer", &static_plan::first_layer,
+              "Model layer of local layer 0 (the pipeline stage's first layer; 0 without stages)")
+      .def_prop_ro("stage_layers",
+                   [](static_plan const& p) {
+                     auto r = p.stage_layers();
+                     return range_pair{r.first, r.last};
+                   },
+                   "(first, last): the model layers this plan covers, last excluded")
       .def_prop_ro("num_groups", &static_plan::num_groups)
       .def_prop_ro("page_bytes", &static_plan::page_bytes)
       .def_prop_ro("page_tokens", [](static_plan const& p) { return p.geometry.page_tokens; })
@@ -153,6 +190,37 @@ void bind_plan(nb::module_& m) {
         nb::arg("samples") = nb::none(),
         "build_static_plan. With the samples the profile was calibrated from, an elastic plan's\n"
         "split map is weighed on their placements. Raises ValueError naming the option.");
+  m.def("layer_kv_tokens",
+        [](model_spec const& model, budget_profile const& profile, plan_options const& options,
+           std::int64_t context) { return layer_kv_tokens(model, profile, options, context); },
+        nb::arg("model"), nb::arg("profile"), nb::arg("options"), nb::arg("context"),
+        "KV tokens each model layer holds (the rank's heads) for a request of `context` tokens\n"
+        "under the options' reservation mode: the weights balanced_pipeline_stages balances.");
+  m.def("balanced_pipeline_stages",
+        [](std::vector<std::int64_t> const& weights, std::int32_t stages) {
+          return pairs_from(balanced_pipeline_stages(weights, stages));
+        },
+        nb::arg("layer_weights"), nb::arg("stages"),
+        "`stages` contiguous layer ranges (first, last) whose heaviest total weight is the least\n"
+        "possible. Raises ValueError for stages outside [1, layers] or negative weights.");
+  m.def("check_pipeline_stages",
+        [](std::vector<range_pair> const& stages, std::int32_t model_layers) {
+          check_pipeline_stages(ranges_from(stages), model_layers);
+        },
+        nb::arg("stages"), nb::arg("model_layers"),
+        "Raises ValueError naming the stage unless the ranges cover the layers in order, each\n"
+        "non-empty, without overlap or gap.");
+  m.def("build_stage_plans",
+        [](model_spec model, budget_profile profile, plan_options options,
+           std::vector<range_pair> stages, std::optional<retention_samples> samples) {
+          nb::gil_scoped_release release;
+          return build_stage_plans(model, profile, options, ranges_from(stages),
+                                   samples ? &*samples : nullptr);
+        },
+        nb::arg("model"), nb::arg("profile"), nb::arg("options"), nb::arg("stages"),
+        nb::arg("samples") = nb::none(),
+        "One plan per pipeline stage (first, last), as build_plan with options.layers set.\n"
+        "Raises ValueError naming the stage or the option.");
   m.def("save_plan",
         [](static_plan const& plan, std::filesystem::path const& p) {
           save_static_plan(plan, path_string(p));

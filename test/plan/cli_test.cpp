@@ -219,7 +219,7 @@ TEST_CASE("plan --json: group waste, groups and split imbalance of the plan", "[
   auto p15 = build_static_plan(
       model_preset("llama-3.1-8b"),
       calibrate(s, {budget_estimator::musigma, 1.5, 0.95, 0.01}),
-      {2, grouping_scope::layer, 32, {{100, 3}, split_weighting::budget}, 1, 0, {}});
+      {2, grouping_scope::layer, 32, {{100, 3}, split_weighting::budget}, 1, 0, {}, std::nullopt});
   CHECK(num(w, "group_waste") == group_waste(p15.grouping, p15.rules));
 }
 

@@ -127,7 +127,7 @@ std::string plan_svg(static_plan const& p) {
                "\" fill=\"",
                head_colour(r),
                "\"><title>layer ",
-               m.layer,
+               p.first_layer + m.layer,
                " head ",
                p.first_kv_head + m.head,
                ": ",
@@ -211,6 +211,8 @@ int inspect(inspect_args const& a, streams io) {
     o.set("first_kv_head", p.first_kv_head);
     o.set("tp_size", p.options.tp_size);
     o.set("tp_rank", p.options.tp_rank);
+    o.set("first_layer", p.first_layer);
+    o.set("last_layer", p.first_layer + p.num_layers);
     o.set("num_groups", p.num_groups());
     auto kinds = json::value::object();
     for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed})
@@ -245,6 +247,18 @@ int inspect(inspect_args const& a, streams io) {
     << to_string(m.kv_dtype) << "\n"
     << "  tensor parallel: rank " << p.options.tp_rank << " of " << p.options.tp_size
     << ", KV heads " << p.first_kv_head << ".." << p.first_kv_head + H - 1 << "\n"
+    << "  pipeline stage: "
+    << (p.options.layers ? cat("layers ",
+                               p.first_layer,
+                               "..",
+                               p.first_layer + p.num_layers - 1,
+                               " of ",
+                               m.num_layers,
+                               " (local layer l is model layer ",
+                               p.first_layer,
+                               " + l)")
+                         : cat("none (all ", m.num_layers, " layers)"))
+    << "\n"
     << "  profile: scorer " << printable(p.profile.scorer) << ", "
     << to_string(p.profile.calibration.estimator) << ", protected " << p.profile.sink_tokens
     << " + " << p.profile.window_tokens << " tokens\n\n"
@@ -290,7 +304,7 @@ int inspect(inspect_args const& a, streams io) {
     << " SMs x " << p.options.split.limits.ctas_per_sm << "), weighting "
     << to_string(p.options.split.weighting) << "; CTAs per KV head:\n";
   for (std::int32_t l = 0; l < p.num_layers; ++l) {
-    s << "    layer " << std::setw(3) << l << " " << std::left << std::setw(15)
+    s << "    layer " << std::setw(3) << p.first_layer + l << " " << std::left << std::setw(15)
       << to_string(p.rule(l, 0).kind) << std::right;
     for (std::int32_t k = 0; k < H; ++k)
       s << ' ' << std::setw(4) << v.share(l, k);  // never run together

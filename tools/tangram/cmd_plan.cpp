@@ -2,6 +2,7 @@
 // `tangram plan SAMPLES_OR_PROFILE.json`: the static plan of one (model, profile, hardware, rank):
 // rules, head groups, page geometry and split map, with its group waste and the split imbalance
 // on a reference batch (docs/planning.md).
+#include <algorithm>
 #include <iomanip>
 #include <memory>
 #include <optional>
@@ -16,6 +17,8 @@
 #include "tangram/io/static_plan.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
+#include "tangram/plan/footprint.hpp"
+#include "tangram/plan/pipeline_stages.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram::cli {
@@ -50,7 +53,155 @@ struct plan_args {
   bool json           = false;
   CLI::Option* margin = nullptr;
   std::vector<CLI::Option*> batch_share_only;  // refused with --weighting budget
+  std::vector<std::pair<std::int64_t, std::int64_t>> layers;  // --layers FIRST:LAST,...
+  std::int32_t pipeline_stages = 0;                            // --pipeline-stages; 0: none
+  std::int64_t stage_context   = default_stage_balance_context;
+  CLI::Option* layers_opt        = nullptr;
+  CLI::Option* stages_opt        = nullptr;
+  CLI::Option* stage_context_opt = nullptr;
 };
+
+/// The file of stage k of n beside `out`: "plan.json" -> "plan.stage0-of-4.json".
+std::string stage_path(std::string const& out, std::size_t k, std::size_t n) {
+  std::string base = out;
+  if (base.size() > 5 && base.compare(base.size() - 5, 5, ".json") == 0)
+    base.resize(base.size() - 5);
+  return cat(base, ".stage", k, "-of-", n, ".json");
+}
+
+/// Bytes a stage reserves for one request of `context` tokens under its reservation mode (the
+/// footprint of footprint.hpp; elastic: the scorer's total with the margin, no staging).
+std::int64_t stage_footprint_bytes(static_plan const& p, std::int64_t context) {
+  auto const& r = p.options.reservation;
+  auto pages    = r.mode == reservation_mode::elastic
+                      ? elastic_footprint_pages(p, r.margin, context, 0, r.basis)
+                      : footprint_pages(p, context, 0);
+  return tangram::detail::mul_or_throw(pages, p.page_bytes(), "stage footprint bytes");
+}
+
+std::string layer_text(layer_range r) { return cat(r.first, "..", r.last - 1); }
+
+double max_over_min(std::vector<std::int64_t> const& v) {
+  auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *lo > 0 ? static_cast<double>(*hi) / static_cast<double>(*lo) : 0.0;
+}
+
+/// `--pipeline-stages N` or `--layers` with several ranges: one plan per stage, a stage table.
+int stages_command(plan_args& a,
+                   streams io,
+                   budget_source const& src,
+                   model_spec const& model,
+                   std::vector<layer_range> const& ranges,
+                   bool balanced) {
+  auto const& o = a.plan;
+  std::vector<std::int64_t> weights;
+  try {
+    weights = layer_kv_tokens(model, src.profile, o, a.stage_context);
+  } catch (tangram::invalid_argument const& e) {
+    throw_plan_option_error(e);
+  }
+  auto weight_of = [&](layer_range r) {
+    std::int64_t w = 0;
+    for (auto l = r.first; l < r.last; ++l)
+      w = tangram::detail::add_or_throw(w, weights[static_cast<std::size_t>(l)], "stage weight");
+    return w;
+  };
+  struct stage_row {
+    layer_range layers;
+    std::int64_t kv_tokens = 0, footprint = 0;
+    std::int32_t groups = 0;
+    std::string out;
+  };
+  std::vector<stage_row> rows;
+  std::vector<std::int64_t> footprints, tokens;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    plan_options ok = o;
+    ok.layers       = ranges[k];
+    std::string path = a.out ? stage_path(*a.out, k, ranges.size()) : std::string();
+    if (a.out) {
+      try {
+        check_plan_file_size(model, src.profile, ok);
+      } catch (tangram::invalid_argument const& e) {
+        throw usage_error(cat("--out: ", e.what(), " (--tp-size, --group-size)"));
+      }
+    }
+    auto plan = build_plan_for_cli(model, src.profile, ok, src.samples ? &*src.samples : nullptr);
+    if (a.out) save_static_plan(plan, path);
+    rows.push_back({ranges[k],
+                    weight_of(ranges[k]),
+                    stage_footprint_bytes(plan, a.stage_context),
+                    plan.num_groups(),
+                    path});
+    footprints.push_back(rows.back().footprint);
+    tokens.push_back(rows.back().kv_tokens);
+  }
+  // What an even split by layer count would give, for comparison.
+  std::vector<std::int64_t> even_tokens;
+  auto n = static_cast<std::int32_t>(ranges.size());
+  for (std::int32_t k = 0; k < n; ++k)
+    even_tokens.push_back(weight_of(
+        {k * model.num_layers / n, (k + 1) * model.num_layers / n}));
+  char const* mode = o.reservation.mode == reservation_mode::elastic ? "elastic" : "static";
+
+  if (a.json) {
+    auto v = json::value::object();
+    v.set("command", "plan");
+    v.set("input", src.source);
+    v.set("model", model.name);
+    v.set("num_layers", model.num_layers);
+    v.set("tp_size", o.tp_size);
+    v.set("tp_rank", o.tp_rank);
+    v.set("partition", balanced ? "balanced_kv_memory" : "explicit");
+    v.set("stage_context", a.stage_context);
+    v.set("reservation", mode);
+    auto list = json::value::array();
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      auto r = json::value::object();
+      r.set("stage", static_cast<std::int64_t>(k));
+      r.set("first_layer", rows[k].layers.first);
+      r.set("last_layer", rows[k].layers.last);
+      r.set("kv_tokens", rows[k].kv_tokens);
+      r.set("footprint_bytes", rows[k].footprint);
+      r.set("num_groups", rows[k].groups);
+      r.set("out", a.out ? json::value(rows[k].out) : json::value(nullptr));
+      list.push_back(std::move(r));
+    }
+    v.set("stages", std::move(list));
+    v.set("footprint_max_over_min", max_over_min(footprints));
+    v.set("kv_tokens_max_over_min", max_over_min(tokens));
+    v.set("even_split_kv_tokens_max_over_min", max_over_min(even_tokens));
+    io.out << json::dump(v, -1) << "\n";
+    return 0;
+  }
+  auto& s = io.out;
+  s << "plan " << printable(src.source) << "\n"
+    << "  model " << printable(model.name) << ": " << describe_layers(model) << ", "
+    << model.num_kv_heads << " KV heads";
+  if (o.tp_size > 1)
+    s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads "
+      << o.tp_rank * (model.num_kv_heads / o.tp_size) << ".."
+      << (o.tp_rank + 1) * (model.num_kv_heads / o.tp_size) - 1 << ")";
+  s << "\n"
+    << "  pipeline: " << ranges.size() << " stages, "
+    << (balanced ? "balanced by KV memory" : "layer ranges as given") << "; memory of one request of "
+    << a.stage_context << " tokens (" << mode << " reservation)\n"
+    << "    " << std::left << std::setw(7) << "stage" << std::setw(10) << "layers" << std::right
+    << std::setw(14) << "KV tokens" << std::setw(16) << "footprint MiB" << std::setw(8)
+    << "groups" << (a.out ? "  file" : "") << "\n";
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    s << "    " << std::left << std::setw(7) << k << std::setw(10) << layer_text(rows[k].layers)
+      << std::right << std::setw(14) << rows[k].kv_tokens << std::setw(16)
+      << fixed(static_cast<double>(rows[k].footprint) / (1 << 20), 1) << std::setw(8)
+      << rows[k].groups;
+    if (a.out) s << "  " << printable(rows[k].out);
+    s << "\n";
+  }
+  s << "  heaviest / lightest stage: footprint " << fixed(max_over_min(footprints), 3)
+    << "x, KV tokens " << fixed(max_over_min(tokens), 3) << "x (an even split by layer count: "
+    << fixed(max_over_min(even_tokens), 3) << "x)\n";
+  if (a.out) s << "\nwrote " << rows.size() << " stage plans\n";
+  return 0;
+}
 
 int plan_command(plan_args& a, streams io) {
   check_calibration_args(a.cal);
@@ -70,6 +221,12 @@ int plan_command(plan_args& a, streams io) {
                           ", got ",
                           o.tp_rank));
 
+  if (a.layers_opt->count() > 0 && a.stages_opt->count() > 0)
+    throw usage_error(
+        "--layers: cannot be combined with --pipeline-stages (give the ranges or the count)");
+  if (a.stage_context_opt->count() > 0 && a.stages_opt->count() == 0 && a.layers.size() < 2)
+    throw usage_error(
+        "--stage-context: applies to --pipeline-stages (or several --layers ranges) only");
   if (o.reservation.mode != reservation_mode::elastic && a.margin->count() > 0)
     throw usage_error("--margin: applies to --reservation elastic only");
   if (o.split.weighting != split_weighting::batch_share)
@@ -79,6 +236,50 @@ int plan_command(plan_args& a, streams io) {
   if (out) check_output_path("--out", *out);
   auto src   = read_samples_or_profile(*a.input, cal);
   auto model = resolve_model(model_o, src.profile.model);
+  if (a.pipeline_stages > 0 || a.layers.size() > 1) {
+    std::vector<layer_range> ranges;
+    bool balanced = a.pipeline_stages > 0;
+    if (balanced) {
+      if (a.pipeline_stages > model.num_layers)
+        throw usage_error(cat("--pipeline-stages: must be in [1, ",
+                              model.num_layers,
+                              "] (at least one layer per stage) for the ",
+                              model.num_layers,
+                              " layers of ",
+                              tangram::detail::quoted(model.name),
+                              ", got ",
+                              a.pipeline_stages));
+    } else {
+      for (auto [first, last] : a.layers)
+        ranges.push_back({static_cast<std::int32_t>(first), static_cast<std::int32_t>(last)});
+      try {
+        check_pipeline_stages(ranges, model.num_layers);
+      } catch (tangram::invalid_argument const& e) {
+        throw_plan_option_error(e);
+      }
+    }
+    std::size_t n = balanced ? static_cast<std::size_t>(a.pipeline_stages) : ranges.size();
+    if (out)
+      for (std::size_t k = 0; k < n; ++k) check_output_path("--out", stage_path(*out, k, n));
+    if (balanced) {
+      try {
+        ranges = balanced_pipeline_stages(
+            layer_kv_tokens(model, src.profile, o, a.stage_context), a.pipeline_stages);
+      } catch (tangram::invalid_argument const& e) {
+        throw_plan_option_error(e);
+      }
+    }
+    return stages_command(a, io, src, model, ranges, balanced);
+  }
+  if (!a.layers.empty()) {
+    a.plan.layers = layer_range{static_cast<std::int32_t>(a.layers[0].first),
+                                static_cast<std::int32_t>(a.layers[0].second)};
+    try {
+      (void)o.layers_of(model.num_layers);
+    } catch (tangram::invalid_argument const& e) {
+      throw_plan_option_error(e);
+    }
+  }
   if (out) {
     // Before the work: a plan that could not be read back is refused now, not after planning.
     try {
@@ -124,6 +325,8 @@ int plan_command(plan_args& a, streams io) {
     v.set("num_kv_heads", plan.num_kv_heads);
     v.set("tp_size", o.tp_size);
     v.set("tp_rank", o.tp_rank);
+    v.set("first_layer", plan.first_layer);
+    v.set("last_layer", plan.first_layer + plan.num_layers);
     v.set("group_size", o.group_size);
     v.set("scope", to_string(o.scope));
     v.set("page_tokens", o.page_tokens);
@@ -172,6 +375,10 @@ int plan_command(plan_args& a, streams io) {
     s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads " << plan.first_kv_head << ".."
       << plan.first_kv_head + plan.num_kv_heads - 1 << ")";
   s << ", head_dim " << model.head_dim << ", " << to_string(model.kv_dtype) << "\n";
+  if (o.layers)
+    s << "  pipeline stage: layers " << layer_text(plan.stage_layers()) << " (" << plan.num_layers
+      << " of " << model.num_layers << "; the plan's local layer 0 is model layer "
+      << plan.first_layer << ")\n";
   if (src.samples)
     s << "  budgets calibrated from " << src.samples->samples.size() << " samples ("
       << to_string(cal.options.estimator) << ", "
@@ -294,6 +501,29 @@ command_body setup_plan(CLI::App& app) {
                          "elastic: reserve (1 + margin) x the scorer's total");
   add_integer(app, "--tp-size", o.tp_size, 1, 1024, "Tensor-parallel ranks sharing the KV heads");
   add_integer(app, "--tp-rank", o.tp_rank, 0, 1023, "The rank this plan is for, below --tp-size");
+  a->layers_opt = add_layer_ranges(
+      app,
+      "--layers",
+      a->layers,
+      model_limits::max_layers,
+      model_limits::max_layers,
+      "Pipeline stages as model layer ranges [FIRST, LAST): one range plans that stage (to --out); "
+      "several must cover the model in order and write one plan per stage (PLAN.stageK-of-N.json)");
+  a->stages_opt = add_integer(app,
+                              "--pipeline-stages",
+                              a->pipeline_stages,
+                              1,
+                              model_limits::max_layers,
+                              "Split the layers into N pipeline stages balanced by KV memory; "
+                              "writes one plan per stage, PLAN.stageK-of-N.json beside --out");
+  a->stage_context_opt =
+      add_integer(app,
+                  "--stage-context",
+                  a->stage_context,
+                  1,
+                  max_footprint_tokens,
+                  "--pipeline-stages: the request length (tokens) whose KV memory is balanced "
+                  "(and reported per stage)");
   add_text(
       app, "--out", a->out, "PLAN.json", "Write the plan (read by `tangram inspect` and engines)");
   app.add_flag("--json", a->json, "One JSON document instead of the text report");

@@ -91,6 +91,33 @@ std::string number_list_problem(std::string_view text,
   }
 }
 
+std::string layer_ranges_problem(std::string_view text,
+                                 std::int64_t hi,
+                                 std::size_t max_count,
+                                 std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
+  out.clear();
+  auto const whole = text;
+  while (true) {
+    auto comma = text.find(',');
+    auto item  = text.substr(0, comma);
+    auto colon = item.find(':');
+    if (colon == std::string_view::npos)
+      return cat("expected FIRST:LAST (model layers FIRST to LAST - 1), got ",
+                 tangram::detail::quoted(item),
+                 " in ",
+                 tangram::detail::quoted(whole));
+    std::int64_t a = 0, b = 0;
+    if (auto why = integer_problem(item.substr(0, colon), 0, hi, a); !why.empty())
+      return cat(why, " in ", tangram::detail::quoted(whole));
+    if (auto why = integer_problem(item.substr(colon + 1), 0, hi, b); !why.empty())
+      return cat(why, " in ", tangram::detail::quoted(whole));
+    out.emplace_back(a, b);
+    if (out.size() > max_count) return cat("at most ", max_count, " ranges");
+    if (comma == std::string_view::npos) return "";
+    text.remove_prefix(comma + 1);
+  }
+}
+
 // An option taking one value, checked by `problem` (described in --help as `check_help`) before
 // `set` reads it. `set` gets the user's text as typed: CLI11 converts nothing itself.
 CLI::Option* add_checked(CLI::App& app,
@@ -266,6 +293,27 @@ CLI::Option* add_text(CLI::App& app,
 
 std::string given_text(CLI::Option const* opt, std::string fallback) {
   return opt->count() > 0 ? opt->results().front() : std::move(fallback);
+}
+
+CLI::Option* add_layer_ranges(CLI::App& app,
+                              std::string const& name,
+                              std::vector<std::pair<std::int64_t, std::int64_t>>& target,
+                              std::int64_t hi,
+                              std::size_t max_count,
+                              std::string const& help) {
+  return add_checked(
+      app,
+      name,
+      [&target, hi, max_count](std::string const& t) {
+        layer_ranges_problem(t, hi, max_count, target);
+      },
+      [hi, max_count](std::string const& t) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> v;
+        return layer_ranges_problem(t, hi, max_count, v);
+      },
+      cat("each bound in ", range_text(0, hi), ", at most ", max_count),
+      "FIRST:LAST,...",
+      help);
 }
 
 }  // namespace tangram::cli

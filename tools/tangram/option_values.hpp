@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -64,6 +65,16 @@ CLI::Option* add_integer_list(CLI::App& app,
                               std::string const& name,
                               std::vector<std::int64_t>& target,
                               std::int64_t lo,
+                              std::int64_t hi,
+                              std::size_t max_count,
+                              std::string const& help);
+
+/// Comma-separated layer ranges ("FIRST:LAST,..."): model layers [FIRST, LAST), each bound in
+/// [0, hi], at most `max_count` ranges; `target` is left as it is unless the option is given.
+/// Whether the ranges fit a model is the caller's check (the model is known later).
+CLI::Option* add_layer_ranges(CLI::App& app,
+                              std::string const& name,
+                              std::vector<std::pair<std::int64_t, std::int64_t>>& target,
                               std::int64_t hi,
                               std::size_t max_count,
                               std::string const& help);

@@ -77,6 +77,29 @@ model_spec resolve_model(std::optional<std::string> const& option, std::string c
                         ")"));
 }
 
+void throw_plan_option_error(tangram::invalid_argument const& e) {
+  // Library field -> option; a prefix ending in ": " is replaced, any other is kept as context.
+  static constexpr std::pair<std::string_view, std::string_view> names[] = {
+      {"plan_options.tp_size: ", "--tp-size"},
+      {"tp_size: ", "--tp-size"},
+      {"plan_options.tp_rank: ", "--tp-rank"},
+      {"plan_options.group_size: ", "--group-size"},
+      {"group_size: ", "--group-size"},
+      {"plan_options.page_tokens: ", "--page-tokens"},
+      {"plan_options.reservation.mode: ", "--reservation"},
+      {"plan_options.layers: ", "--layers"},
+      {"pipeline_stages", "--layers"},
+      {"N_CTA", "--sms x --ctas-per-sm"},
+  };
+  std::string_view what = e.what();
+  for (auto const& [field, option] : names) {
+    if (what.substr(0, field.size()) != field) continue;
+    bool replace = field.back() == ' ';
+    throw usage_error(cat(option, ": ", replace ? what.substr(field.size()) : what));
+  }
+  throw;  // the exception being handled, whatever its type
+}
+
 static_plan build_plan_for_cli(model_spec const& model,
                                budget_profile const& profile,
                                plan_options const& options,
@@ -85,24 +108,7 @@ static_plan build_plan_for_cli(model_spec const& model,
     return samples ? build_static_plan(model, profile, options, *samples)
                    : build_static_plan(model, profile, options);
   } catch (tangram::invalid_argument const& e) {
-    // Library field -> option; a prefix ending in ": " is replaced, any other is kept as context.
-    static constexpr std::pair<std::string_view, std::string_view> names[] = {
-        {"plan_options.tp_size: ", "--tp-size"},
-        {"tp_size: ", "--tp-size"},
-        {"plan_options.tp_rank: ", "--tp-rank"},
-        {"plan_options.group_size: ", "--group-size"},
-        {"group_size: ", "--group-size"},
-        {"plan_options.page_tokens: ", "--page-tokens"},
-        {"plan_options.reservation.mode: ", "--reservation"},
-        {"N_CTA", "--sms x --ctas-per-sm"},
-    };
-    std::string_view what = e.what();
-    for (auto const& [field, option] : names) {
-      if (what.substr(0, field.size()) != field) continue;
-      bool replace = field.back() == ' ';
-      throw usage_error(cat(option, ": ", replace ? what.substr(field.size()) : what));
-    }
-    throw;
+    throw_plan_option_error(e);
   }
 }
 

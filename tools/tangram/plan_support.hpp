@@ -10,6 +10,7 @@
 #include "common_options.hpp"
 #include "inputs.hpp"
 #include "usage_error.hpp"
+#include "tangram/error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -37,6 +38,12 @@ retention_samples read_samples(input_text const& in);
 /// the preset matching `model_name` (from the samples or the profile).
 /// @throw usage_error asking for --model when no preset matches.
 model_spec resolve_model(std::optional<std::string> const& option, std::string const& model_name);
+
+/// Throws the planner's refusal `e` of a plan option in the program's words (as
+/// build_plan_for_cli: the message names --tp-size, --group-size, --layers, ... instead of the
+/// library's field); rethrows the exception being handled when it names no option. Call it
+/// only from the handler that caught `e`.
+[[noreturn]] void throw_plan_option_error(tangram::invalid_argument const& e);
 
 /// build_static_plan, with the planner's refusals of plan options in the program's words: the
 /// message names the command-line option (--tp-size, --group-size, --page-tokens, --sms and

@@ -5,7 +5,8 @@
  *
  * The file holds everything a serving engine needs without re-planning: the model spec, the
  * budget profile, the options (Hp, scope, P, device limits, split weighting and reference
- * contexts, tensor-parallel size and rank), the per-head rules, the head groups with their
+ * contexts, tensor-parallel size and rank, the pipeline stage's layer range when the plan is one
+ * stage), the per-head rules, the head groups with their
  * members and the slot of every head, and the split map (CTA boundaries and the weights Phi).
  *
  * Loading validates every field and every cross-field invariant, with errors that name the file,
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,7 +75,7 @@ inline std::uint64_t plan_json_bound(model_spec const& model,
                   model.num_kv_heads,
                   " KV heads, got ",
                   o.tp_size);
-  std::uint64_t L  = static_cast<std::uint64_t>(model.num_layers);
+  std::uint64_t L  = static_cast<std::uint64_t>(o.layers_of(model.num_layers).size());
   std::uint64_t H  = static_cast<std::uint64_t>(model.num_kv_heads / o.tp_size);
   std::uint64_t Hp = static_cast<std::uint64_t>(o.group_size);
   std::uint64_t G  = (L * H + Hp - 1) / Hp;
@@ -107,7 +109,7 @@ inline void check_plan_file_size(model_spec const& model,
                   "static_plan: the plan file of ",
                   detail::quoted(model.name),
                   " (",
-                  model.num_layers,
+                  o.layers_of(model.num_layers).size(),
                   " layers x ",
                   model.num_kv_heads / o.tp_size,
                   " KV heads per rank, group size ",
@@ -183,6 +185,19 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   if (p.model.num_kv_heads % p.options.tp_size != 0)
     o["tp_size"].fail(cat(
         "must divide the model's ", p.model.num_kv_heads, " KV heads, got ", p.options.tp_size));
+  // A pipeline stage's layers [first_layer, last_layer); absent in files of the whole model
+  // (and in every file written before pipeline stages): the whole model.
+  {
+    auto first = o.find("first_layer"), last = o.find("last_layer");
+    if (first || last) {
+      if (!first) o["first_layer"].fail("missing; a stage names both first_layer and last_layer");
+      if (!last) o["last_layer"].fail("missing; a stage names both first_layer and last_layer");
+      std::int32_t f   = detail::as_i32(*first, 0, p.model.num_layers - 1);
+      std::int32_t l   = detail::as_i32(*last, f + 1, p.model.num_layers);
+      p.options.layers = layer_range{f, l};
+    }
+  }
+  auto const stage = p.options.layers_of(p.model.num_layers);  // checked above
   // Absent in files written before elastic reservation: those were static plans (their split
   // maps and budgets assume static), so a missing field means static, not the current default.
   p.options.reservation.mode = reservation_mode::static_budgets;
@@ -206,7 +221,11 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
                  p.profile.target_keep_ratio));
   }
 
-  p.num_layers = detail::expect_derived(doc["num_layers"], p.model.num_layers, "model.num_layers");
+  p.num_layers = detail::expect_derived(doc["num_layers"],
+                                        stage.size(),
+                                        p.options.layers ? "options.last_layer - first_layer"
+                                                         : "model.num_layers");
+  p.first_layer = stage.first;
   std::int32_t local = p.model.num_kv_heads / p.options.tp_size;
   p.num_kv_heads =
       detail::expect_derived(doc["num_kv_heads"], local, "model.num_kv_heads / tp_size");
@@ -222,7 +241,7 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   // Rules: they must be what the model and the profile say.
   std::vector<head_rule> expected;
   try {
-    expected = head_rules_for(p.model, p.profile, p.options.tp_size, p.options.tp_rank);
+    expected = head_rules_for(p.model, p.profile, p.options);  // the rank's, on the stage
   } catch (invalid_argument const& e) {
     doc["profile"].fail(cat("does not fit the model: ", e.what()));
   }
@@ -480,9 +499,15 @@ inline std::string plan_difference(static_plan const& a, static_plan const& b) {
                ob.reservation.margin);
   if (oa.tp_size != ob.tp_size || oa.tp_rank != ob.tp_rank)
     return cat("options.tp: ", oa.tp_size, "/", oa.tp_rank, " vs ", ob.tp_size, "/", ob.tp_rank);
+  if (oa.layers != ob.layers) {
+    auto range = [](std::optional<layer_range> const& r) {
+      return r ? cat("[", r->first, ", ", r->last, ")") : std::string("all");
+    };
+    return cat("options.layers: ", range(oa.layers), " vs ", range(ob.layers));
+  }
   if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||
-      a.first_kv_head != b.first_kv_head)
-    return "shape (num_layers, num_kv_heads, first_kv_head)";
+      a.first_layer != b.first_layer || a.first_kv_head != b.first_kv_head)
+    return "shape (num_layers, num_kv_heads, first_layer, first_kv_head)";
   if (!(a.geometry == b.geometry)) return "geometry";
   if (a.rules.size() != b.rules.size()) return "rules: size";
   for (std::size_t i = 0; i < a.rules.size(); ++i)

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file memory/tensor_parallel.hpp
- * @brief Admission and restores of parked sessions across tensor-parallel ranks: one manager per
- * rank, a request on all or none.
+ * @brief Admission and restores of parked sessions across tensor-parallel ranks or pipeline
+ * stages: one manager per rank (or per stage, or per (stage, rank)), a request on all or none.
+ *
+ * Nothing here depends on what the managers' plans cover: a vector of the managers of the
+ * pipeline stages (plans of `plan_options::layers`, plan/pipeline_stages.hpp) is admitted the
+ * same way, every stage or none, and so is a vector of every (stage, rank) manager.
  */
 #pragma once
 
@@ -18,10 +22,12 @@
 namespace tangram {
 
 /**
- * @brief Tensor parallelism: admits one request on every rank's manager, or on none.
+ * @brief Tensor or pipeline parallelism: admits one request on every rank's (stage's) manager,
+ * or on none.
  * @tparam Manager any type with `try_admit(N, T)` and `free(id)` (a `basic_kv_cache_manager`,
  *         or an engine's wrapper around one).
- * @param ranks one manager per rank (each built over that rank's plan); not owned
+ * @param ranks one manager per rank or per pipeline stage (each built over its own plan); not
+ *        owned
  * @return the sequence on each rank (same order), or nullopt when any rank cannot fit it; ranks
  *         that had admitted it are rolled back (freed), so no reservation remains.
  * @throw invalid_argument for bad N or T (before any rank changes); std::bad_alloc when the
@@ -44,7 +50,7 @@ template <class Manager>
 }
 
 /**
- * @brief Tensor parallelism: restores a session parked on every rank (`sessions[r]` from rank r's
+ * @brief Tensor or pipeline parallelism: restores a session parked on every rank (or stage) (`sessions[r]` from rank r's
  * `park`) with its next turn of N prompt and T decode tokens on every rank, or on none.
  * @tparam Manager any type with `unpark_pages`, `try_unpark` and `free` (a
  *         `basic_kv_cache_manager`).

@@ -56,7 +56,9 @@ inline std::vector<head_rule> split_rules(static_plan const& p) {
 }
 
 /**
- * @brief Builds the static plan of one rank: rules, clustering, page geometry and split map.
+ * @brief Builds the static plan of one rank and one pipeline stage (`options.layers`; the whole
+ * model by default): rules, clustering, page geometry and split map, all over the stage's layers
+ * only (the grouping scope applies within the stage: a group never spans two stages).
  * @throw invalid_argument for inconsistent inputs, naming the field and the value.
  */
 inline static_plan build_static_plan(model_spec const& model,
@@ -74,8 +76,10 @@ inline static_plan build_static_plan(model_spec const& model,
   p.model         = model;
   p.profile       = profile;
   p.options       = options;
-  p.num_layers    = model.num_layers;
-  p.rules         = head_rules_for(model, profile, options.tp_size, options.tp_rank);
+  p.rules         = head_rules_for(model, profile, options);  // checks the rank and the stage
+  auto stage      = options.layers_of(model.num_layers);
+  p.num_layers    = stage.size();
+  p.first_layer   = stage.first;
   p.num_kv_heads  = model.num_kv_heads / options.tp_size;
   p.first_kv_head = options.tp_rank * p.num_kv_heads;
   p.grouping =

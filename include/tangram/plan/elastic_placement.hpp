@@ -33,7 +33,8 @@ namespace tangram {
  * need = clamp(ceil(kept_k[h] * context / context_k), 0, context) for the profiled layers
  * (scaled in proportion to the context: exact at context = context_k), retained_tokens(rule,
  * context) for the others. [num_layers * num_kv_heads], flat heads; with tensor parallelism the
- * sample's heads of this rank ([first_kv_head, first_kv_head + num_kv_heads)).
+ * sample's heads of this rank ([first_kv_head, first_kv_head + num_kv_heads)), with pipeline
+ * stages the sample's layers of this stage ([first_layer, first_layer + num_layers)).
  * @throw invalid_argument when the samples do not match the plan (KV heads, layers), k is out of
  *        range or context < 0.
  */
@@ -55,20 +56,20 @@ inline std::vector<std::int64_t> sample_needs_at(static_plan const& plan,
                   " on each of ",
                   plan.options.tp_size,
                   " ranks");
-  TANGRAM_EXPECTS(s.num_model_layers == plan.num_layers,
+  TANGRAM_EXPECTS(s.num_model_layers == plan.model.num_layers,
                   invalid_argument,
                   "sample_needs_at: samples.num_model_layers ",
                   s.num_model_layers,
-                  " does not match the plan's ",
-                  plan.num_layers,
+                  " does not match the plan's model of ",
+                  plan.model.num_layers,
                   " layers (samples of another model)");
   for (auto layer : s.layer_ids)
-    TANGRAM_EXPECTS(layer >= 0 && layer < plan.num_layers,
+    TANGRAM_EXPECTS(layer >= 0 && layer < s.num_model_layers,
                     invalid_argument,
                     "sample_needs_at: samples.layer_ids holds layer ",
                     layer,
                     ", outside [0, ",
-                    plan.num_layers,
+                    s.num_model_layers,
                     ")");
   TANGRAM_EXPECTS(
       context >= 0, invalid_argument, "sample_needs_at: context must be >= 0, got ", context);
@@ -86,7 +87,9 @@ inline std::vector<std::int64_t> sample_needs_at(static_plan const& plan,
   std::vector<std::int64_t> needs(plan.rules.size());
   for (std::size_t i = 0; i < needs.size(); ++i) needs[i] = retained_tokens(plan.rules[i], context);
   for (std::size_t li = 0; li < s.layer_ids.size(); ++li) {
-    auto layer = s.layer_ids[li];
+    // Model layer -> the plan's local layer; layers of other pipeline stages are not the plan's.
+    auto layer = s.layer_ids[li] - plan.first_layer;
+    if (layer < 0 || layer >= plan.num_layers) continue;
     for (std::size_t h = 0; h < H; ++h)
       needs[static_cast<std::size_t>(layer) * H + h] =
           ceil_div(detail::mul_or_throw(smp.kept[li * HS + first + h],

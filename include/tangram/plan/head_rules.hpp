@@ -13,6 +13,7 @@
 #include "tangram/error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/retention.hpp"
+#include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 
 namespace tangram {
@@ -88,6 +89,22 @@ inline std::vector<head_rule> head_rules_for(model_spec const& model,
     }
   }
   return rules;
+}
+
+/**
+ * @brief The rules of the heads a plan of `options` covers: the heads of rank
+ * (options.tp_size, options.tp_rank) on the layers of its pipeline stage (`options.layers`, all
+ * layers by default), [stage layers * local heads]; local layer 0 is the stage's first layer.
+ * @throw invalid_argument as the rank's `head_rules_for`, or naming `plan_options.layers` when
+ * the stage is empty or not inside the model's layers.
+ */
+inline std::vector<head_rule> head_rules_for(model_spec const& model,
+                                             budget_profile const& profile,
+                                             plan_options const& options) {
+  auto all   = head_rules_for(model, profile, options.tp_size, options.tp_rank);
+  auto range = options.layers_of(model.num_layers);
+  auto local = static_cast<std::ptrdiff_t>(model.num_kv_heads / options.tp_size);
+  return {all.begin() + range.first * local, all.begin() + range.last * local};
 }
 
 }  // namespace tangram

@@ -133,6 +133,10 @@ inline json::value plan_to_json_value(static_plan const& p) {
   o.set("share_quantile", p.options.split.share_quantile);
   o.set("tp_size", p.options.tp_size);
   o.set("tp_rank", p.options.tp_rank);
+  if (p.options.layers) {  // a pipeline stage; absent: the whole model (files before stages)
+    o.set("first_layer", p.options.layers->first);
+    o.set("last_layer", p.options.layers->last);
+  }
   auto reservation = json::value::object();
   reservation.set("mode", to_string(p.options.reservation.mode));
   reservation.set("margin", p.options.reservation.margin);

@@ -45,15 +45,18 @@ class fnv1a {
 
 /**
  * @brief Hash of everything that gives a parked session's pages and lengths their meaning:
- * layers and KV heads of the rank, page geometry (P, Hp, d, dtype), each group's rule and member
- * columns, each head's rule and slot, and the reservation mode (elastic: margin, basis, keep ratio
- * and protected tokens). Two plans with the same fingerprint lay pages out identically and size
+ * layers and KV heads of the rank (and a pipeline stage's first layer), page geometry (P, Hp, d,
+ * dtype), each group's rule and member columns, each head's rule and slot, and the reservation
+ * mode (elastic: margin, basis, keep ratio and protected tokens). Two plans with the same fingerprint lay pages out identically and size
  * turns identically. Pure, O(heads), allocation-free.
  */
 [[nodiscard]] inline std::uint64_t plan_fingerprint(static_plan const& plan) {
   detail::fnv1a h;
   h.add_int(plan.num_layers);
   h.add_int(plan.num_kv_heads);
+  // A pipeline stage's pages hold its own layers: the same shape on other layers is another
+  // plan. (Whole-model plans hash as they did before stages.)
+  if (plan.first_layer != 0) h.add_int(plan.first_layer);
   h.add_int(plan.geometry.page_tokens);
   h.add_int(plan.geometry.group_size);
   h.add_int(plan.geometry.head_dim);
