@@ -692,7 +692,8 @@ class basic_kv_cache_manager {
   /**
    * @brief Frees a sequence in any phase (also mid-chunk: an abort): its page references and its
    * unused reservation return to the pool and its slot becomes free (old handles go stale).
-   * A batch that listed it must be set again before the next `decode_step`. Pending page copies
+   * A batch (of either kind) that listed it must be set again before its next `view(kind)`
+   * (and, for the decode batch, `decode_step`); until then those refuse with a logic_error. Pending page copies
    * keep their own references, so freeing never invalidates a copy the engine has not run.
    * @throw logic_error (nothing changed) for an unknown sequence.
    */
