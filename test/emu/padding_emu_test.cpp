@@ -34,7 +34,8 @@ struct padded_batch {
                std::int32_t S,
                std::vector<std::int32_t> const& order,
                std::int32_t hostile_from) {
-    const std::int64_t G = v.num_groups, LH = static_cast<std::int64_t>(v.num_layers) * v.num_kv_heads;
+    const std::int64_t G  = v.num_groups,
+                       LH = static_cast<std::int64_t>(v.num_layers) * v.num_kv_heads;
     page_offset.assign(v.page_offset, v.page_offset + S * G);
     base_len.assign(v.head_base_len, v.head_base_len + S * LH);
     appended.assign(v.appended, v.appended + S);
@@ -106,7 +107,7 @@ TEST_CASE("emulated decode over a padded batch: real requests as unpadded, paddi
       c.sinks    = sinks;
       c.seed     = 21 + static_cast<std::uint64_t>(sinks);
       test::decode_scenario s(c);
-      const auto S = static_cast<std::int32_t>(c.lens.size());
+      const auto S         = static_cast<std::int32_t>(c.lens.size());
       const std::int32_t B = s.view.batch_size, Hq = c.heads * c.group;
       const std::vector<std::int32_t> order = {-1, 0, 1, -1, 2, 3, 4, -1, -1};
       padded_batch pb(s.view, S, order, hostile);
@@ -136,7 +137,8 @@ TEST_CASE("emulated decode over a padded batch: real requests as unpadded, paddi
           p.o   = o_u.data();
           p.lse = lse_u.data();
           backend.decode(s.cache, p);
-          std::vector<float> o_p(order.size() * row), lse_p(order.size() * static_cast<std::size_t>(Hq));
+          std::vector<float> o_p(order.size() * row),
+              lse_p(order.size() * static_cast<std::size_t>(Hq));
           std::memset(o_p.data(), 0x7f, o_p.size() * 4);  // poison: every row must be written
           std::memset(lse_p.data(), 0x7f, lse_p.size() * 4);
           p.kv  = pb.view;
@@ -192,7 +194,7 @@ TEST_CASE("emulated eviction over a padded batch: pages and lengths as unpadded,
       const auto S            = static_cast<std::int32_t>(sc.seqs.size());
       test::test_cache run(sc.layout, sc.seqs, 5), pad(sc.layout, sc.seqs, 5);
       REQUIRE(run.pool() == pad.pool());
-      auto v = run.view(sc.batch);
+      auto v               = run.view(sc.batch);
       const std::int32_t B = v.batch_size;
       std::vector<unsigned char> ck(static_cast<std::size_t>(rows * H * d) * 4), cv(ck.size()),
           q(static_cast<std::size_t>(rows * H * group * d) * 4);
@@ -205,9 +207,10 @@ TEST_CASE("emulated eviction over a padded batch: pages and lengths as unpadded,
       for (std::int32_t r = 0; r < B; ++r)
         for (std::int32_t l = 0; l < L; ++l)
           for (std::int32_t h = 0; h < H; ++h)
-            max_cand = std::max(max_cand,
-                                v.head_len(r, l, h) + sc.chunk_indptr[static_cast<std::size_t>(r) + 1] -
-                                    sc.chunk_indptr[static_cast<std::size_t>(r)]);
+            max_cand =
+                std::max(max_cand,
+                         v.head_len(r, l, h) + sc.chunk_indptr[static_cast<std::size_t>(r) + 1] -
+                             sc.chunk_indptr[static_cast<std::size_t>(r)]);
       // Padding requests get rows of their own (a padding request must ignore them).
       const std::vector<std::int32_t> order = {-1, 0, 1, 2, -1, 3, 4, 5, -1};
       padded_batch pb(pad.view(sc.batch), S, order, hostile);
@@ -218,10 +221,10 @@ TEST_CASE("emulated eviction over a padded batch: pages and lengths as unpadded,
       };
       std::vector<std::int32_t> indptr;
       auto kv_row = static_cast<std::size_t>(H * d) * 4, q_row = kv_row * group;
-      auto ck_p   = regroup_rows(ck, kv_row, order, first, count, 7, rng, &indptr);
-      auto cv_p   = regroup_rows(cv, kv_row, order, first, count, 7, rng);
-      auto q_p    = regroup_rows(q, q_row, order, first, count, 7, rng);
-      auto o = test::emu_schedules(31 + static_cast<std::uint64_t>(source), 1).front();
+      auto ck_p = regroup_rows(ck, kv_row, order, first, count, 7, rng, &indptr);
+      auto cv_p = regroup_rows(cv, kv_row, order, first, count, 7, rng);
+      auto q_p  = regroup_rows(q, q_row, order, first, count, 7, rng);
+      auto o    = test::emu_schedules(31 + static_cast<std::uint64_t>(source), 1).front();
       emu::scoped_options scope(o);
       emu_backend backend;
       for (std::int32_t layer = 0; layer < L; ++layer) {
@@ -280,7 +283,7 @@ TEST_CASE("emulated append over a padded batch writes exactly the unpadded run's
     }
     test::test_cache run(layout, seqs, 42), pad(layout, seqs, 42);
     std::vector<std::int32_t> batch = {3, 0, 4, 1};
-    auto v = run.view(batch);
+    auto v                          = run.view(batch);
     std::mt19937_64 rng(9);
     auto row = static_cast<std::size_t>(4 * 128) * 4;  // f32 source rows
     std::vector<unsigned char> k(batch.size() * row), vv(k.size());

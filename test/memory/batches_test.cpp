@@ -91,9 +91,8 @@ TEST_CASE("two batches: each kind has its own view, the views share every page-t
   CHECK_NOTHROW(m.view());
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       m.view(batch_kind::prefill), logic_error, "view: batch request 0", "freed");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(m.check_batch_live(batch_kind::prefill, "evict"),
-                                  logic_error,
-                                  "evict: batch request 0");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      m.check_batch_live(batch_kind::prefill, "evict"), logic_error, "evict: batch request 0");
   m.set_batch(batch_kind::prefill, {});
   CHECK(m.view(batch_kind::prefill).batch_size == 0);
   m.check_invariants();
