@@ -3,8 +3,11 @@
 // examples/python/engine_loop.py: the same requests, the same calls, the same page accounting
 // (python/tests/test_engine_loop.py compares the two checkpoint by checkpoint).
 //
-// Admission until the pool is full (with the reason when a request does not fit), chunked prefill
-// (prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
+// Admission until the pool is full (with the reason when a request does not fit), mixed steps as
+// vLLM v1 / SGLang schedule them (one prefill chunk of every request still in prefill, evicted by
+// one launch over the prefill batch, beside a decode step over the decode batch, padded to a fixed
+// capacity as a CUDA graph would be), chunked prefill (prepare, eviction, commit), decode steps
+// over a batch, speculative tokens rolled back, a turn's
 // reservation extended, a second turn, a copy-on-write fork, the session parked in host memory and
 // brought back for a third turn, and free: at the end every page and slot is back. Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
 // layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
@@ -56,38 +59,62 @@ std::vector<std::uint16_t> chunk_kv(std::int64_t rows, std::int32_t heads, std::
   return out;
 }
 
-/// Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit.
-void prefill(tangram::kv_cache_manager& kv, tangram::sequence_id seq) {
+/// The next chunk of every sequence of `seqs` (all in prefill): prepare each, then ONE eviction
+/// launch per layer over the prefill batch (`view(batch_kind::prefill)`; the decode batch is left
+/// as it is), then commit each with its kept counts.
+void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence_id> const& seqs) {
   auto const& plan = kv.plan();
-  std::int32_t const L = plan.num_layers, H = plan.num_kv_heads;
-  std::vector<std::int32_t> kept(static_cast<std::size_t>(L) * static_cast<std::size_t>(H));
-  std::vector<std::int32_t> expected(kept.size());
-  while (std::int64_t left = kv.info(seq).prompt_remaining) {
+  std::int32_t const L = plan.num_layers, H = plan.num_kv_heads, d = plan.model.head_dim;
+  auto const B = seqs.size();
+  std::vector<std::int32_t> indptr{0};
+  std::vector<std::uint16_t> data;  // the batch's chunks, one after the other
+  std::int32_t max_candidates = 1;
+  for (auto seq : seqs) {
+    std::int64_t left  = kv.info(seq).prompt_remaining;
     std::int64_t chunk = left < chunk_size ? left : chunk_size;
     kv.prepare_chunk(seq, chunk);
-    kv.set_batch({seq});  // the eviction runs over the view's batch
-    auto data                       = chunk_kv(chunk, H, plan.model.head_dim);
-    std::int32_t const indptr[2]    = {0, static_cast<std::int32_t>(chunk)};
-    tangram::eviction_params p;
-    p.kv             = kv.view();
-    p.sink           = plan.profile.sink_tokens;
-    p.chunk_indptr   = indptr;
-    p.chunk_k        = data.data();
-    p.chunk_v        = data.data();
-    p.max_candidates = static_cast<std::int32_t>(kv.info(seq).seq_tokens + chunk);
-    p.source         = tangram::score_source::key_norm;
-    p.group          = plan.model.gqa_group();
-    for (std::int32_t layer = 0; layer < L; ++layer) {
-      p.layer   = layer;
-      p.rules   = plan.rules.data() + static_cast<std::ptrdiff_t>(layer) * H;
-      p.new_len = kept.data() + static_cast<std::ptrdiff_t>(layer) * H;
-      tangram::reference::evict_chunk(p);
-    }
-    // Static budgets: the kernel keeps exactly what the rules say.
-    kv.expected_kept(seq, chunk, expected.data());
-    if (kept != expected) throw std::logic_error("the reference eviction kept other counts");
-    kv.commit_chunk(seq, kept);
+    auto rows = chunk_kv(chunk, H, d);
+    data.insert(data.end(), rows.begin(), rows.end());
+    indptr.push_back(indptr.back() + static_cast<std::int32_t>(chunk));
+    auto bound = static_cast<std::int32_t>(kv.info(seq).seq_tokens + chunk);  // held + chunk
+    max_candidates = bound > max_candidates ? bound : max_candidates;
   }
+  kv.set_batch(tangram::batch_kind::prefill, seqs);  // the eviction's own batch
+  // new_len[layer][request][head], as each layer's launch writes it.
+  std::vector<std::int32_t> new_len(static_cast<std::size_t>(L) * B * static_cast<std::size_t>(H));
+  tangram::eviction_params p;
+  p.kv             = kv.view(tangram::batch_kind::prefill);
+  p.sink           = plan.profile.sink_tokens;
+  p.chunk_indptr   = indptr.data();
+  p.chunk_k        = data.data();
+  p.chunk_v        = data.data();
+  p.max_candidates = max_candidates;
+  p.source         = tangram::score_source::key_norm;
+  p.group          = plan.model.gqa_group();
+  for (std::int32_t layer = 0; layer < L; ++layer) {
+    p.layer   = layer;
+    p.rules   = plan.rules.data() + static_cast<std::ptrdiff_t>(layer) * H;
+    p.new_len = new_len.data() + static_cast<std::size_t>(layer) * B * static_cast<std::size_t>(H);
+    tangram::reference::evict_chunk(p);  // one launch for the whole prefill batch
+  }
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(L) * static_cast<std::size_t>(H));
+  std::vector<std::int32_t> expected(kept.size());
+  for (std::size_t r = 0; r < B; ++r) {
+    for (std::int32_t layer = 0; layer < L; ++layer)
+      for (std::int32_t h = 0; h < H; ++h)
+        kept[static_cast<std::size_t>(layer * H + h)] =
+            new_len[(static_cast<std::size_t>(layer) * B + r) * static_cast<std::size_t>(H) +
+                    static_cast<std::size_t>(h)];
+    // Static budgets: the kernel keeps exactly what the rules say.
+    kv.expected_kept(seqs[r], kv.info(seqs[r]).chunk_pending, expected.data());
+    if (kept != expected) throw std::logic_error("the reference eviction kept other counts");
+    kv.commit_chunk(seqs[r], kept);
+  }
+}
+
+/// Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit.
+void prefill(tangram::kv_cache_manager& kv, tangram::sequence_id seq) {
+  while (kv.info(seq).prompt_remaining > 0) prefill_chunks(kv, {seq});
 }
 
 void decode(tangram::kv_cache_manager& kv,
@@ -132,13 +159,48 @@ int main(int argc, char** argv) {
     running.push_back(*result.id);
   }
   trace.push_back(snapshot("admitted", kv));
-  for (auto seq : running) prefill(kv, seq);
-  trace.push_back(snapshot("prefilled", kv));
-  decode(kv, running, 32);
+  // Mixed steps: each step prefills the next chunk of the first `chunks_per_step` requests still
+  // in prefill (the prefill batch, one eviction launch; the scheduler's prefill budget) beside
+  // one decode token for every request already in decode (the decode batch, padded to max_batch:
+  // a CUDA graph captured once at that size replays every step), until every request is
+  // prefilled and has decoded 32 tokens. With three requests of one chunk each: step 0 prefills
+  // two, step 1 prefills the third beside the first two's decodes, then decodes only.
+  constexpr std::size_t chunks_per_step = 2;
+  auto const graph_batch = static_cast<std::size_t>(kv.options().max_batch);
+  bool prefilled         = false;
+  int mixed_steps        = 0;
+  for (;;) {
+    std::vector<tangram::sequence_id> to_prefill, to_decode;
+    for (auto seq : running) {
+      auto i = kv.info(seq);
+      if (i.phase == tangram::sequence_phase::prefill && to_prefill.size() < chunks_per_step)
+        to_prefill.push_back(seq);
+      if (i.phase == tangram::sequence_phase::decode && i.decoded < 32) to_decode.push_back(seq);
+    }
+    bool any_prefill = false;
+    for (auto seq : running)
+      any_prefill |= kv.info(seq).phase == tangram::sequence_phase::prefill;
+    if (!any_prefill && !prefilled) {
+      trace.push_back(snapshot("prefilled", kv));
+      prefilled = true;
+    }
+    if (to_prefill.empty() && to_decode.empty()) break;
+    if (!to_prefill.empty() && !to_decode.empty()) ++mixed_steps;
+    // The decode batch: decode_step skips the padding; the append and attention kernels would
+    // run over kv.view() (= view(batch_kind::decode)), a no-op for padding requests.
+    kv.set_batch(tangram::batch_kind::decode, to_decode, graph_batch);
+    if (!to_decode.empty()) kv.decode_step();
+    if (!to_prefill.empty()) prefill_chunks(kv, to_prefill);
+  }
   trace.push_back(snapshot("decoded", kv));
+  if (mixed_steps == 0) {
+    std::fprintf(stderr, "no step mixed prefill chunks and decodes\n");
+    return 1;
+  }
   // Speculative decoding: 4 draft tokens per member, then the rejected ones are rolled back.
+  kv.set_batch(running);
   std::vector<std::int32_t> drafts(running.size(), 4);
-  kv.decode_step(drafts.data(), static_cast<std::int64_t>(drafts.size()));
+  kv.decode_step(drafts.data(), drafts.size());
   for (auto seq : running) kv.rollback(seq, 3);  // 1 of 4 accepted
   trace.push_back(snapshot("rolled_back", kv));
   // The first session's answer runs long: grow its reservation (all or nothing).

@@ -90,13 +90,17 @@ kv_view_mirror::kv_view_mirror(kv_cache_manager const& kv, std::int32_t device_i
     release();
     throw;
   }
-  view_.pool         = kv.pool().base();
-  view_.geometry     = kv.plan().geometry;
-  view_.num_layers   = kv.plan().num_layers;
-  view_.num_kv_heads = kv.plan().num_kv_heads;
-  view_.num_groups   = kv.num_groups();
-  view_.batch_size   = 0;
-  if (device_) layout.attach(view_, device_);
+  for (std::size_t k = 0; k < batch_kind_count; ++k) {
+    auto& v        = views_[k];
+    v.pool         = kv.pool().base();
+    v.geometry     = kv.plan().geometry;
+    v.num_layers   = kv.plan().num_layers;
+    v.num_kv_heads = kv.plan().num_kv_heads;
+    v.num_groups   = kv.num_groups();
+    v.batch_size   = 0;
+    v.padding_slot = kv.max_sequences();
+    if (device_) layout.attach(v, device_, static_cast<batch_kind>(k));
+  }
 }
 
 kv_view_mirror::~kv_view_mirror() {
@@ -132,7 +136,7 @@ void kv_view_mirror::swap(kv_view_mirror& other) noexcept {
   std::swap(next_, other.next_);
   std::swap(last_copies_, other.last_copies_);
   std::swap(last_bytes_, other.last_bytes_);
-  std::swap(view_, other.view_);
+  std::swap(views_, other.views_);
 }
 
 kv_view_mirror::kv_view_mirror(kv_view_mirror&& other) noexcept {
@@ -152,14 +156,15 @@ void kv_view_mirror::sync(kv_cache_manager& kv, cuda_stream_t stream) {
   TANGRAM_EXPECTS(&kv == manager_,
                   logic_error,
                   "kv_view_mirror::sync: kv is not the manager this mirror was built for");
-  kv_cache_view host = kv.view();  // may throw (a freed batch member): nothing done yet
+  // May throw (a freed batch member): nothing done yet.
+  kv_cache_view host = kv.view(batch_kind::decode), prefill = kv.view(batch_kind::prefill);
   detail::device_guard guard(device_id_);
   if (guard.status() != cudaSuccess) fail("sync: cudaSetDevice", guard.status());
   int const b = next_;
   // The upload that last read this shadow was enqueued two syncs ago: usually long done.
   check(cudaEventSynchronize(uploaded_[b]), "sync: cudaEventSynchronize");
   if (device_) {
-    stager_.stage(kv.changes(), host, shadow_[b], shadow_[1 - b]);
+    stager_.stage(kv.changes(), host, prefill, shadow_[b], shadow_[1 - b]);
     for (auto r : stager_.uploads()) {
       cudaError_t err = cudaMemcpyAsync(device_ + r.begin,
                                         shadow_[b] + r.begin,
@@ -184,7 +189,8 @@ void kv_view_mirror::sync(kv_cache_manager& kv, cuda_stream_t stream) {
   last_bytes_  = device_ ? stager_.upload_bytes() : 0;
   if (device_) stager_.commit();
   kv.clear_view_changes();
-  view_.batch_size = host.batch_size;
+  views_[static_cast<std::size_t>(batch_kind::decode)].batch_size  = host.batch_size;
+  views_[static_cast<std::size_t>(batch_kind::prefill)].batch_size = prefill.batch_size;
   next_            = 1 - b;
 }
 

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """A Python engine loop over tangram.KVCacheManager (docs/python.md).
 
-Admission until the pool is full (with the reason when a request does not fit), chunked prefill
-(prepare, eviction, commit), decode steps over a batch, speculative tokens rolled back, a turn's
+Admission until the pool is full (with the reason when a request does not fit), mixed steps (the
+next prefill chunk of every request still in prefill beside a decode step of the requests already
+in decode, as vLLM v1 / SGLang schedule them), chunked prefill (prepare, eviction, commit), decode
+steps over a batch, speculative tokens rolled back, a turn's
 reservation extended, a second turn, a copy-on-write fork, the session parked in host memory and
 brought back for a third turn, and free: at the end every page and slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
 accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
@@ -31,10 +33,13 @@ def chunk_kv(rows: int, heads: int, head_dim: int) -> np.ndarray:
     return (((t * 31 + h * 7 + x) % 128) + 0x3F00).astype(np.uint16)
 
 
-def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
-    """Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit."""
+def prefill_chunk(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
+    """The next chunk of `seq`: prepare, evict, commit. (The bindings keep one batch, so the
+    eviction runs over `set_batch([seq])`; the C++ twin evicts a mixed step's chunks in one launch
+    over its prefill batch, `set_batch(batch_kind::prefill, ...)`: the same page accounting.)"""
     plan = kv.plan
-    while (left := kv.info(seq)["prompt_remaining"]) > 0:
+    left = kv.info(seq)["prompt_remaining"]
+    if left > 0:
         chunk = min(CHUNK, left)
         kv.prepare_chunk(seq, chunk)
         kv.set_batch([seq])  # the eviction runs over the view's batch
@@ -48,6 +53,12 @@ def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
         # Static budgets: the kernel keeps exactly what the rules say.
         assert kept.tolist() == kv.expected_kept(seq, chunk)
         kv.commit_chunk(seq, kept)
+
+
+def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
+    """Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit."""
+    while kv.info(seq)["prompt_remaining"] > 0:
+        prefill_chunk(kv, seq)
 
 
 def decode(kv: tangram.KVCacheManager, batch: list[tangram.SequenceId], steps: int) -> None:
@@ -85,12 +96,29 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
         waiting.pop(0)
         running.append(result["id"])
     trace.append(snapshot("admitted", kv))
-    for seq in running:
-        prefill(kv, seq)
-    trace.append(snapshot("prefilled", kv))
-    decode(kv, running, 32)
+    # Mixed steps: the next chunk of the first two requests still in prefill (the scheduler's
+    # prefill budget) beside one decode token for every request already in decode, until every
+    # request is prefilled and decoded 32 tokens.
+    chunks_per_step = 2
+    prefilled = False
+    while True:
+        infos = [kv.info(seq) for seq in running]
+        in_prefill = [seq for seq, i in zip(running, infos) if i["phase"] == "prefill"]
+        to_prefill = in_prefill[:chunks_per_step]
+        to_decode = [seq for seq, i in zip(running, infos)
+                     if i["phase"] == "decode" and i["decoded"] < 32]
+        if not in_prefill and not prefilled:
+            trace.append(snapshot("prefilled", kv))
+            prefilled = True
+        if not to_prefill and not to_decode:
+            break
+        if to_decode:
+            decode(kv, to_decode, 1)
+        for seq in to_prefill:
+            prefill_chunk(kv, seq)
     trace.append(snapshot("decoded", kv))
     # Speculative decoding: 4 draft tokens per member, then the rejected ones are rolled back.
+    kv.set_batch(running)
     kv.decode_step(np.full(len(running), 4, dtype=np.int32))
     for seq in running:
         kv.rollback(seq, 3)  # 1 of 4 accepted

@@ -28,7 +28,7 @@ namespace {
 std::vector<std::byte> image_of(kv_cache_manager const& m) {
   auto l = detail::mirror_layout::of(m.view_extents());
   std::vector<std::byte> out(static_cast<std::size_t>(l.total), std::byte{0});
-  l.copy_from(m.view(), {0, l.total}, out.data());
+  l.copy_from(m.view(batch_kind::decode), m.view(batch_kind::prefill), {0, l.total}, out.data());
   return out;
 }
 
@@ -189,6 +189,44 @@ TEST_CASE("kv_view_mirror (fake runtime): sync errors, the documented waits, and
   mirror.sync(m, nullptr);  // shadow 1 again: its last upload (two syncs back) is still queued
   CHECK(fs.waits_that_ran_work == waits + 1);
   CHECK(fs.queue.size() == 4);  // the last two syncs' copy and event each
+  check_block();
+
+  // A mixed step: a prefill batch beside a decode batch padded to 4 (CUDA-graph capacity). Each
+  // device view has its own slot list and batch size; every other array is shared.
+  auto c = *m.try_admit(6, 2);
+  m.set_batch(batch_kind::prefill, {c});
+  m.set_batch(batch_kind::decode, {a}, 4);
+  m.prepare_chunk(c, 6);
+  m.decode_step();
+  mirror.sync(m, nullptr);
+  auto const& dv = mirror.view(batch_kind::decode);
+  auto const& pv = mirror.view(batch_kind::prefill);
+  CHECK(&dv == &mirror.view());
+  CHECK(dv.batch_size == 4);
+  CHECK(pv.batch_size == 1);
+  CHECK(dv.padding_slot == 8);
+  CHECK(pv.padding_slot == 8);
+  CHECK(pv.pages == dv.pages);
+  CHECK(pv.seq_tokens == dv.seq_tokens);
+  CHECK(pv.batch_slots != dv.batch_slots);
+  check_block();
+  std::int32_t got[4];
+  std::memcpy(got, dv.batch_slots, sizeof got);  // host memory in the fake runtime
+  CHECK(got[0] == a.slot);
+  CHECK(got[1] == 8);
+  CHECK(got[3] == 8);
+  std::memcpy(got, pv.batch_slots, sizeof(std::int32_t));
+  CHECK(got[0] == c.slot);
+  CHECK_THROWS_AS(mirror.view(static_cast<batch_kind>(2)), invalid_argument);
+  // A freed prefill member: sync refuses (as for the decode batch) until the batch is set again.
+  m.free(c);
+  CHECK(error_of([&] { mirror.sync(m, nullptr); }).find("no longer a live sequence") !=
+        std::string::npos);
+  m.set_batch(batch_kind::prefill, {});
+  m.set_batch({a});
+  mirror.sync(m, nullptr);
+  CHECK(mirror.view(batch_kind::prefill).batch_size == 0);
+  CHECK(mirror.view().batch_size == 1);
   check_block();
 
   // Another manager; a freed batch member (nothing enqueued, the journal kept).

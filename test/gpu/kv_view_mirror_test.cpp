@@ -67,14 +67,17 @@ void require_mirrored(kv_view_mirror const& mirror, kv_cache_manager const& kv, 
   // head_slots is the block's first array: its pointer is the block's start.
   cuda_check(cudaMemcpy(dev.data(), mirror.view().head_slots, dev.size(), cudaMemcpyDeviceToHost),
              "cudaMemcpy D2H");
-  auto v = kv.view();
+  auto v = kv.view(batch_kind::decode), pv = kv.view(batch_kind::prefill);
   for (std::size_t a = 0; a < detail::mirror_array_count; ++a) {
-    auto const* host = detail::mirror_layout::host_array(v, static_cast<detail::mirror_array>(a));
+    auto const* host =
+        detail::mirror_layout::host_array(v, pv, static_cast<detail::mirror_array>(a));
     auto n           = static_cast<std::size_t>(layout.bytes[a]);
     GPU_REQUIRE_MSG(n == 0 || std::memcmp(host, dev.data() + layout.offset[a], n) == 0,
                     "array " << a << " of the device block differs from the host view");
   }
   GPU_REQUIRE(mirror.view().batch_size == kv.batch_size());
+  GPU_REQUIRE(mirror.view(batch_kind::prefill).batch_size == kv.batch_size(batch_kind::prefill));
+  GPU_REQUIRE(mirror.view(batch_kind::prefill).pages == mirror.view().pages);
 }
 
 void CUDART_CB sleep_1ms(void*) {
@@ -273,9 +276,13 @@ TANGRAM_GPU_TEST("kv_view_mirror: decode attention through mirror.view() equals 
                         when << ", layer " << layer << ": output " << i << " is " << o_gpu[i]
                              << ", reference " << o_ref[i]);
       for (std::size_t i = 0; i < lse_ref.size(); ++i)
-        GPU_REQUIRE_MSG(
-            std::abs(lse_gpu[i] - lse_ref[i]) <= 1e-4f * std::max(1.f, std::abs(lse_ref[i])),
-            when << ", layer " << layer << ": lse " << i);
+        GPU_REQUIRE_MSG(lse_gpu[i] == lse_ref[i] || std::abs(lse_gpu[i] - lse_ref[i]) <=
+                                                        1e-4f * std::max(1.f, std::abs(lse_ref[i])),
+                        when << ", layer " << layer << ": lse " << i);
+      // Padding requests (the last batch_padding of the batch): zeros, no NaN.
+      auto first_pad = static_cast<std::size_t>(kv.batch_size() - kv.batch_padding(batch_kind::decode));
+      for (std::size_t i = first_pad * static_cast<std::size_t>(Hq * d); i < o_gpu.size(); ++i)
+        GPU_REQUIRE_MSG(o_gpu[i] == 0.f, when << ", layer " << layer << ": padding output " << i);
     }
   };
   kv.set_batch({ids[2], ids[0], ids[1]});
@@ -288,6 +295,11 @@ TANGRAM_GPU_TEST("kv_view_mirror: decode attention through mirror.view() equals 
   kv.decode_step();
   compare("after a batch change");
   GPU_CHECK(mirror.last_sync_bytes() < static_cast<std::int64_t>(mirror.bytes()));
+  // A fixed-capacity batch (CUDA graphs): one member padded to max_batch 4.
+  kv.set_batch(batch_kind::decode, {ids[0]}, 4);
+  kv.decode_step();
+  compare("one member padded to 4");
+  GPU_CHECK(mirror.view().batch_size == 4);
 }
 
 TANGRAM_GPU_TEST("kv_view_mirror: errors name the value; moves keep the device view",

@@ -258,6 +258,10 @@ TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memor
         if (in.phase == sequence_phase::prefill) {
           auto c = std::min<std::int64_t>(pick(1, 12), in.prompt_remaining);
           m.prepare_chunk(id, c);
+          // The eviction's own batch, padded to a random capacity (CUDA-graph style): the
+          // decode batch is left as it is.
+          m.set_batch(batch_kind::prefill, {id}, static_cast<std::size_t>(pick(0, 6)));
+          REQUIRE(m.view(batch_kind::prefill).batch_slots[0] == id.slot);
           // The scorer wants a random share of each head's candidates; the optimal placement
           // within the limit picks the groups' lengths; padding heads keep their next-best.
           std::vector<std::int32_t> cand(plan.rules.size());
@@ -289,8 +293,9 @@ TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memor
           CHECK(pooled_pages_held(m, id) <= m.elastic_page_limit(id));
         } else if (in.phase == sequence_phase::decode && op <= 5) {
           if (in.decoded < in.max_new) {
-            m.set_batch({id});
+            m.set_batch(batch_kind::decode, {id}, static_cast<std::size_t>(pick(0, 6)));
             m.decode_step();
+            REQUIRE(m.info(id).decoded == in.decoded + 1);
           } else {
             m.end_turn(id);
           }

@@ -103,8 +103,12 @@ manager_snapshot snapshot(Manager const& m, std::vector<sequence_id> const& ids)
   });
   for (page_id p = 0; p < m.pool().capacity(); ++p) v.push_back(m.pool().ref_count(p));
   v.push_back(m.live_sequences());
-  v.push_back(m.batch_size());
-  for (std::int32_t r = 0; r < m.batch_size(); ++r) v.push_back(m.batch_sequence(r).slot);
+  for (auto kind : {batch_kind::decode, batch_kind::prefill}) {
+    v.push_back(m.batch_size(kind));
+    v.push_back(m.batch_padding(kind));
+    for (std::int32_t r = 0; r < m.batch_size(kind) - m.batch_padding(kind); ++r)
+      v.push_back(m.batch_sequence(kind, r).slot);
+  }
   for (auto id : ids) {
     if (!m.contains(id)) {
       v.push_back(-1);
@@ -367,6 +371,39 @@ class engine_sim {
     auto v = m_.view();
     for (std::int32_t r = 0; r < static_cast<std::int32_t>(batch.size()); ++r)
       appended(v, r, tokens.empty() ? 1 : tokens[static_cast<std::size_t>(r)]);
+  }
+
+  /**
+   * One mixed step, as vLLM v1 / SGLang schedule it: the prefill batch `pre` (chunk `chunks[i]`
+   * for pre[i]) and the decode batch `dec` set side by side, each padded to a fixed capacity
+   * (`pad_pre`, `pad_dec`: 0 or >= the member count), both views taken before either "kernel"
+   * runs; then `decode_step()` over the padded decode batch, the decode tokens written through
+   * the decode view and the chunks evicted through the prefill view. Checks both views
+   * independently: members in order, padding requests in the padding slot with no tokens, the
+   * padding slot's rows zero, both views sharing every page-table array.
+   */
+  void mixed_step(std::vector<sequence_id> const& pre,
+                  std::vector<std::int64_t> const& chunks,
+                  std::vector<sequence_id> const& dec,
+                  std::size_t pad_pre,
+                  std::size_t pad_dec) {
+    m_.set_batch(batch_kind::prefill, pre, pad_pre);
+    m_.set_batch(batch_kind::decode, dec, pad_dec);
+    for (std::size_t i = 0; i < pre.size(); ++i) m_.prepare_chunk(pre[i], chunks[i]);
+    m_.decode_step();
+    auto pv = m_.view(batch_kind::prefill), dv = m_.view(batch_kind::decode);
+    check_batch_view(pv, pre, pad_pre);
+    check_batch_view(dv, dec, pad_dec);
+    REQUIRE(pv.pages == dv.pages);
+    REQUIRE(pv.page_offset == dv.page_offset);
+    REQUIRE(pv.head_base_len == dv.head_base_len);
+    REQUIRE(pv.appended == dv.appended);
+    REQUIRE(pv.seq_tokens == dv.seq_tokens);
+    REQUIRE(pv.padding_slot == m_.max_sequences());
+    REQUIRE(dv.padding_slot == m_.max_sequences());
+    REQUIRE(m_.batch_padding(batch_kind::decode) == dv.batch_size - static_cast<std::int32_t>(dec.size()));
+    for (std::int32_t r = 0; r < static_cast<std::int32_t>(dec.size()); ++r) appended(dv, r, 1);
+    for (std::size_t i = 0; i < pre.size(); ++i) chunk(pre[i], chunks[i], true);
   }
 
   /// `append_tokens(id, k)`: k speculative tokens for one sequence, written through its view.
@@ -828,11 +865,39 @@ class engine_sim {
     }
   }
 
+  /// What the eviction kernel leaves in the pages of q, written through the prefill batch's view
+  /// (the decode batch stays as it is, as in an engine's mixed step).
+  /// A batch view of `ids` padded to `padded` (0: none), checked against the model.
+  void check_batch_view(kv_cache_view const& v,
+                        std::vector<sequence_id> const& ids,
+                        std::size_t padded) {
+    auto n = static_cast<std::int32_t>(ids.size());
+    REQUIRE(v.batch_size == static_cast<std::int32_t>(padded == 0 ? ids.size() : padded));
+    auto pad = v.padding_slot;
+    REQUIRE(pad == m_.max_sequences());
+    for (std::int32_t r = 0; r < v.batch_size; ++r) {
+      REQUIRE(v.is_padding(r) == (r >= n));
+      if (r < n) {
+        REQUIRE(v.batch_slots[r] == ids[static_cast<std::size_t>(r)].slot);
+        continue;
+      }
+      REQUIRE(v.batch_slots[r] == pad);
+      for (std::int32_t h = 0; h < L_ * H_; ++h) REQUIRE(v.head_len(r, h / H_, h % H_) == 0);
+    }
+    // The padding slot's rows hold nothing (every kernel reads zeros there).
+    REQUIRE(v.appended[pad] == 0);
+    REQUIRE(v.seq_tokens[pad] == 0);
+    for (std::int32_t g = 0; g < G_; ++g)
+      REQUIRE(v.page_offset[static_cast<std::int64_t>(pad) * G_ + g] == 0);
+    for (std::int32_t h = 0; h < L_ * H_; ++h)
+      REQUIRE(v.head_base_len[static_cast<std::int64_t>(pad) * L_ * H_ + h] == 0);
+  }
+
   void write_all(sim_sequence const& q) {
     if (!data_) return;
     std::vector<sequence_id> one{q.id};
-    m_.set_batch(one);
-    auto v = m_.view();
+    m_.set_batch(batch_kind::prefill, one);
+    auto v = m_.view(batch_kind::prefill);
     for (std::int32_t h = 0; h < L_ * H_; ++h) {
       auto const& t = q.tags[static_cast<std::size_t>(h)];
       for (std::size_t i = 0; i < t.size(); ++i)

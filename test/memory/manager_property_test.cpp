@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Thousands of random operations (admit, chunk with fused eviction, decode, fork, end turn,
+// Thousands of random operations (admit, chunk with fused eviction, decode, mixed steps of
+// prefill chunks beside decodes on two padded batches, fork, end turn,
 // continue, free, abort mid-chunk, park / complete_park / cancel_park / try_unpark through a
 // host copy of the pages) across many sequences on random tiny plans. After every
 // operation the engine_sim checks, independently of the manager's own bookkeeping: every held
@@ -33,6 +34,7 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
   const int trials = 6, ops = 1500;
   std::int64_t total_ops = 0, misuses = 0, forks = 0, rejections = 0, continues = 0;
   std::int64_t parks = 0, cancels = 0, unparks = 0, unpark_refusals = 0, shared_parks = 0;
+  std::int64_t mixed_steps = 0, padded_requests = 0;
   for (int trial = 0; trial < trials; ++trial) {
     std::mt19937 rng(1000 + static_cast<std::uint32_t>(trial));
     std::vector<double> budgets(8);
@@ -162,7 +164,44 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
           auto const& q = sim.sequences().at(id.slot);
           if (q.decoded < q.max_new && rng() % 3 != 0) batch.push_back(id);
         }
-        if (!batch.empty()) sim.decode(batch);
+        if (rng() % 2 == 0) {
+          // A mixed step: some prefill chunks beside the decodes, each batch padded to a random
+          // fixed capacity (CUDA-graph style) or not.
+          std::vector<sequence_id> pre;
+          std::vector<std::int64_t> chunks;
+          for (auto id : in_phase(sequence_phase::prefill))
+            if (rng() % 2 == 0) {
+              pre.push_back(id);
+              chunks.push_back(uniform(rng, 1, sim.sequences().at(id.slot).prompt_remaining));
+            }
+          auto pad = [&](std::size_t n) -> std::size_t {
+            auto cap = static_cast<std::size_t>(m.options().max_batch);
+            return rng() % 3 == 0 ? 0 : n + rng() % (cap - n + 1);
+          };
+          std::size_t pp = pad(pre.size()), pd = pad(batch.size());
+          padded_requests += static_cast<std::int64_t>((pp == 0 ? 0 : pp - pre.size()) +
+                                                       (pd == 0 ? 0 : pd - batch.size()));
+          if (!pre.empty() && !batch.empty()) ++mixed_steps;
+          sim.mixed_step(pre, chunks, batch, pp, pd);
+          if (pd > batch.size() && rng() % 2 == 0) {
+            // Misuses of a padded batch, each refused with invalid_argument and no change.
+            auto ids    = sim.ids();
+            auto before = snapshot(m, ids);
+            auto r      = static_cast<std::int32_t>(batch.size());
+            REQUIRE_THROWS_WITH(m.batch_sequence(batch_kind::decode, r),
+                                Catch::Contains("padding request"));
+            std::vector<std::int32_t> counts(pd, 0);
+            counts.back() = 1;
+            REQUIRE_THROWS_WITH(m.decode_step(counts), Catch::Contains("padding request"));
+            auto too_big = static_cast<std::size_t>(m.options().max_batch) + 1;
+            REQUIRE_THROWS_WITH(m.set_batch(batch_kind::prefill, batch, too_big),
+                                Catch::Contains("set_batch.padded_size"));
+            REQUIRE(snapshot(m, ids) == before);
+            misuses += 3;
+          }
+        } else if (!batch.empty()) {
+          sim.decode(batch);
+        }
       } else if (op < 66) {
         auto dec = in_phase(sequence_phase::decode);
         if (!dec.empty()) sim.end_turn(pick(dec, rng));
@@ -228,7 +267,10 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
           misuse([&] { m.end_turn(sequence_id{o.max_sequences + 3, 1}); }, "out of range");
         } else if (kind == 6 && !dec.empty()) {
           auto id = pick(dec, rng);
-          misuse([&] { m.set_batch({id, id}); }, "listed twice");
+          if (rng() % 2)
+            misuse([&] { m.set_batch({id, id}); }, "listed twice");
+          else
+            misuse([&] { m.set_batch(batch_kind::prefill, {id, id}, 4); }, "listed twice");
         } else if (kind == 7 && !pre.empty()) {
           misuse([&] { m.end_turn(pick(pre, rng)); }, "phase prefill");
         } else if (!ended.empty() && rng() % 2) {
@@ -280,4 +322,7 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
   CHECK(cancels > 3);
   CHECK(unparks > 20);
   CHECK(shared_parks > 0);
+  INFO("mixed steps " << mixed_steps << " padding requests " << padded_requests);
+  CHECK(mixed_steps > 50);
+  CHECK(padded_requests > 100);
 }

@@ -79,12 +79,15 @@ mirror_storm_totals mirror_storms(int trials, int ops, std::uint32_t seed, Make 
         if (q.phase == ph) out.push_back(q.id);
       return out;
     };
-    auto random_batch = [&] {
+    // A random batch of `kind`, padded to a random fixed capacity half of the time.
+    auto random_batch = [&](batch_kind kind) {
       auto ids = sim.ids();
       std::shuffle(ids.begin(), ids.end(), rng);
       ids.resize(std::min<std::size_t>(ids.size(),
                                        static_cast<std::size_t>(uniform(rng, 0, o.max_batch))));
-      m.set_batch(ids);
+      auto padded = rng() % 2 ? 0 : static_cast<std::size_t>(uniform(
+                                        rng, static_cast<std::int64_t>(ids.size()), o.max_batch));
+      m.set_batch(kind, ids, padded);
     };
 
     for (int step = 0; step < ops; ++step) {
@@ -153,11 +156,14 @@ mirror_storm_totals mirror_storms(int trials, int ops, std::uint32_t seed, Make 
           sim.abort_mid_chunk(id, uniform(rng, 1, sim.sequences().at(id.slot).prompt_remaining));
         }
       } else {
-        random_batch();
+        random_batch(rng() % 2 ? batch_kind::decode : batch_kind::prefill);
       }
-      bool stale = false;
-      for (std::int32_t r = 0; r < m.batch_size(); ++r) stale |= !m.contains(m.batch_sequence(r));
-      if (stale) random_batch();
+      for (auto kind : {batch_kind::decode, batch_kind::prefill}) {
+        bool stale = false;
+        for (std::int32_t r = 0; r < m.batch_size(kind) - m.batch_padding(kind); ++r)
+          stale |= !m.contains(m.batch_sequence(kind, r));
+        if (stale) random_batch(kind);
+      }
       if (rng() % 4 != 0 || step + 1 == ops) {
         t.resyncs += m.changes().full_resync;
         auto kind = mirror.sync(m);

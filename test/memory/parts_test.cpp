@@ -199,6 +199,41 @@ TEST_CASE("batch_membership: set validates all first, dead members are named", "
       batch.check_live("view", t), logic_error, "view", "batch request 1", "freed");
 }
 
+TEST_CASE("batch_membership: padding requests name the padding slot, after the members",
+          "[memory][parts]") {
+  sequence_table t(4);
+  auto a = t.take(sequence_phase::decode, page_reservation{});
+  sequence_id ia{a, t[a].generation};
+  batch_membership batch(3, 4);
+  CHECK(batch.padding_slot() == 4);
+  batch.set(&ia, 1, t, 3);
+  CHECK(batch.size() == 3);
+  CHECK(batch.members() == 1);
+  CHECK(batch.slot(0) == a);
+  CHECK(batch.slot(1) == 4);
+  CHECK(batch.slot(2) == 4);
+  batch.check_live("view", t);  // padding is never "freed"
+  batch.check_invariants();
+  // Bad sizes: named, batch unchanged.
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(batch.set(&ia, 1, t, 4),
+                                  invalid_argument,
+                                  "set_batch.padded_size: must be 0 (no padding) or in [count = "
+                                  "1, max_batch = 3], got 4");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      batch.set(nullptr, 2, t), invalid_argument, "set_batch.ids: null with count 2");
+  CHECK(batch.size() == 3);
+  // No padding again: 0 means none; entries past the size are not the batch's any more.
+  batch.set(&ia, 1, t);
+  CHECK(batch.size() == 1);
+  CHECK(batch.members() == 1);
+  batch.set(nullptr, 0, t, 2);  // an all-padding batch
+  CHECK(batch.members() == 0);
+  CHECK(batch.size() == 2);
+  batch.check_invariants();
+  t.release(a);
+  batch.check_live("decode_step", t);  // no members left to check
+}
+
 TEST_CASE("view_journal: entries until full, slots once, clear", "[memory][parts]") {
   view_journal j(2, 4);
   j.note_entry(7);
@@ -562,8 +597,10 @@ TEST_CASE("page_table_storage turns, head_lengths commit, view assembly", "[memo
   CHECK(v.seq_tokens[s] == 30);
   CHECK(v.pages[v.page_offset[s * v.num_groups]] == f.table.entry(s, 0, 0));
   auto e = assemble_extents(2, f.groups, f.table, batch);
-  CHECK(e.page_offset == 2 * f.groups.num_groups());
-  CHECK(e.head_base_len == 2 * f.groups.num_heads());
+  CHECK(e.page_offset == 3 * f.groups.num_groups());  // 2 slots + the padding slot
+  CHECK(e.head_base_len == 3 * f.groups.num_heads());
+  CHECK(e.slots == 3);
+  CHECK(v.padding_slot == 3);  // the batch's (slots = 3 of its table): one past the real ones
   CHECK(e.pages == 256);
   CHECK(e.batch == 4);  // the capacity (max_batch), not the current batch of 1
   auto i = assemble_info(id, s, f.sequences, f.lengths, f.table);

@@ -39,7 +39,8 @@ char const* name_of(std::size_t a) {
                                       "pages",
                                       "appended",
                                       "seq_tokens",
-                                      "batch_slots"};
+                                      "batch_slots",
+                                      "prefill_batch_slots"};
   return names[a];
 }
 
@@ -61,7 +62,11 @@ struct host_mirror {
 
   void sync(kv_cache_manager& m) {
     int b = next;
-    stager.stage(m.changes(), m.view(), shadow[b].data(), shadow[1 - b].data());
+    stager.stage(m.changes(),
+                 m.view(batch_kind::decode),
+                 m.view(batch_kind::prefill),
+                 shadow[b].data(),
+                 shadow[1 - b].data());
     for (auto r : stager.uploads()) {
       REQUIRE(r.begin >= 0);
       REQUIRE(r.begin < r.end);
@@ -83,10 +88,10 @@ struct host_mirror {
 /// Every array of the host view (at its full extent) equals the device copy; padding is zero.
 void require_mirrored(host_mirror const& hm, kv_cache_manager const& m) {
   auto const& l        = hm.stager.layout();
-  auto v               = m.view();
+  auto v = m.view(batch_kind::decode), pv = m.view(batch_kind::prefill);
   std::int64_t covered = 0;
   for (std::size_t a = 0; a < detail::mirror_array_count; ++a) {
-    auto const* host = detail::mirror_layout::host_array(v, static_cast<mirror_array>(a));
+    auto const* host = detail::mirror_layout::host_array(v, pv, static_cast<mirror_array>(a));
     auto const* dev  = hm.device.data() + l.offset[a];
     auto n           = static_cast<std::size_t>(l.bytes[a]);
     if (n > 0 && std::memcmp(host, dev, n) != 0) {
@@ -114,28 +119,32 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
   auto e = m.view_extents();
   REQUIRE(e.head_slots == 16);
   REQUIRE(e.groups == 8);
-  REQUIRE(e.slots == 8);
+  REQUIRE(e.slots == 9);  // 8 sequence slots + the padding slot
   REQUIRE(e.batch == 8);
   auto l = detail::mirror_layout::of(e);
   // head_slots: 16 x 8 bytes = 128 at 0; window, ring: 32 bytes each, padded to 128;
-  // page_offset: 8 slots x 8 groups x 4 = 256; head_base_len: 8 x 16 x 4 = 512; then pages.
+  // page_offset: 9 slots x 8 groups x 4 = 288 (padded to 384); head_base_len: 9 x 16 x 4 = 576
+  // (padded to 640); then pages.
   CHECK(l.offset_of(mirror_array::head_slots) == 0);
   CHECK(l.bytes_of(mirror_array::head_slots) == 128);
   CHECK(l.offset_of(mirror_array::group_window) == 128);
   CHECK(l.bytes_of(mirror_array::group_window) == 32);
   CHECK(l.offset_of(mirror_array::group_ring_pages) == 256);
   CHECK(l.offset_of(mirror_array::page_offset) == 384);
-  CHECK(l.bytes_of(mirror_array::page_offset) == 256);
-  CHECK(l.offset_of(mirror_array::head_base_len) == 640);
-  CHECK(l.bytes_of(mirror_array::head_base_len) == 512);
-  CHECK(l.offset_of(mirror_array::pages) == 1152);
+  CHECK(l.bytes_of(mirror_array::page_offset) == 288);
+  CHECK(l.offset_of(mirror_array::head_base_len) == 768);
+  CHECK(l.bytes_of(mirror_array::head_base_len) == 576);
+  CHECK(l.offset_of(mirror_array::pages) == 1408);
   CHECK(l.bytes_of(mirror_array::pages) == 4 * e.pages);
-  std::int64_t A = 1152 + (4 * e.pages + 127) / 128 * 128;
+  std::int64_t A = 1408 + (4 * e.pages + 127) / 128 * 128;
   CHECK(l.offset_of(mirror_array::appended) == A);
+  CHECK(l.bytes_of(mirror_array::appended) == 36);  // 9 slots
   CHECK(l.offset_of(mirror_array::seq_tokens) == A + 128);
   CHECK(l.offset_of(mirror_array::batch_slots) == A + 256);
   CHECK(l.bytes_of(mirror_array::batch_slots) == 32);  // max_batch entries
-  CHECK(l.total == A + 384);
+  CHECK(l.offset_of(mirror_array::prefill_batch_slots) == A + 384);
+  CHECK(l.bytes_of(mirror_array::prefill_batch_slots) == 32);
+  CHECK(l.total == A + 512);
 
   SECTION("one decode step uploads two page entries and the slot's two counters") {
     auto a = *m.try_admit(20, 5);
@@ -154,8 +163,8 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
     auto e6 = v.page_offset[s * 8 + 6] + 5, e7 = v.page_offset[s * 8 + 7] + 5;
     REQUIRE(e6 + 1 < e7);  // separate lists: not adjacent
     exact.sync(m);
-    std::vector<mirror_range> want = {{1152 + 4 * e6, 1152 + 4 * e6 + 4},
-                                      {1152 + 4 * e7, 1152 + 4 * e7 + 4},
+    std::vector<mirror_range> want = {{1408 + 4 * e6, 1408 + 4 * e6 + 4},
+                                      {1408 + 4 * e7, 1408 + 4 * e7 + 4},
                                       {A + 4 * s, A + 4 * s + 4},
                                       {A + 128 + 4 * s, A + 128 + 4 * s + 4}};
     CHECK(exact.stager.changed() == want);
@@ -174,12 +183,12 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
     REQUIRE(lo < hi);
     merged.sync(m);
     CHECK(merged.stager.changed() ==
-          std::vector<mirror_range>{{1152 + 4 * lo, 1152 + 4 * lo + 4},
-                                    {1152 + 4 * hi, 1152 + 4 * hi + 4},
+          std::vector<mirror_range>{{1408 + 4 * lo, 1408 + 4 * lo + 4},
+                                    {1408 + 4 * hi, 1408 + 4 * hi + 4},
                                     {A + 4 * s, A + 4 * s + 4},
                                     {A + 128 + 4 * s, A + 128 + 4 * s + 4}});
     REQUIRE(merged.stager.uploads().size() == 1);
-    CHECK(merged.stager.uploads()[0] == mirror_range{1152 + 4 * lo, A + 128 + 4 * s + 4});
+    CHECK(merged.stager.uploads()[0] == mirror_range{1408 + 4 * lo, A + 128 + 4 * s + 4});
     require_mirrored(merged, m);
 
     // A batch change alone uploads the batch array (max_batch entries), nothing else.
@@ -198,6 +207,21 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
     m.set_batch({b, a});
     merged.sync(m);
     CHECK(merged.stager.uploads().empty());
+    require_mirrored(merged, m);
+    // A prefill batch change alone uploads the prefill batch's array only; a padded decode batch
+    // (a, then padding to 4) only the decode batch's: [a, padding slot 8, 8, 8].
+    m.set_batch(batch_kind::prefill, {b});
+    merged.sync(m);
+    CHECK(merged.stager.uploads() == std::vector<mirror_range>{{A + 384, A + 384 + 32}});
+    require_mirrored(merged, m);
+    m.set_batch(batch_kind::decode, {a}, 4);
+    merged.sync(m);
+    CHECK(merged.stager.uploads() == std::vector<mirror_range>{{A + 256, A + 256 + 32}});
+    std::int32_t slots[4];
+    std::memcpy(slots, merged.device.data() + A + 256, sizeof slots);
+    CHECK(slots[0] == a.slot);
+    CHECK(slots[1] == 8);
+    CHECK(slots[3] == 8);
     require_mirrored(merged, m);
   }
 }
@@ -233,17 +257,21 @@ TEST_CASE("mirror: a journal entry outside the extents is refused before anythin
   kv_cache_manager m(plan, sim, opts(200, 8));
   host_mirror hm(m);
   hm.sync(m);
-  std::int32_t bad_slot = 8;
+  std::int32_t bad_slot = 9;  // 8 sequence slots and the padding slot: 9 is outside
   view_changes c;
   c.counter_slots     = &bad_slot;
   c.num_counter_slots = 1;
   auto before         = hm.shadow[1];
   try {
-    hm.stager.stage(c, m.view(), hm.shadow[1].data(), hm.shadow[0].data());
+    hm.stager.stage(c,
+                    m.view(),
+                    m.view(batch_kind::prefill),
+                    hm.shadow[1].data(),
+                    hm.shadow[0].data());
     FAIL("no error");
   } catch (logic_error const& err) {
     CHECK(std::string(err.what()) ==
-          "kv_view_mirror: view_changes.counter_slots[0] = 8 is outside [0, 8)");
+          "kv_view_mirror: view_changes.counter_slots[0] = 9 is outside [0, 9)");
   }
   CHECK(hm.shadow[1] == before);
 }
@@ -264,9 +292,11 @@ TEST_CASE("mirror: random storms keep the uploaded copy equal to the host view b
         *uploaded += hm.stager.upload_bytes();
         *whole += hm.stager.layout().total;
         auto const& c = hm.stager.changed();
+        auto const& l = hm.stager.layout();
         return {hm.stager.staged_full(),
                 !hm.stager.staged_full() && c.size() == 1 &&
-                    c[0].begin == hm.stager.layout().offset_of(mirror_array::batch_slots)};
+                    (c[0].begin == l.offset_of(mirror_array::batch_slots) ||
+                     c[0].begin == l.offset_of(mirror_array::prefill_batch_slots))};
       }
     };
     return checked{host_mirror(m, gaps[rng() % 4]), &uploaded, &whole};

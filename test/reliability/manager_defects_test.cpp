@@ -23,6 +23,10 @@ struct kv_cache_manager_test_access {
   static std::vector<std::int32_t>& free_slots(Manager& m) {
     return m.sequences_.free_;
   }
+  template <class Manager>
+  static head_lengths& lengths(Manager& m) {
+    return m.lengths_;
+  }
 };
 }  // namespace tangram::detail
 
@@ -177,6 +181,28 @@ TEST_CASE("check_invariants catches leaked, duplicated and live slots on the fre
   auto live_str    = "slot " + std::to_string(a->slot);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(m.check_invariants(), logic_error, live_str.c_str());
   free_list = saved;
+  m.check_invariants();
+}
+
+TEST_CASE("check_invariants catches a padding slot that holds tokens",
+          "[regression][reliability][manager]") {
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  kv_cache_manager m(plan, mr, opts(200, 4));
+  auto a = m.try_admit(5, 1);
+  REQUIRE(a);
+  m.set_batch(batch_kind::decode, {*a}, 3);
+  m.check_invariants();
+  // Padding requests read the padding slot's rows: a token there would be read by every kernel.
+  auto& lengths = detail::kv_cache_manager_test_access::lengths(m);
+  lengths.appended(4) = 2;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      m.check_invariants(), logic_error, "padding slot 4: appended 2 and seq_tokens 0");
+  lengths.appended(4) = 0;
+  lengths.base(4)[5]  = 1;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      m.check_invariants(), logic_error, "padding slot 4: head_base_len of head 5 is 1");
+  lengths.base(4)[5] = 0;
   m.check_invariants();
 }
 

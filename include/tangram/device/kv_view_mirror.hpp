@@ -11,7 +11,9 @@
  * Data flow per step: the manager's calls (admission, chunks, decode steps, set_batch, ...) write
  * its host arrays and note what changed in its journal → `mirror.sync(kv, stream)` copies the
  * changed ranges into a pinned shadow and enqueues their upload on `stream`, then clears the
- * journal → kernels launched on `stream` afterwards read `mirror.view()`.
+ * journal → kernels launched on `stream` afterwards read `mirror.view(kind)`: the eviction kernel
+ * `view(batch_kind::prefill)`, the append and decode kernels `view(batch_kind::decode)` (=
+ * `view()`), so one sync serves a mixed step.
  */
 #pragma once
 
@@ -33,10 +35,13 @@ namespace tangram {
  * them that kernels take as is.
  *
  * Memory: one device block holding every array at the manager's fixed capacities
- * (`view_extents()`: max_batch batch entries, every slot, the whole page-id arena), and two
- * pinned host shadows of the same layout. All are allocated by the constructor and never move,
- * so `view()` and its pointers stay valid for the mirror's lifetime (a CUDA graph may capture
- * them; `sync` itself must not be captured: it waits on an event).
+ * (`view_extents()`: max_batch entries for each batch kind's slot list, every slot and the
+ * padding slot, the whole page-id arena), and two pinned host shadows of the same layout. All
+ * are allocated by the constructor and never move, so `view(kind)` and its pointers stay valid
+ * for the mirror's lifetime (a CUDA graph may capture them; `sync` itself must not be captured:
+ * it waits on an event). The two device views share every array but `batch_slots`; with
+ * fixed-capacity batches (`set_batch(kind, ids, count, padded_size)`) their `batch_size` stays
+ * the captured size too, so a graph captured once replays after each sync.
  *
  * `sync` (once per step, before the kernels that read the view): copies into one shadow what
  * changed since its last use, enqueues on the stream the fewest `cudaMemcpyAsync` that cover this
@@ -87,18 +92,34 @@ class kv_view_mirror {
   /**
    * @brief Enqueues on `stream` (a stream of `device_id()`; nullptr: the legacy default stream)
    * the upload of everything changed since the last sync (first sync, after a `full_resync` or
-   * `invalidate()`: everything), then clears the manager's journal. No allocation; waits only as
-   * described above.
+   * `invalidate()`: everything; each batch kind's slot list only when that batch changed), then
+   * clears the manager's journal and sets both device views' `batch_size`. No allocation; waits
+   * only as described above.
    * @throw logic_error when `kv` is not the manager the mirror was built for, when the mirror was
-   *        moved from, or as `kv.view()` when a batch member was freed since `set_batch` (nothing
-   *        enqueued, journal kept); cuda_error naming the call when CUDA fails: the journal is
-   *        kept and the next sync uploads everything.
+   *        moved from, or as `kv.view(kind)` when a member of either batch was freed since its
+   *        `set_batch` (set that batch again, e.g. to no sequences; nothing enqueued, journal
+   *        kept); cuda_error naming the call when CUDA fails: the journal is kept and the next
+   *        sync uploads everything.
    */
   void sync(kv_cache_manager& kv, cuda_stream_t stream);
 
-  /// @brief The device view: pool = `kv.pool().base()` (see Ownership), every other array in
-  /// device memory, `batch_size` as of the last sync (0 before the first).
-  [[nodiscard]] kv_cache_view const& view() const noexcept { return view_; }
+  /// @brief The device view of the batch of `kind`: pool = `kv.pool().base()` (see Ownership),
+  /// every other array in device memory, `batch_size` as of the last sync (0 before the first),
+  /// `padding_slot` the manager's. Owned by the mirror; valid (same pointers) for its lifetime.
+  /// @throw invalid_argument for a value outside batch_kind.
+  [[nodiscard]] kv_cache_view const& view(batch_kind kind) const {
+    auto k = static_cast<std::size_t>(kind);
+    TANGRAM_EXPECTS(k < batch_kind_count,
+                    invalid_argument,
+                    "kv_view_mirror::view.kind: must be batch_kind::decode or batch_kind::prefill, "
+                    "got ",
+                    k);
+    return views_[k];
+  }
+  /// @brief `view(batch_kind::decode)`.
+  [[nodiscard]] kv_cache_view const& view() const noexcept {
+    return views_[static_cast<std::size_t>(batch_kind::decode)];
+  }
 
   /// @brief The next sync uploads everything (e.g. after the journal was cleared elsewhere).
   void invalidate() noexcept { stager_.invalidate(); }
@@ -129,7 +150,7 @@ class kv_view_mirror {
   ::CUevent_st* uploaded_[2] = {nullptr, nullptr};  ///< last upload read from each shadow
   int next_                  = 0;                   ///< the shadow the next sync writes
   std::int64_t last_copies_ = 0, last_bytes_ = 0;
-  kv_cache_view view_;
+  kv_cache_view views_[batch_kind_count];  ///< [batch_kind]
 };
 
 }  // namespace tangram

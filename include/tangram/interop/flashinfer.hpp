@@ -161,8 +161,9 @@ inline void export_flashinfer_layer(kv_cache_view const& v,
 }
 
 /**
- * @brief Exports layer `layer` of a manager's current batch (any type with `plan()`,
- * `check_batch_live(op)` and `view()`, e.g. `kv_cache_manager`). Same single-threaded rules as
+ * @brief Exports layer `layer` of a manager's current (decode) batch (any type with `plan()`,
+ * `check_batch_live(op)` and `view()`, e.g. `kv_cache_manager`; for its prefill batch export
+ * `kv.view(batch_kind::prefill)` with the overload over a view). Same single-threaded rules as
  * the manager: no mutating call may run meanwhile.
  * @throw invalid_argument when layer is out of range or the layer lists more than 2^31 - 1 page
  *        ids; logic_error naming the request, slot and generation when a batch member was freed

@@ -52,7 +52,8 @@ struct append_params {
 
 /**
  * @brief CUDA: writes the new token's K/V of layer `p.layer` for every request of the batch.
- * One block per (request, head); a head holding no token is skipped. Stream-ordered, no host
+ * One block per (request, head); a head holding no token is skipped (so is every head of a
+ * padding request, `kv_cache_view::is_padding`: it holds none). Stream-ordered, no host
  * synchronisation, no allocation; graph-capturable (grid = batch x H).
  * @throw invalid_argument for invalid parameters or an unsupported dtype pair (source f32, f16
  * or bf16; cache f32, f16, bf16, fp8_e4m3 or fp8_e5m2); cuda_error when the launch fails.

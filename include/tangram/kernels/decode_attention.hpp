@@ -142,7 +142,8 @@ TANGRAM_HOST_DEVICE decode_workspace_layout decode_workspace(std::int32_t num_ct
  *         enters the softmax denominator only, `o = sum_i e^{s_i} v_i / (e^{sink} + sum_i
  * e^{s_i})`.
  *
- * A head that holds no tokens for a request outputs zeros (and lse = sink or -inf).
+ * A head that holds no tokens for a request outputs zeros (and lse = sink or -inf): so does every
+ * head of a padding request (`kv_cache_view::is_padding`, fixed-capacity batches for CUDA graphs).
  */
 struct decode_params {
   kv_cache_view kv;       ///< batch view (its `batch_size` and `batch_slots` define the batch)

@@ -25,7 +25,8 @@
  *
  * `new_len[r * num_kv_heads + h]` receives the tokens the head holds afterwards (a staged head:
  * its candidates, `len + c`, which the elastic selection then reduces). Requests with an
- * empty chunk are left unchanged (`new_len` = current length). The owner of the view then records
+ * empty chunk are left unchanged (`new_len` = current length); so are padding requests
+ * (`kv_cache_view::is_padding`: `new_len` 0, whatever rows `chunk_indptr` gives them). The owner of the view then records
  * the new lengths and adds `c` to the sequence's `seq_tokens` (after all layers ran).
  *
  * Scores: supplied by the engine, SnapKV-style (last `obs_window` queries of the chunk, softmax
@@ -318,7 +319,9 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
                                                 std::int32_t h) {
   eviction_plan e;
   e.len        = cur.len;
-  e.chunk      = p.chunk_indptr[r + 1] - p.chunk_indptr[r];
+  // A padding request (kv_cache_view::is_padding) has no chunk whatever its rows say: it holds no
+  // page, so nothing may be written for it.
+  e.chunk      = p.kv.is_padding(r) ? 0 : p.chunk_indptr[r + 1] - p.chunk_indptr[r];
   e.candidates = e.len + e.chunk;
   e.keep       = e.len;
   if (e.chunk <= 0) return e;

@@ -13,14 +13,22 @@
  *   fit" (nullopt) and changes nothing. An admitted request never runs out of pages. Under
  *   elastic reservation (the plan's `options.reservation`) M(r) is the scorer's total plus one
  *   chunk's staging, shared by the compressed groups (docs/memory.md#elastic-reservation).
- * - per prefill chunk: `prepare_chunk(seq, c)` (pages drawn from the reservation), then
- *   `set_batch` to the sequences whose chunks one launch evicts (the eviction kernel runs over
- *   the view's batch: set it before that launch, and the decode batch again after), the
- *   eviction kernel (elastic: its group-length selection keeps the groups within
- *   `elastic_page_limit`), then `commit_chunk(seq, kept)` with the per-head kept counts.
- * - per decode step: `set_batch(ids)` when the batch changes, `decode_step()` (room for one token
- *   per head of every batch member; `decode_step(counts)` or `append_tokens(seq, k)` for several,
- *   `rollback(seq, k)` for rejected speculative tokens), then `view()` for the attention kernel.
+ * - per prefill chunk: `prepare_chunk(seq, c)` (pages drawn from the reservation), the eviction
+ *   kernel over `view(batch_kind::prefill)` (the prefill batch, set by
+ *   `set_batch(batch_kind::prefill, ids)` to the sequences whose chunks one launch evicts;
+ *   elastic: its group-length selection keeps the groups within `elastic_page_limit`), then
+ *   `commit_chunk(seq, kept)` with the per-head kept counts.
+ * - per decode step: `set_batch(ids)` (= `set_batch(batch_kind::decode, ids)`) when the batch
+ *   changes, `decode_step()` (room for one token per head of every batch member;
+ *   `decode_step(counts)` or `append_tokens(seq, k)` for several, `rollback(seq, k)` for rejected
+ *   speculative tokens), then `view()` (= `view(batch_kind::decode)`) for the append and
+ *   attention kernels.
+ * - a mixed step (chunked prefill beside decodes, as vLLM v1 and SGLang schedule) keeps both
+ *   batches set and launches each kernel once on its own view: the two views share every
+ *   page-table array and differ only in `batch_size` / `batch_slots`. A sequence may be in both.
+ * - CUDA graphs: `set_batch(kind, ids, count, padded_size)` pads a batch to a fixed size with
+ *   padding requests (the view's `padding_slot`: zero tokens, no pages, a no-op for every kernel),
+ *   so a graph captured at batch size B replays for any batch up to B.
  * - `try_extend(seq, more)` grows a running turn's decode reservation, all or nothing.
  * - `end_turn(seq)`, `continue_turn(seq, N, T)`, `fork(seq)`, `free(seq)`.
  * - idle sessions in host memory: `park(seq)` (copy its pages out), `complete_park(seq)`, later
@@ -38,6 +46,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -118,9 +127,11 @@ class basic_kv_cache_manager {
         groups_(plan_),
         sequences_(options_.max_sequences),
         page_table_(options_.max_sequences, groups_.num_groups(), options_.index_capacity),
-        lengths_(options_.max_sequences, groups_.num_heads()),
+        // + the padding slot's row (slot max_sequences): zero forever, read by padding requests
+        lengths_(options_.max_sequences + 1, groups_.num_heads()),
         buckets_(options_.max_sequences, groups_.page_tokens(), groups_.growing_groups()),
-        batch_(static_cast<std::int32_t>(options_.max_batch), options_.max_sequences),
+        batches_{detail::batch_membership(options_.max_batch, options_.max_sequences),
+                 detail::batch_membership(options_.max_batch, options_.max_sequences)},
         journal_(options_.max_view_changes, options_.max_sequences),
         footprint_(groups_.num_groups()),
         usage_(groups_,
@@ -307,39 +318,104 @@ class basic_kv_cache_manager {
     commit_chunk(seq, kept.data(), kept.size());
   }
 
-  // ===== batch and decode =======================================================================
+  // ===== batches and decode =====================================================================
   /**
-   * @brief Sets the batch the view and `decode_step` run over: request r is sequence ids[r].
-   * O(batch), allocation-free.
-   * @throw logic_error (batch unchanged) for an unknown sequence or a sequence listed twice;
-   *        invalid_argument when count exceeds max_batch.
+   * @brief Sets the batch of kind `kind` (each kernel runs over its own: eviction and prefill
+   * attention over `prefill`, append and decode attention over `decode`): request r is sequence
+   * ids[r] for r < count. With `padded_size` > count the batch is a fixed-capacity one (a CUDA
+   * graph captured at that batch size replays for any count up to it): requests
+   * [count, padded_size) are padding requests, which name the view's `padding_slot` (zero
+   * tokens, no pages: every kernel treats them as no-ops, `decode_step` skips them); 0 means no
+   * padding. A sequence may be in both batches (e.g. it decodes while another's chunk is
+   * evicted), but only once in each. Phases are not checked here: `decode_step` checks the
+   * decode batch, `prepare_chunk` / `commit_chunk` the chunks. The other batch is unchanged.
+   * O(padded_size), allocation-free.
+   * @throw invalid_argument (batch unchanged) for an unknown `kind`, count > max_batch, null
+   *        `ids` with count > 0, or padded_size neither 0 nor in [count, max_batch]; logic_error (batch unchanged) for
+   *        an unknown sequence or one listed twice.
    */
-  void set_batch(sequence_id const* ids, std::size_t count) { batch_.set(ids, count, sequences_); }
-  /// @brief `set_batch` from a vector.
-  void set_batch(std::vector<sequence_id> const& ids) { set_batch(ids.data(), ids.size()); }
+  void set_batch(batch_kind kind,
+                 sequence_id const* ids,
+                 std::size_t count,
+                 std::size_t padded_size = 0) {
+    batch_of(kind, "set_batch").set(ids, count, sequences_, padded_size);
+  }
+  /// @brief `set_batch(kind, ids, count, padded_size)` from a vector.
+  void set_batch(batch_kind kind, std::vector<sequence_id> const& ids, std::size_t padded_size = 0) {
+    set_batch(kind, ids.data(), ids.size(), padded_size);
+  }
+  /// @brief `set_batch(batch_kind::decode, ids, count)`: the batch `view()` and `decode_step` run
+  /// over, without padding.
+  void set_batch(sequence_id const* ids, std::size_t count) {
+    set_batch(batch_kind::decode, ids, count);
+  }
+  /// @brief `set_batch(batch_kind::decode, ids)` from a vector.
+  void set_batch(std::vector<sequence_id> const& ids) {
+    set_batch(batch_kind::decode, ids.data(), ids.size());
+  }
 
-  /// Requests in the current batch.
-  [[nodiscard]] std::int32_t batch_size() const noexcept { return batch_.size(); }
-  /// The sequence of request r of the current batch (it may have been freed since `set_batch`).
-  /// @throw invalid_argument when r is not in [0, batch_size()).
-  [[nodiscard]] sequence_id batch_sequence(std::int32_t r) const {
-    TANGRAM_EXPECTS(r >= 0 && r < batch_.size(),
+  /// Requests in the batch of `kind`, padding included (the view's `batch_size`).
+  /// @throw invalid_argument for an unknown kind.
+  [[nodiscard]] std::int32_t batch_size(batch_kind kind) const {
+    return batch_of(kind, "batch_size").size();
+  }
+  /// Requests in the decode batch, padding included.
+  [[nodiscard]] std::int32_t batch_size() const noexcept {
+    return batches_[static_cast<std::size_t>(batch_kind::decode)].size();
+  }
+  /// Padding requests of the batch of `kind`: its last `batch_padding(kind)` requests.
+  /// @throw invalid_argument for an unknown kind.
+  [[nodiscard]] std::int32_t batch_padding(batch_kind kind) const {
+    auto const& b = batch_of(kind, "batch_padding");
+    return b.size() - b.members();
+  }
+  /// The sequence of request r of the batch of `kind` (it may have been freed since
+  /// `set_batch`).
+  /// @throw invalid_argument for an unknown kind, or when r is not in [0, batch_size(kind)) or
+  ///        names a padding request (which has no sequence).
+  [[nodiscard]] sequence_id batch_sequence(batch_kind kind, std::int32_t r) const {
+    auto const& b = batch_of(kind, "batch_sequence");
+    TANGRAM_EXPECTS(r >= 0 && r < b.size(),
                     invalid_argument,
                     "batch_sequence.r: must be in [0, ",
-                    batch_.size(),
-                    "), got ",
+                    b.size(),
+                    ") for the ",
+                    to_string(kind),
+                    " batch, got ",
                     r);
-    return batch_.member(r);
+    TANGRAM_EXPECTS(r < b.members(),
+                    invalid_argument,
+                    "batch_sequence.r: request ",
+                    r,
+                    " of the ",
+                    to_string(kind),
+                    " batch is a padding request (requests ",
+                    b.members(),
+                    " to ",
+                    b.size() - 1,
+                    " are padding) and has no sequence");
+    return b.member(r);
   }
-  /// @brief Checks that every member of the current batch is still the sequence `set_batch`
-  /// listed. O(batch), allocation-free.
-  /// @throw logic_error naming `operation`, the request, slot and generation of the first member
-  ///        that was freed (or whose slot was reused).
-  void check_batch_live(char const* operation) const { batch_.check_live(operation, sequences_); }
+  /// The sequence of request r of the decode batch. @throw as `batch_sequence(kind, r)`.
+  [[nodiscard]] sequence_id batch_sequence(std::int32_t r) const {
+    return batch_sequence(batch_kind::decode, r);
+  }
+  /// @brief Checks that every (non-padding) member of the batch of `kind` is still the sequence
+  /// `set_batch` listed. O(batch), allocation-free.
+  /// @throw invalid_argument for an unknown kind; logic_error naming `operation`, the request,
+  ///        slot and generation of the first member that was freed (or whose slot was reused).
+  void check_batch_live(batch_kind kind, char const* operation) const {
+    batch_of(kind, operation).check_live(operation, sequences_);
+  }
+  /// @brief `check_batch_live(batch_kind::decode, operation)`.
+  void check_batch_live(char const* operation) const {
+    check_batch_live(batch_kind::decode, operation);
+  }
 
   /**
-   * @brief Makes room for one decode token in every head of every sequence of the batch and
-   * counts it (call before the attention kernel that writes the token's K/V). Touches O(batch)
+   * @brief Makes room for one decode token in every head of every sequence of the decode batch
+   * (padding requests are skipped) and counts it (call before the append kernel that writes the
+   * token's K/V and the attention kernel). Touches O(batch)
    * counters plus one page-table entry per group that crosses a page boundary; draws those pages
    * from the reservations, so it never fails for lack of memory. Allocation-free.
    * @throw logic_error (nothing changed) when a batch member was freed, is not in the decode
@@ -347,37 +423,47 @@ class basic_kv_cache_manager {
    */
   void decode_step() {
     check_batch_live("decode_step");
-    for (std::int32_t r = 0; r < batch_.size(); ++r) sequences_.expect_decode_room(batch_.slot(r));
-    for (std::int32_t r = 0; r < batch_.size(); ++r) flow_.append_decode_token(batch_.slot(r));
+    auto const& b = decode_batch();
+    for (std::int32_t r = 0; r < b.members(); ++r) sequences_.expect_decode_room(b.slot(r));
+    for (std::int32_t r = 0; r < b.members(); ++r) flow_.append_decode_token(b.slot(r));
   }
 
   /**
-   * @brief `decode_step` with a token count per batch member (speculative decoding: request r
-   * appends `tokens[r]` tokens, 0 allowed), all drawn from the reservations: never fails for lack
-   * of memory. Allocation-free.
-   * @throw invalid_argument when count != batch_size() or a count is negative; logic_error when
+   * @brief `decode_step` with a token count per request of the decode batch (speculative
+   * decoding: request r appends `tokens[r]` tokens, 0 allowed; a padding request's count must be
+   * 0), all drawn from the reservations: never fails for lack of memory. Allocation-free.
+   * @throw invalid_argument when count != batch_size() (padding included), a count is negative
+   *        or a padding request's count is not 0; logic_error when
    *        a member was freed, is not in decode, or would pass its max_new_tokens (try_extend
    *        first). Nothing changes when it throws.
    */
   void decode_step(std::int32_t const* tokens, std::size_t count) {
     check_batch_live("decode_step");
-    TANGRAM_EXPECTS(count == static_cast<std::size_t>(batch_.size()),
+    auto const& b = decode_batch();
+    TANGRAM_EXPECTS(count == static_cast<std::size_t>(b.size()),
                     invalid_argument,
                     "decode_step.tokens: expected ",
-                    batch_.size(),
-                    " counts (one per batch member), got ",
+                    b.size(),
+                    " counts (one per request of the decode batch, padding included), got ",
                     count);
-    for (std::int32_t r = 0; r < batch_.size(); ++r) {
+    for (std::int32_t r = 0; r < b.size(); ++r) {
       TANGRAM_EXPECTS(tokens[r] >= 0,
                       invalid_argument,
                       "decode_step.tokens[",
                       r,
                       "]: must be >= 0, got ",
                       tokens[r]);
-      sequences_.expect_decode_room(batch_.slot(r), tokens[r]);
+      TANGRAM_EXPECTS(r < b.members() || tokens[r] == 0,
+                      invalid_argument,
+                      "decode_step.tokens[",
+                      r,
+                      "]: request ",
+                      r,
+                      " is a padding request and appends nothing, got ",
+                      tokens[r]);
+      if (r < b.members()) sequences_.expect_decode_room(b.slot(r), tokens[r]);
     }
-    for (std::int32_t r = 0; r < batch_.size(); ++r)
-      flow_.append_decode_tokens(batch_.slot(r), tokens[r]);
+    for (std::int32_t r = 0; r < b.members(); ++r) flow_.append_decode_tokens(b.slot(r), tokens[r]);
   }
   /// @brief `decode_step` with a vector of per-member counts.
   void decode_step(std::vector<std::int32_t> const& tokens) {
@@ -613,7 +699,8 @@ class basic_kv_cache_manager {
   /**
    * @brief Frees a sequence in any phase (also mid-chunk: an abort): its page references and its
    * unused reservation return to the pool and its slot becomes free (old handles go stale).
-   * A batch that listed it must be set again before the next `decode_step`. Pending page copies
+   * A batch (of either kind) that listed it must be set again before its next `view(kind)`
+   * (and, for the decode batch, `decode_step`); until then those refuse with a logic_error. Pending page copies
    * keep their own references, so freeing never invalidates a copy the engine has not run.
    * @throw logic_error (nothing changed) for an unknown sequence.
    */
@@ -838,22 +925,30 @@ class basic_kv_cache_manager {
 
   // ===== views ==================================================================================
   /**
-   * @brief The batch view over the manager's host arrays and the pool arena. O(batch): checks
-   * that every batch member is still live. Valid until the next mutating call. Allocation-free.
-   * @throw logic_error naming the request, slot and generation when a batch member was freed (or
-   *        its slot reused) since `set_batch`: the view would show freed or foreign pages.
+   * @brief The view of the batch of `kind` over the manager's host arrays and the pool arena:
+   * the kernels of that kind take it (eviction: `prefill`; append and decode attention:
+   * `decode`). The views of both kinds share every array but `batch_size` / `batch_slots`, so
+   * taking both costs nothing and a mixed step launches each kernel on its own view. O(batch):
+   * checks that every (non-padding) member is still live. Valid until the next mutating call;
+   * non-owning (host pointers into the manager). Allocation-free.
+   * @throw invalid_argument for an unknown kind; logic_error naming the request, slot and
+   *        generation when a member was freed (or its slot reused) since `set_batch`: the view
+   *        would show freed or foreign pages.
    */
-  [[nodiscard]] kv_cache_view view() const {
-    check_batch_live("view");
+  [[nodiscard]] kv_cache_view view(batch_kind kind) const {
+    check_batch_live(kind, "view");
     return detail::assemble_view(
-        pool_.base(), plan_.geometry, groups_, page_table_, lengths_, batch_);
+        pool_.base(), plan_.geometry, groups_, page_table_, lengths_, batch_of(kind, "view"));
   }
+  /// @brief `view(batch_kind::decode)`. @throw as `view(kind)`.
+  [[nodiscard]] kv_cache_view view() const { return view(batch_kind::decode); }
 
-  /// @brief Element counts of the arrays behind `view()`, for sizing device mirrors once at load
-  /// time: every count is a capacity fixed at construction (`batch` is max_batch, not the current
-  /// batch), so pointers to buffers of these sizes never need to move.
+  /// @brief Element counts of the arrays behind `view(kind)`, for sizing device mirrors once at
+  /// load time: every count is a capacity fixed at construction (`batch` is max_batch, the
+  /// capacity of each kind's `batch_slots`, not a current batch; `slots` counts the padding
+  /// slot), so pointers to buffers of these sizes never need to move.
   [[nodiscard]] kv_view_extents view_extents() const noexcept {
-    return detail::assemble_extents(sequences_.size(), groups_, page_table_, batch_);
+    return detail::assemble_extents(sequences_.size(), groups_, page_table_, decode_batch());
   }
 
   /// @brief Changes to `pages`, `page_offset`, `head_base_len` and the `appended` / `seq_tokens`
@@ -924,17 +1019,19 @@ class basic_kv_cache_manager {
   }
 
   /**
-   * @brief Full self-check, O(pool + all page lists): the free-slot list and batch marks,
+   * @brief Full self-check, O(pool + all page lists): the free-slot list, both batches (marks,
+   * padding requests in the padding slot and only there), the padding slot's zero rows,
    * reference counts equal the number of page lists and pending copies holding each page,
    * reservations add up to the pool's reserved count, every list fits its capacity and holds what
    * its heads use, segments do not overlap. Allocates (scratch arrays).
    * @throw logic_error describing the first inconsistency.
    */
   void check_invariants() const {
+    for (auto const& b : batches_) b.check_invariants();
+    detail::check_padding_slot(sequences_.size(), groups_.num_groups(), page_table_, lengths_);
     detail::check_manager_invariants(
         pool_,
         sequences_,
-        batch_,
         page_table_,
         copies_,
         [&](std::int32_t s, std::int32_t g) { return usage_.in_use(s, g); },
@@ -1002,6 +1099,27 @@ class basic_kv_cache_manager {
     detail::check_turn_sizes(op, session.seq_tokens, prompt_tokens, max_new_tokens);
   }
 
+  /// Index of `kind` in `batches_`. @throw invalid_argument naming `op` for a value outside
+  /// batch_kind.
+  static std::size_t kind_index(batch_kind kind, char const* op) {
+    auto k = static_cast<std::size_t>(kind);
+    TANGRAM_EXPECTS(k < batch_kind_count,
+                    invalid_argument,
+                    op,
+                    ".kind: must be batch_kind::decode or batch_kind::prefill, got ",
+                    k);
+    return k;
+  }
+  detail::batch_membership& batch_of(batch_kind kind, char const* op) {
+    return batches_[kind_index(kind, op)];
+  }
+  detail::batch_membership const& batch_of(batch_kind kind, char const* op) const {
+    return batches_[kind_index(kind, op)];
+  }
+  detail::batch_membership const& decode_batch() const noexcept {
+    return batches_[static_cast<std::size_t>(batch_kind::decode)];
+  }
+
   /// The slot of `seq` after checking it and group g. @throw as the group_* accessors.
   std::int32_t checked_group(sequence_id seq, std::int32_t g, char const* op) const {
     std::int32_t s = sequences_.find(seq, op);
@@ -1018,7 +1136,7 @@ class basic_kv_cache_manager {
   detail::page_table_storage page_table_;
   detail::head_lengths lengths_;
   detail::decode_buckets buckets_;
-  detail::batch_membership batch_;
+  std::array<detail::batch_membership, batch_kind_count> batches_;  ///< [batch_kind]
   detail::view_journal journal_;
   detail::copy_on_write copies_;
   detail::turn_footprint footprint_;

@@ -308,6 +308,31 @@ inline void copy_pages_from_host(std::byte* base,
                 static_cast<std::size_t>(page_bytes));
 }
 
+/**
+ * @brief Which of the manager's two batches a call or a view means. Each kernel launch runs over
+ * one: the eviction (and prefill-attention) kernels over the `prefill` batch, the append and
+ * decode-attention kernels over the `decode` batch, so a mixed step (prefill chunks beside
+ * decodes) sets both once and launches each kernel on its own view. The calls without a kind
+ * (`set_batch(ids)`, `view()`, `decode_step()`, ...) mean `decode`.
+ */
+enum class batch_kind : std::uint8_t {
+  decode  = 0,  ///< requests with one (or a few) new tokens: append, decode attention
+  prefill = 1,  ///< requests with a prepared prompt chunk: eviction, prefill attention
+};
+/// Number of `batch_kind` values (the manager keeps one batch per kind).
+inline constexpr std::size_t batch_kind_count = 2;
+
+/// The kind's name ("decode", "prefill"), as error messages print it.
+constexpr std::string_view to_string(batch_kind k) noexcept {
+  switch (k) {
+    case batch_kind::decode:
+      return "decode";
+    case batch_kind::prefill:
+      return "prefill";
+  }
+  return "?";
+}
+
 /// @brief What changed in the view's index arrays since the last `clear_view_changes()`: enough
 /// for an engine that mirrors them on the device to upload only the changes.
 struct view_changes {
@@ -330,9 +355,12 @@ struct kv_view_extents {
   std::int64_t page_offset   = 0;  ///< slots * G
   std::int64_t pages         = 0;  ///< index capacity
   std::int64_t head_base_len = 0;  ///< slots * L * H
-  std::int64_t slots         = 0;  ///< appended, seq_tokens
-  std::int64_t batch         = 0;  ///< batch_slots: the largest batch (manager_options::max_batch,
-                                   ///< resolved), so buffers sized at load time fit every batch
+  std::int64_t slots         = 0;  ///< appended, seq_tokens: every sequence slot plus the
+                                   ///< padding slot (max_sequences + 1 rows; page_offset and
+                                   ///< head_base_len count the same rows)
+  std::int64_t batch         = 0;  ///< batch_slots of each batch kind: the largest batch
+                                   ///< (manager_options::max_batch, resolved), padding included,
+                                   ///< so buffers sized at load time fit every batch
 };
 
 }  // namespace tangram

@@ -64,6 +64,16 @@ struct kv_cache_view {
 
   std::int32_t batch_size         = 0;
   const std::int32_t* batch_slots = nullptr;  ///< [batch] sequence slot of request r
+  /// Slot of padding requests (fixed-capacity batches for CUDA graphs): a slot beyond every real
+  /// one whose rows in `page_offset`, `head_base_len`, `appended` and `seq_tokens` are zero. A
+  /// request whose `batch_slots` entry is this slot holds no token and owns no page: every kernel
+  /// treats it as a no-op (`is_padding`). -1: the view has no padding slot.
+  std::int32_t padding_slot = -1;
+
+  /// True when request `r` is a padding request (no tokens, no pages; kernels skip it).
+  TANGRAM_HOST_DEVICE bool is_padding(std::int32_t r) const {
+    return batch_slots[r] == padding_slot;
+  }
 
   TANGRAM_HOST_DEVICE head_slot slot_of(std::int32_t layer, std::int32_t head) const {
     return head_slots[layer * num_kv_heads + head];
@@ -71,8 +81,10 @@ struct kv_cache_view {
   TANGRAM_HOST_DEVICE std::int32_t seq_slot(std::int32_t r) const { return batch_slots[r]; }
 
   /// Tokens held by head `head` of layer `layer` for request `r`.
+  /// A padding request holds none (0).
   TANGRAM_HOST_DEVICE std::int32_t head_len(std::int32_t r, std::int32_t layer, std::int32_t head) const {
     std::int32_t s = batch_slots[r];
+    if (s == padding_slot) return 0;
     std::int32_t g = slot_of(layer, head).group;
     std::int32_t w = group_window[g];
     if (w > 0) {

@@ -27,9 +27,11 @@
 
 namespace tangram::detail {
 
-/// The arrays of a view, in the order the packed block holds them: the three that never change
-/// first, the per-slot rows next, the counters and the batch (written every step) last, so that a
-/// decode step's writes sit close together and coalesce into few copies.
+/// The arrays of a manager's views, in the order the packed block holds them: the three that never
+/// change first, the per-slot rows next, the counters and the two batches (written every step)
+/// last, so that a decode step's writes sit close together and coalesce into few copies.
+/// `batch_slots` is the decode batch's, `prefill_batch_slots` the prefill batch's; every other
+/// array is shared by the views of both kinds.
 enum class mirror_array : std::int32_t {
   head_slots,
   group_window,
@@ -40,8 +42,9 @@ enum class mirror_array : std::int32_t {
   appended,
   seq_tokens,
   batch_slots,
+  prefill_batch_slots,
 };
-inline constexpr std::size_t mirror_array_count = 9;
+inline constexpr std::size_t mirror_array_count = 10;
 
 /// Byte range [begin, end) of the packed block.
 struct mirror_range {
@@ -86,6 +89,7 @@ struct mirror_layout {
         {"pages", e.pages, 4},
         {"slots", e.slots, 4},
         {"slots", e.slots, 4},
+        {"batch", e.batch, 4},
         {"batch", e.batch, 4},
     };
     std::int64_t at = 0;
@@ -137,8 +141,10 @@ struct mirror_layout {
     return {offset_of(a) + 4 * first, offset_of(a) + 4 * last};
   }
 
-  /// Array `a` of the host view `v`, as bytes (`bytes_of(a)` of them).
+  /// Array `a` of a manager's host views (`v`: the decode batch's view, `prefill`: the prefill
+  /// batch's; they share every other array), as bytes (`bytes_of(a)` of them).
   [[nodiscard]] static std::byte const* host_array(kv_cache_view const& v,
+                                                   kv_cache_view const& prefill,
                                                    mirror_array a) noexcept {
     void const* p = nullptr;
     switch (a) {
@@ -169,13 +175,17 @@ struct mirror_layout {
       case mirror_array::batch_slots:
         p = v.batch_slots;
         break;
+      case mirror_array::prefill_batch_slots:
+        p = prefill.batch_slots;
+        break;
     }
     return static_cast<std::byte const*>(p);
   }
 
-  /// Points every array of `v` into `block` (laid out by this layout); scalars are left as they
-  /// are.
-  void attach(kv_cache_view& v, std::byte* block) const noexcept {
+  /// Points every array of `v` into `block` (laid out by this layout), its batch_slots at the
+  /// batch of `kind`; scalars are left as they are.
+  void attach(kv_cache_view& v, std::byte* block, batch_kind kind = batch_kind::decode) const
+      noexcept {
     auto at            = [&](mirror_array a) { return block + offset_of(a); };
     v.head_slots       = reinterpret_cast<head_slot const*>(at(mirror_array::head_slots));
     v.group_window     = reinterpret_cast<std::int32_t const*>(at(mirror_array::group_window));
@@ -185,17 +195,22 @@ struct mirror_layout {
     v.pages            = reinterpret_cast<std::int32_t const*>(at(mirror_array::pages));
     v.appended         = reinterpret_cast<std::int32_t const*>(at(mirror_array::appended));
     v.seq_tokens       = reinterpret_cast<std::int32_t const*>(at(mirror_array::seq_tokens));
-    v.batch_slots      = reinterpret_cast<std::int32_t const*>(at(mirror_array::batch_slots));
+    v.batch_slots      = reinterpret_cast<std::int32_t const*>(
+        at(kind == batch_kind::prefill ? mirror_array::prefill_batch_slots
+                                            : mirror_array::batch_slots));
   }
 
-  /// Copies bytes [r.begin, r.end) of the packed image of the host view `v` into `block` at the
-  /// same offsets; padding inside r is left as it is (zero).
-  void copy_from(kv_cache_view const& v, mirror_range r, std::byte* block) const noexcept {
+  /// Copies bytes [r.begin, r.end) of the packed image of the host views (`v` decode, `prefill`)
+  /// into `block` at the same offsets; padding inside r is left as it is (zero).
+  void copy_from(kv_cache_view const& v,
+                 kv_cache_view const& prefill,
+                 mirror_range r,
+                 std::byte* block) const noexcept {
     for (std::size_t a = 0; a < mirror_array_count; ++a) {
       std::int64_t lo = std::max(r.begin, offset[a]), hi = std::min(r.end, offset[a] + bytes[a]);
       if (lo >= hi) continue;
       std::memcpy(block + lo,
-                  host_array(v, static_cast<mirror_array>(a)) + (lo - offset[a]),
+                  host_array(v, prefill, static_cast<mirror_array>(a)) + (lo - offset[a]),
                   static_cast<std::size_t>(hi - lo));
     }
   }
@@ -214,12 +229,13 @@ struct mirror_layout {
  * kilobytes of bus time.
  *
  * Which ranges changed: the journal's page entries, its slots' `page_offset` and
- * `head_base_len` rows, its counter slots' `appended` and `seq_tokens` entries, and the whole
- * `batch_slots` array (max_batch entries; not journaled) when it differs from the last uploaded
- * copy. Everything on the first sync, after `full_resync`, after `invalidate()`, and when the
+ * `head_base_len` rows, its counter slots' `appended` and `seq_tokens` entries, and each
+ * batch's whole slot array (`batch_slots`, `prefill_batch_slots`: max_batch entries each; not
+ * journaled) when it differs from the last uploaded copy. Everything on the first sync, after `full_resync`, after `invalidate()`, and when the
  * ranges would overflow the lists sized at construction.
  *
- * Protocol per sync: `stage(changes, host view, this sync's shadow, previous sync's shadow)`,
+ * Protocol per sync: `stage(changes, host decode view, host prefill view, this sync's shadow,
+ * previous sync's shadow)`,
  * copy `uploads()` from this sync's shadow, then `commit()`; alternate the shadows only after a
  * commit. A stage that is not committed (the uploads failed) must be followed by `invalidate()`.
  */
@@ -246,11 +262,11 @@ class mirror_stager {
                     "kv_view_mirror: merge_gap must be >= 0, got ",
                     merge_gap);
     // Ranges: one per page entry, two rows per slot (page_offset, head_base_len), two counters
-    // per counter slot, the batch.
+    // per counter slot, the two batches.
     auto ranges = add_or_throw(max_view_changes,
                                mul_or_throw<std::int64_t>(4, e.slots, "kv_view_mirror: 4 * slots"),
                                "kv_view_mirror: max_view_changes + 4 * slots");
-    ranges      = add_or_throw<std::int64_t>(ranges, 1, "kv_view_mirror: range count");
+    ranges      = add_or_throw<std::int64_t>(ranges, 2, "kv_view_mirror: range count");
     auto n      = static_cast<std::size_t>(ranges);
     previous_.reserve(n);
     current_.reserve(n);
@@ -267,28 +283,30 @@ class mirror_stager {
 
   /**
    * @brief Brings `shadow` (this sync's buffer, `layout().total` bytes, last used two syncs ago
-   * or never) up to date with `host` and lists the ranges to upload in `uploads()`.
+   * or never) up to date with the host views (`host`: the decode batch's view, `prefill`: the
+   * prefill batch's) and lists the ranges to upload in `uploads()`.
    * @param previous the other shadow (what the last sync uploaded), read to detect a batch change
    * @throw logic_error when the journal names a slot or entry outside the extents (nothing is
    *        written then).
    */
   void stage(view_changes const& c,
              kv_cache_view const& host,
+             kv_cache_view const& prefill,
              std::byte* shadow,
              std::byte const* previous) {
-    full_ = full_next_ || c.full_resync || !collect(c, host, previous);
+    full_ = full_next_ || c.full_resync || !collect(c, host, prefill, previous);
     uploads_.clear();
     if (full_) {
       current_.clear();
-      layout_.copy_from(host, {0, layout_.total}, shadow);
+      layout_.copy_from(host, prefill, {0, layout_.total}, shadow);
       if (layout_.total > 0) uploads_.push_back({0, layout_.total});
       return;
     }
     if (previous_full_)
-      layout_.copy_from(host, {0, layout_.total}, shadow);
+      layout_.copy_from(host, prefill, {0, layout_.total}, shadow);
     else
-      for (auto r : previous_) layout_.copy_from(host, r, shadow);
-    for (auto r : current_) layout_.copy_from(host, r, shadow);
+      for (auto r : previous_) layout_.copy_from(host, prefill, r, shadow);
+    for (auto r : current_) layout_.copy_from(host, prefill, r, shadow);
     for (auto r : current_) {  // sorted: coalesce across gaps of at most merge_gap bytes
       if (!uploads_.empty() && r.begin - uploads_.back().end <= merge_gap_)
         uploads_.back().end = std::max(uploads_.back().end, r.end);
@@ -353,7 +371,10 @@ class mirror_stager {
   }
 
   /// The changed ranges in `current_`, in block order. @return false when they overflow.
-  bool collect(view_changes const& c, kv_cache_view const& host, std::byte const* previous) {
+  bool collect(view_changes const& c,
+               kv_cache_view const& host,
+               kv_cache_view const& prefill,
+               std::byte const* previous) {
     current_.clear();
     auto const& e = layout_.extents;
     // The journal names slots; the rows of a slot are G (page_offset) and L * H (head_base_len).
@@ -374,14 +395,17 @@ class mirror_stager {
       ok = push(layout_.elements(mirror_array::appended, scratch_[k], scratch_[k] + 1));
     for (std::size_t k = 0; ok && k < scratch_.size(); ++k)
       ok = push(layout_.elements(mirror_array::seq_tokens, scratch_[k], scratch_[k] + 1));
-    // The batch is not journaled: compare it with what the last sync uploaded (O(max_batch)).
-    auto bo = layout_.offset_of(mirror_array::batch_slots);
-    auto bn = layout_.bytes_of(mirror_array::batch_slots);
-    if (ok && bn > 0 &&
-        std::memcmp(layout_.host_array(host, mirror_array::batch_slots),
-                    previous + bo,
-                    static_cast<std::size_t>(bn)) != 0)
-      ok = push({bo, bo + bn});
+    // The batches are not journaled: compare each with what the last sync uploaded
+    // (O(max_batch)); a batch that did not change is not uploaded.
+    for (auto a : {mirror_array::batch_slots, mirror_array::prefill_batch_slots}) {
+      auto bo = layout_.offset_of(a);
+      auto bn = layout_.bytes_of(a);
+      if (ok && bn > 0 &&
+          std::memcmp(layout_.host_array(host, prefill, a),
+                      previous + bo,
+                      static_cast<std::size_t>(bn)) != 0)
+        ok = push({bo, bo + bn});
+    }
     return ok;
   }
 

@@ -24,6 +24,8 @@ class head_lengths {
         appended_(static_cast<std::size_t>(slots), 0),
         tokens_(static_cast<std::size_t>(slots), 0) {}
 
+  /// Heads per slot (L * H).
+  [[nodiscard]] std::int32_t heads() const noexcept { return heads_; }
   /// Base lengths of slot s: `heads` entries, flat head index layer * H + head.
   std::int32_t* base(std::int32_t s) noexcept { return base_.data() + row(s); }
   [[nodiscard]] std::int32_t const* base(std::int32_t s) const noexcept {

@@ -13,6 +13,7 @@
 #include "tangram/error.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
 #include "tangram/memory/detail/copy_on_write.hpp"
+#include "tangram/memory/detail/head_lengths.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
@@ -20,7 +21,42 @@
 namespace tangram::detail {
 
 /**
- * @brief Checks the free-slot list and batch marks, that reference counts equal the number of
+ * @brief Checks that the padding slot (slot `slots`, what padding requests name) holds nothing:
+ * its `page_offset` row (G entries), `head_base_len` row, `appended` and `seq_tokens` are zero.
+ * @throw logic_error naming the array and the value.
+ */
+inline void check_padding_slot(std::int32_t slots,
+                               std::int32_t groups,
+                               page_table_storage const& page_table,
+                               head_lengths const& lengths) {
+  for (std::int32_t g = 0; g < groups; ++g) {
+    auto v = page_table.offsets()[static_cast<std::size_t>(slots) * static_cast<std::size_t>(groups) +
+                                  static_cast<std::size_t>(g)];
+    TANGRAM_EXPECTS(
+        v == 0, logic_error, "padding slot ", slots, ": page_offset of group ", g, " is ", v);
+  }
+  for (std::int32_t h = 0; h < lengths.heads(); ++h)
+    TANGRAM_EXPECTS(lengths.base(slots)[h] == 0,
+                    logic_error,
+                    "padding slot ",
+                    slots,
+                    ": head_base_len of head ",
+                    h,
+                    " is ",
+                    lengths.base(slots)[h]);
+  TANGRAM_EXPECTS(lengths.appended(slots) == 0 && lengths.tokens(slots) == 0,
+                  logic_error,
+                  "padding slot ",
+                  slots,
+                  ": appended ",
+                  lengths.appended(slots),
+                  " and seq_tokens ",
+                  lengths.tokens(slots),
+                  " must be 0");
+}
+
+/**
+ * @brief Checks the free-slot list, that reference counts equal the number of
  * page lists and pending copies holding each page, that reservations add up to the pool's
  * reserved count, that every list fits its capacity and holds what its heads use
  * (`in_use(s, g)` pages), and that segments do not overlap. O(pool + all page lists); allocates.
@@ -29,14 +65,12 @@ namespace tangram::detail {
 template <class Pool, class InUse, class Spares>
 void check_manager_invariants(Pool const& pool,
                               sequence_table const& sequences,
-                              batch_membership const& batch,
                               page_table_storage const& page_table,
                               copy_on_write const& copies,
                               InUse in_use,
                               Spares for_each_spare) {
   pool.check_invariants();
   sequences.check_invariants();
-  batch.check_invariants();
   std::vector<std::uint32_t> owners(static_cast<std::size_t>(pool.capacity()), 0);
   std::int64_t reserved = 0;
   for (std::int32_t s = 0; s < sequences.size(); ++s) {

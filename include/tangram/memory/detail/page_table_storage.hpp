@@ -35,7 +35,7 @@ class page_table_storage {
   page_table_storage() = default;
   page_table_storage(std::int32_t slots, std::int32_t groups, std::int64_t arena_entries)
       : groups_(groups),
-        offset_(cells(slots, groups), 0),
+        offset_(cells(slots + 1, groups), 0),  // + the padding slot's row, zero forever
         count_(cells(slots, groups), 0),
         capacity_(cells(slots, groups), 0),
         target_(cells(slots, groups), 0),

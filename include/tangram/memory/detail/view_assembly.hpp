@@ -44,16 +44,19 @@ namespace tangram::detail {
   v.seq_tokens       = lengths.tokens_array();
   v.batch_size       = batch.size();
   v.batch_slots      = batch.slots();
+  v.padding_slot     = batch.padding_slot();
   return v;
 }
 
-/// Element counts of the arrays behind `assemble_view` for `slots` sequence slots; `batch` is
-/// the batch's capacity (max_batch), not its current size.
-[[nodiscard]] inline kv_view_extents assemble_extents(std::int64_t slots,
+/// Element counts of the arrays behind `assemble_view` for `slots` sequence slots plus the
+/// padding slot (its zero rows are part of every per-slot array); `batch` is each batch's
+/// capacity (max_batch), not its current size.
+[[nodiscard]] inline kv_view_extents assemble_extents(std::int64_t sequence_slots,
                                                       group_lookup const& groups,
                                                       page_table_storage const& page_table,
                                                       batch_membership const& batch) noexcept {
   std::int64_t heads = groups.num_heads();
+  std::int64_t slots = sequence_slots + 1;  // the padding slot's row
   kv_view_extents e;
   e.head_slots    = heads;
   e.groups        = groups.num_groups();
