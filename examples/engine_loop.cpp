@@ -9,7 +9,9 @@
 // capacity as a CUDA graph would be), chunked prefill (prepare, eviction, commit), decode steps
 // over a batch, speculative tokens rolled back, a turn's
 // reservation extended, a second turn, a copy-on-write fork, the session parked in host memory and
-// brought back for a third turn, and free: at the end every page and slot is back. Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
+// brought back for a third turn, and free: at the end every page and slot is back. Pages are
+// reused only after the work that read them is done (deferred reuse: one epoch per step, released
+// a step later, as a GPU running one step behind the host would be). Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
 // layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
 // kernel would on a device pool; under static budgets its counts are known in advance, so the
 // loop checks them against `expected_kept`.
@@ -35,7 +37,8 @@ constexpr std::int64_t chunk_size = 512;
 /// Page accounting at one point of the loop.
 struct checkpoint {
   std::string label;
-  std::int64_t used_pages, reserved_pages, available_pages, live_sequences, pages_drawn;
+  std::int64_t used_pages, reserved_pages, available_pages, retired_pages, live_sequences,
+      pages_drawn;
 };
 
 checkpoint snapshot(char const* label, tangram::kv_cache_manager const& kv) {
@@ -43,6 +46,7 @@ checkpoint snapshot(char const* label, tangram::kv_cache_manager const& kv) {
           kv.pool().used_pages(),
           kv.pool().reserved_pages(),
           kv.pool().available_pages(),
+          kv.retired_pages(),
           kv.live_sequences(),
           kv.stats().pages_drawn};
 }
@@ -117,6 +121,10 @@ void prefill(tangram::kv_cache_manager& kv, tangram::sequence_id seq) {
   while (kv.info(seq).prompt_remaining > 0) prefill_chunks(kv, {seq});
 }
 
+/// The work of every step so far is done (an engine: its last event completed): every page those
+/// steps freed may be handed out again.
+void settle(tangram::kv_cache_manager& kv) { kv.release_epochs_through(kv.advance_epoch()); }
+
 void decode(tangram::kv_cache_manager& kv,
             std::vector<tangram::sequence_id> const& batch,
             int steps) {
@@ -139,6 +147,7 @@ int main(int argc, char** argv) {
   tangram::manager_options options;
   options.num_pages     = 8000;
   options.max_sequences = 16;
+  options.deferred_reuse = true;  // freed pages wait for the engine's release (several streams)
   tangram::kv_cache_manager kv(plan, memory, options);
   std::vector<checkpoint> trace;
 
@@ -169,6 +178,7 @@ int main(int argc, char** argv) {
   auto const graph_batch = static_cast<std::size_t>(kv.options().max_batch);
   bool prefilled         = false;
   int mixed_steps        = 0;
+  std::int64_t in_flight = -1;  // the epoch of the step the device still runs
   for (;;) {
     std::vector<tangram::sequence_id> to_prefill, to_decode;
     for (auto seq : running) {
@@ -191,7 +201,13 @@ int main(int argc, char** argv) {
     kv.set_batch(tangram::batch_kind::decode, to_decode, graph_batch);
     if (!to_decode.empty()) kv.decode_step();
     if (!to_prefill.empty()) prefill_chunks(kv, to_prefill);
+    // End of the step: close its epoch; the previous step's work is done by now, so the pages it
+    // freed (evicted tokens' pages) become reusable.
+    auto done = kv.advance_epoch();
+    if (in_flight >= 0) kv.release_epochs_through(in_flight);
+    in_flight = done;
   }
+  settle(kv);
   trace.push_back(snapshot("decoded", kv));
   if (mixed_steps == 0) {
     std::fprintf(stderr, "no step mixed prefill chunks and decodes\n");
@@ -215,7 +231,8 @@ int main(int argc, char** argv) {
   auto first = running[0];
   kv.end_turn(first);  // keeps the compressed history, returns the unused reservation
   for (std::size_t i = 1; i < running.size(); ++i) kv.free(running[i]);
-  trace.push_back(snapshot("turn_ended", kv));
+  trace.push_back(snapshot("turn_ended", kv));  // the freed pages wait for their release
+  settle(kv);
   if (!kv.continue_turn(first, 300, 32)) {  // "does not fit" is a return value
     std::fprintf(stderr, "the second turn did not fit\n");
     return 1;
@@ -231,6 +248,7 @@ int main(int argc, char** argv) {
   } else {
     decode(kv, {first}, 32);
   }
+  settle(kv);
   trace.push_back(snapshot("fork_done", kv));
 
   // The session idles between turns: park it in host memory (its pages go back to the pool),
@@ -241,6 +259,7 @@ int main(int argc, char** argv) {
   tangram::copy_pages_to_host(kv.pool().base(), parked.page_bytes, parked.device_pages.data(),
                               parked.device_pages.size(), host.data());  // the engine's copy-out
   kv.complete_park(first);
+  settle(kv);
   trace.push_back(snapshot("parked", kv));
   auto restored = kv.try_unpark(parked, 200, 16);  // "does not fit" is nullopt
   if (!restored) {
@@ -256,6 +275,7 @@ int main(int argc, char** argv) {
   decode(kv, {first}, 16);
   trace.push_back(snapshot("unparked", kv));
   kv.free(first);
+  settle(kv);
   kv.check_invariants();
   trace.push_back(snapshot("freed", kv));
 
@@ -268,25 +288,32 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < trace.size(); ++i) {
       auto const& c = trace[i];
       std::printf("  {\"label\": \"%s\", \"used_pages\": %lld, \"reserved_pages\": %lld, "
-                  "\"available_pages\": %lld, \"live_sequences\": %lld, \"pages_drawn\": %lld}%s\n",
+                  "\"available_pages\": %lld, \"retired_pages\": %lld, \"live_sequences\": %lld, "
+                  "\"pages_drawn\": %lld}%s\n",
                   c.label.c_str(), static_cast<long long>(c.used_pages),
                   static_cast<long long>(c.reserved_pages),
                   static_cast<long long>(c.available_pages),
+                  static_cast<long long>(c.retired_pages),
                   static_cast<long long>(c.live_sequences), static_cast<long long>(c.pages_drawn),
                   i + 1 < trace.size() ? "," : "");
     }
     std::printf(" ]}\n");
   } else {
     for (auto const& c : trace)
-      std::printf("%-12s used %6lld  reserved %6lld  available %6lld  live %2lld  drawn %6lld\n",
-                  c.label.c_str(), static_cast<long long>(c.used_pages),
-                  static_cast<long long>(c.reserved_pages),
-                  static_cast<long long>(c.available_pages),
+      std::printf(
+          "%-12s used %6lld  reserved %6lld  available %6lld  retired %5lld  live %2lld  drawn "
+          "%6lld\n",
+          c.label.c_str(), static_cast<long long>(c.used_pages),
+          static_cast<long long>(c.reserved_pages), static_cast<long long>(c.available_pages),
+          static_cast<long long>(c.retired_pages),
                   static_cast<long long>(c.live_sequences), static_cast<long long>(c.pages_drawn));
     std::printf("admitted %lld, rejected_waiting %zu, reclaimed_pages %lld\n",
                 static_cast<long long>(s.admitted), waiting.size(),
                 static_cast<long long>(s.reclaimed_pages));
   }
   auto const& end = trace.back();
-  return end.used_pages == 0 && end.reserved_pages == 0 && end.live_sequences == 0 ? 0 : 1;
+  return end.used_pages == 0 && end.reserved_pages == 0 && end.retired_pages == 0 &&
+                 end.live_sequences == 0
+             ? 0
+             : 1;
 }

@@ -61,6 +61,11 @@ def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
         prefill_chunk(kv, seq)
 
 
+def settle(kv: tangram.KVCacheManager) -> None:
+    """The work of every step so far is done: the pages those steps freed may be reused."""
+    kv.release_epochs_through(kv.advance_epoch())
+
+
 def decode(kv: tangram.KVCacheManager, batch: list[tangram.SequenceId], steps: int) -> None:
     kv.set_batch(batch)
     for _ in range(steps):
@@ -70,7 +75,8 @@ def decode(kv: tangram.KVCacheManager, batch: list[tangram.SequenceId], steps: i
 def snapshot(label: str, kv: tangram.KVCacheManager) -> dict:
     """Page accounting at one point of the loop."""
     return {"label": label, "used_pages": kv.used_pages, "reserved_pages": kv.reserved_pages,
-            "available_pages": kv.available_pages, "live_sequences": kv.live_sequences,
+            "available_pages": kv.available_pages, "retired_pages": kv.retired_pages,
+            "live_sequences": kv.live_sequences,
             "pages_drawn": kv.stats["pages_drawn"]}
 
 
@@ -81,7 +87,9 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     options.reservation = "static"  # expected_kept stands in for the eviction (docstring)
     plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples),
                               options)
-    kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16)
+    # deferred_reuse: freed pages wait for the engine's release (several streams; one epoch per
+    # step, released a step later, as a GPU running one step behind the host would be).
+    kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16, deferred_reuse=True)
 
     # Admission until full: the reservation is exact, so "does not fit" is known up front.
     waiting = [(300 + 100 * i, 64) for i in range(12)]  # (prompt, max new tokens)
@@ -101,6 +109,7 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     # request is prefilled and decoded 32 tokens.
     chunks_per_step = 2
     prefilled = False
+    in_flight = -1  # the epoch of the step the device still runs
     while True:
         infos = [kv.info(seq) for seq in running]
         in_prefill = [seq for seq, i in zip(running, infos) if i["phase"] == "prefill"]
@@ -116,6 +125,11 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
             decode(kv, to_decode, 1)
         for seq in to_prefill:
             prefill_chunk(kv, seq)
+        done = kv.advance_epoch()  # end of the step; the previous step's work is done by now
+        if in_flight >= 0:
+            kv.release_epochs_through(in_flight)
+        in_flight = done
+    settle(kv)
     trace.append(snapshot("decoded", kv))
     # Speculative decoding: 4 draft tokens per member, then the rejected ones are rolled back.
     kv.set_batch(running)
@@ -134,7 +148,8 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     kv.end_turn(first)  # keeps the compressed history, returns the unused reservation
     for seq in running[1:]:
         kv.free(seq)
-    trace.append(snapshot("turn_ended", kv))
+    trace.append(snapshot("turn_ended", kv))  # the freed pages wait for their release
+    settle(kv)
     if not kv.continue_turn(first, 300, 32):  # "does not fit" is a return value
         raise SystemExit("the second turn did not fit")
     prefill(kv, first)
@@ -148,6 +163,7 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
         kv.free(child)
     else:
         decode(kv, [first], 32)
+    settle(kv)
     trace.append(snapshot("fork_done", kv))
 
     # The session idles between turns: park it in host memory (its pages go back to the pool),
@@ -156,6 +172,7 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     parked = kv.park(first)
     host = kv.pool()[parked.device_pages].copy()  # the engine's copy-out
     kv.complete_park(first)
+    settle(kv)
     trace.append(snapshot("parked", kv))
     restored = kv.try_unpark(parked, 200, 16)  # "does not fit" is None
     if restored is None:
@@ -166,6 +183,7 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     decode(kv, [first], 16)
     trace.append(snapshot("unparked", kv))
     kv.free(first)
+    settle(kv)
     kv.check_invariants()
     trace.append(snapshot("freed", kv))
 
@@ -181,7 +199,8 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
     if verbose:
         for c in trace:
             print(f"{c['label']:<12} used {c['used_pages']:6d}  reserved {c['reserved_pages']:6d}  "
-                  f"available {c['available_pages']:6d}  live {c['live_sequences']:2d}  "
+                  f"available {c['available_pages']:6d}  retired {c['retired_pages']:5d}  "
+                  f"live {c['live_sequences']:2d}  "
                   f"drawn {c['pages_drawn']:6d}")
         print(", ".join(f"{k} {v}" for k, v in result.items() if k != "checkpoints"))
     return result

@@ -34,7 +34,12 @@ def test_python_loop_returns_everything():
     # Admission reserves everything up front and draws nothing yet; the pool conserves pages.
     assert admitted["used_pages"] == 0 and admitted["reserved_pages"] > 0
     for c in out["checkpoints"]:
-        assert c["used_pages"] + c["reserved_pages"] + c["available_pages"] == 8000
+        pages = c["used_pages"] + c["reserved_pages"] + c["available_pages"] + c["retired_pages"]
+        assert pages == 8000
+    # Deferred reuse: the pages freed at the end of the first turn wait for their release.
+    by_label = {c["label"]: c for c in out["checkpoints"]}
+    assert by_label["turn_ended"]["retired_pages"] > 0
+    assert by_label["freed"]["retired_pages"] == 0
 
 
 def test_python_loop_matches_the_cpp_example():
