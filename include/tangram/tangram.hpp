@@ -8,8 +8,10 @@
  * the batch view), the FlashInfer export (interop/) and the CPU reference kernels (reference/).
  *
  * Not included, because they need the CUDA library (`tangram::kernels`): the kernel launchers
- * (`tangram/kernels/...`) and `tangram/memory/cuda_memory_resource.hpp`. Include those where the
- * engine launches kernels or allocates its device pool.
+ * (`tangram/kernels/...`), `tangram/memory/cuda_memory_resource.hpp`, the device mirror
+ * (`tangram/device/kv_view_mirror.hpp`) and the stream-ordered release of deferred pages
+ * (`tangram/device/stream_epochs.hpp`). Include those where the engine launches kernels or
+ * allocates its device pool.
  */
 #pragma once
 
