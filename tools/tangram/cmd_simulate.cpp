@@ -316,13 +316,35 @@ int simulate(simulate_args& a, streams io) {
     return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
-  // The static budgets' clipping, counted the same way (the samples' needs, or the budgets
-  // without samples, which clip nothing): each compressed policy's share of wanted head-tokens.
-  auto clip_meter = [&](static_plan const& p) { return std::make_shared<static_clipping>(p, needs); };
-  auto clipped_of = [](auto const& m) {
-    return m.wanted_total() > 0 ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
-                                : 0.0;
+  // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its
+  // eviction step only counts the budgets' clipping the way the elastic selection counts its own
+  // (the samples' needs, or the budgets without samples, which clip nothing).
+  auto make_static = [&](std::string name, static_plan const& p) {
+    tangram_policy_options so;
+    so.name     = std::move(name);
+    so.eviction = std::make_shared<static_clipping>(p, needs);
+    return std::make_unique<tangram_policy>(p, kv_bytes, slots, n_sessions, std::move(so));
   };
+  // Any policy of the sensitivity sweep by name.
+  auto make_named = [&](std::string const& name) -> std::unique_ptr<kv_policy> {
+    if (name == "unified_nonuniform") return make_unified();
+    if (name == "tangram") return make_static("tangram", plan);
+    return make_elastic();
+  };
+  // Runs a Tangram policy (static or elastic) and records its share of wanted head-tokens clipped.
+  auto run_tangram = [&](workload const& w, std::vector<replay_result>& into, tangram_policy& policy, int index) {
+    run(w, into, policy, index);
+    auto fraction = [](auto const& m) {
+      return m.wanted_total() > 0 ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
+                                  : 0.0;
+    };
+    if (auto const* ev = dynamic_cast<elastic_eviction const*>(policy.eviction()))
+      into.back().wanted_clipped_fraction = fraction(*ev);
+    else if (auto const* sc = dynamic_cast<static_clipping const*>(policy.eviction()))
+      into.back().wanted_clipped_fraction = fraction(*sc);
+  };
+  std::optional<static_plan> ro_plan;  // --ablation: reservation_only's one-group-per-layer plan
+  if (a.ablation) ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
   // Every policy on workload `w`, in the report's order.
   auto run_all = [&](workload const& w, bool main_run) {
     std::vector<replay_result> into;
@@ -335,37 +357,13 @@ int simulate(simulate_args& a, streams io) {
     }
     run(w, into, *make_unified(), 1);
     into.back().wanted_clipped_fraction = 0.0;  // keeps its own retention (or the budgets it is given)
-    if (a.ablation) {  // the paper's incremental study (eval/sim/ablation.hpp)
-      auto ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
-      tangram_policy_options reservation;
-      reservation.name = reservation_only_name;
-      auto ro_meter        = clip_meter(ro_plan);
-      reservation.eviction = ro_meter;
-      tangram_policy reservation_only(ro_plan, kv_bytes, slots, n_sessions, reservation);
-      run(w, into, reservation_only, 2);
-      into.back().wanted_clipped_fraction = clipped_of(*ro_meter);
-      tangram_policy_options groups;
-      groups.name     = head_groups_name;
-      auto hg_meter   = clip_meter(plan);
-      groups.eviction = hg_meter;
-      tangram_policy head_groups(plan, kv_bytes, slots, n_sessions, groups);
-      run(w, into, head_groups, 3);
-      into.back().wanted_clipped_fraction = clipped_of(*hg_meter);
+    if (ro_plan) {  // the paper's incremental study (eval/sim/ablation.hpp)
+      run_tangram(w, into, *make_static(reservation_only_name, *ro_plan), 2);
+      run_tangram(w, into, *make_static(head_groups_name, plan), 3);
     }
-    {
-      tangram_policy_options so;
-      auto meter  = clip_meter(plan);
-      so.eviction = meter;
-      tangram_policy tangram(plan, kv_bytes, slots, n_sessions, so);
-      run(w, into, tangram, a.ablation ? 4 : 2);
-      into.back().wanted_clipped_fraction = clipped_of(*meter);
-    }
-    auto elastic = make_elastic();
-    run(w, into, *elastic, n_policies - 1);
-    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction())) {
-      into.back().wanted_clipped_fraction = clipped_of(*ev);
-      if (main_run) elastic_clipped = clipped_of(*ev);
-    }
+    run_tangram(w, into, *make_static("tangram", plan), a.ablation ? 4 : 2);
+    run_tangram(w, into, *make_elastic(), n_policies - 1);
+    if (main_run) elastic_clipped = into.back().wanted_clipped_fraction.value_or(0.0);
     return into;
   };
   results = run_all(work, true);
@@ -390,13 +388,7 @@ int simulate(simulate_args& a, streams io) {
       replay_options o = ro;
       o.charges        = costs.charges_for(name);
       o.max_tokens     = max_new;
-      std::unique_ptr<kv_policy> p;
-      if (name == "unified_nonuniform")
-        p = make_unified();
-      else if (name == "tangram")
-        p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
-      else
-        p = make_elastic();
+      auto p           = make_named(name);
       if (show_progress) io.err << "\rsimulate: sensitivity, max_tokens " << max_new << ", " << name << "   " << std::flush;
       return replay(work, *p, cost, o);
     };
@@ -404,13 +396,7 @@ int simulate(simulate_args& a, streams io) {
                              [&](std::string const& name, step_charges const& ch) {
                                replay_options o = ro;
                                o.charges        = ch;
-                               std::unique_ptr<kv_policy> p;
-                               if (name == "unified_nonuniform")
-                                 p = make_unified();
-                               else if (name == "tangram")
-                                 p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
-                               else
-                                 p = make_elastic();
+                               auto p           = make_named(name);
                                if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
                                return replay(work, *p, cost, o);
                              },
