@@ -332,3 +332,51 @@ TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens"
   CHECK(rep.range.at("tangram").low.tokens_per_s_ratio == Approx(0.9));
   CHECK(rep.range.at("tangram").high.tokens_per_s_ratio == Approx(1.5));
 }
+
+TEST_CASE("the sensitivity sweep replays only the baseline under the other admission rule",
+          "[replay][issue13]") {
+  serving_costs costs;
+  std::map<std::string, replay_result> defaults;
+  auto result = [](std::string name, double tps, double resident) {
+    replay_result r;
+    r.policy                 = name;
+    r.modelled_tokens_per_s  = tps;
+    r.mean_resident_sessions = resident;
+    return r;
+  };
+  defaults["unified_nonuniform"] = result("unified_nonuniform", 100, 10);
+  defaults["tangram"]            = result("tangram", 120, 9);
+  for (bool default_chunk : {true, false}) {
+    INFO("default rule chunk: " << default_chunk);
+    std::vector<bool> calls;
+    admission_variation adm;
+    adm.default_chunk  = default_chunk;
+    adm.rerun_baseline = [&](bool chunk) {
+      calls.push_back(chunk);
+      // the other rule: the baseline at 80 tok/s and 8 resident sessions
+      return result("unified_nonuniform", 80, 8);
+    };
+    auto same_charges = [&](std::string const& name, step_charges const&) { return defaults.at(name); };
+    auto rep     = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"}, same_charges, nullptr, &adm);
+    auto without = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"}, same_charges);
+    auto n = uncalibrated_variations(costs).size();
+    REQUIRE(rep.points.size() == n + 2);
+    CHECK(calls == std::vector<bool>{!default_chunk});  // one replay: the baseline, the other rule
+    CHECK(rep.replays == without.replays + 1);
+    auto const& chunk = rep.points[n];
+    auto const& whole = rep.points[n + 1];
+    CHECK(chunk.variation.constant == "baseline_admission");
+    CHECK(chunk.variation.end == "chunk");
+    CHECK(whole.variation.end == "whole");
+    auto const& at_default = default_chunk ? chunk : whole;
+    auto const& at_other   = default_chunk ? whole : chunk;
+    CHECK(at_default.verdicts.at("tangram").tokens_per_s_ratio == Approx(1.2));
+    CHECK(at_default.verdicts.at("tangram").mean_resident_ratio == Approx(0.9));
+    CHECK(at_other.verdicts.at("tangram").tokens_per_s_ratio == Approx(1.5));
+    CHECK(at_other.verdicts.at("tangram").mean_resident_ratio == Approx(9.0 / 8.0));
+    CHECK(rep.range.at("tangram").low.tokens_per_s_ratio == Approx(1.2));
+    CHECK(rep.range.at("tangram").high.tokens_per_s_ratio == Approx(1.5));
+    CHECK(rep.range.at("tangram").low.mean_resident_ratio == Approx(0.9));
+    CHECK(rep.range.at("tangram").high.mean_resident_ratio == Approx(9.0 / 8.0));
+  }
+}

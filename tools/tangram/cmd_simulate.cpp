@@ -284,11 +284,13 @@ int simulate(simulate_args& a, streams io) {
     if (keep) bn.scale = *keep / src.profile.target_keep_ratio;
     own = std::make_shared<retention_needs>(plan, std::move(bn));
   }
-  auto make_unified = [&] {
+  // The baseline under `chunk` admission (vLLM v1) or whole-prompt admission; --baseline-admission
+  // picks the run's rule, --sensitivity replays the other.
+  auto make_unified = [&](bool chunk) {
     auto u = std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions,
                                               max_tokens, own);
     u->set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
-    u->set_chunk_admission(a.baseline_chunk_admission);
+    u->set_chunk_admission(chunk);
     return u;
   };
   // Elastic reservation on the same workload, chunking, cost model and pool. With --keep the
@@ -327,7 +329,7 @@ int simulate(simulate_args& a, streams io) {
   };
   // Any policy of the sensitivity sweep by name.
   auto make_named = [&](std::string const& name) -> std::unique_ptr<kv_policy> {
-    if (name == "unified_nonuniform") return make_unified();
+    if (name == "unified_nonuniform") return make_unified(a.baseline_chunk_admission);
     if (name == "tangram") return make_static("tangram", plan);
     return make_elastic();
   };
@@ -355,7 +357,7 @@ int simulate(simulate_args& a, streams io) {
       full.set_block_eviction(a.full_kv_blocks);
       run(w, into, full, 0);
     }
-    run(w, into, *make_unified(), 1);
+    run(w, into, *make_unified(a.baseline_chunk_admission), 1);
     into.back().wanted_clipped_fraction = 0.0;  // keeps its own retention (or the budgets it is given)
     if (ro_plan) {  // the paper's incremental study (eval/sim/ablation.hpp)
       run_tangram(w, into, *make_static(reservation_only_name, *ro_plan), 2);
@@ -392,6 +394,17 @@ int simulate(simulate_args& a, streams io) {
       if (show_progress) io.err << "\rsimulate: sensitivity, max_tokens " << max_new << ", " << name << "   " << std::flush;
       return replay(work, *p, cost, o);
     };
+    // The baseline's admission rule: replayed under the rule the run did not use.
+    admission_variation admission;
+    admission.default_chunk  = a.baseline_chunk_admission;
+    admission.rerun_baseline = [&](bool chunk) {
+      replay_options o = ro;
+      o.charges        = costs.charges_for("unified_nonuniform");
+      auto p           = make_unified(chunk);
+      if (show_progress)
+        io.err << "\rsimulate: sensitivity, baseline admission " << admission_rule_name(chunk) << "   " << std::flush;
+      return replay(work, *p, cost, o);
+    };
     sens = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram", "tangram_elastic"},
                              [&](std::string const& name, step_charges const& ch) {
                                replay_options o = ro;
@@ -400,7 +413,7 @@ int simulate(simulate_args& a, streams io) {
                                if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
                                return replay(work, *p, cost, o);
                              },
-                             &mt);
+                             &mt, &admission);
     if (show_progress) io.err << "\n";
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -606,8 +619,8 @@ int simulate(simulate_args& a, streams io) {
   });
   print_sweep(o, sweep);
   if (sens) {
-    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; " << sens->replays
-      << " replays):\n";
+    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range, then the baseline\n"
+      << "  under each admission rule; " << sens->replays << " replays):\n";
     o << "  " << std::left << std::setw(34) << "constant = value" << std::right << std::setw(22)
       << "tangram vs unified" << std::setw(24) << "elastic vs unified" << "\n";
     o << "  " << std::left << std::setw(34) << "" << std::right << std::setw(22) << "tok/s  resident" << std::setw(24)
@@ -618,6 +631,7 @@ int simulate(simulate_args& a, streams io) {
         << cat(pt.variation.constant, " = ",
                seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
                : pt.variation.constant == "max_tokens" ? fixed(pt.variation.value, 0)
+               : pt.variation.constant == "baseline_admission" ? pt.variation.end
                                                        : fixed(pt.variation.value, 3))
         << std::right
         << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
@@ -793,7 +807,8 @@ command_body setup_simulate(CLI::App& app) {
                "pages) and +head_groups (head-group pages, no AOT split); +aot_split is tangram, +elastic "
                "tangram_elastic");
   app.add_flag("--sensitivity", a->sensitivity,
-               "Also rerun the verdict at each end of every uncalibrated cost's range");
+               "Also rerun the verdict at each end of every uncalibrated cost's range, at max_tokens 512 and 8192, "
+               "and with the baseline under both --baseline-admission rules");
   app.add_flag("--json", a->json, "One JSON document instead of the table");
   app.add_flag("--quiet", a->quiet, "No progress on stderr");
   return [a](streams io) { return simulate(*a, io); };
