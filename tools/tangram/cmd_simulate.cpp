@@ -457,6 +457,7 @@ int simulate(simulate_args& a, streams io) {
     w.set("arrival_rate", kind ? json::value(wo.arrival_rate) : json::value(nullptr));
     w.set("concurrency", ro.concurrency);
     w.set("seed", kind ? json::value(static_cast<std::int64_t>(wo.seed)) : json::value(nullptr));
+    w.set("context_dist", kind ? json::value(to_string(wo.contexts)) : json::value(nullptr));
     doc.set("workload", std::move(w));
     auto c = json::value::object();
     c.set("label", "modelled: roofline, not measured");
@@ -720,8 +721,14 @@ command_body setup_simulate(CLI::App& app) {
                  "Generated: mean think time between turns (s)"),
       add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed"),
       add_integer_list(app, "--context-range", a->context_range, 1, workload_limits::max_session_tokens, 2,
-                       "Generated: first-turn contexts log-uniform in LO,HI tokens instead of the workload's "
-                       "(short 4096,20000; mid 20000,100000; long 100000,120000)"),
+                       "Generated: first-turn contexts in LO,HI tokens (drawn by --context-dist) instead of the "
+                       "workload's (short 4096,20000; mid 20000,100000; long 100000,120000)"),
+      add_choice(
+          app, "--context-dist", [a](std::string const& v) { a->wo.contexts = *context_dist_named(v); }, "loguniform",
+          {"loguniform", "uniform", "fixed"},
+          "Generated: how first-turn contexts are drawn in the range: loguniform (mean (HI-LO)/ln(HI/LO)), "
+          "uniform (mean (LO+HI)/2) or fixed (every context (LO+HI)/2); the other draws (answers, think "
+          "times, arrivals) stay the same at a seed"),
       add_number_list(app, "--rate-sweep", a->rate_sweep, {0, 1e9, true}, max_sweep_rates,
                       "Generated: also replay the same sessions (generated once at --seed with Poisson arrivals "
                       "at 1 session/s, arrival times divided by R) at each rate R sessions/s, every policy, and "
