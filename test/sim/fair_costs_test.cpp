@@ -294,25 +294,35 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
   CHECK(range.low.tokens_per_s_ratio <= range.high.tokens_per_s_ratio);
 }
 
+namespace {
+
+// A replay result that only carries what a verdict reads.
+replay_result verdict_result(std::string name, double tps, double resident) {
+  replay_result r;
+  r.policy                 = std::move(name);
+  r.modelled_tokens_per_s  = tps;
+  r.mean_resident_sessions = resident;
+  return r;
+}
+
+// The default run of the sweeps below: the baseline at 100 tok/s and 10 resident, tangram 120 and 9.
+std::map<std::string, replay_result> verdict_defaults() {
+  return {{"unified_nonuniform", verdict_result("unified_nonuniform", 100, 10)},
+          {"tangram", verdict_result("tangram", 120, 9)}};
+}
+
+}  // namespace
+
 TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens",
           "[replay][issue13]") {
   serving_costs costs;
-  std::map<std::string, replay_result> defaults;
-  auto result = [](std::string name, double tps, double resident) {
-    replay_result r;
-    r.policy                 = name;
-    r.modelled_tokens_per_s  = tps;
-    r.mean_resident_sessions = resident;
-    return r;
-  };
-  defaults["unified_nonuniform"] = result("unified_nonuniform", 100, 10);
-  defaults["tangram"]            = result("tangram", 120, 9);
+  auto defaults = verdict_defaults();
   std::vector<std::pair<std::string, std::int64_t>> calls;
   max_tokens_variation mt;
   mt.rerun = [&](std::string const& name, std::int64_t max_new) {
     calls.emplace_back(name, max_new);
     // tangram: 150 tok/s at 512, 90 at 8192; the baseline 100 either way; resident 9 vs 10
-    return result(name, name == "tangram" ? (max_new == 512 ? 150 : 90) : 100, name == "tangram" ? 9 : 10);
+    return verdict_result(name, name == "tangram" ? (max_new == 512 ? 150 : 90) : 100, name == "tangram" ? 9 : 10);
   };
   auto rep = sweep_sensitivity(
       costs, defaults, "unified_nonuniform", {"tangram"},
@@ -331,4 +341,43 @@ TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens"
                      {"unified_nonuniform", 512}, {"tangram", 512}, {"unified_nonuniform", 8192}, {"tangram", 8192}});
   CHECK(rep.range.at("tangram").low.tokens_per_s_ratio == Approx(0.9));
   CHECK(rep.range.at("tangram").high.tokens_per_s_ratio == Approx(1.5));
+}
+
+TEST_CASE("the sensitivity sweep replays only the baseline under the other admission rule",
+          "[replay][issue13]") {
+  serving_costs costs;
+  auto defaults = verdict_defaults();
+  for (bool default_chunk : {true, false}) {
+    INFO("default rule chunk: " << default_chunk);
+    std::vector<bool> calls;
+    admission_variation adm;
+    adm.default_chunk  = default_chunk;
+    adm.rerun_baseline = [&](bool chunk) {
+      calls.push_back(chunk);
+      // the other rule: the baseline at 80 tok/s and 8 resident sessions
+      return verdict_result("unified_nonuniform", 80, 8);
+    };
+    auto same_charges = [&](std::string const& name, step_charges const&) { return defaults.at(name); };
+    auto rep     = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"}, same_charges, nullptr, &adm);
+    auto without = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"}, same_charges);
+    auto n = uncalibrated_variations(costs).size();
+    REQUIRE(rep.points.size() == n + 2);
+    CHECK(calls == std::vector<bool>{!default_chunk});  // one replay: the baseline, the other rule
+    CHECK(rep.replays == without.replays + 1);
+    auto const& chunk = rep.points[n];
+    auto const& whole = rep.points[n + 1];
+    CHECK(chunk.variation.constant == "baseline_admission");
+    CHECK(chunk.variation.end == "chunk");
+    CHECK(whole.variation.end == "whole");
+    auto const& at_default = default_chunk ? chunk : whole;
+    auto const& at_other   = default_chunk ? whole : chunk;
+    CHECK(at_default.verdicts.at("tangram").tokens_per_s_ratio == Approx(1.2));
+    CHECK(at_default.verdicts.at("tangram").mean_resident_ratio == Approx(0.9));
+    CHECK(at_other.verdicts.at("tangram").tokens_per_s_ratio == Approx(1.5));
+    CHECK(at_other.verdicts.at("tangram").mean_resident_ratio == Approx(9.0 / 8.0));
+    CHECK(rep.range.at("tangram").low.tokens_per_s_ratio == Approx(1.2));
+    CHECK(rep.range.at("tangram").high.tokens_per_s_ratio == Approx(1.5));
+    CHECK(rep.range.at("tangram").low.mean_resident_ratio == Approx(0.9));
+    CHECK(rep.range.at("tangram").high.mean_resident_ratio == Approx(9.0 / 8.0));
+  }
 }

@@ -128,6 +128,7 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
       {{"simulate", "--model", "gpt-5"}, "--model: \"gpt-5\" is neither a model-spec file nor a preset"},
       {{"simulate", "--scope", "diagonal"}, "--scope: expected one of adjacent, layer, global"},
       {{"simulate", "--frobnicate"}, "unknown option \"--frobnicate\""},
+      {{"simulate", "--context-dist", "normal"}, "--context-dist: expected one of loguniform, uniform, fixed, got"},
   };
   for (auto const& c : cases) {
     auto r = run(c.argv);
@@ -141,8 +142,10 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
 TEST_CASE("simulate with a workload file refuses the generator's options and reports none",
           "[simulate][cli][errors][regression]") {
   auto trace = std::string(TANGRAM_SOURCE_DIR) + "/fuzz/corpus/workload/tiny.json";
-  for (char const* opt : {"--sessions", "--turns", "--seed", "--arrival-rate", "--think"}) {
-    auto r = run({"simulate", "--quiet", "--workload", trace, opt, "3"});
+  for (char const* opt : {"--sessions", "--turns", "--seed", "--arrival-rate", "--think", "--context-dist"}) {
+    // --context-dist takes a name, the others a number
+    std::string value = std::string(opt) == "--context-dist" ? "uniform" : "3";
+    auto r = run({"simulate", "--quiet", "--workload", trace, opt, value});
     INFO(r.err);
     CHECK(r.rc == 2);
     CHECK(r.err.find(std::string(opt) + ": applies to generated workloads") != std::string::npos);
@@ -153,6 +156,7 @@ TEST_CASE("simulate with a workload file refuses the generator's options and rep
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK(root["workload"]["seed"].raw().type() == json::kind::null);
+  CHECK(root["workload"]["context_dist"].raw().type() == json::kind::null);
   CHECK(root["workload"]["arrival_rate"].raw().type() == json::kind::null);
   auto text = run({"simulate", "--quiet", "--workload", trace});
   CHECK(text.out.find("arrivals from the file") != std::string::npos);
@@ -281,4 +285,22 @@ TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chu
   CHECK(bad.rc == 2);
   CHECK(bad.err.find("--baseline-admission") != std::string::npos);
   CHECK(bad.err.find("half") != std::string::npos);
+}
+
+TEST_CASE("simulate --context-dist draws generated contexts as named and reports it", "[simulate][cli][context_dist]") {
+  namespace json = tangram::detail::json;
+  auto r = run({"simulate", "--quiet", "--json", "--sessions", "6", "--turns", "1", "--context-range", "30000,50000",
+                "--context-dist", "fixed"});
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK(root["workload"]["context_dist"].as_string() == "fixed");
+  CHECK(root["workload"]["name"].as_string().find("(fixed contexts)") != std::string::npos);
+  // Every session is the same 40000-token prompt: all policies prefill 6 x 40000 tokens.
+  CHECK(root["policies"]["tangram"]["prefilled_tokens"].as_int(0, 1LL << 40) == 6 * 40000);
+  auto d = run({"simulate", "--quiet", "--json", "--sessions", "2", "--turns", "1"});
+  REQUIRE(d.rc == 0);
+  auto ddoc = json::parse(d.out, "stdout");
+  CHECK(json::node(ddoc, "stdout")["workload"]["context_dist"].as_string() == "loguniform");
 }

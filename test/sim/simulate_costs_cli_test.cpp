@@ -2,6 +2,7 @@
 // `tangram simulate` (issue 13): the cost constants printed and in --json, their overrides, the
 // reservation settings, the time breakdown, --sensitivity, and errors naming the option.
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "commands.hpp"
@@ -101,7 +102,8 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto s = root["sensitivity"];
-  CHECK(s["points"].size() == 10);  // 4 charges and the engine's max_tokens, each at both ends
+  // 4 charges and the engine's max_tokens, each at both ends; the baseline under both admission rules
+  CHECK(s["points"].size() == 12);
   CHECK(t.out.find("max_tokens = 512") != std::string::npos);
   CHECK(t.out.find("max_tokens = 8192") != std::string::npos);
   for (char const* policy : {"tangram", "tangram_elastic"}) {
@@ -133,4 +135,60 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
     CHECK(r.err.find(c.piece) != std::string::npos);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+}
+
+TEST_CASE("simulate --sensitivity replays the baseline under both admission rules",
+          "[simulate][cli][issue13]") {
+  namespace json = tangram::detail::json;
+  // [run's rule][row's rule][policy][field]: each run's rows, and its own verdicts as [rule][rule].
+  std::map<std::string, std::map<std::string, std::map<std::string, std::map<std::string, double>>>> seen;
+  for (std::string rule : {"chunk", "whole"}) {
+    INFO("--baseline-admission " << rule);
+    auto r = run(small({"--sensitivity", "--json", "--baseline-admission", rule}));
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    CHECK(root["reservation"]["baseline_admission"].as_string() == rule);
+    auto s   = root["sensitivity"];
+    auto pts = s["points"];
+    // The two rows of the admission rule, in order chunk then whole.
+    std::vector<std::string> ends;
+    std::size_t at_default = 0;
+    for (std::size_t i = 0; i < pts.size(); ++i) {
+      if (pts[i]["constant"].as_string() != "baseline_admission") continue;
+      ends.push_back(pts[i]["end"].as_string());
+      if (ends.back() == rule) at_default = i;
+    }
+    REQUIRE(ends == std::vector<std::string>{"chunk", "whole"});
+    for (char const* policy : {"tangram", "tangram_elastic"}) {
+      INFO(policy);
+      // The row under the run's own rule is the default run's verdict.
+      auto def = root["ratios_vs_unified_nonuniform"][policy];
+      for (char const* field : {"modelled_tokens_per_s", "mean_resident_sessions"}) {
+        INFO(field);
+        double v = def[field].as_double(0, 1e6);
+        CHECK(pts[at_default][policy][field].as_double(0, 1e6) == Approx(v));
+        // The range includes the default run's verdict.
+        auto rg = s["range_vs_unified_nonuniform"][policy];
+        CHECK(rg["low"][field].as_double(0, 1e6) <= v);
+        CHECK(rg["high"][field].as_double(0, 1e6) >= v);
+        for (std::size_t i = 0; i < pts.size(); ++i)
+          if (pts[i]["constant"].as_string() == "baseline_admission")
+            seen[rule][pts[i]["end"].as_string()][policy][field] = pts[i][policy][field].as_double(0, 1e6);
+        seen[rule][rule][policy][std::string(field) + " (run)"] = v;
+      }
+    }
+  }
+  // The row under the other rule is that rule's own run: the same verdict.
+  for (char const* policy : {"tangram", "tangram_elastic"})
+    for (char const* field : {"modelled_tokens_per_s", "mean_resident_sessions"}) {
+      INFO(policy << " " << field);
+      CHECK(seen["chunk"]["whole"][policy][field] == Approx(seen["whole"]["whole"][policy][std::string(field) + " (run)"]));
+      CHECK(seen["whole"]["chunk"][policy][field] == Approx(seen["chunk"]["chunk"][policy][std::string(field) + " (run)"]));
+    }
+  auto t = run(small({"--sensitivity"}));
+  REQUIRE(t.rc == 0);
+  CHECK(t.out.find("baseline_admission = chunk") != std::string::npos);
+  CHECK(t.out.find("baseline_admission = whole") != std::string::npos);
 }

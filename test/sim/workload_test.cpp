@@ -112,3 +112,71 @@ TEST_CASE("roofline cost model matches hand-worked figures", "[cost]") {
   bad.usable_fraction = 1.5;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(cost_model(m, bad), invalid_argument, "usable_fraction", "1.5");
 }
+
+TEST_CASE("first-turn contexts follow the chosen distribution's bounds and mean", "[workload][context_dist]") {
+  constexpr double lo = 20000, hi = 100000;
+  // Independent expectations: the means of the three distributions on [lo, hi].
+  struct expect {
+    context_dist dist;
+    double mean;
+  } cases[] = {{context_dist::loguniform, (hi - lo) / std::log(hi / lo)},  // 49,707
+               {context_dist::uniform, (lo + hi) / 2},                        // 60,000
+               {context_dist::fixed, (lo + hi) / 2}};
+  std::vector<std::vector<std::int64_t>> answers;
+  for (auto c : cases) {
+    INFO(to_string(c.dist));
+    workload_options o;
+    o.sessions   = 4000;
+    o.turns      = 2;
+    o.context_lo = static_cast<std::int64_t>(lo);
+    o.context_hi = static_cast<std::int64_t>(hi);
+    o.contexts   = c.dist;
+    auto w       = generate_workload(o);
+    double sum = 0, below_mid = 0;
+    std::vector<std::int64_t> outs;
+    for (auto const& s : w.sessions) {
+      auto ctx = s.turns[0].prompt_tokens;  // 100K + 2 turns fit 131072: never shortened
+      CHECK(ctx >= static_cast<std::int64_t>(lo));
+      CHECK(ctx <= static_cast<std::int64_t>(hi));
+      if (c.dist == context_dist::fixed) CHECK(ctx == 60000);
+      sum += static_cast<double>(ctx);
+      below_mid += ctx < 60000;
+      for (auto const& t : s.turns) outs.push_back(t.output_tokens);
+    }
+    double n = static_cast<double>(w.sessions.size());
+    // 4000 draws: the standard error of the mean is under 400 tokens for either spread; 2% is
+    // more than three of them.
+    CHECK(sum / n == Approx(c.mean).epsilon(0.02));
+    // The shapes differ beyond the mean: log-uniform puts ln(3)/ln(5) = 68% below the midpoint,
+    // uniform half.
+    if (c.dist == context_dist::loguniform) CHECK(below_mid / n == Approx(std::log(3.0) / std::log(5.0)).margin(0.03));
+    if (c.dist == context_dist::uniform) CHECK(below_mid / n == Approx(0.5).margin(0.03));
+    answers.push_back(std::move(outs));
+  }
+  // The other draws are the same at a seed whatever the distribution.
+  CHECK(answers[0] == answers[1]);
+  CHECK(answers[0] == answers[2]);
+  CHECK(context_dist_named("uniform") == context_dist::uniform);
+  CHECK_FALSE(context_dist_named("normal").has_value());
+}
+
+TEST_CASE("the default context distribution is the log-uniform one the generator always drew",
+          "[workload][context_dist]") {
+  workload_options o;
+  o.sessions = 50;
+  auto w     = generate_workload(o);
+  // The same draws, made here by hand: a log-uniform first-turn context per session.
+  std::mt19937_64 rng(o.seed);
+  std::uniform_real_distribution<double> log_ctx(std::log(20000.0), std::log(100000.0));
+  std::uniform_int_distribution<std::int64_t> small(64, 512);
+  std::exponential_distribution<double> think(1.0 / o.think_mean_s);
+  for (auto const& s : w.sessions) {
+    for (std::size_t k = 0; k < s.turns.size(); ++k) {
+      auto prompt = k == 0 ? static_cast<std::int64_t>(std::exp(log_ctx(rng))) : small(rng);
+      auto out    = small(rng);
+      if (k + 1 < s.turns.size()) think(rng);
+      if (k == 0 && s.total_tokens() <= o.max_context) CHECK(s.turns[0].prompt_tokens == prompt);
+      CHECK(s.turns[k].output_tokens == out);
+    }
+  }
+}

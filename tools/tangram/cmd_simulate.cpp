@@ -284,11 +284,13 @@ int simulate(simulate_args& a, streams io) {
     if (keep) bn.scale = *keep / src.profile.target_keep_ratio;
     own = std::make_shared<retention_needs>(plan, std::move(bn));
   }
-  auto make_unified = [&] {
+  // The baseline under `chunk` admission (vLLM v1) or whole-prompt admission; --baseline-admission
+  // picks the run's rule, --sensitivity replays the other.
+  auto make_unified = [&](bool chunk) {
     auto u = std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions,
                                               max_tokens, own);
     u->set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
-    u->set_chunk_admission(a.baseline_chunk_admission);
+    u->set_chunk_admission(chunk);
     return u;
   };
   // Elastic reservation on the same workload, chunking, cost model and pool. With --keep the
@@ -316,13 +318,35 @@ int simulate(simulate_args& a, streams io) {
     return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
-  // The static budgets' clipping, counted the same way (the samples' needs, or the budgets
-  // without samples, which clip nothing): each compressed policy's share of wanted head-tokens.
-  auto clip_meter = [&](static_plan const& p) { return std::make_shared<static_clipping>(p, needs); };
-  auto clipped_of = [](auto const& m) {
-    return m.wanted_total() > 0 ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
-                                : 0.0;
+  // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its
+  // eviction step only counts the budgets' clipping the way the elastic selection counts its own
+  // (the samples' needs, or the budgets without samples, which clip nothing).
+  auto make_static = [&](std::string name, static_plan const& p) {
+    tangram_policy_options so;
+    so.name     = std::move(name);
+    so.eviction = std::make_shared<static_clipping>(p, needs);
+    return std::make_unique<tangram_policy>(p, kv_bytes, slots, n_sessions, std::move(so));
   };
+  // Any policy of the sensitivity sweep by name.
+  auto make_named = [&](std::string const& name) -> std::unique_ptr<kv_policy> {
+    if (name == "unified_nonuniform") return make_unified(a.baseline_chunk_admission);
+    if (name == "tangram") return make_static("tangram", plan);
+    return make_elastic();
+  };
+  // Runs a Tangram policy (static or elastic) and records its share of wanted head-tokens clipped.
+  auto run_tangram = [&](workload const& w, std::vector<replay_result>& into, tangram_policy& policy, int index) {
+    run(w, into, policy, index);
+    auto fraction = [](auto const& m) {
+      return m.wanted_total() > 0 ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
+                                  : 0.0;
+    };
+    if (auto const* ev = dynamic_cast<elastic_eviction const*>(policy.eviction()))
+      into.back().wanted_clipped_fraction = fraction(*ev);
+    else if (auto const* sc = dynamic_cast<static_clipping const*>(policy.eviction()))
+      into.back().wanted_clipped_fraction = fraction(*sc);
+  };
+  std::optional<static_plan> ro_plan;  // --ablation: reservation_only's one-group-per-layer plan
+  if (a.ablation) ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
   // Every policy on workload `w`, in the report's order.
   auto run_all = [&](workload const& w, bool main_run) {
     std::vector<replay_result> into;
@@ -333,39 +357,15 @@ int simulate(simulate_args& a, streams io) {
       full.set_block_eviction(a.full_kv_blocks);
       run(w, into, full, 0);
     }
-    run(w, into, *make_unified(), 1);
+    run(w, into, *make_unified(a.baseline_chunk_admission), 1);
     into.back().wanted_clipped_fraction = 0.0;  // keeps its own retention (or the budgets it is given)
-    if (a.ablation) {  // the paper's incremental study (eval/sim/ablation.hpp)
-      auto ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
-      tangram_policy_options reservation;
-      reservation.name = reservation_only_name;
-      auto ro_meter        = clip_meter(ro_plan);
-      reservation.eviction = ro_meter;
-      tangram_policy reservation_only(ro_plan, kv_bytes, slots, n_sessions, reservation);
-      run(w, into, reservation_only, 2);
-      into.back().wanted_clipped_fraction = clipped_of(*ro_meter);
-      tangram_policy_options groups;
-      groups.name     = head_groups_name;
-      auto hg_meter   = clip_meter(plan);
-      groups.eviction = hg_meter;
-      tangram_policy head_groups(plan, kv_bytes, slots, n_sessions, groups);
-      run(w, into, head_groups, 3);
-      into.back().wanted_clipped_fraction = clipped_of(*hg_meter);
+    if (ro_plan) {  // the paper's incremental study (eval/sim/ablation.hpp)
+      run_tangram(w, into, *make_static(reservation_only_name, *ro_plan), 2);
+      run_tangram(w, into, *make_static(head_groups_name, plan), 3);
     }
-    {
-      tangram_policy_options so;
-      auto meter  = clip_meter(plan);
-      so.eviction = meter;
-      tangram_policy tangram(plan, kv_bytes, slots, n_sessions, so);
-      run(w, into, tangram, a.ablation ? 4 : 2);
-      into.back().wanted_clipped_fraction = clipped_of(*meter);
-    }
-    auto elastic = make_elastic();
-    run(w, into, *elastic, n_policies - 1);
-    if (auto const* ev = dynamic_cast<elastic_eviction const*>(elastic->eviction())) {
-      into.back().wanted_clipped_fraction = clipped_of(*ev);
-      if (main_run) elastic_clipped = clipped_of(*ev);
-    }
+    run_tangram(w, into, *make_static("tangram", plan), a.ablation ? 4 : 2);
+    run_tangram(w, into, *make_elastic(), n_policies - 1);
+    if (main_run) elastic_clipped = into.back().wanted_clipped_fraction.value_or(0.0);
     return into;
   };
   results = run_all(work, true);
@@ -390,31 +390,30 @@ int simulate(simulate_args& a, streams io) {
       replay_options o = ro;
       o.charges        = costs.charges_for(name);
       o.max_tokens     = max_new;
-      std::unique_ptr<kv_policy> p;
-      if (name == "unified_nonuniform")
-        p = make_unified();
-      else if (name == "tangram")
-        p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
-      else
-        p = make_elastic();
+      auto p           = make_named(name);
       if (show_progress) io.err << "\rsimulate: sensitivity, max_tokens " << max_new << ", " << name << "   " << std::flush;
+      return replay(work, *p, cost, o);
+    };
+    // The baseline's admission rule: replayed under the rule the run did not use.
+    admission_variation admission;
+    admission.default_chunk  = a.baseline_chunk_admission;
+    admission.rerun_baseline = [&](bool chunk) {
+      replay_options o = ro;
+      o.charges        = costs.charges_for("unified_nonuniform");
+      auto p           = make_unified(chunk);
+      if (show_progress)
+        io.err << "\rsimulate: sensitivity, baseline admission " << admission_rule_name(chunk) << "   " << std::flush;
       return replay(work, *p, cost, o);
     };
     sens = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram", "tangram_elastic"},
                              [&](std::string const& name, step_charges const& ch) {
                                replay_options o = ro;
                                o.charges        = ch;
-                               std::unique_ptr<kv_policy> p;
-                               if (name == "unified_nonuniform")
-                                 p = make_unified();
-                               else if (name == "tangram")
-                                 p = std::make_unique<tangram_policy>(plan, kv_bytes, slots, n_sessions);
-                               else
-                                 p = make_elastic();
+                               auto p           = make_named(name);
                                if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
                                return replay(work, *p, cost, o);
                              },
-                             &mt);
+                             &mt, &admission);
     if (show_progress) io.err << "\n";
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -458,6 +457,7 @@ int simulate(simulate_args& a, streams io) {
     w.set("arrival_rate", kind ? json::value(wo.arrival_rate) : json::value(nullptr));
     w.set("concurrency", ro.concurrency);
     w.set("seed", kind ? json::value(static_cast<std::int64_t>(wo.seed)) : json::value(nullptr));
+    w.set("context_dist", kind ? json::value(to_string(wo.contexts)) : json::value(nullptr));
     doc.set("workload", std::move(w));
     auto c = json::value::object();
     c.set("label", "modelled: roofline, not measured");
@@ -620,8 +620,8 @@ int simulate(simulate_args& a, streams io) {
   });
   print_sweep(o, sweep);
   if (sens) {
-    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; " << sens->replays
-      << " replays):\n";
+    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range, then the baseline\n"
+      << "  under each admission rule; " << sens->replays << " replays):\n";
     o << "  " << std::left << std::setw(34) << "constant = value" << std::right << std::setw(22)
       << "tangram vs unified" << std::setw(24) << "elastic vs unified" << "\n";
     o << "  " << std::left << std::setw(34) << "" << std::right << std::setw(22) << "tok/s  resident" << std::setw(24)
@@ -632,6 +632,7 @@ int simulate(simulate_args& a, streams io) {
         << cat(pt.variation.constant, " = ",
                seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
                : pt.variation.constant == "max_tokens" ? fixed(pt.variation.value, 0)
+               : pt.variation.constant == "baseline_admission" ? pt.variation.end
                                                        : fixed(pt.variation.value, 3))
         << std::right
         << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
@@ -720,8 +721,14 @@ command_body setup_simulate(CLI::App& app) {
                  "Generated: mean think time between turns (s)"),
       add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed"),
       add_integer_list(app, "--context-range", a->context_range, 1, workload_limits::max_session_tokens, 2,
-                       "Generated: first-turn contexts log-uniform in LO,HI tokens instead of the workload's "
-                       "(short 4096,20000; mid 20000,100000; long 100000,120000)"),
+                       "Generated: first-turn contexts in LO,HI tokens (drawn by --context-dist) instead of the "
+                       "workload's (short 4096,20000; mid 20000,100000; long 100000,120000)"),
+      add_choice(
+          app, "--context-dist", [a](std::string const& v) { a->wo.contexts = *context_dist_named(v); }, "loguniform",
+          {"loguniform", "uniform", "fixed"},
+          "Generated: how first-turn contexts are drawn in the range: loguniform (mean (HI-LO)/ln(HI/LO)), "
+          "uniform (mean (LO+HI)/2) or fixed (every context (LO+HI)/2); the other draws (answers, think "
+          "times, arrivals) stay the same at a seed"),
       add_number_list(app, "--rate-sweep", a->rate_sweep, {0, 1e9, true}, max_sweep_rates,
                       "Generated: also replay the same sessions (generated once at --seed with Poisson arrivals "
                       "at 1 session/s, arrival times divided by R) at each rate R sessions/s, every policy, and "
@@ -807,7 +814,8 @@ command_body setup_simulate(CLI::App& app) {
                "pages) and +head_groups (head-group pages, no AOT split); +aot_split is tangram, +elastic "
                "tangram_elastic");
   app.add_flag("--sensitivity", a->sensitivity,
-               "Also rerun the verdict at each end of every uncalibrated cost's range");
+               "Also rerun the verdict at each end of every uncalibrated cost's range, at max_tokens 512 and 8192, "
+               "and with the baseline under both --baseline-admission rules");
   app.add_flag("--json", a->json, "One JSON document instead of the table");
   app.add_flag("--quiet", a->quiet, "No progress on stderr");
   return [a](streams io) { return simulate(*a, io); };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -66,71 +67,6 @@ json::value result_json(replay_result const& r) {
   return o;
 }
 
-std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
-  constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 50;
-  // One colour per policy, whichever policies run (--ablation adds two).
-  auto colour = [](std::string const& policy) {
-    if (policy == "full_kv") return "#d62728";
-    if (policy == "unified_nonuniform") return "#ff7f0e";
-    if (policy == "reservation_only") return "#9467bd";
-    if (policy == "+head_groups") return "#8c564b";
-    if (policy == "tangram") return "#1f77b4";
-    return "#2ca02c";
-  };
-  double t_max = 1e-9;
-  for (auto const& r : results)
-    if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
-  // Round axis steps: 1, 2 or 5 times a power of ten, five or so ticks.
-  auto nice_step = [](double span) {
-    double raw = span / 5, mag = std::pow(10.0, std::floor(std::log10(raw)));
-    for (double m : {1.0, 2.0, 5.0, 10.0})
-      if (raw <= m * mag) return m * mag;
-    return 10 * mag;
-  };
-  double y_step = nice_step(capacity_gb * 1.05), t_step = nice_step(t_max);
-  double y_max  = std::ceil(capacity_gb * 1.05 / y_step) * y_step;
-  t_max         = std::ceil(t_max / t_step) * t_step;
-  auto x = [&](double t) { return left + (W - left - right) * t / t_max; };
-  auto y = [&](double gb) { return H - bottom - (H - top - bottom) * gb / y_max; };
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1);
-  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
-  s << std::setprecision(0);
-  for (double gb = 0; gb <= y_max + 1e-9; gb += y_step)
-    s << "<text x=\"" << left - 8 << "\" y=\"" << y(gb) + 4 << "\" text-anchor=\"end\">" << gb << "</text>\n";
-  for (double t = 0; t <= t_max + 1e-9; t += t_step)
-    s << "<text x=\"" << x(t) << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\">" << t << "</text>\n";
-  s << std::setprecision(1);
-  s << "<line x1=\"" << left << "\" y1=\"" << y(capacity_gb) << "\" x2=\"" << W - right << "\" y2=\""
-    << y(capacity_gb) << "\" stroke=\"gray\" stroke-dasharray=\"2,3\"/>\n";
-  s << "<text x=\"" << W - right - 4 << "\" y=\"" << y(capacity_gb) - 5 << "\" text-anchor=\"end\" fill=\"gray\" font-size=\"10\">KV capacity</text>\n";
-  s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12 << "\" text-anchor=\"middle\">modelled time (s)</text>\n";
-  s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
-    << ")\" text-anchor=\"middle\">KV memory (GB)</text>\n";
-  for (std::size_t k = 0; k < results.size(); ++k) {
-    auto const& r = results[k];
-    for (int live = 0; live < 2; ++live) {
-      s << "<polyline fill=\"none\" stroke=\"" << colour(r.policy) << "\" stroke-width=\"1.5\""
-        << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
-      for (auto const& p : r.timeline)
-        s << x(p.time_s) << "," << y((live ? p.live_bytes : p.allocated_bytes) / 1e9) << " ";
-      s << "\"/>\n";
-    }
-    double ly = top + 20 + 36.0 * static_cast<double>(k);
-    s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
-      << "\" stroke=\"" << colour(r.policy) << "\" stroke-width=\"2\"/>\n";
-    s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << r.policy << "</text>\n";
-  }
-  s << "<text x=\"" << W - right + 10 << "\" y=\"" << top + 20 + 36.0 * static_cast<double>(results.size())
-    << "\" font-size=\"11\" fill=\"gray\">solid: allocated, dashed: live</text>\n";
-  s << "</svg>\n";
-  return s.str();
-}
-
 namespace {
 
 // One colour per policy, whichever policies run (--ablation adds two).
@@ -170,7 +106,96 @@ std::string tick(double v) {
   return t.str();
 }
 
+// A figure's canvas and plot area: W x H with margins; data coordinates map into the area.
+struct svg_frame {
+  double W, H, left, right, top, bottom;
+  [[nodiscard]] double x(double v, double max) const { return left + (W - left - right) * v / max; }
+  [[nodiscard]] double y(double v, double max) const { return H - bottom - (H - top - bottom) * v / max; }
+};
+
+// An axis from 0 to `max` with a tick label every `step`.
+struct svg_axis {
+  double max, step;
+};
+
+// The two axes and their tick labels: y on the left, x (when given) below. `whole` prints the
+// labels, and their positions, with no decimals (the memory figure); else positions at 0.1 and
+// labels by tick().
+void svg_axes(std::ostringstream& s, svg_frame const& f, svg_axis y, std::optional<svg_axis> x, bool whole = false) {
+  s << "<line x1=\"" << f.left << "\" y1=\"" << f.y(0, y.max) << "\" x2=\"" << f.W - f.right << "\" y2=\""
+    << f.y(0, y.max) << "\" stroke=\"black\"/>\n";
+  s << "<line x1=\"" << f.left << "\" y1=\"" << f.y(0, y.max) << "\" x2=\"" << f.left << "\" y2=\"" << f.top
+    << "\" stroke=\"black\"/>\n";
+  auto label = [&](double v) { return whole ? fixed(v, 0) : tick(v); };
+  if (whole) s << std::setprecision(0);
+  for (double v = 0; v <= y.max + 1e-9; v += y.step)
+    s << "<text x=\"" << f.left - 8 << "\" y=\"" << f.y(v, y.max) + 4 << "\" text-anchor=\"end\">" << label(v)
+      << "</text>\n";
+  if (x)
+    for (double v = 0; v <= x->max + 1e-9; v += x->step)
+      s << "<text x=\"" << f.x(v, x->max) << "\" y=\"" << f.H - f.bottom + 18 << "\" text-anchor=\"middle\">"
+        << label(v) << "</text>\n";
+  s << std::setprecision(1);
+}
+
+// The axes' titles: x below the plot area (none when empty), y rotated on the left.
+void svg_axis_titles(std::ostringstream& s, svg_frame const& f, std::string const& x_title, std::string const& y_title) {
+  if (!x_title.empty())
+    s << "<text x=\"" << (f.left + f.W - f.right) / 2 << "\" y=\"" << f.H - 12 << "\" text-anchor=\"middle\">"
+      << x_title << "</text>\n";
+  s << "<text x=\"16\" y=\"" << (f.top + f.H - f.bottom) / 2 << "\" transform=\"rotate(-90 16 "
+    << (f.top + f.H - f.bottom) / 2 << ")\" text-anchor=\"middle\">" << y_title << "</text>\n";
+}
+
+// The legend's row `k`: policy's colour as a line, then its name.
+void svg_legend_row(std::ostringstream& s, svg_frame const& f, std::size_t k, std::string const& policy) {
+  double ly = f.top + 20 + 36.0 * static_cast<double>(k);
+  s << "<line x1=\"" << f.W - f.right + 10 << "\" y1=\"" << ly << "\" x2=\"" << f.W - f.right + 40 << "\" y2=\"" << ly
+    << "\" stroke=\"" << policy_colour(policy) << "\" stroke-width=\"2\"/>\n";
+  s << "<text x=\"" << f.W - f.right + 46 << "\" y=\"" << ly + 4 << "\">" << xml_escape(policy) << "</text>\n";
+}
+
+// The gray note under a legend of `rows` rows (what solid and dashed mean).
+void svg_legend_note(std::ostringstream& s, svg_frame const& f, std::size_t rows, std::string const& note) {
+  s << "<text x=\"" << f.W - f.right + 10 << "\" y=\"" << f.top + 20 + 36.0 * static_cast<double>(rows)
+    << "\" font-size=\"11\" fill=\"gray\">" << note << "</text>\n";
+}
+
 }  // namespace
+
+std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
+  constexpr svg_frame f{940, 420, 70, 210, 40, 50};
+  double t_max = 1e-9;
+  for (auto const& r : results)
+    if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
+  double y_step = nice_step(capacity_gb * 1.05), t_step = nice_step(t_max);
+  double y_max  = std::ceil(capacity_gb * 1.05 / y_step) * y_step;
+  t_max         = std::ceil(t_max / t_step) * t_step;
+  auto x = [&](double t) { return f.x(t, t_max); };
+  auto y = [&](double gb) { return f.y(gb, y_max); };
+  std::ostringstream s;
+  svg_open(s, f.W, f.H, f.left, title);
+  svg_axes(s, f, {y_max, y_step}, svg_axis{t_max, t_step}, true);
+  s << "<line x1=\"" << f.left << "\" y1=\"" << y(capacity_gb) << "\" x2=\"" << f.W - f.right << "\" y2=\""
+    << y(capacity_gb) << "\" stroke=\"gray\" stroke-dasharray=\"2,3\"/>\n";
+  s << "<text x=\"" << f.W - f.right - 4 << "\" y=\"" << y(capacity_gb) - 5
+    << "\" text-anchor=\"end\" fill=\"gray\" font-size=\"10\">KV capacity</text>\n";
+  svg_axis_titles(s, f, "modelled time (s)", "KV memory (GB)");
+  for (std::size_t k = 0; k < results.size(); ++k) {
+    auto const& r = results[k];
+    for (int live = 0; live < 2; ++live) {
+      s << "<polyline fill=\"none\" stroke=\"" << policy_colour(r.policy) << "\" stroke-width=\"1.5\""
+        << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
+      for (auto const& p : r.timeline)
+        s << x(p.time_s) << "," << y((live ? p.live_bytes : p.allocated_bytes) / 1e9) << " ";
+      s << "\"/>\n";
+    }
+    svg_legend_row(s, f, k, r.policy);
+  }
+  svg_legend_note(s, f, results.size(), "solid: allocated, dashed: live");
+  s << "</svg>\n";
+  return s.str();
+}
 
 std::vector<time_segment> time_segments(time_breakdown const& t) {
   return {{"prefill", t.prefill_s, "#1f77b4"},
@@ -184,20 +209,17 @@ std::vector<time_segment> time_segments(time_breakdown const& t) {
 }
 
 std::string time_breakdown_svg(std::vector<replay_result> const& results, std::string const& title) {
-  constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 70;
+  constexpr svg_frame f{940, 420, 70, 210, 40, 70};
+  auto const [W, H, left, right, top, bottom] = f;
   double t_max = 1e-9;
   for (auto const& r : results) t_max = std::max(t_max, r.time.sum());
   double step = nice_step(t_max);
   double y_max = std::ceil(t_max / step) * step;
-  auto y = [&](double sec) { return H - bottom - (H - top - bottom) * sec / y_max; };
+  auto y = [&](double sec) { return f.y(sec, y_max); };
   std::ostringstream s;
   svg_open(s, W, H, left, title);
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
-  for (double v = 0; v <= y_max + 1e-9; v += step)
-    s << "<text x=\"" << left - 8 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">" << tick(v) << "</text>\n";
-  s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
-    << ")\" text-anchor=\"middle\">modelled makespan (s)</text>\n";
+  svg_axes(s, f, {y_max, step}, std::nullopt);
+  svg_axis_titles(s, f, "", "modelled makespan (s)");
   double slot = (W - left - right) / static_cast<double>(std::max<std::size_t>(1, results.size()));
   for (std::size_t k = 0; k < results.size(); ++k) {
     auto const& r = results[k];
@@ -229,7 +251,7 @@ std::string time_breakdown_svg(std::vector<replay_result> const& results, std::s
 }
 
 std::string ttft_rate_svg(std::vector<rate_point> const& sweep, std::string const& title) {
-  constexpr double W = 940, H = 420, left = 70, right = 210, top = 40, bottom = 50;
+  constexpr svg_frame f{940, 420, 70, 210, 40, 50};
   double r_max = 1e-9, v_max = 1e-9;
   for (auto const& p : sweep) {
     r_max = std::max(r_max, p.rate);
@@ -238,20 +260,12 @@ std::string ttft_rate_svg(std::vector<rate_point> const& sweep, std::string cons
   double r_step = nice_step(r_max), v_step = nice_step(v_max);
   r_max = std::ceil(r_max / r_step) * r_step;
   v_max = std::ceil(v_max / v_step) * v_step;
-  auto x = [&](double r) { return left + (W - left - right) * r / r_max; };
-  auto y = [&](double v) { return H - bottom - (H - top - bottom) * v / v_max; };
+  auto x = [&](double r) { return f.x(r, r_max); };
+  auto y = [&](double v) { return f.y(v, v_max); };
   std::ostringstream s;
-  svg_open(s, W, H, left, title);
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
-  s << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << left << "\" y2=\"" << top << "\" stroke=\"black\"/>\n";
-  for (double v = 0; v <= v_max + 1e-9; v += v_step)
-    s << "<text x=\"" << left - 8 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">" << tick(v) << "</text>\n";
-  for (double r = 0; r <= r_max + 1e-9; r += r_step)
-    s << "<text x=\"" << x(r) << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\">" << tick(r) << "</text>\n";
-  s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12
-    << "\" text-anchor=\"middle\">arrival rate (sessions/s)</text>\n";
-  s << "<text x=\"16\" y=\"" << (top + H - bottom) / 2 << "\" transform=\"rotate(-90 16 " << (top + H - bottom) / 2
-    << ")\" text-anchor=\"middle\">modelled TTFT (s)</text>\n";
+  svg_open(s, f.W, f.H, f.left, title);
+  svg_axes(s, f, {v_max, v_step}, svg_axis{r_max, r_step});
+  svg_axis_titles(s, f, "arrival rate (sessions/s)", "modelled TTFT (s)");
   std::vector<std::string> policies;
   if (!sweep.empty())
     for (auto const& r : sweep.front().results) policies.push_back(r.policy);
@@ -270,13 +284,9 @@ std::string ttft_rate_svg(std::vector<rate_point> const& sweep, std::string cons
             << y(p95 ? p.results[k].modelled_ttft_p95_s : p.results[k].modelled_ttft_p50_s) << "\" r=\"2.5\" fill=\""
             << policy_colour(policies[k]) << "\"/>\n";
     }
-    double ly = top + 20 + 36.0 * static_cast<double>(k);
-    s << "<line x1=\"" << W - right + 10 << "\" y1=\"" << ly << "\" x2=\"" << W - right + 40 << "\" y2=\"" << ly
-      << "\" stroke=\"" << policy_colour(policies[k]) << "\" stroke-width=\"2\"/>\n";
-    s << "<text x=\"" << W - right + 46 << "\" y=\"" << ly + 4 << "\">" << xml_escape(policies[k]) << "</text>\n";
+    svg_legend_row(s, f, k, policies[k]);
   }
-  s << "<text x=\"" << W - right + 10 << "\" y=\"" << top + 20 + 36.0 * static_cast<double>(policies.size())
-    << "\" font-size=\"11\" fill=\"gray\">solid: p50, dashed: p95</text>\n";
+  svg_legend_note(s, f, policies.size(), "solid: p50, dashed: p95");
   s << "</svg>\n";
   return s.str();
 }

@@ -6,7 +6,8 @@
  * the uncalibrated costs of eval/sim/serving_costs.hpp: each constant is set to the low, then the
  * high end of its plausible range, one at a time, and the verdict recomputed.
  *
- * `max_tokens_variation` adds the engine's max_tokens (every policy replayed at each end).
+ * `max_tokens_variation` adds the engine's max_tokens (every policy replayed at each end);
+ * `admission_variation` the baseline's admission rule (chunk as vLLM v1, or whole prompt).
  *
  * Only the policies whose charges change are replayed again (a policy with no reclaim operations
  * ignores the reclaim constant), so a sweep costs a few replays, not four per point.
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +79,20 @@ struct max_tokens_variation {
   std::function<replay_result(std::string const&, std::int64_t)> rerun;
 };
 
+/// @brief The baseline's admission rule (`--baseline-admission`: a turn admitted when its first
+/// scheduled chunk fits, as vLLM v1, or only when its whole uncompressed prompt does), swept after
+/// max_tokens: the baseline under each rule. The compared policies have no such rule (Tangram
+/// admits by its reservation), so their default results serve at both points, and the default
+/// rule's point is the default run: one replay in all.
+struct admission_variation {
+  bool default_chunk = true;  ///< the default run's rule: chunk (true) or whole (false)
+  /// Replays the baseline with the default charges under chunk (true) or whole (false) admission.
+  std::function<replay_result(bool chunk)> rerun_baseline;
+};
+
+/// The name of a rule in a sensitivity point (`cost_variation::end`).
+inline char const* admission_rule_name(bool chunk) { return chunk ? "chunk" : "whole"; }
+
 /// @brief The verdict at one variation.
 struct sensitivity_point {
   cost_variation variation;
@@ -106,7 +122,8 @@ inline sensitivity_report sweep_sensitivity(
     std::string const& baseline,
     std::vector<std::string> const& compared,
     std::function<replay_result(std::string const&, step_charges const&)> const& rerun,
-    max_tokens_variation const* max_tokens = nullptr) {
+    max_tokens_variation const* max_tokens = nullptr,
+    admission_variation const* admission = nullptr) {
   sensitivity_report rep;
   auto same = [&](std::string const& name, step_charges a, step_charges b) {
     if (defaults.at(name).reclaim_ops == 0) a.reclaim_s_per_page = b.reclaim_s_per_page;
@@ -154,6 +171,24 @@ inline sensitivity_report sweep_sensitivity(
         auto v_ = verdict_of(max_tokens->rerun(name, v), base);
         p.verdicts[name] = v_;
         note(name, v_);
+      }
+      rep.points.push_back(std::move(p));
+    }
+  }
+  if (admission && admission->rerun_baseline) {
+    // value: 1 for chunk admission, 0 for whole (end names the rule).
+    for (bool chunk : {true, false}) {
+      sensitivity_point p{cost_variation{"baseline_admission", admission_rule_name(chunk), chunk ? 1.0 : 0.0, costs}, {}};
+      std::optional<replay_result> other;
+      if (chunk != admission->default_chunk) {
+        rep.replays += 1;
+        other = admission->rerun_baseline(chunk);
+      }
+      auto const& base = other ? *other : defaults.at(baseline);
+      for (auto const& name : compared) {
+        auto v = verdict_of(defaults.at(name), base);
+        p.verdicts[name] = v;
+        note(name, v);
       }
       rep.points.push_back(std::move(p));
     }

@@ -93,6 +93,30 @@ inline std::optional<workload_kind> workload_kind_named(std::string_view name) n
   return std::nullopt;
 }
 
+/// @brief How the generator draws first-turn contexts within [LO, HI] (the class's range or
+/// `workload_options::context_lo`-`context_hi`).
+enum class context_dist {
+  loguniform,  ///< log-uniform (the default): mean (HI - LO) / ln(HI / LO)
+  uniform,     ///< uniform: mean (LO + HI) / 2
+  fixed,       ///< every context (LO + HI) / 2, the uniform's mean, with no spread
+};
+
+inline constexpr char const* to_string(context_dist d) noexcept {
+  switch (d) {
+    case context_dist::loguniform: return "loguniform";
+    case context_dist::uniform: return "uniform";
+    case context_dist::fixed: return "fixed";
+  }
+  return "?";
+}
+
+/// The distribution named `name` ("loguniform", "uniform", "fixed"), or nullopt.
+inline std::optional<context_dist> context_dist_named(std::string_view name) {
+  for (auto d : {context_dist::loguniform, context_dist::uniform, context_dist::fixed})
+    if (name == to_string(d)) return d;
+  return std::nullopt;
+}
+
 /// @brief Parameters of the built-in generator.
 struct workload_options {
   workload_kind kind       = workload_kind::mid_context;
@@ -105,6 +129,8 @@ struct workload_options {
   /// First-turn context range [context_lo, context_hi] (log-uniform) instead of the class's;
   /// 0, 0: the class's (short 4096-20000, mid 20000-100000, long 100000-120000).
   std::int64_t context_lo = 0, context_hi = 0;
+  /// How first-turn contexts are drawn within the range.
+  context_dist contexts = context_dist::loguniform;
 
   /// @throw invalid_argument naming the field and the value; for sessions x turns above
   /// `workload_limits::max_generated_turns`, naming both.
@@ -154,7 +180,8 @@ struct workload_options {
 
 /**
  * @brief Generates an SCBench-like multi-turn workload: a long shared context in the first turn
- * (log-uniform within the class's range or `context_lo`-`context_hi`), then follow-up questions of 64-512 tokens; answers of
+ * (`contexts`, log-uniform by default, within the class's range or `context_lo`-`context_hi`), then
+ * follow-up questions of 64-512 tokens; answers of
  * 64-512 tokens. Deterministic for a given seed. Contexts are capped so a whole session fits in
  * `max_context` tokens.
  */
@@ -173,7 +200,19 @@ inline workload generate_workload(workload_options const& o) {
     lo = static_cast<double>(o.context_lo);
     hi = static_cast<double>(o.context_hi);
   }
+  // One draw per first turn whatever the distribution, so the other draws (answers, think times,
+  // arrivals) are the same for every distribution at a seed.
   std::uniform_real_distribution<double> log_ctx(std::log(lo), std::log(hi));
+  auto context = [&](double x) -> std::int64_t {
+    switch (o.contexts) {
+      case context_dist::uniform:
+        return hi > lo ? static_cast<std::int64_t>(lo + (hi - lo) * (x - std::log(lo)) / (std::log(hi) - std::log(lo)))
+                       : static_cast<std::int64_t>(lo);
+      case context_dist::fixed: return static_cast<std::int64_t>((lo + hi) / 2);
+      case context_dist::loguniform: break;
+    }
+    return static_cast<std::int64_t>(std::exp(x));
+  };
   std::uniform_int_distribution<std::int64_t> small(64, 512);
   std::exponential_distribution<double> think(o.think_mean_s > 0 ? 1.0 / o.think_mean_s : 1.0);
   std::exponential_distribution<double> gap(o.arrival_rate > 0 ? o.arrival_rate : 1.0);
@@ -181,6 +220,7 @@ inline workload generate_workload(workload_options const& o) {
   w.name   = std::string(to_string(o.kind));
   if (o.context_hi > 0)
     w.name += " (contexts " + std::to_string(o.context_lo) + "-" + std::to_string(o.context_hi) + ")";
+  if (o.contexts != context_dist::loguniform) w.name += std::string(" (") + to_string(o.contexts) + " contexts)";
   double t = 0;
   for (std::int32_t s = 0; s < o.sessions; ++s) {
     session_spec sess;
@@ -188,7 +228,7 @@ inline workload generate_workload(workload_options const& o) {
     sess.arrival_s = t;
     for (std::int32_t k = 0; k < o.turns; ++k) {
       turn_spec turn;
-      turn.prompt_tokens = k == 0 ? static_cast<std::int64_t>(std::exp(log_ctx(rng))) : small(rng);
+      turn.prompt_tokens = k == 0 ? context(log_ctx(rng)) : small(rng);
       turn.output_tokens = small(rng);
       turn.think_s       = k + 1 < o.turns && o.think_mean_s > 0 ? think(rng) : 0.0;
       sess.turns.push_back(turn);
