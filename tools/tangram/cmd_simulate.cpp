@@ -498,7 +498,9 @@ int simulate(simulate_args& a, streams io) {
                               keep ? " x --keep / the profile's keep ratio" : "", ", capped by candidates")
                         : "modelled: each head's budget x seen, capped by candidates (no retention samples)");
     el.set("modelled_wanted_clipped_fraction", elastic_clipped);
-    el.set("staging", "charged: each prefilling request holds one chunk's staging pages");
+    el.set("staging",
+           "charged: each prefilling request holds one chunk's staging pages (its prompt's when "
+           "shorter)");
     el.set("eviction_pass", "modelled: one read + write of the compressed heads' kept K/V per chunk at HBM bandwidth");
     doc.set("tangram_elastic", std::move(el));
     auto policies = json::value::object();
@@ -660,7 +662,7 @@ int simulate(simulate_args& a, streams io) {
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
     << "  of plan_options and `tangram plan`, margin " << a.margin << "; each prefilling request also holds staging for one "
-    << staged_chunk << "-token chunk; per-head needs modelled from "
+    << staged_chunk << "-token chunk (its prompt, if shorter); per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
     << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
     << " per chunk (modelled); its control plane includes the CPU group selection.\n"
