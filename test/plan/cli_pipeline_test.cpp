@@ -12,6 +12,7 @@
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/pipeline_stages.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -20,21 +21,13 @@ namespace json = tangram::detail::json;
 
 namespace {
 
-struct result {
-  int code;
-  std::string out, err;
-};
-
-result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int code = cli::run(argv, {out, err});
-  return {code, out.str(), err.str()};
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 std::string tmp(std::string const& name) {
-  auto dir = std::filesystem::path(TANGRAM_BINARY_DIR) / "test-tmp" / "cli_pipeline";
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return tangram::test::cli_tmp_path("cli_pipeline", name);
 }
 
 void expect_error(std::vector<std::string> argv, std::vector<std::string> const& pieces) {

@@ -14,6 +14,7 @@
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -22,21 +23,14 @@ namespace json = tangram::detail::json;
 
 namespace {
 
-struct result {
-  int code;
-  std::string out, err;
-};
-
-result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int code = cli::run(argv, {out, err});
-  return {code, out.str(), err.str()};
+using result = tangram::test::cli_result;
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 std::string tmp(std::string const& name) {
-  auto dir = std::filesystem::path(TANGRAM_BINARY_DIR) / "test-tmp" / "cli_plan";
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return tangram::test::cli_tmp_path("cli_plan", name);
 }
 
 json::value parse_out(result const& r) {

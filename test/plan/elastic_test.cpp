@@ -20,6 +20,7 @@
 #include "tangram/kernels/elastic_lengths.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -70,15 +71,9 @@ std::int64_t brute_force_best(std::vector<std::int64_t> const& needs,
   return best;
 }
 
-struct cli_result {
-  int code;
-  std::string out, err;
-};
-
-cli_result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int code = cli::run(argv, {out, err});
-  return {code, out.str(), err.str()};
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 double num(json::value const& v, char const* key) {

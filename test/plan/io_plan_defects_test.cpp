@@ -14,6 +14,7 @@
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -22,15 +23,9 @@ namespace json = tangram::detail::json;
 
 namespace {
 
-struct result {
-  int code;
-  std::string out, err;
-};
-
-result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int code = cli::run(argv, {out, err});
-  return {code, out.str(), err.str()};
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 std::string fresh_dir(std::string const& name) {

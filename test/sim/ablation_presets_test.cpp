@@ -14,6 +14,7 @@
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/serving_costs.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -21,15 +22,9 @@ using namespace tangram::sim;
 
 namespace {
 
-struct result {
-  int rc;
-  std::string out, err;
-};
-
-result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int rc = tangram::cli::run(argv, {out, err});
-  return {rc, out.str(), err.str()};
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 static_plan layer_wide_plan(static_plan const& plan) {
@@ -126,7 +121,7 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   namespace json = tangram::detail::json;
   auto r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "a100"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto c = root["cost_model"];
@@ -143,7 +138,7 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   // Each figure given on its own wins over the preset.
   r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "h100",
            "--step-tokens", "4096", "--hbm-tbps", "3"});
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc2 = json::parse(r.out, "stdout");
   json::node c2(doc2, "stdout");
   CHECK(c2["cost_model"]["gpu"].as_string() == "H100 80GB SXM");
@@ -152,7 +147,7 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK(c2["cost_model"]["max_running"].as_int(0, 1 << 30) == 1024);
 
   r = run({"simulate", "--gpu", "x100"});
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.err.find("--gpu: expected one of h200, h100, b200, a100") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
@@ -162,7 +157,7 @@ TEST_CASE("simulate --ablation adds reservation_only and +head_groups, --help li
   namespace json = tangram::detail::json;
   auto r = run({"simulate", "--sessions", "6", "--turns", "2", "--quiet", "--json", "--ablation"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   for (char const* p : {"full_kv", "unified_nonuniform", "reservation_only", "+head_groups", "tangram",
@@ -196,7 +191,7 @@ TEST_CASE("a context-length range replaces the workload class's", "[workload][si
   auto r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--context-range",
                 "5000,6000"});
   INFO(r.err);
-  CHECK(r.rc == 0);
+  CHECK(r.code == 0);
   CHECK(r.out.find("contexts 5000-6000") != std::string::npos);
   for (auto const& [argv, piece] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"simulate", "--context-range", "9000,3000"}, "--context-range: must be LO,HI"},
@@ -205,7 +200,7 @@ TEST_CASE("a context-length range replaces the workload class's", "[workload][si
            {{"simulate", "--context-range", "0,5"}, "--context-range"}}) {
     auto e = run(argv);
     INFO(piece);
-    CHECK(e.rc == 2);
+    CHECK(e.code == 2);
     CHECK(e.err.find(piece) != std::string::npos);
     CHECK(std::count(e.err.begin(), e.err.end(), '\n') == 1);
   }

@@ -18,6 +18,7 @@
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/workload.hpp"
 #include "tangram/model/presets.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -25,16 +26,7 @@ using namespace tangram::sim;
 
 namespace {
 
-struct run_result {
-  int rc;
-  std::string out, err;
-};
-
-run_result run_cli(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int rc = tangram::cli::run(argv, {out, err});
-  return {rc, out.str(), err.str()};
-}
+using tangram::test::run_cli;
 
 bool exists(std::string const& path) {
   struct stat st {};
@@ -257,7 +249,7 @@ TEST_CASE("simulate runs a tiny trace of one 2^31-token session without huge tab
   auto r = run_cli({"simulate", "--workload", path, "--max-context", "2147483647", "--json", "--quiet"});
   std::remove(path.c_str());
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
   auto doc       = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
@@ -283,7 +275,7 @@ TEST_CASE("a session whose answer outgrows the pool is rejected, not the whole r
                     "--max-context", "2147483647"});
   std::remove(path.c_str());
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
   auto doc       = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
@@ -319,7 +311,7 @@ TEST_CASE("a generated workload too large to hold is refused up front, naming th
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       generate_workload(wo), invalid_argument, "workload.sessions x workload.turns", "1000000000");
   auto r = run_cli({"simulate", "--sessions", "1000000", "--turns", "1000", "--quiet"});
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.out.empty());
   for (char const* piece : {"--sessions 1000000 x --turns 1000", "1000000000 turns", "1048576"})
     CHECK(r.err.find(piece) != std::string::npos);
@@ -335,7 +327,7 @@ TEST_CASE("a --gpu-mem too large for a page pool names the option and its value"
           "[regression][simulate][cli]") {
   auto r = run_cli({"simulate", "--gpu-mem", "1e6", "--quiet"});
   INFO(r.err);
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.err.find("--gpu-mem x --usable: 1e6 GB") != std::string::npos);
   CHECK(r.err.find("page_pool") == std::string::npos);
   CHECK(r.err.find("2147483647") != std::string::npos);
@@ -375,7 +367,7 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
                                    "--quiet"};
   // The default (132 SMs x 2 CTAs = 264) is too small: the error says which option to raise.
   auto r = run_cli(base);
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.err.find("--sms") != std::string::npos);
   auto with = [&](std::vector<std::string> extra) {
     auto argv = base;
@@ -384,7 +376,7 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
   };
   r = with({"--sms", "150", "--json"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
   auto doc       = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
@@ -395,7 +387,7 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
         {"65537", "--sms: must be in [1, 65536], got 65537"},
         {"x", "--sms: expected an integer, got \"x\""}}) {
     r = with({"--sms", value});
-    CHECK(r.rc == 2);
+    CHECK(r.code == 2);
     CHECK(r.err.find(piece) != std::string::npos);
   }
   std::remove(model.c_str());
@@ -415,7 +407,7 @@ TEST_CASE("simulate checks --plot before the run and creates nothing when the ru
                                      "short",
                                      "--plot",
                                      missing_dir});
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.out.empty());                             // no table: nothing ran
   CHECK(r.err.find("(1/3)") == std::string::npos);  // no progress either
   CHECK(r.err.find("--plot: cannot write") != std::string::npos);
@@ -431,7 +423,7 @@ TEST_CASE("simulate checks --plot before the run and creates nothing when the ru
                "short",
                "--plot",
                std::string(TANGRAM_BINARY_DIR)});  // a directory
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.out.empty());
   CHECK(r.err.find("--plot") != std::string::npos);
   CHECK(r.err.find("directory") != std::string::npos);
@@ -440,6 +432,6 @@ TEST_CASE("simulate checks --plot before the run and creates nothing when the ru
   std::string plot = std::string(TANGRAM_BINARY_DIR) + "/sim_defects_plot.svg";
   std::remove(plot.c_str());
   r = run_cli({"simulate", "--gpu-mem", "1e6", "--quiet", "--plot", plot});
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK_FALSE(exists(plot));
 }

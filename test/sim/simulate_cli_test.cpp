@@ -7,19 +7,14 @@
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 namespace {
 
-struct run_result {
-  int rc;
-  std::string out, err;
-};
-
-run_result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int rc = tangram::cli::run(argv, {out, err});
-  return {rc, out.str(), err.str()};
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 }  // namespace
@@ -27,7 +22,7 @@ run_result run(std::vector<std::string> argv) {
 TEST_CASE("simulate --json reports every policy with the documented fields", "[simulate][cli]") {
   auto r = run({"simulate", "--sessions", "24", "--turns", "3", "--workload", "long", "--json", "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
@@ -64,7 +59,7 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
   std::string svg = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_plot.svg";
   auto r = run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "short", "--plot", svg});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   for (char const* piece : {"full_kv", "unified_nonuniform", "tangram", "resident sessions, peak", "(modelled)",
                             "vs full_kv", "tangram: static per-group budgets (--reservation static)",
                             "tangram_elastic: elastic reservation, the default", "margin 0.15;"})
@@ -99,7 +94,7 @@ TEST_CASE("simulate replays a trace file", "[simulate][cli]") {
     {"arrival_s": 0.5, "turns": [{"prompt_tokens": 60000, "output_tokens": 80}]}]})");
   auto r = run({"simulate", "--workload", path, "--json", "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
@@ -133,7 +128,7 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
   for (auto const& c : cases) {
     auto r = run(c.argv);
     INFO(r.err);
-    CHECK(r.rc == 2);
+    CHECK(r.code == 2);
     CHECK(r.err.find(c.piece) != std::string::npos);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
@@ -147,11 +142,11 @@ TEST_CASE("simulate with a workload file refuses the generator's options and rep
     std::string value = std::string(opt) == "--context-dist" ? "uniform" : "3";
     auto r = run({"simulate", "--quiet", "--workload", trace, opt, value});
     INFO(r.err);
-    CHECK(r.rc == 2);
+    CHECK(r.code == 2);
     CHECK(r.err.find(std::string(opt) + ": applies to generated workloads") != std::string::npos);
   }
   auto r = run({"simulate", "--quiet", "--workload", trace, "--json"});
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
@@ -169,7 +164,7 @@ TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simula
     auto r = run({"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--margin", margin,
                   "--json", "--quiet"});
     INFO(r.err);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     auto doc = json::parse(r.out, "stdout");
     json::node root(doc, "stdout");
     CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(std::stod(margin)));
@@ -189,7 +184,7 @@ TEST_CASE("simulate reports every compressed policy's clipped share of wanted he
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto r = run(argv);
     INFO(r.err);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     auto doc = json::parse(r.out, "stdout");
     json::node root(doc, "stdout");
     CHECK(root["policies"]["full_kv"]["modelled_wanted_clipped_fraction"].type() == json::kind::null);
@@ -204,7 +199,7 @@ TEST_CASE("simulate reports every compressed policy's clipped share of wanted he
   CHECK(median > 0.01);
   CHECK(padded < median);
   auto r = run({"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--quiet"});
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   CHECK(r.out.find("wanted head-tokens clipped") != std::string::npos);
 }
 
@@ -214,7 +209,7 @@ TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[s
     auto r = run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "long", "--step-tokens", "2048",
                   "--chunk", chunk, "--json", "--quiet"});
     INFO(r.err);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     auto doc = json::parse(r.out, "stdout");
     json::node root(doc, "stdout");
     CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 2048);
@@ -235,13 +230,13 @@ TEST_CASE("simulate refuses a trace prompt beyond --max-context, naming the sess
     {"arrival_s": 0, "turns": [{"prompt_tokens": 30000, "output_tokens": 100}, {"prompt_tokens": 5000, "output_tokens": 10}]}]})");
   // Session 1 reaches 30000 + 100 + 5000 = 35100 tokens with its second prompt.
   auto r = run({"simulate", "--workload", path, "--max-context", "32768", "--quiet"});
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.err.find("--workload: session 1 turn 1 reaches 35100 tokens with its prompt, above --max-context 32768") !=
         std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   auto ok = run({"simulate", "--workload", path, "--max-context", "35100", "--quiet"});
   INFO(ok.err);
-  CHECK(ok.rc == 0);
+  CHECK(ok.code == 0);
   std::remove(path.c_str());
 }
 
@@ -253,7 +248,7 @@ TEST_CASE("simulate reports and warns about sessions a policy never completed", 
     {"arrival_s": 0, "turns": [{"prompt_tokens": 120000, "output_tokens": 10}]}]})");
   auto r = run({"simulate", "--workload", path, "--gpu-mem", "24", "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   CHECK(r.err.find("simulate: warning: full_kv never completed 1 of 2 sessions") != std::string::npos);
   auto at = r.out.find("rejected sessions");
   REQUIRE(at != std::string::npos);
@@ -274,7 +269,7 @@ TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chu
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto r = run(argv);
     INFO(r.err);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     auto doc = json::parse(r.out, "stdout");
     json::node root(doc, "stdout");
     return root["reservation"]["baseline_admission"].as_string();
@@ -282,7 +277,7 @@ TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chu
   CHECK(admission({}) == "chunk");
   CHECK(admission({"--baseline-admission", "whole"}) == "whole");
   auto bad = run({"simulate", "--baseline-admission", "half"});
-  CHECK(bad.rc == 2);
+  CHECK(bad.code == 2);
   CHECK(bad.err.find("--baseline-admission") != std::string::npos);
   CHECK(bad.err.find("half") != std::string::npos);
 }
@@ -292,7 +287,7 @@ TEST_CASE("simulate --context-dist draws generated contexts as named and reports
   auto r = run({"simulate", "--quiet", "--json", "--sessions", "6", "--turns", "1", "--context-range", "30000,50000",
                 "--context-dist", "fixed"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK(root["workload"]["context_dist"].as_string() == "fixed");
@@ -300,7 +295,7 @@ TEST_CASE("simulate --context-dist draws generated contexts as named and reports
   // Every session is the same 40000-token prompt: all policies prefill 6 x 40000 tokens.
   CHECK(root["policies"]["tangram"]["prefilled_tokens"].as_int(0, 1LL << 40) == 6 * 40000);
   auto d = run({"simulate", "--quiet", "--json", "--sessions", "2", "--turns", "1"});
-  REQUIRE(d.rc == 0);
+  REQUIRE(d.code == 0);
   auto ddoc = json::parse(d.out, "stdout");
   CHECK(json::node(ddoc, "stdout")["workload"]["context_dist"].as_string() == "loguniform");
 }

@@ -7,19 +7,14 @@
 
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 namespace {
 
-struct result {
-  int rc;
-  std::string out, err;
-};
-
-result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int rc = tangram::cli::run(argv, {out, err});
-  return {rc, out.str(), err.str()};
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 std::vector<std::string> small(std::vector<std::string> extra) {
@@ -35,7 +30,7 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
   namespace json = tangram::detail::json;
   auto r         = run(small({"--json", "--step-overhead-us", "250", "--max-tokens", "2048"}));
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto costs = root["cost_model"]["serving_costs"];
@@ -77,7 +72,7 @@ TEST_CASE("simulate switches: no padded reads, the unbalanced baseline, the budg
   auto r         = run(small({"--json", "--no-padded-reads", "--baseline-balance", "none",
                               "--unbalanced-skew", "1.6", "--baseline-retention", "budgets"}));
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK_FALSE(root["cost_model"]["serving_costs"]["padded_reads"].as_bool());
@@ -91,14 +86,14 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
           "[simulate][cli][issue13]") {
   auto t = run(small({"--sensitivity"}));
   INFO(t.err);
-  REQUIRE(t.rc == 0);
+  REQUIRE(t.code == 0);
   CHECK(t.out.find("verdict range, tangram vs unified") != std::string::npos);
   CHECK(t.out.find("reclaim_s_per_page = ") != std::string::npos);
   CHECK(t.out.find("Costs (eval/sim/serving_costs.hpp") != std::string::npos);
 
   namespace json = tangram::detail::json;
   auto r         = run(small({"--sensitivity", "--json"}));
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto s = root["sensitivity"];
@@ -131,7 +126,7 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
   for (auto const& c : cases) {
     auto r = run(c.argv);
     INFO(r.err);
-    CHECK(r.rc == 2);
+    CHECK(r.code == 2);
     CHECK(r.err.find(c.piece) != std::string::npos);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
@@ -146,7 +141,7 @@ TEST_CASE("simulate --sensitivity replays the baseline under both admission rule
     INFO("--baseline-admission " << rule);
     auto r = run(small({"--sensitivity", "--json", "--baseline-admission", rule}));
     INFO(r.err);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     auto doc = json::parse(r.out, "stdout");
     json::node root(doc, "stdout");
     CHECK(root["reservation"]["baseline_admission"].as_string() == rule);
@@ -188,7 +183,7 @@ TEST_CASE("simulate --sensitivity replays the baseline under both admission rule
       CHECK(seen["whole"]["chunk"][policy][field] == Approx(seen["chunk"]["chunk"][policy][std::string(field) + " (run)"]));
     }
   auto t = run(small({"--sensitivity"}));
-  REQUIRE(t.rc == 0);
+  REQUIRE(t.code == 0);
   CHECK(t.out.find("baseline_admission = chunk") != std::string::npos);
   CHECK(t.out.find("baseline_admission = whole") != std::string::npos);
 }

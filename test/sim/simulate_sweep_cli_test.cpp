@@ -7,19 +7,14 @@
 #include "simulate_report.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 namespace {
 
-struct run_result {
-  int rc;
-  std::string out, err;
-};
-
-run_result run(std::vector<std::string> argv) {
-  std::ostringstream out, err;
-  int rc = tangram::cli::run(argv, {out, err});
-  return {rc, out.str(), err.str()};
+/// `tangram argv...` in-process.
+inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
+  return tangram::test::run_cli(argv);
 }
 
 namespace json = tangram::detail::json;
@@ -30,7 +25,7 @@ TEST_CASE("simulate --rate-sweep reports every policy at every rate on the same 
   auto r = run({"simulate", "--workload", "short", "--sessions", "8", "--turns", "2", "--rate-sweep", "0.5,4",
                 "--json", "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto sweep = root["rate_sweep"];
@@ -68,17 +63,17 @@ TEST_CASE("simulate --rate-sweep reports every policy at every rate on the same 
 TEST_CASE("simulate --rate-sweep is printed as a table and refuses bad rates", "[simulate][cli][rate_sweep]") {
   auto r = run({"simulate", "--workload", "short", "--sessions", "4", "--turns", "1", "--rate-sweep", "1", "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   CHECK(r.out.find("Arrival-rate sweep") != std::string::npos);
   CHECK(r.out.find("TTFT p95") != std::string::npos);
   for (char const* bad : {"0", "-1", "1,x", "nan", ""}) {
     INFO(bad);
     auto b = run({"simulate", "--rate-sweep", bad, "--quiet"});
-    CHECK(b.rc != 0);
+    CHECK(b.code != 0);
     CHECK(b.err.find("--rate-sweep") != std::string::npos);
   }
   auto f = run({"simulate", "--workload", "no-such-trace.json", "--rate-sweep", "1", "--quiet"});
-  CHECK(f.rc != 0);
+  CHECK(f.code != 0);
   CHECK(f.err.find("--rate-sweep: applies to generated workloads") != std::string::npos);
 }
 
@@ -86,7 +81,7 @@ TEST_CASE("simulate reports the keep ratio as compressed and as stored", "[simul
   auto r = run({"simulate", "--workload", "short", "--sessions", "6", "--turns", "2", "--keep", "0.25", "--json",
                 "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK(root["keep_ratio_definitions"].as_string().find("stored_keep_ratio") != std::string::npos);
@@ -105,7 +100,7 @@ TEST_CASE("simulate reports the keep ratio as compressed and as stored", "[simul
   // Tangram stores more than the scorer's 0.25: its budgets are padded (mu + alpha sigma).
   CHECK(root["policies"]["tangram"]["stored_keep_ratio"].as_double(0, 10) > 0.25);
   auto t = run({"simulate", "--workload", "short", "--sessions", "6", "--turns", "2", "--keep", "0.25", "--quiet"});
-  REQUIRE(t.rc == 0);
+  REQUIRE(t.code == 0);
   CHECK(t.out.find("keep ratio, as compressed") != std::string::npos);
   CHECK(t.out.find("keep ratio, as stored") != std::string::npos);
 }
@@ -116,7 +111,7 @@ TEST_CASE("simulate --plot also draws the time breakdown and the TTFT-vs-rate fi
   auto r = run({"simulate", "--workload", "short", "--sessions", "4", "--turns", "1", "--rate-sweep", "1,2", "--plot",
                 path, "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto mem  = tangram::detail::read_file(path);
   auto time = tangram::detail::read_file(dir + "/simulate_sweep_plot-time.svg");
   auto rate = tangram::detail::read_file(dir + "/simulate_sweep_plot-rate.svg");
@@ -135,7 +130,7 @@ TEST_CASE("simulate --rate-sweep sizes the policies for the sweep's own sessions
   auto r = run({"simulate", "--profile", "fastkvzip/qwen3-4b-instruct-2507", "--context-range", "20000,45000",
                 "--turns", "1", "--sessions", "64", "--rate-sweep", "2", "--json", "--quiet"});
   INFO(r.err);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK(root["rate_sweep"]["points"][0]["policies"]["unified_nonuniform"]["completed_requests"].as_int(0, 1000) == 64);

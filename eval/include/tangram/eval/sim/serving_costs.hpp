@@ -8,7 +8,7 @@
  * - reclaim_s_per_page (uncalibrated): the paper measured +10-25% prefill time for dynamic
  *   reclamation on unified pages. Per page: 0.175 (the midpoint) x the baseline's modelled prefill
  *   time / its reclaimed pages in the default run (`simulate`, mid, Llama-3.1-8B bf16, H200,
- *   chunk 8192, per-input retention: 141.8 s of prefill over 7,661,680 reclaimed pages, so
+ *   chunk 8192, per-input retention: 141.8 s of prefill over 7,661,529 reclaimed pages, so
  *   0.175 x 141.8 / 7.66e6 = 3.2 us a page). Range: the paper's 10% and 25% ends scaled the same
  *   way (1.8-4.6 us).
  * - padded_reads (structural, on): a decode step reads whole pages. Unified pages are as long as

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// Running the `tangram` command line in-process, for the suites that link tangram_cli_lib.
+#pragma once
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commands.hpp"
+
+namespace tangram::test {
+
+/// What one in-process `tangram` run returned and printed.
+struct cli_result {
+  int code = 0;
+  std::string out, err;
+};
+
+/// Runs `tangram argv...` (argv without the program name) and captures its streams.
+inline cli_result run_cli(std::vector<std::string> const& argv) {
+  std::ostringstream out, err;
+  int code = cli::run(argv, {out, err});
+  return {code, out.str(), err.str()};
+}
+
+/// A path `name` in the build tree's scratch folder `test-tmp/<folder>` (created on demand).
+inline std::string cli_tmp_path(std::string const& folder, std::string const& name) {
+  auto dir = std::filesystem::path(TANGRAM_BINARY_DIR) / "test-tmp" / folder;
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+}  // namespace tangram::test
