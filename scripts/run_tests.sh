@@ -24,7 +24,7 @@ want() { [[ ",$stages," == *",$1,"* ]]; }
 stage() { echo; echo "=== $1 ($(date +%T))"; }
 cpu_suites=(tangram_core_tests tangram_plan_tests tangram_memory_tests tangram_reference_tests
             tangram_sim_tests tangram_reliability_tests tangram_fake_cuda_tests
-            tangram_fake_cuda_gpu_mirror)
+            tangram_fake_cuda_gpu_mirror tangram_fake_cuda_gpu_epochs)
 # The kernel emulation suite switches stacks per emulated thread: ASan understands that (fiber
 # annotations), valgrind memcheck does not, so it runs natively and under ASan only.
 asan_suites=("${cpu_suites[@]}" tangram_emu_tests)
