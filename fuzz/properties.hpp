@@ -133,7 +133,8 @@ inline void workload_roundtrip(std::string_view text) {
   try {
     auto w = tangram::sim::parse_workload(text, "fuzz");
     for (auto const& s : w.sessions)
-      for (auto const& t : s.turns) require(t.prompt_tokens >= 1 && t.output_tokens >= 1, "turn sizes");
+      for (auto const& t : s.turns)
+        require(t.prompt_tokens >= 1 && t.output_tokens >= 1 && t.max_tokens >= 0, "turn sizes");
     auto json = tangram::sim::to_json(w);
     auto back = tangram::sim::parse_workload(json, "roundtrip");
     require(tangram::sim::to_json(back) == json, "workload round trip");

@@ -131,13 +131,14 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK(c["gpu_memory_bytes"].as_double(0, 1e15) == Approx(80e9));
   CHECK(c["step_token_budget"].as_int(0, 1 << 30) == 2048);
   CHECK(c["max_running"].as_int(0, 1 << 30) == 256);
+  CHECK(c["sms"].as_int(0, 1 << 30) == 108);  // the split map is planned for the A100's SMs
   auto tangram = root["policies"]["tangram"];
   CHECK(tangram["modelled_tbt_p50_s"].as_double(0, 1e6) > 0);
   CHECK(tangram["modelled_tbt_p95_s"].as_double(0, 1e6) >= tangram["modelled_tbt_p50_s"].as_double(0, 1e6));
 
   // Each figure given on its own wins over the preset.
   r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "h100",
-           "--step-tokens", "4096", "--hbm-tbps", "3"});
+           "--step-tokens", "4096", "--hbm-tbps", "3", "--sms", "114"});
   REQUIRE(r.code == 0);
   auto doc2 = json::parse(r.out, "stdout");
   json::node c2(doc2, "stdout");
@@ -145,6 +146,7 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK(c2["cost_model"]["hbm_bytes_per_s"].as_double(0, 1e15) == Approx(3e12));
   CHECK(c2["cost_model"]["step_token_budget"].as_int(0, 1 << 30) == 4096);
   CHECK(c2["cost_model"]["max_running"].as_int(0, 1 << 30) == 1024);
+  CHECK(c2["cost_model"]["sms"].as_int(0, 1 << 30) == 114);
 
   r = run({"simulate", "--gpu", "x100"});
   CHECK(r.code == 2);

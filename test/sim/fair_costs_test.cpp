@@ -276,20 +276,32 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
                                [&](std::string const& name, step_charges const& ch) {
                                  calls.emplace_back(name, ch);
                                  // slower baseline with a larger reclaim or re-planning charge
+                                 // and faster when it reads live tokens only
                                  double t = 100 / (1 + ch.reclaim_s_per_page * 1e4 +
-                                                   ch.replan_fraction + ch.step_overhead_s);
+                                                   ch.replan_fraction + ch.step_overhead_s) *
+                                            (ch.padded_reads ? 1.0 : 1.25);
                                  return result(name, name == "tangram" ? 120 : t, 10, 0);
                                });
   auto vars = uncalibrated_variations(costs);
   CHECK(rep.points.size() == vars.size());
-  CHECK(vars.size() == 8);
-  // Tangram has no reclaim operations and pays no re-planning or skew change: only the overhead
-  // variations replay it; the baseline replays at every point.
+  CHECK(vars.size() == 10);
+  // Tangram has no reclaim operations and pays no re-planning, skew or read-mode change: only the
+  // overhead variations replay it; the baseline replays at every point but the padded-reads one
+  // (the default).
   std::int32_t tangram_runs = 0;
   for (auto const& [name, ch] : calls) tangram_runs += name == "tangram";
   CHECK(tangram_runs == 2);
   CHECK(rep.replays == static_cast<std::int32_t>(calls.size()));
-  CHECK(rep.replays == 10);
+  CHECK(rep.replays == 11);
+  // The masked-kernel point: the baseline replayed with live reads, Tangram with its default.
+  auto const& masked = rep.points[9];
+  CHECK(masked.variation.constant == "baseline_reads");
+  CHECK(masked.variation.end == "masked");
+  CHECK(rep.points[8].variation.end == "padded");
+  double masked_baseline =
+      100 / (1 + costs.reclaim_s_per_page * 1e4 + costs.replan_fraction + costs.step_overhead_s) * 1.25;
+  CHECK(masked.verdicts.at("tangram").tokens_per_s_ratio == Approx(120 / masked_baseline));
+  CHECK(rep.points[8].verdicts.at("tangram").tokens_per_s_ratio == Approx(1.2));  // the default run
   auto const& range = rep.range.at("tangram");
   CHECK(range.low.tokens_per_s_ratio <= 1.2);
   CHECK(range.high.tokens_per_s_ratio >= 1.2);
@@ -314,6 +326,64 @@ std::map<std::string, replay_result> verdict_defaults() {
 }
 
 }  // namespace
+
+TEST_CASE("on a masked kernel the baseline reads live tokens; Tangram keeps paying its pages",
+          "[replay][issue13]") {
+  serving_costs costs;
+  costs.baseline_masked_reads = true;
+  for (char const* baseline_like : {"unified_nonuniform", "reservation_only", "+head_groups"})
+    CHECK_FALSE(costs.charges_for(baseline_like).padded_reads);
+  for (char const* own_kernel : {"tangram", "tangram_elastic", "full_kv"})
+    CHECK(costs.charges_for(own_kernel).padded_reads);
+  // --no-padded-reads turns padding off for everyone, whatever the baseline's kernel.
+  costs.padded_reads          = false;
+  costs.baseline_masked_reads = false;
+  CHECK_FALSE(costs.charges_for("unified_nonuniform").padded_reads);
+  CHECK_FALSE(costs.charges_for("tangram").padded_reads);
+}
+
+TEST_CASE("the masked-kernel baseline reads fewer bytes in the same replay", "[replay][issue13]") {
+  test::contended_replay fx;
+  auto run = [&](bool masked) {
+    serving_costs costs;
+    costs.baseline_masked_reads = masked;
+    replay_options o;
+    o.charges = costs.charges_for("unified_nonuniform");
+    unified_policy p(fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073, own_needs(fx.plan));
+    return replay(fx.work, p, fx.cost, o);
+  };
+  auto padded = run(false);
+  auto masked = run(true);
+  // Same schedule (reads do not change admission), less attention time: whole layer-wide pages
+  // hold more than the live tokens.
+  CHECK(masked.generated_tokens == padded.generated_tokens);
+  CHECK(masked.completed_requests == padded.completed_requests);
+  CHECK(masked.time.decode_attention_s < padded.time.decode_attention_s);
+}
+
+TEST_CASE("a turn's own max_tokens is what admission reserves", "[replay][issue13]") {
+  test::contended_replay fx;
+  auto work = fx.work;
+  // Every other session's turns ask for 300 tokens; the rest take the run's 4096.
+  for (std::size_t s = 0; s < work.sessions.size(); s += 2)
+    for (auto& t : work.sessions[s].turns) t.max_tokens = 300;
+  replay_options o;
+  o.max_tokens = 4096;
+  for (auto& p : four_policies(fx)) {
+    recording rec(*p);
+    auto r = replay(work, rec, fx.cost, o);
+    INFO(r.policy);
+    std::int64_t cut = 0;
+    for (std::size_t s = 0; s < work.sessions.size(); ++s) {
+      std::int64_t want = s % 2 == 0 ? 300 : 4096;
+      for (auto const& t : work.sessions[s].turns) cut += t.output_tokens > want;
+      auto const& list = rec.reserved.at(static_cast<std::int32_t>(s));
+      CHECK(list.front() == want);
+      for (auto t : list) CHECK(t <= want);
+    }
+    CHECK(r.truncated_answers == cut);
+  }
+}
 
 TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens",
           "[replay][issue13]") {
@@ -343,6 +413,19 @@ TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens"
                      {"unified_nonuniform", 512}, {"tangram", 512}, {"unified_nonuniform", 8192}, {"tangram", 8192}});
   CHECK(rep.range.at("tangram").low.tokens_per_s_ratio == Approx(0.9));
   CHECK(rep.range.at("tangram").high.tokens_per_s_ratio == Approx(1.5));
+  // The rest of the context (vLLM's default) is a third point when given.
+  calls.clear();
+  mt.context = 131072;
+  auto with_context = sweep_sensitivity(
+      costs, defaults, "unified_nonuniform", {"tangram"},
+      [&](std::string const& name, step_charges const&) { return defaults.at(name); }, &mt);
+  REQUIRE(with_context.points.size() == n + 3);
+  CHECK(with_context.points[n + 2].variation.end == "context");
+  CHECK(with_context.points[n + 2].variation.value == 131072);
+  CHECK(calls.size() == 6);
+  CHECK(calls[4] == std::pair<std::string, std::int64_t>{"unified_nonuniform", 131072});
+  // tangram at 131072 (the mock's "not 512" branch): 0.9x
+  CHECK(with_context.points[n + 2].verdicts.at("tangram").tokens_per_s_ratio == Approx(0.9));
 }
 
 TEST_CASE("the sensitivity sweep replays only the baseline under the other admission rule",
@@ -382,4 +465,51 @@ TEST_CASE("the sensitivity sweep replays only the baseline under the other admis
     CHECK(rep.range.at("tangram").low.mean_resident_ratio == Approx(0.9));
     CHECK(rep.range.at("tangram").high.mean_resident_ratio == Approx(9.0 / 8.0));
   }
+}
+
+TEST_CASE("a decode window reserves part of max_tokens and grows; a growth that does not fit preempts",
+          "[replay][issue13][decode_window]") {
+  test::contended_replay fx;
+  replay_options o;
+  o.max_tokens = 4096;
+  auto run = [&](double kv, std::int64_t window, std::int64_t* extended = nullptr, std::int64_t* refused = nullptr) {
+    tangram_policy_options to;
+    to.decode_window = window;
+    tangram_policy p(fx.plan, kv, 24, 24, to);
+    recording rec(p);
+    auto r = replay(fx.work, rec, fx.cost, o);
+    // Admission reserved the window (or max_tokens without one), never more.
+    for (auto const& [s, list] : rec.reserved)
+      for (auto t : list) CHECK(t <= 4096);
+    if (extended) *extended = p.extensions();
+    if (refused) *refused = p.extensions_rejected();
+    CHECK(p.manager().pool().used_pages() == 0);  // every session's pages returned
+    return r;
+  };
+  auto upfront = run(fx.kv, 0);
+  std::int64_t extended = 0, refused = 0;
+  auto windowed = run(fx.kv, 64, &extended, &refused);
+  // Answers here are 64-512 tokens: turns with more than 64 - 1 decode steps grow.
+  CHECK(extended > 0);
+  CHECK(upfront.preemptions == 0);
+  CHECK(windowed.generated_tokens == upfront.generated_tokens);
+  CHECK(windowed.completed_requests == upfront.completed_requests);
+  CHECK(windowed.rejected_sessions == 0);
+  // Without the continuation headroom the pool fills with windows, so growths are refused; the
+  // replay then preempts the newest turn or drops an idle session (recompute), and still every
+  // answer is generated.
+  o.continuation_headroom_tokens = 0;
+  auto tight = run(fx.kv, 64, &extended, &refused);
+  CHECK(refused > 0);
+  CHECK(tight.preemptions + tight.idle_evictions > 0);
+  CHECK(tight.recomputed_tokens > 0);
+  CHECK(tight.generated_tokens == upfront.generated_tokens);
+  CHECK(tight.completed_requests == upfront.completed_requests);
+  CHECK(tight.rejected_sessions == 0);
+  // Up front (no window), the same pool never preempts: the reservation is the guarantee.
+  auto guaranteed = run(fx.kv, 0);
+  CHECK(guaranteed.preemptions == 0);
+  CHECK(guaranteed.generated_tokens == upfront.generated_tokens);
+  CHECK_THROWS_WITH(tangram_policy(fx.plan, fx.kv, 24, 24, tangram_policy_options{"tangram", 0, nullptr, -1}),
+                    Catch::Contains("tangram_policy.decode_window"));
 }

@@ -97,15 +97,58 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto s = root["sensitivity"];
-  // 4 charges and the engine's max_tokens, each at both ends; the baseline under both admission rules
-  CHECK(s["points"].size() == 12);
+  // 4 charges at both ends; the baseline's kernel padded and masked; max_tokens 512, 8192 and the
+  // rest of the context; the baseline under both admission rules
+  CHECK(s["points"].size() == 15);
   CHECK(t.out.find("max_tokens = 512") != std::string::npos);
   CHECK(t.out.find("max_tokens = 8192") != std::string::npos);
+  CHECK(t.out.find("max_tokens = context (") != std::string::npos);
+  CHECK(t.out.find("baseline_reads = masked") != std::string::npos);
+  std::int32_t masked_points = 0;
+  for (std::size_t i = 0; i < s["points"].size(); ++i)
+    if (s["points"][i]["constant"].as_string() == "baseline_reads" && s["points"][i]["end"].as_string() == "masked") {
+      masked_points += 1;
+      CHECK(s["points"][i]["value"].as_double(0, 1) == 0);
+    }
+  CHECK(masked_points == 1);
   for (char const* policy : {"tangram", "tangram_elastic"}) {
     auto rg = s["range_vs_unified_nonuniform"][policy];
     CHECK(rg["low"]["modelled_tokens_per_s"].as_double(0, 100) <=
           rg["high"]["modelled_tokens_per_s"].as_double(0, 100));
   }
+}
+
+TEST_CASE("simulate --baseline-reads masked: the baseline reads live tokens, Tangram whole group pages",
+          "[simulate][cli][issue13]") {
+  namespace json = tangram::detail::json;
+  auto attention = [](std::string const& out, char const* policy) {
+    auto doc = json::parse(out, "stdout");
+    json::node root(doc, "stdout");
+    return root["policies"][policy]["modelled_time_breakdown"]["decode_attention_s"].as_double(0, 1e12);
+  };
+  auto padded = run(small({"--json"}));
+  auto masked = run(small({"--json", "--baseline-reads", "masked"}));
+  INFO(masked.err);
+  REQUIRE(padded.code == 0);
+  REQUIRE(masked.code == 0);
+  auto doc = json::parse(masked.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK(root["cost_model"]["serving_costs"]["baseline_reads"].as_string() == "masked");
+  CHECK(attention(masked.out, "unified_nonuniform") < attention(padded.out, "unified_nonuniform"));
+  CHECK(attention(masked.out, "tangram") == attention(padded.out, "tangram"));
+}
+
+TEST_CASE("simulate --decode-window: Tangram reserves a window and says so", "[simulate][cli][issue13]") {
+  namespace json = tangram::detail::json;
+  auto r = run(small({"--json", "--decode-window", "128", "--max-tokens", "131072"}));
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  CHECK(root["reservation"]["decode_window"].as_int(0, 1 << 30) == 128);
+  CHECK(root["reservation"]["max_tokens"].as_int(0, 1 << 30) == 131072);
+  auto t = run(small({"--decode-window", "128"}));
+  CHECK(t.out.find("Tangram reserves 128 answer tokens at a time") != std::string::npos);
 }
 
 TEST_CASE("simulate refuses bad cost and reservation options, naming them",
@@ -117,6 +160,8 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
       {{"simulate", "--max-tokens", "0"}, "--max-tokens: must be in [1, 1073741824], got 0"},
       {{"simulate", "--max-context", "100"}, "--max-context: must be in [4096, 2147483647], got 100"},
       {{"simulate", "--baseline-balance", "foo"}, "--baseline-balance: expected one of replan, none"},
+      {{"simulate", "--baseline-reads", "dense"}, "--baseline-reads: expected one of padded, masked"},
+      {{"simulate", "--decode-window", "-1"}, "--decode-window: must be in [0, 1073741824], got -1"},
       {{"simulate", "--baseline-retention", "x"}, "--baseline-retention: expected one of own, budgets"},
       {{"simulate", "--unbalanced-skew", "0.5"}, "--unbalanced-skew: must be in [1, 100], got 0.5"},
       {{"simulate", "--reclaim-us-per-page", "-1"}, "--reclaim-us-per-page: must be in [0, 1e6], got -1"},

@@ -94,6 +94,23 @@ TEST_CASE("workload traces round-trip and bad traces name the field", "[workload
   many += "]}";
   TANGRAM_REQUIRE_THROWS_WITH_ALL(parse_workload(many, "w.json"), parse_error, "w.json: sessions",
                                   "more than 268435456 answer tokens", "session 2");
+  // A request's own max_tokens: optional, round-trips, bounded like the other token counts.
+  auto own = parse_workload(bad("\"output_tokens\": 10", "\"output_tokens\": 10, \"max_tokens\": 256"), "w.json");
+  CHECK(own.sessions[0].turns[0].max_tokens == 256);
+  CHECK(parse_workload(to_json(own), "t").sessions[0].turns[0].max_tokens == 256);
+  CHECK(parse_workload(good, "w.json").sessions[0].turns[0].max_tokens == 0);  // absent: the run's
+  CHECK(to_json(parse_workload(good, "w.json")).find("max_tokens") == std::string::npos);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      parse_workload(bad("\"output_tokens\": 10", "\"output_tokens\": 10, \"max_tokens\": 0"), "w.json"),
+      parse_error, "turns[0].max_tokens", "got 0");
+  // The reservation: the turn's own, else the run's, capped by the context left, at least 1.
+  turn_spec t;
+  CHECK(t.reservation(4096, 100000) == 4096);
+  CHECK(t.reservation(4096, 1000) == 1000);
+  CHECK(t.reservation(4096, 0) == 1);
+  t.max_tokens = 300;
+  CHECK(t.reservation(4096, 100000) == 300);
+  CHECK(t.reservation(4096, 200) == 200);
   workload_options neg;
   neg.sessions = 0;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(generate_workload(neg), invalid_argument, "workload.sessions", "got 0");

@@ -74,7 +74,7 @@ struct simulate_args {
   double gpu_mem = 141;
   CLI::Option* gpu_mem_option = nullptr;  // its text is quoted as given in messages
   CLI::Option *hbm_option = nullptr, *tflops_option = nullptr, *step_tokens_option = nullptr,
-              *max_running_option = nullptr;
+              *max_running_option = nullptr, *sms_option = nullptr;
   std::vector<CLI::Option*> generator_only;  // refused with a workload file
   double usable = 0.9;
   double hbm = 4.8;
@@ -104,6 +104,7 @@ struct simulate_args {
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
   bool no_padded_reads = false;
+  std::int64_t decode_window = 0;  // --decode-window: Tangram grows its answer reservation
   bool charge_control_plane = false;
 };
 
@@ -117,6 +118,7 @@ int simulate(simulate_args& a, streams io) {
   if (a.tflops_option->count() == 0) a.tflops = preset.gpu.peak_flops / 1e12;
   if (a.step_tokens_option->count() == 0) a.ro.step_token_budget = preset.max_num_batched_tokens;
   if (a.max_running_option->count() == 0) a.ro.max_running = preset.max_num_seqs;
+  if (a.sms_option->count() == 0) a.po.split.limits.sm_count = preset.sm_count;
   auto const& cal          = a.cal;
   auto const& model_o      = a.model;
   double const gpu_mem     = a.gpu_mem;
@@ -236,8 +238,7 @@ int simulate(simulate_args& a, streams io) {
         if (context > ro.max_context)
           throw usage_error(cat("--workload: session ", i, " turn ", t, " reaches ", context,
                                 " tokens with its prompt, above --max-context ", ro.max_context));
-        context += std::min(turns[t].output_tokens,
-                            std::max<std::int64_t>(1, std::min(ro.max_tokens, ro.max_context - context)));
+        context += std::min(turns[t].output_tokens, turns[t].reservation(ro.max_tokens, ro.max_context - context));
       }
     }
   }
@@ -315,7 +316,8 @@ int simulate(simulate_args& a, streams io) {
   std::int64_t const staged_chunk = std::min(ro.prefill_chunk, ro.step_token_budget);
   auto make_elastic = [&] {
     // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
-    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs);
+    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs,
+                                       a.decode_window);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its
@@ -324,7 +326,8 @@ int simulate(simulate_args& a, streams io) {
   auto make_static = [&](std::string name, static_plan const& p) {
     tangram_policy_options so;
     so.name     = std::move(name);
-    so.eviction = std::make_shared<static_clipping>(p, needs);
+    so.eviction      = std::make_shared<static_clipping>(p, needs);
+    so.decode_window = a.decode_window;
     return std::make_unique<tangram_policy>(p, kv_bytes, slots, n_sessions, std::move(so));
   };
   // Any policy of the sensitivity sweep by name.
@@ -384,8 +387,10 @@ int simulate(simulate_args& a, streams io) {
   if (a.sensitivity) {
     std::map<std::string, replay_result> defaults;
     for (auto const& r : results) defaults.emplace(r.policy, r);
-    // The engine's max_tokens (not measured): every policy replayed at 512 and 8192.
+    // The engine's max_tokens (not measured): every policy replayed at 512, 8192 and the rest of
+    // the context (vLLM's default when a request sets none).
     max_tokens_variation mt;
+    mt.context = ro.max_context;
     mt.rerun = [&](std::string const& name, std::int64_t max_new) {
       replay_options o = ro;
       o.charges        = costs.charges_for(name);
@@ -471,6 +476,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("gpu_preset", a.gpu_key);
     c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm-blocks" : "vllm");
     c.set("step_token_budget", ro.step_token_budget);
+    c.set("sms", a.po.split.limits.sm_count);
     c.set("max_running", ro.max_running);
     c.set("active_weight_bytes", model.active_weight_bytes);
     c.set("active_parameters", model.active_parameters);
@@ -478,6 +484,7 @@ int simulate(simulate_args& a, streams io) {
     doc.set("cost_model", std::move(c));
     auto rv = json::value::object();
     rv.set("max_tokens", ro.max_tokens);
+    rv.set("decode_window", a.decode_window);
     rv.set("max_context", ro.max_context);
     rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
     rv.set("baseline_admission", a.baseline_chunk_admission ? "chunk" : "whole");
@@ -553,7 +560,7 @@ int simulate(simulate_args& a, streams io) {
     << " GB weights = " << gb(kv_bytes) << " GB for KV; engine: " << ro.step_token_budget << " tokens/step, "
     << ro.max_running << " sequences"
     << (a.step_tokens_option->count() + a.max_running_option->count() == 0 ? " (vLLM v1's defaults on this GPU)" : "")
-    << "\n"
+    << "; split map for " << a.po.split.limits.sm_count << " SMs\n"
     << "  profile " << tangram::detail::printable(src.source) << " (keep ratio "
     << fixed(keep_ratio, 2)
     << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
@@ -622,8 +629,9 @@ int simulate(simulate_args& a, streams io) {
   });
   print_sweep(o, sweep);
   if (sens) {
-    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range, then the baseline\n"
-      << "  under each admission rule; " << sens->replays << " replays):\n";
+    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; the baseline's kernel\n"
+      << "  reading whole pages or masked; max_tokens 512, 8192 and the rest of the context; the baseline under each\n"
+      << "  admission rule; " << sens->replays << " replays):\n";
     o << "  " << std::left << std::setw(34) << "constant = value" << std::right << std::setw(22)
       << "tangram vs unified" << std::setw(24) << "elastic vs unified" << "\n";
     o << "  " << std::left << std::setw(34) << "" << std::right << std::setw(22) << "tok/s  resident" << std::setw(24)
@@ -633,8 +641,11 @@ int simulate(simulate_args& a, streams io) {
       o << "  " << std::left << std::setw(34)
         << cat(pt.variation.constant, " = ",
                seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
-               : pt.variation.constant == "max_tokens" ? fixed(pt.variation.value, 0)
-               : pt.variation.constant == "baseline_admission" ? pt.variation.end
+               : pt.variation.constant == "max_tokens"
+                   ? (pt.variation.end == "context" ? cat("context (", fixed(pt.variation.value, 0), ")")
+                                                    : fixed(pt.variation.value, 0))
+               : pt.variation.constant == "baseline_admission" || pt.variation.constant == "baseline_reads"
+                   ? pt.variation.end
                                                        : fixed(pt.variation.value, 3))
         << std::right
         << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
@@ -649,16 +660,21 @@ int simulate(simulate_args& a, streams io) {
     << (costs.control_plane ? "and added (--charge-control-plane). " : "not added. ") << fixed(wall, 1)
     << " s wall.\n"
     << "  Costs (eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclaim " << fixed(costs.reclaim_s_per_page * 1e6, 3)
-    << " us/page; padded page reads " << (costs.padded_reads ? "on" : "off") << "; step overhead "
-    << fixed(costs.step_overhead_s * 1e6, 0) << " us; baseline balance " << to_string(costs.balance)
+    << " us/page; padded page reads " << (costs.padded_reads ? "on" : "off")
+    << (costs.padded_reads && costs.baseline_masked_reads ? " (off for unified_nonuniform: --baseline-reads masked)" : "")
+    << "; step overhead " << fixed(costs.step_overhead_s * 1e6, 0)
+    << " us (uncalibrated, not measured: swept 200-3000 us by --sensitivity); baseline balance " << to_string(costs.balance)
     << (costs.balance == baseline_balance::replan
             ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, skew ", fixed(costs.planner_skew, 3),
                   " measured)")
             : cat(" (unbalanced skew ", fixed(costs.unbalanced_skew, 2), ")"))
     << ";\n  decode skew measured from the split maps: tangram " << fixed(costs.tangram_skew, 3) << ", tangram_elastic "
     << fixed(costs.tangram_elastic_skew, 3) << "; full_kv 1.\n"
-    << "  Reservation: max_tokens " << ro.max_tokens << " per turn (context " << ro.max_context
-    << "), answers drawn separately; unified_nonuniform keeps "
+    << "  Reservation: max_tokens " << ro.max_tokens << " per turn (context " << ro.max_context << ")"
+    << (a.decode_window > 0 ? cat("; Tangram reserves ", a.decode_window,
+                                  " answer tokens at a time (--decode-window), preempting when a growth does not fit")
+                            : std::string())
+    << ", answers drawn separately; unified_nonuniform keeps "
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
     << "  of plan_options and `tangram plan`, margin " << a.margin << "; each prefilling request also holds staging for one "
@@ -747,8 +763,8 @@ command_body setup_simulate(CLI::App& app) {
                     p.max_num_batched_tokens, " tokens/step, ", p.max_num_seqs, " seqs)");
     }
     add_choice(app, "--gpu", [a](std::string const& v) { a->gpu_key = v; }, "h200", keys,
-               cat("GPU preset: memory, bandwidth, dense bf16 peak and vLLM v1's default --step-tokens and "
-                   "--max-running on it, each overridable: ",
+               cat("GPU preset: memory, bandwidth, dense bf16 peak, SM count and vLLM v1's default --step-tokens "
+                   "and --max-running on it, each overridable: ",
                    listed));
   }
   a->gpu_mem_option =
@@ -757,7 +773,8 @@ command_body setup_simulate(CLI::App& app) {
   a->hbm_option = add_number(app, "--hbm-tbps", a->hbm, {0.01, 1000}, "Modelled memory bandwidth (TB/s; default: --gpu's)");
   a->tflops_option =
       add_number(app, "--peak-tflops", a->tflops, {1, 1e6}, "Modelled dense compute (TFLOP/s; default: --gpu's)");
-  add_sms(app, po.split.limits.sm_count);
+  a->sms_option = add_sms(app, po.split.limits.sm_count);
+  a->sms_option->description("SMs of the GPU the split map is planned for (default: --gpu's)");
   add_integer(app, "--concurrency", ro.concurrency, 0, 1000000,
               "Sessions in flight at once (0: no limit)");
   add_integer(app, "--chunk", ro.prefill_chunk, 1, 1 << 24, "Prefill chunk (tokens)");
@@ -771,6 +788,10 @@ command_body setup_simulate(CLI::App& app) {
   add_text(app, "--plot", a->plot, "FILE.svg",
            "Draw memory over time to FILE.svg, the time breakdown per policy to FILE-time.svg and, with "
            "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg");
+  add_integer(app, "--decode-window", a->decode_window, 0, workload_limits::max_tokens,
+              "Tangram policies reserve this many answer tokens at admission and grow by as many when a turn runs "
+              "out, up to its max_tokens; a growth that does not fit preempts the newest turn (recompute, as vLLM). "
+              "0: reserve the whole max_tokens up front, never preempt");
   add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
               "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
   add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,
@@ -796,7 +817,13 @@ command_body setup_simulate(CLI::App& app) {
   add_number(app, "--replan-fraction", a->replan, {0, 10},
              "Per-step re-planning, fraction of a decode step (default 0.175; paper 0.15-0.20)");
   add_number(app, "--step-overhead-us", a->overhead_us, {0, 1e6}, "Fixed overhead per engine step, us (default 1000)");
-  app.add_flag("--no-padded-reads", a->no_padded_reads, "Decode reads live tokens only, not whole pages");
+  app.add_flag("--no-padded-reads", a->no_padded_reads,
+               "Decode reads live tokens only, not whole pages (every policy)");
+  add_choice(
+      app, "--baseline-reads", [a](std::string const& v) { a->costs.baseline_masked_reads = v == "masked"; }, "padded",
+      {"padded", "masked"},
+      "unified_nonuniform's decode kernel reads whole layer-wide pages (padded) or masks each head at its own "
+      "length and reads its live tokens only (masked)");
   app.add_flag("--charge-control-plane", a->charge_control_plane,
                "Add each step's measured policy (control-plane) time to modelled time (not deterministic)");
   add_choice(
@@ -816,7 +843,8 @@ command_body setup_simulate(CLI::App& app) {
                "pages) and +head_groups (head-group pages, no AOT split); +aot_split is tangram, +elastic "
                "tangram_elastic");
   app.add_flag("--sensitivity", a->sensitivity,
-               "Also rerun the verdict at each end of every uncalibrated cost's range, at max_tokens 512 and 8192, "
+               "Also rerun the verdict at each end of every uncalibrated cost's range, with the baseline on both "
+               "--baseline-reads kernels, at max_tokens 512, 8192 and the rest of the context (vLLM's default), "
                "and with the baseline under both --baseline-admission rules");
   app.add_flag("--json", a->json, "One JSON document instead of the table");
   app.add_flag("--quiet", a->quiet, "No progress on stderr");

@@ -355,6 +355,7 @@ json::value costs_json(serving_costs const& c) {
   o.set("label", "modelled: constants of eval/sim/serving_costs.hpp (sources in docs/benchmarks.md)");
   o.set("reclaim_s_per_page", c.reclaim_s_per_page);
   o.set("padded_reads", c.padded_reads);
+  o.set("baseline_reads", c.padded_reads && !c.baseline_masked_reads ? "padded" : "masked");
   o.set("baseline_balance", std::string(to_string(c.balance)));
   o.set("unbalanced_skew", c.unbalanced_skew);
   o.set("replan_fraction", c.replan_fraction);

@@ -179,8 +179,9 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     std::int32_t max_sessions,
     std::int32_t num_sessions,
     std::int64_t max_chunk_tokens,
-    double margin       = default_elastic_margin,
-    elastic_needs needs = {}) {
+    double margin              = default_elastic_margin,
+    elastic_needs needs        = {},
+    std::int64_t decode_window = 0) {
   // Unscaled samples weigh the split map on their placements (scaled ones no longer match it).
   bool placements = needs.samples && !needs.samples->samples.empty() && needs.scale == 1.0;
   auto ep         = elastic_plan(plan, margin, placements ? &*needs.samples : nullptr);
@@ -188,6 +189,7 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
   o.name             = "tangram_elastic";
   o.max_chunk_tokens = max_chunk_tokens;
   o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
+  o.decode_window    = decode_window;
   return std::make_unique<tangram_policy>(ep, kv_bytes, max_sessions, num_sessions, std::move(o));
 }
 

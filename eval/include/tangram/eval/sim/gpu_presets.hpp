@@ -17,6 +17,10 @@
  * - A100 80GB SXM: 80 GB HBM2e, 2.039 TB/s, 312 TFLOP/s bf16 (624 with sparsity). NVIDIA A100
  *   datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf).
  *
+ * SM counts (the split map's CTAs): H100 SXM and H200 132 (GH100 as shipped), B200 148,
+ * A100 108. NVIDIA's H100/H200 and A100 architecture whitepapers; B200:
+ * the Blackwell architecture technical brief.
+ *
  * vLLM v1 defaults (vllm/engine/arg_utils.py, EngineArgs batch defaults, OpenAI API server
  * usage context): on GPUs with at least 70 GiB that are not A100, max_num_batched_tokens 8192
  * and max_num_seqs 1024; otherwise (A100 included) 2048 and 256.
@@ -38,13 +42,14 @@ struct gpu_preset {
   gpu_spec gpu;     ///< name, memory, bandwidth, peak (usable_fraction left at 0.90)
   std::int64_t max_num_batched_tokens = 8192;  ///< vLLM v1 default (online serving)
   std::int32_t max_num_seqs           = 1024;  ///< vLLM v1 default (online serving)
+  std::int32_t sm_count               = 132;   ///< SMs (the split map's CTAs: sm_count x ctas_per_sm)
 };
 
 /// Every preset, in the order `--help` lists them.
 inline std::vector<gpu_preset> const& gpu_presets() {
   static std::vector<gpu_preset> const all = [] {
     auto make = [](char const* key, char const* name, double gb, double tbps, double tflops,
-                   std::int64_t tokens, std::int32_t seqs) {
+                   std::int64_t tokens, std::int32_t seqs, std::int32_t sms) {
       gpu_preset p;
       p.key                    = key;
       p.gpu.name               = name;
@@ -53,13 +58,14 @@ inline std::vector<gpu_preset> const& gpu_presets() {
       p.gpu.peak_flops         = tflops * 1e12;
       p.max_num_batched_tokens = tokens;
       p.max_num_seqs           = seqs;
+      p.sm_count               = sms;
       return p;
     };
     return std::vector<gpu_preset>{
-        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024),
-        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024),
-        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024),
-        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256),
+        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024, 132),
+        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024, 132),
+        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024, 148),
+        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256, 108),
     };
   }();
   return all;

@@ -169,6 +169,11 @@ struct tangram_policy_options {
   std::int64_t max_chunk_tokens = 0;
   /// The eviction step of each prefill chunk; null: keep `expected_kept` (fused, static budgets).
   std::shared_ptr<chunk_eviction> eviction;
+  /// Answer tokens a turn reserves at admission and adds each time it runs out (`try_extend`),
+  /// up to its max_tokens; 0: the whole max_tokens up front (nothing admitted is ever
+  /// preempted). A growth that does not fit fails the decode step, and the replay preempts the
+  /// newest running turn (recompute, as vLLM), so a window trades that guarantee for memory.
+  std::int64_t decode_window = 0;
 };
 
 /// @brief Tangram: reservation + head-group pages (kv_cache_manager).
@@ -186,7 +191,11 @@ class tangram_policy final : public live_accounting_policy {
         ids_(static_cast<std::size_t>(num_sessions)),
         kept_(static_cast<std::size_t>(plan.num_layers) *
               static_cast<std::size_t>(plan.num_kv_heads)),
-        extra_bytes_(static_cast<std::size_t>(num_sessions), 0.0) {}
+        extra_bytes_(static_cast<std::size_t>(num_sessions), 0.0),
+        turn_(static_cast<std::size_t>(num_sessions)) {
+    TANGRAM_EXPECTS(config_.decode_window >= 0, invalid_argument, "tangram_policy.decode_window: must be >= 0, got ",
+                    config_.decode_window);
+  }
 
   [[nodiscard]] std::string name() const override { return config_.name; }
 
@@ -195,19 +204,20 @@ class tangram_policy final : public live_accounting_policy {
                   std::int64_t prompt,
                   std::int64_t max_new,
                   std::int64_t headroom_tokens) override {
-    auto& id = ids_[static_cast<std::size_t>(s)];
+    auto& id             = ids_[static_cast<std::size_t>(s)];
+    std::int64_t reserve = config_.decode_window > 0 ? std::min(max_new, config_.decode_window) : max_new;
     if (headroom_tokens > 0) {
       // Checked: an overflowing allowance cannot fit any pool.
       auto headroom = detail::mul_checked<std::int64_t>(
           manager_.num_groups(), ceil_div(headroom_tokens, plan_.geometry.page_tokens));
       auto need = headroom
-                      ? detail::add_checked(manager_.admission_pages(prompt, max_new), *headroom)
+                      ? detail::add_checked(manager_.admission_pages(prompt, reserve), *headroom)
                       : std::nullopt;
       if (!need || *need > manager_.pool().available_pages()) return false;
     }
-    if (id) return manager_.continue_turn(*id, prompt, max_new);
-    id = manager_.try_admit(prompt, max_new);
-    return id.has_value();
+    bool ok = id ? manager_.continue_turn(*id, prompt, reserve) : (id = manager_.try_admit(prompt, reserve)).has_value();
+    if (ok) turn_[static_cast<std::size_t>(s)] = {max_new, reserve, 0};
+    return ok;
   }
 
   bool prefill_chunk(std::int32_t s, std::int64_t tokens) override {
@@ -226,13 +236,29 @@ class tangram_policy final : public live_accounting_policy {
   }
 
   bool decode(std::vector<std::int32_t> const& sessions) override {
+    // A turn that has decoded all it reserved grows by a window first; a growth that does not
+    // fit fails the step before any token is appended (growths already made stay reserved).
+    for (auto s : sessions) {
+      auto& tt = turn_[static_cast<std::size_t>(s)];
+      if (tt.decoded < tt.reserved) continue;
+      std::int64_t more = std::min(config_.decode_window, tt.wanted - tt.reserved);
+      if (more < 1 || !manager_.try_extend(*ids_[static_cast<std::size_t>(s)], more)) return false;
+      tt.reserved += more;
+    }
     batch_.clear();
     for (auto s : sessions) batch_.push_back(*ids_[static_cast<std::size_t>(s)]);
     manager_.set_batch(batch_);
     manager_.decode_step();
-    for (auto s : sessions) live_.touch(s);
+    for (auto s : sessions) {
+      turn_[static_cast<std::size_t>(s)].decoded += 1;
+      live_.touch(s);
+    }
     return true;
   }
+
+  /// Turns grown past their first reservation (`decode_window`), and growths that did not fit.
+  [[nodiscard]] std::int64_t extensions() const { return manager_.stats().extended; }
+  [[nodiscard]] std::int64_t extensions_rejected() const { return manager_.stats().extend_rejected; }
 
   void end_turn(std::int32_t s) override {
     manager_.end_turn(*ids_[static_cast<std::size_t>(s)]);
@@ -298,6 +324,11 @@ class tangram_policy final : public live_accounting_policy {
   std::vector<std::int32_t> kept_;
   std::vector<double> extra_bytes_;  ///< per session: the last chunk's eviction traffic
   std::vector<sequence_id> batch_;
+  /// Per session, the current turn's answer tokens: max_new asked, reserved so far, decoded.
+  struct turn_reservation {
+    std::int64_t wanted = 0, reserved = 0, decoded = 0;
+  };
+  std::vector<turn_reservation> turn_;
 };
 
 /// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation.

@@ -114,8 +114,8 @@ struct replay_options {
   /// holds at most twice this many (see `replay_result::timeline`).
   std::int32_t timeline_points = 400;
   /// Decode tokens a turn reserves at admission (an engine's `max_tokens`; the answer length is
-  /// not known in advance): min(max_tokens, max_context - context), at least 1. 4096: see
-  /// docs/benchmarks.md.
+  /// not known in advance): min(max_tokens, max_context - context), at least 1; a turn that
+  /// carries its own `turn_spec::max_tokens` uses that instead. 4096: see docs/benchmarks.md.
   std::int64_t max_tokens  = 4096;
   std::int64_t max_context = 131072;  ///< the model's context limit (Llama-3.1: 128K)
   step_charges charges;               ///< costs beyond the roofline (none by default)
@@ -423,8 +423,7 @@ inline replay_result replay(workload const& work,
     ss.turn                = turn;
     std::int64_t prompt    = turn_of(s).prompt_tokens;
     ss.to_prefill          = prompt + (ss.context - ss.history);
-    ss.reserve             = std::max<std::int64_t>(
-        1, std::min(options.max_tokens, options.max_context - ss.context - prompt));
+    ss.reserve             = turn_of(s).reservation(options.max_tokens, options.max_context - ss.context - prompt);
     ss.to_decode = std::min(turn_of(s).output_tokens, ss.reserve);
     ss.answer    = ss.to_decode;
     if (ss.to_decode < turn_of(s).output_tokens) out.truncated_answers += 1;

@@ -6,7 +6,8 @@
  * the uncalibrated costs of eval/sim/serving_costs.hpp: each constant is set to the low, then the
  * high end of its plausible range, one at a time, and the verdict recomputed.
  *
- * `max_tokens_variation` adds the engine's max_tokens (every policy replayed at each end);
+ * `max_tokens_variation` adds the engine's max_tokens (every policy replayed at each end, and at
+ * the rest of the context, vLLM's default);
  * `admission_variation` the baseline's admission rule (chunk as vLLM v1, or whole prompt).
  *
  * Only the policies whose charges change are replayed again (a policy with no reclaim operations
@@ -46,9 +47,13 @@ struct cost_variation {
   serving_costs costs;   ///< the defaults with this one constant changed
 };
 
+/// The name of the baseline's read mode in a sensitivity point (`cost_variation::end`).
+inline char const* baseline_reads_name(bool masked) { return masked ? "masked" : "padded"; }
+
 /// The variations a sweep runs, each at both ends of its range: reclaim per page; the baseline
 /// balancing by re-planning (replan_fraction) and without balancing (unbalanced_skew), whichever
-/// the default is; the per-step overhead.
+/// the default is; the per-step overhead; the baseline's kernel reading whole pages (`padded`,
+/// value 1) or masking each head at its length (`masked`, value 0).
 inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& base) {
   std::vector<cost_variation> out;
   auto add = [&](std::string name, cost_range r, double serving_costs::*field) {
@@ -67,6 +72,11 @@ inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& 
     if (c.constant == "unbalanced_skew") c.costs.balance = baseline_balance::none;
   }
   add("step_overhead_s", serving_costs::step_overhead_range(), &serving_costs::step_overhead_s);
+  for (bool masked : {false, true}) {
+    cost_variation c{"baseline_reads", baseline_reads_name(masked), masked ? 0.0 : 1.0, base};
+    c.costs.baseline_masked_reads = masked;
+    out.push_back(std::move(c));
+  }
   return out;
 }
 
@@ -75,6 +85,9 @@ inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& 
 struct max_tokens_variation {
   std::int64_t low  = 512;   ///< a short-answer engine setting
   std::int64_t high = 8192;  ///< a long-answer (reasoning) engine setting
+  /// The rest of the context (the model's context limit; each turn's reservation is capped by
+  /// what its context leaves): vLLM's default when a request sets no max_tokens. 0: not swept.
+  std::int64_t context = 0;
   /// Replays one policy with the default charges and this max_tokens.
   std::function<replay_result(std::string const&, std::int64_t)> rerun;
 };
@@ -162,7 +175,9 @@ inline sensitivity_report sweep_sensitivity(
     rep.points.push_back(std::move(p));
   }
   if (max_tokens && max_tokens->rerun) {
-    for (auto [end, v] : {std::pair<char const*, std::int64_t>{"low", max_tokens->low}, {"high", max_tokens->high}}) {
+    std::vector<std::pair<char const*, std::int64_t>> ends{{"low", max_tokens->low}, {"high", max_tokens->high}};
+    if (max_tokens->context > 0) ends.emplace_back("context", max_tokens->context);
+    for (auto [end, v] : ends) {
       sensitivity_point p{cost_variation{"max_tokens", end, static_cast<double>(v), costs}, {}};
       rep.replays += 1;
       auto base = max_tokens->rerun(baseline, v);

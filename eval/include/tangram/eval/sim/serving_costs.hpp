@@ -14,6 +14,11 @@
  * - padded_reads (structural, on): a decode step reads whole pages. Unified pages are as long as
  *   the layer's longest head (every head is read up to it); Tangram's head-group pages as long as
  *   the group's longest head. Both policies pay their own padding.
+ * - baseline_reads (structural, padded by default): the unified baseline may instead run a kernel
+ *   that masks each head at its own length and reads only its live tokens (a FlashInfer-style
+ *   ragged kernel over per-head lengths). `--sensitivity` sweeps both; Tangram keeps paying its
+ *   whole head-group pages at both points (its own kernel reads live tokens only, so this side is
+ *   conservative).
  * - decode skew: policies without an ahead-of-time split. With `baseline_balance::none` the
  *   baseline's decode attention runs 1.4-1.7x slower (paper, no load balancing; 1.55 default,
  *   uncalibrated). With `baseline_balance::replan` (default) it re-plans every step like
@@ -64,6 +69,7 @@ struct serving_costs {
   static constexpr double default_reclaim     = 3.2e-6;
   double reclaim_s_per_page                   = default_reclaim;
   bool padded_reads                           = true;
+  bool baseline_masked_reads                  = false;  ///< the baseline reads live tokens only
   baseline_balance balance                    = baseline_balance::replan;
   double unbalanced_skew                      = 1.55;  ///< paper: 1.4-1.7
   double replan_fraction                      = 0.175;  ///< paper: 15-20% of a decode step
@@ -83,6 +89,7 @@ struct serving_costs {
   /**
    * @brief What policy `name` (full_kv, unified_nonuniform, tangram, tangram_elastic, the
    * ablation's reservation_only and +head_groups, or any other: no skew, no re-planning) pays.
+   * The ablation's steps without head-group pages or the AOT split run the baseline's kernel.
    */
   [[nodiscard]] step_charges charges_for(std::string_view name) const {
     step_charges c;
@@ -93,6 +100,7 @@ struct serving_costs {
     // The ablation's steps without the AOT split (eval/sim/ablation.hpp) balance decode the way
     // the baseline does.
     if (name == "unified_nonuniform" || name == "reservation_only" || name == "+head_groups") {
+      c.padded_reads = padded_reads && !baseline_masked_reads;
       if (balance == baseline_balance::replan) {
         c.decode_skew     = planner_skew;
         c.replan_fraction = replan_fraction;

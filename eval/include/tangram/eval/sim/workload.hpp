@@ -29,6 +29,16 @@ struct turn_spec {
   std::int64_t prompt_tokens = 0;
   std::int64_t output_tokens = 0;
   double think_s             = 0;
+  /// The request's own max_tokens (what admission reserves for its answer); 0: the run's
+  /// `replay_options::max_tokens`.
+  std::int64_t max_tokens = 0;
+
+  /// The decode tokens the turn reserves at admission: its max_tokens (or `run_max_tokens`),
+  /// capped by what the context leaves, at least 1.
+  [[nodiscard]] std::int64_t reservation(std::int64_t run_max_tokens, std::int64_t context_left) const {
+    std::int64_t want = max_tokens > 0 ? max_tokens : run_max_tokens;
+    return std::max<std::int64_t>(1, std::min(want, context_left));
+  }
 };
 
 /// @brief A conversation: when it arrives and its turns (the first turn carries the long shared

@@ -31,6 +31,7 @@ inline std::string to_json(workload const& w) {
       o.set("prompt_tokens", t.prompt_tokens);
       o.set("output_tokens", t.output_tokens);
       o.set("think_s", t.think_s);
+      if (t.max_tokens > 0) o.set("max_tokens", t.max_tokens);
       turns.push_back(std::move(o));
     }
     auto o = json::value::object();
@@ -77,6 +78,7 @@ inline workload parse_workload(std::string_view text, std::string_view source) {
       turn.output_tokens = t["output_tokens"].as_int(1, workload_limits::max_tokens);
       if (auto think = t.find("think_s"))
         turn.think_s = think->as_double(0, workload_limits::max_seconds);
+      if (auto mt = t.find("max_tokens")) turn.max_tokens = mt->as_int(1, workload_limits::max_tokens);
       sess.turns.push_back(turn);
     }
     // Bounded work: a session must fit in 32-bit token positions, and the whole trace in a replay
