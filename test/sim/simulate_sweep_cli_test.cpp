@@ -121,6 +121,37 @@ TEST_CASE("simulate --plot also draws the time breakdown and the TTFT-vs-rate fi
   CHECK(rate.find("arrival rate (sessions/s)") != std::string::npos);
   CHECK(rate.find("<polyline") != std::string::npos);
   CHECK(r.out.find("simulate_sweep_plot-rate.svg") != std::string::npos);
+  auto serving = tangram::detail::read_file(dir + "/simulate_sweep_plot-serving.svg");
+  for (char const* panel : {"tokens/s", "requests/s", "mean resident sessions", "TTFT p50 / p95 (s)", "TBT p50 / p95 (ms)"})
+    CHECK(serving.find(panel) != std::string::npos);
+  CHECK(r.out.find("simulate_sweep_plot-serving.svg") != std::string::npos);
+}
+
+TEST_CASE("the serving figure's panels carry each policy's figures", "[simulate][plot]") {
+  std::vector<tangram::sim::replay_result> rs(2);
+  rs[0].policy                 = "a";
+  rs[0].modelled_tokens_per_s  = 100;
+  rs[0].modelled_requests_per_s = 2;
+  rs[0].mean_resident_sessions = 7;
+  rs[0].modelled_ttft_p50_s    = 1.5;
+  rs[0].modelled_ttft_p95_s    = 4;
+  rs[0].modelled_tbt_p50_s     = 0.02;
+  rs[0].modelled_tbt_p95_s     = 0.05;
+  rs[1].policy                 = "b";
+  rs[1].modelled_tokens_per_s  = 300;
+  auto panels = tangram::cli::serving_panels(rs);
+  REQUIRE(panels.size() == 5);
+  CHECK(panels[0].values == std::vector<double>{100, 300});
+  CHECK(panels[1].values[0] == 2);
+  CHECK(panels[2].values[0] == 7);
+  CHECK(panels[3].values[0] == 1.5);
+  CHECK(panels[3].p95[0] == 4);
+  CHECK(panels[4].values[0] == Approx(20));  // ms
+  CHECK(panels[4].p95[0] == Approx(50));
+  CHECK(panels[0].p95.empty());
+  auto svg = tangram::cli::serving_svg(rs, "t");
+  CHECK(svg.find("a: 300") == std::string::npos);
+  CHECK(svg.find("b: 300") != std::string::npos);
 }
 
 TEST_CASE("simulate --rate-sweep sizes the policies for the sweep's own sessions", "[simulate][cli][rate_sweep]") {

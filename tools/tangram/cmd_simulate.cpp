@@ -138,6 +138,7 @@ int simulate(simulate_args& a, streams io) {
   if (plot) {
     check_output_path("--plot", *plot);
     check_output_path("--plot", plot_path(*plot, "-time"));
+    check_output_path("--plot", plot_path(*plot, "-serving"));
     if (!a.rate_sweep.empty()) check_output_path("--plot", plot_path(*plot, "-rate"));
   }
   std::string const& workload_name = a.workload;
@@ -428,6 +429,8 @@ int simulate(simulate_args& a, streams io) {
     tangram::detail::write_file(*plot, memory_svg(results, kv_bytes / 1e9, title));
     tangram::detail::write_file(plot_path(*plot, "-time"),
                                 time_breakdown_svg(results, cat("Modelled time breakdown: ", title)));
+    tangram::detail::write_file(plot_path(*plot, "-serving"),
+                                serving_svg(results, cat("Modelled serving figures: ", title)));
     if (!sweep.empty())
       tangram::detail::write_file(
           plot_path(*plot, "-rate"),
@@ -704,6 +707,7 @@ int simulate(simulate_args& a, streams io) {
        "pages excluded).\n";
   if (plot)
     o << "  wrote " << tangram::detail::printable(*plot) << ", " << tangram::detail::printable(plot_path(*plot, "-time"))
+      << ", " << tangram::detail::printable(plot_path(*plot, "-serving"))
       << (sweep.empty() ? std::string() : cat(", ", tangram::detail::printable(plot_path(*plot, "-rate")))) << "\n";
   return 0;
 }
@@ -786,7 +790,8 @@ command_body setup_simulate(CLI::App& app) {
   add_scope(app, po.scope);
   add_page_tokens(app, po.page_tokens);
   add_text(app, "--plot", a->plot, "FILE.svg",
-           "Draw memory over time to FILE.svg, the time breakdown per policy to FILE-time.svg and, with "
+           "Draw memory over time to FILE.svg, the time breakdown per policy to FILE-time.svg, tokens/s, "
+           "requests/s, mean resident sessions, TTFT and TBT p50/p95 per policy to FILE-serving.svg and, with "
            "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg");
   add_integer(app, "--decode-window", a->decode_window, 0, workload_limits::max_tokens,
               "Tangram policies reserve this many answer tokens at admission and grow by as many when a turn runs "

@@ -250,6 +250,74 @@ std::string time_breakdown_svg(std::vector<replay_result> const& results, std::s
   return s.str();
 }
 
+std::vector<serving_panel> serving_panels(std::vector<replay_result> const& results) {
+  std::vector<serving_panel> panels = {{"tokens/s", {}, {}},
+                                       {"requests/s", {}, {}},
+                                       {"mean resident sessions", {}, {}},
+                                       {"TTFT p50 / p95 (s)", {}, {}},
+                                       {"TBT p50 / p95 (ms)", {}, {}}};
+  for (auto const& r : results) {
+    panels[0].values.push_back(r.modelled_tokens_per_s);
+    panels[1].values.push_back(r.modelled_requests_per_s);
+    panels[2].values.push_back(r.mean_resident_sessions);
+    panels[3].values.push_back(r.modelled_ttft_p50_s);
+    panels[3].p95.push_back(r.modelled_ttft_p95_s);
+    panels[4].values.push_back(r.modelled_tbt_p50_s * 1e3);
+    panels[4].p95.push_back(r.modelled_tbt_p95_s * 1e3);
+  }
+  return panels;
+}
+
+std::string serving_svg(std::vector<replay_result> const& results, std::string const& title) {
+  constexpr double W = 1100, H = 420, left = 40, right = 170, top = 60, bottom = 50, gap = 30;
+  auto panels     = serving_panels(results);
+  double panel_w  = (W - left - right - gap * static_cast<double>(panels.size() - 1)) / static_cast<double>(panels.size());
+  double n        = static_cast<double>(std::max<std::size_t>(1, results.size()));
+  std::ostringstream s;
+  svg_open(s, W, H, left, title);
+  for (std::size_t p = 0; p < panels.size(); ++p) {
+    auto const& panel = panels[p];
+    double x0 = left + (panel_w + gap) * static_cast<double>(p);
+    double v_max = 1e-12;
+    for (double v : panel.values) v_max = std::max(v_max, v);
+    for (double v : panel.p95) v_max = std::max(v_max, v);
+    v_max *= 1.15;  // room for the value labels
+    auto y = [&](double v) { return H - bottom - (H - top - bottom) * v / v_max; };
+    s << "<text x=\"" << x0 + panel_w / 2 << "\" y=\"" << top - 14 << "\" text-anchor=\"middle\">" << panel.name
+      << "</text>\n";
+    s << "<line x1=\"" << x0 << "\" y1=\"" << y(0) << "\" x2=\"" << x0 + panel_w << "\" y2=\"" << y(0)
+      << "\" stroke=\"black\"/>\n";
+    double slot = panel_w / n;
+    for (std::size_t k = 0; k < panel.values.size(); ++k) {
+      bool two   = k < panel.p95.size();
+      double w   = slot * (two ? 0.38 : 0.7);
+      double bx  = x0 + slot * static_cast<double>(k) + slot * 0.15;
+      auto bar = [&](double v, double x, bool light) {
+        s << "<rect x=\"" << x << "\" y=\"" << y(v) << "\" width=\"" << w << "\" height=\"" << y(0) - y(v)
+          << "\" fill=\"" << policy_colour(results[k].policy) << "\"" << (light ? " fill-opacity=\"0.45\"" : "")
+          << "><title>" << xml_escape(results[k].policy) << ": " << tick(v) << "</title></rect>\n";
+        s << "<text x=\"" << x + w / 2 << "\" y=\"" << y(v) - 3 << "\" text-anchor=\"middle\" font-size=\"9\">"
+          << (v >= 100 ? fixed(v, 0) : v >= 10 ? fixed(v, 1) : fixed(v, 2)) << "</text>\n";
+      };
+      bar(panel.values[k], bx, false);
+      if (two) bar(panel.p95[k], bx + w, true);
+    }
+  }
+  for (std::size_t k = 0; k < results.size(); ++k) {
+    double ly = top + 20 + 30.0 * static_cast<double>(k);
+    s << "<rect x=\"" << W - right + 14 << "\" y=\"" << ly - 8 << "\" width=\"14\" height=\"12\" fill=\""
+      << policy_colour(results[k].policy) << "\"/>\n";
+    s << "<text x=\"" << W - right + 34 << "\" y=\"" << ly + 2 << "\">" << xml_escape(results[k].policy) << "</text>\n";
+  }
+  s << "<text x=\"" << W - right + 14 << "\" y=\"" << top + 20 + 30.0 * n
+    << "\" font-size=\"11\" fill=\"gray\">pairs: p50, then p95 (light)</text>\n";
+  s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12
+    << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"gray\">modelled: roofline plus charged costs; each "
+       "panel has its own scale, from 0</text>\n";
+  s << "</svg>\n";
+  return s.str();
+}
+
 std::string ttft_rate_svg(std::vector<rate_point> const& sweep, std::string const& title) {
   constexpr svg_frame f{940, 420, 70, 210, 40, 50};
   double r_max = 1e-9, v_max = 1e-9;

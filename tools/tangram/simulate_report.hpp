@@ -39,6 +39,17 @@ struct time_segment {
 std::vector<time_segment> time_segments(sim::time_breakdown const& t);
 /// Stacked bars of the modelled time breakdown, one per policy.
 std::string time_breakdown_svg(std::vector<sim::replay_result> const& results, std::string const& title);
+/// One panel of the serving figure: a value per policy (and its p95, for latencies).
+struct serving_panel {
+  std::string name;
+  std::vector<double> values;  ///< per policy, in the results' order (p50 for latencies)
+  std::vector<double> p95;     ///< per policy for latencies; empty otherwise
+};
+/// The serving figure's panels: tokens/s, requests/s, mean resident sessions, TTFT p50 / p95 (s)
+/// and time between tokens p50 / p95 (ms), each per policy.
+std::vector<serving_panel> serving_panels(std::vector<sim::replay_result> const& results);
+/// Bars of the serving figures per policy, one panel (own scale) per figure.
+std::string serving_svg(std::vector<sim::replay_result> const& results, std::string const& title);
 /// TTFT p50 (solid) and p95 (dashed) per policy against the arrival rate.
 std::string ttft_rate_svg(std::vector<sim::rate_point> const& sweep, std::string const& title);
 /// `path` with `suffix` before its extension: plot_path("m.svg", "-time") == "m-time.svg".
