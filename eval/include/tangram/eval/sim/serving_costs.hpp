@@ -16,9 +16,9 @@
  *   the group's longest head. Both policies pay their own padding.
  * - baseline_reads (structural, padded by default): the unified baseline may instead run a kernel
  *   that masks each head at its own length and reads only its live tokens (a FlashInfer-style
- *   ragged kernel over per-head lengths). `--sensitivity` sweeps both; Tangram keeps paying its
- *   whole head-group pages at both points (its own kernel reads live tokens only, so this side is
- *   conservative).
+ *   ragged kernel over per-head lengths). `--sensitivity` sweeps both; Tangram (and the
+ *   ablation's steps) keep paying whole pages at both points (Tangram's own kernel reads live
+ *   tokens only, so this side is conservative).
  * - decode skew: policies without an ahead-of-time split. With `baseline_balance::none` the
  *   baseline's decode attention runs 1.4-1.7x slower (paper, no load balancing; 1.55 default,
  *   uncalibrated). With `baseline_balance::replan` (default) it re-plans every step like
@@ -89,7 +89,8 @@ struct serving_costs {
   /**
    * @brief What policy `name` (full_kv, unified_nonuniform, tangram, tangram_elastic, the
    * ablation's reservation_only and +head_groups, or any other: no skew, no re-planning) pays.
-   * The ablation's steps without head-group pages or the AOT split run the baseline's kernel.
+   * A masked kernel (`baseline_masked_reads`) is the compared baseline's alone: the ablation's
+   * steps keep Tangram's reads, so its steps differ only by layout, split and reservation.
    */
   [[nodiscard]] step_charges charges_for(std::string_view name) const {
     step_charges c;
@@ -99,8 +100,8 @@ struct serving_costs {
     c.control_plane      = control_plane;
     // The ablation's steps without the AOT split (eval/sim/ablation.hpp) balance decode the way
     // the baseline does.
+    if (name == "unified_nonuniform") c.padded_reads = padded_reads && !baseline_masked_reads;
     if (name == "unified_nonuniform" || name == "reservation_only" || name == "+head_groups") {
-      c.padded_reads = padded_reads && !baseline_masked_reads;
       if (balance == baseline_balance::replan) {
         c.decode_skew     = planner_skew;
         c.replan_fraction = replan_fraction;
