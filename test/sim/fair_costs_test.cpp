@@ -513,3 +513,50 @@ TEST_CASE("a decode window reserves part of max_tokens and grows; a growth that 
   CHECK_THROWS_WITH(tangram_policy(fx.plan, fx.kv, 24, 24, tangram_policy_options{"tangram", 0, nullptr, -1}),
                     Catch::Contains("tangram_policy.decode_window"));
 }
+
+TEST_CASE("decode skew by batch size: a step pays the skew measured at its own batch", "[replay][issue13][skew]") {
+  skew_curve k{{1, 4, 16}, {2.0, 1.5, 1.1}};
+  CHECK(k.at(1) == 2.0);
+  CHECK(k.at(3) == 2.0);
+  CHECK(k.at(4) == 1.5);
+  CHECK(k.at(15) == 1.5);
+  CHECK(k.at(16) == 1.1);
+  CHECK(k.at(5000) == 1.1);
+  CHECK(k.at(0) == 2.0);  // below the smallest measured batch: the smallest's
+  CHECK(measured_skew_batches(1024) ==
+        std::vector<std::int32_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024});
+  CHECK(measured_skew_batches(48) == std::vector<std::int32_t>{1, 2, 4, 8, 16, 32, 48});
+  CHECK(measured_skew_batches(1) == std::vector<std::int32_t>{1});
+  CHECK(measured_skew_batches(100000).back() == 4096);
+  step_charges bad;
+  bad.decode_skew_by_batch = {{1, 1}, {1.2, 1.3}};
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("charges.decode_skew_by_batch.batch[1]"));
+  bad.decode_skew_by_batch = {{1, 2}, {1.2, 0.5}};
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("charges.decode_skew_by_batch.skew[1]: must be >= 1, got 0.5"));
+  bad.decode_skew_by_batch = {{1, 2}, {1.2}};
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("2 batch sizes but 1 skews"));
+
+  // A flat curve charges exactly what the scalar does; a curve that rises with the batch charges
+  // more than its smallest entry and less than its largest.
+  test::contended_replay fx;
+  auto run = [&](step_charges ch) {
+    replay_options o;
+    o.charges = ch;
+    tangram_policy p(fx.plan, fx.kv, 24, 24);
+    return replay(fx.work, p, fx.cost, o);
+  };
+  step_charges scalar;
+  scalar.decode_skew = 1.5;
+  step_charges flat;
+  flat.decode_skew_by_batch = {{1, 8, 64}, {1.5, 1.5, 1.5}};
+  step_charges one;
+  auto a = run(scalar), b = run(flat), base = run(one);
+  CHECK(a.time.decode_attention_s == b.time.decode_attention_s);
+  CHECK(a.modelled_makespan_s == b.modelled_makespan_s);
+  CHECK(a.time.decode_attention_s == Approx(1.5 * base.time.decode_attention_s).epsilon(0.05));
+  step_charges rising;
+  rising.decode_skew_by_batch = {{1, 4}, {1.0, 2.0}};  // steps of 4+ decoders pay double
+  auto r = run(rising);
+  CHECK(r.time.decode_attention_s > base.time.decode_attention_s);
+  CHECK(r.time.decode_attention_s < 2.0 * base.time.decode_attention_s * 1.05);
+}

@@ -202,10 +202,26 @@ int simulate(simulate_args& a, streams io) {
   costs.padded_reads  = !a.no_padded_reads;
   costs.control_plane = a.charge_control_plane;
   auto contexts      = reference_batch{}.contexts();
+  // The skews at the reference batch (printed) and at every measured batch size (charged by the
+  // step's decode batch size).
+  auto const skew_batch_sizes = measured_skew_batches(ro.max_running);
+  auto batch_contexts         = [](std::int32_t n) {
+    reference_batch rb;
+    rb.requests = n;
+    return rb.contexts();
+  };
   {
-    auto imb             = layer_imbalance(plan.rules, plan.splits, contexts);
-    costs.planner_skew   = std::max(1.0, std::min(imb.greedy.mean, imb.greedy_fine.mean));
-    costs.tangram_skew   = std::max(1.0, imb.aot.mean);
+    auto planner = [](batch_imbalance const& imb) { return std::max(1.0, std::min(imb.greedy.mean, imb.greedy_fine.mean)); };
+    auto imb           = layer_imbalance(plan.rules, plan.splits, contexts);
+    costs.planner_skew = planner(imb);
+    costs.tangram_skew = std::max(1.0, imb.aot.mean);
+    for (auto n : skew_batch_sizes) {
+      auto at = layer_imbalance(plan.rules, plan.splits, batch_contexts(n));
+      costs.planner_skew_by_batch.batch.push_back(n);
+      costs.planner_skew_by_batch.skew.push_back(planner(at));
+      costs.tangram_skew_by_batch.batch.push_back(n);
+      costs.tangram_skew_by_batch.skew.push_back(std::max(1.0, at.aot.mean));
+    }
   }
 
   workload work;
@@ -310,9 +326,15 @@ int simulate(simulate_args& a, streams io) {
     // measured on their placements, over the elastic plan weighed on them; else on the budgets.
     bool placements = needs_from_samples && needs.scale == 1.0;
     auto ep         = elastic_plan(elastic_base, a.margin, placements ? &*needs.samples : nullptr);
-    auto imb        = placements ? elastic_layer_imbalance(ep, *needs.samples, contexts, 1)
-                                 : layer_imbalance(ep.rules, ep.splits, contexts);
-    costs.tangram_elastic_skew = std::max(1.0, imb.aot.mean);
+    auto skew_at    = [&](std::vector<std::int64_t> const& c) {
+      auto imb = placements ? elastic_layer_imbalance(ep, *needs.samples, c, 1) : layer_imbalance(ep.rules, ep.splits, c);
+      return std::max(1.0, imb.aot.mean);
+    };
+    costs.tangram_elastic_skew = skew_at(contexts);
+    for (auto n : skew_batch_sizes) {
+      costs.tangram_elastic_skew_by_batch.batch.push_back(n);
+      costs.tangram_elastic_skew_by_batch.skew.push_back(skew_at(batch_contexts(n)));
+    }
   }
   std::int64_t const staged_chunk = std::min(ro.prefill_chunk, ro.step_token_budget);
   auto make_elastic = [&] {

@@ -432,6 +432,22 @@ json::value costs_json(serving_costs const& c) {
   o.set("planner_skew_measured", c.planner_skew);
   o.set("tangram_skew_measured", c.tangram_skew);
   o.set("tangram_elastic_skew_measured", c.tangram_elastic_skew);
+  // The skews by decode batch size the steps were charged: [[batch, skew], ...] per policy.
+  auto curves = json::value::object();
+  auto curve  = [](skew_curve const& k) {
+    auto a = json::value::array();
+    for (std::size_t i = 0; i < k.batch.size(); ++i) {
+      auto pt = json::value::array();
+      pt.push_back(static_cast<std::int64_t>(k.batch[i]));
+      pt.push_back(k.skew[i]);
+      a.push_back(std::move(pt));
+    }
+    return a;
+  };
+  curves.set("planner", curve(c.planner_skew_by_batch));
+  curves.set("tangram", curve(c.tangram_skew_by_batch));
+  curves.set("tangram_elastic", curve(c.tangram_elastic_skew_by_batch));
+  o.set("skew_by_decode_batch", std::move(curves));
   return o;
 }
 

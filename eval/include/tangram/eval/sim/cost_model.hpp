@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tangram/error.hpp"
 #include "tangram/model/model_spec.hpp"
@@ -60,6 +61,36 @@ struct gpu_spec {
 };
 
 /**
+ * @brief A decode skew measured at several batch sizes (eval/split_imbalance.hpp): a step that
+ * decodes `n` requests pays the skew measured at the largest measured batch <= n (the smallest
+ * measured batch when n is below it). Empty: no curve.
+ */
+struct skew_curve {
+  std::vector<std::int32_t> batch;  ///< ascending, >= 1
+  std::vector<double> skew;         ///< one per batch, >= 1
+
+  [[nodiscard]] bool empty() const { return batch.empty(); }
+  /// The skew a step of `n` decoding requests pays.
+  [[nodiscard]] double at(std::int64_t n) const {
+    std::size_t i = 0;
+    while (i + 1 < batch.size() && batch[i + 1] <= n) ++i;
+    return skew[i];
+  }
+  /// @throw invalid_argument naming `field` and the bad entry.
+  void validate(char const* field) const {
+    TANGRAM_EXPECTS(batch.size() == skew.size(), invalid_argument, field, ": ", batch.size(), " batch sizes but ",
+                    skew.size(), " skews");
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      TANGRAM_EXPECTS(batch[i] >= 1 && (i == 0 || batch[i] > batch[i - 1]), invalid_argument, field, ".batch[", i,
+                      "]: must be >= 1 and ascending, got ", batch[i]);
+      TANGRAM_EXPECTS(skew[i] >= 1 && std::isfinite(skew[i]), invalid_argument, field, ".skew[", i,
+                      "]: must be >= 1, got ", skew[i]);
+    }
+  }
+  friend bool operator==(skew_curve const& a, skew_curve const& b) { return a.batch == b.batch && a.skew == b.skew; }
+};
+
+/**
  * @brief What one policy pays per engine step beyond the roofline (modelled). The defaults charge
  * nothing, so `replay` without charges is the plain roofline.
  */
@@ -67,11 +98,18 @@ struct step_charges {
   double reclaim_s_per_page = 0;      ///< per page freed right after an eviction (reclamation)
   bool padded_reads         = false;  ///< decode reads whole pages (padding included)
   double decode_skew        = 1.0;    ///< decode attention time x this (split load imbalance)
+  /// When not empty, the skew by the step's decode batch size, instead of `decode_skew`.
+  skew_curve decode_skew_by_batch;
   double replan_fraction    = 0;      ///< per-step re-planning, as a fraction of the decode step
   double step_overhead_s    = 0;      ///< fixed per engine step (launches, scheduling)
   /// Adds the wall time measured inside the policy's calls of each step (host control plane,
   /// not overlapped with the GPU). Measured, so a run is no longer deterministic: off by default.
   bool control_plane = false;
+
+  /// The skew a step that decodes `n` requests pays.
+  [[nodiscard]] double skew_for(std::int64_t n) const {
+    return decode_skew_by_batch.empty() ? decode_skew : decode_skew_by_batch.at(n);
+  }
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
@@ -83,6 +121,7 @@ struct step_charges {
                     invalid_argument,
                     "charges.decode_skew: must be >= 1, got ",
                     decode_skew);
+    decode_skew_by_batch.validate("charges.decode_skew_by_batch");
     TANGRAM_EXPECTS(replan_fraction >= 0 && std::isfinite(replan_fraction),
                     invalid_argument,
                     "charges.replan_fraction: must be >= 0, got ",
@@ -94,7 +133,8 @@ struct step_charges {
   }
   friend bool operator==(step_charges const& a, step_charges const& b) {
     return a.reclaim_s_per_page == b.reclaim_s_per_page && a.padded_reads == b.padded_reads &&
-           a.decode_skew == b.decode_skew && a.replan_fraction == b.replan_fraction &&
+           a.decode_skew == b.decode_skew && a.decode_skew_by_batch == b.decode_skew_by_batch &&
+           a.replan_fraction == b.replan_fraction &&
            a.step_overhead_s == b.step_overhead_s && a.control_plane == b.control_plane;
   }
 };

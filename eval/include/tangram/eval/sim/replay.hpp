@@ -741,11 +741,14 @@ inline replay_result replay(workload const& work,
       }
     }
     auto const& ch = options.charges;
+    std::int64_t decoding = 0;
     for (auto s : running)
-      if (ss_of(s).state == phase::decode)
+      if (ss_of(s).state == phase::decode) {
         kv_read += ch.padded_reads ? policy.kv_bytes_read_padded(s) : policy.kv_bytes_read(s);
+        ++decoding;
+      }
     if (any_decode || !first_token_now.empty()) {
-      double weights = cost.weights_s(), attention = cost.hbm_s(kv_read) * ch.decode_skew;
+      double weights = cost.weights_s(), attention = cost.hbm_s(kv_read) * ch.skew_for(decoding);
       double replan  = ch.replan_fraction * (weights + attention);
       step_s += weights + attention + replan;
       out.time.weights_s += weights;

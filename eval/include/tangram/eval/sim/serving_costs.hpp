@@ -23,10 +23,11 @@
  *   baseline's decode attention runs 1.4-1.7x slower (paper, no load balancing; 1.55 default,
  *   uncalibrated). With `baseline_balance::replan` (default) it re-plans every step like
  *   FlashInfer's plan(): skew is the better per-step greedy planner's measured imbalance (1 or 4
- *   chunks per slot; eval/split_imbalance.hpp on the reference batch) and it pays
- *   replan_fraction.
- *   Tangram pays its AOT split map's measured imbalance on the same batch. full_kv: heads are
- *   equal, 1.0.
+ *   chunks per slot; eval/split_imbalance.hpp) and it pays replan_fraction.
+ *   Tangram pays its AOT split map's measured imbalance. Both are measured on log-uniform
+ *   1K-128K contexts at batch sizes 1, 2, 4, ... up to the engine's max_running, and each step
+ *   pays the skew of its own decode batch size; the scalar figures are the reference batch of 32.
+ *   full_kv: heads are equal, 1.0.
  * - replan_fraction (uncalibrated): per-step re-planning costs 15-20% of a decode step (paper);
  *   0.175 default. Charged to the unified baseline when it balances by re-planning; Tangram's
  *   split is planned ahead of time (none).
@@ -39,9 +40,12 @@
  */
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tangram/error.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
@@ -56,6 +60,16 @@ enum class baseline_balance : std::uint8_t {
 
 constexpr std::string_view to_string(baseline_balance b) noexcept {
   return b == baseline_balance::replan ? "replan" : "none";
+}
+
+/// The batch sizes the decode skews are measured at: 1, 2, 4, ... up to `max_running` (which is
+/// included), and at most 4096 (the decode kernel's largest batch).
+inline std::vector<std::int32_t> measured_skew_batches(std::int32_t max_running) {
+  std::int32_t top = std::max(1, std::min(max_running, 4096));
+  std::vector<std::int32_t> out;
+  for (std::int32_t n = 1; n < top; n *= 2) out.push_back(n);
+  out.push_back(top);
+  return out;
 }
 
 /// @brief A plausible range of an uncalibrated constant (what `--sensitivity` sweeps).
@@ -78,6 +92,9 @@ struct serving_costs {
   double planner_skew                         = 1.0;  ///< measured: per-step greedy planner
   double tangram_skew                         = 1.0;  ///< measured: Tangram's AOT split
   double tangram_elastic_skew                 = 1.0;  ///< measured: the elastic plan's split
+  /// The same three measured at several batch sizes (empty: the scalars above at every batch).
+  /// A step pays the skew of its own decode batch size (`skew_curve::at`).
+  skew_curve planner_skew_by_batch, tangram_skew_by_batch, tangram_elastic_skew_by_batch;
 
   static constexpr cost_range reclaim_range() {
     return {default_reclaim * 0.10 / paper_reclaim_mid, default_reclaim * 0.25 / paper_reclaim_mid};
@@ -103,15 +120,18 @@ struct serving_costs {
     if (name == "unified_nonuniform") c.padded_reads = padded_reads && !baseline_masked_reads;
     if (name == "unified_nonuniform" || name == "reservation_only" || name == "+head_groups") {
       if (balance == baseline_balance::replan) {
-        c.decode_skew     = planner_skew;
-        c.replan_fraction = replan_fraction;
+        c.decode_skew          = planner_skew;
+        c.decode_skew_by_batch = planner_skew_by_batch;
+        c.replan_fraction      = replan_fraction;
       } else {
         c.decode_skew = unbalanced_skew;
       }
     } else if (name == "tangram") {
-      c.decode_skew = tangram_skew;
+      c.decode_skew          = tangram_skew;
+      c.decode_skew_by_batch = tangram_skew_by_batch;
     } else if (name == "tangram_elastic") {
-      c.decode_skew = tangram_elastic_skew;
+      c.decode_skew          = tangram_elastic_skew;
+      c.decode_skew_by_batch = tangram_elastic_skew_by_batch;
     }
     return c;
   }
