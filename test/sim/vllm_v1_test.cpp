@@ -187,7 +187,18 @@ TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, 
 
   auto [rc3, out3, err3] = run({"simulate", "--full-kv-scheduler", "lru"});
   CHECK(rc3 == 2);
-  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, vllm-blocks, pinned") != std::string::npos);
+  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, vllm-sessions, pinned") != std::string::npos);
+
+  // The default evicts the LRU idle session's tail blocks and keeps its prefix; vllm-sessions
+  // evicts whole sessions, so it recomputes at least as much.
+  auto [rc4, out4, err4] = run(with({"--full-kv-scheduler", "vllm-sessions"}));
+  REQUIRE(rc4 == 0);
+  auto d4 = json::parse(out4, "stdout");
+  json::node sessions(d4, "stdout");
+  CHECK(sessions["cost_model"]["full_kv_scheduler"].as_string() == "vllm-sessions");
+  CHECK(v1["policies"]["full_kv"]["prefix_blocks_evicted"].as_int(0, std::int64_t{1} << 40) > 0);
+  CHECK(sessions["policies"]["full_kv"]["prefix_blocks_evicted"].as_int(0, std::int64_t{1} << 40) == 0);
+  CHECK(recomputed(v1) <= recomputed(sessions));
 }
 
 TEST_CASE("full_kv with block eviction: the idle session loses its tail blocks, keeps its prefix",

@@ -98,7 +98,7 @@ struct simulate_args {
   std::vector<std::int64_t> context_range;  // --context-range LO,HI (generated workloads)
   std::vector<double> rate_sweep;           // --rate-sweep R1,R2,... sessions/s (generated workloads)
   bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
-  bool full_kv_blocks = false;  // --full-kv-scheduler vllm-blocks: block-level prefix eviction
+  bool full_kv_blocks = true;  // --full-kv-scheduler vllm (default): block-level prefix eviction; vllm-sessions: whole
   bool baseline_chunk_admission = true;  // --baseline-admission chunk (vLLM v1) | whole
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   serving_costs costs;
@@ -499,7 +499,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
     c.set("gpu_preset", a.gpu_key);
-    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm-blocks" : "vllm");
+    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm" : "vllm-sessions");
     c.set("step_token_budget", ro.step_token_budget);
     c.set("sms", a.po.split.limits.sm_count);
     c.set("max_running", ro.max_running);
@@ -708,14 +708,13 @@ int simulate(simulate_args& a, streams io) {
     << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
     << " per chunk (modelled); its control plane includes the CPU group selection.\n"
     << (a.full_kv_pinned ? ""
-                         : "  The full_kv column is vLLM v1: pages per scheduled chunk, idle sessions' KV an LRU prefix cache (evicted "
-                           "whole,\n  recomputed as prefill on the next turn), the newest request preempted when a step runs "
-                           "out;\n  the other policies keep idle sessions and admit new ones with headroom (see "
-                           "--full-kv-scheduler).\n");
-  if (a.full_kv_blocks)
-    o << "  --full-kv-scheduler vllm-blocks: full_kv evicts the LRU idle session's tail blocks one by one and keeps its "
-         "prefix\n  (prefix blocks evicted: "
-      << base.prefix_blocks_evicted << "), not whole sessions.\n";
+                         : cat("  The full_kv column is vLLM v1: pages per scheduled chunk, idle sessions' KV an LRU prefix cache (",
+                               a.full_kv_blocks ? "the LRU\n  session's tail blocks evicted one by one, its prefix kept: "
+                                                : "evicted whole\n  (--full-kv-scheduler vllm-sessions): ",
+                               a.full_kv_blocks ? cat(base.prefix_blocks_evicted, " blocks evicted;\n  ") : std::string(),
+                               "recomputed as prefill on the next turn), the newest request preempted when a step runs "
+                               "out;\n  the other policies keep idle sessions and admit new ones with headroom (see "
+                               "--full-kv-scheduler).\n"));
   if (a.full_kv_pinned)
     o << "  --full-kv-scheduler pinned: full_kv admits whole prompts, keeps idle sessions and leaves headroom, "
          "like the compressed policies.\n";
@@ -857,12 +856,12 @@ command_body setup_simulate(CLI::App& app) {
       app, "--full-kv-scheduler",
       [a](std::string const& v) {
         a->full_kv_pinned = v == "pinned";
-        a->full_kv_blocks = v == "vllm-blocks";
+        a->full_kv_blocks = v == "vllm";
       },
-      "vllm", {"vllm", "vllm-blocks", "pinned"},
-      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache evicted a whole session at a time "
-      "and recomputed on a miss; vllm-blocks: the same evicting the LRU session's tail blocks one by one and "
-      "keeping its prefix, as vLLM v1's block pool does) or with "
+      "vllm", {"vllm", "vllm-sessions", "pinned"},
+      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache whose LRU session loses its tail "
+      "blocks one by one, keeping its prefix, as vLLM v1's block pool does, recomputed on a miss; vllm-sessions: the "
+      "same evicting whole sessions) or with "
       "the simulator's session-aware admission the compressed policies use (pinned: whole prompt, idle "
       "sessions kept, headroom for new sessions)");
   app.add_flag("--ablation", a->ablation,
