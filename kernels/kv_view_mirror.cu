@@ -8,24 +8,14 @@
 #include <utility>
 
 #include "detail/device_guard.cuh"
+#include "detail/runtime_checks.cuh"
 #include "tangram/device/kv_view_mirror.hpp"
 
 namespace tangram {
 
 namespace {
 
-/// Throws cuda_error "kv_view_mirror: <what> failed: <name> (<text>)" and clears the error.
-[[noreturn]] void fail(char const* what, cudaError_t err) {
-  (void)cudaGetLastError();
-  TANGRAM_FAIL(cuda_error,
-               "kv_view_mirror: ",
-               what,
-               " failed: ",
-               cudaGetErrorName(err),
-               " (",
-               cudaGetErrorString(err),
-               ")");
-}
+[[noreturn]] void fail(char const* what, cudaError_t err) { detail::runtime_fail("kv_view_mirror", what, err); }
 
 void check(cudaError_t err, char const* what) {
   if (err != cudaSuccess) fail(what, err);
@@ -38,15 +28,7 @@ kv_view_mirror::kv_view_mirror(kv_cache_manager const& kv, std::int32_t device_i
       device_id_(device_id),
       pool_kind_(kv.pool().kind()),
       stager_(kv.view_extents(), kv.options().max_view_changes) {
-  int count       = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) fail("cudaGetDeviceCount (no usable CUDA device)", err);
-  TANGRAM_EXPECTS(device_id >= 0 && device_id < count,
-                  cuda_error,
-                  "kv_view_mirror: device_id must be in [0, ",
-                  count,
-                  ") (the CUDA devices of this process), got ",
-                  device_id);
+  detail::check_device_id("kv_view_mirror", device_id);
   detail::device_guard guard(device_id);
   if (guard.status() != cudaSuccess) fail("cudaSetDevice", guard.status());
 

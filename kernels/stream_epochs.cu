@@ -7,24 +7,14 @@
 #include <utility>
 
 #include "detail/device_guard.cuh"
+#include "detail/runtime_checks.cuh"
 #include "tangram/device/stream_epochs.hpp"
 
 namespace tangram {
 
 namespace {
 
-/// Throws cuda_error "stream_epochs: <what> failed: <name> (<text>)" and clears the error.
-[[noreturn]] void epochs_fail(char const* what, cudaError_t err) {
-  (void)cudaGetLastError();
-  TANGRAM_FAIL(cuda_error,
-               "stream_epochs: ",
-               what,
-               " failed: ",
-               cudaGetErrorName(err),
-               " (",
-               cudaGetErrorString(err),
-               ")");
-}
+[[noreturn]] void epochs_fail(char const* what, cudaError_t err) { detail::runtime_fail("stream_epochs", what, err); }
 
 }  // namespace
 
@@ -38,21 +28,13 @@ stream_epochs::stream_epochs(kv_cache_manager const& kv,
                   max_events,
                   "], got ",
                   max_in_flight);
-  int count       = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) epochs_fail("cudaGetDeviceCount (no usable CUDA device)", err);
-  TANGRAM_EXPECTS(device_id >= 0 && device_id < count,
-                  cuda_error,
-                  "stream_epochs: device_id must be in [0, ",
-                  count,
-                  ") (the CUDA devices of this process), got ",
-                  device_id);
+  detail::check_device_id("stream_epochs", device_id);
   events_.assign(static_cast<std::size_t>(max_in_flight), nullptr);
   epochs_.assign(static_cast<std::size_t>(max_in_flight), -1);
   detail::device_guard guard(device_id);
   if (guard.status() != cudaSuccess) epochs_fail("cudaSetDevice", guard.status());
   for (auto& e : events_) {
-    err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (err != cudaSuccess) {
       e = nullptr;
       destroy();

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Private to tangram::kernels' runtime-only sources (cuda_memory_resource.cu, kv_view_mirror.cu).
+// Private to tangram::kernels' runtime-only sources (cuda_memory_resource.cu, kv_view_mirror.cu,
+// stream_epochs.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -327,7 +327,7 @@ std::map<std::string, replay_result> verdict_defaults() {
 
 }  // namespace
 
-TEST_CASE("on a masked kernel the baseline reads live tokens; Tangram keeps paying its pages",
+TEST_CASE("on a masked kernel the baseline reads live tokens, Tangram keeps paying its pages",
           "[replay][issue13]") {
   serving_costs costs;
   costs.baseline_masked_reads = true;
@@ -467,7 +467,7 @@ TEST_CASE("the sensitivity sweep replays only the baseline under the other admis
   }
 }
 
-TEST_CASE("a decode window reserves part of max_tokens and grows; a growth that does not fit preempts",
+TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that does not fit preempts",
           "[replay][issue13][decode_window]") {
   test::contended_replay fx;
   replay_options o;
