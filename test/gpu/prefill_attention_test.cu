@@ -17,6 +17,12 @@ TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: dtypes x head dims", "[g
     GPU_REQUIRE_AGREES(test::check_prefill(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: fp8 e4m3 / e5m2 x head dims",
+                 "[gpu][prefill][fp8]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::prefill_cases_fp8()) GPU_REQUIRE_AGREES(test::check_prefill(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: a long held context and chunk",
                  "[gpu][prefill]") {
   test::gpu_backend gpu;

@@ -72,22 +72,6 @@ __device__ __forceinline__ void widen16(uint4 u, float (&f)[8], float16) {
   }
 }
 
-/// Loads N consecutive T values (N * sizeof(T) a multiple of 16, `p` 16-byte aligned; global or
-/// shared memory) and widens them to float.
-template <class T, int N>
-__device__ __forceinline__ void load_widen(const T* p, float (&out)[N]) {
-  constexpr int per = 16 / static_cast<int>(sizeof(T));
-  static_assert(N % per == 0, "load_widen: N * sizeof(T) must be a multiple of 16 bytes");
-#pragma unroll
-  for (int c = 0; c < N / per; ++c) {
-    uint4 u = reinterpret_cast<const uint4*>(p)[c];
-    float f[per];
-    widen16(u, f, T{});
-#pragma unroll
-    for (int i = 0; i < per; ++i) out[c * per + i] = f[i];
-  }
-}
-
 /// One element of type T widened to float (device).
 __device__ __forceinline__ float widen(float x) {
   return x;
@@ -97,6 +81,60 @@ __device__ __forceinline__ float widen(bfloat16 x) {
 }
 __device__ __forceinline__ float widen(float16 x) {
   return __half2float(__ushort_as_half(x.bits));
+}
+/// fp8: the numeric.hpp conversion the reference and the append use (exact, so every path of
+/// the library reads the same float from a stored byte). fp8 values are used as stored: the
+/// library has no K/V quantisation scale.
+__device__ __forceinline__ float widen(float8_e4m3 x) {
+  return to_float(x);
+}
+__device__ __forceinline__ float widen(float8_e5m2 x) {
+  return to_float(x);
+}
+
+/// Widens the `4 * Words` fp8 values packed in `w` (lowest byte first, as in memory) to float.
+template <class F8, int Words>
+__device__ __forceinline__ void widen_fp8_words(const unsigned (&w)[Words], float* f) {
+  static_assert(sizeof(F8) == 1, "widen_fp8_words: one-byte storage types only");
+#pragma unroll
+  for (int i = 0; i < 4 * Words; ++i) {
+    F8 x;
+    x.bits = static_cast<std::uint8_t>(w[i / 4] >> (8 * (i % 4)));
+    f[i]   = widen(x);
+  }
+}
+__device__ __forceinline__ void widen16(uint4 u, float (&f)[16], float8_e4m3) {
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+  widen_fp8_words<float8_e4m3>(w, f);
+}
+__device__ __forceinline__ void widen16(uint4 u, float (&f)[16], float8_e5m2) {
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+  widen_fp8_words<float8_e5m2>(w, f);
+}
+
+/// Loads N consecutive T values and widens them to float: whole 16-byte vectors when
+/// N * sizeof(T) is a multiple of 16 (`p` 16-byte aligned; global or shared memory), else one
+/// 8-byte vector of 8 fp8 values (`p` 8-byte aligned: the decode kernel's lane slice for fp8).
+template <class T, int N>
+__device__ __forceinline__ void load_widen(const T* p, float (&out)[N]) {
+  constexpr int bytes = N * static_cast<int>(sizeof(T));
+  if constexpr (bytes % 16 != 0) {
+    static_assert(sizeof(T) == 1 && bytes == 8,
+                  "load_widen: N * sizeof(T) must be a multiple of 16 bytes (or 8 fp8 values)");
+    const uint2 u       = *reinterpret_cast<const uint2*>(p);
+    const unsigned w[2] = {u.x, u.y};
+    widen_fp8_words<T>(w, out);
+  } else {
+    constexpr int per = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < N / per; ++c) {
+      uint4 u = reinterpret_cast<const uint4*>(p)[c];
+      float f[per];
+      widen16(u, f, T{});
+#pragma unroll
+      for (int i = 0; i < per; ++i) out[c * per + i] = f[i];
+    }
+  }
 }
 
 /// Element `i` of an array of runtime dtype `t` (f32, f16 or bf16) as float.
@@ -190,10 +228,10 @@ inline void check_launch(cudaError_t err, const char* what) {
   }
 }
 
-/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16)
-/// and head dim (64, 128, 256), the set the eviction and prefill kernels are compiled for;
-/// returns false for any other.
-template <class F>
+/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16;
+/// fp8_e4m3 and fp8_e5m2 too when `WithFp8`, as for the prefill kernel) and head dim (64, 128,
+/// 256), the set the eviction and prefill kernels are compiled for; returns false for any other.
+template <bool WithFp8 = false, class F>
 bool dispatch_kv_kernel(dtype t, int head_dim, F&& f) {
   auto with_type = [&](auto tag) {
     switch (head_dim) {
@@ -217,9 +255,14 @@ bool dispatch_kv_kernel(dtype t, int head_dim, F&& f) {
       return with_type(float16{});
     case dtype::bf16:
       return with_type(bfloat16{});
-    default:
+    case dtype::fp8_e4m3:
+      if constexpr (WithFp8) return with_type(float8_e4m3{});
+      return false;
+    case dtype::fp8_e5m2:
+      if constexpr (WithFp8) return with_type(float8_e5m2{});
       return false;
   }
+  return false;
 }
 
 }  // namespace tangram::detail
