@@ -21,7 +21,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 for f in decode_attention_f32 decode_attention_f16 decode_attention_bf16 \
-  decode_attention_fp8_e4m3 decode_attention_fp8_e5m2 decode_attention eviction_f32 eviction_f16 eviction_bf16 append prefill_attention; do
+  decode_attention_fp8_e4m3 decode_attention_fp8_e5m2 decode_attention \
+  eviction_f32 eviction_f16 eviction_bf16 append prefill_attention; do
   echo "kernel_stats: compiling kernels/$f.cu" >&2
   "$nvcc_bin" -arch=sm_"$arch" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -I include \
     -cubin -Xptxas -v "kernels/$f.cu" -o "$work/$f.cubin" 2>"$work/$f.ptxas"

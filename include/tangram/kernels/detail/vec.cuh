@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime_api.h>
 
@@ -82,25 +83,39 @@ __device__ __forceinline__ float widen(bfloat16 x) {
 __device__ __forceinline__ float widen(float16 x) {
   return __half2float(__ushort_as_half(x.bits));
 }
-/// fp8: the numeric.hpp conversion the reference and the append use (exact, so every path of
-/// the library reads the same float from a stored byte). fp8 values are used as stored: the
-/// library has no K/V quantisation scale.
+/// fp8 through binary16 with the CUDA conversions (`cvt.rn.f16x2.e4m3x2` / `.e5m2x2` on sm_89+,
+/// one instruction per two values, where numeric.hpp's software widening costs several per
+/// value). Every e4m3 and e5m2 value is a binary16 value, so the result is exactly the float
+/// numeric.hpp's `to_float` (the reference's and the append's conversion) gives; NaN stays NaN.
+/// fp8 values are used as stored: the library has no K/V quantisation scale.
+template <class F8>
+struct fp8_kind;
+template <>
+struct fp8_kind<float8_e4m3> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E4M3;
+};
+template <>
+struct fp8_kind<float8_e5m2> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E5M2;
+};
 __device__ __forceinline__ float widen(float8_e4m3 x) {
-  return to_float(x);
+  return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E4M3).x));
 }
 __device__ __forceinline__ float widen(float8_e5m2 x) {
-  return to_float(x);
+  return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E5M2).x));
 }
 
-/// Widens the `4 * Words` fp8 values packed in `w` (lowest byte first, as in memory) to float.
+/// Widens the `4 * Words` fp8 values packed in `w` (lowest byte first, as in memory) to float,
+/// two per conversion.
 template <class F8, int Words>
 __device__ __forceinline__ void widen_fp8_words(const unsigned (&w)[Words], float* f) {
   static_assert(sizeof(F8) == 1, "widen_fp8_words: one-byte storage types only");
 #pragma unroll
-  for (int i = 0; i < 4 * Words; ++i) {
-    F8 x;
-    x.bits = static_cast<std::uint8_t>(w[i / 4] >> (8 * (i % 4)));
-    f[i]   = widen(x);
+  for (int i = 0; i < 2 * Words; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), fp8_kind<F8>::value);
+    f[2 * i]     = __half2float(__ushort_as_half(h.x));
+    f[2 * i + 1] = __half2float(__ushort_as_half(h.y));
   }
 }
 __device__ __forceinline__ void widen16(uint4 u, float (&f)[16], float8_e4m3) {
