@@ -37,11 +37,11 @@ template <class T, int D>
 struct decode_config {
   static constexpr int threads    = 128;
   static constexpr int elem_bytes = static_cast<int>(sizeof(T));
-  /// dims per lane: one 16-byte vector but at most 8 values (fp8: half a vector, 8 bytes), more
-  /// when D / 32 is larger (bdx <= 32 lanes per token). The cap keeps fp8 at the 16-bit types'
-  /// lane layout: q and o hold GB * vec floats per thread and the merge buffer groups * GB * D
-  /// floats, both doubled by 16 dims per lane (64 KiB of merge buffer). The cp.async copies stay
-  /// 16 bytes (row_chunks), only the shared-memory reads are 8 bytes.
+  /// dims per lane: one 16-byte vector but at most 8 values, more when D / 32 is larger
+  /// (bdx <= 32 lanes per token). The cap gives fp8 the 16-bit types' lane layout (8 dims, an
+  /// 8-byte shared-memory read; the cp.async copies stay 16 bytes, see row_chunks): 16 dims per
+  /// lane would double the GB * vec floats of q and o per thread and the groups * GB * D floats
+  /// of the merge buffer (64 KiB, over the smem_bytes limit below).
   static constexpr int per_vector  = 16 / elem_bytes < 8 ? 16 / elem_bytes : 8;
   static constexpr int vec         = per_vector > (D / 32) ? per_vector : (D / 32);
   static constexpr int bdx         = D / vec;        ///< lanes per token
