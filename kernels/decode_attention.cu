@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Decode-attention launcher: validation, workspace carving, dispatch to the split kernel
-// instantiations (kernels/decode_attention_{f32,f16,bf16}.cu), the merge kernel, occupancy.
+// instantiations (kernels/decode_attention_{f32,f16,bf16,fp8_e4m3,fp8_e5m2}.cu), the merge kernel,
+// occupancy.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -14,6 +15,8 @@ namespace detail {
 TANGRAM_DECODE_INSTANTIATE(extern, float)
 TANGRAM_DECODE_INSTANTIATE(extern, float16)
 TANGRAM_DECODE_INSTANTIATE(extern, bfloat16)
+TANGRAM_DECODE_INSTANTIATE(extern, float8_e4m3)
+TANGRAM_DECODE_INSTANTIATE(extern, float8_e5m2)
 
 namespace {
 
@@ -36,7 +39,7 @@ void decode_attention(decode_params const& p,
                   to_string(g.kv_dtype),
                   " with head_dim ",
                   g.head_dim,
-                  " (supported: f32/f16/bf16 x 64/128/256)");
+                  " (supported: f32/f16/bf16/fp8_e4m3/fp8_e5m2 x 64/128/256)");
   for (dtype t : {p.q_dtype, p.o_dtype})
     TANGRAM_EXPECTS(t == dtype::f32 || t == dtype::f16 || t == dtype::bf16,
                     invalid_argument,

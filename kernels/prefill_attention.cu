@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Prefill-attention launcher: validation and dispatch to the kernel instantiations (f32/f16/bf16
-// x head dims 64/128/256, all in this file).
+// Prefill-attention launcher: validation and dispatch to the kernel instantiations
+// (f32/f16/bf16/fp8_e4m3/fp8_e5m2 x head dims 64/128/256, all in this file).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -29,7 +29,7 @@ void prefill_attention(prefill_params const& p,
                   to_string(g.kv_dtype),
                   " with head_dim ",
                   g.head_dim,
-                  " (supported: f32/f16/bf16 x 64/128/256)");
+                  " (supported: f32/f16/bf16/fp8_e4m3/fp8_e5m2 x 64/128/256)");
   for (dtype t : {p.q_dtype, p.o_dtype})
     TANGRAM_EXPECTS(t == dtype::f32 || t == dtype::f16 || t == dtype::bf16,
                     invalid_argument,
@@ -55,7 +55,7 @@ void prefill_attention(prefill_params const& p,
   (void)workspace;
   if (p.kv.batch_size == 0 || p.max_chunk == 0) return;
   const detail::prefill_args a = detail::make_prefill_args(p);
-  detail::dispatch_kv_kernel(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+  detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     detail::launch_prefill_with<decltype(tag), decltype(dim)::value>(a,
                                                                      detail::stream_launch{stream});
   });

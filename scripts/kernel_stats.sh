@@ -20,7 +20,8 @@ cuobjdump_bin=${CUOBJDUMP:-$(command -v cuobjdump || true)}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-for f in decode_attention_f32 decode_attention_f16 decode_attention_bf16 decode_attention \
+for f in decode_attention_f32 decode_attention_f16 decode_attention_bf16 \
+  decode_attention_fp8_e4m3 decode_attention_fp8_e5m2 decode_attention \
   eviction_f32 eviction_f16 eviction_bf16 append prefill_attention; do
   echo "kernel_stats: compiling kernels/$f.cu" >&2
   "$nvcc_bin" -arch=sm_"$arch" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -I include \
@@ -93,8 +94,8 @@ def tile_loop(instrs):
     return best
 
 def decode_shape(T, D):
-    es = {"float": 4, "f16": 2, "bf16": 2}[T]
-    vec = max(16 // es, D // 32); bdx = D // vec; groups = 128 // bdx
+    es = {"float": 4, "f16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}[T]
+    vec = max(min(16 // es, 8), D // 32); bdx = D // vec; groups = 128 // bdx  # decode_config
     tile = max(8192 // (2 * D * es), groups)
     pipeline = 4 * 2 * tile * D * es; prefix = 4096 * 8; merge = groups * 8 * D * 4
     return tile * 2 * D * es, max(pipeline, prefix, merge), tile

@@ -4,6 +4,7 @@
 // mode), both cp.async copy modes across the suite.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <vector>
 
 #include "../gpu/kernel_cases.hpp"
@@ -20,6 +21,53 @@ TEST_CASE("emulated decode equals the CPU reference: GQA 1..8", "[emu][decode]")
 TEST_CASE("emulated decode equals the CPU reference: dtypes x head dims x page sizes",
           "[emu][decode]") {
   for (auto const& c : test::decode_cases_shapes()) test::emu_check_all_schedules(c, 1);
+}
+
+TEST_CASE("emulated decode equals the CPU reference: fp8 e4m3 / e5m2 x head dims",
+          "[emu][decode][fp8]") {
+  for (auto const& c : test::decode_cases_fp8()) test::emu_check_all_schedules(c, 1);
+}
+
+TEST_CASE("emulated decode on fp8 pages read in the other fp8 format differs from the reference",
+          "[emu][decode][fp8]") {
+  // The comparison can fail on an fp8 misread: the same bytes widened as the other format (what
+  // a dispatch or widening slip would do) must be reported.
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2}) {
+    test::decode_case c;
+    c.kv_dtype = t;
+    c.d        = 64;
+    c.lens     = {40, 7};
+    c.layers   = 1;
+    c.sliding.clear();
+    test::decode_scenario s(c);
+    std::vector<std::int32_t> begin = {0, 1, 2, 3, 4};
+    std::vector<float> o_ref(s.q.size()), o_run(s.q.size());
+    decode_params p;
+    p.kv      = s.view;
+    p.group   = c.group;
+    p.q       = s.q.data();
+    p.q_dtype = p.o_dtype = dtype::f32;
+    p.splits              = {1, c.heads, c.heads, begin.data()};
+    p.o                   = o_ref.data();
+    reference::decode_attention(p);
+    p.o        = o_run.data();
+    auto worst = [&] {  // largest |run - reference|; a NaN counts as infinitely far
+      float w = 0.f;
+      for (std::size_t i = 0; i < o_ref.size(); ++i) {
+        const float d = std::abs(o_run[i] - o_ref[i]);
+        if (!(d <= w)) w = std::isnan(d) ? INFINITY : d;
+      }
+      return w;
+    };
+    emu_backend backend;
+    backend.decode(s.cache, p);
+    INFO(to_string(t) << ": largest output difference " << worst());
+    CHECK(worst() <= 5e-5f);  // the control: the right format agrees (check_decode's tolerance)
+    p.kv.geometry.kv_dtype = t == dtype::fp8_e4m3 ? dtype::fp8_e5m2 : dtype::fp8_e4m3;
+    backend.decode(s.cache, p);
+    INFO("read as " << to_string(p.kv.geometry.kv_dtype) << ": largest difference " << worst());
+    CHECK(worst() > 1e-2f);
+  }
 }
 
 TEST_CASE("emulated decode equals the CPU reference: long and batched", "[emu][decode]") {

@@ -82,17 +82,21 @@ test::decode_case small_decode(dtype t, std::int32_t d) {
 TEST_CASE("mutation: a cp.async wait one stage short is detected (decode)", "[emu][mutation]") {
   // Deferred copies land only when their group is waited for: one group short, the tile being
   // read is still poisoned shared memory.
-  for (dtype t : {dtype::bf16, dtype::f32})
+  for (dtype t : {dtype::bf16, dtype::f32, dtype::fp8_e5m2})
     require_detected(small_decode(t, 128), {3, emu::copy_mode::deferred, 0}, decode_tile_wait);
 }
 
-TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256)", "[emu][mutation]") {
+TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256 and fp8)",
+          "[emu][mutation]") {
   // With f32 and head dim 256 a lane reads 32 bytes per token, two chunks of which only one
-  // it copied itself: without the barrier it reads the other before its copier's wait. (In the
-  // configurations where every lane reads exactly the 16-byte chunks it copied, this barrier
+  // it copied itself: without the barrier it reads the other before its copier's wait. fp8
+  // lanes read 8 bytes of a 16-byte chunk that, by the copy order, another thread copied. (In
+  // the configurations where every lane reads exactly the 16-byte chunks it copied, this barrier
   // only orders a thread's own copies, and deleting it is harmless there.)
   require_detected(
       small_decode(dtype::f32, 256), {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
+  require_detected(
+      small_decode(dtype::fp8_e4m3, 64), {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
 }
 
 TEST_CASE("mutation: a deleted load-to-store barrier in the compaction is detected",
@@ -126,5 +130,7 @@ TEST_CASE("mutation: a deleted barrier of the prefill K/V tile is detected", "[e
   c.lens   = {90, 7};
   c.chunks = {20, 5};
   c.seed   = 62;
+  require_prefill_detected(c, {11, emu::copy_mode::deferred, 0}, prefill_tile_ready);
+  c.kv_dtype = dtype::fp8_e4m3;  // one lane per key, 16-byte vectors of 16 values
   require_prefill_detected(c, {11, emu::copy_mode::deferred, 0}, prefill_tile_ready);
 }

@@ -30,6 +30,12 @@ TANGRAM_GPU_TEST("gpu decode equals the CPU reference: dtypes x head dims x page
   for (auto const& c : test::decode_cases_shapes()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu decode equals the CPU reference: fp8 e4m3 / e5m2 x head dims",
+                 "[gpu][decode][fp8]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_fp8()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu decode equals the CPU reference: long and batched", "[gpu][decode]") {
   test::gpu_backend gpu;
   for (auto const& c : test::decode_cases_long()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
@@ -89,7 +95,7 @@ TANGRAM_GPU_TEST("gpu decode replays from a CUDA graph", "[gpu][decode][graph]")
 TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", "[gpu][decode]") {
   auto info = query_device(0);
   GPU_REQUIRE(info.has_value());
-  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+  for (dtype t : all_dtypes)
     for (std::int32_t d : {64, 128, 256})
       for (std::int32_t g : {1, 4, 5, 8}) {
         auto lim = decode_device_limits(t, d, g);
@@ -104,7 +110,7 @@ TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", 
         }
         GPU_CHECK(valid);
       }
-  GPU_CHECK(!decode_device_limits(dtype::fp8_e4m3, 128, 4).has_value());
+  GPU_CHECK(!decode_device_limits(dtype::fp8_e4m3, 96, 4).has_value());
   GPU_CHECK(!decode_device_limits(dtype::bf16, 96, 4).has_value());
   GPU_CHECK(!decode_device_limits(dtype::bf16, 128, 9).has_value());
   GPU_CHECK(!decode_device_limits(dtype::bf16, 128, 4, 99).has_value());
@@ -133,4 +139,40 @@ TANGRAM_GPU_TEST("gpu decode launcher rejects what it cannot run", "[gpu][decode
     threw = std::string(e.what()).find("head_dim 96") != std::string::npos;
   }
   GPU_CHECK(threw);
+}
+
+TANGRAM_GPU_TEST("gpu decode launcher names the field for fp8 it cannot run",
+                 "[gpu][decode][fp8][errors]") {
+  // Launches on fp8 pages of head dim d with queries in q_dtype; returns the error message.
+  auto message = [](std::int32_t d, dtype q_dtype) {
+    page_geometry geo{16, 2, d, dtype::fp8_e5m2};
+    test::sequence_spec s;
+    s.seq_tokens = 4;
+    s.base_len   = {4, 4};
+    test_cache cache(test::adjacent_layout(geo, 1, 2), {s}, 1);
+    auto hv = cache.view({0});
+    test::device_cache dev(cache, hv);
+    std::int32_t begin[3] = {0, 1, 2};
+    device_buffer dbegin(std::vector<std::int32_t>(begin, begin + 3)), dq(4096), dout(4096),
+        ws(1 << 20);
+    decode_params p;
+    p.kv      = dev.view;
+    p.splits  = {1, 2, 2, dbegin.get<std::int32_t>()};
+    p.q       = dq.get();
+    p.q_dtype = q_dtype;
+    p.o       = dout.get();
+    try {
+      decode_attention(p, ws.get(), ws.bytes(), nullptr);
+    } catch (invalid_argument const& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // Head dim 96 has no fp8 instantiation: the dtype and the head dim are named.
+  GPU_CHECK(message(96, dtype::bf16).find("kv dtype fp8_e5m2 with head_dim 96") !=
+            std::string::npos);
+  // fp8 is a K/V storage type only: fp8 queries are rejected by field and value.
+  const std::string q_error = message(64, dtype::fp8_e4m3);
+  GPU_CHECK(q_error.find("decode_params.q_dtype/o_dtype") != std::string::npos);
+  GPU_CHECK(q_error.find("fp8_e4m3") != std::string::npos);
 }

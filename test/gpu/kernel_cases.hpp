@@ -80,7 +80,8 @@ inline std::vector<decode_case> decode_cases_gqa() {
   return out;
 }
 
-/// Every instantiated K/V dtype x head dim, each with page sizes 1, 16 and 32.
+/// Every 32- and 16-bit K/V dtype x head dim, each with page sizes 1, 16 and 32 (fp8:
+/// decode_cases_fp8).
 inline std::vector<decode_case> decode_cases_shapes() {
   std::vector<decode_case> out;
   std::uint64_t seed = 100;
@@ -99,6 +100,29 @@ inline std::vector<decode_case> decode_cases_shapes() {
         c.seed       = ++seed;
         out.push_back(c);
       }
+  return out;
+}
+
+/// fp8 K/V (e4m3 and e5m2) x every head dim, page sizes 1/16/32 and GQA groups 1..8 spread over
+/// them (every group bucket 1/2/4/8 among them), bf16 outputs in some: the decode_config of
+/// one-byte types (8 bytes per lane, 16-byte copies).
+inline std::vector<decode_case> decode_cases_fp8() {
+  std::vector<decode_case> out;
+  std::uint64_t seed = 600;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (std::int32_t d : {64, 128, 256}) {
+      decode_case c;
+      c.kv_dtype   = t;
+      c.d          = d;
+      c.P          = std::int32_t{1} << (seed % 3 == 0 ? 0 : 3 + seed % 3);  // 1, 16, 32
+      c.ring_pages = (40 + c.P - 1) / c.P + 1;
+      c.group      = 1 + static_cast<std::int32_t>((seed * 3) % 8);
+      c.lens       = {97, 3, 1000, 54};
+      c.sinks      = seed % 2 == 0;
+      c.o_dtype    = seed % 3 == 1 ? dtype::bf16 : dtype::f32;
+      c.seed       = ++seed;
+      out.push_back(c);
+    }
   return out;
 }
 

@@ -155,8 +155,8 @@ inline std::vector<prefill_case> prefill_cases_basic() {
   return out;
 }
 
-/// Every instantiated K/V dtype x head dim (GQA 1..8 spread over them), bf16 queries and outputs
-/// in some, a slack max_chunk in some.
+/// Every 32- and 16-bit K/V dtype x head dim (GQA 1..8 spread over them), bf16 queries and
+/// outputs in some, a slack max_chunk in some (fp8: prefill_cases_fp8).
 inline std::vector<prefill_case> prefill_cases_shapes() {
   std::vector<prefill_case> out;
   std::uint64_t seed = 300;
@@ -173,6 +173,33 @@ inline std::vector<prefill_case> prefill_cases_shapes() {
       c.lens            = {70, 3, 21};
       c.chunks          = {20, 33, 5};
       c.sinks           = seed % 2 == 0;
+      c.q_dtype         = seed % 3 == 0 ? dtype::bf16 : dtype::f32;
+      c.o_dtype         = seed % 3 == 1 ? dtype::bf16 : dtype::f32;
+      c.max_chunk_slack = static_cast<std::int32_t>(seed % 4) * 7;
+      c.seed            = ++seed;
+      out.push_back(c);
+    }
+  return out;
+}
+
+/// fp8 K/V (e4m3 and e5m2; pages and chunk K/V both in the KV dtype, as the reference reads
+/// them) x every head dim, GQA 1..8 spread over them, bf16 queries and outputs in some.
+inline std::vector<prefill_case> prefill_cases_fp8() {
+  std::vector<prefill_case> out;
+  std::uint64_t seed = 700;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (std::int32_t d : {64, 128, 256}) {
+      prefill_case c;
+      c.kv_dtype        = t;
+      c.d               = d;
+      c.P               = seed % 2 == 0 ? 16 : 1;
+      c.ring_pages      = (40 + c.P - 1) / c.P + 1;
+      c.group           = 1 + static_cast<std::int32_t>((seed * 3) % 8);
+      c.layers          = 2;
+      c.heads           = 2;
+      c.lens            = {70, 3, 21};
+      c.chunks          = {20, 33, 5};
+      c.sinks           = seed % 2 == 1;
       c.q_dtype         = seed % 3 == 0 ? dtype::bf16 : dtype::f32;
       c.o_dtype         = seed % 3 == 1 ? dtype::bf16 : dtype::f32;
       c.max_chunk_slack = static_cast<std::int32_t>(seed % 4) * 7;

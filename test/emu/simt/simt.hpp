@@ -46,6 +46,9 @@ struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
 };
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };

@@ -37,8 +37,13 @@ template <class T, int D>
 struct decode_config {
   static constexpr int threads    = 128;
   static constexpr int elem_bytes = static_cast<int>(sizeof(T));
-  /// dims per lane: one 16-byte vector, more when D / 32 is larger (bdx <= 32 lanes per token)
-  static constexpr int vec         = (16 / elem_bytes) > (D / 32) ? (16 / elem_bytes) : (D / 32);
+  /// dims per lane: one 16-byte vector but at most 8 values, more when D / 32 is larger
+  /// (bdx <= 32 lanes per token). The cap gives fp8 the 16-bit types' lane layout (8 dims, an
+  /// 8-byte shared-memory read; the cp.async copies stay 16 bytes, see row_chunks): 16 dims per
+  /// lane would double the GB * vec floats of q and o per thread and the groups * GB * D floats
+  /// of the merge buffer (64 KiB, over the smem_bytes limit below).
+  static constexpr int per_vector  = 16 / elem_bytes < 8 ? 16 / elem_bytes : 8;
+  static constexpr int vec         = per_vector > (D / 32) ? per_vector : (D / 32);
   static constexpr int bdx         = D / vec;        ///< lanes per token
   static constexpr int groups      = threads / bdx;  ///< tokens processed side by side
   static constexpr int stage_bytes = 8192;           ///< K + V bytes per pipeline stage
@@ -416,9 +421,12 @@ bool dispatch_decode(dtype t, int head_dim, int group, F&& f) {
       return with_type(float16{});
     case dtype::bf16:
       return with_type(bfloat16{});
-    default:
-      return false;
+    case dtype::fp8_e4m3:
+      return with_type(float8_e4m3{});
+    case dtype::fp8_e5m2:
+      return with_type(float8_e5m2{});
   }
+  return false;
 }
 
 /// The kernels' arguments for validated parameters and a workspace of decode_workspace_bytes(p).

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime_api.h>
 
@@ -72,22 +73,6 @@ __device__ __forceinline__ void widen16(uint4 u, float (&f)[8], float16) {
   }
 }
 
-/// Loads N consecutive T values (N * sizeof(T) a multiple of 16, `p` 16-byte aligned; global or
-/// shared memory) and widens them to float.
-template <class T, int N>
-__device__ __forceinline__ void load_widen(const T* p, float (&out)[N]) {
-  constexpr int per = 16 / static_cast<int>(sizeof(T));
-  static_assert(N % per == 0, "load_widen: N * sizeof(T) must be a multiple of 16 bytes");
-#pragma unroll
-  for (int c = 0; c < N / per; ++c) {
-    uint4 u = reinterpret_cast<const uint4*>(p)[c];
-    float f[per];
-    widen16(u, f, T{});
-#pragma unroll
-    for (int i = 0; i < per; ++i) out[c * per + i] = f[i];
-  }
-}
-
 /// One element of type T widened to float (device).
 __device__ __forceinline__ float widen(float x) {
   return x;
@@ -97,6 +82,74 @@ __device__ __forceinline__ float widen(bfloat16 x) {
 }
 __device__ __forceinline__ float widen(float16 x) {
   return __half2float(__ushort_as_half(x.bits));
+}
+/// fp8 through binary16 with the CUDA conversions (`cvt.rn.f16x2.e4m3x2` / `.e5m2x2` on sm_89+,
+/// one instruction per two values, where numeric.hpp's software widening costs several per
+/// value). Every e4m3 and e5m2 value is a binary16 value, so the result is exactly the float
+/// numeric.hpp's `to_float` (the reference's and the append's conversion) gives; NaN stays NaN.
+/// fp8 values are used as stored: the library has no K/V quantisation scale.
+template <class F8>
+struct fp8_kind;
+template <>
+struct fp8_kind<float8_e4m3> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E4M3;
+};
+template <>
+struct fp8_kind<float8_e5m2> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E5M2;
+};
+__device__ __forceinline__ float widen(float8_e4m3 x) {
+  return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E4M3).x));
+}
+__device__ __forceinline__ float widen(float8_e5m2 x) {
+  return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E5M2).x));
+}
+
+/// Widens the `4 * Words` fp8 values packed in `w` (lowest byte first, as in memory) to float,
+/// two per conversion.
+template <class F8, int Words>
+__device__ __forceinline__ void widen_fp8_words(const unsigned (&w)[Words], float* f) {
+  static_assert(sizeof(F8) == 1, "widen_fp8_words: one-byte storage types only");
+#pragma unroll
+  for (int i = 0; i < 2 * Words; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), fp8_kind<F8>::value);
+    f[2 * i]     = __half2float(__ushort_as_half(h.x));
+    f[2 * i + 1] = __half2float(__ushort_as_half(h.y));
+  }
+}
+__device__ __forceinline__ void widen16(uint4 u, float (&f)[16], float8_e4m3) {
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+  widen_fp8_words<float8_e4m3>(w, f);
+}
+__device__ __forceinline__ void widen16(uint4 u, float (&f)[16], float8_e5m2) {
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+  widen_fp8_words<float8_e5m2>(w, f);
+}
+
+/// Loads N consecutive T values and widens them to float: whole 16-byte vectors when
+/// N * sizeof(T) is a multiple of 16 (`p` 16-byte aligned; global or shared memory), else one
+/// 8-byte vector of 8 fp8 values (`p` 8-byte aligned: the decode kernel's lane slice for fp8).
+template <class T, int N>
+__device__ __forceinline__ void load_widen(const T* p, float (&out)[N]) {
+  constexpr int bytes = N * static_cast<int>(sizeof(T));
+  if constexpr (bytes % 16 != 0) {
+    static_assert(sizeof(T) == 1 && bytes == 8,
+                  "load_widen: N * sizeof(T) must be a multiple of 16 bytes (or 8 fp8 values)");
+    const uint2 u       = *reinterpret_cast<const uint2*>(p);
+    const unsigned w[2] = {u.x, u.y};
+    widen_fp8_words<T>(w, out);
+  } else {
+    constexpr int per = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < N / per; ++c) {
+      uint4 u = reinterpret_cast<const uint4*>(p)[c];
+      float f[per];
+      widen16(u, f, T{});
+#pragma unroll
+      for (int i = 0; i < per; ++i) out[c * per + i] = f[i];
+    }
+  }
 }
 
 /// Element `i` of an array of runtime dtype `t` (f32, f16 or bf16) as float.
@@ -190,10 +243,10 @@ inline void check_launch(cudaError_t err, const char* what) {
   }
 }
 
-/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16)
-/// and head dim (64, 128, 256), the set the eviction and prefill kernels are compiled for;
-/// returns false for any other.
-template <class F>
+/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16;
+/// fp8_e4m3 and fp8_e5m2 too when `WithFp8`, as for the prefill kernel) and head dim (64, 128,
+/// 256), the set the eviction and prefill kernels are compiled for; returns false for any other.
+template <bool WithFp8 = false, class F>
 bool dispatch_kv_kernel(dtype t, int head_dim, F&& f) {
   auto with_type = [&](auto tag) {
     switch (head_dim) {
@@ -217,9 +270,14 @@ bool dispatch_kv_kernel(dtype t, int head_dim, F&& f) {
       return with_type(float16{});
     case dtype::bf16:
       return with_type(bfloat16{});
-    default:
+    case dtype::fp8_e4m3:
+      if constexpr (WithFp8) return with_type(float8_e4m3{});
+      return false;
+    case dtype::fp8_e5m2:
+      if constexpr (WithFp8) return with_type(float8_e5m2{});
       return false;
   }
+  return false;
 }
 
 }  // namespace tangram::detail
