@@ -218,7 +218,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
       }
     }
     __syncthreads();
-    decode_store_piece<groups, cfg::threads>(
+    decode_store_piece<D, groups, cfg::threads>(
         a,
         work,
         r,

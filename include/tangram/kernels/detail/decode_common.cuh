@@ -110,7 +110,8 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
     for (int r = tid; r <= B; r += Threads)
       a.prefix[static_cast<std::int64_t>(w.h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
   const stream_range range = split_range(w.j, w.share, w.W);
-  if (range.empty()) return w;  // uniform across the CTA
+  w.empty = range.empty();  // uniform across the CTA
+  if (w.empty) return w;
   if (tid == 0) {
     int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
     while (lo < hi) {
@@ -136,7 +137,6 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
   w.r_first = s_first;
   w.r_last  = s_last;
   w.pre     = s_pre_first;
-  w.empty   = false;
   __syncthreads();  // shared memory is reused by the caller
   return w;
 }
@@ -148,7 +148,7 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
  * (with the sink) when the piece is the whole request, else partial slot (j, r). Collective over
  * the CTA's `Threads` threads; the states must be visible to all of them.
  */
-template <int Z, int Threads, class M, class S, class O>
+template <int D, int Z, int Threads, class M, class S, class O>
 __device__ __forceinline__ void decode_store_piece(decode_args const& a,
                                                    decode_cta_work const& w,
                                                    int r,
@@ -157,7 +157,6 @@ __device__ __forceinline__ void decode_store_piece(decode_args const& a,
                                                    S const& s_at,
                                                    O const& o_at) {
   decode_params const& p = a.p;
-  const int D            = p.kv.geometry.head_dim;
   const int group        = p.group;
   const int h            = w.h;
   const std::int64_t slot =

@@ -327,7 +327,7 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
     }
     __syncthreads();
     const float* merge0 = reinterpret_cast<const float*>(qs + cfg::q_elems);
-    decode_store_piece<warps, threads>(
+    decode_store_piece<D, warps, threads>(
         a,
         work,
         r,
