@@ -4,7 +4,8 @@
 // heads, GQA 4, head dim 128, bf16 K/V, 16-token pages.
 //
 //  BM_decode_bandwidth/B/ctx: every head holds ctx tokens; counters TB_per_s and hbm_fraction
-//    (K+V bytes read / time / 4.8 TB/s).
+//    (K+V bytes read / time / 4.8 TB/s). Runs the tensor-core split kernel (the default for bf16
+//    at GQA 4); BM_decode_bandwidth_cuda_core/B/ctx the same with decode_params::tensor_cores off.
 //  BM_decode_skew/B/ctx: three layers with equal total KV bytes timed side by side each
 //    iteration: uniform heads (equal split), non-uniform heads with the AOT split map (shares
 //    from the budgets) and non-uniform heads with an equal split. Counters aot_over_uniform (goal
@@ -36,7 +37,8 @@ struct decode_setup {
   decode_setup(std::int32_t batch,
                std::vector<std::int32_t> const& len,
                std::vector<std::int32_t> const& cta_begin,
-               std::int32_t n_cta) {
+               std::int32_t n_cta,
+               bool tensor_cores = true) {
     page_geometry g{P, 1, D, dtype::bf16};
     std::vector<std::int32_t> seen(static_cast<std::size_t>(batch), 1 << 20);
     kv    = std::make_unique<device_kv>(g, batch, H, len, seen);
@@ -44,14 +46,15 @@ struct decode_setup {
     o     = device_buffer(q.bytes());
     begin = device_buffer(cta_begin);
     cuda_check(cudaMemset(q.get(), 0x3c, q.bytes()), "q fill");
-    p.kv      = kv->view;
-    p.splits  = {1, H, n_cta, begin.get<std::int32_t>()};
-    p.group   = G;
-    p.q       = q.get();
-    p.q_dtype = dtype::bf16;
-    p.o       = o.get();
-    p.o_dtype = dtype::bf16;
-    workspace = device_buffer(decode_workspace_bytes(p));
+    p.kv           = kv->view;
+    p.splits       = {1, H, n_cta, begin.get<std::int32_t>()};
+    p.group        = G;
+    p.q            = q.get();
+    p.q_dtype      = dtype::bf16;
+    p.o            = o.get();
+    p.o_dtype      = dtype::bf16;
+    p.tensor_cores = tensor_cores;
+    workspace      = device_buffer(decode_workspace_bytes(p));
   }
   void enqueue(cudaStream_t s) { decode_attention(p, workspace.get(), workspace.bytes(), s); }
   double kv_bytes() const { return static_cast<double>(kv->held_tokens) * 2 * D * 2; }
@@ -72,12 +75,13 @@ std::vector<std::int32_t> cta_begin_for(std::vector<double> const& budgets, std:
   return build_split_map(rules, 1, H, o).cta_begin;
 }
 
-void decode_bandwidth(state& st, std::int32_t batch, std::int32_t ctx) {
+void decode_bandwidth(state& st, std::int32_t batch, std::int32_t ctx, bool tensor_cores) {
   auto lim = limits_or_default();
   decode_setup s(batch,
                  std::vector<std::int32_t>(static_cast<std::size_t>(batch * H), ctx),
                  cta_begin_for(std::vector<double>(H, 1.0), lim.max_ctas()),
-                 lim.max_ctas());
+                 lim.max_ctas(),
+                 tensor_cores);
   l2_flusher flusher;
   s.enqueue(nullptr);  // warm-up
   double total = 0;
@@ -134,7 +138,12 @@ int main(int argc, char** argv) {
   std::vector<benchmark_def> defs;
   auto bandwidth = [&](std::int32_t b, std::int32_t ctx) {
     defs.push_back({"BM_decode_bandwidth/" + std::to_string(b) + "/" + std::to_string(ctx),
-                    [=](state& st) { decode_bandwidth(st, b, ctx); }});
+                    [=](state& st) { decode_bandwidth(st, b, ctx, true); }});
+  };
+  auto bandwidth_cuda_core = [&](std::int32_t b, std::int32_t ctx) {
+    defs.push_back(
+        {"BM_decode_bandwidth_cuda_core/" + std::to_string(b) + "/" + std::to_string(ctx),
+         [=](state& st) { decode_bandwidth(st, b, ctx, false); }});
   };
   auto skew = [&](std::int32_t b, std::int32_t ctx) {
     defs.push_back({"BM_decode_skew/" + std::to_string(b) + "/" + std::to_string(ctx),
@@ -145,6 +154,8 @@ int main(int argc, char** argv) {
   bandwidth(32, 32768);
   skew(16, 65536);
   const std::size_t short_count = defs.size();
+  bandwidth_cuda_core(1, 131072);  // the CUDA-core kernel on the short set's bandwidth points
+  bandwidth_cuda_core(32, 32768);
   for (std::int32_t batch : {1, 8, 32, 128})
     for (std::int32_t ctx : {4096, 32768, 131072})
       if (static_cast<std::int64_t>(batch) * ctx <= (std::int64_t{1} << 22) &&

@@ -70,6 +70,16 @@ TEST_CASE("emulated decode on fp8 pages read in the other fp8 format differs fro
   }
 }
 
+TEST_CASE("emulated decode equals the CPU reference: tensor-core path: 16-bit K/V x GQA 3..8",
+          "[emu][decode][mma]") {
+  for (auto const& c : test::decode_cases_mma()) test::emu_check_all_schedules(c, 1);
+}
+
+TEST_CASE("emulated decode equals the CPU reference: CUDA-core kernel on the tensor-core instances",
+          "[emu][decode]") {
+  for (auto const& c : test::decode_cases_mma_cuda_core()) test::emu_check_all_schedules(c, 1);
+}
+
 TEST_CASE("emulated decode equals the CPU reference: long and batched", "[emu][decode]") {
   for (auto const& c : test::decode_cases_long()) test::emu_check_all_schedules(c, 1);
 }

@@ -81,9 +81,18 @@ test::decode_case small_decode(dtype t, std::int32_t d) {
 
 TEST_CASE("mutation: a cp.async wait one stage short is detected (decode)", "[emu][mutation]") {
   // Deferred copies land only when their group is waited for: one group short, the tile being
-  // read is still poisoned shared memory.
-  for (dtype t : {dtype::bf16, dtype::f32, dtype::fp8_e5m2})
-    require_detected(small_decode(t, 128), {3, emu::copy_mode::deferred, 0}, decode_tile_wait);
+  // read is still poisoned shared memory. (Group 3 with 16-bit K/V runs the tensor-core kernel:
+  // two stages per warp at d 64 and 128, one at d 256; f32 and fp8 run the CUDA-core kernel.)
+  struct shape {
+    dtype t;
+    std::int32_t d;
+  };
+  for (auto s : {shape{dtype::bf16, 128},
+                 shape{dtype::f32, 128},
+                 shape{dtype::f16, 64},
+                 shape{dtype::bf16, 256},
+                 shape{dtype::fp8_e5m2, 128}})
+    require_detected(small_decode(s.t, s.d), {3, emu::copy_mode::deferred, 0}, decode_tile_wait);
 }
 
 TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256 and fp8)",

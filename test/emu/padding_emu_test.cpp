@@ -97,86 +97,95 @@ std::vector<unsigned char> regroup_rows(std::vector<unsigned char> const& src,
 
 TEST_CASE("emulated decode over a padded batch: real requests as unpadded, padding gives zeros",
           "[emu][decode][padding]") {
-  for (bool sinks : {false, true})
-    for (std::int32_t hostile : {-1, 3}) {
-      test::decode_case c;
-      c.kv_dtype = dtype::f32;
-      c.d        = 64;
-      c.group    = 2;
-      c.lens     = {1, 15, 54, 97, 300};
-      c.sinks    = sinks;
-      c.seed     = 21 + static_cast<std::uint64_t>(sinks);
-      test::decode_scenario s(c);
-      const auto S         = static_cast<std::int32_t>(c.lens.size());
-      const std::int32_t B = s.view.batch_size, Hq = c.heads * c.group;
-      const std::vector<std::int32_t> order = {-1, 0, 1, -1, 2, 3, 4, -1, -1};
-      padded_batch pb(s.view, S, order, hostile);
-      const auto row = static_cast<std::size_t>(Hq * c.d);
-      std::vector<float> qp;
-      for (auto r : order)
-        for (std::size_t x = 0; x < row; ++x)
-          qp.push_back(r < 0 ? 100.f : s.q[static_cast<std::size_t>(r) * row + x]);
-      auto o = test::emu_schedules(c.seed, 1).front();
-      emu::scoped_options scope(o);
-      emu_backend backend;
-      for (std::int32_t n_cta : {c.heads, 264}) {
-        auto begin = test::random_cta_begin(c.layers, c.heads, n_cta, s.rng);
-        for (std::int32_t layer = 0; layer < c.layers; ++layer) {
-          INFO("sinks " << sinks << " hostile " << hostile << " N_CTA " << n_cta << " layer "
-                        << layer);
-          decode_params p;
-          p.layer   = layer;
-          p.group   = c.group;
-          p.q_dtype = p.o_dtype = dtype::f32;
-          p.splits              = {c.layers, c.heads, n_cta, begin.data()};
-          p.sinks               = sinks ? s.sinks.data() : nullptr;
-          std::vector<float> o_u(static_cast<std::size_t>(B) * row, 7.f);
-          std::vector<float> lse_u(static_cast<std::size_t>(B * Hq), 7.f);
-          p.kv  = s.view;
-          p.q   = s.q.data();
-          p.o   = o_u.data();
-          p.lse = lse_u.data();
-          backend.decode(s.cache, p);
-          std::vector<float> o_p(order.size() * row),
-              lse_p(order.size() * static_cast<std::size_t>(Hq));
-          std::memset(o_p.data(), 0x7f, o_p.size() * 4);  // poison: every row must be written
-          std::memset(lse_p.data(), 0x7f, lse_p.size() * 4);
-          p.kv  = pb.view;
-          p.q   = qp.data();
-          p.o   = o_p.data();
-          p.lse = lse_p.data();
-          backend.decode(s.cache, p);
-          for (std::size_t k = 0; k < order.size(); ++k) {
-            auto r = order[k];
-            for (std::size_t x = 0; x < row; ++x) {
-              float got = o_p[k * row + x];
-              if (r < 0)
-                REQUIRE(got == 0.f);
-              else
-                REQUIRE(got == o_u[static_cast<std::size_t>(r) * row + x]);
+  struct kernel_kind {
+    dtype t;
+    std::int32_t d, group;
+  };
+  // The CUDA-core kernel, then the tensor-core one (16-bit K/V, group buckets 4 and 8).
+  for (auto kind : {kernel_kind{dtype::f32, 64, 2},
+                    kernel_kind{dtype::bf16, 128, 4},
+                    kernel_kind{dtype::f16, 64, 7}})
+    for (bool sinks : {false, true})
+      for (std::int32_t hostile : {-1, 3}) {
+        test::decode_case c;
+        c.kv_dtype = kind.t;
+        c.d        = kind.d;
+        c.group    = kind.group;
+        c.lens     = {1, 15, 54, 97, 300};
+        c.sinks    = sinks;
+        c.seed     = 21 + static_cast<std::uint64_t>(sinks);
+        test::decode_scenario s(c);
+        const auto S         = static_cast<std::int32_t>(c.lens.size());
+        const std::int32_t B = s.view.batch_size, Hq = c.heads * c.group;
+        const std::vector<std::int32_t> order = {-1, 0, 1, -1, 2, 3, 4, -1, -1};
+        padded_batch pb(s.view, S, order, hostile);
+        const auto row = static_cast<std::size_t>(Hq * c.d);
+        std::vector<float> qp;
+        for (auto r : order)
+          for (std::size_t x = 0; x < row; ++x)
+            qp.push_back(r < 0 ? 100.f : s.q[static_cast<std::size_t>(r) * row + x]);
+        auto o = test::emu_schedules(c.seed, 1).front();
+        emu::scoped_options scope(o);
+        emu_backend backend;
+        for (std::int32_t n_cta : {c.heads, 264}) {
+          auto begin = test::random_cta_begin(c.layers, c.heads, n_cta, s.rng);
+          for (std::int32_t layer = 0; layer < c.layers; ++layer) {
+            INFO(to_string(kind.t)
+                 << " d " << kind.d << " group " << kind.group << " sinks " << sinks << " hostile "
+                 << hostile << " N_CTA " << n_cta << " layer " << layer);
+            decode_params p;
+            p.layer   = layer;
+            p.group   = c.group;
+            p.q_dtype = p.o_dtype = dtype::f32;
+            p.splits              = {c.layers, c.heads, n_cta, begin.data()};
+            p.sinks               = sinks ? s.sinks.data() : nullptr;
+            std::vector<float> o_u(static_cast<std::size_t>(B) * row, 7.f);
+            std::vector<float> lse_u(static_cast<std::size_t>(B * Hq), 7.f);
+            p.kv  = s.view;
+            p.q   = s.q.data();
+            p.o   = o_u.data();
+            p.lse = lse_u.data();
+            backend.decode(s.cache, p);
+            std::vector<float> o_p(order.size() * row),
+                lse_p(order.size() * static_cast<std::size_t>(Hq));
+            std::memset(o_p.data(), 0x7f, o_p.size() * 4);  // poison: every row must be written
+            std::memset(lse_p.data(), 0x7f, lse_p.size() * 4);
+            p.kv  = pb.view;
+            p.q   = qp.data();
+            p.o   = o_p.data();
+            p.lse = lse_p.data();
+            backend.decode(s.cache, p);
+            for (std::size_t k = 0; k < order.size(); ++k) {
+              auto r = order[k];
+              for (std::size_t x = 0; x < row; ++x) {
+                float got = o_p[k * row + x];
+                if (r < 0)
+                  REQUIRE(got == 0.f);
+                else
+                  REQUIRE(got == o_u[static_cast<std::size_t>(r) * row + x]);
+              }
+              for (std::int32_t h = 0; h < Hq; ++h) {
+                float got = lse_p[k * static_cast<std::size_t>(Hq) + static_cast<std::size_t>(h)];
+                REQUIRE_FALSE(std::isnan(got));
+                if (r < 0 && !sinks)
+                  REQUIRE(got == -INFINITY);
+                else if (r < 0)  // ln(e^sink): the sink, up to the kernel's exp/log rounding
+                  REQUIRE(std::abs(got - s.sinks[static_cast<std::size_t>(h)]) <=
+                          1e-5f * std::max(1.f, std::abs(s.sinks[static_cast<std::size_t>(h)])));
+                else
+                  REQUIRE(got == lse_u[static_cast<std::size_t>(r * Hq + h)]);
+              }
             }
-            for (std::int32_t h = 0; h < Hq; ++h) {
-              float got = lse_p[k * static_cast<std::size_t>(Hq) + static_cast<std::size_t>(h)];
-              REQUIRE_FALSE(std::isnan(got));
-              if (r < 0 && !sinks)
-                REQUIRE(got == -INFINITY);
-              else if (r < 0)  // ln(e^sink): the sink, up to the kernel's exp/log rounding
-                REQUIRE(std::abs(got - s.sinks[static_cast<std::size_t>(h)]) <=
-                        1e-5f * std::max(1.f, std::abs(s.sinks[static_cast<std::size_t>(h)])));
-              else
-                REQUIRE(got == lse_u[static_cast<std::size_t>(r * Hq + h)]);
-            }
+            // The CPU reference agrees on the padded batch (it shares the view's head_len).
+            std::vector<float> o_ref(o_p.size()), lse_ref(lse_p.size());
+            p.o   = o_ref.data();
+            p.lse = lse_ref.data();
+            reference::decode_attention(p, reference::split_mode::split);
+            for (std::size_t i = 0; i < o_ref.size(); ++i)
+              REQUIRE(std::abs(o_ref[i] - o_p[i]) <= 5e-5f);
           }
-          // The CPU reference agrees on the padded batch (it shares the view's head_len).
-          std::vector<float> o_ref(o_p.size()), lse_ref(lse_p.size());
-          p.o   = o_ref.data();
-          p.lse = lse_ref.data();
-          reference::decode_attention(p, reference::split_mode::split);
-          for (std::size_t i = 0; i < o_ref.size(); ++i)
-            REQUIRE(std::abs(o_ref[i] - o_p[i]) <= 5e-5f);
         }
       }
-    }
 }
 
 TEST_CASE("emulated eviction over a padded batch: pages and lengths as unpadded, padding ignored",

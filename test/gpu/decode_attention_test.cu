@@ -36,6 +36,20 @@ TANGRAM_GPU_TEST("gpu decode equals the CPU reference: fp8 e4m3 / e5m2 x head di
   for (auto const& c : test::decode_cases_fp8()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu decode equals the CPU reference: tensor-core path: 16-bit K/V x GQA 3..8",
+                 "[gpu][decode]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_mma()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
+TANGRAM_GPU_TEST(
+    "gpu decode equals the CPU reference: CUDA-core kernel on the tensor-core instances",
+    "[gpu][decode]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_mma_cuda_core())
+    GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu decode equals the CPU reference: long and batched", "[gpu][decode]") {
   test::gpu_backend gpu;
   for (auto const& c : test::decode_cases_long()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));

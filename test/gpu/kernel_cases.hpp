@@ -55,6 +55,7 @@ struct decode_case {
   dtype o_dtype      = dtype::f32;
   std::uint64_t seed = 1;
   std::vector<std::int32_t> ctas;  ///< N_CTA values; empty: {heads, 264, 535}
+  bool tensor_cores = true;        ///< decode_params::tensor_cores
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
@@ -123,6 +124,43 @@ inline std::vector<decode_case> decode_cases_fp8() {
       c.seed       = ++seed;
       out.push_back(c);
     }
+  return out;
+}
+
+/// The tensor-core decode instances (16-bit K/V, GQA group buckets 4 and 8): bf16 and f16 x head
+/// dims 64/128/256 x groups 3, 4, 6, 8 (full and part-filled buckets), with empty and
+/// single-token heads, lengths around the 16-token warp tile, a sliding-window ring layer, page
+/// sizes that are and are not powers of two, sinks, f32 and 16-bit outputs and three split maps.
+inline std::vector<decode_case> decode_cases_mma() {
+  std::vector<decode_case> out;
+  std::uint64_t seed = 300;
+  for (dtype t : {dtype::bf16, dtype::f16})
+    for (std::int32_t d : {64, 128, 256})
+      for (std::int32_t group : {3, 4, 6, 8}) {
+        decode_case c;
+        c.kv_dtype   = t;
+        c.d          = d;
+        c.group      = group;
+        c.P          = group == 6 ? 24 : group == 3 ? 1 : 16;
+        c.ring_pages = (40 + c.P - 1) / c.P + 1;
+        c.lens       = {0, 1, 16, 17, 33, 250, 0, 700};
+        c.sinks      = group % 2 == 0;
+        c.o_dtype    = group == 8 ? dtype::bf16 : dtype::f32;
+        c.seed       = ++seed;
+        out.push_back(c);
+      }
+  return out;
+}
+
+/// decode_cases_mma with the tensor-core kernel switched off: the CUDA-core kernel on the same
+/// instances (every other case).
+inline std::vector<decode_case> decode_cases_mma_cuda_core() {
+  std::vector<decode_case> out;
+  auto all = decode_cases_mma();
+  for (std::size_t i = 0; i < all.size(); i += 2) {
+    all[i].tensor_cores = false;
+    out.push_back(all[i]);
+  }
   return out;
 }
 
@@ -218,14 +256,15 @@ std::string check_decode(decode_case const& c, Backend& backend) {
     auto begin = random_cta_begin(c.layers, c.heads, n_cta, s.rng);
     for (std::int32_t layer = 0; layer < c.layers; ++layer) {
       decode_params p;
-      p.kv      = s.view;
-      p.layer   = layer;
-      p.group   = c.group;
-      p.q_dtype = dtype::f32;
-      p.o_dtype = c.o_dtype;
-      p.splits  = {c.layers, c.heads, n_cta, begin.data()};
-      p.q       = s.q.data();
-      p.sinks   = c.sinks ? s.sinks.data() : nullptr;
+      p.kv           = s.view;
+      p.layer        = layer;
+      p.group        = c.group;
+      p.q_dtype      = dtype::f32;
+      p.o_dtype      = c.o_dtype;
+      p.splits       = {c.layers, c.heads, n_cta, begin.data()};
+      p.q            = s.q.data();
+      p.sinks        = c.sinks ? s.sinks.data() : nullptr;
+      p.tensor_cores = c.tensor_cores;
       std::vector<unsigned char> o_ref(out_bytes), o_run(out_bytes, 0x7f);
       std::vector<float> lse_ref(static_cast<std::size_t>(B) * Hq), lse_run(lse_ref.size(), 777.f);
       p.o   = o_ref.data();

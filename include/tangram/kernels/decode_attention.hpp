@@ -158,6 +158,10 @@ struct decode_params {
   float* lse            = nullptr;  ///< optional
   const float* sinks    = nullptr;  ///< optional
   float sm_scale        = 0.f;      ///< logit scale; 0 means 1/sqrt(head_dim)
+  /// bf16/f16 K/V with group >= 3 run the tensor-core split kernel (kernels/detail/decode_mma.cuh);
+  /// false runs the CUDA-core one there too (to compare them; decode_device_limits reports the
+  /// tensor-core kernel's occupancy)
+  bool tensor_cores = true;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;

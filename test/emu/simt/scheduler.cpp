@@ -94,7 +94,8 @@ struct fiber {
   int shuffle_parity    = 0;
 };
 
-constexpr std::size_t stack_bytes = 256 * 1024;  // ASan-inflated frames fit with room to spare
+constexpr std::size_t gather_bytes = 32;          // warp_gather: bytes per lane
+constexpr std::size_t stack_bytes  = 256 * 1024;  // ASan-inflated frames fit with room to spare
 
 /// A fiber stack with a PROT_NONE guard page below it (an overflow faults instead of
 /// corrupting the neighbour).
@@ -123,6 +124,7 @@ struct scheduler {
   std::vector<fiber> fibers;
   std::vector<stack> stacks;
   std::vector<std::uint64_t> shuffle_slots[2];
+  std::vector<unsigned char> gather_slots[2];  ///< [blockDim][gather_bytes] per parity
   unsigned char* dynamic_smem = nullptr;
   std::size_t dynamic_bytes   = 0;
   context main_ctx;
@@ -348,6 +350,7 @@ void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*body)(void*), 
   blockDim   = block;
   gridDim    = grid;
   for (auto& v : s.shuffle_slots) v.assign(threads, 0);
+  for (auto& v : s.gather_slots) v.assign(threads * gather_bytes, 0);
   // Dynamic shared memory: exactly the requested bytes (ASan flags reads past them), 16-aligned.
   struct aligned_delete {
     void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(16)); }
@@ -391,6 +394,24 @@ void warp_barrier() {
 }
 std::uint64_t* shuffle_slots(int parity) {
   return sched().shuffle_slots[parity].data();
+}
+void warp_gather(const void* mine, std::size_t bytes, void* warp_out) {
+  auto& s = sched();
+  if (bytes > gather_bytes) {
+    s.fault = "warp_gather of " + std::to_string(bytes) + " bytes per lane (at most 32)";
+    yield_to_scheduler(false);
+    __builtin_unreachable();
+  }
+  const int tid =
+      static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+  const int base       = tid - tid % 32;
+  unsigned char* slots = s.gather_slots[next_shuffle_parity()].data();
+  std::memcpy(slots + static_cast<std::size_t>(tid) * gather_bytes, mine, bytes);
+  warp_barrier();
+  for (int l = 0; l < 32; ++l)
+    std::memcpy(static_cast<unsigned char*>(warp_out) + static_cast<std::size_t>(l) * bytes,
+                slots + static_cast<std::size_t>(base + l) * gather_bytes,
+                bytes);
 }
 int next_shuffle_parity() {
   auto& f = running_fiber();

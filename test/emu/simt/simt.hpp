@@ -141,6 +141,9 @@ void block_barrier();
 void warp_barrier();
 std::uint64_t* shuffle_slots(int parity);  ///< [blockDim] exchange slots of one parity
 int next_shuffle_parity();                 ///< alternates per thread: one barrier per shuffle
+/// Warp-collective exchange (one warp barrier): every lane publishes `bytes` (<= 32) bytes at
+/// `mine`; each lane receives the 32 lanes' values, lane order, at `warp_out` (32 * bytes).
+void warp_gather(const void* mine, std::size_t bytes, void* warp_out);
 void copy_async(void* dst, const void* src, std::size_t bytes, std::size_t zero_fill);
 void copy_commit();
 void copy_wait_prior(std::size_t groups);

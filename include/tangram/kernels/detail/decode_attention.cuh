@@ -15,6 +15,10 @@
  *
  * Merge kernel: one CTA per (request, KV head); combines the partials of the CTAs that covered
  * the request in CTA order (log-sum-exp, sink in the denominator).
+ *
+ * bf16/f16 K/V at group buckets 4 and 8 run the tensor-core split kernel instead
+ * (kernels/detail/decode_mma.cuh; launch_decode_split_with picks it), which shares the CTA work
+ * and the piece store with this one (kernels/detail/decode_common.cuh).
  */
 #pragma once
 
@@ -26,6 +30,8 @@
 
 #include "tangram/config.hpp"
 #include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/detail/decode_common.cuh"
+#include "tangram/kernels/detail/decode_mma.cuh"
 #include "tangram/kernels/detail/vec.cuh"
 #include "tangram/kernels/head_cursor.hpp"
 #include "tangram/kernels/math.hpp"
@@ -69,31 +75,6 @@ struct decode_config {
   static_assert(smem_bytes <= 48 * 1024 - 2048, "dynamic shared memory must not need an opt-in");
 };
 
-/// Everything a decode launch needs on the device (passed by value).
-struct decode_args {
-  decode_params p;
-  float* partial_o     = nullptr;
-  float* partial_lse   = nullptr;
-  std::int64_t* prefix = nullptr;  ///< [num_kv_heads][batch + 1]
-  float scale2         = 0.f;      ///< sm_scale * log2(e)
-};
-
-/// Combines (m, s, o) of the output with an optional base-2 sink logit and stores o and lse.
-__device__ __forceinline__ void finalize_store(decode_args const& a,
-                                               std::int64_t out_index,
-                                               std::int64_t lse_index,
-                                               float m,
-                                               float s,
-                                               float o,
-                                               float sink2,
-                                               bool write_lse) {
-  float mm    = sink2 > m ? sink2 : m;
-  float alpha = exp2_shifted(m, mm);
-  float den   = s * alpha + exp2_shifted(sink2, mm);
-  store_scalar(a.p.o, a.p.o_dtype, out_index, o * alpha / den);
-  if (write_lse && a.p.lse) a.p.lse[lse_index] = (mm + log2_of(den)) * ln2;
-}
-
 template <class T, int D, int GB>
 TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const a) {
   using cfg            = decode_config<T, D>;
@@ -102,81 +83,21 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   constexpr int groups = cfg::groups;
   constexpr int tile   = cfg::tile;
   constexpr int stages = cfg::stages;
-  using scan_t         = cub::BlockScan<std::int64_t, cfg::threads>;
   TANGRAM_DYNAMIC_SMEM(smem);
-  __shared__ typename scan_t::TempStorage scan_storage;
-  __shared__ std::int32_t s_first, s_last;
-  __shared__ std::int64_t s_pre_first;
   __shared__ float s_m[groups][GB], s_s[groups][GB];
 
-  decode_params const& p  = a.p;
-  kv_cache_view const& kv = p.kv;
-  const int tid           = static_cast<int>(threadIdx.x);
-  const int tx            = tid % bdx;
-  const int tz            = tid / bdx;
-  const int layer         = p.layer;
-  const int group         = p.group;
-  const int B             = kv.batch_size;
-  const int cta           = static_cast<int>(blockIdx.x);
-  // Debug builds: the layer's row of the split map must cover exactly the grid.
-  TANGRAM_DEVICE_CHECK(
-      p.splits.begin(layer, 0) == 0 && p.splits.begin(layer, kv.num_kv_heads) == p.splits.num_ctas,
-      "decode: split map row must run from 0 to num_ctas");
-  const int h              = p.splits.head_of_cta(layer, cta);
-  const std::int64_t share = p.splits.share(layer, h);
-  const std::int64_t j     = cta - p.splits.begin(layer, h);
-
-  // 1. The head's inclusive length prefix over the batch, in shared memory.
-  auto* incl         = reinterpret_cast<std::int64_t*>(smem);
-  std::int64_t carry = 0;
-  for (int base = 0; base < B; base += cfg::threads * cfg::scan_items) {
-    std::int64_t items[cfg::scan_items];
-#pragma unroll
-    for (int u = 0; u < cfg::scan_items; ++u) {
-      int r    = base + tid * cfg::scan_items + u;
-      items[u] = r < B ? kv.head_len(r, layer, h) : 0;
-    }
-    std::int64_t tile_total;
-    scan_t(scan_storage).InclusiveSum(items, items, tile_total);
-#pragma unroll
-    for (int u = 0; u < cfg::scan_items; ++u) {
-      int r = base + tid * cfg::scan_items + u;
-      if (r < B) incl[r] = carry + items[u];
-    }
-    carry += tile_total;
-    __syncthreads();
-  }
-  const std::int64_t W = carry;
-  if (j == 0)  // the merge kernel reads the head's exclusive prefix
-    for (int r = tid; r <= B; r += cfg::threads)
-      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
-  const stream_range range = split_range(j, share, W);
-  if (range.empty()) return;  // uniform across the CTA
-  if (tid == 0) {
-    int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
-    while (lo < hi) {
-      int mid = (lo + hi) / 2;
-      if (incl[mid] > range.begin)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    s_first     = lo;
-    s_pre_first = lo > 0 ? incl[lo - 1] : 0;
-    hi          = B - 1;  // first r with incl[r] >= range.end
-    while (lo < hi) {
-      int mid = (lo + hi) / 2;
-      if (incl[mid] >= range.end)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    s_last = lo;
-  }
-  __syncthreads();
-  const int r_first = s_first, r_last = s_last;
-  std::int64_t pre = s_pre_first;
-  __syncthreads();  // shared memory is reused below
+  decode_params const& p     = a.p;
+  kv_cache_view const& kv    = p.kv;
+  const int tid              = static_cast<int>(threadIdx.x);
+  const int tx               = tid % bdx;
+  const int tz               = tid / bdx;
+  const int layer            = p.layer;
+  const int group            = p.group;
+  const decode_cta_work work = decode_locate_work<cfg::threads>(a, smem);
+  if (work.empty) return;  // uniform across the CTA
+  const int h = work.h, r_first = work.r_first, r_last = work.r_last;
+  const std::int64_t share = work.share, j = work.j, W = work.W;
+  std::int64_t pre = work.pre;
 
   T* stage_base = reinterpret_cast<T*>(smem);
   float* merge  = reinterpret_cast<float*>(smem);
@@ -302,29 +223,14 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
       }
     }
     __syncthreads();
-    const bool whole        = t0 == 0 && t1 == len;
-    const std::int64_t slot = p.splits.partial_slot(layer, h, static_cast<std::int32_t>(j), r, B);
-    for (int e = tid; e < group * D; e += cfg::threads) {
-      const int g = e / D, x = e % D;
-      float mm = -INFINITY;
-#pragma unroll
-      for (int z = 0; z < groups; ++z) mm = fmaxf(mm, s_m[z][g]);
-      float ss = 0.f, oo = 0.f;
-#pragma unroll
-      for (int z = 0; z < groups; ++z) {
-        float w = exp2_shifted(s_m[z][g], mm);
-        ss += s_s[z][g] * w;
-        oo += merge[(z * GB + g) * D + x] * w;
-      }
-      const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
-      if (whole) {
-        float sink2 = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
-        finalize_store(a, qh * D + x, qh, mm, ss, oo, sink2, x == 0);
-      } else {
-        a.partial_o[(slot * group + g) * D + x] = oo / ss;
-        if (x == 0) a.partial_lse[slot * group + g] = mm + log2_of(ss);
-      }
-    }
+    decode_store_piece<D, groups, cfg::threads>(
+        a,
+        work,
+        r,
+        t0 == 0 && t1 == len,
+        [&](int z, int g) { return s_m[z][g]; },
+        [&](int z, int g) { return s_s[z][g]; },
+        [&](int z, int g, int x) { return merge[(z * GB + g) * D + x]; });
     __syncthreads();  // shared memory is reused by the next piece
   }
 }
@@ -445,8 +351,15 @@ inline decode_args make_decode_args(decode_params const& p, void* workspace) {
 }
 
 /// Enqueues the split kernel for (T, D, GB) through the launch policy `launch` (vec.cuh).
+/// (The tensor-core kernel where decode_uses_mma<T, GB> and `a.p.tensor_cores`, decode_mma.cuh.)
 template <class T, int D, int GB, class Launch>
 void launch_decode_split_with(decode_args const& a, Launch const& launch) {
+  if constexpr (decode_uses_mma<T, GB>) {
+    if (a.p.tensor_cores) {
+      launch_decode_mma_with<T, D, GB>(a, launch);
+      return;
+    }
+  }
   using cfg = decode_config<T, D>;
   launch(decode_split_kernel<T, D, GB>,
          dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
@@ -476,9 +389,15 @@ cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
 /// Resident CTAs per SM of the split kernel for (T, D, GB) on the current device.
 template <class T, int D, int GB>
 cudaError_t decode_split_occupancy(int* ctas_per_sm) {
-  using cfg = decode_config<T, D>;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, decode_split_kernel<T, D, GB>, cfg::threads, cfg::smem_bytes);
+  if constexpr (decode_uses_mma<T, GB>) {
+    using cfg = decode_mma_config<T, D>;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctas_per_sm, decode_mma_kernel<T, D, GB>, cfg::threads, cfg::smem_bytes);
+  } else {
+    using cfg = decode_config<T, D>;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctas_per_sm, decode_split_kernel<T, D, GB>, cfg::threads, cfg::smem_bytes);
+  }
 }
 
 // clang-format off

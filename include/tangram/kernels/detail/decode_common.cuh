@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/detail/decode_common.cuh
+ * @brief What every decode split kernel shares (kernels/detail/decode_attention.cuh for the
+ * CUDA-core kernel, kernels/detail/decode_mma.cuh for the tensor-core one): the launch
+ * arguments, the CTA's share of the static split map (its KV head, stream range and requests),
+ * and the fixed-order combination and store of a piece's per-warp (or per-token-group) states.
+ * Both kernels therefore cover exactly the same pieces and write the same partial slots.
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "tangram/config.hpp"
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/detail/vec.cuh"
+#include "tangram/kernels/math.hpp"
+
+namespace tangram::detail {
+
+/// Everything a decode launch needs on the device (passed by value).
+struct decode_args {
+  decode_params p;
+  float* partial_o     = nullptr;
+  float* partial_lse   = nullptr;
+  std::int64_t* prefix = nullptr;  ///< [num_kv_heads][batch + 1]
+  float scale2         = 0.f;      ///< sm_scale * log2(e)
+};
+
+/// Combines (m, s, o) of the output with an optional base-2 sink logit and stores o and lse.
+__device__ __forceinline__ void finalize_store(decode_args const& a,
+                                               std::int64_t out_index,
+                                               std::int64_t lse_index,
+                                               float m,
+                                               float s,
+                                               float o,
+                                               float sink2,
+                                               bool write_lse) {
+  float mm    = sink2 > m ? sink2 : m;
+  float alpha = exp2_shifted(m, mm);
+  float den   = s * alpha + exp2_shifted(sink2, mm);
+  store_scalar(a.p.o, a.p.o_dtype, out_index, o * alpha / den);
+  if (write_lse && a.p.lse) a.p.lse[lse_index] = (mm + log2_of(den)) * ln2;
+}
+
+/// One CTA's work in the static split map: KV head `h`, its index `j` among the head's `share`
+/// CTAs, the head's total length `W` and the requests [r_first, r_last] its range overlaps
+/// (`pre`: the head's tokens before r_first). `empty`: the CTA's range holds no token.
+struct decode_cta_work {
+  int h = 0, r_first = 0, r_last = -1;
+  std::int64_t j = 0, share = 0, W = 0, pre = 0;
+  bool empty = true;
+};
+
+/**
+ * Locates this CTA's work (collective over the CTA of `Threads` threads): the head's inclusive
+ * length prefix over the batch by block scan in `smem` (decode_max_batch * 8 bytes, free again
+ * on return), the head's exclusive prefix for the merge kernel (CTA j == 0 writes it), and the
+ * first and last requests of the CTA's stream range by binary search.
+ */
+template <int Threads>
+__device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const& a,
+                                                              unsigned char* smem) {
+  constexpr int scan_items = 4;  ///< requests per thread per prefix tile
+  using scan_t             = cub::BlockScan<std::int64_t, Threads>;
+  __shared__ typename scan_t::TempStorage scan_storage;
+  __shared__ std::int32_t s_first, s_last;
+  __shared__ std::int64_t s_pre_first;
+
+  decode_params const& p  = a.p;
+  kv_cache_view const& kv = p.kv;
+  const int tid           = static_cast<int>(threadIdx.x);
+  const int layer         = p.layer;
+  const int B             = kv.batch_size;
+  const int cta           = static_cast<int>(blockIdx.x);
+  // Debug builds: the layer's row of the split map must cover exactly the grid.
+  TANGRAM_DEVICE_CHECK(
+      p.splits.begin(layer, 0) == 0 && p.splits.begin(layer, kv.num_kv_heads) == p.splits.num_ctas,
+      "decode: split map row must run from 0 to num_ctas");
+  decode_cta_work w;
+  w.h     = p.splits.head_of_cta(layer, cta);
+  w.share = p.splits.share(layer, w.h);
+  w.j     = cta - p.splits.begin(layer, w.h);
+
+  // The head's inclusive length prefix over the batch, in shared memory.
+  auto* incl         = reinterpret_cast<std::int64_t*>(smem);
+  std::int64_t carry = 0;
+  for (int base = 0; base < B; base += Threads * scan_items) {
+    std::int64_t items[scan_items];
+#pragma unroll
+    for (int u = 0; u < scan_items; ++u) {
+      int r    = base + tid * scan_items + u;
+      items[u] = r < B ? kv.head_len(r, layer, w.h) : 0;
+    }
+    std::int64_t tile_total;
+    scan_t(scan_storage).InclusiveSum(items, items, tile_total);
+#pragma unroll
+    for (int u = 0; u < scan_items; ++u) {
+      int r = base + tid * scan_items + u;
+      if (r < B) incl[r] = carry + items[u];
+    }
+    carry += tile_total;
+    __syncthreads();
+  }
+  w.W = carry;
+  if (w.j == 0)  // the merge kernel reads the head's exclusive prefix
+    for (int r = tid; r <= B; r += Threads)
+      a.prefix[static_cast<std::int64_t>(w.h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
+  const stream_range range = split_range(w.j, w.share, w.W);
+  w.empty = range.empty();  // uniform across the CTA
+  if (w.empty) return w;
+  if (tid == 0) {
+    int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (incl[mid] > range.begin)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    s_first     = lo;
+    s_pre_first = lo > 0 ? incl[lo - 1] : 0;
+    hi          = B - 1;  // first r with incl[r] >= range.end
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (incl[mid] >= range.end)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    s_last = lo;
+  }
+  __syncthreads();
+  w.r_first = s_first;
+  w.r_last  = s_last;
+  w.pre     = s_pre_first;
+  __syncthreads();  // shared memory is reused by the caller
+  return w;
+}
+
+/**
+ * Combines the `Z` partial states of piece [t0, t1) of request `r` (the CTA's token groups or
+ * warps, in index order z = 0..Z-1: `m_at(z, g)`, `s_at(z, g)` base-2 max and sum of query head
+ * g of the group, `o_at(z, g, x)` its unnormalised output) and stores the result: the output
+ * (with the sink) when the piece is the whole request, else partial slot (j, r). Collective over
+ * the CTA's `Threads` threads; the states must be visible to all of them.
+ */
+template <int D, int Z, int Threads, class M, class S, class O>
+__device__ __forceinline__ void decode_store_piece(decode_args const& a,
+                                                   decode_cta_work const& w,
+                                                   int r,
+                                                   bool whole,
+                                                   M const& m_at,
+                                                   S const& s_at,
+                                                   O const& o_at) {
+  decode_params const& p = a.p;
+  const int group        = p.group;
+  const int h            = w.h;
+  const std::int64_t slot =
+      p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(w.j), r, p.kv.batch_size);
+  for (int e = static_cast<int>(threadIdx.x); e < group * D; e += Threads) {
+    const int g = e / D, x = e % D;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int z = 0; z < Z; ++z) mm = fmaxf(mm, m_at(z, g));
+    float ss = 0.f, oo = 0.f;
+#pragma unroll
+    for (int z = 0; z < Z; ++z) {
+      float wz = exp2_shifted(m_at(z, g), mm);
+      ss += s_at(z, g) * wz;
+      oo += o_at(z, g, x) * wz;
+    }
+    const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
+    if (whole) {
+      float sink2 = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
+      finalize_store(a, qh * D + x, qh, mm, ss, oo, sink2, x == 0);
+    } else {
+      a.partial_o[(slot * group + g) * D + x] = oo / ss;
+      if (x == 0) a.partial_lse[slot * group + g] = mm + log2_of(ss);
+    }
+  }
+}
+
+}  // namespace tangram::detail

@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file kernels/detail/decode_mma.cuh
+ * @brief Tensor-core decode split kernel for 16-bit K/V (bf16, f16) and GQA groups of 4 to 8
+ * query heads per KV head: a drop-in for decode_split_kernel (kernels/detail/decode_attention.cuh)
+ * on those instances, with the same split-map work (decode_locate_work), the same pieces, partial
+ * slots and stores (decode_store_piece) and the same merge kernel.
+ *
+ * Layout. The group's query heads are the rows of the m16n8k16 A operand: row g (< 8) holds
+ * head g's query rounded to T (`hi`), row g + 8 the rounding remainder (`lo`, split2 in mma.cuh).
+ * A score is then C[g][n] + C[g+8][n] of one mma, which both sit in the same lane, so the split
+ * costs no instruction beyond one FADD, and scores carry ~16 (bf16) / ~22 (f16) significand bits
+ * of the f32 query instead of 8 / 11. The probabilities P of O += P V are split the same way (rows
+ * g and g + 8 of the A operand), so the output keeps f32-level accuracy: it meets the f32-output
+ * tolerance of the CPU reference tests (5e-5 absolute), which one 16-bit P would not.
+ * The hi/lo rows fill the 16 A rows that a group of <= 8 heads leaves free; heads >= group are
+ * zero rows and are never stored.
+ *
+ * Work. Two warps per CTA; each streams its own tiles of the piece (16 tokens, 32 at d 64: 8 KiB
+ * of K + V at d 64 and 128, 16 KiB at d 256; warp w takes tiles w, w + 2, ...) through its own
+ * ring of `stages` shared-memory stages (2, 1 at d 256, within 45 KiB without an opt-in): every
+ * lane copies 16-byte chunks of one token's K and V rows, whose address it computes once per
+ * tile from a page-table entry it loaded one tile ahead, with no division (decode_lane_stream).
+ * So the tile loop has no block barrier: a cp.async wait and a warp sync. Per 16 tokens S = Q K^T
+ * is D / 16 ldmatrix pairs and D / 8 mma, the online softmax runs on the lane's scores of its head
+ * (two shuffles for the row max, base 2, exp2_shifted, one rescale per tile), and O += P V is
+ * D / 16 ldmatrix.trans and D / 8 mma with f32 accumulators. The warps' states combine in warp
+ * order at the end of a piece.
+ * Rows of every shared-memory tile are padded by 16 bytes so that the 8 rows an ldmatrix reads
+ * fall in distinct banks.
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tangram/config.hpp"
+#include "tangram/kernels/decode_attention.hpp"
+#include "tangram/kernels/detail/decode_common.cuh"
+#include "tangram/kernels/detail/mma.cuh"
+#include "tangram/kernels/detail/vec.cuh"
+#include "tangram/kernels/head_cursor.hpp"
+#include "tangram/kernels/math.hpp"
+
+namespace tangram::detail {
+
+/// The K/V storage types the tensor-core kernel takes.
+template <class T>
+inline constexpr bool mma_input = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+/// Whether (T, GB) runs the tensor-core kernel: 16-bit K/V and a group bucket of 4 or 8.
+template <class T, int GB>
+inline constexpr bool decode_uses_mma = mma_input<T> && (GB == 4 || GB == 8);
+
+/// Compile-time shape of the tensor-core split kernel for storage type T and head dim D.
+template <class T, int D>
+struct decode_mma_config {
+  static constexpr int warps   = 2;
+  static constexpr int threads = 32 * warps;
+  /// tokens per warp tile, a multiple of the k of O += P V: 8 KiB of K + V at d 64 and 128
+  static constexpr int tile           = D == 64 ? 32 : 16;
+  static constexpr int lpt            = 32 / tile;  ///< lanes copying one token's rows
+  static constexpr int row            = D + 8;  ///< shared-memory row stride in elements (16 B pad)
+  static constexpr int stage_elems    = 2 * tile * row;  ///< K rows, then V rows
+  static constexpr int q_elems        = 16 * row;   ///< the A operand: hi rows 0-7, lo rows 8-15
+  static constexpr int budget         = 45 * 1024;  ///< dynamic shared memory, no opt-in
+  static constexpr int fit            = (budget - q_elems * 2) / (warps * stage_elems * 2);
+  static constexpr int stages         = fit > 4 ? 4 : fit;  ///< per warp
+  static constexpr int chunks         = D * 2 / 16 / lpt;   ///< 16-byte copies per lane per K row
+  static constexpr int pipeline_bytes = (warps * stages * stage_elems + q_elems) * 2;
+  static constexpr int prefix_bytes   = decode_max_batch * 8;
+  static constexpr int smem_bytes = pipeline_bytes > prefix_bytes ? pipeline_bytes : prefix_bytes;
+
+  static_assert(sizeof(T) == 2, "the tensor-core path takes 16-bit K/V");
+  static_assert(D % 16 == 0, "head dim: a multiple of the mma k");
+  static_assert(tile % 16 == 0 && tile <= 32, "whole mma k steps, one token per lane at most");
+  static_assert(stages >= 1, "one stage per warp must fit");
+  static_assert(stages * stage_elems * 2 >= decode_max_group * D * 4,
+                "a warp's stages hold its output state for the merge");
+  static_assert(smem_bytes <= 48 * 1024 - 2048, "dynamic shared memory must not need an opt-in");
+};
+
+/// `__syncwarp()` at a numbered site (the emulator's mutation tests may remove it).
+__device__ __forceinline__ void sync_warp(sync_site site) {
+#if defined(TANGRAM_EMULATION)
+  if (::tangram::emu::mutation() == static_cast<int>(site)) return;
+#else
+  (void)site;
+#endif
+  __syncwarp();
+}
+
+/**
+ * Where one lane's token of successive warp tiles lives, as (page-list index, token in page):
+ * the token advances by a fixed step per tile (warps * tile tokens, reduced modulo the ring once
+ * per piece and split into whole pages plus tokens), so the tile loop needs no division for any
+ * page size, and the page-table entry of the next tile is loaded one tile ahead.
+ */
+struct decode_lane_stream {
+  const unsigned char* base = nullptr;  ///< the pool plus the column's K offset
+  const std::int32_t* pages = nullptr;
+  std::int64_t page_bytes   = 0;
+  std::int32_t row_bytes    = 0;
+  std::int32_t page_tokens  = 1;
+  std::int32_t ring_pages   = 0;  ///< pages of a sliding-window ring, 0 for a growing group
+  std::int32_t step_pages = 0, step_tokens = 0;  ///< the per-tile advance
+  std::int32_t t    = 0;                         ///< the lane's token of the next tile to issue
+  std::int32_t pidx = 0;                         ///< its index in the page list
+  std::int32_t in   = 0;                         ///< its token in the page
+  std::int32_t page = 0;  ///< its page (loaded ahead; 0 when t is past the piece)
+
+  /// Starts at held token `t` of `cur`, advancing `advance` tokens per tile.
+  __device__ __forceinline__ void start(head_cursor const& cur,
+                                        std::int32_t first,
+                                        std::int32_t advance,
+                                        std::int32_t t1,
+                                        int elem_bytes) {
+    base        = reinterpret_cast<const unsigned char*>(cur.pool) + cur.k_offset * elem_bytes;
+    pages       = cur.pages;
+    page_bytes  = cur.page_bytes;
+    row_bytes   = cur.head_dim * elem_bytes;
+    page_tokens = cur.page_tokens;
+    ring_pages  = cur.ring / cur.page_tokens;
+    const std::int32_t step = cur.ring > 0 ? advance % cur.ring : advance;
+    step_pages              = step / page_tokens;
+    step_tokens             = step % page_tokens;
+    t                       = first;
+    const std::int32_t pos  = cur.position(first);
+    pidx                    = pos / page_tokens;
+    in                      = pos % page_tokens;
+    page                    = t < t1 ? pages[pidx] : 0;
+  }
+  /// Address of the current token's K row; moves to the next tile and loads its page.
+  __device__ __forceinline__ const unsigned char* next(std::int32_t advance, std::int32_t t1) {
+    const unsigned char* k = base + static_cast<std::int64_t>(page) * page_bytes +
+                             static_cast<std::int64_t>(in) * row_bytes;
+    t += advance;
+    in += step_tokens;
+    pidx += step_pages;
+    if (in >= page_tokens) {
+      in -= page_tokens;
+      ++pidx;
+    }
+    if (ring_pages > 0 && pidx >= ring_pages) pidx -= ring_pages;  // the ring wraps by pages
+    page = t < t1 ? pages[pidx] : 0;
+    return k;
+  }
+};
+
+template <class T, int D, int GB>
+TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_mma_kernel(
+    decode_args const a) {
+  using cfg             = decode_mma_config<T, D>;
+  constexpr int warps   = cfg::warps;
+  constexpr int threads = cfg::threads;
+  constexpr int tile    = cfg::tile;
+  constexpr int stages  = cfg::stages;
+  constexpr int row     = cfg::row;
+  constexpr int NT      = D / 8;      ///< n tiles of the output
+  constexpr int KT      = tile / 16;  ///< k steps of O += P V per tile
+  constexpr int lpt     = cfg::lpt;
+  static_assert(GB <= 8, "the A operand holds at most 8 heads (hi and lo rows)");
+  TANGRAM_DYNAMIC_SMEM(smem);
+  __shared__ float s_m[warps][8], s_s[warps][8];
+
+  decode_params const& p  = a.p;
+  kv_cache_view const& kv = p.kv;
+  const int tid           = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, tq = lane % 4;  // fragment row (query head) and column pair
+  const int layer = p.layer, group = p.group;
+  const decode_cta_work work = decode_locate_work<threads>(a, smem);
+  if (work.empty) return;  // uniform across the CTA
+  std::int64_t pre = work.pre;
+
+  T* qs        = reinterpret_cast<T*>(smem);
+  T* wstages   = qs + cfg::q_elems + warp * stages * cfg::stage_elems;  // this warp's ring
+  auto* wmerge = reinterpret_cast<float*>(wstages);  // its output state at the end of a piece
+  // ldmatrix row addresses that depend only on the lane (elements).
+  const int q_lane = (lane % 16) * row + (lane / 16) * 8;  // A: rows 0-15, k halves
+  const int k_lane = ((lane / 16) * 8 + lane % 8) * row + ((lane / 8) % 2) * 8;  // B of S
+  const int v_lane = (((lane / 8) % 2) * 8 + lane % 8) * row + (lane / 16) * 8;  // B of O
+  // This lane's copies: token lane / lpt of the tile, 16-byte chunks lpt i + lane % lpt of its K
+  // and V rows (the lanes of a token read adjacent chunks).
+  const int c_lane = (lane / lpt) * row + (lane % lpt) * 8;
+
+  for (int r = work.r_first; r <= work.r_last; ++r) {
+    const std::int64_t len   = kv.head_len(r, layer, work.h);
+    const stream_range piece = piece_of(work.j, work.share, work.W, pre, len);
+    pre += len;
+    if (piece.empty()) continue;
+    const head_cursor cur = make_head_cursor(kv, r, layer, work.h);
+    const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
+    const int n_tiles = (t1 - t0 + tile - 1) / tile;
+    const int n_mine  = n_tiles > warp ? (n_tiles - warp + warps - 1) / warps : 0;
+
+    // The lane's token stream and the copies of the ring's first stages.
+    decode_lane_stream ls;
+    ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, 2);
+    const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * 2;
+    auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
+      const bool ok            = ls.t < t1;
+      const unsigned char* src = ls.next(warps * tile, t1) + (lane % lpt) * 16;
+      if (!ok) src = ls.base;  // any mapped address; the copy reads nothing
+      T* st = wstages + (k % stages) * cfg::stage_elems + c_lane;
+#pragma unroll
+      for (int i = 0; i < cfg::chunks; ++i) {
+        copy16_async_zfill(st + 8 * lpt * i, src + 16 * lpt * i, ok ? 16u : 0u);
+        copy16_async_zfill(
+            st + tile * row + 8 * lpt * i, src + v_delta + 16 * lpt * i, ok ? 16u : 0u);
+      }
+    };
+#pragma unroll
+    for (int k = 0; k < stages - 1; ++k) {
+      if (k < n_mine) issue(k);
+      copy_async_commit();
+    }
+
+    // The A operand of S: hi rows 0-7 and lo rows 8-15 of the scaled queries (zero rows past
+    // the group), two dims per thread and step.
+    for (int e = tid; e < 8 * D / 2; e += threads) {
+      const int qg = e / (D / 2), x = 2 * (e % (D / 2));
+      float q0 = 0.f, q1 = 0.f;
+      if (qg < group) {
+        const std::int64_t at =
+            r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x;
+        q0 = load_scalar(p.q, p.q_dtype, at) * a.scale2;
+        q1 = load_scalar(p.q, p.q_dtype, at + 1) * a.scale2;
+      }
+      unsigned hi, lo;
+      split2<T>(q0, q1, hi, lo);
+      *reinterpret_cast<unsigned*>(qs + qg * row + x)       = hi;
+      *reinterpret_cast<unsigned*>(qs + (qg + 8) * row + x) = lo;
+    }
+    __syncthreads();  // the queries are in shared memory
+
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m = -INFINITY, l = 0.f;  // head g: running max; this lane's share of the sum
+    for (int k = 0; k < n_mine; ++k) {
+      if (k + stages - 1 < n_mine) issue(k + stages - 1);
+      copy_async_commit();
+      copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
+      sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
+      const T* ks = wstages + (k % stages) * cfg::stage_elems;
+      const T* vs = ks + tile * row;
+
+      // S = Q K^T: tokens 8 nt .. 8 nt + 7 of the tile as n tile nt.
+      float sc[2 * KT][4];
+#pragma unroll
+      for (int nt = 0; nt < 2 * KT; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned qa[4];
+        ldmatrix_x4<false>(qa, qs + q_lane + kk * 16);
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          unsigned kb[4];
+          ldmatrix_x4<false>(kb, ks + k_lane + kt * 16 * row + kk * 16);
+          mma_m16n8k16<T>(sc[2 * kt], qa, {kb[0], kb[1]});
+          mma_m16n8k16<T>(sc[2 * kt + 1], qa, {kb[2], kb[3]});
+        }
+      }
+      // Online softmax of head g over the lane's tokens 8 nt + 2 tq + i (hi + lo rows).
+      const int base = t0 + (warp + k * warps) * tile + 2 * tq;
+      float s[2 * KT][2], mt = m;
+#pragma unroll
+      for (int nt = 0; nt < 2 * KT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          s[nt][i] = base + 8 * nt + i < t1 ? sc[nt][i] + sc[nt][i + 2] : -INFINITY;
+          mt       = fmaxf(mt, s[nt][i]);
+        }
+      mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+      mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+      const float alpha = exp2_shifted(m, mt);  // 0 while m is -inf
+      m                 = mt;
+      l *= alpha;
+#pragma unroll
+      for (int nt = 0; nt < 2 * KT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          s[nt][i] = exp2_shifted(s[nt][i], mt);
+          l += s[nt][i];
+        }
+      // A of O += P V per k step: rows g (hi) and g + 8 (lo), tokens 2 tq and 2 tq + 8.
+      unsigned pa[KT][4];
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+        split2<T>(s[2 * kt][0], s[2 * kt][1], pa[kt][0], pa[kt][1]);
+        split2<T>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[n][i] *= alpha;
+          // O += P V: output dims 8 n + 2 tq + i.
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+          unsigned vb[4];
+          ldmatrix_x4<true>(vb, vs + v_lane + kt * 16 * row + np * 16);
+          mma_m16n8k16<T>(o[2 * np], pa[kt], {vb[0], vb[1]});
+          mma_m16n8k16<T>(o[2 * np + 1], pa[kt], {vb[2], vb[3]});
+        }
+      __syncwarp();  // the stage is refilled by a later issue
+    }
+    copy_async_wait<0>();
+    __syncwarp();
+
+    // This warp's state into its ring (free now), then the fixed-order combination.
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < group) {
+      if (tq == 0) {
+        s_m[warp][g] = m;
+        s_s[warp][g] = l;
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) wmerge[g * D + 8 * n + 2 * tq + i] = o[n][i] + o[n][i + 2];
+    }
+    __syncthreads();
+    const float* merge0 = reinterpret_cast<const float*>(qs + cfg::q_elems);
+    decode_store_piece<D, warps, threads>(
+        a,
+        work,
+        r,
+        t0 == 0 && t1 == len,
+        [&](int z, int hg) { return s_m[z][hg]; },
+        [&](int z, int hg) { return s_s[z][hg]; },
+        [&](int z, int hg, int x) {
+          return merge0[z * (stages * cfg::stage_elems / 2) + hg * D + x];
+        });
+    __syncthreads();  // shared memory is reused by the next piece
+  }
+}
+
+/// Enqueues the tensor-core split kernel for (T, D, GB) through the launch policy `launch`.
+template <class T, int D, int GB, class Launch>
+void launch_decode_mma_with(decode_args const& a, Launch const& launch) {
+  using cfg = decode_mma_config<T, D>;
+  launch(decode_mma_kernel<T, D, GB>,
+         dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
+         cfg::threads,
+         cfg::smem_bytes,
+         a);
+}
+
+}  // namespace tangram::detail
