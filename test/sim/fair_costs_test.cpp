@@ -260,6 +260,7 @@ TEST_CASE("charges are validated, naming the field", "[replay][issue13][errors]"
 TEST_CASE("the sensitivity sweep replays only what changes and brackets the default verdict",
           "[replay][issue13]") {
   serving_costs costs;
+  costs.planner_skew = 1.1;  // a measured planner that does not balance perfectly
   std::map<std::string, replay_result> defaults;
   auto result = [](std::string name, double tps, double resident, std::int64_t reclaims) {
     replay_result r;
@@ -284,7 +285,7 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
                                });
   auto vars = uncalibrated_variations(costs);
   CHECK(rep.points.size() == vars.size());
-  CHECK(vars.size() == 10);
+  CHECK(vars.size() == 11);
   // Tangram has no reclaim operations and pays no re-planning, skew or read-mode change: only the
   // overhead variations replay it; the baseline replays at every point but the padded-reads one
   // (the default).
@@ -292,16 +293,21 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
   for (auto const& [name, ch] : calls) tangram_runs += name == "tangram";
   CHECK(tangram_runs == 2);
   CHECK(rep.replays == static_cast<std::int32_t>(calls.size()));
-  CHECK(rep.replays == 11);
+  CHECK(rep.replays == 12);
+  // The balanced-planner point: the baseline re-plans with skew 1 everywhere.
+  auto const& balanced = rep.points[6];
+  CHECK(balanced.variation.constant == "planner_skew");
+  CHECK(balanced.variation.costs.charges_for("unified_nonuniform").skew_for(7) == 1.0);
+  CHECK(balanced.variation.costs.charges_for("unified_nonuniform").replan_fraction == costs.replan_fraction);
   // The masked-kernel point: the baseline replayed with live reads, Tangram with its default.
-  auto const& masked = rep.points[9];
+  auto const& masked = rep.points[10];
   CHECK(masked.variation.constant == "baseline_reads");
   CHECK(masked.variation.end == "masked");
-  CHECK(rep.points[8].variation.end == "padded");
+  CHECK(rep.points[9].variation.end == "padded");
   double masked_baseline =
       100 / (1 + costs.reclaim_s_per_page * 1e4 + costs.replan_fraction + costs.step_overhead_s) * 1.25;
   CHECK(masked.verdicts.at("tangram").tokens_per_s_ratio == Approx(120 / masked_baseline));
-  CHECK(rep.points[8].verdicts.at("tangram").tokens_per_s_ratio == Approx(1.2));  // the default run
+  CHECK(rep.points[9].verdicts.at("tangram").tokens_per_s_ratio == Approx(1.2));  // the default run
   auto const& range = rep.range.at("tangram");
   CHECK(range.low.tokens_per_s_ratio <= 1.2);
   CHECK(range.high.tokens_per_s_ratio >= 1.2);
@@ -506,6 +512,17 @@ TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that 
   CHECK(tight.generated_tokens == upfront.generated_tokens);
   CHECK(tight.completed_requests == upfront.completed_requests);
   CHECK(tight.rejected_sessions == 0);
+  // The elastic policy grows the same way (its staging and shared budget included).
+  {
+    o.continuation_headroom_tokens = 1024;
+    auto elastic = make_tangram_elastic_policy(fx.plan, fx.kv, 24, 24, 8192, default_elastic_margin, {}, 64);
+    auto r       = replay(fx.work, *elastic, fx.cost, o);
+    CHECK(elastic->extensions() > 0);
+    CHECK(r.generated_tokens == upfront.generated_tokens);
+    CHECK(r.rejected_sessions == 0);
+    CHECK(elastic->manager().pool().used_pages() == 0);
+    o.continuation_headroom_tokens = 0;
+  }
   // Up front (no window), the same pool never preempts: the reservation is the guarantee.
   auto guaranteed = run(fx.kv, 0);
   CHECK(guaranteed.preemptions == 0);

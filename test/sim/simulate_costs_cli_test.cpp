@@ -97,9 +97,10 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   auto s = root["sensitivity"];
-  // 4 charges at both ends; the baseline's kernel padded and masked; max_tokens 512, 8192 and the
-  // rest of the context; the baseline under both admission rules
-  CHECK(s["points"].size() == 15);
+  // 4 charges at both ends; a balanced planner; the baseline's kernel padded and masked;
+  // max_tokens 512, 8192 and the rest of the context; the baseline under both admission rules
+  CHECK(s["points"].size() == 16);
+  CHECK(t.out.find("planner_skew = 1.000") != std::string::npos);
   CHECK(t.out.find("max_tokens = 512") != std::string::npos);
   CHECK(t.out.find("max_tokens = 8192") != std::string::npos);
   CHECK(t.out.find("max_tokens = context (") != std::string::npos);
@@ -149,6 +150,17 @@ TEST_CASE("simulate --decode-window: Tangram reserves a window and says so", "[s
   CHECK(root["reservation"]["max_tokens"].as_int(0, 1 << 30) == 131072);
   auto t = run(small({"--decode-window", "128"}));
   CHECK(t.out.find("Tangram reserves 128 answer tokens at a time") != std::string::npos);
+  // The window reaches the policies: with max_tokens at the rest of the context, up-front
+  // reservation holds fewer sessions than reserving 128 tokens at a time (7.3 against 6.4 here).
+  auto up = run(small({"--json", "--max-tokens", "131072"}));
+  REQUIRE(up.code == 0);
+  auto doc_up = json::parse(up.out, "stdout");
+  json::node root_up(doc_up, "stdout");
+  for (char const* policy : {"tangram", "tangram_elastic"}) {
+    INFO(policy);
+    CHECK(root["policies"][policy]["mean_resident_sessions"].as_double(0, 1e6) >
+          1.05 * root_up["policies"][policy]["mean_resident_sessions"].as_double(0, 1e6));
+  }
 }
 
 TEST_CASE("simulate refuses bad cost and reservation options, naming them",

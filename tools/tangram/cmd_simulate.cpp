@@ -259,6 +259,14 @@ int simulate(simulate_args& a, streams io) {
       }
     }
   }
+  // Turns that carry their own max_tokens (a trace's): --max-tokens and the sensitivity's
+  // max_tokens points apply to the others only.
+  std::int64_t own_max_tokens = 0, total_turns = 0;
+  for (auto const& sess : work.sessions)
+    for (auto const& t : sess.turns) {
+      own_max_tokens += t.max_tokens > 0;
+      total_turns += 1;
+    }
   // --rate-sweep: the same sessions (generated once at 1 session/s) at each arrival rate; the
   // policies are sized for the longest session of either workload.
   workload unit;
@@ -446,7 +454,8 @@ int simulate(simulate_args& a, streams io) {
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
-  std::string title = cat(model.name, " on ", gpu.name, ", workload ", work.name, ", ", n_sessions, " sessions");
+  std::string const work_label = work.name.empty() ? std::string("(unnamed trace)") : work.name;
+  std::string title = cat(model.name, " on ", gpu.name, ", workload ", work_label, ", ", n_sessions, " sessions");
   if (plot) {
     tangram::detail::write_file(*plot, memory_svg(results, kv_bytes / 1e9, title));
     tangram::detail::write_file(plot_path(*plot, "-time"),
@@ -457,7 +466,7 @@ int simulate(simulate_args& a, streams io) {
       tangram::detail::write_file(
           plot_path(*plot, "-rate"),
           ttft_rate_svg(sweep, cat("Modelled TTFT vs arrival rate: ", model.name, " on ", gpu.name, ", workload ",
-                                   work.name, ", ", n_sessions, " sessions")));
+                                   work_label, ", ", n_sessions, " sessions")));
   }
 
   // A policy that gave up on sessions reports figures over the rest only: say so.
@@ -581,6 +590,7 @@ int simulate(simulate_args& a, streams io) {
 
   auto& o = io.out;
   o << "tangram simulate: " << tangram::detail::printable(model.name) << " (" << to_string(model.kv_dtype) << " KV) on one " << tangram::detail::printable(gpu.name)
+    << (a.gpu_mem_option->count() + a.hbm_option->count() + a.tflops_option->count() > 0 ? " (preset, figures overridden)" : "")
     << ": " << gb(gpu.memory_bytes) << " GB x " << fixed(usable, 2) << " - " << gb(model.weight_bytes)
     << " GB weights = " << gb(kv_bytes) << " GB for KV; engine: " << ro.step_token_budget << " tokens/step, "
     << ro.max_running << " sequences"
@@ -590,7 +600,7 @@ int simulate(simulate_args& a, streams io) {
     << fixed(keep_ratio, 2)
     << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
     << " P=" << po.page_tokens << ", group waste " << percent(group_waste(plan.grouping, plan.rules), 2) << "\n"
-    << "  workload " << tangram::detail::printable(work.name) << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()
+    << "  workload " << tangram::detail::printable(work_label) << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()
     << " turns, "
     << (!kind                  ? std::string("arrivals from the file")
         : wo.arrival_rate > 0 ? cat(wo.arrival_rate, " sessions/s")
@@ -690,12 +700,17 @@ int simulate(simulate_args& a, streams io) {
     << "; step overhead " << fixed(costs.step_overhead_s * 1e6, 0)
     << " us (uncalibrated, not measured: swept 200-3000 us by --sensitivity); baseline balance " << to_string(costs.balance)
     << (costs.balance == baseline_balance::replan
-            ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, skew ", fixed(costs.planner_skew, 3),
-                  " measured)")
+            ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, the per-step planner's measured skew)")
             : cat(" (unbalanced skew ", fixed(costs.unbalanced_skew, 2), ")"))
-    << ";\n  decode skew measured from the split maps: tangram " << fixed(costs.tangram_skew, 3) << ", tangram_elastic "
-    << fixed(costs.tangram_elastic_skew, 3) << "; full_kv 1.\n"
-    << "  Reservation: max_tokens " << ro.max_tokens << " per turn (context " << ro.max_context << ")"
+    << ";\n  decode skew measured from the split maps at decode batch " << skew_curve_text(costs.tangram_skew_by_batch)
+    << " (a step pays its own batch's):\n    planner  " << skew_curve_values(costs.planner_skew_by_batch) << "\n    tangram  "
+    << skew_curve_values(costs.tangram_skew_by_batch) << "\n    elastic  " << skew_curve_values(costs.tangram_elastic_skew_by_batch)
+    << "\n  full_kv: 1 (equal heads).\n"
+    << "  Reservation: max_tokens " << ro.max_tokens << " per turn"
+    << (own_max_tokens > 0 ? cat(" without its own (", own_max_tokens, " of ", total_turns,
+                                 " turns carry their own, which --sensitivity's max_tokens points keep)")
+                           : std::string())
+    << " (context " << ro.max_context << ")"
     << (a.decode_window > 0 ? cat("; Tangram reserves ", a.decode_window,
                                   " answer tokens at a time (--decode-window), preempting when a growth does not fit")
                             : std::string())

@@ -418,6 +418,20 @@ void print_sweep(std::ostream& o, std::vector<rate_point> const& sweep) {
         << fixed(r.mean_resident_sessions, 1) << "\n";
 }
 
+std::string skew_curve_text(skew_curve const& k) {
+  if (k.empty()) return "-";
+  std::string out;
+  for (std::size_t i = 0; i < k.batch.size(); ++i) out += (i ? " " : "") + std::to_string(k.batch[i]);
+  return out;
+}
+
+std::string skew_curve_values(skew_curve const& k) {
+  if (k.empty()) return "-";
+  std::string out;
+  for (std::size_t i = 0; i < k.skew.size(); ++i) out += (i ? " " : "") + fixed(k.skew[i], 3);
+  return out;
+}
+
 json::value costs_json(serving_costs const& c) {
   auto o = json::value::object();
   o.set("label", "modelled: constants of eval/sim/serving_costs.hpp (sources in docs/benchmarks.md)");

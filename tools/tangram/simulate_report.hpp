@@ -21,6 +21,10 @@ tangram::detail::json::value result_json(sim::replay_result const& r);
 tangram::detail::json::value costs_json(sim::serving_costs const& c);
 /// A verdict: throughput and mean-resident ratios.
 tangram::detail::json::value verdict_json(sim::verdict const& v);
+/// The batch sizes of a skew curve, "1 2 4 ... 1024" (empty curve: "-").
+std::string skew_curve_text(sim::skew_curve const& k);
+/// The skews of a curve, one per batch size, three decimals each, space-separated.
+std::string skew_curve_values(sim::skew_curve const& k);
 /// A constant measured in seconds ("..._s", "..._s_per_page"): printed in us.
 bool seconds_valued(std::string const& name);
 /// Memory over time per policy: allocated (solid) and live (dashed) GB; modelled time axis.
