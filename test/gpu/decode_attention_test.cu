@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_support.cuh"
@@ -130,8 +131,12 @@ TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", 
   GPU_CHECK(!decode_device_limits(dtype::bf16, 128, 4, 99).has_value());
 }
 
-TANGRAM_GPU_TEST("gpu decode launcher rejects what it cannot run", "[gpu][decode][errors]") {
-  page_geometry geo{16, 2, 96, dtype::bf16};
+namespace {
+
+// Launches decode on one layer of `kv_dtype` pages with head dim d and queries in q_dtype;
+// returns the launcher's invalid_argument message ("(no error)" when it launched).
+std::string decode_launch_error(std::int32_t d, dtype kv_dtype, dtype q_dtype) {
+  page_geometry geo{16, 2, d, kv_dtype};
   test::sequence_spec s;
   s.seq_tokens = 4;
   s.base_len   = {4, 4};
@@ -139,54 +144,34 @@ TANGRAM_GPU_TEST("gpu decode launcher rejects what it cannot run", "[gpu][decode
   auto hv = cache.view({0});
   test::device_cache dev(cache, hv);
   std::int32_t begin[3] = {0, 1, 2};
-  device_buffer dbegin(std::vector<std::int32_t>(begin, begin + 3)), dq(1024), dout(1024),
-      ws(1 << 20);
+  device_buffer dbegin(std::vector<std::int32_t>(begin, begin + 3)), dq(4096), dout(4096), ws(1 << 20);
   decode_params p;
-  p.kv       = dev.view;
-  p.splits   = {1, 2, 2, dbegin.get<std::int32_t>()};
-  p.q        = dq.get();
-  p.o        = dout.get();
-  bool threw = false;
+  p.kv      = dev.view;
+  p.splits  = {1, 2, 2, dbegin.get<std::int32_t>()};
+  p.q       = dq.get();
+  p.q_dtype = q_dtype;
+  p.o       = dout.get();
   try {
     decode_attention(p, ws.get(), ws.bytes(), nullptr);
   } catch (invalid_argument const& e) {
-    threw = std::string(e.what()).find("head_dim 96") != std::string::npos;
+    return std::string(e.what());
   }
-  GPU_CHECK(threw);
+  return std::string("(no error)");
+}
+
+}  // namespace
+
+TANGRAM_GPU_TEST("gpu decode launcher rejects what it cannot run", "[gpu][decode][errors]") {
+  GPU_CHECK(decode_launch_error(96, dtype::bf16, dtype::bf16).find("head_dim 96") != std::string::npos);
 }
 
 TANGRAM_GPU_TEST("gpu decode launcher names the field for fp8 it cannot run",
                  "[gpu][decode][fp8][errors]") {
-  // Launches on fp8 pages of head dim d with queries in q_dtype; returns the error message.
-  auto message = [](std::int32_t d, dtype q_dtype) {
-    page_geometry geo{16, 2, d, dtype::fp8_e5m2};
-    test::sequence_spec s;
-    s.seq_tokens = 4;
-    s.base_len   = {4, 4};
-    test_cache cache(test::adjacent_layout(geo, 1, 2), {s}, 1);
-    auto hv = cache.view({0});
-    test::device_cache dev(cache, hv);
-    std::int32_t begin[3] = {0, 1, 2};
-    device_buffer dbegin(std::vector<std::int32_t>(begin, begin + 3)), dq(4096), dout(4096),
-        ws(1 << 20);
-    decode_params p;
-    p.kv      = dev.view;
-    p.splits  = {1, 2, 2, dbegin.get<std::int32_t>()};
-    p.q       = dq.get();
-    p.q_dtype = q_dtype;
-    p.o       = dout.get();
-    try {
-      decode_attention(p, ws.get(), ws.bytes(), nullptr);
-    } catch (invalid_argument const& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
   // Head dim 96 has no fp8 instantiation: the dtype and the head dim are named.
-  GPU_CHECK(message(96, dtype::bf16).find("kv dtype fp8_e5m2 with head_dim 96") !=
+  GPU_CHECK(decode_launch_error(96, dtype::fp8_e5m2, dtype::bf16).find("kv dtype fp8_e5m2 with head_dim 96") !=
             std::string::npos);
   // fp8 is a K/V storage type only: fp8 queries are rejected by field and value.
-  const std::string q_error = message(64, dtype::fp8_e4m3);
+  const std::string q_error = decode_launch_error(64, dtype::fp8_e5m2, dtype::fp8_e4m3);
   GPU_CHECK(q_error.find("decode_params.q_dtype/o_dtype") != std::string::npos);
   GPU_CHECK(q_error.find("fp8_e4m3") != std::string::npos);
 }
