@@ -296,7 +296,8 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
   CHECK(rep.replays == 12);
   // The balanced-planner point: the baseline re-plans with skew 1 everywhere.
   auto const& balanced = rep.points[6];
-  CHECK(balanced.variation.constant == "planner_skew");
+  CHECK(balanced.variation.constant == "baseline_balance");
+  CHECK(balanced.variation.end == "perfect");
   CHECK(balanced.variation.costs.charges_for("unified_nonuniform").skew_for(7) == 1.0);
   CHECK(balanced.variation.costs.charges_for("unified_nonuniform").replan_fraction == costs.replan_fraction);
   // The masked-kernel point: the baseline replayed with live reads, Tangram with its default.

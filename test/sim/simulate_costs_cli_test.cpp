@@ -100,7 +100,7 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
   // 4 charges at both ends; a balanced planner; the baseline's kernel padded and masked;
   // max_tokens 512, 8192 and the rest of the context; the baseline under both admission rules
   CHECK(s["points"].size() == 16);
-  CHECK(t.out.find("planner_skew = 1.000") != std::string::npos);
+  CHECK(t.out.find("baseline_balance = perfect") != std::string::npos);
   CHECK(t.out.find("max_tokens = 512") != std::string::npos);
   CHECK(t.out.find("max_tokens = 8192") != std::string::npos);
   CHECK(t.out.find("max_tokens = context (") != std::string::npos);
@@ -163,6 +163,25 @@ TEST_CASE("simulate --decode-window: Tangram reserves a window and says so", "[s
   }
 }
 
+TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no skew", "[simulate][cli][issue13]") {
+  namespace json = tangram::detail::json;
+  auto measured = run(small({"--json"}));
+  auto perfect  = run(small({"--json", "--baseline-balance", "perfect"}));
+  REQUIRE(measured.code == 0);
+  REQUIRE(perfect.code == 0);
+  auto dm = json::parse(measured.out, "stdout");
+  auto dp = json::parse(perfect.out, "stdout");
+  json::node m(dm, "stdout"), p(dp, "stdout");
+  CHECK(p["cost_model"]["serving_costs"]["baseline_balance"].as_string() == "perfect");
+  auto t = [](json::node const& root, char const* field) {
+    return root["policies"]["unified_nonuniform"]["modelled_time_breakdown"][field].as_double(0, 1e12);
+  };
+  CHECK(t(p, "replanning_s") > 0);
+  CHECK(t(p, "decode_attention_s") < t(m, "decode_attention_s"));  // the measured planner's skew is above 1
+  CHECK(p["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12) ==
+        m["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12));
+}
+
 TEST_CASE("simulate refuses bad cost and reservation options, naming them",
           "[simulate][cli][errors][issue13]") {
   struct bad {
@@ -171,7 +190,7 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
   } cases[] = {
       {{"simulate", "--max-tokens", "0"}, "--max-tokens: must be in [1, 1073741824], got 0"},
       {{"simulate", "--max-context", "100"}, "--max-context: must be in [4096, 2147483647], got 100"},
-      {{"simulate", "--baseline-balance", "foo"}, "--baseline-balance: expected one of replan, none"},
+      {{"simulate", "--baseline-balance", "foo"}, "--baseline-balance: expected one of replan, none, perfect"},
       {{"simulate", "--baseline-reads", "dense"}, "--baseline-reads: expected one of padded, masked"},
       {{"simulate", "--decode-window", "-1"}, "--decode-window: must be in [0, 1073741824], got -1"},
       {{"simulate", "--baseline-retention", "x"}, "--baseline-retention: expected one of own, budgets"},

@@ -679,7 +679,8 @@ int simulate(simulate_args& a, streams io) {
                : pt.variation.constant == "max_tokens"
                    ? (pt.variation.end == "context" ? cat("context (", fixed(pt.variation.value, 0), ")")
                                                     : fixed(pt.variation.value, 0))
-               : pt.variation.constant == "baseline_admission" || pt.variation.constant == "baseline_reads"
+               : pt.variation.constant == "baseline_admission" || pt.variation.constant == "baseline_reads" ||
+                       pt.variation.constant == "baseline_balance"
                    ? pt.variation.end
                                                        : fixed(pt.variation.value, 3))
         << std::right
@@ -701,6 +702,8 @@ int simulate(simulate_args& a, streams io) {
     << " us (uncalibrated, not measured: swept 200-3000 us by --sensitivity); baseline balance " << to_string(costs.balance)
     << (costs.balance == baseline_balance::replan
             ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, the per-step planner's measured skew)")
+        : costs.balance == baseline_balance::perfect
+            ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, skew 1)")
             : cat(" (unbalanced skew ", fixed(costs.unbalanced_skew, 2), ")"))
     << ";\n  decode skew measured from the split maps at decode batch " << skew_curve_text(costs.tangram_skew_by_batch)
     << " (a step pays its own batch's):\n    planner  " << skew_curve_values(costs.planner_skew_by_batch) << "\n    tangram  "
@@ -848,9 +851,13 @@ command_body setup_simulate(CLI::App& app) {
       "whole uncompressed prompt fits (whole)");
   add_choice(
       app, "--baseline-balance",
-      [a](std::string const& v) { a->costs.balance = v == "none" ? baseline_balance::none : baseline_balance::replan; },
-      "replan", {"replan", "none"},
-      "unified_nonuniform balances decode by per-step re-planning (replan) or not at all (none: decode skew)");
+      [a](std::string const& v) {
+        a->costs.balance = v == "none" ? baseline_balance::none : v == "perfect" ? baseline_balance::perfect : baseline_balance::replan;
+      },
+      "replan", {"replan", "none", "perfect"},
+      "unified_nonuniform balances decode by per-step re-planning (replan: the measured greedy planner's skew), not at "
+      "all (none: the unbalanced decode skew) or by a re-planning that balances perfectly (perfect: skew 1, "
+      "re-planning still charged)");
   add_number(app, "--reclaim-us-per-page", a->reclaim_us, {0, 1e6},
              "Charged time per reclaimed page, us (default 3.2: the paper's +17.5% prefill)");
   add_number(app, "--unbalanced-skew", a->skew, {1, 100},

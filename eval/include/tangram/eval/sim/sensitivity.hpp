@@ -52,7 +52,8 @@ inline char const* baseline_reads_name(bool masked) { return masked ? "masked" :
 
 /// The variations a sweep runs, each at both ends of its range: reclaim per page; the baseline
 /// balancing by re-planning (replan_fraction) and without balancing (unbalanced_skew), whichever
-/// the default is; a perfectly balancing per-step planner (`planner_skew` 1, one point); the
+/// the default is; a perfectly balancing per-step planner (`baseline_balance` `perfect`, one
+/// point, unless that is the run's own); the
 /// per-step overhead; the baseline's kernel reading whole pages (`padded`, value 1) or masking
 /// each head at its length (`masked`, value 0).
 inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& base) {
@@ -74,11 +75,9 @@ inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& 
   }
   // A per-step planner that balances perfectly (skew 1 at every batch; it still pays
   // re-planning): the measured greedy planners are one way to plan, not the best one.
-  {
-    cost_variation c{"planner_skew", "balanced", 1.0, base};
-    c.costs.balance               = baseline_balance::replan;
-    c.costs.planner_skew          = 1.0;
-    c.costs.planner_skew_by_batch = {};
+  if (base.balance != baseline_balance::perfect) {
+    cost_variation c{"baseline_balance", "perfect", 1.0, base};
+    c.costs.balance = baseline_balance::perfect;
     out.push_back(std::move(c));
   }
   add("step_overhead_s", serving_costs::step_overhead_range(), &serving_costs::step_overhead_s);

@@ -54,12 +54,13 @@ namespace tangram::sim {
 
 /// @brief How the unified-page baseline balances its non-uniform heads in decode.
 enum class baseline_balance : std::uint8_t {
-  replan,  ///< a per-step planner (FlashInfer plan()): balanced, pays replan_fraction
-  none,    ///< no load balancing: pays the unbalanced decode skew
+  replan,   ///< a per-step planner (FlashInfer plan()): its measured skew, pays replan_fraction
+  none,     ///< no load balancing: pays the unbalanced decode skew
+  perfect,  ///< a per-step planner that balances perfectly: skew 1, still pays replan_fraction
 };
 
 constexpr std::string_view to_string(baseline_balance b) noexcept {
-  return b == baseline_balance::replan ? "replan" : "none";
+  return b == baseline_balance::replan ? "replan" : b == baseline_balance::none ? "none" : "perfect";
 }
 
 /// The batch sizes the decode skews are measured at: 1, 2, 4, ... up to `max_running` (which is
@@ -119,7 +120,9 @@ struct serving_costs {
     // the baseline does.
     if (name == "unified_nonuniform") c.padded_reads = padded_reads && !baseline_masked_reads;
     if (name == "unified_nonuniform" || name == "reservation_only" || name == "+head_groups") {
-      if (balance == baseline_balance::replan) {
+      if (balance == baseline_balance::perfect) {
+        c.replan_fraction = replan_fraction;  // skew stays 1
+      } else if (balance == baseline_balance::replan) {
         c.decode_skew          = planner_skew;
         c.decode_skew_by_batch = planner_skew_by_batch;
         c.replan_fraction      = replan_fraction;
