@@ -28,6 +28,7 @@
 #include "tangram/device/device_limits.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
+#include "tangram/kernels/kv_scales.hpp"
 #include "tangram/kernels/math.hpp"
 #include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_view.hpp"
@@ -158,6 +159,10 @@ struct decode_params {
   float* lse            = nullptr;  ///< optional
   const float* sinks    = nullptr;  ///< optional
   float sm_scale        = 0.f;      ///< logit scale; 0 means 1/sqrt(head_dim)
+  /// fp8 pages only: K/V of KV head h hold `to_float(stored) * s_h` (kv_scales.hpp; device
+  /// arrays for the launcher). The kernel folds the K scale into the pre-scaled query and the
+  /// V scale into the output; the reference dequantises every element.
+  kv_scales scales;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;
@@ -171,11 +176,13 @@ struct decode_params {
   }
 
   /**
-   * @brief Checks everything that can be checked on the host without reading the arrays.
+   * @brief Checks everything that can be checked on the host without reading the arrays (the
+   * scale values are not read: see kv_scales).
    * @throw invalid_argument naming the field and the value.
    */
   void validate() const {
     validate_view(kv, "decode_params", layer, decode_max_batch);
+    scales.validate("decode_params", kv.num_kv_heads, kv.geometry.kv_dtype);
     TANGRAM_EXPECTS(group >= 1 && group <= decode_max_group,
                     invalid_argument,
                     "decode_params.group: must be in [1, ",

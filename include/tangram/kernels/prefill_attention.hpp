@@ -48,6 +48,7 @@
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
+#include "tangram/kernels/kv_scales.hpp"
 #include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_view.hpp"
 
@@ -123,6 +124,10 @@ struct prefill_params {
   float* lse                       = nullptr;  ///< optional
   const float* sinks               = nullptr;  ///< optional
   float sm_scale                   = 0.f;      ///< logit scale; 0 means 1/sqrt(head_dim)
+  /// fp8 only: pages and `chunk_k`/`chunk_v` of KV head h hold `to_float(stored) * s_h`
+  /// (kv_scales.hpp; device arrays for the launcher). The kernel folds the K scale into the
+  /// pre-scaled queries and the V scale into the output; the reference dequantises every element.
+  kv_scales scales;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;
@@ -141,6 +146,7 @@ struct prefill_params {
    */
   void validate() const {
     validate_view(kv, "prefill_params", layer, prefill_max_batch);
+    scales.validate("prefill_params", kv.num_kv_heads, kv.geometry.kv_dtype);
     TANGRAM_EXPECTS(group >= 1 && group <= prefill_max_group,
                     invalid_argument,
                     "prefill_params.group: must be in [1, ",

@@ -125,6 +125,13 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   const int h              = p.splits.head_of_cta(layer, cta);
   const std::int64_t share = p.splits.share(layer, h);
   const std::int64_t j     = cta - p.splits.begin(layer, h);
+  // fp8 scales (kv_scales.hpp), folded once per CTA: q . (s_k k) = (s_k q) . k, so the K scale
+  // joins the query's pre-scale; sum_i w_i (s_v v_i) = s_v sum_i w_i v_i, so the V scale
+  // multiplies the CTA's normalised output (whole or partial: the merge is a weighted average of
+  // partials, linear in them). Exact up to rounding (one more multiply per query element and per
+  // output element, instead of one per K/V element).
+  const float q_scale = a.scale2 * p.scales.k_of(h);
+  const float v_scale = p.scales.v_of(h);
 
   // 1. The head's inclusive length prefix over the batch, in shared memory.
   auto* incl         = reinterpret_cast<std::int64_t*>(smem);
@@ -201,7 +208,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
                                           r * p.q_row_stride() +
                                               static_cast<std::int64_t>(h * group + g) * D +
                                               tx * vec + i) *
-                                  a.scale2
+                                  q_scale
                             : 0.f;
       }
     }
@@ -316,6 +323,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
         ss += s_s[z][g] * w;
         oo += merge[(z * GB + g) * D + x] * w;
       }
+      oo *= v_scale;
       const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
       if (whole) {
         float sink2 = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
