@@ -23,9 +23,9 @@ namespace {
 /// Per-head magnitudes of one fp8 format's out-of-range inputs.
 struct range_case {
   dtype t;
-  float fmax;     ///< largest finite value of the format
-  float k_amp;    ///< K ~ U(-k_amp, k_amp) * (1 + h)
-  float v_lo;     ///< V ~ U(v_lo, v_hi) * (1 + h)
+  float fmax;   ///< largest finite value of the format
+  float k_amp;  ///< K ~ U(-k_amp, k_amp) * (1 + h)
+  float v_lo;   ///< V ~ U(v_lo, v_hi) * (1 + h)
   float v_hi;
 };
 
@@ -49,7 +49,7 @@ std::vector<float> append_then_decode(range_case const& rc,
   seq.appended   = N;
   seq.base_len.assign(H, 0);
   test::test_cache cache(test::adjacent_layout(page_geometry{16, 2, d, rc.t}, 1, H), {seq}, 9);
-  kv_cache_view view = cache.view({0});
+  kv_cache_view view                 = cache.view({0});
   std::vector<std::int32_t> appended = {0};
   view.appended                      = appended.data();
   emu_backend backend;
@@ -117,7 +117,7 @@ void check_range(range_case const& rc) {
     for (std::int32_t t = 0; t < N; ++t) {
       double dot = 0, ddot = 0;
       for (std::int32_t x = 0; x < d; ++x) {
-        auto at = (static_cast<std::size_t>(t) * H + h) * d + x;
+        auto at   = (static_cast<std::size_t>(t) * H + h) * d + x;
         double qx = q[static_cast<std::size_t>(h * d + x)];
         dot += qx * k[at];
         ddot += qx * (quantise<T>(k[at], sk[h]) - k[at]);
@@ -142,8 +142,8 @@ void check_range(range_case const& rc) {
       const auto at      = static_cast<std::size_t>(h * d + x);
       const double es = std::abs(o_scaled[at] - exact), eu = std::abs(o_unscaled[at] - exact);
       INFO(to_string(rc.t) << " head " << h << " dim " << x << ": exact " << exact << ", scaled "
-                           << o_scaled[at] << ", unscaled " << o_unscaled[at] << ", bound "
-                           << bound << " (max |dv| " << dv_max << ", D " << D << ")");
+                           << o_scaled[at] << ", unscaled " << o_unscaled[at] << ", bound " << bound
+                           << " (max |dv| " << dv_max << ", D " << D << ")");
       REQUIRE(es <= bound);
       worst_scaled   = std::max(worst_scaled, es / bound);
       worst_unscaled = std::max(worst_unscaled, eu / bound);

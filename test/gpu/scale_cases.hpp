@@ -18,8 +18,9 @@ namespace tangram::test {
 enum class scale_mode : std::uint8_t { none, per_tensor, per_head };
 
 inline const char* to_string(scale_mode m) {
-  return m == scale_mode::none ? "no scales" : m == scale_mode::per_tensor ? "per-tensor scales"
-                                                                          : "per-head scales";
+  return m == scale_mode::none         ? "no scales"
+         : m == scale_mode::per_tensor ? "per-tensor scales"
+                                       : "per-head scales";
 }
 
 /// The K and V scale arrays of a scenario (host memory) and their kv_scales.
@@ -29,7 +30,9 @@ struct scale_arrays {
   /// Scales of `mode` for `heads` KV heads: every value distinct and in [0.5, 2], K's and V's
   /// drawn separately, so a scale read for the wrong head or K and V swapped changes results.
   scale_arrays(scale_mode mode, std::int32_t heads, std::uint64_t seed) {
-    const std::int32_t n = mode == scale_mode::none ? 0 : mode == scale_mode::per_tensor ? 1 : heads;
+    const std::int32_t n = mode == scale_mode::none         ? 0
+                           : mode == scale_mode::per_tensor ? 1
+                                                            : heads;
     std::mt19937_64 rng(seed * 31 + 5);
     std::uniform_real_distribution<float> u(0.5f, 2.f);
     for (std::int32_t i = 0; i < n; ++i) {

@@ -82,10 +82,10 @@ TEST_CASE("append stores the fp8 encoding of x / s, saturating, per tensor", "[a
 
 TEST_CASE("append stores the fp8 encoding of x / s_h per KV head, K and V apart",
           "[append][scales]") {
-  auto cache = one_sequence(dtype::fp8_e5m2, 2, 1);
-  auto view  = cache.view({0});
-  std::vector<float> k = {1.f, 0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 0.f};
-  std::vector<float> v = {3.f, 0.f, 0.f, 0.f, 3e5f, 0.f, 0.f, 0.f};
+  auto cache            = one_sequence(dtype::fp8_e5m2, 2, 1);
+  auto view             = cache.view({0});
+  std::vector<float> k  = {1.f, 0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 0.f};
+  std::vector<float> v  = {3.f, 0.f, 0.f, 0.f, 3e5f, 0.f, 0.f, 0.f};
   std::vector<float> sk = {0.5f, 8.f}, sv = {2.f, 1024.f};
   append_params p;
   p.kv        = view;
@@ -172,10 +172,10 @@ TEST_CASE("decode and prefill read stored fp8 times the head's scale, K and V ap
 }
 
 TEST_CASE("kv_scales are validated naming the field and the value", "[scales][errors]") {
-  auto cache  = one_sequence(dtype::fp8_e4m3, 8, 1);
-  auto bf16   = one_sequence(dtype::bf16, 8, 1);
-  auto view   = cache.view({0});
-  auto bview  = bf16.view({0});
+  auto cache = one_sequence(dtype::fp8_e4m3, 8, 1);
+  auto bf16  = one_sequence(dtype::bf16, 8, 1);
+  auto view  = cache.view({0});
+  auto bview = bf16.view({0});
   std::vector<float> ones(8, 1.f), q(8 * d, 0.f), o(8 * d), kv_row(8 * d, 0.f);
   std::vector<std::int32_t> indptr = {0, 0};
   std::vector<std::uint8_t> chunk(8 * d);
@@ -218,36 +218,52 @@ TEST_CASE("kv_scales are validated naming the field and the value", "[scales][er
   CHECK_NOTHROW(prefill(view, {ones.data(), ones.data(), 8}));
 
   // count 2 with 8 KV heads
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(view, {ones.data(), ones.data(), 2}), invalid_argument,
-                                  "decode_params.scales.count: must be 0, 1 or num_kv_heads (8), got 2");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(append(view, {ones.data(), ones.data(), 2}), invalid_argument,
-                                  "append_params.scales.count: must be 0, 1 or num_kv_heads (8), got 2");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(prefill(view, {ones.data(), ones.data(), -1}), invalid_argument,
-                                  "prefill_params.scales.count: must be 0, 1 or num_kv_heads (8), got -1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      decode(view, {ones.data(), ones.data(), 2}),
+      invalid_argument,
+      "decode_params.scales.count: must be 0, 1 or num_kv_heads (8), got 2");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      append(view, {ones.data(), ones.data(), 2}),
+      invalid_argument,
+      "append_params.scales.count: must be 0, 1 or num_kv_heads (8), got 2");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      prefill(view, {ones.data(), ones.data(), -1}),
+      invalid_argument,
+      "prefill_params.scales.count: must be 0, 1 or num_kv_heads (8), got -1");
   // null arrays with count > 0
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(view, {nullptr, ones.data(), 8}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(view, {nullptr, ones.data(), 8}),
+                                  invalid_argument,
                                   "decode_params.scales.k: null with count 8");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(append(view, {ones.data(), nullptr, 1}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(append(view, {ones.data(), nullptr, 1}),
+                                  invalid_argument,
                                   "append_params.scales.v: null with count 1");
   // scales with a non-fp8 KV dtype
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(bview, {ones.data(), ones.data(), 1}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(bview, {ones.data(), ones.data(), 1}),
+                                  invalid_argument,
                                   "decode_params.scales: only for fp8 KV dtypes, kv dtype is bf16");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(prefill(bview, {ones.data(), ones.data(), 8}), invalid_argument,
-                                  "prefill_params.scales: only for fp8 KV dtypes, kv dtype is bf16");
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(append(bview, {ones.data(), ones.data(), 8}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      prefill(bview, {ones.data(), ones.data(), 8}),
+      invalid_argument,
+      "prefill_params.scales: only for fp8 KV dtypes, kv dtype is bf16");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(append(bview, {ones.data(), ones.data(), 8}),
+                                  invalid_argument,
                                   "append_params.scales: only for fp8 KV dtypes, kv dtype is bf16");
   // values (the references read them; the launchers cannot)
   std::vector<float> bad = ones;
   bad[3]                 = 0.f;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(view, {bad.data(), ones.data(), 8}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(view, {bad.data(), ones.data(), 8}),
+                                  invalid_argument,
                                   "decode_params.scales.k[3]: must be finite and > 0, got 0");
   bad[3] = -2.f;
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(append(view, {ones.data(), bad.data(), 8}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(append(view, {ones.data(), bad.data(), 8}),
+                                  invalid_argument,
                                   "append_params.scales.v[3]: must be finite and > 0, got -2");
   bad[3] = std::numeric_limits<float>::infinity();
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(prefill(view, {bad.data(), ones.data(), 8}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(prefill(view, {bad.data(), ones.data(), 8}),
+                                  invalid_argument,
                                   "prefill_params.scales.k[3]: must be finite and > 0, got inf");
   bad[3] = std::numeric_limits<float>::quiet_NaN();
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(view, {ones.data(), bad.data(), 8}), invalid_argument,
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode(view, {ones.data(), bad.data(), 8}),
+                                  invalid_argument,
                                   "decode_params.scales.v[3]: must be finite and > 0, got nan");
 }

@@ -42,9 +42,9 @@ namespace tangram {
  * launcher cannot read without a host synchronisation.
  */
 struct kv_scales {
-  const float* k     = nullptr;  ///< K scales: `count` floats (device for kernels, host for references)
-  const float* v     = nullptr;  ///< V scales: `count` floats
-  std::int32_t count = 0;        ///< 0 (none), 1 (per tensor) or num_kv_heads (per KV head)
+  const float* k = nullptr;  ///< K scales: `count` floats (device for kernels, host for references)
+  const float* v = nullptr;  ///< V scales: `count` floats
+  std::int32_t count = 0;    ///< 0 (none), 1 (per tensor) or num_kv_heads (per KV head)
 
   /// K scale of KV head `h` (1 without scales).
   [[nodiscard]] TANGRAM_HOST_DEVICE float k_of(std::int32_t h) const {
@@ -64,14 +64,23 @@ struct kv_scales {
    */
   void validate(const char* owner, std::int32_t num_kv_heads, dtype kv_dtype) const {
     TANGRAM_EXPECTS(count == 0 || count == 1 || count == num_kv_heads,
-                    invalid_argument, owner, ".scales.count: must be 0, 1 or num_kv_heads (",
-                    num_kv_heads, "), got ", count);
+                    invalid_argument,
+                    owner,
+                    ".scales.count: must be 0, 1 or num_kv_heads (",
+                    num_kv_heads,
+                    "), got ",
+                    count);
     if (count == 0) return;
     TANGRAM_EXPECTS(k != nullptr, invalid_argument, owner, ".scales.k: null with count ", count);
     TANGRAM_EXPECTS(v != nullptr, invalid_argument, owner, ".scales.v: null with count ", count);
-    TANGRAM_EXPECTS(kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2, invalid_argument,
-                    owner, ".scales: only for fp8 KV dtypes, kv dtype is ", to_string(kv_dtype),
-                    " (count ", count, ")");
+    TANGRAM_EXPECTS(kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2,
+                    invalid_argument,
+                    owner,
+                    ".scales: only for fp8 KV dtypes, kv dtype is ",
+                    to_string(kv_dtype),
+                    " (count ",
+                    count,
+                    ")");
   }
 
   /**
@@ -81,10 +90,20 @@ struct kv_scales {
    */
   void validate_values(const char* owner) const {
     for (std::int32_t i = 0; i < count; ++i) {
-      TANGRAM_EXPECTS(std::isfinite(k[i]) && k[i] > 0.f, invalid_argument, owner, ".scales.k[", i,
-                      "]: must be finite and > 0, got ", k[i]);
-      TANGRAM_EXPECTS(std::isfinite(v[i]) && v[i] > 0.f, invalid_argument, owner, ".scales.v[", i,
-                      "]: must be finite and > 0, got ", v[i]);
+      TANGRAM_EXPECTS(std::isfinite(k[i]) && k[i] > 0.f,
+                      invalid_argument,
+                      owner,
+                      ".scales.k[",
+                      i,
+                      "]: must be finite and > 0, got ",
+                      k[i]);
+      TANGRAM_EXPECTS(std::isfinite(v[i]) && v[i] > 0.f,
+                      invalid_argument,
+                      owner,
+                      ".scales.v[",
+                      i,
+                      "]: must be finite and > 0, got ",
+                      v[i]);
     }
   }
 };
