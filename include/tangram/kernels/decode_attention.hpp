@@ -260,7 +260,7 @@ inline std::size_t decode_workspace_bytes(split_map_view const& splits,
 inline constexpr std::int32_t decode_head_dims[] = {64, 128, 256};
 
 /// True when the CUDA kernels support this (KV dtype, head dim): every dtype (f32, f16, bf16,
-/// fp8_e4m3, fp8_e5m2; fp8 read as stored, widened to f32) x head dims 64/128/256.
+/// fp8_e4m3, fp8_e5m2; fp8 widened to f32, times its kv_scales) x head dims 64/128/256.
 constexpr bool decode_kernel_supports(dtype kv_dtype, std::int32_t head_dim) noexcept {
   return (kv_dtype == dtype::f32 || kv_dtype == dtype::f16 || kv_dtype == dtype::bf16 ||
           kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2) &&

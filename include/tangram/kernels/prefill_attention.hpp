@@ -207,7 +207,7 @@ inline std::size_t prefill_workspace_bytes(prefill_params const&) {
 // ---------------------------------------------------------------------------------------------
 
 /// True when the CUDA kernel supports this (KV dtype, head dim): every dtype (f32, f16, bf16,
-/// fp8_e4m3, fp8_e5m2; fp8 read as stored, widened to f32) x head dims 64/128/256.
+/// fp8_e4m3, fp8_e5m2; fp8 widened to f32, times its kv_scales) x head dims 64/128/256.
 constexpr bool prefill_kernel_supports(dtype kv_dtype, std::int32_t head_dim) noexcept {
   return (kv_dtype == dtype::f32 || kv_dtype == dtype::f16 || kv_dtype == dtype::bf16 ||
           kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2) &&

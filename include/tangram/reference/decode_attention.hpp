@@ -68,7 +68,8 @@ void attend_piece(head_cursor const& cur,
       auto& st = out[static_cast<std::size_t>(g)];
       float p  = exp2_shifted(logits[static_cast<std::size_t>(t * group + g)], st.m);
       st.s += p;
-      for (std::int32_t x = 0; x < d; ++x) st.o[static_cast<std::size_t>(x)] += p * (to_float(v[x]) * v_scale);
+      for (std::int32_t x = 0; x < d; ++x)
+        st.o[static_cast<std::size_t>(x)] += p * (to_float(v[x]) * v_scale);
     }
   }
 }
