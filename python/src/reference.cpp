@@ -50,6 +50,18 @@ void expect_elements(std::size_t size, std::int64_t count, char const* what) {
                   ": expected ", count, " elements, got ", size);
 }
 
+/// fp8 scales from optional k_scale / v_scale (both or neither, one element per tensor or one
+/// per KV head): a kv_scales over the arrays (valid while they live); count 0 for none. The
+/// count, dtype and values are checked by the reference (kernels/kv_scales.hpp).
+kv_scales scales_of(std::optional<f32_array> const& k_scale,
+                    std::optional<f32_array> const& v_scale) {
+  TANGRAM_EXPECTS(k_scale.has_value() == v_scale.has_value(), invalid_argument,
+                  "k_scale, v_scale: pass both or neither");
+  if (!k_scale) return {};
+  expect_elements(v_scale->size(), static_cast<std::int64_t>(k_scale->size()), "v_scale");
+  return {k_scale->data(), v_scale->data(), static_cast<std::int32_t>(k_scale->size())};
+}
+
 /// K/V in the cache's dtype (see `carries`) with exactly `count` elements.
 void expect_cache_elements(any_array const& a, kv_cache_view const& v, std::int64_t count,
                            char const* what) {
@@ -95,7 +107,8 @@ void expect_key_shape(Keys const& keys, kv_cache_view const& view, std::int32_t 
 void bind_reference(nb::module_& m) {
   m.def(
       "reference_append",
-      [](bound_kv_cache& c, std::int32_t layer, f32_array k, f32_array v) {
+      [](bound_kv_cache& c, std::int32_t layer, f32_array k, f32_array v,
+         std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
         c.expect_host_pool("reference_append");
         expect_layer(c.kv.plan(), layer);
         auto view = c.kv.view();
@@ -109,16 +122,19 @@ void bind_reference(nb::module_& m) {
         p.k         = k.data();
         p.v         = v.data();
         p.src_dtype = dtype::f32;
+        p.scales    = scales_of(k_scale, v_scale);
         reference::append_decode_kv(p);
       },
-      nb::arg("kv"), nb::arg("layer"), nb::arg("k"), nb::arg("v"),
+      nb::arg("kv"), nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::kw_only(),
+      nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       "Writes one decode token's K/V ([batch, H, d] float32, converted to the cache dtype) of\n"
-      "`layer` for every batch member, after decode_step (reference/append.hpp).");
+      "`layer` for every batch member, after decode_step (reference/append.hpp). fp8 caches:\n"
+      "k_scale / v_scale float32 of 1 (per tensor) or H (per KV head) elements store x / s.");
 
   m.def(
       "reference_decode_attention",
       [](bound_kv_cache& c, std::int32_t layer, f32_array q, std::optional<f32_array> sinks,
-         float sm_scale) {
+         float sm_scale, std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
         c.expect_host_pool("reference_decode_attention");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
@@ -141,6 +157,7 @@ void bind_reference(nb::module_& m) {
         p.lse      = lse.data();
         p.sinks    = sinks ? sinks->data() : nullptr;
         p.sm_scale = sm_scale;
+        p.scales   = scales_of(k_scale, v_scale);
         reference::decode_attention(p);
         auto b = static_cast<std::size_t>(view.batch_size);
         auto hq = static_cast<std::size_t>(view.num_kv_heads * group);
@@ -149,15 +166,17 @@ void bind_reference(nb::module_& m) {
             numpy_copy(lse, {b, hq}));
       },
       nb::arg("kv"), nb::arg("layer"), nb::arg("q"), nb::arg("sinks") = nb::none(),
-      nb::arg("sm_scale") = 0.f,
+      nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       "Decode attention of `layer` for the batch (reference/decode_attention.hpp, split as the\n"
       "plan's split map): q [batch, query heads, d] float32 -> (o [batch, query heads, d],\n"
-      "lse [batch, query heads]) float32. sm_scale 0 means 1/sqrt(d).");
+      "lse [batch, query heads]) float32. sm_scale 0 means 1/sqrt(d). fp8 caches: k_scale /\n"
+      "v_scale float32 of 1 or H elements read stored * s.");
 
   m.def(
       "reference_prefill_attention",
       [](bound_kv_cache& c, std::int32_t layer, chunk_rows chunk_indptr, f32_array q,
-         any_array chunk_k, any_array chunk_v, std::optional<f32_array> sinks, float sm_scale) {
+         any_array chunk_k, any_array chunk_v, std::optional<f32_array> sinks, float sm_scale,
+         std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
         c.expect_host_pool("reference_prefill_attention");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
@@ -192,6 +211,7 @@ void bind_reference(nb::module_& m) {
         p.lse          = lse.data();
         p.sinks        = sinks ? sinks->data() : nullptr;
         p.sm_scale     = sm_scale;
+        p.scales       = scales_of(k_scale, v_scale);
         reference::prefill_attention(p);
         auto n = static_cast<std::size_t>(rows), h = static_cast<std::size_t>(hq);
         return std::make_tuple(
@@ -200,12 +220,13 @@ void bind_reference(nb::module_& m) {
       },
       nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr").noconvert(), nb::arg("q"),
       nb::arg("chunk_k"), nb::arg("chunk_v"), nb::kw_only(), nb::arg("sinks") = nb::none(),
-      nb::arg("sm_scale") = 0.f,
+      nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       "Chunked-prefill attention of `layer` (reference/prefill_attention.hpp), state before the\n"
       "chunk (after prepare_chunk, before the eviction): each chunk row attends over its head's\n"
       "kept tokens and the chunk's rows up to itself. q [rows, query heads, d] float32,\n"
       "chunk_k/chunk_v [rows, H, d] in the cache dtype -> (o [rows, query heads, d],\n"
-      "lse [rows, query heads]) float32.");
+      "lse [rows, query heads]) float32. fp8 caches: k_scale / v_scale float32 of 1 or H\n"
+      "elements (pages and chunk K/V read stored * s).");
 
   m.def(
       "reference_evict",

@@ -136,3 +136,31 @@ def test_too_few_candidates_is_refused_before_anything_changes(static_plan):
         tangram.reference_evict(kv, 0, indptr, kv_data, kv_data, max_candidates=1)
     assert np.array_equal(kv.pool(), before)
     kv.check_invariants()
+
+
+def test_fp8_scales_reach_the_reference_and_are_validated(static_plan):
+    # The fixture's cache is bf16: scales are refused naming the field (they are for fp8 caches
+    # only, kernels/kv_scales.hpp); the count and the pairing are checked too.
+    plan = static_plan
+    H, d, group = plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
+    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    seq = kv.try_admit(4, 4)
+    kv.set_batch([seq])
+    kv.prepare_chunk(seq, 4)
+    kv.commit_chunk(seq, np.array(kv.expected_kept(seq, 4), dtype=np.int32))
+    kv.decode_step()
+    k = np.zeros((1, H, d), dtype=np.float32)
+    one = np.ones(1, dtype=np.float32)
+    with pytest.raises(ValueError, match="append_params.scales: only for fp8 KV dtypes, kv dtype is bf16"):
+        tangram.reference_append(kv, 0, k, k, k_scale=one, v_scale=one)
+    with pytest.raises(ValueError, match="k_scale, v_scale: pass both or neither"):
+        tangram.reference_append(kv, 0, k, k, k_scale=one)
+    q = np.zeros((1, H * group, d), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"decode_params.scales.count: must be 0, 1 or num_kv_heads"):
+        tangram.reference_decode_attention(kv, 0, q, k_scale=np.ones(H + 1, dtype=np.float32),
+                                           v_scale=np.ones(H + 1, dtype=np.float32))
+    with pytest.raises(ValueError, match="v_scale: expected 1 elements, got 2"):
+        tangram.reference_decode_attention(kv, 0, q, k_scale=one,
+                                           v_scale=np.ones(2, dtype=np.float32))
+    o, _ = tangram.reference_decode_attention(kv, 0, q)  # no scales: fine
+    assert o.shape == (1, H * group, d)

@@ -22,3 +22,18 @@ TEST_CASE("emulated append_decode_kv matches the reference for every cache and s
       CHECK(test::check_append(cache, src, backend) == "");
     }
 }
+
+TEST_CASE("emulated append_decode_kv matches the reference for fp8 caches with scales",
+          "[emu][append][fp8][scales]") {
+  std::uint64_t seed = 40;
+  for (dtype cache : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (auto m : {test::scale_mode::per_tensor, test::scale_mode::per_head})
+      for (dtype src : test::append_source_dtypes()) {
+        auto o = test::emu_schedules(++seed, 1).front();
+        INFO("cache " << to_string(cache) << " src " << to_string(src) << ", " << to_string(m)
+                      << ", schedule seed " << o.seed);
+        emu::scoped_options scope(o);
+        test::emu_backend backend;
+        CHECK(test::check_append(cache, src, backend, m) == "");
+      }
+}

@@ -28,6 +28,11 @@ TEST_CASE("emulated decode equals the CPU reference: fp8 e4m3 / e5m2 x head dims
   for (auto const& c : test::decode_cases_fp8()) test::emu_check_all_schedules(c, 1);
 }
 
+TEST_CASE("emulated decode equals the CPU reference: fp8 with per-tensor and per-head scales",
+          "[emu][decode][fp8][scales]") {
+  for (auto const& c : test::decode_cases_fp8_scaled()) test::emu_check_all_schedules(c, 2);
+}
+
 TEST_CASE("emulated decode on fp8 pages read in the other fp8 format differs from the reference",
           "[emu][decode][fp8]") {
   // The comparison can fail on an fp8 misread: the same bytes widened as the other format (what

@@ -36,6 +36,11 @@ TEST_CASE("emulated prefill equals the CPU reference: dtypes x head dims", "[emu
   for (auto const& c : test::prefill_cases_shapes()) emu_check_prefill(c, 1);
 }
 
+TEST_CASE("emulated prefill equals the CPU reference: fp8 with per-tensor and per-head scales",
+          "[emu][prefill][fp8][scales]") {
+  for (auto const& c : test::prefill_cases_fp8_scaled()) emu_check_prefill(c, 1);
+}
+
 TEST_CASE("emulated prefill equals the CPU reference: fp8 e4m3 / e5m2 x head dims",
           "[emu][prefill][fp8]") {
   for (auto const& c : test::prefill_cases_fp8()) emu_check_prefill(c, 1);

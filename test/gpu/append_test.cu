@@ -13,3 +13,14 @@ TANGRAM_GPU_TEST("append_decode_kv matches the reference for every cache and sou
       GPU_CHECK_MSG(test::check_append(cache, src, gpu).empty(),
                     "cache " << to_string(cache) << " src " << to_string(src));
 }
+
+TANGRAM_GPU_TEST("append_decode_kv matches the reference for fp8 caches with scales",
+                 "[gpu][append][fp8][scales]") {
+  test::gpu_backend gpu;
+  for (dtype cache : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (auto m : {test::scale_mode::per_tensor, test::scale_mode::per_head})
+      for (dtype src : test::append_source_dtypes())
+        GPU_CHECK_MSG(test::check_append(cache, src, gpu, m).empty(),
+                      "cache " << to_string(cache) << " src " << to_string(src) << ", "
+                               << test::to_string(m));
+}

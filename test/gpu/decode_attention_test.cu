@@ -51,6 +51,13 @@ TANGRAM_GPU_TEST(
     GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu decode equals the CPU reference: fp8 with per-tensor and per-head scales",
+                 "[gpu][decode][fp8][scales]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_fp8_scaled())
+    GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu decode equals the CPU reference: long and batched", "[gpu][decode]") {
   test::gpu_backend gpu;
   for (auto const& c : test::decode_cases_long()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
@@ -174,4 +181,45 @@ TANGRAM_GPU_TEST("gpu decode launcher names the field for fp8 it cannot run",
   const std::string q_error = decode_launch_error(64, dtype::fp8_e5m2, dtype::fp8_e4m3);
   GPU_CHECK(q_error.find("decode_params.q_dtype/o_dtype") != std::string::npos);
   GPU_CHECK(q_error.find("fp8_e4m3") != std::string::npos);
+}
+
+TANGRAM_GPU_TEST("gpu decode launcher names the field for invalid fp8 scales",
+                 "[gpu][decode][fp8][scales][errors]") {
+  // Launches on 8 KV heads of `kv_dtype` with `count` device scales (K null when `null_k`);
+  // returns the error message.
+  auto message = [](dtype kv_dtype, std::int32_t count, bool null_k) {
+    page_geometry geo{16, 2, 64, kv_dtype};
+    test::sequence_spec s;
+    s.seq_tokens = 4;
+    s.base_len.assign(8, 4);
+    test_cache cache(test::adjacent_layout(geo, 1, 8), {s}, 1);
+    auto hv = cache.view({0});
+    test::device_cache dev(cache, hv);
+    std::vector<std::int32_t> begin(9);
+    std::iota(begin.begin(), begin.end(), 0);
+    device_buffer dbegin(begin), dq(1 << 16), dout(1 << 16), ws(1 << 20),
+        dscale(std::vector<float>(8, 1.f));
+    decode_params p;
+    p.kv      = dev.view;
+    p.splits  = {1, 8, 8, dbegin.get<std::int32_t>()};
+    p.q       = dq.get();
+    p.q_dtype = p.o_dtype = dtype::f32;
+    p.o                   = dout.get();
+    p.scales              = {null_k ? nullptr : dscale.get<float>(), dscale.get<float>(), count};
+  try {
+      decode_attention(p, ws.get(), ws.bytes(), nullptr);
+    } catch (invalid_argument const& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  GPU_CHECK(message(dtype::fp8_e4m3, 8, false) == "(no error)");  // the control
+  GPU_CHECK(message(dtype::fp8_e4m3, 2, false).find(
+                "decode_params.scales.count: must be 0, 1 or num_kv_heads (8), got 2") !=
+            std::string::npos);
+  GPU_CHECK(message(dtype::fp8_e4m3, 8, true).find("decode_params.scales.k: null") !=
+            std::string::npos);
+  GPU_CHECK(message(dtype::bf16, 1, false)
+                .find("decode_params.scales: only for fp8 KV dtypes, kv dtype is bf16") !=
+            std::string::npos);
 }

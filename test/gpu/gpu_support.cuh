@@ -77,8 +77,12 @@ struct gpu_backend {
                      static_cast<std::size_t>(B) * static_cast<std::size_t>(hp.q_row_stride()) *
                          size_of(hp.q_dtype));
     auto dsinks = upload(hp.sinks, static_cast<std::size_t>(Hq));
+    auto dsk    = upload(hp.scales.k, static_cast<std::size_t>(hp.scales.count));
+    auto dsv    = upload(hp.scales.v, static_cast<std::size_t>(hp.scales.count));
     device_buffer dout(out_bytes), dlse(static_cast<std::size_t>(B) * Hq * 4);
     decode_params p    = hp;
+    p.scales.k         = hp.scales.count ? dsk.get<float>() : nullptr;
+    p.scales.v         = hp.scales.count ? dsv.get<float>() : nullptr;
     p.kv               = dev.view;
     p.splits.cta_begin = dbegin.get<std::int32_t>();
     p.q                = dq.get();
@@ -166,7 +170,11 @@ struct gpu_backend {
                           static_cast<std::size_t>(hp.row_stride()) * size_of(hp.src_dtype);
     auto dk         = upload(static_cast<const unsigned char*>(hp.k), n);
     auto dv         = upload(static_cast<const unsigned char*>(hp.v), n);
+    auto dsk        = upload(hp.scales.k, static_cast<std::size_t>(hp.scales.count));
+    auto dsv        = upload(hp.scales.v, static_cast<std::size_t>(hp.scales.count));
     append_params p = hp;
+    p.scales.k      = hp.scales.count ? dsk.get<float>() : nullptr;
+    p.scales.v      = hp.scales.count ? dsv.get<float>() : nullptr;
     p.kv            = dev.view;
     p.k             = dk.get();
     p.v             = dv.get();
@@ -190,8 +198,12 @@ struct gpu_backend {
     auto dck          = upload(static_cast<const unsigned char*>(hp.chunk_k), rows * H * d * es);
     auto dcv          = upload(static_cast<const unsigned char*>(hp.chunk_v), rows * H * d * es);
     auto dsinks       = upload(hp.sinks, Hq);
+    auto dsk          = upload(hp.scales.k, static_cast<std::size_t>(hp.scales.count));
+    auto dsv          = upload(hp.scales.v, static_cast<std::size_t>(hp.scales.count));
     device_buffer dout(out_bytes), dlse(rows * Hq * 4);
     prefill_params p  = hp;
+    p.scales.k        = hp.scales.count ? dsk.get<float>() : nullptr;
+    p.scales.v        = hp.scales.count ? dsv.get<float>() : nullptr;
     p.kv              = dev.view;
     p.chunk_indptr    = dindptr.get<std::int32_t>();
     p.q               = dq.get();

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "../reference/kv_test_cache.hpp"
+#include "scale_cases.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/eviction.hpp"
@@ -56,11 +57,13 @@ struct decode_case {
   std::uint64_t seed = 1;
   std::vector<std::int32_t> ctas;  ///< N_CTA values; empty: {heads, 264, 535}
   bool tensor_cores = true;        ///< decode_params::tensor_cores
+  scale_mode scales = scale_mode::none;  ///< fp8 only
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << to_string(kv_dtype) << " d " << d << " P " << P << " group " << group << " batch "
       << lens.size() << " seed " << seed;
+    if (scales != scale_mode::none) s << ", " << to_string(scales);
     return s.str();
   }
 };
@@ -164,6 +167,30 @@ inline std::vector<decode_case> decode_cases_mma_cuda_core() {
   return out;
 }
 
+/// fp8 K/V with scales: e4m3 and e5m2 x per-tensor and per-head scales, head dims 64/128/256
+/// and group buckets 1/2/4/8 among them, split over several CTAs (partials merged: the V scale
+/// folded into partials must survive the merge).
+inline std::vector<decode_case> decode_cases_fp8_scaled() {
+  std::vector<decode_case> out;
+  std::uint64_t seed = 650;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (scale_mode m : {scale_mode::per_tensor, scale_mode::per_head}) {
+      decode_case c;
+      c.kv_dtype   = t;
+      c.scales     = m;
+      c.d          = std::int32_t{64} << (seed % 3);
+      c.P          = seed % 2 == 0 ? 16 : 1;
+      c.ring_pages = (40 + c.P - 1) / c.P + 1;
+      c.group      = std::int32_t{1} << (seed % 4);
+      c.lens       = {97, 3, 400, 54};
+      c.sinks      = seed % 2 == 1;
+      c.o_dtype    = seed % 3 == 2 ? dtype::bf16 : dtype::f32;
+      c.seed       = ++seed;
+      out.push_back(c);
+    }
+  return out;
+}
+
 /// A long context (32769 tokens: many tiles per CTA) and a batch of 300.
 inline std::vector<decode_case> decode_cases_long() {
   decode_case c;
@@ -204,15 +231,18 @@ inline std::vector<decode_case> decode_cases_large_batch() {
   return out;
 }
 
-/// The cache, batch view, queries and sinks of a decode case.
+/// The cache, batch view, queries, sinks and fp8 scales of a decode case.
 struct decode_scenario {
   std::mt19937_64 rng;
   test_cache cache;
   kv_cache_view view;
   std::vector<float> q, sinks;
+  scale_arrays scales;
 
   explicit decode_scenario(decode_case const& c)
-      : rng(c.seed), cache(make_cache(c, rng), make_seqs(c, rng), c.seed + 3) {
+      : rng(c.seed),
+        cache(make_cache(c, rng), make_seqs(c, rng), c.seed + 3),
+        scales(c.scales, c.heads, c.seed) {
     std::vector<std::int32_t> batch(c.lens.size());
     std::iota(batch.begin(), batch.end(), 0);
     std::shuffle(batch.begin(), batch.end(), rng);
@@ -265,6 +295,7 @@ std::string check_decode(decode_case const& c, Backend& backend) {
       p.q            = s.q.data();
       p.sinks        = c.sinks ? s.sinks.data() : nullptr;
       p.tensor_cores = c.tensor_cores;
+      p.scales       = s.scales.view();
       std::vector<unsigned char> o_ref(out_bytes), o_run(out_bytes, 0x7f);
       std::vector<float> lse_ref(static_cast<std::size_t>(B) * Hq), lse_run(lse_ref.size(), 777.f);
       p.o   = o_ref.data();
@@ -466,8 +497,13 @@ inline std::vector<dtype> append_source_dtypes() {
 
 /// Appends one token to every head of both layers of a 5-sequence cache (a sliding layer
 /// included) with `backend` and with the reference: the page pools must end byte-identical.
+/// `scales` (fp8 caches only) are drawn per layer (scale_arrays: in [0.5, 2], K and V apart):
+/// the kernel's `x / s_h` must store the reference's bytes for every head.
 template <class Backend>
-std::string check_append(dtype cache_dtype, dtype src, Backend& backend) {
+std::string check_append(dtype cache_dtype,
+                         dtype src,
+                         Backend& backend,
+                         scale_mode scales = scale_mode::none) {
   page_geometry geo{16, 2, 128, cache_dtype};
   auto layout = adjacent_layout(geo, 2, 4, /*sliding=*/{1}, /*window=*/40, /*ring_pages=*/3);
   std::vector<sequence_spec> seqs;
@@ -496,13 +532,15 @@ std::string check_append(dtype cache_dtype, dtype src, Backend& backend) {
     p.k         = k_src.data();
     p.v         = v_src.data();
     p.src_dtype = src;
+    const scale_arrays sc(scales, 4, static_cast<std::uint64_t>(layer) + 11);
+    p.scales = sc.view();
     reference::append_decode_kv(p);
     p.kv = run_view;
     backend.append(run_cache, p);
   }
   if (run_cache.pool() != ref_cache.pool())
     return "append cache " + std::string(to_string(cache_dtype)) + " src " +
-           std::string(to_string(src)) + ": page pool differs";
+           std::string(to_string(src)) + " " + to_string(scales) + ": page pool differs";
   return {};
 }
 

@@ -17,6 +17,13 @@ TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: dtypes x head dims", "[g
     GPU_REQUIRE_AGREES(test::check_prefill(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: fp8 with per-tensor and per-head scales",
+                 "[gpu][prefill][fp8][scales]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::prefill_cases_fp8_scaled())
+    GPU_REQUIRE_AGREES(test::check_prefill(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: fp8 e4m3 / e5m2 x head dims",
                  "[gpu][prefill][fp8]") {
   test::gpu_backend gpu;

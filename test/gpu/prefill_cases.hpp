@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../reference/kv_test_cache.hpp"
+#include "scale_cases.hpp"
 #include "tangram/kernels/prefill_attention.hpp"
 #include "tangram/reference/prefill_attention.hpp"
 
@@ -42,11 +43,13 @@ struct prefill_case {
   dtype o_dtype                = dtype::f32;
   std::int32_t max_chunk_slack = 0;  ///< max_chunk = longest chunk + slack
   std::uint64_t seed           = 1;
+  scale_mode scales            = scale_mode::none;  ///< fp8 only
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << to_string(kv_dtype) << " d " << d << " P " << P << " group " << group << " batch "
       << lens.size() << (sinks ? " sinks" : "") << " seed " << seed;
+    if (scales != scale_mode::none) s << ", " << to_string(scales);
     return s.str();
   }
 };
@@ -62,9 +65,12 @@ struct prefill_scenario {
   std::vector<std::byte> q, chunk_k, chunk_v;  ///< in q_dtype / the KV dtype
   std::vector<float> qf, kf, vf;               ///< the same values as float (rounded)
   std::vector<float> sinks;
+  scale_arrays scales;
 
   explicit prefill_scenario(prefill_case const& c)
-      : rng(c.seed), cache(make_cache(c), make_seqs(c, rng), c.seed + 3) {
+      : rng(c.seed),
+        cache(make_cache(c), make_seqs(c, rng), c.seed + 3),
+        scales(c.scales, c.heads, c.seed) {
     batch.resize(c.lens.size());
     std::iota(batch.begin(), batch.end(), 0);
     std::shuffle(batch.begin(), batch.end(), rng);
@@ -98,6 +104,7 @@ struct prefill_scenario {
     p.chunk_v      = chunk_v.data();
     p.o_dtype      = c.o_dtype;
     p.sinks        = c.sinks ? sinks.data() : nullptr;
+    p.scales       = scales.view();
     return p;
   }
 
@@ -204,6 +211,32 @@ inline std::vector<prefill_case> prefill_cases_fp8() {
       c.o_dtype         = seed % 3 == 1 ? dtype::bf16 : dtype::f32;
       c.max_chunk_slack = static_cast<std::int32_t>(seed % 4) * 7;
       c.seed            = ++seed;
+      out.push_back(c);
+    }
+  return out;
+}
+
+/// fp8 K/V with scales: e4m3 and e5m2 x per-tensor and per-head scales (pages and chunk K/V both
+/// scaled), head dims 64/128/256 and groups 1/2/4/8 among them.
+inline std::vector<prefill_case> prefill_cases_fp8_scaled() {
+  std::vector<prefill_case> out;
+  std::uint64_t seed = 750;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (scale_mode m : {scale_mode::per_tensor, scale_mode::per_head}) {
+      prefill_case c;
+      c.kv_dtype   = t;
+      c.scales     = m;
+      c.d          = std::int32_t{64} << (seed % 3);
+      c.P          = seed % 2 == 0 ? 16 : 1;
+      c.ring_pages = (40 + c.P - 1) / c.P + 1;
+      c.group      = std::int32_t{1} << (seed % 4);
+      c.layers     = 2;
+      c.heads      = 2;
+      c.lens       = {70, 3, 21};
+      c.chunks     = {20, 33, 5};
+      c.sinks      = seed % 2 == 1;
+      c.o_dtype    = seed % 3 == 2 ? dtype::bf16 : dtype::f32;
+      c.seed       = ++seed;
       out.push_back(c);
     }
   return out;

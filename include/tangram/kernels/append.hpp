@@ -16,6 +16,7 @@
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
 #include "tangram/kernels/head_cursor.hpp"
+#include "tangram/kernels/kv_scales.hpp"
 #include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_view.hpp"
 
@@ -32,6 +33,11 @@ struct append_params {
   const void* v      = nullptr;  ///< new values, same layout
   dtype src_dtype    = dtype::bf16;  ///< element type of k and v (converted to the cache dtype)
   std::int64_t src_stride = 0;   ///< elements between consecutive rows; 0 means H * d
+  /// fp8 caches only: element x of KV head h is stored as `from_float(x / s_h)` (K and V with
+  /// their own scales; see kv_scales.hpp). The conversion saturates: `|x / s_h|` above the
+  /// format's largest finite value (448 e4m3, 57344 e5m2), infinities included, stores that value
+  /// with x's sign; NaN stays NaN.
+  kv_scales scales;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int64_t row_stride() const {
     return src_stride > 0 ? src_stride
@@ -47,6 +53,7 @@ struct append_params {
                         src_stride >= static_cast<std::int64_t>(kv.num_kv_heads) * kv.geometry.head_dim,
                     invalid_argument, "append_params.src_stride: must be 0 or >= H * d = ",
                     kv.num_kv_heads * kv.geometry.head_dim, ", got ", src_stride);
+    scales.validate("append_params", kv.num_kv_heads, kv.geometry.kv_dtype);
   }
 };
 

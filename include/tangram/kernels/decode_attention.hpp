@@ -28,6 +28,7 @@
 #include "tangram/device/device_limits.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
+#include "tangram/kernels/kv_scales.hpp"
 #include "tangram/kernels/math.hpp"
 #include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_view.hpp"
@@ -162,6 +163,10 @@ struct decode_params {
   /// false runs the CUDA-core one there too (to compare them; decode_device_limits reports the
   /// tensor-core kernel's occupancy)
   bool tensor_cores = true;
+  /// fp8 pages only: K/V of KV head h hold `to_float(stored) * s_h` (kv_scales.hpp; device
+  /// arrays for the launcher). The kernel folds the K scale into the pre-scaled query and the
+  /// V scale into the output; the reference dequantises every element.
+  kv_scales scales;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;
@@ -175,11 +180,13 @@ struct decode_params {
   }
 
   /**
-   * @brief Checks everything that can be checked on the host without reading the arrays.
+   * @brief Checks everything that can be checked on the host without reading the arrays (the
+   * scale values are not read: see kv_scales).
    * @throw invalid_argument naming the field and the value.
    */
   void validate() const {
     validate_view(kv, "decode_params", layer, decode_max_batch);
+    scales.validate("decode_params", kv.num_kv_heads, kv.geometry.kv_dtype);
     TANGRAM_EXPECTS(group >= 1 && group <= decode_max_group,
                     invalid_argument,
                     "decode_params.group: must be in [1, ",
@@ -257,7 +264,7 @@ inline std::size_t decode_workspace_bytes(split_map_view const& splits,
 inline constexpr std::int32_t decode_head_dims[] = {64, 128, 256};
 
 /// True when the CUDA kernels support this (KV dtype, head dim): every dtype (f32, f16, bf16,
-/// fp8_e4m3, fp8_e5m2; fp8 read as stored, widened to f32) x head dims 64/128/256.
+/// fp8_e4m3, fp8_e5m2; fp8 widened to f32, times its kv_scales) x head dims 64/128/256.
 constexpr bool decode_kernel_supports(dtype kv_dtype, std::int32_t head_dim) noexcept {
   return (kv_dtype == dtype::f32 || kv_dtype == dtype::f16 || kv_dtype == dtype::bf16 ||
           kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2) &&

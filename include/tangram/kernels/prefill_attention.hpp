@@ -48,6 +48,7 @@
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
+#include "tangram/kernels/kv_scales.hpp"
 #include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_view.hpp"
 
@@ -123,6 +124,10 @@ struct prefill_params {
   float* lse                       = nullptr;  ///< optional
   const float* sinks               = nullptr;  ///< optional
   float sm_scale                   = 0.f;      ///< logit scale; 0 means 1/sqrt(head_dim)
+  /// fp8 only: pages and `chunk_k`/`chunk_v` of KV head h hold `to_float(stored) * s_h`
+  /// (kv_scales.hpp; device arrays for the launcher). The kernel folds the K scale into the
+  /// pre-scaled queries and the V scale into the output; the reference dequantises every element.
+  kv_scales scales;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;
@@ -141,6 +146,7 @@ struct prefill_params {
    */
   void validate() const {
     validate_view(kv, "prefill_params", layer, prefill_max_batch);
+    scales.validate("prefill_params", kv.num_kv_heads, kv.geometry.kv_dtype);
     TANGRAM_EXPECTS(group >= 1 && group <= prefill_max_group,
                     invalid_argument,
                     "prefill_params.group: must be in [1, ",
@@ -201,7 +207,7 @@ inline std::size_t prefill_workspace_bytes(prefill_params const&) {
 // ---------------------------------------------------------------------------------------------
 
 /// True when the CUDA kernel supports this (KV dtype, head dim): every dtype (f32, f16, bf16,
-/// fp8_e4m3, fp8_e5m2; fp8 read as stored, widened to f32) x head dims 64/128/256.
+/// fp8_e4m3, fp8_e5m2; fp8 widened to f32, times its kv_scales) x head dims 64/128/256.
 constexpr bool prefill_kernel_supports(dtype kv_dtype, std::int32_t head_dim) noexcept {
   return (kv_dtype == dtype::f32 || kv_dtype == dtype::f16 || kv_dtype == dtype::bf16 ||
           kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2) &&

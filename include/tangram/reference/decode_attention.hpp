@@ -5,7 +5,8 @@
  * parameters over host memory, the same split-KV pieces and log-sum-exp merge (from the shared
  * host/device index math), and an unsplit path over each head's whole token range.
  *
- * Arithmetic: fp32 throughout (K/V widened from their storage type), base-2 logits
+ * Arithmetic: fp32 throughout (K/V widened from their storage type and multiplied by their
+ * head's fp8 scale, element by element), base-2 logits
  * `(q * scale * log2 e) . k`, each piece accumulated with its own maximum; partials merge in CTA
  * order exactly as the CUDA merge does.
  */
@@ -43,6 +44,8 @@ void attend_piece(head_cursor const& cur,
                   std::int32_t d,
                   std::int64_t t0,
                   std::int64_t t1,
+                  float k_scale,
+                  float v_scale,
                   std::vector<piece_state>& out) {
   std::int64_t n = t1 - t0;
   std::vector<float> logits(static_cast<std::size_t>(n * group));
@@ -53,7 +56,7 @@ void attend_piece(head_cursor const& cur,
     for (std::int32_t g = 0; g < group; ++g) {
       float dot = 0.f;
       for (std::int32_t x = 0; x < d; ++x)
-        dot += q[static_cast<std::size_t>(g * d + x)] * to_float(k[x]);
+        dot += q[static_cast<std::size_t>(g * d + x)] * (to_float(k[x]) * k_scale);
       logits[static_cast<std::size_t>(t * group + g)] = dot;
       auto& st                                        = out[static_cast<std::size_t>(g)];
       if (dot > st.m) st.m = dot;
@@ -65,7 +68,8 @@ void attend_piece(head_cursor const& cur,
       auto& st = out[static_cast<std::size_t>(g)];
       float p  = exp2_shifted(logits[static_cast<std::size_t>(t * group + g)], st.m);
       st.s += p;
-      for (std::int32_t x = 0; x < d; ++x) st.o[static_cast<std::size_t>(x)] += p * to_float(v[x]);
+      for (std::int32_t x = 0; x < d; ++x)
+        st.o[static_cast<std::size_t>(x)] += p * (to_float(v[x]) * v_scale);
     }
   }
 }
@@ -78,6 +82,8 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
   std::int32_t d  = kv.geometry.head_dim;
   std::int32_t Hq = p.num_q_heads();
   float scale2    = p.scale() * log2e;
+  // fp8 scales applied literally to every element (the kernel folds them into q and o).
+  const float sk = p.scales.k_of(h), sv = p.scales.v_of(h);
   std::vector<std::int64_t> prefix(static_cast<std::size_t>(B) + 1, 0);
   for (std::int32_t r = 0; r < B; ++r)
     prefix[static_cast<std::size_t>(r) + 1] =
@@ -112,7 +118,7 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
     head_cursor cur = make_head_cursor(kv, r, p.layer, h);
     cta_span span   = request_ctas(pre, len, share, W);
     if (span.single()) {  // written directly by the CTA (the sink joins here)
-      attend_piece<T>(cur, q, G, d, 0, len, st);
+      attend_piece<T>(cur, q, G, d, 0, len, sk, sv, st);
       for (std::int32_t g = 0; g < G; ++g) {
         auto const& s = st[static_cast<std::size_t>(g)];
         float m       = s.m;
@@ -132,7 +138,7 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
     for (std::int64_t j = span.first; j <= span.last; ++j) {
       stream_range piece = piece_of(j, share, W, pre, len);
       if (piece.empty()) continue;
-      attend_piece<T>(cur, q, G, d, piece.begin, piece.end, st);
+      attend_piece<T>(cur, q, G, d, piece.begin, piece.end, sk, sv, st);
       std::vector<float> po(static_cast<std::size_t>(G * d)), pl(static_cast<std::size_t>(G));
       for (std::int32_t g = 0; g < G; ++g) {
         auto const& s = st[static_cast<std::size_t>(g)];
@@ -171,7 +177,7 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
  * Allocates scratch; not for hot paths. Thread-compatible: concurrent calls must not share
  * output arrays.
  * @throw invalid_argument from `decode_params::validate` (the split map is validated in split
- *        mode only).
+ *        mode only) or for a scale that is not finite and > 0.
  */
 inline void decode_attention(decode_params const& p, split_mode mode = split_mode::split) {
   decode_params checked    = p;
@@ -183,6 +189,7 @@ inline void decode_attention(decode_params const& p, split_mode mode = split_mod
     checked.splits.cta_begin    = &dummy_begin;
   }
   checked.validate();
+  p.scales.validate_values("decode_params");
   detail::visit_storage(p.kv.geometry.kv_dtype, [&](auto tag) {
     using T = decltype(tag);
     for (std::int32_t h = 0; h < p.kv.num_kv_heads; ++h) detail::decode_head<T>(p, mode, h);

@@ -97,14 +97,16 @@ void prefill_request_head(prefill_params const& p, std::int32_t r, std::int32_t 
   const std::int64_t len = cur.len;
   const std::int64_t W   = kv.group_window[kv.slot_of(p.layer, h).group];
 
-  // Widened rows of the held tokens and of the chunk.
+  // Dequantised rows of the held tokens and of the chunk: each element times its head's scale,
+  // literally (the kernel folds the scales instead; this is the independent check of that).
+  const float sk = p.scales.k_of(h), sv = p.scales.v_of(h);
   std::vector<float> hk(static_cast<std::size_t>(len * d)), hv(hk.size());
   for (std::int64_t i = 0; i < len; ++i) {
     const T* k = cur.k<T>(static_cast<std::int32_t>(i));
     const T* v = cur.v<T>(static_cast<std::int32_t>(i));
     for (std::int32_t x = 0; x < d; ++x) {
-      hk[static_cast<std::size_t>(i * d + x)] = to_float(k[x]);
-      hv[static_cast<std::size_t>(i * d + x)] = to_float(v[x]);
+      hk[static_cast<std::size_t>(i * d + x)] = to_float(k[x]) * sk;
+      hv[static_cast<std::size_t>(i * d + x)] = to_float(v[x]) * sv;
     }
   }
   std::vector<float> ck(static_cast<std::size_t>(c * d)), cv(ck.size());
@@ -113,8 +115,8 @@ void prefill_request_head(prefill_params const& p, std::int32_t r, std::int32_t 
   for (std::int64_t u = 0; u < c; ++u)
     for (std::int32_t x = 0; x < d; ++x) {
       std::int64_t at                         = ((row0 + u) * H + h) * d + x;
-      ck[static_cast<std::size_t>(u * d + x)] = to_float(chunk_k[at]);
-      cv[static_cast<std::size_t>(u * d + x)] = to_float(chunk_v[at]);
+      ck[static_cast<std::size_t>(u * d + x)] = to_float(chunk_k[at]) * sk;
+      cv[static_cast<std::size_t>(u * d + x)] = to_float(chunk_v[at]) * sv;
     }
 
   std::vector<float> q(static_cast<std::size_t>(d));
@@ -159,11 +161,13 @@ void prefill_request_head(prefill_params const& p, std::int32_t r, std::int32_t 
  * Supports every KV dtype (fp8 included) and any head dim, groups 1..prefill_max_group.
  * Allocates scratch; not for hot paths. Thread-compatible: concurrent calls must not share
  * output arrays.
- * @throw invalid_argument from `prefill_params::validate`, or for a `chunk_indptr` that does
- *        not start at 0, decreases, or has a chunk longer than `max_chunk`.
+ * @throw invalid_argument from `prefill_params::validate`, for a scale that is not finite and
+ *        > 0, or for a `chunk_indptr` that does not start at 0, decreases, or has a chunk longer
+ *        than `max_chunk`.
  */
 inline void prefill_attention(prefill_params const& p) {
   p.validate();
+  p.scales.validate_values("prefill_params");
   detail::validate_chunks(p);
   detail::visit_storage(p.kv.geometry.kv_dtype, [&](auto tag) {
     using T = decltype(tag);

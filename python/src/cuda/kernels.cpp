@@ -189,6 +189,27 @@ auto const is_u32 = is_type(nb::dlpack::dtype_code::UInt, 32);
 auto const is_u8  = is_type(nb::dlpack::dtype_code::UInt, 8);
 auto const is_float = [](nb::dlpack::dtype t) { return float_dtype_of(t).has_value(); };
 
+/// fp8 scales from k_scale / v_scale (both or neither): float32 device tensors of shape [n], n 1
+/// (per tensor) or H (per KV head), on the mirror's device; the launchers check n against the
+/// cache (kernels/kv_scales.hpp). The tensors keep the arrays alive for the call; the caller keeps
+/// them until the launch's work completes, as for every other tensor argument.
+struct scale_tensors {
+  std::optional<device_tensor> k, v;
+  kv_scales scales;
+};
+
+scale_tensors scales_arg(device_mirror const& m, nb::handle k_scale, nb::handle v_scale) {
+  TANGRAM_EXPECTS(k_scale.is_none() == v_scale.is_none(), invalid_argument,
+                  "k_scale, v_scale: pass both or neither");
+  scale_tensors t;
+  if (k_scale.is_none()) return t;
+  t.k      = tensor_arg(m, k_scale, "k_scale", {-1}, is_f32, "float32");
+  t.v      = tensor_arg(m, v_scale, "v_scale", {t.k->shape[0]}, is_f32, "float32");
+  t.scales = {static_cast<float const*>(t.k->data), static_cast<float const*>(t.v->data),
+              static_cast<std::int32_t>(t.k->shape[0])};
+  return t;
+}
+
 }  // namespace
 
 void bind_cuda(nb::module_& parent) {
@@ -306,7 +327,7 @@ void bind_cuda(nb::module_& parent) {
   m.def(
       "append_decode_kv",
       [](device_mirror const& m, std::int32_t layer, nb::handle k, nb::handle v,
-         nb::handle stream) {
+         nb::handle k_scale, nb::handle v_scale, nb::handle stream) {
         auto const& view = m.view();
         expect_layer(m.plan(), layer);
         std::int64_t B = view.batch_size, H = view.num_kv_heads, d = view.geometry.head_dim;
@@ -322,18 +343,22 @@ void bind_cuda(nb::module_& parent) {
         p.k         = tk.data;
         p.v         = tv.data;
         p.src_dtype = *float_dtype_of(tk.dtype);
+        auto ts     = scales_arg(m, k_scale, v_scale);
+        p.scales    = ts.scales;
         append_decode_kv(p, stream_from(stream));
       },
       nb::arg("mirror"), nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::kw_only(),
+      nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       nb::arg("stream") = nb::none(),
       "Writes one decode token's K/V ([batch, H, d]) of `layer` for every batch member (after\n"
-      "decode_step and sync), converted to the cache dtype.");
+      "decode_step and sync), converted to the cache dtype. fp8 caches: k_scale / v_scale\n"
+      "float32 device tensors of 1 (per tensor) or H (per KV head) elements store x / s.");
 
   m.def(
       "decode_attention",
       [](device_mirror const& m, std::int32_t layer, nb::handle q, nb::handle o,
          nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
-         nb::handle stream) {
+         nb::handle k_scale, nb::handle v_scale, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -362,22 +387,26 @@ void bind_cuda(nb::module_& parent) {
           ts      = tensor_arg(m, sinks, "sinks", {Hq}, is_f32, "float32");
           p.sinks = static_cast<float const*>(ts->data);
         }
-        auto ws = workspace_of(m, workspace, decode_workspace_bytes(p));
+        auto tsc = scales_arg(m, k_scale, v_scale);
+        p.scales = tsc.scales;
+        auto ws  = workspace_of(m, workspace, decode_workspace_bytes(p));
         decode_attention(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
       },
       nb::arg("mirror"), nb::arg("layer"), nb::arg("q"), nb::arg("o"), nb::kw_only(),
       nb::arg("workspace"), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(),
-      nb::arg("sm_scale") = 0.f, nb::arg("stream") = nb::none(),
+      nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
+      nb::arg("stream") = nb::none(),
       "Decode attention of `layer` for the mirror's batch on the plan's split map: q and o\n"
       "[batch, query heads, d], lse [batch, query heads] float32, sinks [query heads] float32;\n"
-      "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.");
+      "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.\n"
+      "fp8 caches: k_scale / v_scale float32 device tensors of 1 or H elements (stored * s).");
 
   m.def(
       "prefill_attention",
       [](device_mirror const& m, std::int32_t layer, nb::handle chunk_indptr, nb::handle q,
          nb::handle chunk_k, nb::handle chunk_v, nb::handle o, std::int32_t max_chunk,
          nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
-         nb::handle stream) {
+         nb::handle k_scale, nb::handle v_scale, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -416,6 +445,8 @@ void bind_cuda(nb::module_& parent) {
           ts      = tensor_arg(m, sinks, "sinks", {H * group}, is_f32, "float32");
           p.sinks = static_cast<float const*>(ts->data);
         }
+        auto tsc         = scales_arg(m, k_scale, v_scale);
+        p.scales         = tsc.scales;
         std::size_t need = prefill_workspace_bytes(p);
         std::optional<device_tensor> ws;
         if (need > 0 || !workspace.is_none()) ws = workspace_of(m, workspace, need);
@@ -425,6 +456,7 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("mirror"), nb::arg("layer"), nb::arg("chunk_indptr"), nb::arg("q"),
       nb::arg("chunk_k"), nb::arg("chunk_v"), nb::arg("o"), nb::kw_only(), nb::arg("max_chunk"),
       nb::arg("workspace") = nb::none(), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(), nb::arg("sm_scale") = 0.f,
+      nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       nb::arg("stream") = nb::none(),
       "Chunked-prefill attention of `layer` (after prepare_chunk and sync, before the layer's\n"
       "evict_chunk): q and o [rows, query heads, d], chunk_k/chunk_v [rows, H, d] in the cache\n"

@@ -28,9 +28,12 @@ TANGRAM_KERNEL void append_kernel(append_params p) {
   Cache* v_dst     = c.ptr_at_position<Cache>(pos, 1);
   auto const* k    = static_cast<Src const*>(p.k) + src;
   auto const* v    = static_cast<Src const*>(p.v) + src;
+  // A true division (not a multiply by 1 / s): the same correctly rounded quotient as the
+  // reference's, so both store the same bytes; without scales s is 1 and x / 1 is x.
+  const float sk = p.scales.k_of(h), sv = p.scales.v_of(h);
   for (std::int32_t x = threadIdx.x; x < d; x += blockDim.x) {
-    k_dst[x] = from_float<Cache>(to_float(k[x]));
-    v_dst[x] = from_float<Cache>(to_float(v[x]));
+    k_dst[x] = from_float<Cache>(to_float(k[x]) / sk);
+    v_dst[x] = from_float<Cache>(to_float(v[x]) / sv);
   }
 }
 

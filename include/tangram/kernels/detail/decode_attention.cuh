@@ -98,6 +98,9 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   const int h = work.h, r_first = work.r_first, r_last = work.r_last;
   const std::int64_t share = work.share, j = work.j, W = work.W;
   std::int64_t pre = work.pre;
+  // fp8 scales (kv_scales.hpp), folded once per CTA: q . (s_k k) = (s_k q) . k, so the K scale
+  // joins the query's pre-scale; the V scale multiplies the normalised output (decode_store_piece).
+  const float q_scale = a.scale2 * p.scales.k_of(h);
 
   T* stage_base = reinterpret_cast<T*>(smem);
   float* merge  = reinterpret_cast<float*>(smem);
@@ -122,7 +125,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
                                           r * p.q_row_stride() +
                                               static_cast<std::int64_t>(h * group + g) * D +
                                               tx * vec + i) *
-                                  a.scale2
+                                  q_scale
                             : 0.f;
       }
     }

@@ -173,6 +173,10 @@ __device__ __forceinline__ void decode_store_piece(decode_args const& a,
       ss += s_at(z, g) * wz;
       oo += o_at(z, g, x) * wz;
     }
+    // fp8 V scale (kv_scales.hpp; 1 without scales): sum_i w_i (s_v v_i) = s_v sum_i w_i v_i, and
+    // the merge of partials is linear in them, so scaling each piece's output is exact up to
+    // rounding (one multiply per output element instead of one per V element).
+    oo *= p.scales.v_of(h);
     const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
     if (whole) {
       float sink2 = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;

@@ -226,8 +226,10 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
       if (qg < group) {
         const std::int64_t at =
             r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x;
-        q0 = load_scalar(p.q, p.q_dtype, at) * a.scale2;
-        q1 = load_scalar(p.q, p.q_dtype, at + 1) * a.scale2;
+        // (the K scale joins the pre-scale, as in the CUDA-core kernel; 1 for 16-bit K/V)
+        const float q_scale = a.scale2 * p.scales.k_of(work.h);
+        q0 = load_scalar(p.q, p.q_dtype, at) * q_scale;
+        q1 = load_scalar(p.q, p.q_dtype, at + 1) * q_scale;
       }
       unsigned hi, lo;
       split2<T>(q0, q1, hi, lo);

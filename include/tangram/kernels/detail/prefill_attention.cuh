@@ -104,7 +104,12 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   const std::int64_t k_begin = prefill_first_key(t_first, len, window);
   const std::int64_t k_end   = len + t_last + 1;
 
-  float* qs = reinterpret_cast<float*>(smem);  // [rows][D] queries * scale * log2 e
+  // fp8 scales (kv_scales.hpp) folded as in decode: the K scale into the queries' pre-scale
+  // (q . s_k k = s_k q . k), the V scale into the stored output (linear in V). Exact up to
+  // rounding; one multiply per query and output element instead of one per K/V element.
+  const float q_scale = a.scale2 * p.scales.k_of(h);
+  const float v_scale = p.scales.v_of(h);
+  float* qs = reinterpret_cast<float*>(smem);  // [rows][D] queries * scale * log2 e * s_k
   T* ks     = reinterpret_cast<T*>(smem + cfg::q_bytes);
   T* vs     = ks + kt * ld;
   for (int e = tid; e < cfg::rows * D; e += cfg::threads) {
@@ -115,7 +120,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
                       p.q_dtype,
                       (row0 + m / G) * p.q_row_stride() +
                           (static_cast<std::int64_t>(h) * G + m % G) * D + x) *
-          a.scale2;
+          q_scale;
     qs[e] = v;
   }
 
@@ -222,7 +227,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
     const float den       = l[i] * alpha + exp2_shifted(sink2, mm);
 #pragma unroll
     for (int e = 0; e < vo; ++e)
-      store_scalar(p.o, p.o_dtype, qh * D + lane * vo + e, o[i][e] * alpha / den);
+      store_scalar(p.o, p.o_dtype, qh * D + lane * vo + e, o[i][e] * alpha * v_scale / den);
     if (lane == 0 && p.lse) p.lse[qh] = (mm + log2_of(den)) * ln2;
   }
 }
