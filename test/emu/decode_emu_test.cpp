@@ -56,14 +56,7 @@ TEST_CASE("emulated decode on fp8 pages read in the other fp8 format differs fro
     p.o                   = o_ref.data();
     reference::decode_attention(p);
     p.o        = o_run.data();
-    auto worst = [&] {  // largest |run - reference|; a NaN counts as infinitely far
-      float w = 0.f;
-      for (std::size_t i = 0; i < o_ref.size(); ++i) {
-        const float d = std::abs(o_run[i] - o_ref[i]);
-        if (!(d <= w)) w = std::isnan(d) ? INFINITY : d;
-      }
-      return w;
-    };
+    auto worst = [&] { return test::worst_difference(o_run, o_ref); };
     emu_backend backend;
     backend.decode(s.cache, p);
     INFO(to_string(t) << ": largest output difference " << worst());

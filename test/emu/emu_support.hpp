@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -18,6 +19,16 @@ namespace tangram::test {
 /// wait reads poisoned shared memory), eager copies (a stage refilled while another thread still
 /// reads it changes what that thread sees), then deferred again under another seed. Scenarios
 /// alternate which mode a single schedule gets (by seed), so both modes see every suite.
+/// Largest |a - b| over two outputs of the same size; a NaN counts as infinitely far.
+inline float worst_difference(std::vector<float> const& a, std::vector<float> const& b) {
+  float w = 0.f;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const float diff = std::abs(a[i] - b[i]);
+    if (!(diff <= w)) w = std::isnan(diff) ? INFINITY : diff;
+  }
+  return w;
+}
+
 inline std::vector<emu::options> emu_schedules(std::uint64_t seed, int count) {
   std::vector<emu::options> all = {{seed, emu::copy_mode::deferred, 0},
                                    {seed * 104729 + 2, emu::copy_mode::eager, 0},

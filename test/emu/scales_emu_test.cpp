@@ -14,6 +14,7 @@
 #include "../gpu/kernel_cases.hpp"
 #include "../gpu/prefill_cases.hpp"
 #include "emu_backend.hpp"
+#include "emu_support.hpp"
 
 using namespace tangram;
 using tangram::test::emu_backend;
@@ -162,16 +163,6 @@ void check_range(range_case const& rc) {
   CHECK(err_unscaled > 8 * err_scaled);
 }
 
-/// Largest |a - b| over two outputs; a NaN counts as infinitely far.
-float worst_difference(std::vector<float> const& a, std::vector<float> const& b) {
-  float w = 0.f;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const float diff = std::abs(a[i] - b[i]);
-    if (!(diff <= w)) w = std::isnan(diff) ? INFINITY : diff;
-  }
-  return w;
-}
-
 }  // namespace
 
 TEST_CASE("fp8 append then decode with per-head scales stays within the quantisation bound",
@@ -209,21 +200,21 @@ TEST_CASE("the scaled decode comparison catches a scale of the wrong head or K a
     p.o = o_run.data();
     emu_backend backend;
     backend.decode(s.cache, p);
-    INFO(to_string(t) << ": control, largest difference " << worst_difference(o_run, o_ref));
-    CHECK(worst_difference(o_run, o_ref) <= 5e-5f);  // check_decode's f32 tolerance
+    INFO(to_string(t) << ": control, largest difference " << test::worst_difference(o_run, o_ref));
+    CHECK(test::worst_difference(o_run, o_ref) <= 5e-5f);  // check_decode's f32 tolerance
     // Each head reads the next head's scales (what an indexing slip would do).
     std::vector<float> k_rot(s.scales.k), v_rot(s.scales.v);
     std::rotate(k_rot.begin(), k_rot.begin() + 1, k_rot.end());
     std::rotate(v_rot.begin(), v_rot.begin() + 1, v_rot.end());
     p.scales = kv_scales{k_rot.data(), v_rot.data(), c.heads};
     backend.decode(s.cache, p);
-    INFO("scales of the next head: largest difference " << worst_difference(o_run, o_ref));
-    CHECK(worst_difference(o_run, o_ref) > 1e-2f);
+    INFO("scales of the next head: largest difference " << test::worst_difference(o_run, o_ref));
+    CHECK(test::worst_difference(o_run, o_ref) > 1e-2f);
     // K and V scales swapped.
     p.scales = kv_scales{s.scales.v.data(), s.scales.k.data(), c.heads};
     backend.decode(s.cache, p);
-    INFO("K and V scales swapped: largest difference " << worst_difference(o_run, o_ref));
-    CHECK(worst_difference(o_run, o_ref) > 1e-2f);
+    INFO("K and V scales swapped: largest difference " << test::worst_difference(o_run, o_ref));
+    CHECK(test::worst_difference(o_run, o_ref) > 1e-2f);
   }
 }
 
@@ -248,18 +239,18 @@ TEST_CASE("the scaled prefill comparison catches a scale of the wrong head or K 
     p.o = o_run.data();
     emu_backend backend;
     backend.prefill(s.cache, p);
-    INFO(to_string(t) << ": control, largest difference " << worst_difference(o_run, o_ref));
-    CHECK(worst_difference(o_run, o_ref) <= 1e-4f);  // check_prefill's f32 tolerance
+    INFO(to_string(t) << ": control, largest difference " << test::worst_difference(o_run, o_ref));
+    CHECK(test::worst_difference(o_run, o_ref) <= 1e-4f);  // check_prefill's f32 tolerance
     std::vector<float> k_rot(s.scales.k), v_rot(s.scales.v);
     std::rotate(k_rot.begin(), k_rot.begin() + 1, k_rot.end());
     std::rotate(v_rot.begin(), v_rot.begin() + 1, v_rot.end());
     p.scales = kv_scales{k_rot.data(), v_rot.data(), c.heads};
     backend.prefill(s.cache, p);
-    INFO("scales of the next head: largest difference " << worst_difference(o_run, o_ref));
-    CHECK(worst_difference(o_run, o_ref) > 1e-2f);
+    INFO("scales of the next head: largest difference " << test::worst_difference(o_run, o_ref));
+    CHECK(test::worst_difference(o_run, o_ref) > 1e-2f);
     p.scales = kv_scales{s.scales.v.data(), s.scales.k.data(), c.heads};
     backend.prefill(s.cache, p);
-    INFO("K and V scales swapped: largest difference " << worst_difference(o_run, o_ref));
-    CHECK(worst_difference(o_run, o_ref) > 1e-2f);
+    INFO("K and V scales swapped: largest difference " << test::worst_difference(o_run, o_ref));
+    CHECK(test::worst_difference(o_run, o_ref) > 1e-2f);
   }
 }
