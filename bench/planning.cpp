@@ -10,6 +10,11 @@
 //   imbalance/<w>/<c>/<batch>    max/mean CTA tokens of the four planners on all 8 real profiles,
 //                                8 batches each (contexts log-uniform 1K..128K, seeds 1..8),
 //                                every layer; w: 0 batch_share, 1 budget; N_CTA = 132 x c
+//   invariant_imbalance/<K>/<batch>
+//                                batch-invariant decode (decode_params::invariant_pieces = K):
+//                                max/mean CTA tokens, and its busiest CTA over the split map's
+//                                (the critical-path cost, modelled from tokens), on the imbalance
+//                                batches (8 profiles x 8 seeds x every layer, N_CTA 264)
 //   elastic_imbalance/<s>/<c>/<batch>
 //                                the same measure on ELASTIC placements of the 4 Llama-3.1-8B
 //                                profiles (s: ea, fastkvzip, keydiff, snapkv): each request is a
@@ -120,8 +125,8 @@ void cluster(benchmark::State& state) {
     auto g = cluster_heads(plan.rules, plan.num_layers, plan.num_kv_heads, 4, scope);
     benchmark::DoNotOptimize(g.groups.data());
   }
-  double waste =
-      group_waste(cluster_heads(plan.rules, plan.num_layers, plan.num_kv_heads, 4, scope), plan.rules);
+  double waste = group_waste(
+      cluster_heads(plan.rules, plan.num_layers, plan.num_kv_heads, 4, scope), plan.rules);
   state.counters["group_waste"] = waste;
 }
 BENCHMARK(cluster)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
@@ -258,6 +263,55 @@ BENCHMARK(imbalance)
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 
+// Batch-invariant decode against the split map's pieces on the same launches (see the file
+// comment): the loads of both come from the same per-head lengths and split map.
+void invariant_imbalance(benchmark::State& state) {
+  const auto K     = static_cast<std::int32_t>(state.range(0));
+  const auto batch = static_cast<std::int32_t>(state.range(1));
+  std::vector<double> aot, inv, ratio;
+  for (auto _ : state) {
+    aot.clear();
+    inv.clear();
+    ratio.clear();
+    for (int p = 0; p < num_profiles; ++p) {
+      auto const& plan = plan_for(p, split_weighting::batch_share, 2);
+      const auto view  = plan.splits.view();
+      const auto H     = plan.num_kv_heads;
+      std::vector<std::int64_t> lengths(static_cast<std::size_t>(batch) * H);
+      std::vector<std::int64_t> a(static_cast<std::size_t>(view.num_ctas)), b(a.size());
+      for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+        auto ctx = log_uniform_contexts(batch, 1024, 131072, seed);
+        for (std::int32_t l = 0; l < plan.num_layers; ++l) {
+          for (std::int32_t r = 0; r < batch; ++r)
+            for (std::int32_t h = 0; h < H; ++h)
+              lengths[static_cast<std::size_t>(r) * H + h] =
+                  head_tokens(plan.rule(l, h), ctx[static_cast<std::size_t>(r)], 0);
+          aot_cta_loads_from_lengths(view, l, lengths.data(), batch, a.data());
+          invariant_cta_loads_from_lengths(view, l, lengths.data(), batch, K, b.data());
+          aot.push_back(load_imbalance(a.data(), view.num_ctas));
+          inv.push_back(load_imbalance(b.data(), view.num_ctas));
+          ratio.push_back(static_cast<double>(*std::max_element(b.begin(), b.end())) /
+                          static_cast<double>(*std::max_element(a.begin(), a.end())));
+        }
+      }
+    }
+  }
+  auto put = [&](char const* name, std::vector<double> const& v) {
+    auto s                                      = summarize_imbalance(v);
+    state.counters[std::string(name) + "_mean"] = s.mean;
+    state.counters[std::string(name) + "_p95"]  = s.p95;
+  };
+  put("aot", aot);
+  put("invariant", inv);
+  put("busiest_cta_ratio", ratio);
+  state.counters["launches"] = static_cast<double>(aot.size());
+  state.SetLabel("K " + std::to_string(K) + ", N_CTA 264, modelled from tokens");
+}
+BENCHMARK(invariant_imbalance)
+    ->ArgsProduct({{8, 16, 32, 64}, {1, 4, 16, 64, 256}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
 // Imbalance on elastic placements (see the file comment). Per request: sample k drawn uniformly,
 // context its own (c = 0) or log-uniform 1K..128K (c = 1, kept counts scaled: modelled); needs
 // `sample_needs_at`, lengths `elastic_placement_lengths` of the elastic plan (same groups as the
@@ -339,7 +393,7 @@ void elastic_imbalance(benchmark::State& state) {
   put("greedy", gr);
   put("greedy4", g4);
   put("aot_static_on_budgets", ab);  // reference: static map, every head at its static budget
-  put("aot_placement_map", ao);  // elastic plan from samples: placement shares (in-sample)
+  put("aot_placement_map", ao);      // elastic plan from samples: placement shares (in-sample)
   state.counters["launches"] = static_cast<double>(ae.size());
   state.SetLabel(std::string(elastic_scorers[scorer]) + "/llama-3.1-8b, " +
                  (scaled ? "contexts log-uniform 1K..128K (modelled)" : "own contexts") +

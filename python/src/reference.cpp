@@ -134,7 +134,8 @@ void bind_reference(nb::module_& m) {
   m.def(
       "reference_decode_attention",
       [](bound_kv_cache& c, std::int32_t layer, f32_array q, std::optional<f32_array> sinks,
-         float sm_scale, std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
+         float sm_scale, std::optional<f32_array> k_scale, std::optional<f32_array> v_scale,
+         std::int32_t invariant_pieces) {
         c.expect_host_pool("reference_decode_attention");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
@@ -158,6 +159,7 @@ void bind_reference(nb::module_& m) {
         p.sinks    = sinks ? sinks->data() : nullptr;
         p.sm_scale = sm_scale;
         p.scales   = scales_of(k_scale, v_scale);
+        p.invariant_pieces = invariant_pieces;
         reference::decode_attention(p);
         auto b = static_cast<std::size_t>(view.batch_size);
         auto hq = static_cast<std::size_t>(view.num_kv_heads * group);
@@ -167,10 +169,12 @@ void bind_reference(nb::module_& m) {
       },
       nb::arg("kv"), nb::arg("layer"), nb::arg("q"), nb::arg("sinks") = nb::none(),
       nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
+      nb::arg("invariant_pieces") = 0,
       "Decode attention of `layer` for the batch (reference/decode_attention.hpp, split as the\n"
       "plan's split map): q [batch, query heads, d] float32 -> (o [batch, query heads, d],\n"
       "lse [batch, query heads]) float32. sm_scale 0 means 1/sqrt(d). fp8 caches: k_scale /\n"
-      "v_scale float32 of 1 or H elements read stored * s.");
+      "v_scale float32 of 1 or H elements read stored * s. invariant_pieces K > 0: the\n"
+      "batch-invariant pieces (at most K per request and head) instead of the split map's.");
 
   m.def(
       "reference_prefill_attention",

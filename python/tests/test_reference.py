@@ -56,6 +56,13 @@ def test_prefill_eviction_append_and_decode_match_numpy(static_plan):
         want = (w / w.sum()) @ vals[:, h, :]
         np.testing.assert_allclose(o[0, qh], want, rtol=2e-4, atol=2e-5)
         assert lse[0, qh] == pytest.approx(m + np.log(w.sum()), rel=1e-5, abs=1e-5)
+    # Batch-invariant pieces (25 tokens: one piece, where the split map cuts them over the
+    # head's CTAs): the same attention up to rounding; K is range-checked.
+    o_inv, lse_inv = tangram.reference_decode_attention(kv, 0, q, invariant_pieces=4)
+    np.testing.assert_allclose(o_inv, o, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse_inv, lse, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="invariant_pieces.*65"):
+        tangram.reference_decode_attention(kv, 0, q, invariant_pieces=65)
     kv.free(seq)
     kv.check_invariants()
 

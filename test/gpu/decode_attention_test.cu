@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu_support.cuh"
+#include "invariant_cases.hpp"
 #include "tangram/device/device.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/plan/split_planner.hpp"
@@ -61,6 +62,22 @@ TANGRAM_GPU_TEST("gpu decode equals the CPU reference: fp8 with per-tensor and p
 TANGRAM_GPU_TEST("gpu decode equals the CPU reference: long and batched", "[gpu][decode]") {
   test::gpu_backend gpu;
   for (auto const& c : test::decode_cases_long()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
+TANGRAM_GPU_TEST("gpu batch-invariant decode equals the CPU reference: both kernels x K 1, 3, 16",
+                 "[gpu][decode][invariant]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_invariant())
+    GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
+TANGRAM_GPU_TEST(
+    "gpu batch-invariant decode: a request's bits do not depend on the batch or split map",
+    "[gpu][decode][invariant]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_invariant())
+    if (c.invariant_pieces != 1)
+      GPU_REQUIRE_AGREES(test::check_decode_batch_invariance(c, c.invariant_pieces, gpu));
 }
 
 TANGRAM_GPU_TEST(
@@ -151,7 +168,8 @@ std::string decode_launch_error(std::int32_t d, dtype kv_dtype, dtype q_dtype) {
   auto hv = cache.view({0});
   test::device_cache dev(cache, hv);
   std::int32_t begin[3] = {0, 1, 2};
-  device_buffer dbegin(std::vector<std::int32_t>(begin, begin + 3)), dq(4096), dout(4096), ws(1 << 20);
+  device_buffer dbegin(std::vector<std::int32_t>(begin, begin + 3)), dq(4096), dout(4096),
+      ws(1 << 20);
   decode_params p;
   p.kv      = dev.view;
   p.splits  = {1, 2, 2, dbegin.get<std::int32_t>()};
@@ -169,14 +187,15 @@ std::string decode_launch_error(std::int32_t d, dtype kv_dtype, dtype q_dtype) {
 }  // namespace
 
 TANGRAM_GPU_TEST("gpu decode launcher rejects what it cannot run", "[gpu][decode][errors]") {
-  GPU_CHECK(decode_launch_error(96, dtype::bf16, dtype::bf16).find("head_dim 96") != std::string::npos);
+  GPU_CHECK(decode_launch_error(96, dtype::bf16, dtype::bf16).find("head_dim 96") !=
+            std::string::npos);
 }
 
 TANGRAM_GPU_TEST("gpu decode launcher names the field for fp8 it cannot run",
                  "[gpu][decode][fp8][errors]") {
   // Head dim 96 has no fp8 instantiation: the dtype and the head dim are named.
-  GPU_CHECK(decode_launch_error(96, dtype::fp8_e5m2, dtype::bf16).find("kv dtype fp8_e5m2 with head_dim 96") !=
-            std::string::npos);
+  GPU_CHECK(decode_launch_error(96, dtype::fp8_e5m2, dtype::bf16)
+                .find("kv dtype fp8_e5m2 with head_dim 96") != std::string::npos);
   // fp8 is a K/V storage type only: fp8 queries are rejected by field and value.
   const std::string q_error = decode_launch_error(64, dtype::fp8_e5m2, dtype::fp8_e4m3);
   GPU_CHECK(q_error.find("decode_params.q_dtype/o_dtype") != std::string::npos);
@@ -206,7 +225,7 @@ TANGRAM_GPU_TEST("gpu decode launcher names the field for invalid fp8 scales",
     p.q_dtype = p.o_dtype = dtype::f32;
     p.o                   = dout.get();
     p.scales              = {null_k ? nullptr : dscale.get<float>(), dscale.get<float>(), count};
-  try {
+    try {
       decode_attention(p, ws.get(), ws.bytes(), nullptr);
     } catch (invalid_argument const& e) {
       return std::string(e.what());
@@ -214,8 +233,8 @@ TANGRAM_GPU_TEST("gpu decode launcher names the field for invalid fp8 scales",
     return std::string("(no error)");
   };
   GPU_CHECK(message(dtype::fp8_e4m3, 8, false) == "(no error)");  // the control
-  GPU_CHECK(message(dtype::fp8_e4m3, 2, false).find(
-                "decode_params.scales.count: must be 0, 1 or num_kv_heads (8), got 2") !=
+  GPU_CHECK(message(dtype::fp8_e4m3, 2, false)
+                .find("decode_params.scales.count: must be 0, 1 or num_kv_heads (8), got 2") !=
             std::string::npos);
   GPU_CHECK(message(dtype::fp8_e4m3, 8, true).find("decode_params.scales.k: null") !=
             std::string::npos);

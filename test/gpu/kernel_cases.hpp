@@ -55,15 +55,17 @@ struct decode_case {
   bool sinks         = false;
   dtype o_dtype      = dtype::f32;
   std::uint64_t seed = 1;
-  std::vector<std::int32_t> ctas;  ///< N_CTA values; empty: {heads, 264, 535}
-  bool tensor_cores = true;        ///< decode_params::tensor_cores
-  scale_mode scales = scale_mode::none;  ///< fp8 only
+  std::vector<std::int32_t> ctas;                    ///< N_CTA values; empty: {heads, 264, 535}
+  bool tensor_cores             = true;              ///< decode_params::tensor_cores
+  scale_mode scales             = scale_mode::none;  ///< fp8 only
+  std::int32_t invariant_pieces = 0;                 ///< decode_params::invariant_pieces
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << to_string(kv_dtype) << " d " << d << " P " << P << " group " << group << " batch "
       << lens.size() << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
+    if (invariant_pieces != 0) s << ", batch-invariant K " << invariant_pieces;
     return s.str();
   }
 };
@@ -286,16 +288,17 @@ std::string check_decode(decode_case const& c, Backend& backend) {
     auto begin = random_cta_begin(c.layers, c.heads, n_cta, s.rng);
     for (std::int32_t layer = 0; layer < c.layers; ++layer) {
       decode_params p;
-      p.kv           = s.view;
-      p.layer        = layer;
-      p.group        = c.group;
-      p.q_dtype      = dtype::f32;
-      p.o_dtype      = c.o_dtype;
-      p.splits       = {c.layers, c.heads, n_cta, begin.data()};
-      p.q            = s.q.data();
-      p.sinks        = c.sinks ? s.sinks.data() : nullptr;
-      p.tensor_cores = c.tensor_cores;
-      p.scales       = s.scales.view();
+      p.kv               = s.view;
+      p.layer            = layer;
+      p.group            = c.group;
+      p.q_dtype          = dtype::f32;
+      p.o_dtype          = c.o_dtype;
+      p.splits           = {c.layers, c.heads, n_cta, begin.data()};
+      p.q                = s.q.data();
+      p.sinks            = c.sinks ? s.sinks.data() : nullptr;
+      p.tensor_cores     = c.tensor_cores;
+      p.scales           = s.scales.view();
+      p.invariant_pieces = c.invariant_pieces;
       std::vector<unsigned char> o_ref(out_bytes), o_run(out_bytes, 0x7f);
       std::vector<float> lse_ref(static_cast<std::size_t>(B) * Hq), lse_run(lse_ref.size(), 777.f);
       p.o   = o_ref.data();

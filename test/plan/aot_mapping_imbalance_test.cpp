@@ -307,7 +307,7 @@ TEST_CASE("batch_share weights are quantiles of the heads' shares over reference
 
 TEST_CASE("on a real profile the static map balances better than per-step baselines",
           "[split_analysis][profiles]") {
-  auto s    = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  auto s         = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
   auto prof      = calibrate(s);
   auto plan_with = [&](split_weighting w) {
     plan_options o;
@@ -368,4 +368,55 @@ TEST_CASE("log-uniform contexts are reproducible and in range", "[split_analysis
   CHECK(below_2k < 1600);
   CHECK(reference_batch{}.contexts() == log_uniform_contexts(32, 1024, 131072, 1));
   TANGRAM_REQUIRE_THROWS_WITH_ALL(log_uniform_contexts(3, 0, 10, 1), invalid_argument, "[0, 10]");
+}
+
+TEST_CASE("batch-invariant CTA loads: each piece whole on the CTA of its first token (brute force)",
+          "[split_analysis][invariant]") {
+  // Brute force, token by token: token t of request r (stream position pre + t) belongs to the
+  // piece starting at floor(t / size) * size, which the CTA whose split-map range holds that
+  // piece's first stream position processes.
+  std::mt19937_64 rng(41);
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::int32_t H     = 1 + static_cast<std::int32_t>(rng() % 4),
+                       batch = 1 + static_cast<std::int32_t>(rng() % 9);
+    const std::int32_t N     = H + static_cast<std::int32_t>(rng() % 80);
+    const auto K             = static_cast<std::int32_t>(1 + rng() % decode_max_invariant_pieces);
+    std::vector<std::int32_t> begin(static_cast<std::size_t>(H) + 1, 0);  // random shares >= 1
+    for (std::int32_t h = 1; h < H; ++h)
+      begin[static_cast<std::size_t>(h)] =
+          static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(N - H + 1));
+    std::sort(begin.begin() + 1, begin.end() - 1);
+    for (std::int32_t h = 1; h < H; ++h) begin[static_cast<std::size_t>(h)] += h;
+    begin[static_cast<std::size_t>(H)] = N;
+    split_map_view view{1, H, N, begin.data()};
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(batch) * H);
+    for (auto& x : lengths) x = static_cast<std::int64_t>(rng() % (trial % 3 == 0 ? 300 : 20000));
+    std::vector<std::int64_t> loads(static_cast<std::size_t>(N), -1),
+        want(static_cast<std::size_t>(N), 0);
+    invariant_cta_loads_from_lengths(view, 0, lengths.data(), batch, K, loads.data());
+    std::int64_t all = 0;
+    for (std::int32_t h = 0; h < H; ++h) {
+      std::int64_t total = 0;
+      for (std::int32_t r = 0; r < batch; ++r)
+        total += lengths[static_cast<std::size_t>(r * H + h)];
+      std::int64_t pre = 0;
+      for (std::int32_t r = 0; r < batch; ++r) {
+        const std::int64_t len  = lengths[static_cast<std::size_t>(r * H + h)];
+        const std::int64_t size = invariant_piece_tokens(len, K);
+        for (std::int64_t t = 0; t < len; ++t) {
+          const std::int64_t first = pre + t / size * size;
+          std::int64_t j           = 0;  // CTA j owns [floor(j W / S), floor((j + 1) W / S))
+          while (!(split_bound(j, view.share(0, h), total) <= first &&
+                   first < split_bound(j + 1, view.share(0, h), total)))
+            ++j;
+          ++want[static_cast<std::size_t>(view.begin(0, h) + j)];
+        }
+        pre += len;
+      }
+      all += total;
+    }
+    INFO("trial " << trial << " H " << H << " batch " << batch << " N_CTA " << N << " K " << K);
+    REQUIRE(loads == want);
+    REQUIRE(std::accumulate(loads.begin(), loads.end(), std::int64_t{0}) == all);
+  }
 }

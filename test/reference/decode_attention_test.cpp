@@ -28,10 +28,11 @@ struct decode_case {
   std::vector<std::int32_t> lens;     ///< nominal length per request (head 0 holds exactly it)
   std::vector<std::int32_t> sliding;  ///< sliding-window layers
   std::int32_t window = 40, ring_pages = 4;
-  bool sinks            = false;
-  std::int32_t appended = 0;  ///< decode tokens of every sequence
-  int split_maps        = 3;
-  std::uint64_t seed    = 1;
+  bool sinks                    = false;
+  std::int32_t appended         = 0;  ///< decode tokens of every sequence
+  int split_maps                = 3;
+  std::int32_t invariant_pieces = 0;  ///< decode_params::invariant_pieces of the split paths
+  std::uint64_t seed            = 1;
 };
 
 /// Split map views with random shares (at least one CTA per head), N_CTA from H to H + 400.
@@ -161,7 +162,8 @@ void run_case(decode_case const& c) {
     // Split paths equal the unsplit one (and hence the dense reference).
     for (int m = 0; m < c.split_maps; ++m) {
       random_split_map map(c.layers, c.heads, rng);
-      p.splits = map.view;
+      p.splits           = map.view;
+      p.invariant_pieces = c.invariant_pieces;
       std::vector<float> o_split(q.size()), lse_split(lse_unsplit.size());
       p.o   = o_split.data();
       p.lse = lse_split.data();
@@ -284,6 +286,50 @@ TEST_CASE("decode reference equals dense attention: head dims and dtypes", "[dec
     }
 }
 
+TEST_CASE("decode reference equals dense attention: batch-invariant pieces, K 1..64",
+          "[decode][invariant]") {
+  std::uint64_t seed = 450;
+  for (std::int32_t K : {1, 3, 16, decode_max_invariant_pieces}) {
+    decode_case c;
+    c.kv_dtype         = K % 2 ? dtype::bf16 : dtype::f32;
+    c.group            = K == 3 ? 4 : 2;
+    c.lens             = {1, 255, 256, 257, 3000, 9001};
+    c.sliding          = {1};
+    c.sinks            = K != 16;
+    c.invariant_pieces = K;
+    c.split_maps       = 2;
+    c.seed             = seed++;
+    run_case(c);
+  }
+}
+
+TEST_CASE("batch-invariant piece sizes: hand-worked values and bounds", "[decode][invariant]") {
+  // ceil(len / K) rounded up to 64 tokens, at least 256.
+  CHECK(invariant_piece_tokens(1, 16) == 256);
+  CHECK(invariant_piece_count(1, 16) == 1);
+  CHECK(invariant_piece_count(0, 16) == 0);
+  CHECK(invariant_piece_tokens(257, 64) == 256);
+  CHECK(invariant_piece_count(257, 64) == 2);
+  CHECK(invariant_piece_tokens(9001, 16) == 576);  // ceil(9001 / 16) = 563 -> 576
+  CHECK(invariant_piece_count(9001, 16) == 16);    // 15 * 576 = 8640 < 9001
+  CHECK(invariant_piece_tokens(9001, 3) == 3008);  // 3001 -> 3008
+  CHECK(invariant_piece_count(9001, 3) == 3);
+  CHECK(invariant_piece_tokens(100000, 1) == 100032);
+  CHECK(invariant_piece_count(100000, 1) == 1);
+  std::mt19937_64 rng(5);
+  for (int t = 0; t < 20000; ++t) {
+    const std::int64_t len  = static_cast<std::int64_t>(rng() % (t % 2 ? 600 : 3000000));
+    const auto K            = static_cast<std::int32_t>(1 + rng() % decode_max_invariant_pieces);
+    const std::int64_t size = invariant_piece_tokens(len, K), n = invariant_piece_count(len, K);
+    INFO("len " << len << " K " << K);
+    REQUIRE(size % decode_invariant_piece_align == 0);
+    REQUIRE(size >= decode_invariant_min_piece);
+    REQUIRE(n <= K);
+    REQUIRE(n * size >= len);
+    REQUIRE((n == 0 || (n - 1) * size < len));
+  }
+}
+
 TEST_CASE("decode reference equals dense attention: 32769 tokens", "[decode][long]") {
   decode_case c;
   c.kv_dtype   = dtype::bf16;
@@ -395,6 +441,13 @@ TEST_CASE("decode_params::validate names the field and the value", "[decode][err
   bad.kv.batch_size = decode_max_batch + 1;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "kv.batch_size", "4097");
   CHECK_THROWS_AS(reference::decode_attention(bad), invalid_argument);
+  for (std::int32_t K : {-1, decode_max_invariant_pieces + 1}) {
+    bad                     = p;
+    bad.invariant_pieces    = K;
+    const std::string value = "got " + std::to_string(K);
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(
+        bad.validate(), invalid_argument, "decode_params.invariant_pieces", value.c_str());
+  }
 }
 
 TEST_CASE("decode workspace layout: aligned, disjoint, monotone", "[decode]") {
@@ -406,5 +459,28 @@ TEST_CASE("decode workspace layout: aligned, disjoint, monotone", "[decode]") {
     CHECK(w.prefix - w.partial_lse >= (264 + 8 * b) * 4 * 4);
     CHECK(w.bytes - w.prefix >= 8 * (b + 1) * 8);
     CHECK(decode_workspace(264, 8, b + 1, 4, 128).bytes >= w.bytes);
+    // Batch-invariant mode: H * batch * K slots, whatever N_CTA is.
+    auto v = decode_workspace(264, 8, b, 4, 128, 16);
+    CHECK(v.partial_lse == (8 * b * 16 * 4 * 128 * 4 + 255) / 256 * 256);
+    CHECK(v.prefix - v.partial_lse == (8 * b * 16 * 4 * 4 + 255) / 256 * 256);
+    CHECK(decode_workspace(4, 8, b, 4, 128, 16).bytes == v.bytes);
+    CHECK(decode_workspace(264, 8, b, 4, 128, 17).bytes >= v.bytes);
   }
+}
+
+TEST_CASE("decode workspace bytes: mode and range checked, overflow refused", "[decode][errors]") {
+  std::int32_t begin[3] = {0, 100, 264};
+  split_map_view splits{1, 2, 264, begin};
+  CHECK(decode_workspace_bytes(splits, 32, 4, 128, 8) ==
+        static_cast<std::size_t>(decode_workspace(264, 2, 32, 4, 128, 8).bytes));
+  CHECK(decode_workspace_bytes(splits, 32, 4, 128) ==
+        static_cast<std::size_t>(decode_workspace(264, 2, 32, 4, 128).bytes));
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      decode_workspace_bytes(splits, 32, 4, 128, 65), invalid_argument, "invariant_pieces", "65");
+  // 2^30 KV heads x 4096 requests x 64 pieces x 8 heads x 1024 dims: past int64.
+  split_map_view huge{1, 1 << 30, 1 << 30, begin};
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(decode_workspace_bytes(huge, decode_max_batch, 8, 1024, 64),
+                                  invalid_argument,
+                                  "decode workspace bytes",
+                                  "overflows");
 }

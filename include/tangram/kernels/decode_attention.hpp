@@ -14,6 +14,13 @@
  * order. A request covered by a single CTA is written directly (no merge). The mapping and the
  * merge order are fixed, so results are deterministic.
  *
+ * Batch-invariant mode (`decode_params::invariant_pieces` = K > 0): a request's tokens on a head
+ * are cut into pieces whose size depends on its length alone (`invariant_piece_tokens`: at most K
+ * pieces, each at least `decode_invariant_min_piece` tokens); the CTA whose stream range holds a
+ * piece's first token processes the whole piece, every piece has its own partial slot, and the
+ * merge folds a request's pieces in order. So a request's output, bit for bit, does not depend on
+ * the other requests of the batch nor on the split map (for deterministic and RL serving).
+ *
  * Launchers are defined in `tangram::kernels` (kernels/decode_attention*.cu); the CPU reference
  * is in reference/decode_attention.hpp. This header compiles without CUDA.
  */
@@ -25,6 +32,7 @@
 #include <optional>
 
 #include "tangram/config.hpp"
+#include "tangram/detail/checked_math.hpp"
 #include "tangram/device/device_limits.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
@@ -40,6 +48,13 @@ namespace tangram {
 inline constexpr std::int32_t decode_max_group = 8;
 /// Largest batch one decode launch accepts (the per-head length prefix lives in shared memory).
 inline constexpr std::int32_t decode_max_batch = 4096;
+/// Largest `decode_params::invariant_pieces` (pieces per (request, KV head) in batch-invariant
+/// mode).
+inline constexpr std::int32_t decode_max_invariant_pieces = 64;
+/// Smallest piece of batch-invariant mode, in tokens: shorter requests are one piece (no merge).
+inline constexpr std::int64_t decode_invariant_min_piece = 256;
+/// Piece sizes of batch-invariant mode are multiples of this many tokens (whole decode tiles).
+inline constexpr std::int64_t decode_invariant_piece_align = 64;
 
 // ---------------------------------------------------------------------------------------------
 // Split-KV index math (host/device; the CUDA kernels and the CPU reference both use these).
@@ -90,6 +105,36 @@ TANGRAM_HOST_DEVICE stream_range piece_of(
 }
 
 /**
+ * Tokens per piece of a request holding `len` tokens on a head, in batch-invariant mode with at
+ * most `pieces` (>= 1) pieces: `ceil(len / pieces)` rounded up to `decode_invariant_piece_align`,
+ * at least `decode_invariant_min_piece`. A function of (len, pieces) only, so it does not change
+ * with the batch; `ceil(len / result) <= pieces`.
+ */
+TANGRAM_HOST_DEVICE std::int64_t invariant_piece_tokens(std::int64_t len, std::int32_t pieces) {
+  const std::int64_t even    = (len + pieces - 1) / pieces;
+  const std::int64_t aligned = (even + decode_invariant_piece_align - 1) /
+                               decode_invariant_piece_align * decode_invariant_piece_align;
+  return aligned > decode_invariant_min_piece ? aligned : decode_invariant_min_piece;
+}
+
+/// Number of pieces of a request holding `len` (>= 0) tokens on a head in batch-invariant mode.
+TANGRAM_HOST_DEVICE std::int64_t invariant_piece_count(std::int64_t len, std::int32_t pieces) {
+  const std::int64_t c = invariant_piece_tokens(len, pieces);
+  return (len + c - 1) / c;
+}
+
+/**
+ * @brief One piece a decode CTA processes: tokens `[begin, end)` of request `r` on its head,
+ * stored at partial slot `slot`, or written as the output when `whole` (the request's only piece).
+ */
+struct decode_piece {
+  std::int64_t begin = 0;
+  std::int64_t end   = 0;
+  std::int64_t slot  = 0;
+  bool whole         = false;
+};
+
+/**
  * @brief Byte layout of the decode workspace (offsets from its start, 256-byte aligned).
  *
  * - `partial_o`:   float `[slots][group][head_dim]`, a CTA's normalised partial output
@@ -97,7 +142,9 @@ TANGRAM_HOST_DEVICE stream_range piece_of(
  * - `prefix`:      int64 `[num_kv_heads][batch + 1]`, each head's exclusive length prefix over
  *                  the batch (written on the device by local CTA 0 of the head; read by the merge)
  *
- * `slots = split_map_view::partial_slots(batch) = N_CTA + num_kv_heads * batch`.
+ * `slots = split_map_view::partial_slots(batch) = N_CTA + num_kv_heads * batch`, or in
+ * batch-invariant mode `num_kv_heads * batch * invariant_pieces` (slot `(h * batch + r) * K + i`
+ * holds piece i of request r on head h).
  */
 struct decode_workspace_layout {
   std::int64_t partial_o   = 0;
@@ -106,15 +153,28 @@ struct decode_workspace_layout {
   std::int64_t bytes       = 0;  ///< total size
 };
 
-/// Workspace layout for one launch; grows monotonically with every argument.
+/// Partial slot of piece `i` of request `r` on KV head `h` in batch-invariant mode.
+TANGRAM_HOST_DEVICE std::int64_t invariant_slot(
+    std::int32_t h, std::int32_t r, std::int64_t i, std::int32_t batch, std::int32_t pieces) {
+  return (static_cast<std::int64_t>(h) * batch + r) * pieces + i;
+}
+
+/**
+ * Workspace layout for one launch (`invariant_pieces` = 0: the split map's slots; K > 0:
+ * batch-invariant mode's); grows monotonically with every argument. All arguments are bounded
+ * by `decode_params::validate` (KV heads and head dim by the view), so the sizes fit in int64.
+ */
 TANGRAM_HOST_DEVICE decode_workspace_layout decode_workspace(std::int32_t num_ctas,
                                                              std::int32_t num_kv_heads,
                                                              std::int32_t batch,
                                                              std::int32_t group,
-                                                             std::int32_t head_dim) {
+                                                             std::int32_t head_dim,
+                                                             std::int32_t invariant_pieces = 0) {
   auto align = [](std::int64_t x) { return (x + 255) / 256 * 256; };
   std::int64_t slots =
-      static_cast<std::int64_t>(num_ctas) + static_cast<std::int64_t>(num_kv_heads) * batch;
+      invariant_pieces > 0
+          ? static_cast<std::int64_t>(num_kv_heads) * batch * invariant_pieces
+          : static_cast<std::int64_t>(num_ctas) + static_cast<std::int64_t>(num_kv_heads) * batch;
   decode_workspace_layout w;
   w.partial_o   = 0;
   w.partial_lse = align(slots * group * head_dim * 4);
@@ -167,6 +227,11 @@ struct decode_params {
   /// arrays for the launcher). The kernel folds the K scale into the pre-scaled query and the
   /// V scale into the output; the reference dequantises every element.
   kv_scales scales;
+  /// 0: the split map's pieces (balanced, but a request's pieces, and so its output's rounding,
+  /// depend on the rest of the batch). K in [1, decode_max_invariant_pieces]: batch-invariant
+  /// mode, at most K pieces per (request, KV head) of `invariant_piece_tokens` tokens each; the
+  /// workspace holds `num_kv_heads * batch * K` partials (decode_workspace).
+  std::int32_t invariant_pieces = 0;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;
@@ -193,6 +258,12 @@ struct decode_params {
                     decode_max_group,
                     "], got ",
                     group);
+    TANGRAM_EXPECTS(invariant_pieces >= 0 && invariant_pieces <= decode_max_invariant_pieces,
+                    invalid_argument,
+                    "decode_params.invariant_pieces: must be in [0, ",
+                    decode_max_invariant_pieces,
+                    "] (0: off), got ",
+                    invariant_pieces);
     TANGRAM_EXPECTS(
         splits.cta_begin != nullptr, invalid_argument, "decode_params.splits.cta_begin: null");
     TANGRAM_EXPECTS(splits.num_layers == kv.num_layers,
@@ -230,30 +301,67 @@ struct decode_params {
   }
 };
 
-/// Bytes of workspace `decode_attention` needs for `p` (its batch size).
-inline std::size_t decode_workspace_bytes(decode_params const& p) {
+namespace detail {
+/// decode_workspace(...).bytes, after checking that its largest product fits in int64.
+inline std::size_t checked_decode_workspace_bytes(std::int32_t num_ctas,
+                                                  std::int32_t num_kv_heads,
+                                                  std::int32_t batch,
+                                                  std::int32_t group,
+                                                  std::int32_t head_dim,
+                                                  std::int32_t invariant_pieces) {
+  const char* what = "decode workspace bytes";
+  std::int64_t slots =
+      invariant_pieces > 0
+          ? mul_or_throw<std::int64_t>(
+                mul_or_throw<std::int64_t>(num_kv_heads, batch, what), invariant_pieces, what)
+          : add_or_throw<std::int64_t>(
+                num_ctas, mul_or_throw<std::int64_t>(num_kv_heads, batch, what), what);
+  // partial_o is the largest array; the others are smaller by a factor of head_dim or more.
+  (void)mul_or_throw<std::int64_t>(
+      mul_or_throw<std::int64_t>(slots, static_cast<std::int64_t>(group) * 4, what),
+      head_dim + 2,
+      what);
   return static_cast<std::size_t>(
-      decode_workspace(
-          p.splits.num_ctas, p.kv.num_kv_heads, p.kv.batch_size, p.group, p.kv.geometry.head_dim)
-          .bytes);
+      decode_workspace(num_ctas, num_kv_heads, batch, group, head_dim, invariant_pieces).bytes);
+}
+}  // namespace detail
+
+/// Bytes of workspace `decode_attention` needs for `p` (its batch size and mode).
+/// @throw invalid_argument when the size does not fit in int64.
+inline std::size_t decode_workspace_bytes(decode_params const& p) {
+  return detail::checked_decode_workspace_bytes(p.splits.num_ctas,
+                                                p.kv.num_kv_heads,
+                                                p.kv.batch_size,
+                                                p.group,
+                                                p.kv.geometry.head_dim,
+                                                p.invariant_pieces);
 }
 
 /**
- * @brief Bytes of workspace for any batch up to `max_batch`: what an engine allocates once.
- * @throw invalid_argument for a negative or too large `max_batch`.
+ * @brief Bytes of workspace for any batch up to `max_batch` (and, for batch-invariant mode, the
+ * `invariant_pieces` it will run with; 0 for the split map's mode): what an engine allocates once.
+ * @throw invalid_argument for a negative or too large `max_batch` or `invariant_pieces`, or a size
+ *        that does not fit in int64.
  */
 inline std::size_t decode_workspace_bytes(split_map_view const& splits,
                                           std::int32_t max_batch,
                                           std::int32_t group,
-                                          std::int32_t head_dim) {
+                                          std::int32_t head_dim,
+                                          std::int32_t invariant_pieces = 0) {
   TANGRAM_EXPECTS(max_batch >= 0 && max_batch <= decode_max_batch,
                   invalid_argument,
                   "decode_workspace_bytes: max_batch must be in [0, ",
                   decode_max_batch,
                   "], got ",
                   max_batch);
-  return static_cast<std::size_t>(
-      decode_workspace(splits.num_ctas, splits.num_kv_heads, max_batch, group, head_dim).bytes);
+  TANGRAM_EXPECTS(invariant_pieces >= 0 && invariant_pieces <= decode_max_invariant_pieces,
+                  invalid_argument,
+                  "decode_workspace_bytes: invariant_pieces must be in [0, ",
+                  decode_max_invariant_pieces,
+                  "], got ",
+                  invariant_pieces);
+  return detail::checked_decode_workspace_bytes(
+      splits.num_ctas, splits.num_kv_heads, max_batch, group, head_dim, invariant_pieces);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@
  * Arithmetic: fp32 throughout (K/V widened from their storage type and multiplied by their
  * head's fp8 scale, element by element), base-2 logits
  * `(q * scale * log2 e) . k`, each piece accumulated with its own maximum; partials merge in CTA
- * order exactly as the CUDA merge does.
+ * order exactly as the CUDA merge does (in piece order in batch-invariant mode).
  */
 #pragma once
 
@@ -24,7 +24,7 @@ namespace tangram::reference {
 
 /// @brief How the reference partitions each head's tokens.
 enum class split_mode : std::uint8_t {
-  split,    ///< follow `decode_params::splits` (pieces and merge as on the GPU)
+  split,    ///< the kernels' pieces and merge (split map, or batch-invariant pieces)
   unsplit,  ///< one pass over each (request, head)'s tokens; `splits` is ignored
 };
 
@@ -116,8 +116,19 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
         q[static_cast<std::size_t>(g * d + x)] =
             load_as_float(p.q, p.q_dtype, r * p.q_row_stride() + (h * G + g) * d + x) * scale2;
     head_cursor cur = make_head_cursor(kv, r, p.layer, h);
-    cta_span span   = request_ctas(pre, len, share, W);
-    if (span.single()) {  // written directly by the CTA (the sink joins here)
+    // The request's pieces in merge order: the split map's CTAs, or batch-invariant pieces.
+    std::vector<stream_range> pieces;
+    if (mode == split_mode::split && p.invariant_pieces > 0) {
+      const std::int64_t size = invariant_piece_tokens(len, p.invariant_pieces);
+      for (std::int64_t b = 0; b < len; b += size)
+        pieces.push_back({b, b + size < len ? b + size : len});
+    } else {
+      cta_span span = request_ctas(pre, len, share, W);
+      for (std::int64_t j = span.first; j <= span.last; ++j)
+        if (stream_range piece = piece_of(j, share, W, pre, len); !piece.empty())
+          pieces.push_back(piece);
+    }
+    if (pieces.size() == 1) {  // written directly by the CTA (the sink joins here)
       attend_piece<T>(cur, q, G, d, 0, len, sk, sv, st);
       for (std::int32_t g = 0; g < G; ++g) {
         auto const& s = st[static_cast<std::size_t>(g)];
@@ -135,9 +146,7 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
     }
     part_o.clear();
     part_lse.clear();
-    for (std::int64_t j = span.first; j <= span.last; ++j) {
-      stream_range piece = piece_of(j, share, W, pre, len);
-      if (piece.empty()) continue;
+    for (stream_range const& piece : pieces) {
       attend_piece<T>(cur, q, G, d, piece.begin, piece.end, sk, sv, st);
       std::vector<float> po(static_cast<std::size_t>(G * d)), pl(static_cast<std::size_t>(G));
       for (std::int32_t g = 0; g < G; ++g) {

@@ -273,12 +273,14 @@ void bind_cuda(nb::module_& parent) {
       .def_prop_ro("bytes", [](device_mirror const& m) { return m.mirror.bytes(); })
       .def_prop_ro("last_sync_bytes", [](device_mirror const& m) { return m.mirror.last_sync_bytes(); })
       .def("decode_workspace_bytes",
-           [](device_mirror const& m) {
+           [](device_mirror const& m, std::int32_t invariant_pieces) {
              auto const& p = m.plan();
              return decode_workspace_bytes(m.splits(), m.max_batch(), p.model.gqa_group(),
-                                           p.model.head_dim);
+                                           p.model.head_dim, invariant_pieces);
            },
-           "Workspace bytes of decode_attention for any batch up to the manager's max_batch.")
+           nb::arg("invariant_pieces") = 0,
+           "Workspace bytes of decode_attention for any batch up to the manager's max_batch\n"
+           "(with the same invariant_pieces as the calls).")
       .def("eviction_workspace_bytes",
            [](device_mirror const& m, std::int32_t max_candidates, std::string const& source,
               std::int32_t obs_window) {
@@ -358,7 +360,8 @@ void bind_cuda(nb::module_& parent) {
       "decode_attention",
       [](device_mirror const& m, std::int32_t layer, nb::handle q, nb::handle o,
          nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
-         nb::handle k_scale, nb::handle v_scale, nb::handle stream) {
+         nb::handle k_scale, nb::handle v_scale, std::int32_t invariant_pieces,
+         nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -389,17 +392,21 @@ void bind_cuda(nb::module_& parent) {
         }
         auto tsc = scales_arg(m, k_scale, v_scale);
         p.scales = tsc.scales;
+        p.invariant_pieces = invariant_pieces;
+        p.validate();  // before the workspace size is computed from invariant_pieces
         auto ws  = workspace_of(m, workspace, decode_workspace_bytes(p));
         decode_attention(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
       },
       nb::arg("mirror"), nb::arg("layer"), nb::arg("q"), nb::arg("o"), nb::kw_only(),
       nb::arg("workspace"), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(),
       nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
-      nb::arg("stream") = nb::none(),
+      nb::arg("invariant_pieces") = 0, nb::arg("stream") = nb::none(),
       "Decode attention of `layer` for the mirror's batch on the plan's split map: q and o\n"
       "[batch, query heads, d], lse [batch, query heads] float32, sinks [query heads] float32;\n"
       "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.\n"
-      "fp8 caches: k_scale / v_scale float32 device tensors of 1 or H elements (stored * s).");
+      "fp8 caches: k_scale / v_scale float32 device tensors of 1 or H elements (stored * s).\n"
+      "invariant_pieces K > 0: batch-invariant mode (a request's result does not depend on the\n"
+      "batch; at most K pieces per request and KV head; size the workspace with the same K).");
 
   m.def(
       "prefill_attention",

@@ -26,6 +26,7 @@
 #include "tangram/detail/stats.hpp"
 #include "tangram/error.hpp"
 #include "tangram/eval/baselines/split_planners.hpp"
+#include "tangram/kernels/decode_attention.hpp"
 #include "tangram/plan/aot_mapping.hpp"
 #include "tangram/plan/elastic_placement.hpp"
 #include "tangram/plan/retention.hpp"
@@ -68,6 +69,39 @@ inline void aot_cta_loads_from_lengths(split_map_view const& view,
     for (std::int32_t r = 0; r < batch; ++r)
       total += lengths[static_cast<std::size_t>(r) * H + static_cast<std::size_t>(h)];
     detail::head_cta_loads(total, view.share(layer, h), loads + view.begin(layer, h));
+  }
+}
+
+/**
+ * @brief Tokens each CTA of one layer's decode launch attends in batch-invariant mode
+ * (`decode_params::invariant_pieces` = `pieces`): every piece of `invariant_piece_tokens` tokens
+ * goes whole to the CTA whose split-map range holds its first token (kernels/detail/
+ * decode_common.cuh), so a CTA may run past its range by up to one piece. Same arguments as
+ * `aot_cta_loads_from_lengths`. O(H x batch x pieces + N_CTA); allocates nothing.
+ */
+inline void invariant_cta_loads_from_lengths(split_map_view const& view,
+                                             std::int32_t layer,
+                                             std::int64_t const* lengths,
+                                             std::int32_t batch,
+                                             std::int32_t pieces,
+                                             std::int64_t* loads) {
+  auto H = static_cast<std::size_t>(view.num_kv_heads);
+  for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
+    std::int64_t total = 0;
+    for (std::int32_t r = 0; r < batch; ++r)
+      total += lengths[static_cast<std::size_t>(r) * H + static_cast<std::size_t>(h)];
+    const std::int64_t share = view.share(layer, h);
+    std::int64_t* head       = loads + view.begin(layer, h);
+    std::fill(head, head + share, std::int64_t{0});
+    std::int64_t pre = 0;
+    for (std::int32_t r = 0; r < batch; ++r) {
+      const std::int64_t len =
+          lengths[static_cast<std::size_t>(r) * H + static_cast<std::size_t>(h)];
+      const std::int64_t size = invariant_piece_tokens(len, pieces);
+      for (std::int64_t b = 0; b < len; b += size)
+        head[split_cta_of(pre + b, share, total)] += std::min(size, len - b);
+      pre += len;
+    }
   }
 }
 
@@ -348,7 +382,8 @@ inline batch_imbalance elastic_layer_imbalance(static_plan const& plan,
                                                std::vector<std::int64_t> const& contexts,
                                                std::uint64_t seed) {
   TANGRAM_EXPECTS(!contexts.empty(), invalid_argument, "contexts: empty batch");
-  TANGRAM_EXPECTS(!samples.samples.empty(), invalid_argument, "elastic_layer_imbalance: no samples");
+  TANGRAM_EXPECTS(
+      !samples.samples.empty(), invalid_argument, "elastic_layer_imbalance: no samples");
   auto batch = contexts.size();
   auto H     = static_cast<std::size_t>(plan.num_kv_heads);
   auto L     = static_cast<std::size_t>(plan.num_layers);
@@ -358,8 +393,8 @@ inline batch_imbalance elastic_layer_imbalance(static_plan const& plan,
     auto k   = std::min(samples.samples.size() - 1,
                       static_cast<std::size_t>(detail::canonical_uniform(pick) *
                                                static_cast<double>(samples.samples.size())));
-    auto len = elastic_placement_lengths(plan, sample_needs_at(plan, samples, k, contexts[r]),
-                                         contexts[r]);
+    auto len = elastic_placement_lengths(
+        plan, sample_needs_at(plan, samples, k, contexts[r]), contexts[r]);
     for (std::size_t l = 0; l < L; ++l)
       for (std::size_t h = 0; h < H; ++h) lengths[(l * batch + r) * H + h] = len[l * H + h];
   }

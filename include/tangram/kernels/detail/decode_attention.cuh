@@ -96,7 +96,6 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   const decode_cta_work work = decode_locate_work<cfg::threads>(a, smem);
   if (work.empty) return;  // uniform across the CTA
   const int h = work.h, r_first = work.r_first, r_last = work.r_last;
-  const std::int64_t share = work.share, j = work.j, W = work.W;
   std::int64_t pre = work.pre;
   // fp8 scales (kv_scales.hpp), folded once per CTA: q . (s_k k) = (s_k q) . k, so the K scale
   // joins the query's pre-scale; the V scale multiplies the normalised output (decode_store_piece).
@@ -105,136 +104,136 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   T* stage_base = reinterpret_cast<T*>(smem);
   float* merge  = reinterpret_cast<float*>(smem);
   for (int r = r_first; r <= r_last; ++r) {
-    const std::int64_t len   = kv.head_len(r, layer, h);
-    const stream_range piece = piece_of(j, share, W, pre, len);
-    pre += len;
-    if (piece.empty()) continue;
-    const head_cursor cur = make_head_cursor(kv, r, layer, h);
-    const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
+    const std::int64_t len = kv.head_len(r, layer, h);
+    decode_for_each_piece(a, work, r, len, pre, [&](decode_piece const& piece) {
+      const head_cursor cur = make_head_cursor(kv, r, layer, h);
+      const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
 
-    float q[GB][vec], o[GB][vec], m[GB], s[GB];
+      float q[GB][vec], o[GB][vec], m[GB], s[GB];
 #pragma unroll
-    for (int g = 0; g < GB; ++g) {
-      m[g] = -INFINITY;
-      s[g] = 0.f;
+      for (int g = 0; g < GB; ++g) {
+        m[g] = -INFINITY;
+        s[g] = 0.f;
 #pragma unroll
-      for (int i = 0; i < vec; ++i) {
-        o[g][i] = 0.f;
-        q[g][i] = g < group ? load_scalar(p.q,
-                                          p.q_dtype,
-                                          r * p.q_row_stride() +
-                                              static_cast<std::int64_t>(h * group + g) * D +
-                                              tx * vec + i) *
-                                  q_scale
-                            : 0.f;
+        for (int i = 0; i < vec; ++i) {
+          o[g][i] = 0.f;
+          q[g][i] = g < group ? load_scalar(p.q,
+                                            p.q_dtype,
+                                            r * p.q_row_stride() +
+                                                static_cast<std::int64_t>(h * group + g) * D +
+                                                tx * vec + i) *
+                                    q_scale
+                              : 0.f;
+        }
       }
-    }
 
-    const int n_tiles = (t1 - t0 + tile - 1) / tile;
-    auto load_tile    = [&](int ti) {
-      T* st = stage_base + (ti % stages) * (2 * tile * D);
+      const int n_tiles = (t1 - t0 + tile - 1) / tile;
+      auto load_tile    = [&](int ti) {
+        T* st = stage_base + (ti % stages) * (2 * tile * D);
 #pragma unroll
-      for (int u = 0; u < cfg::stage_chunks / cfg::threads; ++u) {
-        int c     = tid + u * cfg::threads;
-        int kvsel = c / (tile * cfg::row_chunks);
-        int rem   = c % (tile * cfg::row_chunks);
-        int tok   = rem / cfg::row_chunks;
-        int part  = rem % cfg::row_chunks;
-        int t     = t0 + ti * tile + tok;
-        bool ok   = t < t1;
-        const T* src =
-            ok ? cur.ptr_at_position<T>(cur.position(t), kvsel) + part * (16 / cfg::elem_bytes)
-               : reinterpret_cast<const T*>(kv.pool);
-        copy16_async(st + kvsel * tile * D + tok * D + part * (16 / cfg::elem_bytes), src, ok);
+        for (int u = 0; u < cfg::stage_chunks / cfg::threads; ++u) {
+          int c     = tid + u * cfg::threads;
+          int kvsel = c / (tile * cfg::row_chunks);
+          int rem   = c % (tile * cfg::row_chunks);
+          int tok   = rem / cfg::row_chunks;
+          int part  = rem % cfg::row_chunks;
+          int t     = t0 + ti * tile + tok;
+          bool ok   = t < t1;
+          const T* src =
+              ok ? cur.ptr_at_position<T>(cur.position(t), kvsel) + part * (16 / cfg::elem_bytes)
+                 : reinterpret_cast<const T*>(kv.pool);
+          copy16_async(st + kvsel * tile * D + tok * D + part * (16 / cfg::elem_bytes), src, ok);
+        }
+      };
+#pragma unroll
+      for (int st = 0; st < stages - 1; ++st) {
+        if (st < n_tiles) load_tile(st);
+        copy_async_commit();
       }
-    };
+      for (int ti = 0; ti < n_tiles; ++ti) {
+        if (ti + stages - 1 < n_tiles) load_tile(ti + stages - 1);
+        copy_async_commit();
+        copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
+        sync_block(sync_site::decode_tile_ready);
+        const T* ks = stage_base + (ti % stages) * (2 * tile * D);
+        const T* vs = ks + tile * D;
+        float sc[cfg::per_group][GB] = {};  // (rows g >= group stay unused)
 #pragma unroll
-    for (int st = 0; st < stages - 1; ++st) {
-      if (st < n_tiles) load_tile(st);
-      copy_async_commit();
-    }
-    for (int ti = 0; ti < n_tiles; ++ti) {
-      if (ti + stages - 1 < n_tiles) load_tile(ti + stages - 1);
-      copy_async_commit();
-      copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
-      sync_block(sync_site::decode_tile_ready);
-      const T* ks = stage_base + (ti % stages) * (2 * tile * D);
-      const T* vs = ks + tile * D;
-      float sc[cfg::per_group][GB];
+        for (int u = 0; u < cfg::per_group; ++u) {
+          const int lt  = u * groups + tz;
+          const bool ok = t0 + ti * tile + lt < t1;
+          float kf[vec];
+          load_widen<T, vec>(ks + lt * D + tx * vec, kf);
 #pragma unroll
-      for (int u = 0; u < cfg::per_group; ++u) {
-        const int lt  = u * groups + tz;
-        const bool ok = t0 + ti * tile + lt < t1;
-        float kf[vec];
-        load_widen<T, vec>(ks + lt * D + tx * vec, kf);
+          for (int g = 0; g < GB; ++g) {
+            if (g < group) {
+              float dot = 0.f;
+#pragma unroll
+              for (int i = 0; i < vec; ++i) dot = fmaf(q[g][i], kf[i], dot);
+#pragma unroll
+              for (int off = bdx / 2; off > 0; off /= 2)
+                dot += __shfl_xor_sync(0xffffffffu, dot, off);
+              sc[u][g] = ok ? dot : -INFINITY;
+            }
+          }
+        }
 #pragma unroll
         for (int g = 0; g < GB; ++g) {
           if (g < group) {
-            float dot = 0.f;
+            float mt = m[g];
 #pragma unroll
-            for (int i = 0; i < vec; ++i) dot = fmaf(q[g][i], kf[i], dot);
+            for (int u = 0; u < cfg::per_group; ++u) mt = fmaxf(mt, sc[u][g]);
+            float alpha = exp2_shifted(m[g], mt);  // 0 while m is -inf
+            s[g] *= alpha;
 #pragma unroll
-            for (int off = bdx / 2; off > 0; off /= 2)
-              dot += __shfl_xor_sync(0xffffffffu, dot, off);
-            sc[u][g] = ok ? dot : -INFINITY;
+            for (int i = 0; i < vec; ++i) o[g][i] *= alpha;
+#pragma unroll
+            for (int u = 0; u < cfg::per_group; ++u) {
+              sc[u][g] = exp2_shifted(sc[u][g], mt);
+              s[g] += sc[u][g];
+            }
+            m[g] = mt;
           }
         }
+#pragma unroll
+        for (int u = 0; u < cfg::per_group; ++u) {
+          float vf[vec];
+          load_widen<T, vec>(vs + (u * groups + tz) * D + tx * vec, vf);
+#pragma unroll
+          for (int g = 0; g < GB; ++g)
+            if (g < group)
+#pragma unroll
+              for (int i = 0; i < vec; ++i) o[g][i] = fmaf(sc[u][g], vf[i], o[g][i]);
+        }
+        __syncthreads();  // the stage is refilled next iteration
       }
+      copy_async_wait<0>();
+      __syncthreads();
+
+      // Merge the token groups' states (fixed order) and store.
 #pragma unroll
       for (int g = 0; g < GB; ++g) {
         if (g < group) {
-          float mt = m[g];
-#pragma unroll
-          for (int u = 0; u < cfg::per_group; ++u) mt = fmaxf(mt, sc[u][g]);
-          float alpha = exp2_shifted(m[g], mt);  // 0 while m is -inf
-          s[g] *= alpha;
-#pragma unroll
-          for (int i = 0; i < vec; ++i) o[g][i] *= alpha;
-#pragma unroll
-          for (int u = 0; u < cfg::per_group; ++u) {
-            sc[u][g] = exp2_shifted(sc[u][g], mt);
-            s[g] += sc[u][g];
+          if (tx == 0) {
+            s_m[tz][g] = m[g];
+            s_s[tz][g] = s[g];
           }
-          m[g] = mt;
+#pragma unroll
+          for (int i = 0; i < vec; ++i) merge[(tz * GB + g) * D + tx * vec + i] = o[g][i];
         }
       }
-#pragma unroll
-      for (int u = 0; u < cfg::per_group; ++u) {
-        float vf[vec];
-        load_widen<T, vec>(vs + (u * groups + tz) * D + tx * vec, vf);
-#pragma unroll
-        for (int g = 0; g < GB; ++g)
-          if (g < group)
-#pragma unroll
-            for (int i = 0; i < vec; ++i) o[g][i] = fmaf(sc[u][g], vf[i], o[g][i]);
-      }
-      __syncthreads();  // the stage is refilled next iteration
-    }
-    copy_async_wait<0>();
-    __syncthreads();
-
-    // Merge the token groups' states (fixed order) and store.
-#pragma unroll
-    for (int g = 0; g < GB; ++g) {
-      if (g < group) {
-        if (tx == 0) {
-          s_m[tz][g] = m[g];
-          s_s[tz][g] = s[g];
-        }
-#pragma unroll
-        for (int i = 0; i < vec; ++i) merge[(tz * GB + g) * D + tx * vec + i] = o[g][i];
-      }
-    }
-    __syncthreads();
-    decode_store_piece<D, groups, cfg::threads>(
-        a,
-        work,
-        r,
-        t0 == 0 && t1 == len,
-        [&](int z, int g) { return s_m[z][g]; },
-        [&](int z, int g) { return s_s[z][g]; },
-        [&](int z, int g, int x) { return merge[(z * GB + g) * D + x]; });
-    __syncthreads();  // shared memory is reused by the next piece
+      __syncthreads();
+      decode_store_piece<D, groups, cfg::threads>(
+          a,
+          h,
+          r,
+          piece,
+          [&](int z, int g) { return s_m[z][g]; },
+          [&](int z, int g) { return s_s[z][g]; },
+          [&](int z, int g, int x) { return merge[(z * GB + g) * D + x]; });
+      __syncthreads();  // shared memory is reused by the next piece
+    });
+    pre += len;
   }
 }
 
@@ -244,16 +243,33 @@ template <class Unused = void>
 TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const a) {
   decode_params const& p = a.p;
   const int H = p.kv.num_kv_heads, B = p.kv.batch_size, D = p.kv.geometry.head_dim;
-  const int group = p.group;
+  const int group = p.group, K = p.invariant_pieces;
   const int r = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
   const std::int64_t* pre_h = a.prefix + static_cast<std::int64_t>(h) * (B + 1);
   const std::int64_t pre = pre_h[r], len = pre_h[r + 1] - pre, W = pre_h[B];
   const std::int64_t share = p.splits.share(p.layer, h);
+  // The request's partial slots in piece order: the CTAs of its span (split map) or its pieces
+  // (batch-invariant mode).
   cta_span span{0, 0};
+  std::int64_t pieces = 0;
   if (len > 0) {
-    span = request_ctas(pre, len, share, W);
-    if (span.single()) return;  // written by the split kernel
+    if (K > 0) {
+      pieces = invariant_piece_count(len, K);
+      if (pieces == 1) return;  // written by the split kernel
+    } else {
+      span = request_ctas(pre, len, share, W);
+      if (span.single()) return;  // written by the split kernel
+    }
   }
+  auto for_each_slot = [&](auto&& f) {
+    if (K > 0) {
+      for (std::int64_t i = 0; i < pieces; ++i) f(invariant_slot(h, r, i, B, K));
+      return;
+    }
+    for (std::int64_t jj = span.first; jj <= span.last; ++jj)
+      if (!piece_of(jj, share, W, pre, len).empty())
+        f(p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B));
+  };
   for (int e = static_cast<int>(threadIdx.x); e < group * D; e += static_cast<int>(blockDim.x)) {
     const int g = e / D, x = e % D;
     const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
@@ -264,21 +280,13 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const
       continue;
     }
     float mm = sink2;
-    for (std::int64_t jj = span.first; jj <= span.last; ++jj) {
-      if (piece_of(jj, share, W, pre, len).empty()) continue;
-      const std::int64_t slot =
-          p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B);
-      mm = fmaxf(mm, a.partial_lse[slot * group + g]);
-    }
+    for_each_slot([&](std::int64_t slot) { mm = fmaxf(mm, a.partial_lse[slot * group + g]); });
     float den = exp2_shifted(sink2, mm), num = 0.f;
-    for (std::int64_t jj = span.first; jj <= span.last; ++jj) {
-      if (piece_of(jj, share, W, pre, len).empty()) continue;
-      const std::int64_t slot =
-          p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B);
+    for_each_slot([&](std::int64_t slot) {
       const float w = exp2_shifted(a.partial_lse[slot * group + g], mm);
       den += w;
       num += w * a.partial_o[(slot * group + g) * D + x];
-    }
+    });
     store_scalar(p.o, p.o_dtype, qh * D + x, num / den);
     if (x == 0 && p.lse) p.lse[qh] = (mm + log2_of(den)) * ln2;
   }
@@ -341,9 +349,13 @@ bool dispatch_decode(dtype t, int head_dim, int group, F&& f) {
 /// The kernels' arguments for validated parameters and a workspace of decode_workspace_bytes(p).
 inline decode_args make_decode_args(decode_params const& p, void* workspace) {
   auto const& g = p.kv.geometry;
-  auto layout =
-      decode_workspace(p.splits.num_ctas, p.kv.num_kv_heads, p.kv.batch_size, p.group, g.head_dim);
-  auto* base = static_cast<unsigned char*>(workspace);
+  auto layout   = decode_workspace(p.splits.num_ctas,
+                                 p.kv.num_kv_heads,
+                                 p.kv.batch_size,
+                                 p.group,
+                                 g.head_dim,
+                                 p.invariant_pieces);
+  auto* base    = static_cast<unsigned char*>(workspace);
   decode_args a;
   a.p           = p;
   a.partial_o   = reinterpret_cast<float*>(base + layout.partial_o);

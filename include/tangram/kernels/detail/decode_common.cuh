@@ -110,7 +110,7 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
     for (int r = tid; r <= B; r += Threads)
       a.prefix[static_cast<std::int64_t>(w.h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
   const stream_range range = split_range(w.j, w.share, w.W);
-  w.empty = range.empty();  // uniform across the CTA
+  w.empty                  = range.empty();  // uniform across the CTA
   if (w.empty) return w;
   if (tid == 0) {
     int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
@@ -142,25 +142,65 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
 }
 
 /**
- * Combines the `Z` partial states of piece [t0, t1) of request `r` (the CTA's token groups or
- * warps, in index order z = 0..Z-1: `m_at(z, g)`, `s_at(z, g)` base-2 max and sum of query head
- * g of the group, `o_at(z, g, x)` its unnormalised output) and stores the result: the output
- * (with the sink) when the piece is the whole request, else partial slot (j, r). Collective over
- * the CTA's `Threads` threads; the states must be visible to all of them.
+ * Calls `f(piece)` (decode_attention.hpp's decode_piece) for each piece of request `r` (`len`
+ * tokens on the CTA's head, stream prefix `pre`) that this CTA processes, in token order.
+ * Split-map mode: the request's tokens inside the CTA's stream range, one piece, partial slot
+ * (j, r). Batch-invariant mode: every piece of `invariant_piece_tokens(len, K)` tokens whose
+ * first token lies in the CTA's range, the whole piece (it may run past the range), slot
+ * invariant_slot(h, r, i). Uniform across the CTA.
+ */
+template <class F>
+__device__ __forceinline__ void decode_for_each_piece(decode_args const& a,
+                                                      decode_cta_work const& w,
+                                                      int r,
+                                                      std::int64_t len,
+                                                      std::int64_t pre,
+                                                      F&& f) {
+  decode_params const& p   = a.p;
+  const stream_range range = piece_of(w.j, w.share, w.W, pre, len);
+  if (range.empty()) return;
+  const int K = p.invariant_pieces;
+  if (K == 0) {
+    decode_piece piece;
+    piece.begin = range.begin;
+    piece.end   = range.end;
+    piece.slot =
+        p.splits.partial_slot(p.layer, w.h, static_cast<std::int32_t>(w.j), r, p.kv.batch_size);
+    piece.whole = range.begin == 0 && range.end == len;
+    f(piece);
+    return;
+  }
+  const std::int64_t size = invariant_piece_tokens(len, K);
+  const bool whole        = len <= size;
+  // pieces whose first token i * size lies in [range.begin, range.end)
+  for (std::int64_t i = (range.begin + size - 1) / size; i * size < range.end; ++i) {
+    decode_piece piece;
+    piece.begin = i * size;
+    piece.end   = piece.begin + size < len ? piece.begin + size : len;
+    piece.slot  = invariant_slot(w.h, r, i, p.kv.batch_size, K);
+    piece.whole = whole;
+    f(piece);
+  }
+}
+
+/**
+ * Combines the `Z` partial states of `piece` of request `r` on KV head `h` (the CTA's token
+ * groups or warps, in index order z = 0..Z-1: `m_at(z, g)`, `s_at(z, g)` base-2 max and sum of
+ * query head g of the group, `o_at(z, g, x)` its unnormalised output) and stores the result: the
+ * output (with the sink) when the piece is the whole request, else its partial slot. Collective
+ * over the CTA's `Threads` threads; the states must be visible to all of them.
  */
 template <int D, int Z, int Threads, class M, class S, class O>
 __device__ __forceinline__ void decode_store_piece(decode_args const& a,
-                                                   decode_cta_work const& w,
+                                                   int h,
                                                    int r,
-                                                   bool whole,
+                                                   decode_piece const& piece,
                                                    M const& m_at,
                                                    S const& s_at,
                                                    O const& o_at) {
-  decode_params const& p = a.p;
-  const int group        = p.group;
-  const int h            = w.h;
-  const std::int64_t slot =
-      p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(w.j), r, p.kv.batch_size);
+  decode_params const& p  = a.p;
+  const int group         = p.group;
+  const std::int64_t slot = piece.slot;
   for (int e = static_cast<int>(threadIdx.x); e < group * D; e += Threads) {
     const int g = e / D, x = e % D;
     float mm = -INFINITY;
@@ -178,7 +218,7 @@ __device__ __forceinline__ void decode_store_piece(decode_args const& a,
     // rounding (one multiply per output element instead of one per V element).
     oo *= p.scales.v_of(h);
     const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
-    if (whole) {
+    if (piece.whole) {
       float sink2 = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
       finalize_store(a, qh * D + x, qh, mm, ss, oo, sink2, x == 0);
     } else {

@@ -187,159 +187,159 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
   const int c_lane = (lane / lpt) * row + (lane % lpt) * 8;
 
   for (int r = work.r_first; r <= work.r_last; ++r) {
-    const std::int64_t len   = kv.head_len(r, layer, work.h);
-    const stream_range piece = piece_of(work.j, work.share, work.W, pre, len);
-    pre += len;
-    if (piece.empty()) continue;
-    const head_cursor cur = make_head_cursor(kv, r, layer, work.h);
-    const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
-    const int n_tiles = (t1 - t0 + tile - 1) / tile;
-    const int n_mine  = n_tiles > warp ? (n_tiles - warp + warps - 1) / warps : 0;
+    const std::int64_t len = kv.head_len(r, layer, work.h);
+    decode_for_each_piece(a, work, r, len, pre, [&](decode_piece const& piece) {
+      const head_cursor cur = make_head_cursor(kv, r, layer, work.h);
+      const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
+      const int n_tiles = (t1 - t0 + tile - 1) / tile;
+      const int n_mine  = n_tiles > warp ? (n_tiles - warp + warps - 1) / warps : 0;
 
-    // The lane's token stream and the copies of the ring's first stages.
-    decode_lane_stream ls;
-    ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, 2);
-    const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * 2;
-    auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
-      const bool ok            = ls.t < t1;
-      const unsigned char* src = ls.next(warps * tile, t1) + (lane % lpt) * 16;
-      if (!ok) src = ls.base;  // any mapped address; the copy reads nothing
-      T* st = wstages + (k % stages) * cfg::stage_elems + c_lane;
+      // The lane's token stream and the copies of the ring's first stages.
+      decode_lane_stream ls;
+      ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, 2);
+      const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * 2;
+      auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
+        const bool ok            = ls.t < t1;
+        const unsigned char* src = ls.next(warps * tile, t1) + (lane % lpt) * 16;
+        if (!ok) src = ls.base;  // any mapped address; the copy reads nothing
+        T* st = wstages + (k % stages) * cfg::stage_elems + c_lane;
 #pragma unroll
-      for (int i = 0; i < cfg::chunks; ++i) {
-        copy16_async_zfill(st + 8 * lpt * i, src + 16 * lpt * i, ok ? 16u : 0u);
-        copy16_async_zfill(
-            st + tile * row + 8 * lpt * i, src + v_delta + 16 * lpt * i, ok ? 16u : 0u);
+        for (int i = 0; i < cfg::chunks; ++i) {
+          copy16_async_zfill(st + 8 * lpt * i, src + 16 * lpt * i, ok ? 16u : 0u);
+          copy16_async_zfill(
+              st + tile * row + 8 * lpt * i, src + v_delta + 16 * lpt * i, ok ? 16u : 0u);
+        }
+      };
+#pragma unroll
+      for (int k = 0; k < stages - 1; ++k) {
+        if (k < n_mine) issue(k);
+        copy_async_commit();
       }
-    };
-#pragma unroll
-    for (int k = 0; k < stages - 1; ++k) {
-      if (k < n_mine) issue(k);
-      copy_async_commit();
-    }
 
-    // The A operand of S: hi rows 0-7 and lo rows 8-15 of the scaled queries (zero rows past
-    // the group), two dims per thread and step.
-    for (int e = tid; e < 8 * D / 2; e += threads) {
-      const int qg = e / (D / 2), x = 2 * (e % (D / 2));
-      float q0 = 0.f, q1 = 0.f;
-      if (qg < group) {
-        const std::int64_t at =
-            r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x;
-        // (the K scale joins the pre-scale, as in the CUDA-core kernel; 1 for 16-bit K/V)
-        const float q_scale = a.scale2 * p.scales.k_of(work.h);
-        q0 = load_scalar(p.q, p.q_dtype, at) * q_scale;
-        q1 = load_scalar(p.q, p.q_dtype, at + 1) * q_scale;
+      // The A operand of S: hi rows 0-7 and lo rows 8-15 of the scaled queries (zero rows past
+      // the group), two dims per thread and step.
+      for (int e = tid; e < 8 * D / 2; e += threads) {
+        const int qg = e / (D / 2), x = 2 * (e % (D / 2));
+        float q0 = 0.f, q1 = 0.f;
+        if (qg < group) {
+          const std::int64_t at =
+              r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x;
+          // (the K scale joins the pre-scale, as in the CUDA-core kernel; 1 for 16-bit K/V)
+          const float q_scale = a.scale2 * p.scales.k_of(work.h);
+          q0                  = load_scalar(p.q, p.q_dtype, at) * q_scale;
+          q1                  = load_scalar(p.q, p.q_dtype, at + 1) * q_scale;
+        }
+        unsigned hi, lo;
+        split2<T>(q0, q1, hi, lo);
+        *reinterpret_cast<unsigned*>(qs + qg * row + x)       = hi;
+        *reinterpret_cast<unsigned*>(qs + (qg + 8) * row + x) = lo;
       }
-      unsigned hi, lo;
-      split2<T>(q0, q1, hi, lo);
-      *reinterpret_cast<unsigned*>(qs + qg * row + x)       = hi;
-      *reinterpret_cast<unsigned*>(qs + (qg + 8) * row + x) = lo;
-    }
-    __syncthreads();  // the queries are in shared memory
+      __syncthreads();  // the queries are in shared memory
 
-    float o[NT][4];
+      float o[NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m = -INFINITY, l = 0.f;  // head g: running max; this lane's share of the sum
-    for (int k = 0; k < n_mine; ++k) {
-      if (k + stages - 1 < n_mine) issue(k + stages - 1);
-      copy_async_commit();
-      copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
-      sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
-      const T* ks = wstages + (k % stages) * cfg::stage_elems;
-      const T* vs = ks + tile * row;
+      for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+      float m = -INFINITY, l = 0.f;  // head g: running max; this lane's share of the sum
+      for (int k = 0; k < n_mine; ++k) {
+        if (k + stages - 1 < n_mine) issue(k + stages - 1);
+        copy_async_commit();
+        copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
+        sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
+        const T* ks = wstages + (k % stages) * cfg::stage_elems;
+        const T* vs = ks + tile * row;
 
-      // S = Q K^T: tokens 8 nt .. 8 nt + 7 of the tile as n tile nt.
-      float sc[2 * KT][4];
+        // S = Q K^T: tokens 8 nt .. 8 nt + 7 of the tile as n tile nt.
+        float sc[2 * KT][4];
 #pragma unroll
-      for (int nt = 0; nt < 2 * KT; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+        for (int nt = 0; nt < 2 * KT; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        unsigned qa[4];
-        ldmatrix_x4<false>(qa, qs + q_lane + kk * 16);
+        for (int kk = 0; kk < D / 16; ++kk) {
+          unsigned qa[4];
+          ldmatrix_x4<false>(qa, qs + q_lane + kk * 16);
+#pragma unroll
+          for (int kt = 0; kt < KT; ++kt) {
+            unsigned kb[4];
+            ldmatrix_x4<false>(kb, ks + k_lane + kt * 16 * row + kk * 16);
+            mma_m16n8k16<T>(sc[2 * kt], qa, {kb[0], kb[1]});
+            mma_m16n8k16<T>(sc[2 * kt + 1], qa, {kb[2], kb[3]});
+          }
+        }
+        // Online softmax of head g over the lane's tokens 8 nt + 2 tq + i (hi + lo rows).
+        const int base = t0 + (warp + k * warps) * tile + 2 * tq;
+        float s[2 * KT][2], mt = m;
+#pragma unroll
+        for (int nt = 0; nt < 2 * KT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            s[nt][i] = base + 8 * nt + i < t1 ? sc[nt][i] + sc[nt][i + 2] : -INFINITY;
+            mt       = fmaxf(mt, s[nt][i]);
+          }
+        mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        const float alpha = exp2_shifted(m, mt);  // 0 while m is -inf
+        m                 = mt;
+        l *= alpha;
+#pragma unroll
+        for (int nt = 0; nt < 2 * KT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            s[nt][i] = exp2_shifted(s[nt][i], mt);
+            l += s[nt][i];
+          }
+        // A of O += P V per k step: rows g (hi) and g + 8 (lo), tokens 2 tq and 2 tq + 8.
+        unsigned pa[KT][4];
 #pragma unroll
         for (int kt = 0; kt < KT; ++kt) {
-          unsigned kb[4];
-          ldmatrix_x4<false>(kb, ks + k_lane + kt * 16 * row + kk * 16);
-          mma_m16n8k16<T>(sc[2 * kt], qa, {kb[0], kb[1]});
-          mma_m16n8k16<T>(sc[2 * kt + 1], qa, {kb[2], kb[3]});
+          split2<T>(s[2 * kt][0], s[2 * kt][1], pa[kt][0], pa[kt][1]);
+          split2<T>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
         }
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[n][i] *= alpha;
+            // O += P V: output dims 8 n + 2 tq + i.
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+          for (int np = 0; np < D / 16; ++np) {
+            unsigned vb[4];
+            ldmatrix_x4<true>(vb, vs + v_lane + kt * 16 * row + np * 16);
+            mma_m16n8k16<T>(o[2 * np], pa[kt], {vb[0], vb[1]});
+            mma_m16n8k16<T>(o[2 * np + 1], pa[kt], {vb[2], vb[3]});
+          }
+        __syncwarp();  // the stage is refilled by a later issue
       }
-      // Online softmax of head g over the lane's tokens 8 nt + 2 tq + i (hi + lo rows).
-      const int base = t0 + (warp + k * warps) * tile + 2 * tq;
-      float s[2 * KT][2], mt = m;
-#pragma unroll
-      for (int nt = 0; nt < 2 * KT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          s[nt][i] = base + 8 * nt + i < t1 ? sc[nt][i] + sc[nt][i + 2] : -INFINITY;
-          mt       = fmaxf(mt, s[nt][i]);
-        }
-      mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-      mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-      const float alpha = exp2_shifted(m, mt);  // 0 while m is -inf
-      m                 = mt;
-      l *= alpha;
-#pragma unroll
-      for (int nt = 0; nt < 2 * KT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          s[nt][i] = exp2_shifted(s[nt][i], mt);
-          l += s[nt][i];
-        }
-      // A of O += P V per k step: rows g (hi) and g + 8 (lo), tokens 2 tq and 2 tq + 8.
-      unsigned pa[KT][4];
-#pragma unroll
-      for (int kt = 0; kt < KT; ++kt) {
-        split2<T>(s[2 * kt][0], s[2 * kt][1], pa[kt][0], pa[kt][1]);
-        split2<T>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
-      }
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[n][i] *= alpha;
-          // O += P V: output dims 8 n + 2 tq + i.
-#pragma unroll
-      for (int kt = 0; kt < KT; ++kt)
-#pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          unsigned vb[4];
-          ldmatrix_x4<true>(vb, vs + v_lane + kt * 16 * row + np * 16);
-          mma_m16n8k16<T>(o[2 * np], pa[kt], {vb[0], vb[1]});
-          mma_m16n8k16<T>(o[2 * np + 1], pa[kt], {vb[2], vb[3]});
-        }
-      __syncwarp();  // the stage is refilled by a later issue
-    }
-    copy_async_wait<0>();
-    __syncwarp();
+      copy_async_wait<0>();
+      __syncwarp();
 
-    // This warp's state into its ring (free now), then the fixed-order combination.
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (g < group) {
-      if (tq == 0) {
-        s_m[warp][g] = m;
-        s_s[warp][g] = l;
+      // This warp's state into its ring (free now), then the fixed-order combination.
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (g < group) {
+        if (tq == 0) {
+          s_m[warp][g] = m;
+          s_s[warp][g] = l;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmerge[g * D + 8 * n + 2 * tq + i] = o[n][i] + o[n][i + 2];
       }
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) wmerge[g * D + 8 * n + 2 * tq + i] = o[n][i] + o[n][i + 2];
-    }
-    __syncthreads();
-    const float* merge0 = reinterpret_cast<const float*>(qs + cfg::q_elems);
-    decode_store_piece<D, warps, threads>(
-        a,
-        work,
-        r,
-        t0 == 0 && t1 == len,
-        [&](int z, int hg) { return s_m[z][hg]; },
-        [&](int z, int hg) { return s_s[z][hg]; },
-        [&](int z, int hg, int x) {
-          return merge0[z * (stages * cfg::stage_elems / 2) + hg * D + x];
-        });
-    __syncthreads();  // shared memory is reused by the next piece
+      __syncthreads();
+      const float* merge0 = reinterpret_cast<const float*>(qs + cfg::q_elems);
+      decode_store_piece<D, warps, threads>(
+          a,
+          work.h,
+          r,
+          piece,
+          [&](int z, int hg) { return s_m[z][hg]; },
+          [&](int z, int hg) { return s_s[z][hg]; },
+          [&](int z, int hg, int x) {
+            return merge0[z * (stages * cfg::stage_elems / 2) + hg * D + x];
+          });
+      __syncthreads();  // shared memory is reused by the next piece
+    });
+    pre += len;
   }
 }
 
