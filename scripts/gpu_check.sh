@@ -137,6 +137,12 @@ for b in rows("decode"):
     if b["name"].startswith("BM_decode_skew") and not b.get("error_occurred"):
         print(f"| {b['name']} | {b['uniform_us']:.1f} | {b['aot_us']:.1f} | {b['equal_split_us']:.1f} | "
               f"{b['aot_over_uniform']:.3f} | {b['equal_over_uniform']:.3f} | {b['bytes_ratio']:.3f} |")
+print("\n## Batch-invariant decode beside the split map's pieces (full run only)\n")
+print("| benchmark | split us | invariant us | invariant / split |")
+print("|---|---|---|---|")
+for b in rows("decode"):
+    if b["name"].startswith("BM_decode_invariant") and not b.get("error_occurred"):
+        print(f"| {b['name']} | {b['split_us']:.1f} | {b['invariant_us']:.1f} | {b['invariant_over_split']:.3f} |")
 print("\n## Eviction throughput (candidate K+V bytes per second; source 0 supplied, 1 key norm, 2 SnapKV)\n")
 print("| benchmark | time us | GB/s | candidates | kept |")
 print("|---|---|---|---|---|")

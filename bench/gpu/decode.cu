@@ -10,6 +10,9 @@
 //    iteration: uniform heads (equal split), non-uniform heads with the AOT split map (shares
 //    from the budgets) and non-uniform heads with an equal split. Counters aot_over_uniform (goal
 //    <= 1.05) and equal_over_uniform; the reported time is the AOT case.
+//  BM_decode_invariant/B/ctx/K: the same batch with the split map's pieces and in batch-invariant
+//    mode (decode_params::invariant_pieces = K), timed side by side each iteration; counter
+//    invariant_over_split (the modelled token ratio is in docs/kernels.md).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -38,7 +41,8 @@ struct decode_setup {
                std::vector<std::int32_t> const& len,
                std::vector<std::int32_t> const& cta_begin,
                std::int32_t n_cta,
-               bool tensor_cores = true) {
+               bool tensor_cores             = true,
+               std::int32_t invariant_pieces = 0) {
     page_geometry g{P, 1, D, dtype::bf16};
     std::vector<std::int32_t> seen(static_cast<std::size_t>(batch), 1 << 20);
     kv    = std::make_unique<device_kv>(g, batch, H, len, seen);
@@ -46,15 +50,16 @@ struct decode_setup {
     o     = device_buffer(q.bytes());
     begin = device_buffer(cta_begin);
     cuda_check(cudaMemset(q.get(), 0x3c, q.bytes()), "q fill");
-    p.kv           = kv->view;
-    p.splits       = {1, H, n_cta, begin.get<std::int32_t>()};
-    p.group        = G;
-    p.q            = q.get();
-    p.q_dtype      = dtype::bf16;
-    p.o            = o.get();
-    p.o_dtype      = dtype::bf16;
-    p.tensor_cores = tensor_cores;
-    workspace      = device_buffer(decode_workspace_bytes(p));
+    p.kv               = kv->view;
+    p.splits           = {1, H, n_cta, begin.get<std::int32_t>()};
+    p.group            = G;
+    p.q                = q.get();
+    p.q_dtype          = dtype::bf16;
+    p.o                = o.get();
+    p.o_dtype          = dtype::bf16;
+    p.tensor_cores     = tensor_cores;
+    p.invariant_pieces = invariant_pieces;
+    workspace          = device_buffer(decode_workspace_bytes(p));
   }
   void enqueue(cudaStream_t s) { decode_attention(p, workspace.get(), workspace.bytes(), s); }
   double kv_bytes() const { return static_cast<double>(kv->held_tokens) * 2 * D * 2; }
@@ -132,6 +137,28 @@ void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
   st.counter("hbm_fraction_aot", aot.kv_bytes() / (ta / it) / h200_peak_bytes_per_s);
 }
 
+void decode_invariant(state& st, std::int32_t batch, std::int32_t ctx, std::int32_t K) {
+  auto lim  = limits_or_default();
+  auto map  = cta_begin_for(std::vector<double>(H, 1.0), lim.max_ctas());
+  auto lens = std::vector<std::int32_t>(static_cast<std::size_t>(batch * H), ctx);
+  decode_setup split(batch, lens, map, lim.max_ctas());
+  decode_setup invariant(batch, lens, map, lim.max_ctas(), true, K);
+  l2_flusher flusher;
+  split.enqueue(nullptr);  // warm-up
+  invariant.enqueue(nullptr);
+  double ts = 0, ti = 0;
+  for (int i = 0; i < st.iterations; ++i) {
+    ts += timed(flusher, nullptr, [&] { split.enqueue(nullptr); });
+    ti += timed(flusher, nullptr, [&] { invariant.enqueue(nullptr); });
+  }
+  auto it              = static_cast<double>(st.iterations);
+  st.out->real_time_us = ti / it * 1e6;  // the invariant case
+  st.counter("split_us", ts / it * 1e6);
+  st.counter("invariant_us", ti / it * 1e6);
+  st.counter("invariant_over_split", ti / ts);
+  st.counter("hbm_fraction_invariant", invariant.kv_bytes() / (ti / it) / h200_peak_bytes_per_s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,6 +181,15 @@ int main(int argc, char** argv) {
   bandwidth(32, 32768);
   skew(16, 65536);
   const std::size_t short_count = defs.size();
+  auto invariant                = [&](std::int32_t b, std::int32_t ctx, std::int32_t K) {
+    defs.push_back({"BM_decode_invariant/" + std::to_string(b) + "/" + std::to_string(ctx) + "/" +
+                        std::to_string(K),
+                    [=](state& st) { decode_invariant(st, b, ctx, K); }});
+  };
+  invariant(1, 131072, 64);  // batch-invariant mode beside the split map's pieces
+  invariant(4, 32768, 16);
+  invariant(16, 32768, 64);
+  invariant(64, 8192, 64);
   bandwidth_cuda_core(1, 131072);  // the CUDA-core kernel on the short set's bandwidth points
   bandwidth_cuda_core(32, 32768);
   for (std::int32_t batch : {1, 8, 32, 128})
