@@ -67,7 +67,7 @@ void decode_attention(decode_params const& p,
         a, stream);
   });
   detail::check_launch(err, "decode_attention: split kernel launch");
-  detail::launch_decode_merge_with(a, detail::stream_launch{stream});
+  detail::launch_decode_merge_with(a, detail::stream_launch{stream, p.pdl});
   detail::check_launch(cudaGetLastError(), "decode_attention: merge kernel launch");
 }
 

@@ -143,6 +143,12 @@ print("|---|---|---|---|")
 for b in rows("decode"):
     if b["name"].startswith("BM_decode_invariant") and not b.get("error_occurred"):
         print(f"| {b['name']} | {b['split_us']:.1f} | {b['invariant_us']:.1f} | {b['invariant_over_split']:.3f} |")
+print("\n## Programmatic dependent launch: 32 back-to-back decode launches (full run only)\n")
+print("| benchmark | plain us | PDL us | PDL / plain |")
+print("|---|---|---|---|")
+for b in rows("decode"):
+    if b["name"].startswith("BM_decode_pdl") and not b.get("error_occurred"):
+        print(f"| {b['name']} | {b['plain_us']:.1f} | {b['pdl_us']:.1f} | {b['pdl_over_plain']:.3f} |")
 print("\n## Eviction throughput (candidate K+V bytes per second; source 0 supplied, 1 key norm, 2 SnapKV)\n")
 print("| benchmark | time us | GB/s | candidates | kept |")
 print("|---|---|---|---|---|")

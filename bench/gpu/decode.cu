@@ -13,6 +13,9 @@
 //  BM_decode_invariant/B/ctx/K: the same batch with the split map's pieces and in batch-invariant
 //    mode (decode_params::invariant_pieces = K), timed side by side each iteration; counter
 //    invariant_over_split (the modelled token ratio is in docs/kernels.md).
+//  BM_decode_pdl/B/ctx: 32 decode launches back to back (one layer's data, one workspace), with
+//    and without programmatic dependent launch (decode_params::pdl), timed side by side each
+//    iteration; counter pdl_over_plain (the launch gaps PDL hides, per 32 layers).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -159,6 +162,31 @@ void decode_invariant(state& st, std::int32_t batch, std::int32_t ctx, std::int3
   st.counter("hbm_fraction_invariant", invariant.kv_bytes() / (ti / it) / h200_peak_bytes_per_s);
 }
 
+void decode_pdl(state& st, std::int32_t batch, std::int32_t ctx) {
+  auto lim = limits_or_default();
+  decode_setup s(batch,
+                 std::vector<std::int32_t>(static_cast<std::size_t>(batch * H), ctx),
+                 cta_begin_for(std::vector<double>(H, 1.0), lim.max_ctas()),
+                 lim.max_ctas());
+  l2_flusher flusher;
+  auto layers = [&](bool pdl) {
+    s.p.pdl = pdl;
+    for (int l = 0; l < 32; ++l) s.enqueue(nullptr);
+  };
+  layers(false);  // warm-up
+  layers(true);
+  double tp = 0, tq = 0;
+  for (int i = 0; i < st.iterations; ++i) {
+    tp += timed(flusher, nullptr, [&] { layers(false); });
+    tq += timed(flusher, nullptr, [&] { layers(true); });
+  }
+  auto it              = static_cast<double>(st.iterations);
+  st.out->real_time_us = tq / it * 1e6;  // with PDL
+  st.counter("plain_us", tp / it * 1e6);
+  st.counter("pdl_us", tq / it * 1e6);
+  st.counter("pdl_over_plain", tq / tp);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +218,9 @@ int main(int argc, char** argv) {
   invariant(4, 32768, 16);
   invariant(16, 32768, 64);
   invariant(64, 8192, 64);
+  for (std::int32_t batch : {1, 32})
+    defs.push_back({"BM_decode_pdl/" + std::to_string(batch) + "/4096",
+                    [=](state& st) { decode_pdl(st, batch, 4096); }});
   bandwidth_cuda_core(1, 131072);  // the CUDA-core kernel on the short set's bandwidth points
   bandwidth_cuda_core(32, 32768);
   for (std::int32_t batch : {1, 8, 32, 128})

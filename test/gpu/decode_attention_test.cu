@@ -131,6 +131,73 @@ TANGRAM_GPU_TEST("gpu decode replays from a CUDA graph", "[gpu][decode][graph]")
   (void)cudaStreamDestroy(stream);
 }
 
+TANGRAM_GPU_TEST("gpu decode with PDL: back-to-back launches on one workspace, and a graph",
+                 "[gpu][decode][graph][pdl]") {
+  // Two launches enqueued back to back share the workspace: with programmatic dependent launch
+  // the second split kernel starts while the first merge may still read the partials, so its
+  // prologue must not write the workspace before its grid_dependency_wait.
+  page_geometry geo{16, 2, 128, dtype::bf16};
+  auto layout = test::adjacent_layout(geo, 1, 2);
+  std::vector<test::sequence_spec> seqs(4);
+  for (int i = 0; i < 4; ++i) {
+    seqs[static_cast<std::size_t>(i)].seq_tokens = 900 * (i + 1);
+    seqs[static_cast<std::size_t>(i)].base_len   = {900 * (i + 1), 301 * (i + 1)};
+  }
+  test_cache cache(layout, seqs, 9);
+  auto hv = cache.view({3, 0, 2, 1});
+  test::device_cache dev(cache, hv);
+  const std::size_t n = 4 * 2 * 4 * 128;
+  std::vector<float> q1(n), q2(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    q1[i] = std::sin(0.37f * static_cast<float>(i));
+    q2[i] = std::cos(0.11f * static_cast<float>(i));
+  }
+  device_buffer dq1(q1), dq2(q2), do1(n * 4), do2(n * 4);
+  std::vector<std::int32_t> begin = {0, 150, 264};
+  device_buffer dbegin(begin);
+  decode_params p;
+  p.kv      = dev.view;
+  p.splits  = {1, 2, 264, dbegin.get<std::int32_t>()};
+  p.group   = 4;
+  p.q_dtype = p.o_dtype = dtype::f32;
+  device_buffer ws(decode_workspace_bytes(p));
+  auto run = [&](bool pdl, cudaStream_t stream) {
+    p.pdl = pdl;
+    p.q   = dq1.get();
+    p.o   = do1.get();
+    decode_attention(p, ws.get(), ws.bytes(), stream);
+    p.q = dq2.get();
+    p.o = do2.get();
+    decode_attention(p, ws.get(), ws.bytes(), stream);
+  };
+  cudaStream_t stream;
+  TANGRAM_TEST_CUDA(cudaStreamCreate(&stream));
+  run(false, stream);
+  TANGRAM_TEST_CUDA(cudaStreamSynchronize(stream));
+  const auto plain1 = do1.download<float>(), plain2 = do2.download<float>();
+  for (int rep = 0; rep < 20; ++rep) {
+    TANGRAM_TEST_CUDA(cudaMemsetAsync(do1.get(), 0, do1.bytes(), stream));
+    TANGRAM_TEST_CUDA(cudaMemsetAsync(do2.get(), 0, do2.bytes(), stream));
+    run(true, stream);
+    TANGRAM_TEST_CUDA(cudaStreamSynchronize(stream));
+    GPU_REQUIRE(do1.download<float>() == plain1);
+    GPU_REQUIRE(do2.download<float>() == plain2);
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TANGRAM_TEST_CUDA(cudaMemset(do2.get(), 0, do2.bytes()));
+  TANGRAM_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  run(true, stream);
+  TANGRAM_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  TANGRAM_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  TANGRAM_TEST_CUDA(cudaGraphLaunch(exec, stream));
+  TANGRAM_TEST_CUDA(cudaStreamSynchronize(stream));
+  GPU_CHECK(do2.download<float>() == plain2);
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+  (void)cudaStreamDestroy(stream);
+}
+
 TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", "[gpu][decode]") {
   auto info = query_device(0);
   GPU_REQUIRE(info.has_value());

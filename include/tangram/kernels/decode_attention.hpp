@@ -232,6 +232,13 @@ struct decode_params {
   /// mode, at most K pieces per (request, KV head) of `invariant_piece_tokens` tokens each; the
   /// workspace holds `num_kv_heads * batch * K` partials (decode_workspace).
   std::int32_t invariant_pieces = 0;
+  /// Programmatic dependent launch (sm_90+, launcher only): the split kernel is launched so that
+  /// it may start while the previous kernel in the stream finishes, and the merge kernel so that
+  /// it is scheduled while the split kernel runs; each waits (`griddepcontrol.wait`) before it
+  /// reads q, K/V or the workspace. Before that wait the split kernel reads the split map and the
+  /// view's arrays (lengths, slots), so the kernel just before it in the stream must not write
+  /// them. Off by default; results are identical either way.
+  bool pdl = false;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;

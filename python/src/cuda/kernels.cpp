@@ -360,7 +360,7 @@ void bind_cuda(nb::module_& parent) {
       "decode_attention",
       [](device_mirror const& m, std::int32_t layer, nb::handle q, nb::handle o,
          nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
-         nb::handle k_scale, nb::handle v_scale, std::int32_t invariant_pieces,
+         nb::handle k_scale, nb::handle v_scale, std::int32_t invariant_pieces, bool pdl,
          nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
@@ -393,6 +393,7 @@ void bind_cuda(nb::module_& parent) {
         auto tsc = scales_arg(m, k_scale, v_scale);
         p.scales = tsc.scales;
         p.invariant_pieces = invariant_pieces;
+        p.pdl              = pdl;
         p.validate();  // before the workspace size is computed from invariant_pieces
         auto ws  = workspace_of(m, workspace, decode_workspace_bytes(p));
         decode_attention(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
@@ -400,13 +401,15 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("mirror"), nb::arg("layer"), nb::arg("q"), nb::arg("o"), nb::kw_only(),
       nb::arg("workspace"), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(),
       nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
-      nb::arg("invariant_pieces") = 0, nb::arg("stream") = nb::none(),
+      nb::arg("invariant_pieces") = 0, nb::arg("pdl") = false, nb::arg("stream") = nb::none(),
       "Decode attention of `layer` for the mirror's batch on the plan's split map: q and o\n"
       "[batch, query heads, d], lse [batch, query heads] float32, sinks [query heads] float32;\n"
       "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.\n"
       "fp8 caches: k_scale / v_scale float32 device tensors of 1 or H elements (stored * s).\n"
       "invariant_pieces K > 0: batch-invariant mode (a request's result does not depend on the\n"
-      "batch; at most K pieces per request and KV head; size the workspace with the same K).");
+      "batch; at most K pieces per request and KV head; size the workspace with the same K).\n"
+      "pdl: programmatic dependent launch (sm_90+; docs/kernels.md): the kernels may start while\n"
+      "the previous kernel in the stream finishes; it must not write the view's arrays.");
 
   m.def(
       "prefill_attention",

@@ -155,8 +155,8 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
         copy_async_commit();
         copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
         sync_block(sync_site::decode_tile_ready);
-        const T* ks = stage_base + (ti % stages) * (2 * tile * D);
-        const T* vs = ks + tile * D;
+        const T* ks                  = stage_base + (ti % stages) * (2 * tile * D);
+        const T* vs                  = ks + tile * D;
         float sc[cfg::per_group][GB] = {};  // (rows g >= group stay unused)
 #pragma unroll
         for (int u = 0; u < cfg::per_group; ++u) {
@@ -245,6 +245,8 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const
   const int H = p.kv.num_kv_heads, B = p.kv.batch_size, D = p.kv.geometry.head_dim;
   const int group = p.group, K = p.invariant_pieces;
   const int r = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
+  grid_dependency_launch_dependents();  // (PDL) the next kernel may be scheduled
+  grid_dependency_wait();               // (PDL) the split kernel's partials and prefix are visible
   const std::int64_t* pre_h = a.prefix + static_cast<std::int64_t>(h) * (B + 1);
   const std::int64_t pre = pre_h[r], len = pre_h[r + 1] - pre, W = pre_h[B];
   const std::int64_t share = p.splits.share(p.layer, h);
@@ -397,7 +399,7 @@ void launch_decode_merge_with(decode_args const& a, Launch const& launch) {
 /// Launches the split kernel for (T, D, GB) (defined per dtype in kernels/decode_attention_*.cu).
 template <class T, int D, int GB>
 cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
-  launch_decode_split_with<T, D, GB>(a, stream_launch{stream});
+  launch_decode_split_with<T, D, GB>(a, stream_launch{stream, a.p.pdl});
   return cudaGetLastError();
 }
 

@@ -106,6 +106,12 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
     __syncthreads();
   }
   w.W = carry;
+  // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages and
+  // the workspace (which the previous decode launch's merge may still read) wait for the
+  // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
+  // this grid in their own grid_dependency_wait.
+  grid_dependency_wait();
+  grid_dependency_launch_dependents();
   if (w.j == 0)  // the merge kernel reads the head's exclusive prefix
     for (int r = tid; r <= B; r += Threads)
       a.prefix[static_cast<std::int64_t>(w.h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];

@@ -183,11 +183,11 @@ __device__ __forceinline__ void store_scalar(void* base, dtype t, std::int64_t i
 /// Barrier and pipeline-wait sites that the emulator's mutation tests may weaken (test/emu).
 enum class sync_site : int {
   none = 0,
-  decode_tile_ready,  ///< decode: a stage's copies are visible to every thread
-  decode_tile_wait,   ///< decode: cp.async wait for the stage about to be read
-  compact_loaded,     ///< eviction compaction: every load of a batch precedes its stores
-  snapkv_queries,     ///< SnapKV scoring: the query tile is in shared memory
-  prefill_tile_ready, ///< prefill: the K/V tile (and the queries) are in shared memory
+  decode_tile_ready,   ///< decode: a stage's copies are visible to every thread
+  decode_tile_wait,    ///< decode: cp.async wait for the stage about to be read
+  compact_loaded,      ///< eviction compaction: every load of a batch precedes its stores
+  snapkv_queries,      ///< SnapKV scoring: the query tile is in shared memory
+  prefill_tile_ready,  ///< prefill: the K/V tile (and the queries) are in shared memory
 };
 
 /// `__syncthreads()` at a numbered site.
@@ -221,16 +221,55 @@ __device__ __forceinline__ void copy_async_wait(sync_site site = sync_site::none
 }
 
 /**
+ * Programmatic dependent launch (sm_90+), device side: waits until the grids this one depends
+ * on have completed and their memory is visible (`griddepcontrol.wait`; returns at once when the
+ * grid was launched without the attribute or nothing is in flight). A kernel launched with
+ * `stream_launch::pdl` may run its prologue before this call, which must not read what the
+ * previous kernel in the stream writes, nor write what it reads.
+ */
+__device__ __forceinline__ void grid_dependency_wait() {
+#if !defined(TANGRAM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+/// Lets the next kernel in the stream, if launched with the PDL attribute, be scheduled once
+/// every CTA of this grid has called this or exited (`griddepcontrol.launch_dependents`); it
+/// still waits for this grid's completion in its own grid_dependency_wait.
+__device__ __forceinline__ void grid_dependency_launch_dependents() {
+#if !defined(TANGRAM_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/**
  * The launch policy of the nvcc build: `launch(kernel, grid, threads, smem_bytes, args...)`
- * enqueues `kernel<<<grid, threads, smem_bytes, stream>>>(args...)`. The launchers below are
- * written against a policy so that the emulator runs the same launch sequence with its own.
+ * enqueues `kernel<<<grid, threads, smem_bytes, stream>>>(args...)`, or with `pdl` the same
+ * through cudaLaunchKernelEx with programmatic stream serialization allowed (the kernel may start
+ * while the previous one in the stream finishes; see grid_dependency_wait). The launchers below
+ * are written against a policy so that the emulator runs the same launch sequence with its own.
+ * A failed launch is reported by cudaGetLastError, as for `<<<>>>`.
  */
 struct stream_launch {
   cudaStream_t stream = nullptr;
+  bool pdl            = false;
 #if !defined(TANGRAM_EMULATION)
   template <class... P, class... A>
   void operator()(void (*kernel)(P...), dim3 grid, int threads, int smem, A const&... args) const {
-    kernel<<<grid, threads, smem, stream>>>(args...);
+    if (!pdl) {
+      kernel<<<grid, threads, smem, stream>>>(args...);
+      return;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim          = grid;
+    config.blockDim         = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+    config.stream           = stream;
+    config.attrs            = attr;
+    config.numAttrs         = 1;
+    (void)cudaLaunchKernelEx(&config, kernel, args...);
   }
 #endif
 };
