@@ -59,6 +59,7 @@ struct decode_case {
   bool tensor_cores             = true;              ///< decode_params::tensor_cores
   scale_mode scales             = scale_mode::none;  ///< fp8 only
   std::int32_t invariant_pieces = 0;                 ///< decode_params::invariant_pieces
+  float scale_magnitude         = 1.f;  ///< fp8 scales in [0.5, 2] x this (scale_arrays)
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
@@ -132,17 +133,25 @@ inline std::vector<decode_case> decode_cases_fp8() {
   return out;
 }
 
-/// The tensor-core decode instances (16-bit K/V, GQA group buckets 4 and 8): bf16 and f16 x head
-/// dims 64/128/256 x groups 3, 4, 6, 8 (full and part-filled buckets), with empty and
-/// single-token heads, lengths around the 16-token warp tile, a sliding-window ring layer, page
-/// sizes that are and are not powers of two, sinks, f32 and 16-bit outputs and three split maps.
+/// The tensor-core decode instances (16-bit and fp8 K/V, GQA group buckets 4 and 8): bf16 and
+/// f16 x head dims 64/128/256 x groups 3, 4, 6, 8 (full and part-filled buckets), fp8 e4m3 and
+/// e5m2 x head dims x groups 3 and 8 (fp8 scales per head, some of vLLM's magnitude), with empty
+/// and single-token heads, lengths around the 16-token warp tile, a sliding-window ring layer,
+/// page sizes that are and are not powers of two, sinks, f32 and 16-bit outputs and three split
+/// maps.
 inline std::vector<decode_case> decode_cases_mma() {
   std::vector<decode_case> out;
   std::uint64_t seed = 300;
-  for (dtype t : {dtype::bf16, dtype::f16})
+  for (dtype t : {dtype::bf16, dtype::f16, dtype::fp8_e4m3, dtype::fp8_e5m2})
     for (std::int32_t d : {64, 128, 256})
       for (std::int32_t group : {3, 4, 6, 8}) {
+        const bool fp8 = t == dtype::fp8_e4m3 || t == dtype::fp8_e5m2;
+        if (fp8 && (group == 4 || group == 6)) continue;
         decode_case c;
+        if (fp8) {
+          c.scales          = scale_mode::per_head;
+          c.scale_magnitude = group == 8 ? 1.f / 256 : 1.f;
+        }
         c.kv_dtype   = t;
         c.d          = d;
         c.group      = group;
@@ -244,7 +253,7 @@ struct decode_scenario {
   explicit decode_scenario(decode_case const& c)
       : rng(c.seed),
         cache(make_cache(c, rng), make_seqs(c, rng), c.seed + 3),
-        scales(c.scales, c.heads, c.seed) {
+        scales(c.scales, c.heads, c.seed, c.scale_magnitude) {
     std::vector<std::int32_t> batch(c.lens.size());
     std::iota(batch.begin(), batch.end(), 0);
     std::shuffle(batch.begin(), batch.end(), rng);

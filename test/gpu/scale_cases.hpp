@@ -27,14 +27,15 @@ inline const char* to_string(scale_mode m) {
 struct scale_arrays {
   std::vector<float> k, v;
 
-  /// Scales of `mode` for `heads` KV heads: every value distinct and in [0.5, 2], K's and V's
-  /// drawn separately, so a scale read for the wrong head or K and V swapped changes results.
-  scale_arrays(scale_mode mode, std::int32_t heads, std::uint64_t seed) {
+  /// Scales of `mode` for `heads` KV heads: every value distinct and in [0.5, 2] times
+  /// `magnitude` (vLLM's fp8 scales are amax / 448, often 1e-3..1e-1), K's and V's drawn
+  /// separately, so a scale read for the wrong head or K and V swapped changes results.
+  scale_arrays(scale_mode mode, std::int32_t heads, std::uint64_t seed, float magnitude = 1.f) {
     const std::int32_t n = mode == scale_mode::none         ? 0
                            : mode == scale_mode::per_tensor ? 1
                                                             : heads;
     std::mt19937_64 rng(seed * 31 + 5);
-    std::uniform_real_distribution<float> u(0.5f, 2.f);
+    std::uniform_real_distribution<float> u(0.5f * magnitude, 2.f * magnitude);
     for (std::int32_t i = 0; i < n; ++i) {
       k.push_back(u(rng));
       v.push_back(u(rng));

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file kernels/detail/decode_mma.cuh
- * @brief Tensor-core decode split kernel for 16-bit K/V (bf16, f16) and GQA groups of 4 to 8
- * query heads per KV head: a drop-in for decode_split_kernel (kernels/detail/decode_attention.cuh)
+ * @brief Tensor-core decode split kernel for 16-bit K/V (bf16, f16), fp8 K/V (e4m3, e5m2, read
+ * as f16) and GQA groups of 3 to 8 query heads per KV head: a drop-in for decode_split_kernel (kernels/detail/decode_attention.cuh)
  * on those instances, with the same split-map work (decode_locate_work), the same pieces, partial
  * slots and stores (decode_store_piece) and the same merge kernel.
  *
@@ -28,6 +28,14 @@
  * order at the end of a piece.
  * Rows of every shared-memory tile are padded by 16 bytes so that the 8 rows an ldmatrix reads
  * fall in distinct banks.
+ *
+ * fp8. The ring holds the stored bytes (half the shared memory per stage, so 3 stages at d 64
+ * and 128); per tile the warp widens the K rows into one f16 tile (`cvt.rn.f16x2.e4m3x2` /
+ * `.e5m2x2`, exact: every e4m3 and e5m2 value is an f16 value), runs S = Q K^T on it, then
+ * widens the V rows into the same tile for O += P V, with warp syncs in between. The f16 mma
+ * then sees exactly the stored values. The K scale multiplies the scores (folded into the f16
+ * query it would push the lo rows into f16's subnormal range for vLLM-sized scales); the V scale
+ * the output, as in the CUDA-core kernel.
  */
 #pragma once
 
@@ -46,39 +54,56 @@
 
 namespace tangram::detail {
 
-/// The K/V storage types the tensor-core kernel takes.
+/// The 16-bit K/V storage types the tensor-core kernel reads as they are.
 template <class T>
 inline constexpr bool mma_input = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+/// The fp8 storage types it widens to f16 in shared memory first (exactly: both formats' values
+/// are f16 values).
+template <class T>
+inline constexpr bool mma_fp8_input =
+    std::is_same_v<T, float8_e4m3> || std::is_same_v<T, float8_e5m2>;
+/// The mma input type for storage type T: T itself, or f16 for fp8.
+template <class T>
+using mma_type_t = std::conditional_t<mma_fp8_input<T>, float16, T>;
 
-/// Whether (T, GB) runs the tensor-core kernel: 16-bit K/V and a group bucket of 4 or 8.
+/// Whether (T, GB) runs the tensor-core kernel: 16-bit or fp8 K/V and a group bucket of 4 or 8.
 template <class T, int GB>
-inline constexpr bool decode_uses_mma = mma_input<T> && (GB == 4 || GB == 8);
+inline constexpr bool decode_uses_mma = (mma_input<T> || mma_fp8_input<T>)&&(GB == 4 || GB == 8);
 
 /// Compile-time shape of the tensor-core split kernel for storage type T and head dim D.
+/// Shared memory: the query operand (16 rows of `row` 16-bit elements), then per warp its ring
+/// of `stages` raw stages (K rows then V rows as stored, `raw_row` bytes apart) and, for fp8, one
+/// 16-bit tile (`row` elements a row) that K and then V of the current tile are widened into.
 template <class T, int D>
 struct decode_mma_config {
-  static constexpr int warps   = 2;
-  static constexpr int threads = 32 * warps;
-  /// tokens per warp tile, a multiple of the k of O += P V: 8 KiB of K + V at d 64 and 128
-  static constexpr int tile           = D == 64 ? 32 : 16;
-  static constexpr int lpt            = 32 / tile;  ///< lanes copying one token's rows
-  static constexpr int row            = D + 8;  ///< shared-memory row stride in elements (16 B pad)
-  static constexpr int stage_elems    = 2 * tile * row;  ///< K rows, then V rows
-  static constexpr int q_elems        = 16 * row;   ///< the A operand: hi rows 0-7, lo rows 8-15
-  static constexpr int budget         = 45 * 1024;  ///< dynamic shared memory, no opt-in
-  static constexpr int fit            = (budget - q_elems * 2) / (warps * stage_elems * 2);
-  static constexpr int stages         = fit > 4 ? 4 : fit;  ///< per warp
-  static constexpr int chunks         = D * 2 / 16 / lpt;   ///< 16-byte copies per lane per K row
-  static constexpr int pipeline_bytes = (warps * stages * stage_elems + q_elems) * 2;
+  static constexpr int warps      = 2;
+  static constexpr int threads    = 32 * warps;
+  static constexpr int elem_bytes = static_cast<int>(sizeof(T));
+  static constexpr bool widen     = elem_bytes == 1;  ///< fp8: widened to f16 per tile
+  /// tokens per warp tile, a multiple of the k of O += P V (16-bit: 8 KiB of K + V at d 64, 128)
+  static constexpr int tile        = D == 64 ? 32 : 16;
+  static constexpr int lpt         = 32 / tile;  ///< lanes copying one token's rows
+  static constexpr int row         = D + 8;      ///< 16-bit row stride in elements (16-byte pad)
+  static constexpr int raw_row     = D * elem_bytes + 16;  ///< stored row stride in bytes (padded)
+  static constexpr int stage_bytes = 2 * tile * raw_row;   ///< K rows, then V rows
+  static constexpr int wide_bytes  = widen ? tile * row * 2 : 0;  ///< the widened K or V tile
+  static constexpr int q_bytes     = 16 * row * 2;  ///< the A operand: hi rows 0-7, lo rows 8-15
+  static constexpr int budget      = 45 * 1024;     ///< dynamic shared memory, no opt-in
+  static constexpr int fit        = (budget - q_bytes - warps * wide_bytes) / (warps * stage_bytes);
+  static constexpr int stages     = fit > 4 ? 4 : fit;                  ///< per warp
+  static constexpr int warp_bytes = stages * stage_bytes + wide_bytes;  ///< a warp's region
+  static constexpr int chunks     = D * elem_bytes / 16 / lpt;          ///< copies per lane per row
+  static constexpr int pipeline_bytes = warps * warp_bytes + q_bytes;
   static constexpr int prefix_bytes   = decode_max_batch * 8;
   static constexpr int smem_bytes = pipeline_bytes > prefix_bytes ? pipeline_bytes : prefix_bytes;
 
-  static_assert(sizeof(T) == 2, "the tensor-core path takes 16-bit K/V");
+  static_assert(elem_bytes == 2 || elem_bytes == 1, "16-bit or fp8 K/V");
   static_assert(D % 16 == 0, "head dim: a multiple of the mma k");
   static_assert(tile % 16 == 0 && tile <= 32, "whole mma k steps, one token per lane at most");
+  static_assert(chunks >= 1, "every lane of a token copies whole 16-byte chunks");
   static_assert(stages >= 1, "one stage per warp must fit");
-  static_assert(stages * stage_elems * 2 >= decode_max_group * D * 4,
-                "a warp's stages hold its output state for the merge");
+  static_assert(warp_bytes >= decode_max_group * D * 4 && warp_bytes % 16 == 0,
+                "a warp's region holds its output state for the merge");
   static_assert(smem_bytes <= 48 * 1024 - 2048, "dynamic shared memory must not need an opt-in");
 };
 
@@ -153,6 +178,7 @@ template <class T, int D, int GB>
 TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_mma_kernel(
     decode_args const a) {
   using cfg             = decode_mma_config<T, D>;
+  using M               = mma_type_t<T>;  ///< what the mma reads: T, or f16 widened from fp8
   constexpr int warps   = cfg::warps;
   constexpr int threads = cfg::threads;
   constexpr int tile    = cfg::tile;
@@ -175,16 +201,34 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
   if (work.empty) return;  // uniform across the CTA
   std::int64_t pre = work.pre;
 
-  T* qs        = reinterpret_cast<T*>(smem);
-  T* wstages   = qs + cfg::q_elems + warp * stages * cfg::stage_elems;  // this warp's ring
-  auto* wmerge = reinterpret_cast<float*>(wstages);  // its output state at the end of a piece
+  M* qs                  = reinterpret_cast<M*>(smem);
+  unsigned char* wregion = smem + cfg::q_bytes + warp * cfg::warp_bytes;     // this warp's ring
+  M* wide      = reinterpret_cast<M*>(wregion + stages * cfg::stage_bytes);  // fp8: widened tile
+  auto* wmerge = reinterpret_cast<float*>(wregion);  // its output state at the end of a piece
   // ldmatrix row addresses that depend only on the lane (elements).
   const int q_lane = (lane % 16) * row + (lane / 16) * 8;  // A: rows 0-15, k halves
   const int k_lane = ((lane / 16) * 8 + lane % 8) * row + ((lane / 8) % 2) * 8;  // B of S
   const int v_lane = (((lane / 8) % 2) * 8 + lane % 8) * row + (lane / 16) * 8;  // B of O
   // This lane's copies: token lane / lpt of the tile, 16-byte chunks lpt i + lane % lpt of its K
-  // and V rows (the lanes of a token read adjacent chunks).
-  const int c_lane = (lane / lpt) * row + (lane % lpt) * 8;
+  // and V rows (the lanes of a token read adjacent chunks); bytes into a stage.
+  const int c_lane = (lane / lpt) * cfg::raw_row + (lane % lpt) * 16;
+  // fp8 scales: the K scale multiplies the scores (folding it into the f16 query rows would push
+  // their lo parts into f16's subnormal range for typical scales); the V scale the output
+  // (decode_store_piece). 1 for 16-bit K/V.
+  const float k_scale = p.scales.k_of(work.h);
+  // fp8: the warp widens tile rows of a stage (K or V, D bytes each) into `wide`, exactly.
+  auto widen_rows = [&](const auto* rows) {  // generic: instantiated for fp8 only
+    constexpr int per_row = D / 16;  // 16-byte chunks of a stored fp8 row
+#pragma unroll
+    for (int u = 0; u < tile * per_row / 32; ++u) {
+      const int c = lane + 32 * u, tok = c / per_row, part = c % per_row;
+      uint4 out[2];
+      fp8x16_to_f16<T>(*reinterpret_cast<const uint4*>(rows + tok * cfg::raw_row + part * 16), out);
+      auto* dst = reinterpret_cast<uint4*>(wide + tok * row + part * 16);
+      dst[0]    = out[0];
+      dst[1]    = out[1];
+    }
+  };
 
   for (int r = work.r_first; r <= work.r_last; ++r) {
     const std::int64_t len = kv.head_len(r, layer, work.h);
@@ -196,18 +240,18 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
 
       // The lane's token stream and the copies of the ring's first stages.
       decode_lane_stream ls;
-      ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, 2);
-      const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * 2;
+      ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, cfg::elem_bytes);
+      const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
       auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
         const bool ok            = ls.t < t1;
         const unsigned char* src = ls.next(warps * tile, t1) + (lane % lpt) * 16;
         if (!ok) src = ls.base;  // any mapped address; the copy reads nothing
-        T* st = wstages + (k % stages) * cfg::stage_elems + c_lane;
+        unsigned char* st = wregion + (k % stages) * cfg::stage_bytes + c_lane;
 #pragma unroll
         for (int i = 0; i < cfg::chunks; ++i) {
-          copy16_async_zfill(st + 8 * lpt * i, src + 16 * lpt * i, ok ? 16u : 0u);
+          copy16_async_zfill(st + 16 * lpt * i, src + 16 * lpt * i, ok ? 16u : 0u);
           copy16_async_zfill(
-              st + tile * row + 8 * lpt * i, src + v_delta + 16 * lpt * i, ok ? 16u : 0u);
+              st + tile * cfg::raw_row + 16 * lpt * i, src + v_delta + 16 * lpt * i, ok ? 16u : 0u);
         }
       };
 #pragma unroll
@@ -224,13 +268,11 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
         if (qg < group) {
           const std::int64_t at =
               r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x;
-          // (the K scale joins the pre-scale, as in the CUDA-core kernel; 1 for 16-bit K/V)
-          const float q_scale = a.scale2 * p.scales.k_of(work.h);
-          q0                  = load_scalar(p.q, p.q_dtype, at) * q_scale;
-          q1                  = load_scalar(p.q, p.q_dtype, at + 1) * q_scale;
+          q0 = load_scalar(p.q, p.q_dtype, at) * a.scale2;
+          q1 = load_scalar(p.q, p.q_dtype, at + 1) * a.scale2;
         }
         unsigned hi, lo;
-        split2<T>(q0, q1, hi, lo);
+        split2<M>(q0, q1, hi, lo);
         *reinterpret_cast<unsigned*>(qs + qg * row + x)       = hi;
         *reinterpret_cast<unsigned*>(qs + (qg + 8) * row + x) = lo;
       }
@@ -245,8 +287,13 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
         copy_async_commit();
         copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
         sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
-        const T* ks = wstages + (k % stages) * cfg::stage_elems;
-        const T* vs = ks + tile * row;
+        const unsigned char* stage = wregion + (k % stages) * cfg::stage_bytes;
+        const M* ks                = reinterpret_cast<const M*>(stage);
+        if constexpr (cfg::widen) {
+          widen_rows(stage);  // K rows
+          __syncwarp();
+          ks = wide;
+        }
 
         // S = Q K^T: tokens 8 nt .. 8 nt + 7 of the tile as n tile nt.
         float sc[2 * KT][4];
@@ -260,8 +307,8 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
           for (int kt = 0; kt < KT; ++kt) {
             unsigned kb[4];
             ldmatrix_x4<false>(kb, ks + k_lane + kt * 16 * row + kk * 16);
-            mma_m16n8k16<T>(sc[2 * kt], qa, {kb[0], kb[1]});
-            mma_m16n8k16<T>(sc[2 * kt + 1], qa, {kb[2], kb[3]});
+            mma_m16n8k16<M>(sc[2 * kt], qa, {kb[0], kb[1]});
+            mma_m16n8k16<M>(sc[2 * kt + 1], qa, {kb[2], kb[3]});
           }
         }
         // Online softmax of head g over the lane's tokens 8 nt + 2 tq + i (hi + lo rows).
@@ -271,7 +318,7 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
         for (int nt = 0; nt < 2 * KT; ++nt)
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            s[nt][i] = base + 8 * nt + i < t1 ? sc[nt][i] + sc[nt][i + 2] : -INFINITY;
+            s[nt][i] = base + 8 * nt + i < t1 ? (sc[nt][i] + sc[nt][i + 2]) * k_scale : -INFINITY;
             mt       = fmaxf(mt, s[nt][i]);
           }
         mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
@@ -290,8 +337,15 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
         unsigned pa[KT][4];
 #pragma unroll
         for (int kt = 0; kt < KT; ++kt) {
-          split2<T>(s[2 * kt][0], s[2 * kt][1], pa[kt][0], pa[kt][1]);
-          split2<T>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
+          split2<M>(s[2 * kt][0], s[2 * kt][1], pa[kt][0], pa[kt][1]);
+          split2<M>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
+        }
+        const M* vs = ks + tile * row;
+        if constexpr (cfg::widen) {
+          __syncwarp();  // every lane's ldmatrix of the widened K is done
+          widen_rows(stage + tile * cfg::raw_row);  // V rows
+          __syncwarp();
+          vs = wide;
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n)
@@ -304,10 +358,10 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
           for (int np = 0; np < D / 16; ++np) {
             unsigned vb[4];
             ldmatrix_x4<true>(vb, vs + v_lane + kt * 16 * row + np * 16);
-            mma_m16n8k16<T>(o[2 * np], pa[kt], {vb[0], vb[1]});
-            mma_m16n8k16<T>(o[2 * np + 1], pa[kt], {vb[2], vb[3]});
+            mma_m16n8k16<M>(o[2 * np], pa[kt], {vb[0], vb[1]});
+            mma_m16n8k16<M>(o[2 * np + 1], pa[kt], {vb[2], vb[3]});
           }
-        __syncwarp();  // the stage is refilled by a later issue
+        __syncwarp();  // the stage (and the widened tile) is refilled by a later issue
       }
       copy_async_wait<0>();
       __syncwarp();
@@ -326,7 +380,7 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
           for (int i = 0; i < 2; ++i) wmerge[g * D + 8 * n + 2 * tq + i] = o[n][i] + o[n][i + 2];
       }
       __syncthreads();
-      const float* merge0 = reinterpret_cast<const float*>(qs + cfg::q_elems);
+      const float* merge0 = reinterpret_cast<const float*>(smem + cfg::q_bytes);
       decode_store_piece<D, warps, threads>(
           a,
           work.h,
@@ -334,9 +388,7 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
           piece,
           [&](int z, int hg) { return s_m[z][hg]; },
           [&](int z, int hg) { return s_s[z][hg]; },
-          [&](int z, int hg, int x) {
-            return merge0[z * (stages * cfg::stage_elems / 2) + hg * D + x];
-          });
+          [&](int z, int hg, int x) { return merge0[z * (cfg::warp_bytes / 4) + hg * D + x]; });
       __syncthreads();  // shared memory is reused by the next piece
     });
     pre += len;
