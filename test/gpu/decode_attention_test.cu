@@ -59,6 +59,12 @@ TANGRAM_GPU_TEST("gpu decode equals the CPU reference: fp8 with per-tensor and p
     GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu decode with the merge folded into the split kernels equals the reference",
+                 "[gpu][decode][fold]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_folded()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu decode equals the CPU reference: long and batched", "[gpu][decode]") {
   test::gpu_backend gpu;
   for (auto const& c : test::decode_cases_long()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));

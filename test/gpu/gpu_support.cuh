@@ -89,17 +89,21 @@ struct gpu_backend {
     p.sinks            = hp.sinks ? dsinks.get<float>() : nullptr;
     p.o                = dout.get();
     p.lse              = hp.lse ? dlse.get<float>() : nullptr;
+    const std::size_t n_counters = static_cast<std::size_t>(B) * hp.kv.num_kv_heads;
+    auto dcounters               = upload(hp.merge_counters, n_counters);
+    p.merge_counters             = hp.merge_counters ? dcounters.get<std::int32_t>() : nullptr;
     device_buffer ws(decode_workspace_bytes(p));
     decode_attention(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "decode_attention");
     auto first = dout.download<unsigned char>();
     std::memcpy(hp.o, first.data(), out_bytes);
     if (hp.lse) download(dlse, hp.lse, dlse.bytes());
-    // Deterministic: a second launch gives the same bits.
+    // Deterministic: a second launch (reusing the merge counters) gives the same bits.
     decode_attention(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "decode_attention (second launch)");
     if (dout.download<unsigned char>() != first)
       throw std::runtime_error("decode_attention: a second launch gave different bits");
+    if (hp.merge_counters) download(dcounters, hp.merge_counters, n_counters * 4);
   }
 
   void evict(test_cache& cache, eviction_params const& hp) {

@@ -60,6 +60,7 @@ struct decode_case {
   scale_mode scales             = scale_mode::none;  ///< fp8 only
   std::int32_t invariant_pieces = 0;                 ///< decode_params::invariant_pieces
   float scale_magnitude         = 1.f;  ///< fp8 scales in [0.5, 2] x this (scale_arrays)
+  bool fold_merge = false;  ///< decode_params::merge_counters (checked zero after each launch)
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
@@ -67,6 +68,7 @@ struct decode_case {
       << lens.size() << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     if (invariant_pieces != 0) s << ", batch-invariant K " << invariant_pieces;
+    if (fold_merge) s << ", merge folded";
     return s.str();
   }
 };
@@ -202,6 +204,30 @@ inline std::vector<decode_case> decode_cases_fp8_scaled() {
   return out;
 }
 
+/// The merge folded into the split kernels (decode_params::merge_counters): the CUDA-core kernel
+/// (f32 GQA 2, fp8 e5m2 GQA 1), the tensor-core kernel (bf16 GQA 4, fp8 e4m3 GQA 8) and
+/// batch-invariant pieces, with empty heads, single-piece requests and requests over many CTAs.
+inline std::vector<decode_case> decode_cases_folded() {
+  std::vector<decode_case> out;
+  std::uint64_t seed = 800;
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::fp8_e4m3, dtype::fp8_e5m2}) {
+    decode_case c;
+    c.kv_dtype   = t;
+    c.d          = t == dtype::f32 ? 64 : 128;
+    c.group      = t == dtype::f32 ? 2 : t == dtype::bf16 ? 4 : t == dtype::fp8_e4m3 ? 8 : 1;
+    c.lens       = {0, 1, 3000, 17, 0, 700, 5000};
+    c.sinks      = seed % 2 == 0;
+    c.fold_merge = true;
+    c.seed       = seed++;
+    out.push_back(c);
+  }
+  decode_case inv      = out[1];
+  inv.invariant_pieces = 16;
+  inv.seed             = seed++;
+  out.push_back(inv);
+  return out;
+}
+
 /// A long context (32769 tokens: many tiles per CTA) and a batch of 300.
 inline std::vector<decode_case> decode_cases_long() {
   decode_case c;
@@ -315,9 +341,16 @@ std::string check_decode(decode_case const& c, Backend& backend) {
       reference::decode_attention(p, reference::split_mode::split);
       p.o   = o_run.data();
       p.lse = lse_run.data();
+      std::vector<std::int32_t> counters(static_cast<std::size_t>(B) * c.heads, 0);
+      if (c.fold_merge) p.merge_counters = counters.data();
       backend.decode(s.cache, p);
       std::ostringstream where;
       where << c.describe() << ", N_CTA " << n_cta << ", layer " << layer << ": ";
+      for (std::size_t i = 0; i < counters.size(); ++i)
+        if (counters[i] != 0) {
+          where << "merge counter " << i << " is " << counters[i] << " after the launch, not 0";
+          return where.str();
+        }
       for (std::size_t i = 0; i < out_elems; ++i) {
         const auto at = static_cast<std::int64_t>(i);
         float a       = reference::detail::load_as_float(o_run.data(), c.o_dtype, at);

@@ -131,6 +131,7 @@ struct decode_piece {
   std::int64_t begin = 0;
   std::int64_t end   = 0;
   std::int64_t slot  = 0;
+  std::int64_t count = 1;  ///< pieces of the request on this head (the merge waits for all)
   bool whole         = false;
 };
 
@@ -239,6 +240,13 @@ struct decode_params {
   /// view's arrays (lengths, slots), so the kernel just before it in the stream must not write
   /// them. Off by default; results are identical either way.
   bool pdl = false;
+  /// Optional (null: off): device int32 array of at least `num_kv_heads * batch` entries (size it
+  /// for the largest batch), all zero before the first launch that uses it (cudaMemset once after
+  /// allocating it); every launch leaves it zero again. With it, the last CTA to store a piece of
+  /// a request on a head merges that request's partials (an atomic count per (request, head),
+  /// fences around it) and the head's first CTA writes the heads that hold no tokens, so no merge
+  /// kernel is launched. Owned by the caller; one launch at a time, like the workspace.
+  std::int32_t* merge_counters = nullptr;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t num_q_heads() const {
     return kv.num_kv_heads * group;

@@ -159,6 +159,13 @@ inline void __syncthreads() {
 inline void __syncwarp(unsigned = 0xffffffffu) {
   tangram::emu::warp_barrier();
 }
+// Blocks run one after another and see each other's writes at once: a fence has nothing to order.
+inline void __threadfence() {}
+/// Load through L2 only (bypassing L1): a plain load here.
+template <class T>
+T __ldcg(const T* p) {
+  return *p;
+}
 
 inline float __uint_as_float(unsigned u) {
   float f;

@@ -225,8 +225,10 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
       __syncthreads();
       decode_store_piece<D, groups, cfg::threads>(
           a,
-          h,
+          work,
           r,
+          pre,
+          len,
           piece,
           [&](int z, int g) { return s_m[z][g]; },
           [&](int z, int g) { return s_s[z][g]; },
@@ -242,56 +244,19 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
 template <class Unused = void>
 TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const a) {
   decode_params const& p = a.p;
-  const int H = p.kv.num_kv_heads, B = p.kv.batch_size, D = p.kv.geometry.head_dim;
-  const int group = p.group, K = p.invariant_pieces;
+  const int H = p.kv.num_kv_heads, B = p.kv.batch_size;
   const int r = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
   grid_dependency_launch_dependents();  // (PDL) the next kernel may be scheduled
   grid_dependency_wait();               // (PDL) the split kernel's partials and prefix are visible
   const std::int64_t* pre_h = a.prefix + static_cast<std::int64_t>(h) * (B + 1);
   const std::int64_t pre = pre_h[r], len = pre_h[r + 1] - pre, W = pre_h[B];
   const std::int64_t share = p.splits.share(p.layer, h);
-  // The request's partial slots in piece order: the CTAs of its span (split map) or its pieces
-  // (batch-invariant mode).
-  cta_span span{0, 0};
-  std::int64_t pieces = 0;
-  if (len > 0) {
-    if (K > 0) {
-      pieces = invariant_piece_count(len, K);
-      if (pieces == 1) return;  // written by the split kernel
-    } else {
-      span = request_ctas(pre, len, share, W);
-      if (span.single()) return;  // written by the split kernel
-    }
+  if (len > 0) {  // a request of one piece is written by the split kernel
+    const bool single = p.invariant_pieces > 0 ? invariant_piece_count(len, p.invariant_pieces) == 1
+                                               : request_ctas(pre, len, share, W).single();
+    if (single) return;
   }
-  auto for_each_slot = [&](auto&& f) {
-    if (K > 0) {
-      for (std::int64_t i = 0; i < pieces; ++i) f(invariant_slot(h, r, i, B, K));
-      return;
-    }
-    for (std::int64_t jj = span.first; jj <= span.last; ++jj)
-      if (!piece_of(jj, share, W, pre, len).empty())
-        f(p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B));
-  };
-  for (int e = static_cast<int>(threadIdx.x); e < group * D; e += static_cast<int>(blockDim.x)) {
-    const int g = e / D, x = e % D;
-    const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
-    const float sink2     = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
-    if (len == 0) {
-      store_scalar(p.o, p.o_dtype, qh * D + x, 0.f);
-      if (x == 0 && p.lse) p.lse[qh] = sink2 * ln2;
-      continue;
-    }
-    float mm = sink2;
-    for_each_slot([&](std::int64_t slot) { mm = fmaxf(mm, a.partial_lse[slot * group + g]); });
-    float den = exp2_shifted(sink2, mm), num = 0.f;
-    for_each_slot([&](std::int64_t slot) {
-      const float w = exp2_shifted(a.partial_lse[slot * group + g], mm);
-      den += w;
-      num += w * a.partial_o[(slot * group + g) * D + x];
-    });
-    store_scalar(p.o, p.o_dtype, qh * D + x, num / den);
-    if (x == 0 && p.lse) p.lse[qh] = (mm + log2_of(den)) * ln2;
-  }
+  decode_merge_request<128>(a, r, h, pre, len, W, share);
 }
 
 /// Smallest compiled GQA bucket that holds `group`.
@@ -385,9 +350,11 @@ void launch_decode_split_with(decode_args const& a, Launch const& launch) {
          a);
 }
 
-/// Enqueues the merge kernel through the launch policy `launch`.
+/// Enqueues the merge kernel through the launch policy `launch`; nothing with merge_counters (the
+/// split kernel merges).
 template <class Launch>
 void launch_decode_merge_with(decode_args const& a, Launch const& launch) {
+  if (a.p.merge_counters != nullptr) return;
   launch(decode_merge_kernel<>,
          dim3(static_cast<unsigned>(a.p.kv.batch_size * a.p.kv.num_kv_heads)),
          128,

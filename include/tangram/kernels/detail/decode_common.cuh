@@ -56,6 +56,62 @@ struct decode_cta_work {
 };
 
 /**
+ * Merges the partials of request `r` on KV head `h` (`len` tokens, stream prefix `pre`, the
+ * head's `W` tokens over `share` CTAs) in piece order, `M = max(sink, lse_i)`, and stores the
+ * output and LSE; a head without tokens gets zeros (LSE = sink or -inf). The merge kernel's body,
+ * and the folded merge's (decode_params::merge_counters). Collective over `Threads` threads; not
+ * for a request of a single piece (the split kernels write it).
+ */
+template <int Threads>
+__device__ __forceinline__ void decode_merge_request(decode_args const& a,
+                                                     int r,
+                                                     int h,
+                                                     std::int64_t pre,
+                                                     std::int64_t len,
+                                                     std::int64_t W,
+                                                     std::int64_t share) {
+  decode_params const& p = a.p;
+  const int B = p.kv.batch_size, D = p.kv.geometry.head_dim, group = p.group;
+  const int K = p.invariant_pieces;
+  // The request's partial slots in piece order: the CTAs of its span (split map) or its pieces
+  // (batch-invariant mode).
+  auto for_each_slot = [&](auto&& f) {
+    if (K > 0) {
+      const std::int64_t n = invariant_piece_count(len, K);
+      for (std::int64_t i = 0; i < n; ++i) f(invariant_slot(h, r, i, B, K));
+      return;
+    }
+    const cta_span span = request_ctas(pre, len, share, W);
+    for (std::int64_t jj = span.first; jj <= span.last; ++jj)
+      if (!piece_of(jj, share, W, pre, len).empty())
+        f(p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B));
+  };
+  for (int e = static_cast<int>(threadIdx.x); e < group * D; e += Threads) {
+    const int g = e / D, x = e % D;
+    const std::int64_t qh = static_cast<std::int64_t>(r) * p.num_q_heads() + h * group + g;
+    const float sink2     = p.sinks ? p.sinks[h * group + g] * log2e : -INFINITY;
+    if (len == 0) {
+      store_scalar(p.o, p.o_dtype, qh * D + x, 0.f);
+      if (x == 0 && p.lse) p.lse[qh] = sink2 * ln2;
+      continue;
+    }
+    // Partials come from other CTAs: read through L2 (`__ldcg`), which the folded merge's fence
+    // makes current, never from a possibly stale L1 line.
+    float mm = sink2;
+    for_each_slot(
+        [&](std::int64_t slot) { mm = fmaxf(mm, __ldcg(a.partial_lse + slot * group + g)); });
+    float den = exp2_shifted(sink2, mm), num = 0.f;
+    for_each_slot([&](std::int64_t slot) {
+      const float w = exp2_shifted(__ldcg(a.partial_lse + slot * group + g), mm);
+      den += w;
+      num += w * __ldcg(a.partial_o + (slot * group + g) * D + x);
+    });
+    store_scalar(p.o, p.o_dtype, qh * D + x, num / den);
+    if (x == 0 && p.lse) p.lse[qh] = (mm + log2_of(den)) * ln2;
+  }
+}
+
+/**
  * Locates this CTA's work (collective over the CTA of `Threads` threads): the head's inclusive
  * length prefix over the batch by block scan in `smem` (decode_max_batch * 8 bytes, free again
  * on return), the head's exclusive prefix for the merge kernel (CTA j == 0 writes it), and the
@@ -112,9 +168,16 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
   // this grid in their own grid_dependency_wait.
   grid_dependency_wait();
   grid_dependency_launch_dependents();
-  if (w.j == 0)  // the merge kernel reads the head's exclusive prefix
+  if (w.j == 0) {  // the merge kernel reads the head's exclusive prefix
     for (int r = tid; r <= B; r += Threads)
       a.prefix[static_cast<std::int64_t>(w.h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
+    if (p.merge_counters != nullptr)  // no merge kernel: the head's empty requests are ours
+      for (int r = 0; r < B; ++r)
+        if (incl[r] == (r > 0 ? incl[r - 1] : 0)) {
+          const std::int64_t pre_r = r > 0 ? incl[r - 1] : 0;
+          decode_merge_request<Threads>(a, r, w.h, pre_r, 0, w.W, w.share);
+        }
+  }
   const stream_range range = split_range(w.j, w.share, w.W);
   w.empty                  = range.empty();  // uniform across the CTA
   if (w.empty) return w;
@@ -173,39 +236,52 @@ __device__ __forceinline__ void decode_for_each_piece(decode_args const& a,
     piece.slot =
         p.splits.partial_slot(p.layer, w.h, static_cast<std::int32_t>(w.j), r, p.kv.batch_size);
     piece.whole = range.begin == 0 && range.end == len;
+    piece.count = 0;  // the non-empty ranges among the request's CTAs
+    if (!piece.whole) {
+      const cta_span span = request_ctas(pre, len, w.share, w.W);
+      for (std::int64_t jj = span.first; jj <= span.last; ++jj)
+        piece.count += piece_of(jj, w.share, w.W, pre, len).empty() ? 0 : 1;
+    } else {
+      piece.count = 1;
+    }
     f(piece);
     return;
   }
   const std::int64_t size = invariant_piece_tokens(len, K);
-  const bool whole        = len <= size;
+  const std::int64_t n    = (len + size - 1) / size;
   // pieces whose first token i * size lies in [range.begin, range.end)
   for (std::int64_t i = (range.begin + size - 1) / size; i * size < range.end; ++i) {
     decode_piece piece;
     piece.begin = i * size;
     piece.end   = piece.begin + size < len ? piece.begin + size : len;
     piece.slot  = invariant_slot(w.h, r, i, p.kv.batch_size, K);
-    piece.whole = whole;
+    piece.count = n;
+    piece.whole = n == 1;
     f(piece);
   }
 }
 
 /**
- * Combines the `Z` partial states of `piece` of request `r` on KV head `h` (the CTA's token
- * groups or warps, in index order z = 0..Z-1: `m_at(z, g)`, `s_at(z, g)` base-2 max and sum of
- * query head g of the group, `o_at(z, g, x)` its unnormalised output) and stores the result: the
- * output (with the sink) when the piece is the whole request, else its partial slot. Collective
- * over the CTA's `Threads` threads; the states must be visible to all of them.
+ * Combines the `Z` partial states of `piece` of request `r` (stream prefix `pre`, `len` tokens)
+ * on the CTA's KV head (the CTA's token groups or warps, in index order z = 0..Z-1: `m_at(z, g)`,
+ * `s_at(z, g)` base-2 max and sum of query head g of the group, `o_at(z, g, x)` its unnormalised
+ * output) and stores the result: the output (with the sink) when the piece is the whole request,
+ * else its partial slot; with merge_counters, the CTA that stores a request's last partial then
+ * merges them. Collective over the CTA's `Threads` threads; the states must be visible to all.
  */
 template <int D, int Z, int Threads, class M, class S, class O>
 __device__ __forceinline__ void decode_store_piece(decode_args const& a,
-                                                   int h,
+                                                   decode_cta_work const& w,
                                                    int r,
+                                                   std::int64_t pre,
+                                                   std::int64_t len,
                                                    decode_piece const& piece,
                                                    M const& m_at,
                                                    S const& s_at,
                                                    O const& o_at) {
   decode_params const& p  = a.p;
   const int group         = p.group;
+  const int h             = w.h;
   const std::int64_t slot = piece.slot;
   for (int e = static_cast<int>(threadIdx.x); e < group * D; e += Threads) {
     const int g = e / D, x = e % D;
@@ -232,6 +308,20 @@ __device__ __forceinline__ void decode_store_piece(decode_args const& a,
       if (x == 0) a.partial_lse[slot * group + g] = mm + log2_of(ss);
     }
   }
+  if (p.merge_counters == nullptr || piece.whole) return;
+  // Folded merge: count this partial; the CTA that completes the count merges. The fences order
+  // every thread's partial stores before the count (release) and the other CTAs' partials
+  // before the merge's reads (acquire), as in the CUDA programming guide's last-block pattern.
+  __shared__ bool s_merges;
+  std::int32_t* counter = p.merge_counters + static_cast<std::int64_t>(h) * p.kv.batch_size + r;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_merges = atomicAdd(counter, 1) == piece.count - 1;
+  __syncthreads();
+  if (!s_merges) return;  // uniform across the CTA
+  __threadfence();
+  decode_merge_request<Threads>(a, r, h, pre, len, w.W, w.share);
+  if (threadIdx.x == 0) *counter = 0;  // every count of this launch is in: ready for the next
 }
 
 }  // namespace tangram::detail

@@ -2,9 +2,10 @@
 /**
  * @file kernels/detail/decode_mma.cuh
  * @brief Tensor-core decode split kernel for 16-bit K/V (bf16, f16), fp8 K/V (e4m3, e5m2, read
- * as f16) and GQA groups of 3 to 8 query heads per KV head: a drop-in for decode_split_kernel (kernels/detail/decode_attention.cuh)
- * on those instances, with the same split-map work (decode_locate_work), the same pieces, partial
- * slots and stores (decode_store_piece) and the same merge kernel.
+ * as f16) and GQA groups of 3 to 8 query heads per KV head: a drop-in for decode_split_kernel
+ * (kernels/detail/decode_attention.cuh) on those instances, with the same split-map work
+ * (decode_locate_work), the same pieces, partial slots and stores (decode_store_piece) and the same
+ * merge kernel.
  *
  * Layout. The group's query heads are the rows of the m16n8k16 A operand: row g (< 8) holds
  * head g's query rounded to T (`hi`), row g + 8 the rounding remainder (`lo`, split2 in mma.cuh).
@@ -218,7 +219,7 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
   const float k_scale = p.scales.k_of(work.h);
   // fp8: the warp widens tile rows of a stage (K or V, D bytes each) into `wide`, exactly.
   auto widen_rows = [&](const auto* rows) {  // generic: instantiated for fp8 only
-    constexpr int per_row = D / 16;  // 16-byte chunks of a stored fp8 row
+    constexpr int per_row = D / 16;          // 16-byte chunks of a stored fp8 row
 #pragma unroll
     for (int u = 0; u < tile * per_row / 32; ++u) {
       const int c = lane + 32 * u, tok = c / per_row, part = c % per_row;
@@ -383,8 +384,10 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
       const float* merge0 = reinterpret_cast<const float*>(smem + cfg::q_bytes);
       decode_store_piece<D, warps, threads>(
           a,
-          work.h,
+          work,
           r,
+          pre,
+          len,
           piece,
           [&](int z, int hg) { return s_m[z][hg]; },
           [&](int z, int hg) { return s_s[z][hg]; },
