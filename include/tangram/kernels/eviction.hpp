@@ -42,6 +42,7 @@
 #include <string_view>
 
 #include "tangram/config.hpp"
+#include "tangram/detail/checked_math.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
 #include "tangram/kernels/head_cursor.hpp"
@@ -140,6 +141,16 @@ TANGRAM_HOST_DEVICE constexpr std::int32_t snapkv_key_tile(std::int32_t head_dim
   return head_dim >= 256 ? 16 : 4096 / head_dim;
 }
 
+/// Radix digit widths of the multi-CTA top-k: 11, 11 and 10 bits from the top of the 32-bit key.
+inline constexpr std::int32_t select_radix_passes = 3;
+/// Bins of the widest digit: the size of each head's global histogram.
+inline constexpr std::int32_t select_radix_bins = 2048;
+/// Candidates one histogram CTA covers (256 threads x 16 keys): the grid has
+/// ceil(max_candidates / select_slice) CTAs per head.
+inline constexpr std::int32_t select_slice = 4096;
+/// 32-bit words of one head's selection state (threshold prefix, remaining rank, ticket, spare).
+inline constexpr std::int32_t select_state_words = 4;
+
 /**
  * @brief Byte layout of the eviction workspace (offsets, 256-byte aligned).
  *
@@ -148,35 +159,73 @@ TANGRAM_HOST_DEVICE constexpr std::int32_t snapkv_key_tile(std::int32_t head_dim
  * - `stats`: float2 `[batch * num_kv_heads][key tiles][obs_window * group]` SnapKV per-tile (max,
  *            sum) of each query's base-2 logits
  * - `norm`:  float2 `[batch * num_kv_heads][obs_window * group]` SnapKV softmax (max, sum)
+ * - `hist`:  uint32 `[batch * num_kv_heads][select_radix_bins]` the multi-CTA top-k's histogram of
+ *            the current radix pass (zeroed by the launch itself, see evict_chunk)
+ * - `state`: uint32 `[batch * num_kv_heads][select_state_words]` the top-k's per-head state
  */
 struct eviction_workspace_layout {
   std::int64_t keys  = 0;
   std::int64_t raw   = 0;
   std::int64_t stats = 0;
   std::int64_t norm  = 0;
+  std::int64_t hist  = 0;
+  std::int64_t state = 0;
   std::int64_t bytes = 0;
 };
 
 /// Workspace layout for a launch; grows monotonically with every argument.
-TANGRAM_HOST_DEVICE eviction_workspace_layout eviction_workspace(std::int32_t batch,
-                                                                 std::int32_t num_kv_heads,
-                                                                 std::int32_t max_candidates,
-                                                                 score_source source,
-                                                                 std::int32_t group,
-                                                                 std::int32_t obs_window,
-                                                                 std::int32_t head_dim) {
-  auto align         = [](std::int64_t x) { return (x + 255) / 256 * 256; };
+/// @throw invalid_argument when a size overflows 64 bits.
+inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
+                                                    std::int32_t num_kv_heads,
+                                                    std::int32_t max_candidates,
+                                                    score_source source,
+                                                    std::int32_t group,
+                                                    std::int32_t obs_window,
+                                                    std::int32_t head_dim) {
+  using detail::add_or_throw;
+  using detail::mul_or_throw;
+  // Bytes of `count` elements of `size` bytes, rounded up to 256.
+  auto region = [](std::int64_t count, std::int64_t size, char const* what) {
+    return add_or_throw(mul_or_throw(count, size, what), std::int64_t{255}, what) / 256 * 256;
+  };
   std::int64_t heads = static_cast<std::int64_t>(batch) * num_kv_heads;
-  std::int64_t cand  = heads * max_candidates;
+  std::int64_t cand  = mul_or_throw(heads, std::int64_t{max_candidates}, "eviction workspace: keys");
   std::int64_t tiles = (max_candidates + snapkv_key_tile(head_dim) - 1) / snapkv_key_tile(head_dim);
   std::int64_t nq =
       source == score_source::snapkv ? static_cast<std::int64_t>(obs_window) * group : 0;
   eviction_workspace_layout w;
   w.keys  = 0;
-  w.raw   = align(cand * 4);
-  w.stats = w.raw + (source == score_source::supplied ? 0 : align(cand * 4));
-  w.norm  = w.stats + align(heads * tiles * nq * 8);
-  w.bytes = w.norm + align(heads * nq * 8);
+  w.raw   = region(cand, 4, "eviction workspace: keys");
+  w.stats = add_or_throw(
+      w.raw,
+      source == score_source::supplied ? 0 : region(cand, 4, "eviction workspace: raw"),
+      "eviction workspace: raw");
+  w.norm  = add_or_throw(
+      w.stats,
+      region(mul_or_throw(mul_or_throw(heads, tiles, "eviction workspace: stats"),
+                          nq,
+                          "eviction workspace: stats"),
+             8,
+             "eviction workspace: stats"),
+      "eviction workspace: stats");
+  w.hist  = add_or_throw(
+      w.norm,
+      region(mul_or_throw(heads, nq, "eviction workspace: norm"), 8, "eviction workspace: norm"),
+      "eviction workspace: norm");
+  w.state = add_or_throw(w.hist,
+                         region(mul_or_throw(heads,
+                                             std::int64_t{select_radix_bins},
+                                             "eviction workspace: hist"),
+                                4,
+                                "eviction workspace: hist"),
+                         "eviction workspace: hist");
+  w.bytes = add_or_throw(w.state,
+                         region(mul_or_throw(heads,
+                                             std::int64_t{select_state_words},
+                                             "eviction workspace: state"),
+                                4,
+                                "eviction workspace: state"),
+                         "eviction workspace: state");
   return w;
 }
 
