@@ -130,6 +130,8 @@ struct gpu_backend {
     p.new_len               = dnew.get<std::int32_t>();
     p.scores_out            = hp.scores_out ? dscores_out.get<float>() : nullptr;
     device_buffer ws(eviction_workspace_bytes(p));
+    // Garbage in the workspace, as a caller may hand it: the launch clears what it needs.
+    cuda_check(cudaMemset(ws.get(), 0xff, ws.bytes()), "poison eviction workspace");
     evict_chunk(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "evict_chunk");
     download(dev.pool, cache.pool().data(), cache.pool().size());
@@ -157,6 +159,7 @@ struct gpu_backend {
     p.new_len                 = dnew.get<std::int32_t>();
     p.pages_out               = hp.pages_out ? dpages.get<std::int64_t>() : nullptr;
     device_buffer ws(elastic_workspace_bytes(p));
+    cuda_check(cudaMemset(ws.get(), 0xff, ws.bytes()), "poison elastic workspace");
     ::tangram::evict_elastic(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "evict_elastic");
     download(dev.pool, cache.pool().data(), cache.pool().size());

@@ -254,8 +254,10 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
  * block histograms) of the `wanted[r]`-th largest key over all the request's staged candidates,
  * per-head counts above and at the threshold (one warp per head), then one thread allots the
  * ties in (layer, head) order and runs `elastic_group_pages` (sequential: O(L H + G Hp log^2)).
- * Then `elastic_compact_kernel`, one CTA per (request, layer, head): the per-head radix select and
- * in-place compaction of kernels/eviction.hpp with the keep count of its group, and `new_len`.
+ * Then the per-head multi-CTA threshold search (three histogram launches, grid: slices x L * H x
+ * requests) and `elastic_compact_kernel`, one CTA per (request, layer, head): the per-head top-k
+ * and in-place compaction of kernels/eviction.hpp with the keep count of its group, and
+ * `new_len`. (Before them a reset kernel zeroes the per-head histograms of the workspace.)
  *
  * Stream-ordered and asynchronous: no host synchronisation or allocation. Inputs must stay valid
  * until the work on `stream` completes. Requires `tangram::kernels`.

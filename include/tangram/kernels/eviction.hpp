@@ -437,12 +437,15 @@ inline std::size_t eviction_workspace_bytes(eviction_params const& p) {
 /**
  * @brief Launches the fused eviction for one layer and one chunk on `stream`.
  *
- * Kernels: for snapkv, a per-tile logit-statistics kernel, a per-head reduction and a scoring
- * kernel (grid: key tiles x batch x KV heads); for key_norm, a norm kernel; then one
- * select-and-compact kernel per (request, KV head) that builds the keys, finds the k-th key by
- * 4-pass radix select (8 bits per pass, block histograms), and compacts survivors into the
- * column in order, tile by tile (loads of a tile precede its stores; every survivor moves to a
- * position at or before its source).
+ * Kernels: a reset of the top-k histograms (one CTA per head); for snapkv, a per-tile
+ * logit-statistics kernel, a per-head reduction and a scoring kernel (grid: key tiles x batch x
+ * KV heads); for key_norm, a norm kernel; then the multi-CTA threshold search: three radix
+ * passes (11, 11 and 10 bits; grid: slices of select_slice candidates x heads) whose CTAs build
+ * the keys (pass 0), histogram their slice in shared memory and add it to the head's histogram in
+ * the workspace, the head's last CTA finding the digit; then one compaction kernel per (request,
+ * KV head) that moves the survivors into the column in order, tile by tile (loads of a tile
+ * precede its stores; every survivor moves to a position at or before its source). The workspace
+ * needs no initialisation: the launch zeroes the histograms itself.
  *
  * Stream-ordered and asynchronous: no host synchronisation or allocation. Inputs must stay valid
  * until the work on `stream` completes. A head whose candidates exceed `max_candidates`, or whose

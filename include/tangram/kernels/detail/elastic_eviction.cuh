@@ -13,9 +13,12 @@
  *   4. thread 0 gives the wanted ties to the heads in (layer, head) order (the position order
  *      within a head is the per-head compaction's tie rule, so a head's wanted ties are its
  *      earliest), then runs `elastic_group_pages` (sequential) and writes `status`.
- * - `elastic_compact_kernel`, one CTA per (layer * H + head, request): the head's keep count from
- *   its group's pages, then `select_and_compact` of eviction.cuh over its stage keys, every
+ * - `elastic_histogram_kernel` (grid: slices x L * H x requests, one launch per radix pass) and
+ *   `elastic_compact_kernel`, one CTA per (layer * H + head, request): the head's keep count from
+ *   its group's pages (`elastic_job`), then the multi-CTA threshold search
+ *   (`select_histogram_pass`) and `compact_selected` of eviction.cuh over its stage keys, every
  *   candidate already in the column (the chunk was staged at `[len, len + c)`).
+ *   `select_reset_kernel` clears the per-head histograms first.
  */
 #pragma once
 

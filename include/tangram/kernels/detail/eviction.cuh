@@ -13,15 +13,20 @@
  *   `snapkv_score_kernel` recomputes the logits and writes the mean probability per candidate
  *   (sums over queries in a fixed order: deterministic).
  * - Key norm: `key_norm_kernel`, one warp per candidate.
- * - `select_compact_kernel`, one CTA per (request, KV head): builds the selection keys (max-pool,
- *   protection) and a top-byte block histogram in one pass, then 3 more radix passes (8 bits each,
- *   block histograms, a block scan over the 256 buckets) find the k-th largest key T and how many
- *   keys equal to T to keep (the earliest ones). A final pass scans keep flags in candidate order
+ * - Threshold search (heads that select): `select_reset_kernel` zeroes each head's workspace
+ *   histogram and ticket; `select_histogram_kernel` (grid: slices of select_slice candidates x
+ *   heads), launched once per radix pass (digits of 11, 11 and 10 bits), counts its slice's keys
+ *   that match the prefix so far in a shared histogram (warp-aggregated), adds it to the head's
+ *   histogram, and the head's last CTA (ticket after a fence) finds the digit, records the
+ *   prefix and remaining rank and clears the histogram. Pass 0 builds the keys (max-pool,
+ *   protection). After pass 2 the state holds the k-th largest key T and how many keys equal to T
+ *   to keep (the earliest ones).
+ * - `select_compact_kernel`, one CTA per (request, KV head): scans keep flags in candidate order
  *   (block scans with carries) and moves survivors tile by tile: all loads of a batch of
  *   survivors complete before its stores, and every survivor moves to a position at or before its
  *   source, so compacting in place within the column is safe. Ring and append heads copy their
  *   chunk tokens in the same kernel; staged heads (elastic reservation) write their keys to
- *   `stage_keys` and append the chunk. The select-and-compact part is `select_and_compact`, which
+ *   `stage_keys` and append the chunk. `select_histogram_pass` and `compact_selected` are what
  *   the elastic compaction (elastic_eviction.cuh) reuses with its own keep counts.
  */
 #pragma once
