@@ -118,7 +118,8 @@ struct key_case {
 std::vector<std::uint32_t> draw(std::int64_t n, std::uint64_t seed, std::uint32_t values) {
   std::mt19937_64 rng(seed);
   std::vector<std::uint32_t> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = values == 0 ? static_cast<std::uint32_t>(rng()) : 0x80000000u + rng() % values;
+  for (auto& x : v)
+    x = values == 0 ? static_cast<std::uint32_t>(rng()) : 0x80000000u + rng() % values;
   return v;
 }
 
@@ -148,7 +149,8 @@ std::vector<key_case> key_cases() {
   // Descending keys: the top k are exactly the first k (a slice boundary when k = S).
   {
     std::vector<std::uint32_t> v(2 * S);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0xf0000000u - static_cast<std::uint32_t>(i) * 4099u;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = 0xf0000000u - static_cast<std::uint32_t>(i) * 4099u;
     out.push_back({"descending", v, {S, S + 1, 2 * S - 1}});
   }
   // Fewer candidates than one slice, and exactly one slice.
@@ -168,7 +170,8 @@ TEST_CASE("emulator: __match_any_sync, __popc and __ffs as on the GPU", "[emu][s
     const auto t     = static_cast<int>(threadIdx.x);
     const unsigned v = t < 32 ? static_cast<unsigned>(t % 3) : 7u;  // warp 1: all equal
     peers[static_cast<std::size_t>(t)] = __match_any_sync(0xffffffffu, v);
-    popc[static_cast<std::size_t>(t)]  = static_cast<unsigned>(__popc(peers[static_cast<std::size_t>(t)]));
+    popc[static_cast<std::size_t>(t)] =
+        static_cast<unsigned>(__popc(peers[static_cast<std::size_t>(t)]));
     first[static_cast<std::size_t>(t)] =
         static_cast<unsigned>(__ffs(static_cast<int>(peers[static_cast<std::size_t>(t)])));
   });

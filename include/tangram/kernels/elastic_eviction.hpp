@@ -173,17 +173,15 @@ inline elastic_workspace_layout elastic_workspace(std::int32_t batch,
   w.hist    = w.status + arr(1, "elastic workspace: status");
   w.state   = detail::add_or_throw(
       w.hist,
-      arr(detail::mul_or_throw(std::int64_t{heads},
-                               std::int64_t{select_radix_bins},
-                               "elastic workspace: hist"),
+      arr(detail::mul_or_throw(
+              std::int64_t{heads}, std::int64_t{select_radix_bins}, "elastic workspace: hist"),
           "elastic workspace: hist",
           4),
       "elastic workspace: hist");
   w.bytes = detail::add_or_throw(
       w.state,
-      arr(detail::mul_or_throw(std::int64_t{heads},
-                               std::int64_t{select_state_words},
-                               "elastic workspace: state"),
+      arr(detail::mul_or_throw(
+              std::int64_t{heads}, std::int64_t{select_state_words}, "elastic workspace: state"),
           "elastic workspace: state",
           4),
       "elastic workspace: state");

@@ -189,43 +189,28 @@ inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
     return add_or_throw(mul_or_throw(count, size, what), std::int64_t{255}, what) / 256 * 256;
   };
   std::int64_t heads = static_cast<std::int64_t>(batch) * num_kv_heads;
-  std::int64_t cand  = mul_or_throw(heads, std::int64_t{max_candidates}, "eviction workspace: keys");
   std::int64_t tiles = (max_candidates + snapkv_key_tile(head_dim) - 1) / snapkv_key_tile(head_dim);
   std::int64_t nq =
       source == score_source::snapkv ? static_cast<std::int64_t>(obs_window) * group : 0;
+  char const* what        = "eviction workspace size";
+  std::int64_t cand       = mul_or_throw(heads, std::int64_t{max_candidates}, what);
+  std::int64_t keys_bytes = region(cand, 4, what);
+  std::int64_t raw_bytes  = source == score_source::supplied ? 0 : region(cand, 4, what);
+  std::int64_t stats_bytes =
+      region(mul_or_throw(mul_or_throw(heads, tiles, what), nq, what), 8, what);
+  std::int64_t norm_bytes = region(mul_or_throw(heads, nq, what), 8, what);
+  std::int64_t hist_bytes =
+      region(mul_or_throw(heads, std::int64_t{select_radix_bins}, what), 4, what);
+  std::int64_t state_bytes =
+      region(mul_or_throw(heads, std::int64_t{select_state_words}, what), 4, what);
   eviction_workspace_layout w;
   w.keys  = 0;
-  w.raw   = region(cand, 4, "eviction workspace: keys");
-  w.stats = add_or_throw(
-      w.raw,
-      source == score_source::supplied ? 0 : region(cand, 4, "eviction workspace: raw"),
-      "eviction workspace: raw");
-  w.norm  = add_or_throw(
-      w.stats,
-      region(mul_or_throw(mul_or_throw(heads, tiles, "eviction workspace: stats"),
-                          nq,
-                          "eviction workspace: stats"),
-             8,
-             "eviction workspace: stats"),
-      "eviction workspace: stats");
-  w.hist  = add_or_throw(
-      w.norm,
-      region(mul_or_throw(heads, nq, "eviction workspace: norm"), 8, "eviction workspace: norm"),
-      "eviction workspace: norm");
-  w.state = add_or_throw(w.hist,
-                         region(mul_or_throw(heads,
-                                             std::int64_t{select_radix_bins},
-                                             "eviction workspace: hist"),
-                                4,
-                                "eviction workspace: hist"),
-                         "eviction workspace: hist");
-  w.bytes = add_or_throw(w.state,
-                         region(mul_or_throw(heads,
-                                             std::int64_t{select_state_words},
-                                             "eviction workspace: state"),
-                                4,
-                                "eviction workspace: state"),
-                         "eviction workspace: state");
+  w.raw   = keys_bytes;
+  w.stats = add_or_throw(w.raw, raw_bytes, what);
+  w.norm  = add_or_throw(w.stats, stats_bytes, what);
+  w.hist  = add_or_throw(w.norm, norm_bytes, what);
+  w.state = add_or_throw(w.hist, hist_bytes, what);
+  w.bytes = add_or_throw(w.state, state_bytes, what);
   return w;
 }
 

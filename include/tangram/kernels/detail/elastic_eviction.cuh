@@ -38,12 +38,12 @@ namespace tangram::detail {
 /// Everything an elastic launch needs on the device (passed by value); arrays per request.
 struct elastic_args {
   elastic_eviction_params p;
-  std::int64_t* need    = nullptr;  ///< [batch][L * H]
-  std::int64_t* ties    = nullptr;  ///< [batch][L * H]
-  std::int64_t* grouped = nullptr;  ///< [batch][G * Hp]
-  std::int64_t* index   = nullptr;  ///< [batch][G]
-  std::int64_t* pages   = nullptr;  ///< [batch][G]
-  std::int64_t* status  = nullptr;  ///< [batch]
+  std::int64_t* need          = nullptr;  ///< [batch][L * H]
+  std::int64_t* ties          = nullptr;  ///< [batch][L * H]
+  std::int64_t* grouped       = nullptr;  ///< [batch][G * Hp]
+  std::int64_t* index         = nullptr;  ///< [batch][G]
+  std::int64_t* pages         = nullptr;  ///< [batch][G]
+  std::int64_t* status        = nullptr;  ///< [batch]
   std::uint32_t* select_hist  = nullptr;  ///< [batch][L * H][select_radix_bins]
   std::uint32_t* select_state = nullptr;  ///< [batch][L * H][select_state_words]
   std::int32_t slices         = 0;        ///< ceil(max_candidates / select_slice)
@@ -150,9 +150,9 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
 
 /// A staged head's compaction job: its head, candidates, keep count and selection slots.
 struct elastic_head_job {
-  eviction_args ea;         ///< the layer's eviction parameters (for copy_tokens)
-  eviction_head x;          ///< the head, every candidate a column position
-  std::int64_t keep = -2;   ///< tokens it keeps; -1: the request failed; -2: not staged
+  eviction_args ea;                ///< the layer's eviction parameters (for copy_tokens)
+  eviction_head x;                 ///< the head, every candidate a column position
+  std::int64_t keep         = -2;  ///< tokens it keeps; -1: the request failed; -2: not staged
   const std::uint32_t* keys = nullptr;
   select_slots slots;
 };
@@ -166,14 +166,14 @@ __device__ __forceinline__ elastic_head_job elastic_job(elastic_args const& a,
   elastic_eviction_params const& p = a.p;
   const std::int32_t H = p.kv.num_kv_heads, l = i / H, HH = p.heads();
   elastic_head_job j;
-  j.ea.p   = p.layer_params(l);
-  j.x.r    = r;
-  j.x.h    = i % H;
-  j.x.rh   = static_cast<std::int64_t>(r) * H + j.x.h;
-  j.x.cur  = make_head_cursor(p.kv, r, l, j.x.h);
-  j.x.e    = plan_eviction(j.ea.p, j.x.cur, r, j.x.h);
+  j.ea.p                  = p.layer_params(l);
+  j.x.r                   = r;
+  j.x.h                   = i % H;
+  j.x.rh                  = static_cast<std::int64_t>(r) * H + j.x.h;
+  j.x.cur                 = make_head_cursor(p.kv, r, l, j.x.h);
+  j.x.e                   = plan_eviction(j.ea.p, j.x.cur, r, j.x.h);
   const std::int64_t head = static_cast<std::int64_t>(r) * HH + i;
-  j.keys  = p.keys + head * p.max_candidates;
+  j.keys                  = p.keys + head * p.max_candidates;
   j.slots = {a.select_hist + head * select_radix_bins, a.select_state + head * select_state_words};
   if (j.x.e.action != eviction_action::stage) return j;
   if (a.status[r] < 0) {
@@ -193,8 +193,8 @@ template <class Unused = void>
 TANGRAM_KERNEL __launch_bounds__(256) void elastic_histogram_kernel(elastic_args const a,
                                                                     int pass) {
   __shared__ select_hist_smem sm;
-  const elastic_head_job j = elastic_job(
-      a, static_cast<std::int32_t>(blockIdx.z), static_cast<std::int32_t>(blockIdx.y));
+  const elastic_head_job j =
+      elastic_job(a, static_cast<std::int32_t>(blockIdx.z), static_cast<std::int32_t>(blockIdx.y));
   const std::int64_t n = j.x.e.candidates;
   if (j.keep < 0 || j.keep >= n) return;
   select_histogram_pass(
@@ -206,9 +206,9 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_histogram_kernel(elastic_args
 template <class T, int D>
 TANGRAM_KERNEL __launch_bounds__(256) void elastic_compact_kernel(elastic_args const a) {
   __shared__ select_smem<T, D> sm;
-  const int tid = static_cast<int>(threadIdx.x);
-  const auto r  = static_cast<std::int32_t>(blockIdx.y);
-  const auto i  = static_cast<std::int32_t>(blockIdx.x);
+  const int tid      = static_cast<int>(threadIdx.x);
+  const auto r       = static_cast<std::int32_t>(blockIdx.y);
+  const auto i       = static_cast<std::int32_t>(blockIdx.x);
   elastic_head_job j = elastic_job(a, r, i);
   std::int32_t* out  = a.p.new_len + static_cast<std::int64_t>(r) * a.p.heads() + i;
   if (j.x.e.action != eviction_action::stage) {
@@ -229,13 +229,13 @@ inline elastic_args make_elastic_args(elastic_eviction_params const& p, void* wo
   auto w = elastic_workspace(p.kv.batch_size, p.heads(), p.kv.num_groups, p.kv.geometry.group_size);
   auto* base = static_cast<unsigned char*>(workspace);
   elastic_args a;
-  a.p       = p;
-  a.need    = reinterpret_cast<std::int64_t*>(base + w.need);
-  a.ties    = reinterpret_cast<std::int64_t*>(base + w.ties);
-  a.grouped = reinterpret_cast<std::int64_t*>(base + w.grouped);
-  a.index   = reinterpret_cast<std::int64_t*>(base + w.index);
-  a.pages   = reinterpret_cast<std::int64_t*>(base + w.pages);
-  a.status  = reinterpret_cast<std::int64_t*>(base + w.status);
+  a.p            = p;
+  a.need         = reinterpret_cast<std::int64_t*>(base + w.need);
+  a.ties         = reinterpret_cast<std::int64_t*>(base + w.ties);
+  a.grouped      = reinterpret_cast<std::int64_t*>(base + w.grouped);
+  a.index        = reinterpret_cast<std::int64_t*>(base + w.index);
+  a.pages        = reinterpret_cast<std::int64_t*>(base + w.pages);
+  a.status       = reinterpret_cast<std::int64_t*>(base + w.status);
   a.select_hist  = reinterpret_cast<std::uint32_t*>(base + w.hist);
   a.select_state = reinterpret_cast<std::uint32_t*>(base + w.state);
   a.slices       = (p.max_candidates + select_slice - 1) / select_slice;
@@ -245,13 +245,14 @@ inline elastic_args make_elastic_args(elastic_eviction_params const& p, void* wo
 /// Enqueues the elastic kernels for (T, D) through the launch policy `launch` (vec.cuh).
 template <class T, int D, class Launch>
 void launch_elastic_with(elastic_args const& a, Launch const& launch) {
-  using copy_t = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
-  const auto B = static_cast<unsigned>(a.p.kv.batch_size);
+  using copy_t  = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
+  const auto B  = static_cast<unsigned>(a.p.kv.batch_size);
   const auto HH = static_cast<unsigned>(a.p.heads());
   launch(select_reset_kernel<>, dim3(HH, B), 256, 0, a.select_hist, a.select_state);
   launch(elastic_need_kernel<>, dim3(B), 256, 0, a);
   for (int pass = 0; pass < select_radix_passes; ++pass)
-    launch(elastic_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), HH, B), 256, 0, a, pass);
+    launch(
+        elastic_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), HH, B), 256, 0, a, pass);
   launch(elastic_compact_kernel<copy_t, D>, dim3(static_cast<unsigned>(a.p.heads()), B), 256, 0, a);
 }
 

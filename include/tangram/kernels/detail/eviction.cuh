@@ -48,13 +48,13 @@ namespace tangram::detail {
 /// Everything an eviction launch needs on the device (passed by value).
 struct eviction_args {
   eviction_params p;
-  std::uint32_t* keys    = nullptr;  ///< [heads][max_candidates]
-  float* raw             = nullptr;  ///< [heads][max_candidates] built-in raw scores
-  float2* stats          = nullptr;  ///< [heads][key_tiles][nq_max]
-  float2* norm           = nullptr;  ///< [heads][nq_max]
-  std::int32_t key_tiles = 0;        ///< ceil(max_candidates / snapkv_key_tile(head_dim))
-  std::int32_t nq_max    = 0;        ///< obs_window * group
-  float scale2           = 0.f;      ///< sm_scale * log2(e)
+  std::uint32_t* keys         = nullptr;  ///< [heads][max_candidates]
+  float* raw                  = nullptr;  ///< [heads][max_candidates] built-in raw scores
+  float2* stats               = nullptr;  ///< [heads][key_tiles][nq_max]
+  float2* norm                = nullptr;  ///< [heads][nq_max]
+  std::int32_t key_tiles      = 0;        ///< ceil(max_candidates / snapkv_key_tile(head_dim))
+  std::int32_t nq_max         = 0;        ///< obs_window * group
+  float scale2                = 0.f;      ///< sm_scale * log2(e)
   std::uint32_t* select_hist  = nullptr;  ///< [heads][select_radix_bins]
   std::uint32_t* select_state = nullptr;  ///< [heads][select_state_words]
   std::int32_t slices         = 0;        ///< ceil(max_candidates / select_slice)
@@ -316,7 +316,7 @@ static_assert(select_shift(0) + 11 == 32 && select_shift(1) + 11 == select_shift
 /// Shape of a histogram CTA.
 struct select_config {
   static constexpr int threads = 256;
-  static constexpr int items   = select_slice / threads;  ///< keys per thread
+  static constexpr int items   = select_slice / threads;       ///< keys per thread
   static constexpr int per     = select_radix_bins / threads;  ///< bins per thread in the scan
   static_assert(select_slice % threads == 0 && select_radix_bins % threads == 0, "whole tiles");
 };
@@ -366,7 +366,7 @@ __device__ __forceinline__ void select_scan_pass(select_slots const& s,
                                                  select_hist_smem& sm) {
   using cfg     = select_config;
   const int tid = static_cast<int>(threadIdx.x), bins = select_bins(pass);
-  std::uint32_t count[cfg::per], total = 0;
+  std::uint32_t count[cfg::per], total                = 0;
 #pragma unroll
   for (int j = 0; j < cfg::per; ++j) {  // thread tid holds bins top-down tid * per + j
     const int b = select_radix_bins - 1 - (tid * cfg::per + j) - (select_radix_bins - bins);
@@ -380,7 +380,7 @@ __device__ __forceinline__ void select_scan_pass(select_slots const& s,
     // The bin with keys above it < remaining <= keys above it + its count (exactly one).
     if (above < remaining && remaining <= above + count[j]) {
       const int b = select_radix_bins - 1 - (tid * cfg::per + j) - (select_radix_bins - bins);
-      s.state[select_prefix] = prefix | static_cast<std::uint32_t>(b) << select_shift(pass);
+      s.state[select_prefix]    = prefix | static_cast<std::uint32_t>(b) << select_shift(pass);
       s.state[select_remaining] = remaining - above;
     }
     above += count[j];
@@ -409,9 +409,10 @@ __device__ __forceinline__ void select_histogram_pass(select_slots const& s,
   const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x) * select_slice;
   if (k <= 0 || begin >= n) return;
   // The previous pass's result (its kernel has finished: plain loads see it).
-  const std::uint32_t prefix    = pass == 0 ? 0u : s.state[select_prefix];
-  const std::uint32_t remaining = pass == 0 ? static_cast<std::uint32_t>(k) : s.state[select_remaining];
-  const std::uint32_t mask      = pass == 0 ? 0u : ~0u << select_shift(pass - 1);
+  const std::uint32_t prefix = pass == 0 ? 0u : s.state[select_prefix];
+  const std::uint32_t remaining =
+      pass == 0 ? static_cast<std::uint32_t>(k) : s.state[select_remaining];
+  const std::uint32_t mask = pass == 0 ? 0u : ~0u << select_shift(pass - 1);
   const int shift = select_shift(pass), bins = select_bins(pass);
   for (int b = tid; b < bins; b += cfg::threads) sm.bins[b] = 0u;
   __syncthreads();
@@ -641,7 +642,8 @@ void launch_eviction_with(eviction_args const& a, Launch const& launch) {
     launch(key_norm_kernel<T, D>, grid, 256, 0, a);
   }
   for (int pass = 0; pass < select_radix_passes; ++pass)
-    launch(select_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), heads), 256, 0, a, pass);
+    launch(
+        select_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), heads), 256, 0, a, pass);
   launch(select_compact_kernel<copy_t, D>, dim3(heads), 256, 0, a);
 }
 
