@@ -366,10 +366,12 @@ __device__ __forceinline__ void select_scan_pass(select_slots const& s,
                                                  select_hist_smem& sm) {
   using cfg     = select_config;
   const int tid = static_cast<int>(threadIdx.x), bins = select_bins(pass);
-  std::uint32_t count[cfg::per], total                = 0;
+  std::uint32_t count[cfg::per];
+  std::uint32_t total = 0;
+  // Thread tid holds the bins tid * per + j from the top.
 #pragma unroll
-  for (int j = 0; j < cfg::per; ++j) {  // thread tid holds bins top-down tid * per + j
-    const int b = select_radix_bins - 1 - (tid * cfg::per + j) - (select_radix_bins - bins);
+  for (int j = 0; j < cfg::per; ++j) {
+    const int b = bins - 1 - (tid * cfg::per + j);  // < 0 past a narrower digit's bins
     count[j]    = b >= 0 ? atomicExch(&s.hist[b], 0u) : 0u;
     total += count[j];
   }
@@ -379,7 +381,7 @@ __device__ __forceinline__ void select_scan_pass(select_slots const& s,
   for (int j = 0; j < cfg::per; ++j) {
     // The bin with keys above it < remaining <= keys above it + its count (exactly one).
     if (above < remaining && remaining <= above + count[j]) {
-      const int b = select_radix_bins - 1 - (tid * cfg::per + j) - (select_radix_bins - bins);
+      const int b               = bins - 1 - (tid * cfg::per + j);
       s.state[select_prefix]    = prefix | static_cast<std::uint32_t>(b) << select_shift(pass);
       s.state[select_remaining] = remaining - above;
     }
