@@ -25,6 +25,11 @@ void evict_elastic(elastic_eviction_params const& p,
                   "elastic_eviction_params.kv.batch_size: ",
                   p.kv.batch_size,
                   " exceeds 65535");
+  TANGRAM_EXPECTS(p.heads() <= 65535,
+                  invalid_argument,
+                  "evict_elastic: num_layers * num_kv_heads = ",
+                  p.heads(),
+                  " exceeds 65535 (the top-k histogram grid's y dimension)");
   auto cells = detail::mul_or_throw(static_cast<std::int64_t>(p.heads()),
                                     static_cast<std::int64_t>(p.max_candidates),
                                     "evict_elastic: heads * max_candidates");

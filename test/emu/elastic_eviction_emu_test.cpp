@@ -41,6 +41,10 @@ TEST_CASE("emulated elastic eviction: long candidate lists (several compaction t
   check_all_schedules(test::elastic_case_long());
 }
 
+TEST_CASE("emulated elastic eviction: heads of several top-k slices", "[emu][eviction][elastic]") {
+  check_all_schedules(test::elastic_case_many_slices());
+}
+
 TEST_CASE(
     "emulated elastic eviction: a deleted load-to-store barrier in its compaction is detected",
     "[emu][mutation][elastic]") {

@@ -20,7 +20,7 @@ namespace {
 // The sites of include/tangram/kernels/detail/vec.cuh (sync_site), by value: this file does
 // not include the device headers.
 constexpr int decode_tile_ready = 1, decode_tile_wait = 2, compact_loaded = 3, snapkv_queries = 4,
-              prefill_tile_ready = 5;
+              prefill_tile_ready = 5, select_counted = 6;
 
 /// The scenario's verdict with `site` weakened ("" when it still matches the reference).
 /// check_prefill under one emulator schedule.
@@ -115,6 +115,17 @@ TEST_CASE("mutation: a deleted load-to-store barrier in the compaction is detect
   test::eviction_case c;
   c.seed = 60;
   require_detected(c, {7, emu::copy_mode::deferred, 0}, compact_loaded);
+}
+
+TEST_CASE("mutation: a deleted count-to-flush barrier in the top-k histogram is detected",
+          "[emu][mutation]") {
+  // Without it a thread adds its shared bins to the head's global histogram before other warps
+  // have counted into them: counts are lost and the threshold moves. (Only the adds of a warp's
+  // last round can still be pending at the flush, so the slices must be full: long lists.)
+  test::eviction_case c;
+  c.long_len = 20000;
+  c.seed     = 63;
+  require_detected(c, {13, emu::copy_mode::deferred, 0}, select_counted);
 }
 
 TEST_CASE("mutation: a deleted query-tile barrier in SnapKV scoring is detected",

@@ -101,6 +101,15 @@ inline elastic_case elastic_case_long() {
   return c;
 }
 
+/// Heads of more than two top-k slices (select_slice = 4096 candidates per histogram CTA).
+inline elastic_case elastic_case_many_slices() {
+  elastic_case c;
+  c.long_len   = 9000;
+  c.long_chunk = 300;
+  c.seed       = 152;
+  return c;
+}
+
 /// Builds the setup of `c` over `cache` (constructed from the returned setup's layout and seqs).
 inline elastic_setup make_elastic_setup(elastic_case const& c) {
   constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;

@@ -26,3 +26,9 @@ TANGRAM_GPU_TEST("gpu elastic eviction: long candidate lists (several compaction
   test::gpu_backend gpu;
   GPU_REQUIRE_AGREES(test::check_elastic(test::elastic_case_long(), gpu));
 }
+
+TANGRAM_GPU_TEST("gpu elastic eviction: heads of several top-k slices",
+                 "[gpu][eviction][elastic]") {
+  test::gpu_backend gpu;
+  GPU_REQUIRE_AGREES(test::check_elastic(test::elastic_case_many_slices(), gpu));
+}

@@ -23,3 +23,13 @@ TANGRAM_GPU_TEST("gpu eviction: long candidate lists (several radix tiles)", "[g
   test::gpu_backend gpu;
   GPU_REQUIRE_AGREES(test::check_eviction(test::eviction_case_long(), gpu));
 }
+
+TANGRAM_GPU_TEST("gpu eviction replays from a CUDA graph (multi-CTA top-k included)",
+                 "[gpu][eviction][graph]") {
+  // The reset, the three histogram passes and the compaction are captured and replayed as one
+  // graph on a poisoned workspace: the pool must still equal the reference.
+  test::gpu_backend gpu;
+  gpu.evict_through_graph = true;
+  GPU_REQUIRE_AGREES(test::check_eviction(test::eviction_case_long(), gpu));
+  GPU_REQUIRE_AGREES(test::check_eviction(test::eviction_cases_builtin().front(), gpu));
+}

@@ -66,6 +66,10 @@ inline void download(device_buffer const& b, void* dst, std::size_t n) {
 
 /// The GPU as a kernel_cases.hpp backend (synchronous; each call uploads what it needs).
 struct gpu_backend {
+  /// evict() captures evict_chunk into a CUDA graph and launches the graph (the launch sequence
+  /// must be capturable: no host synchronisation, no host reads of device data).
+  bool evict_through_graph = false;
+
   void decode(test_cache& cache, decode_params const& hp) {
     device_cache dev(cache, hp.kv);
     const std::int32_t B = hp.kv.batch_size, Hq = hp.num_q_heads(), d = hp.kv.geometry.head_dim;
@@ -134,13 +138,34 @@ struct gpu_backend {
     p.new_len               = dnew.get<std::int32_t>();
     p.scores_out            = hp.scores_out ? dscores_out.get<float>() : nullptr;
     device_buffer ws(eviction_workspace_bytes(p));
-    evict_chunk(p, ws.get(), ws.bytes(), nullptr);
+    // Garbage in the workspace, as a caller may hand it: the launch clears what it needs.
+    cuda_check(cudaMemset(ws.get(), 0xff, ws.bytes()), "poison eviction workspace");
+    if (evict_through_graph)
+      evict_in_graph(p, ws);
+    else
+      evict_chunk(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "evict_chunk");
     download(dev.pool, cache.pool().data(), cache.pool().size());
     download(dnew, hp.new_len, dnew.bytes());
     if (hp.scores_out) download(dscores_out, hp.scores_out, dscores_out.bytes());
     if (hp.stage_keys) download(dstage, hp.stage_keys, dstage.bytes());
   }
+  static void evict_in_graph(eviction_params const& p, device_buffer& ws) {
+    cudaStream_t stream;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    evict_chunk(p, ws.get(), ws.bytes(), stream);
+    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    cuda_check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    cuda_check(cudaStreamSynchronize(stream), "evict_chunk (graph)");
+    (void)cudaGraphExecDestroy(exec);
+    (void)cudaGraphDestroy(graph);
+    (void)cudaStreamDestroy(stream);
+  }
+
   void evict_elastic(test_cache& cache, elastic_eviction_params const& hp) {
     device_cache dev(cache, hp.kv);
     const auto B  = static_cast<std::size_t>(hp.kv.batch_size);
@@ -161,6 +186,7 @@ struct gpu_backend {
     p.new_len                 = dnew.get<std::int32_t>();
     p.pages_out               = hp.pages_out ? dpages.get<std::int64_t>() : nullptr;
     device_buffer ws(elastic_workspace_bytes(p));
+    cuda_check(cudaMemset(ws.get(), 0xff, ws.bytes()), "poison elastic workspace");
     ::tangram::evict_elastic(p, ws.get(), ws.bytes(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "evict_elastic");
     download(dev.pool, cache.pool().data(), cache.pool().size());

@@ -451,9 +451,16 @@ TEST_CASE("eviction workspace layout: aligned, disjoint, sized per source", "[ev
     CHECK(w.raw % 256 == 0);
     CHECK(w.stats % 256 == 0);
     CHECK(w.norm % 256 == 0);
+    CHECK(w.hist % 256 == 0);
+    CHECK(w.state % 256 == 0);
     CHECK(w.raw >= 4 * 8 * 5000 * 4);  // keys
+    CHECK(w.state - w.hist >= 4 * 8 * select_radix_bins * 4);
+    CHECK(w.bytes - w.state >= 4 * 8 * select_state_words * 4);
   }
-  CHECK(sup.bytes == sup.raw);  // supplied scores need only the keys
+  CHECK(sup.hist == sup.raw);  // supplied scores need only the keys and the top-k's state
+  CHECK_THROWS_WITH(
+      eviction_workspace(1 << 30, 1 << 30, 1 << 30, score_source::supplied, 1, 1, 128),
+      Catch::Contains("overflows"));
   CHECK(kn.stats - kn.raw >= 4 * 8 * 5000 * 4);
   std::int64_t tiles = (5000 + snapkv_key_tile(128) - 1) / snapkv_key_tile(128);
   CHECK(snap.norm - snap.stats >= 4 * 8 * tiles * 32 * 4 * 8);

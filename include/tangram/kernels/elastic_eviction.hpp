@@ -139,9 +139,13 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_head_keep(std::int64_t pages,
  * - `index`:   int64 `[batch][G]` compact index of each compressed group, -1 for the others
  * - `pages`:   int64 `[batch][G]` pages of each compressed group (compact order)
  * - `status`:  int64 `[batch]` pages used, or elastic_does_not_fit / elastic_invalid_head
+ * - `hist`:    uint32 `[batch][L * H][select_radix_bins]` the per-head compaction's multi-CTA
+ *              top-k histogram (as in eviction_workspace_layout; zeroed by the launch itself)
+ * - `state`:   uint32 `[batch][L * H][select_state_words]` its per-head state
  */
 struct elastic_workspace_layout {
-  std::int64_t need = 0, ties = 0, grouped = 0, index = 0, pages = 0, status = 0, bytes = 0;
+  std::int64_t need = 0, ties = 0, grouped = 0, index = 0, pages = 0, status = 0, hist = 0,
+               state = 0, bytes = 0;
 };
 
 /// Workspace layout for `batch` requests of `heads` = L * H heads, G groups of Hp columns.
@@ -150,9 +154,10 @@ inline elastic_workspace_layout elastic_workspace(std::int32_t batch,
                                                   std::int32_t heads,
                                                   std::int32_t groups,
                                                   std::int32_t group_size) {
-  auto arr = [&](std::int64_t per_request, char const* what) {
+  // Bytes of `per_request` elements of `size` bytes per request, rounded up to 256.
+  auto arr = [&](std::int64_t per_request, char const* what, std::int64_t size = 8) {
     auto b = detail::mul_or_throw(static_cast<std::int64_t>(batch), per_request, what);
-    b      = detail::mul_or_throw(b, std::int64_t{8}, what);
+    b      = detail::mul_or_throw(b, size, what);
     return detail::add_or_throw(b, std::int64_t{255}, what) / 256 * 256;
   };
   elastic_workspace_layout w;
@@ -165,7 +170,21 @@ inline elastic_workspace_layout elastic_workspace(std::int32_t batch,
                             "elastic workspace: grouped");
   w.pages   = w.index + arr(groups, "elastic workspace: index");
   w.status  = w.pages + arr(groups, "elastic workspace: pages");
-  w.bytes   = w.status + arr(1, "elastic workspace: status");
+  w.hist    = w.status + arr(1, "elastic workspace: status");
+  w.state   = detail::add_or_throw(
+      w.hist,
+      arr(detail::mul_or_throw(
+              std::int64_t{heads}, std::int64_t{select_radix_bins}, "elastic workspace: hist"),
+          "elastic workspace: hist",
+          4),
+      "elastic workspace: hist");
+  w.bytes = detail::add_or_throw(
+      w.state,
+      arr(detail::mul_or_throw(
+              std::int64_t{heads}, std::int64_t{select_state_words}, "elastic workspace: state"),
+          "elastic workspace: state",
+          4),
+      "elastic workspace: state");
   return w;
 }
 
@@ -233,8 +252,10 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
  * block histograms) of the `wanted[r]`-th largest key over all the request's staged candidates,
  * per-head counts above and at the threshold (one warp per head), then one thread allots the
  * ties in (layer, head) order and runs `elastic_group_pages` (sequential: O(L H + G Hp log^2)).
- * Then `elastic_compact_kernel`, one CTA per (request, layer, head): the per-head radix select and
- * in-place compaction of kernels/eviction.hpp with the keep count of its group, and `new_len`.
+ * Then the per-head multi-CTA threshold search (three histogram launches, grid: slices x L * H x
+ * requests) and `elastic_compact_kernel`, one CTA per (request, layer, head): the per-head top-k
+ * and in-place compaction of kernels/eviction.hpp with the keep count of its group, and
+ * `new_len`. (Before them a reset kernel zeroes the per-head histograms of the workspace.)
  *
  * Stream-ordered and asynchronous: no host synchronisation or allocation. Inputs must stay valid
  * until the work on `stream` completes. Requires `tangram::kernels`.

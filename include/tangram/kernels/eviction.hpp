@@ -42,6 +42,7 @@
 #include <string_view>
 
 #include "tangram/config.hpp"
+#include "tangram/detail/checked_math.hpp"
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
 #include "tangram/kernels/head_cursor.hpp"
@@ -140,6 +141,16 @@ TANGRAM_HOST_DEVICE constexpr std::int32_t snapkv_key_tile(std::int32_t head_dim
   return head_dim >= 256 ? 16 : 4096 / head_dim;
 }
 
+/// Radix digit widths of the multi-CTA top-k: 11, 11 and 10 bits from the top of the 32-bit key.
+inline constexpr std::int32_t select_radix_passes = 3;
+/// Bins of the widest digit: the size of each head's global histogram.
+inline constexpr std::int32_t select_radix_bins = 2048;
+/// Candidates one histogram CTA covers (256 threads x 16 keys): the grid has
+/// ceil(max_candidates / select_slice) CTAs per head.
+inline constexpr std::int32_t select_slice = 4096;
+/// 32-bit words of one head's selection state (threshold prefix, remaining rank, ticket, spare).
+inline constexpr std::int32_t select_state_words = 4;
+
 /**
  * @brief Byte layout of the eviction workspace (offsets, 256-byte aligned).
  *
@@ -148,35 +159,58 @@ TANGRAM_HOST_DEVICE constexpr std::int32_t snapkv_key_tile(std::int32_t head_dim
  * - `stats`: float2 `[batch * num_kv_heads][key tiles][obs_window * group]` SnapKV per-tile (max,
  *            sum) of each query's base-2 logits
  * - `norm`:  float2 `[batch * num_kv_heads][obs_window * group]` SnapKV softmax (max, sum)
+ * - `hist`:  uint32 `[batch * num_kv_heads][select_radix_bins]` the multi-CTA top-k's histogram of
+ *            the current radix pass (zeroed by the launch itself, see evict_chunk)
+ * - `state`: uint32 `[batch * num_kv_heads][select_state_words]` the top-k's per-head state
  */
 struct eviction_workspace_layout {
   std::int64_t keys  = 0;
   std::int64_t raw   = 0;
   std::int64_t stats = 0;
   std::int64_t norm  = 0;
+  std::int64_t hist  = 0;
+  std::int64_t state = 0;
   std::int64_t bytes = 0;
 };
 
 /// Workspace layout for a launch; grows monotonically with every argument.
-TANGRAM_HOST_DEVICE eviction_workspace_layout eviction_workspace(std::int32_t batch,
-                                                                 std::int32_t num_kv_heads,
-                                                                 std::int32_t max_candidates,
-                                                                 score_source source,
-                                                                 std::int32_t group,
-                                                                 std::int32_t obs_window,
-                                                                 std::int32_t head_dim) {
-  auto align         = [](std::int64_t x) { return (x + 255) / 256 * 256; };
+/// @throw invalid_argument when a size overflows 64 bits.
+inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
+                                                    std::int32_t num_kv_heads,
+                                                    std::int32_t max_candidates,
+                                                    score_source source,
+                                                    std::int32_t group,
+                                                    std::int32_t obs_window,
+                                                    std::int32_t head_dim) {
+  using detail::add_or_throw;
+  using detail::mul_or_throw;
+  // Bytes of `count` elements of `size` bytes, rounded up to 256.
+  auto region = [](std::int64_t count, std::int64_t size, char const* what) {
+    return add_or_throw(mul_or_throw(count, size, what), std::int64_t{255}, what) / 256 * 256;
+  };
   std::int64_t heads = static_cast<std::int64_t>(batch) * num_kv_heads;
-  std::int64_t cand  = heads * max_candidates;
   std::int64_t tiles = (max_candidates + snapkv_key_tile(head_dim) - 1) / snapkv_key_tile(head_dim);
   std::int64_t nq =
       source == score_source::snapkv ? static_cast<std::int64_t>(obs_window) * group : 0;
+  char const* what        = "eviction workspace size";
+  std::int64_t cand       = mul_or_throw(heads, std::int64_t{max_candidates}, what);
+  std::int64_t keys_bytes = region(cand, 4, what);
+  std::int64_t raw_bytes  = source == score_source::supplied ? 0 : region(cand, 4, what);
+  std::int64_t stats_bytes =
+      region(mul_or_throw(mul_or_throw(heads, tiles, what), nq, what), 8, what);
+  std::int64_t norm_bytes = region(mul_or_throw(heads, nq, what), 8, what);
+  std::int64_t hist_bytes =
+      region(mul_or_throw(heads, std::int64_t{select_radix_bins}, what), 4, what);
+  std::int64_t state_bytes =
+      region(mul_or_throw(heads, std::int64_t{select_state_words}, what), 4, what);
   eviction_workspace_layout w;
   w.keys  = 0;
-  w.raw   = align(cand * 4);
-  w.stats = w.raw + (source == score_source::supplied ? 0 : align(cand * 4));
-  w.norm  = w.stats + align(heads * tiles * nq * 8);
-  w.bytes = w.norm + align(heads * nq * 8);
+  w.raw   = keys_bytes;
+  w.stats = add_or_throw(w.raw, raw_bytes, what);
+  w.norm  = add_or_throw(w.stats, stats_bytes, what);
+  w.hist  = add_or_throw(w.norm, norm_bytes, what);
+  w.state = add_or_throw(w.hist, hist_bytes, what);
+  w.bytes = add_or_throw(w.state, state_bytes, what);
   return w;
 }
 
@@ -388,12 +422,15 @@ inline std::size_t eviction_workspace_bytes(eviction_params const& p) {
 /**
  * @brief Launches the fused eviction for one layer and one chunk on `stream`.
  *
- * Kernels: for snapkv, a per-tile logit-statistics kernel, a per-head reduction and a scoring
- * kernel (grid: key tiles x batch x KV heads); for key_norm, a norm kernel; then one
- * select-and-compact kernel per (request, KV head) that builds the keys, finds the k-th key by
- * 4-pass radix select (8 bits per pass, block histograms), and compacts survivors into the
- * column in order, tile by tile (loads of a tile precede its stores; every survivor moves to a
- * position at or before its source).
+ * Kernels: a reset of the top-k histograms (one CTA per head); for snapkv, a per-tile
+ * logit-statistics kernel, a per-head reduction and a scoring kernel (grid: key tiles x batch x
+ * KV heads); for key_norm, a norm kernel; then the multi-CTA threshold search: three radix
+ * passes (11, 11 and 10 bits; grid: slices of select_slice candidates x heads) whose CTAs build
+ * the keys (pass 0), histogram their slice in shared memory and add it to the head's histogram in
+ * the workspace, the head's last CTA finding the digit; then one compaction kernel per (request,
+ * KV head) that moves the survivors into the column in order, tile by tile (loads of a tile
+ * precede its stores; every survivor moves to a position at or before its source). The workspace
+ * needs no initialisation: the launch zeroes the histograms itself.
  *
  * Stream-ordered and asynchronous: no host synchronisation or allocation. Inputs must stay valid
  * until the work on `stream` completes. A head whose candidates exceed `max_candidates`, or whose

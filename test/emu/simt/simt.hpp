@@ -159,8 +159,6 @@ inline void __syncthreads() {
 inline void __syncwarp(unsigned = 0xffffffffu) {
   tangram::emu::warp_barrier();
 }
-// Blocks run one after another and see each other's writes at once: a fence has nothing to order.
-inline void __threadfence() {}
 /// Load through L2 only (bypassing L1): a plain load here.
 template <class T>
 T __ldcg(const T* p) {
@@ -258,6 +256,31 @@ T atomicCAS(T* p, T compare, T v) {
   T old = *p;
   if (old == compare) *p = v;
   return old;
+}
+
+// Blocks of a launch run one after another, so every write of an earlier block is visible to a
+// later one: the fence has nothing to order (the "last block" ticket pattern still runs as on
+// the GPU, with the seed choosing which block is last).
+inline void __threadfence() {}
+
+inline int __popc(unsigned v) {
+  return __builtin_popcount(v);
+}
+inline int __ffs(int v) {
+  return __builtin_ffs(v);
+}
+
+/// The lanes of the warp whose `v` equals this lane's (one warp barrier; all 32 lanes call it).
+template <class T>
+unsigned __match_any_sync(unsigned, T v) {
+  static_assert((sizeof(T) == 4 || sizeof(T) == 8) && std::is_trivially_copyable_v<T>,
+                "match of 4 or 8 bytes");
+  T lanes[32];
+  tangram::emu::warp_gather(&v, sizeof(T), lanes);
+  unsigned peers = 0;
+  for (int l = 0; l < 32; ++l)
+    if (std::memcmp(&lanes[l], &v, sizeof(T)) == 0) peers |= 1u << l;
+  return peers;
 }
 
 // cp.async through the cuda_pipeline.h primitives.

@@ -13,9 +13,12 @@
  *   4. thread 0 gives the wanted ties to the heads in (layer, head) order (the position order
  *      within a head is the per-head compaction's tie rule, so a head's wanted ties are its
  *      earliest), then runs `elastic_group_pages` (sequential) and writes `status`.
- * - `elastic_compact_kernel`, one CTA per (layer * H + head, request): the head's keep count from
- *   its group's pages, then `select_and_compact` of eviction.cuh over its stage keys, every
+ * - `elastic_histogram_kernel` (grid: slices x L * H x requests, one launch per radix pass) and
+ *   `elastic_compact_kernel`, one CTA per (layer * H + head, request): the head's keep count from
+ *   its group's pages (`elastic_job`), then the multi-CTA threshold search
+ *   (`select_histogram_pass`) and `compact_selected` of eviction.cuh over its stage keys, every
  *   candidate already in the column (the chunk was staged at `[len, len + c)`).
+ *   `select_reset_kernel` clears the per-head histograms first.
  */
 #pragma once
 
@@ -35,12 +38,15 @@ namespace tangram::detail {
 /// Everything an elastic launch needs on the device (passed by value); arrays per request.
 struct elastic_args {
   elastic_eviction_params p;
-  std::int64_t* need    = nullptr;  ///< [batch][L * H]
-  std::int64_t* ties    = nullptr;  ///< [batch][L * H]
-  std::int64_t* grouped = nullptr;  ///< [batch][G * Hp]
-  std::int64_t* index   = nullptr;  ///< [batch][G]
-  std::int64_t* pages   = nullptr;  ///< [batch][G]
-  std::int64_t* status  = nullptr;  ///< [batch]
+  std::int64_t* need          = nullptr;  ///< [batch][L * H]
+  std::int64_t* ties          = nullptr;  ///< [batch][L * H]
+  std::int64_t* grouped       = nullptr;  ///< [batch][G * Hp]
+  std::int64_t* index         = nullptr;  ///< [batch][G]
+  std::int64_t* pages         = nullptr;  ///< [batch][G]
+  std::int64_t* status        = nullptr;  ///< [batch]
+  std::uint32_t* select_hist  = nullptr;  ///< [batch][L * H][select_radix_bins]
+  std::uint32_t* select_state = nullptr;  ///< [batch][L * H][select_state_words]
+  std::int32_t slices         = 0;        ///< ceil(max_candidates / select_slice)
 };
 
 /// Steps 1-4 of the file comment for request blockIdx.x.
@@ -142,45 +148,79 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
   }
 }
 
+/// A staged head's compaction job: its head, candidates, keep count and selection slots.
+struct elastic_head_job {
+  eviction_args ea;                ///< the layer's eviction parameters (for copy_tokens)
+  eviction_head x;                 ///< the head, every candidate a column position
+  std::int64_t keep         = -2;  ///< tokens it keeps; -1: the request failed; -2: not staged
+  const std::uint32_t* keys = nullptr;
+  select_slots slots;
+};
+
+/// Head i (layer * H + head) of request r: its plan and, for a staged head of a request whose
+/// group selection succeeded, its keep count from its group's pages. The histogram and the
+/// compaction kernels both take their decision here.
+__device__ __forceinline__ elastic_head_job elastic_job(elastic_args const& a,
+                                                        std::int32_t r,
+                                                        std::int32_t i) {
+  elastic_eviction_params const& p = a.p;
+  const std::int32_t H = p.kv.num_kv_heads, l = i / H, HH = p.heads();
+  elastic_head_job j;
+  j.ea.p                  = p.layer_params(l);
+  j.x.r                   = r;
+  j.x.h                   = i % H;
+  j.x.rh                  = static_cast<std::int64_t>(r) * H + j.x.h;
+  j.x.cur                 = make_head_cursor(p.kv, r, l, j.x.h);
+  j.x.e                   = plan_eviction(j.ea.p, j.x.cur, r, j.x.h);
+  const std::int64_t head = static_cast<std::int64_t>(r) * HH + i;
+  j.keys                  = p.keys + head * p.max_candidates;
+  j.slots = {a.select_hist + head * select_radix_bins, a.select_state + head * select_state_words};
+  if (j.x.e.action != eviction_action::stage) return j;
+  if (a.status[r] < 0) {
+    j.keep = -1;
+    return j;
+  }
+  const std::int64_t G = p.kv.num_groups;
+  const std::int64_t g = a.index[r * G + p.kv.slot_of(l, j.x.h).group];
+  j.keep = elastic_head_keep(a.pages[r * G + g], p.kv.geometry.page_tokens, j.x.e.candidates);
+  return j;
+}
+
+/// Radix pass `pass` of slice blockIdx.x of head blockIdx.y (layer * H + head) of request
+/// blockIdx.z, for the staged heads that drop candidates.
+/// (A template only so that every translation unit may instantiate it.)
+template <class Unused = void>
+TANGRAM_KERNEL __launch_bounds__(256) void elastic_histogram_kernel(elastic_args const a,
+                                                                    int pass) {
+  __shared__ select_hist_smem sm;
+  const elastic_head_job j =
+      elastic_job(a, static_cast<std::int32_t>(blockIdx.z), static_cast<std::int32_t>(blockIdx.y));
+  const std::int64_t n = j.x.e.candidates;
+  if (j.keep < 0 || j.keep >= n) return;
+  select_histogram_pass(
+      j.slots, pass, n, j.keep, j.keys, [&](std::int64_t c) { return j.keys[c]; }, sm);
+}
+
 /// Keep count and compaction of head blockIdx.x (layer * H + head) of request blockIdx.y.
 /// T only sets the element size (f16 and bf16 share the bfloat16 instantiation).
 template <class T, int D>
 TANGRAM_KERNEL __launch_bounds__(256) void elastic_compact_kernel(elastic_args const a) {
   __shared__ select_smem<T, D> sm;
-  elastic_eviction_params const& p = a.p;
-  const int tid                    = static_cast<int>(threadIdx.x);
-  const auto r                     = static_cast<std::int32_t>(blockIdx.y);
-  const auto i                     = static_cast<std::int32_t>(blockIdx.x);
-  const std::int32_t H = p.kv.num_kv_heads, l = i / H, HH = p.heads();
-  eviction_args ea;
-  ea.p = p.layer_params(l);
-  eviction_head x;
-  x.r               = r;
-  x.h               = i % H;
-  x.rh              = static_cast<std::int64_t>(r) * H + x.h;
-  x.cur             = make_head_cursor(p.kv, r, l, x.h);
-  x.e               = plan_eviction(ea.p, x.cur, r, x.h);
-  std::int32_t* out = p.new_len + static_cast<std::int64_t>(r) * HH + i;
-  if (x.e.action != eviction_action::stage) {
-    if (tid == 0) *out = static_cast<std::int32_t>(x.e.keep);
+  const int tid      = static_cast<int>(threadIdx.x);
+  const auto r       = static_cast<std::int32_t>(blockIdx.y);
+  const auto i       = static_cast<std::int32_t>(blockIdx.x);
+  elastic_head_job j = elastic_job(a, r, i);
+  std::int32_t* out  = a.p.new_len + static_cast<std::int64_t>(r) * a.p.heads() + i;
+  if (j.x.e.action != eviction_action::stage) {
+    if (tid == 0) *out = static_cast<std::int32_t>(j.x.e.keep);
     return;
   }
-  const std::int64_t status = a.status[r];
-  if (status < 0) {
-    if (tid == 0) *out = -1;
-    return;
-  }
-  const std::int64_t G    = p.kv.num_groups;
-  const std::int64_t g    = a.index[r * G + p.kv.slot_of(l, x.h).group];
-  const std::int64_t n    = x.e.candidates;
-  const std::int64_t keep = elastic_head_keep(a.pages[r * G + g], p.kv.geometry.page_tokens, n);
-  if (tid == 0) *out = static_cast<std::int32_t>(keep);
-  if (keep >= n) return;  // every candidate stays where it was staged
-  x.e.len   = n;          // the chunk is in the column: every candidate is a column position
-  x.e.chunk = 0;
-  const std::uint32_t* keys = p.keys + (static_cast<std::int64_t>(r) * HH + i) * p.max_candidates;
-  select_and_compact<T, D>(
-      ea, x, n, keep, keys, [&](std::int64_t c) { return keys[c]; }, sm);
+  if (tid == 0) *out = static_cast<std::int32_t>(j.keep);  // -1 when the request failed
+  const std::int64_t n = j.x.e.candidates;
+  if (j.keep < 0 || j.keep >= n) return;  // failed, or every candidate stays where it was staged
+  j.x.e.len   = n;  // the chunk is in the column: every candidate is a column position
+  j.x.e.chunk = 0;
+  compact_selected<T, D>(j.ea, j.x, n, j.keep, j.keys, j.slots, sm);
 }
 
 /// The kernels' arguments for validated parameters and a workspace of
@@ -189,22 +229,30 @@ inline elastic_args make_elastic_args(elastic_eviction_params const& p, void* wo
   auto w = elastic_workspace(p.kv.batch_size, p.heads(), p.kv.num_groups, p.kv.geometry.group_size);
   auto* base = static_cast<unsigned char*>(workspace);
   elastic_args a;
-  a.p       = p;
-  a.need    = reinterpret_cast<std::int64_t*>(base + w.need);
-  a.ties    = reinterpret_cast<std::int64_t*>(base + w.ties);
-  a.grouped = reinterpret_cast<std::int64_t*>(base + w.grouped);
-  a.index   = reinterpret_cast<std::int64_t*>(base + w.index);
-  a.pages   = reinterpret_cast<std::int64_t*>(base + w.pages);
-  a.status  = reinterpret_cast<std::int64_t*>(base + w.status);
+  a.p            = p;
+  a.need         = reinterpret_cast<std::int64_t*>(base + w.need);
+  a.ties         = reinterpret_cast<std::int64_t*>(base + w.ties);
+  a.grouped      = reinterpret_cast<std::int64_t*>(base + w.grouped);
+  a.index        = reinterpret_cast<std::int64_t*>(base + w.index);
+  a.pages        = reinterpret_cast<std::int64_t*>(base + w.pages);
+  a.status       = reinterpret_cast<std::int64_t*>(base + w.status);
+  a.select_hist  = reinterpret_cast<std::uint32_t*>(base + w.hist);
+  a.select_state = reinterpret_cast<std::uint32_t*>(base + w.state);
+  a.slices       = (p.max_candidates + select_slice - 1) / select_slice;
   return a;
 }
 
 /// Enqueues the elastic kernels for (T, D) through the launch policy `launch` (vec.cuh).
 template <class T, int D, class Launch>
 void launch_elastic_with(elastic_args const& a, Launch const& launch) {
-  using copy_t = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
-  const auto B = static_cast<unsigned>(a.p.kv.batch_size);
+  using copy_t  = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
+  const auto B  = static_cast<unsigned>(a.p.kv.batch_size);
+  const auto HH = static_cast<unsigned>(a.p.heads());
+  launch(select_reset_kernel<>, dim3(HH, B), 256, 0, a.select_hist, a.select_state);
   launch(elastic_need_kernel<>, dim3(B), 256, 0, a);
+  for (int pass = 0; pass < select_radix_passes; ++pass)
+    launch(
+        elastic_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), HH, B), 256, 0, a, pass);
   launch(elastic_compact_kernel<copy_t, D>, dim3(static_cast<unsigned>(a.p.heads()), B), 256, 0, a);
 }
 

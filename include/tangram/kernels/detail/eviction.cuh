@@ -13,15 +13,20 @@
  *   `snapkv_score_kernel` recomputes the logits and writes the mean probability per candidate
  *   (sums over queries in a fixed order: deterministic).
  * - Key norm: `key_norm_kernel`, one warp per candidate.
- * - `select_compact_kernel`, one CTA per (request, KV head): builds the selection keys (max-pool,
- *   protection) and a top-byte block histogram in one pass, then 3 more radix passes (8 bits each,
- *   block histograms, a block scan over the 256 buckets) find the k-th largest key T and how many
- *   keys equal to T to keep (the earliest ones). A final pass scans keep flags in candidate order
+ * - Threshold search (heads that select): `select_reset_kernel` zeroes each head's workspace
+ *   histogram and ticket; `select_histogram_kernel` (grid: slices of select_slice candidates x
+ *   heads), launched once per radix pass (digits of 11, 11 and 10 bits), counts its slice's keys
+ *   that match the prefix so far in a shared histogram (warp-aggregated), adds it to the head's
+ *   histogram, and the head's last CTA (ticket after a fence) finds the digit, records the
+ *   prefix and remaining rank and clears the histogram. Pass 0 builds the keys (max-pool,
+ *   protection). After pass 2 the state holds the k-th largest key T and how many keys equal to T
+ *   to keep (the earliest ones).
+ * - `select_compact_kernel`, one CTA per (request, KV head): scans keep flags in candidate order
  *   (block scans with carries) and moves survivors tile by tile: all loads of a batch of
  *   survivors complete before its stores, and every survivor moves to a position at or before its
  *   source, so compacting in place within the column is safe. Ring and append heads copy their
  *   chunk tokens in the same kernel; staged heads (elastic reservation) write their keys to
- *   `stage_keys` and append the chunk. The select-and-compact part is `select_and_compact`, which
+ *   `stage_keys` and append the chunk. `select_histogram_pass` and `compact_selected` are what
  *   the elastic compaction (elastic_eviction.cuh) reuses with its own keep counts.
  */
 #pragma once
@@ -29,7 +34,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cub/block/block_histogram.cuh>
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
 
@@ -44,13 +48,16 @@ namespace tangram::detail {
 /// Everything an eviction launch needs on the device (passed by value).
 struct eviction_args {
   eviction_params p;
-  std::uint32_t* keys    = nullptr;  ///< [heads][max_candidates]
-  float* raw             = nullptr;  ///< [heads][max_candidates] built-in raw scores
-  float2* stats          = nullptr;  ///< [heads][key_tiles][nq_max]
-  float2* norm           = nullptr;  ///< [heads][nq_max]
-  std::int32_t key_tiles = 0;        ///< ceil(max_candidates / snapkv_key_tile(head_dim))
-  std::int32_t nq_max    = 0;        ///< obs_window * group
-  float scale2           = 0.f;      ///< sm_scale * log2(e)
+  std::uint32_t* keys         = nullptr;  ///< [heads][max_candidates]
+  float* raw                  = nullptr;  ///< [heads][max_candidates] built-in raw scores
+  float2* stats               = nullptr;  ///< [heads][key_tiles][nq_max]
+  float2* norm                = nullptr;  ///< [heads][nq_max]
+  std::int32_t key_tiles      = 0;        ///< ceil(max_candidates / snapkv_key_tile(head_dim))
+  std::int32_t nq_max         = 0;        ///< obs_window * group
+  float scale2                = 0.f;      ///< sm_scale * log2(e)
+  std::uint32_t* select_hist  = nullptr;  ///< [heads][select_radix_bins]
+  std::uint32_t* select_state = nullptr;  ///< [heads][select_state_words]
+  std::int32_t slices         = 0;        ///< ceil(max_candidates / select_slice)
 };
 
 /// The (request, KV head) of a CTA, its cursor and its plan.
@@ -281,76 +288,191 @@ __device__ __forceinline__ void copy_tokens(
   }
 }
 
-/// Shared memory of the radix select and compaction of one head.
+// ---------------------------------------------------------------------------------------------
+// Multi-CTA top-k: the threshold search (radix select with 11/11/10-bit digits).
+// ---------------------------------------------------------------------------------------------
+
+/// One head's slots of the selection workspace (see eviction_workspace_layout).
+struct select_slots {
+  std::uint32_t* hist  = nullptr;  ///< [select_radix_bins] counts of the current pass
+  std::uint32_t* state = nullptr;  ///< [select_state_words]: prefix, remaining, ticket
+};
+
+/// Word indices of select_slots::state.
+enum select_state_word : int { select_prefix = 0, select_remaining = 1, select_ticket = 2 };
+
+/// Lowest key bit of pass `pass`'s digit: bits 31..21, 20..10, 9..0.
+TANGRAM_HOST_DEVICE constexpr int select_shift(int pass) {
+  return pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+}
+/// Bins of pass `pass`'s digit.
+TANGRAM_HOST_DEVICE constexpr int select_bins(int pass) {
+  return pass == 2 ? 1024 : select_radix_bins;
+}
+static_assert(select_shift(0) + 11 == 32 && select_shift(1) + 11 == select_shift(0) &&
+                  select_bins(2) == 1 << select_shift(1) && select_radix_passes == 3,
+              "the digits tile the 32-bit key from the top");
+
+/// Shape of a histogram CTA.
+struct select_config {
+  static constexpr int threads = 256;
+  static constexpr int items   = select_slice / threads;       ///< keys per thread
+  static constexpr int per     = select_radix_bins / threads;  ///< bins per thread in the scan
+  static_assert(select_slice % threads == 0 && select_radix_bins % threads == 0, "whole tiles");
+};
+
+/// Shared memory of a histogram CTA.
+struct select_hist_smem {
+  using scan_t = cub::BlockScan<std::uint32_t, select_config::threads>;
+  typename scan_t::TempStorage scan;
+  unsigned int bins[select_radix_bins];  // the CTA's private histogram
+  std::uint32_t last;                    // this CTA is the head's last of the pass
+};
+
+/// Bin meaning "not counted" (a key outside the current prefix or past the candidates).
+inline constexpr std::uint32_t select_no_bin = 0xffffffffu;
+
+/// Adds one to `bins[bin]` for every lane of the warp: lanes with the same bin add once together
+/// (thousands of equal keys, e.g. protected ones, would otherwise serialise on one bin). Called
+/// by all 32 lanes.
+__device__ __forceinline__ void warp_aggregated_count(unsigned int* bins, std::uint32_t bin) {
+  const unsigned peers = __match_any_sync(0xffffffffu, bin);
+  const int lane       = static_cast<int>(threadIdx.x) % 32;
+  if (bin != select_no_bin && lane == __ffs(static_cast<int>(peers)) - 1)
+    atomicAdd(&bins[bin], static_cast<unsigned int>(__popc(peers)));
+}
+
+/// Clears the histogram and ticket of head blockIdx.x + gridDim.x * blockIdx.y at the start of a
+/// launch (the workspace is caller-owned and uninitialised; later passes clear after
+/// themselves). (A template only so that every translation unit may instantiate it.)
+template <class Unused = void>
+TANGRAM_KERNEL __launch_bounds__(256) void select_reset_kernel(std::uint32_t* hist,
+                                                               std::uint32_t* state) {
+  const std::int64_t head =
+      blockIdx.x + static_cast<std::int64_t>(gridDim.x) * static_cast<std::int64_t>(blockIdx.y);
+  for (int b = static_cast<int>(threadIdx.x); b < select_radix_bins; b += 256)
+    hist[head * select_radix_bins + b] = 0u;
+  if (threadIdx.x == 0) state[head * select_state_words + select_ticket] = 0u;
+}
+
+/// The last CTA of a pass: finds the bin holding the remaining-th largest key among the keys
+/// that match the prefix (descending bins, block scan), extends the prefix and the remaining
+/// rank in the head's state, and clears the histogram (read and zeroed in one atomic) and the
+/// ticket for the next pass or launch.
+__device__ __forceinline__ void select_scan_pass(select_slots const& s,
+                                                 int pass,
+                                                 std::uint32_t prefix,
+                                                 std::uint32_t remaining,
+                                                 select_hist_smem& sm) {
+  using cfg     = select_config;
+  const int tid = static_cast<int>(threadIdx.x), bins = select_bins(pass);
+  std::uint32_t count[cfg::per];
+  std::uint32_t total = 0;
+  // Thread tid holds the bins tid * per + j from the top.
+#pragma unroll
+  for (int j = 0; j < cfg::per; ++j) {
+    const int b = bins - 1 - (tid * cfg::per + j);  // < 0 past a narrower digit's bins
+    count[j]    = b >= 0 ? atomicExch(&s.hist[b], 0u) : 0u;
+    total += count[j];
+  }
+  std::uint32_t above;
+  select_hist_smem::scan_t(sm.scan).ExclusiveSum(total, above);
+#pragma unroll
+  for (int j = 0; j < cfg::per; ++j) {
+    // The bin with keys above it < remaining <= keys above it + its count (exactly one).
+    if (above < remaining && remaining <= above + count[j]) {
+      const int b               = bins - 1 - (tid * cfg::per + j);
+      s.state[select_prefix]    = prefix | static_cast<std::uint32_t>(b) << select_shift(pass);
+      s.state[select_remaining] = remaining - above;
+    }
+    above += count[j];
+  }
+  if (tid == 0) s.state[select_ticket] = 0u;
+}
+
+/**
+ * One radix pass over slice blockIdx.x of a head's `n` keys (`k` to keep, 1 <= k): the CTA
+ * counts the keys matching the prefix so far into a private shared histogram, adds its nonzero
+ * bins to the head's global one, and the head's last CTA to finish (ticket after a fence) scans
+ * it (select_scan_pass). Pass 0 takes each key from `key_of(i)` (which computes and stores it);
+ * later passes read `keys[i]`. The slices of a head are ceil(n / select_slice) CTAs; those past
+ * `n` return at once. Called by every thread of the CTA.
+ */
+template <class KeyOf>
+__device__ __forceinline__ void select_histogram_pass(select_slots const& s,
+                                                      int pass,
+                                                      std::int64_t n,
+                                                      std::int64_t k,
+                                                      const std::uint32_t* keys,
+                                                      KeyOf key_of,
+                                                      select_hist_smem& sm) {
+  using cfg                = select_config;
+  const int tid            = static_cast<int>(threadIdx.x);
+  const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x) * select_slice;
+  if (k <= 0 || begin >= n) return;
+  // The previous pass's result (its kernel has finished: plain loads see it).
+  const std::uint32_t prefix = pass == 0 ? 0u : s.state[select_prefix];
+  const std::uint32_t remaining =
+      pass == 0 ? static_cast<std::uint32_t>(k) : s.state[select_remaining];
+  const std::uint32_t mask = pass == 0 ? 0u : ~0u << select_shift(pass - 1);
+  const int shift = select_shift(pass), bins = select_bins(pass);
+  for (int b = tid; b < bins; b += cfg::threads) sm.bins[b] = 0u;
+  __syncthreads();
+#pragma unroll 4
+  for (int u = 0; u < cfg::items; ++u) {
+    const std::int64_t i = begin + u * cfg::threads + tid;  // coalesced
+    std::uint32_t bin    = select_no_bin;
+    if (i < n) {
+      const std::uint32_t key = pass == 0 ? key_of(i) : keys[i];
+      if ((key & mask) == prefix) bin = (key >> shift) & static_cast<std::uint32_t>(bins - 1);
+    }
+    warp_aggregated_count(sm.bins, bin);
+  }
+  sync_block(sync_site::select_counted);
+  for (int b = tid; b < bins; b += cfg::threads)
+    if (sm.bins[b] != 0u) atomicAdd(&s.hist[b], sm.bins[b]);
+  __threadfence();  // this CTA's counts reach the device before its ticket
+  __syncthreads();
+  if (tid == 0) {
+    const std::int64_t parts = (n + select_slice - 1) / select_slice;
+    sm.last = atomicAdd(&s.state[select_ticket], 1u) == static_cast<std::uint32_t>(parts - 1);
+  }
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();  // every other CTA's counts are visible to this one
+  select_scan_pass(s, pass, prefix, remaining, sm);
+}
+
+/// Shared memory of the compaction of one head.
 template <class T, int D>
 struct select_smem {
   using cfg    = compact_config<T, D>;
   using scan_t = cub::BlockScan<std::uint32_t, cfg::threads>;
-  using hist_t = cub::BlockHistogram<int, cfg::threads, cfg::items, 257, cub::BLOCK_HISTO_ATOMIC>;
-  union {
-    typename scan_t::TempStorage scan;
-    typename hist_t::TempStorage hist;
-  } tmp;
-  unsigned int hist[257];  // bucket 256 collects keys outside the current prefix
-  std::uint32_t s_bucket, s_above;
+  typename scan_t::TempStorage scan;
   std::int32_t list_src[cfg::tile];
 };
 
 /**
  * Keeps the `k` largest of the `n` candidate keys of head `x` (ties to the earlier position) and
- * compacts them in order to column positions [0, k). The first radix pass takes each key from
- * `key_of(i)` (which may compute and store it); later passes and the compaction read `keys[i]`
- * (every index is read by the thread that produced it). Called by every thread of the CTA.
+ * compacts them in order to column positions [0, k): the keys above the threshold the histogram
+ * passes left in `s.state` and the first `remaining` keys equal to it. Called by every thread of
+ * the CTA, after the three select_histogram_pass launches of the same head.
  */
-template <class T, int D, class KeyOf>
-__device__ __forceinline__ void select_and_compact(eviction_args const& a,
-                                                   eviction_head const& x,
-                                                   std::int64_t n,
-                                                   std::int64_t k,
-                                                   const std::uint32_t* keys,
-                                                   KeyOf key_of,
-                                                   select_smem<T, D>& sm) {
+template <class T, int D>
+__device__ __forceinline__ void compact_selected(eviction_args const& a,
+                                                 eviction_head const& x,
+                                                 std::int64_t n,
+                                                 std::int64_t k,
+                                                 const std::uint32_t* keys,
+                                                 select_slots const& s,
+                                                 select_smem<T, D>& sm) {
   using cfg     = compact_config<T, D>;
   using scan_t  = typename select_smem<T, D>::scan_t;
-  using hist_t  = typename select_smem<T, D>::hist_t;
   const int tid = static_cast<int>(threadIdx.x);
   if (k <= 0) return;
+  const std::uint32_t threshold = s.state[select_prefix], ties_needed = s.state[select_remaining];
 
-  // Radix select of the k-th largest key, 8 bits per pass from the top.
-  std::uint32_t prefix = 0, mask = 0, k_rem = static_cast<std::uint32_t>(k);
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
-    for (int b = tid; b < 257; b += cfg::threads) sm.hist[b] = 0;
-    __syncthreads();
-    for (std::int64_t base = 0; base < n; base += cfg::tile) {
-      int bins[cfg::items];
-#pragma unroll
-      for (int u = 0; u < cfg::items; ++u) {
-        const std::int64_t i = base + tid * cfg::items + u;
-        std::uint32_t key    = 0;
-        if (i < n) key = pass == 0 ? key_of(i) : keys[i];
-        bins[u] = i < n && (key & mask) == prefix ? static_cast<int>((key >> shift) & 0xffu) : 256;
-      }
-      hist_t(sm.tmp.hist).Composite(bins, sm.hist);
-      __syncthreads();
-    }
-    // Bucket b holding the k_rem-th largest: keys above it < k_rem <= keys above it + its count.
-    const std::uint32_t count = sm.hist[255 - tid];
-    std::uint32_t incl;
-    scan_t(sm.tmp.scan).InclusiveSum(count, incl);
-    if (incl - count < k_rem && k_rem <= incl) {
-      sm.s_bucket = static_cast<std::uint32_t>(255 - tid);
-      sm.s_above  = incl - count;
-    }
-    __syncthreads();
-    k_rem -= sm.s_above;
-    prefix |= sm.s_bucket << shift;
-    mask |= 0xffu << shift;
-    __syncthreads();
-  }
-  const std::uint32_t threshold = prefix, ties_needed = k_rem;
-
-  // Compaction: keep keys above the threshold and the first `ties_needed` keys equal to it.
+  // Keep keys above the threshold and the first `ties_needed` keys equal to it.
   std::uint32_t carry_tie = 0, carry_keep = 0;
   for (std::int64_t base = 0; base < n; base += cfg::tile) {
     std::uint32_t key[cfg::items], tie[cfg::items], keep[cfg::items], rank[cfg::items];
@@ -361,7 +483,7 @@ __device__ __forceinline__ void select_and_compact(eviction_args const& a,
       tie[u]               = i < n && key[u] == threshold ? 1u : 0u;
     }
     std::uint32_t tie_total, keep_total;
-    scan_t(sm.tmp.scan).ExclusiveSum(tie, rank, tie_total);
+    scan_t(sm.scan).ExclusiveSum(tie, rank, tie_total);
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < cfg::items; ++u) {
@@ -369,7 +491,7 @@ __device__ __forceinline__ void select_and_compact(eviction_args const& a,
       keep[u] =
           i < n && (key[u] > threshold || (tie[u] && carry_tie + rank[u] < ties_needed)) ? 1u : 0u;
     }
-    scan_t(sm.tmp.scan).ExclusiveSum(keep, rank, keep_total);
+    scan_t(sm.scan).ExclusiveSum(keep, rank, keep_total);
 #pragma unroll
     for (int u = 0; u < cfg::items; ++u)
       if (keep[u]) sm.list_src[rank[u]] = static_cast<std::int32_t>(base + tid * cfg::items + u);
@@ -384,6 +506,41 @@ __device__ __forceinline__ void select_and_compact(eviction_args const& a,
     carry_tie += tie_total;
     carry_keep += keep_total;
   }
+}
+
+/// Head `rh`'s selection slots of an eviction launch.
+__device__ __forceinline__ select_slots eviction_select_slots(eviction_args const& a,
+                                                              std::int64_t rh) {
+  return {a.select_hist + rh * select_radix_bins, a.select_state + rh * select_state_words};
+}
+
+/// Radix pass `pass` of slice blockIdx.x of head blockIdx.y, for heads whose action is select.
+/// (A template only so that every translation unit may instantiate it.)
+template <class Unused = void>
+TANGRAM_KERNEL __launch_bounds__(256) void select_histogram_kernel(eviction_args const a,
+                                                                   int pass) {
+  __shared__ select_hist_smem sm;
+  const eviction_head x = resolve_head(a, blockIdx.y);
+  if (x.e.action != eviction_action::select) return;
+  eviction_params const& p = a.p;
+  const std::int64_t n     = x.e.candidates;
+  const float* raw =
+      (p.source == score_source::supplied ? p.scores : a.raw) + x.rh * p.max_candidates;
+  const std::int32_t pool = p.pool();
+  std::uint32_t* keys     = a.keys + x.rh * p.max_candidates;
+  select_histogram_pass(
+      eviction_select_slots(a, x.rh),
+      pass,
+      n,
+      x.e.keep,
+      keys,
+      [&](std::int64_t i) {
+        const std::uint32_t key = candidate_key(raw, n, i, pool, p.sink, x.e.window);
+        keys[i]                 = key;
+        if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
+        return key;
+      },
+      sm);
 }
 
 /// One CTA per (request, KV head): ring/append copies, staging, or select-and-compact (see file
@@ -440,20 +597,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
         [&](int t) { return x.e.len + t; });
     return;
   }
-  std::uint32_t* keys = a.keys + x.rh * p.max_candidates;
-  select_and_compact<T, D>(
-      a,
-      x,
-      n,
-      x.e.keep,
-      keys,
-      [&](std::int64_t i) {
-        const std::uint32_t key = candidate_key(raw, n, i, pool, p.sink, x.e.window);
-        keys[i]                 = key;
-        if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
-        return key;
-      },
-      sm);
+  compact_selected<T, D>(
+      a, x, n, x.e.keep, a.keys + x.rh * p.max_candidates, eviction_select_slots(a, x.rh), sm);
 }
 
 /// The kernels' arguments for validated parameters and a workspace of
@@ -477,6 +622,9 @@ inline eviction_args make_eviction_args(eviction_params const& p, void* workspac
   a.key_tiles = (p.max_candidates + snapkv_key_tile(g.head_dim) - 1) / snapkv_key_tile(g.head_dim);
   a.nq_max    = p.obs_window * p.group;
   a.scale2    = p.scale() * log2e;
+  a.select_hist  = reinterpret_cast<std::uint32_t*>(base + layout.hist);
+  a.select_state = reinterpret_cast<std::uint32_t*>(base + layout.state);
+  a.slices       = (p.max_candidates + select_slice - 1) / select_slice;
   return a;
 }
 
@@ -485,6 +633,7 @@ template <class T, int D, class Launch>
 void launch_eviction_with(eviction_args const& a, Launch const& launch) {
   const auto heads = static_cast<unsigned>(a.p.kv.batch_size * a.p.kv.num_kv_heads);
   using copy_t     = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
+  launch(select_reset_kernel<>, dim3(heads), 256, 0, a.select_hist, a.select_state);
   if (a.p.source == score_source::snapkv) {
     dim3 grid(static_cast<unsigned>(a.key_tiles), heads);
     launch(snapkv_tile_kernel<T, D, false>, grid, 256, 0, a);
@@ -494,6 +643,9 @@ void launch_eviction_with(eviction_args const& a, Launch const& launch) {
     dim3 grid(static_cast<unsigned>((a.p.max_candidates + 63) / 64), heads);
     launch(key_norm_kernel<T, D>, grid, 256, 0, a);
   }
+  for (int pass = 0; pass < select_radix_passes; ++pass)
+    launch(
+        select_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), heads), 256, 0, a, pass);
   launch(select_compact_kernel<copy_t, D>, dim3(heads), 256, 0, a);
 }
 

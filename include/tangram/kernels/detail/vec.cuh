@@ -188,6 +188,7 @@ enum class sync_site : int {
   compact_loaded,      ///< eviction compaction: every load of a batch precedes its stores
   snapkv_queries,      ///< SnapKV scoring: the query tile is in shared memory
   prefill_tile_ready,  ///< prefill: the K/V tile (and the queries) are in shared memory
+  select_counted,      ///< top-k histogram: every key of the slice is counted before the flush
 };
 
 /// `__syncthreads()` at a numbered site.
