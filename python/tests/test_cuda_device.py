@@ -115,6 +115,14 @@ def test_device_kernels_match_the_cpu_reference(static_plan):
     tangram.cuda.decode_attention(mirror, 0, dev(q), o, workspace=ws, lse=lse)
     np.testing.assert_allclose(host(o), o_ref, rtol=2e-3, atol=2e-4)
     np.testing.assert_allclose(host(lse), lse_ref, rtol=1e-4, atol=1e-4)
+    # Batch-invariant pieces, PDL and the folded merge: the same attention; the counters end zero.
+    ws_inv = empty((mirror.decode_workspace_bytes(invariant_pieces=64),), np.uint8)
+    counters = dev(np.zeros(H * kv.max_batch, dtype=np.int32))
+    o2 = empty((1, H * group, d), np.float32)
+    tangram.cuda.decode_attention(mirror, 0, dev(q), o2, workspace=ws_inv, invariant_pieces=64,
+                                  pdl=True, merge_counters=counters)
+    np.testing.assert_allclose(host(o2), o_ref, rtol=2e-3, atol=2e-4)
+    assert not host(counters).any()
 
     host_kv, _ = managers["host"]
     assert np.array_equal(pool_bytes(kv), host_kv.pool()), "the pools differ after the same writes"

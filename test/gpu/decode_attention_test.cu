@@ -137,6 +137,19 @@ TANGRAM_GPU_TEST("gpu decode replays from a CUDA graph", "[gpu][decode][graph]")
   (void)cudaStreamDestroy(stream);
 }
 
+namespace {
+/// Waits about `cycles` clock cycles, then copies n floats: a slow producer of a decode's q, so a
+/// PDL decode launched right after it must wait for it before reading q.
+__global__ void slow_copy(float* dst, const float* src, int n, long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < n;
+       i += static_cast<int>(gridDim.x * blockDim.x))
+    dst[i] = src[i];
+}
+}  // namespace
+
 TANGRAM_GPU_TEST("gpu decode with PDL: back-to-back launches on one workspace, and a graph",
                  "[gpu][decode][graph][pdl]") {
   // Two launches enqueued back to back share the workspace: with programmatic dependent launch
@@ -189,6 +202,26 @@ TANGRAM_GPU_TEST("gpu decode with PDL: back-to-back launches on one workspace, a
     GPU_REQUIRE(do1.download<float>() == plain1);
     GPU_REQUIRE(do2.download<float>() == plain2);
   }
+  // A slow kernel writes q right before each PDL decode (the one edge where the decode could
+  // read before its producer finished), with and without the folded merge.
+  device_buffer dq_late(n * 4), counters(std::size_t{2} * 4 * 4);
+  TANGRAM_TEST_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+  for (bool fold : {false, true}) {
+    TANGRAM_TEST_CUDA(cudaMemsetAsync(dq_late.get(), 0, dq_late.bytes(), stream));
+    TANGRAM_TEST_CUDA(cudaMemsetAsync(do1.get(), 0, do1.bytes(), stream));
+    slow_copy<<<4, 128, 0, stream>>>(
+        dq_late.get<float>(), dq1.get<float>(), static_cast<int>(n), 2000000);
+    TANGRAM_TEST_CUDA(cudaGetLastError());
+    p.pdl            = true;
+    p.q              = dq_late.get();
+    p.o              = do1.get();
+    p.merge_counters = fold ? counters.get<std::int32_t>() : nullptr;
+    decode_attention(p, ws.get(), ws.bytes(), stream);
+    TANGRAM_TEST_CUDA(cudaStreamSynchronize(stream));
+    GPU_REQUIRE(do1.download<float>() == plain1);
+  }
+  p.merge_counters = nullptr;
+  GPU_CHECK(counters.download<std::int32_t>() == std::vector<std::int32_t>(8, 0));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   TANGRAM_TEST_CUDA(cudaMemset(do2.get(), 0, do2.bytes()));

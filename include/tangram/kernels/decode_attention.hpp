@@ -131,7 +131,6 @@ struct decode_piece {
   std::int64_t begin = 0;
   std::int64_t end   = 0;
   std::int64_t slot  = 0;
-  std::int64_t count = 1;  ///< pieces of the request on this head (the merge waits for all)
   bool whole         = false;
 };
 
@@ -162,7 +161,8 @@ TANGRAM_HOST_DEVICE std::int64_t invariant_slot(
 
 /**
  * Workspace layout for one launch (`invariant_pieces` = 0: the split map's slots; K > 0:
- * batch-invariant mode's); grows monotonically with every argument. All arguments are bounded
+ * batch-invariant mode's); grows monotonically with each argument for a fixed mode (from 0 to
+ * K > 0 invariant pieces the slot count changes from N_CTA + H * batch to H * batch * K). All arguments are bounded
  * by `decode_params::validate` (KV heads and head dim by the view), so the sizes fit in int64.
  */
 TANGRAM_HOST_DEVICE decode_workspace_layout decode_workspace(std::int32_t num_ctas,
@@ -225,8 +225,9 @@ struct decode_params {
   /// tensor-core kernel's occupancy)
   bool tensor_cores = true;
   /// fp8 pages only: K/V of KV head h hold `to_float(stored) * s_h` (kv_scales.hpp; device
-  /// arrays for the launcher). The kernel folds the K scale into the pre-scaled query and the
-  /// V scale into the output; the reference dequantises every element.
+  /// arrays for the launcher). The CUDA-core kernel folds the K scale into the pre-scaled query,
+  /// the tensor-core kernel multiplies its scores by it; both apply the V scale to the output;
+  /// the reference dequantises every element.
   kv_scales scales;
   /// 0: the split map's pieces (balanced, but a request's pieces, and so its output's rounding,
   /// depend on the rest of the batch). K in [1, decode_max_invariant_pieces]: batch-invariant

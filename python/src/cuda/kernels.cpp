@@ -361,7 +361,7 @@ void bind_cuda(nb::module_& parent) {
       [](device_mirror const& m, std::int32_t layer, nb::handle q, nb::handle o,
          nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
          nb::handle k_scale, nb::handle v_scale, std::int32_t invariant_pieces, bool pdl,
-         nb::handle stream) {
+         nb::handle merge_counters, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -394,6 +394,12 @@ void bind_cuda(nb::module_& parent) {
         p.scales = tsc.scales;
         p.invariant_pieces = invariant_pieces;
         p.pdl              = pdl;
+        std::optional<device_tensor> tc;
+        if (!merge_counters.is_none()) {
+          tc = tensor_arg(m, merge_counters, "merge_counters",
+                          {std::int64_t{view.num_kv_heads} * m.max_batch()}, is_i32, "int32", true);
+          p.merge_counters = static_cast<std::int32_t*>(tc->data);
+        }
         p.validate();  // before the workspace size is computed from invariant_pieces
         auto ws  = workspace_of(m, workspace, decode_workspace_bytes(p));
         decode_attention(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
@@ -401,7 +407,8 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("mirror"), nb::arg("layer"), nb::arg("q"), nb::arg("o"), nb::kw_only(),
       nb::arg("workspace"), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(),
       nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
-      nb::arg("invariant_pieces") = 0, nb::arg("pdl") = false, nb::arg("stream") = nb::none(),
+      nb::arg("invariant_pieces") = 0, nb::arg("pdl") = false,
+      nb::arg("merge_counters") = nb::none(), nb::arg("stream") = nb::none(),
       "Decode attention of `layer` for the mirror's batch on the plan's split map: q and o\n"
       "[batch, query heads, d], lse [batch, query heads] float32, sinks [query heads] float32;\n"
       "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.\n"
@@ -409,7 +416,9 @@ void bind_cuda(nb::module_& parent) {
       "invariant_pieces K > 0: batch-invariant mode (a request's result does not depend on the\n"
       "batch; at most K pieces per request and KV head; size the workspace with the same K).\n"
       "pdl: programmatic dependent launch (sm_90+; docs/kernels.md): the kernels may start while\n"
-      "the previous kernel in the stream finishes; it must not write the view's arrays.");
+      "the previous kernel in the stream finishes; it must not write the view's arrays.\n"
+      "merge_counters: int32 device tensor [H * max_batch], zeroed once and used by nothing else:\n"
+      "the split kernel merges the partials itself (one launch per layer; left zero).");
 
   m.def(
       "prefill_attention",

@@ -80,7 +80,6 @@ inline void aot_cta_loads_from_lengths(split_map_view const& view,
                            view.share(layer, h),
                            loads + view.begin(layer, h));
 }
-}
 
 /**
  * @brief Tokens each CTA of one layer's decode launch attends in batch-invariant mode
@@ -95,6 +94,12 @@ inline void invariant_cta_loads_from_lengths(split_map_view const& view,
                                              std::int32_t batch,
                                              std::int32_t pieces,
                                              std::int64_t* loads) {
+  TANGRAM_EXPECTS(pieces >= 1 && pieces <= decode_max_invariant_pieces,
+                  invalid_argument,
+                  "invariant_cta_loads_from_lengths: pieces must be in [1, ",
+                  decode_max_invariant_pieces,
+                  "], got ",
+                  pieces);
   auto H = static_cast<std::size_t>(view.num_kv_heads);
   for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
     const std::int64_t total = detail::head_total(lengths, batch, H, h);

@@ -75,8 +75,16 @@ struct decode_config {
   static_assert(smem_bytes <= 48 * 1024 - 2048, "dynamic shared memory must not need an opt-in");
 };
 
-template <class T, int D, int GB>
-TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const a) {
+/// Resident CTAs per SM the CUDA-core split kernel is compiled for (registers per thread at most
+/// 65536 / (128 x this)): what the kernel reached before the batch-invariant and fold paths,
+/// which otherwise let the compiler use more registers for the same work.
+constexpr int decode_min_ctas_per_sm(int group_bucket) {
+  return group_bucket == 1 ? 5 : group_bucket == 2 ? 4 : group_bucket == 4 ? 3 : 1;
+}
+
+template <class T, int D, int GB, bool Fold>
+TANGRAM_KERNEL __launch_bounds__(
+    128, Fold ? 1 : decode_min_ctas_per_sm(GB)) void decode_split_kernel(decode_args const a) {
   using cfg            = decode_config<T, D>;
   constexpr int vec    = cfg::vec;
   constexpr int bdx    = cfg::bdx;
@@ -93,7 +101,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
   const int tz               = tid / bdx;
   const int layer            = p.layer;
   const int group            = p.group;
-  const decode_cta_work work = decode_locate_work<cfg::threads>(a, smem);
+  const decode_cta_work work = decode_locate_work<cfg::threads, Fold>(a, smem);
   if (work.empty) return;  // uniform across the CTA
   const int h = work.h, r_first = work.r_first, r_last = work.r_last;
   std::int64_t pre = work.pre;
@@ -223,11 +231,10 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
         }
       }
       __syncthreads();
-      decode_store_piece<D, groups, cfg::threads>(
+      decode_store_piece<D, groups, cfg::threads, Fold>(
           a,
           work,
           r,
-          pre,
           len,
           piece,
           [&](int z, int g) { return s_m[z][g]; },
@@ -237,6 +244,7 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_split_kernel(decode_args const
     });
     pre += len;
   }
+  decode_finish_merges<cfg::threads, Fold>(a, work);
 }
 
 /// Merge of the partials of one (request, KV head); also writes heads that hold no tokens.
@@ -343,7 +351,9 @@ void launch_decode_split_with(decode_args const& a, Launch const& launch) {
     }
   }
   using cfg = decode_config<T, D>;
-  launch(decode_split_kernel<T, D, GB>,
+  // The folded merge is its own kernel variant: its code would raise every launch's registers.
+  launch(a.p.merge_counters != nullptr ? decode_split_kernel<T, D, GB, true>
+                                       : decode_split_kernel<T, D, GB, false>,
          dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
          cfg::threads,
          cfg::smem_bytes,
@@ -376,11 +386,11 @@ cudaError_t decode_split_occupancy(int* ctas_per_sm) {
   if constexpr (decode_uses_mma<T, GB>) {
     using cfg = decode_mma_config<T, D>;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, decode_mma_kernel<T, D, GB>, cfg::threads, cfg::smem_bytes);
+        ctas_per_sm, decode_mma_kernel<T, D, GB, false>, cfg::threads, cfg::smem_bytes);
   } else {
     using cfg = decode_config<T, D>;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, decode_split_kernel<T, D, GB>, cfg::threads, cfg::smem_bytes);
+        ctas_per_sm, decode_split_kernel<T, D, GB, false>, cfg::threads, cfg::smem_bytes);
   }
 }
 

@@ -111,13 +111,20 @@ __device__ __forceinline__ void decode_merge_request(decode_args const& a,
   }
 }
 
+/// Bit (r - r_first) of request r: this CTA completed r's merge count (decode_store_piece) and
+/// merges it at the end (decode_finish_merges). Static shared memory, one object per CTA.
+__device__ __forceinline__ unsigned* decode_merge_mask() {
+  __shared__ unsigned mask[decode_max_batch / 32];
+  return mask;
+}
+
 /**
  * Locates this CTA's work (collective over the CTA of `Threads` threads): the head's inclusive
  * length prefix over the batch by block scan in `smem` (decode_max_batch * 8 bytes, free again
  * on return), the head's exclusive prefix for the merge kernel (CTA j == 0 writes it), and the
  * first and last requests of the CTA's stream range by binary search.
  */
-template <int Threads>
+template <int Threads, bool Fold>
 __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const& a,
                                                               unsigned char* smem) {
   constexpr int scan_items = 4;  ///< requests per thread per prefix tile
@@ -168,16 +175,13 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
   // this grid in their own grid_dependency_wait.
   grid_dependency_wait();
   grid_dependency_launch_dependents();
-  if (w.j == 0) {  // the merge kernel reads the head's exclusive prefix
+  if (w.j == 0)  // the merge kernel reads the head's exclusive prefix
     for (int r = tid; r <= B; r += Threads)
       a.prefix[static_cast<std::int64_t>(w.h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
-    if (p.merge_counters != nullptr)  // no merge kernel: the head's empty requests are ours
-      for (int r = 0; r < B; ++r)
-        if (incl[r] == (r > 0 ? incl[r - 1] : 0)) {
-          const std::int64_t pre_r = r > 0 ? incl[r - 1] : 0;
-          decode_merge_request<Threads>(a, r, w.h, pre_r, 0, w.W, w.share);
-        }
-  }
+  if constexpr (Fold)  // no merge kernel: the head's empty requests, spread over its CTAs
+    for (int r = static_cast<int>(w.j); r < B; r += static_cast<int>(w.share))
+      if (incl[r] == (r > 0 ? incl[r - 1] : 0))
+        decode_merge_request<Threads>(a, r, w.h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share);
   const stream_range range = split_range(w.j, w.share, w.W);
   w.empty                  = range.empty();  // uniform across the CTA
   if (w.empty) return w;
@@ -206,6 +210,8 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
   w.r_first = s_first;
   w.r_last  = s_last;
   w.pre     = s_pre_first;
+  if constexpr (Fold)  // no completed merge counts yet
+    for (int i = tid; i * 32 <= w.r_last - w.r_first; i += Threads) decode_merge_mask()[i] = 0;
   __syncthreads();  // shared memory is reused by the caller
   return w;
 }
@@ -228,52 +234,38 @@ __device__ __forceinline__ void decode_for_each_piece(decode_args const& a,
   decode_params const& p   = a.p;
   const stream_range range = piece_of(w.j, w.share, w.W, pre, len);
   if (range.empty()) return;
-  const int K = p.invariant_pieces;
-  if (K == 0) {
+  // One loop and one call of `f` for both modes, so the piece body is inlined once (registers):
+  // split-map mode is a single step over the range; batch-invariant mode steps by the piece
+  // size from the first piece that starts in the range.
+  const int K              = p.invariant_pieces;
+  const std::int64_t size  = K > 0 ? invariant_piece_tokens(len, K) : range.end - range.begin;
+  const std::int64_t first = K > 0 ? (range.begin + size - 1) / size : 0;
+  const bool whole         = K > 0 ? len <= size : range.begin == 0 && range.end == len;
+  for (std::int64_t i = first, b = K > 0 ? first * size : range.begin; b < range.end;
+       ++i, b += size) {
     decode_piece piece;
-    piece.begin = range.begin;
-    piece.end   = range.end;
-    piece.slot =
-        p.splits.partial_slot(p.layer, w.h, static_cast<std::int32_t>(w.j), r, p.kv.batch_size);
-    piece.whole = range.begin == 0 && range.end == len;
-    piece.count = 0;  // the non-empty ranges among the request's CTAs
-    if (!piece.whole) {
-      const cta_span span = request_ctas(pre, len, w.share, w.W);
-      for (std::int64_t jj = span.first; jj <= span.last; ++jj)
-        piece.count += piece_of(jj, w.share, w.W, pre, len).empty() ? 0 : 1;
-    } else {
-      piece.count = 1;
-    }
-    f(piece);
-    return;
-  }
-  const std::int64_t size = invariant_piece_tokens(len, K);
-  const std::int64_t n    = (len + size - 1) / size;
-  // pieces whose first token i * size lies in [range.begin, range.end)
-  for (std::int64_t i = (range.begin + size - 1) / size; i * size < range.end; ++i) {
-    decode_piece piece;
-    piece.begin = i * size;
-    piece.end   = piece.begin + size < len ? piece.begin + size : len;
-    piece.slot  = invariant_slot(w.h, r, i, p.kv.batch_size, K);
-    piece.count = n;
-    piece.whole = n == 1;
+    piece.begin = b;
+    piece.end   = b + size < len ? b + size : len;
+    piece.slot  = K > 0 ? invariant_slot(w.h, r, i, p.kv.batch_size, K)
+                        : p.splits.partial_slot(
+                             p.layer, w.h, static_cast<std::int32_t>(w.j), r, p.kv.batch_size);
+    piece.whole = whole;
     f(piece);
   }
 }
 
 /**
- * Combines the `Z` partial states of `piece` of request `r` (stream prefix `pre`, `len` tokens)
+ * Combines the `Z` partial states of `piece` of request `r` (`len` tokens)
  * on the CTA's KV head (the CTA's token groups or warps, in index order z = 0..Z-1: `m_at(z, g)`,
  * `s_at(z, g)` base-2 max and sum of query head g of the group, `o_at(z, g, x)` its unnormalised
  * output) and stores the result: the output (with the sink) when the piece is the whole request,
  * else its partial slot; with merge_counters, the CTA that stores a request's last partial then
  * merges them. Collective over the CTA's `Threads` threads; the states must be visible to all.
  */
-template <int D, int Z, int Threads, class M, class S, class O>
+template <int D, int Z, int Threads, bool Fold, class M, class S, class O>
 __device__ __forceinline__ void decode_store_piece(decode_args const& a,
                                                    decode_cta_work const& w,
                                                    int r,
-                                                   std::int64_t pre,
                                                    std::int64_t len,
                                                    decode_piece const& piece,
                                                    M const& m_at,
@@ -308,20 +300,45 @@ __device__ __forceinline__ void decode_store_piece(decode_args const& a,
       if (x == 0) a.partial_lse[slot * group + g] = mm + log2_of(ss);
     }
   }
-  if (p.merge_counters == nullptr || piece.whole) return;
-  // Folded merge: count this partial; the CTA that completes the count merges. The fences order
-  // every thread's partial stores before the count (release) and the other CTAs' partials
-  // before the merge's reads (acquire), as in the CUDA programming guide's last-block pattern.
-  __shared__ bool s_merges;
+  if constexpr (!Fold) return;
+  if (piece.whole) return;
+  // Folded merge: the (request, head) counter sums the tokens of the stored partials; the CTA
+  // whose add completes the request's `len` merges it, at the end of the kernel
+  // (decode_finish_merges: merging here would keep the merge's state live in the tile loop). The
+  // fence orders every thread's partial stores before the add (the last-block pattern).
   std::int32_t* counter = p.merge_counters + static_cast<std::int64_t>(h) * p.kv.batch_size + r;
+  const auto tokens     = static_cast<std::int32_t>(piece.end - piece.begin);
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) s_merges = atomicAdd(counter, 1) == piece.count - 1;
-  __syncthreads();
-  if (!s_merges) return;  // uniform across the CTA
-  __threadfence();
-  decode_merge_request<Threads>(a, r, h, pre, len, w.W, w.share);
-  if (threadIdx.x == 0) *counter = 0;  // every count of this launch is in: ready for the next
+  if (threadIdx.x == 0 && atomicAdd(counter, tokens) + tokens == len)
+    decode_merge_mask()[(r - w.r_first) / 32] |= 1u << ((r - w.r_first) % 32);
+}
+
+/**
+ * The folded merges of this CTA (decode_params::merge_counters): every request of the CTA's
+ * range whose count it completed (decode_store_piece) is merged, and its counter reset for the
+ * next launch (every add of this launch is in). Called by every thread at the end of a split
+ * kernel; nothing in the kernels compiled without the fold (`Fold`: merge_counters is set).
+ */
+template <int Threads, bool Fold>
+__device__ __forceinline__ void decode_finish_merges(decode_args const& a,
+                                                     decode_cta_work const& w) {
+  if constexpr (Fold) {
+    decode_params const& p = a.p;
+    __syncthreads();  // the mask is complete
+    __threadfence();  // the other CTAs' partials before the reads (through L2)
+    const unsigned* mask = decode_merge_mask();
+    std::int64_t pre     = w.pre;
+    for (int r = w.r_first; r <= w.r_last; ++r) {
+      const std::int64_t len = p.kv.head_len(r, p.layer, w.h);
+      if (mask[(r - w.r_first) / 32] >> ((r - w.r_first) % 32) & 1u) {
+        decode_merge_request<Threads>(a, r, w.h, pre, len, w.W, w.share);
+        if (threadIdx.x == 0)
+          p.merge_counters[static_cast<std::int64_t>(w.h) * p.kv.batch_size + r] = 0;
+      }
+      pre += len;
+    }
+  }
 }
 
 }  // namespace tangram::detail

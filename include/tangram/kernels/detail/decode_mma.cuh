@@ -175,7 +175,7 @@ struct decode_lane_stream {
   }
 };
 
-template <class T, int D, int GB>
+template <class T, int D, int GB, bool Fold>
 TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_mma_kernel(
     decode_args const a) {
   using cfg             = decode_mma_config<T, D>;
@@ -198,7 +198,7 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
   const int lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, tq = lane % 4;  // fragment row (query head) and column pair
   const int layer = p.layer, group = p.group;
-  const decode_cta_work work = decode_locate_work<threads>(a, smem);
+  const decode_cta_work work = decode_locate_work<threads, Fold>(a, smem);
   if (work.empty) return;  // uniform across the CTA
   std::int64_t pre = work.pre;
 
@@ -382,11 +382,10 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
       }
       __syncthreads();
       const float* merge0 = reinterpret_cast<const float*>(smem + cfg::q_bytes);
-      decode_store_piece<D, warps, threads>(
+      decode_store_piece<D, warps, threads, Fold>(
           a,
           work,
           r,
-          pre,
           len,
           piece,
           [&](int z, int hg) { return s_m[z][hg]; },
@@ -396,13 +395,15 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
     });
     pre += len;
   }
+  decode_finish_merges<threads, Fold>(a, work);
 }
 
 /// Enqueues the tensor-core split kernel for (T, D, GB) through the launch policy `launch`.
 template <class T, int D, int GB, class Launch>
 void launch_decode_mma_with(decode_args const& a, Launch const& launch) {
   using cfg = decode_mma_config<T, D>;
-  launch(decode_mma_kernel<T, D, GB>,
+  launch(a.p.merge_counters != nullptr ? decode_mma_kernel<T, D, GB, true>
+                                       : decode_mma_kernel<T, D, GB, false>,
          dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
          cfg::threads,
          cfg::smem_bytes,

@@ -238,7 +238,8 @@ inline elastic_args make_elastic_args(elastic_eviction_params const& p, void* wo
   a.status       = reinterpret_cast<std::int64_t*>(base + w.status);
   a.select_hist  = reinterpret_cast<std::uint32_t*>(base + w.hist);
   a.select_state = reinterpret_cast<std::uint32_t*>(base + w.state);
-  a.slices       = (p.max_candidates + select_slice - 1) / select_slice;
+  a.slices       = static_cast<std::int32_t>(  // in int64: max_candidates may be near INT32_MAX
+      (std::int64_t{p.max_candidates} + select_slice - 1) / select_slice);
   return a;
 }
 

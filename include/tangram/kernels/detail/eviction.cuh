@@ -624,7 +624,8 @@ inline eviction_args make_eviction_args(eviction_params const& p, void* workspac
   a.scale2    = p.scale() * log2e;
   a.select_hist  = reinterpret_cast<std::uint32_t*>(base + layout.hist);
   a.select_state = reinterpret_cast<std::uint32_t*>(base + layout.state);
-  a.slices       = (p.max_candidates + select_slice - 1) / select_slice;
+  a.slices       = static_cast<std::int32_t>(  // in int64: max_candidates may be near INT32_MAX
+      (std::int64_t{p.max_candidates} + select_slice - 1) / select_slice);
   return a;
 }
 

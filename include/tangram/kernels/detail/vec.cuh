@@ -256,7 +256,15 @@ struct stream_launch {
 #if !defined(TANGRAM_EMULATION)
   template <class... P, class... A>
   void operator()(void (*kernel)(P...), dim3 grid, int threads, int smem, A const&... args) const {
-    if (!pdl) {
+    // The attribute only where the kernel's code has the wait: a build for an older
+    // architecture JIT-compiled for sm_90 runs without griddepcontrol, so it must not overlap.
+    cudaFuncAttributes fa{};
+    bool overlap = pdl;
+    if (overlap && cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();  // a failed attribute query is not the launch's error
+      overlap = false;
+    }
+    if (!overlap || fa.ptxVersion < 90) {
       kernel<<<grid, threads, smem, stream>>>(args...);
       return;
     }
