@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../reference/elastic_harness.hpp"
+#include "scale_cases.hpp"
 #include "../reference/kv_test_cache.hpp"
 
 namespace tangram::test {
@@ -36,11 +37,13 @@ struct elastic_case {
   double keep_ratio       = 0.3;    ///< K = ceil(keep_ratio n_seen) per compressed head
   bool short_max          = false;  ///< max_candidates one below the longest head: invalid heads
   std::uint64_t seed      = 1;
+  scale_mode scales       = scale_mode::none;  ///< fp8 only (scale_arrays)
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << "elastic " << to_string(kv_dtype) << " d " << d << " P " << P << " source "
       << to_string(source) << " seed " << seed;
+    if (scales != scale_mode::none) s << ", " << to_string(scales);
     return s.str();
   }
 };
@@ -92,6 +95,29 @@ inline std::vector<elastic_case> elastic_cases_builtin() {
   return {c, k};
 }
 
+/// fp8 caches: e4m3 and e5m2 x every score source x no scales and per-head scales, head dims
+/// 64/128/256 among them (the compaction copies one-byte elements; the stage launches score
+/// dequantised K).
+inline std::vector<elastic_case> elastic_cases_fp8() {
+  std::vector<elastic_case> out;
+  std::uint64_t seed = 160;
+  int i              = 0;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (score_source src : {score_source::supplied, score_source::snapkv, score_source::key_norm})
+      for (scale_mode m : {scale_mode::none, scale_mode::per_head}) {
+        elastic_case c;
+        c.kv_dtype = t;
+        c.source   = src;
+        c.scales   = m;
+        c.d        = i % 3 == 0 ? 64 : (i % 3 == 1 ? 128 : 256);
+        c.P        = c.d == 64 ? 1 : 16;
+        c.seed     = ++seed;
+        out.push_back(c);
+        ++i;
+      }
+  return out;
+}
+
 /// Long candidate lists: several compaction tiles (1024) per head and ~17K keys per request.
 inline elastic_case elastic_case_long() {
   elastic_case c;
@@ -124,6 +150,9 @@ inline elastic_setup make_elastic_setup(elastic_case const& c) {
   s.sink                = c.sink;
   s.source              = c.source;
   s.group               = c.group;
+  const scale_arrays scales(c.scales, H, c.seed);
+  s.k_scale = scales.k;
+  s.v_scale = scales.v;
   std::int32_t max_cand = 1;
   for (std::int32_t r = 0; r < s.B(); ++r) {
     auto const& q = s.seqs[static_cast<std::size_t>(s.batch[static_cast<std::size_t>(r)])];
