@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <random>
 #include <sstream>
@@ -22,8 +23,8 @@
 #include <vector>
 
 #include "../reference/elastic_harness.hpp"
-#include "scale_cases.hpp"
 #include "../reference/kv_test_cache.hpp"
+#include "scale_cases.hpp"
 
 namespace tangram::test {
 
@@ -109,7 +110,7 @@ inline std::vector<elastic_case> elastic_cases_fp8() {
         c.kv_dtype = t;
         c.source   = src;
         c.scales   = m;
-        c.d        = i % 3 == 0 ? 64 : (i % 3 == 1 ? 128 : 256);
+        c.d        = std::array<std::int32_t, 3>{64, 128, 256}[(i + i / 6) % 3];
         c.P        = c.d == 64 ? 1 : 16;
         c.seed     = ++seed;
         out.push_back(c);
@@ -142,17 +143,17 @@ inline elastic_setup make_elastic_setup(elastic_case const& c) {
   page_geometry geo{c.P, 2, c.d, c.kv_dtype};
   auto sc = make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, c.long_chunk);
   elastic_setup s;
-  s.layout              = sc.layout;
-  s.rules               = sc.rules;
-  s.seqs                = sc.seqs;
-  s.batch               = sc.batch;
-  s.indptr              = sc.chunk_indptr;
-  s.sink                = c.sink;
-  s.source              = c.source;
-  s.group               = c.group;
+  s.layout = sc.layout;
+  s.rules  = sc.rules;
+  s.seqs   = sc.seqs;
+  s.batch  = sc.batch;
+  s.indptr = sc.chunk_indptr;
+  s.sink   = c.sink;
+  s.source = c.source;
+  s.group  = c.group;
   const scale_arrays scales(c.scales, H, c.seed);
-  s.k_scale = scales.k;
-  s.v_scale = scales.v;
+  s.k_scale             = scales.k;
+  s.v_scale             = scales.v;
   std::int32_t max_cand = 1;
   for (std::int32_t r = 0; r < s.B(); ++r) {
     auto const& q = s.seqs[static_cast<std::size_t>(s.batch[static_cast<std::size_t>(r)])];

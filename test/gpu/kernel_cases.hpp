@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -446,9 +447,9 @@ inline std::vector<eviction_case> eviction_cases_fp8() {
         c.kv_dtype = t;
         c.source   = src;
         c.scales   = m;
-        c.d        = i % 3 == 0 ? 64 : (i % 3 == 1 ? 128 : 256);
+        c.d        = std::array<std::int32_t, 3>{64, 128, 256}[(i + i / 6) % 3];
         c.P        = c.d == 64 ? 1 : 16;
-        c.group    = i % 2 == 0 ? 4 : 7;
+        c.group    = i % 2 == i / 6 ? 4 : 7;
         c.seed     = ++seed;
         out.push_back(c);
         ++i;

@@ -405,7 +405,7 @@ std::vector<float> fp8_scores(score_source source, kv_scales scales) {
   head_rule rules[2];
   rules[0].kind = rules[1].kind = layer_kind::compressed;
   rules[0].budget = rules[1].budget = 0.25;
-  std::int32_t indptr[2] = {0, 8}, new_len[2];
+  std::int32_t indptr[2]            = {0, 8}, new_len[2];
   std::vector<unsigned char> ck(8 * 2 * 64), cv(ck.size());
   for (std::size_t i = 0; i < ck.size(); ++i) {
     reference::detail::store_from_float(
