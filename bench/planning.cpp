@@ -217,6 +217,13 @@ void step_mapping(benchmark::State& state) {
 }
 BENCHMARK(step_mapping)->RangeMultiplier(2)->Range(1, 256)->Unit(benchmark::kMicrosecond);
 
+// Counters NAME_mean and NAME_p95 of an imbalance sample.
+void put_summary(benchmark::State& state, char const* name, std::vector<double> const& v) {
+  auto s                                      = summarize_imbalance(v);
+  state.counters[std::string(name) + "_mean"] = s.mean;
+  state.counters[std::string(name) + "_p95"]  = s.p95;
+}
+
 // Imbalance of the four planners, pooled over the 8 real profiles, 8 batches, every layer.
 void imbalance(benchmark::State& state) {
   auto w     = state.range(0) == 0 ? split_weighting::batch_share : split_weighting::budget;
@@ -246,15 +253,10 @@ void imbalance(benchmark::State& state) {
       }
     }
   }
-  auto put = [&](char const* name, std::vector<double> const& v) {
-    auto s                                      = summarize_imbalance(v);
-    state.counters[std::string(name) + "_mean"] = s.mean;
-    state.counters[std::string(name) + "_p95"]  = s.p95;
-  };
-  put("aot", a);
-  put("equal_split", e);
-  put("greedy", g);
-  put("greedy4", f);
+  put_summary(state, "aot", a);
+  put_summary(state, "equal_split", e);
+  put_summary(state, "greedy", g);
+  put_summary(state, "greedy4", f);
   state.counters["launches"] = static_cast<double>(a.size());
   state.SetLabel(std::string(to_string(w)) + ", N_CTA " + std::to_string(132 * c));
 }
@@ -296,14 +298,9 @@ void invariant_imbalance(benchmark::State& state) {
       }
     }
   }
-  auto put = [&](char const* name, std::vector<double> const& v) {
-    auto s                                      = summarize_imbalance(v);
-    state.counters[std::string(name) + "_mean"] = s.mean;
-    state.counters[std::string(name) + "_p95"]  = s.p95;
-  };
-  put("aot", aot);
-  put("invariant", inv);
-  put("busiest_cta_ratio", ratio);
+  put_summary(state, "aot", aot);
+  put_summary(state, "invariant", inv);
+  put_summary(state, "busiest_cta_ratio", ratio);
   state.counters["launches"] = static_cast<double>(aot.size());
   state.SetLabel("K " + std::to_string(K) + ", N_CTA 264, modelled from tokens");
 }
@@ -382,18 +379,18 @@ void elastic_imbalance(benchmark::State& state) {
       }
     }
   }
-  auto put = [&](char const* name, std::vector<double> const& v) {
-    auto sm                                     = summarize_imbalance(v);
-    state.counters[std::string(name) + "_mean"] = sm.mean;
-    state.counters[std::string(name) + "_p95"]  = sm.p95;
-  };
-  put("aot_elastic_map", ae);  // elastic plan's map (placement-rule shares), elastic lengths
-  put("aot_static_map", as);   // static plan's map (budget shares), the same elastic lengths
-  put("equal_split", eq);
-  put("greedy", gr);
-  put("greedy4", g4);
-  put("aot_static_on_budgets", ab);  // reference: static map, every head at its static budget
-  put("aot_placement_map", ao);      // elastic plan from samples: placement shares (in-sample)
+  put_summary(
+      state, "aot_elastic_map", ae);  // elastic plan's map (placement-rule shares), elastic lengths
+  put_summary(
+      state, "aot_static_map", as);  // static plan's map (budget shares), the same elastic lengths
+  put_summary(state, "equal_split", eq);
+  put_summary(state, "greedy", gr);
+  put_summary(state, "greedy4", g4);
+  put_summary(state,
+              "aot_static_on_budgets",
+              ab);  // reference: static map, every head at its static budget
+  put_summary(
+      state, "aot_placement_map", ao);  // elastic plan from samples: placement shares (in-sample)
   state.counters["launches"] = static_cast<double>(ae.size());
   state.SetLabel(std::string(elastic_scorers[scorer]) + "/llama-3.1-8b, " +
                  (scaled ? "contexts log-uniform 1K..128K (modelled)" : "own contexts") +

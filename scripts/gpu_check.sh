@@ -137,18 +137,19 @@ for b in rows("decode"):
     if b["name"].startswith("BM_decode_skew") and not b.get("error_occurred"):
         print(f"| {b['name']} | {b['uniform_us']:.1f} | {b['aot_us']:.1f} | {b['equal_split_us']:.1f} | "
               f"{b['aot_over_uniform']:.3f} | {b['equal_over_uniform']:.3f} | {b['bytes_ratio']:.3f} |")
-print("\n## Batch-invariant decode beside the split map's pieces (full run only)\n")
-print("| benchmark | split us | invariant us | invariant / split |")
-print("|---|---|---|---|")
-for b in rows("decode"):
-    if b["name"].startswith("BM_decode_invariant") and not b.get("error_occurred"):
-        print(f"| {b['name']} | {b['split_us']:.1f} | {b['invariant_us']:.1f} | {b['invariant_over_split']:.3f} |")
-print("\n## Programmatic dependent launch: 32 back-to-back decode launches (full run only)\n")
-print("| benchmark | plain us | PDL us | PDL / plain |")
-print("|---|---|---|---|")
-for b in rows("decode"):
-    if b["name"].startswith("BM_decode_pdl") and not b.get("error_occurred"):
-        print(f"| {b['name']} | {b['plain_us']:.1f} | {b['pdl_us']:.1f} | {b['pdl_over_plain']:.3f} |")
+def side_by_side(prefix, title, columns):
+    """A table of the decode benchmarks named prefix*: (header, counter, digits) per column."""
+    print(f"\n## {title}\n")
+    print("| benchmark | " + " | ".join(h for h, _, _ in columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for b in rows("decode"):
+        if b["name"].startswith(prefix) and not b.get("error_occurred"):
+            print(f"| {b['name']} | " + " | ".join(f"{b[k]:.{n}f}" for _, k, n in columns) + " |")
+side_by_side("BM_decode_invariant", "Batch-invariant decode beside the split map's pieces",
+             [("split us", "split_us", 1), ("invariant us", "invariant_us", 1),
+              ("invariant / split", "invariant_over_split", 3)])
+side_by_side("BM_decode_pdl", "Programmatic dependent launch: 32 back-to-back decode launches",
+             [("plain us", "plain_us", 1), ("PDL us", "pdl_us", 1), ("PDL / plain", "pdl_over_plain", 3)])
 print("\n## Eviction throughput (candidate K+V bytes per second; source 0 supplied, 1 key norm, 2 SnapKV)\n")
 print("| benchmark | time us | GB/s | candidates | kept |")
 print("|---|---|---|---|---|")

@@ -204,23 +204,27 @@ int main(int argc, char** argv) {
     defs.push_back({"BM_decode_skew/" + std::to_string(b) + "/" + std::to_string(ctx),
                     [=](state& st) { decode_skew(st, b, ctx); }});
   };
-  // The short set (--short) first: one long-context, one batched, one skew point.
-  bandwidth(1, 131072);
-  bandwidth(32, 32768);
-  skew(16, 65536);
-  const std::size_t short_count = defs.size();
-  auto invariant                = [&](std::int32_t b, std::int32_t ctx, std::int32_t K) {
+  auto invariant = [&](std::int32_t b, std::int32_t ctx, std::int32_t K) {
     defs.push_back({"BM_decode_invariant/" + std::to_string(b) + "/" + std::to_string(ctx) + "/" +
                         std::to_string(K),
                     [=](state& st) { decode_invariant(st, b, ctx, K); }});
   };
+  auto pdl = [&](std::int32_t b) {
+    defs.push_back({"BM_decode_pdl/" + std::to_string(b) + "/4096",
+                    [=](state& st) { decode_pdl(st, b, 4096); }});
+  };
+  // The short set (--short) first: one long-context, one batched, one skew point, one
+  // batch-invariant point and one PDL point.
+  bandwidth(1, 131072);
+  bandwidth(32, 32768);
+  skew(16, 65536);
+  invariant(16, 32768, 64);
+  pdl(32);
+  const std::size_t short_count = defs.size();
   invariant(1, 131072, 64);  // batch-invariant mode beside the split map's pieces
   invariant(4, 32768, 16);
-  invariant(16, 32768, 64);
   invariant(64, 8192, 64);
-  for (std::int32_t batch : {1, 32})
-    defs.push_back({"BM_decode_pdl/" + std::to_string(batch) + "/4096",
-                    [=](state& st) { decode_pdl(st, batch, 4096); }});
+  pdl(1);
   bandwidth_cuda_core(1, 131072);  // the CUDA-core kernel on the short set's bandwidth points
   bandwidth_cuda_core(32, 32768);
   for (std::int32_t batch : {1, 8, 32, 128})

@@ -48,6 +48,17 @@ inline void head_cta_loads(std::int64_t total, std::int64_t share, std::int64_t*
   }
 }
 
+/// Head `h`'s tokens over the batch: the sum of lengths[r * H + h].
+inline std::int64_t head_total(std::int64_t const* lengths,
+                               std::int32_t batch,
+                               std::size_t H,
+                               std::int32_t h) {
+  std::int64_t total = 0;
+  for (std::int32_t r = 0; r < batch; ++r)
+    total += lengths[static_cast<std::size_t>(r) * H + static_cast<std::size_t>(h)];
+  return total;
+}
+
 }  // namespace detail
 
 /**
@@ -64,12 +75,11 @@ inline void aot_cta_loads_from_lengths(split_map_view const& view,
                                        std::int32_t batch,
                                        std::int64_t* loads) {
   auto H = static_cast<std::size_t>(view.num_kv_heads);
-  for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
-    std::int64_t total = 0;
-    for (std::int32_t r = 0; r < batch; ++r)
-      total += lengths[static_cast<std::size_t>(r) * H + static_cast<std::size_t>(h)];
-    detail::head_cta_loads(total, view.share(layer, h), loads + view.begin(layer, h));
-  }
+  for (std::int32_t h = 0; h < view.num_kv_heads; ++h)
+    detail::head_cta_loads(detail::head_total(lengths, batch, H, h),
+                           view.share(layer, h),
+                           loads + view.begin(layer, h));
+}
 }
 
 /**
@@ -87,9 +97,7 @@ inline void invariant_cta_loads_from_lengths(split_map_view const& view,
                                              std::int64_t* loads) {
   auto H = static_cast<std::size_t>(view.num_kv_heads);
   for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {
-    std::int64_t total = 0;
-    for (std::int32_t r = 0; r < batch; ++r)
-      total += lengths[static_cast<std::size_t>(r) * H + static_cast<std::size_t>(h)];
+    const std::int64_t total = detail::head_total(lengths, batch, H, h);
     const std::int64_t share = view.share(layer, h);
     std::int64_t* head       = loads + view.begin(layer, h);
     std::fill(head, head + share, std::int64_t{0});
