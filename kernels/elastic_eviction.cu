@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Elastic chunk-eviction launcher: validation, workspace carving, dispatch and the kernel
-// instantiations (copies only: 4-byte and 2-byte elements x head dims 64/128/256).
+// instantiations (copies only: 4-, 2- and 1-byte elements x head dims 64/128/256).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -53,7 +53,7 @@ void evict_elastic(elastic_eviction_params const& p,
   detail::elastic_args a = detail::make_elastic_args(p, workspace);
   cudaError_t err        = cudaSuccess;
   auto const& g = p.kv.geometry;
-  detail::dispatch_kv_kernel(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+  detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     err = detail::launch_elastic<decltype(tag), decltype(dim)::value>(a, stream);
   });
   detail::check_launch(err, "evict_elastic: kernel launch");

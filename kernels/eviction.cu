@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Chunk-eviction launcher: validation, workspace carving and dispatch to the per-dtype
-// instantiations (kernels/eviction_{f32,f16,bf16}.cu).
+// instantiations (kernels/eviction_{f32,f16,bf16,fp8_e4m3,fp8_e5m2}.cu).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -14,6 +14,8 @@ namespace detail {
 TANGRAM_EVICTION_INSTANTIATE(extern, float)
 TANGRAM_EVICTION_INSTANTIATE(extern, float16)
 TANGRAM_EVICTION_INSTANTIATE(extern, bfloat16)
+TANGRAM_EVICTION_INSTANTIATE(extern, float8_e4m3)
+TANGRAM_EVICTION_INSTANTIATE(extern, float8_e5m2)
 
 namespace {
 
@@ -60,7 +62,7 @@ void evict_chunk(eviction_params const& p,
   detail::eviction_args a = detail::make_eviction_args(p, workspace);
   cudaError_t err         = cudaSuccess;
   auto const& g = p.kv.geometry;
-  detail::dispatch_kv_kernel(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+  detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     err = detail::launch_eviction<decltype(tag), decltype(dim)::value>(a, stream);
   });
   detail::check_launch(err, "evict_chunk: kernel launch");

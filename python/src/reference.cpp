@@ -237,7 +237,8 @@ void bind_reference(nb::module_& m) {
       [](bound_kv_cache& c, std::int32_t layer,
          chunk_rows chunk_indptr, any_array chunk_k, any_array chunk_v, std::string const& source,
          std::optional<f32_array> scores, std::optional<f32_array> q, std::int32_t max_candidates,
-         std::int32_t obs_window, std::optional<key_array> stage_keys) {
+         std::int32_t obs_window, std::optional<key_array> stage_keys,
+         std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
         c.expect_host_pool("reference_evict");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
@@ -284,6 +285,7 @@ void bind_reference(nb::module_& m) {
             static_cast<std::size_t>(view.batch_size) * static_cast<std::size_t>(view.num_kv_heads));
         p.new_len = new_len.data();
         p.stage_keys = stage_keys ? stage_keys->data() : nullptr;
+        p.scales     = scales_of(k_scale, v_scale);
         reference::evict_chunk(p);
         return numpy_copy(new_len, {static_cast<std::size_t>(view.batch_size),
                                     static_cast<std::size_t>(view.num_kv_heads)});
@@ -292,6 +294,7 @@ void bind_reference(nb::module_& m) {
       nb::arg("chunk_v"), nb::kw_only(), nb::arg("source") = "key_norm",
       nb::arg("scores") = nb::none(), nb::arg("q") = nb::none(), nb::arg("max_candidates"),
       nb::arg("obs_window") = 32, nb::arg("stage_keys").noconvert() = nb::none(),
+      nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       "The fused eviction of one prefill chunk for `layer` (reference/eviction.hpp), state\n"
       "before the chunk (after prepare_chunk): chunk_k/chunk_v [rows, H, d] in the cache dtype,\n"
       "rows of request r at chunk_indptr[r]..; source key_norm, supplied (scores [batch * H,\n"
@@ -299,7 +302,9 @@ void bind_reference(nb::module_& m) {
       "[batch, H]: the layer's part of commit_chunk's kept counts. Elastic plans (and only they)\n"
       "pass stage_keys, uint32 [batch, layers * KV heads, max_candidates] shared by every layer:\n"
       "compressed heads then append the chunk and write their candidates' keys (new_len counts\n"
-      "the candidates) for reference_evict_elastic.");
+      "the candidates) for reference_evict_elastic. fp8 caches: k_scale / v_scale float32 of 1\n"
+      "(per tensor) or H (per KV head) elements, the append's (built-in scores read K as\n"
+      "stored * s; compaction copies bytes).");
 
   m.def(
       "reference_evict_elastic",

@@ -171,3 +171,27 @@ def test_fp8_scales_reach_the_reference_and_are_validated(static_plan):
                                            v_scale=np.ones(2, dtype=np.float32))
     o, _ = tangram.reference_decode_attention(kv, 0, q)  # no scales: fine
     assert o.shape == (1, H * group, d)
+
+
+def test_eviction_takes_fp8_scales_and_validates_them(static_plan):
+    # reference_evict passes k_scale / v_scale to eviction_params.scales (Python plans build bf16
+    # caches, so the check that they arrive is the fp8-only refusal naming the field and dtype;
+    # the fp8 arithmetic is covered by the C++ reference and emulation tests).
+    plan = static_plan
+    H, d = plan.num_kv_heads, plan.model.head_dim
+    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    seq = kv.try_admit(8, 4)
+    kv.set_batch([seq])
+    kv.prepare_chunk(seq, 8)
+    chunk = np.zeros((8, H, d), dtype=np.uint16)
+    indptr = np.array([0, 8], dtype=np.int32)
+    one = np.ones(1, dtype=np.float32)
+    before = kv.pool().copy()
+    with pytest.raises(ValueError, match="eviction_params.scales: only for fp8 KV dtypes, kv dtype is bf16"):
+        tangram.reference_evict(kv, 0, indptr, chunk, chunk, max_candidates=8, k_scale=one,
+                                v_scale=one)
+    with pytest.raises(ValueError, match="k_scale, v_scale: pass both or neither"):
+        tangram.reference_evict(kv, 0, indptr, chunk, chunk, max_candidates=8, v_scale=one)
+    assert np.array_equal(kv.pool(), before)
+    kept = tangram.reference_evict(kv, 0, indptr, chunk, chunk, max_candidates=8)  # no scales
+    assert kept.shape == (1, H)

@@ -36,6 +36,11 @@ TEST_CASE("emulated elastic eviction equals the CPU reference: built-in scores",
   for (auto const& c : test::elastic_cases_builtin()) check_all_schedules(c);
 }
 
+TEST_CASE("emulated elastic eviction equals the CPU reference: fp8 caches",
+          "[emu][eviction][elastic][fp8]") {
+  for (auto const& c : test::elastic_cases_fp8()) check_all_schedules(c);
+}
+
 TEST_CASE("emulated elastic eviction: long candidate lists (several compaction tiles)",
           "[emu][eviction][elastic]") {
   check_all_schedules(test::elastic_case_long());

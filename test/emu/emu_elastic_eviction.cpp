@@ -17,7 +17,7 @@ void emu_backend::evict_elastic(test_cache&, elastic_eviction_params const& p) {
   void* aligned = ws.data() + (256 - reinterpret_cast<std::uintptr_t>(ws.data()) % 256) % 256;
   const detail::elastic_args a = detail::make_elastic_args(p, aligned);
   auto const& g                = p.kv.geometry;
-  bool compiled = detail::dispatch_kv_kernel(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
+  bool compiled = detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
     detail::launch_elastic_with<decltype(tag), decltype(dim)::value>(a, emu::emulated_launch{});
   });
   if (!compiled)

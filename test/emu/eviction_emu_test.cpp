@@ -17,6 +17,11 @@ TEST_CASE("emulated eviction equals the CPU reference: built-in scores", "[emu][
   for (auto const& c : test::eviction_cases_builtin()) test::emu_check_all_schedules(c, 1);
 }
 
+TEST_CASE("emulated eviction equals the CPU reference: fp8 caches with and without scales",
+          "[emu][eviction][fp8]") {
+  for (auto const& c : test::eviction_cases_fp8()) test::emu_check_all_schedules(c, 1);
+}
+
 TEST_CASE("emulated eviction: long candidate lists (several radix tiles)", "[emu][eviction]") {
   test::emu_check_all_schedules(test::eviction_case_long(), 1);
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <random>
 #include <sstream>
@@ -23,6 +24,7 @@
 
 #include "../reference/elastic_harness.hpp"
 #include "../reference/kv_test_cache.hpp"
+#include "scale_cases.hpp"
 
 namespace tangram::test {
 
@@ -36,11 +38,13 @@ struct elastic_case {
   double keep_ratio       = 0.3;    ///< K = ceil(keep_ratio n_seen) per compressed head
   bool short_max          = false;  ///< max_candidates one below the longest head: invalid heads
   std::uint64_t seed      = 1;
+  scale_mode scales       = scale_mode::none;  ///< fp8 only (scale_arrays)
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << "elastic " << to_string(kv_dtype) << " d " << d << " P " << P << " source "
       << to_string(source) << " seed " << seed;
+    if (scales != scale_mode::none) s << ", " << to_string(scales);
     return s.str();
   }
 };
@@ -92,6 +96,29 @@ inline std::vector<elastic_case> elastic_cases_builtin() {
   return {c, k};
 }
 
+/// fp8 caches: e4m3 and e5m2 x every score source x no scales and per-head scales, head dims
+/// 64/128/256 among them (the compaction copies one-byte elements; the stage launches score
+/// dequantised K).
+inline std::vector<elastic_case> elastic_cases_fp8() {
+  std::vector<elastic_case> out;
+  std::uint64_t seed = 160;
+  int i              = 0;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (score_source src : {score_source::supplied, score_source::snapkv, score_source::key_norm})
+      for (scale_mode m : {scale_mode::none, scale_mode::per_head}) {
+        elastic_case c;
+        c.kv_dtype = t;
+        c.source   = src;
+        c.scales   = m;
+        c.d        = std::array<std::int32_t, 3>{64, 128, 256}[(i + i / 6) % 3];
+        c.P        = c.d == 64 ? 1 : 16;
+        c.seed     = ++seed;
+        out.push_back(c);
+        ++i;
+      }
+  return out;
+}
+
 /// Long candidate lists: several compaction tiles (1024) per head and ~17K keys per request.
 inline elastic_case elastic_case_long() {
   elastic_case c;
@@ -116,14 +143,17 @@ inline elastic_setup make_elastic_setup(elastic_case const& c) {
   page_geometry geo{c.P, 2, c.d, c.kv_dtype};
   auto sc = make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, c.long_chunk);
   elastic_setup s;
-  s.layout              = sc.layout;
-  s.rules               = sc.rules;
-  s.seqs                = sc.seqs;
-  s.batch               = sc.batch;
-  s.indptr              = sc.chunk_indptr;
-  s.sink                = c.sink;
-  s.source              = c.source;
-  s.group               = c.group;
+  s.layout = sc.layout;
+  s.rules  = sc.rules;
+  s.seqs   = sc.seqs;
+  s.batch  = sc.batch;
+  s.indptr = sc.chunk_indptr;
+  s.sink   = c.sink;
+  s.source = c.source;
+  s.group  = c.group;
+  const scale_arrays scales(c.scales, H, c.seed);
+  s.k_scale             = scales.k;
+  s.v_scale             = scales.v;
   std::int32_t max_cand = 1;
   for (std::int32_t r = 0; r < s.B(); ++r) {
     auto const& q = s.seqs[static_cast<std::size_t>(s.batch[static_cast<std::size_t>(r)])];

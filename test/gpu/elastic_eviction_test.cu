@@ -21,6 +21,12 @@ TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: built-in scores
     GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: fp8 caches",
+                 "[gpu][eviction][elastic][fp8]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::elastic_cases_fp8()) GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu elastic eviction: long candidate lists (several compaction tiles)",
                  "[gpu][eviction][elastic]") {
   test::gpu_backend gpu;

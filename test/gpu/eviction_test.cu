@@ -19,6 +19,12 @@ TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: built-in scores", "[gpu
     GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: fp8 caches with and without scales",
+                 "[gpu][eviction][fp8]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::eviction_cases_fp8()) GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu eviction: long candidate lists (several radix tiles)", "[gpu][eviction]") {
   test::gpu_backend gpu;
   GPU_REQUIRE_AGREES(test::check_eviction(test::eviction_case_long(), gpu));

@@ -126,7 +126,11 @@ struct gpu_backend {
     device_buffer dnew(static_cast<std::size_t>(B) * H * 4), dscores_out(cand * 4);
     const std::size_t stage = hp.stage_keys ? cand * static_cast<std::size_t>(hp.kv.num_layers) : 0;
     auto dstage             = upload(hp.stage_keys, stage);
+    auto dsk                = upload(hp.scales.k, static_cast<std::size_t>(hp.scales.count));
+    auto dsv                = upload(hp.scales.v, static_cast<std::size_t>(hp.scales.count));
     eviction_params p       = hp;
+    p.scales.k              = hp.scales.count ? dsk.get<float>() : nullptr;
+    p.scales.v              = hp.scales.count ? dsv.get<float>() : nullptr;
     p.stage_keys            = hp.stage_keys ? dstage.get<std::uint32_t>() : nullptr;
     p.kv                    = dev.view;
     p.rules                 = drules.get<head_rule>();

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -384,11 +385,13 @@ struct eviction_case {
   std::int32_t obs_window = 32;
   std::int32_t long_len   = 3000;  ///< tokens seen by the longest request before its chunk
   std::uint64_t seed      = 1;
+  scale_mode scales       = scale_mode::none;  ///< fp8 only: drawn per layer (scale_arrays)
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << to_string(kv_dtype) << " d " << d << " P " << P << " source " << to_string(source)
       << " seed " << seed;
+    if (scales != scale_mode::none) s << ", " << to_string(scales);
     return s.str();
   }
 };
@@ -427,6 +430,30 @@ inline std::vector<eviction_case> eviction_cases_builtin() {
   c.d        = 256;
   c.seed     = 42;
   out.push_back(c);
+  return out;
+}
+
+/// fp8 caches: e4m3 and e5m2 x every score source x no scales and per-head scales (per-tensor:
+/// the same k_of path with count 1, covered by the reference tests), head dims 64/128/256 and
+/// GQA groups 4 and 7 among them.
+inline std::vector<eviction_case> eviction_cases_fp8() {
+  std::vector<eviction_case> out;
+  std::uint64_t seed = 60;
+  int i              = 0;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (score_source src : {score_source::supplied, score_source::snapkv, score_source::key_norm})
+      for (scale_mode m : {scale_mode::none, scale_mode::per_head}) {
+        eviction_case c;
+        c.kv_dtype = t;
+        c.source   = src;
+        c.scales   = m;
+        c.d        = std::array<std::int32_t, 3>{64, 128, 256}[(i + i / 6) % 3];
+        c.P        = c.d == 64 ? 1 : 16;
+        c.group    = i % 2 == i / 6 ? 4 : 7;
+        c.seed     = ++seed;
+        out.push_back(c);
+        ++i;
+      }
   return out;
 }
 
@@ -474,8 +501,10 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
                          sc.chunk_indptr[static_cast<std::size_t>(r)]);
     std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
     for (auto& x : scores) x = static_cast<float>(rng() % 7);  // many ties
+    const scale_arrays scales(c.scales, H, c.seed * 8 + static_cast<std::uint64_t>(layer));
 
     eviction_params p;
+    p.scales         = scales.view();
     p.layer          = layer;
     p.sink           = c.sink;
     p.max_candidates = max_cand;

@@ -34,6 +34,7 @@ struct elastic_setup {
   std::int32_t group       = 1;
   std::int32_t obs_window  = 32;
   std::int32_t pool_kernel = 0;
+  std::vector<float> k_scale, v_scale;  ///< fp8: 0, 1 or H scales of every stage launch
 
   [[nodiscard]] std::int32_t L() const { return layout.num_layers; }
   [[nodiscard]] std::int32_t H() const { return layout.num_kv_heads; }
@@ -95,6 +96,9 @@ inline eviction_params stage_params(elastic_setup& s, kv_cache_view const& v, st
   p.group          = s.group;
   p.obs_window     = s.obs_window;
   p.pool_kernel    = s.pool_kernel;
+  p.scales.count   = static_cast<std::int32_t>(s.k_scale.size());
+  p.scales.k       = s.k_scale.empty() ? nullptr : s.k_scale.data();
+  p.scales.v       = s.v_scale.empty() ? nullptr : s.v_scale.data();
   return p;
 }
 

@@ -28,6 +28,12 @@ struct eviction_case {
   std::int32_t obs_window  = 16;
   bool tied_scores         = true;  ///< supplied scores from a small integer set (many ties)
   std::uint64_t seed       = 1;
+  std::vector<float> k_scale, v_scale;  ///< fp8 only: 0, 1 (per tensor) or H (per KV head)
+
+  /// K scale of KV head h as the test reads it (1 without scales).
+  [[nodiscard]] double k_scale_of(std::int32_t h) const {
+    return k_scale.empty() ? 1.0 : k_scale[k_scale.size() == 1 ? 0 : static_cast<std::size_t>(h)];
+  }
 };
 
 constexpr std::int32_t L = test::eviction_scenario::num_layers,
@@ -107,7 +113,7 @@ std::vector<double> snapkv_double(std::vector<float> const& cand_k,
 
 void run_case(eviction_case const& c) {
   INFO("dtype " << to_string(c.kv_dtype) << " d " << c.d << " P " << c.P << " source "
-                << to_string(c.source) << " seed " << c.seed);
+                << to_string(c.source) << " seed " << c.seed << " scales " << c.k_scale.size());
   std::mt19937_64 rng(c.seed);
   page_geometry geo{c.P, 2, c.d, c.kv_dtype};
   auto sc            = test::make_eviction_scenario(geo, c.window, c.sink + c.recent);
@@ -178,6 +184,9 @@ void run_case(eviction_case const& c) {
     p.obs_window     = c.obs_window;
     p.pool_kernel    = c.pool_kernel;
     p.scores_out     = scores_out.data();
+    p.scales.count   = static_cast<std::int32_t>(c.k_scale.size());
+    p.scales.k       = c.k_scale.empty() ? nullptr : c.k_scale.data();
+    p.scales.v       = c.v_scale.empty() ? nullptr : c.v_scale.data();
     std::vector<std::int32_t> new_len(static_cast<std::size_t>(B * H), -7);
     p.new_len = new_len.data();
 
@@ -241,6 +250,9 @@ void run_case(eviction_case const& c) {
               raw[static_cast<std::size_t>(i)] =
                   scores[static_cast<std::size_t>((r * H + h) * max_cand + i)];
           } else {
+            // Scores see the dequantised K: stored value times the head's K scale.
+            std::vector<float> real_k(cand_k);
+            for (auto& x : real_k) x = static_cast<float>(x * c.k_scale_of(h));
             std::vector<double> indep;
             if (c.source == score_source::snapkv) {
               std::vector<float> qr;
@@ -252,13 +264,13 @@ void run_case(eviction_case const& c) {
                          g) *
                             d +
                         x)]);
-              indep = snapkv_double(cand_k, len, chunk, qr, c.group, d, c.obs_window);
+              indep = snapkv_double(real_k, len, chunk, qr, c.group, d, c.obs_window);
             } else {
               for (std::int64_t i = 0; i < n; ++i) {
                 double ss = 0;
                 for (std::int32_t x = 0; x < d; ++x)
                   ss +=
-                      std::pow(static_cast<double>(cand_k[static_cast<std::size_t>(i * d + x)]), 2);
+                      std::pow(static_cast<double>(real_k[static_cast<std::size_t>(i * d + x)]), 2);
                 indep.push_back(-std::sqrt(ss));
               }
             }
@@ -353,6 +365,102 @@ TEST_CASE("eviction reference: built-in key-norm scores", "[eviction][keynorm]")
   run_case(c);
 }
 
+TEST_CASE("eviction reference: fp8 caches with and without K/V scales", "[eviction][fp8]") {
+  // Per-head scales distinct per head and K apart from V (a scale read for the wrong head, or V's
+  // read for K, changes the built-in scores the test computes independently).
+  const std::vector<float> ks = {0.75f, 1.5f, 0.5f, 2.f}, vs = {1.25f, 0.625f, 1.75f, 0.875f};
+  std::uint64_t seed = 60;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (score_source src : {score_source::supplied, score_source::snapkv, score_source::key_norm})
+      for (int mode = 0; mode < 3; ++mode) {  // none, per tensor, per head
+        eviction_case c;
+        c.kv_dtype = t;
+        c.source   = src;
+        c.group    = src == score_source::snapkv ? 3 : 2;
+        c.d        = mode == 2 ? 128 : 64;
+        c.P        = mode == 1 ? 1 : 16;
+        c.seed     = ++seed;
+        if (mode == 1) {
+          c.k_scale = {1.75f};
+          c.v_scale = {0.5f};
+        } else if (mode == 2) {
+          c.k_scale = ks;
+          c.v_scale = vs;
+        }
+        run_case(c);
+      }
+}
+
+namespace {
+
+/// Built-in scores of a one-request fp8 cache (2 KV heads, 40 held tokens, a chunk of 8) with
+/// `scales`: scores_out of both heads.
+std::vector<float> fp8_scores(score_source source, kv_scales scales) {
+  page_geometry geo{16, 2, 64, dtype::fp8_e4m3};
+  test::sequence_spec s;
+  s.seq_tokens = 40;
+  s.base_len   = {40, 40};
+  s.reserve    = 8;
+  test_cache cache(test::adjacent_layout(geo, 1, 2), {s}, 5);
+  head_rule rules[2];
+  rules[0].kind = rules[1].kind = layer_kind::compressed;
+  rules[0].budget = rules[1].budget = 0.25;
+  std::int32_t indptr[2]            = {0, 8}, new_len[2];
+  std::vector<unsigned char> ck(8 * 2 * 64), cv(ck.size());
+  for (std::size_t i = 0; i < ck.size(); ++i) {
+    reference::detail::store_from_float(
+        ck.data(), geo.kv_dtype, static_cast<std::int64_t>(i), cache.random_value());
+    reference::detail::store_from_float(
+        cv.data(), geo.kv_dtype, static_cast<std::int64_t>(i), cache.random_value());
+  }
+  std::vector<float> q(8 * 2 * 64);
+  std::mt19937 rng(3);
+  for (auto& x : q) x = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+  std::vector<float> out(2 * 48, 0.f);
+  eviction_params p;
+  p.kv             = cache.view({0});
+  p.rules          = rules;
+  p.chunk_indptr   = indptr;
+  p.chunk_k        = ck.data();
+  p.chunk_v        = cv.data();
+  p.q              = q.data();
+  p.q_dtype        = dtype::f32;
+  p.group          = 1;
+  p.obs_window     = 8;
+  p.max_candidates = 48;
+  p.source         = source;
+  p.new_len        = new_len;
+  p.scores_out     = out.data();
+  p.scales         = scales;
+  reference::evict_chunk(p);
+  REQUIRE(new_len[0] < 48);  // the heads selected: their scores were written
+  REQUIRE(new_len[1] < 48);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("eviction reference: the fp8 K scale reaches the built-in scores", "[eviction][fp8]") {
+  const float k[2] = {0.5f, 2.f}, v[2] = {3.f, 0.25f}, k_swapped[2] = {2.f, 0.5f};
+  const kv_scales none{}, per_head{k, v, 2}, swapped{k_swapped, v, 2}, as_v{v, v, 2};
+  for (score_source src : {score_source::snapkv, score_source::key_norm}) {
+    INFO(to_string(src));
+    auto right = fp8_scores(src, per_head);
+    // A missing scale, scales of the wrong heads or V's scale for K each give other scores.
+    CHECK(right != fp8_scores(src, none));
+    CHECK(right != fp8_scores(src, swapped));
+    CHECK(right != fp8_scores(src, as_v));
+    // The V scale is not read by scoring: only K's matters.
+    const float v_other[2] = {0.125f, 8.f};
+    CHECK(right == fp8_scores(src, kv_scales{k, v_other, 2}));
+  }
+  // Key norm is linear in the scale: -||s k|| = s (-||k||), per head.
+  auto unscaled = fp8_scores(score_source::key_norm, none);
+  auto scaled   = fp8_scores(score_source::key_norm, per_head);
+  for (std::size_t i = 0; i < 96; ++i)
+    CHECK(scaled[i] == Approx(unscaled[i] * k[i / 48]).epsilon(1e-6));
+}
+
 TEST_CASE("eviction selection keys order scores, NaN lowest, protected highest", "[eviction]") {
   std::vector<float> v = {-INFINITY, -3.5f, -1e-30f, -0.f, 0.f, 1e-30f, 2.f, 7.5e30f, INFINITY};
   for (std::size_t i = 0; i + 1 < v.size(); ++i) CHECK(score_key(v[i]) <= score_key(v[i + 1]));
@@ -441,6 +549,60 @@ TEST_CASE("eviction_params::validate names the field and the value", "[eviction]
   bad.max_candidates = 0;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "max_candidates", "0");
   CHECK_THROWS_AS(reference::evict_chunk(bad), invalid_argument);
+  // Scales: only with an fp8 cache, count 0, 1 or num_kv_heads, arrays present.
+  const float one[3] = {1.f, 1.f, 1.f};
+  bad                = p;
+  bad.scales         = kv_scales{one, one, 1};
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bad.validate(), invalid_argument, "eviction_params.scales", "only for fp8", "f32");
+}
+
+TEST_CASE("eviction_params::validate checks fp8 scales", "[eviction][errors][fp8]") {
+  page_geometry geo{16, 2, 64, dtype::fp8_e5m2};
+  test::sequence_spec s;
+  s.seq_tokens = 1;
+  s.base_len   = {1, 1};
+  test_cache cache(test::adjacent_layout(geo, 1, 2), {s}, 1);
+  head_rule rules[2];
+  std::int32_t indptr[2] = {0, 0}, new_len[2];
+  float x                = 0;
+  const float k[2] = {0.5f, 2.f}, v[2] = {1.f, 0.f};
+  eviction_params p;
+  p.kv           = cache.view({0});
+  p.rules        = rules;
+  p.chunk_indptr = indptr;
+  p.chunk_k = p.chunk_v = p.q = &x;
+  p.new_len                   = new_len;
+  p.max_candidates            = 4;
+  p.scales                    = kv_scales{k, k, 2};
+  CHECK_NOTHROW(p.validate());
+  CHECK_NOTHROW(reference::evict_chunk(p));
+  auto bad         = p;
+  bad.scales.count = 3;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bad.validate(), invalid_argument, "eviction_params.scales.count", "3");
+  bad          = p;
+  bad.scales.k = nullptr;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "eviction_params.scales.k");
+  // Values are the reference's to check (a launcher cannot read device scales).
+  bad          = p;
+  bad.scales.v = v;
+  CHECK_NOTHROW(bad.validate());
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      reference::evict_chunk(bad), invalid_argument, "eviction_params.scales.v[1]", "0");
+}
+
+TEST_CASE("expect_eviction_kernel: the compiled dtypes and head dims", "[eviction][errors]") {
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (std::int32_t d : {64, 128, 256})
+      CHECK_NOTHROW(expect_eviction_kernel(page_geometry{16, 2, d, t}, "evict_chunk"));
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      expect_eviction_kernel(page_geometry{16, 2, 96, dtype::fp8_e4m3}, "evict_elastic"),
+      invalid_argument,
+      "evict_elastic",
+      "fp8_e4m3",
+      "96",
+      "f32/f16/bf16/fp8_e4m3/fp8_e5m2");
 }
 
 TEST_CASE("eviction workspace layout: aligned, disjoint, sized per source", "[eviction]") {

@@ -31,8 +31,9 @@
  *
  * Scores: supplied by the engine, SnapKV-style (last `obs_window` queries of the chunk, softmax
  * over the candidates with causal masking inside the chunk, mean over the window and the GQA
- * group), or key norm (smaller L2 norm of K kept, as KNorm). A max-pool of width `pool_kernel`
- * along candidate order follows (SnapKV default 7, others 1). NaN scores count as -inf.
+ * group), or key norm (smaller L2 norm of K kept, as KNorm). fp8 K is dequantised with
+ * `eviction_params::scales` first. A max-pool of width `pool_kernel` along candidate order
+ * follows (SnapKV default 7, others 1). NaN scores count as -inf.
  */
 #pragma once
 
@@ -46,6 +47,7 @@
 #include "tangram/dtype.hpp"
 #include "tangram/error.hpp"
 #include "tangram/kernels/head_cursor.hpp"
+#include "tangram/kernels/kv_scales.hpp"
 #include "tangram/kernels/math.hpp"
 #include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_view.hpp"
@@ -227,7 +229,8 @@ inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
  * memory manager at admission) and describe the state before the chunk.
  *
  * Layouts (row-major), with chunk token `t` of request `r` at row `chunk_indptr[r] + t`:
- * - `chunk_k`, `chunk_v`: `[rows][num_kv_heads][head_dim]` in the KV dtype
+ * - `chunk_k`, `chunk_v`: `[rows][num_kv_heads][head_dim]` in the KV dtype (fp8 chunks are
+ *   quantised with the same `scales` as the pages: they are copied into them byte for byte)
  * - `q` (snapkv only): `[rows][num_kv_heads * group][head_dim]` in `q_dtype`; only the last
  *   `obs_window` rows of each request are read
  * - `scores` (supplied), `scores_out`: `[batch * num_kv_heads][max_candidates]`, candidate `i` of
@@ -252,6 +255,10 @@ struct eviction_params {
   std::int32_t pool_kernel    = 0;        ///< odd max-pool width; 0: 7 for snapkv, 1 otherwise
   std::int32_t* new_len       = nullptr;  ///< out: [batch * num_kv_heads]; -1 marks an invalid head
   float* scores_out           = nullptr;  ///< optional out: raw scores of heads that selected
+  /// fp8 caches: the layer's K/V dequantisation scales (kv_scales.hpp), the ones its append
+  /// wrote with. The built-in scores read K as `to_float(stored) * scales.k_of(h)` (SnapKV
+  /// logits and key norms change with it); compaction copies bytes and never reads V's scale.
+  kv_scales scales;
   /// Elastic reservation only (null otherwise): compressed heads stage instead of selecting and
   /// write their candidates' keys to `[batch][num_layers * num_kv_heads][max_candidates]`,
   /// candidate `i` of (r, this layer, h) at `((r * num_layers + layer) * num_kv_heads + h) *
@@ -271,6 +278,7 @@ struct eviction_params {
    */
   void validate() const {
     validate_view(kv, "eviction_params", layer);
+    scales.validate("eviction_params", kv.num_kv_heads, kv.geometry.kv_dtype);
     TANGRAM_EXPECTS(rules != nullptr, invalid_argument, "eviction_params.rules: null");
     TANGRAM_EXPECTS(sink >= 0, invalid_argument, "eviction_params.sink: must be >= 0, got ", sink);
     TANGRAM_EXPECTS(
@@ -391,12 +399,14 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
   return e;
 }
 
-/// @brief Refuses a cache the eviction kernels are not compiled for (f32/f16/bf16 x head dims
-/// 64/128/256), naming the launcher `who`. Shared by evict_chunk and evict_elastic.
+/// @brief Refuses a cache the eviction kernels are not compiled for (f32/f16/bf16/fp8_e4m3/
+/// fp8_e5m2 x head dims 64/128/256), naming the launcher `who`. Shared by evict_chunk and
+/// evict_elastic.
 /// @throw invalid_argument naming the dtype and the head dim.
 inline void expect_eviction_kernel(page_geometry const& g, char const* who) {
   TANGRAM_EXPECTS(
-      (g.kv_dtype == dtype::f32 || g.kv_dtype == dtype::f16 || g.kv_dtype == dtype::bf16) &&
+      (g.kv_dtype == dtype::f32 || g.kv_dtype == dtype::f16 || g.kv_dtype == dtype::bf16 ||
+       g.kv_dtype == dtype::fp8_e4m3 || g.kv_dtype == dtype::fp8_e5m2) &&
           (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256),
       invalid_argument,
       who,
@@ -404,7 +414,7 @@ inline void expect_eviction_kernel(page_geometry const& g, char const* who) {
       to_string(g.kv_dtype),
       " with head_dim ",
       g.head_dim,
-      " (supported: f32/f16/bf16 x 64/128/256)");
+      " (supported: f32/f16/bf16/fp8_e4m3/fp8_e5m2 x 64/128/256)");
 }
 
 /// Bytes of workspace `evict_chunk` needs for `p`.

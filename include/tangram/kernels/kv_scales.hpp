@@ -6,7 +6,8 @@
  *
  * A page stores `from_float(x / s)` and holds the value `to_float(stored) * s`, with `s` the
  * scale of the element's KV head `h` (`count == num_kv_heads`) or the single scale
- * (`count == 1`). The append writes with it; decode and prefill attention read with it.
+ * (`count == 1`). The append writes with it; decode and prefill attention and the chunk
+ * eviction's built-in scores read with it.
  *
  * It lives with the kernel parameters, not in `kv_cache_view`: the view describes where tokens
  * are (one per batch, shared by every layer), while scales are values of one layer's tensors

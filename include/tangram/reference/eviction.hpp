@@ -3,8 +3,9 @@
  * @file reference/eviction.hpp
  * @brief CPU reference of the fused scoring + top-k eviction + compaction of one prefill chunk
  * (kernels/eviction.hpp): same parameters over host memory, same selection keys (shared host/device
- * functions), survivors gathered and then written in order. With `stage_keys` set (elastic
- * reservation) compressed heads stage the chunk and write their keys instead of selecting.
+ * functions), survivors gathered and then written in order; fp8 K dequantised with the layer's
+ * scales for the built-in scores. With `stage_keys` set (elastic reservation) compressed heads
+ * stage the chunk and write their keys instead of selecting.
  */
 #pragma once
 
@@ -46,11 +47,14 @@ void snapkv_raw(eviction_params const& p,
   std::int64_t w    = std::min<std::int64_t>(p.obs_window, c);
   float scale2      = p.scale() * log2e;
   std::int64_t row0 = p.chunk_indptr[r];
+  // fp8 scale applied literally to every element (the kernel folds it into the queries).
+  const float sk = p.scales.k_of(h);
   std::vector<float> keys(static_cast<std::size_t>(n * d));
   for (std::int64_t i = 0; i < n; ++i) {
     const T* k = i < len ? cur.k<T>(static_cast<std::int32_t>(i))
                          : chunk_row<T>(p.chunk_k, row0 + i - len, h, H, d);
-    for (std::int32_t x = 0; x < d; ++x) keys[static_cast<std::size_t>(i * d + x)] = to_float(k[x]);
+    for (std::int32_t x = 0; x < d; ++x)
+      keys[static_cast<std::size_t>(i * d + x)] = to_float(k[x]) * sk;
   }
   std::vector<float> acc(static_cast<std::size_t>(n), 0.f), logit(static_cast<std::size_t>(n));
   std::vector<float> q(static_cast<std::size_t>(d));
@@ -92,13 +96,18 @@ void key_norm_raw(eviction_params const& p,
                   std::vector<float>& raw) {
   std::int32_t d   = p.kv.geometry.head_dim;
   std::int64_t len = cur.len, n = len + c;
+  // fp8 scale applied literally to every element (the kernel scales the norm once).
+  const float sk = p.scales.k_of(h);
   raw.resize(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
     const T* k =
         i < len ? cur.k<T>(static_cast<std::int32_t>(i))
                 : chunk_row<T>(p.chunk_k, p.chunk_indptr[r] + i - len, h, p.kv.num_kv_heads, d);
     float ss = 0.f;
-    for (std::int32_t x = 0; x < d; ++x) ss += to_float(k[x]) * to_float(k[x]);
+    for (std::int32_t x = 0; x < d; ++x) {
+      const float v = to_float(k[x]) * sk;
+      ss += v * v;
+    }
     raw[static_cast<std::size_t>(i)] = -std::sqrt(ss);
   }
 }
@@ -189,11 +198,14 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
  * @brief Eviction of one prefill chunk on the CPU over host memory: modifies the pool pages of
  * this layer's heads in place and writes `p.new_len` (see kernels/eviction.hpp for the rule).
  *
- * Supports every KV dtype and head dim. Allocates scratch; not for hot paths.
- * @throw invalid_argument from `eviction_params::validate`.
+ * Supports every KV dtype and head dim; fp8 K is read as `to_float(stored) * p.scales.k_of(h)`.
+ * Allocates scratch; not for hot paths.
+ * @throw invalid_argument from `eviction_params::validate`, or for a scale that is not finite
+ *        and > 0.
  */
 inline void evict_chunk(eviction_params const& p) {
   p.validate();
+  p.scales.validate_values("eviction_params");
   detail::visit_storage(p.kv.geometry.kv_dtype, [&](auto tag) {
     using T = decltype(tag);
     for (std::int32_t r = 0; r < p.kv.batch_size; ++r)

@@ -488,7 +488,7 @@ void bind_cuda(nb::module_& parent) {
       [](device_mirror const& m, std::int32_t layer, nb::handle chunk_indptr, nb::handle chunk_k,
          nb::handle chunk_v, nb::handle new_len, nb::handle workspace, std::int32_t max_candidates,
          std::string const& source, nb::handle scores, nb::handle q, std::int32_t obs_window,
-         nb::handle stage_keys, nb::handle stream) {
+         nb::handle stage_keys, nb::handle k_scale, nb::handle v_scale, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -535,6 +535,8 @@ void bind_cuda(nb::module_& parent) {
                              "uint32", true);
           p.stage_keys = static_cast<std::uint32_t*>(tkeys->data);
         }
+        auto tsc = scales_arg(m, k_scale, v_scale);
+        p.scales = tsc.scales;
         p.validate();
         auto ws = workspace_of(m, workspace, eviction_workspace_bytes(p));
         evict_chunk(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
@@ -543,14 +545,17 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("chunk_v"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
       nb::arg("max_candidates"), nb::arg("source") = "key_norm", nb::arg("scores") = nb::none(),
       nb::arg("q") = nb::none(), nb::arg("obs_window") = 32, nb::arg("stage_keys") = nb::none(),
+      nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       nb::arg("stream") = nb::none(),
       "The fused eviction of one prefill chunk for `layer` (after prepare_chunk and sync):\n"
       "chunk_indptr [batch + 1] int32 (it must match each request's prepared chunk: the kernel\n"
       "trusts it), chunk_k/chunk_v [rows, H, d] in the cache dtype, new_len [batch, H] int32\n"
       "out; source key_norm, supplied (scores [batch, H, max_candidates] float32) or snapkv\n"
       "(q [rows, query heads, d]); elastic plans pass stage_keys (uint32 [batch, layers * H,\n"
-      "max_candidates]) and finish with evict_elastic. workspace: at least\n"
-      "mirror.eviction_workspace_bytes(max_candidates, source, obs_window) bytes.");
+      "max_candidates]) and finish with evict_elastic. fp8 caches: k_scale / v_scale float32\n"
+      "device tensors of 1 or H elements (the append's; built-in scores read K as stored * s).\n"
+      "workspace: at least mirror.eviction_workspace_bytes(max_candidates, source, obs_window)\n"
+      "bytes.");
 
   m.def(
       "evict_elastic",

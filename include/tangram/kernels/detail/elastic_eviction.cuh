@@ -202,7 +202,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_histogram_kernel(elastic_args
 }
 
 /// Keep count and compaction of head blockIdx.x (layer * H + head) of request blockIdx.y.
-/// T only sets the element size (f16 and bf16 share the bfloat16 instantiation).
+/// T only sets the element size (copy_type_t).
 template <class T, int D>
 TANGRAM_KERNEL __launch_bounds__(256) void elastic_compact_kernel(elastic_args const a) {
   __shared__ select_smem<T, D> sm;
@@ -246,7 +246,7 @@ inline elastic_args make_elastic_args(elastic_eviction_params const& p, void* wo
 /// Enqueues the elastic kernels for (T, D) through the launch policy `launch` (vec.cuh).
 template <class T, int D, class Launch>
 void launch_elastic_with(elastic_args const& a, Launch const& launch) {
-  using copy_t  = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
+  using copy_t  = copy_type_t<T>;
   const auto B  = static_cast<unsigned>(a.p.kv.batch_size);
   const auto HH = static_cast<unsigned>(a.p.heads());
   launch(select_reset_kernel<>, dim3(HH, B), 256, 0, a.select_hist, a.select_state);

@@ -13,6 +13,8 @@
  *   `snapkv_score_kernel` recomputes the logits and writes the mean probability per candidate
  *   (sums over queries in a fixed order: deterministic).
  * - Key norm: `key_norm_kernel`, one warp per candidate.
+ * - fp8 K (any dtype `widen` covers) is dequantised by folding the head's K scale once: into the
+ *   queries' pre-scale for SnapKV, into the norm for key norm.
  * - Threshold search (heads that select): `select_reset_kernel` zeroes each head's workspace
  *   histogram and ticket; `select_histogram_kernel` (grid: slices of select_slice candidates x
  *   heads), launched once per radix pass (digits of 11, 11 and 10 bits), counts its slice's keys
@@ -33,6 +35,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
@@ -122,6 +125,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args cons
 #pragma unroll
   for (int u = 0; u < KPT; ++u) acc[u] = 0.f;
   const std::int64_t q_row_stride = static_cast<std::int64_t>(a.p.kv.num_kv_heads) * G * D;
+  // fp8 K scale folded as in decode: q . (s_k k) = (s_k q) . k, once per head.
+  const float q_scale = a.scale2 * a.p.scales.k_of(x.h);
   for (int q0 = 0; q0 < nq; q0 += QT) {
     __syncthreads();  // ks loaded / qs free
     for (int idx = tid; idx < QT * D; idx += 256) {
@@ -130,7 +135,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args cons
       if (qq < nq) {
         std::int64_t row = a.p.chunk_indptr[x.r] + (c - w) + qq / G;
         v = load_scalar(a.p.q, a.p.q_dtype, row * q_row_stride + (x.h * G + qq % G) * D + xx) *
-            a.scale2;
+            q_scale;
       }
       qs[idx / D][xx] = v;
     }
@@ -214,6 +219,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void key_norm_kernel(eviction_args const a
   const eviction_head x = resolve_head(a, blockIdx.y);
   if (!eviction_scores(x.e.action)) return;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  // ||s_k k|| = s_k ||k|| (s_k > 0): the fp8 K scale multiplies the norm once.
+  const float k_scale = a.p.scales.k_of(x.h);
   for (int u = 0; u < 8; ++u) {
     const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 64 + warp * 8 + u;
     if (i >= x.e.candidates) return;  // uniform per warp
@@ -226,13 +233,33 @@ TANGRAM_KERNEL __launch_bounds__(256) void key_norm_kernel(eviction_args const a
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) a.raw[x.rh * a.p.max_candidates + i] = -sqrtf(ss);
+    if (lane == 0) a.raw[x.rh * a.p.max_candidates + i] = -(sqrtf(ss) * k_scale);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Select and compact.
 // ---------------------------------------------------------------------------------------------
+
+/// The type the compaction copies a T element as: only its size matters (f16 and bf16 share
+/// the bfloat16 instantiation, fp8_e4m3 and fp8_e5m2 the float8_e4m3 one). Shared with the
+/// elastic compaction.
+template <std::size_t Bytes>
+struct copy_type;
+template <>
+struct copy_type<4> {
+  using type = float;
+};
+template <>
+struct copy_type<2> {
+  using type = bfloat16;
+};
+template <>
+struct copy_type<1> {
+  using type = float8_e4m3;
+};
+template <class T>
+using copy_type_t = typename copy_type<sizeof(T)>::type;
 
 /// Shape of the select-and-compact kernel for storage rows of D elements of T.
 template <class T, int D>
@@ -544,7 +571,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_histogram_kernel(eviction_args
 }
 
 /// One CTA per (request, KV head): ring/append copies, staging, or select-and-compact (see file
-/// comment). T only sets the element size (f16 and bf16 share the bfloat16 instantiation).
+/// comment). T only sets the element size (copy_type_t).
 template <class T, int D>
 TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args const a) {
   using cfg = compact_config<T, D>;
@@ -633,7 +660,7 @@ inline eviction_args make_eviction_args(eviction_params const& p, void* workspac
 template <class T, int D, class Launch>
 void launch_eviction_with(eviction_args const& a, Launch const& launch) {
   const auto heads = static_cast<unsigned>(a.p.kv.batch_size * a.p.kv.num_kv_heads);
-  using copy_t     = std::conditional_t<sizeof(T) == 4, float, bfloat16>;
+  using copy_t     = copy_type_t<T>;
   launch(select_reset_kernel<>, dim3(heads), 256, 0, a.select_hist, a.select_state);
   if (a.p.source == score_source::snapkv) {
     dim3 grid(static_cast<unsigned>(a.key_tiles), heads);

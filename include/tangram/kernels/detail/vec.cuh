@@ -87,7 +87,7 @@ __device__ __forceinline__ float widen(float16 x) {
 /// one instruction per two values, where numeric.hpp's software widening costs several per
 /// value). Every e4m3 and e5m2 value is a binary16 value, so the result is exactly the float
 /// numeric.hpp's `to_float` (the reference's and the append's conversion) gives; NaN stays NaN.
-/// fp8 values are used as stored: the library has no K/V quantisation scale.
+/// The K/V scales (kv_scales.hpp) are not applied here: each kernel folds them once.
 template <class F8>
 struct fp8_kind;
 template <>
