@@ -26,7 +26,8 @@ trap 'rm -rf "$work"' EXIT
 
 for f in decode_attention_f32 decode_attention_f16 decode_attention_bf16 \
   decode_attention_fp8_e4m3 decode_attention_fp8_e5m2 decode_attention \
-  eviction_f32 eviction_f16 eviction_bf16 append prefill_attention; do
+  eviction_f32 eviction_f16 eviction_bf16 eviction_fp8_e4m3 eviction_fp8_e5m2 elastic_eviction \
+  append prefill_attention; do
   echo "kernel_stats: compiling kernels/$f.cu" >&2
   "$nvcc_bin" -arch=sm_"$arch" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -I include \
     -cubin -Xptxas -v "kernels/$f.cu" -o "$work/$f.cubin" 2>"$work/$f.ptxas"
@@ -104,11 +105,12 @@ def decode_shape(T, D):
     pipeline = 4 * 2 * tile * D * es; prefix = 4096 * 8; merge = groups * 8 * D * 4
     return tile * 2 * D * es, max(pipeline, prefix, merge), tile
 
-def mma_shape(D):  # decode_mma_config (16-bit K/V)
+def mma_shape(T, D):  # decode_mma_config (16-bit K/V, or fp8 widened to an f16 tile)
+    es = 1 if T.startswith("fp8") else 2
     warps, tile, row = 2, (32 if D == 64 else 16), D + 8
-    stage, q = 2 * tile * row, 16 * row
-    stages = min(4, (45 * 1024 - q * 2) // (warps * stage * 2))
-    return tile * 2 * D * 2, max((warps * stages * stage + q) * 2, 4096 * 8)
+    stage, wide, q = 2 * tile * (D * es + 16), (tile * row * 2 if es == 1 else 0), 16 * row * 2
+    stages = min(4, (45 * 1024 - q - warps * wide) // (warps * stage))
+    return tile * 2 * D * es, max(warps * (stages * stage + wide) + q, 4096 * 8)
 
 names = sorted(rows)
 pretty = dict(zip(names, demangle(names)))
@@ -118,13 +120,13 @@ print("|---|---|---|---|---|---|---|---|---|---|---|")
 for n in sorted(names, key=lambda k: short(pretty[k])):
     r = rows[n]; p = short(pretty[n])
     dyn = loop = kvb = per = wper = "-"
-    m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+)>", p)
+    m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+)(?:, (?:true|false))?>", p)
     if m:
         if m.group(1) == "split":
             kvb_, dyn_, _ = decode_shape(m.group(2), int(m.group(3)))
             marker, warps = "BAR.SYNC", 4
         else:
-            (kvb_, dyn_), marker, warps = mma_shape(int(m.group(3))), "HMMA", 1
+            (kvb_, dyn_), marker, warps = mma_shape(m.group(2), int(m.group(3))), "HMMA", 1
         dyn, kvb = str(dyn_), str(kvb_)
         l = tile_loop(sass.get(n, []), marker) if sass else None
         loop = str(l) if l else "n/a"
