@@ -216,7 +216,8 @@ inline std::vector<decode_case> decode_cases_folded() {
     c.kv_dtype   = t;
     c.d          = t == dtype::f32 ? 64 : 128;
     c.group      = t == dtype::f32 ? 2 : t == dtype::bf16 ? 4 : t == dtype::fp8_e4m3 ? 8 : 1;
-    c.lens       = {0, 1, 3000, 17, 0, 700, 5000};
+    c.lens       = {0, 1, 1500, 17, 0, 700, 2600};
+    c.layers     = 1;
     c.sinks      = seed % 2 == 0;
     c.fold_merge = true;
     c.seed       = seed++;
