@@ -515,22 +515,37 @@ TEST_CASE("eviction reference: invalid heads are reported, not modified", "[evic
   CHECK(new_len[1] == 48);
 }
 
-TEST_CASE("eviction_params::validate names the field and the value", "[eviction][errors]") {
-  page_geometry geo{16, 2, 64, dtype::f32};
-  test::sequence_spec s;
-  s.seq_tokens = 1;
-  s.base_len   = {1, 1};
-  test_cache cache(test::adjacent_layout(geo, 1, 2), {s}, 1);
+namespace {
+/// A one-request, one-layer, two-head cache of `kv_dtype` with an empty chunk and valid
+/// parameters over it (host arrays owned here): the base of the validation tests.
+struct minimal_eviction {
+  test_cache cache;
   head_rule rules[2];
-  std::int32_t indptr[2] = {0, 0}, new_len[2];
-  float x                = 0;
+  std::int32_t indptr[2] = {0, 0}, new_len[2] = {0, 0};
+  float x = 0;
   eviction_params p;
-  p.kv           = cache.view({0});
-  p.rules        = rules;
-  p.chunk_indptr = indptr;
-  p.chunk_k = p.chunk_v = p.q = &x;
-  p.new_len                   = new_len;
-  p.max_candidates            = 4;
+
+  explicit minimal_eviction(dtype kv_dtype)
+      : cache(test::adjacent_layout(page_geometry{16, 2, 64, kv_dtype}, 1, 2), {one_token()}, 1) {
+    p.kv           = cache.view({0});
+    p.rules        = rules;
+    p.chunk_indptr = indptr;
+    p.chunk_k = p.chunk_v = p.q = &x;
+    p.new_len                   = new_len;
+    p.max_candidates            = 4;
+  }
+  static test::sequence_spec one_token() {
+    test::sequence_spec s;
+    s.seq_tokens = 1;
+    s.base_len   = {1, 1};
+    return s;
+  }
+};
+}  // namespace
+
+TEST_CASE("eviction_params::validate names the field and the value", "[eviction][errors]") {
+  minimal_eviction m(dtype::f32);
+  eviction_params const& p = m.p;
   CHECK_NOTHROW(p.validate());
   auto bad       = p;
   bad.obs_window = 65;
@@ -558,23 +573,10 @@ TEST_CASE("eviction_params::validate names the field and the value", "[eviction]
 }
 
 TEST_CASE("eviction_params::validate checks fp8 scales", "[eviction][errors][fp8]") {
-  page_geometry geo{16, 2, 64, dtype::fp8_e5m2};
-  test::sequence_spec s;
-  s.seq_tokens = 1;
-  s.base_len   = {1, 1};
-  test_cache cache(test::adjacent_layout(geo, 1, 2), {s}, 1);
-  head_rule rules[2];
-  std::int32_t indptr[2] = {0, 0}, new_len[2];
-  float x                = 0;
+  minimal_eviction m(dtype::fp8_e5m2);
   const float k[2] = {0.5f, 2.f}, v[2] = {1.f, 0.f};
-  eviction_params p;
-  p.kv           = cache.view({0});
-  p.rules        = rules;
-  p.chunk_indptr = indptr;
-  p.chunk_k = p.chunk_v = p.q = &x;
-  p.new_len                   = new_len;
-  p.max_candidates            = 4;
-  p.scales                    = kv_scales{k, k, 2};
+  eviction_params& p = m.p;
+  p.scales           = kv_scales{k, k, 2};
   CHECK_NOTHROW(p.validate());
   CHECK_NOTHROW(reference::evict_chunk(p));
   auto bad         = p;
