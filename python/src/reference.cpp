@@ -236,7 +236,8 @@ void bind_reference(nb::module_& m) {
       "reference_evict",
       [](bound_kv_cache& c, std::int32_t layer,
          chunk_rows chunk_indptr, any_array chunk_k, any_array chunk_v, std::string const& source,
-         std::optional<f32_array> scores, std::optional<f32_array> q, std::int32_t max_candidates,
+         std::optional<f32_array> scores, std::optional<f32_array> q,
+         std::optional<f32_array> q_lse, std::int32_t max_candidates,
          std::int32_t obs_window, std::optional<key_array> stage_keys,
          std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
         c.expect_host_pool("reference_evict");
@@ -281,6 +282,10 @@ void bind_reference(nb::module_& m) {
           expect_elements(q->size(), rows * row * p.group, "q");
           p.q = q->data();
         }
+        if (q_lse) {
+          expect_elements(q_lse->size(), rows * view.num_kv_heads * p.group, "q_lse");
+          p.q_lse = q_lse->data();
+        }
         std::vector<std::int32_t> new_len(
             static_cast<std::size_t>(view.batch_size) * static_cast<std::size_t>(view.num_kv_heads));
         p.new_len = new_len.data();
@@ -292,13 +297,16 @@ void bind_reference(nb::module_& m) {
       },
       nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr").noconvert(), nb::arg("chunk_k"),
       nb::arg("chunk_v"), nb::kw_only(), nb::arg("source") = "key_norm",
-      nb::arg("scores") = nb::none(), nb::arg("q") = nb::none(), nb::arg("max_candidates"),
-      nb::arg("obs_window") = 32, nb::arg("stage_keys").noconvert() = nb::none(),
+      nb::arg("scores") = nb::none(), nb::arg("q") = nb::none(), nb::arg("q_lse") = nb::none(),
+      nb::arg("max_candidates"), nb::arg("obs_window") = 32,
+      nb::arg("stage_keys").noconvert() = nb::none(),
       nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       "The fused eviction of one prefill chunk for `layer` (reference/eviction.hpp), state\n"
       "before the chunk (after prepare_chunk): chunk_k/chunk_v [rows, H, d] in the cache dtype,\n"
       "rows of request r at chunk_indptr[r]..; source key_norm, supplied (scores [batch * H,\n"
-      "max_candidates] float32) or snapkv (q [rows, query heads, d] float32). Returns new_len\n"
+      "max_candidates] float32) or snapkv (q [rows, query heads, d] float32; optional q_lse\n"
+      "[rows, query heads] float32, reference_prefill_attention's lse: weights exp(s - lse),\n"
+      "each logit once). Returns new_len\n"
       "[batch, H]: the layer's part of commit_chunk's kept counts. Elastic plans (and only they)\n"
       "pass stage_keys, uint32 [batch, layers * KV heads, max_candidates] shared by every layer:\n"
       "compressed heads then append the chunk and write their candidates' keys (new_len counts\n"

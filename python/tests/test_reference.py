@@ -130,6 +130,32 @@ def test_prefill_attention_over_the_kept_past_and_the_chunk(static_plan):
     kv.free(seq)
 
 
+def test_snapkv_takes_the_prefill_lse_and_checks_it(static_plan):
+    # The weights exp(s - lse) themselves are checked in C++ (eviction reference and kernel
+    # tests); here: the keyword reaches eviction_params.q_lse, sized and validated.
+    plan = static_plan
+    H, d, group = plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
+    rng = np.random.default_rng(11)
+    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=1)
+    seq = kv.try_admit(24, 4)
+    kv.set_batch([seq])
+    kv.prepare_chunk(seq, 24)
+    indptr = np.array([0, 24], dtype=np.int32)
+    ck = to_bf16_bits(rng.standard_normal((24, H, d), dtype=np.float32))
+    q = rng.standard_normal((24, H * group, d), dtype=np.float32)
+    _, lse = tangram.reference_prefill_attention(kv, 0, indptr, q, ck, ck)
+    with pytest.raises(ValueError, match="q_lse"):
+        tangram.reference_evict(kv, 0, indptr, ck, ck, source="snapkv", q=q, q_lse=lse[:5],
+                                max_candidates=64)
+    with pytest.raises(ValueError, match="q_lse.*key_norm"):
+        tangram.reference_evict(kv, 0, indptr, ck, ck, source="key_norm", q_lse=lse,
+                                max_candidates=64)
+    kept = tangram.reference_evict(kv, 0, indptr, ck, ck, source="snapkv", q=q, q_lse=lse,
+                                   max_candidates=64)
+    assert kept.shape == (1, H) and ((kept >= 0) & (kept <= 24)).all()
+    kv.free(seq)
+
+
 def test_too_few_candidates_is_refused_before_anything_changes(static_plan):
     H, d = static_plan.num_kv_heads, static_plan.model.head_dim
     kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=1)

@@ -25,3 +25,8 @@ TEST_CASE("emulated eviction equals the CPU reference: fp8 caches with and witho
 TEST_CASE("emulated eviction: long candidate lists (several radix tiles)", "[emu][eviction]") {
   test::emu_check_all_schedules(test::eviction_case_long(), 1);
 }
+
+TEST_CASE("emulated eviction equals the CPU reference: SnapKV from the prefill's log-sum-exp",
+          "[emu][eviction][lse]") {
+  for (auto const& c : test::eviction_cases_lse()) test::emu_check_all_schedules(c, 1);
+}

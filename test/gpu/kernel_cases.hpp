@@ -38,6 +38,7 @@
 #include "tangram/reference/append.hpp"
 #include "tangram/reference/decode_attention.hpp"
 #include "tangram/reference/eviction.hpp"
+#include "tangram/reference/prefill_attention.hpp"
 
 namespace tangram::test {
 
@@ -385,14 +386,23 @@ struct eviction_case {
   score_source source     = score_source::supplied;
   std::int32_t obs_window = 32;
   std::int32_t long_len   = 3000;  ///< tokens seen by the longest request before its chunk
+  std::int32_t long_chunk = 1500;  ///< that request's chunk
   std::uint64_t seed      = 1;
   scale_mode scales       = scale_mode::none;  ///< fp8 only: drawn per layer (scale_arrays)
+  /// SnapKV from the prefill's log-sum-exp (the CPU reference prefill of the same chunk)
+  bool lse          = false;
+  bool sinks        = false;  ///< the prefill has GPT-OSS sink logits (with lse)
+  dtype q_dtype     = dtype::f32;
+  bool tensor_cores = true;
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << to_string(kv_dtype) << " d " << d << " P " << P << " source " << to_string(source)
       << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
+    if (lse)
+      s << ", from lse" << (sinks ? " with sinks" : "") << ", q " << to_string(q_dtype)
+        << (tensor_cores ? "" : ", CUDA cores");
     return s.str();
   }
 };
@@ -458,6 +468,67 @@ inline std::vector<eviction_case> eviction_cases_fp8() {
   return out;
 }
 
+/// SnapKV from the prefill's log-sum-exp: tensor cores with split (f32 / bf16 queries on
+/// 16-bit or f16-read fp8 K) and exact (queries in the mma type) query rows, sinks, GQA 7 with
+/// a 64-query window (several query tiles per warp), every head dim, the CUDA-core scorer (f32
+/// K, and bf16 with tensor cores off).
+inline std::vector<eviction_case> eviction_cases_lse() {
+  std::vector<eviction_case> out;
+  eviction_case c;
+  c.source     = score_source::snapkv;
+  c.lse        = true;
+  c.long_len   = 1500;  // the reference prefill that gives the lse is quadratic in the chunk
+  c.long_chunk = 200;
+  c.seed       = 80;
+  out.push_back(c);  // bf16 d 128, f32 queries: split rows
+  c.d          = 64;
+  c.P          = 1;
+  c.group      = 7;
+  c.obs_window = 64;
+  c.q_dtype    = dtype::bf16;
+  c.sinks      = true;
+  c.seed       = 81;
+  out.push_back(c);  // exact rows, sinks
+  c.group      = 4;
+  c.obs_window = 32;
+  c.sinks      = false;
+  c.kv_dtype = dtype::f16;
+  c.d        = 256;
+  c.q_dtype  = dtype::f16;
+  c.seed     = 82;
+  out.push_back(c);
+  c.kv_dtype = dtype::f32;
+  c.d        = 64;
+  c.P        = 1;
+  c.q_dtype  = dtype::f32;
+  c.seed     = 83;
+  out.push_back(c);  // CUDA cores (no tensor-core path for f32 K)
+  c.kv_dtype = dtype::fp8_e4m3;
+  c.d        = 128;
+  c.P        = 16;
+  c.q_dtype  = dtype::bf16;
+  c.scales   = scale_mode::per_head;
+  c.seed     = 84;
+  out.push_back(c);  // f16-read fp8, bf16 queries: split rows
+  c.kv_dtype = dtype::fp8_e5m2;
+  c.d        = 256;
+  c.group    = 7;
+  c.q_dtype  = dtype::f16;
+  c.sinks    = true;
+  c.seed     = 85;
+  out.push_back(c);  // exact rows
+  c.kv_dtype     = dtype::bf16;
+  c.d            = 128;
+  c.group        = 4;
+  c.sinks        = false;
+  c.scales       = scale_mode::none;
+  c.q_dtype      = dtype::bf16;
+  c.tensor_cores = false;
+  c.seed         = 86;
+  out.push_back(c);
+  return out;
+}
+
 /// A long candidate list (several radix and compaction tiles).
 inline eviction_case eviction_case_long() {
   eviction_case c;
@@ -474,7 +545,7 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
   constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;
   std::mt19937_64 rng(c.seed);
   page_geometry geo{c.P, 2, c.d, c.kv_dtype};
-  auto sc           = make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, 1500);
+  auto sc = make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, c.long_chunk);
   std::int32_t rows = sc.chunk_indptr.back();
   for (std::int32_t layer = 0; layer < L; ++layer) {
     std::ostringstream where;
@@ -491,8 +562,13 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
       reference::detail::store_from_float(
           cvv.data(), c.kv_dtype, static_cast<std::int64_t>(i), run_cache.random_value());
     }
-    std::vector<float> q(static_cast<std::size_t>(rows * H * c.group * c.d));
-    for (auto& x : q) x = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+    std::vector<unsigned char> q(static_cast<std::size_t>(rows * H * c.group * c.d) *
+                                 size_of(c.q_dtype));
+    for (std::size_t i = 0; i < q.size() / size_of(c.q_dtype); ++i)
+      reference::detail::store_from_float(q.data(),
+                                          c.q_dtype,
+                                          static_cast<std::int64_t>(i),
+                                          std::uniform_real_distribution<float>(-2.f, 2.f)(rng));
     std::int32_t max_cand = 0;
     for (std::int32_t r = 0; r < B; ++r)
       for (std::int32_t h = 0; h < H; ++h)
@@ -510,15 +586,43 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
     p.sink           = c.sink;
     p.max_candidates = max_cand;
     p.source         = c.source;
-    p.q_dtype        = dtype::f32;
+    p.q_dtype        = c.q_dtype;
     p.group          = c.group;
     p.obs_window     = c.obs_window;
+    p.tensor_cores   = c.tensor_cores;
     p.rules          = sc.rules.data() + layer * H;
     p.chunk_indptr   = sc.chunk_indptr.data();
     p.chunk_k        = ck.data();
     p.chunk_v        = cvv.data();
     p.q              = q.data();
     p.scores         = scores.data();
+    // The prefill of the same chunk on the same (unchanged) pages gives the log-sum-exp.
+    std::vector<float> lse(static_cast<std::size_t>(rows * H * c.group), 0.f);
+    if (c.lse) {
+      std::vector<float> o(static_cast<std::size_t>(rows * H * c.group * c.d));
+      std::vector<float> sinks(static_cast<std::size_t>(H * c.group));
+      for (auto& z : sinks) z = std::uniform_real_distribution<float>(-1.f, 3.f)(rng);
+      prefill_params f;
+      f.kv           = cv;
+      f.layer        = layer;
+      f.group        = c.group;
+      f.chunk_indptr = sc.chunk_indptr.data();
+      for (std::int32_t r = 0; r < B; ++r)
+        f.max_chunk = std::max(f.max_chunk,
+                               sc.chunk_indptr[static_cast<std::size_t>(r) + 1] -
+                                   sc.chunk_indptr[static_cast<std::size_t>(r)]);
+      f.q       = q.data();
+      f.q_dtype = c.q_dtype;
+      f.chunk_k = ck.data();
+      f.chunk_v = cvv.data();
+      f.o       = o.data();
+      f.o_dtype = dtype::f32;
+      f.lse     = lse.data();
+      f.sinks   = c.sinks ? sinks.data() : nullptr;
+      f.scales  = scales.view();
+      reference::prefill_attention(f);
+      p.q_lse = lse.data();
+    }
     std::vector<std::int32_t> run_len(static_cast<std::size_t>(B * H), -9), ref_len(run_len);
     std::vector<float> run_scores(scores.size(), 0.f), ref_scores(scores.size(), 0.f);
     p.kv         = rv;
@@ -542,6 +646,7 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
         }
       p.pool_kernel = p.pool();
       p.source      = score_source::supplied;
+      p.q_lse       = nullptr;
       p.scores      = run_scores.data();
     }
     reference::evict_chunk(p);

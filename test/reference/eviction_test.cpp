@@ -3,11 +3,14 @@
 // candidate against every other, keep those beaten fewer than k times, in order.
 #include "tangram/reference/eviction.hpp"
 
+#include <numeric>
+
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "kv_test_cache.hpp"
+#include "tangram/reference/prefill_attention.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -355,6 +358,104 @@ TEST_CASE("eviction reference: built-in SnapKV scores", "[eviction][snapkv]") {
   }
 }
 
+TEST_CASE("eviction reference: SnapKV from the prefill's log-sum-exp", "[eviction][snapkv][lse]") {
+  // The prefill of the same chunk (reference/prefill_attention.hpp) gives the normalisers. Without
+  // sinks the scores must equal the self-normalised ones (the prefill attends over exactly the
+  // candidates); with sinks each query's weights sum to 1 - e^(z - lse) instead of 1.
+  constexpr std::int32_t d = 64, G = 3, obs = 16;
+  std::mt19937_64 rng(91);
+  page_geometry geo{16, 2, d, dtype::f32};
+  auto sc = test::make_eviction_scenario(geo, 24, 12, 400, 60);
+  test_cache cache(sc.layout, sc.seqs, 92);
+  auto kv            = cache.view(sc.batch);
+  std::int32_t B     = kv.batch_size;
+  auto const& indptr = sc.chunk_indptr;
+  std::int32_t rows  = indptr.back();
+  std::vector<float> ck(static_cast<std::size_t>(rows * H * d)), cv(ck.size());
+  for (auto& x : ck) x = cache.random_value();
+  for (auto& x : cv) x = cache.random_value();
+  std::vector<float> q(static_cast<std::size_t>(rows * H * G * d));
+  for (auto& x : q) x = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+  std::vector<float> sinks(static_cast<std::size_t>(H * G));
+  for (auto& z : sinks) z = std::uniform_real_distribution<float>(-1.f, 3.f)(rng);
+  std::int32_t max_cand = 0, max_chunk = 0;
+  for (std::int32_t r = 0; r < B; ++r) {
+    max_chunk = std::max(max_chunk, indptr[static_cast<std::size_t>(r) + 1] - indptr[r]);
+    for (std::int32_t h = 0; h < H; ++h)
+      max_cand = std::max(max_cand, kv.head_len(r, 0, h) + indptr[r + 1] - indptr[r]);
+  }
+  auto lse_of = [&](bool with_sinks) {
+    std::vector<float> lse(static_cast<std::size_t>(rows * H * G), 0.f), o(q.size());
+    prefill_params f;
+    f.kv           = kv;
+    f.group        = G;
+    f.chunk_indptr = indptr.data();
+    f.max_chunk    = max_chunk;
+    f.q            = q.data();
+    f.q_dtype      = dtype::f32;
+    f.chunk_k      = ck.data();
+    f.chunk_v      = cv.data();
+    f.o            = o.data();
+    f.o_dtype      = dtype::f32;
+    f.lse          = lse.data();
+    f.sinks        = with_sinks ? sinks.data() : nullptr;
+    reference::prefill_attention(f);
+    return lse;
+  };
+  auto scores_of = [&](const float* lse) {  // on a copy: the eviction rewrites the pages
+    test_cache probe(sc.layout, sc.seqs, 92);
+    std::vector<float> out(static_cast<std::size_t>(B * H * max_cand), 12345.f);
+    std::vector<std::int32_t> new_len(static_cast<std::size_t>(B * H));
+    eviction_params p;
+    p.kv             = probe.view(sc.batch);
+    p.rules          = sc.rules.data();
+    p.sink           = 4;
+    p.chunk_indptr   = indptr.data();
+    p.chunk_k        = ck.data();
+    p.chunk_v        = cv.data();
+    p.max_candidates = max_cand;
+    p.source         = score_source::snapkv;
+    p.q              = q.data();
+    p.q_dtype        = dtype::f32;
+    p.group          = G;
+    p.obs_window     = obs;
+    p.q_lse          = lse;
+    p.new_len        = new_len.data();
+    p.scores_out     = out.data();
+    reference::evict_chunk(p);
+    return out;
+  };
+  const auto lse_plain = lse_of(false), lse_sinks = lse_of(true);
+  const auto own = scores_of(nullptr), plain = scores_of(lse_plain.data()),
+             with_sinks = scores_of(lse_sinks.data());
+  int heads_scored = 0;
+  for (std::int32_t r = 0; r < B; ++r)
+    for (std::int32_t h = 0; h < H; ++h) {
+      const std::size_t at = static_cast<std::size_t>((r * H + h) * max_cand);
+      if (own[at] == 12345.f) continue;  // this head did not select
+      ++heads_scored;
+      INFO("request " << r << " head " << h);
+      const std::int32_t c = indptr[r + 1] - indptr[r], n = kv.head_len(r, 0, h) + c;
+      const std::int32_t w = std::min(obs, c);
+      double sum = 0.0;
+      for (std::int32_t i = 0; i < n; ++i) {
+        const float a = own[at + static_cast<std::size_t>(i)];
+        CHECK(std::abs(plain[at + static_cast<std::size_t>(i)] - a) <= 1e-5f * a + 1e-7f);
+        CHECK(with_sinks[at + static_cast<std::size_t>(i)] <= a * (1.f + 1e-5f) + 1e-7f);
+        sum += with_sinks[at + static_cast<std::size_t>(i)];
+      }
+      double expected = 0.0;  // sum over the window's queries of 1 - e^(z - lse)
+      for (std::int32_t t = c - w; t < c; ++t)
+        for (std::int32_t g = 0; g < G; ++g) {
+          const std::size_t qh = static_cast<std::size_t>(h * G + g);
+          expected += 1.0 - std::exp(static_cast<double>(sinks[qh]) -
+                                     lse_sinks[static_cast<std::size_t>(indptr[r] + t) * H * G + qh]);
+        }
+      CHECK(sum * w * G == Approx(expected).epsilon(1e-4));
+    }
+  CHECK(heads_scored >= 4);
+}
+
 TEST_CASE("eviction reference: built-in key-norm scores", "[eviction][keynorm]") {
   eviction_case c;
   c.source   = score_source::key_norm;
@@ -564,6 +665,12 @@ TEST_CASE("eviction_params::validate names the field and the value", "[eviction]
   bad.max_candidates = 0;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "max_candidates", "0");
   CHECK_THROWS_AS(reference::evict_chunk(bad), invalid_argument);
+  const float lse[1] = {0.f};
+  bad                = p;
+  bad.source         = score_source::key_norm;
+  bad.q_lse          = lse;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bad.validate(), invalid_argument, "eviction_params.q_lse", "key_norm", "only snapkv");
   // Scales: only with an fp8 cache, count 0, 1 or num_kv_heads, arrays present.
   const float one[3] = {1.f, 1.f, 1.f};
   bad                = p;
@@ -629,6 +736,11 @@ TEST_CASE("eviction workspace layout: aligned, disjoint, sized per source", "[ev
   std::int64_t tiles = (5000 + snapkv_key_tile(128) - 1) / snapkv_key_tile(128);
   CHECK(snap.norm - snap.stats >= 4 * 8 * tiles * 32 * 4 * 8);
   CHECK(snap.bytes - snap.norm >= 4 * 8 * 32 * 4 * 8);
+  // From the prefill's log-sum-exp SnapKV needs no statistics: the supplied layout plus raw.
+  auto from_lse = eviction_workspace(4, 8, 5000, score_source::snapkv, 4, 32, 128, true);
+  CHECK(from_lse.stats == from_lse.norm);
+  CHECK(from_lse.norm == from_lse.hist);
+  CHECK(from_lse.bytes == kn.bytes);
   CHECK(snapkv_key_tile(64) * 64 == 4096);
   CHECK(snapkv_key_tile(256) == 16);
 }

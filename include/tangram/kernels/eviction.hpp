@@ -31,7 +31,11 @@
  *
  * Scores: supplied by the engine, SnapKV-style (last `obs_window` queries of the chunk, softmax
  * over the candidates with causal masking inside the chunk, mean over the window and the GQA
- * group), or key norm (smaller L2 norm of K kept, as KNorm). fp8 K is dequantised with
+ * group), or key norm (smaller L2 norm of K kept, as KNorm). SnapKV given the prefill's
+ * log-sum-exp (`eviction_params::q_lse`, kernels/prefill_attention.hpp) computes each logit once:
+ * the weight of a window query on a candidate is then `exp(s - lse)`, the model's own attention
+ * probability (with GPT-OSS sink logits, the sink's share stays out of every candidate's weight;
+ * without sinks it equals the softmax over the candidates). fp8 K is dequantised with
  * `eviction_params::scales` first. A max-pool of width `pool_kernel` along candidate order
  * follows (SnapKV default 7, others 1). NaN scores count as -inf.
  */
@@ -161,6 +165,7 @@ inline constexpr std::int32_t select_state_words = 4;
  * - `stats`: float2 `[batch * num_kv_heads][key tiles][obs_window * group]` SnapKV per-tile (max,
  *            sum) of each query's base-2 logits
  * - `norm`:  float2 `[batch * num_kv_heads][obs_window * group]` SnapKV softmax (max, sum)
+ *   (`stats` and `norm` are empty when the scorer reads the prefill's log-sum-exp)
  * - `hist`:  uint32 `[batch * num_kv_heads][select_radix_bins]` the multi-CTA top-k's histogram of
  *            the current radix pass (zeroed by the launch itself, see evict_chunk)
  * - `state`: uint32 `[batch * num_kv_heads][select_state_words]` the top-k's per-head state
@@ -175,7 +180,8 @@ struct eviction_workspace_layout {
   std::int64_t bytes = 0;
 };
 
-/// Workspace layout for a launch; grows monotonically with every argument.
+/// Workspace layout for a launch; grows monotonically with every size argument. `from_lse`:
+/// SnapKV reads the prefill's log-sum-exp (`eviction_params::q_lse`) and needs no statistics.
 /// @throw invalid_argument when a size overflows 64 bits.
 inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
                                                     std::int32_t num_kv_heads,
@@ -183,7 +189,8 @@ inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
                                                     score_source source,
                                                     std::int32_t group,
                                                     std::int32_t obs_window,
-                                                    std::int32_t head_dim) {
+                                                    std::int32_t head_dim,
+                                                    bool from_lse = false) {
   using detail::add_or_throw;
   using detail::mul_or_throw;
   // Bytes of `count` elements of `size` bytes, rounded up to 256.
@@ -192,8 +199,9 @@ inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
   };
   std::int64_t heads = static_cast<std::int64_t>(batch) * num_kv_heads;
   std::int64_t tiles = (max_candidates + snapkv_key_tile(head_dim) - 1) / snapkv_key_tile(head_dim);
-  std::int64_t nq =
-      source == score_source::snapkv ? static_cast<std::int64_t>(obs_window) * group : 0;
+  std::int64_t nq = source == score_source::snapkv && !from_lse
+                        ? static_cast<std::int64_t>(obs_window) * group
+                        : 0;
   char const* what        = "eviction workspace size";
   std::int64_t cand       = mul_or_throw(heads, std::int64_t{max_candidates}, what);
   std::int64_t keys_bytes = region(cand, 4, what);
@@ -233,6 +241,8 @@ inline eviction_workspace_layout eviction_workspace(std::int32_t batch,
  *   quantised with the same `scales` as the pages: they are copied into them byte for byte)
  * - `q` (snapkv only): `[rows][num_kv_heads * group][head_dim]` in `q_dtype`; only the last
  *   `obs_window` rows of each request are read
+ * - `q_lse` (snapkv, optional): `[rows][num_kv_heads * group]` float, the natural-log sum-exp
+ *   prefill attention wrote for the same chunk, view and `sm_scale` (`prefill_params::lse`)
  * - `scores` (supplied), `scores_out`: `[batch * num_kv_heads][max_candidates]`, candidate `i` of
  *   (r, h) at `(r * num_kv_heads + h) * max_candidates + i`
  */
@@ -252,6 +262,13 @@ struct eviction_params {
   std::int32_t group          = 1;        ///< query heads per KV head (snapkv)
   std::int32_t obs_window     = 32;       ///< SnapKV observation window (last queries of the chunk)
   float sm_scale              = 0.f;      ///< SnapKV logit scale; 0 means 1/sqrt(head_dim)
+  /// SnapKV only, optional: the prefill's log-sum-exp of these queries. Set, the scorer computes
+  /// every logit once and weighs it `exp(s - lse)` (no statistics pass; tensor cores for 16-bit
+  /// and fp8 K); null, it computes each query's softmax normaliser itself first.
+  const float* q_lse = nullptr;
+  /// SnapKV from `q_lse` with bf16/f16/fp8 K runs on tensor cores (kernels/detail/snapkv_mma.cuh);
+  /// false runs the CUDA-core scorer there too (to compare them).
+  bool tensor_cores = true;
   std::int32_t pool_kernel    = 0;        ///< odd max-pool width; 0: 7 for snapkv, 1 otherwise
   std::int32_t* new_len       = nullptr;  ///< out: [batch * num_kv_heads]; -1 marks an invalid head
   float* scores_out           = nullptr;  ///< optional out: raw scores of heads that selected
@@ -296,6 +313,11 @@ struct eviction_params {
                     invalid_argument,
                     "eviction_params.pool_kernel: must be odd and in [1, 63] (0: default), got ",
                     pool_kernel);
+    TANGRAM_EXPECTS(q_lse == nullptr || source == score_source::snapkv,
+                    invalid_argument,
+                    "eviction_params.q_lse: set with source \"",
+                    to_string(source),
+                    "\" (only snapkv reads it)");
     if (source == score_source::supplied)
       TANGRAM_EXPECTS(scores != nullptr,
                       invalid_argument,
@@ -425,16 +447,18 @@ inline std::size_t eviction_workspace_bytes(eviction_params const& p) {
                                                      p.source,
                                                      p.group,
                                                      p.obs_window,
-                                                     p.kv.geometry.head_dim)
+                                                     p.kv.geometry.head_dim,
+                                                     p.q_lse != nullptr)
                                       .bytes);
 }
 
 /**
  * @brief Launches the fused eviction for one layer and one chunk on `stream`.
  *
- * Kernels: a reset of the top-k histograms (one CTA per head); for snapkv, a per-tile
- * logit-statistics kernel, a per-head reduction and a scoring kernel (grid: key tiles x batch x
- * KV heads); for key_norm, a norm kernel; then the multi-CTA threshold search: three radix
+ * Kernels: a reset of the top-k histograms (one CTA per head); for snapkv without `q_lse`, a
+ * per-tile logit-statistics kernel, a per-head reduction and a scoring kernel (grid: key tiles x
+ * batch x KV heads); for snapkv with `q_lse`, the scoring kernel alone (on tensor cores for
+ * 16-bit and fp8 K: grid key blocks x heads); for key_norm, a norm kernel; then the multi-CTA threshold search: three radix
  * passes (11, 11 and 10 bits; grid: slices of select_slice candidates x heads) whose CTAs build
  * the keys (pass 0), histogram their slice in shared memory and add it to the head's histogram in
  * the workspace, the head's last CTA finding the digit; then one compaction kernel per (request,

@@ -32,7 +32,7 @@ const T* chunk_row(
 }
 
 /// Raw SnapKV scores of the candidates of (r, h): mean over the last `obs_window` chunk queries and
-/// the GQA group of the causal softmax over the candidates.
+/// the GQA group of the causal softmax over the candidates, or with `q_lse` of `exp(s - lse)`.
 template <class T>
 void snapkv_raw(eviction_params const& p,
                 std::int32_t r,
@@ -75,8 +75,13 @@ void snapkv_raw(eviction_params const& p,
         m                                  = std::max(m, dot);
       }
       float s = 0.f;
-      for (std::int64_t i = 0; i < visible; ++i)
-        s += exp2_shifted(logit[static_cast<std::size_t>(i)], m);
+      if (p.q_lse != nullptr) {  // the prefill's normaliser, natural log -> base 2
+        m = p.q_lse[(row0 + iq) * H * G + h * G + g] * log2e;
+        s = 1.f;
+      } else {
+        for (std::int64_t i = 0; i < visible; ++i)
+          s += exp2_shifted(logit[static_cast<std::size_t>(i)], m);
+      }
       for (std::int64_t i = 0; i < visible; ++i)
         acc[static_cast<std::size_t>(i)] += exp2_shifted(logit[static_cast<std::size_t>(i)], m) / s;
     }

@@ -283,18 +283,20 @@ void bind_cuda(nb::module_& parent) {
            "(with the same invariant_pieces as the calls).")
       .def("eviction_workspace_bytes",
            [](device_mirror const& m, std::int32_t max_candidates, std::string const& source,
-              std::int32_t obs_window) {
+              std::int32_t obs_window, bool from_lse) {
              auto const& p = m.plan();
              TANGRAM_EXPECTS(max_candidates >= 1, invalid_argument,
                              "max_candidates: must be >= 1, got ", max_candidates);
              return static_cast<std::size_t>(
                  eviction_workspace(m.max_batch(), p.num_kv_heads, max_candidates,
                                     source_named(source), p.model.gqa_group(), obs_window,
-                                    p.model.head_dim)
+                                    p.model.head_dim, from_lse)
                      .bytes);
            },
            nb::arg("max_candidates"), nb::arg("source") = "key_norm", nb::arg("obs_window") = 32,
-           "Workspace bytes of evict_chunk for any batch up to the manager's max_batch.")
+           nb::arg("from_lse") = false,
+           "Workspace bytes of evict_chunk for any batch up to the manager's max_batch\n"
+           "(from_lse: snapkv calls that pass q_lse, which need no statistics).")
       .def("elastic_workspace_bytes",
            [](device_mirror const& m) {
              auto const& v = m.view();
@@ -487,8 +489,9 @@ void bind_cuda(nb::module_& parent) {
       "evict_chunk",
       [](device_mirror const& m, std::int32_t layer, nb::handle chunk_indptr, nb::handle chunk_k,
          nb::handle chunk_v, nb::handle new_len, nb::handle workspace, std::int32_t max_candidates,
-         std::string const& source, nb::handle scores, nb::handle q, std::int32_t obs_window,
-         nb::handle stage_keys, nb::handle k_scale, nb::handle v_scale, nb::handle stream) {
+         std::string const& source, nb::handle scores, nb::handle q, nb::handle q_lse,
+         std::int32_t obs_window, bool tensor_cores, nb::handle stage_keys, nb::handle k_scale,
+         nb::handle v_scale, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -528,6 +531,12 @@ void bind_cuda(nb::module_& parent) {
           p.q       = tq->data;
           p.q_dtype = *float_dtype_of(tq->dtype);
         }
+        std::optional<device_tensor> tl;
+        if (!q_lse.is_none()) {
+          tl      = tensor_arg(m, q_lse, "q_lse", {rows, H * group}, is_f32, "float32");
+          p.q_lse = static_cast<float const*>(tl->data);
+        }
+        p.tensor_cores = tensor_cores;
         expect_stage_keys_rule(plan, !stage_keys.is_none(), "evict_elastic");
         if (!stage_keys.is_none()) {
           tkeys = tensor_arg(m, stage_keys, "stage_keys",
@@ -544,18 +553,21 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("mirror"), nb::arg("layer"), nb::arg("chunk_indptr"), nb::arg("chunk_k"),
       nb::arg("chunk_v"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
       nb::arg("max_candidates"), nb::arg("source") = "key_norm", nb::arg("scores") = nb::none(),
-      nb::arg("q") = nb::none(), nb::arg("obs_window") = 32, nb::arg("stage_keys") = nb::none(),
+      nb::arg("q") = nb::none(), nb::arg("q_lse") = nb::none(), nb::arg("obs_window") = 32,
+      nb::arg("tensor_cores") = true, nb::arg("stage_keys") = nb::none(),
       nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       nb::arg("stream") = nb::none(),
       "The fused eviction of one prefill chunk for `layer` (after prepare_chunk and sync):\n"
       "chunk_indptr [batch + 1] int32 (it must match each request's prepared chunk: the kernel\n"
       "trusts it), chunk_k/chunk_v [rows, H, d] in the cache dtype, new_len [batch, H] int32\n"
       "out; source key_norm, supplied (scores [batch, H, max_candidates] float32) or snapkv\n"
-      "(q [rows, query heads, d]); elastic plans pass stage_keys (uint32 [batch, layers * H,\n"
+      "(q [rows, query heads, d]; q_lse [rows, query heads] float32, the layer's\n"
+      "prefill_attention lse: every logit once, on tensor cores for 16-bit and fp8 caches unless\n"
+      "tensor_cores=False); elastic plans pass stage_keys (uint32 [batch, layers * H,\n"
       "max_candidates]) and finish with evict_elastic. fp8 caches: k_scale / v_scale float32\n"
       "device tensors of 1 or H elements (the append's; built-in scores read K as stored * s).\n"
-      "workspace: at least mirror.eviction_workspace_bytes(max_candidates, source, obs_window)\n"
-      "bytes.");
+      "workspace: at least mirror.eviction_workspace_bytes(max_candidates, source, obs_window,\n"
+      "from_lse) bytes.");
 
   m.def(
       "evict_elastic",

@@ -6,12 +6,14 @@
  * Every kernel first resolves its (request, KV head) with `plan_eviction`, the host/device
  * function the CPU reference uses, so all kernels of a launch agree on what each head does.
  *
- * - SnapKV scoring (heads that select): `snapkv_stats_kernel` (grid: key tiles x heads) loads a
- *   tile of candidate keys and, 16 queries at a time, the observation-window queries into shared
- *   memory, and writes each query's tile (max, sum of exp2) of its causally masked base-2 logits;
- *   `snapkv_reduce_kernel` combines the tiles in order into each query's softmax normaliser;
- *   `snapkv_score_kernel` recomputes the logits and writes the mean probability per candidate
- *   (sums over queries in a fixed order: deterministic).
+ * - SnapKV scoring (heads that select): `snapkv_tile_kernel<..., false>` (grid: key tiles x
+ *   heads) loads a tile of candidate keys and, 16 queries at a time, the observation-window
+ *   queries into shared memory, and writes each query's tile (max, sum of exp2) of its causally
+ *   masked base-2 logits; `snapkv_reduce_kernel` combines the tiles in order into each query's
+ *   softmax normaliser; `snapkv_tile_kernel<..., true>` recomputes the logits and writes the mean
+ *   probability per candidate (sums over queries in a fixed order: deterministic). Given the
+ *   prefill's log-sum-exp (`q_lse`) only the scoring pass runs, with the prefill's normaliser
+ *   (`snapkv_norm`), and for 16-bit and fp8 K it runs on tensor cores (snapkv_mma.cuh).
  * - Key norm: `key_norm_kernel`, one warp per candidate.
  * - fp8 K (any dtype `widen` covers) is dequantised by folding the head's K scale once: into the
  *   queries' pre-scale for SnapKV, into the norm for key norm.
@@ -41,58 +43,14 @@
 #include <type_traits>
 
 #include "tangram/config.hpp"
+#include "tangram/kernels/detail/eviction_common.cuh"
+#include "tangram/kernels/detail/snapkv_mma.cuh"
 #include "tangram/kernels/detail/vec.cuh"
 #include "tangram/kernels/eviction.hpp"
 #include "tangram/kernels/head_cursor.hpp"
 #include "tangram/kernels/math.hpp"
 
 namespace tangram::detail {
-
-/// Everything an eviction launch needs on the device (passed by value).
-struct eviction_args {
-  eviction_params p;
-  std::uint32_t* keys         = nullptr;  ///< [heads][max_candidates]
-  float* raw                  = nullptr;  ///< [heads][max_candidates] built-in raw scores
-  float2* stats               = nullptr;  ///< [heads][key_tiles][nq_max]
-  float2* norm                = nullptr;  ///< [heads][nq_max]
-  std::int32_t key_tiles      = 0;        ///< ceil(max_candidates / snapkv_key_tile(head_dim))
-  std::int32_t nq_max         = 0;        ///< obs_window * group
-  float scale2                = 0.f;      ///< sm_scale * log2(e)
-  std::uint32_t* select_hist  = nullptr;  ///< [heads][select_radix_bins]
-  std::uint32_t* select_state = nullptr;  ///< [heads][select_state_words]
-  std::int32_t slices         = 0;        ///< ceil(max_candidates / select_slice)
-};
-
-/// The (request, KV head) of a CTA, its cursor and its plan.
-struct eviction_head {
-  std::int32_t r = 0, h = 0;
-  std::int64_t rh = 0;
-  head_cursor cur;
-  eviction_plan e;
-};
-
-__device__ __forceinline__ eviction_head resolve_head(eviction_args const& a, std::int64_t rh) {
-  eviction_head x;
-  x.rh  = rh;
-  x.r   = static_cast<std::int32_t>(rh / a.p.kv.num_kv_heads);
-  x.h   = static_cast<std::int32_t>(rh % a.p.kv.num_kv_heads);
-  x.cur = make_head_cursor(a.p.kv, x.r, a.p.layer, x.h);
-  x.e   = plan_eviction(a.p, x.cur, x.r, x.h);
-  return x;
-}
-
-/// K (kv == 0) or V of candidate `i`: held token `i` (a growing column) or chunk token `i - len`.
-template <class T>
-__device__ __forceinline__ const T* candidate_ptr(eviction_args const& a,
-                                                  eviction_head const& x,
-                                                  std::int64_t i,
-                                                  int kv) {
-  if (i < x.e.len) return x.cur.ptr_at_position<T>(static_cast<std::int32_t>(i), kv);
-  std::int64_t row = a.p.chunk_indptr[x.r] + (i - x.e.len);
-  const void* base = kv == 0 ? a.p.chunk_k : a.p.chunk_v;
-  return static_cast<const T*>(base) +
-         (row * a.p.kv.num_kv_heads + x.h) * static_cast<std::int64_t>(a.p.kv.geometry.head_dim);
-}
 
 // ---------------------------------------------------------------------------------------------
 // SnapKV scoring.
@@ -168,7 +126,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args cons
         a.stats[(x.rh * a.key_tiles + blockIdx.x) * a.nq_max + qq] = make_float2(m, s);
     } else {
       if (qq < nq) {
-        const float2 nm = a.norm[x.rh * a.nq_max + qq];
+        const float2 nm = snapkv_norm(a, x, qq, w);
 #pragma unroll
         for (int u = 0; u < KPT; ++u) acc[u] += exp2_shifted(l[u], nm.x) / nm.y;
       }
@@ -638,7 +596,8 @@ inline eviction_args make_eviction_args(eviction_params const& p, void* workspac
                                    p.source,
                                    p.group,
                                    p.obs_window,
-                                   g.head_dim);
+                                   g.head_dim,
+                                   p.q_lse != nullptr);
   auto* base    = static_cast<unsigned char*>(workspace);
   eviction_args a;
   a.p         = p;
@@ -664,9 +623,20 @@ void launch_eviction_with(eviction_args const& a, Launch const& launch) {
   launch(select_reset_kernel<>, dim3(heads), 256, 0, a.select_hist, a.select_state);
   if (a.p.source == score_source::snapkv) {
     dim3 grid(static_cast<unsigned>(a.key_tiles), heads);
-    launch(snapkv_tile_kernel<T, D, false>, grid, 256, 0, a);
-    launch(snapkv_reduce_kernel<>, dim3(heads), 256, 0, a, snapkv_key_tile(D));
-    launch(snapkv_tile_kernel<T, D, true>, grid, 256, 0, a);
+    bool scored = false;
+    if constexpr (snapkv_uses_mma<T>) {
+      if (a.p.q_lse != nullptr && a.p.tensor_cores) {
+        launch_snapkv_mma_with<T, D>(a, launch);
+        scored = true;
+      }
+    }
+    if (!scored) {
+      if (a.p.q_lse == nullptr) {  // each query's normaliser first
+        launch(snapkv_tile_kernel<T, D, false>, grid, 256, 0, a);
+        launch(snapkv_reduce_kernel<>, dim3(heads), 256, 0, a, snapkv_key_tile(D));
+      }
+      launch(snapkv_tile_kernel<T, D, true>, grid, 256, 0, a);
+    }
   } else if (a.p.source == score_source::key_norm) {
     dim3 grid(static_cast<unsigned>((a.p.max_candidates + 63) / 64), heads);
     launch(key_norm_kernel<T, D>, grid, 256, 0, a);
