@@ -150,7 +150,8 @@ side_by_side("BM_decode_invariant", "Batch-invariant decode beside the split map
               ("invariant / split", "invariant_over_split", 3)])
 side_by_side("BM_decode_pdl", "Programmatic dependent launch: 32 back-to-back decode launches",
              [("plain us", "plain_us", 1), ("PDL us", "pdl_us", 1), ("PDL / plain", "pdl_over_plain", 3)])
-print("\n## Eviction throughput (candidate K+V bytes per second; source 0 supplied, 1 key norm, 2 SnapKV)\n")
+print("\n## Eviction throughput (candidate K+V bytes per second; scorer 0 supplied, 1 key norm, 2 SnapKV, "
+      "3 SnapKV from the prefill's lse on tensor cores, 4 the same on CUDA cores)\n")
 print("| benchmark | time us | GB/s | candidates | kept |")
 print("|---|---|---|---|---|")
 for b in rows("eviction"):

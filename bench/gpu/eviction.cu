@@ -4,8 +4,9 @@
 // head dim 128, bf16, every head compressed with budget 0.25 (sink 4 + window 60 protected), a
 // 4096-token chunk. Throughput: K+V bytes of all candidates (held + chunk) per second, GB_per_s.
 //
-//  BM_evict/B/n_before/source: source 0 = supplied scores, 1 = key norm, 2 = SnapKV (w = 32);
-//  --short runs B 8, n_before 16384.
+//  BM_evict/B/n_before/scorer: 0 = supplied scores, 1 = key norm, 2 = SnapKV (w = 32) computing
+//  its own normalisers (CUDA cores, logits twice), 3 = SnapKV from the prefill's log-sum-exp on
+//  tensor cores (logits once), 4 = the same on CUDA cores; --short runs B 8, n_before 16384.
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -22,7 +23,8 @@ namespace {
 
 constexpr std::int32_t H = 8, G = 4, D = 128, P = 16, chunk = 4096;
 
-void evict(state& st, std::int32_t batch, std::int32_t n_before, score_source source) {
+void evict(state& st, std::int32_t batch, std::int32_t n_before, int scorer) {
+  const score_source source = scorer >= 2 ? score_source::snapkv : static_cast<score_source>(scorer);
   head_rule rule;
   rule.kind    = layer_kind::compressed;
   rule.budget  = 0.25;
@@ -37,11 +39,13 @@ void evict(state& st, std::int32_t batch, std::int32_t n_before, score_source so
   device_buffer drules(rules), dindptr(indptr), ck(static_cast<std::size_t>(rows) * H * D * 2),
       cv(ck.bytes()), q(static_cast<std::size_t>(rows) * H * G * D * 2),
       scores(static_cast<std::size_t>(batch) * H * max_cand * 4),
-      new_len(static_cast<std::size_t>(batch) * H * 4);
+      new_len(static_cast<std::size_t>(batch) * H * 4),
+      lse(static_cast<std::size_t>(rows) * H * G * 4);
   cuda_check(cudaMemset(ck.get(), 0x3c, ck.bytes()), "fill");
   cuda_check(cudaMemset(cv.get(), 0x3b, cv.bytes()), "fill");
   cuda_check(cudaMemset(q.get(), 0x3c, q.bytes()), "fill");
   cuda_check(cudaMemset(scores.get(), 0x3e, scores.bytes()), "fill");
+  cuda_check(cudaMemset(lse.get(), 0x41, lse.bytes()), "fill");  // 12.1: finite weights
   eviction_params p;
   p.kv             = kv.view;
   p.rules          = drules.get<head_rule>();
@@ -57,6 +61,8 @@ void evict(state& st, std::int32_t batch, std::int32_t n_before, score_source so
   p.group          = G;
   p.obs_window     = 32;
   p.new_len        = new_len.get<std::int32_t>();
+  p.q_lse          = scorer >= 3 ? lse.get<float>() : nullptr;
+  p.tensor_cores   = scorer != 4;
   device_buffer ws(eviction_workspace_bytes(p));
   l2_flusher flusher;
   evict_chunk(p, ws.get(), ws.bytes(), nullptr);  // warm-up
@@ -77,10 +83,9 @@ int main(int argc, char** argv) {
   // The short set (--short) first: batch 8, 16K tokens before the chunk, every score source.
   for (std::int32_t batch : {8, 1})
     for (std::int32_t n_before : {16384, 131072})
-      for (int source : {0, 1, 2})
-        defs.push_back(
-            {"BM_evict/" + std::to_string(batch) + "/" + std::to_string(n_before) + "/" +
-                 std::to_string(source),
-             [=](state& st) { evict(st, batch, n_before, static_cast<score_source>(source)); }});
-  return run_benchmarks(argc, argv, defs, 3);
+      for (int scorer : {0, 1, 2, 3, 4})
+        defs.push_back({"BM_evict/" + std::to_string(batch) + "/" + std::to_string(n_before) +
+                            "/" + std::to_string(scorer),
+                        [=](state& st) { evict(st, batch, n_before, scorer); }});
+  return run_benchmarks(argc, argv, defs, 5);
 }

@@ -5,14 +5,14 @@
  * every logit computed once, for 16-bit K (bf16, f16) and fp8 K (e4m3, e5m2, read as f16).
  *
  * Grid: blocks of `keys` candidates x (request, KV head). A CTA stages its block of K rows in
- * shared memory as the mma input type (fp8 widened to f16 on the way, exactly), then each of its
- * four warps takes query tiles w, w + 4, ... of the head's observation window (window-major,
- * group-minor, as the CUDA-core scorer numbers them) and runs S = Q K^T with `mma.sync` m16n8k16:
- * queries are the A rows, the block's keys the n columns. Each score becomes the weight
- * `exp2(s log2(e) scale - lse log2(e))` (0 for keys the query does not see: causal within the
- * chunk), which the lane adds to its running sum per key; at the end the sums over the warp's
- * rows (three shuffles) and then over the warps in order give each key's total, divided by the
- * window's query count. Fixed order throughout: deterministic.
+ * shared memory as the mma input type (fp8 widened to f16 on the way, exactly), then walks the
+ * head's observation-window queries (window-major, group-minor, as the CUDA-core scorer numbers
+ * them) one m16 tile at a time: the CTA writes the tile into shared memory and each of its four
+ * warps runs S = Q K^T with `mma.sync` m16n8k16 for its quarter of the block's keys (queries are
+ * the A rows, keys the n columns). Each score becomes the weight `exp2(s log2(e) scale -
+ * lse log2(e))` (0 for keys the query does not see: causal within the chunk), which the lane adds
+ * to its running sum per key; at the end the sum over the warp's rows (three shuffles) gives each
+ * key's total, divided by the window's query count. Fixed order throughout: deterministic.
  *
  * Query rows. With `Split` (the queries' dtype is not the mma type, e.g. f32 queries), rows g and
  * g + 8 hold query g's value rounded to the mma type and the rounding remainder (split2 in
@@ -47,15 +47,17 @@ inline constexpr bool snapkv_uses_mma = std::is_same_v<T, bfloat16> ||
 template <class T>
 using snapkv_mma_type_t = std::conditional_t<sizeof(T) == 1, float16, T>;
 
-/// Compile-time shape of the tensor-core SnapKV scorer for head dim D.
+/// Compile-time shape of the tensor-core SnapKV scorer for head dim D: the K block and one query
+/// tile (16 rows) in static shared memory, rows padded by 16 bytes.
 template <int D>
 struct snapkv_mma_config {
-  static constexpr int warps   = 4;
-  static constexpr int threads = 32 * warps;
-  static constexpr int keys    = D == 256 ? 64 : 128;  ///< candidates per CTA
-  static constexpr int row     = D + 8;  ///< 16-bit elements per shared K row (16-byte pad)
-  static_assert(D % 16 == 0 && keys % 16 == 0, "whole mma tiles");
-  static_assert(keys * row * 2 + warps * keys * 4 <= 48 * 1024, "static shared memory");
+  static constexpr int warps        = 4;
+  static constexpr int threads      = 32 * warps;
+  static constexpr int keys         = D == 256 ? 64 : 128;  ///< candidates per CTA
+  static constexpr int row          = D + 8;  ///< 16-bit elements per shared row (16-byte pad)
+  static constexpr int warp_n_tiles = keys / 8 / warps;  ///< n tiles (8 keys) of each warp
+  static_assert(D % 16 == 0 && warp_n_tiles % 2 == 0, "whole mma tiles, ldmatrix pairs");
+  static_assert((keys + 16) * row * 2 <= 48 * 1024, "static shared memory");
 };
 
 template <class T, int D, bool Split>
@@ -65,13 +67,13 @@ TANGRAM_KERNEL __launch_bounds__(snapkv_mma_config<D>::threads) void snapkv_mma_
   using M               = snapkv_mma_type_t<T>;
   constexpr int KB      = cfg::keys;
   constexpr int row     = cfg::row;
-  constexpr int warps   = cfg::warps;
   constexpr int threads = cfg::threads;
+  constexpr int NW      = cfg::warp_n_tiles;
   constexpr int QR      = Split ? 8 : 16;  ///< queries per m16 tile
-  constexpr int KS      = D / 16;          ///< k steps of S = Q K^T
-  __shared__ uint4 ks_vec[KB * row / 8];  // uint4: 16-byte aligned rows for ldmatrix
-  __shared__ float red[warps][KB];
+  __shared__ uint4 ks_vec[KB * row / 8];   // uint4: 16-byte aligned rows for ldmatrix
+  __shared__ uint4 qs_vec[16 * row / 8];
   M* ks = reinterpret_cast<M*>(ks_vec);
+  M* qs = reinterpret_cast<M*>(qs_vec);
 
   const eviction_head x = resolve_head(a, blockIdx.y);
   if (!eviction_scores(x.e.action)) return;
@@ -108,104 +110,101 @@ TANGRAM_KERNEL __launch_bounds__(snapkv_mma_config<D>::threads) void snapkv_mma_
       }
     }
   }
-  // (Not a numbered mutation site: the emulator runs every thread to its first barrier or warp
-  // collective before any collective executes, so it cannot observe this barrier's absence.)
-  __syncthreads();
 
-  const int G            = a.p.group;
-  const std::int64_t w   = c < a.p.obs_window ? c : a.p.obs_window;
-  const int nq           = static_cast<int>(w) * G;
-  const int q_tiles      = (nq + QR - 1) / QR;
-  const std::int64_t hq  = static_cast<std::int64_t>(a.p.kv.num_kv_heads) * G;  // query heads
+  const int G             = a.p.group;
+  const std::int64_t w    = c < a.p.obs_window ? c : a.p.obs_window;
+  const int nq            = static_cast<int>(w) * G;
+  const int q_tiles       = (nq + QR - 1) / QR;
+  const std::int64_t hq   = static_cast<std::int64_t>(a.p.kv.num_kv_heads) * G;  // query heads
   const std::int64_t row0 = a.p.chunk_indptr[x.r] + (c - w);  // the window's first chunk row
   const float s2          = a.scale2 * a.p.scales.k_of(x.h);  // base-2 logit per unit of q . k
-  // B operand of S (keys as columns): matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15).
-  const int k_lane = ((lane / 16) * 8 + lane % 8) * row + ((lane / 8) % 2) * 8;
+  auto q_at               = [&](int qq, int dim) {  // element `dim` of window query qq (0 past)
+    return qq < nq ? load_scalar(
+                         a.p.q, a.p.q_dtype, (row0 + qq / G) * hq * D + (x.h * G + qq % G) * D + dim)
+                   : 0.f;
+  };
+  // ldmatrix row addresses (elements): A rows 0-15 x k halves; B keys (0-7 | 8-15) x dim halves
+  // of this warp's n tiles.
+  const int q_lane = (lane % 16) * row + (lane / 16) * 8;
+  const int k_lane =
+      (warp * NW * 8 + (lane / 16) * 8 + lane % 8) * row + ((lane / 8) % 2) * 8;
 
-  float wsum[KB / 8][2];  // this lane's weights of keys 8 nt + 2 tq + i, summed over its rows
+  float wsum[NW][2];  // this lane's weights of its keys 8 nt + 2 tq + i, summed over its rows
 #pragma unroll
-  for (int nt = 0; nt < KB / 8; ++nt) wsum[nt][0] = wsum[nt][1] = 0.f;
+  for (int nt = 0; nt < NW; ++nt) wsum[nt][0] = wsum[nt][1] = 0.f;
 
-  for (int qt = warp; qt < q_tiles; qt += warps) {
-    // Rows g and g + 8: one query (hi, lo) or two.
-    const int qa = qt * QR + g, qb = Split ? qa : qt * QR + 8 + g;
-    auto q_at    = [&](int qq, int dim) {
-      return qq < nq ? load_scalar(a.p.q,
-                                   a.p.q_dtype,
-                                   (row0 + qq / G) * hq * D + (x.h * G + qq % G) * D + dim)
-                     : 0.f;
-    };
-    unsigned af[KS][4];
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      const int d0 = kk * 16 + 2 * tq;
+  for (int qt = 0; qt < q_tiles; ++qt) {
+    // (Not a numbered mutation site: the emulator runs every thread to its next barrier before
+    // any warp collective executes, so it cannot observe these barriers' absence.)
+    __syncthreads();  // the K block is stored; every warp is done with the previous query tile
+    // The query tile: rows g and g + 8 are one query (hi, lo: split2) or two, two dims a step.
+    for (int e = tid; e < (Split ? 8 : 16) * (D / 2); e += threads) {
+      const int r = e / (D / 2), dim = 2 * (e % (D / 2)), qq = qt * QR + r;
+      const float v0 = q_at(qq, dim), v1 = q_at(qq, dim + 1);
       if constexpr (Split) {
-        split2<M>(q_at(qa, d0), q_at(qa, d0 + 1), af[kk][0], af[kk][1]);
-        split2<M>(q_at(qa, d0 + 8), q_at(qa, d0 + 9), af[kk][2], af[kk][3]);
+        unsigned hi, lo;
+        split2<M>(v0, v1, hi, lo);
+        *reinterpret_cast<unsigned*>(qs + r * row + dim)       = hi;
+        *reinterpret_cast<unsigned*>(qs + (r + 8) * row + dim) = lo;
       } else {
-        af[kk][0] = pack2<M>(q_at(qa, d0), q_at(qa, d0 + 1));
-        af[kk][1] = pack2<M>(q_at(qb, d0), q_at(qb, d0 + 1));
-        af[kk][2] = pack2<M>(q_at(qa, d0 + 8), q_at(qa, d0 + 9));
-        af[kk][3] = pack2<M>(q_at(qb, d0 + 8), q_at(qb, d0 + 9));
+        *reinterpret_cast<unsigned*>(qs + r * row + dim) = pack2<M>(v0, v1);
       }
     }
-    // Each row's normaliser (base 2) and last visible candidate (len + its chunk position; -1
-    // for rows past the window, which see nothing).
-    auto lse2_of = [&](int qq) {
-      return qq < nq ? a.p.q_lse[(row0 + qq / G) * hq + x.h * G + qq % G] * log2e : 0.f;
-    };
-    auto last_of = [&](int qq) {
-      return qq < nq ? len + (c - w) + qq / G : std::int64_t{-1};
-    };
-    const float lse_a = lse2_of(qa), lse_b = lse2_of(qb);
-    const std::int64_t last_a = last_of(qa), last_b = last_of(qb);
+    __syncthreads();
 
+    // S = Q K^T for this warp's keys.
+    float cs[NW][4];
 #pragma unroll
-    for (int np = 0; np < KB / 16; ++np) {
-      float cs[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int nt = 0; nt < NW; ++nt) cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
+    for (int kk = 0; kk < D / 16; ++kk) {
+      unsigned qa[4];
+      ldmatrix_x4<false>(qa, qs + q_lane + kk * 16);
+#pragma unroll
+      for (int np = 0; np < NW / 2; ++np) {
         unsigned kb[4];
         ldmatrix_x4<false>(kb, ks + k_lane + np * 16 * row + kk * 16);
-        mma_m16n8k16<M>(cs[0], af[kk], {kb[0], kb[1]});
-        mma_m16n8k16<M>(cs[1], af[kk], {kb[2], kb[3]});
+        mma_m16n8k16<M>(cs[2 * np], qa, {kb[0], kb[1]});
+        mma_m16n8k16<M>(cs[2 * np + 1], qa, {kb[2], kb[3]});
       }
-#pragma unroll
-      for (int tt = 0; tt < 2; ++tt)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const std::int64_t key = i0 + np * 16 + 8 * tt + 2 * tq + i;
-          float p;
-          if constexpr (Split) {
-            p = key <= last_a ? exp2_shifted((cs[tt][i] + cs[tt][i + 2]) * s2, lse_a) : 0.f;
-          } else {
-            p = (key <= last_a ? exp2_shifted(cs[tt][i] * s2, lse_a) : 0.f) +
-                (key <= last_b ? exp2_shifted(cs[tt][i + 2] * s2, lse_b) : 0.f);
-          }
-          wsum[2 * np + tt][i] += p;
-        }
     }
+    // Weights: rows g and g + 8 (one query or two), each with its normaliser (base 2) and its
+    // last visible candidate (len + its chunk position; -1 past the window: sees nothing).
+    const int qa_ = qt * QR + g, qb_ = Split ? qa_ : qa_ + 8;
+    auto lse2_of  = [&](int qq) {
+      return qq < nq ? a.p.q_lse[(row0 + qq / G) * hq + x.h * G + qq % G] * log2e : 0.f;
+    };
+    auto last_of = [&](int qq) { return qq < nq ? len + (c - w) + qq / G : std::int64_t{-1}; };
+    const float lse_a = lse2_of(qa_), lse_b = lse2_of(qb_);
+    const std::int64_t last_a = last_of(qa_), last_b = last_of(qb_);
+#pragma unroll
+    for (int nt = 0; nt < NW; ++nt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const std::int64_t key = i0 + (warp * NW + nt) * 8 + 2 * tq + i;
+        float p;
+        if constexpr (Split) {
+          p = key <= last_a ? exp2_shifted((cs[nt][i] + cs[nt][i + 2]) * s2, lse_a) : 0.f;
+        } else {
+          p = (key <= last_a ? exp2_shifted(cs[nt][i] * s2, lse_a) : 0.f) +
+              (key <= last_b ? exp2_shifted(cs[nt][i + 2] * s2, lse_b) : 0.f);
+        }
+        wsum[nt][i] += p;
+      }
   }
 
-  // Sums over the warp's rows (lanes with the same tq), then over the warps in order.
+  // Each key's total over the warp's rows (lanes with the same tq); every key is one warp's.
 #pragma unroll
-  for (int nt = 0; nt < KB / 8; ++nt)
+  for (int nt = 0; nt < NW; ++nt)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float v = wsum[nt][i];
       v += __shfl_xor_sync(0xffffffffu, v, 4);
       v += __shfl_xor_sync(0xffffffffu, v, 8);
       v += __shfl_xor_sync(0xffffffffu, v, 16);
-      if (g == 0) red[warp][8 * nt + 2 * tq + i] = v;
+      const std::int64_t key = i0 + (warp * NW + nt) * 8 + 2 * tq + i;
+      if (g == 0 && key < n) a.raw[x.rh * a.p.max_candidates + key] = v / static_cast<float>(nq);
     }
-  __syncthreads();
-  for (int kk = tid; kk < KB; kk += threads) {
-    float total = 0.f;
-#pragma unroll
-    for (int z = 0; z < warps; ++z) total += red[z][kk];
-    const std::int64_t i = i0 + kk;
-    if (i < n) a.raw[x.rh * a.p.max_candidates + i] = total / static_cast<float>(nq);
-  }
 }
 
 /// Enqueues the tensor-core SnapKV scorer for (T, D) (`a.p.q_lse` set) through `launch`.
