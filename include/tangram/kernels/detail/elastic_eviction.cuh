@@ -201,26 +201,29 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_histogram_kernel(elastic_args
       j.slots, pass, n, j.keep, j.keys, [&](std::int64_t c) { return j.keys[c]; }, sm);
 }
 
-/// Keep count and compaction of head blockIdx.x (layer * H + head) of request blockIdx.y.
-/// T only sets the element size (copy_type_t).
+/// Keep count and compaction of head blockIdx.y (layer * H + head) of request blockIdx.z, byte
+/// range blockIdx.x of compact_config::splits (copy_split). T only sets the element size
+/// (copy_type_t).
 template <class T, int D>
 TANGRAM_KERNEL __launch_bounds__(256) void elastic_compact_kernel(elastic_args const a) {
   __shared__ select_smem<T, D> sm;
-  const int tid      = static_cast<int>(threadIdx.x);
-  const auto r       = static_cast<std::int32_t>(blockIdx.y);
-  const auto i       = static_cast<std::int32_t>(blockIdx.x);
-  elastic_head_job j = elastic_job(a, r, i);
-  std::int32_t* out  = a.p.new_len + static_cast<std::int64_t>(r) * a.p.heads() + i;
+  const int tid          = static_cast<int>(threadIdx.x);
+  const copy_split split = {static_cast<int>(blockIdx.x)};
+  const auto r           = static_cast<std::int32_t>(blockIdx.z);
+  const auto i           = static_cast<std::int32_t>(blockIdx.y);
+  elastic_head_job j     = elastic_job(a, r, i);
+  std::int32_t* out      = a.p.new_len + static_cast<std::int64_t>(r) * a.p.heads() + i;
+  const bool writer      = tid == 0 && split.index == 0;
   if (j.x.e.action != eviction_action::stage) {
-    if (tid == 0) *out = static_cast<std::int32_t>(j.x.e.keep);
+    if (writer) *out = static_cast<std::int32_t>(j.x.e.keep);
     return;
   }
-  if (tid == 0) *out = static_cast<std::int32_t>(j.keep);  // -1 when the request failed
+  if (writer) *out = static_cast<std::int32_t>(j.keep);  // -1 when the request failed
   const std::int64_t n = j.x.e.candidates;
   if (j.keep < 0 || j.keep >= n) return;  // failed, or every candidate stays where it was staged
   j.x.e.len   = n;  // the chunk is in the column: every candidate is a column position
   j.x.e.chunk = 0;
-  compact_selected<T, D>(j.ea, j.x, n, j.keep, j.keys, j.slots, sm);
+  compact_selected<T, D>(j.ea, j.x, n, j.keep, j.keys, j.slots, sm, split);
 }
 
 /// The kernels' arguments for validated parameters and a workspace of
@@ -254,7 +257,11 @@ void launch_elastic_with(elastic_args const& a, Launch const& launch) {
   for (int pass = 0; pass < select_radix_passes; ++pass)
     launch(
         elastic_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), HH, B), 256, 0, a, pass);
-  launch(elastic_compact_kernel<copy_t, D>, dim3(static_cast<unsigned>(a.p.heads()), B), 256, 0, a);
+  launch(elastic_compact_kernel<copy_t, D>,
+         dim3(static_cast<unsigned>(compact_config<copy_t, D>::splits), HH, B),
+         256,
+         0,
+         a);
 }
 
 #if !defined(TANGRAM_EMULATION)

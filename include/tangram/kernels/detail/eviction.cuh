@@ -228,29 +228,52 @@ struct compact_config {
   static constexpr int per16      = 16 / static_cast<int>(sizeof(T));
   static constexpr int row_chunks = D / per16;  ///< 16-byte chunks of one K (or V) row
   static constexpr int regs       = 8;          ///< 16-byte chunks a thread holds per batch
-  static constexpr int batch      = threads * regs / (2 * row_chunks);  ///< tokens per copy batch
-  static_assert(D % per16 == 0 && batch >= 1, "rows must be whole 16-byte chunks");
+  /// CTAs sharing one head's copies, each a disjoint byte range of every token's K and V rows
+  /// (32 bytes or more: whole 32-byte sectors); a power of two dividing 2 * row_chunks.
+  static constexpr int splits = row_chunks < 16 ? row_chunks : 16;
+  static_assert(D % per16 == 0 && threads * regs >= 2 * row_chunks,
+                "rows must be whole 16-byte chunks; one token must fit a batch");
+  static_assert((2 * row_chunks) % splits == 0, "whole chunks per split");
+};
+
+/// This CTA's share of a head's copies (0 .. compact_config::splits - 1): the 16-byte chunks
+/// `[index * per, (index + 1) * per)` of every token (K chunks first, then V). Disjoint bytes:
+/// the CTAs of one head never touch each other's data, so each keeps the in-place argument of a
+/// single CTA.
+struct copy_split {
+  int index = 0;
 };
 
 /// Copies tokens `[0, count)` with `src_of(t)` = candidate index and `dst_of(t)` = column
-/// position, in batches whose loads all complete before their stores. Candidates that are held
-/// tokens already at their destination are skipped.
+/// position, in batches whose loads all complete before their stores; this CTA moves the chunks
+/// of `split` only. Candidates that are held tokens already at their destination are skipped.
 template <class T, int D, class Src, class Dst>
-__device__ __forceinline__ void copy_tokens(
-    eviction_args const& a, eviction_head const& x, int count, Src src_of, Dst dst_of) {
-  using cfg     = compact_config<T, D>;
+__device__ __forceinline__ void copy_tokens(eviction_args const& a,
+                                            eviction_head const& x,
+                                            int count,
+                                            Src src_of,
+                                            Dst dst_of,
+                                            copy_split split) {
+  using cfg           = compact_config<T, D>;
+  constexpr int per   = 2 * cfg::row_chunks / cfg::splits;  // chunks of a token this CTA copies
+  constexpr int batch = cfg::threads * cfg::regs / per;     // tokens per copy batch
+  static_assert(per <= cfg::row_chunks && cfg::threads % per == 0,
+                "a split's chunks lie in K or in V; a thread keeps its chunk across tokens");
   const int tid = static_cast<int>(threadIdx.x);
-  for (int b0 = 0; b0 < count; b0 += cfg::batch) {
-    const int nb = count - b0 < cfg::batch ? count - b0 : cfg::batch;
+  // The thread's chunk (the same for every token) and its first token of a batch.
+  const int kv   = split.index * per / cfg::row_chunks;
+  const int part = split.index * per % cfg::row_chunks + tid % per;
+  const int tok0 = tid / per;
+  for (int b0 = 0; b0 < count; b0 += batch) {
+    const int nb = count - b0 < batch ? count - b0 : batch;
     uint4 buf[cfg::regs];
 #pragma unroll
     for (int u = 0; u < cfg::regs; ++u) {
-      const int ch = tid + u * cfg::threads, tok = ch / (2 * cfg::row_chunks);
+      const int tok = tok0 + u * (cfg::threads / per);
       if (tok < nb) {
         const std::int64_t src = src_of(b0 + tok);
         const std::int64_t dst = dst_of(b0 + tok);
         if (!(src < x.e.len && src == dst)) {
-          const int kv = (ch / cfg::row_chunks) % 2, part = ch % cfg::row_chunks;
           buf[u] = reinterpret_cast<const uint4*>(candidate_ptr<T>(a, x, src, kv))[part];
         }
       }
@@ -258,12 +281,11 @@ __device__ __forceinline__ void copy_tokens(
     sync_block(sync_site::compact_loaded);
 #pragma unroll
     for (int u = 0; u < cfg::regs; ++u) {
-      const int ch = tid + u * cfg::threads, tok = ch / (2 * cfg::row_chunks);
+      const int tok = tok0 + u * (cfg::threads / per);
       if (tok < nb) {
         const std::int64_t src = src_of(b0 + tok);
         const std::int64_t dst = dst_of(b0 + tok);
         if (!(src < x.e.len && src == dst)) {
-          const int kv = (ch / cfg::row_chunks) % 2, part = ch % cfg::row_chunks;
           reinterpret_cast<uint4*>(
               x.cur.ptr_at_position<T>(static_cast<std::int32_t>(dst), kv))[part] = buf[u];
         }
@@ -450,7 +472,8 @@ __device__ __forceinline__ void compact_selected(eviction_args const& a,
                                                  std::int64_t k,
                                                  const std::uint32_t* keys,
                                                  select_slots const& s,
-                                                 select_smem<T, D>& sm) {
+                                                 select_smem<T, D>& sm,
+                                                 copy_split split) {
   using cfg     = compact_config<T, D>;
   using scan_t  = typename select_smem<T, D>::scan_t;
   const int tid = static_cast<int>(threadIdx.x);
@@ -487,7 +510,8 @@ __device__ __forceinline__ void compact_selected(eviction_args const& a,
         x,
         static_cast<int>(keep_total),
         [&](int t) { return static_cast<std::int64_t>(sm.list_src[t]); },
-        [&](int t) { return static_cast<std::int64_t>(dst0) + t; });
+        [&](int t) { return static_cast<std::int64_t>(dst0) + t; },
+        split);
     carry_tie += tie_total;
     carry_keep += keep_total;
   }
@@ -528,16 +552,18 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_histogram_kernel(eviction_args
       sm);
 }
 
-/// One CTA per (request, KV head): ring/append copies, staging, or select-and-compact (see file
-/// comment). T only sets the element size (copy_type_t).
+/// compact_config::splits CTAs per (request, KV head) (blockIdx.x: the split, blockIdx.y: the
+/// head): ring/append copies, staging, or select-and-compact (see file comment), each CTA moving
+/// its byte range of every token. T only sets the element size (copy_type_t).
 template <class T, int D>
 TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args const a) {
   using cfg = compact_config<T, D>;
   __shared__ select_smem<T, D> sm;
   const int tid            = static_cast<int>(threadIdx.x);
-  const eviction_head x    = resolve_head(a, blockIdx.x);
+  const copy_split split   = {static_cast<int>(blockIdx.x)};
+  const eviction_head x    = resolve_head(a, blockIdx.y);
   eviction_params const& p = a.p;
-  if (tid == 0) p.new_len[x.rh] = static_cast<std::int32_t>(x.e.keep);
+  if (tid == 0 && split.index == 0) p.new_len[x.rh] = static_cast<std::int32_t>(x.e.keep);
   switch (x.e.action) {
     case eviction_action::unchanged:
     case eviction_action::invalid:
@@ -551,7 +577,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
           x,
           static_cast<int>(x.e.n_seen - first),
           [&](int t) { return x.e.len + (first - x.e.n_before) + t; },
-          [&](int t) { return (first + t) % x.cur.ring; });
+          [&](int t) { return (first + t) % x.cur.ring; },
+          split);
       return;
     }
     case eviction_action::stage:
@@ -568,7 +595,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
         p.stage_keys +
         ((static_cast<std::int64_t>(x.r) * p.kv.num_layers + p.layer) * p.kv.num_kv_heads + x.h) *
             p.max_candidates;
-    for (std::int64_t i = tid; i < n; i += cfg::threads) {
+    for (std::int64_t i = split.index * cfg::threads + tid; i < n;
+         i += static_cast<std::int64_t>(cfg::splits) * cfg::threads) {
       out[i] = candidate_key(raw, n, i, pool, p.sink, x.e.window);
       if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
     }
@@ -579,11 +607,18 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
         x,
         static_cast<int>(x.e.chunk),
         [&](int t) { return x.e.len + t; },
-        [&](int t) { return x.e.len + t; });
+        [&](int t) { return x.e.len + t; },
+        split);
     return;
   }
-  compact_selected<T, D>(
-      a, x, n, x.e.keep, a.keys + x.rh * p.max_candidates, eviction_select_slots(a, x.rh), sm);
+  compact_selected<T, D>(a,
+                         x,
+                         n,
+                         x.e.keep,
+                         a.keys + x.rh * p.max_candidates,
+                         eviction_select_slots(a, x.rh),
+                         sm,
+                         split);
 }
 
 /// The kernels' arguments for validated parameters and a workspace of
@@ -644,7 +679,11 @@ void launch_eviction_with(eviction_args const& a, Launch const& launch) {
   for (int pass = 0; pass < select_radix_passes; ++pass)
     launch(
         select_histogram_kernel<>, dim3(static_cast<unsigned>(a.slices), heads), 256, 0, a, pass);
-  launch(select_compact_kernel<copy_t, D>, dim3(heads), 256, 0, a);
+  launch(select_compact_kernel<copy_t, D>,
+         dim3(static_cast<unsigned>(compact_config<copy_t, D>::splits), heads),
+         256,
+         0,
+         a);
 }
 
 #if !defined(TANGRAM_EMULATION)
