@@ -128,6 +128,19 @@ TEST_CASE("mutation: a deleted count-to-flush barrier in the top-k histogram is 
   require_detected(c, {13, emu::copy_mode::deferred, 0}, select_counted);
 }
 
+TEST_CASE("mutation: a deleted count-to-scan barrier of a one-slice head is detected",
+          "[emu][mutation]") {
+  // Heads of at most select_slice candidates run all three radix passes in one CTA over its
+  // shared histogram: without the barrier a warp scans bins other warps have not counted into.
+  // (Only a warp's last round of adds can still be pending, so the longest head's last round
+  // must hold keys: 3840 < n <= 4096 candidates.)
+  test::eviction_case c;
+  c.long_len   = 10;
+  c.long_chunk = 4000;
+  c.seed       = 64;
+  require_detected(c, {13, emu::copy_mode::deferred, 0}, select_counted);
+}
+
 TEST_CASE("mutation: a deleted query-tile barrier in SnapKV scoring is detected",
           "[emu][mutation]") {
   test::eviction_case c;

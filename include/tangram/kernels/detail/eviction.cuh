@@ -364,13 +364,16 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_reset_kernel(std::uint32_t* hi
 
 /// The last CTA of a pass: finds the bin holding the remaining-th largest key among the keys
 /// that match the prefix (descending bins, block scan), extends the prefix and the remaining
-/// rank in the head's state, and clears the histogram (read and zeroed in one atomic) and the
-/// ticket for the next pass or launch.
+/// rank in the head's state, and clears the ticket for the next pass or launch. `take(b)` returns
+/// bin b's count and clears it: the head's histogram (read and zeroed in one atomic) or, for a
+/// head of one slice, the CTA's own.
+template <class Take>
 __device__ __forceinline__ void select_scan_pass(select_slots const& s,
                                                  int pass,
                                                  std::uint32_t prefix,
                                                  std::uint32_t remaining,
-                                                 select_hist_smem& sm) {
+                                                 select_hist_smem& sm,
+                                                 Take take) {
   using cfg     = select_config;
   const int tid = static_cast<int>(threadIdx.x), bins = select_bins(pass);
   std::uint32_t count[cfg::per];
@@ -379,7 +382,7 @@ __device__ __forceinline__ void select_scan_pass(select_slots const& s,
 #pragma unroll
   for (int j = 0; j < cfg::per; ++j) {
     const int b = bins - 1 - (tid * cfg::per + j);  // < 0 past a narrower digit's bins
-    count[j]    = b >= 0 ? atomicExch(&s.hist[b], 0u) : 0u;
+    count[j]    = b >= 0 ? take(b) : 0u;
     total += count[j];
   }
   std::uint32_t above;
@@ -395,6 +398,48 @@ __device__ __forceinline__ void select_scan_pass(select_slots const& s,
     above += count[j];
   }
   if (tid == 0) s.state[select_ticket] = 0u;
+}
+
+/**
+ * The whole threshold search of a head whose `n <= select_slice` keys fit one CTA (the only CTA
+ * of its passes): each thread keeps its 16 keys in registers (taken once from `key_of`, which
+ * also stores them for the compaction) and the three radix passes count them into the shared
+ * histogram and scan it there, with no global histogram, ticket or re-read of the keys; the
+ * head's state ends as after the multi-CTA passes (prefix, remaining, ticket 0). Called by every
+ * thread of the CTA in pass 0; passes 1 and 2 skip such heads.
+ */
+template <class KeyOf>
+__device__ __forceinline__ void select_one_slice(
+    select_slots const& s, std::int64_t n, std::int64_t k, KeyOf key_of, select_hist_smem& sm) {
+  using cfg     = select_config;
+  const int tid = static_cast<int>(threadIdx.x);
+  std::uint32_t key[cfg::items];
+#pragma unroll
+  for (int u = 0; u < cfg::items; ++u) {
+    const std::int64_t i = u * cfg::threads + tid;  // coalesced, as in the multi-CTA pass
+    key[u]               = i < n ? key_of(i) : 0u;
+  }
+  std::uint32_t prefix = 0u, remaining = static_cast<std::uint32_t>(k);
+  for (int pass = 0; pass < select_radix_passes; ++pass) {
+    const std::uint32_t mask = pass == 0 ? 0u : ~0u << select_shift(pass - 1);
+    const int shift = select_shift(pass), bins = select_bins(pass);
+    for (int b = tid; b < bins; b += cfg::threads) sm.bins[b] = 0u;
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < cfg::items; ++u) {
+      const std::int64_t i = u * cfg::threads + tid;
+      std::uint32_t bin    = select_no_bin;
+      if (i < n && (key[u] & mask) == prefix)
+        bin = (key[u] >> shift) & static_cast<std::uint32_t>(bins - 1);
+      warp_aggregated_count(sm.bins, bin);
+    }
+    sync_block(sync_site::select_counted);
+    select_scan_pass(s, pass, prefix, remaining, sm, [&](int b) { return sm.bins[b]; });
+    __syncthreads();  // the state this CTA wrote is visible to all its threads
+    prefix    = s.state[select_prefix];
+    remaining = s.state[select_remaining];
+    __syncthreads();  // read before the next pass's scan writes the state again
+  }
 }
 
 /**
@@ -417,6 +462,10 @@ __device__ __forceinline__ void select_histogram_pass(select_slots const& s,
   const int tid            = static_cast<int>(threadIdx.x);
   const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x) * select_slice;
   if (k <= 0 || begin >= n) return;
+  if (n <= select_slice) {  // one slice: pass 0's CTA runs all three, keys kept in registers
+    if (pass == 0) select_one_slice(s, n, k, key_of, sm);
+    return;
+  }
   // The previous pass's result (its kernel has finished: plain loads see it).
   const std::uint32_t prefix = pass == 0 ? 0u : s.state[select_prefix];
   const std::uint32_t remaining =
@@ -447,7 +496,7 @@ __device__ __forceinline__ void select_histogram_pass(select_slots const& s,
   __syncthreads();
   if (!sm.last) return;
   __threadfence();  // every other CTA's counts are visible to this one
-  select_scan_pass(s, pass, prefix, remaining, sm);
+  select_scan_pass(s, pass, prefix, remaining, sm, [&](int b) { return atomicExch(&s.hist[b], 0u); });
 }
 
 /// Shared memory of the compaction of one head.
