@@ -30,3 +30,8 @@ TEST_CASE("emulated eviction equals the CPU reference: SnapKV from the prefill's
           "[emu][eviction][lse]") {
   for (auto const& c : test::eviction_cases_lse()) test::emu_check_all_schedules(c, 1);
 }
+
+TEST_CASE("emulated eviction: the top-k's one-slice boundary (4096, 4097, 8192 candidates)",
+          "[emu][eviction][select]") {
+  for (auto const& c : test::eviction_cases_slice_boundary()) test::emu_check_all_schedules(c, 1);
+}

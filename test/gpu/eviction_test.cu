@@ -31,6 +31,13 @@ TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: SnapKV from the prefill
   for (auto const& c : test::eviction_cases_lse()) GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu eviction: the top-k's one-slice boundary (4096, 4097, 8192 candidates)",
+                 "[gpu][eviction][select]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::eviction_cases_slice_boundary())
+    GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu eviction: long candidate lists (several radix tiles)", "[gpu][eviction]") {
   test::gpu_backend gpu;
   GPU_REQUIRE_AGREES(test::check_eviction(test::eviction_case_long(), gpu));

@@ -385,8 +385,8 @@ struct eviction_case {
   std::int32_t d = 128, P = 16, group = 4, sink = 4, recent = 8, window = 24;
   score_source source     = score_source::supplied;
   std::int32_t obs_window = 32;
-  std::int32_t long_len   = 3000;  ///< tokens seen by the longest request before its chunk
-  std::int32_t long_chunk = 1500;  ///< that request's chunk
+  std::int32_t long_len   = 1500;  ///< tokens seen by the longest request before its chunk
+  std::int32_t long_chunk = 600;   ///< that request's chunk (several compaction tiles)
   std::uint64_t seed      = 1;
   scale_mode scales       = scale_mode::none;  ///< fp8 only: drawn per layer (scale_arrays)
   /// SnapKV from the prefill's log-sum-exp (the CPU reference prefill of the same chunk)
@@ -477,8 +477,8 @@ inline std::vector<eviction_case> eviction_cases_lse() {
   eviction_case c;
   c.source     = score_source::snapkv;
   c.lse        = true;
-  c.long_len   = 1500;  // the reference prefill that gives the lse is quadratic in the chunk
-  c.long_chunk = 200;
+  c.long_len   = 800;  // the reference prefill that gives the lse is quadratic in the chunk
+  c.long_chunk = 160;
   c.seed       = 80;
   out.push_back(c);  // bf16 d 128, f32 queries: split rows
   c.d          = 64;
@@ -526,6 +526,58 @@ inline std::vector<eviction_case> eviction_cases_lse() {
   c.tensor_cores = false;
   c.seed         = 86;
   out.push_back(c);
+  // (From the review of the scorer.) Split rows on f16 mma (f32 queries, f16 K), split rows
+  // on bf16 mma with f16 queries at d 256, fp8 at d 64 (4 lanes stage a token), a one-query
+  // window, and GQA 5 x window 7 (35 queries: a partial query tile) with sinks.
+  c.tensor_cores = true;
+  c.kv_dtype     = dtype::f16;
+  c.q_dtype      = dtype::f32;
+  c.seed         = 180;
+  out.push_back(c);
+  c.kv_dtype = dtype::bf16;
+  c.d        = 256;
+  c.q_dtype  = dtype::f16;
+  c.seed     = 181;
+  out.push_back(c);
+  c.kv_dtype = dtype::fp8_e4m3;
+  c.d        = 64;
+  c.P        = 1;
+  c.scales   = scale_mode::per_head;
+  c.seed     = 182;
+  out.push_back(c);
+  c.kv_dtype   = dtype::fp8_e5m2;
+  c.q_dtype    = dtype::f32;
+  c.group      = 1;
+  c.obs_window = 1;
+  c.seed       = 183;
+  out.push_back(c);
+  c.kv_dtype   = dtype::bf16;
+  c.d          = 128;
+  c.P          = 16;
+  c.scales     = scale_mode::none;
+  c.q_dtype    = dtype::bf16;
+  c.group      = 5;
+  c.obs_window = 7;
+  c.sinks      = true;
+  c.seed       = 184;
+  out.push_back(c);
+  return out;
+}
+
+/// The top-k's one-slice / multi-slice boundary (select_slice = 4096 candidates): a request with
+/// no held tokens and a chunk of 4096 (one slice: every key in the CTA's registers), 4097 (a
+/// second slice of one key) and 8192 (two full slices). (From the review of the one-slice path.)
+inline std::vector<eviction_case> eviction_cases_slice_boundary() {
+  std::vector<eviction_case> out;
+  std::uint64_t seed = 190;
+  for (std::int32_t chunk : {4096, 4097, 8192}) {
+    eviction_case c;
+    c.source     = chunk == 8192 ? score_source::key_norm : score_source::supplied;
+    c.long_len   = 0;
+    c.long_chunk = chunk;
+    c.seed       = ++seed;
+    out.push_back(c);
+  }
   return out;
 }
 

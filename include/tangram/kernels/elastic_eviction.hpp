@@ -253,7 +253,8 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
  * per-head counts above and at the threshold (one warp per head), then one thread allots the
  * ties in (layer, head) order and runs `elastic_group_pages` (sequential: O(L H + G Hp log^2)).
  * Then the per-head multi-CTA threshold search (three histogram launches, grid: slices x L * H x
- * requests) and `elastic_compact_kernel`, one CTA per (request, layer, head): the per-head top-k
+ * requests) and `elastic_compact_kernel`, up to 16 CTAs per (request, layer, head) (each a byte
+ * range of every token): the per-head top-k
  * and in-place compaction of kernels/eviction.hpp with the keep count of its group, and
  * `new_len`. (Before them a reset kernel zeroes the per-head histograms of the workspace.)
  *

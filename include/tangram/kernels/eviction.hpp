@@ -458,12 +458,14 @@ inline std::size_t eviction_workspace_bytes(eviction_params const& p) {
  * Kernels: a reset of the top-k histograms (one CTA per head); for snapkv without `q_lse`, a
  * per-tile logit-statistics kernel, a per-head reduction and a scoring kernel (grid: key tiles x
  * batch x KV heads); for snapkv with `q_lse`, the scoring kernel alone (on tensor cores for
- * 16-bit and fp8 K: grid key blocks x heads); for key_norm, a norm kernel; then the multi-CTA threshold search: three radix
- * passes (11, 11 and 10 bits; grid: slices of select_slice candidates x heads) whose CTAs build
- * the keys (pass 0), histogram their slice in shared memory and add it to the head's histogram in
- * the workspace, the head's last CTA finding the digit; then one compaction kernel per (request,
- * KV head) that moves the survivors into the column in order, tile by tile (loads of a tile
- * precede its stores; every survivor moves to a position at or before its source). The workspace
+ * 16-bit and fp8 K: grid key blocks x heads); for key_norm, a norm kernel; then the multi-CTA
+ * threshold search: three radix passes (11, 11 and 10 bits; grid: slices of select_slice
+ * candidates x heads) whose CTAs build the keys (pass 0), histogram their slice in shared memory
+ * and add it to the head's histogram in the workspace, the head's last CTA finding the digit (a
+ * head of one slice does all three in pass 0); then a compaction kernel (up to 16 CTAs per
+ * (request, KV head), each a byte range of every token) that moves the survivors into the column
+ * in order, tile by tile (loads of a tile precede its stores; every survivor moves to a position
+ * at or before its source). The workspace
  * needs no initialisation: the launch zeroes the histograms itself.
  *
  * Stream-ordered and asynchronous: no host synchronisation or allocation. Inputs must stay valid

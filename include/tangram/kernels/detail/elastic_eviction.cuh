@@ -14,7 +14,8 @@
  *      within a head is the per-head compaction's tie rule, so a head's wanted ties are its
  *      earliest), then runs `elastic_group_pages` (sequential) and writes `status`.
  * - `elastic_histogram_kernel` (grid: slices x L * H x requests, one launch per radix pass) and
- *   `elastic_compact_kernel`, one CTA per (layer * H + head, request): the head's keep count from
+ *   `elastic_compact_kernel`, compact_config::splits CTAs per (layer * H + head, request), each a
+ *   byte range of every token: the head's keep count from
  *   its group's pages (`elastic_job`), then the multi-CTA threshold search
  *   (`select_histogram_pass`) and `compact_selected` of eviction.cuh over its stage keys, every
  *   candidate already in the column (the chunk was staged at `[len, len + c)`).

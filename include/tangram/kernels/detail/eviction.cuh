@@ -23,9 +23,12 @@
  *   that match the prefix so far in a shared histogram (warp-aggregated), adds it to the head's
  *   histogram, and the head's last CTA (ticket after a fence) finds the digit, records the
  *   prefix and remaining rank and clears the histogram. Pass 0 builds the keys (max-pool,
- *   protection). After pass 2 the state holds the k-th largest key T and how many keys equal to T
- *   to keep (the earliest ones).
- * - `select_compact_kernel`, one CTA per (request, KV head): scans keep flags in candidate order
+ *   protection). A head of one slice (`select_one_slice`) runs all three passes in pass 0's CTA
+ *   over its shared histogram, keys in registers, never touching the global one. After pass 2
+ *   the state holds the k-th largest key T and how many keys equal to T to keep (the earliest
+ *   ones).
+ * - `select_compact_kernel`, compact_config::splits CTAs per (request, KV head), each moving a
+ *   disjoint byte range of every token (copy_split): scans keep flags in candidate order
  *   (block scans with carries) and moves survivors tile by tile: all loads of a batch of
  *   survivors complete before its stores, and every survivor moves to a position at or before its
  *   source, so compacting in place within the column is safe. Ring and append heads copy their
