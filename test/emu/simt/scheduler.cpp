@@ -20,6 +20,7 @@
 #endif
 #endif
 #if defined(TANGRAM_EMU_ASAN)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -228,6 +229,12 @@ void init_fiber(std::size_t i) {
   auto& s  = sched();
   auto& st = s.stacks[i];
   auto& f  = s.fibers[i];
+#if defined(TANGRAM_EMU_ASAN)
+  // A finished fiber left for good from inside switch_context: its frames never returned, so
+  // their redzones are still poisoned. A new fiber on the same stack must start from clean
+  // shadow, or its locals that land on those stale redzones read as stack-buffer errors.
+  __asan_unpoison_memory_region(st.bottom(), stack_bytes);
+#endif
 #if defined(__x86_64__)
   // Frame popped by tangram_emu_switch: r15..r12, rbx, rbp, return address (fiber_main,
   // entered with the stack 8 bytes off 16-byte alignment, as after a call).
