@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -15,10 +16,6 @@
 
 namespace tangram::test {
 
-/// The first `count` (1..3) schedules of a scenario: deferred cp.async copies (a missing or short
-/// wait reads poisoned shared memory), eager copies (a stage refilled while another thread still
-/// reads it changes what that thread sees), then deferred again under another seed. Scenarios
-/// alternate which mode a single schedule gets (by seed), so both modes see every suite.
 /// Largest |a - b| over two outputs of the same size; a NaN counts as infinitely far.
 inline float worst_difference(std::vector<float> const& a, std::vector<float> const& b) {
   float w = 0.f;
@@ -29,7 +26,17 @@ inline float worst_difference(std::vector<float> const& a, std::vector<float> co
   return w;
 }
 
+/// The first `count` (1..3) schedules of a scenario: deferred copies (a missing or short wait
+/// reads poisoned shared memory), eager copies (a stage refilled while another thread still reads
+/// it changes what that thread sees), then deferred again under another seed. Scenarios alternate
+/// which mode a single schedule gets (by seed), so both modes see every suite. The environment
+/// variable TANGRAM_EMU_MAX_SCHEDULES (a positive integer) lowers `count` to at most that: the
+/// sanitizer stage of scripts/run_tests.sh runs one schedule per scenario, the main stage all.
 inline std::vector<emu::options> emu_schedules(std::uint64_t seed, int count) {
+  if (const char* cap = std::getenv("TANGRAM_EMU_MAX_SCHEDULES")) {
+    const int most = std::atoi(cap);
+    if (most >= 1 && most < count) count = most;
+  }
   std::vector<emu::options> all = {{seed, emu::copy_mode::deferred, 0},
                                    {seed * 104729 + 2, emu::copy_mode::eager, 0},
                                    {seed * 7919 + 1, emu::copy_mode::deferred, 0}};
