@@ -148,9 +148,6 @@ def side_by_side(prefix, title, columns):
 side_by_side("BM_decode_invariant", "Batch-invariant decode beside the split map's pieces",
              [("split us", "split_us", 1), ("invariant us", "invariant_us", 1),
               ("invariant / split", "invariant_over_split", 3)])
-side_by_side("BM_decode_copies", "Tensor-core decode: bulk copies (cp.async.bulk + mbarriers) beside per-lane cp.async",
-             [("bulk / cp.async", "bulk_over_cp_async", 3), ("fraction of peak, bulk", "hbm_fraction_bulk", 2),
-              ("fraction of peak, cp.async", "hbm_fraction_cp_async", 2)])
 side_by_side("BM_decode_pdl", "Programmatic dependent launch: 32 back-to-back decode launches",
              [("plain us", "plain_us", 1), ("PDL us", "pdl_us", 1), ("PDL / plain", "pdl_over_plain", 3)])
 print("\n## Eviction throughput (candidate K+V bytes per second; scorer 0 supplied, 1 key norm, 2 SnapKV, "

@@ -4,8 +4,8 @@
 # registers, spill stores/loads, stack frame, static shared memory and barriers (ptxas -v), the
 # decode split kernels' dynamic shared memory (decode_config, decode_mma_config), and the SASS
 # instruction count of their per-tile loop per byte of K/V the tile loads (cuobjdump -sass; the
-# loop is the smallest backward branch whose body holds the tile's copies (cp.async: LDGSTS, or
-# cp.async.bulk: UBLKCP) and a barrier: BAR.SYNC for decode_split_kernel, whose 128 threads share a tile; for
+# loop is the smallest backward branch whose body holds the tile's cp.async copies (LDGSTS) and
+# a barrier: BAR.SYNC for decode_split_kernel, whose 128 threads share a tile; for
 # decode_mma_kernel, whose warps stream their own tiles with a warp sync, the tile's tensor-core
 # instructions (HMMA) mark it instead). The last column multiplies by the warps that execute the
 # loop for one tile (4 and 1), so it counts warp instructions issued per byte on either kernel.
@@ -93,8 +93,7 @@ def tile_loop(instrs, marker="BAR.SYNC"):
         if target >= addr:
             continue
         body = [t for a, t in instrs if target <= a <= addr]
-        copies = any("LDGSTS" in t or "UBLKCP" in t for t in body)
-        if copies and any(marker in t for t in body):
+        if any("LDGSTS" in t for t in body) and any(marker in t for t in body):
             if best is None or len(body) < best:
                 best = len(body)
     return best
@@ -111,8 +110,7 @@ def mma_shape(T, D):  # decode_mma_config (16-bit K/V, or fp8 widened to an f16 
     warps, tile, row = 2, (32 if D == 64 else 16), D + 8
     stage, wide, q = 2 * tile * (D * es + 16), (tile * row * 2 if es == 1 else 0), 16 * row * 2
     stages = min(4, (45 * 1024 - q - warps * wide) // (warps * stage))
-    bars = warps * stages * 8  # the stages' mbarriers
-    return tile * 2 * D * es, max(warps * (stages * stage + wide) + q + bars, 4096 * 8)
+    return tile * 2 * D * es, max(warps * (stages * stage + wide) + q, 4096 * 8)
 
 names = sorted(rows)
 pretty = dict(zip(names, demangle(names)))
@@ -122,7 +120,7 @@ print("|---|---|---|---|---|---|---|---|---|---|---|")
 for n in sorted(names, key=lambda k: short(pretty[k])):
     r = rows[n]; p = short(pretty[n])
     dyn = loop = kvb = per = wper = "-"
-    m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+)(?:, (?:true|false))*>", p)
+    m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+)(?:, (?:true|false))?>", p)
     if m:
         if m.group(1) == "split":
             kvb_, dyn_, _ = decode_shape(m.group(2), int(m.group(3)))

@@ -13,9 +13,6 @@
 //  BM_decode_invariant/B/ctx/K: the same batch with the split map's pieces and in batch-invariant
 //    mode (decode_params::invariant_pieces = K), timed side by side each iteration; counter
 //    invariant_over_split (the modelled token ratio is in docs/kernels.md).
-//  BM_decode_copies/B/ctx: the tensor-core kernel staging K/V with bulk copies (cp.async.bulk on
-//    mbarriers, the default on sm_90) and with per-lane 16-byte cp.async, timed side by side each
-//    iteration; counters bulk_over_cp_async, hbm_fraction_bulk, hbm_fraction_cp_async.
 //  BM_decode_pdl/B/ctx: 32 decode launches back to back (one layer's data, one workspace), with
 //    and without programmatic dependent launch (decode_params::pdl), timed side by side each
 //    iteration; counter pdl_over_plain (the launch gaps PDL hides, per 32 layers).
@@ -103,28 +100,6 @@ void decode_bandwidth(state& st, std::int32_t batch, std::int32_t ctx, bool tens
   st.counter("TB_per_s", s.kv_bytes() / per / 1e12);
   st.counter("hbm_fraction", s.kv_bytes() / per / h200_peak_bytes_per_s);
   st.counter("n_cta", lim.max_ctas());
-}
-
-void decode_copies(state& st, std::int32_t batch, std::int32_t ctx) {
-  auto lim = limits_or_default();
-  const std::vector<std::int32_t> len(static_cast<std::size_t>(batch * H), ctx);
-  const auto begin = cta_begin_for(std::vector<double>(H, 1.0), lim.max_ctas());
-  decode_setup bulk(batch, len, begin, lim.max_ctas());
-  decode_setup lanes(batch, len, begin, lim.max_ctas());
-  lanes.p.bulk_copies = false;
-  l2_flusher flusher;
-  bulk.enqueue(nullptr);  // warm-up
-  lanes.enqueue(nullptr);
-  double tb = 0, tl = 0;
-  for (int i = 0; i < st.iterations; ++i) {
-    tb += timed(flusher, nullptr, [&] { bulk.enqueue(nullptr); });
-    tl += timed(flusher, nullptr, [&] { lanes.enqueue(nullptr); });
-  }
-  auto it              = static_cast<double>(st.iterations);
-  st.out->real_time_us = tb / it * 1e6;  // bulk copies
-  st.counter("bulk_over_cp_async", tb / tl);
-  st.counter("hbm_fraction_bulk", bulk.kv_bytes() / (tb / it) / h200_peak_bytes_per_s);
-  st.counter("hbm_fraction_cp_async", lanes.kv_bytes() / (tl / it) / h200_peak_bytes_per_s);
 }
 
 void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
@@ -234,29 +209,22 @@ int main(int argc, char** argv) {
                         std::to_string(K),
                     [=](state& st) { decode_invariant(st, b, ctx, K); }});
   };
-  auto copies = [&](std::int32_t b, std::int32_t ctx) {
-    defs.push_back({"BM_decode_copies/" + std::to_string(b) + "/" + std::to_string(ctx),
-                    [=](state& st) { decode_copies(st, b, ctx); }});
-  };
   auto pdl = [&](std::int32_t b) {
     defs.push_back({"BM_decode_pdl/" + std::to_string(b) + "/4096",
                     [=](state& st) { decode_pdl(st, b, 4096); }});
   };
   // The short set (--short) first: one long-context, one batched, one skew point, one
-  // batch-invariant point, one copy-path point and one PDL point.
+  // batch-invariant point and one PDL point.
   bandwidth(1, 131072);
   bandwidth(32, 32768);
   skew(16, 65536);
   invariant(16, 32768, 64);
-  copies(16, 32768);
   pdl(32);
   const std::size_t short_count = defs.size();
   invariant(1, 131072, 64);  // batch-invariant mode beside the split map's pieces
   invariant(4, 32768, 16);
   invariant(64, 8192, 64);
   pdl(1);
-  copies(1, 131072);
-  copies(64, 8192);
   bandwidth_cuda_core(1, 131072);  // the CUDA-core kernel on the short set's bandwidth points
   bandwidth_cuda_core(32, 32768);
   for (std::int32_t batch : {1, 8, 32, 128})

@@ -79,32 +79,20 @@ test::decode_case small_decode(dtype t, std::int32_t d) {
 
 }  // namespace
 
-TEST_CASE("mutation: a cp.async wait one stage short or a skipped mbarrier wait is detected "
-          "(decode)",
-          "[emu][mutation]") {
-  // Deferred copies land only when their group is waited for, or (bulk copies) when a wait
-  // observes their mbarrier phase: one group short or without the wait, the tile being read is
-  // still poisoned shared memory. (Group 3 with 16-bit or fp8 K/V runs the tensor-core kernel,
-  // with bulk copies unless switched off: two stages per warp at d 64 and 128, one at d 256, three
-  // for fp8; f32 runs the CUDA-core kernel.)
+TEST_CASE("mutation: a cp.async wait one stage short is detected (decode)", "[emu][mutation]") {
+  // Deferred copies land only when their group is waited for: one group short, the tile being
+  // read is still poisoned shared memory. (Group 3 with 16-bit K/V runs the tensor-core kernel:
+  // two stages per warp at d 64 and 128, one at d 256; f32 and fp8 run the CUDA-core kernel.)
   struct shape {
     dtype t;
     std::int32_t d;
-    bool bulk;
   };
-  for (auto s : {shape{dtype::bf16, 128, true},
-                 shape{dtype::bf16, 128, false},
-                 shape{dtype::f32, 128, true},
-                 shape{dtype::f16, 64, true},
-                 shape{dtype::f16, 64, false},
-                 shape{dtype::bf16, 256, true},
-                 shape{dtype::bf16, 256, false},
-                 shape{dtype::fp8_e5m2, 128, true},
-                 shape{dtype::fp8_e5m2, 128, false}}) {
-    auto c        = small_decode(s.t, s.d);
-    c.bulk_copies = s.bulk;
-    require_detected(c, {3, emu::copy_mode::deferred, 0}, decode_tile_wait);
-  }
+  for (auto s : {shape{dtype::bf16, 128},
+                 shape{dtype::f32, 128},
+                 shape{dtype::f16, 64},
+                 shape{dtype::bf16, 256},
+                 shape{dtype::fp8_e5m2, 128}})
+    require_detected(small_decode(s.t, s.d), {3, emu::copy_mode::deferred, 0}, decode_tile_wait);
 }
 
 TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256 and fp8)",
@@ -114,13 +102,10 @@ TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256 and f
   // lanes read 8 bytes of a 16-byte chunk that, by the copy order, another thread copied. (In
   // the configurations where every lane reads exactly the 16-byte chunks it copied, this barrier
   // only orders a thread's own copies, and deleting it is harmless there.)
-  // The barrier belongs to the cp.async path (with bulk copies every lane waits on the stage's
-  // mbarrier itself).
-  auto fp8        = small_decode(dtype::fp8_e4m3, 64);
-  fp8.bulk_copies = false;
   require_detected(
       small_decode(dtype::f32, 256), {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
-  require_detected(fp8, {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
+  require_detected(
+      small_decode(dtype::fp8_e4m3, 64), {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
 }
 
 TEST_CASE("mutation: a deleted load-to-store barrier in the compaction is detected",

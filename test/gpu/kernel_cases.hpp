@@ -59,7 +59,6 @@ struct decode_case {
   std::uint64_t seed = 1;
   std::vector<std::int32_t> ctas;                    ///< N_CTA values; empty: {heads, 264, 535}
   bool tensor_cores             = true;              ///< decode_params::tensor_cores
-  bool bulk_copies              = true;              ///< decode_params::bulk_copies
   scale_mode scales             = scale_mode::none;  ///< fp8 only
   std::int32_t invariant_pieces = 0;                 ///< decode_params::invariant_pieces
   float scale_magnitude         = 1.f;  ///< fp8 scales in [0.5, 2] x this (scale_arrays)
@@ -72,8 +71,6 @@ struct decode_case {
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     if (invariant_pieces != 0) s << ", batch-invariant K " << invariant_pieces;
     if (fold_merge) s << ", merge folded";
-    if (!tensor_cores) s << ", CUDA cores";
-    if (!bulk_copies) s << ", cp.async";
     return s.str();
   }
 };
@@ -142,8 +139,7 @@ inline std::vector<decode_case> decode_cases_fp8() {
 
 /// The tensor-core decode instances (16-bit and fp8 K/V, GQA group buckets 4 and 8): bf16 and
 /// f16 x head dims 64/128/256 x groups 3, 4, 6, 8 (full and part-filled buckets), fp8 e4m3 and
-/// e5m2 x head dims x groups 3 and 8 (fp8 scales per head, some of vLLM's magnitude), staged by
-/// bulk copies and (alternate cases) by cp.async, with empty
+/// e5m2 x head dims x groups 3 and 8 (fp8 scales per head, some of vLLM's magnitude), with empty
 /// and single-token heads, lengths around the 16-token warp tile, a sliding-window ring layer,
 /// page sizes that are and are not powers of two, sinks, f32 and 16-bit outputs and three split
 /// maps.
@@ -169,9 +165,6 @@ inline std::vector<decode_case> decode_cases_mma() {
         c.sinks      = group % 2 == 0;
         c.o_dtype    = group == 8 ? dtype::bf16 : dtype::f32;
         c.seed       = ++seed;
-        // Alternate cases stage K/V with per-lane cp.async instead of bulk copies: both copy
-        // paths meet groups 3 and 4 (bucket 4), 6 and 8 (bucket 8) and every head dim.
-        c.bulk_copies = out.size() % 2 == 0;
         out.push_back(c);
       }
   return out;
@@ -342,7 +335,6 @@ std::string check_decode(decode_case const& c, Backend& backend) {
       p.q                = s.q.data();
       p.sinks            = c.sinks ? s.sinks.data() : nullptr;
       p.tensor_cores     = c.tensor_cores;
-      p.bulk_copies      = c.bulk_copies;
       p.scales           = s.scales.view();
       p.invariant_pieces = c.invariant_pieces;
       std::vector<unsigned char> o_ref(out_bytes), o_run(out_bytes, 0x7f);

@@ -224,11 +224,6 @@ struct decode_params {
   /// false runs the CUDA-core one there too (to compare them; decode_device_limits reports the
   /// tensor-core kernel's occupancy)
   bool tensor_cores = true;
-  /// The tensor-core kernel on sm_90+ stages each K and V row with one `cp.async.bulk`
-  /// completed on a shared-memory barrier (kernels/detail/bulk_copy.cuh); false: 16-byte
-  /// `cp.async` per lane and chunk, what older GPUs run regardless (to compare them). Results
-  /// are identical either way.
-  bool bulk_copies = true;
   /// fp8 pages only: K/V of KV head h hold `to_float(stored) * s_h` (kv_scales.hpp; device
   /// arrays for the launcher). The CUDA-core kernel folds the K scale into the pre-scaled query,
   /// the tensor-core kernel multiplies its scores by it; both apply the V scale to the output;

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fiber scheduler behind simt.hpp: context switching, block and warp barriers, cp.async
-// queues, mbarriers with bulk copies, shared-memory poisoning, and the hooks the kernel headers
-// call in emulation builds.
+// queues, shared-memory poisoning, and the hooks the kernel headers call in emulation builds.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -78,7 +77,7 @@ struct context {
 };
 #endif
 
-enum class fiber_state { ready, at_block_barrier, at_warp_barrier, at_mbarrier, done };
+enum class fiber_state { ready, at_block_barrier, at_warp_barrier, done };
 
 struct pending_copy {
   unsigned char* dst;
@@ -94,17 +93,6 @@ struct fiber {
   std::vector<pending_copy> copies;
   std::size_t committed = 0;
   int shuffle_parity    = 0;
-  std::uint64_t* wait_bar  = nullptr;  ///< at_mbarrier: the barrier and the phase parity
-  unsigned wait_parity     = 0;
-};
-
-/// A cp.async.bulk copy in flight (global memory read at issue, as for cp.async): it lands when
-/// a thread's wait observes the completion of the phase it counts against.
-struct pending_bulk_copy {
-  std::uint64_t* bar;
-  unsigned char* dst;
-  std::vector<unsigned char> bytes;
-  bool phase_complete = false;
 };
 
 constexpr std::size_t gather_bytes = 32;          // warp_gather: bytes per lane
@@ -145,7 +133,6 @@ struct scheduler {
   void (*body)(void*) = nullptr;
   void* body_ctx      = nullptr;
   std::string fault;            ///< set by a fiber that cannot go on (device check)
-  std::vector<pending_bulk_copy> bulk;  ///< the block's bulk copies that have not landed
   std::vector<unsigned> order;  ///< the current phase's fibers, in run order
   std::size_t next = 0;         ///< position in `order` of the next fiber to run
   std::mt19937_64 rng;
@@ -278,88 +265,6 @@ void poison_shared(scheduler& s) {
   throw kernel_fault(what);
 }
 
-// ---------------------------------------------------------------------------------------------
-// mbarriers. The state lives in the barrier's own 8 bytes of shared memory: bits 0-14 the
-// arrivals still pending in the current phase, 15-29 the arrivals per phase, bit 30 the current
-// phase's parity, bit 31 zero (shared memory starts as 0xff bytes, so a barrier used before its
-// initialisation is recognised), bits 32-63 the transaction bytes the phase still waits for
-// (signed: a copy may complete before its bytes are announced).
-// ---------------------------------------------------------------------------------------------
-struct mbar_state {
-  unsigned pending = 0, count = 0, parity = 0;
-  std::int32_t tx  = 0;
-};
-constexpr unsigned mbar_max_count = (1u << 15) - 1;
-
-std::uint64_t encode(mbar_state const& m) {
-  return static_cast<std::uint64_t>(m.pending) | static_cast<std::uint64_t>(m.count) << 15 |
-         static_cast<std::uint64_t>(m.parity) << 30 |
-         static_cast<std::uint64_t>(static_cast<std::uint32_t>(m.tx)) << 32;
-}
-bool decode(std::uint64_t v, mbar_state& m) {
-  if ((v >> 31 & 1u) != 0) return false;
-  m.pending = static_cast<unsigned>(v & mbar_max_count);
-  m.count   = static_cast<unsigned>(v >> 15 & mbar_max_count);
-  m.parity  = static_cast<unsigned>(v >> 30 & 1u);
-  m.tx      = static_cast<std::int32_t>(static_cast<std::uint32_t>(v >> 32));
-  return m.count > 0;
-}
-
-bool in_shared(scheduler const& s, const void* p, std::size_t bytes) {
-  auto const* b = static_cast<const unsigned char*>(p);
-  auto inside   = [&](const unsigned char* lo, const unsigned char* hi) {
-    return b >= lo && b + bytes <= hi;
-  };
-  return (s.dynamic_bytes && inside(s.dynamic_smem, s.dynamic_smem + s.dynamic_bytes)) ||
-         inside(__start_tangram_emu_shared, __stop_tangram_emu_shared);
-}
-
-/// Ends the running fiber's launch with `what` (from inside a fiber).
-[[noreturn]] void fiber_fault(std::string what) {
-  sched().fault = std::move(what);
-  yield_to_scheduler(false);
-  __builtin_unreachable();
-}
-
-mbar_state load_mbarrier(std::uint64_t* bar) {
-  auto& s = sched();
-  if (reinterpret_cast<std::uintptr_t>(bar) % 8 != 0 || !in_shared(s, bar, 8))
-    fiber_fault("mbarrier outside shared memory or not 8-byte aligned");
-  mbar_state m;
-  if (!decode(*bar, m)) fiber_fault("mbarrier used before mbarrier_init");
-  return m;
-}
-
-/// Completes the phase once every arrival and every announced byte is in: the phase's copies
-/// may land (when a wait observes it) and the next phase begins.
-void complete_if_done(scheduler& s, std::uint64_t* bar, mbar_state& m) {
-  if (m.pending != 0) return;
-  if (m.tx < 0)
-    fiber_fault("bulk copies completed " + std::to_string(-m.tx) +
-                " bytes more than the phase's arrivals announced");
-  if (m.tx != 0) return;
-  for (auto& c : s.bulk)
-    if (c.bar == bar) c.phase_complete = true;
-  m.parity ^= 1u;
-  m.pending = m.count;
-}
-
-/// Lands the copies of the completed phases of `bar`, in issue order.
-void land_completed(scheduler& s, std::uint64_t* bar) {
-  auto keep = std::stable_partition(s.bulk.begin(), s.bulk.end(), [&](auto const& c) {
-    return !(c.bar == bar && c.phase_complete);
-  });
-  for (auto it = keep; it != s.bulk.end(); ++it)
-    std::memcpy(it->dst, it->bytes.data(), it->bytes.size());
-  s.bulk.erase(keep, s.bulk.end());
-}
-
-/// Whether the phase `f` waits for has completed.
-bool wait_done(fiber const& f) {
-  mbar_state m;
-  return decode(*f.wait_bar, m) && m.parity != f.wait_parity;
-}
-
 /// Runs the current block to completion.
 void run_block(scheduler& s, unsigned threads) {
   s.fibers.assign(threads, fiber{});
@@ -372,15 +277,11 @@ void run_block(scheduler& s, unsigned threads) {
     init_fiber(i);
   }
   poison_shared(s);
-  s.bulk.clear();
   auto& order = s.order;
   for (;;) {
     order.clear();
-    for (unsigned i = 0; i < threads; ++i) {
-      auto& f = s.fibers[i];
-      if (f.state == fiber_state::at_mbarrier && wait_done(f)) f.state = fiber_state::ready;
-      if (f.state == fiber_state::ready) order.push_back(i);
-    }
+    for (unsigned i = 0; i < threads; ++i)
+      if (s.fibers[i].state == fiber_state::ready) order.push_back(i);
     if (!order.empty()) {
       // One phase: the fibers hand over to each other in this order (yield_to_scheduler) and
       // the last one returns here.
@@ -420,14 +321,6 @@ void run_block(scheduler& s, unsigned threads) {
     }
     if (released) continue;
     if (!any_live) return;
-    for (auto const& f : s.fibers)
-      if (f.state == fiber_state::at_mbarrier) {
-        mbar_state m;
-        decode(*f.wait_bar, m);
-        fail("an mbarrier wait that can never complete: phase parity " +
-             std::to_string(f.wait_parity) + ", " + std::to_string(m.pending) +
-             " arrivals and " + std::to_string(m.tx) + " transaction bytes missing");
-      }
     if (!all_at_block)
       fail("divergent barrier: some live threads wait at __syncthreads, others at a warp barrier");
     for (auto& f : s.fibers)
@@ -565,60 +458,6 @@ void copy_wait_prior(std::size_t groups) {
       f.copies.begin(), f.copies.end(), [&](pending_copy const& c) { return c.group < limit; });
   for (auto it = f.copies.begin(); it != keep; ++it) land(*it);
   f.copies.erase(f.copies.begin(), keep);
-}
-
-// mbarrier and bulk-copy hooks of include/tangram/kernels/detail/bulk_copy.cuh.
-void mbarrier_init(std::uint64_t* bar, unsigned count) {
-  auto& s = sched();
-  if (reinterpret_cast<std::uintptr_t>(bar) % 8 != 0 || !in_shared(s, bar, 8))
-    fiber_fault("mbarrier_init outside shared memory or not 8-byte aligned");
-  if (count == 0 || count > mbar_max_count)
-    fiber_fault("mbarrier_init with " + std::to_string(count) + " arrivals a phase");
-  s.bulk.erase(std::remove_if(s.bulk.begin(), s.bulk.end(), [&](auto const& c) {
-                 return c.bar == bar;
-               }),
-               s.bulk.end());
-  mbar_state m;
-  m.pending = m.count = count;
-  *bar                = encode(m);
-}
-void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
-  auto& s      = sched();
-  mbar_state m = load_mbarrier(bar);
-  if (bytes >= (1u << 20)) fiber_fault("expect_tx of " + std::to_string(bytes) + " bytes");
-  m.tx += static_cast<std::int32_t>(bytes);
-  --m.pending;
-  complete_if_done(s, bar, m);
-  *bar = encode(m);
-}
-void bulk_copy(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
-  auto& s = sched();
-  if (bytes == 0 || bytes % 16 != 0)
-    fiber_fault("cp.async.bulk of " + std::to_string(bytes) + " bytes (a multiple of 16)");
-  if (reinterpret_cast<std::uintptr_t>(dst) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16)
-    fiber_fault("cp.async.bulk from or to an address that is not 16-byte aligned");
-  if (!in_shared(s, dst, bytes)) fiber_fault("cp.async.bulk destination outside shared memory");
-  mbar_state m = load_mbarrier(bar);
-  auto const* from = static_cast<const unsigned char*>(src);
-  if (s.opts.copies == copy_mode::eager)
-    std::memcpy(dst, from, bytes);
-  else
-    s.bulk.push_back({bar, static_cast<unsigned char*>(dst), {from, from + bytes}});
-  m.tx -= static_cast<std::int32_t>(bytes);
-  complete_if_done(s, bar, m);
-  *bar = encode(m);
-}
-void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
-  auto& s      = sched();
-  mbar_state m = load_mbarrier(bar);
-  if (m.parity == (parity & 1u)) {
-    auto& f       = running_fiber();
-    f.wait_bar    = bar;
-    f.wait_parity = parity & 1u;
-    f.state       = fiber_state::at_mbarrier;
-    yield_to_scheduler(false);
-  }
-  land_completed(s, bar);
 }
 
 // Hooks declared by include/tangram/kernels/detail/vec.cuh in emulation builds.

@@ -16,10 +16,6 @@
  *   for their group (copy_mode::deferred: a wait that is too short reads stale or poisoned
  *   shared memory) or at issue (copy_mode::eager: a stage refilled while another thread still
  *   reads it is overwritten early);
- * - `cp.async.bulk` copies count against an mbarrier whose state sits in its shared memory; in
- *   the deferred mode they land only when a thread's wait observes their phase complete (a
- *   missing wait reads poisoned shared memory), in the eager mode at issue; a wait that no
- *   arrival or copy can complete is reported, as is a barrier used before its initialisation;
  * - barriers that not every live thread of the scope reaches (divergence), and failed device
  *   checks, end the launch with emu::kernel_fault instead of hanging or aborting.
  *
@@ -151,11 +147,6 @@ void warp_gather(const void* mine, std::size_t bytes, void* warp_out);
 void copy_async(void* dst, const void* src, std::size_t bytes, std::size_t zero_fill);
 void copy_commit();
 void copy_wait_prior(std::size_t groups);
-// mbarriers and cp.async.bulk (include/tangram/kernels/detail/bulk_copy.cuh).
-void mbarrier_init(std::uint64_t* bar, unsigned count);
-void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes);
-void bulk_copy(void* dst, const void* src, unsigned bytes, std::uint64_t* bar);
-void mbarrier_wait(std::uint64_t* bar, unsigned parity);
 
 }  // namespace tangram::emu
 

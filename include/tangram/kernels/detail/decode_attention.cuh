@@ -386,7 +386,7 @@ cudaError_t decode_split_occupancy(int* ctas_per_sm) {
   if constexpr (decode_uses_mma<T, GB>) {
     using cfg = decode_mma_config<T, D>;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, decode_mma_kernel<T, D, GB, false, true>, cfg::threads, cfg::smem_bytes);
+        ctas_per_sm, decode_mma_kernel<T, D, GB, false>, cfg::threads, cfg::smem_bytes);
   } else {
     using cfg = decode_config<T, D>;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(

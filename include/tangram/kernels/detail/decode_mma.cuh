@@ -47,7 +47,6 @@
 
 #include "tangram/config.hpp"
 #include "tangram/kernels/decode_attention.hpp"
-#include "tangram/kernels/detail/bulk_copy.cuh"
 #include "tangram/kernels/detail/decode_common.cuh"
 #include "tangram/kernels/detail/mma.cuh"
 #include "tangram/kernels/detail/vec.cuh"
@@ -75,9 +74,7 @@ inline constexpr bool decode_uses_mma = (mma_input<T> || mma_fp8_input<T>)&&(GB 
 /// Compile-time shape of the tensor-core split kernel for storage type T and head dim D.
 /// Shared memory: the query operand (16 rows of `row` 16-bit elements), then per warp its ring
 /// of `stages` raw stages (K rows then V rows as stored, `raw_row` bytes apart) and, for fp8, one
-/// 16-bit tile (`row` elements a row) that K and then V of the current tile are widened into;
-/// then each warp's stage mbarriers (bulk copies: one for the K rows and one for the V rows of
-/// each stage, 8 bytes each).
+/// 16-bit tile (`row` elements a row) that K and then V of the current tile are widened into.
 template <class T, int D>
 struct decode_mma_config {
   static constexpr int warps      = 2;
@@ -88,8 +85,7 @@ struct decode_mma_config {
   static constexpr int tile        = D == 64 ? 32 : 16;
   static constexpr int lpt         = 32 / tile;  ///< lanes copying one token's rows
   static constexpr int row         = D + 8;      ///< 16-bit row stride in elements (16-byte pad)
-  static constexpr int row_bytes   = D * elem_bytes;       ///< a stored K or V row
-  static constexpr int raw_row     = row_bytes + 16;  ///< stored row stride in bytes (padded)
+  static constexpr int raw_row     = D * elem_bytes + 16;  ///< stored row stride in bytes (padded)
   static constexpr int stage_bytes = 2 * tile * raw_row;   ///< K rows, then V rows
   static constexpr int wide_bytes  = widen ? tile * row * 2 : 0;  ///< the widened K or V tile
   static constexpr int q_bytes     = 16 * row * 2;  ///< the A operand: hi rows 0-7, lo rows 8-15
@@ -98,8 +94,7 @@ struct decode_mma_config {
   static constexpr int stages     = fit > 4 ? 4 : fit;                  ///< per warp
   static constexpr int warp_bytes = stages * stage_bytes + wide_bytes;  ///< a warp's region
   static constexpr int chunks     = D * elem_bytes / 16 / lpt;          ///< copies per lane per row
-  static constexpr int bar_offset     = warps * warp_bytes + q_bytes;  ///< the stages' mbarriers
-  static constexpr int pipeline_bytes = bar_offset + warps * stages * 2 * 8;
+  static constexpr int pipeline_bytes = warps * warp_bytes + q_bytes;
   static constexpr int prefix_bytes   = decode_max_batch * 8;
   static constexpr int smem_bytes = pipeline_bytes > prefix_bytes ? pipeline_bytes : prefix_bytes;
 
@@ -107,7 +102,6 @@ struct decode_mma_config {
   static_assert(D % 16 == 0, "head dim: a multiple of the mma k");
   static_assert(tile % 16 == 0 && tile <= 32, "whole mma k steps, one token per lane at most");
   static_assert(chunks >= 1, "every lane of a token copies whole 16-byte chunks");
-  static_assert(lpt == 1 || lpt == 2, "bulk copies: a token's K and V rows over its lanes");
   static_assert(stages >= 1, "one stage per warp must fit");
   static_assert(warp_bytes >= decode_max_group * D * 4 && warp_bytes % 16 == 0,
                 "a warp's region holds its output state for the merge");
@@ -181,7 +175,7 @@ struct decode_lane_stream {
   }
 };
 
-template <class T, int D, int GB, bool Fold, bool Bulk>
+template <class T, int D, int GB, bool Fold>
 TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_mma_kernel(
     decode_args const a) {
   using cfg             = decode_mma_config<T, D>;
@@ -207,19 +201,6 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
   const decode_cta_work work = decode_locate_work<threads, Fold>(a, smem);
   if (work.empty) return;  // uniform across the CTA
   std::int64_t pre = work.pre;
-  // sm_90+: one cp.async.bulk per K or V row (bulk_copy.cuh), the K rows of a stage on one
-  // mbarrier and its V rows on another (S = Q K^T need not wait for V), in dynamic shared memory
-  // after the rings (initialised after decode_locate_work, which used it). Each barrier counts
-  // the lanes that copy its rows: at lpt 2 the even lanes copy K rows and the odd ones V rows.
-  constexpr bool bulk  = Bulk && bulk_copy_arch;
-  std::uint64_t* s_bar = reinterpret_cast<std::uint64_t*>(smem + cfg::bar_offset) + warp * stages * 2;
-  if constexpr (bulk) {
-    if (lane == 0)
-      for (int b = 0; b < 2 * stages; ++b) mbarrier_init(&s_bar[b], 32 / lpt);
-    mbarrier_init_fence();
-    __syncwarp();
-  }
-  int ring = 0;  // the warp's tiles consumed in earlier pieces: tile k is ring use ring + k
 
   M* qs                  = reinterpret_cast<M*>(smem);
   unsigned char* wregion = smem + cfg::q_bytes + warp * cfg::warp_bytes;     // this warp's ring
@@ -262,45 +243,22 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
       decode_lane_stream ls;
       ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, cfg::elem_bytes);
       const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
-      auto issue                 = [&](int k) {  // warp tile k into stage (ring + k) % stages
+      auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
         const bool ok            = ls.t < t1;
-        const unsigned char* krow = ls.next(warps * tile, t1);  // the lane token's K row
-        const int stage          = (ring + k) % stages;
-        unsigned char* st        = wregion + stage * cfg::stage_bytes;
-        if constexpr (bulk) {
-          // The lpt lanes of a token split its K and V rows: lane part 0 the K row and, at
-          // lpt 1, the V row too. A token past the piece copies nothing; its V row is zeroed
-          // (its probability is 0, but 0 x a NaN of stale shared memory is NaN).
-          st += (lane / lpt) * cfg::raw_row;
-#pragma unroll
-          for (int part = lane % lpt; part < 2; part += lpt) {  // 0: K, 1: V
-            std::uint64_t* bar = &s_bar[2 * stage + part];
-            unsigned char* dst = st + part * tile * cfg::raw_row;
-            if (!ok && part == 1)  // before the arrival, which releases the zeros to the waiters
-#pragma unroll 1
-              for (int i = 0; i < cfg::row_bytes / 16; ++i)  // the last tile only: not unrolled
-                reinterpret_cast<uint4*>(dst)[i] = uint4{0u, 0u, 0u, 0u};
-            mbarrier_arrive_expect_tx(bar, ok ? cfg::row_bytes : 0u);
-            if (ok) bulk_copy_g2s(dst, krow + part * v_delta, cfg::row_bytes, bar);
-          }
-          return;
-        }
-        const unsigned char* src = ok ? krow + (lane % lpt) * 16 : ls.base;  // !ok: reads nothing
-        st += c_lane;
+        const unsigned char* src = ls.next(warps * tile, t1) + (lane % lpt) * 16;
+        if (!ok) src = ls.base;  // any mapped address; the copy reads nothing
+        unsigned char* st = wregion + (k % stages) * cfg::stage_bytes + c_lane;
 #pragma unroll
         for (int i = 0; i < cfg::chunks; ++i) {
           copy16_async_zfill(st + 16 * lpt * i, src + 16 * lpt * i, ok ? 16u : 0u);
           copy16_async_zfill(
               st + tile * cfg::raw_row + 16 * lpt * i, src + v_delta + 16 * lpt * i, ok ? 16u : 0u);
         }
-        copy_async_commit();
       };
 #pragma unroll
       for (int k = 0; k < stages - 1; ++k) {
-        if (k < n_mine)
-          issue(k);
-        else if constexpr (!bulk)
-          copy_async_commit();  // an empty group keeps the wait depth
+        if (k < n_mine) issue(k);
+        copy_async_commit();
       }
 
       // The A operand of S: hi rows 0-7 and lo rows 8-15 of the scaled queries (zero rows past
@@ -326,20 +284,11 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
       for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
       float m = -INFINITY, l = 0.f;  // head g: running max; this lane's share of the sum
       for (int k = 0; k < n_mine; ++k) {
-        if (k + stages - 1 < n_mine)
-          issue(k + stages - 1);
-        else if constexpr (!bulk)
-          copy_async_commit();
-        const int use         = ring + k;
-        const unsigned parity = static_cast<unsigned>(use / stages) & 1u;  // bulk: the phase
-        if constexpr (bulk) {
-          // Every lane waits for the phase of the stage's K rows: they are then visible to it.
-          mbarrier_wait(&s_bar[2 * (use % stages)], parity, sync_site::decode_tile_wait);
-        } else {
-          copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
-          sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
-        }
-        const unsigned char* stage = wregion + (use % stages) * cfg::stage_bytes;
+        if (k + stages - 1 < n_mine) issue(k + stages - 1);
+        copy_async_commit();
+        copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
+        sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
+        const unsigned char* stage = wregion + (k % stages) * cfg::stage_bytes;
         const M* ks                = reinterpret_cast<const M*>(stage);
         if constexpr (cfg::widen) {
           widen_rows(stage);  // K rows
@@ -393,8 +342,6 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
           split2<M>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
         }
         const M* vs = ks + tile * row;
-        if constexpr (bulk)  // the stage's V rows (their copies overlapped S and the softmax)
-          mbarrier_wait(&s_bar[2 * (use % stages) + 1], parity, sync_site::decode_tile_wait);
         if constexpr (cfg::widen) {
           __syncwarp();  // every lane's ldmatrix of the widened K is done
           widen_rows(stage + tile * cfg::raw_row);  // V rows
@@ -417,9 +364,8 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
           }
         __syncwarp();  // the stage (and the widened tile) is refilled by a later issue
       }
-      if constexpr (!bulk) copy_async_wait<0>();  // (bulk: every issued tile was waited for)
+      copy_async_wait<0>();
       __syncwarp();
-      ring += n_mine;
 
       // This warp's state into its ring (free now), then the fixed-order combination.
       l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -445,9 +391,6 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
           [&](int z, int hg) { return s_m[z][hg]; },
           [&](int z, int hg) { return s_s[z][hg]; },
           [&](int z, int hg, int x) { return merge0[z * (cfg::warp_bytes / 4) + hg * D + x]; });
-      // Bulk copies of the next piece overwrite what this one wrote with ordinary stores (the
-      // merge state, zeroed V rows): each thread orders its stores before them.
-      if constexpr (bulk) fence_proxy_async();
       __syncthreads();  // shared memory is reused by the next piece
     });
     pre += len;
@@ -458,13 +401,13 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
 /// Enqueues the tensor-core split kernel for (T, D, GB) through the launch policy `launch`.
 template <class T, int D, int GB, class Launch>
 void launch_decode_mma_with(decode_args const& a, Launch const& launch) {
-  using cfg         = decode_mma_config<T, D>;
-  const bool fold   = a.p.merge_counters != nullptr;
-  const auto kernel = a.p.bulk_copies ? (fold ? decode_mma_kernel<T, D, GB, true, true>
-                                              : decode_mma_kernel<T, D, GB, false, true>)
-                                      : (fold ? decode_mma_kernel<T, D, GB, true, false>
-                                              : decode_mma_kernel<T, D, GB, false, false>);
-  launch(kernel, dim3(static_cast<unsigned>(a.p.splits.num_ctas)), cfg::threads, cfg::smem_bytes, a);
+  using cfg = decode_mma_config<T, D>;
+  launch(a.p.merge_counters != nullptr ? decode_mma_kernel<T, D, GB, true>
+                                       : decode_mma_kernel<T, D, GB, false>,
+         dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
+         cfg::threads,
+         cfg::smem_bytes,
+         a);
 }
 
 }  // namespace tangram::detail
