@@ -7,7 +7,8 @@
 #   python    `pip install .` (the nanobind package, docs/python.md) into a fresh virtual
 #             environment, then its pytest suite and the Python engine loop example
 #   asan      the CPU test suites again under AddressSanitizer + UndefinedBehaviorSanitizer
-#   valgrind  the CPU test executables of the main build under valgrind memcheck
+#   valgrind  the CPU test executables of the main build under valgrind memcheck (not the tests
+#             tagged [slow], nor the sim suite's `simulate ...` command-line tests)
 #   tsan      the concurrent engine tests ([concurrent], the only multi-threaded ones) under TSan
 #   soak      random operation storms against the memory manager (tangram_soak, bounded time)
 #   fuzz      every libFuzzer harness for a bounded time (needs clang)
@@ -109,8 +110,13 @@ if want valgrind; then
   command -v valgrind >/dev/null || { echo "valgrind not installed"; exit 1; }
   for t in "${cpu_suites[@]}"; do
     echo "-- $t"
+    # The `simulate ...` command-line tests of the sim suite re-run the whole simulator once per
+    # option (over half an hour under memcheck on CI's 2 cores); memcheck runs the in-process
+    # simulator tests, the main and asan stages run all of them.
+    filter='~[slow]'
+    [ "$t" = tangram_sim_tests ] && filter='~[slow]~simulate*'
     valgrind --quiet --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect \
-      "$build/test/$t" '~[slow]' --reporter compact
+      "$build/test/$t" "$filter" --reporter compact
   done
 fi
 
