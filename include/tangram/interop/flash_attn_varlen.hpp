@@ -71,10 +71,6 @@ inline void export_flash_attn_varlen(kv_cache_view const& v,
                                      std::int32_t max_pages = 0,
                                      std::int64_t num_pages = 0) {
   detail::check_export_layer("export_flash_attn_varlen", v.num_layers, layer);
-  TANGRAM_EXPECTS(max_pages >= 0,
-                  invalid_argument,
-                  "export_flash_attn_varlen.max_pages: must be >= 0, got ",
-                  max_pages);
   std::int32_t const H = v.num_kv_heads, B = v.batch_size;
   std::int32_t const window = v.group_window[v.slot_of(layer, 0).group];
   for (std::int32_t h = 1; h < H; ++h) {
@@ -100,25 +96,16 @@ inline void export_flash_attn_varlen(kv_cache_view const& v,
       longest   = std::max(longest, list.pages);
       keys += list.skip + list.len;
     }
-  TANGRAM_EXPECTS(max_pages == 0 || max_pages >= longest,
+  std::int32_t width = detail::table_width(
+      "export_flash_attn_varlen", layer, max_pages, longest, static_cast<std::int64_t>(H) * B);
+  auto cells = static_cast<std::int64_t>(H) * B * width;
+  TANGRAM_EXPECTS(keys <= std::numeric_limits<std::int32_t>::max(),
                   invalid_argument,
-                  "export_flash_attn_varlen.max_pages: ",
-                  max_pages,
-                  " is shorter than the longest row of layer ",
+                  "export_flash_attn_varlen: layer ",
                   layer,
-                  " (",
-                  longest,
-                  " pages)");
-  std::int32_t width = max_pages > 0 ? max_pages : longest;
-  std::int64_t cells = static_cast<std::int64_t>(H) * B * width;
-  TANGRAM_EXPECTS(cells <= std::numeric_limits<std::int32_t>::max() &&
-                      keys <= std::numeric_limits<std::int32_t>::max(),
-                  invalid_argument,
-                  "export_flash_attn_varlen: ",
-                  cells,
-                  " table entries and ",
+                  " lists ",
                   keys,
-                  " keys; both must fit int32 (2^31 - 1); export a smaller batch");
+                  " keys, more than int32 cu_seqlens_k holds (2^31 - 1); export a smaller batch");
   auto J = static_cast<std::size_t>(H) * static_cast<std::size_t>(B);
   out.cu_seqlens_q.resize(J + 1);
   for (std::size_t j = 0; j <= J; ++j) out.cu_seqlens_q[j] = static_cast<std::int32_t>(j);
@@ -140,9 +127,13 @@ inline void export_flash_attn_varlen(kv_cache_view const& v,
       out.seqused_k[j]        = n;
       out.cu_seqlens_k[j + 1] = out.cu_seqlens_k[j] + n;
       out.max_seqlen_k        = std::max(out.max_seqlen_k, n);
-      for (std::int32_t k = 0; k < list.pages; ++k)
-        out.block_table[j * static_cast<std::size_t>(width) + static_cast<std::size_t>(k)] =
-            virtual_page(list.page(v, b, layer, h, k), v.geometry.group_size, list.column);
+      detail::write_virtual_row(v,
+                                b,
+                                layer,
+                                h,
+                                list,
+                                list.pages,
+                                out.block_table.data() + j * static_cast<std::size_t>(width));
     }
 }
 

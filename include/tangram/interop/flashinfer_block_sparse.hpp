@@ -99,10 +99,6 @@ inline void export_flashinfer_block_sparse(kv_cache_view const& v,
                                            std::int32_t max_pages = 0,
                                            std::int64_t num_pages = 0) {
   detail::check_export_layer("export_flashinfer_block_sparse", v.num_layers, layer);
-  TANGRAM_EXPECTS(max_pages >= 0,
-                  invalid_argument,
-                  "export_flashinfer_block_sparse.max_pages: must be >= 0, got ",
-                  max_pages);
   std::int32_t const H = v.num_kv_heads, B = v.batch_size, P = v.geometry.page_tokens;
   auto layout          = virtual_layout(v.geometry, num_pages);
   std::int32_t longest = 0, longest_len = 0;
@@ -128,26 +124,12 @@ inline void export_flashinfer_block_sparse(kv_cache_view const& v,
       longest     = std::max(longest, (list.len + P - 1) / P);
       longest_len = std::max(longest_len, list.len);
     }
-  TANGRAM_EXPECTS(max_pages == 0 || max_pages >= longest,
-                  invalid_argument,
-                  "export_flashinfer_block_sparse.max_pages: ",
-                  max_pages,
-                  " is shorter than the longest row of layer ",
-                  layer,
-                  " (",
-                  longest,
-                  " pages)");
-  std::int32_t width = max_pages > 0 ? max_pages : longest;
-  std::int64_t cells = static_cast<std::int64_t>(H) * B * width;
-  TANGRAM_EXPECTS(cells <= std::numeric_limits<std::int32_t>::max(),
-                  invalid_argument,
-                  "export_flashinfer_block_sparse: ",
-                  H,
-                  " x ",
-                  B,
-                  " x ",
-                  width,
-                  " table entries exceed 2^31 - 1; export a smaller batch");
+  std::int32_t width = detail::table_width("export_flashinfer_block_sparse",
+                                           layer,
+                                           max_pages,
+                                           longest,
+                                           static_cast<std::int64_t>(H) * B);
+  auto cells         = static_cast<std::int64_t>(H) * B * width;
   out.block_tables.assign(static_cast<std::size_t>(cells), 0);
   out.seq_lens.assign(static_cast<std::size_t>(H) * static_cast<std::size_t>(B), 0);
   out.num_kv_heads = H;
@@ -161,9 +143,13 @@ inline void export_flashinfer_block_sparse(kv_cache_view const& v,
       auto row =
           static_cast<std::size_t>(h) * static_cast<std::size_t>(B) + static_cast<std::size_t>(b);
       out.seq_lens[row] = list.len;
-      for (std::int32_t k = 0; k < (list.len + P - 1) / P; ++k)
-        out.block_tables[row * static_cast<std::size_t>(width) + static_cast<std::size_t>(k)] =
-            virtual_page(list.page(v, b, layer, h, k), v.geometry.group_size, list.column);
+      detail::write_virtual_row(v,
+                                b,
+                                layer,
+                                h,
+                                list,
+                                (list.len + P - 1) / P,
+                                out.block_tables.data() + row * static_cast<std::size_t>(width));
     }
 }
 

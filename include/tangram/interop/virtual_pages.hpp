@@ -119,6 +119,53 @@ struct head_page_list {
   return out;
 }
 
+/**
+ * The row length of a padded table of `rows` rows whose longest row lists `longest` pages:
+ * `max_pages`, or `longest` when it is 0. Checked before any output is touched.
+ * @throw invalid_argument naming `who` when max_pages is negative or shorter than `longest`, or
+ *        the table would exceed 2^31 - 1 entries (int32 indices).
+ */
+inline std::int32_t table_width(char const* who,
+                                std::int32_t layer,
+                                std::int32_t max_pages,
+                                std::int32_t longest,
+                                std::int64_t rows) {
+  TANGRAM_EXPECTS(
+      max_pages >= 0, invalid_argument, who, ".max_pages: must be >= 0, got ", max_pages);
+  TANGRAM_EXPECTS(max_pages == 0 || max_pages >= longest,
+                  invalid_argument,
+                  who,
+                  ".max_pages: ",
+                  max_pages,
+                  " is shorter than the longest row of layer ",
+                  layer,
+                  " (",
+                  longest,
+                  " pages)");
+  std::int32_t width = max_pages > 0 ? max_pages : longest;
+  TANGRAM_EXPECTS(rows * width <= 2147483647LL,
+                  invalid_argument,
+                  who,
+                  ": ",
+                  rows,
+                  " rows x ",
+                  width,
+                  " pages exceed 2^31 - 1 table entries; export a smaller batch");
+  return width;
+}
+
+/// Writes the virtual ids of the first `count` entries of head (r, layer, h)'s list to `row`.
+inline void write_virtual_row(kv_cache_view const& v,
+                              std::int32_t r,
+                              std::int32_t layer,
+                              std::int32_t h,
+                              head_page_list const& list,
+                              std::int32_t count,
+                              std::int32_t* row) {
+  for (std::int32_t k = 0; k < count; ++k)
+    row[k] = virtual_page(list.page(v, r, layer, h, k), v.geometry.group_size, list.column);
+}
+
 /// Checks a layer index against the view for the export `who`.
 inline void check_export_layer(char const* who, std::int32_t num_layers, std::int32_t layer) {
   TANGRAM_EXPECTS(layer >= 0 && layer < num_layers,
