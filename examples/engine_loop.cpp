@@ -13,10 +13,12 @@
 // reused only after the work that read them is done (deferred reuse: one epoch per step, released
 // a step later, as a GPU running one step behind the host would be). Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
 // layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
-// kernel would on a device pool; under static budgets its counts are known in advance, so the
-// loop checks them against `expected_kept`.
+// kernel would on a device pool. Under elastic reservation (the default) every layer stages the
+// chunk and its keys, and one request-wide `reference::evict_elastic` per chunk chooses the
+// groups' lengths within `elastic_page_limit`; under static budgets (`--reservation static`) the
+// counts are known in advance, so the loop checks them against `expected_kept`.
 //
-// Run: build/examples/example_engine_loop [--json]
+// Run: build/examples/example_engine_loop [--json] [--reservation elastic|static]
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"
 #include "tangram/tangram.hpp"
 
@@ -84,8 +87,13 @@ void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence
     max_candidates = bound > max_candidates ? bound : max_candidates;
   }
   kv.set_batch(tangram::batch_kind::prefill, seqs);  // the eviction's own batch
+  bool const elastic = plan.options.reservation.mode == tangram::reservation_mode::elastic;
   // new_len[layer][request][head], as each layer's launch writes it.
   std::vector<std::int32_t> new_len(static_cast<std::size_t>(L) * B * static_cast<std::size_t>(H));
+  // Elastic: every layer stages its chunk and writes its candidates' keys [B][L * H][candidates].
+  std::vector<std::uint32_t> keys(elastic ? B * static_cast<std::size_t>(L * H) *
+                                                static_cast<std::size_t>(max_candidates)
+                                          : 0);
   tangram::eviction_params p;
   p.kv             = kv.view(tangram::batch_kind::prefill);
   p.sink           = plan.profile.sink_tokens;
@@ -95,6 +103,7 @@ void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence
   p.max_candidates = max_candidates;
   p.source         = tangram::score_source::key_norm;
   p.group          = plan.model.gqa_group();
+  p.stage_keys     = elastic ? keys.data() : nullptr;
   for (std::int32_t layer = 0; layer < L; ++layer) {
     p.layer   = layer;
     p.rules   = plan.rules.data() + static_cast<std::ptrdiff_t>(layer) * H;
@@ -102,6 +111,28 @@ void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence
     tangram::reference::evict_chunk(p);  // one launch for the whole prefill batch
   }
   std::vector<std::int32_t> kept(static_cast<std::size_t>(L) * static_cast<std::size_t>(H));
+  if (elastic) {  // after the last layer: the request-wide selection, one call per chunk
+    std::vector<std::int64_t> wanted(B), limit(B);
+    for (std::size_t r = 0; r < B; ++r) {
+      wanted[r] = kv.elastic_wanted_tokens(seqs[r]);
+      limit[r]  = kv.elastic_page_limit(seqs[r]);
+    }
+    std::vector<std::int32_t> lengths(B * kept.size());
+    tangram::elastic_eviction_params e;
+    e.kv             = kv.view(tangram::batch_kind::prefill);
+    e.rules          = plan.rules.data();
+    e.sink           = plan.profile.sink_tokens;
+    e.chunk_indptr   = indptr.data();
+    e.max_candidates = max_candidates;
+    e.keys           = keys.data();
+    e.wanted         = wanted.data();
+    e.page_limit     = limit.data();
+    e.new_len        = lengths.data();
+    tangram::reference::evict_elastic(e);
+    for (std::size_t r = 0; r < B; ++r)
+      kv.commit_chunk(seqs[r], lengths.data() + r * kept.size(), kept.size());
+    return;
+  }
   std::vector<std::int32_t> expected(kept.size());
   for (std::size_t r = 0; r < B; ++r) {
     for (std::int32_t layer = 0; layer < L; ++layer)
@@ -135,17 +166,34 @@ void decode(tangram::kv_cache_manager& kv,
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  bool json          = false;
+  bool static_budgets = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (std::strcmp(argv[i], "--reservation") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "static") == 0 ||
+                std::strcmp(argv[i + 1], "elastic") == 0)) {
+      static_budgets = std::strcmp(argv[++i], "static") == 0;
+    } else {
+      std::fprintf(stderr, "usage: %s [--json] [--reservation elastic|static], got '%s'\n",
+                   argv[0], argv[i]);
+      return 2;
+    }
+  }
   auto samples = tangram::load_retention_samples(std::string(TANGRAM_DATA_DIR) +
                                                  "/profiles/snapkv/llama-3.1-8b-instruct.json");
-  tangram::plan_options plan_options;
-  // expected_kept stands in for the eviction (file comment): static budgets, as the Python twin.
-  plan_options.reservation.mode = tangram::reservation_mode::static_budgets;
-  auto plan = tangram::build_static_plan(
-      tangram::model_preset("llama-3.1-8b"), tangram::calibrate(samples), plan_options);
+  tangram::plan_options plan_options;  // elastic reservation unless --reservation static
+  if (static_budgets) plan_options.reservation.mode = tangram::reservation_mode::static_budgets;
+  // An elastic plan weighs its split map on the samples' placements (docs/integration.md §1).
+  auto plan = tangram::build_static_plan(tangram::model_preset("llama-3.1-8b"),
+                                         tangram::calibrate(samples), plan_options, samples);
   tangram::host_memory_resource memory;
   tangram::manager_options options;
-  options.num_pages     = 8000;
+  // Elastic reserves one chunk's staging per compressed group on top of what the prompt keeps
+  // (these prompts are below the profile's protected 4128 tokens: nothing is compressed), so the
+  // same three requests need a larger pool (docs/integration.md, page accounting).
+  options.num_pages     = static_budgets ? 8000 : 12000;
   options.max_sequences = 16;
   options.deferred_reuse = true;  // freed pages wait for the engine's release (several streams)
   tangram::kv_cache_manager kv(plan, memory, options);

@@ -24,8 +24,8 @@ missing=()
 need() { [[ " ${missing[*]} " == *" $1 "* ]] || missing+=("$1"); }
 for s in "${stages[@]}"; do
   case $s in
-    main | python | asan | valgrind | tsan | soak | fuzz) ;;
-    *) echo "install_deps.sh: unknown stage '$s' (main, python, asan, valgrind, tsan, soak, fuzz)" >&2; exit 2 ;;
+    main | python | hf | asan | valgrind | tsan | soak | fuzz) ;;
+    *) echo "install_deps.sh: unknown stage '$s' (main, python, hf, asan, valgrind, tsan, soak, fuzz)" >&2; exit 2 ;;
   esac
   command -v cmake >/dev/null || need cmake
   command -v g++ >/dev/null || need g++
@@ -35,7 +35,7 @@ for s in "${stages[@]}"; do
       has_header catch2/catch.hpp || need catch2
       has_header benchmark/benchmark.h || need libbenchmark-dev
       ;;
-    python)
+    python | hf)
       # The package builds from PyPI's nanobind and scikit-build-core inside a virtual environment.
       command -v python3 >/dev/null || need python3
       python3 -c 'import venv, ensurepip' 2>/dev/null || need python3-venv

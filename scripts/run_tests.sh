@@ -6,6 +6,9 @@
 #             whole ctest suite (GPU tests report "Skipped" without a GPU)
 #   python    `pip install .` (the nanobind package, docs/python.md) into a fresh virtual
 #             environment, then its pytest suite and the Python engine loop example
+#   hf        (only on request: TANGRAM_STAGES=hf) tangram.hf against transformers and kvpress:
+#             torch, transformers and kvpress at python/requirements-hf.txt's pins (several GB from
+#             PyPI) and the package into a fresh virtual environment, then python/tests/test_hf.py
 #   asan      the CPU test suites again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   valgrind  the CPU test executables of the main build under valgrind memcheck (not the tests
 #             tagged [slow], nor the sim suite's `simulate ...` command-line tests)
@@ -83,6 +86,21 @@ if want python; then
   (cd "$venv" && bin/python -c "import tangram; print('tangram', tangram.__version__)" &&
     bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" &&
     bin/python "$OLDPWD/examples/python/engine_loop.py")
+fi
+
+# The hf stage (block owned by h-eco): the Hugging Face tests need torch, transformers and kvpress,
+# too large for every run, so the stage runs only when TANGRAM_STAGES names it; there the tests
+# must not skip (TANGRAM_REQUIRE_HF).
+if want hf; then
+  stage "hf: tangram.hf against transformers and kvpress in a fresh virtual environment"
+  venv="$build-hf"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  # Host-only package: tangram.hf runs the CPU reference kernels (no CUDA kernels to compile).
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r python/requirements-hf.txt \
+    -Ccmake.define.TANGRAM_ENABLE_CUDA=OFF ".[test]"
+  (cd "$venv" && TANGRAM_REQUIRE_HF=1 bin/python -m pytest -q -p no:cacheprovider \
+    "$OLDPWD/python/tests/test_hf.py")
 fi
 
 if want asan; then

@@ -9,15 +9,17 @@ reservation extended, a second turn, a copy-on-write fork, the session parked in
 brought back for a third turn, and free: at the end every page and slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
 accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
 Each chunk is evicted by the CPU reference kernel (`reference_evict`, layer by layer, key-norm
-scores) on K/V written into the manager's own pool, as the CUDA kernel would on a device pool;
-under static budgets its counts are known in advance, so the loop checks them against
-`expected_kept`. (Under elastic reservation, the default, the eviction instead stages every
-layer and chooses the groups' lengths within `elastic_page_limit` once per chunk:
-`reference_evict(..., stage_keys=...)` then `reference_evict_elastic`, docs/integration.md.)
+scores, over the prefill batch) on K/V written into the manager's own pool, as the CUDA kernel
+would on a device pool. Under elastic reservation (the default) every layer stages the chunk and
+its keys (`stage_keys`) and one `reference_evict_elastic` per chunk chooses the groups' lengths
+within `elastic_page_limit`; under static budgets (`--reservation static`) the counts are known in
+advance, so the loop checks them against `expected_kept`.
 
-Run: python examples/python/engine_loop.py   (after `pip install .`)
+Run: python examples/python/engine_loop.py [--reservation elastic|static]   (after `pip install .`)
 """
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 
@@ -34,22 +36,35 @@ def chunk_kv(rows: int, heads: int, head_dim: int) -> np.ndarray:
 
 
 def prefill_chunk(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
-    """The next chunk of `seq`: prepare, evict, commit. (The bindings keep one batch, so the
-    eviction runs over `set_batch([seq])`; the C++ twin evicts a mixed step's chunks in one launch
-    over its prefill batch, `set_batch(batch_kind::prefill, ...)`: the same page accounting.)"""
+    """The next chunk of `seq`: prepare, evict over the prefill batch (the decode batch is left as
+    it is), commit. (The C++ twin evicts a mixed step's chunks in one launch over a prefill batch
+    of several sequences: the same page accounting.)"""
     plan = kv.plan
     left = kv.info(seq)["prompt_remaining"]
     if left > 0:
         chunk = min(CHUNK, left)
         kv.prepare_chunk(seq, chunk)
-        kv.set_batch([seq])  # the eviction runs over the view's batch
+        prefill = tangram.BatchKind.prefill
+        kv.set_batch(prefill, [seq])  # the eviction's own batch
         data = chunk_kv(chunk, plan.num_kv_heads, plan.model.head_dim)
         indptr = np.array([0, chunk], dtype=np.int32)
         candidates = kv.info(seq)["seq_tokens"] + chunk  # bound on held + chunk of any head
+        L, H = plan.num_layers, plan.num_kv_heads
+        if plan.options.reservation == "elastic":
+            # Every layer stages the chunk and its candidates' keys; then one request-wide
+            # selection after the last layer chooses the groups' lengths.
+            keys = np.zeros((1, L * H, candidates), dtype=np.uint32)
+            for layer in range(L):
+                tangram.reference_evict(kv, layer, indptr, data, data, source="key_norm",
+                                        max_candidates=candidates, stage_keys=keys, kind=prefill)
+            new_len, _ = tangram.reference_evict_elastic(kv, indptr, keys,
+                                                         max_candidates=candidates, kind=prefill)
+            kv.commit_chunk(seq, new_len[0])
+            return
         kept = np.concatenate([
             tangram.reference_evict(kv, layer, indptr, data, data, source="key_norm",
-                                    max_candidates=candidates).ravel()
-            for layer in range(plan.num_layers)]).astype(np.int32)
+                                    max_candidates=candidates, kind=prefill).ravel()
+            for layer in range(L)]).astype(np.int32)
         # Static budgets: the kernel keeps exactly what the rules say.
         assert kept.tolist() == kv.expected_kept(seq, chunk)
         kv.commit_chunk(seq, kept)
@@ -80,13 +95,18 @@ def snapshot(label: str, kv: tangram.KVCacheManager) -> dict:
             "pages_drawn": kv.stats["pages_drawn"]}
 
 
-def run(num_pages: int = 8000, verbose: bool = True) -> dict:
+def run(num_pages: int = 0, verbose: bool = True, reservation: str = "elastic") -> dict:
+    # Elastic reserves one chunk's staging per compressed group on top of what the prompt keeps
+    # (these prompts are below the profile's protected 4128 tokens: nothing is compressed), so the
+    # same three requests need a larger pool (docs/integration.md, page accounting).
+    num_pages = num_pages or (12000 if reservation == "elastic" else 8000)
     samples = tangram.load_retention_samples(
         str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
     options = tangram.PlanOptions()
-    options.reservation = "static"  # expected_kept stands in for the eviction (docstring)
+    options.reservation = reservation  # "elastic" (the default) or "static"
+    # An elastic plan weighs its split map on the samples' placements (docs/integration.md §1).
     plan = tangram.build_plan(tangram.model_preset("llama-3.1-8b"), tangram.calibrate(samples),
-                              options)
+                              options, samples)
     # deferred_reuse: freed pages wait for the engine's release (several streams; one epoch per
     # step, released a step later, as a GPU running one step behind the host would be).
     kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16, deferred_reuse=True)
@@ -194,6 +214,7 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
         "reserved_pages": kv.reserved_pages,
         "live_sequences": kv.live_sequences,
         "reclaimed_pages": kv.stats["reclaimed_pages"],
+        "num_pages": num_pages,
         "checkpoints": trace,
     }
     if verbose:
@@ -207,5 +228,7 @@ def run(num_pages: int = 8000, verbose: bool = True) -> dict:
 
 
 if __name__ == "__main__":
-    out = run()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reservation", choices=("elastic", "static"), default="elastic")
+    out = run(reservation=parser.parse_args().reservation)
     assert out["used_pages"] == 0 and out["reserved_pages"] == 0 and out["live_sequences"] == 0

@@ -48,14 +48,15 @@ inline void expect_elastic_plan(static_plan const& plan, char const* who) {
 /// Every head of `layer` that takes candidates (not a sliding-window ring) has at most
 /// `max_candidates` of them (held tokens + its request's prepared chunk): the eviction would
 /// otherwise skip it with new_len -1 after rewriting the others. Checked on the host, before any
-/// launch, from the manager's current batch.
+/// launch, from the manager's batch of `kind`.
 inline void expect_candidates_fit(kv_cache_manager const& kv, std::int32_t layer,
-                                  std::int32_t max_candidates) {
+                                  std::int32_t max_candidates,
+                                  batch_kind kind = batch_kind::decode) {
   TANGRAM_EXPECTS(max_candidates >= 1, invalid_argument, "max_candidates: must be >= 1, got ",
                   max_candidates);
-  auto view = kv.view();
+  auto view = kv.view(kind);
   for (std::int32_t r = 0; r < view.batch_size; ++r) {
-    auto seq           = kv.batch_sequence(r);
+    auto seq           = kv.batch_sequence(kind, r);
     std::int64_t chunk = kv.info(seq).chunk_pending;
     if (chunk <= 0) continue;
     for (std::int32_t h = 0; h < view.num_kv_heads; ++h) {

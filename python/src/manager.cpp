@@ -84,6 +84,11 @@ std::unique_ptr<memory_resource> make_memory(std::string const& name, std::int32
 }
 
 void bind_manager(nb::module_& m) {
+  nb::enum_<batch_kind>(m, "BatchKind",
+                        "The manager's two batches (batch_kind): decode (append, decode attention)\n"
+                        "and prefill (prefill attention, eviction), each set by set_batch(kind, ids).")
+      .value("decode", batch_kind::decode)
+      .value("prefill", batch_kind::prefill);
   nb::class_<sequence_id>(m, "SequenceId", "Handle of a live sequence: slot and generation.")
       .def_ro("slot", &sequence_id::slot)
       .def_ro("generation", &sequence_id::generation)
@@ -356,7 +361,7 @@ void bind_manager(nb::module_& m) {
       // ----- zero-copy views
       .def(
           "view",
-          [](nb::handle self, std::string const& framework) {
+          [](nb::handle self, std::string const& framework, batch_kind kind) {
             auto alias = [&](auto const* data, std::int64_t count) {
               if (framework == "numpy") return numpy_alias(data, count, self);
               if (framework == "dlpack") return dlpack_alias(data, count, self);
@@ -364,7 +369,7 @@ void bind_manager(nb::module_& m) {
                            framework, "'");
             };
             auto& c = nb::cast<bound_kv_cache&>(self);
-            auto v  = c.kv.view();
+            auto v  = c.kv.view(kind);
             auto e  = c.kv.view_extents();
             nb::dict d;
             d["page_offset"]      = alias(v.page_offset, e.page_offset);
@@ -382,12 +387,13 @@ void bind_manager(nb::module_& m) {
             d["cta_begin"]     = alias(splits.data(), static_cast<std::int64_t>(splits.size()));
             return d;
           },
-          nb::arg("framework") = "numpy",
+          nb::arg("framework") = "numpy", nb::arg("kind") = batch_kind::decode,
           "The batch view's arrays aliasing the manager's memory (no copy; each keeps the manager\n"
           "alive). framework='numpy': read-only NumPy arrays; 'dlpack': read-only tensors that\n"
           "export DLPack (torch.from_dlpack, np.from_dlpack) in both DLPack flavours. Contents\n"
           "change with later calls. head_group interleaves (group, column) per (layer, head);\n"
-          "cta_begin is the plan's decode split map ([layers * (KV heads + 1)]).")
+          "cta_begin is the plan's decode split map ([layers * (KV heads + 1)]). kind: whose\n"
+          "batch_slots (BatchKind; every other array is shared by both batches).")
       .def(
           "flashinfer_layer",
           [](bound_kv_cache const& c, std::int32_t layer) {

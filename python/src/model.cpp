@@ -40,6 +40,12 @@ void bind_model(nb::module_& m) {
         [](std::filesystem::path const& p) { return load_model_spec(path_string(p)); },
         nb::arg("path"),
         "Reads a tangram-model/v1 file. Raises ParseError naming the field.");
+  m.def("parse_model_spec",
+        [](std::string const& text, std::string const& source) {
+          return parse_model_spec(text, source);
+        },
+        nb::arg("text"), nb::arg("source") = "<string>",
+        "A tangram-model/v1 document from a string (e.g. built from a Hugging Face config).");
   add_value_copies<model_spec>();
 }
 

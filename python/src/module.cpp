@@ -13,6 +13,7 @@ NB_MODULE(_tangram, m) {
   tangram::python::bind_plan(m);
   tangram::python::bind_manager(m);
   tangram::python::bind_reference(m);
+  tangram::python::bind_interop(m);
 #if TANGRAM_HAS_KERNELS
   m.attr("has_cuda_kernels") = true;
   tangram::python::bind_cuda(m);

@@ -72,6 +72,12 @@ void bind_profiles(nb::module_& m) {
                    },
                    "[profiled layers, KV heads] budgets B in (0, 1] (a copy).")
       .def("validate", &budget_profile::validate, "Raises ValueError naming the field.");
+  m.def("parse_budget_profile",
+        [](std::string const& text, std::string const& source) {
+          return parse_budget_profile(text, source);
+        },
+        nb::arg("text"), nb::arg("source") = "<string>",
+        "A tangram-budget-profile/v1 document from a string. Raises ParseError naming the field.");
   m.def("load_budget_profile",
         [](std::filesystem::path const& p) { return load_budget_profile(path_string(p)); },
         nb::arg("path"));

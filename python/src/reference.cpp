@@ -76,14 +76,15 @@ void expect_cache_elements(any_array const& a, kv_cache_view const& v, std::int6
 /// The batch's chunk rows: chunk_indptr [batch + 1] from 0, each request's rows equal to the
 /// chunk it prepared (the reference writes the chunk into the pages prepare_chunk drew, and
 /// nowhere else is backed).
-void expect_prepared_chunks(bound_kv_cache const& c, chunk_rows const& chunk_indptr) {
-  auto view = c.kv.view();
+void expect_prepared_chunks(bound_kv_cache const& c, chunk_rows const& chunk_indptr,
+                            batch_kind kind) {
+  auto view = c.kv.view(kind);
   expect_elements(chunk_indptr.size(), view.batch_size + 1, "chunk_indptr");
   auto const* ptr = chunk_indptr.data();
   TANGRAM_EXPECTS(ptr[0] == 0, invalid_argument, "chunk_indptr[0]: must be 0, got ", ptr[0]);
   for (std::int32_t r = 0; r < view.batch_size; ++r) {
     std::int64_t rows_r  = static_cast<std::int64_t>(ptr[r + 1]) - ptr[r];
-    std::int64_t pending = c.kv.info(c.kv.batch_sequence(r)).chunk_pending;
+    std::int64_t pending = c.kv.info(c.kv.batch_sequence(kind, r)).chunk_pending;
     TANGRAM_EXPECTS(rows_r == pending, invalid_argument, "chunk_indptr: request ", r, " has ",
                     rows_r, " rows but its prepared chunk (prepare_chunk) has ", pending,
                     " tokens");
@@ -180,12 +181,12 @@ void bind_reference(nb::module_& m) {
       "reference_prefill_attention",
       [](bound_kv_cache& c, std::int32_t layer, chunk_rows chunk_indptr, f32_array q,
          any_array chunk_k, any_array chunk_v, std::optional<f32_array> sinks, float sm_scale,
-         std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
+         std::optional<f32_array> k_scale, std::optional<f32_array> v_scale, batch_kind kind) {
         c.expect_host_pool("reference_prefill_attention");
-        auto view        = c.kv.view();
+        auto view        = c.kv.view(kind);
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);
-        expect_prepared_chunks(c, chunk_indptr);
+        expect_prepared_chunks(c, chunk_indptr, kind);
         std::int32_t group = plan.model.gqa_group();
         auto const* ptr    = chunk_indptr.data();
         std::int32_t rows  = view.batch_size > 0 ? ptr[view.batch_size] : 0;
@@ -225,12 +226,14 @@ void bind_reference(nb::module_& m) {
       nb::arg("kv"), nb::arg("layer"), nb::arg("chunk_indptr").noconvert(), nb::arg("q"),
       nb::arg("chunk_k"), nb::arg("chunk_v"), nb::kw_only(), nb::arg("sinks") = nb::none(),
       nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
+      nb::arg("kind") = batch_kind::decode,
       "Chunked-prefill attention of `layer` (reference/prefill_attention.hpp), state before the\n"
       "chunk (after prepare_chunk, before the eviction): each chunk row attends over its head's\n"
       "kept tokens and the chunk's rows up to itself. q [rows, query heads, d] float32,\n"
       "chunk_k/chunk_v [rows, H, d] in the cache dtype -> (o [rows, query heads, d],\n"
       "lse [rows, query heads]) float32. fp8 caches: k_scale / v_scale float32 of 1 or H\n"
-      "elements (pages and chunk K/V read stored * s).");
+      "elements (pages and chunk K/V read stored * s). kind: the batch it runs over (BatchKind;\n"
+      "BatchKind.prefill for the batch set by set_batch(BatchKind.prefill, ids)).");
 
   m.def(
       "reference_evict",
@@ -239,13 +242,13 @@ void bind_reference(nb::module_& m) {
          std::optional<f32_array> scores, std::optional<f32_array> q,
          std::optional<f32_array> q_lse, std::int32_t max_candidates,
          std::int32_t obs_window, std::optional<key_array> stage_keys,
-         std::optional<f32_array> k_scale, std::optional<f32_array> v_scale) {
+         std::optional<f32_array> k_scale, std::optional<f32_array> v_scale, batch_kind kind) {
         c.expect_host_pool("reference_evict");
-        auto view        = c.kv.view();
+        auto view        = c.kv.view(kind);
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);
-        expect_prepared_chunks(c, chunk_indptr);
-        expect_candidates_fit(c.kv, layer, max_candidates);
+        expect_prepared_chunks(c, chunk_indptr, kind);
+        expect_candidates_fit(c.kv, layer, max_candidates, kind);
         std::int64_t rows = chunk_indptr.data()[view.batch_size];
         expect_stage_keys_rule(plan, stage_keys.has_value(), "reference_evict_elastic");
         if (stage_keys) expect_key_shape(*stage_keys, view, max_candidates);
@@ -301,6 +304,7 @@ void bind_reference(nb::module_& m) {
       nb::arg("max_candidates"), nb::arg("obs_window") = 32,
       nb::arg("stage_keys").noconvert() = nb::none(),
       nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
+      nb::arg("kind") = batch_kind::decode,
       "The fused eviction of one prefill chunk for `layer` (reference/eviction.hpp), state\n"
       "before the chunk (after prepare_chunk): chunk_k/chunk_v [rows, H, d] in the cache dtype,\n"
       "rows of request r at chunk_indptr[r]..; source key_norm, supplied (scores [batch * H,\n"
@@ -312,21 +316,22 @@ void bind_reference(nb::module_& m) {
       "compressed heads then append the chunk and write their candidates' keys (new_len counts\n"
       "the candidates) for reference_evict_elastic. fp8 caches: k_scale / v_scale float32 of 1\n"
       "(per tensor) or H (per KV head) elements, the append's (built-in scores read K as\n"
-      "stored * s; compaction copies bytes).");
+      "stored * s; compaction copies bytes). kind: the batch it runs over (BatchKind).");
 
   m.def(
       "reference_evict_elastic",
-      [](bound_kv_cache& c, chunk_rows chunk_indptr, key_input keys, std::int32_t max_candidates) {
+      [](bound_kv_cache& c, chunk_rows chunk_indptr, key_input keys, std::int32_t max_candidates,
+         batch_kind kind) {
         c.expect_host_pool("reference_evict_elastic");
-        auto view        = c.kv.view();
+        auto view        = c.kv.view(kind);
         auto const& plan = c.kv.plan();
         expect_elastic_plan(plan, "reference_evict_elastic");
-        expect_prepared_chunks(c, chunk_indptr);
+        expect_prepared_chunks(c, chunk_indptr, kind);
         expect_key_shape(keys, view, max_candidates);
         auto batch = static_cast<std::size_t>(view.batch_size);
         std::vector<std::int64_t> wanted(batch), limit(batch), pages(batch);
         for (std::size_t r = 0; r < batch; ++r) {
-          auto seq  = c.kv.batch_sequence(static_cast<std::int32_t>(r));
+          auto seq  = c.kv.batch_sequence(kind, static_cast<std::int32_t>(r));
           wanted[r] = c.kv.elastic_wanted_tokens(seq);
           limit[r]  = c.kv.elastic_page_limit(seq);
         }
@@ -348,7 +353,7 @@ void bind_reference(nb::module_& m) {
         return std::make_tuple(numpy_copy(new_len, {batch, heads}), numpy_copy(pages, {batch}));
       },
       nb::arg("kv"), nb::arg("chunk_indptr").noconvert(), nb::arg("keys").noconvert(), nb::kw_only(),
-      nb::arg("max_candidates"),
+      nb::arg("max_candidates"), nb::arg("kind") = batch_kind::decode,
       "The elastic eviction's request-wide step after every layer staged the chunk\n"
       "(reference/elastic_eviction.hpp): per batch member the global top-K of the staged keys\n"
       "(K = elastic_wanted_tokens), the group lengths within elastic_page_limit, and the\n"

@@ -16,15 +16,19 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def python_loop():
+MODES = ["elastic", "static"]
+
+
+def python_loop(reservation="elastic"):
     spec = importlib.util.spec_from_file_location("engine_loop", ROOT / "examples/python/engine_loop.py")
     loop = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loop)
-    return loop.run(verbose=False)
+    return loop.run(verbose=False, reservation=reservation)
 
 
-def test_python_loop_returns_everything():
-    out = python_loop()
+@pytest.mark.parametrize("reservation", MODES)
+def test_python_loop_returns_everything(reservation):
+    out = python_loop(reservation)
     assert out["admitted"] >= 2 and out["rejected_waiting"] > 0
     assert (out["used_pages"], out["reserved_pages"], out["live_sequences"]) == (0, 0, 0)
     assert out["reclaimed_pages"] == 0
@@ -35,22 +39,24 @@ def test_python_loop_returns_everything():
     assert admitted["used_pages"] == 0 and admitted["reserved_pages"] > 0
     for c in out["checkpoints"]:
         pages = c["used_pages"] + c["reserved_pages"] + c["available_pages"] + c["retired_pages"]
-        assert pages == 8000
+        assert pages == out["num_pages"]
     # Deferred reuse: the pages freed at the end of the first turn wait for their release.
     by_label = {c["label"]: c for c in out["checkpoints"]}
     assert by_label["turn_ended"]["retired_pages"] > 0
     assert by_label["freed"]["retired_pages"] == 0
 
 
-def test_python_loop_matches_the_cpp_example():
+@pytest.mark.parametrize("reservation", MODES)
+def test_python_loop_matches_the_cpp_example(reservation):
     binary = os.environ.get("TANGRAM_CPP_ENGINE_LOOP")
     if not binary:
         pytest.skip("TANGRAM_CPP_ENGINE_LOOP not set (scripts/run_tests.sh sets it)")
     assert pathlib.Path(binary).is_file(), f"TANGRAM_CPP_ENGINE_LOOP={binary} does not exist"
-    done = subprocess.run([binary, "--json"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([binary, "--json", "--reservation", reservation], capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     cpp = json.loads(done.stdout)
-    py = python_loop()
+    py = python_loop(reservation)
     assert [c["label"] for c in py["checkpoints"]] == [c["label"] for c in cpp["checkpoints"]]
     for p, c in zip(py["checkpoints"], cpp["checkpoints"]):
         assert p == c, f"checkpoint {p['label']}: Python {p} vs C++ {c}"

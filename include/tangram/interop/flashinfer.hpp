@@ -8,15 +8,14 @@
  */
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "tangram/error.hpp"
+#include "tangram/interop/virtual_pages.hpp"
 #include "tangram/memory/kv_view.hpp"
-#include "tangram/plan/retention.hpp"
 
 namespace tangram {
 
@@ -51,50 +50,6 @@ struct flashinfer_paged_kv {
   }
 };
 
-namespace detail {
-
-/// What the export lists for head (layer, h) of request r: `pages` entries starting at list
-/// position `first` (mod `ring_pages_used` for a sliding ring, 0 for growing heads), the first
-/// `skip` tokens masked, `len` tokens held.
-struct flashinfer_span {
-  std::int64_t len = 0, pages = 0, first = 0, skip = 0, ring_pages_used = 0;
-};
-
-[[nodiscard]] inline flashinfer_span flashinfer_span_of(kv_cache_view const& v,
-                                                        std::int32_t r,
-                                                        std::int32_t layer,
-                                                        std::int32_t h) noexcept {
-  flashinfer_span sp;
-  std::int64_t P = v.geometry.page_tokens;
-  std::int32_t s = v.batch_slots[r];
-  auto g         = v.slot_of(layer, h).group;
-  sp.len         = v.head_len(r, layer, h);
-  if (sp.len <= 0) return sp;
-  if (v.group_window[g] == 0) {
-    sp.pages = ceil_div(sp.len, P);
-    return sp;
-  }
-  std::int64_t n     = v.seq_tokens[s];
-  std::int64_t ring  = static_cast<std::int64_t>(v.group_ring_pages[g]) * P;
-  std::int64_t start = (n - sp.len) % ring;
-  sp.skip            = start % P;
-  sp.pages           = ceil_div(sp.skip + sp.len, P);  // from the page of `start`
-  sp.first           = start / P;
-  sp.ring_pages_used = ceil_div(std::min<std::int64_t>(n, ring), P);
-  return sp;
-}
-
-inline void check_flashinfer_layer(std::int32_t num_layers, std::int32_t layer) {
-  TANGRAM_EXPECTS(layer >= 0 && layer < num_layers,
-                  invalid_argument,
-                  "export_flashinfer_layer.layer: must be in [0, ",
-                  num_layers - 1,
-                  "], got ",
-                  layer);
-}
-
-}  // namespace detail
-
 /**
  * @brief Exports layer `layer` of the view's batch as FlashInfer paged-KV CSR (see
  * `flashinfer_paged_kv`). O(pages of the batch in that layer); `out`'s vectors are reused.
@@ -109,12 +64,12 @@ inline void check_flashinfer_layer(std::int32_t num_layers, std::int32_t layer) 
 inline void export_flashinfer_layer(kv_cache_view const& v,
                                     std::int32_t layer,
                                     flashinfer_paged_kv& out) {
-  detail::check_flashinfer_layer(v.num_layers, layer);
+  detail::check_export_layer("export_flashinfer_layer", v.num_layers, layer);
   std::int32_t const H = v.num_kv_heads, P = v.geometry.page_tokens;
   // Count first: indptr is int32, and `out` stays as it was when the batch is too large.
   std::int64_t total = 0;
   for (std::int32_t r = 0; r < v.batch_size; ++r)
-    for (std::int32_t h = 0; h < H; ++h) total += detail::flashinfer_span_of(v, r, layer, h).pages;
+    for (std::int32_t h = 0; h < H; ++h) total += detail::head_pages(v, r, layer, h).pages;
   TANGRAM_EXPECTS(total <= std::numeric_limits<std::int32_t>::max(),
                   invalid_argument,
                   "export_flashinfer_layer: layer ",
@@ -123,37 +78,27 @@ inline void export_flashinfer_layer(kv_cache_view const& v,
                   total,
                   " page ids, more than FlashInfer's int32 indptr holds (2^31 - 1); export a "
                   "smaller batch");
-  std::int64_t Hp = v.geometry.group_size;
-  auto req        = static_cast<std::size_t>(v.batch_size) * static_cast<std::size_t>(H);
+  auto const layout = virtual_layout(v.geometry, 0);
+  auto req          = static_cast<std::size_t>(v.batch_size) * static_cast<std::size_t>(H);
   out.indptr.assign(req + 1, 0);
   out.last_page_len.assign(req, 0);
   out.first_page_skip.assign(req, 0);
   out.indices.clear();
   out.indices.reserve(static_cast<std::size_t>(total));
   out.page_size            = P;
-  out.page_stride_elements = static_cast<std::int64_t>(P) * v.geometry.head_dim;
-  out.v_offset_elements    = Hp * out.page_stride_elements;
+  out.page_stride_elements = layout.page_stride_elements;
+  out.v_offset_elements    = layout.v_offset_elements;
   for (std::int32_t r = 0; r < v.batch_size; ++r) {
-    std::int64_t s = v.batch_slots[r];
     for (std::int32_t h = 0; h < H; ++h) {
       auto j =
           static_cast<std::size_t>(r) * static_cast<std::size_t>(H) + static_cast<std::size_t>(h);
-      auto hs          = v.slot_of(layer, h);
-      auto span        = detail::flashinfer_span_of(v, r, layer, h);
-      auto const* list = v.pages + v.page_offset[s * v.num_groups + hs.group];
-      auto virt        = [&](std::int64_t pos) {
-        return static_cast<std::int32_t>(static_cast<std::int64_t>(list[pos]) * 2 * Hp + hs.column);
-      };
-      if (span.pages > 0) {
-        if (span.ring_pages_used == 0) {
-          for (std::int64_t p = 0; p < span.pages; ++p) out.indices.push_back(virt(p));
-        } else {
-          for (std::int64_t p = 0; p < span.pages; ++p)
-            out.indices.push_back(virt((span.first + p) % span.ring_pages_used));
-        }
-        out.first_page_skip[j] = static_cast<std::int32_t>(span.skip);
-        out.last_page_len[j] =
-            static_cast<std::int32_t>(span.skip + span.len - (span.pages - 1) * P);
+      auto list = detail::head_pages(v, r, layer, h);
+      for (std::int32_t k = 0; k < list.pages; ++k)
+        out.indices.push_back(
+            virtual_page(list.page(v, r, layer, h, k), v.geometry.group_size, list.column));
+      if (list.pages > 0) {
+        out.first_page_skip[j] = list.skip;
+        out.last_page_len[j]   = list.skip + list.len - (list.pages - 1) * P;
       }
       out.indptr[j + 1] = static_cast<std::int32_t>(out.indices.size());
     }
@@ -172,7 +117,7 @@ inline void export_flashinfer_layer(kv_cache_view const& v,
  */
 template <class Manager>
 void export_flashinfer_layer(Manager const& kv, std::int32_t layer, flashinfer_paged_kv& out) {
-  detail::check_flashinfer_layer(kv.plan().num_layers, layer);
+  detail::check_export_layer("export_flashinfer_layer", kv.plan().num_layers, layer);
   kv.check_batch_live("export_flashinfer_layer");
   export_flashinfer_layer(kv.view(), layer, out);
 }
