@@ -10,10 +10,12 @@
  *   drops the least recently used idle session's KV when memory is needed, and the session
  *   recomputes it on its next turn).
  * - `unified_nonuniform_policy`: non-uniform compression on layer-wide pages with dynamic
- *   reclamation (each chunk is allocated in full, tail pages freed after eviction); each input keeps
- *   its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
+ *   reclamation (each chunk is allocated in full, tail pages freed after eviction); each input
+ * keeps its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
  *   keeps), or, given no needs, Tangram's padded budgets; admission checks the uncompressed prompt
- *   like the reference implementation; out of pages -> preemption.
+ *   like the reference implementation; out of pages -> preemption. With `unified_policy_options`
+ *   the same class is the per-head dynamic baseline (eval/sim/per_head_policy.hpp): per-head
+ *   pages, admission by the estimated compressed size, preempted requests keeping their blocks.
  * - `tangram_policy`: budget reservation (M(r) at admission, increments per turn), head-group
  *   pages with the plan's clustering; never preempts. Its eviction step is pluggable
  *   (eval/sim/chunk_eviction.hpp): static budgets keep `expected_kept`; `tangram_elastic`
@@ -37,6 +39,7 @@
 #include "tangram/eval/sim/retention_needs.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram::sim {
@@ -193,7 +196,9 @@ class tangram_policy final : public live_accounting_policy {
               static_cast<std::size_t>(plan.num_kv_heads)),
         extra_bytes_(static_cast<std::size_t>(num_sessions), 0.0),
         turn_(static_cast<std::size_t>(num_sessions)) {
-    TANGRAM_EXPECTS(config_.decode_window >= 0, invalid_argument, "tangram_policy.decode_window: must be >= 0, got ",
+    TANGRAM_EXPECTS(config_.decode_window >= 0,
+                    invalid_argument,
+                    "tangram_policy.decode_window: must be >= 0, got ",
                     config_.decode_window);
   }
 
@@ -204,8 +209,9 @@ class tangram_policy final : public live_accounting_policy {
                   std::int64_t prompt,
                   std::int64_t max_new,
                   std::int64_t headroom_tokens) override {
-    auto& id             = ids_[static_cast<std::size_t>(s)];
-    std::int64_t reserve = config_.decode_window > 0 ? std::min(max_new, config_.decode_window) : max_new;
+    auto& id = ids_[static_cast<std::size_t>(s)];
+    std::int64_t reserve =
+        config_.decode_window > 0 ? std::min(max_new, config_.decode_window) : max_new;
     if (headroom_tokens > 0) {
       // Checked: an overflowing allowance cannot fit any pool.
       auto headroom = detail::mul_checked<std::int64_t>(
@@ -215,7 +221,8 @@ class tangram_policy final : public live_accounting_policy {
                       : std::nullopt;
       if (!need || *need > manager_.pool().available_pages()) return false;
     }
-    bool ok = id ? manager_.continue_turn(*id, prompt, reserve) : (id = manager_.try_admit(prompt, reserve)).has_value();
+    bool ok = id ? manager_.continue_turn(*id, prompt, reserve)
+                 : (id = manager_.try_admit(prompt, reserve)).has_value();
     if (ok) turn_[static_cast<std::size_t>(s)] = {max_new, reserve, 0};
     return ok;
   }
@@ -258,7 +265,9 @@ class tangram_policy final : public live_accounting_policy {
 
   /// Turns grown past their first reservation (`decode_window`), and growths that did not fit.
   [[nodiscard]] std::int64_t extensions() const { return manager_.stats().extended; }
-  [[nodiscard]] std::int64_t extensions_rejected() const { return manager_.stats().extend_rejected; }
+  [[nodiscard]] std::int64_t extensions_rejected() const {
+    return manager_.stats().extend_rejected;
+  }
 
   void end_turn(std::int32_t s) override {
     manager_.end_turn(*ids_[static_cast<std::size_t>(s)]);
@@ -279,9 +288,9 @@ class tangram_policy final : public live_accounting_policy {
     policy_memory m;
     m.allocated_bytes = static_cast<double>(pool.used_pages() + pool.reserved_pages()) *
                         static_cast<double>(pool.page_bytes());
-    m.held_bytes = static_cast<double>(pool.used_pages()) * static_cast<double>(pool.page_bytes());
-    m.live_bytes     = live_.total();
-    m.reclaim_ops    = manager_.stats().reclaimed_pages;
+    m.held_bytes  = static_cast<double>(pool.used_pages()) * static_cast<double>(pool.page_bytes());
+    m.live_bytes  = live_.total();
+    m.reclaim_ops = manager_.stats().reclaimed_pages;
     m.released_pages = manager_.stats().surplus_pages_released;
     return m;
   }
@@ -292,7 +301,8 @@ class tangram_policy final : public live_accounting_policy {
   [[nodiscard]] double kv_bytes_read_padded(std::int32_t s) const override {
     auto id         = *ids_[static_cast<std::size_t>(s)];
     std::int64_t np = 0;
-    for (std::int32_t g = 0; g < manager_.num_groups(); ++g) np += manager_.group_pages_in_use(id, g);
+    for (std::int32_t g = 0; g < manager_.num_groups(); ++g)
+      np += manager_.group_pages_in_use(id, g);
     return static_cast<double>(np) * static_cast<double>(manager_.pool().page_bytes());
   }
 
@@ -331,7 +341,30 @@ class tangram_policy final : public live_accounting_policy {
   std::vector<turn_reservation> turn_;
 };
 
-/// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation.
+/// The plan whose every (layer, KV head) is a one-head layer, in flat head order: its layer-wide
+/// pages are per-head pages (`unified_policy_options::per_head`).
+inline static_plan per_head_plan(static_plan plan) {
+  plan.num_layers *= plan.num_kv_heads;
+  plan.num_kv_heads = 1;
+  return plan;
+}
+
+/// @brief How a `unified_policy` differs from the plain layer-wide baselines (the per-head
+/// baseline of eval/sim/per_head_policy.hpp sets all of them).
+struct unified_policy_options {
+  std::string name;  ///< empty: full_kv or unified_nonuniform
+  /// Every (layer, KV head) its own pages (`per_head_plan`): a head holds only its own length.
+  bool per_head = false;
+  /// compressed_reclaim: admission by the estimated compressed size (the scorer's per-head share
+  /// kbar(n) for compressed heads, the rule's tokens for the others, plus one chunk in flight)
+  /// instead of the uncompressed prompt or its first chunk.
+  std::optional<scorer_total> estimate;
+  /// A preempted request keeps its blocks as cache (`kv_policy::preempted_kv_is_cache`).
+  bool keep_preempted = false;
+};
+
+/// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation;
+/// with `unified_policy_options::per_head`, per-head pages.
 class unified_policy final : public live_accounting_policy {
  public:
   unified_policy(static_plan const& plan,
@@ -340,16 +373,25 @@ class unified_policy final : public live_accounting_policy {
                  std::int32_t max_sessions,
                  std::int32_t num_sessions,
                  std::int64_t max_tokens,
-                 std::shared_ptr<retention_needs const> own_retention = nullptr)
-      : live_accounting_policy(plan, num_sessions),
+                 std::shared_ptr<retention_needs const> own_retention = nullptr,
+                 unified_policy_options policy_options                = {})
+      : live_accounting_policy(layout(plan, policy_options), num_sessions),
         mode_(mode),
-        baseline_(plan, mode, resource_, pages_for(plan, kv_bytes), max_sessions, max_tokens),
+        config_(std::move(policy_options)),
+        baseline_(plan_, mode, resource_, pages_for(plan_, kv_bytes), max_sessions, max_tokens),
         slots_(static_cast<std::size_t>(num_sessions), -1),
         own_(mode == unified_mode::compressed_reclaim ? std::move(own_retention) : nullptr),
         kept_(own_ ? plan.rules.size() : 0) {}
 
   [[nodiscard]] std::string name() const override {
+    if (!config_.name.empty()) return config_.name;
     return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
+  }
+  [[nodiscard]] bool preempted_kv_is_cache() const override {
+    return config_.keep_preempted || idle_kv_is_prefix_cache();
+  }
+  [[nodiscard]] std::int64_t reclaimed_pages() const override {
+    return baseline_.stats().reclaim_ops;
   }
   /// full_kv only: vLLM v1's automatic prefix caching (see the file comment).
   [[nodiscard]] bool idle_kv_is_prefix_cache() const override {
@@ -373,7 +415,9 @@ class unified_policy final : public live_accounting_policy {
   }
   /// full_kv: the largest first chunk admission checks (the replay's `prefill_chunk`, at most
   /// its `step_token_budget`); default 8192.
-  void set_scheduled_chunk(std::int64_t tokens) { scheduled_chunk_ = std::max<std::int64_t>(1, tokens); }
+  void set_scheduled_chunk(std::int64_t tokens) {
+    scheduled_chunk_ = std::max<std::int64_t>(1, tokens);
+  }
 
   /// unified_nonuniform: true admits on the first scheduled chunk as full_kv (vLLM v1) does, later
   /// chunks allocating as they are scheduled (and preempting when they do not fit); false (the
@@ -391,20 +435,14 @@ class unified_policy final : public live_accounting_policy {
                   std::int64_t prompt,
                   std::int64_t,
                   std::int64_t headroom_tokens) override {
-    auto& slot        = slots_[static_cast<std::size_t>(s)];
-    std::int32_t P    = plan_.geometry.page_tokens;
-    std::int64_t need = 0;
-    if (idle_kv_is_prefix_cache() || (mode_ == unified_mode::compressed_reclaim && chunk_admission_))
+    auto& slot            = slots_[static_cast<std::size_t>(s)];
+    bool const compressed = mode_ == unified_mode::compressed_reclaim;
+    if (!(compressed && config_.estimate) &&
+        (idle_kv_is_prefix_cache() || (compressed && chunk_admission_)))
       prompt = std::min(prompt, scheduled_chunk_);
-    for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
-      std::int64_t longest = 0, held = 0;
-      if (slot >= 0) {
-        longest = baseline_.longest(slot, l);
-        held    = baseline_.n_pages(slot, l);
-      }
-      need += std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) +
-              ceil_div(headroom_tokens, P);
-    }
+    std::int64_t need = compressed && config_.estimate
+                            ? estimated_pages(slot, prompt, headroom_tokens)
+                            : uncompressed_pages(slot, prompt, headroom_tokens);
     if (need > baseline_.pool().available_pages()) return false;
     if (slot < 0) {
       auto got = baseline_.try_admit();
@@ -420,12 +458,11 @@ class unified_policy final : public live_accounting_policy {
       std::int64_t seen = baseline_.seq_tokens(slot) + tokens;
       for (std::int32_t i = 0; i < static_cast<std::int32_t>(kept_.size()); ++i) {
         std::int32_t l = i / plan_.num_kv_heads, h = i % plan_.num_kv_heads;
-        std::int64_t cand = baseline_.head_len(slot, l, h) + tokens;
-        auto const& rule  = plan_.rules[static_cast<std::size_t>(i)];
+        std::int64_t cand                  = baseline_.head_len(slot, l, h) + tokens;
+        auto const& rule                   = plan_.rules[static_cast<std::size_t>(i)];
         kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(
-            rule.kind == layer_kind::compressed
-                ? own_->need(s, i, seen, cand)
-                : std::min(retained_tokens(rule, seen), cand));
+            rule.kind == layer_kind::compressed ? own_->need(s, i, seen, cand)
+                                                : std::min(retained_tokens(rule, seen), cand));
       }
     }
     if (!baseline_.prefill_chunk(slot, tokens, own_ ? kept_.data() : nullptr)) return false;
@@ -478,6 +515,55 @@ class unified_policy final : public live_accounting_policy {
   static std::int64_t pages_for(static_plan const& plan, double kv_bytes) {
     return pool_pages(kv_bytes, unified_paging_baseline::layer_geometry(plan).page_bytes());
   }
+  static static_plan layout(static_plan const& plan, unified_policy_options const& o) {
+    return o.per_head ? per_head_plan(plan) : plan;
+  }
+  // Pages admission needs for `prompt` more uncompressed tokens in every page table, plus the
+  // headroom, less the pages held.
+  [[nodiscard]] std::int64_t uncompressed_pages(std::int32_t slot,
+                                                std::int64_t prompt,
+                                                std::int64_t headroom) const {
+    std::int32_t P    = plan_.geometry.page_tokens;
+    std::int64_t need = 0;
+    for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
+      std::int64_t longest = 0, held = 0;
+      if (slot >= 0) {
+        longest = baseline_.longest(slot, l);
+        held    = baseline_.n_pages(slot, l);
+      }
+      need +=
+          std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) + ceil_div(headroom, P);
+    }
+    return need;
+  }
+  // Pages admission needs under `unified_policy_options::estimate`: per page table, the larger of
+  // the prompt's estimated compressed length and the length before its last chunk plus that
+  // chunk (the chunk is held whole until its eviction), less the pages held, plus the headroom.
+  [[nodiscard]] std::int64_t estimated_pages(std::int32_t slot,
+                                             std::int64_t prompt,
+                                             std::int64_t headroom) const {
+    std::int32_t P    = plan_.geometry.page_tokens;
+    std::int64_t seen = slot >= 0 ? baseline_.seq_tokens(slot) : 0, n = seen + prompt;
+    std::int64_t c = std::min(prompt, scheduled_chunk_), need = 0;
+    auto est = [&](head_rule const& rule, std::int64_t tokens) {
+      return rule.kind == layer_kind::compressed ? config_.estimate->per_head(tokens)
+                                                 : retained_tokens(rule, tokens);
+    };
+    for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
+      std::int64_t longest = 0, held = 0, most = 0;
+      if (slot >= 0) {
+        longest = baseline_.longest(slot, l);
+        held    = baseline_.n_pages(slot, l);
+      }
+      for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h) {
+        auto const& rule = plan_.rules[static_cast<std::size_t>(l * plan_.num_kv_heads + h)];
+        most             = std::max({most, est(rule, n), std::max(est(rule, n - c), longest) + c});
+      }
+      need += std::max<std::int64_t>(0, ceil_div(std::min(most, longest + prompt), P) - held) +
+              ceil_div(headroom, P);
+    }
+    return need;
+  }
   [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
     std::int32_t slot = slots_[static_cast<std::size_t>(s)];
     return sum_heads(
@@ -485,6 +571,7 @@ class unified_policy final : public live_accounting_policy {
   }
 
   unified_mode mode_;
+  unified_policy_options config_;
   std::int64_t scheduled_chunk_ = 8192;
   bool vllm_v1_                 = true;
   bool block_eviction_          = false;

@@ -32,14 +32,15 @@
 #include "tangram/error.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/log_histogram.hpp"
+#include "tangram/eval/sim/measured_costs.hpp"
 #include "tangram/eval/sim/workload.hpp"
 
 namespace tangram::sim {
 
 /// @brief Memory accounting a policy reports.
 struct policy_memory {
-  double allocated_bytes      = 0;  ///< bytes of pages held or reserved for sequences
-  double live_bytes           = 0;  ///< bytes of tokens actually stored
+  double allocated_bytes = 0;  ///< bytes of pages held or reserved for sequences
+  double live_bytes      = 0;  ///< bytes of tokens actually stored
   /// Bytes of pages handed out to sequences (page rounding and padding included, reservations
   /// not yet backed by pages excluded); < 0: the same as `allocated_bytes`.
   double held_bytes           = -1;
@@ -96,8 +97,29 @@ class kv_policy {
   /// still holds (0: nothing left, the replay then releases the session); -1 (the default): the
   /// policy evicts whole sessions only.
   virtual std::int64_t evict_cached_block(std::int32_t /*session*/) { return -1; }
+  /// True when a preempted request keeps its KV as cached blocks: it waits first in line holding
+  /// them, they are evicted (least recently preempted first) before another request is preempted,
+  /// and it resumes where it stopped if they survive. False: a preempted request drops its KV and
+  /// recomputes it. Default: as `idle_kv_is_prefix_cache` (vLLM v1 keeps both as cache).
+  [[nodiscard]] virtual bool preempted_kv_is_cache() const { return idle_kv_is_prefix_cache(); }
+  /// Pages reclaimed so far, as `memory().reclaim_ops` (a policy may answer it more cheaply).
+  [[nodiscard]] virtual std::int64_t reclaimed_pages() const { return memory().reclaim_ops; }
   /// Pages in the pool, for utilisation figures.
   [[nodiscard]] virtual double capacity_bytes() const = 0;
+};
+
+/**
+ * @brief KV offloaded to host memory (vLLM's offloading connector, LMCache): the blocks a
+ * prefix-cache policy (`kv_policy::idle_kv_is_prefix_cache`) evicts stay in host memory, up to
+ * `capacity_bytes` (when full, the session whose blocks went there longest ago loses all of
+ * them), and a session that needs them again reloads them over the host link
+ * (`gpu_spec::host_link_bytes_per_s`, uncompressed `kv_bytes_per_token` each) instead of
+ * recomputing them. A reload moves up to one prefill chunk of a session per step, outside the
+ * step's token budget, overlapped with the step's GPU work: the step lasts at least the transfer.
+ */
+struct host_offload {
+  bool enabled          = false;
+  double capacity_bytes = 256e9;  ///< host memory for offloaded KV (DGX H100/H200: 2 TB per 8 GPUs)
 };
 
 /// @brief Engine settings of the replay.
@@ -117,13 +139,15 @@ struct replay_options {
   /// not known in advance): min(max_tokens, max_context - context), at least 1; a turn that
   /// carries its own `turn_spec::max_tokens` uses that instead. 4096: see docs/benchmarks.md.
   std::int64_t max_tokens  = 4096;
-  std::int64_t max_context = 131072;  ///< the model's context limit (Llama-3.1: 128K)
-  step_charges charges;               ///< costs beyond the roofline (none by default)
+  std::int64_t max_context = 131072;     ///< the model's context limit (Llama-3.1: 128K)
+  step_charges charges;                  ///< costs beyond the roofline (none by default)
+  host_offload offload;                  ///< host memory for evicted blocks (off by default)
   std::function<void(double)> progress;  ///< called with the completed fraction (optional)
   /// Called as each turn becomes ready (optional): the session, the turn, when it became ready
   /// (a first turn in an open loop: its arrival) and the answer it will decode. What the trace
   /// gave this policy, for checking that every policy saw the same arrivals and answers.
-  std::function<void(std::int32_t session, std::int32_t turn, double ready_s, std::int64_t answer)> on_turn;
+  std::function<void(std::int32_t session, std::int32_t turn, double ready_s, std::int64_t answer)>
+      on_turn;
 };
 
 /// @brief Where the modelled makespan went; the terms sum to `modelled_makespan_s`.
@@ -136,10 +160,11 @@ struct time_breakdown {
   double replanning_s       = 0;  ///< per-step re-planning
   double overhead_s         = 0;  ///< fixed per-step overhead
   double control_plane_s    = 0;  ///< measured policy time, when `step_charges::control_plane`
+  double reload_stall_s     = 0;  ///< host-link transfers a step's GPU work did not hide
   double idle_s             = 0;  ///< nothing to run (waiting for arrivals or think time)
   [[nodiscard]] double sum() const {
     return prefill_s + eviction_pass_s + decode_attention_s + weights_s + reclamation_s +
-           replanning_s + overhead_s + control_plane_s + idle_s;
+           replanning_s + overhead_s + control_plane_s + reload_stall_s + idle_s;
   }
 };
 
@@ -155,37 +180,39 @@ struct timeline_point {
 struct replay_result {
   std::string policy;
   std::int32_t peak_resident_sessions =
-      0;                                 ///< sessions holding KV at once (running or between turns)
-  double mean_resident_sessions    = 0;  ///< time-weighted
-  std::int32_t peak_running        = 0;  ///< sequences in one decode batch at once
-  double kv_bytes_allocated_peak   = 0;
-  double kv_bytes_live_peak        = 0;
-  double mean_utilisation          = 0;  ///< time-weighted live / allocated
-  double capacity_bytes            = 0;
-  std::int64_t admission_waits     = 0;  ///< turns that could not start at once for memory
-  double mean_admission_wait_s     = 0;  ///< modelled
-  std::int64_t reclaim_ops         = 0;
-  std::int64_t released_pages      = 0;
-  std::int64_t preemptions         = 0;  ///< running sequences preempted (recompute)
-  std::int64_t idle_evictions      = 0;  ///< idle sessions whose KV was dropped to make room
-  std::int64_t prefix_blocks_evicted = 0;  ///< tail blocks of idle sessions' cached KV evicted
-  std::int64_t recomputed_tokens   = 0;
-  std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
-  std::int64_t steps               = 0;
-  double control_plane_us_per_step = 0;  ///< measured wall time inside the policy
-  double modelled_makespan_s       = 0;
-  double modelled_tokens_per_s     = 0;  ///< generated tokens / makespan
-  double modelled_ttft_mean_s      = 0;
-  double modelled_ttft_p95_s       = 0;
-  double modelled_ttft_p50_s       = 0;
-  double modelled_tbt_p50_s        = 0;  ///< time between a request's consecutive tokens
-  double modelled_tbt_p95_s        = 0;  ///< (from a log histogram: within 1%)
-  double modelled_eviction_pass_s  = 0;  ///< step time charged for unfused eviction passes
-  std::int64_t generated_tokens    = 0;
-  std::int64_t prefilled_tokens    = 0;
-  std::int64_t completed_requests  = 0;  ///< turns whose answer finished
-  double modelled_requests_per_s   = 0;  ///< completed requests / makespan
-  std::int64_t truncated_answers   = 0;  ///< answers cut at the turn's max_tokens reservation
+      0;  ///< sessions holding KV at once (running or between turns)
+  double mean_resident_sessions       = 0;  ///< time-weighted
+  std::int32_t peak_running           = 0;  ///< sequences in one decode batch at once
+  double kv_bytes_allocated_peak      = 0;
+  double kv_bytes_live_peak           = 0;
+  double mean_utilisation             = 0;  ///< time-weighted live / allocated
+  double capacity_bytes               = 0;
+  std::int64_t admission_waits        = 0;  ///< turns that could not start at once for memory
+  double mean_admission_wait_s        = 0;  ///< modelled
+  std::int64_t reclaim_ops            = 0;
+  std::int64_t released_pages         = 0;
+  std::int64_t preemptions            = 0;  ///< running sequences preempted (recompute)
+  std::int64_t idle_evictions         = 0;  ///< idle sessions whose KV was dropped to make room
+  std::int64_t prefix_blocks_evicted  = 0;  ///< tail blocks of idle sessions' cached KV evicted
+  std::int64_t recomputed_tokens      = 0;  ///< tokens lost and prefilled again
+  std::int64_t reloaded_tokens        = 0;  ///< offloaded tokens reloaded over the host link
+  double host_offload_peak_bytes      = 0;  ///< most host memory offloaded KV held at once
+  std::int64_t rejected_sessions      = 0;  ///< could never fit, even alone
+  std::int64_t steps                  = 0;
+  double control_plane_us_per_step    = 0;  ///< measured wall time inside the policy
+  double modelled_makespan_s          = 0;
+  double modelled_tokens_per_s        = 0;  ///< generated tokens / makespan
+  double modelled_ttft_mean_s         = 0;
+  double modelled_ttft_p95_s          = 0;
+  double modelled_ttft_p50_s          = 0;
+  double modelled_tbt_p50_s           = 0;  ///< time between a request's consecutive tokens
+  double modelled_tbt_p95_s           = 0;  ///< (from a log histogram: within 1%)
+  double modelled_eviction_pass_s     = 0;  ///< step time charged for unfused eviction passes
+  std::int64_t generated_tokens       = 0;
+  std::int64_t prefilled_tokens       = 0;
+  std::int64_t completed_requests     = 0;  ///< turns whose answer finished
+  double modelled_requests_per_s      = 0;  ///< completed requests / makespan
+  std::int64_t truncated_answers      = 0;  ///< answers cut at the turn's max_tokens reservation
   std::int64_t reserved_decode_tokens = 0;  ///< decode tokens reserved at admission, summed
   /// Keep ratio as compressed: time-weighted live bytes (tokens the compressor kept) over the
   /// bytes the same resident tokens take uncompressed (model_spec::kv_bytes_per_token). 1 for
@@ -198,7 +225,7 @@ struct replay_result {
   /// Share of the modelled wanted head-tokens (retention samples) the policy's budgets or
   /// selection clipped; set by the caller (`tangram simulate`); none for uncompressed policies.
   std::optional<double> wanted_clipped_fraction;
-  time_breakdown time;                      ///< the makespan by term (modelled)
+  time_breakdown time;  ///< the makespan by term (modelled)
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
   /// while the run is short; in a longer run each point stands for a run of consecutive steps and
   /// carries the largest allocated, live and resident figures of those steps (so every peak
@@ -227,10 +254,15 @@ struct session_state {
   double last_token_s              = 0;  ///< when it last produced a token (time between tokens)
   bool waited                      = false;
   bool paused = false;  ///< preempted with its KV kept as a prefix cache (resumes where it was)
-  bool ttft_recorded               = false;
-  bool holds_kv                    = false;
-  std::int64_t cached = 0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
-  std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
+  /// Tokens in host memory (host_offload): the first ones of `to_prefill`, reloaded, not
+  /// recomputed.
+  std::int64_t offloaded = 0;
+  double offloaded_at    = 0;  ///< when its blocks last went to host memory (host LRU)
+  bool ttft_recorded     = false;
+  bool holds_kv          = false;
+  std::int64_t cached =
+      0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
+  std::uint64_t admit_seq = 0;  ///< admission order (preemption picks the latest)
 };
 
 /**
@@ -352,14 +384,19 @@ inline replay_result replay(workload const& work,
                   workload_limits::max_tokens,
                   "], got ",
                   options.max_tokens);
-  TANGRAM_EXPECTS(options.max_context >= 1 &&
-                      options.max_context <= workload_limits::max_session_tokens,
-                  invalid_argument,
-                  "replay.max_context: must be in [1, ",
-                  workload_limits::max_session_tokens,
-                  "], got ",
-                  options.max_context);
+  TANGRAM_EXPECTS(
+      options.max_context >= 1 && options.max_context <= workload_limits::max_session_tokens,
+      invalid_argument,
+      "replay.max_context: must be in [1, ",
+      workload_limits::max_session_tokens,
+      "], got ",
+      options.max_context);
   options.charges.validate();
+  TANGRAM_EXPECTS(
+      options.offload.capacity_bytes >= 0 && std::isfinite(options.offload.capacity_bytes),
+      invalid_argument,
+      "replay.offload.capacity_bytes: must be >= 0, got ",
+      options.offload.capacity_bytes);
   TANGRAM_EXPECTS(options.timeline_points >= 2 && options.timeline_points <= 1000000,
                   invalid_argument,
                   "replay.timeline_points: must be in [2, 1000000], got ",
@@ -392,7 +429,11 @@ inline replay_result replay(workload const& work,
   std::vector<std::pair<double, std::int32_t>> thinking;  // (wake time, session)
   std::vector<double> ttft;
   log_histogram tbt;  // one sample per token after a request's first: bounded memory
-  bool const prefix_cache = policy.idle_kv_is_prefix_cache();
+  bool const prefix_cache     = policy.idle_kv_is_prefix_cache();
+  bool const keep_preempted   = prefix_cache || policy.preempted_kv_is_cache();
+  bool const offload_on       = options.offload.enabled && prefix_cache;
+  double const token_bytes    = static_cast<double>(cost.model().kv_bytes_per_token());
+  std::int64_t host_tokens    = 0;  // tokens offloaded to host memory (host_offload)
   std::size_t next_arrival    = 0;
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
@@ -419,11 +460,12 @@ inline replay_result replay(workload const& work,
   // policy: every policy decodes the same answers. A session whose KV was dropped while it
   // thought prefills its history again (context - history).
   auto set_turn = [&](std::int32_t s, std::int32_t turn) {
-    auto& ss               = ss_of(s);
-    ss.turn                = turn;
-    std::int64_t prompt    = turn_of(s).prompt_tokens;
-    ss.to_prefill          = prompt + (ss.context - ss.history);
-    ss.reserve             = turn_of(s).reservation(options.max_tokens, options.max_context - ss.context - prompt);
+    auto& ss            = ss_of(s);
+    ss.turn             = turn;
+    std::int64_t prompt = turn_of(s).prompt_tokens;
+    ss.to_prefill       = prompt + (ss.context - ss.history);
+    ss.reserve =
+        turn_of(s).reservation(options.max_tokens, options.max_context - ss.context - prompt);
     ss.to_decode = std::min(turn_of(s).output_tokens, ss.reserve);
     ss.answer    = ss.to_decode;
     if (ss.to_decode < turn_of(s).output_tokens) out.truncated_answers += 1;
@@ -435,7 +477,36 @@ inline replay_result replay(workload const& work,
     ss.ttft_recorded       = false;
   };
 
-  // Drops everything a session holds; its history must be prefilled again.
+  // Sends `tokens` evicted tokens of session `s` to host memory (host_offload); when it is full,
+  // the session whose blocks went there longest ago loses all of them (recomputed later).
+  auto to_host = [&](std::int32_t s, std::int64_t tokens) {
+    auto& ss = ss_of(s);
+    ss.offloaded += tokens;
+    ss.offloaded_at = t;
+    host_tokens += tokens;
+    while (static_cast<double>(host_tokens) * token_bytes > options.offload.capacity_bytes) {
+      std::int32_t victim = -1;
+      for (std::int32_t v = 0; v < n_sessions; ++v)
+        if (ss_of(v).offloaded > 0 &&
+            (victim < 0 || ss_of(v).offloaded_at < ss_of(victim).offloaded_at))
+          victim = v;
+      auto& vs = ss_of(victim);
+      out.recomputed_tokens += vs.offloaded;
+      host_tokens -= vs.offloaded;
+      vs.offloaded = 0;
+    }
+    out.host_offload_peak_bytes =
+        std::max(out.host_offload_peak_bytes, static_cast<double>(host_tokens) * token_bytes);
+  };
+  // Evicted tokens of session `s`: to host memory with an offload, else lost (recomputed later).
+  auto lose = [&](std::int32_t s, std::int64_t tokens) {
+    if (offload_on)
+      to_host(s, tokens);
+    else
+      out.recomputed_tokens += tokens;
+  };
+
+  // Drops everything a session holds; its history must be prefilled again (or reloaded).
   auto drop_kv = [&](std::int32_t s) {
     auto& ss = ss_of(s);
     if (!ss.holds_kv) return;
@@ -447,7 +518,7 @@ inline replay_result replay(workload const& work,
     ss.paused   = false;  // nothing left to resume: the turn starts its prefill again
     --resident;
     forget(ss);
-    out.recomputed_tokens += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
+    lose(s, ss.history + ss.prefilled_this_turn + ss.decoded_this_turn);
     ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
     ss.reserve -= ss.decoded_this_turn;  // decoded tokens become prompt; the rest stays reserved
     ss.history             = 0;
@@ -463,14 +534,15 @@ inline replay_result replay(workload const& work,
     return victim;
   };
   // vLLM's recompute preemption of `victim`: it drops its KV and waits first in line. With a
-  // prefix cache (vLLM v1) its pages become cached blocks instead: it keeps them, evictable like
-  // an idle session's (most recently used, so last), and resumes where it stopped if they are
-  // still there when it is scheduled again; if they were evicted it recomputes them.
+  // prefix cache (vLLM v1), or a policy whose preempted requests keep their KV as cache, its
+  // pages become cached blocks instead: it keeps them, evictable (vLLM v1: like an idle
+  // session's, most recently used, so last), and resumes where it stopped if they are still
+  // there when it is scheduled again; if they were evicted it recomputes them.
   auto preempt = [&](std::int32_t victim) {
     running.erase(std::find(running.begin(), running.end(), victim));
     out.preemptions += 1;
     auto& ss = ss_of(victim);
-    if (prefix_cache) {
+    if (keep_preempted) {
       ss.paused       = true;
       ss.idle_since_s = t;
       ss.state        = phase::waiting;
@@ -499,6 +571,8 @@ inline replay_result replay(workload const& work,
     ss_of(s).holds_kv = false;
     --resident;
     forget(ss_of(s));
+    host_tokens -= ss_of(s).offloaded;  // its offloaded blocks are of no use any more
+    ss_of(s).offloaded = 0;
     out.rejected_sessions += 1;
     finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
     ss_of(s).state = phase::done;
@@ -513,6 +587,16 @@ inline replay_result replay(workload const& work,
       if (ss_of(s).state == phase::prefill) n += ss_of(s).to_prefill;
     return n;
   };
+  // Drops a waiting or idle session's KV; a turn waiting among the continuing ones waits among
+  // the new ones then (it holds nothing any more).
+  auto drop_to_new = [&](std::int32_t victim) {
+    drop_kv(victim);
+    auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
+    if (it != ready_continue.end()) {
+      ready_continue.erase(it);
+      ready_new.push_front(victim);
+    }
+  };
   // Drops the KV of the least recently used idle resident session other than `keep` (thinking,
   // or waiting for its next turn); false when there is none.
   auto evict_idle = [&](std::int32_t keep) -> bool {
@@ -526,14 +610,21 @@ inline replay_result replay(workload const& work,
     if (victim < 0) return false;
     // Block-level prefix cache: the victim's tail block goes, its prefix stays cached; its next
     // turn prefills the evicted tokens again. A preempted (paused) request is dropped whole.
-    if (auto& vs = ss_of(victim); !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
+    if (auto& vs = ss_of(victim);
+        !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
       std::int64_t left = timed([&] { return policy.evict_cached_block(victim); });
       if (left > 0) {
         std::int64_t evicted = vs.cached - left;
-        TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history, logic_error, "replay: session ", victim,
-                        " evicted ", evicted, " cached tokens of ", vs.cached);
+        TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history,
+                        logic_error,
+                        "replay: session ",
+                        victim,
+                        " evicted ",
+                        evicted,
+                        " cached tokens of ",
+                        vs.cached);
         out.prefix_blocks_evicted += 1;
-        out.recomputed_tokens += evicted;
+        lose(victim, evicted);
         seen_tokens -= evicted;
         vs.cached -= evicted;
         vs.history -= evicted;
@@ -543,19 +634,29 @@ inline replay_result replay(workload const& work,
       if (left == 0) out.prefix_blocks_evicted += 1;
     }
     out.idle_evictions += 1;
-    drop_kv(victim);
-    auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
-    if (it != ready_continue.end()) {
-      ready_continue.erase(it);
-      ready_new.push_front(victim);
-    }
+    drop_to_new(victim);
+    return true;
+  };
+  // Drops the cached KV of the least recently preempted request other than `keep` that still
+  // holds it (a policy whose preempted requests keep their KV as cache); false when there is none.
+  auto evict_paused = [&](std::int32_t keep) -> bool {
+    std::int32_t victim = -1;
+    for (std::int32_t s = 0; s < n_sessions; ++s)
+      if (s != keep && ss_of(s).paused && ss_of(s).holds_kv &&
+          (victim < 0 || ss_of(s).idle_since_s < ss_of(victim).idle_since_s))
+        victim = s;
+    if (victim < 0) return false;
+    out.idle_evictions += 1;
+    drop_to_new(victim);
     return true;
   };
   // Frees memory for a running sequence that needs it: preempt another running sequence, or
   // failing that drop an idle session's KV. With a prefix cache, idle KV goes first (vLLM v1
-  // evicts cached blocks before it preempts).
+  // evicts cached blocks before it preempts); a policy whose preempted requests keep their KV as
+  // cache drops that cache before it preempts another.
   auto make_room = [&](std::int32_t keep) {
     if (prefix_cache) return evict_idle(keep) || preempt_one(keep);
+    if (keep_preempted) return evict_paused(keep) || preempt_one(keep) || evict_idle(-1);
     return preempt_one(keep) || evict_idle(-1);
   };
 
@@ -563,8 +664,8 @@ inline replay_result replay(workload const& work,
     while (!queue.empty() && static_cast<std::int32_t>(running.size()) < options.max_running &&
            prefill_backlog() + static_cast<std::int64_t>(running.size()) <
                options.step_token_budget) {
-      std::int32_t s        = queue.front();
-      auto& ss              = ss_of(s);
+      std::int32_t s = queue.front();
+      auto& ss       = ss_of(s);
       std::int64_t headroom =
           new_sessions && !prefix_cache ? options.continuation_headroom_tokens * resident : 0;
       auto start = [&] {
@@ -602,6 +703,7 @@ inline replay_result replay(workload const& work,
 
   std::int64_t last_progress_step = 0;
   std::int64_t reclaim_seen       = 0;  // the policy's reclaim operations already charged
+  double prev_step_s = 0;  // the previous engine step (overlapped planning hides in it)
   std::vector<std::int32_t> first_token_now, snapshot, decoders;  // per step; reused
   while (finished_turns < total_turns) {
     // 1. Arrivals and think timers that are due.
@@ -646,6 +748,8 @@ inline replay_result replay(workload const& work,
         auto& queue    = ready_continue.empty() ? ready_new : ready_continue;
         std::int32_t s = queue.front();
         queue.pop_front();
+        host_tokens -= ss_of(s).offloaded;
+        ss_of(s).offloaded = 0;
         out.rejected_sessions += 1;
         finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
         ss_of(s).state = phase::done;
@@ -657,8 +761,9 @@ inline replay_result replay(workload const& work,
     }
 
     // 3. One engine step.
+    auto const& ch      = options.charges;
     std::int64_t budget = options.step_token_budget;
-    double step_s = 0, kv_read = 0;
+    double step_s = 0, kv_read = 0, link_bytes = 0;
     bool any_decode = false;
     first_token_now.clear();
     snapshot.assign(running.begin(), running.end());
@@ -693,10 +798,18 @@ inline replay_result replay(workload const& work,
     }
     for (auto s : snapshot) {
       auto& ss = ss_of(s);
-      if (ss.state != phase::prefill || budget <= 0 || !is_running(s)) continue;
-      std::int64_t chunk = std::min({ss.to_prefill, budget, options.prefill_chunk});
-      double past        = policy.attended_tokens(s);
-      bool ok            = false;
+      // Offloaded tokens come first in the prompt and are reloaded, outside the token budget.
+      std::int64_t reload = offload_on ? std::min(ss.offloaded, options.prefill_chunk) : 0;
+      if (ss.state != phase::prefill || (budget <= 0 && reload == 0) || !is_running(s)) continue;
+      std::int64_t compute = std::min({ss.to_prefill - reload,
+                                       std::max<std::int64_t>(budget, 0),
+                                       options.prefill_chunk - reload});
+      std::int64_t chunk   = reload + compute;
+      if (chunk == 0) continue;
+      std::int64_t reclaimed_before =
+          ch.reclaim_prefill_fraction > 0 ? policy.reclaimed_pages() : 0;
+      double past = policy.attended_tokens(s);
+      bool ok     = false;
       while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); }))) {
         if (!prefix_cache) {
           if (!make_room(s)) break;
@@ -718,19 +831,30 @@ inline replay_result replay(workload const& work,
       // here, so it is given up (counted in rejected_sessions), not the whole run.
       if (!ok && !prefix_cache && is_running(s)) give_up(s);
       if (!ok) continue;
-      double prefill = cost.prefill_s(chunk, static_cast<std::int64_t>(past));
+      double prefill = cost.prefill_s(compute, static_cast<std::int64_t>(past) + reload);
       step_s += prefill;
       out.time.prefill_s += prefill;
+      // The paper's reclamation: a share of the prefill of every chunk that reclaimed pages.
+      if (ch.reclaim_prefill_fraction > 0 && policy.reclaimed_pages() > reclaimed_before) {
+        step_s += ch.reclaim_prefill_fraction * prefill;
+        out.time.reclamation_s += ch.reclaim_prefill_fraction * prefill;
+      }
+      if (reload > 0) {
+        ss.offloaded -= reload;
+        host_tokens -= reload;
+        out.reloaded_tokens += reload;
+        link_bytes += static_cast<double>(reload) * token_bytes;
+      }
       if (double extra = policy.prefill_chunk_extra_bytes(s); extra > 0) {
         step_s += cost.hbm_s(extra);
         out.time.eviction_pass_s += cost.hbm_s(extra);
       }
-      budget -= chunk;
+      budget -= compute;
       ss.to_prefill -= chunk;
       ss.prefilled_this_turn += chunk;
       ss.cached += chunk;
       seen_tokens += chunk;
-      out.prefilled_tokens += chunk;
+      out.prefilled_tokens += compute;  // reloaded tokens are not prefilled again
       if (ss.to_prefill == 0) {
         // The step that completes a prefill also samples the turn's first token.
         ss.state = phase::decode;
@@ -740,7 +864,6 @@ inline replay_result replay(workload const& work,
         first_token_now.push_back(s);
       }
     }
-    auto const& ch = options.charges;
     std::int64_t decoding = 0;
     for (auto s : running)
       if (ss_of(s).state == phase::decode) {
@@ -749,17 +872,28 @@ inline replay_result replay(workload const& work,
       }
     if (any_decode || !first_token_now.empty()) {
       double weights = cost.weights_s(), attention = cost.hbm_s(kv_read) * ch.skew_for(decoding);
-      double replan  = ch.replan_fraction * (weights + attention);
+      double replan = 0;
+      if (ch.replan == replan_mode::fraction) {
+        replan = ch.replan_fraction * (weights + attention);
+      } else if (ch.replan_sequences_per_request > 0) {  // a measured planner's host time
+        double host = planner_host_s(decoding * ch.replan_sequences_per_request);
+        replan      = ch.replan == replan_mode::planner ? host : std::max(0.0, host - prev_step_s);
+      }
       step_s += weights + attention + replan;
       out.time.weights_s += weights;
       out.time.decode_attention_s += attention;
       out.time.replanning_s += replan;
     }
+    // Reloads over the host link overlap the step's GPU work: the step lasts at least as long.
+    if (double link = cost.host_link_s(link_bytes); link > step_s) {
+      out.time.reload_stall_s += link - step_s;
+      step_s = link;
+    }
     step_s += ch.step_overhead_s;
     out.time.overhead_s += ch.step_overhead_s;
     out.steps += 1;
 
-    auto mem                    = policy.memory();  // accounting, not engine work: not timed
+    auto mem = policy.memory();  // accounting, not engine work: not timed
     // Reclamation happens inside this step's chunks and decode: charged to this step.
     double reclaim = static_cast<double>(mem.reclaim_ops - reclaim_seen) * ch.reclaim_s_per_page;
     reclaim_seen   = mem.reclaim_ops;
@@ -779,6 +913,7 @@ inline replay_result replay(workload const& work,
     live_area += mem.live_bytes * step_s;
     held_area += (mem.held_bytes < 0 ? mem.allocated_bytes : mem.held_bytes) * step_s;
     t += step_s;
+    prev_step_s = step_s;
     for (auto s : decoders) {  // still running: each produced a token this step
       tbt.add(t - ss_of(s).last_token_s);
       ss_of(s).last_token_s = t;
@@ -843,9 +978,8 @@ inline replay_result replay(workload const& work,
   out.mean_utilisation       = t > 0 ? util_area / t : 0;
   out.control_plane_us_per_step =
       out.steps > 0 ? control_s * 1e6 / static_cast<double>(out.steps) : 0;
-  out.modelled_tokens_per_s = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
-  out.modelled_requests_per_s =
-      t > 0 ? static_cast<double>(out.completed_requests) / t : 0;
+  out.modelled_tokens_per_s    = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
+  out.modelled_requests_per_s  = t > 0 ? static_cast<double>(out.completed_requests) / t : 0;
   out.modelled_eviction_pass_s = out.time.eviction_pass_s;
   out.mean_admission_wait_s =
       out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
@@ -863,7 +997,8 @@ inline replay_result replay(workload const& work,
   }
   out.modelled_tbt_p50_s = tbt.quantile(0.50);
   out.modelled_tbt_p95_s = tbt.quantile(0.95);
-  if (double seen_bytes = seen_area * static_cast<double>(cost.model().kv_bytes_per_token()); seen_bytes > 0) {
+  if (double seen_bytes = seen_area * static_cast<double>(cost.model().kv_bytes_per_token());
+      seen_bytes > 0) {
     out.compressed_keep_ratio = live_area / seen_bytes;
     out.stored_keep_ratio     = held_area / seen_bytes;
   }
