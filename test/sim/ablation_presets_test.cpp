@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "../memory/memory_fixtures.hpp"
-#include "cli_support.hpp"
 #include "commands.hpp"
 #include "contended_replay.hpp"
 #include "tangram/detail/json.hpp"
@@ -15,6 +14,7 @@
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/serving_costs.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -37,7 +37,8 @@ static_plan layer_wide_plan(static_plan const& plan) {
 
 }  // namespace
 
-TEST_CASE("ablation: head-group pages never reserve more KV than layer-wide pages", "[ablation]") {
+TEST_CASE("ablation: head-group pages never reserve more KV than layer-wide pages",
+          "[ablation]") {
   auto groups = test::llama_plan("snapkv");  // Hp = 4, global grouping
   auto layer  = layer_wide_plan(groups);
   REQUIRE(layer.num_kv_heads == groups.num_kv_heads);
@@ -107,8 +108,7 @@ TEST_CASE("ablation: +head_groups holds exactly tangram's memory and pays the ba
   CHECK(costs.charges_for(reservation_only_name) == costs.charges_for("unified_nonuniform"));
 }
 
-TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's default limits",
-          "[simulate][cli][gpu]") {
+TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's default limits", "[simulate][cli][gpu]") {
   auto a100 = find_gpu_preset("a100");
   REQUIRE(a100);
   CHECK(a100->gpu.hbm_bytes_per_s == Approx(2.039e12));
@@ -120,8 +120,7 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK_FALSE(find_gpu_preset("x100"));
 
   namespace json = tangram::detail::json;
-  auto r =
-      run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "a100"});
+  auto r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "a100"});
   INFO(r.err);
   REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
@@ -136,25 +135,11 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK(c["sms"].as_int(0, 1 << 30) == 108);  // the split map is planned for the A100's SMs
   auto tangram = root["policies"]["tangram"];
   CHECK(tangram["modelled_tbt_p50_s"].as_double(0, 1e6) > 0);
-  CHECK(tangram["modelled_tbt_p95_s"].as_double(0, 1e6) >=
-        tangram["modelled_tbt_p50_s"].as_double(0, 1e6));
+  CHECK(tangram["modelled_tbt_p95_s"].as_double(0, 1e6) >= tangram["modelled_tbt_p50_s"].as_double(0, 1e6));
 
   // Each figure given on its own wins over the preset.
-  r = run({"simulate",
-           "--sessions",
-           "4",
-           "--turns",
-           "1",
-           "--quiet",
-           "--json",
-           "--gpu",
-           "h100",
-           "--step-tokens",
-           "4096",
-           "--hbm-tbps",
-           "3",
-           "--sms",
-           "114"});
+  r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "h100",
+           "--step-tokens", "4096", "--hbm-tbps", "3", "--sms", "114"});
   REQUIRE(r.code == 0);
   auto doc2 = json::parse(r.out, "stdout");
   json::node c2(doc2, "stdout");
@@ -178,27 +163,14 @@ TEST_CASE("simulate --ablation adds reservation_only and +head_groups, --help li
   REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
-  for (char const* p : {"full_kv",
-                        "unified_nonuniform",
-                        "reservation_only",
-                        "+head_groups",
-                        "tangram",
+  for (char const* p : {"full_kv", "unified_nonuniform", "reservation_only", "+head_groups", "tangram",
                         "tangram_elastic"}) {
     INFO(p);
     CHECK(root["policies"][p]["generated_tokens"].as_int(0, 1 << 30) > 0);
   }
   auto h = run({"simulate", "--help"});
-  for (char const* opt : {"--gpu",
-                          "--gpu-mem",
-                          "--hbm-tbps",
-                          "--peak-tflops",
-                          "--ablation",
-                          "--max-tokens",
-                          "--max-context",
-                          "--step-tokens",
-                          "--max-running",
-                          "--chunk",
-                          "--sensitivity"}) {
+  for (char const* opt : {"--gpu", "--gpu-mem", "--hbm-tbps", "--peak-tflops", "--ablation", "--max-tokens",
+                          "--max-context", "--step-tokens", "--max-running", "--chunk", "--sensitivity"}) {
     INFO(opt);
     CHECK(h.out.find(opt) != std::string::npos);
   }
@@ -219,14 +191,7 @@ TEST_CASE("a context-length range replaces the workload class's", "[workload][si
   wo.context_lo = 7000;
   CHECK_THROWS_WITH(generate_workload(wo), Catch::Contains("workload.context_range"));
 
-  auto r = run({"simulate",
-                "--sessions",
-                "4",
-                "--turns",
-                "1",
-                "--quiet",
-                "--json",
-                "--context-range",
+  auto r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--context-range",
                 "5000,6000"});
   INFO(r.err);
   CHECK(r.code == 0);

@@ -5,9 +5,9 @@
 #include <map>
 #include <sstream>
 
-#include "cli_support.hpp"
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -52,17 +52,11 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
   CHECK(root["reservation"]["baseline_retention"].as_string().find("own") == 0);
   for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"}) {
     INFO(policy);
-    auto p     = root["policies"][policy];
-    auto t     = p["modelled_time_breakdown"];
-    double sum = 0;
-    for (char const* term : {"prefill_s",
-                             "eviction_pass_s",
-                             "decode_attention_s",
-                             "weights_s",
-                             "reclamation_s",
-                             "replanning_s",
-                             "overhead_s",
-                             "control_plane_s",
+    auto p        = root["policies"][policy];
+    auto t        = p["modelled_time_breakdown"];
+    double sum    = 0;
+    for (char const* term : {"prefill_s", "eviction_pass_s", "decode_attention_s", "weights_s",
+                             "reclamation_s", "replanning_s", "overhead_s", "control_plane_s",
                              "idle_s"})
       sum += t[term].as_double(0, 1e12);
     CHECK(sum == Approx(p["modelled_makespan_s"].as_double(0, 1e12)));
@@ -71,29 +65,20 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
     CHECK(p["modelled_requests_per_s"].as_double(1e-9, 1e9) > 0);
     CHECK(p["completed_requests"].as_int(0, 1000) == 24);
     CHECK(p["mean_resident_sessions"].as_double(0, 1e6) > 0);
-    CHECK(root["ratios_vs_unified_nonuniform"][policy]["modelled_tokens_per_s"].as_double(0, 100) >
-          0);
+    CHECK(root["ratios_vs_unified_nonuniform"][policy]["modelled_tokens_per_s"].as_double(0, 100) > 0);
   }
   CHECK(root["policies"]["unified_nonuniform"]["modelled_time_breakdown"]["replanning_s"].as_double(
             1e-12, 1e12) > 0);
-  CHECK(root["policies"]["tangram"]["modelled_time_breakdown"]["replanning_s"].as_double(0, 0) ==
-        0);
-  CHECK(
-      root["ratios_vs_unified_nonuniform"]["unified_nonuniform"]["modelled_tokens_per_s"].as_double(
-          0, 100) == Approx(1));
+  CHECK(root["policies"]["tangram"]["modelled_time_breakdown"]["replanning_s"].as_double(0, 0) == 0);
+  CHECK(root["ratios_vs_unified_nonuniform"]["unified_nonuniform"]["modelled_tokens_per_s"].as_double(
+            0, 100) == Approx(1));
 }
 
 TEST_CASE("simulate switches: no padded reads, the unbalanced baseline, the budget baseline",
           "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;
-  auto r         = run(small({"--json",
-                              "--no-padded-reads",
-                              "--baseline-balance",
-                              "none",
-                              "--unbalanced-skew",
-                              "1.6",
-                              "--baseline-retention",
-                              "budgets"}));
+  auto r         = run(small({"--json", "--no-padded-reads", "--baseline-balance", "none",
+                              "--unbalanced-skew", "1.6", "--baseline-retention", "budgets"}));
   INFO(r.err);
   REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
@@ -131,8 +116,7 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
   CHECK(t.out.find("baseline_reads = masked") != std::string::npos);
   std::int32_t masked_points = 0;
   for (std::size_t i = 0; i < s["points"].size(); ++i)
-    if (s["points"][i]["constant"].as_string() == "baseline_reads" &&
-        s["points"][i]["end"].as_string() == "masked") {
+    if (s["points"][i]["constant"].as_string() == "baseline_reads" && s["points"][i]["end"].as_string() == "masked") {
       masked_points += 1;
       CHECK(s["points"][i]["value"].as_double(0, 1) == 0);
     }
@@ -144,15 +128,13 @@ TEST_CASE("simulate --sensitivity prints the verdict's range and reports it in -
   }
 }
 
-TEST_CASE(
-    "simulate --baseline-reads masked: the baseline reads live tokens, Tangram whole group pages",
-    "[simulate][cli][issue13]") {
+TEST_CASE("simulate --baseline-reads masked: the baseline reads live tokens, Tangram whole group pages",
+          "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;
   auto attention = [](std::string const& out, char const* policy) {
     auto doc = json::parse(out, "stdout");
     json::node root(doc, "stdout");
-    return root["policies"][policy]["modelled_time_breakdown"]["decode_attention_s"].as_double(
-        0, 1e12);
+    return root["policies"][policy]["modelled_time_breakdown"]["decode_attention_s"].as_double(0, 1e12);
   };
   auto padded = run(small({"--json"}));
   auto masked = run(small({"--json", "--baseline-reads", "masked"}));
@@ -166,10 +148,9 @@ TEST_CASE(
   CHECK(attention(masked.out, "tangram") == attention(padded.out, "tangram"));
 }
 
-TEST_CASE("simulate --decode-window: Tangram reserves a window and says so",
-          "[simulate][cli][issue13]") {
+TEST_CASE("simulate --decode-window: Tangram reserves a window and says so", "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;
-  auto r         = run(small({"--json", "--decode-window", "128", "--max-tokens", "131072"}));
+  auto r = run(small({"--json", "--decode-window", "128", "--max-tokens", "131072"}));
   INFO(r.err);
   REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");
@@ -191,11 +172,10 @@ TEST_CASE("simulate --decode-window: Tangram reserves a window and says so",
   }
 }
 
-TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no skew",
-          "[simulate][cli][issue13]") {
+TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no skew", "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;
-  auto measured  = run(small({"--json"}));
-  auto perfect   = run(small({"--json", "--baseline-balance", "perfect"}));
+  auto measured = run(small({"--json"}));
+  auto perfect  = run(small({"--json", "--baseline-balance", "perfect"}));
   REQUIRE(measured.code == 0);
   REQUIRE(perfect.code == 0);
   auto dm = json::parse(measured.out, "stdout");
@@ -203,12 +183,10 @@ TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no sk
   json::node m(dm, "stdout"), p(dp, "stdout");
   CHECK(p["cost_model"]["serving_costs"]["baseline_balance"].as_string() == "perfect");
   auto t = [](json::node const& root, char const* field) {
-    return root["policies"]["unified_nonuniform"]["modelled_time_breakdown"][field].as_double(0,
-                                                                                              1e12);
+    return root["policies"]["unified_nonuniform"]["modelled_time_breakdown"][field].as_double(0, 1e12);
   };
   CHECK(t(p, "replanning_s") > 0);
-  CHECK(t(p, "decode_attention_s") <
-        t(m, "decode_attention_s"));  // the measured planner's skew is above 1
+  CHECK(t(p, "decode_attention_s") < t(m, "decode_attention_s"));  // the measured planner's skew is above 1
   CHECK(p["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12) ==
         m["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12));
 }
@@ -220,19 +198,13 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
     std::string piece;
   } cases[] = {
       {{"simulate", "--max-tokens", "0"}, "--max-tokens: must be in [1, 1073741824], got 0"},
-      {{"simulate", "--max-context", "100"},
-       "--max-context: must be in [4096, 2147483647], got 100"},
-      {{"simulate", "--baseline-balance", "foo"},
-       "--baseline-balance: expected one of replan, none, perfect"},
-      {{"simulate", "--baseline-reads", "dense"},
-       "--baseline-reads: expected one of padded, masked"},
-      {{"simulate", "--decode-window", "-1"},
-       "--decode-window: must be in [0, 1073741824], got -1"},
-      {{"simulate", "--baseline-retention", "x"},
-       "--baseline-retention: expected one of own, budgets"},
+      {{"simulate", "--max-context", "100"}, "--max-context: must be in [4096, 2147483647], got 100"},
+      {{"simulate", "--baseline-balance", "foo"}, "--baseline-balance: expected one of replan, none, perfect"},
+      {{"simulate", "--baseline-reads", "dense"}, "--baseline-reads: expected one of padded, masked"},
+      {{"simulate", "--decode-window", "-1"}, "--decode-window: must be in [0, 1073741824], got -1"},
+      {{"simulate", "--baseline-retention", "x"}, "--baseline-retention: expected one of own, budgets"},
       {{"simulate", "--unbalanced-skew", "0.5"}, "--unbalanced-skew: must be in [1, 100], got 0.5"},
-      {{"simulate", "--reclaim-us-per-page", "-1"},
-       "--reclaim-us-per-page: must be in [0, 1e6], got -1"},
+      {{"simulate", "--reclaim-us-per-page", "-1"}, "--reclaim-us-per-page: must be in [0, 1e6], got -1"},
       {{"simulate", "--replan-fraction", "11"}, "--replan-fraction: must be in [0, 10], got 11"},
       {{"simulate", "--step-overhead-us", "nan"}, "--step-overhead-us"},
   };
@@ -249,8 +221,7 @@ TEST_CASE("simulate --sensitivity replays the baseline under both admission rule
           "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;
   // [run's rule][row's rule][policy][field]: each run's rows, and its own verdicts as [rule][rule].
-  std::map<std::string, std::map<std::string, std::map<std::string, std::map<std::string, double>>>>
-      seen;
+  std::map<std::string, std::map<std::string, std::map<std::string, std::map<std::string, double>>>> seen;
   for (std::string rule : {"chunk", "whole"}) {
     INFO("--baseline-admission " << rule);
     auto r = run(small({"--sensitivity", "--json", "--baseline-admission", rule}));
@@ -284,8 +255,7 @@ TEST_CASE("simulate --sensitivity replays the baseline under both admission rule
         CHECK(rg["high"][field].as_double(0, 1e6) >= v);
         for (std::size_t i = 0; i < pts.size(); ++i)
           if (pts[i]["constant"].as_string() == "baseline_admission")
-            seen[rule][pts[i]["end"].as_string()][policy][field] =
-                pts[i][policy][field].as_double(0, 1e6);
+            seen[rule][pts[i]["end"].as_string()][policy][field] = pts[i][policy][field].as_double(0, 1e6);
         seen[rule][rule][policy][std::string(field) + " (run)"] = v;
       }
     }
@@ -294,10 +264,8 @@ TEST_CASE("simulate --sensitivity replays the baseline under both admission rule
   for (char const* policy : {"tangram", "tangram_elastic"})
     for (char const* field : {"modelled_tokens_per_s", "mean_resident_sessions"}) {
       INFO(policy << " " << field);
-      CHECK(seen["chunk"]["whole"][policy][field] ==
-            Approx(seen["whole"]["whole"][policy][std::string(field) + " (run)"]));
-      CHECK(seen["whole"]["chunk"][policy][field] ==
-            Approx(seen["chunk"]["chunk"][policy][std::string(field) + " (run)"]));
+      CHECK(seen["chunk"]["whole"][policy][field] == Approx(seen["whole"]["whole"][policy][std::string(field) + " (run)"]));
+      CHECK(seen["whole"]["chunk"][policy][field] == Approx(seen["chunk"]["chunk"][policy][std::string(field) + " (run)"]));
     }
   auto t = run(small({"--sensitivity"}));
   REQUIRE(t.code == 0);

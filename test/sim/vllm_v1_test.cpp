@@ -146,9 +146,8 @@ TEST_CASE("time between tokens: p50 and p95 of the steps between a request's tok
   CHECK(r.modelled_tbt_p95_s == Approx(cost.decode_step_s(101 * kv_token)).epsilon(0.01));
 }
 
-TEST_CASE(
-    "simulate --full-kv-scheduler pinned gives the session-aware full_kv, vllm is the default",
-    "[simulate][cli][vllm]") {
+TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, vllm is the default",
+          "[simulate][cli][vllm]") {
   auto run = [](std::vector<std::string> argv) {
     std::ostringstream out, err;
     int rc = tangram::cli::run(argv, {out, err});
@@ -196,8 +195,7 @@ TEST_CASE(
 
   auto [rc3, out3, err3] = run({"simulate", "--full-kv-scheduler", "lru"});
   CHECK(rc3 == 2);
-  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, vllm-sessions, pinned") !=
-        std::string::npos);
+  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, vllm-sessions, pinned") != std::string::npos);
 
   // The default evicts the LRU idle session's tail blocks and keeps its prefix; vllm-sessions
   // evicts whole sessions, so it recomputes at least as much.
@@ -207,8 +205,7 @@ TEST_CASE(
   json::node sessions(d4, "stdout");
   CHECK(sessions["cost_model"]["full_kv_scheduler"].as_string() == "vllm-sessions");
   CHECK(v1["policies"]["full_kv"]["prefix_blocks_evicted"].as_int(0, std::int64_t{1} << 40) > 0);
-  CHECK(sessions["policies"]["full_kv"]["prefix_blocks_evicted"].as_int(0, std::int64_t{1} << 40) ==
-        0);
+  CHECK(sessions["policies"]["full_kv"]["prefix_blocks_evicted"].as_int(0, std::int64_t{1} << 40) == 0);
   CHECK(recomputed(v1) <= recomputed(sessions));
 }
 

@@ -39,9 +39,9 @@
 #include "tangram/eval/sim/retention_needs.hpp"
 #include "tangram/eval/sim/sensitivity.hpp"
 #include "tangram/eval/sim/serving_costs.hpp"
+#include "tangram/eval/split_imbalance.hpp"
 #include "tangram/eval/sim/workload.hpp"
 #include "tangram/eval/sim/workload_io.hpp"
-#include "tangram/eval/split_imbalance.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -59,31 +59,27 @@ constexpr char const* default_profile = "snapkv/llama-3.1-8b-instruct";
 /// Scales budgets from the profile's keep ratio to `keep` (an approximation of what the same
 /// compressor would keep at another global ratio; labelled as such in the output).
 void rescale_budgets(budget_profile& p, double keep) {
-  TANGRAM_EXPECTS(p.target_keep_ratio > 0,
-                  invalid_argument,
+  TANGRAM_EXPECTS(p.target_keep_ratio > 0, invalid_argument,
                   "--keep: the profile records no target_keep_ratio to scale from");
   double f = keep / p.target_keep_ratio;
   for (auto& b : p.budgets) b = std::min(1.0, std::max(b * f, std::max(p.calibration.floor, 1e-6)));
 }
 
-std::string gb(double bytes) {
-  return fixed(bytes / 1e9, 1);
-}
+std::string gb(double bytes) { return fixed(bytes / 1e9, 1); }
 
 struct simulate_args {
   calibration_args cal;
   std::optional<std::string> model;
-  std::string profile  = default_profile;
+  std::string profile = default_profile;
   std::string workload = "mid";
-  std::string gpu_key =
-      "h200";  // --gpu: a preset; --gpu-mem, --hbm-tbps, --peak-tflops override it
-  double gpu_mem              = 141;
+  std::string gpu_key = "h200";  // --gpu: a preset; --gpu-mem, --hbm-tbps, --peak-tflops override it
+  double gpu_mem = 141;
   CLI::Option* gpu_mem_option = nullptr;  // its text is quoted as given in messages
   CLI::Option *hbm_option = nullptr, *tflops_option = nullptr, *step_tokens_option = nullptr,
               *max_running_option = nullptr, *sms_option = nullptr;
   std::vector<CLI::Option*> generator_only;  // refused with a workload file
   double usable = 0.9;
-  double hbm    = 4.8;
+  double hbm = 4.8;
   double tflops = 989;
   std::optional<double> keep;
   double margin = default_elastic_margin;
@@ -97,15 +93,14 @@ struct simulate_args {
     return o;
   }();
   std::optional<std::string> plot;
-  bool json        = false;
-  bool quiet       = false;
+  bool json = false;
+  bool quiet = false;
   bool sensitivity = false;
-  bool ablation    = false;                 // --ablation: also reservation_only and +head_groups
+  bool ablation = false;  // --ablation: also reservation_only and +head_groups
   std::vector<std::int64_t> context_range;  // --context-range LO,HI (generated workloads)
-  std::vector<double> rate_sweep;  // --rate-sweep R1,R2,... sessions/s (generated workloads)
-  bool full_kv_pinned = false;     // --full-kv-scheduler pinned: the earlier session-aware full_kv
-  bool full_kv_blocks = true;  // --full-kv-scheduler vllm (default): block-level prefix eviction;
-                               // vllm-sessions: whole
+  std::vector<double> rate_sweep;           // --rate-sweep R1,R2,... sessions/s (generated workloads)
+  bool full_kv_pinned = false;  // --full-kv-scheduler pinned: the earlier session-aware full_kv
+  bool full_kv_blocks = true;  // --full-kv-scheduler vllm (default): block-level prefix eviction; vllm-sessions: whole
   bool baseline_chunk_admission = true;  // --baseline-admission chunk (vLLM v1) | whole
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
   cost_setting costs_setting =
@@ -136,8 +131,7 @@ int simulate(simulate_args& a, streams io) {
       if (opt->count() > 0)
         throw usage_error(cat(opt->get_name(),
                               ": applies to a single simulate run; --verdict runs short, mid and "
-                              "long under both cost "
-                              "settings"));
+                              "long under both cost settings"));
   } else if (a.offload_option->count() > 0) {
     throw usage_error("--offload-host-gb: applies to --verdict (its full_kv_offload baseline)");
   }
@@ -172,7 +166,7 @@ int simulate(simulate_args& a, streams io) {
     if (!a.rate_sweep.empty()) check_output_path("--plot", plot_path(*plot, "-rate"));
   }
   std::string const& workload_name = a.workload;
-  auto kind                        = workload_kind_named(workload_name);
+  auto kind                 = workload_kind_named(workload_name);
   if (!kind)
     for (auto* opt : a.generator_only)
       if (opt->count() > 0)
@@ -183,36 +177,21 @@ int simulate(simulate_args& a, streams io) {
   if (kind) {
     auto turns = tangram::detail::mul_checked<std::int64_t>(wo.sessions, wo.turns);
     if (!turns || *turns > workload_limits::max_generated_turns)
-      throw usage_error(cat("--sessions ",
-                            wo.sessions,
-                            " x --turns ",
-                            wo.turns,
-                            " = ",
-                            turns.value_or(-1),
-                            " turns, more than the limit of ",
-                            workload_limits::max_generated_turns,
-                            " for a generated workload"));
+      throw usage_error(cat("--sessions ", wo.sessions, " x --turns ", wo.turns, " = ",
+                            turns.value_or(-1), " turns, more than the limit of ",
+                            workload_limits::max_generated_turns, " for a generated workload"));
   }
 
   auto src = read_samples_or_profile(a.profile, cal);
   if (keep) rescale_budgets(src.profile, *keep);
   double keep_ratio = keep.value_or(src.profile.target_keep_ratio);
-  auto model        = resolve_model(model_o, src.profile.model);
+  auto model = resolve_model(model_o, src.profile.model);
   if (model.num_kv_heads > po.split.limits.max_ctas())
-    throw usage_error(cat("--sms: ",
-                          po.split.limits.sm_count,
-                          " SMs x ",
-                          po.split.limits.ctas_per_sm,
-                          " CTAs = ",
-                          po.split.limits.max_ctas(),
-                          " CTAs, fewer than the ",
-                          model.num_kv_heads,
-                          " KV heads per layer of ",
-                          model.name,
-                          " (each needs one); give --sms ",
-                          ceil_div(model.num_kv_heads, po.split.limits.ctas_per_sm),
-                          " or more"));
-  auto plan = build_plan_for_cli(model, src.profile, po);
+    throw usage_error(cat("--sms: ", po.split.limits.sm_count, " SMs x ", po.split.limits.ctas_per_sm,
+                          " CTAs = ", po.split.limits.max_ctas(), " CTAs, fewer than the ", model.num_kv_heads,
+                          " KV heads per layer of ", model.name, " (each needs one); give --sms ",
+                          ceil_div(model.num_kv_heads, po.split.limits.ctas_per_sm), " or more"));
+  auto plan  = build_plan_for_cli(model, src.profile, po);
 
   gpu_spec gpu;
   gpu.name            = preset.gpu.name;
@@ -223,37 +202,18 @@ int simulate(simulate_args& a, streams io) {
   cost_model cost(model, gpu);
   double kv_bytes = gpu.kv_budget_bytes(model);
   if (kv_bytes <= 0)
-    throw usage_error(cat("--gpu-mem x --usable: ",
-                          gpu_mem_text,
-                          " GB x ",
-                          usable,
-                          " leaves no room for the KV cache after ",
-                          model.weight_bytes / 1e9,
-                          " GB of weights"));
+    throw usage_error(cat("--gpu-mem x --usable: ", gpu_mem_text, " GB x ", usable, " leaves no room for the KV cache after ",
+                          model.weight_bytes / 1e9, " GB of weights"));
   // Every policy's pool must hold between one page and as many as a page id can number; the
   // smallest page (Tangram's head-group page) gives the most pages.
-  for (double page :
-       {static_cast<double>(plan.page_bytes()),
-        static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes())}) {
+  for (double page : {static_cast<double>(plan.page_bytes()),
+                      static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes())}) {
     double pages = std::floor(kv_bytes / page);
     if (pages < 1 || pages > static_cast<double>(page_pool<page_layout<>>::max_pages))
-      throw usage_error(cat("--gpu-mem x --usable: ",
-                            gpu_mem_text,
-                            " GB x ",
-                            usable,
-                            " - ",
-                            model.weight_bytes / 1e9,
-                            " GB of weights leaves ",
-                            kv_bytes / 1e9,
-                            " GB for KV: ",
-                            pages,
-                            " pages of ",
-                            page,
-                            " bytes (--page-tokens ",
-                            po.page_tokens,
-                            "), outside the [1, ",
-                            page_pool<page_layout<>>::max_pages,
-                            "] pages a pool can hold"));
+      throw usage_error(cat("--gpu-mem x --usable: ", gpu_mem_text, " GB x ", usable, " - ", model.weight_bytes / 1e9,
+                            " GB of weights leaves ", kv_bytes / 1e9, " GB for KV: ", pages, " pages of ",
+                            page, " bytes (--page-tokens ", po.page_tokens, "), outside the [1, ",
+                            page_pool<page_layout<>>::max_pages, "] pages a pool can hold"));
   }
 
   // Costs beyond the roofline: the --costs preset (eval/sim/serving_costs.hpp), then the
@@ -321,11 +281,8 @@ int simulate(simulate_args& a, streams io) {
     if (!a.context_range.empty()) {
       auto const& r = a.context_range;
       if (r.size() != 2 || r[0] > r[1] || r[1] > ro.max_context)
-        throw usage_error(cat("--context-range: must be LO,HI with LO <= HI <= --max-context (",
-                              ro.max_context,
-                              "), got ",
-                              r[0],
-                              r.size() > 1 ? cat(",", r[1]) : std::string()));
+        throw usage_error(cat("--context-range: must be LO,HI with LO <= HI <= --max-context (", ro.max_context,
+                              "), got ", r[0], r.size() > 1 ? cat(",", r[1]) : std::string()));
       wo.context_lo = r[0];
       wo.context_hi = r[1];
     }
@@ -346,16 +303,9 @@ int simulate(simulate_args& a, streams io) {
       for (std::size_t t = 0; t < turns.size(); ++t) {
         context += turns[t].prompt_tokens;
         if (context > ro.max_context)
-          throw usage_error(cat("--workload: session ",
-                                i,
-                                " turn ",
-                                t,
-                                " reaches ",
-                                context,
-                                " tokens with its prompt, above --max-context ",
-                                ro.max_context));
-        context += std::min(turns[t].output_tokens,
-                            turns[t].reservation(ro.max_tokens, ro.max_context - context));
+          throw usage_error(cat("--workload: session ", i, " turn ", t, " reaches ", context,
+                                " tokens with its prompt, above --max-context ", ro.max_context));
+        context += std::min(turns[t].output_tokens, turns[t].reservation(ro.max_tokens, ro.max_context - context));
       }
     }
   }
@@ -379,31 +329,28 @@ int simulate(simulate_args& a, streams io) {
   for (auto const* w : {&work, &unit})
     for (auto const& s : w->sessions) max_tokens = std::max(max_tokens, s.total_tokens() + 1);
   // The baselines count a head's tokens in 32 bits; a longer session is refused at admission.
-  max_tokens         = std::min<std::int64_t>(max_tokens, std::numeric_limits<std::int32_t>::max());
-  auto n_sessions    = static_cast<std::int32_t>(work.sessions.size());
+  max_tokens = std::min<std::int64_t>(max_tokens, std::numeric_limits<std::int32_t>::max());
+  auto n_sessions = static_cast<std::int32_t>(work.sessions.size());
   std::int32_t slots = std::min<std::int32_t>(n_sessions, 4096);
 
   std::vector<replay_result> results;
   // Carriage-return progress only on a terminal: in a log file it is one unreadable line.
   bool const show_progress = !quiet && (&io.err != &std::cerr || ::isatty(STDERR_FILENO) != 0);
-  auto t_start             = std::chrono::steady_clock::now();
-  int const n_policies     = a.ablation ? 6 : 4;
+  auto t_start = std::chrono::steady_clock::now();
+  int const n_policies = a.ablation ? 6 : 4;
   std::string run_label;  // "" for the main run; "rate R, " in a sweep
-  auto run =
-      [&](workload const& w, std::vector<replay_result>& into, kv_policy& policy, int index) {
-        replay_options o = ro;
-        o.charges        = costs.charges_for(policy.name());
-        if (show_progress) {
-          o.progress = [&, index](double f) {
-            double el =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-            io.err << "\rsimulate: " << run_label << policy.name() << " (" << index + 1 << "/"
-                   << n_policies << ") " << std::setw(3) << static_cast<int>(f * 100) << "%  "
-                   << fixed(el, 1) << " s" << std::flush;
-          };
-        }
-        into.push_back(replay(w, policy, cost, o));
+  auto run = [&](workload const& w, std::vector<replay_result>& into, kv_policy& policy, int index) {
+    replay_options o = ro;
+    o.charges        = costs.charges_for(policy.name());
+    if (show_progress) {
+      o.progress = [&, index](double f) {
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        io.err << "\rsimulate: " << run_label << policy.name() << " (" << index + 1 << "/" << n_policies << ") "
+               << std::setw(3) << static_cast<int>(f * 100) << "%  " << fixed(el, 1) << " s" << std::flush;
       };
+    }
+    into.push_back(replay(w, policy, cost, o));
+  };
   // The baseline keeps each input's own retention (the samples); --baseline-retention budgets,
   // or a budget profile without samples, gives it Tangram's padded budgets instead.
   std::shared_ptr<retention_needs const> own;
@@ -416,8 +363,8 @@ int simulate(simulate_args& a, streams io) {
   // The baseline under `chunk` admission (vLLM v1) or whole-prompt admission; --baseline-admission
   // picks the run's rule, --sensitivity replays the other.
   auto make_unified = [&](bool chunk) {
-    auto u = std::make_unique<unified_policy>(
-        plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions, max_tokens, own);
+    auto u = std::make_unique<unified_policy>(plan, unified_mode::compressed_reclaim, kv_bytes, slots, n_sessions,
+                                              max_tokens, own);
     u->set_scheduled_chunk(std::min(ro.prefill_chunk, ro.step_token_budget));
     u->set_chunk_admission(chunk);
     return u;
@@ -429,7 +376,7 @@ int simulate(simulate_args& a, streams io) {
   needs.samples = src.samples;
   if (keep) {
     elastic_base.profile.target_keep_ratio = *keep;
-    needs.scale                            = *keep / src.profile.target_keep_ratio;
+    needs.scale = *keep / src.profile.target_keep_ratio;
   }
   bool const needs_from_samples = needs.samples && !needs.samples->samples.empty();
   {
@@ -444,10 +391,10 @@ int simulate(simulate_args& a, streams io) {
     costs.tangram_elastic_skew_by_batch = ek.by_batch;
   }
   std::int64_t const staged_chunk = std::min(ro.prefill_chunk, ro.step_token_budget);
-  auto make_elastic               = [&] {
+  auto make_elastic = [&] {
     // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
-    return make_tangram_elastic_policy(
-        elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs, a.decode_window);
+    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs,
+                                       a.decode_window);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its
@@ -455,7 +402,7 @@ int simulate(simulate_args& a, streams io) {
   // (the samples' needs, or the budgets without samples, which clip nothing).
   auto make_static = [&](std::string name, static_plan const& p) {
     tangram_policy_options so;
-    so.name          = std::move(name);
+    so.name     = std::move(name);
     so.eviction      = std::make_shared<static_clipping>(p, needs);
     so.decode_window = a.decode_window;
     return std::make_unique<tangram_policy>(p, kv_bytes, slots, n_sessions, std::move(so));
@@ -473,9 +420,7 @@ int simulate(simulate_args& a, streams io) {
         into.back().wanted_clipped_fraction = wanted_clipped_fraction(policy);
       };
   std::optional<static_plan> ro_plan;  // --ablation: reservation_only's one-group-per-layer plan
-  if (a.ablation)
-    ro_plan =
-        build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
+  if (a.ablation) ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
   // Every policy on workload `w`, in the report's order.
   auto run_all = [&](workload const& w, bool main_run) {
     std::vector<replay_result> into;
@@ -487,8 +432,7 @@ int simulate(simulate_args& a, streams io) {
       run(w, into, full, 0);
     }
     run(w, into, *make_unified(a.baseline_chunk_admission), 1);
-    into.back().wanted_clipped_fraction =
-        0.0;        // keeps its own retention (or the budgets it is given)
+    into.back().wanted_clipped_fraction = 0.0;  // keeps its own retention (or the budgets it is given)
     if (ro_plan) {  // the paper's incremental study (eval/sim/ablation.hpp)
       run_tangram(w, into, *make_static(reservation_only_name, *ro_plan), 2);
       run_tangram(w, into, *make_static(head_groups_name, plan), 3);
@@ -502,7 +446,7 @@ int simulate(simulate_args& a, streams io) {
   std::vector<rate_point> sweep;
   if (!a.rate_sweep.empty()) {
     std::size_t k = 0;
-    sweep         = sweep_arrival_rates(unit, a.rate_sweep, [&](workload const& w) {
+    sweep = sweep_arrival_rates(unit, a.rate_sweep, [&](workload const& w) {
       run_label = cat("rate ", a.rate_sweep[k++], "/s, ");
       return run_all(w, false);
     });
@@ -518,14 +462,12 @@ int simulate(simulate_args& a, streams io) {
     // the context (vLLM's default when a request sets none).
     max_tokens_variation mt;
     mt.context = ro.max_context;
-    mt.rerun   = [&](std::string const& name, std::int64_t max_new) {
+    mt.rerun = [&](std::string const& name, std::int64_t max_new) {
       replay_options o = ro;
       o.charges        = costs.charges_for(name);
       o.max_tokens     = max_new;
       auto p           = make_named(name);
-      if (show_progress)
-        io.err << "\rsimulate: sensitivity, max_tokens " << max_new << ", " << name << "   "
-               << std::flush;
+      if (show_progress) io.err << "\rsimulate: sensitivity, max_tokens " << max_new << ", " << name << "   " << std::flush;
       return replay(work, *p, cost, o);
     };
     // The baseline's admission rule: replayed under the rule the run did not use.
@@ -536,60 +478,44 @@ int simulate(simulate_args& a, streams io) {
       o.charges        = costs.charges_for("unified_nonuniform");
       auto p           = make_unified(chunk);
       if (show_progress)
-        io.err << "\rsimulate: sensitivity, baseline admission " << admission_rule_name(chunk)
-               << "   " << std::flush;
+        io.err << "\rsimulate: sensitivity, baseline admission " << admission_rule_name(chunk) << "   " << std::flush;
       return replay(work, *p, cost, o);
     };
-    sens = sweep_sensitivity(
-        costs,
-        defaults,
-        "unified_nonuniform",
-        {"tangram", "tangram_elastic"},
-        [&](std::string const& name, step_charges const& ch) {
-          replay_options o = ro;
-          o.charges        = ch;
-          auto p           = make_named(name);
-          if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
-          return replay(work, *p, cost, o);
-        },
-        &mt,
-        &admission);
+    sens = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram", "tangram_elastic"},
+                             [&](std::string const& name, step_charges const& ch) {
+                               replay_options o = ro;
+                               o.charges        = ch;
+                               auto p           = make_named(name);
+                               if (show_progress) io.err << "\rsimulate: sensitivity, " << name << "   " << std::flush;
+                               return replay(work, *p, cost, o);
+                             },
+                             &mt, &admission);
     if (show_progress) io.err << "\n";
   }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   std::string const work_label = work.name.empty() ? std::string("(unnamed trace)") : work.name;
-  std::string title =
-      cat(model.name, " on ", gpu.name, ", workload ", work_label, ", ", n_sessions, " sessions");
+  std::string title = cat(model.name, " on ", gpu.name, ", workload ", work_label, ", ", n_sessions, " sessions");
   if (plot) {
     tangram::detail::write_file(*plot, memory_svg(results, kv_bytes / 1e9, title));
-    tangram::detail::write_file(
-        plot_path(*plot, "-time"),
-        time_breakdown_svg(results, cat("Modelled time breakdown: ", title)));
+    tangram::detail::write_file(plot_path(*plot, "-time"),
+                                time_breakdown_svg(results, cat("Modelled time breakdown: ", title)));
     tangram::detail::write_file(plot_path(*plot, "-serving"),
                                 serving_svg(results, cat("Modelled serving figures: ", title)));
     if (!sweep.empty())
-      tangram::detail::write_file(plot_path(*plot, "-rate"),
-                                  ttft_rate_svg(sweep,
-                                                cat("Modelled TTFT vs arrival rate: ",
-                                                    model.name,
-                                                    " on ",
-                                                    gpu.name,
-                                                    ", workload ",
-                                                    work_label,
-                                                    ", ",
-                                                    n_sessions,
-                                                    " sessions")));
+      tangram::detail::write_file(
+          plot_path(*plot, "-rate"),
+          ttft_rate_svg(sweep, cat("Modelled TTFT vs arrival rate: ", model.name, " on ", gpu.name, ", workload ",
+                                   work_label, ", ", n_sessions, " sessions")));
   }
 
   // A policy that gave up on sessions reports figures over the rest only: say so.
   for (auto const& r : results)
     if (r.rejected_sessions > 0)
-      io.err << "simulate: warning: " << r.policy << " never completed " << r.rejected_sessions
-             << " of " << n_sessions
+      io.err << "simulate: warning: " << r.policy << " never completed " << r.rejected_sessions << " of " << n_sessions
              << " sessions (a turn could not fit even alone); its figures cover the others only\n";
   auto const& base = results[0];
-  auto ratio       = [](double a_, double b_) { return b_ > 0 ? a_ / b_ : 0.0; };
+  auto ratio = [](double a_, double b_) { return b_ > 0 ? a_ / b_ : 0.0; };
   if (as_json) {
     auto doc = json::value::object();
     doc.set("model", model.name);
@@ -598,16 +524,13 @@ int simulate(simulate_args& a, streams io) {
     doc.set("keep_ratio", keep_ratio);
     doc.set("keep_rescaled", keep.has_value());
     doc.set("keep_ratio_definitions",
-            "policies.*.compressed_keep_ratio: live bytes / the same tokens uncompressed; "
-            "stored_keep_ratio: bytes "
-            "of pages held (padding, group waste, page rounding; no unbacked reservation) / the "
-            "same tokens "
+            "policies.*.compressed_keep_ratio: live bytes / the same tokens uncompressed; stored_keep_ratio: bytes "
+            "of pages held (padding, group waste, page rounding; no unbacked reservation) / the same tokens "
             "uncompressed; both time-weighted over the tokens handed to each policy");
     auto w = json::value::object();
     w.set("name", work.name);
     w.set("sessions", n_sessions);
-    w.set("turns_per_session",
-          work.sessions.empty() ? 0 : static_cast<std::int64_t>(work.sessions[0].turns.size()));
+    w.set("turns_per_session", work.sessions.empty() ? 0 : static_cast<std::int64_t>(work.sessions[0].turns.size()));
     w.set("generated", kind.has_value());
     // A trace file's arrivals are its own: the generator's settings are reported only when used.
     w.set("arrival_rate", kind ? json::value(wo.arrival_rate) : json::value(nullptr));
@@ -625,10 +548,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
     c.set("gpu_preset", a.gpu_key);
-    c.set("full_kv_scheduler",
-          a.full_kv_pinned   ? "pinned"
-          : a.full_kv_blocks ? "vllm"
-                             : "vllm-sessions");
+    c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm" : "vllm-sessions");
     c.set("step_token_budget", ro.step_token_budget);
     c.set("sms", a.po.split.limits.sm_count);
     c.set("max_running", ro.max_running);
@@ -640,8 +560,7 @@ int simulate(simulate_args& a, streams io) {
     rv.set("max_tokens", ro.max_tokens);
     rv.set("decode_window", a.decode_window);
     rv.set("max_context", ro.max_context);
-    rv.set("baseline_retention",
-           own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
+    rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
     rv.set("baseline_admission", a.baseline_chunk_admission ? "chunk" : "whole");
     doc.set("reservation", std::move(rv));
     auto pl = json::value::object();
@@ -655,20 +574,15 @@ int simulate(simulate_args& a, streams io) {
     el.set("default_reservation", plan_options{}.reservation.mode == reservation_mode::elastic);
     el.set("margin", a.margin);
     el.set("max_chunk_tokens", staged_chunk);
-    el.set(
-        "needs",
-        needs_from_samples
-            ? cat("modelled: retention sample (session mod samples) kept x seen / context",
-                  keep ? " x --keep / the profile's keep ratio" : "",
-                  ", capped by candidates")
-            : "modelled: each head's budget x seen, capped by candidates (no retention samples)");
+    el.set("needs", needs_from_samples
+                        ? cat("modelled: retention sample (session mod samples) kept x seen / context",
+                              keep ? " x --keep / the profile's keep ratio" : "", ", capped by candidates")
+                        : "modelled: each head's budget x seen, capped by candidates (no retention samples)");
     el.set("modelled_wanted_clipped_fraction", elastic_clipped);
     el.set("staging",
            "charged: each prefilling request holds one chunk's staging pages (its prompt's when "
            "shorter)");
-    el.set(
-        "eviction_pass",
-        "modelled: one read + write of the compressed heads' kept K/V per chunk at HBM bandwidth");
+    el.set("eviction_pass", "modelled: one read + write of the compressed heads' kept K/V per chunk at HBM bandwidth");
     doc.set("tangram_elastic", std::move(el));
     auto policies = json::value::object();
     for (auto const& r : results) policies.set(r.policy, result_json(r));
@@ -686,7 +600,7 @@ int simulate(simulate_args& a, streams io) {
     for (auto const& r : results) vs_unified.set(r.policy, verdict_json(verdict_of(r, results[1])));
     doc.set("ratios_vs_unified_nonuniform", std::move(vs_unified));
     if (sens) {
-      auto sj  = json::value::object();
+      auto sj = json::value::object();
       auto pts = json::value::array();
       for (auto const& pt : sens->points) {
         auto po_ = json::value::object();
@@ -715,26 +629,20 @@ int simulate(simulate_args& a, streams io) {
   }
 
   auto& o = io.out;
-  o << "tangram simulate: " << tangram::detail::printable(model.name) << " ("
-    << to_string(model.kv_dtype) << " KV) on one " << tangram::detail::printable(gpu.name)
-    << (a.gpu_mem_option->count() + a.hbm_option->count() + a.tflops_option->count() > 0
-            ? " (preset, figures overridden)"
-            : "")
-    << ": " << gb(gpu.memory_bytes) << " GB x " << fixed(usable, 2) << " - "
-    << gb(model.weight_bytes) << " GB weights = " << gb(kv_bytes)
-    << " GB for KV; engine: " << ro.step_token_budget << " tokens/step, " << ro.max_running
-    << " sequences"
-    << (a.step_tokens_option->count() + a.max_running_option->count() == 0
-            ? " (vLLM v1's defaults on this GPU)"
-            : "")
+  o << "tangram simulate: " << tangram::detail::printable(model.name) << " (" << to_string(model.kv_dtype) << " KV) on one " << tangram::detail::printable(gpu.name)
+    << (a.gpu_mem_option->count() + a.hbm_option->count() + a.tflops_option->count() > 0 ? " (preset, figures overridden)" : "")
+    << ": " << gb(gpu.memory_bytes) << " GB x " << fixed(usable, 2) << " - " << gb(model.weight_bytes)
+    << " GB weights = " << gb(kv_bytes) << " GB for KV; engine: " << ro.step_token_budget << " tokens/step, "
+    << ro.max_running << " sequences"
+    << (a.step_tokens_option->count() + a.max_running_option->count() == 0 ? " (vLLM v1's defaults on this GPU)" : "")
     << "; split map for " << a.po.split.limits.sm_count << " SMs\n"
     << "  profile " << tangram::detail::printable(src.source) << " (keep ratio "
-    << fixed(keep_ratio, 2) << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size
-    << " " << to_string(po.scope) << " P=" << po.page_tokens << ", group waste "
-    << percent(group_waste(plan.grouping, plan.rules), 2) << "\n"
-    << "  workload " << tangram::detail::printable(work_label) << ": " << n_sessions
-    << " sessions x " << work.sessions[0].turns.size() << " turns, "
-    << (!kind                 ? std::string("arrivals from the file")
+    << fixed(keep_ratio, 2)
+    << (keep ? ", budgets rescaled" : "") << "), plan Hp=" << po.group_size << " " << to_string(po.scope)
+    << " P=" << po.page_tokens << ", group waste " << percent(group_waste(plan.grouping, plan.rules), 2) << "\n"
+    << "  workload " << tangram::detail::printable(work_label) << ": " << n_sessions << " sessions x " << work.sessions[0].turns.size()
+    << " turns, "
+    << (!kind                  ? std::string("arrivals from the file")
         : wo.arrival_rate > 0 ? cat(wo.arrival_rate, " sessions/s")
                               : std::string("all at t=0"))
     << (ro.concurrency > 0 ? cat(", concurrency ", ro.concurrency) : std::string())
@@ -745,57 +653,41 @@ int simulate(simulate_args& a, streams io) {
     o << "\n";
   };
   row("", [](replay_result const& r) { return r.policy; });
-  row("resident sessions, peak",
-      [](replay_result const& r) { return cat(r.peak_resident_sessions); });
-  row("resident sessions, mean",
-      [](replay_result const& r) { return fixed(r.mean_resident_sessions, 1); });
+  row("resident sessions, peak", [](replay_result const& r) { return cat(r.peak_resident_sessions); });
+  row("resident sessions, mean", [](replay_result const& r) { return fixed(r.mean_resident_sessions, 1); });
   row("running sequences, peak", [](replay_result const& r) { return cat(r.peak_running); });
-  row("KV allocated peak (GB)",
-      [](replay_result const& r) { return gb(r.kv_bytes_allocated_peak); });
+  row("KV allocated peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_allocated_peak); });
   row("KV live peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_live_peak); });
-  row("keep ratio, as compressed",
-      [](replay_result const& r) { return fixed(r.compressed_keep_ratio, 3); });
-  row("keep ratio, as stored",
-      [](replay_result const& r) { return fixed(r.stored_keep_ratio, 3); });
+  row("keep ratio, as compressed", [](replay_result const& r) { return fixed(r.compressed_keep_ratio, 3); });
+  row("keep ratio, as stored", [](replay_result const& r) { return fixed(r.stored_keep_ratio, 3); });
   row("wanted head-tokens clipped", [](replay_result const& r) {
     return r.wanted_clipped_fraction ? percent(*r.wanted_clipped_fraction, 3) : std::string("-");
   });
   row("rejected sessions", [](replay_result const& r) { return cat(r.rejected_sessions); });
-  row("utilisation live/alloc",
-      [](replay_result const& r) { return percent(r.mean_utilisation, 1); });
+  row("utilisation live/alloc", [](replay_result const& r) { return percent(r.mean_utilisation, 1); });
   row("admission waits", [](replay_result const& r) { return cat(r.admission_waits); });
   row("reclaim ops (pages)", [](replay_result const& r) { return cat(r.reclaim_ops); });
   row("preemptions", [](replay_result const& r) { return cat(r.preemptions); });
   row("idle evictions", [](replay_result const& r) { return cat(r.idle_evictions); });
   row("recomputed tokens", [](replay_result const& r) { return cat(r.recomputed_tokens); });
-  row("control plane us/step",
-      [](replay_result const& r) { return fixed(r.control_plane_us_per_step, 2); });
+  row("control plane us/step", [](replay_result const& r) { return fixed(r.control_plane_us_per_step, 2); });
   row("answers cut at max_tokens", [](replay_result const& r) { return cat(r.truncated_answers); });
-  row("tokens/s (modelled)",
-      [](replay_result const& r) { return fixed(r.modelled_tokens_per_s, 0); });
-  row("requests/s (modelled)",
-      [](replay_result const& r) { return fixed(r.modelled_requests_per_s, 3); });
-  row("TTFT mean s (modelled)",
-      [](replay_result const& r) { return fixed(r.modelled_ttft_mean_s, 2); });
-  row("TTFT p95 s (modelled)",
-      [](replay_result const& r) { return fixed(r.modelled_ttft_p95_s, 2); });
-  row("TBT p50 ms (modelled)",
-      [](replay_result const& r) { return fixed(r.modelled_tbt_p50_s * 1e3, 1); });
-  row("TBT p95 ms (modelled)",
-      [](replay_result const& r) { return fixed(r.modelled_tbt_p95_s * 1e3, 1); });
-  row("makespan s (modelled)",
-      [](replay_result const& r) { return fixed(r.modelled_makespan_s, 1); });
+  row("tokens/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_tokens_per_s, 0); });
+  row("requests/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_requests_per_s, 3); });
+  row("TTFT mean s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_mean_s, 2); });
+  row("TTFT p95 s (modelled)", [](replay_result const& r) { return fixed(r.modelled_ttft_p95_s, 2); });
+  row("TBT p50 ms (modelled)", [](replay_result const& r) { return fixed(r.modelled_tbt_p50_s * 1e3, 1); });
+  row("TBT p95 ms (modelled)", [](replay_result const& r) { return fixed(r.modelled_tbt_p95_s * 1e3, 1); });
+  row("makespan s (modelled)", [](replay_result const& r) { return fixed(r.modelled_makespan_s, 1); });
   row("  prefill s", [](replay_result const& r) { return fixed(r.time.prefill_s, 1); });
-  row("  decode attention s",
-      [](replay_result const& r) { return fixed(r.time.decode_attention_s, 1); });
+  row("  decode attention s", [](replay_result const& r) { return fixed(r.time.decode_attention_s, 1); });
   row("  decode weights s", [](replay_result const& r) { return fixed(r.time.weights_s, 1); });
   row("  reclamation s", [](replay_result const& r) { return fixed(r.time.reclamation_s, 1); });
   row("  re-planning s", [](replay_result const& r) { return fixed(r.time.replanning_s, 1); });
   row("  eviction pass s", [](replay_result const& r) { return fixed(r.time.eviction_pass_s, 1); });
   row("  step overhead s", [](replay_result const& r) { return fixed(r.time.overhead_s, 1); });
   if (costs.control_plane)
-    row("  control plane s (measured)",
-        [](replay_result const& r) { return fixed(r.time.control_plane_s, 1); });
+    row("  control plane s (measured)", [](replay_result const& r) { return fixed(r.time.control_plane_s, 1); });
   row("  idle s", [](replay_result const& r) { return fixed(r.time.idle_s, 1); });
   o << "\n";
   row("vs full_kv: resident peak", [&](replay_result const& r) {
@@ -812,40 +704,31 @@ int simulate(simulate_args& a, streams io) {
   });
   print_sweep(o, sweep);
   if (sens) {
-    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; "
-         "the baseline's kernel\n"
-      << "  reading whole pages or masked; max_tokens 512, 8192 and the rest of the context; the "
-         "baseline under each\n"
+    o << "\n  Sensitivity (each uncalibrated constant at the low, then the high end of its range; the baseline's kernel\n"
+      << "  reading whole pages or masked; max_tokens 512, 8192 and the rest of the context; the baseline under each\n"
       << "  admission rule; " << sens->replays << " replays):\n";
     o << "  " << std::left << std::setw(34) << "constant = value" << std::right << std::setw(22)
-      << "tangram vs unified" << std::setw(24) << "elastic vs unified"
-      << "\n";
-    o << "  " << std::left << std::setw(34) << "" << std::right << std::setw(22)
-      << "tok/s  resident" << std::setw(24) << "tok/s  resident"
-      << "\n";
-    auto pair = [](verdict const& v) {
-      return cat(fixed(v.tokens_per_s_ratio, 2), "x  ", fixed(v.mean_resident_ratio, 2), "x");
-    };
+      << "tangram vs unified" << std::setw(24) << "elastic vs unified" << "\n";
+    o << "  " << std::left << std::setw(34) << "" << std::right << std::setw(22) << "tok/s  resident" << std::setw(24)
+      << "tok/s  resident" << "\n";
+    auto pair = [](verdict const& v) { return cat(fixed(v.tokens_per_s_ratio, 2), "x  ", fixed(v.mean_resident_ratio, 2), "x"); };
     for (auto const& pt : sens->points)
       o << "  " << std::left << std::setw(34)
-        << cat(pt.variation.constant,
-               " = ",
-               seconds_valued(pt.variation.constant) ? fixed(pt.variation.value * 1e6, 2) + " us"
+        << cat(pt.variation.constant, " = ",
+               seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
                : pt.variation.constant == "max_tokens"
-                   ? (pt.variation.end == "context"
-                          ? cat("context (", fixed(pt.variation.value, 0), ")")
-                          : fixed(pt.variation.value, 0))
-               : pt.variation.constant == "baseline_admission" ||
-                       pt.variation.constant == "baseline_reads" ||
+                   ? (pt.variation.end == "context" ? cat("context (", fixed(pt.variation.value, 0), ")")
+                                                    : fixed(pt.variation.value, 0))
+               : pt.variation.constant == "baseline_admission" || pt.variation.constant == "baseline_reads" ||
                        pt.variation.constant == "baseline_balance"
                    ? pt.variation.end
-                   : fixed(pt.variation.value, 3))
-        << std::right << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24)
-        << pair(pt.verdicts.at("tangram_elastic")) << "\n";
+                                                       : fixed(pt.variation.value, 3))
+        << std::right
+        << std::setw(22) << pair(pt.verdicts.at("tangram")) << std::setw(24) << pair(pt.verdicts.at("tangram_elastic"))
+        << "\n";
     for (auto const& [name, r] : sens->range)
-      o << "  verdict range, " << name << " vs unified: tokens/s "
-        << fixed(r.low.tokens_per_s_ratio, 2) << "-" << fixed(r.high.tokens_per_s_ratio, 2)
-        << "x, mean resident " << fixed(r.low.mean_resident_ratio, 2) << "-"
+      o << "  verdict range, " << name << " vs unified: tokens/s " << fixed(r.low.tokens_per_s_ratio, 2) << "-"
+        << fixed(r.high.tokens_per_s_ratio, 2) << "x, mean resident " << fixed(r.low.mean_resident_ratio, 2) << "-"
         << fixed(r.high.mean_resident_ratio, 2) << "x\n";
   }
   o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1)
@@ -883,68 +766,44 @@ int simulate(simulate_args& a, streams io) {
     << skew_curve_values(costs.tangram_skew_by_batch) << "\n    elastic  "
     << skew_curve_values(costs.tangram_elastic_skew_by_batch) << "\n  full_kv: 1 (equal heads).\n"
     << "  Reservation: max_tokens " << ro.max_tokens << " per turn"
-    << (own_max_tokens > 0
-            ? cat(" without its own (",
-                  own_max_tokens,
-                  " of ",
-                  total_turns,
-                  " turns carry their own, which --sensitivity's max_tokens points keep)")
-            : std::string())
+    << (own_max_tokens > 0 ? cat(" without its own (", own_max_tokens, " of ", total_turns,
+                                 " turns carry their own, which --sensitivity's max_tokens points keep)")
+                           : std::string())
     << " (context " << ro.max_context << ")"
-    << (a.decode_window > 0 ? cat("; Tangram reserves ",
-                                  a.decode_window,
-                                  " answer tokens at a time (--decode-window), preempting when a "
-                                  "growth does not fit")
+    << (a.decode_window > 0 ? cat("; Tangram reserves ", a.decode_window,
+                                  " answer tokens at a time (--decode-window), preempting when a growth does not fit")
                             : std::string())
     << ", answers drawn separately; unified_nonuniform keeps "
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
-    << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic "
-       "reservation, the default\n"
-    << "  of plan_options and `tangram plan`, margin " << a.margin
-    << "; each prefilling request also holds staging for one " << staged_chunk
-    << "-token chunk (its prompt, if shorter); per-head needs modelled from "
-    << (needs_from_samples ? "the retention samples" : "the budgets") << " ("
-    << percent(elastic_clipped, 3)
-    << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + "
-       "write of the kept K/V"
+    << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
+    << "  of plan_options and `tangram plan`, margin " << a.margin << "; each prefilling request also holds staging for one "
+    << staged_chunk << "-token chunk (its prompt, if shorter); per-head needs modelled from "
+    << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
+    << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
     << " per chunk (modelled); its control plane includes the CPU group selection.\n"
-    << (a.full_kv_pinned
-            ? ""
-            : cat("  The full_kv column is vLLM v1: pages per scheduled chunk, idle sessions' KV "
-                  "an LRU prefix cache (",
-                  a.full_kv_blocks
-                      ? "the LRU\n  session's tail blocks evicted one by one, its prefix kept: "
-                      : "evicted whole\n  (--full-kv-scheduler vllm-sessions): ",
-                  a.full_kv_blocks ? cat(base.prefix_blocks_evicted, " blocks evicted;\n  ")
-                                   : std::string(),
-                  "recomputed as prefill on the next turn), the newest request preempted when a "
-                  "step runs "
-                  "out;\n  the other policies keep idle sessions and admit new ones with headroom "
-                  "(see "
-                  "--full-kv-scheduler).\n"));
+    << (a.full_kv_pinned ? ""
+                         : cat("  The full_kv column is vLLM v1: pages per scheduled chunk, idle sessions' KV an LRU prefix cache (",
+                               a.full_kv_blocks ? "the LRU\n  session's tail blocks evicted one by one, its prefix kept: "
+                                                : "evicted whole\n  (--full-kv-scheduler vllm-sessions): ",
+                               a.full_kv_blocks ? cat(base.prefix_blocks_evicted, " blocks evicted;\n  ") : std::string(),
+                               "recomputed as prefill on the next turn), the newest request preempted when a step runs "
+                               "out;\n  the other policies keep idle sessions and admit new ones with headroom (see "
+                               "--full-kv-scheduler).\n"));
   if (a.full_kv_pinned)
-    o << "  --full-kv-scheduler pinned: full_kv admits whole prompts, keeps idle sessions and "
-         "leaves headroom, "
+    o << "  --full-kv-scheduler pinned: full_kv admits whole prompts, keeps idle sessions and leaves headroom, "
          "like the compressed policies.\n";
   if (a.ablation)
-    o << "  Ablation (--ablation): reservation_only and +head_groups balance decode like "
-         "unified_nonuniform (no AOT\n"
+    o << "  Ablation (--ablation): reservation_only and +head_groups balance decode like unified_nonuniform (no AOT\n"
       << "  split); +aot_split is tangram, +elastic is tangram_elastic.\n";
-  o << "  Keep ratio (time-weighted over resident tokens): as compressed = tokens kept / tokens "
-       "seen (the scorer's "
+  o << "  Keep ratio (time-weighted over resident tokens): as compressed = tokens kept / tokens seen (the scorer's "
     << fixed(keep_ratio, 2) << (keep ? ", rescaled by --keep" : "")
-    << ", padded by the budgets'\n  calibration for tangram); as stored = bytes of pages held / "
-       "the same tokens "
-       "uncompressed (budget padding, group\n  waste and page rounding included; decode "
-       "reservations not yet backed by "
+    << ", padded by the budgets'\n  calibration for tangram); as stored = bytes of pages held / the same tokens "
+       "uncompressed (budget padding, group\n  waste and page rounding included; decode reservations not yet backed by "
        "pages excluded).\n";
   if (plot)
-    o << "  wrote " << tangram::detail::printable(*plot) << ", "
-      << tangram::detail::printable(plot_path(*plot, "-time")) << ", "
-      << tangram::detail::printable(plot_path(*plot, "-serving"))
-      << (sweep.empty() ? std::string()
-                        : cat(", ", tangram::detail::printable(plot_path(*plot, "-rate"))))
-      << "\n";
+    o << "  wrote " << tangram::detail::printable(*plot) << ", " << tangram::detail::printable(plot_path(*plot, "-time"))
+      << ", " << tangram::detail::printable(plot_path(*plot, "-serving"))
+      << (sweep.empty() ? std::string() : cat(", ", tangram::detail::printable(plot_path(*plot, "-rate")))) << "\n";
   return 0;
 }
 
@@ -956,26 +815,14 @@ command_body setup_simulate(CLI::App& app) {
   auto& ro = a->ro;
   auto& po = a->po;
   // The defaults shown and used are those of workload_options, replay_options and plan_options.
-  add_text(app,
-           "--model",
-           a->model,
-           "NAME_OR_FILE",
+  add_text(app, "--model", a->model, "NAME_OR_FILE",
            "A model-spec file or preset (default: the preset the profile names)");
-  add_text(app,
-           "--profile",
-           a->profile,
-           "NAME_OR_FILE",
+  add_text(app, "--profile", a->profile, "NAME_OR_FILE",
            "Retention samples or a budget profile, a file or a bundled name");
   add_calibration_options(app, a->cal);
-  add_number(app,
-             "--margin",
-             a->margin,
-             {0, max_elastic_margin},
+  add_number(app, "--margin", a->margin, {0, max_elastic_margin},
              "tangram_elastic: reserve the scorer's total times 1 + M (default 0.15)");
-  add_number(app,
-             "--keep",
-             a->keep,
-             {0.001, 1},
+  add_number(app, "--keep", a->keep, {0.001, 1},
              "Rescale the profile's budgets to this keep ratio (an approximation; default: as "
              "profiled)");
   auto* workload_option = add_text(app,
@@ -1041,68 +888,30 @@ command_body setup_simulate(CLI::App& app) {
     std::string listed;
     for (auto const& p : gpu_presets()) {
       keys.push_back(p.key);
-      listed += cat(listed.empty() ? "" : "; ",
-                    p.key,
-                    " = ",
-                    p.gpu.name,
-                    " (",
-                    p.gpu.memory_bytes / 1e9,
-                    " GB, ",
-                    p.gpu.hbm_bytes_per_s / 1e12,
-                    " TB/s, ",
-                    p.gpu.peak_flops / 1e12,
-                    " TFLOP/s; vLLM ",
-                    p.max_num_batched_tokens,
-                    " tokens/step, ",
-                    p.max_num_seqs,
-                    " seqs)");
+      listed += cat(listed.empty() ? "" : "; ", p.key, " = ", p.gpu.name, " (", p.gpu.memory_bytes / 1e9, " GB, ",
+                    p.gpu.hbm_bytes_per_s / 1e12, " TB/s, ", p.gpu.peak_flops / 1e12, " TFLOP/s; vLLM ",
+                    p.max_num_batched_tokens, " tokens/step, ", p.max_num_seqs, " seqs)");
     }
-    add_choice(
-        app,
-        "--gpu",
-        [a](std::string const& v) { a->gpu_key = v; },
-        "h200",
-        keys,
-        cat("GPU preset: memory, bandwidth, dense bf16 peak, SM count and vLLM v1's default "
-            "--step-tokens "
-            "and --max-running on it, each overridable: ",
-            listed));
+    add_choice(app, "--gpu", [a](std::string const& v) { a->gpu_key = v; }, "h200", keys,
+               cat("GPU preset: memory, bandwidth, dense bf16 peak, SM count and vLLM v1's default --step-tokens "
+                   "and --max-running on it, each overridable: ",
+                   listed));
   }
-  a->gpu_mem_option = add_number(app,
-                                 "--gpu-mem",
-                                 a->gpu_mem,
-                                 {1, 1e6},
-                                 "GPU memory (GB), weights included (default: --gpu's)");
+  a->gpu_mem_option =
+      add_number(app, "--gpu-mem", a->gpu_mem, {1, 1e6}, "GPU memory (GB), weights included (default: --gpu's)");
   add_number(app, "--usable", a->usable, {0.01, 1}, "Fraction of GPU memory the engine may use");
-  a->hbm_option    = add_number(app,
-                             "--hbm-tbps",
-                             a->hbm,
-                             {0.01, 1000},
-                             "Modelled memory bandwidth (TB/s; default: --gpu's)");
-  a->tflops_option = add_number(app,
-                                "--peak-tflops",
-                                a->tflops,
-                                {1, 1e6},
-                                "Modelled dense compute (TFLOP/s; default: --gpu's)");
-  a->sms_option    = add_sms(app, po.split.limits.sm_count);
+  a->hbm_option = add_number(app, "--hbm-tbps", a->hbm, {0.01, 1000}, "Modelled memory bandwidth (TB/s; default: --gpu's)");
+  a->tflops_option =
+      add_number(app, "--peak-tflops", a->tflops, {1, 1e6}, "Modelled dense compute (TFLOP/s; default: --gpu's)");
+  a->sms_option = add_sms(app, po.split.limits.sm_count);
   a->sms_option->description("SMs of the GPU the split map is planned for (default: --gpu's)");
-  add_integer(
-      app, "--concurrency", ro.concurrency, 0, 1000000, "Sessions in flight at once (0: no limit)");
+  add_integer(app, "--concurrency", ro.concurrency, 0, 1000000,
+              "Sessions in flight at once (0: no limit)");
   add_integer(app, "--chunk", ro.prefill_chunk, 1, 1 << 24, "Prefill chunk (tokens)");
-  a->step_tokens_option =
-      add_integer(app,
-                  "--step-tokens",
-                  ro.step_token_budget,
-                  1,
-                  1 << 24,
-                  "Tokens per engine step (vLLM max_num_batched_tokens; default: --gpu's)");
-  a->max_running_option =
-      add_integer(app,
-                  "--max-running",
-                  ro.max_running,
-                  1,
-                  1 << 20,
-                  "Sequences per engine step (vLLM max_num_seqs; default: --gpu's)");
+  a->step_tokens_option = add_integer(app, "--step-tokens", ro.step_token_budget, 1, 1 << 24,
+                                      "Tokens per engine step (vLLM max_num_batched_tokens; default: --gpu's)");
+  a->max_running_option = add_integer(app, "--max-running", ro.max_running, 1, 1 << 20,
+                                      "Sequences per engine step (vLLM max_num_seqs; default: --gpu's)");
   add_group_size(app, po.group_size);
   add_scope(app, po.scope);
   add_page_tokens(app, po.page_tokens);
@@ -1126,18 +935,9 @@ command_body setup_simulate(CLI::App& app) {
               "out, up to its max_tokens; a growth that does not fit preempts the newest turn "
               "(recompute, as vLLM). "
               "0: reserve the whole max_tokens up front, never preempt");
-  add_integer(app,
-              "--max-tokens",
-              ro.max_tokens,
-              1,
-              workload_limits::max_tokens,
-              "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the "
-              "context)");
-  add_integer(app,
-              "--max-context",
-              ro.max_context,
-              4096,
-              workload_limits::max_session_tokens,
+  add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
+              "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
+  add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,
               "Model context limit (tokens): caps each turn's reservation and generated sessions");
   auto& single = a->single_run_only;
   single.push_back(workload_option);
@@ -1276,12 +1076,9 @@ command_body setup_simulate(CLI::App& app) {
         a->full_kv_pinned = v == "pinned";
         a->full_kv_blocks = v == "vllm";
       },
-      "vllm",
-      {"vllm", "vllm-sessions", "pinned"},
-      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache whose LRU session "
-      "loses its tail "
-      "blocks one by one, keeping its prefix, as vLLM v1's block pool does, recomputed on a miss; "
-      "vllm-sessions: the "
+      "vllm", {"vllm", "vllm-sessions", "pinned"},
+      "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache whose LRU session loses its tail "
+      "blocks one by one, keeping its prefix, as vLLM v1's block pool does, recomputed on a miss; vllm-sessions: the "
       "same evicting whole sessions) or with "
       "the simulator's session-aware admission the compressed policies use (pinned: whole prompt, "
       "idle "

@@ -96,8 +96,7 @@ double nice_step(double span) {
 void svg_open(std::ostringstream& s, double W, double H, double left, std::string const& title) {
   s << std::fixed << std::setprecision(1);
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-       "fill=\"white\"/>\n";
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   s << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
 }
 
@@ -116,9 +115,7 @@ std::string tick(double v) {
 struct svg_frame {
   double W, H, left, right, top, bottom;
   [[nodiscard]] double x(double v, double max) const { return left + (W - left - right) * v / max; }
-  [[nodiscard]] double y(double v, double max) const {
-    return H - bottom - (H - top - bottom) * v / max;
-  }
+  [[nodiscard]] double y(double v, double max) const { return H - bottom - (H - top - bottom) * v / max; }
 };
 
 // An axis from 0 to `max` with a tick label every `step`.
@@ -129,88 +126,71 @@ struct svg_axis {
 // The two axes and their tick labels: y on the left, x (when given) below. `whole` prints the
 // labels, and their positions, with no decimals (the memory figure); else positions at 0.1 and
 // labels by tick().
-void svg_axes(std::ostringstream& s,
-              svg_frame const& f,
-              svg_axis y,
-              std::optional<svg_axis> x,
-              bool whole = false) {
-  s << "<line x1=\"" << f.left << "\" y1=\"" << f.y(0, y.max) << "\" x2=\"" << f.W - f.right
-    << "\" y2=\"" << f.y(0, y.max) << "\" stroke=\"black\"/>\n";
-  s << "<line x1=\"" << f.left << "\" y1=\"" << f.y(0, y.max) << "\" x2=\"" << f.left << "\" y2=\""
-    << f.top << "\" stroke=\"black\"/>\n";
+void svg_axes(std::ostringstream& s, svg_frame const& f, svg_axis y, std::optional<svg_axis> x, bool whole = false) {
+  s << "<line x1=\"" << f.left << "\" y1=\"" << f.y(0, y.max) << "\" x2=\"" << f.W - f.right << "\" y2=\""
+    << f.y(0, y.max) << "\" stroke=\"black\"/>\n";
+  s << "<line x1=\"" << f.left << "\" y1=\"" << f.y(0, y.max) << "\" x2=\"" << f.left << "\" y2=\"" << f.top
+    << "\" stroke=\"black\"/>\n";
   auto label = [&](double v) { return whole ? fixed(v, 0) : tick(v); };
   if (whole) s << std::setprecision(0);
   for (double v = 0; v <= y.max + 1e-9; v += y.step)
-    s << "<text x=\"" << f.left - 8 << "\" y=\"" << f.y(v, y.max) + 4 << "\" text-anchor=\"end\">"
-      << label(v) << "</text>\n";
+    s << "<text x=\"" << f.left - 8 << "\" y=\"" << f.y(v, y.max) + 4 << "\" text-anchor=\"end\">" << label(v)
+      << "</text>\n";
   if (x)
     for (double v = 0; v <= x->max + 1e-9; v += x->step)
-      s << "<text x=\"" << f.x(v, x->max) << "\" y=\"" << f.H - f.bottom + 18
-        << "\" text-anchor=\"middle\">" << label(v) << "</text>\n";
+      s << "<text x=\"" << f.x(v, x->max) << "\" y=\"" << f.H - f.bottom + 18 << "\" text-anchor=\"middle\">"
+        << label(v) << "</text>\n";
   s << std::setprecision(1);
 }
 
 // The axes' titles: x below the plot area (none when empty), y rotated on the left.
-void svg_axis_titles(std::ostringstream& s,
-                     svg_frame const& f,
-                     std::string const& x_title,
-                     std::string const& y_title) {
+void svg_axis_titles(std::ostringstream& s, svg_frame const& f, std::string const& x_title, std::string const& y_title) {
   if (!x_title.empty())
-    s << "<text x=\"" << (f.left + f.W - f.right) / 2 << "\" y=\"" << f.H - 12
-      << "\" text-anchor=\"middle\">" << x_title << "</text>\n";
+    s << "<text x=\"" << (f.left + f.W - f.right) / 2 << "\" y=\"" << f.H - 12 << "\" text-anchor=\"middle\">"
+      << x_title << "</text>\n";
   s << "<text x=\"16\" y=\"" << (f.top + f.H - f.bottom) / 2 << "\" transform=\"rotate(-90 16 "
     << (f.top + f.H - f.bottom) / 2 << ")\" text-anchor=\"middle\">" << y_title << "</text>\n";
 }
 
 // The legend's row `k`: policy's colour as a line, then its name.
-void svg_legend_row(std::ostringstream& s,
-                    svg_frame const& f,
-                    std::size_t k,
-                    std::string const& policy) {
+void svg_legend_row(std::ostringstream& s, svg_frame const& f, std::size_t k, std::string const& policy) {
   double ly = f.top + 20 + 36.0 * static_cast<double>(k);
-  s << "<line x1=\"" << f.W - f.right + 10 << "\" y1=\"" << ly << "\" x2=\"" << f.W - f.right + 40
-    << "\" y2=\"" << ly << "\" stroke=\"" << policy_colour(policy) << "\" stroke-width=\"2\"/>\n";
-  s << "<text x=\"" << f.W - f.right + 46 << "\" y=\"" << ly + 4 << "\">" << xml_escape(policy)
-    << "</text>\n";
+  s << "<line x1=\"" << f.W - f.right + 10 << "\" y1=\"" << ly << "\" x2=\"" << f.W - f.right + 40 << "\" y2=\"" << ly
+    << "\" stroke=\"" << policy_colour(policy) << "\" stroke-width=\"2\"/>\n";
+  s << "<text x=\"" << f.W - f.right + 46 << "\" y=\"" << ly + 4 << "\">" << xml_escape(policy) << "</text>\n";
 }
 
 // The gray note under a legend of `rows` rows (what solid and dashed mean).
-void svg_legend_note(std::ostringstream& s,
-                     svg_frame const& f,
-                     std::size_t rows,
-                     std::string const& note) {
-  s << "<text x=\"" << f.W - f.right + 10 << "\" y=\""
-    << f.top + 20 + 36.0 * static_cast<double>(rows) << "\" font-size=\"11\" fill=\"gray\">" << note
-    << "</text>\n";
+void svg_legend_note(std::ostringstream& s, svg_frame const& f, std::size_t rows, std::string const& note) {
+  s << "<text x=\"" << f.W - f.right + 10 << "\" y=\"" << f.top + 20 + 36.0 * static_cast<double>(rows)
+    << "\" font-size=\"11\" fill=\"gray\">" << note << "</text>\n";
 }
 
 }  // namespace
 
-std::string memory_svg(std::vector<replay_result> const& results,
-                       double capacity_gb,
-                       std::string const& title) {
+std::string memory_svg(std::vector<replay_result> const& results, double capacity_gb, std::string const& title) {
   constexpr svg_frame f{940, 420, 70, 210, 40, 50};
   double t_max = 1e-9;
   for (auto const& r : results)
     if (!r.timeline.empty()) t_max = std::max(t_max, r.timeline.back().time_s);
   double y_step = nice_step(capacity_gb * 1.05), t_step = nice_step(t_max);
-  double y_max = std::ceil(capacity_gb * 1.05 / y_step) * y_step;
-  t_max        = std::ceil(t_max / t_step) * t_step;
-  auto x       = [&](double t) { return f.x(t, t_max); };
-  auto y       = [&](double gb) { return f.y(gb, y_max); };
+  double y_max  = std::ceil(capacity_gb * 1.05 / y_step) * y_step;
+  t_max         = std::ceil(t_max / t_step) * t_step;
+  auto x = [&](double t) { return f.x(t, t_max); };
+  auto y = [&](double gb) { return f.y(gb, y_max); };
   std::ostringstream s;
   svg_open(s, f.W, f.H, f.left, title);
   svg_axes(s, f, {y_max, y_step}, svg_axis{t_max, t_step}, true);
-  s << "<line x1=\"" << f.left << "\" y1=\"" << y(capacity_gb) << "\" x2=\"" << f.W - f.right
-    << "\" y2=\"" << y(capacity_gb) << "\" stroke=\"gray\" stroke-dasharray=\"2,3\"/>\n";
+  s << "<line x1=\"" << f.left << "\" y1=\"" << y(capacity_gb) << "\" x2=\"" << f.W - f.right << "\" y2=\""
+    << y(capacity_gb) << "\" stroke=\"gray\" stroke-dasharray=\"2,3\"/>\n";
   s << "<text x=\"" << f.W - f.right - 4 << "\" y=\"" << y(capacity_gb) - 5
     << "\" text-anchor=\"end\" fill=\"gray\" font-size=\"10\">KV capacity</text>\n";
   svg_axis_titles(s, f, "modelled time (s)", "KV memory (GB)");
   for (std::size_t k = 0; k < results.size(); ++k) {
     auto const& r = results[k];
     for (int live = 0; live < 2; ++live) {
-      s << "<polyline fill=\"none\" stroke=\"" << policy_colour(r.policy)
-        << "\" stroke-width=\"1.5\"" << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
+      s << "<polyline fill=\"none\" stroke=\"" << policy_colour(r.policy) << "\" stroke-width=\"1.5\""
+        << (live ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
       for (auto const& p : r.timeline)
         s << x(p.time_s) << "," << y((live ? p.live_bytes : p.allocated_bytes) / 1e9) << " ";
       s << "\"/>\n";
@@ -234,15 +214,14 @@ std::vector<time_segment> time_segments(time_breakdown const& t) {
           {"idle", t.idle_s, "#dddddd"}};
 }
 
-std::string time_breakdown_svg(std::vector<replay_result> const& results,
-                               std::string const& title) {
+std::string time_breakdown_svg(std::vector<replay_result> const& results, std::string const& title) {
   constexpr svg_frame f{940, 420, 70, 210, 40, 70};
   auto const [W, H, left, right, top, bottom] = f;
-  double t_max                                = 1e-9;
+  double t_max = 1e-9;
   for (auto const& r : results) t_max = std::max(t_max, r.time.sum());
-  double step  = nice_step(t_max);
+  double step = nice_step(t_max);
   double y_max = std::ceil(t_max / step) * step;
-  auto y       = [&](double sec) { return f.y(sec, y_max); };
+  auto y = [&](double sec) { return f.y(sec, y_max); };
   std::ostringstream s;
   svg_open(s, W, H, left, title);
   svg_axes(s, f, {y_max, step}, std::nullopt);
@@ -253,28 +232,25 @@ std::string time_breakdown_svg(std::vector<replay_result> const& results,
     double x0 = left + slot * (static_cast<double>(k) + 0.2), w = slot * 0.6, acc = 0;
     for (auto const& seg : time_segments(r.time)) {
       if (seg.seconds <= 0) continue;
-      s << "<rect x=\"" << x0 << "\" y=\"" << y(acc + seg.seconds) << "\" width=\"" << w
-        << "\" height=\"" << y(acc) - y(acc + seg.seconds) << "\" fill=\"" << seg.colour
-        << "\"><title>" << xml_escape(r.policy) << ": " << seg.name << " " << fixed(seg.seconds, 2)
-        << " s</title></rect>\n";
+      s << "<rect x=\"" << x0 << "\" y=\"" << y(acc + seg.seconds) << "\" width=\"" << w << "\" height=\""
+        << y(acc) - y(acc + seg.seconds) << "\" fill=\"" << seg.colour << "\"><title>" << xml_escape(r.policy) << ": "
+        << seg.name << " " << fixed(seg.seconds, 2) << " s</title></rect>\n";
       acc += seg.seconds;
     }
-    s << "<text x=\"" << x0 + w / 2 << "\" y=\"" << H - bottom + 18
-      << "\" text-anchor=\"middle\" font-size=\"11\">" << xml_escape(r.policy) << "</text>\n";
-    s << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y(acc) - 4
-      << "\" text-anchor=\"middle\" font-size=\"10\">" << fixed(acc, 1) << "</text>\n";
+    s << "<text x=\"" << x0 + w / 2 << "\" y=\"" << H - bottom + 18 << "\" text-anchor=\"middle\" font-size=\"11\">"
+      << xml_escape(r.policy) << "</text>\n";
+    s << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y(acc) - 4 << "\" text-anchor=\"middle\" font-size=\"10\">"
+      << fixed(acc, 1) << "</text>\n";
   }
   auto segs = time_segments(time_breakdown{});
   for (std::size_t i = 0; i < segs.size(); ++i) {
     double ly = top + 10 + 22.0 * static_cast<double>(i);
-    s << "<rect x=\"" << W - right + 10 << "\" y=\"" << ly - 8
-      << "\" width=\"14\" height=\"12\" fill=\"" << segs[i].colour << "\"/>\n";
-    s << "<text x=\"" << W - right + 30 << "\" y=\"" << ly + 2 << "\">" << segs[i].name
-      << "</text>\n";
+    s << "<rect x=\"" << W - right + 10 << "\" y=\"" << ly - 8 << "\" width=\"14\" height=\"12\" fill=\""
+      << segs[i].colour << "\"/>\n";
+    s << "<text x=\"" << W - right + 30 << "\" y=\"" << ly + 2 << "\">" << segs[i].name << "</text>\n";
   }
   s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12
-    << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"gray\">modelled: roofline plus charged "
-       "costs; each bar sums "
+    << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"gray\">modelled: roofline plus charged costs; each bar sums "
        "to the policy's makespan</text>\n";
   s << "</svg>\n";
   return s.str();
@@ -300,40 +276,34 @@ std::vector<serving_panel> serving_panels(std::vector<replay_result> const& resu
 
 std::string serving_svg(std::vector<replay_result> const& results, std::string const& title) {
   constexpr double W = 1100, H = 420, left = 40, right = 170, top = 60, bottom = 50, gap = 30;
-  auto panels    = serving_panels(results);
-  double panel_w = (W - left - right - gap * static_cast<double>(panels.size() - 1)) /
-                   static_cast<double>(panels.size());
-  double n = static_cast<double>(std::max<std::size_t>(1, results.size()));
+  auto panels     = serving_panels(results);
+  double panel_w  = (W - left - right - gap * static_cast<double>(panels.size() - 1)) / static_cast<double>(panels.size());
+  double n        = static_cast<double>(std::max<std::size_t>(1, results.size()));
   std::ostringstream s;
   svg_open(s, W, H, left, title);
   for (std::size_t p = 0; p < panels.size(); ++p) {
     auto const& panel = panels[p];
-    double x0         = left + (panel_w + gap) * static_cast<double>(p);
-    double v_max      = 1e-12;
+    double x0 = left + (panel_w + gap) * static_cast<double>(p);
+    double v_max = 1e-12;
     for (double v : panel.values) v_max = std::max(v_max, v);
     for (double v : panel.p95) v_max = std::max(v_max, v);
     v_max *= 1.15;  // room for the value labels
     auto y = [&](double v) { return H - bottom - (H - top - bottom) * v / v_max; };
-    s << "<text x=\"" << x0 + panel_w / 2 << "\" y=\"" << top - 14 << "\" text-anchor=\"middle\">"
-      << panel.name << "</text>\n";
-    s << "<line x1=\"" << x0 << "\" y1=\"" << y(0) << "\" x2=\"" << x0 + panel_w << "\" y2=\""
-      << y(0) << "\" stroke=\"black\"/>\n";
+    s << "<text x=\"" << x0 + panel_w / 2 << "\" y=\"" << top - 14 << "\" text-anchor=\"middle\">" << panel.name
+      << "</text>\n";
+    s << "<line x1=\"" << x0 << "\" y1=\"" << y(0) << "\" x2=\"" << x0 + panel_w << "\" y2=\"" << y(0)
+      << "\" stroke=\"black\"/>\n";
     double slot = panel_w / n;
     for (std::size_t k = 0; k < panel.values.size(); ++k) {
-      bool two  = k < panel.p95.size();
-      double w  = slot * (two ? 0.38 : 0.7);
-      double bx = x0 + slot * static_cast<double>(k) + slot * 0.15;
-      auto bar  = [&](double v, double x, bool light) {
-        s << "<rect x=\"" << x << "\" y=\"" << y(v) << "\" width=\"" << w << "\" height=\""
-          << y(0) - y(v) << "\" fill=\"" << policy_colour(results[k].policy) << "\""
-          << (light ? " fill-opacity=\"0.45\"" : "") << "><title>" << xml_escape(results[k].policy)
-          << ": " << tick(v) << "</title></rect>\n";
-        s << "<text x=\"" << x + w / 2 << "\" y=\"" << y(v) - 3
-          << "\" text-anchor=\"middle\" font-size=\"9\">"
-          << (v >= 100  ? fixed(v, 0)
-               : v >= 10 ? fixed(v, 1)
-                         : fixed(v, 2))
-          << "</text>\n";
+      bool two   = k < panel.p95.size();
+      double w   = slot * (two ? 0.38 : 0.7);
+      double bx  = x0 + slot * static_cast<double>(k) + slot * 0.15;
+      auto bar = [&](double v, double x, bool light) {
+        s << "<rect x=\"" << x << "\" y=\"" << y(v) << "\" width=\"" << w << "\" height=\"" << y(0) - y(v)
+          << "\" fill=\"" << policy_colour(results[k].policy) << "\"" << (light ? " fill-opacity=\"0.45\"" : "")
+          << "><title>" << xml_escape(results[k].policy) << ": " << tick(v) << "</title></rect>\n";
+        s << "<text x=\"" << x + w / 2 << "\" y=\"" << y(v) - 3 << "\" text-anchor=\"middle\" font-size=\"9\">"
+          << (v >= 100 ? fixed(v, 0) : v >= 10 ? fixed(v, 1) : fixed(v, 2)) << "</text>\n";
       };
       bar(panel.values[k], bx, false);
       if (two) bar(panel.p95[k], bx + w, true);
@@ -341,16 +311,14 @@ std::string serving_svg(std::vector<replay_result> const& results, std::string c
   }
   for (std::size_t k = 0; k < results.size(); ++k) {
     double ly = top + 20 + 30.0 * static_cast<double>(k);
-    s << "<rect x=\"" << W - right + 14 << "\" y=\"" << ly - 8
-      << "\" width=\"14\" height=\"12\" fill=\"" << policy_colour(results[k].policy) << "\"/>\n";
-    s << "<text x=\"" << W - right + 34 << "\" y=\"" << ly + 2 << "\">"
-      << xml_escape(results[k].policy) << "</text>\n";
+    s << "<rect x=\"" << W - right + 14 << "\" y=\"" << ly - 8 << "\" width=\"14\" height=\"12\" fill=\""
+      << policy_colour(results[k].policy) << "\"/>\n";
+    s << "<text x=\"" << W - right + 34 << "\" y=\"" << ly + 2 << "\">" << xml_escape(results[k].policy) << "</text>\n";
   }
   s << "<text x=\"" << W - right + 14 << "\" y=\"" << top + 20 + 30.0 * n
     << "\" font-size=\"11\" fill=\"gray\">pairs: p50, then p95 (light)</text>\n";
   s << "<text x=\"" << (left + W - right) / 2 << "\" y=\"" << H - 12
-    << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"gray\">modelled: roofline plus charged "
-       "costs; each "
+    << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"gray\">modelled: roofline plus charged costs; each "
        "panel has its own scale, from 0</text>\n";
   s << "</svg>\n";
   return s.str();
@@ -364,8 +332,8 @@ std::string ttft_rate_svg(std::vector<rate_point> const& sweep, std::string cons
     for (auto const& r : p.results) v_max = std::max(v_max, r.modelled_ttft_p95_s);
   }
   double r_step = nice_step(r_max), v_step = nice_step(v_max);
-  r_max  = std::ceil(r_max / r_step) * r_step;
-  v_max  = std::ceil(v_max / v_step) * v_step;
+  r_max = std::ceil(r_max / r_step) * r_step;
+  v_max = std::ceil(v_max / v_step) * v_step;
   auto x = [&](double r) { return f.x(r, r_max); };
   auto y = [&](double v) { return f.y(v, v_max); };
   std::ostringstream s;
@@ -377,18 +345,18 @@ std::string ttft_rate_svg(std::vector<rate_point> const& sweep, std::string cons
     for (auto const& r : sweep.front().results) policies.push_back(r.policy);
   for (std::size_t k = 0; k < policies.size(); ++k) {
     for (int p95 = 0; p95 < 2; ++p95) {
-      s << "<polyline fill=\"none\" stroke=\"" << policy_colour(policies[k])
-        << "\" stroke-width=\"1.5\"" << (p95 ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
+      s << "<polyline fill=\"none\" stroke=\"" << policy_colour(policies[k]) << "\" stroke-width=\"1.5\""
+        << (p95 ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
       for (auto const& p : sweep)
         if (k < p.results.size())
-          s << x(p.rate) << ","
-            << y(p95 ? p.results[k].modelled_ttft_p95_s : p.results[k].modelled_ttft_p50_s) << " ";
+          s << x(p.rate) << "," << y(p95 ? p.results[k].modelled_ttft_p95_s : p.results[k].modelled_ttft_p50_s)
+            << " ";
       s << "\"/>\n";
       for (auto const& p : sweep)
         if (k < p.results.size())
           s << "<circle cx=\"" << x(p.rate) << "\" cy=\""
-            << y(p95 ? p.results[k].modelled_ttft_p95_s : p.results[k].modelled_ttft_p50_s)
-            << "\" r=\"2.5\" fill=\"" << policy_colour(policies[k]) << "\"/>\n";
+            << y(p95 ? p.results[k].modelled_ttft_p95_s : p.results[k].modelled_ttft_p50_s) << "\" r=\"2.5\" fill=\""
+            << policy_colour(policies[k]) << "\"/>\n";
     }
     svg_legend_row(s, f, k, policies[k]);
   }
@@ -409,8 +377,7 @@ std::string plot_path(std::string const& path, std::string const& suffix) {
 json::value sweep_json(std::vector<rate_point> const& sweep) {
   auto o = json::value::object();
   o.set("label",
-        "modelled: the same sessions (generated once with Poisson arrivals at 1 session/s, arrival "
-        "times "
+        "modelled: the same sessions (generated once with Poisson arrivals at 1 session/s, arrival times "
         "divided by the rate) replayed for every policy at each rate");
   auto pts = json::value::array();
   for (auto const& p : sweep) {
@@ -443,29 +410,24 @@ json::value sweep_json(std::vector<rate_point> const& sweep) {
 
 void print_sweep(std::ostream& o, std::vector<rate_point> const& sweep) {
   if (sweep.empty()) return;
-  o << "\n  Arrival-rate sweep (--rate-sweep; modelled; the same sessions at every rate, arrivals "
-       "of a Poisson\n"
+  o << "\n  Arrival-rate sweep (--rate-sweep; modelled; the same sessions at every rate, arrivals of a Poisson\n"
     << "  process at 1 session/s divided by the rate):\n";
-  o << "  " << std::right << std::setw(8) << "rate/s"
-    << "  " << std::left << std::setw(20) << "policy" << std::right << std::setw(10) << "TTFT p50"
-    << std::setw(10) << "TTFT p95" << std::setw(12) << "TBT p95 ms" << std::setw(10) << "tok/s"
-    << std::setw(10) << "req/s" << std::setw(14) << "resident mean"
-    << "\n";
+  o << "  " << std::right << std::setw(8) << "rate/s" << "  " << std::left << std::setw(20) << "policy" << std::right
+    << std::setw(10) << "TTFT p50" << std::setw(10) << "TTFT p95" << std::setw(12) << "TBT p95 ms" << std::setw(10)
+    << "tok/s" << std::setw(10) << "req/s" << std::setw(14) << "resident mean" << "\n";
   for (auto const& p : sweep)
     for (auto const& r : p.results)
-      o << "  " << std::right << std::setw(8) << tick(p.rate) << "  " << std::left << std::setw(20)
-        << r.policy << std::right << std::setw(10) << fixed(r.modelled_ttft_p50_s, 2)
-        << std::setw(10) << fixed(r.modelled_ttft_p95_s, 2) << std::setw(12)
-        << fixed(r.modelled_tbt_p95_s * 1e3, 1) << std::setw(10)
-        << fixed(r.modelled_tokens_per_s, 0) << std::setw(10) << fixed(r.modelled_requests_per_s, 3)
-        << std::setw(14) << fixed(r.mean_resident_sessions, 1) << "\n";
+      o << "  " << std::right << std::setw(8) << tick(p.rate) << "  " << std::left << std::setw(20) << r.policy
+        << std::right << std::setw(10) << fixed(r.modelled_ttft_p50_s, 2) << std::setw(10)
+        << fixed(r.modelled_ttft_p95_s, 2) << std::setw(12) << fixed(r.modelled_tbt_p95_s * 1e3, 1) << std::setw(10)
+        << fixed(r.modelled_tokens_per_s, 0) << std::setw(10) << fixed(r.modelled_requests_per_s, 3) << std::setw(14)
+        << fixed(r.mean_resident_sessions, 1) << "\n";
 }
 
 std::string skew_curve_text(skew_curve const& k) {
   if (k.empty()) return "-";
   std::string out;
-  for (std::size_t i = 0; i < k.batch.size(); ++i)
-    out += (i ? " " : "") + std::to_string(k.batch[i]);
+  for (std::size_t i = 0; i < k.batch.size(); ++i) out += (i ? " " : "") + std::to_string(k.batch[i]);
   return out;
 }
 
@@ -478,8 +440,7 @@ std::string skew_curve_values(skew_curve const& k) {
 
 json::value costs_json(serving_costs const& c) {
   auto o = json::value::object();
-  o.set("label",
-        "modelled: constants of eval/sim/serving_costs.hpp (sources in docs/benchmarks.md)");
+  o.set("label", "modelled: constants of eval/sim/serving_costs.hpp (sources in docs/benchmarks.md)");
   o.set("reclaim_s_per_page", c.reclaim_s_per_page);
   o.set("reclaim_prefill_fraction", c.reclaim_prefill_fraction);
   o.set("padded_reads", c.padded_reads);

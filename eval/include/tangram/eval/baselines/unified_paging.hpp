@@ -254,12 +254,9 @@ class unified_paging_baseline {
    */
   std::int64_t truncate(std::int32_t seq, std::int64_t tokens) {
     check(seq);
-    TANGRAM_EXPECTS(mode_ == unified_mode::full_kv,
-                    logic_error,
+    TANGRAM_EXPECTS(mode_ == unified_mode::full_kv, logic_error,
                     "unified_paging_baseline::truncate: only a full_kv pool keeps a prefix");
-    TANGRAM_EXPECTS(tokens >= 0,
-                    invalid_argument,
-                    "unified_paging_baseline::truncate.tokens: must be >= 0, got ",
+    TANGRAM_EXPECTS(tokens >= 0, invalid_argument, "unified_paging_baseline::truncate.tokens: must be >= 0, got ",
                     tokens);
     std::int64_t freed = 0;
     for (std::int32_t l = 0; l < L_; ++l) {

@@ -85,34 +85,16 @@ struct skew_curve {
   }
   /// @throw invalid_argument naming `field` and the bad entry.
   void validate(char const* field) const {
-    TANGRAM_EXPECTS(batch.size() == skew.size(),
-                    invalid_argument,
-                    field,
-                    ": ",
-                    batch.size(),
-                    " batch sizes but ",
-                    skew.size(),
-                    " skews");
+    TANGRAM_EXPECTS(batch.size() == skew.size(), invalid_argument, field, ": ", batch.size(), " batch sizes but ",
+                    skew.size(), " skews");
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      TANGRAM_EXPECTS(batch[i] >= 1 && (i == 0 || batch[i] > batch[i - 1]),
-                      invalid_argument,
-                      field,
-                      ".batch[",
-                      i,
-                      "]: must be >= 1 and ascending, got ",
-                      batch[i]);
-      TANGRAM_EXPECTS(skew[i] >= 1 && std::isfinite(skew[i]),
-                      invalid_argument,
-                      field,
-                      ".skew[",
-                      i,
-                      "]: must be >= 1, got ",
-                      skew[i]);
+      TANGRAM_EXPECTS(batch[i] >= 1 && (i == 0 || batch[i] > batch[i - 1]), invalid_argument, field, ".batch[", i,
+                      "]: must be >= 1 and ascending, got ", batch[i]);
+      TANGRAM_EXPECTS(skew[i] >= 1 && std::isfinite(skew[i]), invalid_argument, field, ".skew[", i,
+                      "]: must be >= 1, got ", skew[i]);
     }
   }
-  friend bool operator==(skew_curve const& a, skew_curve const& b) {
-    return a.batch == b.batch && a.skew == b.skew;
-  }
+  friend bool operator==(skew_curve const& a, skew_curve const& b) { return a.batch == b.batch && a.skew == b.skew; }
 };
 
 /// @brief How a policy that balances decode per step pays for its planning (serving_costs.hpp).
@@ -209,9 +191,7 @@ class cost_model {
   }
 
   /// Reading the active weights once (the weight part of a decode step).
-  [[nodiscard]] double weights_s() const {
-    return model_.active_weight_bytes / gpu_.hbm_bytes_per_s;
-  }
+  [[nodiscard]] double weights_s() const { return model_.active_weight_bytes / gpu_.hbm_bytes_per_s; }
 
   /// Moving `bytes` through HBM (read or written) at peak bandwidth.
   [[nodiscard]] double hbm_s(double bytes) const { return bytes / gpu_.hbm_bytes_per_s; }

@@ -105,9 +105,9 @@ class elastic_eviction final : public chunk_eviction {
  private:
   static_plan plan_;
   retention_needs needs_;
-  std::vector<std::int32_t> heads_;    ///< compressed groups' heads, Hp per group in order
-  std::vector<std::int32_t> members_;  ///< identity: wanted_ is already in group order
-  std::vector<std::int64_t> wanted_;   ///< scratch: needs in group order
+  std::vector<std::int32_t> heads_;         ///< compressed groups' heads, Hp per group in order
+  std::vector<std::int32_t> members_;       ///< identity: wanted_ is already in group order
+  std::vector<std::int64_t> wanted_;        ///< scratch: needs in group order
   std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
 };
 

@@ -48,7 +48,7 @@ struct gpu_preset {
   gpu_spec gpu;     ///< name, memory, bandwidth, peak (usable_fraction left at 0.90)
   std::int64_t max_num_batched_tokens = 8192;  ///< vLLM v1 default (online serving)
   std::int32_t max_num_seqs           = 1024;  ///< vLLM v1 default (online serving)
-  std::int32_t sm_count = 132;  ///< SMs (the split map's CTAs: sm_count x ctas_per_sm)
+  std::int32_t sm_count               = 132;   ///< SMs (the split map's CTAs: sm_count x ctas_per_sm)
 };
 
 /// Every preset, in the order `--help` lists them.

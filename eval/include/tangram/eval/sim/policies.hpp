@@ -10,8 +10,8 @@
  *   drops the least recently used idle session's KV when memory is needed, and the session
  *   recomputes it on its next turn).
  * - `unified_nonuniform_policy`: non-uniform compression on layer-wide pages with dynamic
- *   reclamation (each chunk is allocated in full, tail pages freed after eviction); each input
- * keeps its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
+ *   reclamation (each chunk is allocated in full, tail pages freed after eviction); each input keeps
+ *   its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
  *   keeps), or, given no needs, Tangram's padded budgets; admission checks the uncompressed prompt
  *   like the reference implementation; out of pages -> preemption. With `unified_policy_options`
  *   the same class is the per-head dynamic baseline (eval/sim/per_head_policy.hpp): per-head
@@ -196,9 +196,7 @@ class tangram_policy final : public live_accounting_policy {
               static_cast<std::size_t>(plan.num_kv_heads)),
         extra_bytes_(static_cast<std::size_t>(num_sessions), 0.0),
         turn_(static_cast<std::size_t>(num_sessions)) {
-    TANGRAM_EXPECTS(config_.decode_window >= 0,
-                    invalid_argument,
-                    "tangram_policy.decode_window: must be >= 0, got ",
+    TANGRAM_EXPECTS(config_.decode_window >= 0, invalid_argument, "tangram_policy.decode_window: must be >= 0, got ",
                     config_.decode_window);
   }
 
@@ -209,9 +207,8 @@ class tangram_policy final : public live_accounting_policy {
                   std::int64_t prompt,
                   std::int64_t max_new,
                   std::int64_t headroom_tokens) override {
-    auto& id = ids_[static_cast<std::size_t>(s)];
-    std::int64_t reserve =
-        config_.decode_window > 0 ? std::min(max_new, config_.decode_window) : max_new;
+    auto& id             = ids_[static_cast<std::size_t>(s)];
+    std::int64_t reserve = config_.decode_window > 0 ? std::min(max_new, config_.decode_window) : max_new;
     if (headroom_tokens > 0) {
       // Checked: an overflowing allowance cannot fit any pool.
       auto headroom = detail::mul_checked<std::int64_t>(
@@ -221,8 +218,7 @@ class tangram_policy final : public live_accounting_policy {
                       : std::nullopt;
       if (!need || *need > manager_.pool().available_pages()) return false;
     }
-    bool ok = id ? manager_.continue_turn(*id, prompt, reserve)
-                 : (id = manager_.try_admit(prompt, reserve)).has_value();
+    bool ok = id ? manager_.continue_turn(*id, prompt, reserve) : (id = manager_.try_admit(prompt, reserve)).has_value();
     if (ok) turn_[static_cast<std::size_t>(s)] = {max_new, reserve, 0};
     return ok;
   }
@@ -265,9 +261,7 @@ class tangram_policy final : public live_accounting_policy {
 
   /// Turns grown past their first reservation (`decode_window`), and growths that did not fit.
   [[nodiscard]] std::int64_t extensions() const { return manager_.stats().extended; }
-  [[nodiscard]] std::int64_t extensions_rejected() const {
-    return manager_.stats().extend_rejected;
-  }
+  [[nodiscard]] std::int64_t extensions_rejected() const { return manager_.stats().extend_rejected; }
 
   void end_turn(std::int32_t s) override {
     manager_.end_turn(*ids_[static_cast<std::size_t>(s)]);
@@ -288,9 +282,9 @@ class tangram_policy final : public live_accounting_policy {
     policy_memory m;
     m.allocated_bytes = static_cast<double>(pool.used_pages() + pool.reserved_pages()) *
                         static_cast<double>(pool.page_bytes());
-    m.held_bytes  = static_cast<double>(pool.used_pages()) * static_cast<double>(pool.page_bytes());
-    m.live_bytes  = live_.total();
-    m.reclaim_ops = manager_.stats().reclaimed_pages;
+    m.held_bytes = static_cast<double>(pool.used_pages()) * static_cast<double>(pool.page_bytes());
+    m.live_bytes     = live_.total();
+    m.reclaim_ops    = manager_.stats().reclaimed_pages;
     m.released_pages = manager_.stats().surplus_pages_released;
     return m;
   }
@@ -301,8 +295,7 @@ class tangram_policy final : public live_accounting_policy {
   [[nodiscard]] double kv_bytes_read_padded(std::int32_t s) const override {
     auto id         = *ids_[static_cast<std::size_t>(s)];
     std::int64_t np = 0;
-    for (std::int32_t g = 0; g < manager_.num_groups(); ++g)
-      np += manager_.group_pages_in_use(id, g);
+    for (std::int32_t g = 0; g < manager_.num_groups(); ++g) np += manager_.group_pages_in_use(id, g);
     return static_cast<double>(np) * static_cast<double>(manager_.pool().page_bytes());
   }
 
@@ -415,9 +408,7 @@ class unified_policy final : public live_accounting_policy {
   }
   /// full_kv: the largest first chunk admission checks (the replay's `prefill_chunk`, at most
   /// its `step_token_budget`); default 8192.
-  void set_scheduled_chunk(std::int64_t tokens) {
-    scheduled_chunk_ = std::max<std::int64_t>(1, tokens);
-  }
+  void set_scheduled_chunk(std::int64_t tokens) { scheduled_chunk_ = std::max<std::int64_t>(1, tokens); }
 
   /// unified_nonuniform: true admits on the first scheduled chunk as full_kv (vLLM v1) does, later
   /// chunks allocating as they are scheduled (and preempting when they do not fit); false (the
@@ -458,11 +449,12 @@ class unified_policy final : public live_accounting_policy {
       std::int64_t seen = baseline_.seq_tokens(slot) + tokens;
       for (std::int32_t i = 0; i < static_cast<std::int32_t>(kept_.size()); ++i) {
         std::int32_t l = i / plan_.num_kv_heads, h = i % plan_.num_kv_heads;
-        std::int64_t cand                  = baseline_.head_len(slot, l, h) + tokens;
-        auto const& rule                   = plan_.rules[static_cast<std::size_t>(i)];
+        std::int64_t cand = baseline_.head_len(slot, l, h) + tokens;
+        auto const& rule  = plan_.rules[static_cast<std::size_t>(i)];
         kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(
-            rule.kind == layer_kind::compressed ? own_->need(s, i, seen, cand)
-                                                : std::min(retained_tokens(rule, seen), cand));
+            rule.kind == layer_kind::compressed
+                ? own_->need(s, i, seen, cand)
+                : std::min(retained_tokens(rule, seen), cand));
       }
     }
     if (!baseline_.prefill_chunk(slot, tokens, own_ ? kept_.data() : nullptr)) return false;

@@ -39,8 +39,8 @@ namespace tangram::sim {
 
 /// @brief Memory accounting a policy reports.
 struct policy_memory {
-  double allocated_bytes = 0;  ///< bytes of pages held or reserved for sequences
-  double live_bytes      = 0;  ///< bytes of tokens actually stored
+  double allocated_bytes      = 0;  ///< bytes of pages held or reserved for sequences
+  double live_bytes           = 0;  ///< bytes of tokens actually stored
   /// Bytes of pages handed out to sequences (page rounding and padding included, reservations
   /// not yet backed by pages excluded); < 0: the same as `allocated_bytes`.
   double held_bytes           = -1;
@@ -139,15 +139,15 @@ struct replay_options {
   /// not known in advance): min(max_tokens, max_context - context), at least 1; a turn that
   /// carries its own `turn_spec::max_tokens` uses that instead. 4096: see docs/benchmarks.md.
   std::int64_t max_tokens  = 4096;
-  std::int64_t max_context = 131072;     ///< the model's context limit (Llama-3.1: 128K)
-  step_charges charges;                  ///< costs beyond the roofline (none by default)
-  host_offload offload;                  ///< host memory for evicted blocks (off by default)
+  std::int64_t max_context = 131072;  ///< the model's context limit (Llama-3.1: 128K)
+  step_charges charges;               ///< costs beyond the roofline (none by default)
+  /// Host memory for the blocks a prefix cache evicts (off by default).
+  host_offload offload;
   std::function<void(double)> progress;  ///< called with the completed fraction (optional)
   /// Called as each turn becomes ready (optional): the session, the turn, when it became ready
   /// (a first turn in an open loop: its arrival) and the answer it will decode. What the trace
   /// gave this policy, for checking that every policy saw the same arrivals and answers.
-  std::function<void(std::int32_t session, std::int32_t turn, double ready_s, std::int64_t answer)>
-      on_turn;
+  std::function<void(std::int32_t session, std::int32_t turn, double ready_s, std::int64_t answer)> on_turn;
 };
 
 /// @brief Where the modelled makespan went; the terms sum to `modelled_makespan_s`.
@@ -180,39 +180,37 @@ struct timeline_point {
 struct replay_result {
   std::string policy;
   std::int32_t peak_resident_sessions =
-      0;  ///< sessions holding KV at once (running or between turns)
-  double mean_resident_sessions       = 0;  ///< time-weighted
-  std::int32_t peak_running           = 0;  ///< sequences in one decode batch at once
-  double kv_bytes_allocated_peak      = 0;
-  double kv_bytes_live_peak           = 0;
-  double mean_utilisation             = 0;  ///< time-weighted live / allocated
-  double capacity_bytes               = 0;
-  std::int64_t admission_waits        = 0;  ///< turns that could not start at once for memory
-  double mean_admission_wait_s        = 0;  ///< modelled
-  std::int64_t reclaim_ops            = 0;
-  std::int64_t released_pages         = 0;
-  std::int64_t preemptions            = 0;  ///< running sequences preempted (recompute)
-  std::int64_t idle_evictions         = 0;  ///< idle sessions whose KV was dropped to make room
-  std::int64_t prefix_blocks_evicted  = 0;  ///< tail blocks of idle sessions' cached KV evicted
-  std::int64_t recomputed_tokens      = 0;  ///< tokens lost and prefilled again
-  std::int64_t reloaded_tokens        = 0;  ///< offloaded tokens reloaded over the host link
-  double host_offload_peak_bytes      = 0;  ///< most host memory offloaded KV held at once
-  std::int64_t rejected_sessions      = 0;  ///< could never fit, even alone
-  std::int64_t steps                  = 0;
-  double control_plane_us_per_step    = 0;  ///< measured wall time inside the policy
-  double modelled_makespan_s          = 0;
-  double modelled_tokens_per_s        = 0;  ///< generated tokens / makespan
-  double modelled_ttft_mean_s         = 0;
-  double modelled_ttft_p95_s          = 0;
-  double modelled_ttft_p50_s          = 0;
-  double modelled_tbt_p50_s           = 0;  ///< time between a request's consecutive tokens
-  double modelled_tbt_p95_s           = 0;  ///< (from a log histogram: within 1%)
-  double modelled_eviction_pass_s     = 0;  ///< step time charged for unfused eviction passes
-  std::int64_t generated_tokens       = 0;
-  std::int64_t prefilled_tokens       = 0;
-  std::int64_t completed_requests     = 0;  ///< turns whose answer finished
-  double modelled_requests_per_s      = 0;  ///< completed requests / makespan
-  std::int64_t truncated_answers      = 0;  ///< answers cut at the turn's max_tokens reservation
+      0;                                 ///< sessions holding KV at once (running or between turns)
+  double mean_resident_sessions    = 0;  ///< time-weighted
+  std::int32_t peak_running        = 0;  ///< sequences in one decode batch at once
+  double kv_bytes_allocated_peak   = 0;
+  double kv_bytes_live_peak        = 0;
+  double mean_utilisation          = 0;  ///< time-weighted live / allocated
+  double capacity_bytes            = 0;
+  std::int64_t admission_waits     = 0;  ///< turns that could not start at once for memory
+  double mean_admission_wait_s     = 0;  ///< modelled
+  std::int64_t reclaim_ops         = 0;
+  std::int64_t released_pages      = 0;
+  std::int64_t preemptions         = 0;  ///< running sequences preempted (recompute)
+  std::int64_t idle_evictions      = 0;  ///< idle sessions whose KV was dropped to make room
+  std::int64_t prefix_blocks_evicted = 0;  ///< tail blocks of idle sessions' cached KV evicted
+  std::int64_t recomputed_tokens   = 0;  ///< tokens lost and prefilled again
+  std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
+  std::int64_t steps               = 0;
+  double control_plane_us_per_step = 0;  ///< measured wall time inside the policy
+  double modelled_makespan_s       = 0;
+  double modelled_tokens_per_s     = 0;  ///< generated tokens / makespan
+  double modelled_ttft_mean_s      = 0;
+  double modelled_ttft_p95_s       = 0;
+  double modelled_ttft_p50_s       = 0;
+  double modelled_tbt_p50_s        = 0;  ///< time between a request's consecutive tokens
+  double modelled_tbt_p95_s        = 0;  ///< (from a log histogram: within 1%)
+  double modelled_eviction_pass_s  = 0;  ///< step time charged for unfused eviction passes
+  std::int64_t generated_tokens    = 0;
+  std::int64_t prefilled_tokens    = 0;
+  std::int64_t completed_requests  = 0;  ///< turns whose answer finished
+  double modelled_requests_per_s   = 0;  ///< completed requests / makespan
+  std::int64_t truncated_answers   = 0;  ///< answers cut at the turn's max_tokens reservation
   std::int64_t reserved_decode_tokens = 0;  ///< decode tokens reserved at admission, summed
   /// Keep ratio as compressed: time-weighted live bytes (tokens the compressor kept) over the
   /// bytes the same resident tokens take uncompressed (model_spec::kv_bytes_per_token). 1 for
@@ -225,7 +223,11 @@ struct replay_result {
   /// Share of the modelled wanted head-tokens (retention samples) the policy's budgets or
   /// selection clipped; set by the caller (`tangram simulate`); none for uncompressed policies.
   std::optional<double> wanted_clipped_fraction;
-  time_breakdown time;  ///< the makespan by term (modelled)
+  /// Host offload (`replay_options::offload`): tokens reloaded over the host link instead of
+  /// recomputed, and the most host memory offloaded KV held at once.
+  std::int64_t reloaded_tokens   = 0;
+  double host_offload_peak_bytes = 0;
+  time_breakdown time;                      ///< the makespan by term (modelled)
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
   /// while the run is short; in a longer run each point stands for a run of consecutive steps and
   /// carries the largest allocated, live and resident figures of those steps (so every peak
@@ -254,15 +256,15 @@ struct session_state {
   double last_token_s              = 0;  ///< when it last produced a token (time between tokens)
   bool waited                      = false;
   bool paused = false;  ///< preempted with its KV kept as a prefix cache (resumes where it was)
+  bool ttft_recorded               = false;
+  bool holds_kv                    = false;
+  std::int64_t cached = 0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
+  std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
+
   /// Tokens in host memory (host_offload): the first ones of `to_prefill`, reloaded, not
-  /// recomputed.
+  /// recomputed; when its blocks last went there (host LRU).
   std::int64_t offloaded = 0;
-  double offloaded_at    = 0;  ///< when its blocks last went to host memory (host LRU)
-  bool ttft_recorded     = false;
-  bool holds_kv          = false;
-  std::int64_t cached =
-      0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
-  std::uint64_t admit_seq = 0;  ///< admission order (preemption picks the latest)
+  double offloaded_at    = 0;
 };
 
 /**
@@ -384,13 +386,13 @@ inline replay_result replay(workload const& work,
                   workload_limits::max_tokens,
                   "], got ",
                   options.max_tokens);
-  TANGRAM_EXPECTS(
-      options.max_context >= 1 && options.max_context <= workload_limits::max_session_tokens,
-      invalid_argument,
-      "replay.max_context: must be in [1, ",
-      workload_limits::max_session_tokens,
-      "], got ",
-      options.max_context);
+  TANGRAM_EXPECTS(options.max_context >= 1 &&
+                      options.max_context <= workload_limits::max_session_tokens,
+                  invalid_argument,
+                  "replay.max_context: must be in [1, ",
+                  workload_limits::max_session_tokens,
+                  "], got ",
+                  options.max_context);
   options.charges.validate();
   TANGRAM_EXPECTS(
       options.offload.capacity_bytes >= 0 && std::isfinite(options.offload.capacity_bytes),
@@ -460,12 +462,11 @@ inline replay_result replay(workload const& work,
   // policy: every policy decodes the same answers. A session whose KV was dropped while it
   // thought prefills its history again (context - history).
   auto set_turn = [&](std::int32_t s, std::int32_t turn) {
-    auto& ss            = ss_of(s);
-    ss.turn             = turn;
-    std::int64_t prompt = turn_of(s).prompt_tokens;
-    ss.to_prefill       = prompt + (ss.context - ss.history);
-    ss.reserve =
-        turn_of(s).reservation(options.max_tokens, options.max_context - ss.context - prompt);
+    auto& ss               = ss_of(s);
+    ss.turn                = turn;
+    std::int64_t prompt    = turn_of(s).prompt_tokens;
+    ss.to_prefill          = prompt + (ss.context - ss.history);
+    ss.reserve             = turn_of(s).reservation(options.max_tokens, options.max_context - ss.context - prompt);
     ss.to_decode = std::min(turn_of(s).output_tokens, ss.reserve);
     ss.answer    = ss.to_decode;
     if (ss.to_decode < turn_of(s).output_tokens) out.truncated_answers += 1;
@@ -610,19 +611,12 @@ inline replay_result replay(workload const& work,
     if (victim < 0) return false;
     // Block-level prefix cache: the victim's tail block goes, its prefix stays cached; its next
     // turn prefills the evicted tokens again. A preempted (paused) request is dropped whole.
-    if (auto& vs = ss_of(victim);
-        !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
+    if (auto& vs = ss_of(victim); !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
       std::int64_t left = timed([&] { return policy.evict_cached_block(victim); });
       if (left > 0) {
         std::int64_t evicted = vs.cached - left;
-        TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history,
-                        logic_error,
-                        "replay: session ",
-                        victim,
-                        " evicted ",
-                        evicted,
-                        " cached tokens of ",
-                        vs.cached);
+        TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history, logic_error, "replay: session ", victim,
+                        " evicted ", evicted, " cached tokens of ", vs.cached);
         out.prefix_blocks_evicted += 1;
         lose(victim, evicted);
         seen_tokens -= evicted;
@@ -664,8 +658,8 @@ inline replay_result replay(workload const& work,
     while (!queue.empty() && static_cast<std::int32_t>(running.size()) < options.max_running &&
            prefill_backlog() + static_cast<std::int64_t>(running.size()) <
                options.step_token_budget) {
-      std::int32_t s = queue.front();
-      auto& ss       = ss_of(s);
+      std::int32_t s        = queue.front();
+      auto& ss              = ss_of(s);
       std::int64_t headroom =
           new_sessions && !prefix_cache ? options.continuation_headroom_tokens * resident : 0;
       auto start = [&] {
@@ -893,7 +887,7 @@ inline replay_result replay(workload const& work,
     out.time.overhead_s += ch.step_overhead_s;
     out.steps += 1;
 
-    auto mem = policy.memory();  // accounting, not engine work: not timed
+    auto mem                    = policy.memory();  // accounting, not engine work: not timed
     // Reclamation happens inside this step's chunks and decode: charged to this step.
     double reclaim = static_cast<double>(mem.reclaim_ops - reclaim_seen) * ch.reclaim_s_per_page;
     reclaim_seen   = mem.reclaim_ops;
@@ -978,8 +972,9 @@ inline replay_result replay(workload const& work,
   out.mean_utilisation       = t > 0 ? util_area / t : 0;
   out.control_plane_us_per_step =
       out.steps > 0 ? control_s * 1e6 / static_cast<double>(out.steps) : 0;
-  out.modelled_tokens_per_s    = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
-  out.modelled_requests_per_s  = t > 0 ? static_cast<double>(out.completed_requests) / t : 0;
+  out.modelled_tokens_per_s = t > 0 ? static_cast<double>(out.generated_tokens) / t : 0;
+  out.modelled_requests_per_s =
+      t > 0 ? static_cast<double>(out.completed_requests) / t : 0;
   out.modelled_eviction_pass_s = out.time.eviction_pass_s;
   out.mean_admission_wait_s =
       out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
@@ -997,8 +992,7 @@ inline replay_result replay(workload const& work,
   }
   out.modelled_tbt_p50_s = tbt.quantile(0.50);
   out.modelled_tbt_p95_s = tbt.quantile(0.95);
-  if (double seen_bytes = seen_area * static_cast<double>(cost.model().kv_bytes_per_token());
-      seen_bytes > 0) {
+  if (double seen_bytes = seen_area * static_cast<double>(cost.model().kv_bytes_per_token()); seen_bytes > 0) {
     out.compressed_keep_ratio = live_area / seen_bytes;
     out.stored_keep_ratio     = held_area / seen_bytes;
   }

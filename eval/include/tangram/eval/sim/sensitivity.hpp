@@ -29,8 +29,8 @@ namespace tangram::sim {
 
 /// @brief One policy against the baseline.
 struct verdict {
-  double tokens_per_s_ratio  = 0;  ///< modelled tokens/s, policy / baseline
-  double mean_resident_ratio = 0;  ///< time-weighted resident sessions, policy / baseline
+  double tokens_per_s_ratio = 0;    ///< modelled tokens/s, policy / baseline
+  double mean_resident_ratio = 0;   ///< time-weighted resident sessions, policy / baseline
 };
 
 inline verdict verdict_of(replay_result const& policy, replay_result const& baseline) {
@@ -44,13 +44,11 @@ struct cost_variation {
   std::string constant;  ///< e.g. "reclaim_s_per_page"
   std::string end;       ///< "low" or "high"
   double value = 0;
-  serving_costs costs;  ///< the defaults with this one constant changed
+  serving_costs costs;   ///< the defaults with this one constant changed
 };
 
 /// The name of the baseline's read mode in a sensitivity point (`cost_variation::end`).
-inline char const* baseline_reads_name(bool masked) {
-  return masked ? "masked" : "padded";
-}
+inline char const* baseline_reads_name(bool masked) { return masked ? "masked" : "padded"; }
 
 /// The variations a sweep runs, each at both ends of its range: reclamation (low end: a batched
 /// free on this project's pool, measured, per page, `reclaim_s_per_page`; high end: the paper's 25%
@@ -130,9 +128,7 @@ struct admission_variation {
 };
 
 /// The name of a rule in a sensitivity point (`cost_variation::end`).
-inline char const* admission_rule_name(bool chunk) {
-  return chunk ? "chunk" : "whole";
-}
+inline char const* admission_rule_name(bool chunk) { return chunk ? "chunk" : "whole"; }
 
 /// @brief The verdict at one variation.
 struct sensitivity_point {
@@ -164,7 +160,7 @@ inline sensitivity_report sweep_sensitivity(
     std::vector<std::string> const& compared,
     std::function<replay_result(std::string const&, step_charges const&)> const& rerun,
     max_tokens_variation const* max_tokens = nullptr,
-    admission_variation const* admission   = nullptr) {
+    admission_variation const* admission = nullptr) {
   sensitivity_report rep;
   auto same = [&](std::string const& name, step_charges a, step_charges b) {
     if (defaults.at(name).reclaim_ops == 0) {
@@ -179,10 +175,10 @@ inline sensitivity_report sweep_sensitivity(
       rep.range[name] = {v, v};
       return;
     }
-    auto& r                    = it->second;
-    r.low.tokens_per_s_ratio   = std::min(r.low.tokens_per_s_ratio, v.tokens_per_s_ratio);
-    r.high.tokens_per_s_ratio  = std::max(r.high.tokens_per_s_ratio, v.tokens_per_s_ratio);
-    r.low.mean_resident_ratio  = std::min(r.low.mean_resident_ratio, v.mean_resident_ratio);
+    auto& r                   = it->second;
+    r.low.tokens_per_s_ratio  = std::min(r.low.tokens_per_s_ratio, v.tokens_per_s_ratio);
+    r.high.tokens_per_s_ratio = std::max(r.high.tokens_per_s_ratio, v.tokens_per_s_ratio);
+    r.low.mean_resident_ratio = std::min(r.low.mean_resident_ratio, v.mean_resident_ratio);
     r.high.mean_resident_ratio = std::max(r.high.mean_resident_ratio, v.mean_resident_ratio);
   };
   for (auto const& name : compared)
@@ -199,15 +195,14 @@ inline sensitivity_report sweep_sensitivity(
     };
     sensitivity_point p{var, {}};
     for (auto const& name : compared) {
-      auto v           = verdict_of(result(name), result(baseline));
+      auto v = verdict_of(result(name), result(baseline));
       p.verdicts[name] = v;
       note(name, v);
     }
     rep.points.push_back(std::move(p));
   }
   if (max_tokens && max_tokens->rerun) {
-    std::vector<std::pair<char const*, std::int64_t>> ends{{"low", max_tokens->low},
-                                                           {"high", max_tokens->high}};
+    std::vector<std::pair<char const*, std::int64_t>> ends{{"low", max_tokens->low}, {"high", max_tokens->high}};
     if (max_tokens->context > 0) ends.emplace_back("context", max_tokens->context);
     for (auto [end, v] : ends) {
       sensitivity_point p{cost_variation{"max_tokens", end, static_cast<double>(v), costs}, {}};
@@ -215,7 +210,7 @@ inline sensitivity_report sweep_sensitivity(
       auto base = max_tokens->rerun(baseline, v);
       for (auto const& name : compared) {
         rep.replays += 1;
-        auto v_          = verdict_of(max_tokens->rerun(name, v), base);
+        auto v_ = verdict_of(max_tokens->rerun(name, v), base);
         p.verdicts[name] = v_;
         note(name, v_);
       }
@@ -225,10 +220,7 @@ inline sensitivity_report sweep_sensitivity(
   if (admission && admission->rerun_baseline) {
     // value: 1 for chunk admission, 0 for whole (end names the rule).
     for (bool chunk : {true, false}) {
-      sensitivity_point p{
-          cost_variation{
-              "baseline_admission", admission_rule_name(chunk), chunk ? 1.0 : 0.0, costs},
-          {}};
+      sensitivity_point p{cost_variation{"baseline_admission", admission_rule_name(chunk), chunk ? 1.0 : 0.0, costs}, {}};
       std::optional<replay_result> other;
       if (chunk != admission->default_chunk) {
         rep.replays += 1;
@@ -236,7 +228,7 @@ inline sensitivity_report sweep_sensitivity(
       }
       auto const& base = other ? *other : defaults.at(baseline);
       for (auto const& name : compared) {
-        auto v           = verdict_of(defaults.at(name), base);
+        auto v = verdict_of(defaults.at(name), base);
         p.verdicts[name] = v;
         note(name, v);
       }

@@ -40,8 +40,8 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
+#include <cmath>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,9 +60,7 @@ enum class baseline_balance : std::uint8_t {
 };
 
 constexpr std::string_view to_string(baseline_balance b) noexcept {
-  return b == baseline_balance::replan ? "replan"
-         : b == baseline_balance::none ? "none"
-                                       : "perfect";
+  return b == baseline_balance::replan ? "replan" : b == baseline_balance::none ? "none" : "perfect";
 }
 
 /// @brief The two cost settings of the verdict (file comment).
