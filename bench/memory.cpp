@@ -162,7 +162,8 @@ BENCHMARK(pool_reserve_draw)->Unit(benchmark::kMicrosecond);
 // once, median of 33 rounds per iteration.
 void batched_free(benchmark::State& state) {
   double s = 0;
-  for (auto _ : state) benchmark::DoNotOptimize(s = tangram::sim::measure_batched_free_s_per_page());
+  for (auto _ : state)
+    benchmark::DoNotOptimize(s = tangram::sim::measure_batched_free_s_per_page());
   state.counters["ns_per_page"]        = s * 1e9;
   state.counters["pinned_ns_per_page"] = tangram::sim::pinned_batched_free_s_per_page * 1e9;
 }

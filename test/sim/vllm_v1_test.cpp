@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "../memory/memory_fixtures.hpp"
+#include "contended_replay.hpp"
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
@@ -18,15 +19,7 @@
 using namespace tangram;
 using namespace tangram::sim;
 
-namespace {
-
-/// KV bytes that hold exactly `pages_per_layer` layer-wide pages for every layer of the plan.
-double unified_kv_bytes(static_plan const& plan, std::int64_t pages_per_layer) {
-  auto page = static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes());
-  return page * static_cast<double>(pages_per_layer * plan.num_layers);
-}
-
-}  // namespace
+using test::unified_kv_bytes;
 
 TEST_CASE("full_kv admits on its first scheduled chunk, unified_nonuniform needs the whole prompt",
           "[replay][vllm]") {

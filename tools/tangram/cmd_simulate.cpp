@@ -199,6 +199,7 @@ int simulate(simulate_args& a, streams io) {
   gpu.usable_fraction = usable;
   gpu.hbm_bytes_per_s = hbm * 1e12;
   gpu.peak_flops      = tflops * 1e12;
+  gpu.host_link_bytes_per_s = preset.gpu.host_link_bytes_per_s;
   cost_model cost(model, gpu);
   double kv_bytes = gpu.kv_budget_bytes(model);
   if (kv_bytes <= 0)
@@ -547,6 +548,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("kv_budget_bytes", kv_bytes);
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
+    c.set("host_link_bytes_per_s", gpu.host_link_bytes_per_s);
     c.set("gpu_preset", a.gpu_key);
     c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm" : "vllm-sessions");
     c.set("step_token_budget", ro.step_token_budget);
@@ -1010,7 +1012,7 @@ command_body setup_simulate(CLI::App& app) {
                  a->reclaim_us,
                  {0, 1e6},
                  "Charged time per reclaimed page, us (default: --costs'; paper 0, competent the "
-                 "measured batched free, 0.0014)"));
+                 "measured batched free, 0.0011)"));
   single.push_back(add_number(
       app,
       "--reclaim-prefill-fraction",

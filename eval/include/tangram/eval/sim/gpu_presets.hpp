@@ -24,8 +24,8 @@
  * Host link (KV offloaded to host memory is reloaded over it; one direction): PCIe Gen5 x16 on
  * H100 SXM, H200 and B200, "PCIe Gen5: 128 GB/s" in NVIDIA's H100 and H200 datasheets, i.e. 64 GB/s
  * each way (32 GT/s x 16 lanes); A100 SXM PCIe Gen4 x16, "PCIe Gen4: 64 GB/s" in its datasheet,
- * 32 GB/s each way. Theoretical link rates: a real copy reaches somewhat less (conservative for the
- * offloading baseline's competitor, generous to the offloading baseline).
+ * 32 GB/s each way. Link rates: a real copy reaches somewhat less, so they are generous to the
+ * offloading baseline.
  *
  * vLLM v1 defaults (vllm/engine/arg_utils.py, EngineArgs batch defaults, OpenAI API server
  * usage context): on GPUs with at least 70 GiB that are not A100, max_num_batched_tokens 8192
@@ -45,7 +45,7 @@ namespace tangram::sim {
 /// @brief One accelerator preset: its figures and vLLM v1's default scheduling limits on it.
 struct gpu_preset {
   std::string key;  ///< the --gpu value
-  gpu_spec gpu;     ///< name, memory, bandwidth, peak (usable_fraction left at 0.90)
+  gpu_spec gpu;     ///< name, memory, bandwidth, peak, host link (usable_fraction left at 0.90)
   std::int64_t max_num_batched_tokens = 8192;  ///< vLLM v1 default (online serving)
   std::int32_t max_num_seqs           = 1024;  ///< vLLM v1 default (online serving)
   std::int32_t sm_count               = 132;   ///< SMs (the split map's CTAs: sm_count x ctas_per_sm)

@@ -9,8 +9,9 @@
  *   pages to `page_pool` (what an engine's batched or lazy free of an evicted chunk's tail does)
  *   costs `measure_batched_free_s_per_page()`; `pinned_batched_free_s_per_page` is its figure
  *   from `bench_memory --benchmark_filter=batched_free` (2026-12-03, 2-core x86-64 VM, g++ 12,
- *   Release): 1.4 ns a page. test/sim/verdict_costs_test.cpp re-measures it (finite, within orders
- *   of magnitude; no timing threshold).
+ *   Release, median of 3 repetitions; the machine shared with other builds): 1.1 ns a page.
+ *   test/sim/verdict_costs_test.cpp re-measures it (finite, within orders of magnitude; no timing
+ *   threshold), and `simulate --verdict` re-measures and prints it beside the pinned figure.
  * - Reclamation, high end (paper): +10-25% of prefill time for dynamic reclamation on unified
  *   pages; charged as that fraction of the prefill time of every chunk that reclaims pages
  *   (midpoint 0.175), never as a per-page constant fitted to a run.
@@ -54,7 +55,7 @@ struct paper_costs {
 };
 
 /// Seconds per page of a batched free on `page_pool`, as `bench_memory` measured it (file comment).
-inline constexpr double pinned_batched_free_s_per_page = 1.4e-9;
+inline constexpr double pinned_batched_free_s_per_page = 1.1e-9;
 
 /**
  * @brief Measures, in this process, the time per page of returning `batch` pages to a

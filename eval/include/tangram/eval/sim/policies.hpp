@@ -13,9 +13,10 @@
  *   reclamation (each chunk is allocated in full, tail pages freed after eviction); each input keeps
  *   its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
  *   keeps), or, given no needs, Tangram's padded budgets; admission checks the uncompressed prompt
- *   like the reference implementation; out of pages -> preemption. With `unified_policy_options`
- *   the same class is the per-head dynamic baseline (eval/sim/per_head_policy.hpp): per-head
- *   pages, admission by the estimated compressed size, preempted requests keeping their blocks.
+ *   like the reference implementation; out of pages -> preemption.
+ * - the per-head dynamic baseline (eval/sim/per_head_policy.hpp) is the same class with
+ *   `unified_policy_options`: per-head pages, admission by the estimated compressed size,
+ *   preempted requests keeping their blocks.
  * - `tangram_policy`: budget reservation (M(r) at admission, increments per turn), head-group
  *   pages with the plan's clustering; never preempts. Its eviction step is pluggable
  *   (eval/sim/chunk_eviction.hpp): static budgets keep `expected_kept`; `tangram_elastic`
