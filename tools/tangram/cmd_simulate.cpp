@@ -717,7 +717,7 @@ int simulate(simulate_args& a, streams io) {
     for (auto const& pt : sens->points)
       o << "  " << std::left << std::setw(34)
         << cat(pt.variation.constant, " = ",
-               seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
+               seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, pt.variation.value < 1e-8 ? 4 : 2) + " us"
                : pt.variation.constant == "max_tokens"
                    ? (pt.variation.end == "context" ? cat("context (", fixed(pt.variation.value, 0), ")")
                                                     : fixed(pt.variation.value, 0))

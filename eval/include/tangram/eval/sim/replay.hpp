@@ -825,6 +825,12 @@ inline replay_result replay(workload const& work,
       // here, so it is given up (counted in rejected_sessions), not the whole run.
       if (!ok && !prefix_cache && is_running(s)) give_up(s);
       if (!ok) continue;
+      // Making room may have pushed this session's own blocks out of host memory: what is no
+      // longer there is computed instead.
+      if (std::int64_t gone = reload - std::min(reload, ss.offloaded); gone > 0) {
+        reload -= gone;
+        compute += gone;
+      }
       double prefill = cost.prefill_s(compute, static_cast<std::int64_t>(past) + reload);
       step_s += prefill;
       out.time.prefill_s += prefill;
