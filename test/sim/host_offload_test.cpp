@@ -28,7 +28,10 @@ struct contended_pair {
     work.sessions.push_back({1.0, {{6 * P, 2, 0.0}}});
   }
   /// One replay of `mode` on 10 pages a layer; full_kv evicting whole sessions or tail blocks.
-  replay_result run(unified_mode mode, bool offload, double capacity_bytes = 256e9, bool blocks = false) {
+  replay_result run(unified_mode mode,
+                    bool offload,
+                    double capacity_bytes = 256e9,
+                    bool blocks           = false) {
     unified_policy p(plan, mode, test::unified_kv_bytes(plan, 10), 2, 2, 1 << 20);
     p.set_block_eviction(blocks);
     replay_options o;
@@ -85,15 +88,18 @@ TEST_CASE("full_kv with block eviction and host offload reloads exactly the evic
   CHECK(off.prefilled_tokens == none.prefilled_tokens - (3 * P + 1));
 }
 
-TEST_CASE("host offload applies to prefix caches only and its capacity is validated", "[replay][offload][issue30]") {
+TEST_CASE("host offload applies to prefix caches only and its capacity is validated",
+          "[replay][offload][issue30]") {
   contended_pair fx;
   // The unified baseline keeps idle sessions resident: nothing of its is offloaded.
   auto r = fx.run(unified_mode::compressed_reclaim, true);
   CHECK(r.reloaded_tokens == 0);
   CHECK(r.host_offload_peak_bytes == 0);
-  unified_policy full(fx.plan, unified_mode::full_kv, test::unified_kv_bytes(fx.plan, 10), 2, 2, 1 << 20);
+  unified_policy full(
+      fx.plan, unified_mode::full_kv, test::unified_kv_bytes(fx.plan, 10), 2, 2, 1 << 20);
   replay_options o;
   o.offload.enabled        = true;
   o.offload.capacity_bytes = -1;
-  CHECK_THROWS_WITH(replay(fx.work, full, fx.cost, o), Catch::Contains("replay.offload.capacity_bytes"));
+  CHECK_THROWS_WITH(replay(fx.work, full, fx.cost, o),
+                    Catch::Contains("replay.offload.capacity_bytes"));
 }

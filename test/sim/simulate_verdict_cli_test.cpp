@@ -164,12 +164,21 @@ TEST_CASE(
   CHECK(control({"--no-control-plane"}) == 0);
 }
 
-TEST_CASE("simulate --costs competent starts from the competent preset, explicit options override it",
-          "[simulate][cli][issue30]") {
+TEST_CASE(
+    "simulate --costs competent starts from the competent preset, explicit options override it",
+    "[simulate][cli][issue30]") {
   namespace json = tangram::detail::json;
-  auto costs = [](std::vector<std::string> extra) {
-    std::vector<std::string> argv{"simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--quiet",
-                                  "--json", "--no-control-plane"};
+  auto costs     = [](std::vector<std::string> extra) {
+    std::vector<std::string> argv{"simulate",
+                                  "--sessions",
+                                  "4",
+                                  "--turns",
+                                  "1",
+                                  "--workload",
+                                  "short",
+                                  "--quiet",
+                                  "--json",
+                                  "--no-control-plane"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto r = test::run_cli(argv);
     INFO(r.err);
@@ -177,13 +186,28 @@ TEST_CASE("simulate --costs competent starts from the competent preset, explicit
     auto doc = json::parse(r.out, "stdout");
     json::node root(doc, "stdout");
     auto c = root["cost_model"]["serving_costs"];
-    return std::make_tuple(c["baseline_balance"].as_string(), c["replan"].as_string(), c["baseline_reads"].as_string(),
-                           c["reclaim_s_per_page"].as_double(0, 1), c["reclaim_prefill_fraction"].as_double(0, 10));
+    return std::make_tuple(c["baseline_balance"].as_string(),
+                           c["replan"].as_string(),
+                           c["baseline_reads"].as_string(),
+                           c["reclaim_s_per_page"].as_double(0, 1),
+                           c["reclaim_prefill_fraction"].as_double(0, 10));
   };
-  CHECK(costs({}) == std::make_tuple(std::string("replan"), std::string("fraction"), std::string("padded"), 0.0, 0.175));
-  CHECK(costs({"--costs", "competent"}) == std::make_tuple(std::string("perfect"), std::string("overlapped"),
-                                                           std::string("masked"), 1.1e-9, 0.0));
-  CHECK(costs({"--costs", "competent", "--baseline-balance", "none", "--replan", "planner", "--baseline-reads",
-               "padded", "--reclaim-prefill-fraction", "0.1"}) ==
-        std::make_tuple(std::string("none"), std::string("planner"), std::string("padded"), 1.1e-9, 0.1));
+  CHECK(costs({}) ==
+        std::make_tuple(
+            std::string("replan"), std::string("fraction"), std::string("padded"), 0.0, 0.175));
+  CHECK(costs({"--costs", "competent"}) ==
+        std::make_tuple(
+            std::string("perfect"), std::string("overlapped"), std::string("masked"), 1.1e-9, 0.0));
+  CHECK(costs({"--costs",
+               "competent",
+               "--baseline-balance",
+               "none",
+               "--replan",
+               "planner",
+               "--baseline-reads",
+               "padded",
+               "--reclaim-prefill-fraction",
+               "0.1"}) ==
+        std::make_tuple(
+            std::string("none"), std::string("planner"), std::string("padded"), 1.1e-9, 0.1));
 }

@@ -827,63 +827,32 @@ command_body setup_simulate(CLI::App& app) {
   add_number(app, "--keep", a->keep, {0.001, 1},
              "Rescale the profile's budgets to this keep ratio (an approximation; default: as "
              "profiled)");
-  auto* workload_option = add_text(app,
-                                   "--workload",
-                                   a->workload,
-                                   "short|mid|long|FILE",
+  auto* workload_option = add_text(app, "--workload", a->workload, "short|mid|long|FILE",
                                    "A generated workload, or a tangram-workload/v1 trace file");
-  a->generator_only     = {
-          add_integer(
-          app, "--sessions", wo.sessions, 1, workload_limits::max_sessions, "Generated: sessions"),
-          add_integer(app,
-                  "--turns",
-                  wo.turns,
-                  1,
-                  workload_limits::max_generated_turns_per_session,
+  a->generator_only = {
+      add_integer(app, "--sessions", wo.sessions, 1, workload_limits::max_sessions,
+                  "Generated: sessions"),
+      add_integer(app, "--turns", wo.turns, 1, workload_limits::max_generated_turns_per_session,
                   "Generated: turns per session"),
-          add_number(app,
-                 "--arrival-rate",
-                 wo.arrival_rate,
-                 {0, 1e9},
+      add_number(app, "--arrival-rate", wo.arrival_rate, {0, 1e9},
                  "Generated: sessions per second (0: all at t = 0)"),
-          add_number(app,
-                 "--think",
-                 wo.think_mean_s,
-                 {0, 1e6},
+      add_number(app, "--think", wo.think_mean_s, {0, 1e6},
                  "Generated: mean think time between turns (s)"),
-          add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed"),
-          add_integer_list(
-          app,
-          "--context-range",
-          a->context_range,
-          1,
-          workload_limits::max_session_tokens,
-          2,
-          "Generated: first-turn contexts in LO,HI tokens (drawn by --context-dist) instead of the "
-              "workload's (short 4096,20000; mid 20000,100000; long 100000,120000)"),
-          add_choice(
-          app,
-          "--context-dist",
-          [a](std::string const& v) { a->wo.contexts = *context_dist_named(v); },
-          "loguniform",
+      add_integer(app, "--seed", wo.seed, 0, std::int64_t{1} << 62, "Generated: random seed"),
+      add_integer_list(app, "--context-range", a->context_range, 1, workload_limits::max_session_tokens, 2,
+                       "Generated: first-turn contexts in LO,HI tokens (drawn by --context-dist) instead of the "
+                       "workload's (short 4096,20000; mid 20000,100000; long 100000,120000)"),
+      add_choice(
+          app, "--context-dist", [a](std::string const& v) { a->wo.contexts = *context_dist_named(v); }, "loguniform",
           {"loguniform", "uniform", "fixed"},
-          "Generated: how first-turn contexts are drawn in the range: loguniform (mean "
-              "(HI-LO)/ln(HI/LO)), "
-              "uniform (mean (LO+HI)/2) or fixed (every context (LO+HI)/2); the other draws (answers, "
-              "think "
-              "times, arrivals) stay the same at a seed"),
-          add_number_list(
-          app,
-          "--rate-sweep",
-          a->rate_sweep,
-          {0, 1e9, true},
-          max_sweep_rates,
-          "Generated: also replay the same sessions (generated once at --seed with Poisson "
-              "arrivals "
-              "at 1 session/s, arrival times divided by R) at each rate R sessions/s, every policy, "
-              "and "
-              "report TTFT p50/p95, TBT p95, tokens/s, requests/s and mean resident sessions per rate "
-              "(TTFT vs rate); costs one full run per rate on top of the main run"),
+          "Generated: how first-turn contexts are drawn in the range: loguniform (mean (HI-LO)/ln(HI/LO)), "
+          "uniform (mean (LO+HI)/2) or fixed (every context (LO+HI)/2); the other draws (answers, think "
+          "times, arrivals) stay the same at a seed"),
+      add_number_list(app, "--rate-sweep", a->rate_sweep, {0, 1e9, true}, max_sweep_rates,
+                      "Generated: also replay the same sessions (generated once at --seed with Poisson arrivals "
+                      "at 1 session/s, arrival times divided by R) at each rate R sessions/s, every policy, and "
+                      "report TTFT p50/p95, TBT p95, tokens/s, requests/s and mean resident sessions per rate "
+                      "(TTFT vs rate); costs one full run per rate on top of the main run"),
   };
   {
     std::vector<std::string> keys;
@@ -927,15 +896,9 @@ command_body setup_simulate(CLI::App& app) {
                "requests/s, mean resident sessions, TTFT and TBT p50/p95 per policy to "
                "FILE-serving.svg and, with "
                "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg"));
-  add_integer(app,
-              "--decode-window",
-              a->decode_window,
-              0,
-              workload_limits::max_tokens,
-              "Tangram policies reserve this many answer tokens at admission and grow by as many "
-              "when a turn runs "
-              "out, up to its max_tokens; a growth that does not fit preempts the newest turn "
-              "(recompute, as vLLM). "
+  add_integer(app, "--decode-window", a->decode_window, 0, workload_limits::max_tokens,
+              "Tangram policies reserve this many answer tokens at admission and grow by as many when a turn runs "
+              "out, up to its max_tokens; a growth that does not fit preempts the newest turn (recompute, as vLLM). "
               "0: reserve the whole max_tokens up front, never preempt");
   add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
               "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
