@@ -23,6 +23,25 @@ retention_samples snapkv_samples() {
   return load_retention_samples(test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
 }
 
+/// A small short-workload simulate run with `extra` options: its JSON's serving costs, and
+/// tangram_elastic's measured control-plane time.
+std::pair<tangram::detail::json::value, double> short_run(std::vector<std::string> extra) {
+  namespace json = tangram::detail::json;
+  std::vector<std::string> argv{
+      "simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--quiet", "--json"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto r = test::run_cli(argv);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto doc = json::parse(r.out, "stdout");
+  double control =
+      json::node(
+          doc,
+          "stdout")["policies"]["tangram_elastic"]["modelled_time_breakdown"]["control_plane_s"]
+          .as_double(0, 1e6);
+  return {std::move(doc), control};
+}
+
 }  // namespace
 
 TEST_CASE("out-of-sample folds: every prompt replayed once, never calibrated on in its own fold",
@@ -147,18 +166,11 @@ TEST_CASE("simulate --verdict refuses a single run's options and a budget profil
 TEST_CASE(
     "simulate charges the measured control plane by default, --no-control-plane leaves it out",
     "[simulate][cli][issue30]") {
-  namespace json = tangram::detail::json;
-  auto control   = [](std::vector<std::string> extra) {
-    std::vector<std::string> argv{
-        "simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--quiet", "--json"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto r = test::run_cli(argv);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+  auto control = [](std::vector<std::string> extra) {
+    auto [doc, seconds] = short_run(extra);
+    tangram::detail::json::node root(doc, "stdout");
     CHECK(root["cost_model"]["serving_costs"]["control_plane_charged"].as_bool() == extra.empty());
-    return root["policies"]["tangram_elastic"]["modelled_time_breakdown"]["control_plane_s"]
-        .as_double(0, 1e6);
+    return seconds;
   };
   CHECK(control({}) > 0);
   CHECK(control({"--no-control-plane"}) == 0);
@@ -167,24 +179,10 @@ TEST_CASE(
 TEST_CASE(
     "simulate --costs competent starts from the competent preset, explicit options override it",
     "[simulate][cli][issue30]") {
-  namespace json = tangram::detail::json;
-  auto costs     = [](std::vector<std::string> extra) {
-    std::vector<std::string> argv{"simulate",
-                                  "--sessions",
-                                  "4",
-                                  "--turns",
-                                  "1",
-                                  "--workload",
-                                  "short",
-                                  "--quiet",
-                                  "--json",
-                                  "--no-control-plane"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto r = test::run_cli(argv);
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+  auto costs = [](std::vector<std::string> extra) {
+    extra.push_back("--no-control-plane");
+    auto doc = short_run(extra).first;
+    tangram::detail::json::node root(doc, "stdout");
     auto c = root["cost_model"]["serving_costs"];
     return std::make_tuple(c["baseline_balance"].as_string(),
                            c["replan"].as_string(),
