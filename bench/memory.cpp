@@ -3,6 +3,9 @@
 //
 // - pool_allocate_free / pool_reserve_draw: ns per page of the O(1) paths, beside malloc/free of
 //   a page-sized block (ratio counter).
+// - batched_free: ns per page of returning a batch of 4096 pages to the pool (what an engine's
+//   batched free of evicted tail pages costs here): `measure_batched_free_s_per_page`, the
+//   measured low end of `tangram simulate`'s reclamation (eval/sim/measured_costs.hpp pins it).
 // - admission: ns per try_admit of a Llama-3.1-8B request (footprint of 64 groups + reservation +
 //   page-table segment), beside the cost of computing M(r) alone.
 // - decode_step/{64,256}: us per decode step of the batch view (decode_step + view) for 64 and
@@ -33,6 +36,7 @@
 
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/elastic_policy.hpp"
+#include "tangram/eval/sim/measured_costs.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/presets.hpp"
@@ -153,6 +157,17 @@ void pool_reserve_draw(benchmark::State& state) {
   state.SetItemsProcessed(ops);
 }
 BENCHMARK(pool_reserve_draw)->Unit(benchmark::kMicrosecond);
+
+// The measured low end of reclamation (eval/sim/measured_costs.hpp): a batch of pages freed at
+// once, median of 33 rounds per iteration.
+void batched_free(benchmark::State& state) {
+  double s = 0;
+  for (auto _ : state)
+    benchmark::DoNotOptimize(s = tangram::sim::measure_batched_free_s_per_page());
+  state.counters["ns_per_page"]        = s * 1e9;
+  state.counters["pinned_ns_per_page"] = tangram::sim::pinned_batched_free_s_per_page * 1e9;
+}
+BENCHMARK(batched_free)->Unit(benchmark::kMillisecond);
 
 // ----- admission ------------------------------------------------------------------------------
 

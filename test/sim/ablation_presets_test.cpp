@@ -65,9 +65,10 @@ TEST_CASE("ablation: +head_groups holds exactly tangram's memory and pays the ba
           "[ablation]") {
   test::contended_replay fx;
   serving_costs costs;
-  costs.planner_skew = 1.2;
-  costs.tangram_skew = 1.05;
-  auto rep           = [&](tangram_policy& p) {
+  costs.control_plane = false;  // measured: runs compared step for step must leave it out
+  costs.planner_skew  = 1.2;
+  costs.tangram_skew  = 1.05;
+  auto rep            = [&](tangram_policy& p) {
     replay_options o;
     o.charges = costs.charges_for(p.name());
     return replay(fx.work, p, fx.cost, o);

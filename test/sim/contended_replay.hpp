@@ -1,16 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 // The replay the sim tests share: Llama-3.1-8B with the bundled SnapKV plan on a 40 GB GPU, where
-// 24 mid-context sessions of 3 turns contend for KV memory.
+// 24 mid-context sessions of 3 turns contend for KV memory; and pools sized in layer-wide pages.
 #pragma once
 
 #include <cstdint>
 
 #include "../memory/memory_fixtures.hpp"
+#include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/workload.hpp"
 #include "tangram/model/presets.hpp"
 
 namespace tangram::test {
+
+/// KV bytes that hold exactly `pages_per_layer` layer-wide pages for every layer of the plan.
+inline double unified_kv_bytes(static_plan const& plan, std::int64_t pages_per_layer) {
+  auto page = static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes());
+  return page * static_cast<double>(pages_per_layer * plan.num_layers);
+}
 
 struct contended_replay {
   static_plan plan  = llama_plan("snapkv");

@@ -205,9 +205,21 @@ TEST_CASE("simulate reports every compressed policy's clipped share of wanted he
 
 TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[simulate][cli]") {
   namespace json = tangram::detail::json;
-  auto elastic = [](std::string const& chunk) {
-    auto r = run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "long", "--step-tokens", "2048",
-                  "--chunk", chunk, "--json", "--quiet"});
+  auto elastic   = [](std::string const& chunk) {
+    auto r = run({"simulate",
+                  "--sessions",
+                  "12",
+                  "--turns",
+                  "2",
+                  "--workload",
+                  "long",
+                  "--step-tokens",
+                  "2048",
+                  "--chunk",
+                  chunk,
+                  "--json",
+                  "--quiet",
+                  "--no-control-plane"});
     INFO(r.err);
     REQUIRE(r.code == 0);
     auto doc = json::parse(r.out, "stdout");

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "../memory/memory_fixtures.hpp"
+#include "contended_replay.hpp"
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
@@ -18,15 +19,7 @@
 using namespace tangram;
 using namespace tangram::sim;
 
-namespace {
-
-/// KV bytes that hold exactly `pages_per_layer` layer-wide pages for every layer of the plan.
-double unified_kv_bytes(static_plan const& plan, std::int64_t pages_per_layer) {
-  auto page = static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes());
-  return page * static_cast<double>(pages_per_layer * plan.num_layers);
-}
-
-}  // namespace
+using test::unified_kv_bytes;
 
 TEST_CASE("full_kv admits on its first scheduled chunk, unified_nonuniform needs the whole prompt",
           "[replay][vllm]") {
@@ -153,10 +146,18 @@ TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, 
     int rc = tangram::cli::run(argv, {out, err});
     return std::make_tuple(rc, out.str(), err.str());
   };
-  namespace json = tangram::detail::json;
-  std::vector<std::string> base = {"simulate", "--sessions", "24", "--turns", "3", "--gpu-mem", "40",
-                                   "--quiet", "--json"};
-  auto with = [&](std::vector<std::string> extra) {
+  namespace json                = tangram::detail::json;
+  std::vector<std::string> base = {"simulate",
+                                   "--sessions",
+                                   "24",
+                                   "--turns",
+                                   "3",
+                                   "--gpu-mem",
+                                   "40",
+                                   "--quiet",
+                                   "--json",
+                                   "--no-control-plane"};
+  auto with                     = [&](std::vector<std::string> extra) {
     auto argv = base;
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;

@@ -23,6 +23,7 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "simulate_report.hpp"
+#include "simulate_verdict.hpp"
 #include "subcommands.hpp"
 #include "tangram/detail/checked_math.hpp"
 #include "tangram/detail/file_io.hpp"
@@ -31,6 +32,7 @@
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/gpu_presets.hpp"
+#include "tangram/eval/sim/measured_skews.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/rate_sweep.hpp"
 #include "tangram/eval/sim/replay.hpp"
@@ -101,16 +103,38 @@ struct simulate_args {
   bool full_kv_blocks = true;  // --full-kv-scheduler vllm (default): block-level prefix eviction; vllm-sessions: whole
   bool baseline_chunk_admission = true;  // --baseline-admission chunk (vLLM v1) | whole
   bool baseline_budgets = false;  // --baseline-retention budgets: the old padded-budget baseline
-  serving_costs costs;
-  std::optional<double> reclaim_us, skew, replan, overhead_us;
-  bool no_padded_reads = false;
+  cost_setting costs_setting =
+      cost_setting::paper;  // --costs: the preset the overrides below start from
+  std::optional<baseline_balance> balance;
+  std::optional<bool> baseline_masked;
+  std::optional<replan_mode> replan_mode_;
+  std::optional<double> reclaim_us, reclaim_fraction, skew, replan, overhead_us;
+  bool no_padded_reads       = false;
   std::int64_t decode_window = 0;  // --decode-window: Tangram grows its answer reservation
-  bool charge_control_plane = false;
+  bool no_control_plane      = false;
+  bool verdict = false;  // --verdict: short, mid, long x every baseline x both cost settings
+  double offload_host_gb = host_offload{}.capacity_bytes / 1e9;
+  std::vector<CLI::Option*> single_run_only;  // refused with --verdict
+  CLI::Option* offload_option = nullptr;      // --offload-host-gb: --verdict only
 };
 
 /// Per-policy (printed) figures of the cost model's constants.
 int simulate(simulate_args& a, streams io) {
   check_calibration_args(a.cal);
+  // --verdict runs its own workloads and both cost settings: a single run's options are refused.
+  if (a.verdict) {
+    auto refused = a.single_run_only;
+    for (auto* opt : a.generator_only)
+      if (opt->get_name() == "--context-range" || opt->get_name() == "--rate-sweep")
+        refused.push_back(opt);
+    for (auto* opt : refused)
+      if (opt->count() > 0)
+        throw usage_error(cat(opt->get_name(),
+                              ": applies to a single simulate run; --verdict runs short, mid and "
+                              "long under both cost settings"));
+  } else if (a.offload_option->count() > 0) {
+    throw usage_error("--offload-host-gb: applies to --verdict (its full_kv_offload baseline)");
+  }
   // --gpu: the preset's figures and vLLM v1's default limits on it, unless given one by one.
   auto const preset = *find_gpu_preset(a.gpu_key);  // add_choice allows only preset keys
   if (a.gpu_mem_option->count() == 0) a.gpu_mem = preset.gpu.memory_bytes / 1e9;
@@ -175,6 +199,7 @@ int simulate(simulate_args& a, streams io) {
   gpu.usable_fraction = usable;
   gpu.hbm_bytes_per_s = hbm * 1e12;
   gpu.peak_flops      = tflops * 1e12;
+  gpu.host_link_bytes_per_s = preset.gpu.host_link_bytes_per_s;
   cost_model cost(model, gpu);
   double kv_bytes = gpu.kv_budget_bytes(model);
   if (kv_bytes <= 0)
@@ -192,36 +217,62 @@ int simulate(simulate_args& a, streams io) {
                             page_pool<page_layout<>>::max_pages, "] pages a pool can hold"));
   }
 
-  // Costs beyond the roofline: defaults (eval/sim/serving_costs.hpp), then the overrides; the
-  // decode skews are measured on the reference batch (eval/split_imbalance.hpp).
-  serving_costs costs = a.costs;
+  // Costs beyond the roofline: the --costs preset (eval/sim/serving_costs.hpp), then the
+  // overrides; the decode skews are measured on each policy's own lengths (measured_skews.hpp).
+  serving_costs costs = serving_costs::preset(a.costs_setting);
   if (a.reclaim_us) costs.reclaim_s_per_page = *a.reclaim_us * 1e-6;
+  if (a.reclaim_fraction) costs.reclaim_prefill_fraction = *a.reclaim_fraction;
   if (a.skew) costs.unbalanced_skew = *a.skew;
   if (a.replan) costs.replan_fraction = *a.replan;
+  if (a.replan_mode_) costs.replan = *a.replan_mode_;
+  if (a.balance) costs.balance = *a.balance;
+  if (a.baseline_masked) costs.baseline_masked_reads = *a.baseline_masked;
   if (a.overhead_us) costs.step_overhead_s = *a.overhead_us * 1e-6;
   costs.padded_reads  = !a.no_padded_reads;
-  costs.control_plane = a.charge_control_plane;
-  auto contexts      = reference_batch{}.contexts();
+  costs.control_plane = !a.no_control_plane;
+  costs.kv_heads      = plan.num_kv_heads;
+  if (a.verdict)
+    return simulate_verdict(
+        verdict_inputs{model,
+                       src,
+                       cost,
+                       kv_bytes,
+                       po,
+                       wo,
+                       ro,
+                       keep,
+                       a.margin,
+                       a.decode_window,
+                       costs.control_plane,
+                       a.offload_host_gb * 1e9,
+                       as_json,
+                       quiet},
+        [&](retention_samples const& calibration) {
+          auto p = calibrate(calibration, cal.options);
+          if (keep) rescale_budgets(p, *keep);
+          return p;
+        },
+        io);
   // The skews at the reference batch (printed) and at every measured batch size (charged by the
   // step's decode batch size).
   auto const skew_batch_sizes = measured_skew_batches(ro.max_running);
-  auto batch_contexts         = [](std::int32_t n) {
-    reference_batch rb;
-    rb.requests = n;
-    return rb.contexts();
-  };
   {
-    auto planner = [](batch_imbalance const& imb) { return std::max(1.0, std::min(imb.greedy.mean, imb.greedy_fine.mean)); };
-    auto imb           = layer_imbalance(plan.rules, plan.splits, contexts);
-    costs.planner_skew = planner(imb);
-    costs.tangram_skew = std::max(1.0, imb.aot.mean);
-    for (auto n : skew_batch_sizes) {
-      auto at = layer_imbalance(plan.rules, plan.splits, batch_contexts(n));
-      costs.planner_skew_by_batch.batch.push_back(n);
-      costs.planner_skew_by_batch.skew.push_back(planner(at));
-      costs.tangram_skew_by_batch.batch.push_back(n);
-      costs.tangram_skew_by_batch.skew.push_back(std::max(1.0, at.aot.mean));
-    }
+    auto tk            = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
+      return layer_imbalance(plan.rules, plan.splits, c).aot.mean;
+    });
+    costs.tangram_skew = tk.reference;
+    costs.tangram_skew_by_batch = tk.by_batch;
+    // The baseline's planner on its own lengths: each input's retention (or, given Tangram's
+    // budgets, those), read to the layer's longest head unless its kernel masks.
+    bool const own_lengths = !a.baseline_budgets && src.samples && !src.samples->samples.empty();
+    auto pk            = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
+      return planner_skew_at(plan,
+                             own_lengths ? &*src.samples : nullptr,
+                             c,
+                             costs.padded_reads && !costs.baseline_masked_reads);
+    });
+    costs.planner_skew = pk.reference;
+    costs.planner_skew_by_batch = pk.by_batch;
   }
 
   workload work;
@@ -334,15 +385,11 @@ int simulate(simulate_args& a, streams io) {
     // measured on their placements, over the elastic plan weighed on them; else on the budgets.
     bool placements = needs_from_samples && needs.scale == 1.0;
     auto ep         = elastic_plan(elastic_base, a.margin, placements ? &*needs.samples : nullptr);
-    auto skew_at    = [&](std::vector<std::int64_t> const& c) {
-      auto imb = placements ? elastic_layer_imbalance(ep, *needs.samples, c, 1) : layer_imbalance(ep.rules, ep.splits, c);
-      return std::max(1.0, imb.aot.mean);
-    };
-    costs.tangram_elastic_skew = skew_at(contexts);
-    for (auto n : skew_batch_sizes) {
-      costs.tangram_elastic_skew_by_batch.batch.push_back(n);
-      costs.tangram_elastic_skew_by_batch.skew.push_back(skew_at(batch_contexts(n)));
-    }
+    auto ek         = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
+      return elastic_skew_at(ep, placements ? &*needs.samples : nullptr, c);
+    });
+    costs.tangram_elastic_skew          = ek.reference;
+    costs.tangram_elastic_skew_by_batch = ek.by_batch;
   }
   std::int64_t const staged_chunk = std::min(ro.prefill_chunk, ro.step_token_budget);
   auto make_elastic = [&] {
@@ -368,17 +415,11 @@ int simulate(simulate_args& a, streams io) {
     return make_elastic();
   };
   // Runs a Tangram policy (static or elastic) and records its share of wanted head-tokens clipped.
-  auto run_tangram = [&](workload const& w, std::vector<replay_result>& into, tangram_policy& policy, int index) {
-    run(w, into, policy, index);
-    auto fraction = [](auto const& m) {
-      return m.wanted_total() > 0 ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
-                                  : 0.0;
-    };
-    if (auto const* ev = dynamic_cast<elastic_eviction const*>(policy.eviction()))
-      into.back().wanted_clipped_fraction = fraction(*ev);
-    else if (auto const* sc = dynamic_cast<static_clipping const*>(policy.eviction()))
-      into.back().wanted_clipped_fraction = fraction(*sc);
-  };
+  auto run_tangram =
+      [&](workload const& w, std::vector<replay_result>& into, tangram_policy& policy, int index) {
+        run(w, into, policy, index);
+        into.back().wanted_clipped_fraction = wanted_clipped_fraction(policy);
+      };
   std::optional<static_plan> ro_plan;  // --ablation: reservation_only's one-group-per-layer plan
   if (a.ablation) ro_plan = build_plan_for_cli(model, src.profile, reservation_only_options(po, plan.num_kv_heads));
   // Every policy on workload `w`, in the report's order.
@@ -507,6 +548,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("kv_budget_bytes", kv_bytes);
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
+    c.set("host_link_bytes_per_s", gpu.host_link_bytes_per_s);
     c.set("gpu_preset", a.gpu_key);
     c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm" : "vllm-sessions");
     c.set("step_token_budget", ro.step_token_budget);
@@ -675,7 +717,7 @@ int simulate(simulate_args& a, streams io) {
     for (auto const& pt : sens->points)
       o << "  " << std::left << std::setw(34)
         << cat(pt.variation.constant, " = ",
-               seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, 2) + " us"
+               seconds_valued(pt.variation.constant)   ? fixed(pt.variation.value * 1e6, pt.variation.value < 1e-8 ? 4 : 2) + " us"
                : pt.variation.constant == "max_tokens"
                    ? (pt.variation.end == "context" ? cat("context (", fixed(pt.variation.value, 0), ")")
                                                     : fixed(pt.variation.value, 0))
@@ -691,24 +733,40 @@ int simulate(simulate_args& a, streams io) {
         << fixed(r.high.tokens_per_s_ratio, 2) << "x, mean resident " << fixed(r.low.mean_resident_ratio, 2) << "-"
         << fixed(r.high.mean_resident_ratio, 2) << "x\n";
   }
-  o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1) << " TB/s; prefill: FLOPs / "
-    << fixed(tflops, 0) << " TFLOP/s) plus charged costs; control-plane time is measured, "
-    << (costs.control_plane ? "and added (--charge-control-plane). " : "not added. ") << fixed(wall, 1)
+  o << "\n  Modelled = roofline (decode: (weights + KV read) / " << fixed(hbm, 1)
+    << " TB/s; prefill: FLOPs / " << fixed(tflops, 0)
+    << " TFLOP/s) plus charged costs; control-plane time is measured, "
+    << (costs.control_plane ? "and added. " : "not added (--no-control-plane). ") << fixed(wall, 1)
     << " s wall.\n"
-    << "  Costs (eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclaim " << fixed(costs.reclaim_s_per_page * 1e6, 3)
-    << " us/page; padded page reads " << (costs.padded_reads ? "on" : "off")
-    << (costs.padded_reads && costs.baseline_masked_reads ? " (off for unified_nonuniform: --baseline-reads masked)" : "")
+    << "  Costs (--costs " << to_string(a.costs_setting)
+    << " and overrides; eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclamation "
+    << fixed(costs.reclaim_prefill_fraction, 3) << " of each reclaiming chunk's prefill + "
+    << fixed(costs.reclaim_s_per_page * 1e9, 2) << " ns/page; padded page reads "
+    << (costs.padded_reads ? "on" : "off")
+    << (costs.padded_reads && costs.baseline_masked_reads
+            ? " (off for unified_nonuniform: --baseline-reads masked)"
+            : "")
     << "; step overhead " << fixed(costs.step_overhead_s * 1e6, 0)
-    << " us (uncalibrated, not measured: swept 200-3000 us by --sensitivity); baseline balance " << to_string(costs.balance)
-    << (costs.balance == baseline_balance::replan
-            ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, the per-step planner's measured skew)")
-        : costs.balance == baseline_balance::perfect
-            ? cat(" (re-planning ", fixed(costs.replan_fraction, 3), " of a decode step, skew 1)")
-            : cat(" (unbalanced skew ", fixed(costs.unbalanced_skew, 2), ")"))
-    << ";\n  decode skew measured from the split maps at decode batch " << skew_curve_text(costs.tangram_skew_by_batch)
-    << " (a step pays its own batch's):\n    planner  " << skew_curve_values(costs.planner_skew_by_batch) << "\n    tangram  "
-    << skew_curve_values(costs.tangram_skew_by_batch) << "\n    elastic  " << skew_curve_values(costs.tangram_elastic_skew_by_batch)
-    << "\n  full_kv: 1 (equal heads).\n"
+    << " us (uncalibrated, not measured: swept 200-3000 us by --sensitivity); baseline balance "
+    << to_string(costs.balance)
+    << (costs.balance == baseline_balance::none
+            ? cat(" (unbalanced skew ", fixed(costs.unbalanced_skew, 2), ")")
+            : cat(" (re-planning ",
+                  costs.replan == replan_mode::fraction
+                      ? cat(fixed(costs.replan_fraction, 3), " of a decode step")
+                      : cat("FlashInfer plan()'s measured host time",
+                            costs.replan == replan_mode::overlapped
+                                ? ", overlapped with the previous step"
+                                : ""),
+                  costs.balance == baseline_balance::replan
+                      ? ", the per-step planner's measured skew)"
+                      : ", skew 1)"))
+    << ";\n  decode skew measured from the split maps at decode batch "
+    << skew_curve_text(costs.tangram_skew_by_batch)
+    << " (a step pays its own batch's):\n    planner  "
+    << skew_curve_values(costs.planner_skew_by_batch) << "\n    tangram  "
+    << skew_curve_values(costs.tangram_skew_by_batch) << "\n    elastic  "
+    << skew_curve_values(costs.tangram_elastic_skew_by_batch) << "\n  full_kv: 1 (equal heads).\n"
     << "  Reservation: max_tokens " << ro.max_tokens << " per turn"
     << (own_max_tokens > 0 ? cat(" without its own (", own_max_tokens, " of ", total_turns,
                                  " turns carry their own, which --sensitivity's max_tokens points keep)")
@@ -769,8 +827,8 @@ command_body setup_simulate(CLI::App& app) {
   add_number(app, "--keep", a->keep, {0.001, 1},
              "Rescale the profile's budgets to this keep ratio (an approximation; default: as "
              "profiled)");
-  add_text(app, "--workload", a->workload, "short|mid|long|FILE",
-           "A generated workload, or a tangram-workload/v1 trace file");
+  auto* workload_option = add_text(app, "--workload", a->workload, "short|mid|long|FILE",
+                                   "A generated workload, or a tangram-workload/v1 trace file");
   a->generator_only = {
       add_integer(app, "--sessions", wo.sessions, 1, workload_limits::max_sessions,
                   "Generated: sessions"),
@@ -828,10 +886,16 @@ command_body setup_simulate(CLI::App& app) {
   add_group_size(app, po.group_size);
   add_scope(app, po.scope);
   add_page_tokens(app, po.page_tokens);
-  add_text(app, "--plot", a->plot, "FILE.svg",
-           "Draw memory over time to FILE.svg, the time breakdown per policy to FILE-time.svg, tokens/s, "
-           "requests/s, mean resident sessions, TTFT and TBT p50/p95 per policy to FILE-serving.svg and, with "
-           "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg");
+  a->single_run_only.push_back(
+      add_text(app,
+               "--plot",
+               a->plot,
+               "FILE.svg",
+               "Draw memory over time to FILE.svg, the time breakdown per policy to FILE-time.svg, "
+               "tokens/s, "
+               "requests/s, mean resident sessions, TTFT and TBT p50/p95 per policy to "
+               "FILE-serving.svg and, with "
+               "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg"));
   add_integer(app, "--decode-window", a->decode_window, 0, workload_limits::max_tokens,
               "Tangram policies reserve this many answer tokens at admission and grow by as many when a turn runs "
               "out, up to its max_tokens; a growth that does not fit preempts the newest turn (recompute, as vLLM). "
@@ -840,42 +904,139 @@ command_body setup_simulate(CLI::App& app) {
               "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
   add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,
               "Model context limit (tokens): caps each turn's reservation and generated sessions");
-  add_choice(
-      app, "--baseline-retention", [a](std::string const& v) { a->baseline_budgets = v == "budgets"; }, "own",
+  auto& single = a->single_run_only;
+  single.push_back(workload_option);
+  single.push_back(add_choice(
+      app,
+      "--baseline-retention",
+      [a](std::string const& v) { a->baseline_budgets = v == "budgets"; },
+      "own",
       {"own", "budgets"},
-      "unified_nonuniform keeps each input's own retention from the samples (own) or Tangram's padded budgets");
-  add_choice(
-      app, "--baseline-admission", [a](std::string const& v) { a->baseline_chunk_admission = v == "chunk"; }, "chunk",
+      "unified_nonuniform keeps each input's own retention from the samples (own) or Tangram's "
+      "padded budgets"));
+  single.push_back(add_choice(
+      app,
+      "--baseline-admission",
+      [a](std::string const& v) { a->baseline_chunk_admission = v == "chunk"; },
+      "chunk",
       {"chunk", "whole"},
-      "unified_nonuniform admits a turn when its first scheduled chunk fits (chunk, as vLLM v1) or only when its "
-      "whole uncompressed prompt fits (whole)");
-  add_choice(
-      app, "--baseline-balance",
+      "unified_nonuniform admits a turn when its first scheduled chunk fits (chunk, as vLLM v1) or "
+      "only when its "
+      "whole uncompressed prompt fits (whole)"));
+  single.push_back(add_choice(
+      app,
+      "--costs",
       [a](std::string const& v) {
-        a->costs.balance = v == "none" ? baseline_balance::none : v == "perfect" ? baseline_balance::perfect : baseline_balance::replan;
+        a->costs_setting = v == "competent" ? cost_setting::competent : cost_setting::paper;
       },
-      "replan", {"replan", "none", "perfect"},
-      "unified_nonuniform balances decode by per-step re-planning (replan: the measured greedy planner's skew), not at "
-      "all (none: the unbalanced decode skew) or by a re-planning that balances perfectly (perfect: skew 1, "
-      "re-planning still charged)");
-  add_number(app, "--reclaim-us-per-page", a->reclaim_us, {0, 1e6},
-             "Charged time per reclaimed page, us (default 3.2: the paper's +17.5% prefill)");
-  add_number(app, "--unbalanced-skew", a->skew, {1, 100},
-             "Decode skew without load balancing, --baseline-balance none (default 1.55; paper 1.4-1.7)");
-  add_number(app, "--replan-fraction", a->replan, {0, 10},
-             "Per-step re-planning, fraction of a decode step (default 0.175; paper 0.15-0.20)");
-  add_number(app, "--step-overhead-us", a->overhead_us, {0, 1e6}, "Fixed overhead per engine step, us (default 1000)");
-  app.add_flag("--no-padded-reads", a->no_padded_reads,
-               "Decode reads live tokens only, not whole pages (every policy)");
-  add_choice(
-      app, "--baseline-reads", [a](std::string const& v) { a->costs.baseline_masked_reads = v == "masked"; }, "padded",
+      "paper",
+      {"paper", "competent"},
+      "The charged costs the options below start from: paper (the paper's reclamation, 17.5% of "
+      "each reclaiming "
+      "chunk's prefill, and re-planning, 0.175 of a decode step, with the measured planner's skew, "
+      "whole pages "
+      "read) or competent (a measured batched free per reclaimed page, FlashInfer's measured "
+      "planning time "
+      "overlapped with the previous step, perfect balance, masked reads); "
+      "eval/sim/serving_costs.hpp"));
+  single.push_back(add_choice(
+      app,
+      "--baseline-balance",
+      [a](std::string const& v) {
+        a->balance = v == "none"      ? baseline_balance::none
+                     : v == "perfect" ? baseline_balance::perfect
+                                      : baseline_balance::replan;
+      },
+      "replan",
+      {"replan", "none", "perfect"},
+      "unified_nonuniform balances decode by per-step re-planning (replan: the measured greedy "
+      "planner's skew on its "
+      "own lengths), not at all (none: the unbalanced decode skew) or by a re-planning that "
+      "balances perfectly "
+      "(perfect: skew 1, re-planning still charged); default: --costs'"));
+  single.push_back(add_choice(
+      app,
+      "--replan",
+      [a](std::string const& v) {
+        a->replan_mode_ = v == "planner"      ? replan_mode::planner
+                          : v == "overlapped" ? replan_mode::overlapped
+                                              : replan_mode::fraction;
+      },
+      "fraction",
+      {"fraction", "planner", "overlapped"},
+      "How a per-step re-planning is charged: fraction (--replan-fraction of the decode step, the "
+      "paper's), planner "
+      "(FlashInfer plan()'s measured host time for the step's sequences, serialised) or overlapped "
+      "(the same, "
+      "hidden behind the previous step); default: --costs'"));
+  single.push_back(
+      add_number(app,
+                 "--reclaim-us-per-page",
+                 a->reclaim_us,
+                 {0, 1e6},
+                 "Charged time per reclaimed page, us (default: --costs'; paper 0, competent the "
+                 "measured batched free, 0.0011)"));
+  single.push_back(add_number(
+      app,
+      "--reclaim-prefill-fraction",
+      a->reclaim_fraction,
+      {0, 10},
+      "Reclamation charged as this share of the prefill of every chunk that reclaims pages "
+      "(default: --costs'; paper 0.175, its 10-25%; competent 0)"));
+  single.push_back(add_number(
+      app,
+      "--unbalanced-skew",
+      a->skew,
+      {1, 100},
+      "Decode skew without load balancing, --baseline-balance none (default 1.55; paper 1.4-1.7)"));
+  single.push_back(add_number(
+      app,
+      "--replan-fraction",
+      a->replan,
+      {0, 10},
+      "Per-step re-planning with --replan fraction, share of a decode step (default 0.175; "
+      "paper 0.15-0.20)"));
+  single.push_back(add_number(app,
+                              "--step-overhead-us",
+                              a->overhead_us,
+                              {0, 1e6},
+                              "Fixed overhead per engine step, us (default 1000)"));
+  single.push_back(app.add_flag("--no-padded-reads",
+                                a->no_padded_reads,
+                                "Decode reads live tokens only, not whole pages (every policy)"));
+  single.push_back(add_choice(
+      app,
+      "--baseline-reads",
+      [a](std::string const& v) { a->baseline_masked = v == "masked"; },
+      "padded",
       {"padded", "masked"},
-      "unified_nonuniform's decode kernel reads whole layer-wide pages (padded) or masks each head at its own "
-      "length and reads its live tokens only (masked)");
-  app.add_flag("--charge-control-plane", a->charge_control_plane,
-               "Add each step's measured policy (control-plane) time to modelled time (not deterministic)");
-  add_choice(
-      app, "--full-kv-scheduler",
+      "unified_nonuniform's decode kernel reads whole layer-wide pages (padded) or masks each head "
+      "at its own "
+      "length and reads its live tokens only (masked); default: --costs'"));
+  app.add_flag("--no-control-plane",
+               a->no_control_plane,
+               "Leave the measured policy (control-plane) time out of modelled time, for "
+               "deterministic runs (it is "
+               "charged by default)");
+  app.add_flag(
+      "--verdict",
+      a->verdict,
+      "Run Tangram's default policy (tangram_elastic) against full_kv, full_kv with host offload, "
+      "unified_nonuniform and per_head_dynamic on the short, mid and long workloads under the "
+      "paper's and "
+      "a competent engine's costs, calibrated on half of the prompts and replayed on the other "
+      "half (both "
+      "ways), and print one table (--json: {\"verdict\": ...})");
+  a->offload_option = add_number(app,
+                                 "--offload-host-gb",
+                                 a->offload_host_gb,
+                                 {0, 1e6},
+                                 "--verdict: host memory (GB) full_kv_offload keeps evicted blocks "
+                                 "in (default 256: a DGX H100/H200's 2 TB "
+                                 "for 8 GPUs)");
+  single.push_back(add_choice(
+      app,
+      "--full-kv-scheduler",
       [a](std::string const& v) {
         a->full_kv_pinned = v == "pinned";
         a->full_kv_blocks = v == "vllm";
@@ -884,16 +1045,22 @@ command_body setup_simulate(CLI::App& app) {
       "full_kv as vLLM v1 (vllm: per-chunk pages, idle KV an LRU prefix cache whose LRU session loses its tail "
       "blocks one by one, keeping its prefix, as vLLM v1's block pool does, recomputed on a miss; vllm-sessions: the "
       "same evicting whole sessions) or with "
-      "the simulator's session-aware admission the compressed policies use (pinned: whole prompt, idle "
-      "sessions kept, headroom for new sessions)");
-  app.add_flag("--ablation", a->ablation,
-               "Also run the paper's incremental study: reservation_only (Tangram's reservation on layer-wide "
-               "pages) and +head_groups (head-group pages, no AOT split); +aot_split is tangram, +elastic "
-               "tangram_elastic");
-  app.add_flag("--sensitivity", a->sensitivity,
-               "Also rerun the verdict at each end of every uncalibrated cost's range, with the baseline on both "
-               "--baseline-reads kernels, at max_tokens 512, 8192 and the rest of the context (vLLM's default), "
-               "and with the baseline under both --baseline-admission rules");
+      "the simulator's session-aware admission the compressed policies use (pinned: whole prompt, "
+      "idle "
+      "sessions kept, headroom for new sessions)"));
+  single.push_back(app.add_flag(
+      "--ablation",
+      a->ablation,
+      "Also run the paper's incremental study: reservation_only (Tangram's reservation on "
+      "layer-wide pages) and +head_groups (head-group pages, no AOT split); +aot_split is "
+      "tangram, +elastic tangram_elastic"));
+  single.push_back(app.add_flag("--sensitivity",
+                                a->sensitivity,
+                                "Also rerun the comparison at each end of every uncalibrated "
+                                "cost's range, with the baseline on both "
+                                "--baseline-reads kernels, at max_tokens 512, 8192 and the rest of "
+                                "the context (vLLM's default), and with the "
+                                "baseline under both --baseline-admission rules"));
   app.add_flag("--json", a->json, "One JSON document instead of the table");
   app.add_flag("--quiet", a->quiet, "No progress on stderr");
   return [a](streams io) { return simulate(*a, io); };

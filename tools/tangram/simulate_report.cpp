@@ -31,6 +31,8 @@ json::value result_json(replay_result const& r) {
   o.set("preemptions", r.preemptions);
   o.set("idle_evictions", r.idle_evictions);
   o.set("recomputed_tokens", r.recomputed_tokens);
+  o.set("reloaded_tokens", r.reloaded_tokens);
+  o.set("host_offload_peak_bytes", r.host_offload_peak_bytes);
   o.set("rejected_sessions", r.rejected_sessions);
   o.set("modelled_wanted_clipped_fraction",
         r.wanted_clipped_fraction ? json::value(*r.wanted_clipped_fraction) : json::value(nullptr));
@@ -62,6 +64,7 @@ json::value result_json(replay_result const& r) {
   t.set("replanning_s", r.time.replanning_s);
   t.set("overhead_s", r.time.overhead_s);
   t.set("control_plane_s", r.time.control_plane_s);
+  t.set("reload_stall_s", r.time.reload_stall_s);
   t.set("idle_s", r.time.idle_s);
   o.set("modelled_time_breakdown", std::move(t));
   return o;
@@ -76,6 +79,8 @@ char const* policy_colour(std::string const& policy) {
   if (policy == "reservation_only") return "#9467bd";
   if (policy == "+head_groups") return "#8c564b";
   if (policy == "tangram") return "#1f77b4";
+  if (policy == "per_head_dynamic") return "#e377c2";
+  if (policy == "full_kv_offload") return "#7f7f7f";
   return "#2ca02c";
 }
 
@@ -205,6 +210,7 @@ std::vector<time_segment> time_segments(time_breakdown const& t) {
           {"reclamation", t.reclamation_s, "#d62728"},
           {"re-planning", t.replanning_s, "#9467bd"},
           {"step overhead", t.overhead_s + t.control_plane_s, "#8c564b"},
+          {"host reload", t.reload_stall_s, "#17becf"},
           {"idle", t.idle_s, "#dddddd"}};
 }
 
@@ -436,14 +442,17 @@ json::value costs_json(serving_costs const& c) {
   auto o = json::value::object();
   o.set("label", "modelled: constants of eval/sim/serving_costs.hpp (sources in docs/benchmarks.md)");
   o.set("reclaim_s_per_page", c.reclaim_s_per_page);
+  o.set("reclaim_prefill_fraction", c.reclaim_prefill_fraction);
   o.set("padded_reads", c.padded_reads);
   o.set("baseline_reads", c.padded_reads && !c.baseline_masked_reads ? "padded" : "masked");
   o.set("baseline_balance", std::string(to_string(c.balance)));
   o.set("unbalanced_skew", c.unbalanced_skew);
+  o.set("replan", std::string(to_string(c.replan)));
   o.set("replan_fraction", c.replan_fraction);
   o.set("step_overhead_s", c.step_overhead_s);
   o.set("control_plane_charged", c.control_plane);
   o.set("planner_skew_measured", c.planner_skew);
+  o.set("per_head_planner_skew_measured", c.per_head_planner_skew);
   o.set("tangram_skew_measured", c.tangram_skew);
   o.set("tangram_elastic_skew_measured", c.tangram_elastic_skew);
   // The skews by decode batch size the steps were charged: [[batch, skew], ...] per policy.
@@ -459,6 +468,7 @@ json::value costs_json(serving_costs const& c) {
     return a;
   };
   curves.set("planner", curve(c.planner_skew_by_batch));
+  curves.set("per_head_planner", curve(c.per_head_planner_skew_by_batch));
   curves.set("tangram", curve(c.tangram_skew_by_batch));
   curves.set("tangram_elastic", curve(c.tangram_elastic_skew_by_batch));
   o.set("skew_by_decode_batch", std::move(curves));

@@ -382,11 +382,43 @@ inline batch_imbalance layer_imbalance_from_lengths(split_map const& map,
   });
 }
 
+namespace detail {
+
+/// Per-head lengths of a batch drawn from retention samples: request r is sample k (drawn
+/// uniformly by an mt19937_64 stream seeded with `seed`) at context contexts[r], and
+/// `lengths_of(k, context)` gives its [layer * H + head] lengths; the result is laid out as
+/// `layer_imbalance_from_lengths` takes it, [(l * batch + r) * H + h].
+template <class LengthsOf>
+std::vector<std::int64_t> sampled_lengths(static_plan const& plan,
+                                          retention_samples const& samples,
+                                          std::vector<std::int64_t> const& contexts,
+                                          std::uint64_t seed,
+                                          LengthsOf&& lengths_of) {
+  TANGRAM_EXPECTS(!contexts.empty(), invalid_argument, "contexts: empty batch");
+  TANGRAM_EXPECTS(!samples.samples.empty(), invalid_argument, "sampled lengths: no samples");
+  auto batch = contexts.size();
+  auto H     = static_cast<std::size_t>(plan.num_kv_heads);
+  auto L     = static_cast<std::size_t>(plan.num_layers);
+  std::vector<std::int64_t> lengths(L * batch * H);
+  std::mt19937_64 pick(seed);
+  for (std::size_t r = 0; r < batch; ++r) {
+    auto k   = std::min(samples.samples.size() - 1,
+                      static_cast<std::size_t>(canonical_uniform(pick) *
+                                               static_cast<double>(samples.samples.size())));
+    auto len = lengths_of(k, contexts[r]);
+    for (std::size_t l = 0; l < L; ++l)
+      for (std::size_t h = 0; h < H; ++h) lengths[(l * batch + r) * H + h] = len[l * H + h];
+  }
+  return lengths;
+}
+
+}  // namespace detail
+
 /**
  * @brief Imbalance of each planner over every layer of an elastic plan for one batch, on elastic
- * placements of retention samples: request r is sample k (drawn uniformly by an mt19937_64 stream
- * seeded with `seed`) at context contexts[r], with lengths `elastic_placement_lengths` (modelled
- * away from the sample's own context).
+ * placements of retention samples: request r is sample k (`detail::sampled_lengths`) at context
+ * contexts[r], with lengths `elastic_placement_lengths` (modelled away from the sample's own
+ * context).
  * @throw invalid_argument when the plan is not elastic, there are no samples or no contexts, or
  *        the samples do not match the plan.
  */
@@ -394,24 +426,44 @@ inline batch_imbalance elastic_layer_imbalance(static_plan const& plan,
                                                retention_samples const& samples,
                                                std::vector<std::int64_t> const& contexts,
                                                std::uint64_t seed) {
-  TANGRAM_EXPECTS(!contexts.empty(), invalid_argument, "contexts: empty batch");
-  TANGRAM_EXPECTS(
-      !samples.samples.empty(), invalid_argument, "elastic_layer_imbalance: no samples");
-  auto batch = contexts.size();
-  auto H     = static_cast<std::size_t>(plan.num_kv_heads);
-  auto L     = static_cast<std::size_t>(plan.num_layers);
-  std::vector<std::int64_t> lengths(L * batch * H);  // [(l * batch + r) * H + h]
-  std::mt19937_64 pick(seed);
-  for (std::size_t r = 0; r < batch; ++r) {
-    auto k   = std::min(samples.samples.size() - 1,
-                      static_cast<std::size_t>(detail::canonical_uniform(pick) *
-                                               static_cast<double>(samples.samples.size())));
-    auto len = elastic_placement_lengths(
-        plan, sample_needs_at(plan, samples, k, contexts[r]), contexts[r]);
-    for (std::size_t l = 0; l < L; ++l)
-      for (std::size_t h = 0; h < H; ++h) lengths[(l * batch + r) * H + h] = len[l * H + h];
-  }
-  return layer_imbalance_from_lengths(plan.splits, lengths, static_cast<std::int32_t>(batch));
+  auto lengths =
+      detail::sampled_lengths(plan, samples, contexts, seed, [&](std::size_t k, std::int64_t n) {
+        return elastic_placement_lengths(plan, sample_needs_at(plan, samples, k, n), n);
+      });
+  return layer_imbalance_from_lengths(
+      plan.splits, lengths, static_cast<std::int32_t>(contexts.size()));
+}
+
+/**
+ * @brief Imbalance of each planner over every layer for one batch whose heads hold each input's
+ * OWN retention (what a dynamic compressor keeps; `sample_needs_at`), drawn as
+ * `elastic_layer_imbalance` draws its samples. With `padded_to_layer` every head is read up to
+ * its layer's longest head (layer-wide pages read whole); else each head at its own length
+ * (per-head pages, or a kernel that masks each head). The per-step planners' figures are the
+ * dynamic baselines' skew; the AOT figure is the plan's split map on lengths it was not built for.
+ * @throw invalid_argument when there are no samples or no contexts, or the samples do not match
+ *        the plan.
+ */
+inline batch_imbalance own_layer_imbalance(static_plan const& plan,
+                                           retention_samples const& samples,
+                                           std::vector<std::int64_t> const& contexts,
+                                           std::uint64_t seed,
+                                           bool padded_to_layer) {
+  auto H = static_cast<std::size_t>(plan.num_kv_heads);
+  auto lengths =
+      detail::sampled_lengths(plan, samples, contexts, seed, [&](std::size_t k, std::int64_t n) {
+        auto len = sample_needs_at(plan, samples, k, n);
+        if (padded_to_layer)
+          for (std::size_t l = 0; l * H < len.size(); ++l) {
+            auto first = len.begin() + static_cast<std::ptrdiff_t>(l * H);
+            std::fill(first,
+                      first + static_cast<std::ptrdiff_t>(H),
+                      *std::max_element(first, first + static_cast<std::ptrdiff_t>(H)));
+          }
+        return len;
+      });
+  return layer_imbalance_from_lengths(
+      plan.splits, lengths, static_cast<std::int32_t>(contexts.size()));
 }
 
 }  // namespace tangram

@@ -48,9 +48,10 @@ constexpr std::string_view to_string(unified_mode m) noexcept {
 
 /// @brief Counters of a baseline. Plain value.
 struct unified_stats {
-  std::int64_t pages_allocated = 0;  ///< pages taken from the pool, ever
-  std::int64_t reclaim_ops     = 0;  ///< pages freed right after an eviction (reclamation)
-  std::int64_t failed_steps    = 0;  ///< chunks or decode steps refused for lack of pages
+  std::int64_t pages_allocated =
+      0;  ///< pages taken from the pool, ever (a chunk's transient ones included)
+  std::int64_t reclaim_ops  = 0;  ///< pages freed right after an eviction (reclamation)
+  std::int64_t failed_steps = 0;  ///< chunks or decode steps refused for lack of pages
 };
 
 /**
@@ -169,10 +170,14 @@ class unified_paging_baseline {
       return false;
     }
     // The scheduler gives every layer pages for the whole chunk before the forward pass; then each
-    // layer's eviction runs and its tail pages are freed.
-    for (std::int32_t l = 0; l < L_; ++l)
-      grow_to(seq, l, ceil_div(longest(seq, l) + chunk_tokens, P_));
+    // layer's eviction runs and its tail pages are freed (reclaimed). The pages that only live
+    // through the forward pass are counted (allocated, then reclaimed) but not taken from the pool:
+    // the pool ends as allocating and freeing them would leave it, without the simulator's own
+    // page-by-page work, which a measured control plane would otherwise charge on top of the
+    // reclamation constant.
     for (std::int32_t l = 0; l < L_; ++l) {
+      std::int64_t held  = n_pages(seq, l);
+      std::int64_t whole = std::max(held, ceil_div(longest(seq, l) + chunk_tokens, P_));
       for (std::int32_t h = 0; h < H_; ++h) {
         auto& len         = len_[lh(seq, l, h)];
         std::int64_t keep = len + chunk_tokens;
@@ -182,14 +187,12 @@ class unified_paging_baseline {
                                  keep);
         len = static_cast<std::int32_t>(keep);
       }
-      if (mode_ == unified_mode::compressed_reclaim) {
-        auto keep_pages = ceil_div(longest(seq, l), P_);
-        auto& np        = n_pages_[sl(seq, l)];
-        while (np > keep_pages) {
-          pop_page(seq, l);
-          ++stats_.reclaim_ops;
-        }
-      }
+      std::int64_t keep_pages =
+          mode_ == unified_mode::compressed_reclaim ? ceil_div(longest(seq, l), P_) : whole;
+      stats_.pages_allocated += whole - std::max(held, keep_pages);  // the transient ones
+      stats_.reclaim_ops += whole - keep_pages;
+      grow_to(seq, l, keep_pages);
+      while (n_pages_[sl(seq, l)] > keep_pages) pop_page(seq, l);
     }
     seq_tokens_[static_cast<std::size_t>(seq)] = n;
     return true;

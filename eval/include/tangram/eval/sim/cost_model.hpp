@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tangram/error.hpp"
@@ -33,6 +34,8 @@ struct gpu_spec {
   double usable_fraction = 0.90;    ///< share an engine may use (vLLM's gpu_memory_utilization)
   double hbm_bytes_per_s = 4.8e12;  ///< peak HBM bandwidth
   double peak_flops      = 989e12;  ///< dense bf16 tensor-core peak
+  /// Host link, one direction (offloaded KV reloaded over it): PCIe Gen5 x16 (gpu_presets.hpp).
+  double host_link_bytes_per_s = 64e9;
 
   /// Bytes left for the KV cache: usable memory minus the model's weights.
   [[nodiscard]] double kv_budget_bytes(model_spec const& m) const {
@@ -57,6 +60,10 @@ struct gpu_spec {
                     invalid_argument,
                     "gpu.peak_flops: must be > 0, got ",
                     peak_flops);
+    TANGRAM_EXPECTS(host_link_bytes_per_s > 0 && std::isfinite(host_link_bytes_per_s),
+                    invalid_argument,
+                    "gpu.host_link_bytes_per_s: must be > 0, got ",
+                    host_link_bytes_per_s);
   }
 };
 
@@ -90,18 +97,36 @@ struct skew_curve {
   friend bool operator==(skew_curve const& a, skew_curve const& b) { return a.batch == b.batch && a.skew == b.skew; }
 };
 
+/// @brief How a policy that balances decode per step pays for its planning (serving_costs.hpp).
+enum class replan_mode : std::uint8_t {
+  fraction,    ///< `replan_fraction` of the decode step (the paper's figure)
+  planner,     ///< a measured planner's host time for the step's sequences, serialised
+  overlapped,  ///< the same, hidden behind the previous step: only what exceeds it is charged
+};
+
+constexpr std::string_view to_string(replan_mode m) noexcept {
+  return m == replan_mode::fraction  ? "fraction"
+         : m == replan_mode::planner ? "planner"
+                                     : "overlapped";
+}
+
 /**
  * @brief What one policy pays per engine step beyond the roofline (modelled). The defaults charge
  * nothing, so `replay` without charges is the plain roofline.
  */
 struct step_charges {
-  double reclaim_s_per_page = 0;      ///< per page freed right after an eviction (reclamation)
-  bool padded_reads         = false;  ///< decode reads whole pages (padding included)
-  double decode_skew        = 1.0;    ///< decode attention time x this (split load imbalance)
+  double reclaim_s_per_page = 0;  ///< per page freed right after an eviction (reclamation)
+  /// Reclamation as a fraction of the prefill time of every chunk that reclaimed pages.
+  double reclaim_prefill_fraction = 0;
+  bool padded_reads               = false;  ///< decode reads whole pages (padding included)
+  double decode_skew              = 1.0;    ///< decode attention time x this (split load imbalance)
   /// When not empty, the skew by the step's decode batch size, instead of `decode_skew`.
   skew_curve decode_skew_by_batch;
-  double replan_fraction    = 0;      ///< per-step re-planning, as a fraction of the decode step
-  double step_overhead_s    = 0;      ///< fixed per engine step (launches, scheduling)
+  replan_mode replan     = replan_mode::fraction;
+  double replan_fraction = 0;  ///< per-step re-planning, fraction of the decode step
+  /// Planned sequences per decoding request (replan_mode::planner and overlapped); 0: no planner.
+  std::int32_t replan_sequences_per_request = 0;
+  double step_overhead_s                    = 0;  ///< fixed per engine step (launches, scheduling)
   /// Adds the wall time measured inside the policy's calls of each step (host control plane,
   /// not overlapped with the GPU). Measured, so a run is no longer deterministic: off by default.
   bool control_plane = false;
@@ -117,6 +142,10 @@ struct step_charges {
                     invalid_argument,
                     "charges.reclaim_s_per_page: must be >= 0, got ",
                     reclaim_s_per_page);
+    TANGRAM_EXPECTS(reclaim_prefill_fraction >= 0 && std::isfinite(reclaim_prefill_fraction),
+                    invalid_argument,
+                    "charges.reclaim_prefill_fraction: must be >= 0, got ",
+                    reclaim_prefill_fraction);
     TANGRAM_EXPECTS(decode_skew >= 1 && std::isfinite(decode_skew),
                     invalid_argument,
                     "charges.decode_skew: must be >= 1, got ",
@@ -126,15 +155,22 @@ struct step_charges {
                     invalid_argument,
                     "charges.replan_fraction: must be >= 0, got ",
                     replan_fraction);
+    TANGRAM_EXPECTS(replan_sequences_per_request >= 0,
+                    invalid_argument,
+                    "charges.replan_sequences_per_request: must be >= 0, got ",
+                    replan_sequences_per_request);
     TANGRAM_EXPECTS(step_overhead_s >= 0 && std::isfinite(step_overhead_s),
                     invalid_argument,
                     "charges.step_overhead_s: must be >= 0, got ",
                     step_overhead_s);
   }
   friend bool operator==(step_charges const& a, step_charges const& b) {
-    return a.reclaim_s_per_page == b.reclaim_s_per_page && a.padded_reads == b.padded_reads &&
-           a.decode_skew == b.decode_skew && a.decode_skew_by_batch == b.decode_skew_by_batch &&
+    return a.reclaim_s_per_page == b.reclaim_s_per_page &&
+           a.reclaim_prefill_fraction == b.reclaim_prefill_fraction &&
+           a.padded_reads == b.padded_reads && a.decode_skew == b.decode_skew &&
+           a.decode_skew_by_batch == b.decode_skew_by_batch && a.replan == b.replan &&
            a.replan_fraction == b.replan_fraction &&
+           a.replan_sequences_per_request == b.replan_sequences_per_request &&
            a.step_overhead_s == b.step_overhead_s && a.control_plane == b.control_plane;
   }
 };
@@ -159,6 +195,11 @@ class cost_model {
 
   /// Moving `bytes` through HBM (read or written) at peak bandwidth.
   [[nodiscard]] double hbm_s(double bytes) const { return bytes / gpu_.hbm_bytes_per_s; }
+
+  /// Moving `bytes` over the host link (one direction).
+  [[nodiscard]] double host_link_s(double bytes) const {
+    return bytes / gpu_.host_link_bytes_per_s;
+  }
 
   /// Prefill of `tokens` new tokens on top of `past` tokens already in the cache.
   [[nodiscard]] double prefill_s(std::int64_t tokens, std::int64_t past) const {

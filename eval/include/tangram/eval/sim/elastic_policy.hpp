@@ -152,6 +152,21 @@ class static_clipping final : public chunk_eviction {
   std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
 };
 
+/// The share of modelled wanted head-tokens a Tangram policy's eviction step clipped (its
+/// `elastic_eviction` or `static_clipping`; 0 before any chunk), or none for another step.
+inline std::optional<double> wanted_clipped_fraction(tangram_policy const& policy) {
+  auto fraction = [](auto const& m) {
+    return m.wanted_total() > 0
+               ? static_cast<double>(m.wanted_clipped()) / static_cast<double>(m.wanted_total())
+               : 0.0;
+  };
+  if (auto const* ev = dynamic_cast<elastic_eviction const*>(policy.eviction()))
+    return fraction(*ev);
+  if (auto const* sc = dynamic_cast<static_clipping const*>(policy.eviction()))
+    return fraction(*sc);
+  return std::nullopt;
+}
+
 /// The plan of the same model, profile and options that reserves elastically with `margin`,
 /// built by the planner (so its split map is the elastic plan's, not the static one's): weighed
 /// on the placements of `samples` when given (as `tangram plan` does from samples), else on the

@@ -21,6 +21,12 @@
  * A100 108. NVIDIA's H100/H200 and A100 architecture whitepapers; B200:
  * the Blackwell architecture technical brief.
  *
+ * Host link (KV offloaded to host memory is reloaded over it; one direction): PCIe Gen5 x16 on
+ * H100 SXM, H200 and B200, "PCIe Gen5: 128 GB/s" in NVIDIA's H100 and H200 datasheets, i.e. 64 GB/s
+ * each way (32 GT/s x 16 lanes); A100 SXM PCIe Gen4 x16, "PCIe Gen4: 64 GB/s" in its datasheet,
+ * 32 GB/s each way. Link rates: a real copy reaches somewhat less, so they are generous to the
+ * offloading baseline.
+ *
  * vLLM v1 defaults (vllm/engine/arg_utils.py, EngineArgs batch defaults, OpenAI API server
  * usage context): on GPUs with at least 70 GiB that are not A100, max_num_batched_tokens 8192
  * and max_num_seqs 1024; otherwise (A100 included) 2048 and 256.
@@ -39,7 +45,7 @@ namespace tangram::sim {
 /// @brief One accelerator preset: its figures and vLLM v1's default scheduling limits on it.
 struct gpu_preset {
   std::string key;  ///< the --gpu value
-  gpu_spec gpu;     ///< name, memory, bandwidth, peak (usable_fraction left at 0.90)
+  gpu_spec gpu;     ///< name, memory, bandwidth, peak, host link (usable_fraction left at 0.90)
   std::int64_t max_num_batched_tokens = 8192;  ///< vLLM v1 default (online serving)
   std::int32_t max_num_seqs           = 1024;  ///< vLLM v1 default (online serving)
   std::int32_t sm_count               = 132;   ///< SMs (the split map's CTAs: sm_count x ctas_per_sm)
@@ -48,24 +54,32 @@ struct gpu_preset {
 /// Every preset, in the order `--help` lists them.
 inline std::vector<gpu_preset> const& gpu_presets() {
   static std::vector<gpu_preset> const all = [] {
-    auto make = [](char const* key, char const* name, double gb, double tbps, double tflops,
-                   std::int64_t tokens, std::int32_t seqs, std::int32_t sms) {
+    auto make = [](char const* key,
+                   char const* name,
+                   double gb,
+                   double tbps,
+                   double tflops,
+                   std::int64_t tokens,
+                   std::int32_t seqs,
+                   std::int32_t sms,
+                   double link_gbps) {
       gpu_preset p;
-      p.key                    = key;
-      p.gpu.name               = name;
-      p.gpu.memory_bytes       = gb * 1e9;
-      p.gpu.hbm_bytes_per_s    = tbps * 1e12;
-      p.gpu.peak_flops         = tflops * 1e12;
-      p.max_num_batched_tokens = tokens;
-      p.max_num_seqs           = seqs;
-      p.sm_count               = sms;
+      p.key                       = key;
+      p.gpu.name                  = name;
+      p.gpu.memory_bytes          = gb * 1e9;
+      p.gpu.hbm_bytes_per_s       = tbps * 1e12;
+      p.gpu.peak_flops            = tflops * 1e12;
+      p.gpu.host_link_bytes_per_s = link_gbps * 1e9;
+      p.max_num_batched_tokens    = tokens;
+      p.max_num_seqs              = seqs;
+      p.sm_count                  = sms;
       return p;
     };
     return std::vector<gpu_preset>{
-        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024, 132),
-        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024, 132),
-        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024, 148),
-        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256, 108),
+        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024, 132, 64),
+        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024, 132, 64),
+        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024, 148, 64),
+        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256, 108, 32),
     };
   }();
   return all;

@@ -14,6 +14,9 @@
  *   its own per-head retention from the samples (`retention_needs`, what a dynamic compressor
  *   keeps), or, given no needs, Tangram's padded budgets; admission checks the uncompressed prompt
  *   like the reference implementation; out of pages -> preemption.
+ * - the per-head dynamic baseline (eval/sim/per_head_policy.hpp) is the same class with
+ *   `unified_policy_options`: per-head pages, admission by the estimated compressed size,
+ *   preempted requests keeping their blocks.
  * - `tangram_policy`: budget reservation (M(r) at admission, increments per turn), head-group
  *   pages with the plan's clustering; never preempts. Its eviction step is pluggable
  *   (eval/sim/chunk_eviction.hpp): static budgets keep `expected_kept`; `tangram_elastic`
@@ -37,6 +40,7 @@
 #include "tangram/eval/sim/retention_needs.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram::sim {
@@ -331,7 +335,30 @@ class tangram_policy final : public live_accounting_policy {
   std::vector<turn_reservation> turn_;
 };
 
-/// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation.
+/// The plan whose every (layer, KV head) is a one-head layer, in flat head order: its layer-wide
+/// pages are per-head pages (`unified_policy_options::per_head`).
+inline static_plan per_head_plan(static_plan plan) {
+  plan.num_layers *= plan.num_kv_heads;
+  plan.num_kv_heads = 1;
+  return plan;
+}
+
+/// @brief How a `unified_policy` differs from the plain layer-wide baselines (the per-head
+/// baseline of eval/sim/per_head_policy.hpp sets all of them).
+struct unified_policy_options {
+  std::string name;  ///< empty: full_kv or unified_nonuniform
+  /// Every (layer, KV head) its own pages (`per_head_plan`): a head holds only its own length.
+  bool per_head = false;
+  /// compressed_reclaim: admission by the estimated compressed size (the scorer's per-head share
+  /// kbar(n) for compressed heads, the rule's tokens for the others, plus one chunk in flight)
+  /// instead of the uncompressed prompt or its first chunk.
+  std::optional<scorer_total> estimate;
+  /// A preempted request keeps its blocks as cache (`kv_policy::preempted_kv_is_cache`).
+  bool keep_preempted = false;
+};
+
+/// @brief Layer-wide pages (vLLM style): `full_kv` or non-uniform compression with reclamation;
+/// with `unified_policy_options::per_head`, per-head pages.
 class unified_policy final : public live_accounting_policy {
  public:
   unified_policy(static_plan const& plan,
@@ -340,16 +367,25 @@ class unified_policy final : public live_accounting_policy {
                  std::int32_t max_sessions,
                  std::int32_t num_sessions,
                  std::int64_t max_tokens,
-                 std::shared_ptr<retention_needs const> own_retention = nullptr)
-      : live_accounting_policy(plan, num_sessions),
+                 std::shared_ptr<retention_needs const> own_retention = nullptr,
+                 unified_policy_options policy_options                = {})
+      : live_accounting_policy(layout(plan, policy_options), num_sessions),
         mode_(mode),
-        baseline_(plan, mode, resource_, pages_for(plan, kv_bytes), max_sessions, max_tokens),
+        config_(std::move(policy_options)),
+        baseline_(plan_, mode, resource_, pages_for(plan_, kv_bytes), max_sessions, max_tokens),
         slots_(static_cast<std::size_t>(num_sessions), -1),
         own_(mode == unified_mode::compressed_reclaim ? std::move(own_retention) : nullptr),
         kept_(own_ ? plan.rules.size() : 0) {}
 
   [[nodiscard]] std::string name() const override {
+    if (!config_.name.empty()) return config_.name;
     return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
+  }
+  [[nodiscard]] bool preempted_kv_is_cache() const override {
+    return config_.keep_preempted || idle_kv_is_prefix_cache();
+  }
+  [[nodiscard]] std::int64_t reclaimed_pages() const override {
+    return baseline_.stats().reclaim_ops;
   }
   /// full_kv only: vLLM v1's automatic prefix caching (see the file comment).
   [[nodiscard]] bool idle_kv_is_prefix_cache() const override {
@@ -391,20 +427,14 @@ class unified_policy final : public live_accounting_policy {
                   std::int64_t prompt,
                   std::int64_t,
                   std::int64_t headroom_tokens) override {
-    auto& slot        = slots_[static_cast<std::size_t>(s)];
-    std::int32_t P    = plan_.geometry.page_tokens;
-    std::int64_t need = 0;
-    if (idle_kv_is_prefix_cache() || (mode_ == unified_mode::compressed_reclaim && chunk_admission_))
+    auto& slot            = slots_[static_cast<std::size_t>(s)];
+    bool const compressed = mode_ == unified_mode::compressed_reclaim;
+    if (!(compressed && config_.estimate) &&
+        (idle_kv_is_prefix_cache() || (compressed && chunk_admission_)))
       prompt = std::min(prompt, scheduled_chunk_);
-    for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
-      std::int64_t longest = 0, held = 0;
-      if (slot >= 0) {
-        longest = baseline_.longest(slot, l);
-        held    = baseline_.n_pages(slot, l);
-      }
-      need += std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) +
-              ceil_div(headroom_tokens, P);
-    }
+    std::int64_t need = compressed && config_.estimate
+                            ? estimated_pages(slot, prompt, headroom_tokens)
+                            : uncompressed_pages(slot, prompt, headroom_tokens);
     if (need > baseline_.pool().available_pages()) return false;
     if (slot < 0) {
       auto got = baseline_.try_admit();
@@ -478,6 +508,55 @@ class unified_policy final : public live_accounting_policy {
   static std::int64_t pages_for(static_plan const& plan, double kv_bytes) {
     return pool_pages(kv_bytes, unified_paging_baseline::layer_geometry(plan).page_bytes());
   }
+  static static_plan layout(static_plan const& plan, unified_policy_options const& o) {
+    return o.per_head ? per_head_plan(plan) : plan;
+  }
+  // Pages admission needs for `prompt` more uncompressed tokens in every page table, plus the
+  // headroom, less the pages held.
+  [[nodiscard]] std::int64_t uncompressed_pages(std::int32_t slot,
+                                                std::int64_t prompt,
+                                                std::int64_t headroom) const {
+    std::int32_t P    = plan_.geometry.page_tokens;
+    std::int64_t need = 0;
+    for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
+      std::int64_t longest = 0, held = 0;
+      if (slot >= 0) {
+        longest = baseline_.longest(slot, l);
+        held    = baseline_.n_pages(slot, l);
+      }
+      need +=
+          std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) + ceil_div(headroom, P);
+    }
+    return need;
+  }
+  // Pages admission needs under `unified_policy_options::estimate`: per page table, the larger of
+  // the prompt's estimated compressed length and the length before its last chunk plus that
+  // chunk (the chunk is held whole until its eviction), less the pages held, plus the headroom.
+  [[nodiscard]] std::int64_t estimated_pages(std::int32_t slot,
+                                             std::int64_t prompt,
+                                             std::int64_t headroom) const {
+    std::int32_t P    = plan_.geometry.page_tokens;
+    std::int64_t seen = slot >= 0 ? baseline_.seq_tokens(slot) : 0, n = seen + prompt;
+    std::int64_t c = std::min(prompt, scheduled_chunk_), need = 0;
+    auto est = [&](head_rule const& rule, std::int64_t tokens) {
+      return rule.kind == layer_kind::compressed ? config_.estimate->per_head(tokens)
+                                                 : retained_tokens(rule, tokens);
+    };
+    for (std::int32_t l = 0; l < plan_.num_layers; ++l) {
+      std::int64_t longest = 0, held = 0, most = 0;
+      if (slot >= 0) {
+        longest = baseline_.longest(slot, l);
+        held    = baseline_.n_pages(slot, l);
+      }
+      for (std::int32_t h = 0; h < plan_.num_kv_heads; ++h) {
+        auto const& rule = plan_.rules[static_cast<std::size_t>(l * plan_.num_kv_heads + h)];
+        most             = std::max({most, est(rule, n), std::max(est(rule, n - c), longest) + c});
+      }
+      need += std::max<std::int64_t>(0, ceil_div(std::min(most, longest + prompt), P) - held) +
+              ceil_div(headroom, P);
+    }
+    return need;
+  }
   [[nodiscard]] std::int64_t held_tokens(std::int32_t s) const override {
     std::int32_t slot = slots_[static_cast<std::size_t>(s)];
     return sum_heads(
@@ -485,6 +564,7 @@ class unified_policy final : public live_accounting_policy {
   }
 
   unified_mode mode_;
+  unified_policy_options config_;
   std::int64_t scheduled_chunk_ = 8192;
   bool vllm_v1_                 = true;
   bool block_eviction_          = false;

@@ -32,6 +32,7 @@
 #include "tangram/error.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/log_histogram.hpp"
+#include "tangram/eval/sim/measured_costs.hpp"
 #include "tangram/eval/sim/workload.hpp"
 
 namespace tangram::sim {
@@ -96,8 +97,29 @@ class kv_policy {
   /// still holds (0: nothing left, the replay then releases the session); -1 (the default): the
   /// policy evicts whole sessions only.
   virtual std::int64_t evict_cached_block(std::int32_t /*session*/) { return -1; }
+  /// True when a preempted request keeps its KV as cached blocks: it waits first in line holding
+  /// them, they are evicted (least recently preempted first) before another request is preempted,
+  /// and it resumes where it stopped if they survive. False: a preempted request drops its KV and
+  /// recomputes it. Default: as `idle_kv_is_prefix_cache` (vLLM v1 keeps both as cache).
+  [[nodiscard]] virtual bool preempted_kv_is_cache() const { return idle_kv_is_prefix_cache(); }
+  /// Pages reclaimed so far, as `memory().reclaim_ops` (a policy may answer it more cheaply).
+  [[nodiscard]] virtual std::int64_t reclaimed_pages() const { return memory().reclaim_ops; }
   /// Pages in the pool, for utilisation figures.
   [[nodiscard]] virtual double capacity_bytes() const = 0;
+};
+
+/**
+ * @brief KV offloaded to host memory (vLLM's offloading connector, LMCache): the blocks a
+ * prefix-cache policy (`kv_policy::idle_kv_is_prefix_cache`) evicts stay in host memory, up to
+ * `capacity_bytes` (when full, the session whose blocks went there longest ago loses all of
+ * them), and a session that needs them again reloads them over the host link
+ * (`gpu_spec::host_link_bytes_per_s`, uncompressed `kv_bytes_per_token` each) instead of
+ * recomputing them. A reload moves up to one prefill chunk of a session per step, outside the
+ * step's token budget, overlapped with the step's GPU work: the step lasts at least the transfer.
+ */
+struct host_offload {
+  bool enabled          = false;
+  double capacity_bytes = 256e9;  ///< host memory for offloaded KV (DGX H100/H200: 2 TB per 8 GPUs)
 };
 
 /// @brief Engine settings of the replay.
@@ -119,6 +141,8 @@ struct replay_options {
   std::int64_t max_tokens  = 4096;
   std::int64_t max_context = 131072;  ///< the model's context limit (Llama-3.1: 128K)
   step_charges charges;               ///< costs beyond the roofline (none by default)
+  /// Host memory for the blocks a prefix cache evicts (off by default).
+  host_offload offload;
   std::function<void(double)> progress;  ///< called with the completed fraction (optional)
   /// Called as each turn becomes ready (optional): the session, the turn, when it became ready
   /// (a first turn in an open loop: its arrival) and the answer it will decode. What the trace
@@ -136,10 +160,11 @@ struct time_breakdown {
   double replanning_s       = 0;  ///< per-step re-planning
   double overhead_s         = 0;  ///< fixed per-step overhead
   double control_plane_s    = 0;  ///< measured policy time, when `step_charges::control_plane`
+  double reload_stall_s     = 0;  ///< host-link transfers a step's GPU work did not hide
   double idle_s             = 0;  ///< nothing to run (waiting for arrivals or think time)
   [[nodiscard]] double sum() const {
     return prefill_s + eviction_pass_s + decode_attention_s + weights_s + reclamation_s +
-           replanning_s + overhead_s + control_plane_s + idle_s;
+           replanning_s + overhead_s + control_plane_s + reload_stall_s + idle_s;
   }
 };
 
@@ -169,7 +194,7 @@ struct replay_result {
   std::int64_t preemptions         = 0;  ///< running sequences preempted (recompute)
   std::int64_t idle_evictions      = 0;  ///< idle sessions whose KV was dropped to make room
   std::int64_t prefix_blocks_evicted = 0;  ///< tail blocks of idle sessions' cached KV evicted
-  std::int64_t recomputed_tokens   = 0;
+  std::int64_t recomputed_tokens   = 0;  ///< tokens lost and prefilled again
   std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
   std::int64_t steps               = 0;
   double control_plane_us_per_step = 0;  ///< measured wall time inside the policy
@@ -198,6 +223,10 @@ struct replay_result {
   /// Share of the modelled wanted head-tokens (retention samples) the policy's budgets or
   /// selection clipped; set by the caller (`tangram simulate`); none for uncompressed policies.
   std::optional<double> wanted_clipped_fraction;
+  /// Host offload (`replay_options::offload`): tokens reloaded over the host link instead of
+  /// recomputed, and the most host memory offloaded KV held at once.
+  std::int64_t reloaded_tokens   = 0;
+  double host_offload_peak_bytes = 0;
   time_breakdown time;                      ///< the makespan by term (modelled)
   /// Memory over time, at most `replay_options::timeline_points` points: one per engine step
   /// while the run is short; in a longer run each point stands for a run of consecutive steps and
@@ -231,6 +260,11 @@ struct session_state {
   bool holds_kv                    = false;
   std::int64_t cached = 0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
   std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
+
+  /// Tokens in host memory (host_offload): the first ones of `to_prefill`, reloaded, not
+  /// recomputed; when its blocks last went there (host LRU).
+  std::int64_t offloaded = 0;
+  double offloaded_at    = 0;
 };
 
 /**
@@ -360,6 +394,11 @@ inline replay_result replay(workload const& work,
                   "], got ",
                   options.max_context);
   options.charges.validate();
+  TANGRAM_EXPECTS(
+      options.offload.capacity_bytes >= 0 && std::isfinite(options.offload.capacity_bytes),
+      invalid_argument,
+      "replay.offload.capacity_bytes: must be >= 0, got ",
+      options.offload.capacity_bytes);
   TANGRAM_EXPECTS(options.timeline_points >= 2 && options.timeline_points <= 1000000,
                   invalid_argument,
                   "replay.timeline_points: must be in [2, 1000000], got ",
@@ -392,7 +431,11 @@ inline replay_result replay(workload const& work,
   std::vector<std::pair<double, std::int32_t>> thinking;  // (wake time, session)
   std::vector<double> ttft;
   log_histogram tbt;  // one sample per token after a request's first: bounded memory
-  bool const prefix_cache = policy.idle_kv_is_prefix_cache();
+  bool const prefix_cache     = policy.idle_kv_is_prefix_cache();
+  bool const keep_preempted   = prefix_cache || policy.preempted_kv_is_cache();
+  bool const offload_on       = options.offload.enabled && prefix_cache;
+  double const token_bytes    = static_cast<double>(cost.model().kv_bytes_per_token());
+  std::int64_t host_tokens    = 0;  // tokens offloaded to host memory (host_offload)
   std::size_t next_arrival    = 0;
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
@@ -435,7 +478,36 @@ inline replay_result replay(workload const& work,
     ss.ttft_recorded       = false;
   };
 
-  // Drops everything a session holds; its history must be prefilled again.
+  // Sends `tokens` evicted tokens of session `s` to host memory (host_offload); when it is full,
+  // the session whose blocks went there longest ago loses all of them (recomputed later).
+  auto to_host = [&](std::int32_t s, std::int64_t tokens) {
+    auto& ss = ss_of(s);
+    ss.offloaded += tokens;
+    ss.offloaded_at = t;
+    host_tokens += tokens;
+    while (static_cast<double>(host_tokens) * token_bytes > options.offload.capacity_bytes) {
+      std::int32_t victim = -1;
+      for (std::int32_t v = 0; v < n_sessions; ++v)
+        if (ss_of(v).offloaded > 0 &&
+            (victim < 0 || ss_of(v).offloaded_at < ss_of(victim).offloaded_at))
+          victim = v;
+      auto& vs = ss_of(victim);
+      out.recomputed_tokens += vs.offloaded;
+      host_tokens -= vs.offloaded;
+      vs.offloaded = 0;
+    }
+    out.host_offload_peak_bytes =
+        std::max(out.host_offload_peak_bytes, static_cast<double>(host_tokens) * token_bytes);
+  };
+  // Evicted tokens of session `s`: to host memory with an offload, else lost (recomputed later).
+  auto lose = [&](std::int32_t s, std::int64_t tokens) {
+    if (offload_on)
+      to_host(s, tokens);
+    else
+      out.recomputed_tokens += tokens;
+  };
+
+  // Drops everything a session holds; its history must be prefilled again (or reloaded).
   auto drop_kv = [&](std::int32_t s) {
     auto& ss = ss_of(s);
     if (!ss.holds_kv) return;
@@ -447,7 +519,7 @@ inline replay_result replay(workload const& work,
     ss.paused   = false;  // nothing left to resume: the turn starts its prefill again
     --resident;
     forget(ss);
-    out.recomputed_tokens += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
+    lose(s, ss.history + ss.prefilled_this_turn + ss.decoded_this_turn);
     ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
     ss.reserve -= ss.decoded_this_turn;  // decoded tokens become prompt; the rest stays reserved
     ss.history             = 0;
@@ -463,14 +535,15 @@ inline replay_result replay(workload const& work,
     return victim;
   };
   // vLLM's recompute preemption of `victim`: it drops its KV and waits first in line. With a
-  // prefix cache (vLLM v1) its pages become cached blocks instead: it keeps them, evictable like
-  // an idle session's (most recently used, so last), and resumes where it stopped if they are
-  // still there when it is scheduled again; if they were evicted it recomputes them.
+  // prefix cache (vLLM v1), or a policy whose preempted requests keep their KV as cache, its
+  // pages become cached blocks instead: it keeps them, evictable (vLLM v1: like an idle
+  // session's, most recently used, so last), and resumes where it stopped if they are still
+  // there when it is scheduled again; if they were evicted it recomputes them.
   auto preempt = [&](std::int32_t victim) {
     running.erase(std::find(running.begin(), running.end(), victim));
     out.preemptions += 1;
     auto& ss = ss_of(victim);
-    if (prefix_cache) {
+    if (keep_preempted) {
       ss.paused       = true;
       ss.idle_since_s = t;
       ss.state        = phase::waiting;
@@ -499,6 +572,8 @@ inline replay_result replay(workload const& work,
     ss_of(s).holds_kv = false;
     --resident;
     forget(ss_of(s));
+    host_tokens -= ss_of(s).offloaded;  // its offloaded blocks are of no use any more
+    ss_of(s).offloaded = 0;
     out.rejected_sessions += 1;
     finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
     ss_of(s).state = phase::done;
@@ -512,6 +587,16 @@ inline replay_result replay(workload const& work,
     for (auto s : running)
       if (ss_of(s).state == phase::prefill) n += ss_of(s).to_prefill;
     return n;
+  };
+  // Drops a waiting or idle session's KV; a turn waiting among the continuing ones waits among
+  // the new ones then (it holds nothing any more).
+  auto drop_to_new = [&](std::int32_t victim) {
+    drop_kv(victim);
+    auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
+    if (it != ready_continue.end()) {
+      ready_continue.erase(it);
+      ready_new.push_front(victim);
+    }
   };
   // Drops the KV of the least recently used idle resident session other than `keep` (thinking,
   // or waiting for its next turn); false when there is none.
@@ -533,7 +618,7 @@ inline replay_result replay(workload const& work,
         TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history, logic_error, "replay: session ", victim,
                         " evicted ", evicted, " cached tokens of ", vs.cached);
         out.prefix_blocks_evicted += 1;
-        out.recomputed_tokens += evicted;
+        lose(victim, evicted);
         seen_tokens -= evicted;
         vs.cached -= evicted;
         vs.history -= evicted;
@@ -543,19 +628,29 @@ inline replay_result replay(workload const& work,
       if (left == 0) out.prefix_blocks_evicted += 1;
     }
     out.idle_evictions += 1;
-    drop_kv(victim);
-    auto it = std::find(ready_continue.begin(), ready_continue.end(), victim);
-    if (it != ready_continue.end()) {
-      ready_continue.erase(it);
-      ready_new.push_front(victim);
-    }
+    drop_to_new(victim);
+    return true;
+  };
+  // Drops the cached KV of the least recently preempted request other than `keep` that still
+  // holds it (a policy whose preempted requests keep their KV as cache); false when there is none.
+  auto evict_paused = [&](std::int32_t keep) -> bool {
+    std::int32_t victim = -1;
+    for (std::int32_t s = 0; s < n_sessions; ++s)
+      if (s != keep && ss_of(s).paused && ss_of(s).holds_kv &&
+          (victim < 0 || ss_of(s).idle_since_s < ss_of(victim).idle_since_s))
+        victim = s;
+    if (victim < 0) return false;
+    out.idle_evictions += 1;
+    drop_to_new(victim);
     return true;
   };
   // Frees memory for a running sequence that needs it: preempt another running sequence, or
   // failing that drop an idle session's KV. With a prefix cache, idle KV goes first (vLLM v1
-  // evicts cached blocks before it preempts).
+  // evicts cached blocks before it preempts); a policy whose preempted requests keep their KV as
+  // cache drops that cache before it preempts another.
   auto make_room = [&](std::int32_t keep) {
     if (prefix_cache) return evict_idle(keep) || preempt_one(keep);
+    if (keep_preempted) return evict_paused(keep) || preempt_one(keep) || evict_idle(-1);
     return preempt_one(keep) || evict_idle(-1);
   };
 
@@ -602,6 +697,7 @@ inline replay_result replay(workload const& work,
 
   std::int64_t last_progress_step = 0;
   std::int64_t reclaim_seen       = 0;  // the policy's reclaim operations already charged
+  double prev_step_s = 0;  // the previous engine step (overlapped planning hides in it)
   std::vector<std::int32_t> first_token_now, snapshot, decoders;  // per step; reused
   while (finished_turns < total_turns) {
     // 1. Arrivals and think timers that are due.
@@ -646,6 +742,8 @@ inline replay_result replay(workload const& work,
         auto& queue    = ready_continue.empty() ? ready_new : ready_continue;
         std::int32_t s = queue.front();
         queue.pop_front();
+        host_tokens -= ss_of(s).offloaded;
+        ss_of(s).offloaded = 0;
         out.rejected_sessions += 1;
         finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
         ss_of(s).state = phase::done;
@@ -657,8 +755,9 @@ inline replay_result replay(workload const& work,
     }
 
     // 3. One engine step.
+    auto const& ch      = options.charges;
     std::int64_t budget = options.step_token_budget;
-    double step_s = 0, kv_read = 0;
+    double step_s = 0, kv_read = 0, link_bytes = 0;
     bool any_decode = false;
     first_token_now.clear();
     snapshot.assign(running.begin(), running.end());
@@ -693,10 +792,18 @@ inline replay_result replay(workload const& work,
     }
     for (auto s : snapshot) {
       auto& ss = ss_of(s);
-      if (ss.state != phase::prefill || budget <= 0 || !is_running(s)) continue;
-      std::int64_t chunk = std::min({ss.to_prefill, budget, options.prefill_chunk});
-      double past        = policy.attended_tokens(s);
-      bool ok            = false;
+      // Offloaded tokens come first in the prompt and are reloaded, outside the token budget.
+      std::int64_t reload = offload_on ? std::min(ss.offloaded, options.prefill_chunk) : 0;
+      if (ss.state != phase::prefill || (budget <= 0 && reload == 0) || !is_running(s)) continue;
+      std::int64_t compute = std::min({ss.to_prefill - reload,
+                                       std::max<std::int64_t>(budget, 0),
+                                       options.prefill_chunk - reload});
+      std::int64_t chunk   = reload + compute;
+      if (chunk == 0) continue;
+      std::int64_t reclaimed_before =
+          ch.reclaim_prefill_fraction > 0 ? policy.reclaimed_pages() : 0;
+      double past = policy.attended_tokens(s);
+      bool ok     = false;
       while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); }))) {
         if (!prefix_cache) {
           if (!make_room(s)) break;
@@ -718,19 +825,36 @@ inline replay_result replay(workload const& work,
       // here, so it is given up (counted in rejected_sessions), not the whole run.
       if (!ok && !prefix_cache && is_running(s)) give_up(s);
       if (!ok) continue;
-      double prefill = cost.prefill_s(chunk, static_cast<std::int64_t>(past));
+      // Making room may have pushed this session's own blocks out of host memory: what is no
+      // longer there is computed instead.
+      if (std::int64_t gone = reload - std::min(reload, ss.offloaded); gone > 0) {
+        reload -= gone;
+        compute += gone;
+      }
+      double prefill = cost.prefill_s(compute, static_cast<std::int64_t>(past) + reload);
       step_s += prefill;
       out.time.prefill_s += prefill;
+      // The paper's reclamation: a share of the prefill of every chunk that reclaimed pages.
+      if (ch.reclaim_prefill_fraction > 0 && policy.reclaimed_pages() > reclaimed_before) {
+        step_s += ch.reclaim_prefill_fraction * prefill;
+        out.time.reclamation_s += ch.reclaim_prefill_fraction * prefill;
+      }
+      if (reload > 0) {
+        ss.offloaded -= reload;
+        host_tokens -= reload;
+        out.reloaded_tokens += reload;
+        link_bytes += static_cast<double>(reload) * token_bytes;
+      }
       if (double extra = policy.prefill_chunk_extra_bytes(s); extra > 0) {
         step_s += cost.hbm_s(extra);
         out.time.eviction_pass_s += cost.hbm_s(extra);
       }
-      budget -= chunk;
+      budget -= compute;
       ss.to_prefill -= chunk;
       ss.prefilled_this_turn += chunk;
       ss.cached += chunk;
       seen_tokens += chunk;
-      out.prefilled_tokens += chunk;
+      out.prefilled_tokens += compute;  // reloaded tokens are not prefilled again
       if (ss.to_prefill == 0) {
         // The step that completes a prefill also samples the turn's first token.
         ss.state = phase::decode;
@@ -740,7 +864,6 @@ inline replay_result replay(workload const& work,
         first_token_now.push_back(s);
       }
     }
-    auto const& ch = options.charges;
     std::int64_t decoding = 0;
     for (auto s : running)
       if (ss_of(s).state == phase::decode) {
@@ -749,11 +872,22 @@ inline replay_result replay(workload const& work,
       }
     if (any_decode || !first_token_now.empty()) {
       double weights = cost.weights_s(), attention = cost.hbm_s(kv_read) * ch.skew_for(decoding);
-      double replan  = ch.replan_fraction * (weights + attention);
+      double replan = 0;
+      if (ch.replan == replan_mode::fraction) {
+        replan = ch.replan_fraction * (weights + attention);
+      } else if (ch.replan_sequences_per_request > 0) {  // a measured planner's host time
+        double host = planner_host_s(decoding * ch.replan_sequences_per_request);
+        replan      = ch.replan == replan_mode::planner ? host : std::max(0.0, host - prev_step_s);
+      }
       step_s += weights + attention + replan;
       out.time.weights_s += weights;
       out.time.decode_attention_s += attention;
       out.time.replanning_s += replan;
+    }
+    // Reloads over the host link overlap the step's GPU work: the step lasts at least as long.
+    if (double link = cost.host_link_s(link_bytes); link > step_s) {
+      out.time.reload_stall_s += link - step_s;
+      step_s = link;
     }
     step_s += ch.step_overhead_s;
     out.time.overhead_s += ch.step_overhead_s;
@@ -779,6 +913,7 @@ inline replay_result replay(workload const& work,
     live_area += mem.live_bytes * step_s;
     held_area += (mem.held_bytes < 0 ? mem.allocated_bytes : mem.held_bytes) * step_s;
     t += step_s;
+    prev_step_s = step_s;
     for (auto s : decoders) {  // still running: each produced a token this step
       tbt.add(t - ss_of(s).last_token_s);
       ss_of(s).last_token_s = t;

@@ -50,12 +50,14 @@ struct cost_variation {
 /// The name of the baseline's read mode in a sensitivity point (`cost_variation::end`).
 inline char const* baseline_reads_name(bool masked) { return masked ? "masked" : "padded"; }
 
-/// The variations a sweep runs, each at both ends of its range: reclaim per page; the baseline
-/// balancing by re-planning (replan_fraction) and without balancing (unbalanced_skew), whichever
-/// the default is; a perfectly balancing per-step planner (`baseline_balance` `perfect`, one
-/// point, unless that is the run's own); the
-/// per-step overhead; the baseline's kernel reading whole pages (`padded`, value 1) or masking
-/// each head at its length (`masked`, value 0).
+/// The variations a sweep runs, each at both ends of its range: reclamation (low end: a batched
+/// free on this project's pool, measured, per page, `reclaim_s_per_page`; high end: the paper's 25%
+/// of the reclaiming chunks' prefill, `reclaim_prefill_fraction`); the baseline balancing by
+/// re-planning (replan_fraction, the paper's form) and without balancing (unbalanced_skew),
+/// whichever the default is; a perfectly balancing per-step planner (`baseline_balance`
+/// `perfect`, one point, unless that is the run's own); the per-step overhead; the baseline's
+/// kernel reading whole pages (`padded`, value 1) or masking each head at its length (`masked`,
+/// value 0).
 inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& base) {
   std::vector<cost_variation> out;
   auto add = [&](std::string name, cost_range r, double serving_costs::*field) {
@@ -65,12 +67,25 @@ inline std::vector<cost_variation> uncalibrated_variations(serving_costs const& 
       out.push_back(std::move(c));
     }
   };
-  add("reclaim_s_per_page", serving_costs::reclaim_range(), &serving_costs::reclaim_s_per_page);
+  {
+    cost_variation low{"reclaim_s_per_page", "low", pinned_batched_free_s_per_page, base};
+    low.costs.reclaim_s_per_page       = pinned_batched_free_s_per_page;
+    low.costs.reclaim_prefill_fraction = 0;
+    out.push_back(std::move(low));
+    cost_variation high{
+        "reclaim_prefill_fraction", "high", paper_costs::reclaim_prefill_high, base};
+    high.costs.reclaim_s_per_page       = 0;
+    high.costs.reclaim_prefill_fraction = paper_costs::reclaim_prefill_high;
+    out.push_back(std::move(high));
+  }
   // How the baseline balances decode is itself uncertain: the other way is swept too.
   add("replan_fraction", serving_costs::replan_range(), &serving_costs::replan_fraction);
   add("unbalanced_skew", serving_costs::unbalanced_skew_range(), &serving_costs::unbalanced_skew);
   for (auto& c : out) {
-    if (c.constant == "replan_fraction") c.costs.balance = baseline_balance::replan;
+    if (c.constant == "replan_fraction") {
+      c.costs.balance = baseline_balance::replan;
+      c.costs.replan  = replan_mode::fraction;
+    }
     if (c.constant == "unbalanced_skew") c.costs.balance = baseline_balance::none;
   }
   // A per-step planner that balances perfectly (skew 1 at every batch; it still pays
@@ -148,7 +163,10 @@ inline sensitivity_report sweep_sensitivity(
     admission_variation const* admission = nullptr) {
   sensitivity_report rep;
   auto same = [&](std::string const& name, step_charges a, step_charges b) {
-    if (defaults.at(name).reclaim_ops == 0) a.reclaim_s_per_page = b.reclaim_s_per_page;
+    if (defaults.at(name).reclaim_ops == 0) {
+      a.reclaim_s_per_page       = b.reclaim_s_per_page;
+      a.reclaim_prefill_fraction = b.reclaim_prefill_fraction;
+    }
     return a == b;
   };
   auto note = [&](std::string const& name, verdict v) {
