@@ -15,9 +15,10 @@
 // max(R(n + N), held) on a next turn, or what the parent's groups reach by the end of its decode
 // on a fork; the staged pages after prepare_chunk (ceil((longest + c) / P) per group); each
 // compressed group's pages after a commit (ceil(longest kept / P)); the shared budget
-// (admission: R(N) + G_c ceil(T / P) + staging; each chunk and decode step draws what the groups
-// grow by and unkept staging returns; after the last chunk exactly the decode need, sum of
-// ceil((longest + T) / P) - held; next turn: limit + G_c ceil(T / P) + staging + copies - held;
+// (admission: min(R(N) + max(G_c ceil(T / P), staging), G_c ceil((N + T) / P)); each chunk and
+// decode step draws what the groups grow by and unkept staging returns; after the last chunk
+// exactly the decode need, sum of ceil((longest + T) / P) - held; next turn: min(limit +
+// max(G_c ceil(T / P), staging), G_c ceil((n + N + T) / P)) + copies - held;
 // fork: sum of the parent's decode ends - pages in use; 0 once ended); and each compressed group's
 // list bound (group_target). Not checked: the reservation while a chunk is prepared but not
 // committed (the storm verifies only between calls), and the exclusive/shared split a next turn
@@ -163,7 +164,7 @@ class engine_sim {
       for (auto mb : plan_.grouping.groups[static_cast<std::size_t>(g)].members)
         pooled_members_.back().push_back(mb.layer * H_ + mb.head);
     }
-    Gc_      = static_cast<std::int64_t>(pooled_members_.size());
+    Gc_        = static_cast<std::int64_t>(pooled_members_.size());
     max_chunk_ = m.options().max_chunk_tokens;
   }
 
@@ -238,7 +239,7 @@ class engine_sim {
       q.target[static_cast<std::size_t>(g)] = group_pages(rule(g), N, T, P_);
     if (elastic_) {
       q.pooled_limit  = elastic_limit(N);
-      q.pooled_budget = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging(N);
+      q.pooled_budget = turn_pages(q.pooled_limit, N, N, T);
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g))
           q.target[static_cast<std::size_t>(g)] = std::min(ceil_div(N + T, P_), q.pooled_budget);
@@ -401,7 +402,8 @@ class engine_sim {
     REQUIRE(pv.seq_tokens == dv.seq_tokens);
     REQUIRE(pv.padding_slot == m_.max_sequences());
     REQUIRE(dv.padding_slot == m_.max_sequences());
-    REQUIRE(m_.batch_padding(batch_kind::decode) == dv.batch_size - static_cast<std::int32_t>(dec.size()));
+    REQUIRE(m_.batch_padding(batch_kind::decode) ==
+            dv.batch_size - static_cast<std::int32_t>(dec.size()));
     for (std::int32_t r = 0; r < static_cast<std::int32_t>(dec.size()); ++r) appended(dv, r, 1);
     for (std::size_t i = 0; i < pre.size(); ++i) chunk(pre[i], chunks[i], true);
   }
@@ -533,7 +535,7 @@ class engine_sim {
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g)) held += q.held[static_cast<std::size_t>(g)];
       q.pooled_limit      = std::max(elastic_limit(q.n + N), held);
-      std::int64_t target = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging(N) + shared;
+      std::int64_t target = turn_pages(q.pooled_limit, q.n + N, N, T) + shared;
       q.pooled_budget     = target - held;
       for (std::int32_t g = 0; g < G_; ++g) {
         auto gi = static_cast<std::size_t>(g);
@@ -690,10 +692,10 @@ class engine_sim {
         REQUIRE(m_.group_page_count(q.id, g) == q.held[gi]);
         REQUIRE(m_.group_target(q.id, g) == q.target[gi]);
         REQUIRE(m_.group_pages_in_use(q.id, g) == in_use(q, g));
-        std::int64_t model_res = q.phase == sequence_phase::ended ||
-                                         q.phase == sequence_phase::parking || pooled(g)
-                                     ? 0
-                                     : q.target[gi] - std::min(q.held[gi], q.target[gi]);
+        std::int64_t model_res =
+            q.phase == sequence_phase::ended || q.phase == sequence_phase::parking || pooled(g)
+                ? 0
+                : q.target[gi] - std::min(q.held[gi], q.target[gi]);
         REQUIRE(m_.group_reserved(q.id, g) == model_res);
         res += model_res;
         auto pages = m_.group_pages(q.id, g);
@@ -919,6 +921,16 @@ class engine_sim {
   /// in every compressed group.
   [[nodiscard]] std::int64_t staging(std::int64_t N) const {
     return elastic_ ? Gc_ * ceil_div(std::min(max_chunk_, N), P_) : 0;
+  }
+  /// The compressed groups' shared total of a turn of N prompt and T decode tokens that ends at
+  /// `tokens` (n + N): the limit plus the larger of the answer's pages and the staging (a turn
+  /// stages only before it decodes), capped at what the groups hold uncompressed after the turn.
+  [[nodiscard]] std::int64_t turn_pages(std::int64_t limit,
+                                        std::int64_t tokens,
+                                        std::int64_t N,
+                                        std::int64_t T) const {
+    return std::min(limit + std::max(Gc_ * ceil_div(T, P_), staging(N)),
+                    Gc_ * ceil_div(tokens + T, P_));
   }
   std::int64_t elastic_evictions_ = 0, elastic_clipped_ = 0;
   std::vector<bool> pooled_;

@@ -271,13 +271,16 @@ class page_usage {
   }
 
   /**
-   * The pooled groups of a turn under elastic reservation (docs/memory.md#elastic-reservation):
-   * - admit: shared target R(N) + G_c ceil(T / P) + staging (G_c ceil(min(chunk, N) / P));
-   *   a list never needs more than
-   *   ceil((N + T) / P) entries, nor more than the target;
-   * - next_turn: target max(R(n + N), held) + G_c ceil(T / P) + staging (held pages count against
-   *   it; those a fork shares are copied, since compaction rewrites the whole group, and the target
-   *   counts each copy once more: an eviction may drop a copy before the engine completed it);
+   * The pooled groups of a turn under elastic reservation (docs/memory.md#elastic-reservation),
+   * with `elastic_turn_pages(limit, decode, staging, uncompressed)` = min(limit + max(G_c ceil(T /
+   * P), staging), G_c ceil((tokens + T) / P)): a turn stages chunks only before its first decode
+   * token, and no group holds more pages than its longest head's tokens need:
+   * - admit: shared target elastic_turn_pages(R(N), ...) with staging G_c ceil(min(chunk, N) / P);
+   *   a list never needs more than ceil((N + T) / P) entries, nor more than the target;
+   * - next_turn: limit max(R(n + N), held), target elastic_turn_pages(limit, ...) (held pages
+   *   count against it; those a fork shares are copied, since compaction rewrites the whole group,
+   *   and the target counts each copy once more: an eviction may drop a copy before the engine
+   *   completed it);
    * - fork: the child's target is what the parent's groups reach by the end of its decode (its
    *   use, when ended); fully written pages are shared, the rest copied.
    */
@@ -315,8 +318,10 @@ class page_usage {
       for (auto g : pooled) held_total += restore_held[g];
     // A copy's new page is held by the list and by the pending copy until the engine completes
     // it; an eviction that drops it before then frees nothing, so the target covers it twice.
-    std::int64_t limit  = std::max(groups_.pooled_pages(tokens), held_total);
-    std::int64_t target = limit + decode_pages + staging_pages(prompt_tokens) + copies;
+    std::int64_t limit = std::max(groups_.pooled_pages(tokens), held_total);
+    std::int64_t whole = static_cast<std::int64_t>(pooled.size()) * longest;  // uncompressed
+    std::int64_t target =
+        elastic_turn_pages(limit, decode_pages, staging_pages(prompt_tokens), whole) + copies;
     for (auto g : pooled) {
       std::int64_t held = 0, exclusive_held = 0, current = 0;
       if (kind == turn_kind::next_turn) {
