@@ -263,6 +263,75 @@ class page_usage {
     }
   }
 
+  /**
+   * @brief What `park` hands out for slot s (ended or in decode): its lengths, the pages its heads
+   * use per group (a turn's list may hold more, with nothing in them: not copied) and those pages
+   * in list order; a turn in decode also its decoded and reserved answer tokens (`mid_turn`).
+   * Allocates the value only.
+   */
+  [[nodiscard]] parked_session describe(std::int32_t s,
+                                        std::uint64_t fingerprint,
+                                        std::int64_t page_bytes) const {
+    auto const& st = sequences_[s];
+    parked_session p;
+    p.plan_fingerprint = fingerprint;
+    p.page_bytes       = page_bytes;
+    p.seq_tokens       = lengths_.tokens(s);
+    p.appended         = lengths_.appended(s);
+    p.written_tokens   = std::max<std::int64_t>(st.written_tokens, lengths_.tokens(s));
+    p.head_base_len.assign(lengths_.base(s), lengths_.base(s) + groups_.num_heads());
+    p.group_pages.resize(static_cast<std::size_t>(groups_.num_groups()));
+    std::int64_t total = 0;
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) total += in_use(s, g);
+    p.device_pages.reserve(static_cast<std::size_t>(total));
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      auto use                                   = in_use(s, g);
+      p.group_pages[static_cast<std::size_t>(g)] = static_cast<std::int32_t>(use);
+      auto const* list                           = page_table_.list(s, g);
+      p.device_pages.insert(p.device_pages.end(), list, list + use);
+    }
+    if (st.phase == sequence_phase::decode) {
+      p.mid_turn = true;
+      p.decoded  = st.decoded;
+      p.max_new  = st.max_new;
+    }
+    return p;
+  }
+
+  /**
+   * @brief `try_resume`: a session parked mid-turn (`p`, checked) resumes its turn with
+   * `max_new` (>= p.decoded) answer tokens in all. Per group into `out`, from the session's
+   * lengths: a growing group's target is its longest head after the whole answer,
+   * ceil((longest base + max_new) / P); a sliding ring's min(ceil((seq_tokens - decoded + max_new)
+   * / P), ring pages); it holds `group_pages[g]` fresh pages (the caller reserves them on top) and
+   * reserves the rest. The pooled groups (elastic) share the sum of their targets, which is also
+   * their limit (as for a fork in decode: no chunk is left to evict).
+   */
+  void size_resume(parked_session const& p, std::int64_t max_new, turn_footprint& out) const {
+    out.clear();
+    std::int64_t pooled_target = 0;
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      std::int64_t held = p.group_pages[static_cast<std::size_t>(g)], end = 0;
+      if (groups_.is_sliding(g)) {
+        end = std::min<std::int64_t>(groups_.pages_for(p.seq_tokens - p.decoded + max_new),
+                                     groups_.ring_pages(g));
+      } else {
+        std::int64_t longest = 0;
+        for (auto const* m = groups_.members_begin(g); m != groups_.members_end(g); ++m)
+          longest = std::max<std::int64_t>(longest, p.head_base_len[static_cast<std::size_t>(*m)]);
+        end = groups_.pages_for(longest + max_new);
+      }
+      end = std::max(end, held);
+      if (groups_.pooled(g)) {
+        pooled_target += end;
+        out.add_pooled(g, held, 0, end, 0);
+      } else {
+        out.add(g, end, held, 0, end, 0);
+      }
+    }
+    out.set_pooled_target(pooled_target, pooled_target);
+  }
+
  private:
   /// Pages group g of slot s holds once its remaining decode tokens are appended.
   [[nodiscard]] std::int64_t decode_end_pages(std::int32_t s, std::int32_t g) const noexcept {
