@@ -104,7 +104,7 @@ struct simulate_args {
   serving_costs costs;
   std::optional<double> reclaim_us, skew, replan, overhead_us;
   bool no_padded_reads = false;
-  std::int64_t decode_window = 0;  // --decode-window: Tangram grows its answer reservation
+  answer_window_options answers;  // --decode-window: Tangram grows its answer reservation
   bool charge_control_plane = false;
 };
 
@@ -175,6 +175,7 @@ int simulate(simulate_args& a, streams io) {
   gpu.usable_fraction = usable;
   gpu.hbm_bytes_per_s = hbm * 1e12;
   gpu.peak_flops      = tflops * 1e12;
+  gpu.host_link_bytes_per_s = preset.gpu.host_link_bytes_per_s;
   cost_model cost(model, gpu);
   double kv_bytes = gpu.kv_budget_bytes(model);
   if (kv_bytes <= 0)
@@ -348,7 +349,7 @@ int simulate(simulate_args& a, streams io) {
   auto make_elastic = [&] {
     // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
     return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs,
-                                       a.decode_window);
+                                       a.answers);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its
@@ -358,7 +359,7 @@ int simulate(simulate_args& a, streams io) {
     tangram_policy_options so;
     so.name     = std::move(name);
     so.eviction      = std::make_shared<static_clipping>(p, needs);
-    so.decode_window = a.decode_window;
+    so.answers       = a.answers;
     return std::make_unique<tangram_policy>(p, kv_bytes, slots, n_sessions, std::move(so));
   };
   // Any policy of the sensitivity sweep by name.
@@ -507,6 +508,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("kv_budget_bytes", kv_bytes);
     c.set("hbm_bytes_per_s", gpu.hbm_bytes_per_s);
     c.set("peak_flops", gpu.peak_flops);
+    c.set("host_link_bytes_per_s", gpu.host_link_bytes_per_s);
     c.set("gpu_preset", a.gpu_key);
     c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm" : "vllm-sessions");
     c.set("step_token_budget", ro.step_token_budget);
@@ -518,7 +520,9 @@ int simulate(simulate_args& a, streams io) {
     doc.set("cost_model", std::move(c));
     auto rv = json::value::object();
     rv.set("max_tokens", ro.max_tokens);
-    rv.set("decode_window", a.decode_window);
+    rv.set("decode_window", a.answers.window_tokens);
+    rv.set("park_victims", to_string(a.answers.victims));
+    rv.set("host_pool_ratio", a.answers.host_pool_ratio);
     rv.set("max_context", ro.max_context);
     rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
     rv.set("baseline_admission", a.baseline_chunk_admission ? "chunk" : "whole");
@@ -630,6 +634,10 @@ int simulate(simulate_args& a, streams io) {
   row("preemptions", [](replay_result const& r) { return cat(r.preemptions); });
   row("idle evictions", [](replay_result const& r) { return cat(r.idle_evictions); });
   row("recomputed tokens", [](replay_result const& r) { return cat(r.recomputed_tokens); });
+  row("parks (running turns)", [](replay_result const& r) { return cat(r.parks, " (", r.parked_running, ")"); });
+  row("parked GB, host link s (modelled)", [](replay_result const& r) {
+    return cat(fixed(r.parked_bytes / 1e9, 1), ", ", fixed(r.modelled_host_transfer_s, 2));
+  });
   row("control plane us/step", [](replay_result const& r) { return fixed(r.control_plane_us_per_step, 2); });
   row("answers cut at max_tokens", [](replay_result const& r) { return cat(r.truncated_answers); });
   row("tokens/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_tokens_per_s, 0); });
@@ -714,9 +722,11 @@ int simulate(simulate_args& a, streams io) {
                                  " turns carry their own, which --sensitivity's max_tokens points keep)")
                            : std::string())
     << " (context " << ro.max_context << ")"
-    << (a.decode_window > 0 ? cat("; Tangram reserves ", a.decode_window,
-                                  " answer tokens at a time (--decode-window), preempting when a growth does not fit")
-                            : std::string())
+    << (a.answers.window_tokens > 0
+            ? cat("; Tangram reserves ", a.answers.window_tokens,
+                  " answer tokens at a time (--decode-window) and parks a session in host memory when a growth does not "
+                  "fit (", fixed(gpu.host_link_bytes_per_s / 1e9, 1), " GB/s host link, modelled)")
+            : std::string())
     << ", answers drawn separately; unified_nonuniform keeps "
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
@@ -832,10 +842,11 @@ command_body setup_simulate(CLI::App& app) {
            "Draw memory over time to FILE.svg, the time breakdown per policy to FILE-time.svg, tokens/s, "
            "requests/s, mean resident sessions, TTFT and TBT p50/p95 per policy to FILE-serving.svg and, with "
            "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg");
-  add_integer(app, "--decode-window", a->decode_window, 0, workload_limits::max_tokens,
+  add_integer(app, "--decode-window", a->answers.window_tokens, 0, workload_limits::max_tokens,
               "Tangram policies reserve this many answer tokens at admission and grow by as many when a turn runs "
-              "out, up to its max_tokens; a growth that does not fit preempts the newest turn (recompute, as vLLM). "
-              "0: reserve the whole max_tokens up front, never preempt");
+              "out, up to its max_tokens; a growth that does not fit parks an idle session, else the newest running "
+              "turn, in host memory (2x the KV pool; charged at --gpu's host link), never recomputing. "
+              "0: reserve the whole max_tokens up front (default: 256)");
   add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
               "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
   add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,

@@ -31,6 +31,13 @@ json::value result_json(replay_result const& r) {
   o.set("preemptions", r.preemptions);
   o.set("idle_evictions", r.idle_evictions);
   o.set("recomputed_tokens", r.recomputed_tokens);
+  o.set("parks", r.parks);
+  o.set("parked_running", r.parked_running);
+  o.set("resumes", r.resumes);
+  o.set("parked_bytes", r.parked_bytes);
+  o.set("restored_bytes", r.restored_bytes);
+  o.set("modelled_host_transfer_s", r.modelled_host_transfer_s);
+  o.set("mean_staging_bytes", r.mean_staging_bytes);
   o.set("rejected_sessions", r.rejected_sessions);
   o.set("modelled_wanted_clipped_fraction",
         r.wanted_clipped_fraction ? json::value(*r.wanted_clipped_fraction) : json::value(nullptr));
@@ -62,6 +69,7 @@ json::value result_json(replay_result const& r) {
   t.set("replanning_s", r.time.replanning_s);
   t.set("overhead_s", r.time.overhead_s);
   t.set("control_plane_s", r.time.control_plane_s);
+  t.set("host_transfer_s", r.time.host_transfer_s);
   t.set("idle_s", r.time.idle_s);
   o.set("modelled_time_breakdown", std::move(t));
   return o;
@@ -205,6 +213,7 @@ std::vector<time_segment> time_segments(time_breakdown const& t) {
           {"reclamation", t.reclamation_s, "#d62728"},
           {"re-planning", t.replanning_s, "#9467bd"},
           {"step overhead", t.overhead_s + t.control_plane_s, "#8c564b"},
+          {"host transfer", t.host_transfer_s, "#17becf"},
           {"idle", t.idle_s, "#dddddd"}};
 }
 

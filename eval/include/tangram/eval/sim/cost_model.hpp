@@ -33,6 +33,9 @@ struct gpu_spec {
   double usable_fraction = 0.90;    ///< share an engine may use (vLLM's gpu_memory_utilization)
   double hbm_bytes_per_s = 4.8e12;  ///< peak HBM bandwidth
   double peak_flops      = 989e12;  ///< dense bf16 tensor-core peak
+  /// Host link, each direction: what parking a session in host memory and restoring it moves
+  /// (eval/sim/gpu_presets.hpp gives each preset's figure and its source).
+  double host_link_bytes_per_s = 55e9;
 
   /// Bytes left for the KV cache: usable memory minus the model's weights.
   [[nodiscard]] double kv_budget_bytes(model_spec const& m) const {
@@ -57,6 +60,10 @@ struct gpu_spec {
                     invalid_argument,
                     "gpu.peak_flops: must be > 0, got ",
                     peak_flops);
+    TANGRAM_EXPECTS(host_link_bytes_per_s > 0 && std::isfinite(host_link_bytes_per_s),
+                    invalid_argument,
+                    "gpu.host_link_bytes_per_s: must be > 0, got ",
+                    host_link_bytes_per_s);
   }
 };
 
@@ -159,6 +166,12 @@ class cost_model {
 
   /// Moving `bytes` through HBM (read or written) at peak bandwidth.
   [[nodiscard]] double hbm_s(double bytes) const { return bytes / gpu_.hbm_bytes_per_s; }
+
+  /// Moving `bytes` between device and host memory (a park's copy-out or a restore's copy-in),
+  /// not overlapped with compute (conservative: a copy engine could overlap it).
+  [[nodiscard]] double host_link_s(double bytes) const {
+    return bytes / gpu_.host_link_bytes_per_s;
+  }
 
   /// Prefill of `tokens` new tokens on top of `past` tokens already in the cache.
   [[nodiscard]] double prefill_s(std::int64_t tokens, std::int64_t past) const {

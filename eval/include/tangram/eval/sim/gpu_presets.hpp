@@ -21,6 +21,12 @@
  * A100 108. NVIDIA's H100/H200 and A100 architecture whitepapers; B200:
  * the Blackwell architecture technical brief.
  *
+ * Host link (parking sessions in host memory, `gpu_spec::host_link_bytes_per_s`), achievable per
+ * direction with pinned host memory and large copies: H100, H200 and B200 on PCIe Gen5 x16, 55 GB/s
+ * (NVIDIA nvbandwidth's host_to_device_memcpy_ce example output, 55.6 GB/s, of the 63 GB/s PCIe
+ * 5.0 x16 signalling rate; github.com/NVIDIA/nvbandwidth); A100 on PCIe Gen4 x16, half of it,
+ * 27.5 GB/s (PCIe 4.0 signals at half the 5.0 rate).
+ *
  * vLLM v1 defaults (vllm/engine/arg_utils.py, EngineArgs batch defaults, OpenAI API server
  * usage context): on GPUs with at least 70 GiB that are not A100, max_num_batched_tokens 8192
  * and max_num_seqs 1024; otherwise (A100 included) 2048 and 256.
@@ -49,7 +55,7 @@ struct gpu_preset {
 inline std::vector<gpu_preset> const& gpu_presets() {
   static std::vector<gpu_preset> const all = [] {
     auto make = [](char const* key, char const* name, double gb, double tbps, double tflops,
-                   std::int64_t tokens, std::int32_t seqs, std::int32_t sms) {
+                   std::int64_t tokens, std::int32_t seqs, std::int32_t sms, double host_gbps) {
       gpu_preset p;
       p.key                    = key;
       p.gpu.name               = name;
@@ -59,13 +65,14 @@ inline std::vector<gpu_preset> const& gpu_presets() {
       p.max_num_batched_tokens = tokens;
       p.max_num_seqs           = seqs;
       p.sm_count               = sms;
+      p.gpu.host_link_bytes_per_s = host_gbps * 1e9;
       return p;
     };
     return std::vector<gpu_preset>{
-        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024, 132),
-        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024, 132),
-        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024, 148),
-        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256, 108),
+        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024, 132, 55),
+        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024, 132, 55),
+        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024, 148, 55),
+        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256, 108, 27.5),
     };
   }();
   return all;
