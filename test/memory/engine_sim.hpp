@@ -606,6 +606,18 @@ class engine_sim {
     q.parked_mid_turn = false;
   }
 
+  /// The engine's copy-in of a restore: device page `r.device_pages[k]` <- host page k of `p`
+  /// (host pools only; one new page per host page).
+  void copy_in(parked const& p, restored_session const& r) {
+    REQUIRE(static_cast<std::int64_t>(r.device_pages.size()) == p.session.host_pages());
+    if (data_)
+      copy_pages_from_host(m_.pool().base(),
+                           p.session.page_bytes,
+                           r.device_pages.data(),
+                           r.device_pages.size(),
+                           p.host.data());
+  }
+
   /// `try_resume(p, T)` of a turn parked in decode; when it fits, the host pages are copied into
   /// the new pages and the model is the parked one in decode with T answer tokens in all: each
   /// group holds the pages its heads use and targets what its longest head reaches after the
@@ -615,13 +627,7 @@ class engine_sim {
     auto need = m_.resume_pages(p.session, T);
     auto r    = m_.try_resume(p.session, T);
     if (!r) return std::nullopt;
-    REQUIRE(static_cast<std::int64_t>(r->device_pages.size()) == p.session.host_pages());
-    if (data_)
-      copy_pages_from_host(m_.pool().base(),
-                           p.session.page_bytes,
-                           r->device_pages.data(),
-                           r->device_pages.size(),
-                           p.host.data());
+    copy_in(p, *r);
     auto q            = p.model;
     q.id              = r->id;
     q.phase           = sequence_phase::decode;
@@ -652,13 +658,7 @@ class engine_sim {
   std::optional<sequence_id> unpark(parked const& p, std::int64_t N, std::int64_t T) {
     auto r = m_.try_unpark(p.session, N, T);
     if (!r) return std::nullopt;
-    REQUIRE(static_cast<std::int64_t>(r->device_pages.size()) == p.session.host_pages());
-    if (data_)
-      copy_pages_from_host(m_.pool().base(),
-                           p.session.page_bytes,
-                           r->device_pages.data(),
-                           r->device_pages.size(),
-                           p.host.data());
+    copy_in(p, *r);
     auto q = p.model;
     q.id   = r->id;
     next_turn(q, N, T, 0);
