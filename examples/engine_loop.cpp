@@ -15,10 +15,10 @@
 // a turn's reservation grown, the session parked in host memory and brought back for a third
 // turn, and free: at the end every page and slot is back. Pages are
 // reused only after the work that read them is done (deferred reuse: one epoch per step, released
-// a step later, as a GPU running one step behind the host would be). Each chunk is evicted by the
-// CPU reference kernel (`reference::evict_chunk`, layer by layer, key-norm scores) on K/V written
-// into the manager's own host pool, as the CUDA kernel would on a device pool; under static budgets
-// its counts are known in advance, so the loop checks them against `expected_kept`.
+// a step later, as a GPU running one step behind the host would be). Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
+// layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
+// kernel would on a device pool; under static budgets its counts are known in advance, so the
+// loop checks them against `expected_kept`.
 //
 // Run: build/examples/example_engine_loop [--json]
 #include <cstddef>
@@ -72,7 +72,7 @@ std::vector<std::uint16_t> chunk_kv(std::int64_t rows, std::int32_t heads, std::
 /// launch per layer over the prefill batch (`view(batch_kind::prefill)`; the decode batch is left
 /// as it is), then commit each with its kept counts.
 void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence_id> const& seqs) {
-  auto const& plan     = kv.plan();
+  auto const& plan = kv.plan();
   std::int32_t const L = plan.num_layers, H = plan.num_kv_heads, d = plan.model.head_dim;
   auto const B = seqs.size();
   std::vector<std::int32_t> indptr{0};
@@ -85,7 +85,7 @@ void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence
     auto rows = chunk_kv(chunk, H, d);
     data.insert(data.end(), rows.begin(), rows.end());
     indptr.push_back(indptr.back() + static_cast<std::int32_t>(chunk));
-    auto bound     = static_cast<std::int32_t>(kv.info(seq).seq_tokens + chunk);  // held + chunk
+    auto bound = static_cast<std::int32_t>(kv.info(seq).seq_tokens + chunk);  // held + chunk
     max_candidates = bound > max_candidates ? bound : max_candidates;
   }
   kv.set_batch(tangram::batch_kind::prefill, seqs);  // the eviction's own batch
@@ -128,9 +128,7 @@ void prefill(tangram::kv_cache_manager& kv, tangram::sequence_id seq) {
 
 /// The work of every step so far is done (an engine: its last event completed): every page those
 /// steps freed may be handed out again.
-void settle(tangram::kv_cache_manager& kv) {
-  kv.release_epochs_through(kv.advance_epoch());
-}
+void settle(tangram::kv_cache_manager& kv) { kv.release_epochs_through(kv.advance_epoch()); }
 
 void decode(tangram::kv_cache_manager& kv,
             std::vector<tangram::sequence_id> const& batch,
@@ -272,18 +270,18 @@ class answer_scheduler {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json    = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
   auto samples = tangram::load_retention_samples(std::string(TANGRAM_DATA_DIR) +
                                                  "/profiles/snapkv/llama-3.1-8b-instruct.json");
   tangram::plan_options plan_options;
   // expected_kept stands in for the eviction (file comment): static budgets, as the Python twin.
   plan_options.reservation.mode = tangram::reservation_mode::static_budgets;
-  auto plan                     = tangram::build_static_plan(
+  auto plan = tangram::build_static_plan(
       tangram::model_preset("llama-3.1-8b"), tangram::calibrate(samples), plan_options);
   tangram::host_memory_resource memory;
   tangram::manager_options options;
-  options.num_pages      = 8000;
-  options.max_sequences  = 16;
+  options.num_pages     = 8000;
+  options.max_sequences = 16;
   options.deferred_reuse = true;  // freed pages wait for the engine's release (several streams)
   tangram::kv_cache_manager kv(plan, memory, options);
   // Answers reserve 16 tokens at a time here (the default window, 256, exceeds these answers).
@@ -318,10 +316,10 @@ int main(int argc, char** argv) {
   // graph captured once at that size replays every step). A finished answer ends its turn: the
   // session stays on the GPU, idle, until it is parked or continues.
   constexpr std::size_t chunks_per_step = 2;
-  auto const graph_batch                = static_cast<std::size_t>(kv.options().max_batch);
-  bool prefilled                        = false;
-  int mixed_steps                       = 0;
-  std::int64_t in_flight                = -1;  // the epoch of the step the device still runs
+  auto const graph_batch = static_cast<std::size_t>(kv.options().max_batch);
+  bool prefilled         = false;
+  int mixed_steps        = 0;
+  std::int64_t in_flight = -1;  // the epoch of the step the device still runs
   for (;;) {
     answers.grow(running, idle);
     std::vector<tangram::sequence_id> to_prefill, to_decode;
@@ -475,18 +473,15 @@ int main(int argc, char** argv) {
     std::printf(" \"checkpoints\": [\n");
     for (std::size_t i = 0; i < trace.size(); ++i) {
       auto const& c = trace[i];
-      std::printf(
-          "  {\"label\": \"%s\", \"used_pages\": %lld, \"reserved_pages\": %lld, "
-          "\"available_pages\": %lld, \"retired_pages\": %lld, \"live_sequences\": %lld, "
-          "\"pages_drawn\": %lld}%s\n",
-          c.label.c_str(),
-          static_cast<long long>(c.used_pages),
-          static_cast<long long>(c.reserved_pages),
-          static_cast<long long>(c.available_pages),
-          static_cast<long long>(c.retired_pages),
-          static_cast<long long>(c.live_sequences),
-          static_cast<long long>(c.pages_drawn),
-          i + 1 < trace.size() ? "," : "");
+      std::printf("  {\"label\": \"%s\", \"used_pages\": %lld, \"reserved_pages\": %lld, "
+                  "\"available_pages\": %lld, \"retired_pages\": %lld, \"live_sequences\": %lld, "
+                  "\"pages_drawn\": %lld}%s\n",
+                  c.label.c_str(), static_cast<long long>(c.used_pages),
+                  static_cast<long long>(c.reserved_pages),
+                  static_cast<long long>(c.available_pages),
+                  static_cast<long long>(c.retired_pages),
+                  static_cast<long long>(c.live_sequences), static_cast<long long>(c.pages_drawn),
+                  i + 1 < trace.size() ? "," : "");
     }
     std::printf(" ]}\n");
   } else {
@@ -494,10 +489,8 @@ int main(int argc, char** argv) {
       std::printf(
           "%-12s used %6lld  reserved %6lld  available %6lld  retired %5lld  live %2lld  drawn "
           "%6lld\n",
-          c.label.c_str(),
-          static_cast<long long>(c.used_pages),
-          static_cast<long long>(c.reserved_pages),
-          static_cast<long long>(c.available_pages),
+          c.label.c_str(), static_cast<long long>(c.used_pages),
+          static_cast<long long>(c.reserved_pages), static_cast<long long>(c.available_pages),
           static_cast<long long>(c.retired_pages),
           static_cast<long long>(c.live_sequences),
           static_cast<long long>(c.pages_drawn));
