@@ -462,14 +462,11 @@ int main(int argc, char** argv) {
 
   auto const& s = kv.stats();
   if (json) {
-    std::printf(
-        "{\"admitted\": %lld, \"rejected_waiting\": %zu, \"reclaimed_pages\": %lld, "
-        "\"parks\": %lld, \"resumed\": %lld,\n",
-        static_cast<long long>(s.admitted),
-        waiting.size(),
-        static_cast<long long>(s.reclaimed_pages),
-        static_cast<long long>(s.parked),
-        static_cast<long long>(s.resumed));
+    std::printf("{\"admitted\": %lld, \"rejected_waiting\": %zu, \"reclaimed_pages\": %lld, "
+                "\"parks\": %lld, \"resumed\": %lld,\n",
+                static_cast<long long>(s.admitted), waiting.size(),
+                static_cast<long long>(s.reclaimed_pages), static_cast<long long>(s.parked),
+                static_cast<long long>(s.resumed));
     std::printf(" \"checkpoints\": [\n");
     for (std::size_t i = 0; i < trace.size(); ++i) {
       auto const& c = trace[i];
@@ -494,13 +491,11 @@ int main(int argc, char** argv) {
           static_cast<long long>(c.retired_pages),
           static_cast<long long>(c.live_sequences),
           static_cast<long long>(c.pages_drawn));
-    std::printf(
-        "admitted %lld, rejected_waiting %zu, reclaimed_pages %lld, parks %lld, resumed %lld\n",
-        static_cast<long long>(s.admitted),
-        waiting.size(),
-        static_cast<long long>(s.reclaimed_pages),
-        static_cast<long long>(s.parked),
-        static_cast<long long>(s.resumed));
+    std::printf("admitted %lld, rejected_waiting %zu, reclaimed_pages %lld, parks %lld, "
+                "resumed %lld\n",
+                static_cast<long long>(s.admitted), waiting.size(),
+                static_cast<long long>(s.reclaimed_pages), static_cast<long long>(s.parked),
+                static_cast<long long>(s.resumed));
   }
   auto const& end = trace.back();
   return end.used_pages == 0 && end.reserved_pages == 0 && end.retired_pages == 0 &&

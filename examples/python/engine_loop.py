@@ -10,8 +10,8 @@ is parked in host memory (an idle one first, else the newest running turn, which
 stopped): nothing recomputed; then a second turn (restored from host memory when its session was
 parked while idle), speculative tokens rolled back, a copy-on-write fork, a turn's reservation
 grown, the session parked in host memory and brought back for a third turn, and free: at the end
-every page and slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the same page
-accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
+every page and slot is back. examples/engine_loop.cpp is its C++ twin: the same calls give the
+same page accounting at every checkpoint (python/tests/test_engine_loop.py compares them).
 Each chunk is evicted by the CPU reference kernel (`reference_evict`, layer by layer, key-norm
 scores) on K/V written into the manager's own pool, as the CUDA kernel would on a device pool;
 under static budgets its counts are known in advance, so the loop checks them against

@@ -83,8 +83,9 @@ std::optional<std::vector<restored_session>> restore_all(
 }  // namespace detail
 
 /**
- * @brief Tensor or pipeline parallelism: restores a session parked on every rank (or stage) (`sessions[r]` from rank r's
- * `park`) with its next turn of N prompt and T decode tokens on every rank, or on none.
+ * @brief Tensor or pipeline parallelism: restores a session parked on every rank (or stage)
+ * (`sessions[r]` from rank r's `park`) with its next turn of N prompt and T decode tokens on every
+ * rank, or on none.
  * @tparam Manager any type with `unpark_pages`, `try_unpark` and `free` (a
  *         `basic_kv_cache_manager`).
  * @return each rank's restored sequence and pages (same order), or nullopt when any rank cannot
