@@ -3,13 +3,17 @@
 // examples/python/engine_loop.py: the same requests, the same calls, the same page accounting
 // (python/tests/test_engine_loop.py compares the two checkpoint by checkpoint).
 //
-// Admission until the pool is full (with the reason when a request does not fit), mixed steps as
-// vLLM v1 / SGLang schedule them (one prefill chunk of every request still in prefill, evicted by
-// one launch over the prefill batch, beside a decode step over the decode batch, padded to a fixed
-// capacity as a CUDA graph would be), chunked prefill (prepare, eviction, commit), decode steps
-// over a batch, speculative tokens rolled back, a turn's
-// reservation extended, a second turn, a copy-on-write fork, the session parked in host memory and
-// brought back for a third turn, and free: at the end every page and slot is back. Pages are
+// Admission until the pool is full (with the reason when a request does not fit), each request
+// reserving one answer window (memory/answer_window.hpp) rather than its max_tokens; mixed steps
+// as vLLM v1 / SGLang schedule them (one prefill chunk of every request still in prefill, evicted
+// by one launch over the prefill batch, beside a decode step over the decode batch, padded to a
+// fixed capacity as a CUDA graph would be), chunked prefill (prepare, eviction, commit), decode
+// steps over a batch; answers that reach their window grow, and when a growth does not fit a
+// session is parked in host memory (an idle one first, else the newest running turn, which
+// resumes where it stopped): nothing recomputed; then a second turn (restored from host memory
+// when its session was parked while idle), speculative tokens rolled back, a copy-on-write fork,
+// a turn's reservation grown, the session parked in host memory and brought back for a third
+// turn, and free: at the end every page and slot is back. Pages are
 // reused only after the work that read them is done (deferred reuse: one epoch per step, released
 // a step later, as a GPU running one step behind the host would be). Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
 // layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
@@ -24,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -163,6 +168,136 @@ void decode(tangram::kv_cache_manager& kv,
   for (int i = 0; i < steps; ++i) kv.decode_step();  // room for one token per head
 }
 
+/// A request's answer in flight: its sequence, the tokens it will answer (a stand-in for where
+/// EOS comes; the engine only learns it when it gets there) and when it last ran (the victim
+/// order's clock).
+struct request {
+  tangram::sequence_id id;  ///< changes when a parked turn resumes
+  std::int64_t answer    = 0;
+  std::int64_t last_used = 0;
+  int key                = 0;  ///< which request (its admission order)
+};
+/// A session in host memory: what park returned and its pages' bytes (the engine's copy).
+struct parked {
+  tangram::parked_session session;
+  std::vector<std::byte> host;
+  request req;
+};
+
+/// Answers that grow (memory/answer_window.hpp): turns reserve a window of their max_tokens, grow
+/// by a window when they reach it, and when a growth (or a resume) does not fit, sessions are
+/// parked in host memory in the window's victim order (ended ones first, then the newest running
+/// turn, the growing one included) and come back later: never recomputed, never lost.
+class answer_scheduler {
+ public:
+  answer_scheduler(tangram::kv_cache_manager& kv, tangram::answer_window window)
+      : kv_(kv), window_(window), host_limit_(window.host_limit_bytes(kv.pool().arena_bytes())) {}
+
+  tangram::answer_window const& window() const { return window_; }
+  std::int64_t tick() { return ++clock_; }
+
+  /// Before a decode step: parked turns resume first (oldest first; idle sessions are parked to
+  /// make room for them), then every turn at the end of its reservation grows by a window.
+  void grow(std::vector<request>& running, std::vector<request>& idle) {
+    while (!turns_.empty()) {
+      auto& p     = turns_.front();
+      auto grown  = p.session.max_new + window_.growth(max_tokens, p.session.max_new);
+      auto resume = kv_.try_resume(
+          p.session, p.session.decoded < p.session.max_new ? p.session.max_new : grown);
+      if (!resume) {
+        // Pages awaiting their release (deferred reuse) come back within two steps: wait for
+        // them rather than park more.
+        if (kv_.retired_pages() == 0 && park_victim(running, idle, /*idle_only=*/true)) continue;
+        break;  // waits for memory
+      }
+      tangram::copy_pages_from_host(kv_.pool().base(),
+                                    p.session.page_bytes,
+                                    resume->device_pages.data(),
+                                    resume->device_pages.size(),
+                                    p.host.data());
+      host_used_ -= static_cast<std::int64_t>(p.host.size());
+      running.push_back({resume->id, p.req.answer, tick(), p.req.key});
+      turns_.pop_front();
+    }
+    for (std::size_t i = 0; i < running.size(); ++i) {
+      auto info = kv_.info(running[i].id);
+      if (info.phase != tangram::sequence_phase::decode || info.decoded < info.max_new ||
+          info.decoded >= running[i].answer)
+        continue;
+      auto id   = running[i].id;
+      auto more = window_.growth(max_tokens, info.max_new);
+      while (!kv_.try_extend(id, more)) {
+        // It waits a step (decodes nothing) while freed pages await their release, or when
+        // nothing may be parked; else the victim goes (perhaps the growing turn itself).
+        if (kv_.retired_pages() > 0 || !park_victim(running, idle, false)) break;
+        if (!kv_.contains(id)) break;
+      }
+      if (!kv_.contains(id)) --i;  // `running` lost it
+    }
+  }
+
+  /// Parks the window's victim among the idle sessions and (unless `idle_only`) the running
+  /// turns in decode, within the host memory left. False when none may be parked.
+  bool park_victim(std::vector<request>& running, std::vector<request>& idle, bool idle_only) {
+    std::vector<tangram::park_candidate> candidates;
+    std::vector<std::pair<std::vector<request>*, std::size_t>> where;
+    auto add = [&](std::vector<request>& list) {
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        auto info = kv_.info(list[i].id);
+        candidates.push_back({list[i].id, info.phase, list[i].last_used, info.held_pages});
+        where.emplace_back(&list, i);
+      }
+    };
+    add(idle);
+    if (!idle_only) add(running);
+    auto k = window_.choose_victim(candidates, kv_.pool().page_bytes(), host_limit_ - host_used_);
+    if (!k) return false;
+    auto [list, i] = where[*k];
+    parked p{kv_.park((*list)[i].id), {}, (*list)[i]};
+    p.host.resize(p.session.device_pages.size() * static_cast<std::size_t>(p.session.page_bytes));
+    tangram::copy_pages_to_host(kv_.pool().base(),
+                                p.session.page_bytes,
+                                p.session.device_pages.data(),
+                                p.session.device_pages.size(),
+                                p.host.data());  // the engine's copy-out
+    kv_.complete_park((*list)[i].id);
+    host_used_ += static_cast<std::int64_t>(p.host.size());
+    list->erase(list->begin() + static_cast<std::ptrdiff_t>(i));
+    if (p.session.mid_turn)
+      turns_.push_back(std::move(p));
+    else
+      sessions_.push_back(std::move(p));
+    return true;
+  }
+
+  /// The idle session of request `key` if it was parked (its next turn restores it).
+  std::optional<parked> take_parked_session(int key) {
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
+      if (it->req.key == key) {
+        parked p = std::move(*it);
+        sessions_.erase(it);
+        host_used_ -= static_cast<std::int64_t>(p.host.size());
+        return p;
+      }
+    return std::nullopt;
+  }
+  bool turns_waiting() const { return !turns_.empty(); }
+  /// Forgets the parked idle sessions (their users left): their host copies go.
+  void drop_parked_sessions() {
+    for (auto const& p : sessions_) host_used_ -= static_cast<std::int64_t>(p.host.size());
+    sessions_.clear();
+  }
+
+  static constexpr std::int64_t max_tokens = 64;  ///< every request's max_tokens here
+
+ private:
+  tangram::kv_cache_manager& kv_;
+  tangram::answer_window window_;
+  std::int64_t host_limit_ = 0, host_used_ = 0, clock_ = 0;
+  std::deque<parked> turns_;      ///< running turns parked mid-answer, oldest first
+  std::vector<parked> sessions_;  ///< ended sessions parked while idle
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -197,14 +332,19 @@ int main(int argc, char** argv) {
   options.max_sequences = 16;
   options.deferred_reuse = true;  // freed pages wait for the engine's release (several streams)
   tangram::kv_cache_manager kv(plan, memory, options);
+  // Answers reserve 16 tokens at a time here (the default window, 256, exceeds these answers).
+  tangram::answer_window_options window_options;
+  window_options.window_tokens = 16;
+  answer_scheduler answers(kv, tangram::answer_window(window_options));
+  auto const& window = answers.window();
   std::vector<checkpoint> trace;
 
-  // Admission until full: the reservation is exact, so "does not fit" is known up front.
-  std::deque<std::pair<std::int64_t, std::int64_t>> waiting;  // (prompt, max new tokens)
-  for (int i = 0; i < 12; ++i) waiting.emplace_back(300 + 100 * i, 64);
-  std::vector<tangram::sequence_id> running;
+  // Admission until full: a request reserves its prompt and one answer window, or waits.
+  std::deque<std::pair<std::int64_t, std::int64_t>> waiting;  // (prompt, answer length)
+  for (int i = 0; i < 14; ++i) waiting.emplace_back(300 + 100 * i, 40 + 4 * i);
+  std::vector<request> running, idle;
   while (!waiting.empty()) {
-    auto result = kv.admit(waiting.front().first, waiting.front().second);
+    auto result = kv.admit(waiting.front().first, window.first(answer_scheduler::max_tokens));
     if (!result) {
       if (!json)
         std::printf("waiting: %s, %lld pages missing\n",
@@ -212,112 +352,153 @@ int main(int argc, char** argv) {
                     static_cast<long long>(result.pages_missing));
       break;
     }
+    running.push_back(
+        {*result.id, waiting.front().second, answers.tick(), static_cast<int>(running.size())});
     waiting.pop_front();
-    running.push_back(*result.id);
   }
   trace.push_back(snapshot("admitted", kv));
-  // Mixed steps: each step prefills the next chunk of the first `chunks_per_step` requests still
-  // in prefill (the prefill batch, one eviction launch; the scheduler's prefill budget) beside
-  // one decode token for every request already in decode (the decode batch, padded to max_batch:
-  // a CUDA graph captured once at that size replays every step), until every request is
-  // prefilled and has decoded 32 tokens. With three requests of one chunk each: step 0 prefills
-  // two, step 1 prefills the third beside the first two's decodes, then decodes only.
+  // Mixed steps: each step resumes parked turns and grows the answers that reached their window
+  // (parking a session when a growth does not fit), then prefills the next chunk of the first
+  // `chunks_per_step` requests still in prefill (the prefill batch, one eviction launch) beside
+  // one decode token for every request answering (the decode batch, padded to max_batch: a CUDA
+  // graph captured once at that size replays every step). A finished answer ends its turn: the
+  // session stays on the GPU, idle, until it is parked or continues.
   constexpr std::size_t chunks_per_step = 2;
   auto const graph_batch = static_cast<std::size_t>(kv.options().max_batch);
   bool prefilled         = false;
   int mixed_steps        = 0;
   std::int64_t in_flight = -1;  // the epoch of the step the device still runs
   for (;;) {
+    answers.grow(running, idle);
     std::vector<tangram::sequence_id> to_prefill, to_decode;
-    for (auto seq : running) {
-      auto i = kv.info(seq);
-      if (i.phase == tangram::sequence_phase::prefill && to_prefill.size() < chunks_per_step)
-        to_prefill.push_back(seq);
-      if (i.phase == tangram::sequence_phase::decode && i.decoded < 32) to_decode.push_back(seq);
-    }
     bool any_prefill = false;
-    for (auto seq : running)
-      any_prefill |= kv.info(seq).phase == tangram::sequence_phase::prefill;
+    for (auto const& r : running) {
+      auto i = kv.info(r.id);
+      any_prefill |= i.phase == tangram::sequence_phase::prefill;
+      if (i.phase == tangram::sequence_phase::prefill && to_prefill.size() < chunks_per_step)
+        to_prefill.push_back(r.id);
+      if (i.phase == tangram::sequence_phase::decode && i.decoded < i.max_new)
+        to_decode.push_back(r.id);
+    }
     if (!any_prefill && !prefilled) {
       trace.push_back(snapshot("prefilled", kv));
       prefilled = true;
     }
-    if (to_prefill.empty() && to_decode.empty()) break;
+    if (running.empty() && !answers.turns_waiting()) break;
     if (!to_prefill.empty() && !to_decode.empty()) ++mixed_steps;
     // The decode batch: decode_step skips the padding; the append and attention kernels would
     // run over kv.view() (= view(batch_kind::decode)), a no-op for padding requests.
     kv.set_batch(tangram::batch_kind::decode, to_decode, graph_batch);
     if (!to_decode.empty()) kv.decode_step();
     if (!to_prefill.empty()) prefill_chunks(kv, to_prefill);
+    // Finished answers end their turns (unused reservation back; the history stays).
+    for (std::size_t i = 0; i < running.size();) {
+      auto info = kv.info(running[i].id);
+      if (info.phase != tangram::sequence_phase::decode || info.decoded < running[i].answer) {
+        ++i;
+        continue;
+      }
+      kv.end_turn(running[i].id);
+      idle.push_back({running[i].id, running[i].answer, answers.tick(), running[i].key});
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+    }
     // End of the step: close its epoch; the previous step's work is done by now, so the pages it
-    // freed (evicted tokens' pages) become reusable.
+    // freed (evicted tokens' pages, parked sessions' pages) become reusable.
     auto done = kv.advance_epoch();
     if (in_flight >= 0) kv.release_epochs_through(in_flight);
     in_flight = done;
   }
   settle(kv);
   trace.push_back(snapshot("decoded", kv));
-  if (mixed_steps == 0) {
-    std::fprintf(stderr, "no step mixed prefill chunks and decodes\n");
+  if (mixed_steps == 0 || kv.stats().parked_mid_turn == 0 || kv.stats().resumed == 0) {
+    std::fprintf(stderr,
+                 "no step mixed prefill chunks and decodes, or no turn parked and resumed\n");
     return 1;
   }
-  // Speculative decoding: 4 draft tokens per member, then the rejected ones are rolled back.
-  kv.set_batch(running);
-  std::vector<std::int32_t> drafts(running.size(), 4);
-  kv.decode_step(drafts.data(), drafts.size());
-  for (auto seq : running) kv.rollback(seq, 3);  // 1 of 4 accepted
-  trace.push_back(snapshot("rolled_back", kv));
-  // The first session's answer runs long: grow its reservation (all or nothing).
-  if (!kv.try_extend(running[0], 32)) {
-    std::fprintf(stderr, "could not extend the first turn\n");
-    return 1;
-  }
-  decode(kv, {running[0]}, 64 + 32 - 33);  // to the end of the extended turn
-  trace.push_back(snapshot("extended", kv));
 
-  // A second turn for the first session; the others end.
-  auto first = running[0];
-  kv.end_turn(first);  // keeps the compressed history, returns the unused reservation
-  for (std::size_t i = 1; i < running.size(); ++i) kv.free(running[i]);
+  // A second turn for the first session (request 0, on the GPU or parked while idle); the others
+  // leave (their users are done).
+  tangram::sequence_id first{};
+  for (auto const& r : idle) {
+    if (r.key == 0)
+      first = r.id;
+    else
+      kv.free(r.id);
+  }
+  auto first_parked = answers.take_parked_session(0);
+  answers.drop_parked_sessions();
   trace.push_back(snapshot("turn_ended", kv));  // the freed pages wait for their release
   settle(kv);
-  if (!kv.continue_turn(first, 300, 32)) {  // "does not fit" is a return value
-    std::fprintf(stderr, "the second turn did not fit\n");
+  if (first_parked) {  // parked while idle: restored with its next turn
+    auto back =
+        kv.try_unpark(first_parked->session, 300, window.first(answer_scheduler::max_tokens));
+    if (!back) {
+      std::fprintf(stderr, "the second turn did not fit\n");
+      return 1;
+    }
+    first = back->id;
+    tangram::copy_pages_from_host(kv.pool().base(),
+                                  first_parked->session.page_bytes,
+                                  back->device_pages.data(),
+                                  back->device_pages.size(),
+                                  first_parked->host.data());
+  } else if (!kv.continue_turn(first, 300, window.first(answer_scheduler::max_tokens))) {
+    std::fprintf(stderr, "the second turn did not fit\n");  // "does not fit" is a return value
     return 1;
   }
   prefill(kv, first);
   trace.push_back(snapshot("second_turn", kv));
-  // A fork shares the parent's pages copy-on-write.
+  // Speculative decoding: 4 draft tokens, then the 3 the verifier rejected are rolled back.
+  kv.set_batch({first});
+  std::vector<std::int32_t> drafts(1, 4);
+  kv.decode_step(drafts.data(), drafts.size());
+  kv.rollback(first, 3);
+  trace.push_back(snapshot("rolled_back", kv));
+  // A fork shares the parent's pages copy-on-write; both decode.
   if (auto child = kv.fork(first)) {
     kv.execute_page_copies_host();
     trace.push_back(snapshot("forked", kv));
-    decode(kv, {first, *child}, 32);
+    decode(kv, {first, *child}, 8);
     kv.free(*child);
   } else {
-    decode(kv, {first}, 32);
+    decode(kv, {first}, 8);
   }
   settle(kv);
   trace.push_back(snapshot("fork_done", kv));
+  // The answer reaches its window and grows by another (all or nothing; nothing else is live).
+  decode(kv, {first}, static_cast<int>(kv.info(first).max_new - kv.info(first).decoded));
+  if (!kv.try_extend(first, window.growth(answer_scheduler::max_tokens, kv.info(first).max_new))) {
+    std::fprintf(stderr, "could not extend the second turn\n");
+    return 1;
+  }
+  decode(kv, {first}, 16);  // to the end of the grown reservation
+  trace.push_back(snapshot("extended", kv));
 
   // The session idles between turns: park it in host memory (its pages go back to the pool),
   // then bring it back into fresh pages for a third turn.
   kv.end_turn(first);
-  auto parked = kv.park(first);
-  std::vector<std::byte> host(static_cast<std::size_t>(parked.host_pages() * parked.page_bytes));
-  tangram::copy_pages_to_host(kv.pool().base(), parked.page_bytes, parked.device_pages.data(),
-                              parked.device_pages.size(), host.data());  // the engine's copy-out
+  auto parked_first = kv.park(first);
+  std::vector<std::byte> host(
+      static_cast<std::size_t>(parked_first.host_pages() * parked_first.page_bytes));
+  tangram::copy_pages_to_host(kv.pool().base(),
+                              parked_first.page_bytes,
+                              parked_first.device_pages.data(),
+                              parked_first.device_pages.size(),
+                              host.data());  // the engine's copy-out
   kv.complete_park(first);
   settle(kv);
   trace.push_back(snapshot("parked", kv));
-  auto restored = kv.try_unpark(parked, 200, 16);  // "does not fit" is nullopt
+  auto restored = kv.try_unpark(parked_first, 200, 16);  // "does not fit" is nullopt
   if (!restored) {
     std::fprintf(stderr, "the parked session did not fit back\n");
     return 1;
   }
   first = restored->id;
   // The copy-in, before any kernel reads the sequence.
-  tangram::copy_pages_from_host(kv.pool().base(), parked.page_bytes,
-                                restored->device_pages.data(), restored->device_pages.size(),
+  tangram::copy_pages_from_host(kv.pool().base(),
+                                parked_first.page_bytes,
+                                restored->device_pages.data(),
+                                restored->device_pages.size(),
                                 host.data());
   prefill(kv, first);
   decode(kv, {first}, 16);
@@ -329,9 +510,11 @@ int main(int argc, char** argv) {
 
   auto const& s = kv.stats();
   if (json) {
-    std::printf("{\"admitted\": %lld, \"rejected_waiting\": %zu, \"reclaimed_pages\": %lld,\n",
+    std::printf("{\"admitted\": %lld, \"rejected_waiting\": %zu, \"reclaimed_pages\": %lld, "
+                "\"parks\": %lld, \"resumed\": %lld,\n",
                 static_cast<long long>(s.admitted), waiting.size(),
-                static_cast<long long>(s.reclaimed_pages));
+                static_cast<long long>(s.reclaimed_pages), static_cast<long long>(s.parked),
+                static_cast<long long>(s.resumed));
     std::printf(" \"checkpoints\": [\n");
     for (std::size_t i = 0; i < trace.size(); ++i) {
       auto const& c = trace[i];
@@ -354,10 +537,13 @@ int main(int argc, char** argv) {
           c.label.c_str(), static_cast<long long>(c.used_pages),
           static_cast<long long>(c.reserved_pages), static_cast<long long>(c.available_pages),
           static_cast<long long>(c.retired_pages),
-                  static_cast<long long>(c.live_sequences), static_cast<long long>(c.pages_drawn));
-    std::printf("admitted %lld, rejected_waiting %zu, reclaimed_pages %lld\n",
+          static_cast<long long>(c.live_sequences),
+          static_cast<long long>(c.pages_drawn));
+    std::printf("admitted %lld, rejected_waiting %zu, reclaimed_pages %lld, parks %lld, "
+                "resumed %lld\n",
                 static_cast<long long>(s.admitted), waiting.size(),
-                static_cast<long long>(s.reclaimed_pages));
+                static_cast<long long>(s.reclaimed_pages), static_cast<long long>(s.parked),
+                static_cast<long long>(s.resumed));
   }
   auto const& end = trace.back();
   return end.used_pages == 0 && end.reserved_pages == 0 && end.retired_pages == 0 &&

@@ -28,6 +28,7 @@
 #include "tangram/io/model_spec.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"
+#include "tangram/memory/answer_window.hpp"
 #include "tangram/memory/concurrent_kv_cache.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/kv_cache_types.hpp"

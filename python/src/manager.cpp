@@ -6,6 +6,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "bindings.hpp"
 #include "bound_kv_cache.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/answer_window.hpp"
 
 #if TANGRAM_HAS_KERNELS
 #include "tangram/memory/cuda_memory_resource.hpp"
@@ -44,8 +46,11 @@ nb::dict stats_dict(manager_stats const& s) {
   d["index_compactions"]      = s.index_compactions;
   d["staging_pages_returned"] = s.staging_pages_returned;
   d["parked"]                 = s.parked;
+  d["parked_mid_turn"]        = s.parked_mid_turn;
   d["unparked"]               = s.unparked;
   d["unpark_rejected"]        = s.unpark_rejected;
+  d["resumed"]                = s.resumed;
+  d["resume_rejected"]        = s.resume_rejected;
   d["pages_parked"]           = s.pages_parked;
   d["pages_restored"]         = s.pages_restored;
   d["spare_pages_kept"]       = s.spare_pages_kept;
@@ -104,13 +109,17 @@ void bind_manager(nb::module_& m) {
 
   nb::class_<parked_session>(
       m, "ParkedSession",
-      "An ended session parked in host memory (KVCacheManager.park): what try_unpark needs to\n"
-      "restore it into fresh pages of any manager over the same plan. A value; its pages live\n"
-      "wherever the engine copied them (host page k <- device_pages[k]).")
+      "A session parked in host memory (KVCacheManager.park): ended (try_unpark restores it with\n"
+      "its next turn) or a turn parked in decode (mid_turn; try_resume continues it), into fresh\n"
+      "pages of any manager over the same plan. A value; its pages live wherever the engine\n"
+      "copied them (host page k <- device_pages[k]).")
       .def_ro("plan_fingerprint", &parked_session::plan_fingerprint)
       .def_ro("page_bytes", &parked_session::page_bytes)
       .def_ro("seq_tokens", &parked_session::seq_tokens)
       .def_ro("appended", &parked_session::appended)
+      .def_ro("mid_turn", &parked_session::mid_turn)
+      .def_ro("decoded", &parked_session::decoded)
+      .def_ro("max_new", &parked_session::max_new)
       .def_prop_ro("host_pages", &parked_session::host_pages)
       .def_prop_ro("group_pages",
                    [](parked_session const& p) {
@@ -123,6 +132,63 @@ void bind_manager(nb::module_& m) {
                    "Pages to copy out, device_pages[k] -> host page k; valid only until\n"
                    "complete_park (a copy).");
   add_value_copies<parked_session>();
+
+  nb::class_<answer_window>(
+      m, "AnswerWindow",
+      "Answers that grow (memory/answer_window.hpp): answer tokens reserved a window at a time,\n"
+      "whom to park in host memory when a growth does not fit, and the host memory parked\n"
+      "sessions may take. victims: 'idle_then_newest' (default: the least recently used ended\n"
+      "session, then the running turn started last), 'newest' or 'largest'. A value.")
+      .def(
+          "__init__",
+          [](answer_window* self, std::int64_t window_tokens, std::string const& victims,
+             double host_pool_ratio) {
+            auto order = park_victim_order_named(victims);
+            TANGRAM_EXPECTS(order, invalid_argument,
+                            "answer_window_options.victims: must be 'idle_then_newest', 'newest' "
+                            "or 'largest', got '", victims, "'");
+            answer_window_options o;
+            o.window_tokens   = window_tokens;
+            o.victims         = *order;
+            o.host_pool_ratio = host_pool_ratio;
+            new (self) answer_window(o);
+          },
+          nb::kw_only(), nb::arg("window_tokens") = default_answer_window,
+          nb::arg("victims") = "idle_then_newest", nb::arg("host_pool_ratio") = default_host_pool_ratio)
+      .def_prop_ro("window_tokens", [](answer_window const& w) { return w.options().window_tokens; })
+      .def_prop_ro("victims",
+                   [](answer_window const& w) { return std::string(to_string(w.options().victims)); })
+      .def_prop_ro("host_pool_ratio",
+                   [](answer_window const& w) { return w.options().host_pool_ratio; })
+      .def("first", &answer_window::first, nb::arg("max_tokens"),
+           "Answer tokens a turn reserves at admission: min(window, max_tokens).")
+      .def("growth", &answer_window::growth, nb::arg("max_tokens"), nb::arg("reserved"),
+           "Answer tokens a turn that reserved `reserved` adds when it reaches them (0: none left).")
+      .def("host_limit_bytes", &answer_window::host_limit_bytes, nb::arg("device_pool_bytes"),
+           "Host bytes parked sessions may take beside a device pool of that many bytes.")
+      .def(
+          "choose_victim",
+          [](answer_window const& w,
+             std::vector<std::tuple<sequence_id, std::string, std::int64_t, std::int64_t>> const& c,
+             std::int64_t page_bytes, std::int64_t host_bytes_free) -> nb::object {
+            std::vector<park_candidate> list;
+            for (std::size_t i = 0; i < c.size(); ++i) {
+              auto const& [id, phase, last_used, pages] = c[i];
+              park_candidate pc{id, sequence_phase::free, last_used, pages};
+              for (auto ph : {sequence_phase::prefill, sequence_phase::decode,
+                              sequence_phase::ended, sequence_phase::parking})
+                if (phase == to_string(ph)) pc.phase = ph;
+              TANGRAM_EXPECTS(pc.phase != sequence_phase::free, invalid_argument,
+                              "choose_victim.candidates[", i, "]: unknown phase '", phase, "'");
+              list.push_back(pc);
+            }
+            auto k = w.choose_victim(list, page_bytes, host_bytes_free);
+            if (!k) return nb::none();
+            return nb::int_(*k);
+          },
+          nb::arg("candidates"), nb::arg("page_bytes"), nb::arg("host_bytes_free"),
+          "Index of the candidate to park next among (SequenceId, phase, last_used, pages)\n"
+          "tuples (only 'ended' and 'decode' ones whose pages fit host_bytes_free), or None.");
 
   nb::class_<bound_kv_cache>(
       m, "KVCacheManager",
@@ -290,9 +356,10 @@ void bind_manager(nb::module_& m) {
       .def_prop_ro("retired_pages", [](bound_kv_cache const& c) { return c.kv.retired_pages(); },
                    "Pages waiting for release_epochs_through (deferred_reuse).")
       .def("park", [](bound_kv_cache& c, sequence_id s) { return c.kv.park(s); }, nb::arg("seq"),
-           "Starts parking an ended sequence in host memory: a ParkedSession whose device_pages\n"
-           "the engine copies out, then complete_park (pages back to the pool, slot released) or\n"
-           "cancel_park (the sequence is ended again, unchanged).")
+           "Starts parking a sequence in host memory, ended or in decode (a growth that does not\n"
+           "fit: AnswerWindow): a ParkedSession whose device_pages the engine copies out, then\n"
+           "complete_park (pages and reservation back to the pool, slot released) or cancel_park\n"
+           "(the sequence is back in its phase, unchanged).")
       .def("complete_park", [](bound_kv_cache& c, sequence_id s) { c.kv.complete_park(s); },
            nb::arg("seq"))
       .def("cancel_park", [](bound_kv_cache& c, sequence_id s) { c.kv.cancel_park(s); },
@@ -314,6 +381,22 @@ void bind_manager(nb::module_& m) {
            "Restores a parked session with its next turn, all or nothing: (SequenceId,\n"
            "device_pages) where host page k goes to device_pages[k] before any kernel reads the\n"
            "sequence, or None when it does not fit (nothing changed).")
+      .def("resume_pages",
+           [](bound_kv_cache const& c, parked_session const& p, std::int64_t t) {
+             return c.kv.resume_pages(p, t);
+           },
+           nb::arg("session"), nb::arg("max_new_tokens"),
+           "Pages try_resume would reserve (the history in fresh pages plus the answer's growth).")
+      .def("try_resume",
+           [](bound_kv_cache& c, parked_session const& p, std::int64_t t) -> nb::object {
+             auto r = c.kv.try_resume(p, t);
+             if (!r) return nb::none();
+             return nb::make_tuple(r->id, numpy_copy(r->device_pages, {r->device_pages.size()}));
+           },
+           nb::arg("session"), nb::arg("max_new_tokens"),
+           "Resumes a turn parked in decode (session.mid_turn) with max_new_tokens answer tokens\n"
+           "in all (>= session.decoded), all or nothing: (SequenceId, device_pages) as try_unpark,\n"
+           "the sequence in decode where it stopped, or None when it does not fit.")
       .def("pending_copies",
            [](bound_kv_cache const& c) {
              std::vector<std::pair<std::int32_t, std::int32_t>> out;

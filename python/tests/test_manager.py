@@ -266,3 +266,66 @@ def test_park_in_host_memory_and_restore(static_plan):
     other = tangram.KVCacheManager(static_plan, num_pages=parked.host_pages, max_sequences=1)
     assert other.try_unpark(parked, 100, 8) is None  # does not fit: a value, nothing changed
     other.check_invariants()
+
+
+def test_park_a_running_turn_and_resume_it(static_plan):
+    """A turn in decode parks (an answer's growth that did not fit) and resumes where it stopped:
+    the C++ try_resume through the bindings, with the same checks as park / try_unpark."""
+    L, H = static_plan.num_layers, static_plan.num_kv_heads
+    kv = tangram.KVCacheManager(static_plan, num_pages=4000, max_sequences=2)
+    seq = kv.try_admit(400, 8)
+    prefill(kv, seq)
+    kv.set_batch([seq])
+    for _ in range(3):
+        kv.decode_step()
+    pool = kv.pool()
+    pool[:] = np.random.default_rng(5).integers(0, 256, pool.shape, dtype=np.uint8)
+    lengths = [kv.head_len(seq, l, h) for l in range(L) for h in range(H)]
+    parked = kv.park(seq)
+    assert parked.mid_turn and parked.decoded == 3 and parked.max_new == 8
+    host = pool[parked.device_pages].copy()
+    kv.complete_park(seq)
+    assert kv.used_pages == 0 and kv.reserved_pages == 0  # pages and reservation back
+    with pytest.raises(ValueError, match="try_unpark.session.mid_turn"):
+        kv.try_unpark(parked, 1, 1)
+    with pytest.raises(ValueError, match="try_resume.max_new_tokens"):
+        kv.try_resume(parked, 2)  # below the 3 tokens it decoded
+    need = kv.resume_pages(parked, 8)
+    new_seq, pages = kv.try_resume(parked, 8)
+    pool[pages] = host
+    assert np.array_equal(pool[pages], host)
+    assert kv.used_pages + kv.reserved_pages == need
+    info = kv.info(new_seq)
+    assert info["phase"] == "decode" and info["decoded"] == 3 and info["max_new"] == 8
+    assert [kv.head_len(new_seq, l, h) for l in range(L) for h in range(H)] == lengths
+    kv.set_batch([new_seq])
+    for _ in range(5):
+        kv.decode_step()
+    assert kv.info(new_seq)["reserved_pages"] == 0
+    assert kv.stats["parked_mid_turn"] == 1 and kv.stats["resumed"] == 1
+    kv.end_turn(new_seq)
+    kv.free(new_seq)
+    kv.check_invariants()
+
+
+def test_answer_window_mirrors_the_cpp_policy(static_plan):
+    w = tangram.AnswerWindow()
+    assert (w.window_tokens, w.victims, w.host_pool_ratio) == (256, "idle_then_newest", 2.0)
+    assert w.first(4096) == 256 and w.first(100) == 100
+    assert w.growth(4096, 256) == 256 and w.growth(300, 256) == 44 and w.growth(256, 256) == 0
+    assert w.host_limit_bytes(1000) == 2000
+    kv = tangram.KVCacheManager(static_plan, num_pages=4000, max_sequences=3)
+    ids = [kv.try_admit(10, 1) for _ in range(3)]  # the ids only name the candidates
+    # (SequenceId, phase, last_used, pages)
+    candidates = [(ids[0], "decode", 5, 10), (ids[1], "ended", 9, 4), (ids[2], "ended", 2, 8)]
+    assert w.choose_victim(candidates, 1, 10**9) == 2      # the least recently used ended one
+    assert w.choose_victim(candidates[:1], 1, 10**9) == 0  # then the running turn
+    assert w.choose_victim(candidates, 1, 4) == 1          # only what fits host memory
+    assert w.choose_victim(candidates, 1, 3) is None
+    assert tangram.AnswerWindow(victims="largest").choose_victim(candidates, 1, 10**9) == 0
+    with pytest.raises(ValueError, match="answer_window_options.window_tokens"):
+        tangram.AnswerWindow(window_tokens=-1)
+    with pytest.raises(ValueError, match="answer_window_options.victims"):
+        tangram.AnswerWindow(victims="oldest")
+    with pytest.raises(ValueError, match="unknown phase 'sleeping'"):
+        w.choose_victim([(ids[0], "sleeping", 0, 0)], 1, 1)

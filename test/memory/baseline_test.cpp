@@ -55,7 +55,7 @@ TEST_CASE("compressed pages spanning a layer: allocate the chunk, then reclaim t
   CHECK(b.pages_held(s) * b.page_bytes() == 7680);
   // Every layer takes its chunk's pages before the evictions run: 13 held after chunk 2, plus one
   // page per layer for chunk 3 = 17 at the peak.
-  CHECK(b.pool().stats().peak_used == 17);
+  CHECK(b.peak_pages() == 17);
   // A kept count above held + chunk is refused.
   std::vector<std::int32_t> kept(16, 0);
   auto s2 = *b.try_admit();
@@ -110,7 +110,7 @@ TEST_CASE(
     }
     double tangram_bytes = static_cast<double>(t.pool().stats().peak_used * t.pool().page_bytes());
     double steady        = static_cast<double>(reclaim.pages_held(r) * reclaim.page_bytes());
-    double peak = static_cast<double>(reclaim.pool().stats().peak_used * reclaim.page_bytes());
+    double peak = static_cast<double>(reclaim.peak_pages() * reclaim.page_bytes());
     double full_bytes = static_cast<double>(full.pages_held(f) * full.page_bytes());
     INFO(scorer << " tangram " << tangram_bytes << " reclaim steady " << steady << " peak " << peak
                 << " full " << full_bytes);

@@ -80,36 +80,43 @@ struct tiny_elastic {
 TEST_CASE("elastic: admission reserves the scorer's total, worked by hand", "[memory][elastic]") {
   // Tiny model: 8 compressed heads in G_c = 4 groups of Hp 2, P 4, protect 3, keep 0.5, m 0.25.
   // N 20, T 6: kbar = max(3, 10) = 10, K = 80, (1 + m) K = 100 head-tokens, R = ceil(100 / 8) =
-  // 13 pages; decode 4 * ceil(6 / 4) = 8; sliding (2 groups, W 10): 3 each; uncompressed
-  // (2 groups): ceil(26 / 4) = 7 each; staging (max chunk 8): 4 * 2 = 8. Total 49.
+  // 13 pages; decode 4 * ceil(6 / 4) = 8; staging (max chunk 8): 4 * 2 = 8; the compressed
+  // groups share min(13 + max(8, 8), 4 * ceil(26 / 4) = 28) = 21 (a turn stages before it
+  // decodes, never both). Sliding (2 groups, W 10): 3 each; uncompressed (2 groups): ceil(26 / 4)
+  // = 7 each. Total 41, below the 8 groups' 7 + 7 + 3 + 3 + 7 + 7 + 7 + 7 = 48 uncompressed.
   tiny_elastic fx(200);
   auto const& plan = fx.plan;
   auto& m          = fx.m;
   CHECK(elastic_footprint_pages(plan, 0.25, 20, 6) == 13 + 8 + 6 + 14);
-  CHECK(m.admission_pages(20, 6) == 49);
+  CHECK(m.admission_pages(20, 6) == 41);
+  CHECK(uncompressed_footprint_pages(plan, 20, 6) == 48);
   auto id = m.try_admit(20, 6);
   REQUIRE(id);
-  CHECK(m.pool().reserved_pages() == 49);
+  CHECK(m.pool().reserved_pages() == 41);
   CHECK(m.elastic_page_limit(*id) == 13);
   for (auto g : pooled_group_ids(plan)) CHECK(m.group_reserved(*id, g) == 0);
   m.check_invariants();
 
   // A prompt shorter than the chunk bound stages only itself: N 4, T 0: R = 4 (every group's
-  // protected page), sliding and uncompressed groups 1 page each (4), staging 4 * ceil(4 / 4) = 4
-  // (not 4 * ceil(8 / 4) = 8: no chunk of a 4-token prompt is longer than 4). Total 12.
+  // protected page), staging 4 * ceil(4 / 4) = 4 (not 4 * ceil(8 / 4) = 8: no chunk of a 4-token
+  // prompt is longer than 4); R + staging = 8 is capped at the groups' uncompressed 4 * 1 = 4
+  // pages (no group ever holds more than the 4 tokens seen). Sliding and uncompressed groups 1
+  // page each (4). Total 8: the uncompressed footprint exactly.
   CHECK(elastic_footprint_pages(plan, 0.25, 4, 0) == 8);
-  CHECK(m.admission_pages(4, 0) == 12);
-  CHECK(admission_footprint_pages(plan, 4, 0, 8) == 12);
+  CHECK(m.admission_pages(4, 0) == 8);
+  CHECK(admission_footprint_pages(plan, 4, 0, 8) == 8);
+  CHECK(uncompressed_footprint_pages(plan, 4, 0) == 8);
   auto small = m.try_admit(4, 0);
   REQUIRE(small);
-  CHECK(m.pool().reserved_pages() == 49 + 12);
+  CHECK(m.pool().reserved_pages() == 41 + 8);
   m.prepare_chunk(*small, 4);
-  std::vector<std::int32_t> small_kept(static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
+  std::vector<std::int32_t> small_kept(
+      static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
   m.expected_kept(*small, 4, small_kept.data());
   m.commit_chunk(*small, small_kept);
   m.check_invariants();
   m.free(*small);
-  CHECK(m.pool().reserved_pages() == 49);
+  CHECK(m.pool().reserved_pages() == 41);
 
   // A static plan has no elastic limit; its admission is M(r).
   kv_cache_manager s(tiny_plan(tiny_budgets()), fx.mr, opts(200, 4));
@@ -329,7 +336,7 @@ TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memor
 TEST_CASE("elastic on every bundled profile: the manager holds what calibrate predicts",
           "[memory][elastic][profiles]") {
   // Each bundled sample is one request (N = its context, T = 256, one chunk): admission reserves
-  // exactly elastic_footprint_pages + staging; the optimal placement of the sample's own per-head
+  // exactly admission_footprint_pages; the optimal placement of the sample's own per-head
   // needs fits the limit; pages held never exceed it; nothing is reclaimed; after prefill only
   // the decode pages stay reserved. Elastic reserves less than the static plan at mu + 2 sigma.
   // In calibrate's ratio units the manager's compressed reservation equals calibrate's
@@ -352,9 +359,9 @@ TEST_CASE("elastic on every bundled profile: the manager holds what calibrate pr
     auto model   = model_preset(pc.model);
     REQUIRE(samples.layer_ids.size() ==
             static_cast<std::size_t>(model.num_layers));  // kept is by flat head
-    auto plan = real_plan(
-        model, rel, 16, 4, grouping_scope::global, 1, 0, elastic_reservation(0.15));
-    auto stat = real_plan(model, rel, 16, 4, grouping_scope::global);
+    auto plan =
+        real_plan(model, rel, 16, 4, grouping_scope::global, 1, 0, elastic_reservation(0.15));
+    auto stat          = real_plan(model, rel, 16, 4, grouping_scope::global);
     auto members       = pooled_members(plan);
     std::int64_t max_n = 0;
     for (auto const& s : samples.samples) max_n = std::max(max_n, s.context_tokens);
@@ -364,20 +371,26 @@ TEST_CASE("elastic on every bundled profile: the manager holds what calibrate pr
     kv_cache_manager m(plan, mr, o);
     std::int64_t elastic_reserved = 0, static_reserved = 0, wanted = 0, clipped = 0;
     double compressed_ratio = 0, kept_ratio = 0;  // calibrate's ratio units
-    double const cell       = 4.0 * 16.0;
+    double const cell = 4.0 * 16.0;
     for (std::size_t k = 0; k < samples.samples.size(); ++k) {
       auto n  = samples.samples[k].context_tokens;
       auto id = m.try_admit(n, 256);
       REQUIRE(id);
-      // Staging: one chunk of at most min(max_chunk_tokens, n) = n tokens per compressed group.
-      auto staging = static_cast<std::int64_t>(members.size()) * ((n + 15) / 16);
-      CHECK(m.info(*id).reserved_pages == elastic_footprint_pages(plan, 0.15, n, 256) + staging);
+      // Staging: one chunk of at most min(max_chunk_tokens, n) = n tokens per compressed group,
+      // instead of the 256 answer tokens (a turn stages before it decodes), capped at the
+      // groups' uncompressed ceil((n + 256) / 16) pages each (every head here is compressed).
+      auto Gc      = static_cast<std::int64_t>(members.size());
+      auto staging = Gc * ((n + 15) / 16);
+      CHECK(m.info(*id).reserved_pages ==
+            std::min(m.elastic_page_limit(*id) + std::max(staging, Gc * 16),
+                     Gc * ((n + 256 + 15) / 16)));
+      CHECK(m.info(*id).reserved_pages == admission_footprint_pages(plan, n, 256, max_n));
       elastic_reserved += elastic_footprint_pages(plan, 0.15, n, 256);
       // The compressed groups' share of the reservation: the footprint without decode pages and
       // without the groups the plan does not compress (none in these profiles: every head of the
       // bundled models is compressed).
-      compressed_ratio += static_cast<double>(m.elastic_page_limit(*id)) * cell /
-                          static_cast<double>(n);
+      compressed_ratio +=
+          static_cast<double>(m.elastic_page_limit(*id)) * cell / static_cast<double>(n);
       auto const& kk = samples.samples[k].kept;
       kept_ratio += static_cast<double>(std::accumulate(kk.begin(), kk.end(), std::int64_t{0})) /
                     static_cast<double>(n);
@@ -417,9 +430,9 @@ TEST_CASE("elastic on every bundled profile: the manager holds what calibrate pr
     CHECK(static_cast<double>(clipped) < 0.01 * static_cast<double>(wanted));
     CHECK(elastic_reserved < static_reserved);
     elastic_options eo;
-    eo.margin     = 0.15;
-    auto rep      = evaluate_elastic(samples, eo, evaluation_options{0});
-    double mgr    = compressed_ratio / kept_ratio;
+    eo.margin  = 0.15;
+    auto rep   = evaluate_elastic(samples, eo, evaluation_options{0});
+    double mgr = compressed_ratio / kept_ratio;
     // Same R(n) formula on both sides, so equal up to rounding (1.144-1.146 on these profiles);
     // the acceptance only asks for 2%.
     CHECK(mgr == Approx(rep.reserved_over_ideal).epsilon(1e-9));

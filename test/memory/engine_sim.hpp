@@ -15,9 +15,10 @@
 // max(R(n + N), held) on a next turn, or what the parent's groups reach by the end of its decode
 // on a fork; the staged pages after prepare_chunk (ceil((longest + c) / P) per group); each
 // compressed group's pages after a commit (ceil(longest kept / P)); the shared budget
-// (admission: R(N) + G_c ceil(T / P) + staging; each chunk and decode step draws what the groups
-// grow by and unkept staging returns; after the last chunk exactly the decode need, sum of
-// ceil((longest + T) / P) - held; next turn: limit + G_c ceil(T / P) + staging + copies - held;
+// (admission: min(R(N) + max(G_c ceil(T / P), staging), G_c ceil((N + T) / P)); each chunk and
+// decode step draws what the groups grow by and unkept staging returns; after the last chunk
+// exactly the decode need, sum of ceil((longest + T) / P) - held; next turn: min(limit +
+// max(G_c ceil(T / P), staging), G_c ceil((n + N + T) / P)) + copies - held;
 // fork: sum of the parent's decode ends - pages in use; 0 once ended); and each compressed group's
 // list bound (group_target). Not checked: the reservation while a chunk is prepared but not
 // committed (the storm verifies only between calls), and the exclusive/shared split a next turn
@@ -56,6 +57,7 @@ struct sim_sequence {
   // Sliding heads: the tags decode pushed out of the window this turn, oldest first (a rollback
   // brings them back; the ring still holds them when max_rollback allowed it).
   std::vector<std::vector<float>> dropped;
+  bool parked_mid_turn = false;  // parking (or parked) from decode: its turn resumes
 };
 
 /// Everything observable about a manager, for "nothing changed" checks.
@@ -163,7 +165,7 @@ class engine_sim {
       for (auto mb : plan_.grouping.groups[static_cast<std::size_t>(g)].members)
         pooled_members_.back().push_back(mb.layer * H_ + mb.head);
     }
-    Gc_      = static_cast<std::int64_t>(pooled_members_.size());
+    Gc_        = static_cast<std::int64_t>(pooled_members_.size());
     max_chunk_ = m.options().max_chunk_tokens;
   }
 
@@ -238,7 +240,7 @@ class engine_sim {
       q.target[static_cast<std::size_t>(g)] = group_pages(rule(g), N, T, P_);
     if (elastic_) {
       q.pooled_limit  = elastic_limit(N);
-      q.pooled_budget = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging(N);
+      q.pooled_budget = turn_pages(q.pooled_limit, N, N, T);
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g))
           q.target[static_cast<std::size_t>(g)] = std::min(ceil_div(N + T, P_), q.pooled_budget);
@@ -401,7 +403,8 @@ class engine_sim {
     REQUIRE(pv.seq_tokens == dv.seq_tokens);
     REQUIRE(pv.padding_slot == m_.max_sequences());
     REQUIRE(dv.padding_slot == m_.max_sequences());
-    REQUIRE(m_.batch_padding(batch_kind::decode) == dv.batch_size - static_cast<std::int32_t>(dec.size()));
+    REQUIRE(m_.batch_padding(batch_kind::decode) ==
+            dv.batch_size - static_cast<std::int32_t>(dec.size()));
     for (std::int32_t r = 0; r < static_cast<std::int32_t>(dec.size()); ++r) appended(dv, r, 1);
     for (std::size_t i = 0; i < pre.size(); ++i) chunk(pre[i], chunks[i], true);
   }
@@ -533,7 +536,7 @@ class engine_sim {
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g)) held += q.held[static_cast<std::size_t>(g)];
       q.pooled_limit      = std::max(elastic_limit(q.n + N), held);
-      std::int64_t target = q.pooled_limit + Gc_ * ceil_div(T, P_) + staging(N) + shared;
+      std::int64_t target = turn_pages(q.pooled_limit, q.n + N, N, T) + shared;
       q.pooled_budget     = target - held;
       for (std::int32_t g = 0; g < G_; ++g) {
         auto gi = static_cast<std::size_t>(g);
@@ -551,20 +554,28 @@ class engine_sim {
     sim_sequence model;
   };
 
-  /// `park(id)`: the model enters phase parking (pages still held, as when ended). The returned
-  /// session lists the pages to copy out (`copy_out`) before `complete_park`.
+  /// `park(id)` (ended or in decode): the model enters phase parking (pages and any reservation
+  /// still held). The returned session lists the first pages its heads use in every group (a
+  /// turn's list may hold more, with nothing in them), to copy out (`copy_out`) before
+  /// `complete_park`; a turn in decode carries its decoded and reserved answer tokens.
   parked_session park(sequence_id id) {
-    auto p  = m_.park(id);
-    auto& q = seqs_.at(id.slot);
+    auto& q  = seqs_.at(id.slot);
+    bool mid = q.phase == sequence_phase::decode;
+    auto p   = m_.park(id);
     REQUIRE(p.host_pages() == static_cast<std::int64_t>(p.device_pages.size()));
+    REQUIRE(p.mid_turn == mid);
+    REQUIRE(p.decoded == (mid ? q.decoded : 0));
+    REQUIRE(p.max_new == (mid ? q.max_new : 0));
+    REQUIRE(p.seq_tokens == q.n);
     std::int64_t k = 0;
     for (std::int32_t g = 0; g < G_; ++g) {
-      REQUIRE(p.group_pages[static_cast<std::size_t>(g)] == q.held[static_cast<std::size_t>(g)]);
+      REQUIRE(p.group_pages[static_cast<std::size_t>(g)] == in_use(q, g));
       auto const* pages = m_.group_pages(id, g);
-      for (std::int32_t i = 0; i < m_.group_page_count(id, g); ++i)
+      for (std::int32_t i = 0; i < in_use(q, g); ++i)
         REQUIRE(p.device_pages[static_cast<std::size_t>(k++)] == pages[i]);
     }
-    q.phase = sequence_phase::parking;
+    q.phase           = sequence_phase::parking;
+    q.parked_mid_turn = mid;
     return p;
   }
 
@@ -583,14 +594,63 @@ class engine_sim {
   parked complete_park(sequence_id id, parked_session session, std::vector<std::byte> host) {
     m_.complete_park(id);
     parked out{std::move(session), std::move(host), seqs_.at(id.slot)};
-    out.model.phase = sequence_phase::ended;
+    out.model.phase = out.model.parked_mid_turn ? sequence_phase::decode : sequence_phase::ended;
     seqs_.erase(id.slot);
     return out;
   }
 
   void cancel_park(sequence_id id) {
     m_.cancel_park(id);
-    seqs_.at(id.slot).phase = sequence_phase::ended;
+    auto& q           = seqs_.at(id.slot);
+    q.phase           = q.parked_mid_turn ? sequence_phase::decode : sequence_phase::ended;
+    q.parked_mid_turn = false;
+  }
+
+  /// The engine's copy-in of a restore: device page `r.device_pages[k]` <- host page k of `p`
+  /// (host pools only; one new page per host page).
+  void copy_in(parked const& p, restored_session const& r) {
+    REQUIRE(static_cast<std::int64_t>(r.device_pages.size()) == p.session.host_pages());
+    if (data_)
+      copy_pages_from_host(m_.pool().base(),
+                           p.session.page_bytes,
+                           r.device_pages.data(),
+                           r.device_pages.size(),
+                           p.host.data());
+  }
+
+  /// `try_resume(p, T)` of a turn parked in decode; when it fits, the host pages are copied into
+  /// the new pages and the model is the parked one in decode with T answer tokens in all: each
+  /// group holds the pages its heads use and targets what its longest head reaches after the
+  /// whole answer (the compressed groups of an elastic plan share their targets, also their
+  /// limit); the reservation is the targets less the held pages (resume_pages less the history).
+  std::optional<sequence_id> resume(parked const& p, std::int64_t T) {
+    auto need = m_.resume_pages(p.session, T);
+    auto r    = m_.try_resume(p.session, T);
+    if (!r) return std::nullopt;
+    copy_in(p, *r);
+    auto q            = p.model;
+    q.id              = r->id;
+    q.phase           = sequence_phase::decode;
+    q.parked_mid_turn = false;
+    q.max_new         = T;
+    q.pooled_budget = q.pooled_limit = 0;
+    std::int64_t reserved            = 0;
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto gi      = static_cast<std::size_t>(g);
+      q.held[gi]   = in_use(q, g);
+      q.target[gi] = std::max(q.held[gi], extension_end(q, g, T));
+      if (pooled(g)) {
+        q.pooled_limit += q.target[gi];
+        q.pooled_budget += q.target[gi] - q.held[gi];
+      } else {
+        reserved += q.target[gi] - q.held[gi];
+      }
+    }
+    reserved += q.pooled_budget;
+    REQUIRE(m_.info(r->id).reserved_pages == reserved);
+    REQUIRE(need == reserved + p.session.host_pages());
+    seqs_[r->id.slot] = q;
+    return r->id;
   }
 
   /// `try_unpark(p, N, T)`; when it fits, the host pages are copied into the new pages and the
@@ -598,13 +658,7 @@ class engine_sim {
   std::optional<sequence_id> unpark(parked const& p, std::int64_t N, std::int64_t T) {
     auto r = m_.try_unpark(p.session, N, T);
     if (!r) return std::nullopt;
-    REQUIRE(static_cast<std::int64_t>(r->device_pages.size()) == p.session.host_pages());
-    if (data_)
-      copy_pages_from_host(m_.pool().base(),
-                           p.session.page_bytes,
-                           r->device_pages.data(),
-                           r->device_pages.size(),
-                           p.host.data());
+    copy_in(p, *r);
     auto q = p.model;
     q.id   = r->id;
     next_turn(q, N, T, 0);
@@ -690,10 +744,10 @@ class engine_sim {
         REQUIRE(m_.group_page_count(q.id, g) == q.held[gi]);
         REQUIRE(m_.group_target(q.id, g) == q.target[gi]);
         REQUIRE(m_.group_pages_in_use(q.id, g) == in_use(q, g));
-        std::int64_t model_res = q.phase == sequence_phase::ended ||
-                                         q.phase == sequence_phase::parking || pooled(g)
-                                     ? 0
-                                     : q.target[gi] - std::min(q.held[gi], q.target[gi]);
+        bool holds_turn = q.phase != sequence_phase::ended &&
+                          (q.phase != sequence_phase::parking || q.parked_mid_turn);
+        std::int64_t model_res =
+            !holds_turn || pooled(g) ? 0 : q.target[gi] - std::min(q.held[gi], q.target[gi]);
         REQUIRE(m_.group_reserved(q.id, g) == model_res);
         res += model_res;
         auto pages = m_.group_pages(q.id, g);
@@ -919,6 +973,16 @@ class engine_sim {
   /// in every compressed group.
   [[nodiscard]] std::int64_t staging(std::int64_t N) const {
     return elastic_ ? Gc_ * ceil_div(std::min(max_chunk_, N), P_) : 0;
+  }
+  /// The compressed groups' shared total of a turn of N prompt and T decode tokens that ends at
+  /// `tokens` (n + N): the limit plus the larger of the answer's pages and the staging (a turn
+  /// stages only before it decodes), capped at what the groups hold uncompressed after the turn.
+  [[nodiscard]] std::int64_t turn_pages(std::int64_t limit,
+                                        std::int64_t tokens,
+                                        std::int64_t N,
+                                        std::int64_t T) const {
+    return std::min(limit + std::max(Gc_ * ceil_div(T, P_), staging(N)),
+                    Gc_ * ceil_div(tokens + T, P_));
   }
   std::int64_t elastic_evictions_ = 0, elastic_clipped_ = 0;
   std::vector<bool> pooled_;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Thousands of random operations (admit, chunk with fused eviction, decode, mixed steps of
 // prefill chunks beside decodes on two padded batches, fork, end turn,
-// continue, free, abort mid-chunk, park / complete_park / cancel_park / try_unpark through a
-// host copy of the pages) across many sequences on random tiny plans. After every
+// continue, free, abort mid-chunk, park (ended sessions and turns in decode) / complete_park /
+// cancel_park / try_unpark / try_resume through a host copy of the pages) across many sequences
+// on random tiny plans. After every
 // operation the engine_sim checks, independently of the manager's own bookkeeping: every held
 // token's K/V read back through the view, each group's page count / target / reservation from the
 // footprint formulas, reference counts = owners found in the page lists, used + reserved <=
@@ -34,6 +35,7 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
   const int trials = 6, ops = 1500;
   std::int64_t total_ops = 0, misuses = 0, forks = 0, rejections = 0, continues = 0;
   std::int64_t parks = 0, cancels = 0, unparks = 0, unpark_refusals = 0, shared_parks = 0;
+  std::int64_t running_parks = 0, resumes = 0, resume_refusals = 0;
   std::int64_t mixed_steps = 0, padded_requests = 0;
   for (int trial = 0; trial < trials; ++trial) {
     std::mt19937 rng(1000 + static_cast<std::uint32_t>(trial));
@@ -97,12 +99,16 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
                     parking.end());
       int op = static_cast<int>(rng() % 100);
       if (rng() % 100 < 10) {
-        // Host offload: park an ended session (copy it out now or just before completing),
-        // complete or cancel a park, restore a parked session with its next turn.
+        // Host offload: park an ended session or a turn in decode (copy it out now or just
+        // before completing), complete or cancel a park, restore a parked session with its next
+        // turn or resume a parked turn.
         int kind   = static_cast<int>(rng() % 3);
         auto ended = in_phase(sequence_phase::ended);
+        auto dec   = in_phase(sequence_phase::decode);
+        if (!dec.empty() && rng() % 3 == 0) ended = dec;  // a running turn this time
         if (kind == 0 && !ended.empty()) {
           auto id = pick(ended, rng);
+          running_parks += m.info(id).phase == sequence_phase::decode;
           for (std::int32_t g = 0; g < m.num_groups(); ++g)
             for (std::int32_t p = 0; p < m.group_page_count(id, g); ++p)
               if (m.pool().ref_count(m.group_pages(id, g)[p]) > 1) {
@@ -130,9 +136,27 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
             if (parked.size() > 6) parked.erase(parked.begin() + static_cast<long>(rng() % 6));
           }
           parking.erase(parking.begin() + static_cast<long>(k));
+        } else if (kind == 2 && !parked.empty() &&
+                   parked[static_cast<std::size_t>(step) % parked.size()].session.mid_turn) {
+          // Resume a parked turn with what it had reserved, or more (its next window).
+          auto k    = static_cast<std::size_t>(step) % parked.size();
+          auto T    = parked[k].session.max_new + uniform(rng, 0, 6);
+          auto need = m.resume_pages(parked[k].session, T);
+          bool fits = m.live_sequences() < m.max_sequences() && need <= m.pool().available_pages();
+          auto ids  = sim.ids();
+          auto before = snapshot(m, ids);
+          auto back   = sim.resume(parked[k], T);
+          if (!fits) REQUIRE_FALSE(back);
+          if (back) {
+            ++resumes;
+            if (rng() % 2) parked.erase(parked.begin() + static_cast<long>(k));
+          } else {
+            ++resume_refusals;
+            REQUIRE(snapshot(m, ids) == before);  // does not fit: nothing changed
+          }
         } else if (kind == 2 && !parked.empty()) {
-          auto k    = rng() % parked.size();
-          auto N    = uniform(rng, 1, 20), T = uniform(rng, 0, 15);
+          auto k = static_cast<std::size_t>(step) % parked.size();  // ended before it was parked
+          auto N = uniform(rng, 1, 20), T = uniform(rng, 0, 15);
           auto need = m.unpark_pages(parked[k].session, N, T);
           bool fits = m.live_sequences() < m.max_sequences() && need <= m.pool().available_pages();
           auto ids  = sim.ids();
@@ -281,9 +305,9 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
             misuse([&] { (void)m.continue_turn(id, 1, 1); }, "phase parking");
           else
             misuse([&] { (void)m.fork(id); }, "phase parking");
-        } else if (!pre.empty() || !dec.empty()) {
-          auto id = pick(pre.empty() ? dec : pre, rng);
-          misuse([&] { (void)m.park(id); }, "only an ended session can be parked");
+        } else if (!pre.empty()) {
+          misuse([&] { (void)m.park(pick(pre, rng)); },
+                 "only an ended session or a turn in decode");
         }
         if (!parked.empty() && rng() % 2) {
           // A corrupted session: invalid_argument naming the field, nothing changed.
@@ -322,6 +346,10 @@ TEST_CASE("random lifecycles keep pages, references, reservations and data consi
   CHECK(cancels > 3);
   CHECK(unparks > 20);
   CHECK(shared_parks > 0);
+  INFO("running parks " << running_parks << " resumes " << resumes << " refusals "
+                        << resume_refusals);
+  CHECK(running_parks > 10);
+  CHECK(resumes > 5);
   INFO("mixed steps " << mixed_steps << " padding requests " << padded_requests);
   CHECK(mixed_steps > 50);
   CHECK(padded_requests > 100);

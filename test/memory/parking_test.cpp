@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Host offload of idle sessions (park / complete_park / try_unpark) on the tiny hybrid model,
-// worked by hand: the pages a parked session hands out and restores, the reservation of the
-// restored turn (continue_turn's increment plus the history), every byte of the restored pages,
-// shared (forked) pages, the same state as continue_turn on the original, and every misuse.
+// Host offload of sessions (park / complete_park / try_unpark, and try_resume for a turn parked in
+// decode) on the tiny hybrid model, worked by hand: the pages a parked session hands out and
+// restores, the reservation of the restored turn (continue_turn's increment plus the history, or
+// the resumed answer's growth), every byte of the restored pages, shared (forked) pages, the same
+// state as continue_turn (or the uninterrupted turn) on the original, and every misuse.
 #include <cstring>
 #include <numeric>
 
@@ -221,6 +222,208 @@ TEST_CASE("parking: a restored session is in the state continue_turn leaves the 
   }
 }
 
+TEST_CASE("parking a running turn: it resumes where it stopped, every byte and token back",
+          "[memory][manager][parking][mid_turn]") {
+  // Twin managers: `a` runs the turn through, `b` parks it after 3 of its 5 answer tokens (an
+  // answer's growth that did not fit, memory/answer_window.hpp) and resumes it. The model
+  // (engine_sim::park / resume) predicts every count from the plan; the twin shows the resumed
+  // turn ends exactly where the uninterrupted one does.
+  auto run = [](static_plan const& plan, bool deferred) {
+    host_memory_resource mr;
+    auto o             = opts(300, 8);
+    o.max_chunk_tokens = 8;
+    o.deferred_reuse   = deferred;
+    kv_cache_manager a(plan, mr, o), b(plan, mr, o);
+    std::memset(b.pool().base(), 0x5a, static_cast<std::size_t>(b.pool().arena_bytes()));
+    engine_sim sa(a, 21, 0.3), sb(b, 21, 0.3);
+    auto ia = *sa.admit(20, 5), ib = *sb.admit(20, 5);
+    for (std::int64_t done = 0; done < 20; done += 8) {
+      sa.chunk(ia, std::min<std::int64_t>(8, 20 - done));
+      sb.chunk(ib, std::min<std::int64_t>(8, 20 - done));
+    }
+    for (int t = 0; t < 3; ++t) {
+      sa.decode({ia});
+      sb.decode({ib});
+    }
+    // A rollback leaves pages back in the reservation (spares under deferred reuse).
+    sb.append(ib, 2);
+    sb.rollback(ib, 2);
+    sa.append(ia, 2);
+    sa.rollback(ia, 2);
+    auto reserved = b.info(ib).reserved_pages;
+    auto used     = b.pool().stats().used;
+    auto session  = sb.park(ib);
+    CHECK(session.mid_turn);
+    CHECK(session.decoded == 3);
+    CHECK(session.max_new == 5);
+    CHECK(session.seq_tokens == 23);
+    CHECK(session.appended == 3);
+    // Parking keeps pages and reservation until complete_park; nothing else is allowed.
+    CHECK(b.info(ib).phase == sequence_phase::parking);
+    CHECK(b.info(ib).reserved_pages == reserved);
+    CHECK(b.pool().stats().used == used);
+    b.set_batch({ib});
+    CHECK_THROWS_WITH(b.decode_step(), Catch::Contains("phase parking, not decode"));
+    CHECK_THROWS_WITH(b.try_extend(ib, 1), Catch::Contains("phase parking"));
+    CHECK_THROWS_WITH(b.end_turn(ib), Catch::Contains("phase parking"));
+    sb.verify();
+    // cancel_park: back in decode with its turn; it decodes on.
+    sb.cancel_park(ib);
+    CHECK(b.info(ib).phase == sequence_phase::decode);
+    CHECK(b.info(ib).reserved_pages == reserved);
+    sb.verify();
+    session   = sb.park(ib);
+    auto host = sb.copy_out(session);
+    std::vector<page_id> original(session.device_pages);
+    auto parked = sb.complete_park(ib, session, host);
+    // Everything it held or had reserved is back (retired first under deferred reuse).
+    if (deferred) b.release_epochs_through(b.advance_epoch());
+    CHECK(b.pool().stats().used == 0);
+    CHECK(b.pool().stats().reserved == 0);
+    CHECK(b.stats().parked_mid_turn == 1);
+    CHECK_THROWS_WITH(b.view(), Catch::Contains("freed"));  // the batch named it: set it again
+    // Another sequence takes the first pages, so the resumed pages differ from the parked ones.
+    auto other = *sb.admit(3, 1);
+    auto rb    = sb.resume(parked, 5);
+    REQUIRE(rb);
+    CHECK(b.stats().resumed == 1);
+    CHECK(b.info(*rb).phase == sequence_phase::decode);
+    CHECK(b.info(*rb).decoded == 3);
+    CHECK(b.info(*rb).max_new == 5);
+    std::vector<page_id> now;
+    for (std::int32_t g = 0; g < b.num_groups(); ++g)
+      now.insert(
+          now.end(), b.group_pages(*rb, g), b.group_pages(*rb, g) + b.group_page_count(*rb, g));
+    CHECK(now != original);
+    CHECK(page_bytes(b, now) == host);  // every byte of every page it parked
+    sb.verify();                        // every held token of every head, through the view
+    // The turn ends where the uninterrupted twin's does.
+    for (int t = 0; t < 2; ++t) {
+      sa.decode({ia});
+      sb.decode({*rb});
+    }
+    CHECK(b.info(*rb).reserved_pages == 0);  // exactly its answer: nothing missing or left
+    sa.end_turn(ia);
+    sb.end_turn(*rb);
+    CHECK(group_page_counts(a, ia) == group_page_counts(b, *rb));
+    for (std::int32_t l = 0; l < plan.num_layers; ++l)
+      for (std::int32_t h = 0; h < plan.num_kv_heads; ++h)
+        CHECK(a.head_len(ia, l, h) == b.head_len(*rb, l, h));
+    sa.verify();
+    sb.verify();
+    // A resume may also reserve a longer answer than it had (its next window).
+    sb.free(*rb);
+    auto longer = sb.resume(parked, 9);
+    REQUIRE(longer);
+    for (int t = 0; t < 6; ++t) sb.decode({*longer});
+    sb.verify();
+    sb.free(*longer);
+    sb.free(other);
+    if (deferred) b.release_epochs_through(b.advance_epoch());
+    CHECK(b.pool().stats().used == 0);
+    CHECK(b.pool().stats().reserved == 0);
+    CHECK(b.stats().reclaimed_pages == 0);
+    b.check_invariants();
+  };
+  SECTION("static budgets") {
+    run(tiny_plan(tiny_budgets()), false);
+  }
+  SECTION("static budgets, deferred reuse") {
+    run(tiny_plan(tiny_budgets()), true);
+  }
+  SECTION("elastic reservation") {
+    run(tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.15)),
+        false);
+  }
+}
+
+TEST_CASE("resuming a parked turn, worked by hand, does not fit, misuse",
+          "[memory][manager][parking][mid_turn]") {
+  auto plan = tiny_plan(tiny_budgets());
+  simulated_memory_resource mr;
+  kv_cache_manager m(plan, mr, opts(200, 8));
+  engine_sim sim(m, 3, 0.0);
+  // N 20, T 5, 3 decoded: uncompressed groups (2) use ceil(23 / 4) = 6 pages each and reach
+  // ceil(25 / 4) = 7: 1 page each to reserve; sliding groups (2, W 10) use and keep their
+  // ceil(10 / 4) = 3 ring pages; compressed group g keeps retained_tokens(rule_g, 20) and uses
+  // ceil((k_g + 3) / 4), reaching ceil((k_g + 5) / 4).
+  auto id = *sim.admit(20, 5);
+  sim.chunk(id, 20);
+  for (int t = 0; t < 3; ++t) sim.decode({id});
+  std::int64_t history = 0, grow = 0;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g) {
+    auto const& rule = plan.grouping.groups[static_cast<std::size_t>(g)].rule;
+    std::int64_t use = 0, end = 0;
+    if (rule.kind == layer_kind::sliding_window) {
+      use = end = 3;
+    } else if (rule.kind == layer_kind::uncompressed) {
+      use = 6;
+      end = 7;
+    } else {
+      auto k = retained_tokens(rule, 20);
+      use    = (k + 3 + 3) / 4;
+      end    = (k + 5 + 3) / 4;
+    }
+    history += use;
+    grow += end - use;
+  }
+  auto session = sim.park(id);
+  CHECK(session.host_pages() == history);
+  auto parked = sim.complete_park(id, session, {});
+  CHECK(m.resume_pages(parked.session, 5) == history + grow);
+  CHECK(m.resume_pages(parked.session, 3) == history);  // no answer room: only its history
+  // One page short, then no free slot: nothing changes; then it fits.
+  {
+    simulated_memory_resource mr2;
+    kv_cache_manager small(plan, mr2, opts(history + grow - 1, 8));
+    CHECK_FALSE(small.try_resume(parked.session, 5).has_value());
+    CHECK(small.stats().resume_rejected == 1);
+    CHECK(small.pool().stats().used + small.pool().stats().reserved == 0);
+    kv_cache_manager one(plan, mr2, opts(200, 1));
+    auto hog = *one.try_admit(1, 0);
+    CHECK_FALSE(one.try_resume(parked.session, 5).has_value());
+    one.free(hog);
+    auto r = one.try_resume(parked.session, 5);
+    REQUIRE(r);
+    CHECK(one.info(r->id).reserved_pages == grow);
+    one.check_invariants();
+  }
+  // Misuse: invalid_argument naming the field, nothing changed.
+  std::vector<sequence_id> ids;
+  auto s = parked.session;
+  expect_unchanged<invalid_argument>(
+      m,
+      ids,
+      [&] { (void)m.try_resume(s, 2); },
+      "try_resume.max_new_tokens: must be in [decoded = 3");
+  expect_unchanged<invalid_argument>(
+      m,
+      ids,
+      [&] { (void)m.try_resume(s, std::int64_t{1} << 31); },
+      "2^31 - 1 - 20 tokens before the answer]");
+  expect_unchanged<invalid_argument>(
+      m, ids, [&] { (void)m.try_unpark(s, 1, 1); }, "try_unpark.session.mid_turn");
+  auto bad = [&](auto&& corrupt, std::string const& piece) {
+    auto c = s;
+    corrupt(c);
+    expect_unchanged<invalid_argument>(
+        m, ids, [&] { (void)m.try_resume(c, 5); }, piece);
+  };
+  bad([](parked_session& c) { c.decoded = 2; },
+      "try_resume.session.decoded: a turn parked in decode");
+  bad([](parked_session& c) { c.max_new = 2; },
+      "try_resume.session.max_new: must be in [decoded = 3");
+  bad([](parked_session& c) { c.group_pages[6] += 1; }, "try_resume.session.group_pages[6]");
+  bad([](parked_session& c) { c.plan_fingerprint ^= 1; }, "try_resume.session.plan_fingerprint");
+  CHECK_THROWS_WITH(m.resume_pages(s, 2), Catch::Contains("resume_pages.max_new_tokens"));
+  CHECK(m.live_sequences() == 0);
+  auto back = sim.resume(parked, 5);
+  REQUIRE(back);
+  sim.decode({*back});
+  sim.decode({*back});
+  sim.verify();
+}
+
 TEST_CASE("parking a forked session keeps the pages its fork shares",
           "[memory][manager][parking]") {
   auto plan = tiny_plan(tiny_budgets());
@@ -279,10 +482,12 @@ TEST_CASE("parking misuse is a clear error with nothing changed", "[memory][mana
   auto b = *sim.admit(9, 3);
   sim.chunk(b, 9);
   std::vector<sequence_id> ids{a, b};
-  expect_unchanged<logic_error>(m, ids, [&] { (void)m.park(a); }, "park: sequence in slot");
-  expect_unchanged<logic_error>(m, ids, [&] { (void)m.park(b); }, "phase decode; only an ended");
-  expect_unchanged<logic_error>(m, ids, [&] { m.complete_park(b); }, "not parking");
-  expect_unchanged<logic_error>(m, ids, [&] { m.cancel_park(a); }, "phase prefill, not parking");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { (void)m.park(a); }, "phase prefill; only an ended session or a turn in decode");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { m.complete_park(b); }, "not parking");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { m.cancel_park(a); }, "phase prefill, not parking");
   for (int i = 0; i < 3; ++i) sim.decode({b});
   sim.end_turn(b);
   auto session = sim.park(b);
@@ -327,7 +532,20 @@ TEST_CASE("parking misuse is a clear error with nothing changed", "[memory][mana
   bad([](parked_session& c) { c.appended = -1; }, "session.appended");
   bad([](parked_session& c) { c.written_tokens = 0; }, "session.written_tokens");
   bad([](parked_session& c) { c.head_base_len[4] = 3; }, "head_base_len[4]: 3 for a sliding");
-  bad([](parked_session& c) { c.head_base_len[0] = 1 << 30; }, "outside [0, seq_tokens - appended]");
+  bad([](parked_session& c) { c.head_base_len[0] = 1 << 30; },
+      "outside [0, seq_tokens - appended]");
+  bad([](parked_session& c) { c.decoded = 1; }, "session: an ended session (mid_turn false)");
+  bad([](parked_session& c) { c.max_new = 2; }, "has decoded = max_new = 0, got 0 and 2");
+  // A session made to look parked mid-turn: try_unpark refuses it (try_resume continues it).
+  bad(
+      [](parked_session& c) {
+        c.mid_turn = true;
+        c.decoded = c.max_new = c.appended;
+      },
+      "try_unpark.session.mid_turn: the session was parked in the middle of a turn (3 of 3");
+  expect_unchanged<invalid_argument>(
+      m, ids, [&] { (void)m.try_resume(s, 4); }, "try_resume.session.mid_turn: the session ended");
+  CHECK_THROWS_WITH(m.resume_pages(s, 4), Catch::Contains("resume_pages.session.mid_turn"));
   expect_unchanged<invalid_argument>(
       m, ids, [&] { (void)m.try_unpark(s, 0, 1); }, "try_unpark.prompt_tokens: must be >= 1");
   expect_unchanged<invalid_argument>(
@@ -366,6 +584,14 @@ TEST_CASE("concurrent_kv_cache forwards parking", "[memory][manager][parking]") 
   REQUIRE(back);
   CHECK(kv.info(back->id)->phase == sequence_phase::prefill);
   CHECK(static_cast<std::int64_t>(back->device_pages.size()) == session.host_pages());
+  // A turn in decode parks too, and resumes with try_resume.
+  kv.with_lock([&](kv_cache_manager& m) { prefill(m, back->id, 4); });
+  auto mid = kv.park(back->id);
+  CHECK(mid.mid_turn);
+  kv.complete_park(back->id);
+  auto resumed = kv.try_resume(mid, 4);
+  REQUIRE(resumed);
+  CHECK(kv.info(resumed->id)->phase == sequence_phase::decode);
   kv.check_invariants();
 }
 
@@ -404,6 +630,27 @@ TEST_CASE("tensor parallelism: restore a parked session on every rank or on none
     CHECK(ranks[r]->info((*back)[r].id).phase == sequence_phase::prefill);
     CHECK(static_cast<std::int64_t>((*back)[r].device_pages.size()) ==
           sessions[r].host_pages());
+    ranks[r]->check_invariants();
+  }
+  // The turn parked again in decode resumes on every rank or on none.
+  std::vector<parked_session> mid;
+  for (std::size_t r = 0; r < 2; ++r) {
+    prefill(*ranks[r], (*back)[r].id, 6);
+    mid.push_back(ranks[r]->park((*back)[r].id));
+    ranks[r]->complete_park((*back)[r].id);
+  }
+  CHECK_THROWS_WITH(try_resume_all(ranks, {mid[0]}, 2),
+                    Catch::Contains("try_resume_all.sessions: expected one per rank (2), got 1"));
+  CHECK_THROWS_AS(try_resume_all(ranks, sessions, 2), invalid_argument);  // ended: try_unpark
+  auto hog2 = r1.try_admit(1, T);
+  REQUIRE(hog2);
+  CHECK_FALSE(try_resume_all(ranks, mid, 2).has_value());
+  CHECK(r0.live_sequences() == 0);
+  r1.free(*hog2);
+  auto resumed = try_resume_all(ranks, mid, 2);
+  REQUIRE(resumed);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(ranks[r]->info((*resumed)[r].id).phase == sequence_phase::decode);
     ranks[r]->check_invariants();
   }
 }

@@ -18,10 +18,12 @@
 //   rule, decode past T, duplicate batch members, a freed batch member, ...) throws the
 //   documented exception naming the value, with nothing changed; under elastic reservation also
 //   a chunk above max_chunk_tokens and kept counts whose compressed groups exceed the limit;
-// - parking: an ended session's pages go to a host buffer (park, copy-out now or just before
-//   complete_park, sometimes cancel_park), the session later restores with its next turn
-//   (try_unpark: fits exactly when unpark_pages are available with a free slot, else nothing
-//   changes); on host pools every restored token is read back through the view;
+// - parking: an ended session's or a running turn's pages go to a host buffer (park, copy-out now
+//   or just before complete_park, sometimes cancel_park), the session later restores with its
+//   next turn (try_unpark) or the turn resumes (try_resume), each fitting exactly when
+//   unpark_pages / resume_pages are available with a free slot, else nothing changes; a growth
+//   that does not fit parks the victims the answer window names (memory/answer_window.hpp) until
+//   it fits; on host pools every restored token is read back through the view;
 // - the view journal: an engine-side mirror updated only from view_changes() equals the arrays;
 // - the FlashInfer export lists each head's length and its group's pages;
 // - after every drain the pool is empty (nothing leaked) and the resource got its arena back.
@@ -43,6 +45,7 @@
 #include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/answer_window.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/model/presets.hpp"
@@ -90,6 +93,9 @@ struct storm_totals {
   std::int64_t rolled_back       = 0;  ///< tokens they removed
   std::int64_t parks = 0, park_cancels = 0;  ///< sessions parked (complete_park) / cancelled
   std::int64_t unparks = 0, unpark_rejected = 0;  ///< try_unpark that fit / did not
+  std::int64_t running_parks = 0;                 ///< of the parks, turns parked in decode
+  std::int64_t resumes = 0, resume_rejected = 0;  ///< try_resume that fit / did not
+  std::int64_t growth_parks                 = 0;  ///< victims parked so that a refused growth fits
   static constexpr std::size_t misuse_kinds = 16;
   std::array<std::int64_t, misuse_kinds> misuse_by_kind{};  ///< misuses per case of storm::misuse
 
@@ -127,6 +133,10 @@ struct storm_totals {
     park_cancels += o.park_cancels;
     unparks += o.unparks;
     unpark_rejected += o.unpark_rejected;
+    running_parks += o.running_parks;
+    resumes += o.resumes;
+    resume_rejected += o.resume_rejected;
+    growth_parks += o.growth_parks;
     for (std::size_t k = 0; k < misuse_kinds; ++k) misuse_by_kind[k] += o.misuse_by_kind[k];
   }
 };
@@ -721,29 +731,24 @@ class storm {
       ++t_.fork_rejected;
   }
 
-  /// Host offload: park an ended session (its copy-out now or just before complete_park),
-  /// complete or cancel a park, or restore a parked session with a next turn. A restore fits
-  /// exactly when `unpark_pages` are available with a free slot (the page-id arena may refuse
-  /// while forks share pages); a refusal changes nothing. On host pools the restored history is
-  /// read back token by token at the next check.
+  /// Host offload: park an ended session or a running turn (its copy-out now or just before
+  /// complete_park), complete or cancel a park, restore a parked session with a next turn or
+  /// resume a parked turn, or grow a turn parking victims until it fits. A restore or resume fits
+  /// exactly when `unpark_pages` / `resume_pages` are available with a free slot (the page-id
+  /// arena may refuse while forks share pages); a refusal changes nothing. On host pools the
+  /// restored history is read back token by token at the next check.
   void park_op() {
     auto& m = *manager_;
     parking_.erase(std::remove_if(parking_.begin(),
                                   parking_.end(),
                                   [&](parking_entry const& e) { return !m.contains(e.id); }),
                    parking_.end());
-    switch (rng_() % 3) {
+    switch (rng_() % 4) {
       case 0: {
-        auto ended = phase(sequence_phase::ended);
+        auto ended = phase(rng_() % 3 == 0 ? sequence_phase::decode : sequence_phase::ended);
         if (ended.empty()) return end_turn();
         auto id = pick(ended);
-        parking_entry e{id, sim_->park(id), {}, false};
-        if (rng_() % 2) {
-          e.host   = sim_->copy_out(e.session);
-          e.copied = true;
-        }
-        parking_.push_back(std::move(e));
-        ++t_.calls;
+        start_park(id);
         return;
       }
       case 1: {
@@ -754,41 +759,100 @@ class storm {
           sim_->cancel_park(e.id);
           ++t_.park_cancels;
         } else {
-          if (!e.copied) e.host = sim_->copy_out(e.session);
-          parked_.push_back(sim_->complete_park(e.id, std::move(e.session), std::move(e.host)));
-          graveyard(e.id);
-          ++t_.parks;
-          if (parked_.size() > 8) parked_.erase(parked_.begin() + static_cast<long>(rng_() % 8));
+          finish_park(k);
         }
         ++t_.calls;
         parking_.erase(parking_.begin() + static_cast<long>(k));
         return;
       }
+      case 2:
+        return grow_or_park();
       default: {
         if (parked_.empty()) return;
-        auto k     = rng_() % parked_.size();
-        auto N     = uniform(1, std::max<std::int64_t>(1, cfg_.max_prompt / 2));
-        auto T     = uniform(0, cfg_.max_new);
-        auto need  = m.unpark_pages(parked_[k].session, N, T);
+        auto k         = rng_() % parked_.size();
+        auto const& ps = parked_[k].session;
+        auto N         = uniform(1, std::max<std::int64_t>(1, cfg_.max_prompt / 2));
+        auto T     = ps.mid_turn ? ps.max_new + uniform(0, cfg_.max_new) : uniform(0, cfg_.max_new);
+        auto need  = ps.mid_turn ? m.resume_pages(ps, T) : m.unpark_pages(ps, N, T);
         bool fits  = m.live_sequences() < m.max_sequences() && need <= m.pool().available_pages();
         bool arena = arena_may_refuse();
         std::optional<sequence_id> back;
         bool ok = fits_or_unchanged(!fits || arena, [&] {
-          back = sim_->unpark(parked_[k], N, T);
+          back = ps.mid_turn ? sim_->resume(parked_[k], T) : sim_->unpark(parked_[k], N, T);
           return back.has_value();
         });
         if (fits && !arena) REQUIRE(ok);
         if (!fits) REQUIRE(!ok);
         note_refusal(fits, ok);
         if (ok) {
-          REQUIRE(m.info(*back).reserved_pages == need - parked_[k].session.host_pages());
-          ++t_.unparks;
+          REQUIRE(m.info(*back).reserved_pages == need - ps.host_pages());
+          ++(ps.mid_turn ? t_.resumes : t_.unparks);
           if (rng_() % 2) parked_.erase(parked_.begin() + static_cast<long>(k));
         } else {
-          ++t_.unpark_rejected;
+          ++(parked_[k].session.mid_turn ? t_.resume_rejected : t_.unpark_rejected);
         }
         return;
       }
+    }
+  }
+
+  /// `park(id)` (ended or in decode), its copy-out now or later.
+  void start_park(sequence_id id) {
+    t_.running_parks += manager_->info(id).phase == sequence_phase::decode;
+    parking_entry e{id, sim_->park(id), {}, false};
+    if (rng_() % 2) {
+      e.host   = sim_->copy_out(e.session);
+      e.copied = true;
+    }
+    parking_.push_back(std::move(e));
+    ++t_.calls;
+  }
+  /// The copy-out of `parking_[k]` (if not done yet) and `complete_park`: the session lives on in
+  /// host memory (the entry stays in `parking_`: the caller removes it).
+  void finish_park(std::size_t k) {
+    auto& e = parking_[k];
+    if (!e.copied) e.host = sim_->copy_out(e.session);
+    parked_.push_back(sim_->complete_park(e.id, std::move(e.session), std::move(e.host)));
+    graveyard(e.id);
+    ++t_.parks;
+    if (parked_.size() > 8) parked_.erase(parked_.begin() + static_cast<long>(rng_() % 8));
+  }
+
+  /// The engine loop's growth (memory/answer_window.hpp): a turn in decode grows by a window;
+  /// while that does not fit, the victim the answer window names (an ended session first, then
+  /// the newest running turn, the growing one included; random clocks) is parked and completed.
+  /// Every growth either fits or ends with the growing turn parked: nothing is recomputed.
+  void grow_or_park() {
+    auto dec = phase(sequence_phase::decode);
+    if (dec.empty()) return decode();
+    auto id   = pick(dec);
+    auto more = uniform(1, std::max<std::int64_t>(1, cfg_.max_new));
+    answer_window window;
+    for (;;) {
+      auto before = sim_->sequences().at(id.slot).max_new;
+      if (sim_->extend(id, more)) {
+        REQUIRE(sim_->sequences().at(id.slot).max_new == before + more);
+        ++t_.extended;
+        return;
+      }
+      ++t_.extend_rejected;
+      std::vector<park_candidate> candidates;
+      for (auto const& [s, q] : sim_->sequences())
+        candidates.push_back({q.id,
+                              q.phase,
+                              static_cast<std::int64_t>(rng_() % 1000),
+                              manager_->info(q.id).held_pages});
+      auto k = window.choose_victim(
+          candidates, manager_->pool().page_bytes(), std::numeric_limits<std::int64_t>::max());
+      REQUIRE(k.has_value());  // the growing turn itself is a candidate
+      auto victim = candidates[*k].id;
+      REQUIRE((candidates[*k].phase == sequence_phase::ended ||
+               candidates[*k].phase == sequence_phase::decode));
+      start_park(victim);
+      finish_park(parking_.size() - 1);
+      parking_.pop_back();
+      ++t_.growth_parks;
+      if (victim == id) return;  // the growing turn left the GPU; it resumes later
     }
   }
 
@@ -1037,7 +1101,7 @@ class storm {
         if (sim_->elastic() && !pre.empty()) elastic_misuse(pick(pre));
         break;
       case 15:  // parking: the wrong phase, a session of another plan or corrupted
-        parking_misuse(pre, dec, end);
+        parking_misuse(pre, end);
         break;
       default:  // a stale generation on a live slot
         if (!live.empty()) {
@@ -1049,20 +1113,16 @@ class storm {
     }
   }
 
-  /// Parking misuse: park outside the ended phase, complete or cancel a park that was never
-  /// started, turn calls on a parking sequence (logic_error naming the phase), and a session
-  /// whose fingerprint, page size or counts are wrong (invalid_argument naming the field).
-  void parking_misuse(std::vector<sequence_id> const& pre,
-                      std::vector<sequence_id> const& dec,
-                      std::vector<sequence_id> const& end) {
+  /// Parking misuse: park in prefill, complete or cancel a park that was never started, turn
+  /// calls on a parking sequence (logic_error naming the phase), and a session whose
+  /// fingerprint, page size or counts are wrong (invalid_argument naming the field).
+  void parking_misuse(std::vector<sequence_id> const& pre, std::vector<sequence_id> const& end) {
     auto& m = *manager_;
     switch (rng_() % 4) {
       case 0:
-        if (!pre.empty() || !dec.empty()) {
-          auto id = pick(pre.empty() ? dec : pre);
-          expect_misuse<logic_error>("only an ended session can be parked",
-                                     [&] { (void)m.park(id); });
-        }
+        if (!pre.empty())
+          expect_misuse<logic_error>("only an ended session or a turn in decode can be parked",
+                                     [&, id = pick(pre)] { (void)m.park(id); });
         break;
       case 1:
         if (!end.empty()) {

@@ -64,6 +64,14 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
   CHECK(all.park_cancels > 0);
   CHECK(all.unparks > 20);
   CHECK(all.unpark_rejected > 0);
+  // Running turns parked (some to make a refused growth fit, by the answer window's order) and
+  // resumed where they stopped.
+  INFO("running parks " << all.running_parks << " growth parks " << all.growth_parks << " resumes "
+                        << all.resumes << " refused " << all.resume_rejected);
+  CHECK(all.running_parks > 10);
+  CHECK(all.growth_parks > 5);
+  CHECK(all.resumes > 2);
+  CHECK(all.resume_rejected > 0);
   // Elastic configs: the group-length selection ran, the limit bound it (wanted tokens clipped),
   // and commits past the limit were refused with nothing changed.
   CHECK(all.elastic_evictions > 100);

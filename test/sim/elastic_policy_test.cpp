@@ -92,10 +92,13 @@ TEST_CASE("tangram_elastic reserves admission_footprint_pages, less than static 
   auto m               = model_preset("llama-3.1-8b");
   double kv            = gpu_spec{}.kv_budget_bytes(m);
   std::int64_t const N = 32768, T = 512, chunk = 1024;
-  // Independently: static reserves M(r) = footprint_pages; elastic R(N) + decode + one staged
-  // chunk.
-  std::int64_t static_pages  = footprint_pages(plan, N, T);
-  std::int64_t elastic_pages = admission_footprint_pages(elastic_plan(plan, 0.05), N, T, chunk);
+  // Admission reserves one answer window (256 tokens by default), not the turn's T.
+  std::int64_t const W = std::min<std::int64_t>(T, default_answer_window);
+  REQUIRE(W == 256);
+  // Independently: static reserves M(r) = footprint_pages; elastic R(N) + the larger of the
+  // answer's pages and one staged chunk.
+  std::int64_t static_pages  = footprint_pages(plan, N, W);
+  std::int64_t elastic_pages = admission_footprint_pages(elastic_plan(plan, 0.05), N, W, chunk);
   INFO("static " << static_pages << " elastic " << elastic_pages);
   REQUIRE(elastic_pages < static_pages);
 

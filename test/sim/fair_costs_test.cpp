@@ -3,7 +3,9 @@
 // policy), the unified baseline driven by each input's own retention, and the cost accounting
 // (the time breakdown sums to the makespan, reclamation = operations x constant, switching one
 // cost off changes only its term), and the sensitivity sweep.
+#include <algorithm>
 #include <map>
+#include <utility>
 
 #include "../memory/memory_fixtures.hpp"
 #include "contended_replay.hpp"
@@ -44,10 +46,21 @@ class recording final : public kv_policy {
     return inner_.prefill_chunk_extra_bytes(s);
   }
   bool decode(std::vector<std::int32_t> const& ss) override {
-    if (!inner_.decode(ss)) return false;
-    for (auto s : ss) decoded[s] += 1;
+    bool ok    = inner_.decode(ss);
+    auto moved = inner_.take_parked();  // parked to make room: they decoded nothing
+    parked_.insert(parked_.end(), moved.begin(), moved.end());
+    if (!ok) return false;
+    for (auto s : ss)
+      if (std::find(moved.begin(), moved.end(), s) == moved.end()) decoded[s] += 1;
     return true;
   }
+  std::vector<std::int32_t> take_parked() override {
+    auto more = inner_.take_parked();
+    parked_.insert(parked_.end(), more.begin(), more.end());
+    return std::exchange(parked_, {});
+  }
+  bool park_idle(std::int32_t s) override { return inner_.park_idle(s); }
+  host_traffic take_host_traffic() override { return inner_.take_host_traffic(); }
   void end_turn(std::int32_t s) override { inner_.end_turn(s); }
   void release(std::int32_t s) override { inner_.release(s); }
   double kv_bytes_read(std::int32_t s) const override { return inner_.kv_bytes_read(s); }
@@ -64,6 +77,7 @@ class recording final : public kv_policy {
 
  private:
   kv_policy& inner_;
+  std::vector<std::int32_t> parked_;
 };
 
 /// The four policies of `simulate` on the contended fixture (the baseline on its own retention).
@@ -474,14 +488,17 @@ TEST_CASE("the sensitivity sweep replays only the baseline under the other admis
   }
 }
 
-TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that does not fit preempts",
-          "[replay][issue13][decode_window]") {
+TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that does not fit parks",
+          "[replay][issue13][issue29][decode_window]") {
   test::contended_replay fx;
   replay_options o;
   o.max_tokens = 4096;
-  auto run = [&](double kv, std::int64_t window, std::int64_t* extended = nullptr, std::int64_t* refused = nullptr) {
+  auto run     = [&](double kv,
+                 answer_window_options answers,
+                 std::int64_t* extended = nullptr,
+                 std::int64_t* refused  = nullptr) {
     tangram_policy_options to;
-    to.decode_window = window;
+    to.answers = answers;
     tangram_policy p(fx.plan, kv, 24, 24, to);
     recording rec(p);
     auto r = replay(fx.work, rec, fx.cost, o);
@@ -491,45 +508,102 @@ TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that 
     if (extended) *extended = p.extensions();
     if (refused) *refused = p.extensions_rejected();
     CHECK(p.manager().pool().used_pages() == 0);  // every session's pages returned
+    CHECK(p.host_bytes_used() == 0);              // and every parked session came back
+    CHECK(p.manager().stats().reclaimed_pages == 0);
     return r;
   };
-  auto upfront = run(fx.kv, 0);
+  auto window = [](std::int64_t tokens, double host_ratio = default_host_pool_ratio) {
+    answer_window_options a;
+    a.window_tokens   = tokens;
+    a.host_pool_ratio = host_ratio;
+    return a;
+  };
+  // The default is a growing window of 256 answer tokens, parking in 2x the pool's host memory.
+  CHECK(tangram_policy_options{}.answers.window_tokens == 256);
+  CHECK(tangram_policy_options{}.answers.host_pool_ratio == 2.0);
+  auto upfront          = run(fx.kv, window(0));
   std::int64_t extended = 0, refused = 0;
-  auto windowed = run(fx.kv, 64, &extended, &refused);
+  auto windowed = run(fx.kv, window(64), &extended, &refused);
   // Answers here are 64-512 tokens: turns with more than 64 - 1 decode steps grow.
   CHECK(extended > 0);
   CHECK(upfront.preemptions == 0);
+  CHECK(upfront.parks == 0);
   CHECK(windowed.generated_tokens == upfront.generated_tokens);
   CHECK(windowed.completed_requests == upfront.completed_requests);
   CHECK(windowed.rejected_sessions == 0);
-  // Without the continuation headroom the pool fills with windows, so growths are refused; the
-  // replay then preempts the newest turn or drops an idle session (recompute), and still every
-  // answer is generated.
+  // Without the continuation headroom the pool fills with windows, so growths are refused: the
+  // policy parks sessions in host memory (idle ones first, then running turns, which resume where
+  // they stopped). Nothing is preempted or recomputed, every answer is generated, every parked
+  // byte comes back, and the host link is charged for both directions.
   o.continuation_headroom_tokens = 0;
-  auto tight = run(fx.kv, 64, &extended, &refused);
+  auto tight                     = run(fx.kv, window(64), &extended, &refused);
   CHECK(refused > 0);
-  CHECK(tight.preemptions + tight.idle_evictions > 0);
-  CHECK(tight.recomputed_tokens > 0);
+  CHECK(tight.parks > 0);
+  CHECK(tight.resumes == tight.parks);
+  CHECK(tight.preemptions == 0);
+  CHECK(tight.idle_evictions == 0);
+  CHECK(tight.recomputed_tokens == 0);
+  CHECK(tight.parked_bytes > 0);
+  CHECK(tight.restored_bytes == tight.parked_bytes);
+  CHECK(tight.modelled_host_transfer_s ==
+        Approx((tight.parked_bytes + tight.restored_bytes) / fx.gpu.host_link_bytes_per_s));
+  CHECK(tight.time.host_transfer_s == tight.modelled_host_transfer_s);
+  CHECK(tight.time.sum() == Approx(tight.modelled_makespan_s));
   CHECK(tight.generated_tokens == upfront.generated_tokens);
   CHECK(tight.completed_requests == upfront.completed_requests);
   CHECK(tight.rejected_sessions == 0);
-  // The elastic policy grows the same way (its staging and shared budget included).
+  // Single-turn sessions leave no idle session to park: running turns are parked (the newest
+  // first, the growing one included) and resume where they stopped, every answer complete.
   {
-    o.continuation_headroom_tokens = 1024;
-    auto elastic = make_tangram_elastic_policy(fx.plan, fx.kv, 24, 24, 8192, default_elastic_margin, {}, 64);
-    auto r       = replay(fx.work, *elastic, fx.cost, o);
+    auto wo     = test::contended_replay::options();
+    wo.turns    = 1;
+    wo.sessions = 48;
+    auto single = generate_workload(wo);
+    tangram_policy_options to;
+    to.answers = window(64);
+    tangram_policy p(fx.plan, fx.kv, 48, 48, to);
+    auto r = replay(single, p, fx.cost, o);
+    CHECK(r.parked_running > 0);
+    CHECK(r.parked_running == r.parks);
+    CHECK(r.resumes == r.parks);
+    CHECK(r.preemptions == 0);
+    CHECK(r.recomputed_tokens == 0);
+    CHECK(r.generated_tokens == fx.output_tokens(single));
+    CHECK(r.rejected_sessions == 0);
+    CHECK(p.manager().stats().parked_mid_turn == r.parked_running);
+    CHECK(p.manager().stats().resumed == r.parked_running);
+    CHECK(p.manager().pool().used_pages() == 0);
+  }
+  // With no host memory nothing may be parked: the growth fails the step and the replay falls
+  // back to recompute (what the parking avoids).
+  auto no_host = run(fx.kv, window(64, 0.0));
+  CHECK(no_host.parks == 0);
+  CHECK(no_host.preemptions + no_host.idle_evictions > 0);
+  CHECK(no_host.recomputed_tokens > 0);
+  CHECK(no_host.generated_tokens == upfront.generated_tokens);
+  // The elastic policy grows and parks the same way (its staging and shared budget included).
+  {
+    auto elastic = make_tangram_elastic_policy(
+        fx.plan, fx.kv, 24, 24, 8192, default_elastic_margin, {}, window(64));
+    auto r = replay(fx.work, *elastic, fx.cost, o);
     CHECK(elastic->extensions() > 0);
+    CHECK(r.parks > 0);
+    CHECK(r.resumes == r.parks);
+    CHECK(r.preemptions == 0);
+    CHECK(r.recomputed_tokens == 0);
     CHECK(r.generated_tokens == upfront.generated_tokens);
     CHECK(r.rejected_sessions == 0);
     CHECK(elastic->manager().pool().used_pages() == 0);
-    o.continuation_headroom_tokens = 0;
   }
   // Up front (no window), the same pool never preempts: the reservation is the guarantee.
-  auto guaranteed = run(fx.kv, 0);
+  auto guaranteed = run(fx.kv, window(0));
   CHECK(guaranteed.preemptions == 0);
+  CHECK(guaranteed.parks == 0);
   CHECK(guaranteed.generated_tokens == upfront.generated_tokens);
-  CHECK_THROWS_WITH(tangram_policy(fx.plan, fx.kv, 24, 24, tangram_policy_options{"tangram", 0, nullptr, -1}),
-                    Catch::Contains("tangram_policy.decode_window"));
+  CHECK_THROWS_WITH(
+      tangram_policy(
+          fx.plan, fx.kv, 24, 24, tangram_policy_options{"tangram", 0, nullptr, window(-1)}),
+      Catch::Contains("answer_window_options.window_tokens: must be in [0, 2^31 - 1], got -1"));
 }
 
 TEST_CASE("decode skew by batch size: a step pays the skew measured at its own batch", "[replay][issue13][skew]") {

@@ -161,7 +161,7 @@ TEST_CASE("simulate --decode-window: Tangram reserves a window and says so", "[s
   CHECK(t.out.find("Tangram reserves 128 answer tokens at a time") != std::string::npos);
   // The window reaches the policies: with max_tokens at the rest of the context, up-front
   // reservation holds fewer sessions than reserving 128 tokens at a time (7.3 against 6.4 here).
-  auto up = run(small({"--json", "--max-tokens", "131072"}));
+  auto up = run(small({"--json", "--max-tokens", "131072", "--decode-window", "0"}));
   REQUIRE(up.code == 0);
   auto doc_up = json::parse(up.out, "stdout");
   json::node root_up(doc_up, "stdout");

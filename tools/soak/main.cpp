@@ -171,6 +171,13 @@ void print_totals(char const* label, storm_totals const& t) {
       static_cast<long long>(t.park_cancels),
       static_cast<long long>(t.unparks),
       static_cast<long long>(t.unpark_rejected));
+  std::printf(
+      "%-46s running turns parked %7lld (for a growth %7lld)  resumed %7lld (refused %6lld)\n",
+      "",
+      static_cast<long long>(t.running_parks),
+      static_cast<long long>(t.growth_parks),
+      static_cast<long long>(t.resumes),
+      static_cast<long long>(t.resume_rejected));
   if (t.elastic_evictions > 0)
     std::printf(
         "%-46s elastic evictions %8lld  wanted tokens clipped %10lld  limit refusals %6lld\n",

@@ -109,9 +109,9 @@ struct simulate_args {
   std::optional<bool> baseline_masked;
   std::optional<replan_mode> replan_mode_;
   std::optional<double> reclaim_us, reclaim_fraction, skew, replan, overhead_us;
-  bool no_padded_reads       = false;
-  std::int64_t decode_window = 0;  // --decode-window: Tangram grows its answer reservation
-  bool no_control_plane      = false;
+  bool no_padded_reads  = false;
+  answer_window_options answers;  // --decode-window: Tangram grows its answer reservation
+  bool no_control_plane = false;
   bool verdict = false;  // --verdict: short, mid, long x every baseline x both cost settings
   double offload_host_gb = host_offload{}.capacity_bytes / 1e9;
   std::vector<CLI::Option*> single_run_only;  // refused with --verdict
@@ -242,7 +242,7 @@ int simulate(simulate_args& a, streams io) {
                        ro,
                        keep,
                        a.margin,
-                       a.decode_window,
+                       a.answers,
                        costs.control_plane,
                        a.offload_host_gb * 1e9,
                        as_json,
@@ -395,7 +395,7 @@ int simulate(simulate_args& a, streams io) {
   auto make_elastic = [&] {
     // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
     return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs,
-                                       a.decode_window);
+                                       a.answers);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its
@@ -405,7 +405,7 @@ int simulate(simulate_args& a, streams io) {
     tangram_policy_options so;
     so.name     = std::move(name);
     so.eviction      = std::make_shared<static_clipping>(p, needs);
-    so.decode_window = a.decode_window;
+    so.answers       = a.answers;
     return std::make_unique<tangram_policy>(p, kv_bytes, slots, n_sessions, std::move(so));
   };
   // Any policy of the sensitivity sweep by name.
@@ -560,7 +560,9 @@ int simulate(simulate_args& a, streams io) {
     doc.set("cost_model", std::move(c));
     auto rv = json::value::object();
     rv.set("max_tokens", ro.max_tokens);
-    rv.set("decode_window", a.decode_window);
+    rv.set("decode_window", a.answers.window_tokens);
+    rv.set("park_victims", to_string(a.answers.victims));
+    rv.set("host_pool_ratio", a.answers.host_pool_ratio);
     rv.set("max_context", ro.max_context);
     rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
     rv.set("baseline_admission", a.baseline_chunk_admission ? "chunk" : "whole");
@@ -672,6 +674,10 @@ int simulate(simulate_args& a, streams io) {
   row("preemptions", [](replay_result const& r) { return cat(r.preemptions); });
   row("idle evictions", [](replay_result const& r) { return cat(r.idle_evictions); });
   row("recomputed tokens", [](replay_result const& r) { return cat(r.recomputed_tokens); });
+  row("parks (running turns)", [](replay_result const& r) { return cat(r.parks, " (", r.parked_running, ")"); });
+  row("parked GB, host link s (modelled)", [](replay_result const& r) {
+    return cat(fixed(r.parked_bytes / 1e9, 1), ", ", fixed(r.modelled_host_transfer_s, 2));
+  });
   row("control plane us/step", [](replay_result const& r) { return fixed(r.control_plane_us_per_step, 2); });
   row("answers cut at max_tokens", [](replay_result const& r) { return cat(r.truncated_answers); });
   row("tokens/s (modelled)", [](replay_result const& r) { return fixed(r.modelled_tokens_per_s, 0); });
@@ -772,9 +778,11 @@ int simulate(simulate_args& a, streams io) {
                                  " turns carry their own, which --sensitivity's max_tokens points keep)")
                            : std::string())
     << " (context " << ro.max_context << ")"
-    << (a.decode_window > 0 ? cat("; Tangram reserves ", a.decode_window,
-                                  " answer tokens at a time (--decode-window), preempting when a growth does not fit")
-                            : std::string())
+    << (a.answers.window_tokens > 0
+            ? cat("; Tangram reserves ", a.answers.window_tokens,
+                  " answer tokens at a time (--decode-window) and parks a session in host memory when a growth does not "
+                  "fit (", fixed(gpu.host_link_bytes_per_s / 1e9, 1), " GB/s host link, modelled)")
+            : std::string())
     << ", answers drawn separately; unified_nonuniform keeps "
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
@@ -896,10 +904,11 @@ command_body setup_simulate(CLI::App& app) {
                "requests/s, mean resident sessions, TTFT and TBT p50/p95 per policy to "
                "FILE-serving.svg and, with "
                "--rate-sweep, TTFT p50/p95 vs arrival rate to FILE-rate.svg"));
-  add_integer(app, "--decode-window", a->decode_window, 0, workload_limits::max_tokens,
+  add_integer(app, "--decode-window", a->answers.window_tokens, 0, workload_limits::max_tokens,
               "Tangram policies reserve this many answer tokens at admission and grow by as many when a turn runs "
-              "out, up to its max_tokens; a growth that does not fit preempts the newest turn (recompute, as vLLM). "
-              "0: reserve the whole max_tokens up front, never preempt");
+              "out, up to its max_tokens; a growth that does not fit parks an idle session, else the newest running "
+              "turn, in host memory (2x the KV pool; charged at --gpu's host link), never recomputing. "
+              "0: reserve the whole max_tokens up front (default: 256)");
   add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
               "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
   add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,

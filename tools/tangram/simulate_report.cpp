@@ -33,6 +33,13 @@ json::value result_json(replay_result const& r) {
   o.set("recomputed_tokens", r.recomputed_tokens);
   o.set("reloaded_tokens", r.reloaded_tokens);
   o.set("host_offload_peak_bytes", r.host_offload_peak_bytes);
+  o.set("parks", r.parks);
+  o.set("parked_running", r.parked_running);
+  o.set("resumes", r.resumes);
+  o.set("parked_bytes", r.parked_bytes);
+  o.set("restored_bytes", r.restored_bytes);
+  o.set("modelled_host_transfer_s", r.modelled_host_transfer_s);
+  o.set("mean_staging_bytes", r.mean_staging_bytes);
   o.set("rejected_sessions", r.rejected_sessions);
   o.set("modelled_wanted_clipped_fraction",
         r.wanted_clipped_fraction ? json::value(*r.wanted_clipped_fraction) : json::value(nullptr));
@@ -65,6 +72,7 @@ json::value result_json(replay_result const& r) {
   t.set("overhead_s", r.time.overhead_s);
   t.set("control_plane_s", r.time.control_plane_s);
   t.set("reload_stall_s", r.time.reload_stall_s);
+  t.set("host_transfer_s", r.time.host_transfer_s);
   t.set("idle_s", r.time.idle_s);
   o.set("modelled_time_breakdown", std::move(t));
   return o;
@@ -211,6 +219,7 @@ std::vector<time_segment> time_segments(time_breakdown const& t) {
           {"re-planning", t.replanning_s, "#9467bd"},
           {"step overhead", t.overhead_s + t.control_plane_s, "#8c564b"},
           {"host reload", t.reload_stall_s, "#17becf"},
+          {"host transfer", t.host_transfer_s, "#17becf"},
           {"idle", t.idle_s, "#dddddd"}};
 }
 

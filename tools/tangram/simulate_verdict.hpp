@@ -11,6 +11,7 @@
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/workload.hpp"
+#include "tangram/memory/answer_window.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/static_plan.hpp"
 
@@ -28,7 +29,7 @@ struct verdict_inputs {
   sim::replay_options ro;      ///< engine limits, max_tokens; charges are set per policy
   std::optional<double> keep;  ///< --keep: budgets and retention rescaled to this keep ratio
   double margin                 = 0;
-  std::int64_t decode_window    = 0;
+  answer_window_options answers;  ///< Tangram's answer window (--decode-window)
   bool control_plane            = true;
   double offload_capacity_bytes = 0;  ///< host memory of full_kv_offload
   bool json = false, quiet = false;

@@ -219,7 +219,7 @@ class concurrent_kv_cache {
     m_.complete_park(seq);
   }
 
-  /// @brief `Manager::cancel_park` under the lock: the sequence is ended again, pages kept.
+  /// @brief `Manager::cancel_park` under the lock: the sequence is back in its phase, pages kept.
   /// @throw logic_error as the manager.
   void cancel_park(sequence_id seq) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -234,6 +234,15 @@ class concurrent_kv_cache {
                                                            std::int64_t max_new_tokens) {
     std::lock_guard<std::mutex> lock(mu_);
     return m_.try_unpark(session, prompt_tokens, max_new_tokens);
+  }
+
+  /// @brief `Manager::try_resume` under the lock (a turn parked in decode); the scheduler copies
+  /// the host pages into `device_pages` in its next step, before any kernel reads the sequence.
+  /// @throw as the manager (nothing changed).
+  [[nodiscard]] std::optional<restored_session> try_resume(parked_session const& session,
+                                                           std::int64_t max_new_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return m_.try_resume(session, max_new_tokens);
   }
 
   /// @brief Frees `seq` when it is still live; false when another thread already freed it.

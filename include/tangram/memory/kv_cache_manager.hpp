@@ -31,8 +31,10 @@
  *   so a graph captured at batch size B replays for any batch up to B.
  * - `try_extend(seq, more)` grows a running turn's decode reservation, all or nothing.
  * - `end_turn(seq)`, `continue_turn(seq, N, T)`, `fork(seq)`, `free(seq)`.
- * - idle sessions in host memory: `park(seq)` (copy its pages out), `complete_park(seq)`, later
- *   `try_unpark(session, N, T)` (copy them into fresh pages) instead of `continue_turn`.
+ * - sessions in host memory: `park(seq)` (copy its pages out), `complete_park(seq)`, later
+ *   `try_unpark(session, N, T)` (copy them into fresh pages) instead of `continue_turn`, or
+ *   `try_resume(session, T)` for a turn parked in decode (answers that grow:
+ *   memory/answer_window.hpp).
  * - several streams: with `manager_options::deferred_reuse`, `advance_epoch()` once per step and
  *   `release_epochs_through(e)` once epoch e's work completed; freed pages wait until then.
  * FlashInfer's paged-KV CSR comes from `export_flashinfer_layer` in interop/flashinfer.hpp.
@@ -755,84 +757,60 @@ class basic_kv_cache_manager {
     return pool_.release_epochs_through(epoch);
   }
 
-  // ===== host offload of idle sessions ==========================================================
+  // ===== host offload of sessions (docs/memory.md#parking-sessions-in-host-memory) ============
   /**
-   * @brief Starts parking an ended session in host memory: returns the self-contained
-   * `parked_session` (lengths, page counts, plan fingerprint) and, in `device_pages`, the pages
-   * the engine copies out (device page `device_pages[k]` -> host page k). The sequence enters
-   * phase `parking`: it keeps its pages (and its slot) so that nothing rewrites or reuses them
-   * while the copies run, accepts only `complete_park`, `cancel_park`, `free` and the queries.
-   * Pages shared with a fork are only read; page copies still pending (`pending_copies`) must be
-   * performed before the copy-outs (same stream), as for any kernel that reads their pages.
-   * Allocates the returned value only; nothing changes when that throws.
-   * @throw logic_error (nothing changed) for an unknown sequence or one not ended.
+   * @brief Starts parking a session, ended or in decode (an answer's growth that does not fit:
+   * memory/answer_window.hpp): the self-contained `parked_session` (lengths, the pages its heads
+   * use per group, plan fingerprint; `mid_turn` with the answer tokens decoded and reserved) and,
+   * in `device_pages`, the pages to copy out (`device_pages[k]` -> host page k). Phase `parking`
+   * keeps its pages, reservation and slot until `complete_park` / `cancel_park`; it accepts only
+   * those, `free` and the queries. Pending page copies run before the copy-outs (same stream).
+   * Allocates the returned value only. @throw logic_error (nothing changed) for an unknown
+   * sequence or one neither ended nor in decode.
    */
   [[nodiscard]] parked_session park(sequence_id seq) {
     std::int32_t s = sequences_.find(seq, "park");
     auto& st       = sequences_[s];
     sequences_.expect_phase(s,
-                            st.phase == sequence_phase::ended,
+                            st.phase == sequence_phase::ended || st.phase == sequence_phase::decode,
                             "park",
-                            "; only an ended session can be parked (end_turn first)");
-    parked_session p;
-    p.plan_fingerprint = fingerprint_;
-    p.page_bytes       = pool_.page_bytes();
-    p.seq_tokens       = lengths_.tokens(s);
-    p.appended         = lengths_.appended(s);
-    p.written_tokens   = std::max<std::int64_t>(st.written_tokens, lengths_.tokens(s));
-    p.head_base_len.assign(lengths_.base(s), lengths_.base(s) + groups_.num_heads());
-    p.group_pages.resize(static_cast<std::size_t>(groups_.num_groups()));
-    std::int64_t total = 0;
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) total += page_table_.count(s, g);
-    p.device_pages.reserve(static_cast<std::size_t>(total));
-    // Allocated: nothing below fails.
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      p.group_pages[static_cast<std::size_t>(g)] = page_table_.count(s, g);
-      auto const* list                           = page_table_.list(s, g);
-      p.device_pages.insert(p.device_pages.end(), list, list + page_table_.count(s, g));
-    }
-    st.phase = sequence_phase::parking;
-    stats_.pages_parked += total;
+                            "; only an ended session or a turn in decode can be parked");
+    auto p             = usage_.describe(s, fingerprint_, pool_.page_bytes());
+    st.parked_mid_turn = st.phase == sequence_phase::decode;
+    st.phase           = sequence_phase::parking;
+    stats_.pages_parked += p.host_pages();
     return p;
   }
 
-  /**
-   * @brief The engine copied every page of `park` out (the copies completed, or are ordered on
-   * its stream before any later write): the sequence's page references return to the pool (a
-   * page a fork shares stays with the fork) and its slot becomes free; the handle goes stale. The
-   * session lives on only in the engine's `parked_session` and host pages.
-   * @throw logic_error (nothing changed) for an unknown sequence or one not parking.
-   */
+  /// @brief The copy-outs of `park` are done (or stream-ordered before any later write): pages
+  /// and reservation return to the pool (a fork keeps the pages it shares), the slot is free,
+  /// the handle stale. @throw logic_error (nothing changed) for an unknown sequence or one not
+  /// parking.
   void complete_park(sequence_id seq) {
     std::int32_t s = sequences_.find(seq, "complete_park");
     sequences_.expect_phase(s,
                             sequences_[s].phase == sequence_phase::parking,
                             "complete_park",
                             ", not parking (call park first)");
+    stats_.parked_mid_turn += sequences_[s].parked_mid_turn;
     release_sequence(s);
     ++stats_.parked;
   }
 
-  /**
-   * @brief Abandons a `park` (e.g. the engine could not get host memory): the sequence is ended
-   * again, with its pages, as before `park`. The returned `parked_session` must not be restored.
-   * @throw logic_error (nothing changed) for an unknown sequence or one not parking.
-   */
+  /// @brief Abandons a `park`: the sequence is back in its phase (ended, or decode with its turn),
+  /// pages kept; do not restore the session. @throw logic_error (nothing changed) if not parking.
   void cancel_park(sequence_id seq) {
     std::int32_t s = sequences_.find(seq, "cancel_park");
-    sequences_.expect_phase(s,
-                            sequences_[s].phase == sequence_phase::parking,
-                            "cancel_park",
-                            ", not parking (call park first)");
-    sequences_[s].phase = sequence_phase::ended;
+    auto& st       = sequences_[s];
+    sequences_.expect_phase(
+        s, st.phase == sequence_phase::parking, "cancel_park", ", not parking (call park first)");
+    st.phase           = st.parked_mid_turn ? sequence_phase::decode : sequence_phase::ended;
+    st.parked_mid_turn = false;
   }
 
-  /**
-   * @brief Pages `try_unpark(session, N, T)` reserves now: the session's pages (drawn fresh for
-   * its history) plus what `continue_turn(N, T)` would reserve for a sequence holding them
-   * exclusively. Pure; allocates scratch.
-   * @throw invalid_argument as `try_unpark` (names "unpark_pages").
-   */
+  /// @brief Pages `try_unpark(session, N, T)` reserves now: the history's pages plus what
+  /// `continue_turn(N, T)` would reserve holding them exclusively. Pure; allocates scratch.
+  /// @throw invalid_argument as `try_unpark` (names "unpark_pages").
   [[nodiscard]] std::int64_t unpark_pages(parked_session const& session,
                                           std::int64_t prompt_tokens,
                                           std::int64_t max_new_tokens) const {
@@ -849,21 +827,15 @@ class basic_kv_cache_manager {
   }
 
   /**
-   * @brief Restores a parked session and starts its next turn of `prompt_tokens` prompt and
-   * `max_new_tokens` decode tokens, all or nothing: reserves `unpark_pages(session, N, T)`, takes
-   * a slot, draws fresh pages for the history (`device_pages[k]` receives host page k: the engine
-   * copies every one before any kernel reads the sequence) and leaves the new sequence exactly as
-   * `continue_turn(N, T)` leaves the original: phase prefill, same lengths, page counts, targets
-   * and reservation (nothing shared, so nothing to copy on write). The session is not consumed:
-   * the same host copy may be restored again (each restore gets its own pages).
-   * Allocates the returned value only, before anything changes.
-   * @return the new sequence and its pages, or nullopt ("does not fit": no free slot, not enough
-   *         unreserved pages, or no room in the page-id arena); nothing changes then (the arena
-   *         may have been repacked, which moves no logical state).
-   * @throw invalid_argument (nothing changed) for a session of another plan or page size, one
-   *        whose lengths and page counts no ended sequence can have (names the field and value),
-   *        N < 1, T < 0, or seq_tokens + N + T past 2^31 - 1 (also when it overflows int64);
-   *        std::bad_alloc when the result cannot be allocated.
+   * @brief Restores a session parked after its turn ended with its next turn (N, T), all or
+   * nothing: reserves `unpark_pages`, takes a slot, draws fresh pages for the history (host page k
+   * -> `device_pages[k]`, copied in before any kernel reads the sequence) and leaves it exactly as
+   * `continue_turn(N, T)` leaves the original (phase prefill; nothing shared). The session is not
+   * consumed (each restore gets its own pages). Allocates the result only, before any change.
+   * @return nullopt ("does not fit": slot, pages or page-id arena; nothing changed).
+   * @throw invalid_argument (nothing changed) for another plan's or page size's session, one
+   *        parked mid-turn (`try_resume`), impossible lengths or page counts (names the field),
+   *        N < 1, T < 0 or seq_tokens + N + T past 2^31 - 1; std::bad_alloc.
    */
   [[nodiscard]] std::optional<restored_session> try_unpark(parked_session const& session,
                                                            std::int64_t prompt_tokens,
@@ -876,35 +848,42 @@ class basic_kv_cache_manager {
                      max_new_tokens,
                      footprint_,
                      session.group_pages.data());
-    std::int64_t history = session.host_pages();
-    std::int64_t pages   = footprint_.reserve_total() + history;
-    if (sequences_.full() || pages > pool_.available_pages() ||
-        !flow_.make_index_room(footprint_.capacity_total())) {
-      ++stats_.unpark_rejected;
-      return std::nullopt;
-    }
-    restored_session out;
-    out.device_pages.reserve(static_cast<std::size_t>(history));  // the only allocation
-    // Checked: nothing below fails.
-    std::int32_t s = sequences_.take(sequence_phase::prefill, std::move(*pool_.try_reserve(pages)));
-    auto& st       = sequences_[s];
-    page_table_.open(s, footprint_);
-    std::copy(session.head_base_len.begin(), session.head_base_len.end(), lengths_.base(s));
-    lengths_.appended(s) = session.appended;
-    lengths_.tokens(s)   = static_cast<std::int32_t>(session.seq_tokens);
-    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-      flow_.restore_pages(s, g, session.group_pages[static_cast<std::size_t>(g)], out.device_pages);
-      flow_.refresh_base_range(s, g);
-    }
-    page_table_.start_turn(s, footprint_);
-    flow_.rebuild_buckets(s);
-    st.prompt_remaining = prompt_tokens;
-    st.max_new          = max_new_tokens;
-    st.written_tokens   = session.written_tokens;
-    journal_.note_slot(s);
+    auto out = restore(session, sequence_phase::prefill, stats_.unpark_rejected);
+    if (!out) return out;
+    sequences_[out->id.slot].prompt_remaining = prompt_tokens;
+    sequences_[out->id.slot].max_new          = max_new_tokens;
     ++stats_.unparked;
-    stats_.pages_restored += history;
-    out.id = sequence_id{s, st.generation};
+    return out;
+  }
+
+  /// @brief Pages `try_resume(session, T)` reserves now: the history's pages plus what the groups
+  /// grow by until the answer reaches T tokens (`page_usage::size_resume`). Pure; allocates
+  /// scratch. @throw invalid_argument as `try_resume` (names "resume_pages").
+  [[nodiscard]] std::int64_t resume_pages(parked_session const& session,
+                                          std::int64_t max_new_tokens) const {
+    check_resume("resume_pages", session, max_new_tokens);
+    detail::turn_footprint fp(groups_.num_groups());
+    usage_.size_resume(session, max_new_tokens, fp);
+    return fp.reserve_total() + session.host_pages();
+  }
+
+  /**
+   * @brief Resumes a turn parked in decode (`session.mid_turn`) with `max_new_tokens` answer
+   * tokens in all (>= its decoded ones: e.g. its next window), all or nothing, as `try_unpark`
+   * restores: `resume_pages` reserved, fresh pages for the history; the sequence is in decode
+   * with its lengths and decoded tokens. @return nullopt ("does not fit"; nothing changed).
+   * @throw invalid_argument (nothing changed) as `try_unpark`, for a session that ended before it
+   *        was parked, or for max_new_tokens below its decoded tokens or past 2^31 - 1 tokens.
+   */
+  [[nodiscard]] std::optional<restored_session> try_resume(parked_session const& session,
+                                                           std::int64_t max_new_tokens) {
+    check_resume("try_resume", session, max_new_tokens);
+    usage_.size_resume(session, max_new_tokens, footprint_);
+    auto out = restore(session, sequence_phase::decode, stats_.resume_rejected);
+    if (!out) return out;
+    sequences_[out->id.slot].max_new = max_new_tokens;
+    sequences_[out->id.slot].decoded = session.decoded;
+    ++stats_.resumed;
     return out;
   }
 
@@ -1090,13 +1069,34 @@ class basic_kv_cache_manager {
     sequences_.release(s);
   }
 
-  /// try_unpark / unpark_pages (`op`): the session belongs here and the turn sizes are valid.
+  /// try_unpark / unpark_pages (`op`): the session is this plan's, ended, the turn sizes valid.
   void check_unpark(char const* op,
                     parked_session const& session,
                     std::int64_t prompt_tokens,
                     std::int64_t max_new_tokens) const {
     detail::check_parked_session(op, session, fingerprint_, pool_.page_bytes(), groups_);
+    detail::check_ended_session(op, session);
     detail::check_turn_sizes(op, session.seq_tokens, prompt_tokens, max_new_tokens);
+  }
+  /// try_resume / resume_pages (`op`): the session belongs here and was parked in decode.
+  void check_resume(char const* op, parked_session const& session, std::int64_t max_new) const {
+    detail::check_parked_session(op, session, fingerprint_, pool_.page_bytes(), groups_);
+    detail::check_resume(op, session, max_new);
+  }
+
+  /// try_unpark / try_resume once `footprint_` sizes the turn; a "does not fit" counts in
+  /// `rejected`.
+  std::optional<restored_session> restore(parked_session const& p,
+                                          sequence_phase phase,
+                                          std::int64_t& rejected) {
+    restored_session out;
+    auto s = flow_.try_restore(p, footprint_, phase, out.device_pages);
+    if (!s) {
+      ++rejected;
+      return std::nullopt;
+    }
+    out.id = sequence_id{*s, sequences_[*s].generation};
+    return out;
   }
 
   /// Index of `kind` in `batches_`. @throw invalid_argument naming `op` for a value outside

@@ -34,8 +34,9 @@ enum class sequence_phase : std::uint8_t {
   prefill,  ///< prompt tokens of the turn remain to be prefilled
   decode,   ///< the prompt is in; decode tokens may be appended
   ended,    ///< the turn ended: compressed history kept, no reservation held
-  parking,  ///< `park` handed its pages out for copying to host memory; they stay held (no
-            ///< reservation) until `complete_park` frees them and the slot, or `cancel_park`
+  parking,  ///< `park` handed its pages out for copying to host memory; they stay held (with a
+            ///< running turn's reservation) until `complete_park` frees them and the slot, or
+            ///< `cancel_park`
 };
 
 /// @brief Lower-case name of a phase ("free", "prefill", "decode", "ended").
@@ -201,10 +202,13 @@ struct manager_stats {
   std::int64_t rollback_pages_returned =
       0;  ///< pages rollback returned to their sequence's reservation (never to the pool)
   std::int64_t parked          = 0;  ///< sessions parked (complete_park)
+  std::int64_t parked_mid_turn = 0;  ///< of those, turns parked in decode (resumed by try_resume)
   std::int64_t unparked        = 0;  ///< successful try_unpark
   std::int64_t unpark_rejected = 0;  ///< try_unpark that did not fit
+  std::int64_t resumed         = 0;  ///< successful try_resume
+  std::int64_t resume_rejected = 0;  ///< try_resume that did not fit
   std::int64_t pages_parked    = 0;  ///< pages handed out for copying to host (park)
-  std::int64_t pages_restored  = 0;  ///< pages drawn for restored histories (try_unpark)
+  std::int64_t pages_restored  = 0;  ///< pages drawn for restored histories (unpark, resume)
   std::int64_t spare_pages_kept =
       0;  ///< deferred reuse: pages returned to their own sequence's reservation (rollback,
           ///< elastic staging) kept as its spares instead of going through the pool
@@ -235,14 +239,16 @@ inline void copy_pages_host(std::byte* base,
 }
 
 /**
- * @brief An ended session parked in host memory (docs/memory.md#parking-idle-sessions-in-host-
- * memory): everything a manager over the same plan needs to rebuild it, plus the device pages the
- * engine copies out. Plain, self-contained value owned by the engine (which also owns the host
- * copy of the pages); no manager keeps a reference to it.
+ * @brief A session parked in host memory (docs/memory.md#parking-sessions-in-host-memory): an
+ * ended session, or a turn parked in the middle of its answer (`mid_turn`). Everything a manager
+ * over the same plan needs to rebuild it, plus the device pages the engine copies out. Plain,
+ * self-contained value owned by the engine (which also owns the host copy of the pages); no
+ * manager keeps a reference to it.
  *
  * Host page k of the session is the k-th page of the page lists, group after group, in list
- * order: `group_pages[0]` pages of group 0, then group 1's, and so on (`host_pages()` in all).
- * Each host page is one whole device page (`page_bytes`, K and V of all its columns).
+ * order: `group_pages[0]` pages of group 0, then group 1's, and so on (`host_pages()` in all): the
+ * pages its heads use (a turn's pages beyond them hold nothing and are not copied). Each host page
+ * is one whole device page (`page_bytes`, K and V of all its columns).
  */
 struct parked_session {
   /// Hash of what the pages and lengths mean (`plan_fingerprint(plan)`): layers, heads, page
@@ -255,7 +261,12 @@ struct parked_session {
   std::int64_t written_tokens = 0;         ///< most tokens seen since the last chunk
   std::vector<std::int32_t> head_base_len;  ///< [layer * H + head]: tokens kept at the last
                                             ///< compression (0 for sliding heads)
-  std::vector<std::int32_t> group_pages;    ///< [group]: pages of its list
+  std::vector<std::int32_t> group_pages;    ///< [group]: pages its heads use (copied out)
+  /// Parked in the middle of a turn (a sequence in decode): `try_resume` continues that turn;
+  /// false for an ended session, which `try_unpark` restores with its next turn.
+  bool mid_turn        = false;
+  std::int64_t decoded = 0;  ///< mid-turn: the turn's decode tokens so far (= appended); else 0
+  std::int64_t max_new = 0;  ///< mid-turn: the decode tokens the turn had reserved; else 0
   /// Device pages to copy out, `device_pages[k]` -> host page k. Valid only between `park` and
   /// `complete_park` (the pages are freed then; the ids mean nothing afterwards).
   std::vector<page_id> device_pages;
@@ -268,8 +279,9 @@ struct parked_session {
   }
 };
 
-/// @brief What `try_unpark` answers when the session fits: its new sequence (in prefill, as after
-/// `continue_turn`) and the device page that receives each host page. Plain value.
+/// @brief What `try_unpark` and `try_resume` answer when the session fits: its new sequence (in
+/// prefill, as after `continue_turn`, or in decode, its turn resumed) and the device page that
+/// receives each host page. Plain value.
 struct restored_session {
   sequence_id id;
   /// `device_pages[k]` <- host page k of the session. The engine copies every one before any

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file memory/tensor_parallel.hpp
- * @brief Admission and restores of parked sessions across tensor-parallel ranks or pipeline
- * stages: one manager per rank (or per stage, or per (stage, rank)), a request on all or none.
+ * @brief Admission, restores and resumes of parked sessions across tensor-parallel ranks or
+ * pipeline stages: one manager per rank (or per stage, or per (stage, rank)), a request on all or
+ * none.
  *
  * Nothing here depends on what the managers' plans cover: a vector of the managers of the
  * pipeline stages (plans of `plan_options::layers`, plan/pipeline_stages.hpp) is admitted the
@@ -49,9 +50,42 @@ template <class Manager>
   return ids;
 }
 
+namespace detail {
+/// try_unpark_all / try_resume_all (`op`): `check` every rank's session first (throws), then
+/// `restore` on each rank in order; the first that does not fit rolls the others back (freed).
+template <class Manager, class Check, class Restore>
+std::optional<std::vector<restored_session>> restore_all(
+    std::vector<Manager*> const& ranks,
+    std::vector<parked_session> const& sessions,
+    char const* op,
+    Check check,
+    Restore restore) {
+  TANGRAM_EXPECTS(sessions.size() == ranks.size(),
+                  invalid_argument,
+                  op,
+                  ".sessions: expected one per rank (",
+                  ranks.size(),
+                  "), got ",
+                  sessions.size());
+  for (std::size_t r = 0; r < ranks.size(); ++r) check(*ranks[r], sessions[r]);
+  std::vector<restored_session> out;
+  out.reserve(ranks.size());
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    auto got = restore(*ranks[r], sessions[r]);
+    if (!got) {
+      for (std::size_t k = 0; k < out.size(); ++k) ranks[k]->free(out[k].id);
+      return std::nullopt;
+    }
+    out.push_back(std::move(*got));
+  }
+  return out;
+}
+}  // namespace detail
+
 /**
- * @brief Tensor or pipeline parallelism: restores a session parked on every rank (or stage) (`sessions[r]` from rank r's
- * `park`) with its next turn of N prompt and T decode tokens on every rank, or on none.
+ * @brief Tensor or pipeline parallelism: restores a session parked on every rank (or stage)
+ * (`sessions[r]` from rank r's `park`) with its next turn of N prompt and T decode tokens on every
+ * rank, or on none.
  * @tparam Manager any type with `unpark_pages`, `try_unpark` and `free` (a
  *         `basic_kv_cache_manager`).
  * @return each rank's restored sequence and pages (same order), or nullopt when any rank cannot
@@ -66,25 +100,38 @@ template <class Manager>
     std::vector<parked_session> const& sessions,
     std::int64_t prompt_tokens,
     std::int64_t max_new_tokens) {
-  TANGRAM_EXPECTS(sessions.size() == ranks.size(),
-                  invalid_argument,
-                  "try_unpark_all.sessions: expected one per rank (",
-                  ranks.size(),
-                  "), got ",
-                  sessions.size());
-  for (std::size_t r = 0; r < ranks.size(); ++r)
-    (void)ranks[r]->unpark_pages(sessions[r], prompt_tokens, max_new_tokens);
-  std::vector<restored_session> out;
-  out.reserve(ranks.size());
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    auto got = ranks[r]->try_unpark(sessions[r], prompt_tokens, max_new_tokens);
-    if (!got) {
-      for (std::size_t k = 0; k < out.size(); ++k) ranks[k]->free(out[k].id);
-      return std::nullopt;
-    }
-    out.push_back(std::move(*got));
-  }
-  return out;
+  return detail::restore_all(
+      ranks,
+      sessions,
+      "try_unpark_all",
+      [&](Manager const& m, parked_session const& p) {
+        (void)m.unpark_pages(p, prompt_tokens, max_new_tokens);
+      },
+      [&](Manager& m, parked_session const& p) {
+        return m.try_unpark(p, prompt_tokens, max_new_tokens);
+      });
+}
+
+/**
+ * @brief Tensor or pipeline parallelism: resumes a turn parked in decode on every rank (or
+ * stage) (`sessions[r]` from rank r's `park`) with `max_new_tokens` answer tokens in all, on
+ * every rank or on none, as `try_unpark_all` restores.
+ * @tparam Manager any type with `resume_pages`, `try_resume` and `free`.
+ * @throw invalid_argument (before any rank changes) when `sessions.size() != ranks.size()`, or
+ *        as `try_resume` (every rank's session is checked first, through `resume_pages`);
+ *        std::bad_alloc as `try_resume`.
+ */
+template <class Manager>
+[[nodiscard]] std::optional<std::vector<restored_session>> try_resume_all(
+    std::vector<Manager*> const& ranks,
+    std::vector<parked_session> const& sessions,
+    std::int64_t max_new_tokens) {
+  return detail::restore_all(
+      ranks,
+      sessions,
+      "try_resume_all",
+      [&](Manager const& m, parked_session const& p) { (void)m.resume_pages(p, max_new_tokens); },
+      [&](Manager& m, parked_session const& p) { return m.try_resume(p, max_new_tokens); });
 }
 
 }  // namespace tangram

@@ -137,6 +137,36 @@ inline std::int64_t elastic_compressed_pages(scorer_total const& t,
   return std::min(hi, std::max(lo, ceil_div(want, cell)));
 }
 
+/**
+ * @brief The pages a turn's compressed groups reserve together under elastic reservation: the
+ * limit of each chunk's eviction (`limit`, R(n) or what the session already holds) plus the
+ * larger of one chunk's staging (`staging`) and the answer's growth (`decode`), since a turn
+ * stages chunks only before its first decode token; and never more than those groups take
+ * uncompressed after the turn (`uncompressed`, G_c ceil((n + T) / P): every group's pages are
+ * bounded by its longest head, which never holds more tokens than the turn has seen). So an
+ * elastic turn never reserves more than the same turn uncompressed (docs/memory.md).
+ * @throw invalid_argument when a value is negative or the sum overflows.
+ */
+inline std::int64_t elastic_turn_pages(std::int64_t limit,
+                                       std::int64_t decode,
+                                       std::int64_t staging,
+                                       std::int64_t uncompressed) {
+  TANGRAM_EXPECTS(limit >= 0 && decode >= 0 && staging >= 0 && uncompressed >= 0,
+                  invalid_argument,
+                  "elastic_turn_pages: limit ",
+                  limit,
+                  ", decode ",
+                  decode,
+                  ", staging ",
+                  staging,
+                  " and uncompressed ",
+                  uncompressed,
+                  " pages must be >= 0");
+  return std::min(
+      detail::add_or_throw(limit, std::max(decode, staging), "elastic turn: limit + growth"),
+      uncompressed);
+}
+
 /// Margin a plan reserves under elastic reservation unless told otherwise: meets 1.15x / 0.5%
 /// held-out clipping on every bundled profile (docs/planning.md#elastic-reservation).
 inline constexpr double default_elastic_margin = 0.15;

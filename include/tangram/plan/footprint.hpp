@@ -127,17 +127,18 @@ inline std::int64_t elastic_staging_pages(std::int64_t compressed_groups,
       compressed_groups, ceil_div(max_chunk_tokens, page_tokens), "staging pages");
 }
 
-/**
- * @brief Elastic footprint of a request in pages under a static plan: the compressed groups
- * reserve R(n) + G_c ceil(T / P); the other groups (sliding window, uncompressed) their static
- * pages. The scorer is the plan profile's keep ratio and protected tokens.
- * @throw invalid_argument as elastic_compressed_pages, or when the profile has no keep ratio.
- */
-inline std::int64_t elastic_footprint_pages(static_plan const& plan,
-                                            double margin,
-                                            std::int64_t context,
-                                            std::int64_t decode,
-                                            keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
+namespace detail {
+/// An elastic footprint's parts, in pages: the other groups' static pages, R(n) of the
+/// compressed groups and their decode pages G_c ceil(T / P).
+struct elastic_parts {
+  std::int64_t others = 0, limit = 0, decode = 0;
+};
+/// @throw as `elastic_footprint_pages`.
+inline elastic_parts elastic_footprint_parts(static_plan const& plan,
+                                             double margin,
+                                             std::int64_t context,
+                                             std::int64_t decode,
+                                             keep_ratio_basis basis) {
   TANGRAM_EXPECTS(decode >= 0, invalid_argument, "decode_tokens: must be >= 0, got ", decode);
   TANGRAM_EXPECTS(
       plan.profile.target_keep_ratio > 0 && plan.profile.target_keep_ratio <= 1,
@@ -146,28 +147,68 @@ inline std::int64_t elastic_footprint_pages(static_plan const& plan,
       plan.profile.target_keep_ratio);
   scorer_total t{plan.profile.target_keep_ratio, plan.profile.protected_tokens(), basis};
   std::int32_t P                 = plan.geometry.page_tokens;
-  std::int64_t compressed_groups = compressed_group_count(plan), total = 0;
+  std::int64_t compressed_groups = compressed_group_count(plan);
+  elastic_parts out;
   for (auto const& g : plan.grouping.groups) {
     if (g.rule.kind != layer_kind::compressed)
-      total = detail::add_or_throw(
-          total, group_pages(g.rule, context, decode, P), "elastic footprint pages");
+      out.others = add_or_throw(
+          out.others, group_pages(g.rule, context, decode, P), "elastic footprint pages");
   }
   std::int32_t hp = plan.grouping.group_size;
-  total           = detail::add_or_throw(
-      total,
-      elastic_compressed_pages(t, compressed_groups * hp, hp, P, margin, context),
-      "elastic footprint pages");
-  return detail::add_or_throw(
-      total,
-      detail::mul_or_throw(compressed_groups, ceil_div(decode, P), "decode pages"),
-      "elastic footprint pages");
+  out.limit       = elastic_compressed_pages(t, compressed_groups * hp, hp, P, margin, context);
+  out.decode      = mul_or_throw(compressed_groups, ceil_div(decode, P), "decode pages");
+  return out;
+}
+}  // namespace detail
+
+/**
+ * @brief Elastic footprint of a request in pages under a static plan: the compressed groups
+ * reserve R(n) + G_c ceil(T / P); the other groups (sliding window, uncompressed) their static
+ * pages. The scorer is the plan profile's keep ratio and protected tokens. (What a manager
+ * admits adds staging and caps the compressed groups' total: `admission_footprint_pages`.)
+ * @throw invalid_argument as elastic_compressed_pages, or when the profile has no keep ratio.
+ */
+inline std::int64_t elastic_footprint_pages(static_plan const& plan,
+                                            double margin,
+                                            std::int64_t context,
+                                            std::int64_t decode,
+                                            keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
+  auto p = detail::elastic_footprint_parts(plan, margin, context, decode, basis);
+  return detail::add_or_throw(detail::add_or_throw(p.others, p.limit, "elastic footprint pages"),
+                              p.decode,
+                              "elastic footprint pages");
+}
+
+/**
+ * @brief Pages the same request takes uncompressed on this plan's pages: every group as if its
+ * heads kept every token, ceil((context + decode) / P) (a sliding-window group keeps only its
+ * window, as an uncompressed cache of that model would). The bound no admission exceeds: static
+ * budgets keep at most every token, and elastic reservation caps its shared total by it
+ * (`elastic_turn_pages`). In bytes it is the uncompressed KV of context + decode tokens rounded
+ * to whole pages.
+ * @throw invalid_argument as `group_pages`, or when the sum overflows.
+ */
+inline std::int64_t uncompressed_footprint_pages(static_plan const& plan,
+                                                 std::int64_t context,
+                                                 std::int64_t decode) {
+  std::int32_t P = plan.geometry.page_tokens;
+  std::int64_t n = detail::footprint_tokens(context, decode, P), total = 0;
+  for (auto const& g : plan.grouping.groups)
+    total = detail::add_or_throw(total,
+                                 g.rule.kind == layer_kind::sliding_window
+                                     ? group_pages(g.rule, context, decode, P)
+                                     : ceil_div(n, P),
+                                 "uncompressed footprint pages");
+  return total;
 }
 
 /**
  * @brief Pages a memory manager reserves when it admits a request of N prompt and T decode
  * tokens under the plan's reservation mode: M(r) (`footprint_pages`) under static budgets; under
- * elastic reservation `elastic_footprint_pages` plus the staging of one chunk in every compressed
- * group: G_c ceil(min(max_chunk_tokens, N) / P), since no chunk of the prompt is longer.
+ * elastic reservation the other groups' static pages plus the compressed groups' shared total
+ * `elastic_turn_pages(R(N), G_c ceil(T / P), staging, G_c ceil((N + T) / P))`, with staging the
+ * room to stage one chunk in every compressed group, G_c ceil(min(max_chunk_tokens, N) / P), since
+ * no chunk of the prompt is longer. Never more than `uncompressed_footprint_pages(plan, N, T)`.
  * @throw invalid_argument as those functions, or for max_chunk_tokens < 1.
  */
 inline std::int64_t admission_footprint_pages(static_plan const& plan,
@@ -180,12 +221,14 @@ inline std::int64_t admission_footprint_pages(static_plan const& plan,
                   invalid_argument,
                   "max_chunk_tokens: must be >= 1, got ",
                   max_chunk_tokens);
-  // First: it validates the context, which the staging then uses.
-  auto footprint = elastic_footprint_pages(plan, r.margin, context, decode, r.basis);
-  return detail::add_or_throw(footprint,
-                              elastic_staging_pages(compressed_group_count(plan),
-                                                    plan.geometry.page_tokens,
-                                                    std::min(max_chunk_tokens, context)),
+  // First: it validates the sizes and the profile, which the rest then uses.
+  auto p               = detail::elastic_footprint_parts(plan, r.margin, context, decode, r.basis);
+  std::int32_t P       = plan.geometry.page_tokens;
+  std::int64_t Gc      = compressed_group_count(plan);
+  std::int64_t staging = elastic_staging_pages(Gc, P, std::min(max_chunk_tokens, context));
+  std::int64_t whole   = detail::mul_or_throw(Gc, ceil_div(context + decode, P), "full pages");
+  return detail::add_or_throw(p.others,
+                              elastic_turn_pages(p.limit, p.decode, staging, whole),
                               "admission pages: elastic footprint + staging");
 }
 

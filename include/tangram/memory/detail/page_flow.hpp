@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "tangram/memory/detail/copy_on_write.hpp"
@@ -195,6 +197,41 @@ class page_flow {
       out.push_back(p);
       ++stats_.pages_drawn;
     }
+  }
+
+  /**
+   * @brief Restores parked session `p` (checked) into a new slot in `phase` when it fits: a free
+   * slot, `fp`'s reservation plus the history's pages, and page-table room; then the slot's lists
+   * sized by `fp`, the session's lengths, its history in fresh pages (appended to `out` in the
+   * session's order), the turn's targets and budgets, its decode buckets. The caller sets the
+   * turn's counters. @return the slot, or nullopt with nothing changed ("does not fit"; the arena
+   * may have been repacked). Allocates `out`'s room only, before any change.
+   */
+  std::optional<std::int32_t> try_restore(parked_session const& p,
+                                          turn_footprint const& fp,
+                                          sequence_phase phase,
+                                          std::vector<page_id>& out) {
+    std::int64_t history = p.host_pages(), pages = fp.reserve_total() + history;
+    if (sequences_.full() || pages > pool_.available_pages() ||
+        !make_index_room(fp.capacity_total()))
+      return std::nullopt;
+    out.reserve(static_cast<std::size_t>(history));
+    // Checked: nothing below fails.
+    std::int32_t s = sequences_.take(phase, std::move(*pool_.try_reserve(pages)));
+    page_table_.open(s, fp);
+    std::copy(p.head_base_len.begin(), p.head_base_len.end(), lengths_.base(s));
+    lengths_.appended(s) = p.appended;
+    lengths_.tokens(s)   = static_cast<std::int32_t>(p.seq_tokens);
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      restore_pages(s, g, p.group_pages[static_cast<std::size_t>(g)], out);
+      refresh_base_range(s, g);
+    }
+    page_table_.start_turn(s, fp);
+    rebuild_buckets(s);
+    sequences_[s].written_tokens = p.written_tokens;
+    journal_.note_slot(s);
+    stats_.pages_restored += history;
+    return s;
   }
 
   /// Drops every page reference of slot s, its spares' too (its lists stay allocated until the

@@ -263,6 +263,75 @@ class page_usage {
     }
   }
 
+  /**
+   * @brief What `park` hands out for slot s (ended or in decode): its lengths, the pages its heads
+   * use per group (a turn's list may hold more, with nothing in them: not copied) and those pages
+   * in list order; a turn in decode also its decoded and reserved answer tokens (`mid_turn`).
+   * Allocates the value only.
+   */
+  [[nodiscard]] parked_session describe(std::int32_t s,
+                                        std::uint64_t fingerprint,
+                                        std::int64_t page_bytes) const {
+    auto const& st = sequences_[s];
+    parked_session p;
+    p.plan_fingerprint = fingerprint;
+    p.page_bytes       = page_bytes;
+    p.seq_tokens       = lengths_.tokens(s);
+    p.appended         = lengths_.appended(s);
+    p.written_tokens   = std::max<std::int64_t>(st.written_tokens, lengths_.tokens(s));
+    p.head_base_len.assign(lengths_.base(s), lengths_.base(s) + groups_.num_heads());
+    p.group_pages.resize(static_cast<std::size_t>(groups_.num_groups()));
+    std::int64_t total = 0;
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) total += in_use(s, g);
+    p.device_pages.reserve(static_cast<std::size_t>(total));
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      auto use                                   = in_use(s, g);
+      p.group_pages[static_cast<std::size_t>(g)] = static_cast<std::int32_t>(use);
+      auto const* list                           = page_table_.list(s, g);
+      p.device_pages.insert(p.device_pages.end(), list, list + use);
+    }
+    if (st.phase == sequence_phase::decode) {
+      p.mid_turn = true;
+      p.decoded  = st.decoded;
+      p.max_new  = st.max_new;
+    }
+    return p;
+  }
+
+  /**
+   * @brief `try_resume`: a session parked mid-turn (`p`, checked) resumes its turn with
+   * `max_new` (>= p.decoded) answer tokens in all. Per group into `out`, from the session's
+   * lengths: a growing group's target is its longest head after the whole answer,
+   * ceil((longest base + max_new) / P); a sliding ring's min(ceil((seq_tokens - decoded + max_new)
+   * / P), ring pages); it holds `group_pages[g]` fresh pages (the caller reserves them on top) and
+   * reserves the rest. The pooled groups (elastic) share the sum of their targets, which is also
+   * their limit (as for a fork in decode: no chunk is left to evict).
+   */
+  void size_resume(parked_session const& p, std::int64_t max_new, turn_footprint& out) const {
+    out.clear();
+    std::int64_t pooled_target = 0;
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      std::int64_t held = p.group_pages[static_cast<std::size_t>(g)], end = 0;
+      if (groups_.is_sliding(g)) {
+        end = std::min<std::int64_t>(groups_.pages_for(p.seq_tokens - p.decoded + max_new),
+                                     groups_.ring_pages(g));
+      } else {
+        std::int64_t longest = 0;
+        for (auto const* m = groups_.members_begin(g); m != groups_.members_end(g); ++m)
+          longest = std::max<std::int64_t>(longest, p.head_base_len[static_cast<std::size_t>(*m)]);
+        end = groups_.pages_for(longest + max_new);
+      }
+      end = std::max(end, held);
+      if (groups_.pooled(g)) {
+        pooled_target += end;
+        out.add_pooled(g, held, 0, end, 0);
+      } else {
+        out.add(g, end, held, 0, end, 0);
+      }
+    }
+    out.set_pooled_target(pooled_target, pooled_target);
+  }
+
  private:
   /// Pages group g of slot s holds once its remaining decode tokens are appended.
   [[nodiscard]] std::int64_t decode_end_pages(std::int32_t s, std::int32_t g) const noexcept {
@@ -271,13 +340,16 @@ class page_usage {
   }
 
   /**
-   * The pooled groups of a turn under elastic reservation (docs/memory.md#elastic-reservation):
-   * - admit: shared target R(N) + G_c ceil(T / P) + staging (G_c ceil(min(chunk, N) / P));
-   *   a list never needs more than
-   *   ceil((N + T) / P) entries, nor more than the target;
-   * - next_turn: target max(R(n + N), held) + G_c ceil(T / P) + staging (held pages count against
-   *   it; those a fork shares are copied, since compaction rewrites the whole group, and the target
-   *   counts each copy once more: an eviction may drop a copy before the engine completed it);
+   * The pooled groups of a turn under elastic reservation (docs/memory.md#elastic-reservation),
+   * with `elastic_turn_pages(limit, decode, staging, uncompressed)` = min(limit + max(G_c ceil(T /
+   * P), staging), G_c ceil((tokens + T) / P)): a turn stages chunks only before its first decode
+   * token, and no group holds more pages than its longest head's tokens need:
+   * - admit: shared target elastic_turn_pages(R(N), ...) with staging G_c ceil(min(chunk, N) / P);
+   *   a list never needs more than ceil((N + T) / P) entries, nor more than the target;
+   * - next_turn: limit max(R(n + N), held), target elastic_turn_pages(limit, ...) (held pages
+   *   count against it; those a fork shares are copied, since compaction rewrites the whole group,
+   *   and the target counts each copy once more: an eviction may drop a copy before the engine
+   *   completed it);
    * - fork: the child's target is what the parent's groups reach by the end of its decode (its
    *   use, when ended); fully written pages are shared, the rest copied.
    */
@@ -315,8 +387,10 @@ class page_usage {
       for (auto g : pooled) held_total += restore_held[g];
     // A copy's new page is held by the list and by the pending copy until the engine completes
     // it; an eviction that drops it before then frees nothing, so the target covers it twice.
-    std::int64_t limit  = std::max(groups_.pooled_pages(tokens), held_total);
-    std::int64_t target = limit + decode_pages + staging_pages(prompt_tokens) + copies;
+    std::int64_t limit = std::max(groups_.pooled_pages(tokens), held_total);
+    std::int64_t whole = static_cast<std::int64_t>(pooled.size()) * longest;  // uncompressed
+    std::int64_t target =
+        elastic_turn_pages(limit, decode_pages, staging_pages(prompt_tokens), whole) + copies;
     for (auto g : pooled) {
       std::int64_t held = 0, exclusive_held = 0, current = 0;
       if (kind == turn_kind::next_turn) {

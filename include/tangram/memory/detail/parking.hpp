@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file memory/detail/parking.hpp
- * @brief Host offload of ended sessions: the plan fingerprint a `parked_session` carries, and the
- * checks `try_unpark` runs on a session before it changes anything.
+ * @brief Host offload of sessions (ended, or a turn in decode): the plan fingerprint a
+ * `parked_session` carries, and the checks `try_unpark` and `try_resume` run on a session before
+ * they change anything.
  */
 #pragma once
 
@@ -95,11 +96,13 @@ class fnv1a {
 namespace detail {
 
 /**
- * @brief `try_unpark` / `unpark_pages` (`op`): the session was parked under this plan
- * (`fingerprint`, page size) and describes a sequence this manager could have ended: one base
- * length per head (0 for sliding heads, at most seq_tokens - appended otherwise), one page count
- * per group equal to the pages its heads use (what `end_turn` leaves), seq_tokens in
- * [1, 2^31 - 1], appended in [0, seq_tokens], written_tokens in [seq_tokens, 2^31 - 1].
+ * @brief `try_unpark` / `try_resume` and their page counts (`op`): the session was parked under
+ * this plan (`fingerprint`, page size) and describes a sequence this manager could have parked:
+ * one base length per head (0 for sliding heads, at most seq_tokens - appended otherwise), one
+ * page count per group equal to the pages its heads use, seq_tokens in [1, 2^31 - 1], appended in
+ * [0, seq_tokens], written_tokens in [seq_tokens, 2^31 - 1]; an ended session (not `mid_turn`)
+ * with decoded = max_new = 0, a turn parked in decode with appended = decoded <= max_new and
+ * decoded < seq_tokens (its prompt is in).
  * @throw invalid_argument naming the field and the value.
  */
 inline void check_parked_session(char const* op,
@@ -155,6 +158,32 @@ inline void check_parked_session(char const* op,
                   p.seq_tokens,
                   ", 2^31 - 1], got ",
                   p.written_tokens);
+  if (p.mid_turn) {
+    TANGRAM_EXPECTS(p.decoded == p.appended && p.decoded < p.seq_tokens,
+                    invalid_argument,
+                    op,
+                    ".session.decoded: a turn parked in decode has decoded = appended = ",
+                    p.appended,
+                    " < seq_tokens = ",
+                    p.seq_tokens,
+                    ", got ",
+                    p.decoded);
+    TANGRAM_EXPECTS(p.max_new >= p.decoded && p.max_new <= max_tokens,
+                    invalid_argument,
+                    op,
+                    ".session.max_new: must be in [decoded = ",
+                    p.decoded,
+                    ", 2^31 - 1], got ",
+                    p.max_new);
+  } else {
+    TANGRAM_EXPECTS(p.decoded == 0 && p.max_new == 0,
+                    invalid_argument,
+                    op,
+                    ".session: an ended session (mid_turn false) has decoded = max_new = 0, got ",
+                    p.decoded,
+                    " and ",
+                    p.max_new);
+  }
   for (std::int32_t g = 0; g < groups.num_groups(); ++g) {
     std::int64_t longest = 0;
     for (auto const* m = groups.members_begin(g); m != groups.members_end(g); ++m) {
@@ -185,6 +214,46 @@ inline void check_parked_session(char const* op,
                     " pages, but its heads' lengths use ",
                     use);
   }
+}
+
+/**
+ * @brief `try_unpark` / `unpark_pages` (`op`): the session ended before it was parked; a turn
+ * parked in decode resumes with `try_resume` instead.
+ * @throw invalid_argument naming the field.
+ */
+inline void check_ended_session(char const* op, parked_session const& p) {
+  TANGRAM_EXPECTS(!p.mid_turn,
+                  invalid_argument,
+                  op,
+                  ".session.mid_turn: the session was parked in the middle of a turn (",
+                  p.decoded,
+                  " of ",
+                  p.max_new,
+                  " answer tokens decoded); resume it with try_resume, or end it after resuming");
+}
+
+/**
+ * @brief `try_resume` / `resume_pages` (`op`): the session was parked in decode (`mid_turn`) and
+ * its turn resumes with `max_new_tokens` answer tokens in all: at least those it decoded, and the
+ * turn within 2^31 - 1 tokens ((seq_tokens - decoded) + max_new_tokens).
+ * @throw invalid_argument naming the field and the value.
+ */
+inline void check_resume(char const* op, parked_session const& p, std::int64_t max_new_tokens) {
+  TANGRAM_EXPECTS(p.mid_turn,
+                  invalid_argument,
+                  op,
+                  ".session.mid_turn: the session ended before it was parked; restore it with "
+                  "try_unpark and its next turn");
+  TANGRAM_EXPECTS(
+      max_new_tokens >= p.decoded && max_new_tokens <= max_tokens - (p.seq_tokens - p.decoded),
+      invalid_argument,
+      op,
+      ".max_new_tokens: must be in [decoded = ",
+      p.decoded,
+      ", 2^31 - 1 - ",
+      p.seq_tokens - p.decoded,
+      " tokens before the answer], got ",
+      max_new_tokens);
 }
 
 }  // namespace detail

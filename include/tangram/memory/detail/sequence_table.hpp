@@ -27,7 +27,8 @@ struct sequence_state {
   std::int64_t decoded          = 0;
   std::int64_t written_tokens   = 0;  ///< most tokens seen since the last chunk: a sliding ring
                                       ///< holds positions from written_tokens - ring on (rollback)
-  bool may_share = false;             ///< forked (parent or child): pages may be shared
+  bool may_share       = false;       ///< forked (parent or child): pages may be shared
+  bool parked_mid_turn = false;       ///< parking from decode (cancel_park returns there)
   page_reservation reservation;       ///< pages still promised to the sequence
   /// Deferred reuse: pages returned to this sequence's own reservation (rollback, an elastic
   /// eviction's unneeded staging), kept referenced on a stack (page_flow) instead of going back
@@ -169,10 +170,10 @@ class sequence_table {
     auto& st            = (*this)[s];
     st.phase            = phase;
     st.prompt_remaining = st.chunk_pending = st.max_new = st.decoded = st.written_tokens = 0;
-    st.may_share                                                                         = false;
-    st.reservation = std::move(reservation);
-    st.spare_top   = -1;
-    st.spare_pages = 0;
+    st.may_share = st.parked_mid_turn = false;
+    st.reservation                    = std::move(reservation);
+    st.spare_top                      = -1;
+    st.spare_pages                    = 0;
     return s;
   }
 

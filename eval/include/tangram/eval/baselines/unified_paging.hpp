@@ -52,6 +52,9 @@ struct unified_stats {
       0;  ///< pages taken from the pool, ever (a chunk's transient ones included)
   std::int64_t reclaim_ops  = 0;  ///< pages freed right after an eviction (reclamation)
   std::int64_t failed_steps = 0;  ///< chunks or decode steps refused for lack of pages
+  /// Pages in use at the highest point of a chunk's forward pass (held + the whole chunk's, before
+  /// the evictions free the transient ones): `unified_paging_baseline::peak_pages` reads it.
+  std::int64_t forward_peak_pages = 0;
 };
 
 /**
@@ -169,6 +172,7 @@ class unified_paging_baseline {
       ++stats_.failed_steps;
       return false;
     }
+    stats_.forward_peak_pages = std::max(stats_.forward_peak_pages, pool_.stats().used + need);
     // The scheduler gives every layer pages for the whole chunk before the forward pass; then each
     // layer's eviction runs and its tail pages are freed (reclaimed). The pages that only live
     // through the forward pass are counted (allocated, then reclaimed) but not taken from the pool:
@@ -281,6 +285,11 @@ class unified_paging_baseline {
   /// Tokens `seq` has seen (prefilled and decoded, before any eviction).
   [[nodiscard]] std::int64_t seq_tokens(std::int32_t seq) const {
     return seq_tokens_[static_cast<std::size_t>(seq)];
+  }
+  /// Pages in use at their highest so far: the pool's peak, or a chunk's forward pass (whose
+  /// transient pages are counted, not drawn from the pool), whichever is higher.
+  [[nodiscard]] std::int64_t peak_pages() const {
+    return std::max(pool_.stats().peak_used, stats_.forward_peak_pages);
   }
   /// Pages `seq` holds over all layers.
   [[nodiscard]] std::int64_t pages_held(std::int32_t seq) const {

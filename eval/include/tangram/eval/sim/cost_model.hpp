@@ -34,8 +34,9 @@ struct gpu_spec {
   double usable_fraction = 0.90;    ///< share an engine may use (vLLM's gpu_memory_utilization)
   double hbm_bytes_per_s = 4.8e12;  ///< peak HBM bandwidth
   double peak_flops      = 989e12;  ///< dense bf16 tensor-core peak
-  /// Host link, one direction (offloaded KV reloaded over it): PCIe Gen5 x16 (gpu_presets.hpp).
-  double host_link_bytes_per_s = 64e9;
+  /// Host link, each direction: offloaded KV reloaded, sessions parked and restored
+  /// (eval/sim/gpu_presets.hpp gives each preset's figure and its source).
+  double host_link_bytes_per_s = 55e9;
 
   /// Bytes left for the KV cache: usable memory minus the model's weights.
   [[nodiscard]] double kv_budget_bytes(model_spec const& m) const {

@@ -21,11 +21,13 @@
  * A100 108. NVIDIA's H100/H200 and A100 architecture whitepapers; B200:
  * the Blackwell architecture technical brief.
  *
- * Host link (KV offloaded to host memory is reloaded over it; one direction): PCIe Gen5 x16 on
- * H100 SXM, H200 and B200, "PCIe Gen5: 128 GB/s" in NVIDIA's H100 and H200 datasheets, i.e. 64 GB/s
- * each way (32 GT/s x 16 lanes); A100 SXM PCIe Gen4 x16, "PCIe Gen4: 64 GB/s" in its datasheet,
- * 32 GB/s each way. Link rates: a real copy reaches somewhat less, so they are generous to the
- * offloading baseline.
+ * Host link (KV offloaded to host memory and reloaded, sessions parked and restored;
+ * `gpu_spec::host_link_bytes_per_s`), achievable per direction with pinned host memory and large
+ * copies: H100, H200 and B200 on PCIe Gen5 x16, 55 GB/s (NVIDIA nvbandwidth's
+ * host_to_device_memcpy_ce example output, 55.6 GB/s, of the 64 GB/s per direction that "PCIe
+ * Gen5: 128 GB/s" in NVIDIA's H100 and H200 datasheets gives; github.com/NVIDIA/nvbandwidth);
+ * A100 on PCIe Gen4 x16, half of it, 27.5 GB/s (PCIe 4.0 signals at half the 5.0 rate). One
+ * figure for every policy that moves KV over the link (full_kv_offload's reloads, Tangram's parks).
  *
  * vLLM v1 defaults (vllm/engine/arg_utils.py, EngineArgs batch defaults, OpenAI API server
  * usage context): on GPUs with at least 70 GiB that are not A100, max_num_batched_tokens 8192
@@ -76,10 +78,10 @@ inline std::vector<gpu_preset> const& gpu_presets() {
       return p;
     };
     return std::vector<gpu_preset>{
-        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024, 132, 64),
-        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024, 132, 64),
-        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024, 148, 64),
-        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256, 108, 32),
+        make("h200", "H200 141GB SXM", 141, 4.8, 989, 8192, 1024, 132, 55),
+        make("h100", "H100 80GB SXM", 80, 3.35, 989, 8192, 1024, 132, 55),
+        make("b200", "B200 180GB HGX", 180, 8.0, 2250, 8192, 1024, 148, 55),
+        make("a100", "A100 80GB SXM", 80, 2.039, 312, 2048, 256, 108, 27.5),
     };
   }();
   return all;

@@ -46,6 +46,9 @@ struct policy_memory {
   double held_bytes           = -1;
   std::int64_t reclaim_ops    = 0;  ///< pages freed after eviction (allocate-then-free)
   std::int64_t released_pages = 0;  ///< pages returned when a recompression shrinks a group
+  /// Bytes reserved only to stage prefill chunks (elastic reservation: what the prefilling
+  /// turns hold beyond their limit and answer), now.
+  double staging_bytes = 0;
 };
 
 /**
@@ -106,6 +109,22 @@ class kv_policy {
   [[nodiscard]] virtual std::int64_t reclaimed_pages() const { return memory().reclaim_ops; }
   /// Pages in the pool, for utilisation figures.
   [[nodiscard]] virtual double capacity_bytes() const = 0;
+  /// Sessions the policy parked in host memory during its calls since the last `take_parked`
+  /// (`tangram_policy`: when an answer's growth does not fit). Their KV leaves the GPU and comes
+  /// back at their next `start_turn` without recompute: a running turn stops and then resumes
+  /// where it was, an idle session's next turn restores it; neither is resident meanwhile.
+  /// Default: none.
+  virtual std::vector<std::int32_t> take_parked() { return {}; }
+  /// Parks idle session `s` in host memory (reported by `take_parked`) instead of having its KV
+  /// dropped and recomputed: the replay asks before an idle eviction. Default false (cannot).
+  virtual bool park_idle(std::int32_t /*session*/) { return false; }
+  /// Bytes copied to host memory by parks and back by restores since the last call; the replay
+  /// charges them at the GPU's host-link bandwidth (modelled). Default none.
+  struct host_traffic {
+    double parked_bytes   = 0;
+    double restored_bytes = 0;
+  };
+  virtual host_traffic take_host_traffic() { return {}; }
 };
 
 /**
@@ -160,11 +179,12 @@ struct time_breakdown {
   double replanning_s       = 0;  ///< per-step re-planning
   double overhead_s         = 0;  ///< fixed per-step overhead
   double control_plane_s    = 0;  ///< measured policy time, when `step_charges::control_plane`
-  double reload_stall_s     = 0;  ///< host-link transfers a step's GPU work did not hide
+  double reload_stall_s     = 0;  ///< host-link reloads (full_kv offload) a step's GPU work did not hide
+  double host_transfer_s    = 0;  ///< parks and restores over the host link (not overlapped)
   double idle_s             = 0;  ///< nothing to run (waiting for arrivals or think time)
   [[nodiscard]] double sum() const {
     return prefill_s + eviction_pass_s + decode_attention_s + weights_s + reclamation_s +
-           replanning_s + overhead_s + control_plane_s + reload_stall_s + idle_s;
+           replanning_s + overhead_s + control_plane_s + reload_stall_s + host_transfer_s + idle_s;
   }
 };
 
@@ -195,6 +215,16 @@ struct replay_result {
   std::int64_t idle_evictions      = 0;  ///< idle sessions whose KV was dropped to make room
   std::int64_t prefix_blocks_evicted = 0;  ///< tail blocks of idle sessions' cached KV evicted
   std::int64_t recomputed_tokens   = 0;  ///< tokens lost and prefilled again
+  /// Sessions parked in host memory (`kv_policy::take_parked`): running turns (`parked_running`)
+  /// and idle sessions; `resumes` brought back, the bytes each way, and the host-link time they
+  /// cost (modelled, also in `time.host_transfer_s`).
+  std::int64_t parks               = 0;
+  std::int64_t parked_running      = 0;
+  std::int64_t resumes             = 0;
+  double parked_bytes              = 0;
+  double restored_bytes            = 0;
+  double modelled_host_transfer_s  = 0;
+  double mean_staging_bytes        = 0;  ///< time-weighted policy_memory::staging_bytes
   std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
   std::int64_t steps               = 0;
   double control_plane_us_per_step = 0;  ///< measured wall time inside the policy
@@ -258,6 +288,7 @@ struct session_state {
   bool paused = false;  ///< preempted with its KV kept as a prefix cache (resumes where it was)
   bool ttft_recorded               = false;
   bool holds_kv                    = false;
+  bool parked = false;  ///< its KV is in host memory (kv_policy::take_parked): not resident
   std::int64_t cached = 0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
   std::uint64_t admit_seq          = 0;  ///< admission order (preemption picks the latest)
 
@@ -442,7 +473,7 @@ inline replay_result replay(workload const& work,
   // Tokens handed to the policy that it still holds (prefill chunks and decode appends of the
   // resident sessions), and its time integral beside the live and held bytes' (the keep ratios).
   std::int64_t seen_tokens = 0;
-  double seen_area = 0, live_area = 0, held_area = 0;
+  double seen_area = 0, live_area = 0, held_area = 0, staging_area = 0;
   auto const forget = [&seen_tokens](session_state& ss) {
     seen_tokens -= ss.cached;
     ss.cached = 0;
@@ -517,7 +548,10 @@ inline replay_result replay(workload const& work,
     });
     ss.holds_kv = false;
     ss.paused   = false;  // nothing left to resume: the turn starts its prefill again
-    --resident;
+    if (ss.parked)
+      ss.parked = false;  // held in host memory: no longer counted resident
+    else
+      --resident;
     forget(ss);
     lose(s, ss.history + ss.prefilled_this_turn + ss.decoded_this_turn);
     ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
@@ -580,6 +614,31 @@ inline replay_result replay(workload const& work,
     --active;
   };
 
+  // Sessions the policy parked in host memory: no longer resident; a running turn stops and waits
+  // first in line to resume where it was (its KV comes back without recompute).
+  auto absorb_parked = [&] {
+    for (auto s : policy.take_parked()) {
+      auto& ss = ss_of(s);
+      TANGRAM_EXPECTS(ss.holds_kv && !ss.parked,
+                      logic_error,
+                      "replay: ",
+                      policy.name(),
+                      " parked session ",
+                      s,
+                      ", which holds no KV on the GPU");
+      ss.parked = true;
+      --resident;
+      out.parks += 1;
+      auto it = std::find(running.begin(), running.end(), s);
+      if (it == running.end()) continue;
+      running.erase(it);
+      out.parked_running += 1;
+      ss.paused = true;
+      ss.state  = phase::waiting;
+      ready_continue.push_front(s);
+    }
+  };
+
   // Prompt tokens the running sequences still have to prefill: a new turn is admitted only when
   // the next step has token budget left for it (it is scheduled as it is admitted, like vLLM).
   auto prefill_backlog = [&] {
@@ -604,11 +663,16 @@ inline replay_result replay(workload const& work,
     std::int32_t victim = -1;
     for (std::int32_t s = 0; s < n_sessions; ++s) {
       auto const& ss = ss_of(s);
-      if (s != keep && ss.holds_kv && ss.state != phase::prefill && ss.state != phase::decode &&
-          (victim < 0 || ss.idle_since_s < ss_of(victim).idle_since_s))
+      if (s != keep && ss.holds_kv && !ss.parked && ss.state != phase::prefill &&
+          ss.state != phase::decode && (victim < 0 || ss.idle_since_s < ss_of(victim).idle_since_s))
         victim = s;
     }
     if (victim < 0) return false;
+    // A policy that parks (tangram) moves the victim's KV to host memory: nothing is recomputed.
+    if (!ss_of(victim).paused && timed([&] { return policy.park_idle(victim); })) {
+      absorb_parked();
+      return true;
+    }
     // Block-level prefix cache: the victim's tail block goes, its prefix stays cached; its next
     // turn prefills the evicted tokens again. A preempted (paused) request is dropped whole.
     if (auto& vs = ss_of(victim); !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
@@ -679,6 +743,11 @@ inline replay_result replay(workload const& work,
       queue.pop_front();
       ss.admit_seq = ++admit_counter;
       running.push_back(s);
+      if (ss.parked) {  // its KV is back from host memory
+        ss.parked = false;
+        ++resident;
+        out.resumes += 1;
+      }
       if (ss.paused) {  // resumes its turn where the preemption stopped it
         ss.paused = false;
         ss.state  = ss.to_prefill > 0 ? phase::prefill : phase::decode;
@@ -767,7 +836,17 @@ inline replay_result replay(workload const& work,
     decoders.clear();
     for (auto s : running)
       if (ss_of(s).state == phase::decode) decoders.push_back(s);
-    while (!decoders.empty() && !timed([&] { return policy.decode(decoders); })) {
+    // One decode step; sessions the policy parked to make room stop (they decode nothing now).
+    auto decode_once = [&] {
+      bool ok = timed([&] { return policy.decode(decoders); });
+      absorb_parked();
+      decoders.erase(
+          std::remove_if(
+              decoders.begin(), decoders.end(), [&](std::int32_t s) { return !is_running(s); }),
+          decoders.end());
+      return ok;
+    };
+    while (!decoders.empty() && !decode_once()) {
       // Out of pages (baselines only): preempt the latest admitted sequence and try again.
       if (!make_room(-1)) {
         // Alone on a pool with no idle session left, its answer still outgrows the memory: the
@@ -893,6 +972,14 @@ inline replay_result replay(workload const& work,
     out.time.overhead_s += ch.step_overhead_s;
     out.steps += 1;
 
+    // Parks and restores of this step (admission, decode) over the host link (modelled).
+    auto traffic = policy.take_host_traffic();
+    double host  = cost.host_link_s(traffic.parked_bytes + traffic.restored_bytes);
+    step_s += host;
+    out.time.host_transfer_s += host;
+    out.parked_bytes += traffic.parked_bytes;
+    out.restored_bytes += traffic.restored_bytes;
+
     auto mem                    = policy.memory();  // accounting, not engine work: not timed
     // Reclamation happens inside this step's chunks and decode: charged to this step.
     double reclaim = static_cast<double>(mem.reclaim_ops - reclaim_seen) * ch.reclaim_s_per_page;
@@ -911,6 +998,7 @@ inline replay_result replay(workload const& work,
     if (mem.allocated_bytes > 0) util_area += mem.live_bytes / mem.allocated_bytes * step_s;
     seen_area += static_cast<double>(seen_tokens) * step_s;
     live_area += mem.live_bytes * step_s;
+    staging_area += mem.staging_bytes * step_s;
     held_area += (mem.held_bytes < 0 ? mem.allocated_bytes : mem.held_bytes) * step_s;
     t += step_s;
     prev_step_s = step_s;
@@ -982,6 +1070,8 @@ inline replay_result replay(workload const& work,
   out.modelled_requests_per_s =
       t > 0 ? static_cast<double>(out.completed_requests) / t : 0;
   out.modelled_eviction_pass_s = out.time.eviction_pass_s;
+  out.modelled_host_transfer_s = out.time.host_transfer_s;
+  out.mean_staging_bytes       = t > 0 ? staging_area / t : 0;
   out.mean_admission_wait_s =
       out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
   out.reclaim_ops    = end.reclaim_ops;
