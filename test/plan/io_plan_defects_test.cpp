@@ -183,7 +183,7 @@ TEST_CASE("reference contexts above 2^24 are refused by the CLI, the reader and 
   plan.options.split.reference_contexts = {1024, (std::int64_t{1} << 24) + 1};
   TANGRAM_REQUIRE_THROWS_WITH_ALL(to_json(plan),
                                   tangram::invalid_argument,
-                                  "options.reference_contexts[1]",
+                                  "static_plan.options: split_options.reference_contexts",
                                   "16777216",
                                   "16777217");
   plan.options.split.reference_contexts = {1024, std::int64_t{1} << 24};

@@ -12,6 +12,8 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "subcommands.hpp"
+#include "tangram/detail/checked_math.hpp"
+#include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/eval/split_imbalance.hpp"
 #include "tangram/io/static_plan.hpp"
@@ -86,6 +88,27 @@ double max_over_min(std::vector<std::int64_t> const& v) {
   return *lo > 0 ? static_cast<double>(*hi) / static_cast<double>(*lo) : 0.0;
 }
 
+/// Refuses, before any work, a --stage-context at which a stage's footprint could overflow 64-bit
+/// byte counts: at most one group per head, every group holding every token, so at most
+/// layers x heads x ceil(context / P) pages.
+void check_stage_context(model_spec const& model, plan_options const& o, std::int64_t context) {
+  page_geometry geo{o.page_tokens, o.group_size, model.head_dim, model.kv_dtype};
+  auto heads = std::int64_t{model.num_layers} * (model.num_kv_heads / o.tp_size);
+  auto pages = tangram::detail::mul_checked(heads, ceil_div(context, o.page_tokens));
+  if (!pages || !tangram::detail::mul_checked(*pages, geo.page_bytes()))
+    throw usage_error(cat("--stage-context: ",
+                          context,
+                          " tokens: a stage's footprint (up to ",
+                          heads,
+                          " heads x ceil(",
+                          context,
+                          " / ",
+                          o.page_tokens,
+                          ") pages x ",
+                          geo.page_bytes(),
+                          " bytes) overflows 64-bit byte counts; give a shorter context"));
+}
+
 /// `--pipeline-stages N` or `--layers` with several ranges: one plan per stage, a stage table.
 int stages_command(plan_args& a,
                    streams io,
@@ -112,12 +135,11 @@ int stages_command(plan_args& a,
     std::int32_t groups = 0;
     std::string out;
   };
-  std::vector<stage_row> rows;
-  std::vector<std::int64_t> footprints, tokens;
-  for (std::size_t k = 0; k < ranges.size(); ++k) {
+  // Checked before any plan is built: every stage's file fits the plan file limit (and
+  // --stage-context was checked by plan_command).
+  for (auto const& r : ranges) {
     plan_options ok = o;
-    ok.layers       = ranges[k];
-    std::string path = a.out ? stage_path(*a.out, k, ranges.size()) : std::string();
+    ok.layers       = r;
     if (a.out) {
       try {
         check_plan_file_size(model, src.profile, ok);
@@ -125,16 +147,29 @@ int stages_command(plan_args& a,
         throw usage_error(cat("--out: ", e.what(), " (--tp-size, --group-size)"));
       }
     }
+  }
+  // All stage files or none: each is prepared beside its target, and put in place only once every
+  // stage is planned and written (a failure leaves no stage file behind).
+  tangram::detail::file_batch files;
+  std::vector<stage_row> rows;
+  std::vector<std::int64_t> footprints, tokens;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    plan_options ok = o;
+    ok.layers       = ranges[k];
+    std::string path = a.out ? stage_path(*a.out, k, ranges.size()) : std::string();
     auto plan = build_plan_for_cli(model, src.profile, ok, src.samples ? &*src.samples : nullptr);
-    if (a.out) save_static_plan(plan, path);
-    rows.push_back({ranges[k],
-                    weight_of(ranges[k]),
-                    stage_footprint_bytes(plan, a.stage_context),
-                    plan.num_groups(),
-                    path});
+    std::int64_t footprint = 0;
+    try {
+      footprint = stage_footprint_bytes(plan, a.stage_context);
+    } catch (tangram::invalid_argument const& e) {
+      throw usage_error(cat("--stage-context: ", a.stage_context, " tokens: ", e.what()));
+    }
+    if (a.out) files.add(path, to_json(plan));
+    rows.push_back({ranges[k], weight_of(ranges[k]), footprint, plan.num_groups(), path});
     footprints.push_back(rows.back().footprint);
     tokens.push_back(rows.back().kv_tokens);
   }
+  files.commit();
   // What an even split by layer count would give, for comparison.
   std::vector<std::int64_t> even_tokens;
   auto n = static_cast<std::int32_t>(ranges.size());
@@ -259,6 +294,7 @@ int plan_command(plan_args& a, streams io) {
       }
     }
     std::size_t n = balanced ? static_cast<std::size_t>(a.pipeline_stages) : ranges.size();
+    check_stage_context(model, o, a.stage_context);
     if (out)
       for (std::size_t k = 0; k < n; ++k) check_output_path("--out", stage_path(*out, k, n));
     if (balanced) {

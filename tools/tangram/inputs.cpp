@@ -3,16 +3,25 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
+
 #include "embedded_profiles.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 
 namespace tangram::cli {
 
-input_text read_input(std::string const& name_or_path) {
+bool names_a_file(std::string const& path) {
   struct stat st {};
-  if (::stat(name_or_path.c_str(), &st) == 0)
-    return {name_or_path, tangram::detail::read_file(name_or_path)};
+  if (::stat(path.c_str(), &st) == 0) return true;
+  int err = errno;
+  if (err == ENOENT || err == ENOTDIR) return false;
+  TANGRAM_FAIL(tangram::invalid_argument, "cannot open ", tangram::detail::quoted(path), ": ",
+               tangram::detail::system_reason(err));
+}
+
+input_text read_input(std::string const& name_or_path) {
+  if (names_a_file(name_or_path)) return {name_or_path, tangram::detail::read_file(name_or_path)};
   std::string key = name_or_path;
   if (key.size() < 5 || key.compare(key.size() - 5, 5, ".json") != 0) key += ".json";
   for (auto const& f : embedded_profiles())

@@ -99,8 +99,7 @@ inline head_grouping cluster_heads(std::vector<head_rule> const& rules, std::int
       std::sort(g.members.begin(), g.members.end(), [](head_ref a, head_ref b) {
         return std::tie(a.layer, a.head) < std::tie(b.layer, b.head);
       });
-      g.rule = rule_of(g.members.front());
-      for (auto m : g.members) g.rule.budget = std::max(g.rule.budget, rule_of(m).budget);
+      g.rule   = detail::group_rule_of(g.members, rules, num_kv_heads);
       auto gid = static_cast<std::int32_t>(out.groups.size());
       for (std::size_t c = 0; c < g.members.size(); ++c) {
         auto m = g.members[c];
