@@ -5,9 +5,10 @@
  * file readers and writers (io/), planning (plan/: calibration, grouping, footprints, split
  * maps, elastic reservation and placement, the static plan, its checks and its JSON file), the
  * memory manager (memory/: pools, resources, the KV-cache manager, its thread-safe wrapper,
- * tensor-parallel admission, the batch view), the FlashInfer export (interop/) and the CPU reference kernels (reference/:
- * append, decode and prefill attention, eviction and elastic eviction). Every public host-only
- * header is here (test/memory/umbrella_include_test.cpp checks it).
+ * tensor-parallel admission, the batch view), the FlashInfer export (interop/) and the CPU
+ * reference kernels (reference/: append, decode and prefill attention, eviction and elastic
+ * eviction). Every public host-only header is here (test/memory/umbrella_include_test.cpp checks
+ * it).
  *
  * Not included, because they need the CUDA library (`tangram::kernels`): the kernel launchers
  * (`tangram/kernels/...`), `tangram/memory/cuda_memory_resource.hpp`, the device mirror

@@ -54,9 +54,8 @@ TEST_CASE("first_repeated_name finds the first repeated name, as comparing every
     int alphabet  = 1 + static_cast<int>(rng() % 60);
     std::vector<std::string> names(n);
     for (auto& s : names) s = std::string(1 + rng() % 2, static_cast<char>('a' + rng() % alphabet));
-    auto got = json::first_repeated_name(names.size(), [&](std::size_t k) -> std::string const& {
-      return names[k];
-    });
+    auto got = json::first_repeated_name(
+        names.size(), [&](std::size_t k) -> std::string const& { return names[k]; });
     auto want = brute_first_repeat(names);
     INFO("trial " << trial << " n " << n);
     REQUIRE(got == want);
@@ -66,17 +65,16 @@ TEST_CASE("first_repeated_name finds the first repeated name, as comparing every
   CHECK(with_repeat < 2900);
 }
 
-TEST_CASE("first_repeated_name makes O(n log n) comparisons on any names",
-          "[json][regression]") {
+TEST_CASE("first_repeated_name makes O(n log n) comparisons on any names", "[json][regression]") {
   // The work done, not the time taken: a scan of the earlier names per member makes n (n - 1) / 2
   // comparisons (5e9 at n = 1e5).
   for (int shape = 0; shape < 3; ++shape) {
     std::size_t const n = 100000;
     std::vector<std::string> names(n);
     for (std::size_t i = 0; i < n; ++i)
-      names[i] = shape == 0   ? detail::cat("key", i)            // distinct, in order
+      names[i] = shape == 0   ? detail::cat("key", i)              // distinct, in order
                  : shape == 1 ? detail::cat("key", (n - i) % 977)  // many repeats
-                              : std::string("same");             // one name
+                              : std::string("same");               // one name
     std::int64_t comparisons = 0;
     auto less                = [&](std::string const& a, std::string const& b) {
       ++comparisons;
@@ -94,7 +92,7 @@ TEST_CASE("objects of hundreds of thousands of members parse in every reader",
           "[json][regression]") {
   // Each would take minutes with the quadratic check; linear-ish, a fraction of a second.
   std::size_t const many = 300000;
-  auto doc = json::parse(with_members("{\"last\": 1}", many), "big.json");
+  auto doc               = json::parse(with_members("{\"last\": 1}", many), "big.json");
   CHECK(doc.members().size() == many + 1);
   // A repeated name is still found, at its own position (the last member repeats pad7).
   auto dup = with_members("{\"pad7\": 1}", many);
@@ -104,20 +102,20 @@ TEST_CASE("objects of hundreds of thousands of members parse in every reader",
   TANGRAM_REQUIRE_THROWS_WITH_ALL(json::parse(dup, "dup.json"), parse_error, col);
 
   // The file readers, each on an object of many members (unknown members are ignored).
-  auto samples_text = detail::read_file(
-      test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  auto samples_text =
+      detail::read_file(test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
   auto s = parse_retention_samples(with_members(samples_text, many), "samples.json");
   CHECK(s.samples.size() == 28);
   auto profile = calibrate(s);
   auto p       = parse_budget_profile(with_members(to_json(profile), many), "profile.json");
   CHECK(p.budgets == profile.budgets);
   auto model = model_preset("llama-3.1-8b");
-  auto m     = parse_model_spec(with_members(json::dump(detail::model_to_json(model)), many),
-                            "model.json");
+  auto m =
+      parse_model_spec(with_members(json::dump(detail::model_to_json(model)), many), "model.json");
   CHECK(m.num_layers == model.num_layers);
   plan_options o;
   o.split.reference_batches = 8;
   auto plan                 = build_static_plan(model, profile, o);
-  auto back = parse_static_plan(with_members(to_json(plan), many), "plan.json");
+  auto back                 = parse_static_plan(with_members(to_json(plan), many), "plan.json");
   CHECK(plan_difference(plan, back).empty());
 }

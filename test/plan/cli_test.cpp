@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
@@ -14,7 +15,6 @@
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -105,20 +105,25 @@ TEST_CASE("calibrate --json reports the library's figures", "[cli]") {
             {2, 0.05, true})
             .heldout_clip_fraction);
   // --folds 0 skips the held-out figures (null, not NaN: the output stays valid JSON).
-  auto z = parse_out(run(
-      {"calibrate", "ea/qwen3-4b-instruct-2507", "--folds", "0", "--reservation", "static", "--json"}));
+  auto z = parse_out(run({"calibrate",
+                          "ea/qwen3-4b-instruct-2507",
+                          "--folds",
+                          "0",
+                          "--reservation",
+                          "static",
+                          "--json"}));
   CHECK(z.find("heldout_clip_fraction")->is_null());
 }
 
 TEST_CASE("calibrate writes a profile and a readable table", "[cli]") {
   auto path = tmp("snapkv-llama.profile.json");
   auto r    = run({"calibrate",
-                     "snapkv/llama-3.1-8b-instruct",
-                     "--reservation",
-                     "static",
-                     "--out",
-                     path,
-                     "--compare"});
+                   "snapkv/llama-3.1-8b-instruct",
+                   "--reservation",
+                   "static",
+                   "--out",
+                   path,
+                   "--compare"});
   INFO(r.err);
   REQUIRE(r.code == 0);
   for (char const* piece : {"reserved / mean dynamic",
@@ -137,7 +142,7 @@ TEST_CASE("calibrate writes a profile and a readable table", "[cli]") {
   CHECK(p.window_tokens == 4096);
   // The default (elastic) report writes the same profile, shaped by the estimator options.
   auto elastic = tmp("snapkv-llama.elastic.profile.json");
-  auto e       = run({"calibrate", "snapkv/llama-3.1-8b-instruct", "--alpha", "1", "--out", elastic});
+  auto e = run({"calibrate", "snapkv/llama-3.1-8b-instruct", "--alpha", "1", "--out", elastic});
   INFO(e.err);
   REQUIRE(e.code == 0);
   CHECK(e.out.find("(elastic reservation)") != std::string::npos);
@@ -189,8 +194,8 @@ TEST_CASE("calibrate: bad options and inputs are one-line errors with exit 2", "
 
 TEST_CASE("plan --json: group waste, groups and split imbalance of the plan", "[cli]") {
   // Static: the split imbalance below is the budgets' (an elastic plan's is its placements').
-  auto v = parse_out(
-      run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
+  auto v =
+      parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
   auto s = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
   plan_options so;
   so.reservation.mode = reservation_mode::static_budgets;
@@ -321,8 +326,8 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   // map on the samples' placements, which a profile lacks); hybrid models pick their preset.
   auto profile = tmp("ea-qwen.profile.json");
   REQUIRE(run({"calibrate", "ea/qwen3-4b-instruct-2507", "--out", profile}).code == 0);
-  auto a = parse_out(
-      run({"plan", "ea/qwen3-4b-instruct-2507", "--json", "--reservation", "static"}));
+  auto a =
+      parse_out(run({"plan", "ea/qwen3-4b-instruct-2507", "--json", "--reservation", "static"}));
   auto b = parse_out(run({"plan", profile, "--json", "--reservation", "static"}));
   CHECK(num(a, "group_waste") == num(b, "group_waste"));
   CHECK(num(a, "split_imbalance") == num(b, "split_imbalance"));
@@ -456,8 +461,8 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   auto iv = parse_out(run({"inspect", path, "--json"}));
   CHECK(iv.find("reservation")->string() == "elastic");
   CHECK(num(iv, "margin") == 0.125);
-  auto v = parse_out(
-      run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
+  auto v =
+      parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
   CHECK(v.find("reservation")->string() == "static");
   CHECK(v.find("margin")->type() == json::kind::null);
   auto e = parse_out(
@@ -481,14 +486,15 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   {
     auto samples = load_retention_samples(
         tangram::test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
-    auto o               = p.options;
-    auto library         = build_static_plan(p.model, calibrate(samples), o, samples);
+    auto o       = p.options;
+    auto library = build_static_plan(p.model, calibrate(samples), o, samples);
     CHECK(p.splits.cta_begin == library.splits.cta_begin);
     CHECK(p.splits.cta_begin != build_static_plan(p.model, p.profile, o).splits.cta_begin);
   }
-  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "static", "--margin", "0.1"},
-               2,
-               {"--margin", "--reservation elastic"});
+  expect_error(
+      {"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "static", "--margin", "0.1"},
+      2,
+      {"--margin", "--reservation elastic"});
   expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "dynamic"},
                2,
                {"--reservation", "dynamic"});
@@ -511,10 +517,10 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   REQUIRE(at != std::string::npos);
   auto value = at + std::string("\"target_keep_ratio\":").size();
   detail::write_file(profile, text.replace(value, text.find(',', value) - value, " 0"));
-  expect_error({"plan", profile},
-               2,
-               {"--reservation: elastic reservation (the default)", "target_keep_ratio", "got 0",
-                "static"});
+  expect_error(
+      {"plan", profile},
+      2,
+      {"--reservation: elastic reservation (the default)", "target_keep_ratio", "got 0", "static"});
   CHECK(run({"plan", profile, "--reservation", "static"}).code == 0);
 }
 

@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/kernels/elastic_lengths.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -429,8 +429,7 @@ TEST_CASE("elastic on the bundled profiles: held out by prompt, Hp 4, P 16",
 TEST_CASE("elastic: the suggested margin is the smallest on its grid that meets the clip target",
           "[plan][elastic][profiles]") {
   // Independent check: evaluate the sweep at the suggestion and one grid step below it.
-  for (auto const* name :
-       {"snapkv/qwen3-4b-instruct-2507.json", "ea/llama-3.1-8b-instruct.json"}) {
+  for (auto const* name : {"snapkv/qwen3-4b-instruct-2507.json", "ea/llama-3.1-8b-instruct.json"}) {
     INFO(name);
     auto s = load(name);
     for (double target : {0.005, 0.002}) {
@@ -441,11 +440,10 @@ TEST_CASE("elastic: the suggested margin is the smallest on its grid that meets 
       auto k   = std::llround(m / suggestion_step);
       CHECK(m == Approx(static_cast<double>(k) * suggestion_step).margin(1e-12));
       REQUIRE(k >= 1);
-      auto chk = evaluate_elastic(
-          s, {}, by_prompt(), {m, static_cast<double>(k - 1) * suggestion_step});
+      auto chk =
+          evaluate_elastic(s, {}, by_prompt(), {m, static_cast<double>(k - 1) * suggestion_step});
       CHECK(chk.sweep[0].heldout_clip_fraction == rep.suggested->heldout_clip_fraction);
-      CHECK(chk.sweep[0].heldout_reserved_over_ideal ==
-            rep.suggested->heldout_reserved_over_ideal);
+      CHECK(chk.sweep[0].heldout_reserved_over_ideal == rep.suggested->heldout_reserved_over_ideal);
       CHECK(chk.sweep[0].heldout_clip_fraction <= target);
       CHECK(chk.sweep[1].heldout_clip_fraction > target);
     }
@@ -607,8 +605,8 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
 
   auto const* sug = v.find("suggested_margin");
   REQUIRE(sug != nullptr);
-  auto rs = evaluate_elastic(
-      load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(), {}, 0.005);
+  auto rs =
+      evaluate_elastic(load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(), {}, 0.005);
   REQUIRE(rs.suggested);
   CHECK(num(*sug, "margin") == rs.suggested->margin);
   CHECK(num(*sug, "heldout_clip_fraction") == rs.suggested->heldout_clip_fraction);
@@ -695,8 +693,7 @@ TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line err
   expect({"calibrate", p, "--reservation", "elastic", "--alpha", "2"},
          {"--alpha", "shapes the budget profile --out writes", "--reservation static"});
   expect({"calibrate", p, "--band", "0.1"}, {"--band", "give --reservation static"});
-  expect({"calibrate", p, "--out", "/nonexistent-folder/x.json"},
-         {"--out", "/nonexistent-folder"});
+  expect({"calibrate", p, "--out", "/nonexistent-folder/x.json"}, {"--out", "/nonexistent-folder"});
   expect({"calibrate", p, "--folds", "29"}, {"--folds: 29 folds need at least 29 samples"});
   expect({"calibrate", p, "--reservation", "elastic", "--folds", "1"}, {"--folds", "got 1"});
   expect({"calibrate", p, "--reservation", "static", "--margin", "0.1"},

@@ -149,7 +149,7 @@ TEST_CASE("the reservation mode round-trips, files without it are static, bad va
   CHECK(plan_difference(p, q).empty());
   plan_options so;
   so.reservation.mode = reservation_mode::static_budgets;
-  auto s = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", so);
+  auto s              = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", so);
   CHECK(plan_difference(p, s).find("options.reservation") != std::string::npos);
   // Elastic is the default, and a default plan's file says so.
   auto dflt =

@@ -80,7 +80,7 @@ std::vector<std::pair<std::string, static_plan>> base_plans() {
       tiny_plan(tiny_budgets(), 3, 2, 7, grouping_scope::adjacent, elastic_reservation(0.15)));
   out.emplace_back("tiny-static-tp2-rank1", tiny_tp_plans()[1]);
   {
-    auto p = tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::layer);
+    auto p         = tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::layer);
     plan_options o = p.options;
     o.layers       = layer_range{1, 4};
     out.emplace_back("tiny-static-layer-stage1..3", build_static_plan(p.model, p.profile, o));
@@ -122,8 +122,8 @@ void fix_up(static_plan& p) {
 /// One random change to one field of `p`: values that keep it consistent, values that break it,
 /// and values no plan may hold (negative, NaN, out of range, wrong sizes).
 void mutate(static_plan& p, std::mt19937& rng) {
-  auto pick = [&](std::size_t n) { return n == 0 ? std::size_t{0} : rng() % n; };
-  auto coin = [&] { return rng() % 2 == 0; };
+  auto pick                 = [&](std::size_t n) { return n == 0 ? std::size_t{0} : rng() % n; };
+  auto coin                 = [&] { return rng() % 2 == 0; };
   double const odd_values[] = {1.0, 0.5, 0.999, 0.0, -0.25, 2.0, std::nan(""), 1e-9};
   auto odd                  = [&] { return odd_values[pick(std::size(odd_values))]; };
   switch (rng() % 24) {
@@ -146,7 +146,8 @@ void mutate(static_plan& p, std::mt19937& rng) {
       if (!p.profile.budgets.empty()) p.profile.budgets[pick(p.profile.budgets.size())] = odd();
       break;
     case 5:
-      if (!p.grouping.groups.empty()) p.grouping.groups[pick(p.grouping.groups.size())].rule.budget = odd();
+      if (!p.grouping.groups.empty())
+        p.grouping.groups[pick(p.grouping.groups.size())].rule.budget = odd();
       break;
     case 6:
       if (!p.grouping.groups.empty()) {
@@ -170,24 +171,39 @@ void mutate(static_plan& p, std::mt19937& rng) {
       break;
     case 9:
       switch (pick(4)) {
-        case 0: p.geometry.page_tokens += coin() ? 1 : -1; break;
-        case 1: p.geometry.group_size += coin() ? 1 : -1; break;
-        case 2: p.geometry.head_dim *= 2; break;
-        default: p.geometry.kv_dtype = p.geometry.kv_dtype == dtype::f32 ? dtype::bf16 : dtype::f32;
+        case 0:
+          p.geometry.page_tokens += coin() ? 1 : -1;
+          break;
+        case 1:
+          p.geometry.group_size += coin() ? 1 : -1;
+          break;
+        case 2:
+          p.geometry.head_dim *= 2;
+          break;
+        default:
+          p.geometry.kv_dtype = p.geometry.kv_dtype == dtype::f32 ? dtype::bf16 : dtype::f32;
       }
       break;
     case 10:
       switch (pick(3)) {
-        case 0: p.grouping.group_size += 1; break;
-        case 1: p.grouping.scope = static_cast<grouping_scope>((static_cast<int>(p.grouping.scope) + 1) % 3); break;
-        default: p.grouping.num_layers -= 1;
+        case 0:
+          p.grouping.group_size += 1;
+          break;
+        case 1:
+          p.grouping.scope =
+              static_cast<grouping_scope>((static_cast<int>(p.grouping.scope) + 1) % 3);
+          break;
+        default:
+          p.grouping.num_layers -= 1;
       }
       break;
     case 11:
-      if (!p.splits.cta_begin.empty()) p.splits.cta_begin[pick(p.splits.cta_begin.size())] += coin() ? 1 : -1;
+      if (!p.splits.cta_begin.empty())
+        p.splits.cta_begin[pick(p.splits.cta_begin.size())] += coin() ? 1 : -1;
       break;
     case 12:
-      if (!p.splits.phi.empty()) p.splits.phi[pick(p.splits.phi.size())] = coin() ? odd() * 7 : -odd();
+      if (!p.splits.phi.empty())
+        p.splits.phi[pick(p.splits.phi.size())] = coin() ? odd() * 7 : -odd();
       break;
     case 13:
       if (coin())
@@ -197,32 +213,55 @@ void mutate(static_plan& p, std::mt19937& rng) {
       break;
     case 14:
       switch (pick(4)) {
-        case 0: p.num_layers += coin() ? 1 : -1; break;
-        case 1: p.num_kv_heads += coin() ? 1 : -1; break;
-        case 2: p.first_layer += 1; break;
-        default: p.first_kv_head += coin() ? 1 : -1;
+        case 0:
+          p.num_layers += coin() ? 1 : -1;
+          break;
+        case 1:
+          p.num_kv_heads += coin() ? 1 : -1;
+          break;
+        case 2:
+          p.first_layer += 1;
+          break;
+        default:
+          p.first_kv_head += coin() ? 1 : -1;
       }
       break;
     case 15:  // options the rules, geometry and grouping follow from
       switch (pick(5)) {
-        case 0: p.options.page_tokens = coin() ? 8 : 0; break;
-        case 1: p.options.group_size = coin() ? 4 : 0; break;
-        case 2: p.options.tp_rank = (p.options.tp_rank + 1) % (p.options.tp_size + 1); break;
-        case 3: p.options.scope = grouping_scope::adjacent; break;
-        default: p.options.layers = layer_range{static_cast<std::int32_t>(pick(2)), p.model.num_layers};
+        case 0:
+          p.options.page_tokens = coin() ? 8 : 0;
+          break;
+        case 1:
+          p.options.group_size = coin() ? 4 : 0;
+          break;
+        case 2:
+          p.options.tp_rank = (p.options.tp_rank + 1) % (p.options.tp_size + 1);
+          break;
+        case 3:
+          p.options.scope = grouping_scope::adjacent;
+          break;
+        default:
+          p.options.layers = layer_range{static_cast<std::int32_t>(pick(2)), p.model.num_layers};
       }
       break;
     case 16:  // options that change nothing else (valid) or are invalid
       switch (pick(5)) {
-        case 0: p.options.reservation.margin = coin() ? 0.5 : -1.0; break;
+        case 0:
+          p.options.reservation.margin = coin() ? 0.5 : -1.0;
+          break;
         case 1:
           p.options.reservation.mode = p.options.reservation.mode == reservation_mode::elastic
                                            ? reservation_mode::static_budgets
                                            : reservation_mode::elastic;
           break;
-        case 2: p.options.split.share_quantile = coin() ? 0.5 : std::nan(""); break;
-        case 3: p.options.split.reference_contexts = {coin() ? 2048 : 0}; break;
-        default: p.options.split.limits.sm_count = coin() ? 66 : 0;
+        case 2:
+          p.options.split.share_quantile = coin() ? 0.5 : std::nan("");
+          break;
+        case 3:
+          p.options.split.reference_contexts = {coin() ? 2048 : 0};
+          break;
+        default:
+          p.options.split.limits.sm_count = coin() ? 66 : 0;
       }
       break;
     case 17:
@@ -230,9 +269,14 @@ void mutate(static_plan& p, std::mt19937& rng) {
       break;
     case 18:
       switch (pick(3)) {
-        case 0: if (!p.rules.empty()) p.rules.pop_back(); break;
-        case 1: if (!p.grouping.groups.empty()) p.grouping.groups.pop_back(); break;
-        default: if (!p.splits.phi.empty()) p.splits.phi.pop_back();
+        case 0:
+          if (!p.rules.empty()) p.rules.pop_back();
+          break;
+        case 1:
+          if (!p.grouping.groups.empty()) p.grouping.groups.pop_back();
+          break;
+        default:
+          if (!p.splits.phi.empty()) p.splits.phi.pop_back();
       }
       break;
     case 19:
@@ -246,9 +290,14 @@ void mutate(static_plan& p, std::mt19937& rng) {
       break;
     case 20:
       switch (pick(3)) {
-        case 0: p.model.head_dim = 8; break;
-        case 1: p.model.kv_dtype = dtype::bf16; break;
-        default: p.model.num_kv_heads *= 2;
+        case 0:
+          p.model.head_dim = 8;
+          break;
+        case 1:
+          p.model.kv_dtype = dtype::bf16;
+          break;
+        default:
+          p.model.num_kv_heads *= 2;
       }
       break;
     case 21:  // move one interior CTA boundary by one: often still valid
@@ -275,10 +324,10 @@ TEST_CASE("the manager refuses a plan whose head keeps more than its group's pag
   // through page-table entries past the list into another request's pages.
   for (auto const& [name, base] : base_plans()) {
     INFO(name);
-    auto [g, m] = smallest_member(base);
-    auto plan   = base;
+    auto [g, m]                      = smallest_member(base);
+    auto plan                        = base;
     plan.rules[flat(plan, m)].budget = 1.0;
-    auto field = detail::cat("rules[", m.layer, "]");
+    auto field                       = detail::cat("rules[", m.layer, "]");
     TANGRAM_REQUIRE_THROWS_WITH_ALL(validate_plan(plan),
                                     invalid_argument,
                                     "static_plan." + field,
@@ -288,7 +337,7 @@ TEST_CASE("the manager refuses a plan whose head keeps more than its group's pag
     CHECK(reader_refusal(plan).find("mutated.json: " + field) == 0);
 
     // Held out: the profile says 1.0 too (rules agree with it), the group's rule does not.
-    plan = base;
+    plan    = base;
     auto li = plan.profile.layer_index(plan.first_layer + m.layer);
     REQUIRE(li >= 0);
     plan.profile.budgets[static_cast<std::size_t>(li) *
@@ -297,8 +346,7 @@ TEST_CASE("the manager refuses a plan whose head keeps more than its group's pag
     plan.rules = head_rules_for(plan.model, plan.profile, plan.options);
     auto group = detail::cat("grouping.groups[", g, "]");
     CHECK(manager_refusal(plan).find("static_plan." + group + ": rule ") == 0);
-    CHECK(manager_refusal(plan).find("is not the rule of its largest member") !=
-          std::string::npos);
+    CHECK(manager_refusal(plan).find("is not the rule of its largest member") != std::string::npos);
     CHECK(reader_refusal(plan).find(detail::cat("mutated.json: groups[", g, "]: rule ")) == 0);
     // ... and once the group's rule follows, the plan is consistent and accepted by both.
     plan.grouping.groups[g].rule =
@@ -307,10 +355,9 @@ TEST_CASE("the manager refuses a plan whose head keeps more than its group's pag
     CHECK(reader_refusal(plan) == "");
 
     // Held out: the group's rule lowered below its largest member's.
-    plan = base;
+    plan                                = base;
     plan.grouping.groups[g].rule.budget = plan.rules[flat(plan, m)].budget;
-    CHECK(manager_refusal(plan).find("is not the rule of its largest member") !=
-          std::string::npos);
+    CHECK(manager_refusal(plan).find("is not the rule of its largest member") != std::string::npos);
   }
 }
 

@@ -40,10 +40,10 @@ struct calibrate_args {
   evaluation_options ev;
   elastic_options eo;
   std::vector<CLI::Option const*> elastic_only;  // refused with --reservation static
-  CLI::Option const* margin_alpha = nullptr;
-  CLI::Option const* band         = nullptr;  // a static figure: refused with elastic
-  bool calibrate_margin           = false;    // elastic: mean + alpha sd instead of the default
-  double clip_target              = 0.005;    // elastic: the suggested margin's held-out goal
+  CLI::Option const* margin_alpha       = nullptr;
+  CLI::Option const* band               = nullptr;  // a static figure: refused with elastic
+  bool calibrate_margin                 = false;  // elastic: mean + alpha sd instead of the default
+  double clip_target                    = 0.005;  // elastic: the suggested margin's held-out goal
   CLI::Option const* clip_target_option = nullptr;
   std::optional<std::string> out;
   bool json    = false;
@@ -54,7 +54,8 @@ std::string const missing_samples =
     "missing SAMPLES.json (a retention-samples/v1 file or a bundled name, see `tangram profiles`)";
 
 /// --folds against the samples, before any work: k folds of single samples need k samples.
-void check_folds(evaluation_options const& ev, retention_samples const& samples,
+void check_folds(evaluation_options const& ev,
+                 retention_samples const& samples,
                  std::string const& source) {
   if (ev.folds > 0 && !ev.group_by_context &&
       static_cast<std::size_t>(ev.folds) > samples.samples.size())
@@ -97,12 +98,13 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
   if (ev.folds == 1)
     throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
   if (ev.folds == 0 && a.clip_target_option->count() > 0)
-    throw usage_error("--clip-target: the suggested margin is measured held out; not with --folds 0");
+    throw usage_error(
+        "--clip-target: the suggested margin is measured held out; not with --folds 0");
   if (a.out) check_output_path("--out", *a.out);
   auto in      = read_input(*a.input);
   auto samples = read_samples(in);
   check_folds(ev, samples, in.source);
-  auto heads   = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
+  auto heads = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
   if (heads % static_cast<std::size_t>(eo.group_size) != 0)
     throw usage_error(cat("--group-size: ",
                           eo.group_size,
@@ -207,8 +209,8 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     << samples.window_tokens << " window\n"
     << "  Hp " << rep.group_size << ", P " << rep.page_tokens << ", margin " << fixed(rep.margin, 4)
     << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)")
-        : plans_default       ? std::string(" (the plans' default; --calibrate-margin for mean + 2 sd)")
-                              : std::string(" (fixed)"))
+        : plans_default ? std::string(" (the plans' default; --calibrate-margin for mean + 2 sd)")
+                        : std::string(" (fixed)"))
     << "\n\n";
   auto row = [&](char const* label, std::string const& value) {
     s << "  " << std::left << std::setw(44) << label << value << "\n";
@@ -456,18 +458,17 @@ command_body setup_calibrate(CLI::App& app) {
                  "--margin",
                  eo.margin,
                  {0, max_elastic_margin},
-                 cat("elastic: a fixed margin (default: the plans' ", default_elastic_margin,
-                     ")")),
+                 cat("elastic: a fixed margin (default: the plans' ", default_elastic_margin, ")")),
   };
   a->elastic_only.push_back(app.add_flag(
       "--calibrate-margin",
       a->calibrate_margin,
       "elastic: calibrate the margin as mean + alpha x sd of the samples' required margins"));
   a->clip_target_option = add_number(app,
-                                       "--clip-target",
-                                       a->clip_target,
-                                       {0, 1},
-                                       "elastic: held-out clipping the suggested margin must meet");
+                                     "--clip-target",
+                                     a->clip_target,
+                                     {0, 1},
+                                     "elastic: held-out clipping the suggested margin must meet");
   a->elastic_only.push_back(a->clip_target_option);
   a->margin_alpha = add_number(app,
                                "--margin-alpha",

@@ -54,10 +54,10 @@ struct plan_args {
   std::optional<std::string> out;
   bool json           = false;
   CLI::Option* margin = nullptr;
-  std::vector<CLI::Option*> batch_share_only;  // refused with --weighting budget
+  std::vector<CLI::Option*> batch_share_only;                 // refused with --weighting budget
   std::vector<std::pair<std::int64_t, std::int64_t>> layers;  // --layers FIRST:LAST,...
-  std::int32_t pipeline_stages = 0;                            // --pipeline-stages; 0: none
-  std::int64_t stage_context   = default_stage_balance_context;
+  std::int32_t pipeline_stages   = 0;                         // --pipeline-stages; 0: none
+  std::int64_t stage_context     = default_stage_balance_context;
   CLI::Option* layers_opt        = nullptr;
   CLI::Option* stages_opt        = nullptr;
   CLI::Option* stage_context_opt = nullptr;
@@ -81,7 +81,9 @@ std::int64_t stage_footprint_bytes(static_plan const& p, std::int64_t context) {
   return tangram::detail::mul_or_throw(pages, p.page_bytes(), "stage footprint bytes");
 }
 
-std::string layer_text(layer_range r) { return cat(r.first, "..", r.last - 1); }
+std::string layer_text(layer_range r) {
+  return cat(r.first, "..", r.last - 1);
+}
 
 double max_over_min(std::vector<std::int64_t> const& v) {
   auto [lo, hi] = std::minmax_element(v.begin(), v.end());
@@ -154,8 +156,8 @@ int stages_command(plan_args& a,
   std::vector<stage_row> rows;
   std::vector<std::int64_t> footprints, tokens;
   for (std::size_t k = 0; k < ranges.size(); ++k) {
-    plan_options ok = o;
-    ok.layers       = ranges[k];
+    plan_options ok  = o;
+    ok.layers        = ranges[k];
     std::string path = a.out ? stage_path(*a.out, k, ranges.size()) : std::string();
     auto plan = build_plan_for_cli(model, src.profile, ok, src.samples ? &*src.samples : nullptr);
     std::int64_t footprint = 0;
@@ -174,8 +176,7 @@ int stages_command(plan_args& a,
   std::vector<std::int64_t> even_tokens;
   auto n = static_cast<std::int32_t>(ranges.size());
   for (std::int32_t k = 0; k < n; ++k)
-    even_tokens.push_back(weight_of(
-        {k * model.num_layers / n, (k + 1) * model.num_layers / n}));
+    even_tokens.push_back(weight_of({k * model.num_layers / n, (k + 1) * model.num_layers / n}));
   char const* mode = o.reservation.mode == reservation_mode::elastic ? "elastic" : "static";
 
   if (a.json) {
@@ -218,11 +219,11 @@ int stages_command(plan_args& a,
       << (o.tp_rank + 1) * (model.num_kv_heads / o.tp_size) - 1 << ")";
   s << "\n"
     << "  pipeline: " << ranges.size() << " stages, "
-    << (balanced ? "balanced by KV memory" : "layer ranges as given") << "; memory of one request of "
-    << a.stage_context << " tokens (" << mode << " reservation)\n"
+    << (balanced ? "balanced by KV memory" : "layer ranges as given")
+    << "; memory of one request of " << a.stage_context << " tokens (" << mode << " reservation)\n"
     << "    " << std::left << std::setw(7) << "stage" << std::setw(10) << "layers" << std::right
-    << std::setw(14) << "KV tokens" << std::setw(16) << "footprint MiB" << std::setw(8)
-    << "groups" << (a.out ? "  file" : "") << "\n";
+    << std::setw(14) << "KV tokens" << std::setw(16) << "footprint MiB" << std::setw(8) << "groups"
+    << (a.out ? "  file" : "") << "\n";
   for (std::size_t k = 0; k < rows.size(); ++k) {
     s << "    " << std::left << std::setw(7) << k << std::setw(10) << layer_text(rows[k].layers)
       << std::right << std::setw(14) << rows[k].kv_tokens << std::setw(16)
@@ -232,8 +233,8 @@ int stages_command(plan_args& a,
     s << "\n";
   }
   s << "  heaviest / lightest stage: footprint " << fixed(max_over_min(footprints), 3)
-    << "x, KV tokens " << fixed(max_over_min(tokens), 3) << "x (an even split by layer count: "
-    << fixed(max_over_min(even_tokens), 3) << "x)\n";
+    << "x, KV tokens " << fixed(max_over_min(tokens), 3)
+    << "x (an even split by layer count: " << fixed(max_over_min(even_tokens), 3) << "x)\n";
   if (a.out) s << "\nwrote " << rows.size() << " stage plans\n";
   return 0;
 }
@@ -299,8 +300,8 @@ int plan_command(plan_args& a, streams io) {
       for (std::size_t k = 0; k < n; ++k) check_output_path("--out", stage_path(*out, k, n));
     if (balanced) {
       try {
-        ranges = balanced_pipeline_stages(
-            layer_kv_tokens(model, src.profile, o, a.stage_context), a.pipeline_stages);
+        ranges = balanced_pipeline_stages(layer_kv_tokens(model, src.profile, o, a.stage_context),
+                                          a.pipeline_stages);
       } catch (tangram::invalid_argument const& e) {
         throw_plan_option_error(e);
       }
@@ -343,11 +344,11 @@ int plan_command(plan_args& a, streams io) {
   reference_batch batch;
   // An elastic plan's heads hold their groups' placed lengths, not their budgets: measured on
   // placements of the samples when there are samples.
-  bool on_placements = o.reservation.mode == reservation_mode::elastic && src.samples;
+  bool on_placements         = o.reservation.mode == reservation_mode::elastic && src.samples;
   bool split_from_placements = on_placements && o.split.weighting == split_weighting::batch_share;
-  auto imb           = on_placements
-                           ? elastic_layer_imbalance(plan, *src.samples, batch.contexts(), batch.seed)
-                           : layer_imbalance(plan.rules, plan.splits, batch.contexts());
+  auto imb                   = on_placements
+                                   ? elastic_layer_imbalance(plan, *src.samples, batch.contexts(), batch.seed)
+                                   : layer_imbalance(plan.rules, plan.splits, batch.contexts());
 
   if (as_json) {
     auto v = json::value::object();

@@ -16,7 +16,10 @@ bool names_a_file(std::string const& path) {
   if (::stat(path.c_str(), &st) == 0) return true;
   int err = errno;
   if (err == ENOENT || err == ENOTDIR) return false;
-  TANGRAM_FAIL(tangram::invalid_argument, "cannot open ", tangram::detail::quoted(path), ": ",
+  TANGRAM_FAIL(tangram::invalid_argument,
+               "cannot open ",
+               tangram::detail::quoted(path),
+               ": ",
                tangram::detail::system_reason(err));
 }
 
@@ -27,9 +30,14 @@ input_text read_input(std::string const& name_or_path) {
   for (auto const& f : embedded_profiles())
     if (f.name == key) return {"bundled:" + std::string(f.name), std::string(f.text)};
   std::string known;
-  for (auto const& f : embedded_profiles()) known += (known.empty() ? "" : ", ") + std::string(f.name);
-  TANGRAM_FAIL(tangram::invalid_argument, "no such file or bundled profile: ",
-               tangram::detail::quoted(name_or_path), " (bundled: ", known, ")");
+  for (auto const& f : embedded_profiles())
+    known += (known.empty() ? "" : ", ") + std::string(f.name);
+  TANGRAM_FAIL(tangram::invalid_argument,
+               "no such file or bundled profile: ",
+               tangram::detail::quoted(name_or_path),
+               " (bundled: ",
+               known,
+               ")");
 }
 
 std::string format_of(input_text const& in) {

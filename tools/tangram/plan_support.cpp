@@ -127,10 +127,18 @@ std::string xml_escape(std::string_view text) {
       continue;
     }
     switch (cp) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
       default:
         if (!tangram::detail::is_control(cp) && cp != 0xfffe && cp != 0xffff)  // not XML characters
           out.append(text.substr(i, len));

@@ -81,7 +81,8 @@ inline std::string read_file(std::string const& path,
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       int err = errno;
-      TANGRAM_FAIL(invalid_argument, "cannot read ", detail::quoted(path), ": ", system_reason(err));
+      TANGRAM_FAIL(
+          invalid_argument, "cannot read ", detail::quoted(path), ": ", system_reason(err));
     }
     if (n == 0) break;
     if (out.size() + static_cast<std::size_t>(n) > max_bytes)
@@ -193,7 +194,9 @@ inline write_target classify_write_target(std::string const& path) {
     return t;
   }
   if (!S_ISREG(st.st_mode))
-    fail(cat("it is ", file_kind_name(st.st_mode), ", not a regular file, a character device or a FIFO"));
+    fail(cat("it is ",
+             file_kind_name(st.st_mode),
+             ", not a regular file, a character device or a FIFO"));
   if (::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) != 0)
     fail(cat(system_reason(errno), " (the file is write-protected)"));
   // Replace what a link points to, not the link: rename over the resolved path.
@@ -255,8 +258,8 @@ inline void check_writable(std::string const& path) {
  */
 class file_batch {
  public:
-  file_batch() = default;
-  file_batch(file_batch const&) = delete;
+  file_batch()                             = default;
+  file_batch(file_batch const&)            = delete;
   file_batch& operator=(file_batch const&) = delete;
   ~file_batch() {
     for (auto const& e : entries_)
@@ -316,8 +319,8 @@ class file_batch {
     bool replacing = e.target.how == write_target::kind::replace;
     if (replacing && ::fchown(fd, e.target.owner, e.target.group) != 0)
       (void)::fchown(fd, static_cast<uid_t>(-1), e.target.group);  // the group, if not the owner
-    bool ok =
-        write_all(fd, contents) && (!replacing || ::fchmod(fd, e.target.mode) == 0) && ::fsync(fd) == 0;
+    bool ok = write_all(fd, contents) && (!replacing || ::fchmod(fd, e.target.mode) == 0) &&
+              ::fsync(fd) == 0;
     int err = ok ? 0 : errno;
     if (::close(fd) != 0 && ok) {
       ok  = false;

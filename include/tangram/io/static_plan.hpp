@@ -221,11 +221,11 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
     p.options.reservation.basis = *basis;
   }
 
-  p.num_layers = detail::expect_derived(doc["num_layers"],
-                                        stage.size(),
-                                        p.options.layers ? "options.last_layer - first_layer"
-                                                         : "model.num_layers");
-  p.first_layer = stage.first;
+  p.num_layers = detail::expect_derived(
+      doc["num_layers"],
+      stage.size(),
+      p.options.layers ? "options.last_layer - first_layer" : "model.num_layers");
+  p.first_layer      = stage.first;
   std::int32_t local = p.model.num_kv_heads / p.options.tp_size;
   p.num_kv_heads =
       detail::expect_derived(doc["num_kv_heads"], local, "model.num_kv_heads / tp_size");
@@ -242,8 +242,8 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   // (with each other, the options, the model and the profile) is the plan check's to say, the
   // same check the manager runs (plan/plan_checks.hpp).
   auto any_i32 = [](json::node const& n) {
-    return detail::as_i32(n, std::numeric_limits<std::int32_t>::min(),
-                          std::numeric_limits<std::int32_t>::max());
+    return detail::as_i32(
+        n, std::numeric_limits<std::int32_t>::min(), std::numeric_limits<std::int32_t>::max());
   };
   {
     auto rows = doc["rules"];
@@ -296,7 +296,8 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
       auto gr = sgroup[l], co = scol[l];
       (void)gr.expect_size(H, "one per KV head of the rank, num_kv_heads");
       (void)co.expect_size(H, "one per KV head of the rank, num_kv_heads");
-      for (std::size_t h = 0; h < H; ++h) p.grouping.slots[l * H + h] = {any_i32(gr[h]), any_i32(co[h])};
+      for (std::size_t h = 0; h < H; ++h)
+        p.grouping.slots[l * H + h] = {any_i32(gr[h]), any_i32(co[h])};
     }
   }
   {

@@ -31,9 +31,12 @@ enum class grouping_scope : std::uint8_t {
 
 constexpr std::string_view to_string(grouping_scope s) noexcept {
   switch (s) {
-    case grouping_scope::adjacent: return "adjacent";
-    case grouping_scope::layer: return "layer";
-    case grouping_scope::global: return "global";
+    case grouping_scope::adjacent:
+      return "adjacent";
+    case grouping_scope::layer:
+      return "layer";
+    case grouping_scope::global:
+      return "global";
   }
   return "?";
 }
@@ -47,9 +50,13 @@ inline std::optional<grouping_scope> grouping_scope_named(std::string_view name)
 
 /// @brief Parses "adjacent", "layer" or "global".
 /// @throw invalid_argument naming `field` and the value.
-inline grouping_scope parse_grouping_scope(std::string_view name, std::string_view field = "scope") {
+inline grouping_scope parse_grouping_scope(std::string_view name,
+                                           std::string_view field = "scope") {
   if (auto s = grouping_scope_named(name)) return *s;
-  TANGRAM_FAIL(invalid_argument, field, ": unknown grouping scope ", detail::quoted(name),
+  TANGRAM_FAIL(invalid_argument,
+               field,
+               ": unknown grouping scope ",
+               detail::quoted(name),
                " (expected adjacent, layer or global)");
 }
 
@@ -83,7 +90,7 @@ struct head_grouping {
   std::int32_t num_layers   = 0;
   std::int32_t num_kv_heads = 0;  ///< KV heads per layer on this rank
   std::vector<head_group> groups;
-  std::vector<head_slot> slots;   ///< [layer * num_kv_heads + head]
+  std::vector<head_slot> slots;  ///< [layer * num_kv_heads + head]
 
   [[nodiscard]] std::int32_t num_groups() const { return static_cast<std::int32_t>(groups.size()); }
   [[nodiscard]] head_slot slot(std::int32_t layer, std::int32_t head) const {
@@ -122,11 +129,9 @@ inline std::optional<field_fault> grouping_fault(head_grouping const& g) {
   };
   if (g.group_size < 1) return fault("group_size", cat("must be >= 1, got ", g.group_size));
   if (g.num_layers < 0 || g.num_kv_heads < 0)
-    return fault("num_layers",
-                 cat("num_layers and num_kv_heads must be >= 0, got ",
-                     g.num_layers,
-                     " x ",
-                     g.num_kv_heads));
+    return fault(
+        "num_layers",
+        cat("num_layers and num_kv_heads must be >= 0, got ", g.num_layers, " x ", g.num_kv_heads));
   auto L = static_cast<std::size_t>(g.num_layers), H = static_cast<std::size_t>(g.num_kv_heads);
   auto n  = L * H;
   auto Hp = static_cast<std::size_t>(g.group_size);
@@ -175,8 +180,8 @@ inline std::optional<field_fault> grouping_fault(head_grouping const& g) {
   }
   for (std::size_t k = 0; k < g.groups.size(); ++k) {
     for (std::size_t c = 0; c < Hp; ++c) {
-      auto m   = g.groups[k].members[c];
-      auto s   = g.slots[static_cast<std::size_t>(m.layer) * H + static_cast<std::size_t>(m.head)];
+      auto m = g.groups[k].members[c];
+      auto s = g.slots[static_cast<std::size_t>(m.layer) * H + static_cast<std::size_t>(m.head)];
       if (s.group != static_cast<std::int32_t>(k) || s.column != static_cast<std::int32_t>(c))
         return fault("slots",
                      cat("head (",

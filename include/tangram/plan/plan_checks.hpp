@@ -80,8 +80,9 @@ inline std::optional<field_fault> plan_fault(static_plan const& p) {
     return fault("model", e.what());
   }
   if (p.model.num_kv_heads % o.tp_size != 0)
-    return fault("options.tp_size",
-                 cat("must divide the model's ", p.model.num_kv_heads, " KV heads, got ", o.tp_size));
+    return fault(
+        "options.tp_size",
+        cat("must divide the model's ", p.model.num_kv_heads, " KV heads, got ", o.tp_size));
   layer_range stage;
   try {
     stage = o.layers_of(p.model.num_layers);
@@ -154,8 +155,9 @@ inline std::optional<field_fault> plan_fault(static_plan const& p) {
   // The rules: what the model and the profile say.
   auto L = static_cast<std::size_t>(p.num_layers), H = static_cast<std::size_t>(p.num_kv_heads);
   if (p.rules.size() != L * H)
-    return fault("rules",
-                 cat("expected ", L * H, " entries (num_layers x num_kv_heads), got ", p.rules.size()));
+    return fault(
+        "rules",
+        cat("expected ", L * H, " entries (num_layers x num_kv_heads), got ", p.rules.size()));
   for (std::size_t i = 0; i < L * H; ++i)
     if (!(p.rules[i] == expected[i]))
       return fault(cat("rules[", i / H, "]"),

@@ -188,9 +188,8 @@ inline void append_gain_runs(std::vector<std::int64_t> const& sorted,
   for (std::size_t i = 0; i + 1 < points.size(); ++i) {
     std::int64_t p = points[i], len = p * P;
     std::size_t a = count_below(len + 1), b = count_below(len + P);  // needs in (len, len + P)
-    auto full     = static_cast<std::int64_t>(sorted.size() - b);
-    std::int64_t gain =
-        P * full + (prefix[b] - prefix[a]) - len * static_cast<std::int64_t>(b - a);
+    auto full         = static_cast<std::int64_t>(sorted.size() - b);
+    std::int64_t gain = P * full + (prefix[b] - prefix[a]) - len * static_cast<std::int64_t>(b - a);
     if (gain <= 0) break;  // gains never increase: the rest are zero
     out.push_back({gain, p, points[i + 1] - p, group});
   }
@@ -212,9 +211,11 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
   std::size_t G     = heads / static_cast<std::size_t>(in.group_size);
   elastic_selection out;
   for (auto n : needs)
-    out.wanted_total = ::tangram::detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
+    out.wanted_total =
+        ::tangram::detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
   std::int64_t lo = ceil_div(std::min(in.candidates, in.protect), in.page_tokens);
-  auto floors = ::tangram::detail::mul_checked(lo, static_cast<std::int64_t>(G)).value_or(in.budget_pages + 1);
+  auto floors     = ::tangram::detail::mul_checked(lo, static_cast<std::int64_t>(G))
+                    .value_or(in.budget_pages + 1);
   if (floors > in.budget_pages) return out;
 
   out.fits = true;

@@ -375,9 +375,8 @@ class parser {
       char c = text_[pos_++];
       if (c == '}') {
         auto const& m = v.members();
-        if (auto i = first_repeated_name(m.size(), [&](std::size_t k) -> std::string const& {
-              return m[k].first;
-            }))
+        if (auto i = first_repeated_name(
+                m.size(), [&](std::size_t k) -> std::string const& { return m[k].first; }))
           fail_at(key_at[*i], detail::cat("duplicate member ", detail::quoted(m[*i].first)));
         return v;
       }
