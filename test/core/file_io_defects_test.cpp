@@ -99,7 +99,7 @@ TEST_CASE("read_file refuses a FIFO up front instead of blocking", "[regression]
   CHECK(rc == 0);
   // Other things that are not regular files: a folder and a character device.
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
-      read_file(dir), invalid_argument, "a folder", "not a regular file");
+      read_file(dir), invalid_argument, "a directory", "not a regular file");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       read_file("/dev/null"), invalid_argument, "a character device", "not a regular file");
   fs::remove_all(dir);
@@ -200,7 +200,7 @@ TEST_CASE("file_batch writes all its files or none", "[regression][file_io]") {
     batch.add(dir + "/a.json", "new a");
     batch.add(dir + "/b.json", "new b");
     TANGRAM_REQUIRE_THROWS_WITH_ALL(
-        batch.add(dir + "/c.json", "new c"), invalid_argument, "c.json\"", "a folder");
+        batch.add(dir + "/c.json", "new c"), invalid_argument, "c.json\"", "a directory");
   }
   CHECK(entries(dir) == std::set<std::string>{"b.json", "c.json"});
   CHECK(read_file(dir + "/b.json") == "old b");

@@ -30,10 +30,10 @@ cli_result run(std::vector<std::string> const& argv) {
 
 /// A fresh, empty folder of this file's tests.
 std::string fresh_dir(std::string const& name) {
-  auto dir = fs::path(TANGRAM_BINARY_DIR) / "test-tmp" / "cli_defects" / name;
+  auto dir = tangram::test::cli_tmp_path("cli_defects", name);
   fs::remove_all(dir);
   fs::create_directories(dir);
-  return dir.string();
+  return dir;
 }
 
 std::set<std::string> entries(std::string const& dir) {

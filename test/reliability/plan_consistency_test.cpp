@@ -332,7 +332,7 @@ TEST_CASE("the manager refuses a plan whose head keeps more than its group's pag
                                     invalid_argument,
                                     "static_plan." + field,
                                     detail::cat("head ", m.head, " is compressed (budget 1,"),
-                                    "the model and the profile give");
+                                    std::string("the model and the profile give"));
     CHECK(manager_refusal(plan).find("static_plan." + field) == 0);
     CHECK(reader_refusal(plan).find("mutated.json: " + field) == 0);
 

@@ -29,9 +29,9 @@
 
 namespace tangram::detail {
 
-/// Why a path that exists is not a regular file: "a FIFO", "a folder", ...
+/// Why a path that exists is not a regular file: "a FIFO", "a directory", ...
 inline char const* file_kind_name(mode_t mode) {
-  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISDIR(mode)) return "a directory";
   if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";

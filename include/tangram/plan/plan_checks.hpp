@@ -67,39 +67,35 @@ inline std::optional<field_fault> plan_fault(static_plan const& p) {
   auto fault = [](std::string field, std::string what) {
     return std::optional<field_fault>(field_fault{std::move(field), std::move(what)});
   };
+  // A check that throws (the parts' own validate()), as a fault of `field`.
+  auto failed = [&fault](char const* field, auto&& check, char const* prefix = "") {
+    try {
+      check();
+    } catch (invalid_argument const& e) {
+      return fault(field, cat(prefix, e.what()));
+    }
+    return std::optional<field_fault>();
+  };
   auto const& o = p.options;
-  try {
-    o.validate();
-    o.split.validate();
-  } catch (invalid_argument const& e) {
-    return fault("options", e.what());
-  }
-  try {
-    p.model.validate();
-  } catch (invalid_argument const& e) {
-    return fault("model", e.what());
-  }
+  if (auto f = failed("options", [&] {
+        o.validate();
+        o.split.validate();
+      }))
+    return f;
+  if (auto f = failed("model", [&] { p.model.validate(); })) return f;
   if (p.model.num_kv_heads % o.tp_size != 0)
     return fault(
         "options.tp_size",
         cat("must divide the model's ", p.model.num_kv_heads, " KV heads, got ", o.tp_size));
   layer_range stage;
-  try {
-    stage = o.layers_of(p.model.num_layers);
-  } catch (invalid_argument const& e) {
-    return fault("options", e.what());
-  }
-  try {
-    p.profile.validate();
-  } catch (invalid_argument const& e) {
-    return fault("profile", e.what());
-  }
   std::vector<head_rule> expected;
-  try {
-    expected = head_rules_for(p.model, p.profile, o);
-  } catch (invalid_argument const& e) {
-    return fault("profile", cat("does not fit the model: ", e.what()));
-  }
+  if (auto f = failed("options", [&] { stage = o.layers_of(p.model.num_layers); })) return f;
+  if (auto f = failed("profile", [&] { p.profile.validate(); })) return f;
+  if (auto f = failed(
+          "profile",
+          [&] { expected = head_rules_for(p.model, p.profile, o); },
+          "does not fit the model: "))
+    return f;
   if (o.reservation.mode == reservation_mode::elastic &&
       !(p.profile.target_keep_ratio > 0 && p.profile.target_keep_ratio <= 1))
     return fault("options.reservation.mode",
@@ -127,11 +123,7 @@ inline std::optional<field_fault> plan_fault(static_plan const& p) {
                      std::int64_t{o.tp_rank} * local,
                      " (tp_rank x num_kv_heads), got ",
                      p.first_kv_head));
-  try {
-    p.geometry.validate();
-  } catch (invalid_argument const& e) {
-    return fault("geometry", e.what());
-  }
+  if (auto f = failed("geometry", [&] { p.geometry.validate(); })) return f;
   if (p.geometry.page_tokens != o.page_tokens)
     return fault("geometry.page_tokens",
                  cat(p.geometry.page_tokens, " differs from options.page_tokens ", o.page_tokens));
