@@ -110,12 +110,17 @@ void fix_up(static_plan& p) {
   for (std::size_t k = 0; k < g.groups.size(); ++k)
     for (std::size_t c = 0; c < g.groups[k].members.size(); ++c) {
       auto m = g.groups[k].members[c];
+      // The grouping's own shape (a mutation may have changed the plan's or the grouping's).
+      auto at = static_cast<std::size_t>(m.layer) * static_cast<std::size_t>(g.num_kv_heads) +
+                static_cast<std::size_t>(m.head);
       if (m.layer < 0 || m.layer >= g.num_layers || m.head < 0 || m.head >= g.num_kv_heads ||
-          g.slots.size() != p.rules.size())
+          at >= g.slots.size())
         return;
-      g.slots[flat(p, m)] = {static_cast<std::int32_t>(k), static_cast<std::int32_t>(c)};
+      g.slots[at] = {static_cast<std::int32_t>(k), static_cast<std::int32_t>(c)};
     }
-  if (detail::grouping_fault(g) || g.num_kv_heads != p.num_kv_heads) return;
+  if (detail::grouping_fault(g) || g.num_kv_heads != p.num_kv_heads ||
+      p.rules.size() != static_cast<std::size_t>(g.num_layers) * g.num_kv_heads)
+    return;
   for (auto& grp : g.groups) grp.rule = detail::group_rule_of(grp.members, p.rules, p.num_kv_heads);
 }
 

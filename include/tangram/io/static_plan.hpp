@@ -438,9 +438,11 @@ inline std::string plan_difference(static_plan const& a, static_plan const& b) {
   for (std::size_t i = 0; i < ga.slots.size(); ++i)
     if (ga.slots[i].group != gb.slots[i].group || ga.slots[i].column != gb.slots[i].column)
       return cat("grouping.slots[", i, "]");
-  if (a.splits.num_layers != b.splits.num_layers ||
-      a.splits.num_kv_heads != b.splits.num_kv_heads || a.splits.num_ctas() != b.splits.num_ctas())
+  if (a.splits.num_layers != b.splits.num_layers || a.splits.num_kv_heads != b.splits.num_kv_heads)
     return "splits: shape";
+  if (a.splits.limits.sm_count != b.splits.limits.sm_count ||
+      a.splits.limits.ctas_per_sm != b.splits.limits.ctas_per_sm)
+    return "splits.limits";
   if (a.splits.cta_begin != b.splits.cta_begin) return "splits.cta_begin";
   if (a.splits.phi != b.splits.phi) return "splits.phi";
   return "";
