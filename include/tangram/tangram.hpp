@@ -3,9 +3,12 @@
  * @file tangram.hpp
  * @brief Everything host-side in one include: the model, profile and device types with their
  * file readers and writers (io/), planning (plan/: calibration, grouping, footprints, split
- * maps, elastic reservation, the static plan and its JSON file), the memory manager (memory/:
- * pools, resources, the KV-cache manager, its thread-safe wrapper, tensor-parallel admission,
- * the batch view), the FlashInfer export (interop/) and the CPU reference kernels (reference/).
+ * maps, elastic reservation and placement, the static plan, its checks and its JSON file), the
+ * memory manager (memory/: pools, resources, the KV-cache manager, its thread-safe wrapper,
+ * tensor-parallel admission, the batch view), the FlashInfer export (interop/) and the CPU
+ * reference kernels (reference/: append, decode and prefill attention, eviction and elastic
+ * eviction). Every public host-only header is here (test/memory/umbrella_include_test.cpp checks
+ * it).
  *
  * Not included, because they need the CUDA library (`tangram::kernels`): the kernel launchers
  * (`tangram/kernels/...`), `tangram/memory/cuda_memory_resource.hpp`, the device mirror
@@ -46,11 +49,14 @@
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/elastic.hpp"
+#include "tangram/plan/elastic_placement.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/elastic_split_map.hpp"
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/head_grouping.hpp"
 #include "tangram/plan/head_rules.hpp"
 #include "tangram/plan/pipeline_stages.hpp"
+#include "tangram/plan/plan_checks.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/split_map.hpp"
 #include "tangram/plan/split_options.hpp"
@@ -60,7 +66,9 @@
 #include "tangram/profile/retention_samples.hpp"
 #include "tangram/reference/append.hpp"
 #include "tangram/reference/decode_attention.hpp"
+#include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/elastic_selection.hpp"
 #include "tangram/reference/eviction.hpp"
+#include "tangram/reference/prefill_attention.hpp"
 #include "tangram/reference/storage.hpp"
 #include "tangram/version.hpp"

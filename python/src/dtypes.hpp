@@ -1,16 +1,42 @@
 // SPDX-License-Identifier: Apache-2.0
 // Which array element types carry which Tangram dtype, shared by the CPU reference bindings
-// (NumPy arrays) and the CUDA launchers (DLPack / __cuda_array_interface__ device tensors).
+// (NumPy arrays) and the CUDA launchers (DLPack / __cuda_array_interface__ device tensors): one
+// rule for every function, elements are never converted by value (bf16 travels as bfloat16 or as
+// its uint16 bit patterns).
 #pragma once
 
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "tangram/dtype.hpp"
 
 namespace tangram::python {
+
+/// "float32", "uint16", "bfloat16", ... for error messages.
+inline std::string dtype_name(nanobind::dlpack::dtype t) {
+  using code       = nanobind::dlpack::dtype_code;
+  char const* kind = "?";
+  switch (static_cast<code>(t.code)) {
+    case code::Int:
+      kind = "int";
+      break;
+    case code::UInt:
+      kind = "uint";
+      break;
+    case code::Float:
+      kind = "float";
+      break;
+    case code::Bfloat:
+      kind = "bfloat";
+      break;
+    default:
+      break;
+  }
+  return kind + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
 
 /// True when `t` is `code` with `bits` bits and one lane.
 inline bool is_element(nanobind::dlpack::dtype t, nanobind::dlpack::dtype_code code, int bits) {

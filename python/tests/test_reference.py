@@ -189,7 +189,7 @@ def test_fp8_scales_reach_the_reference_and_are_validated(static_plan):
     with pytest.raises(ValueError, match="k_scale, v_scale: pass both or neither"):
         tangram.reference_append(kv, 0, k, k, k_scale=one)
     q = np.zeros((1, H * group, d), dtype=np.float32)
-    with pytest.raises(ValueError, match=r"decode_params.scales.count: must be 0, 1 or num_kv_heads"):
+    with pytest.raises(ValueError, match=rf"k_scale: expected 1 \(per tensor\) or {H} \(per KV head\) elements, got {H + 1}"):
         tangram.reference_decode_attention(kv, 0, q, k_scale=np.ones(H + 1, dtype=np.float32),
                                            v_scale=np.ones(H + 1, dtype=np.float32))
     with pytest.raises(ValueError, match="v_scale: expected 1 elements, got 2"):

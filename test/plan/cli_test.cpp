@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
@@ -14,7 +15,6 @@
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -59,7 +59,8 @@ void expect_error(std::vector<std::string> argv, int code, std::vector<std::stri
 }  // namespace
 
 TEST_CASE("calibrate --json reports the library's figures", "[cli]") {
-  auto v = parse_out(run({"calibrate", "keydiff/llama-3.1-8b-instruct", "--json"}));
+  auto v = parse_out(
+      run({"calibrate", "keydiff/llama-3.1-8b-instruct", "--reservation", "static", "--json"}));
   CHECK(num(v, "reserved_over_ideal") == Approx(1.303).margin(5e-4));
   CHECK(100 * num(v, "heldout_clip_fraction") == Approx(0.163).margin(5e-4));
   auto s   = load_retention_samples(data_path("profiles/keydiff/llama-3.1-8b-instruct.json"));
@@ -81,6 +82,8 @@ TEST_CASE("calibrate --json reports the library's figures", "[cli]") {
                            "--quantile=0.9",
                            "--folds",
                            "4",
+                           "--reservation",
+                           "static",
                            "--json",
                            "--compare"}));
   auto sq = load_retention_samples(data_path("profiles/snapkv/qwen3-4b-instruct-2507.json"));
@@ -88,8 +91,12 @@ TEST_CASE("calibrate --json reports the library's figures", "[cli]") {
   CHECK(num(q, "heldout_clip_fraction") == rq.heldout_clip_fraction);
   CHECK(q.find("fold_clip_fractions")->elements().size() == 4);
   CHECK(q.find("comparison")->elements().size() == 12);
-  auto gc =
-      parse_out(run({"calibrate", "ea/qwen3-4b-instruct-2507", "--group-by-context", "--json"}));
+  auto gc = parse_out(run({"calibrate",
+                           "ea/qwen3-4b-instruct-2507",
+                           "--group-by-context",
+                           "--reservation",
+                           "static",
+                           "--json"}));
   CHECK(gc.find("group_by_context")->boolean());
   CHECK(num(gc, "heldout_clip_fraction") ==
         evaluate_calibration(
@@ -98,13 +105,25 @@ TEST_CASE("calibrate --json reports the library's figures", "[cli]") {
             {2, 0.05, true})
             .heldout_clip_fraction);
   // --folds 0 skips the held-out figures (null, not NaN: the output stays valid JSON).
-  auto z = parse_out(run({"calibrate", "ea/qwen3-4b-instruct-2507", "--folds", "0", "--json"}));
+  auto z = parse_out(run({"calibrate",
+                          "ea/qwen3-4b-instruct-2507",
+                          "--folds",
+                          "0",
+                          "--reservation",
+                          "static",
+                          "--json"}));
   CHECK(z.find("heldout_clip_fraction")->is_null());
 }
 
 TEST_CASE("calibrate writes a profile and a readable table", "[cli]") {
   auto path = tmp("snapkv-llama.profile.json");
-  auto r    = run({"calibrate", "snapkv/llama-3.1-8b-instruct", "--out", path, "--compare"});
+  auto r    = run({"calibrate",
+                   "snapkv/llama-3.1-8b-instruct",
+                   "--reservation",
+                   "static",
+                   "--out",
+                   path,
+                   "--compare"});
   INFO(r.err);
   REQUIRE(r.code == 0);
   for (char const* piece : {"reserved / mean dynamic",
@@ -121,6 +140,16 @@ TEST_CASE("calibrate writes a profile and a readable table", "[cli]") {
   CHECK(p.budgets == calibrate(s).budgets);
   CHECK(p.sink_tokens == 32);
   CHECK(p.window_tokens == 4096);
+  // The default (elastic) report writes the same profile, shaped by the estimator options.
+  auto elastic = tmp("snapkv-llama.elastic.profile.json");
+  auto e = run({"calibrate", "snapkv/llama-3.1-8b-instruct", "--alpha", "1", "--out", elastic});
+  INFO(e.err);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find("(elastic reservation)") != std::string::npos);
+  CHECK(e.out.find("wrote ") != std::string::npos);
+  calibration_options alpha1;
+  alpha1.alpha = 1;
+  CHECK(load_budget_profile(elastic).budgets == calibrate(s, alpha1).budgets);
 }
 
 TEST_CASE("calibrate: bad options and inputs are one-line errors with exit 2", "[cli][errors]") {
@@ -165,8 +194,8 @@ TEST_CASE("calibrate: bad options and inputs are one-line errors with exit 2", "
 
 TEST_CASE("plan --json: group waste, groups and split imbalance of the plan", "[cli]") {
   // Static: the split imbalance below is the budgets' (an elastic plan's is its placements').
-  auto v = parse_out(
-      run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
+  auto v =
+      parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
   auto s = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
   plan_options so;
   so.reservation.mode = reservation_mode::static_budgets;
@@ -297,8 +326,8 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   // map on the samples' placements, which a profile lacks); hybrid models pick their preset.
   auto profile = tmp("ea-qwen.profile.json");
   REQUIRE(run({"calibrate", "ea/qwen3-4b-instruct-2507", "--out", profile}).code == 0);
-  auto a = parse_out(
-      run({"plan", "ea/qwen3-4b-instruct-2507", "--json", "--reservation", "static"}));
+  auto a =
+      parse_out(run({"plan", "ea/qwen3-4b-instruct-2507", "--json", "--reservation", "static"}));
   auto b = parse_out(run({"plan", profile, "--json", "--reservation", "static"}));
   CHECK(num(a, "group_waste") == num(b, "group_waste"));
   CHECK(num(a, "split_imbalance") == num(b, "split_imbalance"));
@@ -432,8 +461,8 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   auto iv = parse_out(run({"inspect", path, "--json"}));
   CHECK(iv.find("reservation")->string() == "elastic");
   CHECK(num(iv, "margin") == 0.125);
-  auto v = parse_out(
-      run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
+  auto v =
+      parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
   CHECK(v.find("reservation")->string() == "static");
   CHECK(v.find("margin")->type() == json::kind::null);
   auto e = parse_out(
@@ -457,14 +486,15 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   {
     auto samples = load_retention_samples(
         tangram::test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
-    auto o               = p.options;
-    auto library         = build_static_plan(p.model, calibrate(samples), o, samples);
+    auto o       = p.options;
+    auto library = build_static_plan(p.model, calibrate(samples), o, samples);
     CHECK(p.splits.cta_begin == library.splits.cta_begin);
     CHECK(p.splits.cta_begin != build_static_plan(p.model, p.profile, o).splits.cta_begin);
   }
-  expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "static", "--margin", "0.1"},
-               2,
-               {"--margin", "--reservation elastic"});
+  expect_error(
+      {"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "static", "--margin", "0.1"},
+      2,
+      {"--margin", "--reservation elastic"});
   expect_error({"plan", "snapkv/llama-3.1-8b-instruct", "--reservation", "dynamic"},
                2,
                {"--reservation", "dynamic"});
@@ -487,10 +517,10 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   REQUIRE(at != std::string::npos);
   auto value = at + std::string("\"target_keep_ratio\":").size();
   detail::write_file(profile, text.replace(value, text.find(',', value) - value, " 0"));
-  expect_error({"plan", profile},
-               2,
-               {"--reservation: elastic reservation (the default)", "target_keep_ratio", "got 0",
-                "static"});
+  expect_error(
+      {"plan", profile},
+      2,
+      {"--reservation: elastic reservation (the default)", "target_keep_ratio", "got 0", "static"});
   CHECK(run({"plan", profile, "--reservation", "static"}).code == 0);
 }
 
@@ -510,7 +540,7 @@ TEST_CASE("usage errors name the option and the value, help per command, output 
                {"--reference-contexts", "--weighting batch_share only"});
   expect_error({"calibrate", P, "--reservation", "elastic", "--band", "0.9"},
                2,
-               {"--band", "not with --reservation elastic"});
+               {"--band", "give --reservation static"});
   expect_error({"plan", P, "--reference-contexts", "5,"}, 2, {"--reference-contexts", "\"5,\""});
   auto help = run({"help", "plan"});
   CHECK(help.code == 0);
@@ -519,7 +549,7 @@ TEST_CASE("usage errors name the option and the value, help per command, output 
   CHECK(unknown.code == 2);
   CHECK(unknown.err.find("unknown command \"nope\"") != std::string::npos);
   // -0 reads as 0: the report never shows "-0".
-  auto zero = run({"calibrate", P, "--alpha", "-0"});
+  auto zero = run({"calibrate", P, "--reservation", "static", "--alpha", "-0"});
   REQUIRE(zero.code == 0);
   CHECK(zero.out.find("alpha 0,") != std::string::npos);
   CHECK(zero.out.find("-0") == std::string::npos);

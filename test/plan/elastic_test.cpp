@@ -9,18 +9,19 @@
 #include <functional>
 #include <iomanip>
 #include <numeric>
+#include <queue>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/kernels/elastic_lengths.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -69,6 +70,38 @@ std::int64_t brute_force_best(std::vector<std::int64_t> const& needs,
   };
   rec(0, 0);
   return best;
+}
+
+/// The placement as it was first written (issue 31, defect 3): from the floors, one page at a time
+/// to the group whose next page adds the most wanted tokens (a heap; ties to the lower group),
+/// until the reservation is used or no page adds a wanted token. O(pages given); the oracle that
+/// the run-based reference::select_group_lengths must equal page for page.
+std::vector<std::int64_t> per_page_greedy(reference::elastic_selection_input const& in) {
+  auto const& needs = *in.needs;
+  std::size_t hp = static_cast<std::size_t>(in.group_size), G = needs.size() / hp;
+  std::int64_t lo = ceil_div(std::min(in.candidates, in.protect), in.page_tokens);
+  std::vector<std::int64_t> pages(G, lo);
+  std::int64_t used = lo * static_cast<std::int64_t>(G);
+  auto gain         = [&](std::size_t g, std::int64_t p) {
+    std::int64_t d = 0;
+    for (std::size_t c = 0; c < hp; ++c)
+      d += std::clamp<std::int64_t>(
+          needs[static_cast<std::size_t>((*in.members)[g * hp + c])] - p * in.page_tokens,
+          0,
+          in.page_tokens);
+    return d;
+  };
+  std::priority_queue<std::pair<std::int64_t, std::int64_t>> heap;
+  for (std::size_t g = 0; g < G; ++g)
+    if (auto d = gain(g, lo); d > 0) heap.emplace(d, -static_cast<std::int64_t>(g));
+  while (used < in.budget_pages && !heap.empty()) {
+    auto g = static_cast<std::size_t>(-heap.top().second);
+    heap.pop();
+    ++pages[g];
+    ++used;
+    if (auto d = gain(g, pages[g]); d > 0) heap.emplace(d, -static_cast<std::int64_t>(g));
+  }
+  return pages;
 }
 
 /// `tangram argv...` in-process.
@@ -396,8 +429,7 @@ TEST_CASE("elastic on the bundled profiles: held out by prompt, Hp 4, P 16",
 TEST_CASE("elastic: the suggested margin is the smallest on its grid that meets the clip target",
           "[plan][elastic][profiles]") {
   // Independent check: evaluate the sweep at the suggestion and one grid step below it.
-  for (auto const* name :
-       {"snapkv/qwen3-4b-instruct-2507.json", "ea/llama-3.1-8b-instruct.json"}) {
+  for (auto const* name : {"snapkv/qwen3-4b-instruct-2507.json", "ea/llama-3.1-8b-instruct.json"}) {
     INFO(name);
     auto s = load(name);
     for (double target : {0.005, 0.002}) {
@@ -408,11 +440,10 @@ TEST_CASE("elastic: the suggested margin is the smallest on its grid that meets 
       auto k   = std::llround(m / suggestion_step);
       CHECK(m == Approx(static_cast<double>(k) * suggestion_step).margin(1e-12));
       REQUIRE(k >= 1);
-      auto chk = evaluate_elastic(
-          s, {}, by_prompt(), {m, static_cast<double>(k - 1) * suggestion_step});
+      auto chk =
+          evaluate_elastic(s, {}, by_prompt(), {m, static_cast<double>(k - 1) * suggestion_step});
       CHECK(chk.sweep[0].heldout_clip_fraction == rep.suggested->heldout_clip_fraction);
-      CHECK(chk.sweep[0].heldout_reserved_over_ideal ==
-            rep.suggested->heldout_reserved_over_ideal);
+      CHECK(chk.sweep[0].heldout_reserved_over_ideal == rep.suggested->heldout_reserved_over_ideal);
       CHECK(chk.sweep[0].heldout_clip_fraction <= target);
       CHECK(chk.sweep[1].heldout_clip_fraction > target);
     }
@@ -574,8 +605,8 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
 
   auto const* sug = v.find("suggested_margin");
   REQUIRE(sug != nullptr);
-  auto rs = evaluate_elastic(
-      load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(), {}, 0.005);
+  auto rs =
+      evaluate_elastic(load("fastkvzip/qwen3-4b-instruct-2507.json"), o, by_prompt(), {}, 0.005);
   REQUIRE(rs.suggested);
   CHECK(num(*sug, "margin") == rs.suggested->margin);
   CHECK(num(*sug, "heldout_clip_fraction") == rs.suggested->heldout_clip_fraction);
@@ -624,10 +655,13 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
   CHECK(alpha.find("margin_calibrated")->boolean() == true);
   CHECK(num(alpha, "margin") < num(cv, "margin"));
 
-  // The static mode's output is unchanged by the new option.
+  // Elastic is the default, as for `tangram plan` and plan_options (issue 31, defect 10).
   auto a = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--json"});
-  auto b = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "static", "--json"});
+  auto b = run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "elastic", "--json"});
+  REQUIRE(a.code == 0);
   CHECK(a.out == b.out);
+  CHECK(json::parse(a.out, "stdout").find("reservation")->string() ==
+        to_string(plan_options{}.reservation.mode));
 }
 
 TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line errors",
@@ -652,16 +686,17 @@ TEST_CASE("tangram calibrate --reservation elastic: bad options are one-line err
          {"--clip-target", "1.5"});
   expect({"calibrate", p, "--reservation", "elastic", "--folds", "0", "--clip-target", "0.001"},
          {"--clip-target", "--folds 0"});
-  expect({"calibrate", p, "--calibrate-margin"},
+  expect({"calibrate", p, "--reservation", "static", "--calibrate-margin"},
          {"--calibrate-margin", "applies to --reservation elastic only"});
   expect({"calibrate", p, "--reservation", "elastic", "--group-size", "3"},
          {"--group-size", "3", "256 profiled heads"});
   expect({"calibrate", p, "--reservation", "elastic", "--alpha", "2"},
-         {"--alpha", "not with --reservation elastic"});
-  expect({"calibrate", p, "--reservation", "elastic", "--out", "x.json"},
-         {"--out", "not with --reservation elastic"});
+         {"--alpha", "shapes the budget profile --out writes", "--reservation static"});
+  expect({"calibrate", p, "--band", "0.1"}, {"--band", "give --reservation static"});
+  expect({"calibrate", p, "--out", "/nonexistent-folder/x.json"}, {"--out", "/nonexistent-folder"});
+  expect({"calibrate", p, "--folds", "29"}, {"--folds: 29 folds need at least 29 samples"});
   expect({"calibrate", p, "--reservation", "elastic", "--folds", "1"}, {"--folds", "got 1"});
-  expect({"calibrate", p, "--margin", "0.1"},
+  expect({"calibrate", p, "--reservation", "static", "--margin", "0.1"},
          {"--margin", "applies to --reservation elastic only"});
 }
 
@@ -709,4 +744,71 @@ TEST_CASE("elastic::select_lengths (the kernels' form) equals the greedy referen
   }
   CHECK(cases > 2000);
   CHECK(clipped_cases > 500);  // the budget bound the selection in many cases
+}
+
+TEST_CASE("select_group_lengths equals the per-page greedy, tie for tie, at any context length",
+          "[regression][plan][elastic]") {
+  // Issue 31, defect 3 (and issue 29, item 5): the placement used to add one page per heap step,
+  // O(context / P) per call; calibrate --reservation elastic on a few samples near 2^31 tokens ran
+  // for hours. Now it takes whole runs of equal gain: the same pages as the per-page greedy.
+  std::mt19937_64 rng(31003);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  int cases = 0, clipped = 0, partial = 0;
+  for (int it = 0; it < 6000; ++it) {
+    auto hp      = static_cast<std::int32_t>(pick(1, 6));
+    auto P       = static_cast<std::int32_t>(pick(1, 9));
+    auto G       = static_cast<std::int32_t>(pick(1, 9));
+    auto cand    = pick(0, it % 2 ? 80 : 400);
+    auto protect = pick(0, 20);
+    auto heads   = static_cast<std::size_t>(G * hp);
+    std::vector<std::int64_t> needs(heads);
+    std::vector<std::int32_t> members(heads);
+    // Ties on purpose (needs from a few multiples of P and P / 2), and shuffled members.
+    for (std::size_t h = 0; h < heads; ++h)
+      needs[h] = it % 3 == 0 ? std::min<std::int64_t>(cand, pick(0, 6) * std::max(1, P / 2))
+                             : pick(std::min(cand, protect), cand);
+    std::iota(members.begin(), members.end(), 0);
+    std::shuffle(members.begin(), members.end(), rng);
+    std::int64_t lo = ceil_div(std::min(cand, protect), P);
+    reference::elastic_selection_input in{
+        &needs, &members, hp, P, cand, protect, pick(0, G * (lo + ceil_div(cand, P)) + 2)};
+    auto sel = reference::select_group_lengths(in);
+    if (!sel.fits) {
+      CHECK(G * lo > in.budget_pages);
+      continue;
+    }
+    INFO("case " << it << " G " << G << " Hp " << hp << " P " << P << " budget "
+                 << in.budget_pages);
+    REQUIRE(sel.group_pages == per_page_greedy(in));
+    ++cases;
+    clipped += sel.wanted_clipped() > 0;
+    // The reservation cut a run of equal gains in the middle (the tie-break decides).
+    partial += sel.pages_used == in.budget_pages && sel.wanted_clipped() > 0;
+  }
+  CHECK(cases > 4000);
+  CHECK(clipped > 1000);
+  CHECK(partial > 1000);
+
+  // Contexts up to 2^40 tokens: the per-page greedy would take up to 2^36 heap steps per call;
+  // the runs give the kernels' threshold search's lengths (independent of the page count too).
+  for (int it = 0; it < 200; ++it) {
+    std::int32_t hp = 4, P = 16, G = static_cast<std::int32_t>(pick(1, 64));
+    std::int64_t cand = pick(1, std::int64_t{1} << 40), protect = 4128;
+    std::vector<std::int64_t> needs(static_cast<std::size_t>(G * hp));
+    for (auto& x : needs)
+      x = std::min(cand, std::max(std::min(cand, protect), pick(0, cand / pick(1, 10) + 1)));
+    std::vector<std::int32_t> members(needs.size());
+    std::iota(members.begin(), members.end(), 0);
+    std::int64_t lo = ceil_div(std::min(cand, protect), P);
+    reference::elastic_selection_input in{
+        &needs, &members, hp, P, cand, protect, G * lo + pick(0, G * ceil_div(cand, P) / 3)};
+    auto sel = reference::select_group_lengths(in);
+    REQUIRE(sel.fits);
+    std::vector<std::int64_t> pages(static_cast<std::size_t>(G));
+    elastic::select_lengths(needs.data(), G, hp, P, lo, in.budget_pages - G * lo, pages.data());
+    INFO("case " << it << " candidates " << cand);
+    REQUIRE(sel.group_pages == pages);
+  }
 }

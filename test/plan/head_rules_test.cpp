@@ -110,6 +110,13 @@ TEST_CASE("head_rules_for: a profile that does not fit the model is refused",
                                   "sliding-window");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       head_rules_for(model, layer0_profile(), 3), invalid_argument, "tp_size: 3");
+  // Issue 31 (found by the plan-consistency property under ASan): a rank outside [0, tp_size)
+  // read past the profile's budgets.
+  for (std::int32_t rank : {2, 3, -1})
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(head_rules_for(model, layer0_profile(), 2, rank),
+                                    invalid_argument,
+                                    std::string("tp_rank: must be in [0, 1] for tp_size 2"),
+                                    detail::cat("got ", rank));
 }
 
 TEST_CASE("split options: default traffic and bounds", "[plan][split]") {

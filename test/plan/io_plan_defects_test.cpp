@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
 #include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
@@ -14,7 +15,6 @@
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -178,12 +178,12 @@ TEST_CASE("reference contexts above 2^24 are refused by the CLI, the reader and 
                                   "split_options.reference_contexts",
                                   "16777216",
                                   "got 16777217");
-  o.split.reference_contexts = {1024, 2048};
-  auto plan                  = build_static_plan(model, profile, o);
+  o.split.reference_contexts            = {1024, 2048};
+  auto plan                             = build_static_plan(model, profile, o);
   plan.options.split.reference_contexts = {1024, (std::int64_t{1} << 24) + 1};
   TANGRAM_REQUIRE_THROWS_WITH_ALL(to_json(plan),
                                   tangram::invalid_argument,
-                                  "options.reference_contexts[1]",
+                                  "static_plan.options: split_options.reference_contexts",
                                   "16777216",
                                   "16777217");
   plan.options.split.reference_contexts = {1024, std::int64_t{1} << 24};

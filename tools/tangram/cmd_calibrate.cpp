@@ -33,17 +33,17 @@ std::string setting_of(calibration_options const& o) {
 
 struct calibrate_args {
   std::optional<std::string> input;
-  // Static stays the default here, unlike plan_options: this command writes the budget profile
-  // (--out), which elastic plans group their heads by too; elastic is a report on the samples.
-  std::string reservation = "static";
+  // Elastic by default, as plans reserve (plan_options, `tangram plan`); --out writes the budget
+  // profile in either mode (the budgets every plan groups its heads by).
+  std::string reservation = "elastic";
   calibration_args cal;
   evaluation_options ev;
   elastic_options eo;
   std::vector<CLI::Option const*> elastic_only;  // refused with --reservation static
-  CLI::Option const* margin_alpha = nullptr;
-  CLI::Option const* band         = nullptr;  // a static figure: refused with elastic
-  bool calibrate_margin           = false;    // elastic: mean + alpha sd instead of the default
-  double clip_target              = 0.005;    // elastic: the suggested margin's held-out goal
+  CLI::Option const* margin_alpha       = nullptr;
+  CLI::Option const* band               = nullptr;  // a static figure: refused with elastic
+  bool calibrate_margin                 = false;  // elastic: mean + alpha sd instead of the default
+  double clip_target                    = 0.005;  // elastic: the suggested margin's held-out goal
   CLI::Option const* clip_target_option = nullptr;
   std::optional<std::string> out;
   bool json    = false;
@@ -52,6 +52,22 @@ struct calibrate_args {
 
 std::string const missing_samples =
     "missing SAMPLES.json (a retention-samples/v1 file or a bundled name, see `tangram profiles`)";
+
+/// --folds against the samples, before any work: k folds of single samples need k samples.
+void check_folds(evaluation_options const& ev,
+                 retention_samples const& samples,
+                 std::string const& source) {
+  if (ev.folds > 0 && !ev.group_by_context &&
+      static_cast<std::size_t>(ev.folds) > samples.samples.size())
+    throw usage_error(cat("--folds: ",
+                          ev.folds,
+                          " folds need at least ",
+                          ev.folds,
+                          " samples; ",
+                          tangram::detail::printable(source),
+                          " has ",
+                          samples.samples.size()));
+}
 
 /// `--reservation elastic`: the elastic report (plan/elastic.hpp), with the margin sweep, and with
 /// `--compare` the static alpha curve on the same folds.
@@ -70,21 +86,25 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
   if (!eo.margin && !a.calibrate_margin && a.margin_alpha->count() == 0)
     eo.margin = default_elastic_margin;
   bool const plans_default = !a.eo.margin && eo.margin;
-  if (a.out)
-    throw usage_error("--out: writes a static budget profile; not with --reservation elastic");
   if (a.band->count() > 0)
-    throw usage_error("--band: a static report figure; not with --reservation elastic");
-  if (cal.given)
     throw usage_error(
-        cat(*cal.given, ": a static estimator option; not with --reservation elastic"));
+        "--band: a figure of the static report; give --reservation static (calibrate reports "
+        "elastic reservation by default, as plans reserve)");
+  if (cal.given && !a.out)
+    throw usage_error(cat(*cal.given,
+                          ": shapes the budget profile --out writes; give --out PROFILE.json, or "
+                          "--reservation static for the static report"));
   if (!a.input) throw usage_error(missing_samples);
   if (ev.folds == 1)
     throw usage_error("--folds: must be 0 (no held-out evaluation) or at least 2, got 1");
   if (ev.folds == 0 && a.clip_target_option->count() > 0)
-    throw usage_error("--clip-target: the suggested margin is measured held out; not with --folds 0");
+    throw usage_error(
+        "--clip-target: the suggested margin is measured held out; not with --folds 0");
+  if (a.out) check_output_path("--out", *a.out);
   auto in      = read_input(*a.input);
   auto samples = read_samples(in);
-  auto heads   = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
+  check_folds(ev, samples, in.source);
+  auto heads = samples.layer_ids.size() * static_cast<std::size_t>(samples.num_kv_heads);
   if (heads % static_cast<std::size_t>(eo.group_size) != 0)
     throw usage_error(cat("--group-size: ",
                           eo.group_size,
@@ -102,6 +122,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     for (auto const& o : estimator_grid(cal.options.floor))
       if (o.estimator == budget_estimator::musigma)
         static_rows.emplace_back(o.alpha, evaluate_calibration(samples, o, ev));
+  if (a.out) save_budget_profile(calibrate(samples, cal.options), *a.out);
 
   if (as_json) {
     auto v = json::value::object();
@@ -174,6 +195,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
       }
       v.set("static_comparison", std::move(arr));
     }
+    v.set("out", a.out ? json::value(*a.out) : json::value(nullptr));
     io.out << json::dump(v, -1) << "\n";
     return 0;
   }
@@ -187,8 +209,8 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     << samples.window_tokens << " window\n"
     << "  Hp " << rep.group_size << ", P " << rep.page_tokens << ", margin " << fixed(rep.margin, 4)
     << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)")
-        : plans_default       ? std::string(" (the plans' default; --calibrate-margin for mean + 2 sd)")
-                              : std::string(" (fixed)"))
+        : plans_default ? std::string(" (the plans' default; --calibrate-margin for mean + 2 sd)")
+                        : std::string(" (fixed)"))
     << "\n\n";
   auto row = [&](char const* label, std::string const& value) {
     s << "  " << std::left << std::setw(44) << label << value << "\n";
@@ -241,6 +263,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
           << percent(cr.heldout_clip_fraction, 3) << "\n";
     }
   }
+  if (a.out) s << "\nwrote " << tangram::detail::printable(*a.out) << "\n";
   return 0;
 }
 
@@ -262,16 +285,7 @@ int calibrate_command(calibrate_args& a, streams io) {
 
   auto in      = read_input(*a.input);
   auto samples = read_samples(in);
-  if (ev.folds > 0 && !ev.group_by_context &&
-      static_cast<std::size_t>(ev.folds) > samples.samples.size())
-    throw usage_error(cat("--folds: ",
-                          ev.folds,
-                          " folds need at least ",
-                          ev.folds,
-                          " samples; ",
-                          tangram::detail::printable(in.source),
-                          " has ",
-                          samples.samples.size()));
+  check_folds(ev, samples, in.source);
   auto profile = calibrate(samples, cal.options);
   auto rep     = evaluate_calibration(samples, cal.options, ev);
   std::vector<std::pair<calibration_options, calibration_report>> rows;
@@ -417,9 +431,9 @@ command_body setup_calibrate(CLI::App& app) {
       [a](std::string const& v) { a->reservation = v; },
       a->reservation,
       {"static", "elastic"},
-      "static: one budget per head (the budgets every plan groups its heads by, elastic ones "
-      "too; --out writes them); elastic: the report of the plans' default reservation, the "
-      "scorer's total per request plus a margin, placed per group at eviction");
+      "elastic (the default, as plans reserve): the scorer's total per request plus a margin, "
+      "placed per group at eviction; static: one budget per head reserved as is. Either way "
+      "--out writes the budget profile (the budgets every plan groups its heads by)");
   add_calibration_options(app, a->cal);
   add_integer(
       app, "--folds", ev.folds, 0, 100000, "k of the held-out evaluation (0: none; 1 is refused)");
@@ -432,7 +446,11 @@ command_body setup_calibrate(CLI::App& app) {
                ev.group_by_context,
                "Folds by distinct context length instead of sample index");
   app.add_flag("--compare", a->compare, "Also evaluate the grid of estimators on the same folds");
-  add_text(app, "--out", a->out, "PROFILE.json", "static: write the budget profile");
+  add_text(app,
+           "--out",
+           a->out,
+           "PROFILE.json",
+           "Write the budget profile (--estimator, --alpha, --quantile, --floor shape it)");
   a->elastic_only = {
       add_group_size(app, eo.group_size)->description("elastic: Hp, KV heads that share a page"),
       add_page_tokens(app, eo.page_tokens)->description("elastic: P, tokens per page"),
@@ -440,18 +458,17 @@ command_body setup_calibrate(CLI::App& app) {
                  "--margin",
                  eo.margin,
                  {0, max_elastic_margin},
-                 cat("elastic: a fixed margin (default: the plans' ", default_elastic_margin,
-                     ")")),
+                 cat("elastic: a fixed margin (default: the plans' ", default_elastic_margin, ")")),
   };
   a->elastic_only.push_back(app.add_flag(
       "--calibrate-margin",
       a->calibrate_margin,
       "elastic: calibrate the margin as mean + alpha x sd of the samples' required margins"));
   a->clip_target_option = add_number(app,
-                                       "--clip-target",
-                                       a->clip_target,
-                                       {0, 1},
-                                       "elastic: held-out clipping the suggested margin must meet");
+                                     "--clip-target",
+                                     a->clip_target,
+                                     {0, 1},
+                                     "elastic: held-out clipping the suggested margin must meet");
   a->elastic_only.push_back(a->clip_target_option);
   a->margin_alpha = add_number(app,
                                "--margin-alpha",

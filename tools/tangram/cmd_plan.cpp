@@ -12,6 +12,8 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "subcommands.hpp"
+#include "tangram/detail/checked_math.hpp"
+#include "tangram/detail/file_io.hpp"
 #include "tangram/detail/json.hpp"
 #include "tangram/eval/split_imbalance.hpp"
 #include "tangram/io/static_plan.hpp"
@@ -52,10 +54,10 @@ struct plan_args {
   std::optional<std::string> out;
   bool json           = false;
   CLI::Option* margin = nullptr;
-  std::vector<CLI::Option*> batch_share_only;  // refused with --weighting budget
+  std::vector<CLI::Option*> batch_share_only;                 // refused with --weighting budget
   std::vector<std::pair<std::int64_t, std::int64_t>> layers;  // --layers FIRST:LAST,...
-  std::int32_t pipeline_stages = 0;                            // --pipeline-stages; 0: none
-  std::int64_t stage_context   = default_stage_balance_context;
+  std::int32_t pipeline_stages   = 0;                         // --pipeline-stages; 0: none
+  std::int64_t stage_context     = default_stage_balance_context;
   CLI::Option* layers_opt        = nullptr;
   CLI::Option* stages_opt        = nullptr;
   CLI::Option* stage_context_opt = nullptr;
@@ -79,11 +81,34 @@ std::int64_t stage_footprint_bytes(static_plan const& p, std::int64_t context) {
   return tangram::detail::mul_or_throw(pages, p.page_bytes(), "stage footprint bytes");
 }
 
-std::string layer_text(layer_range r) { return cat(r.first, "..", r.last - 1); }
+std::string layer_text(layer_range r) {
+  return cat(r.first, "..", r.last - 1);
+}
 
 double max_over_min(std::vector<std::int64_t> const& v) {
   auto [lo, hi] = std::minmax_element(v.begin(), v.end());
   return *lo > 0 ? static_cast<double>(*hi) / static_cast<double>(*lo) : 0.0;
+}
+
+/// Refuses, before any work, a --stage-context at which a stage's footprint could overflow 64-bit
+/// byte counts: at most one group per head, every group holding every token, so at most
+/// layers x heads x ceil(context / P) pages.
+void check_stage_context(model_spec const& model, plan_options const& o, std::int64_t context) {
+  page_geometry geo{o.page_tokens, o.group_size, model.head_dim, model.kv_dtype};
+  auto heads = std::int64_t{model.num_layers} * (model.num_kv_heads / o.tp_size);
+  auto pages = tangram::detail::mul_checked(heads, ceil_div(context, o.page_tokens));
+  if (!pages || !tangram::detail::mul_checked(*pages, geo.page_bytes()))
+    throw usage_error(cat("--stage-context: ",
+                          context,
+                          " tokens: a stage's footprint (up to ",
+                          heads,
+                          " heads x ceil(",
+                          context,
+                          " / ",
+                          o.page_tokens,
+                          ") pages x ",
+                          geo.page_bytes(),
+                          " bytes) overflows 64-bit byte counts; give a shorter context"));
 }
 
 /// `--pipeline-stages N` or `--layers` with several ranges: one plan per stage, a stage table.
@@ -112,12 +137,11 @@ int stages_command(plan_args& a,
     std::int32_t groups = 0;
     std::string out;
   };
-  std::vector<stage_row> rows;
-  std::vector<std::int64_t> footprints, tokens;
-  for (std::size_t k = 0; k < ranges.size(); ++k) {
+  // Checked before any plan is built: every stage's file fits the plan file limit (and
+  // --stage-context was checked by plan_command).
+  for (auto const& r : ranges) {
     plan_options ok = o;
-    ok.layers       = ranges[k];
-    std::string path = a.out ? stage_path(*a.out, k, ranges.size()) : std::string();
+    ok.layers       = r;
     if (a.out) {
       try {
         check_plan_file_size(model, src.profile, ok);
@@ -125,22 +149,34 @@ int stages_command(plan_args& a,
         throw usage_error(cat("--out: ", e.what(), " (--tp-size, --group-size)"));
       }
     }
+  }
+  // All stage files or none: each is prepared beside its target, and put in place only once every
+  // stage is planned and written (a failure leaves no stage file behind).
+  tangram::detail::file_batch files;
+  std::vector<stage_row> rows;
+  std::vector<std::int64_t> footprints, tokens;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    plan_options ok  = o;
+    ok.layers        = ranges[k];
+    std::string path = a.out ? stage_path(*a.out, k, ranges.size()) : std::string();
     auto plan = build_plan_for_cli(model, src.profile, ok, src.samples ? &*src.samples : nullptr);
-    if (a.out) save_static_plan(plan, path);
-    rows.push_back({ranges[k],
-                    weight_of(ranges[k]),
-                    stage_footprint_bytes(plan, a.stage_context),
-                    plan.num_groups(),
-                    path});
+    std::int64_t footprint = 0;
+    try {
+      footprint = stage_footprint_bytes(plan, a.stage_context);
+    } catch (tangram::invalid_argument const& e) {
+      throw usage_error(cat("--stage-context: ", a.stage_context, " tokens: ", e.what()));
+    }
+    if (a.out) files.add(path, to_json(plan));
+    rows.push_back({ranges[k], weight_of(ranges[k]), footprint, plan.num_groups(), path});
     footprints.push_back(rows.back().footprint);
     tokens.push_back(rows.back().kv_tokens);
   }
+  files.commit();
   // What an even split by layer count would give, for comparison.
   std::vector<std::int64_t> even_tokens;
   auto n = static_cast<std::int32_t>(ranges.size());
   for (std::int32_t k = 0; k < n; ++k)
-    even_tokens.push_back(weight_of(
-        {k * model.num_layers / n, (k + 1) * model.num_layers / n}));
+    even_tokens.push_back(weight_of({k * model.num_layers / n, (k + 1) * model.num_layers / n}));
   char const* mode = o.reservation.mode == reservation_mode::elastic ? "elastic" : "static";
 
   if (a.json) {
@@ -183,11 +219,11 @@ int stages_command(plan_args& a,
       << (o.tp_rank + 1) * (model.num_kv_heads / o.tp_size) - 1 << ")";
   s << "\n"
     << "  pipeline: " << ranges.size() << " stages, "
-    << (balanced ? "balanced by KV memory" : "layer ranges as given") << "; memory of one request of "
-    << a.stage_context << " tokens (" << mode << " reservation)\n"
+    << (balanced ? "balanced by KV memory" : "layer ranges as given")
+    << "; memory of one request of " << a.stage_context << " tokens (" << mode << " reservation)\n"
     << "    " << std::left << std::setw(7) << "stage" << std::setw(10) << "layers" << std::right
-    << std::setw(14) << "KV tokens" << std::setw(16) << "footprint MiB" << std::setw(8)
-    << "groups" << (a.out ? "  file" : "") << "\n";
+    << std::setw(14) << "KV tokens" << std::setw(16) << "footprint MiB" << std::setw(8) << "groups"
+    << (a.out ? "  file" : "") << "\n";
   for (std::size_t k = 0; k < rows.size(); ++k) {
     s << "    " << std::left << std::setw(7) << k << std::setw(10) << layer_text(rows[k].layers)
       << std::right << std::setw(14) << rows[k].kv_tokens << std::setw(16)
@@ -197,8 +233,8 @@ int stages_command(plan_args& a,
     s << "\n";
   }
   s << "  heaviest / lightest stage: footprint " << fixed(max_over_min(footprints), 3)
-    << "x, KV tokens " << fixed(max_over_min(tokens), 3) << "x (an even split by layer count: "
-    << fixed(max_over_min(even_tokens), 3) << "x)\n";
+    << "x, KV tokens " << fixed(max_over_min(tokens), 3)
+    << "x (an even split by layer count: " << fixed(max_over_min(even_tokens), 3) << "x)\n";
   if (a.out) s << "\nwrote " << rows.size() << " stage plans\n";
   return 0;
 }
@@ -259,12 +295,13 @@ int plan_command(plan_args& a, streams io) {
       }
     }
     std::size_t n = balanced ? static_cast<std::size_t>(a.pipeline_stages) : ranges.size();
+    check_stage_context(model, o, a.stage_context);
     if (out)
       for (std::size_t k = 0; k < n; ++k) check_output_path("--out", stage_path(*out, k, n));
     if (balanced) {
       try {
-        ranges = balanced_pipeline_stages(
-            layer_kv_tokens(model, src.profile, o, a.stage_context), a.pipeline_stages);
+        ranges = balanced_pipeline_stages(layer_kv_tokens(model, src.profile, o, a.stage_context),
+                                          a.pipeline_stages);
       } catch (tangram::invalid_argument const& e) {
         throw_plan_option_error(e);
       }
@@ -307,11 +344,11 @@ int plan_command(plan_args& a, streams io) {
   reference_batch batch;
   // An elastic plan's heads hold their groups' placed lengths, not their budgets: measured on
   // placements of the samples when there are samples.
-  bool on_placements = o.reservation.mode == reservation_mode::elastic && src.samples;
+  bool on_placements         = o.reservation.mode == reservation_mode::elastic && src.samples;
   bool split_from_placements = on_placements && o.split.weighting == split_weighting::batch_share;
-  auto imb           = on_placements
-                           ? elastic_layer_imbalance(plan, *src.samples, batch.contexts(), batch.seed)
-                           : layer_imbalance(plan.rules, plan.splits, batch.contexts());
+  auto imb                   = on_placements
+                                   ? elastic_layer_imbalance(plan, *src.samples, batch.contexts(), batch.seed)
+                                   : layer_imbalance(plan.rules, plan.splits, batch.contexts());
 
   if (as_json) {
     auto v = json::value::object();

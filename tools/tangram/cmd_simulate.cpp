@@ -165,6 +165,12 @@ int simulate(simulate_args& a, streams io) {
     check_output_path("--plot", plot_path(*plot, "-serving"));
     if (!a.rate_sweep.empty()) check_output_path("--plot", plot_path(*plot, "-rate"));
   }
+  // --sensitivity replays every policy at max_tokens = the rest of the context (vLLM's default),
+  // so the context must be a valid max_tokens too: refused now, not after the main run.
+  if (a.sensitivity && ro.max_context > workload_limits::max_tokens)
+    throw usage_error(cat("--sensitivity --max-context ", ro.max_context,
+                          ": the sweep replays at max_tokens = the context, which must be at most ",
+                          workload_limits::max_tokens, "; lower --max-context or drop --sensitivity"));
   std::string const& workload_name = a.workload;
   auto kind                 = workload_kind_named(workload_name);
   if (!kind)

@@ -12,7 +12,13 @@ struct input_text {
   std::string text;
 };
 
-/// Reads a file, falling back to the bundled profiles when no such file exists.
+/// Whether `path` names something on disk (false when nothing is there: a bundled name, a preset).
+/// @throw tangram::invalid_argument naming the path and the reason when it cannot be looked at
+/// (a symbolic link loop, no permission, a name too long).
+bool names_a_file(std::string const& path);
+
+/// Reads a file, falling back to the bundled profiles when no such file exists. A file must be a
+/// regular file (a FIFO or a device is refused, naming what it is).
 /// @throw tangram::invalid_argument naming the argument when neither exists.
 input_text read_input(std::string const& name_or_path);
 

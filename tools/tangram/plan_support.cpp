@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan_support.hpp"
 
-#include <sys/stat.h>
 #include <cstdio>
 #include <string_view>
 #include <utility>
@@ -56,8 +55,7 @@ budget_source read_samples_or_profile(std::string const& name_or_path,
 
 model_spec resolve_model(std::optional<std::string> const& option, std::string const& model_name) {
   if (option) {
-    struct stat st {};
-    if (::stat(option->c_str(), &st) == 0) return load_model_spec(*option);
+    if (names_a_file(*option)) return load_model_spec(*option);
     if (auto m = find_model_preset(*option)) return *m;
     std::string known;
     for (auto const& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
@@ -129,10 +127,18 @@ std::string xml_escape(std::string_view text) {
       continue;
     }
     switch (cp) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
       default:
         if (!tangram::detail::is_control(cp) && cp != 0xfffe && cp != 0xffff)  // not XML characters
           out.append(text.substr(i, len));

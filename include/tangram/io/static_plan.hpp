@@ -9,11 +9,13 @@
  * stage), the per-head rules, the head groups with their
  * members and the slot of every head, and the split map (CTA boundaries and the weights Phi).
  *
- * Loading validates every field and every cross-field invariant, with errors that name the file,
- * the field path and the value: the rules must follow from the model and the profile, the groups
- * must cover every head of the rank exactly once with full, single-kind groups sized by their
- * largest member, the slots must agree with the groups, and every layer's CTA shares must be at
- * least one and sum to N_CTA. Saving runs the same validation, so a file on disk always loads.
+ * Loading reads every field, then checks the plan with the one consistency check of
+ * plan/plan_checks.hpp (`detail::plan_fault`, which the KV-cache manager runs too), with errors
+ * that name the file, the field path and the value: the rules must follow from the model and the
+ * profile, the groups must cover every head of the rank exactly once with full, single-kind groups
+ * sized by their largest member, the slots must agree with the groups, and every layer's CTA
+ * shares must be at least one and sum to N_CTA. Saving runs the same check first, so a file on
+ * disk always loads, and a plan the manager accepts is one whose file loads back unchanged.
  * Host only; pure functions.
  */
 #pragma once
@@ -22,6 +24,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,6 +40,7 @@
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/head_grouping.hpp"
 #include "tangram/plan/head_rules.hpp"
+#include "tangram/plan/plan_checks.hpp"
 #include "tangram/plan/split_options.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
@@ -215,17 +219,13 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
                  b.describe(),
                  " (expected all_tokens or compressible_tokens)"));
     p.options.reservation.basis = *basis;
-    if (*mode == reservation_mode::elastic &&
-        !(p.profile.target_keep_ratio > 0 && p.profile.target_keep_ratio <= 1))
-      m.fail(cat("elastic reservation needs the profile's target_keep_ratio in (0, 1], got ",
-                 p.profile.target_keep_ratio));
   }
 
-  p.num_layers = detail::expect_derived(doc["num_layers"],
-                                        stage.size(),
-                                        p.options.layers ? "options.last_layer - first_layer"
-                                                         : "model.num_layers");
-  p.first_layer = stage.first;
+  p.num_layers = detail::expect_derived(
+      doc["num_layers"],
+      stage.size(),
+      p.options.layers ? "options.last_layer - first_layer" : "model.num_layers");
+  p.first_layer      = stage.first;
   std::int32_t local = p.model.num_kv_heads / p.options.tp_size;
   p.num_kv_heads =
       detail::expect_derived(doc["num_kv_heads"], local, "model.num_kv_heads / tp_size");
@@ -238,13 +238,13 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
 
   auto L = static_cast<std::size_t>(p.num_layers), H = static_cast<std::size_t>(p.num_kv_heads);
 
-  // Rules: they must be what the model and the profile say.
-  std::vector<head_rule> expected;
-  try {
-    expected = head_rules_for(p.model, p.profile, p.options);  // the rank's, on the stage
-  } catch (invalid_argument const& e) {
-    doc["profile"].fail(cat("does not fit the model: ", e.what()));
-  }
+  // Rules, groups, slots and the split map as the file holds them; whether they are consistent
+  // (with each other, the options, the model and the profile) is the plan check's to say, the
+  // same check the manager runs (plan/plan_checks.hpp).
+  auto any_i32 = [](json::node const& n) {
+    return detail::as_i32(
+        n, std::numeric_limits<std::int32_t>::min(), std::numeric_limits<std::int32_t>::max());
+  };
   {
     auto rows = doc["rules"];
     (void)rows.expect_size(L, "one per layer, num_layers");
@@ -258,11 +258,8 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
         auto b       = row["budgets"];
         (void)b.expect_size(H, "one per KV head of the rank, num_kv_heads");
         for (std::size_t h = 0; h < H; ++h) {
-          auto cell = b[h];
-          double x  = cell.as_double(-1e300, 1e300);
-          if (!(x > 0 && x <= 1)) cell.fail(cat("budget must be in (0, 1], got ", cell.describe()));
           p.rules[l * H + h]        = base;
-          p.rules[l * H + h].budget = x;
+          p.rules[l * H + h].budget = b[h].as_double(-1e300, 1e300);
         }
       } else {
         if (base.kind == layer_kind::sliding_window)
@@ -270,126 +267,45 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
               static_cast<std::int32_t>(row["window"].as_int(1, model_limits::max_window));
         for (std::size_t h = 0; h < H; ++h) p.rules[l * H + h] = base;
       }
-      for (std::size_t h = 0; h < H; ++h)
-        if (!(p.rules[l * H + h] == expected[l * H + h]))
-          row.fail(cat("head ",
-                       h,
-                       " is ",
-                       detail::describe_rule(p.rules[l * H + h]),
-                       " but the model and the profile give ",
-                       detail::describe_rule(expected[l * H + h])));
     }
   }
-
-  // Groups and slots.
   p.grouping.group_size   = p.options.group_size;
   p.grouping.scope        = p.options.scope;
   p.grouping.num_layers   = p.num_layers;
   p.grouping.num_kv_heads = p.num_kv_heads;
   {
-    auto groups   = doc["groups"];
-    std::size_t G = groups.size();
-    auto Hp       = static_cast<std::size_t>(p.options.group_size);
-    if (G * Hp != L * H)
-      groups.fail(cat(G,
-                      " groups of ",
-                      Hp,
-                      " heads (group_size) do not cover the ",
-                      L * H,
-                      " heads of the rank (num_layers x num_kv_heads)"));
-    std::vector<std::int64_t> owner(L * H, -1);
-    p.grouping.slots.assign(L * H, head_slot{});
-    for (std::size_t g = 0; g < G; ++g) {
+    auto groups = doc["groups"];
+    for (std::size_t g = 0; g < groups.size(); ++g) {
       auto gn = groups[g];
       head_group grp;
       grp.rule     = detail::rule_from_json(gn);
       auto members = gn["members"];
-      (void)members.expect_size(Hp, "group_size");
-      for (std::size_t c = 0; c < Hp; ++c) {
+      for (std::size_t c = 0; c < members.size(); ++c) {
         auto m = members[c];
         (void)m.expect_size(2, "[layer, head]");
-        head_ref ref{detail::as_i32(m[0], 0, p.num_layers - 1),
-                     detail::as_i32(m[1], 0, p.num_kv_heads - 1)};
-        auto idx = static_cast<std::size_t>(ref.layer) * H + static_cast<std::size_t>(ref.head);
-        if (owner[idx] >= 0)
-          m.fail(cat("head (",
-                     ref.layer,
-                     ", ",
-                     ref.head,
-                     ") is already a member of groups[",
-                     owner[idx],
-                     "]"));
-        owner[idx]          = static_cast<std::int64_t>(g);
-        head_rule const& r  = p.rules[idx];
-        head_rule const& r0 = grp.members.empty()
-                                  ? r
-                                  : p.rules[static_cast<std::size_t>(grp.members[0].layer) * H +
-                                            static_cast<std::size_t>(grp.members[0].head)];
-        if (r.kind != r0.kind || r.window != r0.window || r.protect != r0.protect)
-          m.fail(cat("head (",
-                     ref.layer,
-                     ", ",
-                     ref.head,
-                     ") is ",
-                     detail::describe_rule(r),
-                     ", unlike the group's first member, ",
-                     detail::describe_rule(r0),
-                     "; a group holds heads of one kind"));
-        grp.members.push_back(ref);
-        p.grouping.slots[idx] = {static_cast<std::int32_t>(g), static_cast<std::int32_t>(c)};
+        grp.members.push_back({any_i32(m[0]), any_i32(m[1])});
       }
-      head_rule sized = detail::group_rule_of(grp.members, p.rules, p.num_kv_heads);
-      if (!(grp.rule == sized))
-        gn.fail(cat("rule ",
-                    detail::describe_rule(grp.rule),
-                    " is not the rule of its largest member, ",
-                    detail::describe_rule(sized)));
       p.grouping.groups.push_back(std::move(grp));
     }
     auto slots  = doc["slots"];
     auto sgroup = slots["group"], scol = slots["column"];
     (void)sgroup.expect_size(L, "one row per layer, num_layers");
     (void)scol.expect_size(L, "one row per layer, num_layers");
+    p.grouping.slots.resize(L * H);
     for (std::size_t l = 0; l < L; ++l) {
       auto gr = sgroup[l], co = scol[l];
       (void)gr.expect_size(H, "one per KV head of the rank, num_kv_heads");
       (void)co.expect_size(H, "one per KV head of the rank, num_kv_heads");
-      for (std::size_t h = 0; h < H; ++h) {
-        auto const& want = p.grouping.slots[l * H + h];
-        auto gv          = gr[h].as_int(0, static_cast<std::int64_t>(G) - 1);
-        auto cv          = co[h].as_int(0, static_cast<std::int64_t>(Hp) - 1);
-        if (gv != want.group || cv != want.column)
-          gr[h].fail(cat("head (",
-                         l,
-                         ", ",
-                         h,
-                         ") has slot (group ",
-                         gv,
-                         ", column ",
-                         cv,
-                         ") but is member ",
-                         want.column,
-                         " of groups[",
-                         want.group,
-                         "]"));
-      }
+      for (std::size_t h = 0; h < H; ++h)
+        p.grouping.slots[l * H + h] = {any_i32(gr[h]), any_i32(co[h])};
     }
   }
-
-  // Split map.
   {
     auto s                = doc["splits"];
     p.splits.num_layers   = p.num_layers;
     p.splits.num_kv_heads = p.num_kv_heads;
     p.splits.limits       = p.options.split.limits;
-    std::int32_t N        = p.splits.num_ctas();
-    (void)detail::expect_derived(s["num_ctas"], N, "sm_count x ctas_per_sm");
-    if (N < p.num_kv_heads)
-      s["num_ctas"].fail(cat("N_CTA = ",
-                             N,
-                             " is smaller than the ",
-                             p.num_kv_heads,
-                             " KV heads of a layer; every head needs at least one CTA"));
+    (void)detail::expect_derived(s["num_ctas"], p.splits.num_ctas(), "sm_count x ctas_per_sm");
     auto begins = s["cta_begin"], phis = s["phi"];
     (void)begins.expect_size(L, "one row per layer, num_layers");
     (void)phis.expect_size(L, "one row per layer, num_layers");
@@ -397,35 +313,26 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
       auto b = begins[l], f = phis[l];
       (void)b.expect_size(H + 1, "num_kv_heads + 1 boundaries");
       (void)f.expect_size(H, "one per KV head of the rank, num_kv_heads");
-      for (std::size_t h = 0; h <= H; ++h) {
-        std::int64_t lo = h == 0 ? 0 : p.splits.cta_begin.back() + 1;
-        std::int64_t hi = h == 0 ? 0 : (h == H ? N : N - static_cast<std::int64_t>(H - h));
-        if (h == H) lo = N;
-        auto x = b[h].as_int(-1, std::int64_t{1} << 31);
-        if (x < lo || x > hi)
-          b[h].fail(h == 0   ? cat("the first boundary must be 0, got ", x)
-                    : h == H ? cat("the last boundary must be N_CTA = ", N, ", got ", x)
-                             : cat("must be in [",
-                                   lo,
-                                   ", ",
-                                   hi,
-                                   "] (every head keeps at least one CTA), got ",
-                                   x));
-        p.splits.cta_begin.push_back(static_cast<std::int32_t>(x));
-      }
-      for (std::size_t h = 0; h < H; ++h) p.splits.phi.push_back(f[h].as_double(0, 1e300));
+      for (std::size_t h = 0; h <= H; ++h) p.splits.cta_begin.push_back(any_i32(b[h]));
+      for (std::size_t h = 0; h < H; ++h) p.splits.phi.push_back(f[h].as_double(-1e300, 1e300));
     }
+  }
+  if (auto f = detail::plan_fault(p)) {
+    std::string_view field = f->field;  // the file holds the grouping's fields at the top level
+    if (field.substr(0, 9) == "grouping.") field.remove_prefix(9);
+    TANGRAM_FAIL(parse_error, detail::printable(source), ": ", field, ": ", f->what);
   }
   return p;
 }
 
 /**
- * @brief Serialises a static plan as `tangram-static-plan/v1` JSON, after validating it as a
- * load would.
- * @throw invalid_argument when the plan is inconsistent (message names the field) or its text
+ * @brief Serialises a static plan as `tangram-static-plan/v1` JSON, after checking it as the
+ * manager and a load do (`validate_plan`), then reading the text back.
+ * @throw invalid_argument when the plan is inconsistent ("static_plan: <field>: ...") or its text
  *        exceeds `plan_file_limits::max_bytes` (message names the limit).
  */
 inline std::string to_json(static_plan const& p) {
+  validate_plan(p);
   std::string text = detail::json::dump(detail::plan_to_json_value(p));
   TANGRAM_EXPECTS(text.size() <= plan_file_limits::max_bytes,
                   invalid_argument,
@@ -531,9 +438,11 @@ inline std::string plan_difference(static_plan const& a, static_plan const& b) {
   for (std::size_t i = 0; i < ga.slots.size(); ++i)
     if (ga.slots[i].group != gb.slots[i].group || ga.slots[i].column != gb.slots[i].column)
       return cat("grouping.slots[", i, "]");
-  if (a.splits.num_layers != b.splits.num_layers ||
-      a.splits.num_kv_heads != b.splits.num_kv_heads || a.splits.num_ctas() != b.splits.num_ctas())
+  if (a.splits.num_layers != b.splits.num_layers || a.splits.num_kv_heads != b.splits.num_kv_heads)
     return "splits: shape";
+  if (a.splits.limits.sm_count != b.splits.limits.sm_count ||
+      a.splits.limits.ctas_per_sm != b.splits.limits.ctas_per_sm)
+    return "splits.limits";
   if (a.splits.cta_begin != b.splits.cta_begin) return "splits.cta_begin";
   if (a.splits.phi != b.splits.phi) return "splits.phi";
   return "";

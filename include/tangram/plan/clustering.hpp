@@ -34,15 +34,23 @@ namespace tangram {
  * grouped in index order.
  * @throw invalid_argument when Hp does not divide the number of heads of a scope, naming both.
  */
-inline head_grouping cluster_heads(std::vector<head_rule> const& rules, std::int32_t num_layers,
-                                   std::int32_t num_kv_heads, std::int32_t group_size,
+inline head_grouping cluster_heads(std::vector<head_rule> const& rules,
+                                   std::int32_t num_layers,
+                                   std::int32_t num_kv_heads,
+                                   std::int32_t group_size,
                                    grouping_scope scope) {
-  TANGRAM_EXPECTS(num_layers >= 1 && num_kv_heads >= 1, invalid_argument,
-                  "cluster_heads: need at least one layer and one head, got ", num_layers, " x ",
+  TANGRAM_EXPECTS(num_layers >= 1 && num_kv_heads >= 1,
+                  invalid_argument,
+                  "cluster_heads: need at least one layer and one head, got ",
+                  num_layers,
+                  " x ",
                   num_kv_heads);
   TANGRAM_EXPECTS(rules.size() == static_cast<std::size_t>(num_layers) * num_kv_heads,
-                  invalid_argument, "cluster_heads: expected ", num_layers * num_kv_heads,
-                  " rules, got ", rules.size());
+                  invalid_argument,
+                  "cluster_heads: expected ",
+                  num_layers * num_kv_heads,
+                  " rules, got ",
+                  rules.size());
   TANGRAM_EXPECTS(group_size >= 1, invalid_argument, "group_size: must be >= 1, got ", group_size);
 
   head_grouping out;
@@ -61,7 +69,7 @@ inline head_grouping cluster_heads(std::vector<head_rule> const& rules, std::int
   std::map<key, std::vector<head_ref>> buckets;
   for (std::int32_t l = 0; l < num_layers; ++l) {
     for (std::int32_t h = 0; h < num_kv_heads; ++h) {
-      auto const& r = rule_of({l, h});
+      auto const& r          = rule_of({l, h});
       std::int32_t layer_key = scope == grouping_scope::global ? -1 : l;
       buckets[key{layer_key, static_cast<int>(r.kind), r.window, r.protect}].push_back({l, h});
     }
@@ -75,14 +83,29 @@ inline head_grouping cluster_heads(std::vector<head_rule> const& rules, std::int
 
   for (auto const& [first, k] : order) {
     std::vector<head_ref> members = buckets[k];
-    auto kind = static_cast<layer_kind>(std::get<1>(k));
+    auto kind                     = static_cast<layer_kind>(std::get<1>(k));
     if (members.size() % static_cast<std::size_t>(group_size) != 0) {
       if (scope == grouping_scope::global)
-        TANGRAM_FAIL(invalid_argument, "group_size: Hp = ", group_size, " does not divide the ",
-                     members.size(), " ", to_string(kind), " heads of the model (scope global)");
-      TANGRAM_FAIL(invalid_argument, "group_size: Hp = ", group_size, " does not divide the ",
-                   members.size(), " ", to_string(kind), " heads of layer ", first.layer,
-                   " (scope ", to_string(scope), ")");
+        TANGRAM_FAIL(invalid_argument,
+                     "group_size: Hp = ",
+                     group_size,
+                     " does not divide the ",
+                     members.size(),
+                     " ",
+                     to_string(kind),
+                     " heads of the model (scope global)");
+      TANGRAM_FAIL(invalid_argument,
+                   "group_size: Hp = ",
+                   group_size,
+                   " does not divide the ",
+                   members.size(),
+                   " ",
+                   to_string(kind),
+                   " heads of layer ",
+                   first.layer,
+                   " (scope ",
+                   to_string(scope),
+                   ")");
     }
     if (kind == layer_kind::compressed && scope != grouping_scope::adjacent) {
       std::stable_sort(members.begin(), members.end(), [&](head_ref a, head_ref b) {
@@ -91,7 +114,8 @@ inline head_grouping cluster_heads(std::vector<head_rule> const& rules, std::int
         return std::tie(a.layer, a.head) < std::tie(b.layer, b.head);
       });
     }
-    for (std::size_t start = 0; start < members.size(); start += static_cast<std::size_t>(group_size)) {
+    for (std::size_t start = 0; start < members.size();
+         start += static_cast<std::size_t>(group_size)) {
       head_group g;
       g.members.reserve(static_cast<std::size_t>(group_size));
       for (std::size_t i = start; i < start + static_cast<std::size_t>(group_size); ++i)
@@ -99,12 +123,12 @@ inline head_grouping cluster_heads(std::vector<head_rule> const& rules, std::int
       std::sort(g.members.begin(), g.members.end(), [](head_ref a, head_ref b) {
         return std::tie(a.layer, a.head) < std::tie(b.layer, b.head);
       });
-      g.rule = rule_of(g.members.front());
-      for (auto m : g.members) g.rule.budget = std::max(g.rule.budget, rule_of(m).budget);
+      g.rule   = detail::group_rule_of(g.members, rules, num_kv_heads);
       auto gid = static_cast<std::int32_t>(out.groups.size());
       for (std::size_t c = 0; c < g.members.size(); ++c) {
-        auto m = g.members[c];
-        out.slots[static_cast<std::size_t>(m.layer) * num_kv_heads + m.head] = {gid, static_cast<std::int32_t>(c)};
+        auto m                                                               = g.members[c];
+        out.slots[static_cast<std::size_t>(m.layer) * num_kv_heads + m.head] = {
+            gid, static_cast<std::int32_t>(c)};
       }
       out.groups.push_back(std::move(g));
     }

@@ -25,7 +25,8 @@ namespace tangram {
  * profile does not cover take their kind from the model: sliding_window keeps its window, and a
  * full-attention layer without budgets is kept uncompressed.
  * @throw invalid_argument when the profile does not fit the model (layer count, head count, or a
- * profiled layer that the model says is sliding-window).
+ * profiled layer that the model says is sliding-window), or the rank is not one of tp_size (it
+ * used to read past the profile's budgets).
  */
 inline std::vector<head_rule> head_rules_for(model_spec const& model,
                                              budget_profile const& profile,
@@ -58,6 +59,14 @@ inline std::vector<head_rule> head_rules_for(model_spec const& model,
                   " does not divide the model's ",
                   model.num_kv_heads,
                   " KV heads");
+  TANGRAM_EXPECTS(tp_rank >= 0 && tp_rank < tp_size,
+                  invalid_argument,
+                  "tp_rank: must be in [0, ",
+                  tp_size - 1,
+                  "] for tp_size ",
+                  tp_size,
+                  ", got ",
+                  tp_rank);
   for (auto id : profile.layer_ids)
     TANGRAM_EXPECTS(model.layers[static_cast<std::size_t>(id)].kind != layer_kind::sliding_window,
                     invalid_argument,

@@ -33,8 +33,15 @@
  * never skips a larger later one), and stops before the first zero; no set of at most as many
  * prefix-closed gains has a larger sum. Hence the greedy is optimal, not just within a bound.
  *
- * Cost: O(H + (pages given above the floors) * (Hp + log G)); no allocation beyond the result and
- * a heap of G entries. Host only; pure; safe to call from any thread.
+ * Computed without a per-page loop, so the cost does not grow with the context length. A group's
+ * gains form runs of equal value: member h adds P while p < floor(need_h / P), need_h mod P at
+ * p = floor(need_h / P) and nothing after, so d_g changes only at p = floor(need_h / P) and one
+ * page later, at most 2 Hp + 1 runs per group. The greedy's heap merges the groups' non-increasing
+ * gain sequences by (gain descending, group ascending), page by page; taking whole runs in that
+ * order, (gain descending, group ascending, first page ascending), and cutting the last one at the
+ * reservation gives the same pages, tie for tie (checked against the per-page greedy in
+ * test/plan/elastic_test.cpp). Cost: O(H log H) (a sort of at most 2H + G runs); memory O(H).
+ * Host only; pure; safe to call from any thread.
  */
 #pragma once
 
@@ -147,19 +154,48 @@ struct elastic_selection_input {
   }
 };
 
-/// Wanted tokens the next page of a group at `pages` pages adds: sum of clamp(need - pages P, 0,
-/// P).
-inline std::int64_t elastic_page_gain(elastic_selection_input const& in,
-                                      std::size_t group,
-                                      std::int64_t pages) {
-  std::int64_t len = pages * in.page_tokens, gain = 0;
-  auto hp = static_cast<std::size_t>(in.group_size);
-  for (std::size_t c = 0; c < hp; ++c) {
-    auto need = (*in.needs)[static_cast<std::size_t>((*in.members)[group * hp + c])];
-    gain += std::clamp<std::int64_t>(need - len, 0, in.page_tokens);
+namespace detail {
+
+/// A run of equal gains of one group: `pages` consecutive pages from `first`, each adding `gain`
+/// wanted tokens.
+struct gain_run {
+  std::int64_t gain  = 0;
+  std::int64_t first = 0;
+  std::int64_t pages = 0;
+  std::size_t group  = 0;
+};
+
+/// Appends the positive-gain runs of a group above `lo` pages, from its members' needs
+/// (`sorted`, ascending; `prefix[i]` = sum of the first i): d(p) = P #{need >= (p + 1) P} +
+/// sum of (need - p P) over needs in (p P, (p + 1) P).
+inline void append_gain_runs(std::vector<std::int64_t> const& sorted,
+                             std::vector<std::int64_t> const& prefix,
+                             std::int64_t P,
+                             std::int64_t lo,
+                             std::size_t group,
+                             std::vector<std::int64_t>& points,
+                             std::vector<gain_run>& out) {
+  points.assign(1, lo);
+  for (auto n : sorted)
+    for (auto q : {n / P, n / P + 1})
+      if (q > lo) points.push_back(q);
+  std::sort(points.begin(), points.end());
+  points.erase(std::unique(points.begin(), points.end()), points.end());
+  auto count_below = [&](std::int64_t x) {  // needs < x
+    return static_cast<std::size_t>(std::lower_bound(sorted.begin(), sorted.end(), x) -
+                                    sorted.begin());
+  };
+  for (std::size_t i = 0; i + 1 < points.size(); ++i) {
+    std::int64_t p = points[i], len = p * P;
+    std::size_t a = count_below(len + 1), b = count_below(len + P);  // needs in (len, len + P)
+    auto full         = static_cast<std::int64_t>(sorted.size() - b);
+    std::int64_t gain = P * full + (prefix[b] - prefix[a]) - len * static_cast<std::int64_t>(b - a);
+    if (gain <= 0) break;  // gains never increase: the rest are zero
+    out.push_back({gain, p, points[i + 1] - p, group});
   }
-  return gain;
 }
+
+}  // namespace detail
 
 /**
  * @brief Chooses every group's length in pages (the greedy of the file comment; optimal).
@@ -175,29 +211,39 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
   std::size_t G     = heads / static_cast<std::size_t>(in.group_size);
   elastic_selection out;
   for (auto n : needs)
-    out.wanted_total = ::tangram::detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
+    out.wanted_total =
+        ::tangram::detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
   std::int64_t lo = ceil_div(std::min(in.candidates, in.protect), in.page_tokens);
-  auto floors = ::tangram::detail::mul_checked(lo, static_cast<std::int64_t>(G)).value_or(in.budget_pages + 1);
+  auto floors     = ::tangram::detail::mul_checked(lo, static_cast<std::int64_t>(G))
+                    .value_or(in.budget_pages + 1);
   if (floors > in.budget_pages) return out;
 
   out.fits = true;
   out.group_pages.assign(G, lo);
   out.pages_used = floors;
-  // Max-heap on (gain, -group): the largest gain first, ties to the lower group index.
-  using entry = std::pair<std::int64_t, std::int64_t>;
-  std::priority_queue<entry> heap;
-  for (std::size_t g = 0; g < G; ++g)
-    if (auto d = elastic_page_gain(in, g, lo); d > 0)
-      heap.emplace(d, -static_cast<std::int64_t>(g));
-  while (out.pages_used < in.budget_pages && !heap.empty()) {
-    auto g = static_cast<std::size_t>(-heap.top().second);
-    heap.pop();
-    ++out.group_pages[g];
-    ++out.pages_used;
-    if (auto d = elastic_page_gain(in, g, out.group_pages[g]); d > 0)
-      heap.emplace(d, -static_cast<std::int64_t>(g));
+  auto hp        = static_cast<std::size_t>(in.group_size);
+  std::vector<detail::gain_run> runs;
+  runs.reserve(2 * heads + G);
+  std::vector<std::int64_t> sorted(hp), prefix(hp + 1), points;
+  for (std::size_t g = 0; g < G; ++g) {
+    for (std::size_t c = 0; c < hp; ++c)
+      sorted[c] = needs[static_cast<std::size_t>((*in.members)[g * hp + c])];
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t c = 0; c < hp; ++c) prefix[c + 1] = prefix[c] + sorted[c];
+    detail::append_gain_runs(sorted, prefix, in.page_tokens, lo, g, points, runs);
   }
-  auto hp = static_cast<std::size_t>(in.group_size);
+  // The greedy's order: the largest gain first, ties to the lower group, a group's pages in order.
+  std::sort(runs.begin(), runs.end(), [](detail::gain_run const& a, detail::gain_run const& b) {
+    if (a.gain != b.gain) return a.gain > b.gain;
+    if (a.group != b.group) return a.group < b.group;
+    return a.first < b.first;
+  });
+  for (auto const& r : runs) {
+    std::int64_t take = std::min(r.pages, in.budget_pages - out.pages_used);
+    if (take <= 0) break;
+    out.group_pages[r.group] += take;
+    out.pages_used += take;
+  }
   for (std::size_t g = 0; g < G; ++g) {
     std::int64_t len = out.group_pages[g] * in.page_tokens;
     for (std::size_t c = 0; c < hp; ++c) {

@@ -2,6 +2,8 @@
 // Device tensors from DLPack or __cuda_array_interface__, and streams (device_tensor.hpp).
 #include "device_tensor.hpp"
 
+#include "../dtypes.hpp"
+
 #include <nanobind/stl/string.h>
 
 #include <sstream>
@@ -16,27 +18,6 @@ namespace tangram::python {
 namespace {
 
 using code = nb::dlpack::dtype_code;
-
-std::string dtype_name(nb::dlpack::dtype t) {
-  char const* kind = "?";
-  switch (static_cast<code>(t.code)) {
-    case code::Int:
-      kind = "int";
-      break;
-    case code::UInt:
-      kind = "uint";
-      break;
-    case code::Float:
-      kind = "float";
-      break;
-    case code::Bfloat:
-      kind = "bfloat";
-      break;
-    default:
-      break;
-  }
-  return kind + std::to_string(t.bits);
-}
 
 /// A __cuda_array_interface__ typestr ("<f4", "|u1", ...) as a DLPack dtype.
 nb::dlpack::dtype dtype_from_typestr(std::string const& s, char const* name) {

@@ -19,6 +19,7 @@
 #include "tangram/io/model_spec.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/head_grouping.hpp"
+#include "tangram/plan/plan_checks.hpp"
 #include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
@@ -50,32 +51,6 @@ inline head_rule rule_from_json(json::node const& n) {
   } else if (r.kind == layer_kind::sliding_window) {
     r.window = static_cast<std::int32_t>(n["window"].as_int(1, model_limits::max_window));
   }
-  return r;
-}
-
-inline std::string describe_rule(head_rule const& r) {
-  switch (r.kind) {
-    case layer_kind::compressed:
-      return cat("compressed (budget ", r.budget, ", protect ", r.protect, ")");
-    case layer_kind::sliding_window:
-      return cat("sliding_window (window ", r.window, ")");
-    case layer_kind::uncompressed:
-      return "uncompressed";
-  }
-  return "?";
-}
-
-/// The rule that sizes a group: its first member's rule with the largest member budget
-/// (what cluster_heads assigns).
-inline head_rule group_rule_of(std::vector<head_ref> const& members,
-                               std::vector<head_rule> const& rules,
-                               std::int32_t num_kv_heads) {
-  auto at = [&](head_ref m) -> head_rule const& {
-    return rules[static_cast<std::size_t>(m.layer) * static_cast<std::size_t>(num_kv_heads) +
-                 static_cast<std::size_t>(m.head)];
-  };
-  head_rule r = at(members.front());
-  for (auto m : members) r.budget = std::max(r.budget, at(m).budget);
   return r;
 }
 

@@ -18,6 +18,7 @@
 #include "tangram/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 #include "tangram/memory/page_pool.hpp"
+#include "tangram/plan/plan_checks.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram::detail {
@@ -25,30 +26,13 @@ namespace tangram::detail {
 /// Tokens a sequence may reach: its lengths are int32 in the view.
 inline constexpr std::int64_t max_tokens = std::numeric_limits<std::int32_t>::max();
 
-/// The plan, after checking what the manager relies on. @throw invalid_argument naming the field.
+/// The plan, after the one consistency check every plan consumer runs (`validate_plan`,
+/// plan/plan_checks.hpp: the plan file reader runs it too, so the manager accepts exactly the plans
+/// a file could hold). A head whose rule exceeds its group's would let eviction keep more tokens
+/// than the group's pages hold and write into another sequence's pages.
+/// @throw invalid_argument "static_plan.<field>: ..." naming the field and the values.
 inline static_plan const& checked_plan(static_plan const& plan) {
-  plan.geometry.validate();
-  plan.grouping.validate();
-  TANGRAM_EXPECTS(plan.rules.size() == static_cast<std::size_t>(plan.num_layers) *
-                                           static_cast<std::size_t>(plan.num_kv_heads),
-                  invalid_argument,
-                  "static_plan.rules: expected ",
-                  plan.num_layers * plan.num_kv_heads,
-                  " rules, got ",
-                  plan.rules.size());
-  plan.options.reservation.validate();
-  TANGRAM_EXPECTS(plan.options.reservation.mode != reservation_mode::elastic ||
-                      (plan.profile.target_keep_ratio > 0 && plan.profile.target_keep_ratio <= 1),
-                  invalid_argument,
-                  "static_plan.options.reservation: elastic reservation needs the profile's "
-                  "target_keep_ratio in (0, 1], got ",
-                  plan.profile.target_keep_ratio);
-  TANGRAM_EXPECTS(plan.grouping.group_size == plan.geometry.group_size,
-                  invalid_argument,
-                  "static_plan.geometry.group_size: ",
-                  plan.geometry.group_size,
-                  " differs from the grouping's ",
-                  plan.grouping.group_size);
+  validate_plan(plan);
   return plan;
 }
 /// The options with every 0 ("derive it") resolved against the plan.
