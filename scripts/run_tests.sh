@@ -54,12 +54,13 @@ stage_names=()
 stage_secs=()
 current=""
 current_start=0
+# stage NAME DESCRIPTION
 stage() {
   end_stage
   current=$1
   current_start=$(date +%s)
   echo
-  echo "=== $1 ($(date +%T))"
+  echo "=== $1: $2 ($(date +%T))"
 }
 end_stage() {
   if [ -n "$current" ]; then
@@ -74,11 +75,11 @@ print_times() {
   echo
   echo "=== stage wall times"
   for i in "${!stage_names[@]}"; do
-    printf '  %-8s %5d s  (%d min %02d s)\n' "${stage_names[$i]%%:*}" "${stage_secs[$i]}" \
+    printf '  %-16s %5d s  (%d min %02d s)\n' "${stage_names[$i]}" "${stage_secs[$i]}" \
       $((stage_secs[i] / 60)) $((stage_secs[i] % 60))
   done
   local total=$(($(date +%s) - run_start))
-  printf '  %-8s %5d s  (%d min %02d s)\n' total "$total" $((total / 60)) $((total % 60))
+  printf '  %-16s %5d s  (%d min %02d s)\n' total "$total" $((total / 60)) $((total % 60))
   [ "$status" -eq 0 ] || echo "=== FAILED in stage: ${stage_names[${#stage_names[@]} - 1]:-setup}"
 }
 trap 'print_times $?' EXIT
@@ -106,20 +107,22 @@ if command -v ccache >/dev/null; then
 fi
 
 if want main; then
-  stage "main: fresh-machine check (the README's main command, Catch2 and Google Benchmark hidden)"
+  stage main/fresh "fresh-machine check (the README's main command, Catch2 and Google Benchmark hidden)"
   # The README's command exactly (CUDA left on: the CLI must not need nvcc's work), into the
   # folder the rest of this stage reuses.
   configure_log=$(cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON)
+    -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON 2>&1) ||
+    { echo "$configure_log"; exit 1; }
   # Configure must say what it skipped (one line per framework) rather than fail.
   for skipped in "Catch2 2.x not found" "Google Benchmark >= 1.7 not found"; do
     grep -F "$skipped" <<<"$configure_log" || { echo "configure did not report: $skipped"; exit 1; }
   done
-  cli_log=$(cmake --build "$build" -j"$jobs" --target tangram_cli) || { echo "$cli_log"; exit 1; }
+  cli_log=$(cmake --build "$build" -j"$jobs" --target tangram_cli 2>&1) || { echo "$cli_log"; exit 1; }
   if grep -F "Building CUDA" <<<"$cli_log"; then
     echo "the main command compiled CUDA sources (above); tangram_cli must not need the kernels"
     exit 1
   fi
+  echo "main command: $(grep -c 'Building CXX' <<<"$cli_log" || true) C++ files compiled, no CUDA file"
   # Exactly the README's command; its progress line (stderr) is shown only on failure.
   table=$("$build/tangram" simulate 2>"$build/simulate.err") || { cat "$build/simulate.err"; exit 1; }
   grep -E '^ +resident sessions, peak( +[0-9]+)+$' <<<"$table" ||
@@ -127,11 +130,11 @@ if want main; then
   if command -v nvcc >/dev/null; then
     # The bare GPU machine's build path, in the same folder: its kernels, GPU tests and GPU
     # benchmarks are the main build's (nvcc runs once per kernel).
-    stage "main: scripts/gpu_check.sh --build-only (the bare GPU machine's build path)"
+    stage main/gpu-check "scripts/gpu_check.sh --build-only (the bare GPU machine's build path)"
     TANGRAM_GPU_BUILD_DIR="$build" scripts/gpu_check.sh --build-only "$build/gpu-check"
   fi
 
-  stage "main: build and ctest"
+  stage main/build "build and ctest"
   # Required here (a plain configure only skips them): CI must never pass with the suites
   # missing. The options gpu_check.sh set for the GPU machine are set back.
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
@@ -144,7 +147,7 @@ if want main; then
 fi
 
 if want python; then
-  stage "python: pip install . into a fresh virtual environment, then pytest"
+  stage python "pip install . into a fresh virtual environment, then pytest"
   venv="$build-python"
   rm -rf "$venv"
   python3 -m venv "$venv"
@@ -170,7 +173,7 @@ if want python; then
 fi
 
 if want asan; then
-  stage "asan: CPU suites under AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
+  stage asan "CPU suites under AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
   # clang compiles the instrumented suites in about half of g++'s time (-O1 -g1 on a memory test
   # file: 23 s against 42 s); warnings are the main build's business (g++ -Werror). The fuzz
   # harnesses build here too (clang is what they need).
@@ -198,17 +201,17 @@ if want asan; then
 fi
 
 if want tsan; then
-  stage "tsan: concurrent engine test under ThreadSanitizer"
+  stage tsan "concurrent engine test under ThreadSanitizer"
   scripts/tsan.sh "[concurrent]"  # the only tests with threads; the rest run natively and under ASan
 fi
 
 if want soak; then
-  stage "soak: operation storms"
+  stage soak "operation storms"
   SOAK_SECONDS=${SOAK_SECONDS:-45} TANGRAM_BUILD_DIR="$build" scripts/soak.sh
 fi
 
 if want valgrind; then
-  stage "valgrind: memcheck over the CPU test executables"
+  stage valgrind "memcheck over the CPU test executables"
   command -v valgrind >/dev/null || { echo "valgrind not installed"; exit 1; }
   [ -f "$build/CMakeCache.txt" ] ||
     cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTANGRAM_ENABLE_CUDA=OFF >/dev/null
@@ -226,7 +229,7 @@ if want valgrind; then
 fi
 
 if want emu; then
-  stage "emu: the whole kernel emulation grid natively"
+  stage emu "the whole kernel emulation grid natively"
   [ -f "$build/CMakeCache.txt" ] ||
     cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTANGRAM_ENABLE_CUDA=OFF >/dev/null
   cmake --build "$build" -j"$jobs" --target tangram_emu_tests
@@ -234,7 +237,7 @@ if want emu; then
 fi
 
 if want fuzz; then
-  stage "fuzz: libFuzzer harnesses"
+  stage fuzz "libFuzzer harnesses, FUZZ_SECONDS each"
   FUZZ_SECONDS=${FUZZ_SECONDS:-60} scripts/fuzz.sh
 fi
 
