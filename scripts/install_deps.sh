@@ -44,10 +44,9 @@ for s in "${stages[@]}"; do
       python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || need python3-dev
       ;;
     tsan | emu) has_header catch2/catch.hpp || need catch2 ;;
-    asan) # clang builds the instrumented suites and the libFuzzer harnesses (their replay)
+    asan) # clang builds the instrumented suites
       has_header catch2/catch.hpp || need catch2
       command -v clang++ >/dev/null || need clang
-      has_libfuzzer || need libclang-rt-dev
       ;;
     valgrind)
       has_header catch2/catch.hpp || need catch2

@@ -18,9 +18,9 @@
 #   python    `pip install .` (with the CUDA kernels where nvcc exists, linking the main build's
 #             kernel library rather than compiling it again) into a fresh virtual environment, its
 #             pytest suite and the Python engine loop example beside its C++ twin
-#   asan      the CPU suites under AddressSanitizer + UndefinedBehaviorSanitizer (clang), the
-#             emulation suite as in main less what adds only length; the libFuzzer harnesses
-#             built in the same folder replay their seed corpora and every past finding
+#   asan      the CPU suites under AddressSanitizer + UndefinedBehaviorSanitizer (clang), among
+#             them the replay of every fuzzer finding and seed (core suite); the emulation suite
+#             as in main, less the mutation checks
 #   tsan      the concurrent engine tests ([concurrent], the only multi-threaded ones) under TSan
 #   soak      random operation storms against the memory manager (tangram_soak, bounded time)
 # Extended stages:
@@ -175,29 +175,17 @@ fi
 if want asan; then
   stage asan "CPU suites under AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
   # clang compiles the instrumented suites in about half of g++'s time (-O1 -g1 on a memory test
-  # file: 23 s against 42 s); warnings are the main build's business (g++ -Werror). The fuzz
-  # harnesses build here too (clang is what they need).
+  # file: 23 s of CPU against 42 s); warnings are the main build's business (g++ -Werror).
   CC=clang CXX=clang++ cmake -S . -B build-asan "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" -DTANGRAM_SANITIZE=address,undefined \
     -DTANGRAM_ENABLE_CUDA=OFF -DTANGRAM_BUILD_BENCHMARKS=OFF -DTANGRAM_BUILD_EXAMPLES=OFF \
-    -DTANGRAM_BUILD_FUZZERS=ON -DTANGRAM_WERROR=OFF -DTANGRAM_INSTALL=OFF \
-    -DCMAKE_REQUIRE_FIND_PACKAGE_Catch2=ON >/dev/null
-  harnesses=()
-  for f in fuzz/fuzz_*.cpp; do harnesses+=("$(basename "$f" .cpp)"); done
-  cmake --build build-asan -j"$jobs" --target "${asan_suites[@]}" "${harnesses[@]}"
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-  TANGRAM_EMU_MAX_SCHEDULES=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" -L cpu \
-    -E "^((consumer|headers|install):|$emu_extended_only|$emu_native_only)"
-  # Every past finding and seed through the harnesses themselves (-runs=0: no new inputs).
-  for h in "${harnesses[@]}"; do
-    name=${h#fuzz_}
-    inputs=()
-    for kind in corpus regressions; do [ -d "fuzz/$kind/$name" ] && inputs+=("fuzz/$kind/$name"); done
-    echo "-- $h: replaying ${inputs[*]}"
-    "build-asan/fuzz/$h" -runs=0 "${inputs[@]}" 2>"build-asan/$h.log" ||
-      { tail -40 "build-asan/$h.log"; exit 1; }
-  done
-  unset ASAN_OPTIONS UBSAN_OPTIONS
+    -DTANGRAM_WERROR=OFF -DTANGRAM_INSTALL=OFF -DCMAKE_REQUIRE_FIND_PACKAGE_Catch2=ON >/dev/null
+  cmake --build build-asan -j"$jobs" --target "${asan_suites[@]}"
+  # The core suite replays every fuzzer finding and seed (fuzz/regressions, fuzz/corpus) through
+  # the harnesses' properties here as well as natively.
+  TANGRAM_EMU_MAX_SCHEDULES=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
+    -L cpu -E "^((consumer|headers|install):|$emu_extended_only|$emu_native_only)"
 fi
 
 if want tsan; then
