@@ -2,14 +2,15 @@
 # Installs, with apt-get, what scripts/run_tests.sh needs and the machine lacks (Debian/Ubuntu).
 # Idempotent and non-interactive: when everything is present it does nothing and exits 0.
 #   scripts/install_deps.sh                  everything every stage needs
-#   scripts/install_deps.sh main fuzz        only what those run_tests.sh stages need
+#   scripts/install_deps.sh main asan        only what those run_tests.sh stages need
 # Runs `apt-get update` only when the package lists are empty or an install fails. Needs root to
-# install; otherwise it prints the apt-get command to run and exits 1. ccache is installed for the
-# main stage (it saves compiling the kernels twice); the scripts use it whenever it is present.
+# install; otherwise it prints the apt-get command to run and exits 1. ccache (rebuilds reuse
+# objects) and ninja (per-step times in .ninja_log) are installed for the main stage; the scripts
+# use them whenever they are present.
 set -euo pipefail
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(main python asan valgrind tsan soak fuzz)
+[ ${#stages[@]} -gt 0 ] || stages=(main python asan tsan soak valgrind emu fuzz)
 
 # has_header <relative path>: the header is in a default include directory.
 has_header() { [ -f "/usr/include/$1" ] || [ -f "/usr/local/include/$1" ]; }
@@ -24,14 +25,15 @@ missing=()
 need() { [[ " ${missing[*]} " == *" $1 "* ]] || missing+=("$1"); }
 for s in "${stages[@]}"; do
   case $s in
-    main | python | hf | asan | valgrind | tsan | soak | fuzz) ;;
-    *) echo "install_deps.sh: unknown stage '$s' (main, python, hf, asan, valgrind, tsan, soak, fuzz)" >&2; exit 2 ;;
+    main | python | hf | asan | tsan | soak | valgrind | emu | fuzz) ;;
+    *) echo "install_deps.sh: unknown stage '$s' (main, python, hf, asan, tsan, soak, valgrind, emu, fuzz)" >&2; exit 2 ;;
   esac
   command -v cmake >/dev/null || need cmake
   command -v g++ >/dev/null || need g++
   case $s in
     main)
-      command -v ccache >/dev/null || need ccache # the GPU check's build reuses the main build's objects
+      command -v ccache >/dev/null || need ccache
+      command -v ninja >/dev/null || need ninja-build
       has_header catch2/catch.hpp || need catch2
       has_header benchmark/benchmark.h || need libbenchmark-dev
       ;;
@@ -41,7 +43,11 @@ for s in "${stages[@]}"; do
       python3 -c 'import venv, ensurepip' 2>/dev/null || need python3-venv
       python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || need python3-dev
       ;;
-    asan | tsan) has_header catch2/catch.hpp || need catch2 ;;
+    tsan | emu) has_header catch2/catch.hpp || need catch2 ;;
+    asan) # clang builds the instrumented suites
+      has_header catch2/catch.hpp || need catch2
+      command -v clang++ >/dev/null || need clang
+      ;;
     valgrind)
       has_header catch2/catch.hpp || need catch2
       command -v valgrind >/dev/null || need valgrind

@@ -81,8 +81,8 @@ std::unique_ptr<memory_resource> make_memory(std::string const& name, std::int32
     return std::make_unique<cuda_memory_resource>(device);
 #else
     TANGRAM_FAIL(invalid_argument,
-                 "memory: 'cuda' needs the package built with the CUDA kernels (nvcc found at "
-                 "`pip install .`); this one is host-only");
+                 "memory: 'cuda' needs the package built with the CUDA kernels (`pip install . "
+                 "-Ccmake.define.TANGRAM_ENABLE_CUDA=ON`, with nvcc); this one is host-only");
 #endif
   }
   TANGRAM_FAIL(invalid_argument, "memory: must be 'host' or 'cuda', got '", name, "'");
