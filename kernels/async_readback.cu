@@ -193,13 +193,21 @@ bool async_readback::ready(readback_ticket t) {
   return true;
 }
 
-void const* async_readback::part(readback_ticket t, std::int32_t i) const {
-  auto const& c = checked(t, "part");
+async_readback::slot_info const& async_readback::checked_ready(readback_ticket t,
+                                                              char const* op) const {
+  auto const& c = checked(t, op);
   TANGRAM_EXPECTS(c.state == slot_state::ready,
                   logic_error,
-                  "async_readback::part: ticket (slot ",
+                  "async_readback::",
+                  op,
+                  ": ticket (slot ",
                   t.slot,
-                  ") is not ready yet (ask ready() first)");
+                  ") is not ready yet (ask ready() first: its copy may still write the slot)");
+  return c;
+}
+
+void const* async_readback::part(readback_ticket t, std::int32_t i) const {
+  auto const& c = checked_ready(t, "part");
   TANGRAM_EXPECTS(i >= 0 && i < c.parts,
                   invalid_argument,
                   "async_readback::part.i: must be in [0, ",
@@ -210,12 +218,7 @@ void const* async_readback::part(readback_ticket t, std::int32_t i) const {
 }
 
 void async_readback::release(readback_ticket t) {
-  auto const& c = checked(t, "release");
-  TANGRAM_EXPECTS(c.state == slot_state::ready,
-                  logic_error,
-                  "async_readback::release: ticket (slot ",
-                  t.slot,
-                  ") is not ready yet: its copy may still write the slot");
+  (void)checked_ready(t, "release");
   info_[static_cast<std::size_t>(t.slot)].state = slot_state::free;
   --in_use_;
 }

@@ -121,6 +121,7 @@ class async_readback {
   void destroy() noexcept;
   void swap(async_readback& other) noexcept;
   [[nodiscard]] slot_info const& checked(readback_ticket t, char const* op) const;
+  [[nodiscard]] slot_info const& checked_ready(readback_ticket t, char const* op) const;
 
   std::size_t slot_bytes_ = 0;
   std::int32_t slots_     = 0;
