@@ -16,9 +16,9 @@
 // - elastic_vs_static/<scorer>/<model>/hp{4,1}: every bundled sample (Llama-3.1-8B and Qwen3-4B)
 //   as one request (its own context, chunks of 4096) through two managers side by side: static
 //   mu + 2 sigma budgets, and elastic reservation (groups of 4 at margin 0.15, or the defaults:
-//   per-head pages at default_elastic_margin). The scorer's per-head needs come from the sample (exact at the
-//   last chunk; scaled by tokens seen for earlier chunks: modelled). Static heads keep
-//   min(need, budget); elastic groups get the optimal placement within elastic_page_limit.
+//   per-head pages at default_elastic_margin). The scorer's per-head needs come from the sample
+//   (exact at the last chunk; scaled by tokens seen for earlier chunks: modelled). Static heads
+//   keep min(need, budget); elastic groups get the optimal placement within elastic_page_limit.
 //   Counters: pages reserved at admission and held after prefill over the ideal (needs / Hp P),
 //   staging, and the fraction of wanted tokens clipped. In-sample: budgets and margin come from
 //   the same samples (held-out figures: `tangram calibrate --reservation elastic --compare`).

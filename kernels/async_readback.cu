@@ -36,8 +36,9 @@ async_readback::async_readback(std::size_t slot_bytes, std::int32_t slots, std::
   if (guard.status() != cudaSuccess) readback_fail("cudaSetDevice", guard.status());
   events_.assign(static_cast<std::size_t>(slots), nullptr);
   info_.assign(static_cast<std::size_t>(slots), slot_info{});
-  void* p         = nullptr;
-  cudaError_t err = cudaHostAlloc(&p, slot_bytes * static_cast<std::size_t>(slots), cudaHostAllocDefault);
+  void* p = nullptr;
+  cudaError_t err =
+      cudaHostAlloc(&p, slot_bytes * static_cast<std::size_t>(slots), cudaHostAllocDefault);
   if (err != cudaSuccess) {
     destroy();
     readback_fail("cudaHostAlloc of the pinned slots", err);
@@ -74,7 +75,8 @@ void async_readback::destroy() noexcept {
     detail::device_guard guard(device_id_);
     // A copy still in flight writes its slot: wait for it before the pinned block goes.
     for (std::size_t i = 0; i < events_.size(); ++i) {
-      if (events_[i] && info_[i].state == slot_state::pending) (void)cudaEventSynchronize(events_[i]);
+      if (events_[i] && info_[i].state == slot_state::pending)
+        (void)cudaEventSynchronize(events_[i]);
       if (events_[i]) (void)cudaEventDestroy(events_[i]);
     }
     if (pinned_) (void)cudaFreeHost(pinned_);
@@ -194,7 +196,7 @@ bool async_readback::ready(readback_ticket t) {
 }
 
 async_readback::slot_info const& async_readback::checked_ready(readback_ticket t,
-                                                              char const* op) const {
+                                                               char const* op) const {
   auto const& c = checked(t, op);
   TANGRAM_EXPECTS(c.state == slot_state::ready,
                   logic_error,

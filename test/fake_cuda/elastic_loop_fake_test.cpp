@@ -70,7 +70,7 @@ struct gpu_step {
 
   void run() {
     std::int32_t const L = plan->num_layers, H = plan->num_kv_heads;
-    auto const B         = static_cast<std::size_t>(view.batch_size);
+    auto const B = static_cast<std::size_t>(view.batch_size);
     for (std::int32_t l = 0; l < L; ++l) {
       eviction_params p;
       p.kv             = view;
@@ -82,7 +82,7 @@ struct gpu_step {
       p.chunk_v        = chunk_v.data();
       p.max_candidates = max_candidates;
       p.source         = score_source::supplied;
-      p.scores         = scores.data() + static_cast<std::size_t>(l) * B * static_cast<std::size_t>(H) *
+      p.scores = scores.data() + static_cast<std::size_t>(l) * B * static_cast<std::size_t>(H) *
                                      static_cast<std::size_t>(max_candidates);
       p.new_len    = stage_len.data();
       p.stage_keys = keys.data();
@@ -127,13 +127,13 @@ std::unique_ptr<gpu_step> make_step(static_plan const& plan,
   g->view = run_view;
   g->indptr.assign(1, 0);
   for (auto q : batch)
-    g->indptr.push_back(g->indptr.back() +
-                        static_cast<std::int32_t>(std::min(spec[q].chunk, spec[q].prompt - st[q].seen)));
+    g->indptr.push_back(g->indptr.back() + static_cast<std::int32_t>(std::min(
+                                               spec[q].chunk, spec[q].prompt - st[q].seen)));
   auto B = static_cast<std::int32_t>(batch.size());
   for (std::int32_t r = 0; r < B; ++r)
     for (std::int32_t i = 0; i < L * H; ++i)
-      g->max_candidates = std::max(g->max_candidates,
-                                   host_view.head_len(r, i / H, i % H) + g->indptr[r + 1] - g->indptr[r]);
+      g->max_candidates = std::max(
+          g->max_candidates, host_view.head_len(r, i / H, i % H) + g->indptr[r + 1] - g->indptr[r]);
   std::int32_t rows = g->indptr.back();
   g->chunk_k.resize(static_cast<std::size_t>(rows * H * d));
   g->chunk_v.resize(g->chunk_k.size());
@@ -142,9 +142,9 @@ std::unique_ptr<gpu_step> make_step(static_plan const& plan,
     for (std::int32_t t = g->indptr[r]; t < g->indptr[r + 1]; ++t)
       for (std::int32_t h = 0; h < H; ++h)
         for (std::int32_t x = 0; x < d; ++x) {
-          auto pos = static_cast<std::uint64_t>(st[q].seen + t - g->indptr[r]);
-          auto at  = static_cast<std::size_t>((t * H + h) * d + x);
-          float id = static_cast<float>(q * 1000 + pos);  // element 0: the token's id
+          auto pos       = static_cast<std::uint64_t>(st[q].seen + t - g->indptr[r]);
+          auto at        = static_cast<std::size_t>((t * H + h) * d + x);
+          float id       = static_cast<float>(q * 1000 + pos);  // element 0: the token's id
           g->chunk_k[at] = x == 0 ? id : hash01(q, pos, static_cast<std::uint64_t>(h), 1 + x);
           g->chunk_v[at] = x == 0 ? id : hash01(q, pos, static_cast<std::uint64_t>(h), 100 + x);
         }
@@ -156,7 +156,8 @@ std::unique_ptr<gpu_step> make_step(static_plan const& plan,
       for (std::int32_t h = 0; h < H; ++h)
         for (std::size_t c = 0; c < M; ++c)
           g->scores[((static_cast<std::size_t>(l) * B + r) * H + h) * M + c] =
-              hash01(batch[static_cast<std::size_t>(r)] * 64 + static_cast<std::uint64_t>(st[batch[r]].chunks),
+              hash01(batch[static_cast<std::size_t>(r)] * 64 +
+                         static_cast<std::uint64_t>(st[batch[r]].chunks),
                      static_cast<std::uint64_t>(l),
                      static_cast<std::uint64_t>(h),
                      c);
@@ -182,7 +183,7 @@ heads_t heads_of(kv_cache_manager& m, sequence_id id) {
   heads_t out(static_cast<std::size_t>(L * H));
   for (std::int32_t i = 0; i < L * H; ++i) {
     if (m.plan().rules[static_cast<std::size_t>(i)].kind == layer_kind::sliding_window) continue;
-    auto cur = make_head_cursor(v, 0, i / H, i % H);
+    auto cur          = make_head_cursor(v, 0, i / H, i % H);
     std::int32_t base = v.head_len(0, i / H, i % H) - v.appended[v.batch_slots[0]];
     for (std::int32_t pos = 0; pos < base; ++pos)
       out[static_cast<std::size_t>(i)].push_back(
@@ -245,14 +246,14 @@ TEST_CASE("the elastic engine loop runs every chunk and decode step without a ho
   kv_view_mirror mirror(m);
   std::int32_t const L = plan.num_layers, H = plan.num_kv_heads;
   auto const max_batch = static_cast<std::size_t>(m.max_sequences());
-  async_readback readback(
-      max_batch * static_cast<std::size_t>(L * H) * sizeof(std::int32_t) + async_readback::part_alignment +
-          max_batch * sizeof(std::int64_t),
-      4);
+  async_readback readback(max_batch * static_cast<std::size_t>(L * H) * sizeof(std::int32_t) +
+                              async_readback::part_alignment + max_batch * sizeof(std::int64_t),
+                          4);
   cudaStream_t stream = nullptr;
   auto spec           = requests();
   std::vector<request_state> st(spec.size());
-  for (std::size_t q = 0; q < spec.size(); ++q) st[q].id = *m.try_admit(spec[q].prompt, spec[q].answer);
+  for (std::size_t q = 0; q < spec.size(); ++q)
+    st[q].id = *m.try_admit(spec[q].prompt, spec[q].answer);
 
   struct in_flight {
     std::unique_ptr<gpu_step> step;
@@ -273,7 +274,8 @@ TEST_CASE("the elastic engine loop runs every chunk and decode step without a ho
       for (auto& s : st) {
         if (s.pending != f.step.get()) continue;
         REQUIRE(pages[s.row] >= 0);
-        m.commit_chunk(s.id, new_len + static_cast<std::ptrdiff_t>(s.row) * L * H,
+        m.commit_chunk(s.id,
+                       new_len + static_cast<std::ptrdiff_t>(s.row) * L * H,
                        static_cast<std::size_t>(L * H));
         s.pending = nullptr;
         --f.waiting;

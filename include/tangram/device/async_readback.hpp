@@ -112,8 +112,8 @@ class async_readback {
  private:
   enum class slot_state : std::uint8_t { free, pending, ready };
   struct slot_info {
-    slot_state state = slot_state::free;
-    std::int64_t use = 0;
+    slot_state state              = slot_state::free;
+    std::int64_t use              = 0;
     std::size_t offset[max_parts] = {};
     std::int32_t parts            = 0;
   };
@@ -129,7 +129,7 @@ class async_readback {
   std::int32_t next_      = 0;  ///< where the search for a free slot starts
   std::int32_t in_use_    = 0;
   std::int64_t uses_      = 0;
-  std::byte* pinned_      = nullptr;  ///< slots * slot_bytes (cudaHostAlloc)
+  std::byte* pinned_      = nullptr;   ///< slots * slot_bytes (cudaHostAlloc)
   std::vector<::CUevent_st*> events_;  ///< [slots]
   std::vector<slot_info> info_;        ///< [slots]
 };

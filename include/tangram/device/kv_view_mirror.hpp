@@ -53,8 +53,9 @@ namespace tangram {
  * shadow it waits for the upload enqueued two syncs earlier from that shadow: it asks first
  * (`cudaEventQuery`, never a wait) and calls `cudaEventSynchronize` only when that upload has not
  * run yet, i.e. only when the host runs more than one step ahead of the stream. An engine whose
- * GPU trails its host by at most one step never waits in `sync`. The uploads are ordered on `stream`: kernels on the same stream see the new arrays,
- * kernels on another stream need an event from the caller. Conversely the upload overwrites the
+ * GPU trails its host by at most one step never waits in `sync`. The uploads are ordered on
+ * `stream`: kernels on the same stream see the new arrays, kernels on another stream need an
+ * event from the caller. Conversely the upload overwrites the
  * arrays that kernels enqueued before it on the same stream are reading only after they end;
  * kernels on other streams that still read the previous step's view must be ordered before it
  * by the caller. The manager's host arrays are read during `sync` only: it may change freely

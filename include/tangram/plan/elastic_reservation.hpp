@@ -147,10 +147,10 @@ inline constexpr double default_elastic_margin = 0.02;
 
 /**
  * @brief The reservation part of plan_options. Elastic is the default: on the bundled profiles it
- * reserves about 1.02x the ideal footprint (per-head pages) against 1.27-1.40x for static
- * mu + 2 sigma budgets
- * (docs/memory.md#elastic-reservation). Choose `reservation_mode::static_budgets` for an engine
- * that cannot run one cross-layer eviction per chunk (docs/integration.md).
+ * reserves about 1.015x the ideal footprint (per-head pages) against 1.19-1.40x for static
+ * mu + 2 sigma budgets (docs/memory.md#elastic-reservation). Choose
+ * `reservation_mode::static_budgets` for an engine that cannot run one cross-layer eviction per
+ * chunk (docs/integration.md).
  */
 struct reservation_options {
   reservation_mode mode  = reservation_mode::elastic;

@@ -73,7 +73,7 @@ struct layer_range {
  * holds exactly its own tokens, so elastic reservation needs no group padding (1.000x the
  * bundled samples' needs, against 1.04-1.22x for plan-time groups of 4) and decode reads exactly
  * each head's length; the price is Hp times more page-table entries and page draws per decode
- * step than groups of Hp (docs/planning.md#per-head-pages-the-default).
+ * step than groups of Hp (docs/planning.md#per-head-pages-the-default-hp-1-p-16).
  */
 inline constexpr std::int32_t default_group_size = 1;
 

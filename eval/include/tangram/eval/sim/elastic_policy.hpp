@@ -71,10 +71,10 @@ class elastic_eviction final : public chunk_eviction {
       most       = std::max(most, cand);
     }
     // The protected floor of every group, then the optimal pages above the floors.
-    auto const P      = plan_.geometry.page_tokens;
-    auto const hp     = plan_.geometry.group_size;
-    auto const groups = static_cast<std::int64_t>(pages_.size());
-    std::int64_t lo   = ceil_div(std::min(most, plan_.profile.protected_tokens()), P);
+    auto const P       = plan_.geometry.page_tokens;
+    auto const hp      = plan_.geometry.group_size;
+    auto const groups  = static_cast<std::int64_t>(pages_.size());
+    std::int64_t lo    = ceil_div(std::min(most, plan_.profile.protected_tokens()), P);
     std::int64_t limit = manager.elastic_page_limit(seq);
     TANGRAM_EXPECTS(lo * groups <= limit,
                     logic_error,
