@@ -6,20 +6,22 @@
 // - batched_free: ns per page of returning a batch of 4096 pages to the pool (what an engine's
 //   batched free of evicted tail pages costs here): `measure_batched_free_s_per_page`, the
 //   measured low end of `tangram simulate`'s reclamation (eval/sim/measured_costs.hpp pins it).
-// - admission: ns per try_admit of a Llama-3.1-8B request (footprint of 64 groups + reservation +
-//   page-table segment), beside the cost of computing M(r) alone.
-// - decode_step/{64,256}: us per decode step of the batch view (decode_step + view) for 64 and
-//   256 sequences x 32 layers, beside the layer-wide paging baseline's step (ratio counter).
+// - admission/{4,1}: ns per try_admit of a Llama-3.1-8B request (footprint of 64 groups of 4, or
+//   256 per-head groups + reservation + page-table segment), beside the cost of computing M(r)
+//   alone.
+// - decode_step/{64,256}/{4,1}: us per decode step of the batch view (decode_step + view) for 64
+//   and 256 sequences x 32 layers, groups of 4 or per-head pages (page draws per step counted),
+//   beside the layer-wide paging baseline's step (ratio counter).
 // - memory_efficiency/<scorer>/<context>: allocated bytes / ideal bytes for Tangram, the plan's
 //   prediction, and both baselines, for Llama-3.1-8B at 32K and 128K (P 16, Hp 4, global, alpha 2).
 //   These are measured by running the managers (counts, not timings); ideal = the mean dynamic
 //   footprint of the profile samples scaled to the context.
-// - elastic_vs_static/<scorer>/<model>: every bundled sample (Llama-3.1-8B and Qwen3-4B) as one
-//   request (its own context, chunks of 4096) through two managers side by side: static
-//   mu + 2 sigma budgets, and elastic
-//   reservation at margin 0.15. The scorer's per-head needs come from the sample (exact at the
-//   last chunk; scaled by tokens seen for earlier chunks: modelled). Static heads keep
-//   min(need, budget); elastic groups get the optimal placement within elastic_page_limit.
+// - elastic_vs_static/<scorer>/<model>/hp{4,1}: every bundled sample (Llama-3.1-8B and Qwen3-4B)
+//   as one request (its own context, chunks of 4096) through two managers side by side: static
+//   mu + 2 sigma budgets, and elastic reservation (groups of 4 at margin 0.15, or the defaults:
+//   per-head pages at default_elastic_margin). The scorer's per-head needs come from the sample
+//   (exact at the last chunk; scaled by tokens seen for earlier chunks: modelled). Static heads
+//   keep min(need, budget); elastic groups get the optimal placement within elastic_page_limit.
 //   Counters: pages reserved at admission and held after prefill over the ideal (needs / Hp P),
 //   staging, and the fraction of wanted tokens clipped. In-sample: budgets and margin come from
 //   the same samples (held-out figures: `tangram calibrate --reservation elastic --compare`).
@@ -71,17 +73,19 @@ retention_samples const& samples(std::string const& scorer,
   return it->second;
 }
 
-/// The static plan (mu + 2 sigma budgets, P 16, Hp 4, global grouping) of a bundled profile.
+/// The static plan (mu + 2 sigma budgets, P 16, Hp `group_size` (4 unless told), global
+/// grouping) of a bundled profile.
 static_plan const& static_plan_of(std::string const& scorer,
-                                  std::string const& model = "llama-3.1-8b") {
+                                  std::string const& model = "llama-3.1-8b",
+                                  std::int32_t group_size  = 4) {
   static std::map<std::string, static_plan> cache;
-  auto key = scorer + "/" + model;
+  auto key = scorer + "/" + model + "/" + std::to_string(group_size);
   auto it  = cache.find(key);
   if (it == cache.end()) {
     plan_options o;
     o.reservation.mode = reservation_mode::static_budgets;  // Tangram's static column
     o.page_tokens      = 16;
-    o.group_size       = 4;
+    o.group_size       = group_size;
     o.scope            = grouping_scope::global;
     it                 = cache
              .emplace(key,
@@ -171,8 +175,10 @@ BENCHMARK(batched_free)->Unit(benchmark::kMillisecond);
 
 // ----- admission ------------------------------------------------------------------------------
 
+/// Admission of a 32K-token request; state.range(0) = Hp (4: groups of 4, 1: per-head pages).
 void admission(benchmark::State& state) {
-  auto const& plan = static_plan_of("snapkv");
+  auto const& plan =
+      static_plan_of("snapkv", "llama-3.1-8b", static_cast<std::int32_t>(state.range(0)));
   simulated_memory_resource mr;
   manager_options o;
   o.num_pages     = page_pool<>::pages_for_bytes(141'000'000'000, page_layout<>(plan.geometry));
@@ -202,12 +208,15 @@ void admission(benchmark::State& state) {
   state.counters["admission_over_footprint"] = ns / fp_ns;
   state.counters["groups"]                   = plan.num_groups();
 }
-BENCHMARK(admission)->Unit(benchmark::kMicrosecond);
+BENCHMARK(admission)->Arg(4)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 // ----- decode step ----------------------------------------------------------------------------
 
+/// One decode step of the manager (decode_step + view) against layer-wide pages; state.range(0)
+/// = batch, state.range(1) = Hp (4: groups of 4, 1: per-head pages, Hp times the page draws).
 void decode_step(benchmark::State& state) {
-  auto const& plan     = static_plan_of("snapkv");
+  auto const& plan =
+      static_plan_of("snapkv", "llama-3.1-8b", static_cast<std::int32_t>(state.range(1)));
   const auto batch     = static_cast<std::int32_t>(state.range(0));
   const std::int64_t N = 8192, T = 8192;
   const std::int64_t steps_cap = 8000;  // one turn's reservation bounds the steps we may run
@@ -264,7 +273,13 @@ void decode_step(benchmark::State& state) {
   state.counters["batch"]  = batch;
   state.counters["layers"] = plan.num_layers;
 }
-BENCHMARK(decode_step)->Arg(64)->Arg(256)->Iterations(4000)->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_step)
+    ->Args({64, 4})
+    ->Args({256, 4})
+    ->Args({64, 1})
+    ->Args({256, 1})
+    ->Iterations(4000)
+    ->Unit(benchmark::kMicrosecond);
 
 // ----- memory efficiency ----------------------------------------------------------------------
 
@@ -365,7 +380,9 @@ elastic_run run_samples(static_plan const& plan, retention_samples const& s, std
     auto id         = *m.try_admit(n, 0);
     out.reserved += static_cast<double>(m.info(id).reserved_pages);
     out.staging += static_cast<double>(
-        elastic ? m.admission_pages(n, 0) - elastic_footprint_pages(plan, 0.15, n, 0) : 0);
+        elastic ? m.admission_pages(n, 0) -
+                      elastic_footprint_pages(plan, plan.options.reservation.margin, n, 0)
+                : 0);
     for (std::int64_t seen = 0; seen < n;) {
       auto c = std::min(chunk, n - seen);
       seen += c;
@@ -393,10 +410,16 @@ elastic_run run_samples(static_plan const& plan, retention_samples const& s, std
   return out;
 }
 
-void elastic_vs_static(benchmark::State& state, std::string scorer, std::string model) {
+/// Static budgets against elastic reservation on every sample of a profile: groups of `hp` heads,
+/// elastic at `margin` (4 / 0.15, or the defaults 1 / default_elastic_margin: per-head pages).
+void elastic_vs_static(benchmark::State& state,
+                       std::string scorer,
+                       std::string model,
+                       std::int32_t hp,
+                       double margin) {
   auto const& s = samples(scorer, model);
-  auto stat     = static_plan_of(scorer, model);
-  auto elastic  = sim::elastic_plan(stat, 0.15);
+  auto stat     = static_plan_of(scorer, model, hp);
+  auto elastic  = sim::elastic_plan(stat, margin);
   elastic_run a, b;
   for (auto _ : state) {
     a = run_samples(stat, s, 4096);
@@ -425,13 +448,18 @@ void register_efficiency() {
           [scorer, ctx](benchmark::State& st) { memory_efficiency(st, scorer, ctx); })
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
-  for (std::string model : {"llama-3.1-8b", "qwen3-4b"})
-    for (std::string scorer : {"snapkv", "ea", "keydiff", "fastkvzip"})
-      benchmark::RegisterBenchmark(
-          ("elastic_vs_static/" + scorer + "/" + model).c_str(),
-          [scorer, model](benchmark::State& st) { elastic_vs_static(st, scorer, model); })
-          ->Iterations(1)
-          ->Unit(benchmark::kMillisecond);
+  for (std::int32_t hp : {4, 1})
+    for (std::string model : {"llama-3.1-8b", "qwen3-4b"})
+      for (std::string scorer : {"snapkv", "ea", "keydiff", "fastkvzip"}) {
+        double margin = hp == 1 ? default_elastic_margin : 0.15;
+        benchmark::RegisterBenchmark(
+            ("elastic_vs_static/" + scorer + "/" + model + "/hp" + std::to_string(hp)).c_str(),
+            [scorer, model, hp, margin](benchmark::State& st) {
+              elastic_vs_static(st, scorer, model, hp, margin);
+            })
+            ->Iterations(1)
+            ->Unit(benchmark::kMillisecond);
+      }
 }
 int const registered = (register_efficiency(), 0);
 

@@ -143,8 +143,15 @@ void kv_view_mirror::sync(kv_cache_manager& kv, cuda_stream_t stream) {
   detail::device_guard guard(device_id_);
   if (guard.status() != cudaSuccess) fail("sync: cudaSetDevice", guard.status());
   int const b = next_;
-  // The upload that last read this shadow was enqueued two syncs ago: usually long done.
-  check(cudaEventSynchronize(uploaded_[b]), "sync: cudaEventSynchronize");
+  // The upload that last read this shadow was enqueued two syncs ago: usually long done, so ask
+  // first (never a wait) and wait only when the host runs more than one step ahead.
+  cudaError_t done = cudaEventQuery(uploaded_[b]);
+  if (done == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: clear it
+    check(cudaEventSynchronize(uploaded_[b]), "sync: cudaEventSynchronize");
+  } else {
+    check(done, "sync: cudaEventQuery");
+  }
   if (device_) {
     stager_.stage(kv.changes(), host, prefill, shadow_[b], shadow_[1 - b]);
     for (auto r : stager_.uploads()) {

@@ -38,8 +38,11 @@ def test_plan_options_round_trip_every_field():
 
 def test_plan_options_default_to_elastic_reservation(model, profile):
     o = tangram.PlanOptions()  # follows plan_options' defaults
-    assert (o.reservation, o.margin) == ("elastic", 0.15)
-    assert tangram.build_plan(model, profile).options.reservation == "elastic"
+    assert (o.reservation, o.margin, o.group_size) == ("elastic", 0.02, 1)
+    plan = tangram.build_plan(model, profile)
+    assert plan.options.reservation == "elastic"
+    # Per-head pages: one group per KV head of every layer.
+    assert plan.group_size == 1 and plan.num_groups == plan.num_layers * plan.num_kv_heads
 
 
 def test_plan_save_and_load(tmp_path, static_plan):

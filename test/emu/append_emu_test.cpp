@@ -37,3 +37,16 @@ TEST_CASE("emulated append_decode_kv matches the reference for fp8 caches with s
         CHECK(test::check_append(cache, src, backend, m) == "");
       }
 }
+
+TEST_CASE("emulated append_decode_kv matches the reference on per-head pages (Hp 1)",
+          "[emu][append][per_head]") {
+  std::uint64_t seed = 60;
+  for (dtype cache : test::append_cache_dtypes()) {
+    auto o = test::emu_schedules(++seed, 1).front();
+    INFO("cache " << to_string(cache) << ", schedule seed " << o.seed);
+    emu::scoped_options scope(o);
+    test::emu_backend backend;
+    auto scales = cache == dtype::fp8_e4m3 ? test::scale_mode::per_head : test::scale_mode::none;
+    CHECK(test::check_append(cache, dtype::bf16, backend, scales, 1) == "");
+  }
+}

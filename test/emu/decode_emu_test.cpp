@@ -28,6 +28,11 @@ TEST_CASE("emulated decode equals the CPU reference: fp8 e4m3 / e5m2 x head dims
   for (auto const& c : test::decode_cases_fp8()) test::emu_check_all_schedules(c, 1);
 }
 
+TEST_CASE("emulated decode equals the CPU reference: per-head pages (Hp 1)",
+          "[emu][decode][per_head]") {
+  for (auto const& c : test::decode_cases_per_head()) test::emu_check_all_schedules(c, 1);
+}
+
 TEST_CASE("emulated decode equals the CPU reference: fp8 with per-tensor and per-head scales",
           "[emu][decode][fp8][scales]") {
   for (auto const& c : test::decode_cases_fp8_scaled()) test::emu_check_all_schedules(c, 2);

@@ -41,6 +41,11 @@ TEST_CASE("emulated elastic eviction equals the CPU reference: fp8 caches",
   for (auto const& c : test::elastic_cases_fp8()) check_all_schedules(c);
 }
 
+TEST_CASE("emulated elastic eviction equals the CPU reference: per-head pages (Hp 1)",
+          "[emu][eviction][elastic][per_head]") {
+  for (auto const& c : test::elastic_cases_per_head()) check_all_schedules(c);
+}
+
 TEST_CASE("emulated elastic eviction: long candidate lists (several compaction tiles)",
           "[emu][eviction][elastic]") {
   check_all_schedules(test::elastic_case_long());

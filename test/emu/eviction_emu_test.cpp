@@ -22,6 +22,11 @@ TEST_CASE("emulated eviction equals the CPU reference: fp8 caches with and witho
   for (auto const& c : test::eviction_cases_fp8()) test::emu_check_all_schedules(c, 1);
 }
 
+TEST_CASE("emulated eviction equals the CPU reference: per-head pages (Hp 1)",
+          "[emu][eviction][per_head]") {
+  for (auto const& c : test::eviction_cases_per_head()) test::emu_check_all_schedules(c, 1);
+}
+
 TEST_CASE("emulated eviction: long candidate lists (several radix tiles)", "[emu][eviction]") {
   test::emu_check_all_schedules(test::eviction_case_long(), 1);
 }

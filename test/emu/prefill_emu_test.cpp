@@ -36,6 +36,11 @@ TEST_CASE("emulated prefill equals the CPU reference: dtypes x head dims", "[emu
   for (auto const& c : test::prefill_cases_shapes()) emu_check_prefill(c, 1);
 }
 
+TEST_CASE("emulated prefill equals the CPU reference: per-head pages (Hp 1)",
+          "[emu][prefill][per_head]") {
+  for (auto const& c : test::prefill_cases_per_head()) emu_check_prefill(c, 1);
+}
+
 TEST_CASE("emulated prefill equals the CPU reference: fp8 with per-tensor and per-head scales",
           "[emu][prefill][fp8][scales]") {
   for (auto const& c : test::prefill_cases_fp8_scaled()) emu_check_prefill(c, 1);

@@ -24,3 +24,13 @@ TANGRAM_GPU_TEST("append_decode_kv matches the reference for fp8 caches with sca
                       "cache " << to_string(cache) << " src " << to_string(src) << ", "
                                << test::to_string(m));
 }
+
+TANGRAM_GPU_TEST("append_decode_kv matches the reference on per-head pages (Hp 1)",
+                 "[gpu][append][per_head]") {
+  test::gpu_backend gpu;
+  for (dtype cache : test::append_cache_dtypes()) {
+    auto scales = cache == dtype::fp8_e4m3 ? test::scale_mode::per_head : test::scale_mode::none;
+    GPU_CHECK_MSG(test::check_append(cache, dtype::bf16, gpu, scales, 1).empty(),
+                  "cache " << to_string(cache) << ", Hp 1");
+  }
+}

@@ -38,6 +38,13 @@ TANGRAM_GPU_TEST("gpu decode equals the CPU reference: fp8 e4m3 / e5m2 x head di
   for (auto const& c : test::decode_cases_fp8()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu decode equals the CPU reference: per-head pages (Hp 1)",
+                 "[gpu][decode][per_head]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_per_head())
+    GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu decode equals the CPU reference: tensor-core path: 16-bit K/V x GQA 3..8",
                  "[gpu][decode]") {
   test::gpu_backend gpu;

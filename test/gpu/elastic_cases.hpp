@@ -31,6 +31,7 @@ namespace tangram::test {
 struct elastic_case {
   dtype kv_dtype = dtype::bf16;
   std::int32_t d = 128, P = 16, sink = 4, recent = 8, window = 24;
+  std::int32_t Hp         = 2;  ///< heads per page: 2 or 1 (per-head pages)
   score_source source     = score_source::supplied;
   std::int32_t group      = 4;
   std::int32_t long_len   = 600;  ///< tokens seen by the longest request before its chunk
@@ -42,7 +43,7 @@ struct elastic_case {
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
-    s << "elastic " << to_string(kv_dtype) << " d " << d << " P " << P << " source "
+    s << "elastic " << to_string(kv_dtype) << " d " << d << " P " << P << " Hp " << Hp << " source "
       << to_string(source) << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     return s.str();
@@ -119,6 +120,38 @@ inline std::vector<elastic_case> elastic_cases_fp8() {
   return out;
 }
 
+/// Per-head pages (Hp 1: every compressed head its own group, so the selection places each
+/// head's pages alone): supplied scores (bf16 d 128, f32 d 64 on one-token pages, a tight
+/// max_candidates), SnapKV (bf16 GQA 4) and key norm on fp8 e5m2 with per-head scales.
+inline std::vector<elastic_case> elastic_cases_per_head() {
+  std::vector<elastic_case> out;
+  elastic_case c;
+  c.Hp   = 1;
+  c.seed = 170;
+  out.push_back(c);
+  c.kv_dtype = dtype::f32;
+  c.d        = 64;
+  c.P        = 1;
+  c.seed     = 171;
+  out.push_back(c);
+  c.kv_dtype  = dtype::bf16;
+  c.d         = 128;
+  c.P         = 16;
+  c.short_max = true;
+  c.seed      = 172;
+  out.push_back(c);
+  c.short_max = false;
+  c.source    = score_source::snapkv;
+  c.seed      = 173;
+  out.push_back(c);
+  c.kv_dtype = dtype::fp8_e5m2;
+  c.source   = score_source::key_norm;
+  c.scales   = scale_mode::per_head;
+  c.seed     = 174;
+  out.push_back(c);
+  return out;
+}
+
 /// Long candidate lists: several compaction tiles (1024) per head and ~17K keys per request.
 inline elastic_case elastic_case_long() {
   elastic_case c;
@@ -140,7 +173,7 @@ inline elastic_case elastic_case_many_slices() {
 /// Builds the setup of `c` over `cache` (constructed from the returned setup's layout and seqs).
 inline elastic_setup make_elastic_setup(elastic_case const& c) {
   constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;
-  page_geometry geo{c.P, 2, c.d, c.kv_dtype};
+  page_geometry geo{c.P, c.Hp, c.d, c.kv_dtype};
   auto sc = make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, c.long_chunk);
   elastic_setup s;
   s.layout = sc.layout;

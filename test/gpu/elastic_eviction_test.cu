@@ -27,6 +27,13 @@ TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: fp8 caches",
   for (auto const& c : test::elastic_cases_fp8()) GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: per-head pages (Hp 1)",
+                 "[gpu][eviction][elastic][per_head]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::elastic_cases_per_head())
+    GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu elastic eviction: long candidate lists (several compaction tiles)",
                  "[gpu][eviction][elastic]") {
   test::gpu_backend gpu;

@@ -25,6 +25,13 @@ TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: fp8 caches with and wit
   for (auto const& c : test::eviction_cases_fp8()) GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: per-head pages (Hp 1)",
+                 "[gpu][eviction][per_head]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::eviction_cases_per_head())
+    GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: SnapKV from the prefill's log-sum-exp",
                  "[gpu][eviction][lse]") {
   test::gpu_backend gpu;

@@ -66,8 +66,8 @@ struct decode_case {
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
-    s << to_string(kv_dtype) << " d " << d << " P " << P << " group " << group << " batch "
-      << lens.size() << " seed " << seed;
+    s << to_string(kv_dtype) << " d " << d << " P " << P << " Hp " << Hp << " group " << group
+      << " batch " << lens.size() << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     if (invariant_pieces != 0) s << ", batch-invariant K " << invariant_pieces;
     if (fold_merge) s << ", merge folded";
@@ -231,6 +231,59 @@ inline std::vector<decode_case> decode_cases_folded() {
   return out;
 }
 
+/// Per-head pages (Hp 1, the plans' default: every head its own page list, so a page holds one
+/// head's column): the CUDA-core kernel (f32 GQA 1, f16 d 256 GQA 2 on one-token pages), the
+/// tensor-core kernel (bf16 GQA 4 with a sliding ring layer, fp8 e4m3 GQA 8 with per-head
+/// scales), the merge folded into the split kernels and batch-invariant pieces.
+inline std::vector<decode_case> decode_cases_per_head() {
+  std::vector<decode_case> out;
+  decode_case c;
+  c.Hp       = 1;
+  c.kv_dtype = dtype::f32;
+  c.d        = 64;
+  c.group    = 1;
+  c.lens     = {1, 15, 54, 97, 1000, 0};
+  c.sinks    = true;
+  c.seed     = 900;
+  out.push_back(c);
+  c.kv_dtype   = dtype::f16;
+  c.d          = 256;
+  c.group      = 2;
+  c.P          = 1;
+  c.ring_pages = 41;
+  c.sinks      = false;
+  c.o_dtype    = dtype::bf16;
+  c.seed       = 901;
+  out.push_back(c);
+  c.kv_dtype   = dtype::bf16;
+  c.d          = 128;
+  c.group      = 4;
+  c.P          = 16;
+  c.ring_pages = 4;
+  c.lens       = {0, 1, 16, 17, 33, 250, 700};
+  c.o_dtype    = dtype::f32;
+  c.seed       = 902;
+  out.push_back(c);
+  c.kv_dtype        = dtype::fp8_e4m3;
+  c.group           = 8;
+  c.scales          = scale_mode::per_head;
+  c.scale_magnitude = 1.f / 256;
+  c.sinks           = true;
+  c.seed            = 903;
+  out.push_back(c);
+  decode_case f = out[2];
+  f.layers      = 1;
+  f.lens        = {0, 1, 1500, 17, 700, 2600};
+  f.fold_merge  = true;
+  f.seed        = 904;
+  out.push_back(f);
+  f.fold_merge       = false;
+  f.invariant_pieces = 16;
+  f.seed             = 905;
+  out.push_back(f);
+  return out;
+}
+
 /// A long context (32769 tokens: many tiles per CTA) and a batch of 300.
 inline std::vector<decode_case> decode_cases_long() {
   decode_case c;
@@ -383,6 +436,7 @@ std::string check_decode(decode_case const& c, Backend& backend) {
 struct eviction_case {
   dtype kv_dtype = dtype::bf16;
   std::int32_t d = 128, P = 16, group = 4, sink = 4, recent = 8, window = 24;
+  std::int32_t Hp         = 2;  ///< heads per page: 2 or 1 (per-head pages; make_eviction_scenario)
   score_source source     = score_source::supplied;
   std::int32_t obs_window = 32;
   std::int32_t long_len   = 1500;  ///< tokens seen by the longest request before its chunk
@@ -397,8 +451,8 @@ struct eviction_case {
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
-    s << to_string(kv_dtype) << " d " << d << " P " << P << " source " << to_string(source)
-      << " seed " << seed;
+    s << to_string(kv_dtype) << " d " << d << " P " << P << " Hp " << Hp << " source "
+      << to_string(source) << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     if (lse)
       s << ", from lse" << (sinks ? " with sinks" : "") << ", q " << to_string(q_dtype)
@@ -581,6 +635,47 @@ inline std::vector<eviction_case> eviction_cases_slice_boundary() {
   return out;
 }
 
+/// Per-head pages (Hp 1): supplied scores (bf16 d 128, f32 d 64 on one-token pages), SnapKV
+/// (bf16 GQA 4), key norm (f16 d 256), SnapKV from the prefill's log-sum-exp on tensor cores and
+/// fp8 e4m3 with per-head scales.
+inline std::vector<eviction_case> eviction_cases_per_head() {
+  std::vector<eviction_case> out;
+  eviction_case c;
+  c.Hp   = 1;
+  c.seed = 70;
+  out.push_back(c);
+  c.kv_dtype = dtype::f32;
+  c.d        = 64;
+  c.P        = 1;
+  c.seed     = 71;
+  out.push_back(c);
+  c.kv_dtype = dtype::bf16;
+  c.d        = 128;
+  c.P        = 16;
+  c.source   = score_source::snapkv;
+  c.seed     = 72;
+  out.push_back(c);
+  c.kv_dtype = dtype::f16;
+  c.d        = 256;
+  c.source   = score_source::key_norm;
+  c.seed     = 73;
+  out.push_back(c);
+  c.kv_dtype   = dtype::bf16;
+  c.d          = 128;
+  c.source     = score_source::snapkv;
+  c.lse        = true;
+  c.long_len   = 800;
+  c.long_chunk = 160;
+  c.seed       = 74;
+  out.push_back(c);
+  c.kv_dtype = dtype::fp8_e4m3;
+  c.q_dtype  = dtype::bf16;
+  c.scales   = scale_mode::per_head;
+  c.seed     = 75;
+  out.push_back(c);
+  return out;
+}
+
 /// A long candidate list (several radix and compaction tiles).
 inline eviction_case eviction_case_long() {
   eviction_case c;
@@ -596,7 +691,7 @@ template <class Backend>
 std::string check_eviction(eviction_case const& c, Backend& backend) {
   constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;
   std::mt19937_64 rng(c.seed);
-  page_geometry geo{c.P, 2, c.d, c.kv_dtype};
+  page_geometry geo{c.P, c.Hp, c.d, c.kv_dtype};
   auto sc = make_eviction_scenario(geo, c.window, c.sink + c.recent, c.long_len, c.long_chunk);
   std::int32_t rows = sc.chunk_indptr.back();
   for (std::int32_t layer = 0; layer < L; ++layer) {
@@ -728,15 +823,17 @@ inline std::vector<dtype> append_source_dtypes() {
 }
 
 /// Appends one token to every head of both layers of a 5-sequence cache (a sliding layer
-/// included) with `backend` and with the reference: the page pools must end byte-identical.
-/// `scales` (fp8 caches only) are drawn per layer (scale_arrays: in [0.5, 2], K and V apart):
-/// the kernel's `x / s_h` must store the reference's bytes for every head.
+/// included; `Hp` heads per page, 2 or 1) with `backend` and with the reference: the page pools
+/// must end byte-identical. `scales` (fp8 caches only) are drawn per layer (scale_arrays: in
+/// [0.5, 2], K and V apart): the kernel's `x / s_h` must store the reference's bytes for every
+/// head.
 template <class Backend>
 std::string check_append(dtype cache_dtype,
                          dtype src,
                          Backend& backend,
-                         scale_mode scales = scale_mode::none) {
-  page_geometry geo{16, 2, 128, cache_dtype};
+                         scale_mode scales = scale_mode::none,
+                         std::int32_t Hp   = 2) {
+  page_geometry geo{16, Hp, 128, cache_dtype};
   auto layout = adjacent_layout(geo, 2, 4, /*sliding=*/{1}, /*window=*/40, /*ring_pages=*/3);
   std::vector<sequence_spec> seqs;
   for (std::int32_t r = 0; r < 5; ++r) {
@@ -772,7 +869,8 @@ std::string check_append(dtype cache_dtype,
   }
   if (run_cache.pool() != ref_cache.pool())
     return "append cache " + std::string(to_string(cache_dtype)) + " src " +
-           std::string(to_string(src)) + " " + to_string(scales) + ": page pool differs";
+           std::string(to_string(src)) + " " + to_string(scales) + " Hp " + std::to_string(Hp) +
+           ": page pool differs";
   return {};
 }
 

@@ -17,6 +17,13 @@ TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: dtypes x head dims", "[g
     GPU_REQUIRE_AGREES(test::check_prefill(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: per-head pages (Hp 1)",
+                 "[gpu][prefill][per_head]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::prefill_cases_per_head())
+    GPU_REQUIRE_AGREES(test::check_prefill(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu prefill equals the CPU reference: fp8 with per-tensor and per-head scales",
                  "[gpu][prefill][fp8][scales]") {
   test::gpu_backend gpu;

@@ -47,8 +47,8 @@ struct prefill_case {
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
-    s << to_string(kv_dtype) << " d " << d << " P " << P << " group " << group << " batch "
-      << lens.size() << (sinks ? " sinks" : "") << " seed " << seed;
+    s << to_string(kv_dtype) << " d " << d << " P " << P << " Hp " << Hp << " group " << group
+      << " batch " << lens.size() << (sinks ? " sinks" : "") << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     return s.str();
   }
@@ -159,6 +159,44 @@ inline std::vector<prefill_case> prefill_cases_basic() {
       c.seed       = ++seed;
       out.push_back(c);
     }
+  return out;
+}
+
+/// Per-head pages (Hp 1): f32 GQA 1 on one-token pages and GQA 4 with sinks over a sliding ring
+/// layer, bf16 d 128 GQA 8 with bf16 queries and outputs, fp8 e5m2 with per-head scales.
+inline std::vector<prefill_case> prefill_cases_per_head() {
+  std::vector<prefill_case> out;
+  prefill_case c;
+  c.Hp         = 1;
+  c.kv_dtype   = dtype::f32;
+  c.group      = 1;
+  c.P          = 1;
+  c.ring_pages = 41;
+  c.lens       = {0, 5, 37, 100, 3};
+  c.chunks     = {9, 1, 17, 50, 0};
+  c.seen_extra = {0, 50, 0, 50, 10};
+  c.seed       = 220;
+  out.push_back(c);
+  c.group      = 4;
+  c.P          = 16;
+  c.ring_pages = 4;
+  c.sinks      = true;
+  c.seed       = 221;
+  out.push_back(c);
+  c.kv_dtype = dtype::bf16;
+  c.d        = 128;
+  c.group    = 8;
+  c.q_dtype  = dtype::bf16;
+  c.o_dtype  = dtype::bf16;
+  c.seed     = 222;
+  out.push_back(c);
+  c.kv_dtype = dtype::fp8_e5m2;
+  c.scales   = scale_mode::per_head;
+  c.q_dtype  = dtype::f32;
+  c.o_dtype  = dtype::f32;
+  c.sinks    = false;
+  c.seed     = 223;
+  out.push_back(c);
   return out;
 }
 

@@ -194,10 +194,17 @@ TEST_CASE("calibrate: bad options and inputs are one-line errors with exit 2", "
 
 TEST_CASE("plan --json: group waste, groups and split imbalance of the plan", "[cli]") {
   // Static: the split imbalance below is the budgets' (an elastic plan's is its placements').
-  auto v =
-      parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "static"}));
+  // Groups of 4: the default per-head pages (Hp 1) waste nothing under any scope.
+  auto v = parse_out(run({"plan",
+                          "snapkv/llama-3.1-8b-instruct",
+                          "--json",
+                          "--reservation",
+                          "static",
+                          "--group-size",
+                          "4"}));
   auto s = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
   plan_options so;
+  so.group_size       = 4;
   so.reservation.mode = reservation_mode::static_budgets;
   auto plan           = build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), so);
   CHECK(num(v, "num_groups") == 64);
@@ -215,6 +222,11 @@ TEST_CASE("plan --json: group waste, groups and split imbalance of the plan", "[
   CHECK(glob == num(v, "group_waste"));
   CHECK(glob < lay);
   CHECK(lay < adj);
+  // The default: per-head pages, one group per head and no group waste.
+  auto one = parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"}));
+  CHECK(num(one, "num_groups") == 256);
+  CHECK(num(one, "group_waste") == 0);
+  CHECK(num(one, "page_bytes") == 1 * 2 * 16 * 128 * 2);
 
   // Options reach the plan.
   auto w = parse_out(run({"plan",
@@ -263,7 +275,7 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   auto p = load_static_plan(path);
   CHECK(p.options.tp_size == 2);
   CHECK(p.first_kv_head == 4);
-  CHECK(p.num_groups() == 32);
+  CHECK(p.num_groups() == 128);  // per-head pages (the default): 32 layers x 4 heads
 
   // The reference traffic of the split map: a service of long prompts only (a static plan, whose
   // map is weighed on its budgets).
@@ -296,7 +308,7 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   REQUIRE(i.code == 0);
   for (char const* piece : {"Llama-3.1-8B",
                             "rank 1 of 2, KV heads 4..7",
-                            "groups: 32, scope global",
+                            "groups: 128, scope global",
                             "group waste",
                             "[0.2, 0.3)",
                             "CTAs per KV head",
@@ -333,8 +345,8 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   CHECK(num(a, "split_imbalance") == num(b, "split_imbalance"));
   auto g = parse_out(run({"plan", data_path("derived/gemma-3-12b-it.derived.json"), "--json"}));
   CHECK(g.find("model")->string() == "Gemma-3-12B");
-  CHECK(num(*g.find("groups_by_kind"), "sliding_window") == 80);
-  CHECK(num(*g.find("groups_by_kind"), "compressed") == 16);
+  CHECK(num(*g.find("groups_by_kind"), "sliding_window") == 40 * 8);  // one group per head
+  CHECK(num(*g.find("groups_by_kind"), "compressed") == 8 * 8);
   auto q = parse_out(run({"plan",
                           data_path("derived/qwen2.5-7b-instruct.derived.json"),
                           "--json",
@@ -468,11 +480,11 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   auto e = parse_out(
       run({"plan", "snapkv/llama-3.1-8b-instruct", "--json", "--reservation", "elastic"}));
   CHECK(e.find("reservation")->string() == "elastic");
-  CHECK(num(e, "margin") == 0.15);
+  CHECK(num(e, "margin") == 0.02);
   // Elastic is the default: without --reservation the plan is the elastic one, margin included.
   auto d = parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"}));
   CHECK(d.find("reservation")->string() == "elastic");
-  CHECK(num(d, "margin") == 0.15);
+  CHECK(num(d, "margin") == 0.02);
   CHECK(d.find("split_from_placements")->boolean());
   CHECK(num(d, "split_imbalance") == num(e, "split_imbalance"));
   // From samples: the split map is weighed on their placements and the imbalance measured on them
@@ -510,7 +522,7 @@ TEST_CASE("plan --reservation elastic: the plan file carries the mode and margin
   auto from_profile = run({"plan", profile});
   INFO(from_profile.err);
   REQUIRE(from_profile.code == 0);
-  CHECK(from_profile.out.find("reservation: elastic, margin 0.15") != std::string::npos);
+  CHECK(from_profile.out.find("reservation: elastic, margin 0.02") != std::string::npos);
   CHECK(from_profile.out.find("over the groups' rules") != std::string::npos);
   auto text = detail::read_file(profile);
   auto at   = text.find("\"target_keep_ratio\":");

@@ -72,58 +72,63 @@ TEST_CASE("Gemma-3-12B: budgets on the 8 full layers, sliding-window rings elsew
   auto prof  = calibrate(s);
   auto model = *find_model_preset(s.model);
   REQUIRE(model.name == "Gemma-3-12B");
-  // Both reservations: the groups, sliding shares and footprint do not depend on the mode.
-  for (auto mode : {reservation_mode::static_budgets, reservation_mode::elastic}) {
-    for (auto scope : {grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global}) {
-      INFO(to_string(scope) << " " << to_string(mode));
-      plan_options o;
-      o.scope            = scope;
-      o.reservation.mode = mode;
-      auto plan          = build_static_plan(model, prof, o);
-      REQUIRE_NOTHROW(plan.grouping.validate());
-      REQUIRE_NOTHROW(plan.splits.validate());
-      std::int32_t compressed_groups = 0, sliding_groups = 0;
-      for (auto const& g : plan.grouping.groups) {
-        compressed_groups += g.rule.kind == layer_kind::compressed;
-        sliding_groups += g.rule.kind == layer_kind::sliding_window;
-        for (auto m : g.members) CHECK(plan.rule(m.layer, m.head).kind == g.rule.kind);
-      }
-      CHECK(compressed_groups == 8 * 8 / 4);
-      CHECK(sliding_groups == 40 * 8 / 4);
-      for (std::int32_t l = 0; l < 48; ++l) {
-        bool full = l % 6 == 5;
-        CHECK(plan.rule(l, 0).kind == (full ? layer_kind::compressed : layer_kind::sliding_window));
-        if (!full) {
-          CHECK(plan.rule(l, 7).window == 1024);
-          // Identical heads get identical CTA shares: 264 / 8.
-          for (std::int32_t h = 0; h < 8; ++h) CHECK(plan.splits.view().share(l, h) == 33);
+  // Both reservations: the groups, sliding shares and footprint do not depend on the mode. Groups
+  // of 4 and per-head pages (Hp 1, the default).
+  for (std::int32_t hp : {4, 1})
+    for (auto mode : {reservation_mode::static_budgets, reservation_mode::elastic}) {
+      for (auto scope : {grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global}) {
+        INFO(to_string(scope) << " " << to_string(mode) << " Hp " << hp);
+        plan_options o;
+        o.group_size       = hp;
+        o.scope            = scope;
+        o.reservation.mode = mode;
+        auto plan          = build_static_plan(model, prof, o);
+        REQUIRE_NOTHROW(plan.grouping.validate());
+        REQUIRE_NOTHROW(plan.splits.validate());
+        std::int32_t compressed_groups = 0, sliding_groups = 0;
+        for (auto const& g : plan.grouping.groups) {
+          compressed_groups += g.rule.kind == layer_kind::compressed;
+          sliding_groups += g.rule.kind == layer_kind::sliding_window;
+          for (auto m : g.members) CHECK(plan.rule(m.layer, m.head).kind == g.rule.kind);
         }
+        CHECK(compressed_groups == 8 * 8 / hp);
+        CHECK(sliding_groups == 40 * 8 / hp);
+        for (std::int32_t l = 0; l < 48; ++l) {
+          bool full = l % 6 == 5;
+          CHECK(plan.rule(l, 0).kind ==
+                (full ? layer_kind::compressed : layer_kind::sliding_window));
+          if (!full) {
+            CHECK(plan.rule(l, 7).window == 1024);
+            // Identical heads get identical CTA shares: 264 / 8.
+            for (std::int32_t h = 0; h < 8; ++h) CHECK(plan.splits.view().share(l, h) == 33);
+          }
+        }
+        CHECK(plan.page_bytes() == hp * 2 * 16 * 256 * 2);
+        // Footprint: the sliding rings are bounded, the compressed groups follow the budgets.
+        for (std::int64_t n : {100, 1000, 5000, 20000, 131072})
+          for (std::int64_t t : {0, 1, 500})
+            CHECK(footprint_pages(plan, n, t) == brute_pages(plan, n, t));
+        // Past the window the 320 / Hp sliding groups hold a constant ring of 1024 / 16 pages each.
+        std::vector<std::int64_t> per_group;
+        for (std::int64_t n : {2000, 131072}) {
+          footprint_pages(plan, n, 0, per_group);
+          std::int64_t sliding_pages = 0;
+          for (std::size_t g = 0; g < per_group.size(); ++g)
+            if (plan.grouping.groups[g].rule.kind == layer_kind::sliding_window)
+              sliding_pages += per_group[g];
+          CHECK(sliding_pages == 320 / hp * 64);
+        }
+        auto imb = layer_imbalance(plan.rules, plan.splits, reference_batch{}.contexts());
+        CHECK(imb.aot.count == 48);
+        CHECK(imb.aot.mean >= 1.0);
+        auto q = parse_static_plan(to_json(plan), "gemma");
+        CHECK(plan_difference(plan, q).empty());
       }
-      CHECK(plan.page_bytes() == 4 * 2 * 16 * 256 * 2);
-      // Footprint: the sliding rings are bounded, the compressed groups follow the budgets.
-      for (std::int64_t n : {100, 1000, 5000, 20000, 131072})
-        for (std::int64_t t : {0, 1, 500})
-          CHECK(footprint_pages(plan, n, t) == brute_pages(plan, n, t));
-      // Past the window the 80 sliding groups hold a constant ring of 1024 / 16 pages each.
-      std::vector<std::int64_t> per_group;
-      for (std::int64_t n : {2000, 131072}) {
-        footprint_pages(plan, n, 0, per_group);
-        std::int64_t sliding_pages = 0;
-        for (std::size_t g = 0; g < per_group.size(); ++g)
-          if (plan.grouping.groups[g].rule.kind == layer_kind::sliding_window)
-            sliding_pages += per_group[g];
-        CHECK(sliding_pages == 80 * 64);
-      }
-      auto imb = layer_imbalance(plan.rules, plan.splits, reference_batch{}.contexts());
-      CHECK(imb.aot.count == 48);
-      CHECK(imb.aot.mean >= 1.0);
-      auto q = parse_static_plan(to_json(plan), "gemma");
-      CHECK(plan_difference(plan, q).empty());
     }
-  }
   // Clustering across the full layers beats clustering within each layer.
   plan_options lay, glob;
-  lay.scope = grouping_scope::layer;
+  lay.group_size = glob.group_size = 4;
+  lay.scope                        = grouping_scope::layer;
   CHECK(group_waste(build_static_plan(model, prof, glob).grouping,
                     build_static_plan(model, prof, glob).rules) <
         group_waste(build_static_plan(model, prof, lay).grouping,

@@ -513,6 +513,7 @@ TEST_CASE("bundled profiles: balanced stages balance KV memory, and add up to th
     auto model   = model_preset(samples.model.c_str());
     auto prof    = calibrate(samples);
     plan_options o;
+    o.group_size       = 4;  // docs/planning.md's table: Hp 4
     o.reservation.mode = reservation_mode::static_budgets;
     o.scope            = grouping_scope::layer;
     auto w             = layer_kv_tokens(model, prof, o, default_stage_balance_context);

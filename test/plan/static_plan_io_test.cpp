@@ -227,11 +227,12 @@ TEST_CASE("tensor-parallel plans and hybrid models round-trip through files", "[
 
 TEST_CASE("loading rejects inconsistent plans, naming the field", "[plan_io][errors]") {
   plan_options o;
-  o.tp_size = 2;
-  o.tp_rank = 1;
-  auto p    = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", o);
-  auto text = to_json(p);
-  auto set  = [](std::vector<std::string> path, json::value v) {
+  o.group_size = 4;  // groups of several heads: the member checks below need them
+  o.tp_size    = 2;
+  o.tp_rank    = 1;
+  auto p       = make_plan("profiles/snapkv/llama-3.1-8b-instruct.json", o);
+  auto text    = to_json(p);
+  auto set     = [](std::vector<std::string> path, json::value v) {
     return [path, v](json::value& d) { at(d, path) = v; };
   };
   expect_rejected(

@@ -191,8 +191,9 @@ TEST_CASE("elastic eviction reference: bad parameters name the field", "[referen
 namespace {
 
 /// A small random elastic case: layers 0 and 1 compressed (their 2H heads shuffled into groups of
-/// Hp = 2 across layers), layer 2 uncompressed; 1-2 requests with ragged held lengths; scores
-/// from {0, 1, 2, 3} (many ties); random K and page limit.
+/// Hp = 2 across layers, or with H = 2 in half the cases per-head pages, Hp = 1), layer 2
+/// uncompressed; 1-2 requests with ragged held lengths; scores from {0, 1, 2, 3} (many ties);
+/// random K and page limit.
 struct random_case {
   elastic_setup s;
   std::int32_t protect = 0;
@@ -206,7 +207,8 @@ random_case make_random_case(std::mt19937_64& rng) {
   random_case c;
   auto& s              = c.s;
   const std::int32_t L = 3, H = pick(0, 1) ? 2 : 4, P = static_cast<std::int32_t>(pick(1, 3));
-  s.layout.geometry     = page_geometry{P, 2, 4, dtype::f32};
+  const std::int32_t Hp = H == 2 && pick(0, 1) == 1 ? 1 : 2;
+  s.layout.geometry     = page_geometry{P, Hp, 4, dtype::f32};
   s.layout.num_layers   = L;
   s.layout.num_kv_heads = H;
   s.layout.slots.resize(static_cast<std::size_t>(L * H));
@@ -214,13 +216,13 @@ random_case make_random_case(std::mt19937_64& rng) {
   std::iota(comp.begin(), comp.end(), 0);
   std::shuffle(comp.begin(), comp.end(), rng);
   bool uncompressed_first = pick(0, 1) == 1;
-  std::int32_t g0 = uncompressed_first ? H / 2 : 0, u0 = uncompressed_first ? 0 : H;
+  std::int32_t g0 = uncompressed_first ? H / Hp : 0, u0 = uncompressed_first ? 0 : 2 * H / Hp;
   for (std::size_t i = 0; i < comp.size(); ++i)
-    s.layout.slots[static_cast<std::size_t>(comp[i])] = {g0 + static_cast<std::int32_t>(i / 2),
-                                                         static_cast<std::int32_t>(i % 2)};
+    s.layout.slots[static_cast<std::size_t>(comp[i])] = {g0 + static_cast<std::int32_t>(i) / Hp,
+                                                         static_cast<std::int32_t>(i) % Hp};
   for (std::int32_t h = 0; h < H; ++h)
-    s.layout.slots[static_cast<std::size_t>(2 * H + h)] = {u0 + h / 2, h % 2};
-  s.layout.group_window.assign(static_cast<std::size_t>(H + H / 2), 0);
+    s.layout.slots[static_cast<std::size_t>(2 * H + h)] = {u0 + h / Hp, h % Hp};
+  s.layout.group_window.assign(static_cast<std::size_t>(3 * H / Hp), 0);
   s.layout.group_ring_pages.assign(s.layout.group_window.size(), 0);
   s.sink    = static_cast<std::int32_t>(pick(0, 1));
   c.protect = static_cast<std::int32_t>(pick(0, 3));
@@ -258,7 +260,7 @@ random_case make_random_case(std::mt19937_64& rng) {
     for (std::int32_t i = 0; i < 2 * H; ++i)
       cand +=
           s.seqs[static_cast<std::size_t>(r)].base_len[static_cast<std::size_t>(i)] + s.chunk(r);
-    for (std::int32_t i = 0; i < 2 * H; i += 2) pages += (max_cand + P - 1) / P;
+    for (std::int32_t i = 0; i < 2 * H; i += Hp) pages += (max_cand + P - 1) / P;
     s.wanted.push_back(pick(0, cand + 2));
     s.limit.push_back(pick(0, pages + 1));
   }
@@ -348,7 +350,7 @@ TEST_CASE("elastic eviction reference: optimal, within the limit, against brute 
         }
       }
       // Brute force over every group-length vector within the limit.
-      std::int32_t G = H;  // 2H compressed heads, Hp 2
+      const std::int32_t G = 2 * H / s.layout.geometry.group_size;  // 2H compressed heads
       std::vector<std::vector<std::int32_t>> members(static_cast<std::size_t>(G));
       std::int32_t gbase = s.layout.slots[0].group;
       for (std::int32_t i = 0; i < 2 * H; ++i)

@@ -23,6 +23,7 @@ struct eviction_case {
   std::int32_t d           = 64;
   std::int32_t P           = 16;
   std::int32_t group       = 2;
+  std::int32_t Hp          = 2;  ///< heads per page: 2 or 1 (per-head pages)
   std::int32_t sink        = 4;
   std::int32_t recent      = 8;   ///< protected recent window
   std::int32_t window      = 24;  ///< sliding layer window
@@ -115,10 +116,11 @@ std::vector<double> snapkv_double(std::vector<float> const& cand_k,
 }
 
 void run_case(eviction_case const& c) {
-  INFO("dtype " << to_string(c.kv_dtype) << " d " << c.d << " P " << c.P << " source "
-                << to_string(c.source) << " seed " << c.seed << " scales " << c.k_scale.size());
+  INFO("dtype " << to_string(c.kv_dtype) << " d " << c.d << " P " << c.P << " Hp " << c.Hp
+                << " source " << to_string(c.source) << " seed " << c.seed << " scales "
+                << c.k_scale.size());
   std::mt19937_64 rng(c.seed);
-  page_geometry geo{c.P, 2, c.d, c.kv_dtype};
+  page_geometry geo{c.P, c.Hp, c.d, c.kv_dtype};
   auto sc            = test::make_eviction_scenario(geo, c.window, c.sink + c.recent);
   auto const& rules  = sc.rules;
   auto const& req    = sc.requests;
@@ -331,6 +333,19 @@ TEST_CASE("eviction reference: supplied scores with ties, NaN and -inf", "[evict
     c.seed     = seed;
     c.kv_dtype = seed % 2 ? dtype::f32 : dtype::bf16;
     c.P        = seed <= 2 ? 16 : 1;
+    run_case(c);
+  }
+}
+
+TEST_CASE("eviction reference: per-head pages (Hp 1), supplied and SnapKV scores",
+          "[eviction][per_head]") {
+  for (std::uint64_t seed = 30; seed <= 33; ++seed) {
+    eviction_case c;
+    c.Hp       = 1;
+    c.seed     = seed;
+    c.kv_dtype = seed % 2 ? dtype::f32 : dtype::bf16;
+    c.P        = seed <= 31 ? 16 : 1;
+    c.source   = seed >= 32 ? score_source::snapkv : score_source::supplied;
     run_case(c);
   }
 }

@@ -294,11 +294,12 @@ class test_cache {
 };
 
 /**
- * The eviction tests' cache (CPU and GPU): 3 layers x 4 KV heads, Hp 2. Layers 0 and 2 grow and
- * share head groups (global clustering: group h holds head h of layer 0 in column 0 and of layer 2
- * in column 1); their head 3 is uncompressed, heads 0-2 compressed with budget
- * 0.1 + 0.25 h + 0.05 l and `protect` protected tokens. Layer 1 is sliding-window (`window`, rings
- * one page longer than the window), heads paired into groups. Six requests, each (tokens seen
+ * The eviction tests' cache (CPU and GPU): 3 layers x 4 KV heads, Hp 2 or 1. Layers 0 and 2 grow;
+ * with Hp 2 they share head groups (global clustering: group h holds head h of layer 0 in column 0
+ * and of layer 2 in column 1), with Hp 1 (per-head pages) every head is its own group. Their head
+ * 3 is uncompressed, heads 0-2 compressed with budget 0.1 + 0.25 h + 0.05 l and `protect`
+ * protected tokens. Layer 1 is sliding-window (`window`, rings one page longer than the window),
+ * heads paired into groups (Hp 2) or one group each (Hp 1). Six requests, each (tokens seen
  * before the chunk, chunk length); those that have seen more than 100 tokens hold 5 decode tokens
  * since their last compression. The batch takes them in the order {2, 0, 5, 1, 4, 3}.
  */
@@ -325,17 +326,27 @@ inline eviction_scenario make_eviction_scenario(page_geometry g,
   c.num_layers   = L;
   c.num_kv_heads = H;
   c.slots.resize(static_cast<std::size_t>(L * H));
-  for (std::int32_t h = 0; h < H; ++h) {
-    c.group_window.push_back(0);
-    c.group_ring_pages.push_back(0);
-    c.slots[static_cast<std::size_t>(0 * H + h)] = {h, 0};
-    c.slots[static_cast<std::size_t>(2 * H + h)] = {h, 1};
-  }
-  for (std::int32_t h = 0; h < H; h += 2) {
-    c.group_window.push_back(window);
-    c.group_ring_pages.push_back((window + g.page_tokens - 1) / g.page_tokens + 1);
-    c.slots[static_cast<std::size_t>(1 * H + h)]     = {c.num_groups() - 1, 0};
-    c.slots[static_cast<std::size_t>(1 * H + h + 1)] = {c.num_groups() - 1, 1};
+  std::int32_t const ring = (window + g.page_tokens - 1) / g.page_tokens + 1;
+  if (g.group_size == 1) {  // per-head pages: every head its own group
+    for (std::int32_t l = 0; l < L; ++l)
+      for (std::int32_t h = 0; h < H; ++h) {
+        c.group_window.push_back(l == 1 ? window : 0);
+        c.group_ring_pages.push_back(l == 1 ? ring : 0);
+        c.slots[static_cast<std::size_t>(l * H + h)] = {c.num_groups() - 1, 0};
+      }
+  } else {
+    for (std::int32_t h = 0; h < H; ++h) {
+      c.group_window.push_back(0);
+      c.group_ring_pages.push_back(0);
+      c.slots[static_cast<std::size_t>(0 * H + h)] = {h, 0};
+      c.slots[static_cast<std::size_t>(2 * H + h)] = {h, 1};
+    }
+    for (std::int32_t h = 0; h < H; h += 2) {
+      c.group_window.push_back(window);
+      c.group_ring_pages.push_back(ring);
+      c.slots[static_cast<std::size_t>(1 * H + h)]     = {c.num_groups() - 1, 0};
+      c.slots[static_cast<std::size_t>(1 * H + h + 1)] = {c.num_groups() - 1, 1};
+    }
   }
   for (std::int32_t l = 0; l < L; ++l)
     for (std::int32_t h = 0; h < H; ++h) {

@@ -42,7 +42,7 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   CHECK(root["policies"]["tangram_elastic"]["modelled_eviction_pass_s"].as_double(1e-12, 1e6) > 0);
   CHECK(root["policies"]["tangram_elastic"]["generated_tokens"].as_int(0, 1LL << 60) ==
         root["policies"]["tangram"]["generated_tokens"].as_int(0, 1LL << 60));
-  CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(0.15));
+  CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(0.02));  // the default
   CHECK(root["tangram_elastic"]["default_reservation"].as_bool());  // the `tangram` column is static
   CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 8192);
   CHECK(root["tangram_elastic"]["needs"].as_string().find("modelled: retention sample") == 0);
@@ -62,7 +62,7 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
   REQUIRE(r.code == 0);
   for (char const* piece : {"full_kv", "unified_nonuniform", "tangram", "resident sessions, peak", "(modelled)",
                             "vs full_kv", "tangram: static per-group budgets (--reservation static)",
-                            "tangram_elastic: elastic reservation, the default", "margin 0.15;"})
+                            "tangram_elastic: elastic reservation, the default", "margin 0.02;"})
     CHECK(r.out.find(piece) != std::string::npos);
   // The header names four columns, static tangram third and tangram_elastic fourth; every row of
   // figures has four values.

@@ -50,10 +50,12 @@ namespace tangram {
  * the previous sync's upload may still be reading.
  *
  * Synchronisation: `sync` returns without waiting for the GPU, except that before writing a
- * shadow it waits for the upload enqueued two syncs earlier from that shadow
- * (`cudaEventSynchronize`): it blocks only when the host runs more than one step ahead of the
- * stream. The uploads are ordered on `stream`: kernels on the same stream see the new arrays,
- * kernels on another stream need an event from the caller. Conversely the upload overwrites the
+ * shadow it waits for the upload enqueued two syncs earlier from that shadow: it asks first
+ * (`cudaEventQuery`, never a wait) and calls `cudaEventSynchronize` only when that upload has not
+ * run yet, i.e. only when the host runs more than one step ahead of the stream. An engine whose
+ * GPU trails its host by at most one step never waits in `sync`. The uploads are ordered on
+ * `stream`: kernels on the same stream see the new arrays, kernels on another stream need an
+ * event from the caller. Conversely the upload overwrites the
  * arrays that kernels enqueued before it on the same stream are reading only after they end;
  * kernels on other streams that still read the previous step's view must be ordered before it
  * by the caller. The manager's host arrays are read during `sync` only: it may change freely

@@ -82,9 +82,9 @@ inline scorer_total scorer_of(retention_samples const& s,
 
 /// @brief Settings of the elastic calibration.
 struct elastic_options {
-  std::int32_t group_size  = 4;   ///< Hp, in [1, 1024]; must divide the profiled heads
-  std::int32_t page_tokens = 16;  ///< P, in [1, 4096]
-  std::optional<double> margin;   ///< fixed margin in [0, max_elastic_margin]; none: calibrated
+  std::int32_t group_size  = default_group_size;  ///< Hp, in [1, 1024]; must divide the heads
+  std::int32_t page_tokens = 16;                  ///< P, in [1, 4096]
+  std::optional<double> margin;  ///< fixed margin in [0, max_elastic_margin]; none: calibrated
   double margin_alpha    = 2.0;  ///< calibrated margin = mean + alpha sd of m_s, alpha in [0, 1000]
   keep_ratio_basis basis = keep_ratio_basis::all_tokens;
 

@@ -68,9 +68,18 @@ struct layer_range {
   }
 };
 
+/**
+ * Hp a plan pages its heads with unless told otherwise: 1, per-head pages. Each head's page list
+ * holds exactly its own tokens, so elastic reservation needs no group padding (1.000x the
+ * bundled samples' needs, against 1.04-1.22x for plan-time groups of 4) and decode reads exactly
+ * each head's length; the price is Hp times more page-table entries and page draws per decode
+ * step than groups of Hp (docs/planning.md#per-head-pages-the-default-hp-1-p-16).
+ */
+inline constexpr std::int32_t default_group_size = 1;
+
 /// @brief Choices that shape a static plan.
 struct plan_options {
-  std::int32_t group_size  = 4;  ///< Hp, heads per page
+  std::int32_t group_size  = default_group_size;  ///< Hp, heads per page
   grouping_scope scope     = grouping_scope::global;
   std::int32_t page_tokens = 16;    ///< P
   split_options split;              ///< N_CTA and how shares are weighted

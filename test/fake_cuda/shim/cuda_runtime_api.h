@@ -3,7 +3,8 @@
 // kernels/kv_view_mirror.cu, kernels/stream_epochs.cu) on the CPU, in test/fake_cuda. Just the
 // calls those sources make.
 //
-// "Device" memory is host memory. Work enqueued on a stream (cudaMemcpyAsync, cudaEventRecord)
+// "Device" memory is host memory. Work enqueued on a stream (cudaMemcpyAsync, cudaEventRecord,
+// cudaLaunchHostFunc, which test code uses to enqueue kernels' CPU stand-ins in stream order)
 // does NOT run when enqueued: it waits in one queue (streams are not told apart, a stricter
 // order than CUDA's) until cudaEventSynchronize of an event recorded in it, cudaStreamSynchronize,
 // cudaDeviceSynchronize, or fake_cuda::run(n); cudaEventQuery never runs any (it answers
@@ -60,13 +61,17 @@ typedef CUevent_st* cudaEvent_t;
 #define cudaEventDisableTiming 0x02
 #define CUDART_CB
 
+typedef void (*cudaHostFn_t)(void*);
+
 namespace fake_cuda {
 
 struct op {
-  void* dst             = nullptr;  ///< a copy, or (dst == nullptr) an event record
+  void* dst             = nullptr;  ///< a copy, or (dst == nullptr) an event record or host fn
   void const* src       = nullptr;
   std::size_t bytes     = 0;
   CUevent_st* event     = nullptr;
+  cudaHostFn_t fn       = nullptr;  ///< cudaLaunchHostFunc: called when the op runs
+  void* user            = nullptr;
   std::int64_t position = 0;
 };
 
@@ -87,6 +92,8 @@ struct state_t {
   int fail_event_query_in          = -1;    ///< fail the n-th next cudaEventQuery
   std::int64_t events_live         = 0;     ///< events created and not yet destroyed
   std::int64_t event_queries = 0, event_syncs = 0, stream_waits = 0;  ///< calls made
+  /// Blocking calls made: cudaStreamSynchronize, cudaDeviceSynchronize, synchronous cudaMemcpy.
+  std::int64_t stream_syncs = 0, device_syncs = 0, blocking_copies = 0;
   std::function<void(CUevent_st*)> on_record_run;  ///< called when an event record runs
 };
 
@@ -104,9 +111,19 @@ inline void run(std::int64_t n = -1) {
     ++s.executed;
     if (o.dst)
       std::memcpy(o.dst, o.src, o.bytes);
+    else if (o.fn)
+      o.fn(o.user);
     else if (s.on_record_run && o.event)
       s.on_record_run(o.event);
   }
+}
+
+/// Calls that make the host wait for the device: cudaEventSynchronize, cudaStreamSynchronize,
+/// cudaDeviceSynchronize and the synchronous cudaMemcpy (the "sync counter" of the engine-loop
+/// checks: a loop that never waits leaves it unchanged).
+inline std::int64_t host_waits() {
+  auto const& s = state();
+  return s.event_syncs + s.stream_syncs + s.device_syncs + s.blocking_copies;
 }
 
 inline bool consume(int& countdown) {
@@ -265,15 +282,16 @@ inline cudaError_t cudaMemcpyAsync(
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++fake_cuda::state().stream_syncs;
   fake_cuda::run();
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
+  ++fake_cuda::state().device_syncs;
   fake_cuda::run();
   return cudaSuccess;
 }
 // What test/gpu/kv_view_mirror_test.cpp calls besides (run here by gpu_mirror_main.cpp).
-typedef void (*cudaHostFn_t)(void*);
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
   static int streams = 0;
   *s                 = reinterpret_cast<cudaStream_t>(&streams);  // never dereferenced
@@ -283,11 +301,18 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t) {
   fake_cuda::run();
   return cudaSuccess;
 }
-/// Runs nothing: the fake's queue already holds work back until something waits.
-inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void*) {
+/// Enqueued like any work: `fn(user)` runs when the queue reaches it (after the work before it).
+inline cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* user) {
+  auto& s = fake_cuda::state();
+  fake_cuda::op o;
+  o.fn       = fn;
+  o.user     = user;
+  o.position = s.enqueued++;
+  s.queue.push_back(o);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpy(void* dst, void const* src, std::size_t bytes, cudaMemcpyKind) {
+  ++fake_cuda::state().blocking_copies;
   fake_cuda::run();  // synchronous: after the work before it
   std::memcpy(dst, src, bytes);
   return cudaSuccess;

@@ -7,8 +7,11 @@
  * Per prefill chunk of session s (after `prepare_chunk`): every compressed head h has seen
  * `seen` = the session's tokens after the chunk and has `cand_h` candidates (`expected_kept`).
  * Its need is MODELLED by `retention_needs` (eval/sim/retention_needs.hpp). The group lengths are
- * `reference::select_group_lengths` within `elastic_page_limit(seq)`; each head keeps
- * min(its group's length in tokens, cand_h). The eviction runs once per chunk outside the forward
+ * the optimal greedy of `reference::select_group_lengths` within `elastic_page_limit(seq)`, in the
+ * form the eviction kernel runs (`elastic::select_lengths`, kernels/elastic_lengths.hpp: a
+ * threshold search, O(G Hp log) per chunk, where the reference's heap adds one page per step,
+ * O(pages); elastic_test.cpp checks the two equal); each head keeps min(its group's length in
+ * tokens, cand_h). The eviction runs once per chunk outside the forward
  * pass: the policy reports one read and one write of the compressed heads' kept K/V per chunk
  * (`prefill_chunk_extra_bytes`), which the replay charges at HBM bandwidth (modelled).
  */
@@ -24,11 +27,11 @@
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/retention_needs.hpp"
+#include "tangram/kernels/elastic_lengths.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "tangram/reference/elastic_selection.hpp"
 
 namespace tangram::sim {
 
@@ -43,9 +46,8 @@ class elastic_eviction final : public chunk_eviction {
       if (g.rule.kind != layer_kind::compressed) continue;
       for (auto m : g.members) heads_.push_back(m.layer * plan.num_kv_heads + m.head);
     }
-    members_.resize(heads_.size());
-    for (std::size_t i = 0; i < members_.size(); ++i) members_[i] = static_cast<std::int32_t>(i);
     wanted_.resize(heads_.size());
+    pages_.resize(heads_.size() / static_cast<std::size_t>(plan.geometry.group_size));
   }
 
   /// Head h's modelled need at `seen` tokens with `candidates` candidates (file comment).
@@ -68,30 +70,33 @@ class elastic_eviction final : public chunk_eviction {
       wanted_[i] = need(session, h, seen, cand);
       most       = std::max(most, cand);
     }
-    reference::elastic_selection_input in;
-    in.needs        = &wanted_;
-    in.members      = &members_;
-    in.group_size   = plan_.geometry.group_size;
-    in.page_tokens  = plan_.geometry.page_tokens;
-    in.candidates   = most;
-    in.protect      = plan_.profile.protected_tokens();
-    in.budget_pages = manager.elastic_page_limit(seq);
-    auto sel        = reference::select_group_lengths(in);
-    TANGRAM_EXPECTS(sel.fits,
+    // The protected floor of every group, then the optimal pages above the floors.
+    auto const P       = plan_.geometry.page_tokens;
+    auto const hp      = plan_.geometry.group_size;
+    auto const groups  = static_cast<std::int64_t>(pages_.size());
+    std::int64_t lo    = ceil_div(std::min(most, plan_.profile.protected_tokens()), P);
+    std::int64_t limit = manager.elastic_page_limit(seq);
+    TANGRAM_EXPECTS(lo * groups <= limit,
                     logic_error,
                     "tangram_elastic: the protected floors exceed elastic_page_limit ",
-                    in.budget_pages,
+                    limit,
                     " after ",
                     seen,
                     " tokens");
-    wanted_total_ += sel.wanted_total;
-    wanted_clipped_ += sel.wanted_clipped();
-    auto hp          = static_cast<std::size_t>(plan_.geometry.group_size);
+    (void)elastic::select_lengths(wanted_.data(),
+                                  static_cast<std::int32_t>(groups),
+                                  hp,
+                                  P,
+                                  lo,
+                                  limit - lo * groups,
+                                  pages_.data());
     std::int64_t sum = 0;
     for (std::size_t i = 0; i < heads_.size(); ++i) {
       auto& k  = kept[static_cast<std::size_t>(heads_[i])];
-      auto len = sel.group_pages[i / hp] * plan_.geometry.page_tokens;
-      k        = static_cast<std::int32_t>(std::min<std::int64_t>(len, k));
+      auto len = pages_[i / static_cast<std::size_t>(hp)] * P;
+      wanted_total_ += wanted_[i];
+      wanted_clipped_ += wanted_[i] - std::min(wanted_[i], len);
+      k = static_cast<std::int32_t>(std::min<std::int64_t>(len, k));
       sum += k;
     }
     return 2.0 * static_cast<double>(sum) * head_token_bytes(plan_);  // read + write (modelled)
@@ -105,9 +110,9 @@ class elastic_eviction final : public chunk_eviction {
  private:
   static_plan plan_;
   retention_needs needs_;
-  std::vector<std::int32_t> heads_;         ///< compressed groups' heads, Hp per group in order
-  std::vector<std::int32_t> members_;       ///< identity: wanted_ is already in group order
-  std::vector<std::int64_t> wanted_;        ///< scratch: needs in group order
+  std::vector<std::int32_t> heads_;   ///< compressed groups' heads, Hp per group in order
+  std::vector<std::int64_t> wanted_;  ///< scratch: needs in group order
+  std::vector<std::int64_t> pages_;   ///< scratch: each compressed group's length in pages
   std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
 };
 
