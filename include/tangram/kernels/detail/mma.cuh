@@ -2,9 +2,8 @@
 /**
  * @file kernels/detail/mma.cuh
  * @brief Warp-level tensor-core fragments: `mma.sync.aligned.m16n8k16` (bf16 / f16 inputs, f32
- * accumulate), `ldmatrix` (x4, plain and transposed), 16-bit pair packing, the fp8 -> f16
- * widening of 16 values and the cp.async with a register zero-fill the tensor-core decode path
- * uses (kernels/detail/decode_mma.cuh).
+ * accumulate), `ldmatrix` (x4, plain and transposed), 16-bit pair packing and the fp8 -> f16
+ * widening of 16 values (kernels/detail/decode_mma.cuh, snapkv_mma.cuh).
  *
  * Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16" with .f16/.bf16): with
  * `g = lane / 4` and `t = lane % 4`, each 32-bit register holds two 16-bit elements, the lower
@@ -147,20 +146,6 @@ __device__ __forceinline__ void fp8x16_to_f16(uint4 raw, uint4 (&out)[2]) {
     out[i].z = h[4 * i + 2];
     out[i].w = h[4 * i + 3];
   }
-}
-
-/// 16-byte cp.async that reads `src_bytes` (0 or 16) and zero-fills the rest: the zero-fill is a
-/// register operand of the instruction, not a branch.
-__device__ __forceinline__ void copy16_async_zfill(void* smem,
-                                                   const void* gmem,
-                                                   unsigned src_bytes) {
-#if defined(TANGRAM_EMULATION) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
-  __pipeline_memcpy_async(smem, gmem, 16, 16 - src_bytes);
-#else
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile(
-      "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-#endif
 }
 
 }  // namespace tangram::detail
