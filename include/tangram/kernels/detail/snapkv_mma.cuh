@@ -304,17 +304,19 @@ TANGRAM_KERNEL __launch_bounds__(snapkv_mma_config<T, D>::threads) void snapkv_m
         }
         // Weights: exp2 of each score against its row's normaliser; masked, a key past its
         // row's last visible one gets exp2(-inf) = 0 (no branch).
-        const int ua = sub * PER, ub = sub * PER + PER - 1;
+        const int ua = sub * PER;  // (and ua + 1: rows g + 8 of exact rows)
 #pragma unroll
         for (int nt = 0; nt < NW; ++nt)
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int key    = (warp * NW + nt) * 8 + 2 * tq + i;
-            const bool see_a = !Masked || key <= last[ua], see_b = !Masked || key <= last[ub];
+            const bool see_a = !Masked || key <= last[ua];
             if constexpr (Split) {
               wsum[nt][i] +=
                   exp2_flush(see_a ? (cs[nt][i] + cs[nt][i + 2]) * s2 - lse2[ua] : -INFINITY);
             } else {
+              const int ub     = ua + PER - 1;
+              const bool see_b = !Masked || key <= last[ub];
               wsum[nt][i] += exp2_flush(see_a ? cs[nt][i] * s2 - lse2[ua] : -INFINITY) +
                              exp2_flush(see_b ? cs[nt][i + 2] * s2 - lse2[ub] : -INFINITY);
             }
