@@ -189,7 +189,7 @@ def decode_mma_config(T, D):  # decode_mma_config<T, D> (decode_mma.cuh)
     pipeline = warps * (stages * stage + wide) + q
     return dict(threads=64, warps=warps, tile=tile, stages=stages, lpt=32 // tile,
                 tile_bytes=2 * tile * D * es, row_bytes=D * es, raw_row=raw_row,
-                smem=max(pipeline, 4096 * 8), row_contiguous=True)
+                smem=max(pipeline, 4096 * 8), row_contiguous=True, half_widen=True)
 
 
 def snapkv_mma_config(D, pipelined=True):  # snapkv_mma_config<T, D> (snapkv_mma.cuh)
@@ -295,7 +295,17 @@ def decode_mma_wavefronts(T, D, cfg):
             total += ldmatrix_wavefronts(
                 [(((l // 8) % 2) * 8 + l % 8) * row + (l // 16) * 16 + kt * 16 * row + 32 * np_
                  for l in range(32)])
-    if es == 1:  # widen K, then V: a 16-byte read and two 16-byte writes per chunk
+    if es == 1 and cfg["half_widen"]:  # widen K, then V: lane l, 8-byte halves l + 32 u
+        halves = D // 8
+        for kv in range(2):
+            for u in range(tile * halves // 32):
+                r, w = [], []
+                for l in range(32):
+                    tok, part = divmod(l + 32 * u, halves)
+                    r.append(tok * raw + 8 * part)
+                    w.append(tok * row + 16 * part)
+                total += shared_wavefronts(r, 8) + shared_wavefronts(w, 16)
+    elif es == 1:  # before issue #34: a 16-byte read and two 16-byte writes per chunk
         per_row = D // 16
         for kv in range(2):
             for u in range(tile * per_row // 32):
@@ -429,8 +439,10 @@ def decode_row(ks, case, T, D, GB, tc=True, fold=False):
     row = dict(case=case, kernel=name, ctas_per_sm_planned=planned, ctas_per_sm_launched=launched,
                spill_bytes=spill_bytes(k["sass"]), loop_spill_bytes=spill_bytes(
                    [(0, t) for t in loop]), registers=k.get("regs"))
-    if mma:  # row-contiguous copies take their rows' offsets with SHFL.IDX (issue #34)
+    if mma:  # issue #34: row-contiguous copies take their rows' offsets with SHFL.IDX; the fp8
+        # widening reads 8-byte halves
         cfg["row_contiguous"] = any(re.search(r"\bSHFL\.IDX\b", t) for t in loop)
+        cfg["half_widen"] = any(re.search(r"\bLDS\.64\b", t) for t in loop)
     wipb = len(loop) * warps_per_tile / tile_bytes
     ahead = cfg["stages"] - 1 if cfg["stages"] > 1 else 0.5
     in_flight = launched * streams * tile_bytes * ahead

@@ -175,16 +175,16 @@ TANGRAM_KERNEL __launch_bounds__(
   // (decode_store_piece). 1 for 16-bit K/V.
   const float k_scale = p.scales.k_of(work.h);
   // fp8: the warp widens tile rows of a stage (K or V, D bytes each) into `wide`, exactly.
+  // Lane l widens the 8-byte halves l + 32 u of the tile's stored rows into 16 bytes each, so
+  // the 8 lanes of a 16-byte store phase write 128 contiguous bytes: conflict-free (before issue
+  // #34 a lane widened 16 bytes into two stores 32 bytes apart, conflicting 2-way).
   auto widen_rows = [&](const auto* rows) {  // generic: instantiated for fp8 only
-    constexpr int per_row = D / 16;          // 16-byte chunks of a stored fp8 row
+    constexpr int halves = D / 8;            // 8-byte halves of a stored fp8 row
 #pragma unroll
-    for (int u = 0; u < tile * per_row / 32; ++u) {
-      const int c = lane + 32 * u, tok = c / per_row, part = c % per_row;
-      uint4 out[2];
-      fp8x16_to_f16<T>(*reinterpret_cast<const uint4*>(rows + tok * cfg::raw_row + part * 16), out);
-      auto* dst = reinterpret_cast<uint4*>(wide + tok * row + part * 16);
-      dst[0]    = out[0];
-      dst[1]    = out[1];
+    for (int u = 0; u < tile * halves / 32; ++u) {
+      const int c = lane + 32 * u, tok = c / halves, part = c % halves;
+      *reinterpret_cast<uint4*>(wide + tok * row + part * 8) =
+          fp8x8_to_f16<T>(*reinterpret_cast<const uint2*>(rows + tok * cfg::raw_row + part * 8));
     }
   };
 

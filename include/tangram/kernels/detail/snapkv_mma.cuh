@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "tangram/config.hpp"
 #include "tangram/kernels/detail/eviction_common.cuh"
