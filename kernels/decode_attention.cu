@@ -74,7 +74,9 @@ void decode_attention(decode_params const& p,
 std::optional<device_limits> decode_device_limits(dtype kv_dtype,
                                                   std::int32_t head_dim,
                                                   std::int32_t group,
-                                                  std::int32_t device) noexcept {
+                                                  std::int32_t device,
+                                                  bool tensor_cores,
+                                                  bool folded_merge) noexcept {
   if (!decode_kernel_supports(kv_dtype, head_dim) || group < 1 || group > decode_max_group)
     return std::nullopt;
   int count = 0;
@@ -89,9 +91,9 @@ std::optional<device_limits> decode_device_limits(dtype kv_dtype,
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess)
     detail::dispatch_decode(kv_dtype, head_dim, group, [&](auto tag, auto dim, auto bucket) {
-      err = detail::decode_split_occupancy<decltype(tag),
-                                           decltype(dim)::value,
-                                           decltype(bucket)::value>(&per_sm);
+      err = detail::
+          decode_split_occupancy<decltype(tag), decltype(dim)::value, decltype(bucket)::value>(
+              &per_sm, tensor_cores, folded_merge);
     });
   (void)cudaSetDevice(previous);
   if (err != cudaSuccess || sms <= 0 || per_sm <= 0) {  // a zero occupancy is an error, not a plan

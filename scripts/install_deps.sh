@@ -59,6 +59,12 @@ for s in "${stages[@]}"; do
   esac
 done
 
+# The SASS tools of the static roofline check (ctest kernels:roofline) where nvcc builds the
+# kernels: cuobjdump and nvdisasm from their Python wheels when the toolkit lacks them.
+if [[ " ${stages[*]} " == *" main "* ]] && command -v nvcc >/dev/null; then
+  "$(dirname "$0")/install_sass_tools.sh"
+fi
+
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null; then

@@ -99,13 +99,17 @@ TEST_CASE("mutation: a deleted tile barrier is detected (decode, f32 x 256 and f
           "[emu][mutation]") {
   // With f32 and head dim 256 a lane reads 32 bytes per token, two chunks of which only one
   // it copied itself: without the barrier it reads the other before its copier's wait. fp8
-  // lanes read 8 bytes of a 16-byte chunk that, by the copy order, another thread copied. (In
-  // the configurations where every lane reads exactly the 16-byte chunks it copied, this barrier
-  // only orders a thread's own copies, and deleting it is harmless there.)
+  // lanes of the CUDA-core kernel (group 2) read 8 bytes of a 16-byte chunk that, by the copy
+  // order, another thread copied. (In the configurations where every lane reads exactly the
+  // 16-byte chunks it copied, this barrier only orders a thread's own copies, and deleting it is
+  // harmless there; so in the tensor-core kernel's fp8 path, whose lanes widen exactly the
+  // chunks their row-contiguous copies moved, and whose 16-bit ldmatrix reads are warp
+  // collectives in the emulator: docs/kernels.md, "Host emulation".)
   require_detected(
       small_decode(dtype::f32, 256), {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
-  require_detected(
-      small_decode(dtype::fp8_e4m3, 64), {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
+  test::decode_case fp8 = small_decode(dtype::fp8_e4m3, 64);
+  fp8.group             = 2;
+  require_detected(fp8, {5, emu::copy_mode::deferred, 0}, decode_tile_ready);
 }
 
 TEST_CASE("mutation: a deleted load-to-store barrier in the compaction is detected",
@@ -146,6 +150,15 @@ TEST_CASE("mutation: a deleted query-tile barrier in SnapKV scoring is detected"
   test::eviction_case c;
   c.source = score_source::snapkv;
   c.seed   = 61;
+  require_detected(c, {9, emu::copy_mode::deferred, 0}, snapkv_queries);
+}
+
+TEST_CASE("mutation: a query-tile cp.async wait one short is detected (tensor-core SnapKV)",
+          "[emu][mutation]") {
+  // bf16 K with exact bf16 queries: the scorer copies each query tile with cp.async a tile ahead
+  // into memory that held the K block; a wait that returns early scores stale rows.
+  test::eviction_case c = test::eviction_cases_lse()[1];
+  REQUIRE(c.q_dtype == dtype::bf16);
   require_detected(c, {9, emu::copy_mode::deferred, 0}, snapkv_queries);
 }
 

@@ -261,6 +261,15 @@ TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", 
           valid = false;
         }
         GPU_CHECK(valid);
+        // Every launched variant (tensor cores on / off, folded merge or not) runs at the
+        // occupancy of the plan made with the default query.
+        for (bool tc : {true, false}) {
+          auto plain = decode_device_limits(t, d, g, 0, tc, false);
+          auto fold  = decode_device_limits(t, d, g, 0, tc, true);
+          GPU_REQUIRE(plain.has_value() && fold.has_value());
+          GPU_CHECK(fold->ctas_per_sm == plain->ctas_per_sm);
+          if (tc) GPU_CHECK(plain->ctas_per_sm == lim->ctas_per_sm);
+        }
       }
   GPU_CHECK(!decode_device_limits(dtype::fp8_e4m3, 96, 4).has_value());
   GPU_CHECK(!decode_device_limits(dtype::bf16, 96, 4).has_value());

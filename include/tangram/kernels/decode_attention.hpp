@@ -162,8 +162,9 @@ TANGRAM_HOST_DEVICE std::int64_t invariant_slot(
 /**
  * Workspace layout for one launch (`invariant_pieces` = 0: the split map's slots; K > 0:
  * batch-invariant mode's); grows monotonically with each argument for a fixed mode (from 0 to
- * K > 0 invariant pieces the slot count changes from N_CTA + H * batch to H * batch * K). All arguments are bounded
- * by `decode_params::validate` (KV heads and head dim by the view), so the sizes fit in int64.
+ * K > 0 invariant pieces the slot count changes from N_CTA + H * batch to H * batch * K). All
+ * arguments are bounded by `decode_params::validate` (KV heads and head dim by the view), so the
+ * sizes fit in int64.
  */
 TANGRAM_HOST_DEVICE decode_workspace_layout decode_workspace(std::int32_t num_ctas,
                                                              std::int32_t num_kv_heads,
@@ -222,7 +223,7 @@ struct decode_params {
   float sm_scale        = 0.f;      ///< logit scale; 0 means 1/sqrt(head_dim)
   /// bf16/f16 K/V with group >= 3 run the tensor-core split kernel (kernels/detail/decode_mma.cuh);
   /// false runs the CUDA-core one there too (to compare them; decode_device_limits reports the
-  /// tensor-core kernel's occupancy)
+  /// occupancy of either, see its `tensor_cores`)
   bool tensor_cores = true;
   /// fp8 pages only: K/V of KV head h hold `to_float(stored) * s_h` (kv_scales.hpp; device
   /// arrays for the launcher). The CUDA-core kernel folds the K scale into the pre-scaled query,
@@ -417,7 +418,10 @@ void decode_attention(decode_params const& p,
 
 /**
  * @brief Occupancy of the decode split kernel for (KV dtype, head dim, GQA group) on `device`:
- * `{sm_count, ctas_per_sm}` (N_CTA = their product) as the CUDA runtime reports it.
+ * `{sm_count, ctas_per_sm}` (N_CTA = their product) as the CUDA runtime reports it, for the
+ * kernel that `decode_attention` launches with `decode_params::tensor_cores == tensor_cores` and
+ * `merge_counters` set (`folded_merge`) or not. (The plain and folded-merge variants are
+ * compiled for the same occupancy, so a plan made with either runs as planned with the other.)
  *
  * Returns nullopt when there is no usable device, the configuration is unsupported, or the
  * runtime reports an error (which is cleared). Never throws; queries through cudart only.
@@ -425,6 +429,8 @@ void decode_attention(decode_params const& p,
 std::optional<device_limits> decode_device_limits(dtype kv_dtype,
                                                   std::int32_t head_dim,
                                                   std::int32_t group,
-                                                  std::int32_t device = 0) noexcept;
+                                                  std::int32_t device = 0,
+                                                  bool tensor_cores   = true,
+                                                  bool folded_merge   = false) noexcept;
 
 }  // namespace tangram

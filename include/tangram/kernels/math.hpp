@@ -25,6 +25,20 @@ TANGRAM_HOST_DEVICE float exp2_shifted(float x, float m) {
 #endif
 }
 
+/// exp2(x), where a result below 2^-126 may be flushed to 0: one `ex2.approx.ftz.f32` on the
+/// device (relative error about 2^-22, as exp2f's, which adds a range check and two multiplies to
+/// keep subnormal results), std::exp2 on the host. For sums of probabilities, where subnormal
+/// terms do not matter. exp2(-inf) is 0.
+TANGRAM_HOST_DEVICE float exp2_flush(float x) {
+#if TANGRAM_ON_DEVICE
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::exp2(x);
+#endif
+}
+
 /// log2(x) on host and device.
 TANGRAM_HOST_DEVICE float log2_of(float x) {
 #if TANGRAM_ON_DEVICE

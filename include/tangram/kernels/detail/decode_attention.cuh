@@ -56,9 +56,16 @@ struct decode_config {
   static constexpr int stages      = 4;
   static constexpr int tile        =  // tokens per stage, a multiple of `groups`
       stage_bytes / (2 * D * elem_bytes) > groups ? stage_bytes / (2 * D * elem_bytes) : groups;
-  static constexpr int per_group      = tile / groups;  ///< tokens per token group per tile
-  static constexpr int row_chunks     = D * elem_bytes / 16;
-  static constexpr int stage_chunks   = 2 * tile * row_chunks;
+  static constexpr int per_group    = tile / groups;  ///< tokens per token group per tile
+  static constexpr int row_bytes    = D * elem_bytes;
+  static constexpr int row_chunks   = row_bytes / 16;
+  static constexpr int stage_chunks = 2 * tile * row_chunks;
+  /// Tokens whose K and V chunks one thread copies per tile: chunk tid + u * threads of a stage's
+  /// K rows is chunk tid % row_chunks of token token_of(tid, u) (the same chunk of each).
+  static constexpr int thread_tokens = tile * row_chunks / threads;
+  TANGRAM_HOST_DEVICE static constexpr int token_of(int tid, int i) {
+    return tid / row_chunks + i * (threads / row_chunks);
+  }
   static constexpr int pipeline_bytes = stages * 2 * tile * D * elem_bytes;
   static constexpr int prefix_bytes   = decode_max_batch * 8;
   static constexpr int merge_bytes    = groups * decode_max_group * D * 4;
@@ -72,19 +79,23 @@ struct decode_config {
                 "lanes per token: power of 2 <= 32");
   static_assert(tile % groups == 0, "tile must be a multiple of the token groups");
   static_assert(stage_chunks % threads == 0, "every thread copies the same number of chunks");
+  static_assert(threads % row_chunks == 0 && thread_tokens >= 1,
+                "a thread copies the same chunk of whole tokens");
   static_assert(smem_bytes <= 48 * 1024 - 2048, "dynamic shared memory must not need an opt-in");
 };
 
 /// Resident CTAs per SM the CUDA-core split kernel is compiled for (registers per thread at most
 /// 65536 / (128 x this)): what the kernel reached before the batch-invariant and fold paths,
-/// which otherwise let the compiler use more registers for the same work.
+/// which otherwise let the compiler use more registers for the same work. Both variants (plain
+/// and folded merge) get it, so that a plan made with one runs at the same occupancy with the
+/// other (checked from the built objects by scripts/kernel_stats.sh --check).
 constexpr int decode_min_ctas_per_sm(int group_bucket) {
   return group_bucket == 1 ? 5 : group_bucket == 2 ? 4 : group_bucket == 4 ? 3 : 1;
 }
 
 template <class T, int D, int GB, bool Fold>
-TANGRAM_KERNEL __launch_bounds__(
-    128, Fold ? 1 : decode_min_ctas_per_sm(GB)) void decode_split_kernel(decode_args const a) {
+TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_split_kernel(
+    decode_args const a) {
   using cfg            = decode_config<T, D>;
   constexpr int vec    = cfg::vec;
   constexpr int bdx    = cfg::bdx;
@@ -136,21 +147,28 @@ TANGRAM_KERNEL __launch_bounds__(
       }
 
       const int n_tiles = (t1 - t0 + tile - 1) / tile;
-      auto load_tile    = [&](int ti) {
-        T* st = stage_base + (ti % stages) * (2 * tile * D);
+      // The thread's copies: 16-byte chunk `part` of the K and V rows of its `thread_tokens`
+      // tokens of every tile (chunk tid + u * threads of the stage, as the lanes read them), each
+      // token a lane stream that advances one tile per issue: one page-table entry per token and
+      // tile, loaded a tile ahead, and no division. Tiles are issued in order, once each.
+      decode_lane_stream ls[cfg::thread_tokens];
 #pragma unroll
-        for (int u = 0; u < cfg::stage_chunks / cfg::threads; ++u) {
-          int c     = tid + u * cfg::threads;
-          int kvsel = c / (tile * cfg::row_chunks);
-          int rem   = c % (tile * cfg::row_chunks);
-          int tok   = rem / cfg::row_chunks;
-          int part  = rem % cfg::row_chunks;
-          int t     = t0 + ti * tile + tok;
-          bool ok   = t < t1;
-          const T* src =
-              ok ? cur.ptr_at_position<T>(cur.position(t), kvsel) + part * (16 / cfg::elem_bytes)
-                 : reinterpret_cast<const T*>(kv.pool);
-          copy16_async(st + kvsel * tile * D + tok * D + part * (16 / cfg::elem_bytes), src, ok);
+      for (int i = 0; i < cfg::thread_tokens; ++i)
+        ls[i].start(cur, t0 + cfg::token_of(tid, i), tile, t1, cfg::elem_bytes);
+      const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
+      const int part_bytes       = (tid % cfg::row_chunks) * 16;
+      auto load_tile             = [&](int ti) {
+        unsigned char* st =
+            reinterpret_cast<unsigned char*>(stage_base + (ti % stages) * (2 * tile * D)) +
+            part_bytes;
+#pragma unroll
+        for (int i = 0; i < cfg::thread_tokens; ++i) {
+          const bool ok            = ls[i].t < t1;
+          const unsigned char* src = ls[i].next(tile, t1) + part_bytes;
+          if (!ok) src = ls[i].base;  // any mapped address; the copy reads nothing
+          unsigned char* dst = st + cfg::token_of(tid, i) * cfg::row_bytes;
+          copy16_async_zfill(dst, src, ok ? 16u : 0u);
+          copy16_async_zfill(dst + tile * cfg::row_bytes, src + v_delta, ok ? 16u : 0u);
         }
       };
 #pragma unroll
@@ -340,24 +358,42 @@ inline decode_args make_decode_args(decode_params const& p, void* workspace) {
   return a;
 }
 
-/// Enqueues the split kernel for (T, D, GB) through the launch policy `launch` (vec.cuh).
-/// (The tensor-core kernel where decode_uses_mma<T, GB> and `a.p.tensor_cores`, decode_mma.cuh.)
-template <class T, int D, int GB, class Launch>
-void launch_decode_split_with(decode_args const& a, Launch const& launch) {
+/// A decode split kernel as launched: its entry point, block size and dynamic shared memory.
+struct decode_split_launch {
+  void (*kernel)(decode_args) = nullptr;
+  int threads                 = 0;
+  int smem_bytes              = 0;
+};
+
+/**
+ * The split kernel a launch of (T, D, GB) runs: the tensor-core kernel where
+ * decode_uses_mma<T, GB> and `tensor_cores`, else the CUDA-core one; the folded-merge variant
+ * (`Fold`) when `fold` (decode_params::merge_counters is set). The launcher and the occupancy
+ * query (decode_device_limits) both take the kernel from here, so the plan's CTAs per SM are
+ * those of the kernel that runs.
+ */
+template <class T, int D, int GB>
+decode_split_launch decode_split_kernel_of(bool tensor_cores, bool fold) {
   if constexpr (decode_uses_mma<T, GB>) {
-    if (a.p.tensor_cores) {
-      launch_decode_mma_with<T, D, GB>(a, launch);
-      return;
+    if (tensor_cores) {
+      using cfg = decode_mma_config<T, D>;
+      return {fold ? decode_mma_kernel<T, D, GB, true> : decode_mma_kernel<T, D, GB, false>,
+              cfg::threads,
+              cfg::smem_bytes};
     }
   }
   using cfg = decode_config<T, D>;
-  // The folded merge is its own kernel variant: its code would raise every launch's registers.
-  launch(a.p.merge_counters != nullptr ? decode_split_kernel<T, D, GB, true>
-                                       : decode_split_kernel<T, D, GB, false>,
-         dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
-         cfg::threads,
-         cfg::smem_bytes,
-         a);
+  return {fold ? decode_split_kernel<T, D, GB, true> : decode_split_kernel<T, D, GB, false>,
+          cfg::threads,
+          cfg::smem_bytes};
+}
+
+/// Enqueues the split kernel for (T, D, GB) through the launch policy `launch` (vec.cuh).
+template <class T, int D, int GB, class Launch>
+void launch_decode_split_with(decode_args const& a, Launch const& launch) {
+  const decode_split_launch k =
+      decode_split_kernel_of<T, D, GB>(a.p.tensor_cores, a.p.merge_counters != nullptr);
+  launch(k.kernel, dim3(static_cast<unsigned>(a.p.splits.num_ctas)), k.threads, k.smem_bytes, a);
 }
 
 /// Enqueues the merge kernel through the launch policy `launch`; nothing with merge_counters (the
@@ -380,25 +416,20 @@ cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-/// Resident CTAs per SM of the split kernel for (T, D, GB) on the current device.
+/// Resident CTAs per SM, on the current device, of the split kernel a launch of (T, D, GB) with
+/// these options runs (decode_split_kernel_of).
 template <class T, int D, int GB>
-cudaError_t decode_split_occupancy(int* ctas_per_sm) {
-  if constexpr (decode_uses_mma<T, GB>) {
-    using cfg = decode_mma_config<T, D>;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, decode_mma_kernel<T, D, GB, false>, cfg::threads, cfg::smem_bytes);
-  } else {
-    using cfg = decode_config<T, D>;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, decode_split_kernel<T, D, GB, false>, cfg::threads, cfg::smem_bytes);
-  }
+cudaError_t decode_split_occupancy(int* ctas_per_sm, bool tensor_cores, bool fold) {
+  const decode_split_launch k = decode_split_kernel_of<T, D, GB>(tensor_cores, fold);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, k.kernel, k.threads, k.smem_bytes);
 }
 
 // clang-format off
 /// Declares (with `extern`) or defines (empty) the explicit instantiations for one storage type.
 #define TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, GB)                                                 \
   EXT template cudaError_t launch_decode_split<T, D, GB>(decode_args const&, cudaStream_t);         \
-  EXT template cudaError_t decode_split_occupancy<T, D, GB>(int*);
+  EXT template cudaError_t decode_split_occupancy<T, D, GB>(int*, bool, bool);
 #define TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, D)                                                     \
   TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 1) TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 2)         \
   TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 4) TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 8)

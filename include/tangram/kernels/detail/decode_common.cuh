@@ -17,6 +17,7 @@
 #include "tangram/config.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/detail/vec.cuh"
+#include "tangram/kernels/head_cursor.hpp"
 #include "tangram/kernels/math.hpp"
 
 namespace tangram::detail {
@@ -28,6 +29,64 @@ struct decode_args {
   float* partial_lse   = nullptr;
   std::int64_t* prefix = nullptr;  ///< [num_kv_heads][batch + 1]
   float scale2         = 0.f;      ///< sm_scale * log2(e)
+};
+
+/**
+ * Where one thread's token of successive tiles lives, as (page-list index, token in page): the
+ * token advances by a fixed step per tile (the tokens between a thread's tiles: warps * tile in
+ * the tensor-core kernel, tile in the CUDA-core one; reduced modulo the ring once per piece and
+ * split into whole pages plus tokens), so the tile loops of both decode kernels need no division
+ * for any page size, and the page-table entry of the next tile is loaded one tile ahead.
+ */
+struct decode_lane_stream {
+  const unsigned char* base = nullptr;  ///< the pool plus the column's K offset
+  const std::int32_t* pages = nullptr;
+  std::int64_t page_bytes   = 0;
+  std::int32_t row_bytes    = 0;
+  std::int32_t page_tokens  = 1;
+  std::int32_t ring_pages   = 0;  ///< pages of a sliding-window ring, 0 for a growing group
+  std::int32_t step_pages = 0, step_tokens = 0;  ///< the per-tile advance
+  std::int32_t t    = 0;                         ///< the lane's token of the next tile to issue
+  std::int32_t pidx = 0;                         ///< its index in the page list
+  std::int32_t in   = 0;                         ///< its token in the page
+  std::int32_t page = 0;  ///< its page (loaded ahead; 0 when t is past the piece)
+
+  /// Starts at held token `t` of `cur`, advancing `advance` tokens per tile.
+  __device__ __forceinline__ void start(head_cursor const& cur,
+                                        std::int32_t first,
+                                        std::int32_t advance,
+                                        std::int32_t t1,
+                                        int elem_bytes) {
+    base        = reinterpret_cast<const unsigned char*>(cur.pool) + cur.k_offset * elem_bytes;
+    pages       = cur.pages;
+    page_bytes  = cur.page_bytes;
+    row_bytes   = cur.head_dim * elem_bytes;
+    page_tokens = cur.page_tokens;
+    ring_pages  = cur.ring / cur.page_tokens;
+    const std::int32_t step = cur.ring > 0 ? advance % cur.ring : advance;
+    step_pages              = step / page_tokens;
+    step_tokens             = step % page_tokens;
+    t                       = first;
+    const std::int32_t pos  = cur.position(first);
+    pidx                    = pos / page_tokens;
+    in                      = pos % page_tokens;
+    page                    = t < t1 ? pages[pidx] : 0;
+  }
+  /// Address of the current token's K row; moves to the next tile and loads its page.
+  __device__ __forceinline__ const unsigned char* next(std::int32_t advance, std::int32_t t1) {
+    const unsigned char* k = base + static_cast<std::int64_t>(page) * page_bytes +
+                             static_cast<std::int64_t>(in) * row_bytes;
+    t += advance;
+    in += step_tokens;
+    pidx += step_pages;
+    if (in >= page_tokens) {
+      in -= page_tokens;
+      ++pidx;
+    }
+    if (ring_pages > 0 && pidx >= ring_pages) pidx -= ring_pages;  // the ring wraps by pages
+    page = t < t1 ? pages[pidx] : 0;
+    return k;
+  }
 };
 
 /// Combines (m, s, o) of the output with an optional base-2 sink logit and stores o and lse.

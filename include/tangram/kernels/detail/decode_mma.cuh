@@ -19,10 +19,13 @@
  *
  * Work. Two warps per CTA; each streams its own tiles of the piece (16 tokens, 32 at d 64: 8 KiB
  * of K + V at d 64 and 128, 16 KiB at d 256; warp w takes tiles w, w + 2, ...) through its own
- * ring of `stages` shared-memory stages (2, 1 at d 256, within 45 KiB without an opt-in): every
- * lane copies 16-byte chunks of one token's K and V rows, whose address it computes once per
- * tile from a page-table entry it loaded one tile ahead, with no division (decode_lane_stream).
- * So the tile loop has no block barrier: a cp.async wait and a warp sync. Per 16 tokens S = Q K^T
+ * ring of `stages` shared-memory stages (2, 1 at d 256, within 45 KiB without an opt-in; two at
+ * d 256 would need 76 KiB, an opt-in): the `lpt` lanes of each token compute its row address
+ * once per tile from a page-table entry loaded one tile ahead, with no division
+ * (decode_lane_stream), and the copies are row-contiguous (each warp instruction moves whole
+ * rows: 4 cache lines per 512 bytes, conflict-free shared stores), each lane taking its row's
+ * address from the row's lanes with a shuffle. So the tile loop has no block barrier: a
+ * cp.async wait and a warp sync. Per 16 tokens S = Q K^T
  * is D / 16 ldmatrix pairs and D / 8 mma, the online softmax runs on the lane's scores of its head
  * (two shuffles for the row max, base 2, exp2_shifted, one rescale per tile), and O += P V is
  * D / 16 ldmatrix.trans and D / 8 mma with f32 accumulators. The warps' states combine in warp
@@ -93,15 +96,26 @@ struct decode_mma_config {
   static constexpr int fit        = (budget - q_bytes - warps * wide_bytes) / (warps * stage_bytes);
   static constexpr int stages     = fit > 4 ? 4 : fit;                  ///< per warp
   static constexpr int warp_bytes = stages * stage_bytes + wide_bytes;  ///< a warp's region
-  static constexpr int chunks     = D * elem_bytes / 16 / lpt;          ///< copies per lane per row
+  static constexpr int row_chunks = D * elem_bytes / 16;  ///< 16-byte chunks of a stored row
+  /// Row-contiguous copies: copy instruction i of a K (or V) tile has lane l move chunk
+  /// l % row_chunks of token i * per_copy + l / row_chunks, so a warp's 32 copies are whole rows.
+  static constexpr int per_copy       = 32 / row_chunks;         ///< tokens per copy instruction
+  static constexpr int copies         = tile * row_chunks / 32;  ///< copy instructions per K tile
   static constexpr int pipeline_bytes = warps * warp_bytes + q_bytes;
   static constexpr int prefix_bytes   = decode_max_batch * 8;
   static constexpr int smem_bytes = pipeline_bytes > prefix_bytes ? pipeline_bytes : prefix_bytes;
+  /// Resident CTAs per SM both variants (plain and folded merge) are compiled for, so that the
+  /// folded merge's extra code cannot lower the occupancy the plan was made with (checked from the
+  /// built objects by scripts/kernel_stats.sh --check): shared memory allows 5 at every shape
+  /// (39-42 KiB a CTA of 228 KiB); at d 256 the 16 x 256 f32 output fragment needs more than the
+  /// 204 registers a thread has at 5, so 4 there.
+  static constexpr int min_ctas_per_sm = D == 256 ? 4 : 5;
 
   static_assert(elem_bytes == 2 || elem_bytes == 1, "16-bit or fp8 K/V");
   static_assert(D % 16 == 0, "head dim: a multiple of the mma k");
   static_assert(tile % 16 == 0 && tile <= 32, "whole mma k steps, one token per lane at most");
-  static_assert(chunks >= 1, "every lane of a token copies whole 16-byte chunks");
+  static_assert(row_chunks <= 32 && 32 % row_chunks == 0 && copies >= 1,
+                "a copy instruction moves whole rows");
   static_assert(stages >= 1, "one stage per warp must fit");
   static_assert(warp_bytes >= decode_max_group * D * 4 && warp_bytes % 16 == 0,
                 "a warp's region holds its output state for the merge");
@@ -118,66 +132,10 @@ __device__ __forceinline__ void sync_warp(sync_site site) {
   __syncwarp();
 }
 
-/**
- * Where one lane's token of successive warp tiles lives, as (page-list index, token in page):
- * the token advances by a fixed step per tile (warps * tile tokens, reduced modulo the ring once
- * per piece and split into whole pages plus tokens), so the tile loop needs no division for any
- * page size, and the page-table entry of the next tile is loaded one tile ahead.
- */
-struct decode_lane_stream {
-  const unsigned char* base = nullptr;  ///< the pool plus the column's K offset
-  const std::int32_t* pages = nullptr;
-  std::int64_t page_bytes   = 0;
-  std::int32_t row_bytes    = 0;
-  std::int32_t page_tokens  = 1;
-  std::int32_t ring_pages   = 0;  ///< pages of a sliding-window ring, 0 for a growing group
-  std::int32_t step_pages = 0, step_tokens = 0;  ///< the per-tile advance
-  std::int32_t t    = 0;                         ///< the lane's token of the next tile to issue
-  std::int32_t pidx = 0;                         ///< its index in the page list
-  std::int32_t in   = 0;                         ///< its token in the page
-  std::int32_t page = 0;  ///< its page (loaded ahead; 0 when t is past the piece)
-
-  /// Starts at held token `t` of `cur`, advancing `advance` tokens per tile.
-  __device__ __forceinline__ void start(head_cursor const& cur,
-                                        std::int32_t first,
-                                        std::int32_t advance,
-                                        std::int32_t t1,
-                                        int elem_bytes) {
-    base        = reinterpret_cast<const unsigned char*>(cur.pool) + cur.k_offset * elem_bytes;
-    pages       = cur.pages;
-    page_bytes  = cur.page_bytes;
-    row_bytes   = cur.head_dim * elem_bytes;
-    page_tokens = cur.page_tokens;
-    ring_pages  = cur.ring / cur.page_tokens;
-    const std::int32_t step = cur.ring > 0 ? advance % cur.ring : advance;
-    step_pages              = step / page_tokens;
-    step_tokens             = step % page_tokens;
-    t                       = first;
-    const std::int32_t pos  = cur.position(first);
-    pidx                    = pos / page_tokens;
-    in                      = pos % page_tokens;
-    page                    = t < t1 ? pages[pidx] : 0;
-  }
-  /// Address of the current token's K row; moves to the next tile and loads its page.
-  __device__ __forceinline__ const unsigned char* next(std::int32_t advance, std::int32_t t1) {
-    const unsigned char* k = base + static_cast<std::int64_t>(page) * page_bytes +
-                             static_cast<std::int64_t>(in) * row_bytes;
-    t += advance;
-    in += step_tokens;
-    pidx += step_pages;
-    if (in >= page_tokens) {
-      in -= page_tokens;
-      ++pidx;
-    }
-    if (ring_pages > 0 && pidx >= ring_pages) pidx -= ring_pages;  // the ring wraps by pages
-    page = t < t1 ? pages[pidx] : 0;
-    return k;
-  }
-};
-
 template <class T, int D, int GB, bool Fold>
-TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_mma_kernel(
-    decode_args const a) {
+TANGRAM_KERNEL __launch_bounds__(
+    decode_mma_config<T, D>::threads,
+    decode_mma_config<T, D>::min_ctas_per_sm) void decode_mma_kernel(decode_args const a) {
   using cfg             = decode_mma_config<T, D>;
   using M               = mma_type_t<T>;  ///< what the mma reads: T, or f16 widened from fp8
   constexpr int warps   = cfg::warps;
@@ -210,24 +168,23 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
   const int q_lane = (lane % 16) * row + (lane / 16) * 8;  // A: rows 0-15, k halves
   const int k_lane = ((lane / 16) * 8 + lane % 8) * row + ((lane / 8) % 2) * 8;  // B of S
   const int v_lane = (((lane / 8) % 2) * 8 + lane % 8) * row + (lane / 16) * 8;  // B of O
-  // This lane's copies: token lane / lpt of the tile, 16-byte chunks lpt i + lane % lpt of its K
-  // and V rows (the lanes of a token read adjacent chunks); bytes into a stage.
-  const int c_lane = (lane / lpt) * cfg::raw_row + (lane % lpt) * 16;
+  // This lane's chunk of the rows it copies (row-contiguous: see decode_mma_config::copies).
+  const int c_lane = (lane / cfg::row_chunks) * cfg::raw_row + (lane % cfg::row_chunks) * 16;
   // fp8 scales: the K scale multiplies the scores (folding it into the f16 query rows would push
   // their lo parts into f16's subnormal range for typical scales); the V scale the output
   // (decode_store_piece). 1 for 16-bit K/V.
   const float k_scale = p.scales.k_of(work.h);
   // fp8: the warp widens tile rows of a stage (K or V, D bytes each) into `wide`, exactly.
+  // Lane l widens the 8-byte halves l + 32 u of the tile's stored rows into 16 bytes each, so
+  // the 8 lanes of a 16-byte store phase write 128 contiguous bytes: conflict-free (before issue
+  // #34 a lane widened 16 bytes into two stores 32 bytes apart, conflicting 2-way).
   auto widen_rows = [&](const auto* rows) {  // generic: instantiated for fp8 only
-    constexpr int per_row = D / 16;          // 16-byte chunks of a stored fp8 row
+    constexpr int halves = D / 8;            // 8-byte halves of a stored fp8 row
 #pragma unroll
-    for (int u = 0; u < tile * per_row / 32; ++u) {
-      const int c = lane + 32 * u, tok = c / per_row, part = c % per_row;
-      uint4 out[2];
-      fp8x16_to_f16<T>(*reinterpret_cast<const uint4*>(rows + tok * cfg::raw_row + part * 16), out);
-      auto* dst = reinterpret_cast<uint4*>(wide + tok * row + part * 16);
-      dst[0]    = out[0];
-      dst[1]    = out[1];
+    for (int u = 0; u < tile * halves / 32; ++u) {
+      const int c = lane + 32 * u, tok = c / halves, part = c % halves;
+      *reinterpret_cast<uint4*>(wide + tok * row + part * 8) =
+          fp8x8_to_f16<T>(*reinterpret_cast<const uint2*>(rows + tok * cfg::raw_row + part * 8));
     }
   };
 
@@ -239,20 +196,31 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
       const int n_tiles = (t1 - t0 + tile - 1) / tile;
       const int n_mine  = n_tiles > warp ? (n_tiles - warp + warps - 1) / warps : 0;
 
-      // The lane's token stream and the copies of the ring's first stages.
+      // The lane's token stream (token lane / lpt of each warp tile: its row address, computed
+      // by `lpt` lanes) and the copies of the ring's first stages. The copies are row-contiguous
+      // (whole 128-byte lines per warp instruction, conflict-free shared stores): each takes its
+      // token's row offset from that token's lanes with a shuffle.
       decode_lane_stream ls;
       ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, cfg::elem_bytes);
       const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
       auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
-        const bool ok            = ls.t < t1;
-        const unsigned char* src = ls.next(warps * tile, t1) + (lane % lpt) * 16;
-        if (!ok) src = ls.base;  // any mapped address; the copy reads nothing
-        unsigned char* st = wregion + (k % stages) * cfg::stage_bytes + c_lane;
+        const int first        = ls.t - lane / lpt;  // the tile's first token
+        const std::int64_t off = ls.next(warps * tile, t1) - ls.base;  // this lane's token's row
+        unsigned char* st      = wregion + (k % stages) * cfg::stage_bytes + c_lane;
 #pragma unroll
-        for (int i = 0; i < cfg::chunks; ++i) {
-          copy16_async_zfill(st + 16 * lpt * i, src + 16 * lpt * i, ok ? 16u : 0u);
+        for (int i = 0; i < cfg::copies; ++i) {
+          const int tok = i * cfg::per_copy + lane / cfg::row_chunks;
+          const auto lo = static_cast<unsigned>(off), hi = static_cast<unsigned>(off >> 32);
+          const std::int64_t o =
+              static_cast<std::int64_t>(
+                  static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, hi, tok * lpt)) << 32) |
+              __shfl_sync(0xffffffffu, lo, tok * lpt);
+          const bool ok            = first + tok < t1;
+          const unsigned char* src = ok ? ls.base + o + (lane % cfg::row_chunks) * 16 : ls.base;
+          unsigned char* dst       = st + i * cfg::per_copy * cfg::raw_row;
+          copy16_async_zfill(dst, src, ok ? 16u : 0u);
           copy16_async_zfill(
-              st + tile * cfg::raw_row + 16 * lpt * i, src + v_delta + 16 * lpt * i, ok ? 16u : 0u);
+              dst + tile * cfg::raw_row, ok ? src + v_delta : ls.base, ok ? 16u : 0u);
         }
       };
 #pragma unroll
@@ -396,18 +364,6 @@ TANGRAM_KERNEL __launch_bounds__(decode_mma_config<T, D>::threads) void decode_m
     pre += len;
   }
   decode_finish_merges<threads, Fold>(a, work);
-}
-
-/// Enqueues the tensor-core split kernel for (T, D, GB) through the launch policy `launch`.
-template <class T, int D, int GB, class Launch>
-void launch_decode_mma_with(decode_args const& a, Launch const& launch) {
-  using cfg = decode_mma_config<T, D>;
-  launch(a.p.merge_counters != nullptr ? decode_mma_kernel<T, D, GB, true>
-                                       : decode_mma_kernel<T, D, GB, false>,
-         dim3(static_cast<unsigned>(a.p.splits.num_ctas)),
-         cfg::threads,
-         cfg::smem_bytes,
-         a);
 }
 
 }  // namespace tangram::detail

@@ -2,9 +2,8 @@
 /**
  * @file kernels/detail/mma.cuh
  * @brief Warp-level tensor-core fragments: `mma.sync.aligned.m16n8k16` (bf16 / f16 inputs, f32
- * accumulate), `ldmatrix` (x4, plain and transposed), 16-bit pair packing, the fp8 -> f16
- * widening of 16 values and the cp.async with a register zero-fill the tensor-core decode path
- * uses (kernels/detail/decode_mma.cuh).
+ * accumulate), `ldmatrix` (x4, plain and transposed), 16-bit pair packing and the fp8 -> f16
+ * widening of 16 values (kernels/detail/decode_mma.cuh, snapkv_mma.cuh).
  *
  * Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16" with .f16/.bf16): with
  * `g = lane / 4` and `t = lane % 4`, each 32-bit register holds two 16-bit elements, the lower
@@ -127,40 +126,27 @@ __device__ __forceinline__ void split2(float x0, float x1, unsigned& hi, unsigne
   lo = pack2<T>(x0 - h0, x1 - h1);
 }
 
-/// The 16 fp8 values F8 (float8_e4m3 or float8_e5m2) of `raw` (lowest byte first) as 16 f16,
-/// `out[0]` the first 8: exact for both formats (their ranges lie in f16's), one
-/// `cvt.rn.f16x2.e4m3x2` / `.e5m2x2` per pair on sm_89+.
+/// The 8 fp8 values F8 (float8_e4m3 or float8_e5m2) of `raw` (lowest byte first) as 8 f16:
+/// exact for both formats (their ranges lie in f16's), one `cvt.rn.f16x2.e4m3x2` / `.e5m2x2` per
+/// pair on sm_89+.
 template <class F8>
-__device__ __forceinline__ void fp8x16_to_f16(uint4 raw, uint4 (&out)[2]) {
-  const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
-  unsigned h[8];
+__device__ __forceinline__ uint4 fp8x8_to_f16(uint2 raw) {
+  const unsigned w[2] = {raw.x, raw.y};
+  unsigned h[4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 4; ++i) {
     const __half2_raw p = __nv_cvt_fp8x2_to_halfraw2(
         static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), fp8_kind<F8>::value);
     h[i] = static_cast<unsigned>(p.x) | (static_cast<unsigned>(p.y) << 16);
   }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    out[i].x = h[4 * i];
-    out[i].y = h[4 * i + 1];
-    out[i].z = h[4 * i + 2];
-    out[i].w = h[4 * i + 3];
-  }
+  return {h[0], h[1], h[2], h[3]};
 }
 
-/// 16-byte cp.async that reads `src_bytes` (0 or 16) and zero-fills the rest: the zero-fill is a
-/// register operand of the instruction, not a branch.
-__device__ __forceinline__ void copy16_async_zfill(void* smem,
-                                                   const void* gmem,
-                                                   unsigned src_bytes) {
-#if defined(TANGRAM_EMULATION) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
-  __pipeline_memcpy_async(smem, gmem, 16, 16 - src_bytes);
-#else
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile(
-      "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-#endif
+/// The 16 fp8 values of `raw` as 16 f16, `out[0]` the first 8 (fp8x8_to_f16 on each half).
+template <class F8>
+__device__ __forceinline__ void fp8x16_to_f16(uint4 raw, uint4 (&out)[2]) {
+  out[0] = fp8x8_to_f16<F8>(uint2{raw.x, raw.y});
+  out[1] = fp8x8_to_f16<F8>(uint2{raw.z, raw.w});
 }
 
 }  // namespace tangram::detail

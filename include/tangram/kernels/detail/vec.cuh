@@ -201,10 +201,21 @@ __device__ __forceinline__ void sync_block(sync_site site) {
   __syncthreads();
 }
 
-/// Asynchronous 16-byte global-to-shared copy (cp.async on sm_80+); zero-fills when !valid.
-__device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool valid) {
-  __pipeline_memcpy_async(smem, gmem, 16, valid ? 0 : 16);
+/// Asynchronous 16-byte global-to-shared copy (cp.async on sm_80+) that reads `src_bytes` (0 or
+/// 16) and zero-fills the rest: the zero-fill is a register operand of the instruction, not a
+/// branch; `gmem` must be a mapped address either way.
+__device__ __forceinline__ void copy16_async_zfill(void* smem,
+                                                   const void* gmem,
+                                                   unsigned src_bytes) {
+#if defined(TANGRAM_EMULATION) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
+  __pipeline_memcpy_async(smem, gmem, 16, 16 - src_bytes);
+#else
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+#endif
 }
+
 __device__ __forceinline__ void copy_async_commit() {
   __pipeline_commit();
 }
