@@ -325,10 +325,11 @@ int main(int argc, char** argv) {
                                          tangram::calibrate(samples), plan_options, samples);
   tangram::host_memory_resource memory;
   tangram::manager_options options;
-  // Elastic reserves one chunk's staging per compressed group on top of what the prompt keeps
-  // (these prompts are below the profile's protected 4128 tokens: nothing is compressed), so the
-  // same three requests need a larger pool (docs/integration.md, page accounting).
-  options.num_pages     = static_budgets ? 8000 : 12000;
+  // Pages of one head each (the default per-head pages): 32,000 hold four of these requests at
+  // once, so admission stops with requests waiting and answers that grow must park sessions. Both
+  // reservations admit the same: below the profile's 4128 protected tokens nothing is compressed,
+  // and no admission reserves more than the request uncompressed (docs/memory.md).
+  options.num_pages     = 32000;
   options.max_sequences = 16;
   options.deferred_reuse = true;  // freed pages wait for the engine's release (several streams)
   tangram::kv_cache_manager kv(plan, memory, options);

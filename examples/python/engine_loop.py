@@ -207,11 +207,11 @@ class AnswerScheduler:
         self.sessions = []
 
 
-def run(num_pages: int = 0, verbose: bool = True, reservation: str = "elastic") -> dict:
-    # Elastic reserves one chunk's staging per compressed group on top of what the prompt keeps
-    # (these prompts are below the profile's protected 4128 tokens: nothing is compressed), so the
-    # same three requests need a larger pool (docs/integration.md, page accounting).
-    num_pages = num_pages or (12000 if reservation == "elastic" else 8000)
+def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elastic") -> dict:
+    # Pages of one head each (the default per-head pages): 32,000 hold four of these requests at
+    # once, so admission stops with requests waiting and answers that grow must park sessions.
+    # Both reservations admit the same: below the profile's 4128 protected tokens nothing is
+    # compressed, and no admission reserves more than the request uncompressed (docs/memory.md).
     samples = tangram.load_retention_samples(
         str(tangram.profile_path("snapkv/llama-3.1-8b-instruct")))
     options = tangram.PlanOptions()

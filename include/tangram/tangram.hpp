@@ -12,8 +12,9 @@
  *
  * Not included, because they need the CUDA library (`tangram::kernels`): the kernel launchers
  * (`tangram/kernels/...`), `tangram/memory/cuda_memory_resource.hpp`, the device mirror
- * (`tangram/device/kv_view_mirror.hpp`) and the stream-ordered release of deferred pages
- * (`tangram/device/stream_epochs.hpp`). Include those where the engine launches kernels or
+ * (`tangram/device/kv_view_mirror.hpp`), the stream-ordered release of deferred pages
+ * (`tangram/device/stream_epochs.hpp`) and the asynchronous readback of the elastic eviction's
+ * lengths (`tangram/device/async_readback.hpp`). Include those where the engine launches kernels or
  * allocates its device pool.
  */
 #pragma once

@@ -39,12 +39,6 @@ std::string fresh_dir(std::string const& name) {
   return dir.string();
 }
 
-std::set<std::string> entries(std::string const& dir) {
-  std::set<std::string> out;
-  for (auto const& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-  return out;
-}
-
 /// Runs `body` in a child process (as user `uid` when >= 0, which needs root) with a watchdog of
 /// `watchdog_s` seconds, so a call that would block forever fails the test instead of hanging
 /// it. Returns the child's exit code, or 128 + signal (SIGALRM: the watchdog fired).
@@ -130,7 +124,7 @@ TEST_CASE("a symbolic link loop is named as one, for reading and for writing",
   REQUIRE(::symlink("nowhere", (dir + "/dangling").c_str()) == 0);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       check_writable(dir + "/dangling"), invalid_argument, "symbolic link to a missing file");
-  CHECK(entries(dir) == std::set<std::string>{"a", "b", "dangling"});
+  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"a", "b", "dangling"});
   fs::remove_all(dir);
 }
 
@@ -164,7 +158,7 @@ TEST_CASE("a write-protected target is refused, as cp refuses it", "[regression]
   CHECK(rc == 0);
   CHECK(read_file(protected_file) == "old");
   CHECK(read_file(writable) == "new");
-  CHECK(entries(dir) == std::set<std::string>{"plan.json", "other.json"});
+  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"plan.json", "other.json"});
   fs::remove_all(dir);
 }
 
@@ -202,7 +196,7 @@ TEST_CASE("file_batch writes all its files or none", "[regression][file_io]") {
     TANGRAM_REQUIRE_THROWS_WITH_ALL(
         batch.add(dir + "/c.json", "new c"), invalid_argument, "c.json\"", "a directory");
   }
-  CHECK(entries(dir) == std::set<std::string>{"b.json", "c.json"});
+  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"b.json", "c.json"});
   CHECK(read_file(dir + "/b.json") == "old b");
   fs::remove(dir + "/c.json");
   {
@@ -227,17 +221,17 @@ TEST_CASE("file_batch writes all its files or none", "[regression][file_io]") {
     std::signal(SIGXFSZ, old_handler);
     CHECK(threw);
   }
-  CHECK(entries(dir) == std::set<std::string>{"b.json"});
+  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"b.json"});
   CHECK(read_file(dir + "/b.json") == "old b");
   {
     file_batch batch;
     batch.add(dir + "/a.json", "new a");
     batch.add(dir + "/b.json", "new b");
-    CHECK(entries(dir).size() == 3);  // b.json and the two temporaries, nothing in place yet
+    CHECK(tangram::test::directory_entries(dir).size() == 3);  // b.json and the two temporaries, nothing in place yet
     CHECK(read_file(dir + "/b.json") == "old b");
     batch.commit();
   }
-  CHECK(entries(dir) == std::set<std::string>{"a.json", "b.json"});
+  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"a.json", "b.json"});
   CHECK(read_file(dir + "/a.json") == "new a");
   CHECK(read_file(dir + "/b.json") == "new b");
   fs::remove_all(dir);

@@ -252,7 +252,10 @@ TEST_CASE("elastic admission, worked by hand at the uncompressed bound",
   // N 4,096: R = 64 x 256 = 16,384, staging 16,384: min(32,768, 64 x 272 = 17,408) = 17,408.
   // N 8,192: R + staging 64 x 512 = 32,768 exceeds the uncompressed 64 x 528 = 33,792: capped.
   auto samples = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
-  auto plan    = build_static_plan(model_preset("llama-3.1-8b"), calibrate(samples), {}, samples);
+  plan_options po;  // groups of 4 at margin 0.15, as issue 29 measured (the defaults: below)
+  po.group_size          = 4;
+  po.reservation.margin  = 0.15;
+  auto plan = build_static_plan(model_preset("llama-3.1-8b"), calibrate(samples), po, samples);
   REQUIRE(plan.options.reservation.mode == reservation_mode::elastic);
   REQUIRE(compressed_group_count(plan) == 64);
   REQUIRE(plan.profile.protected_tokens() == 4128);
@@ -266,4 +269,10 @@ TEST_CASE("elastic admission, worked by hand at the uncompressed bound",
   auto R = elastic_compressed_pages(t, 256, 4, 16, plan.options.reservation.margin, 32768);
   CHECK(admission_footprint_pages(plan, 32768, 256, 8192) == R + 32768);
   CHECK(elastic_footprint_pages(plan, plan.options.reservation.margin, 32768, 256) == R + 1024);
+  // The defaults, per-head pages (Hp 1: 256 one-head groups, pages of a quarter the size) at
+  // N 512: R 256 x 32 = 8,192, staging 8,192, uncompressed 256 x 48 = 12,288 = the bound (1.00x).
+  auto per_head = build_static_plan(model_preset("llama-3.1-8b"), calibrate(samples), {}, samples);
+  REQUIRE(compressed_group_count(per_head) == 256);
+  CHECK(admission_footprint_pages(per_head, 512, 256, 8192) == 12288);
+  CHECK(uncompressed_footprint_pages(per_head, 512, 256) == 12288);
 }

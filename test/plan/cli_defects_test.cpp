@@ -22,11 +22,10 @@
 namespace fs = std::filesystem;
 using tangram::test::cli_result;
 
+using tangram::test::run;
+
 namespace {
 
-cli_result run(std::vector<std::string> const& argv) {
-  return tangram::test::run_cli(argv);
-}
 
 /// A fresh, empty folder of this file's tests.
 std::string fresh_dir(std::string const& name) {

@@ -21,13 +21,11 @@ using namespace tangram;
 using tangram::test::data_path;
 namespace json = tangram::detail::json;
 
+using tangram::test::run;
+
 namespace {
 
 using result = tangram::test::cli_result;
-/// `tangram argv...` in-process.
-inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
-  return tangram::test::run_cli(argv);
-}
 
 std::string tmp(std::string const& name) {
   return tangram::test::cli_tmp_path("cli_plan", name);

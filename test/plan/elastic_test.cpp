@@ -29,6 +29,8 @@ using tangram::test::bundled_profiles;
 using tangram::test::data_path;
 namespace json = tangram::detail::json;
 
+using tangram::test::run;
+
 namespace {
 
 retention_samples load(std::string const& rel) {
@@ -111,10 +113,6 @@ std::vector<std::int64_t> per_page_greedy(reference::elastic_selection_input con
   return pages;
 }
 
-/// `tangram argv...` in-process.
-inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
-  return tangram::test::run_cli(argv);
-}
 
 double num(json::value const& v, char const* key) {
   auto const* m = v.find(key);

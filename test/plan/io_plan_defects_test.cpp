@@ -21,12 +21,10 @@ using namespace tangram;
 namespace fs   = std::filesystem;
 namespace json = tangram::detail::json;
 
+using tangram::test::run;
+
 namespace {
 
-/// `tangram argv...` in-process.
-inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
-  return tangram::test::run_cli(argv);
-}
 
 std::string fresh_dir(std::string const& name) {
   auto dir = fs::path(TANGRAM_BINARY_DIR) / "test-tmp" / "io_plan_defects" / name;

@@ -20,12 +20,10 @@
 using namespace tangram;
 using namespace tangram::sim;
 
+using tangram::test::run;
+
 namespace {
 
-/// `tangram argv...` in-process.
-inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
-  return tangram::test::run_cli(argv);
-}
 
 static_plan layer_wide_plan(static_plan const& plan) {
   return test::real_plan(model_preset("llama-3.1-8b"),

@@ -10,12 +10,10 @@
 #include "cli_support.hpp"
 #include "test_support.hpp"
 
+using tangram::test::run;
+
 namespace {
 
-/// `tangram argv...` in-process.
-inline tangram::test::cli_result run(std::vector<std::string> const& argv) {
-  return tangram::test::run_cli(argv);
-}
 
 }  // namespace
 

@@ -25,6 +25,10 @@ inline cli_result run_cli(std::vector<std::string> const& argv) {
   return {code, out.str(), err.str()};
 }
 
+/// `tangram argv...` in-process: the name every command-line test file calls (`using
+/// tangram::test::run;`), one definition so the suites build as unity batches.
+inline cli_result run(std::vector<std::string> const& argv) { return run_cli(argv); }
+
 /// A path `name` in the build tree's scratch folder `test-tmp/<folder>` (created on demand).
 inline std::string cli_tmp_path(std::string const& folder, std::string const& name) {
   auto dir = std::filesystem::path(TANGRAM_BINARY_DIR) / "test-tmp" / folder;

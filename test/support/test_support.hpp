@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,13 @@ inline std::vector<std::string> bundled_profiles() {
   for (char const* scorer : {"ea", "fastkvzip", "keydiff", "snapkv"})
     for (char const* model : {"llama-3.1-8b-instruct", "qwen3-4b-instruct-2507"})
       out.push_back(std::string(scorer) + "/" + model + ".json");
+  return out;
+}
+
+/// The names in folder `dir` (files, folders and links, not recursive).
+inline std::set<std::string> directory_entries(std::string const& dir) {
+  std::set<std::string> out;
+  for (auto const& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
   return out;
 }
 
