@@ -55,7 +55,10 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/page_layout.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
 #include "tangram/memory/detail/chunk_rules.hpp"
 #include "tangram/memory/detail/copy_on_write.hpp"
@@ -73,12 +76,9 @@
 #include "tangram/memory/detail/view_assembly.hpp"
 #include "tangram/memory/detail/view_journal.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
-#include "tangram/memory/kv_view.hpp"
 #include "tangram/memory/memory_resource.hpp"
-#include "tangram/memory/page_layout.hpp"
 #include "tangram/memory/page_pool.hpp"
 #include "tangram/plan/footprint.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {

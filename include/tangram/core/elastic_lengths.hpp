@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file kernels/elastic_lengths.hpp
- * @brief The group-length selection of elastic reservation (reference/elastic_selection.hpp) in a
+ * @file core/elastic_lengths.hpp
+ * @brief The group-length selection of elastic reservation (plan/elastic_selection.hpp) in a
  * form a GPU block can run: no heap, no allocation, every group independent except for a few
  * block-wide sums. Host/device; the building block of the elastic eviction kernel.
  *
@@ -25,7 +25,7 @@
 
 #include <cstdint>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 
 namespace tangram::elastic {
 

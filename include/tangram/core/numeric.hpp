@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file numeric.hpp
+ * @file core/numeric.hpp
  * @brief Storage types for KV-cache elements and their conversions to and from float.
  *
  * These are plain 8/16-bit containers with portable software conversions, usable on the host (the
@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 
 namespace tangram {
 
@@ -45,23 +45,23 @@ TANGRAM_HOST_DEVICE float bits_float(std::uint32_t u) {
 /// overflow to the largest finite value (fp8) instead of infinity (fp16).
 template <int Exp, int Man, bool HasInf, bool Saturate>
 TANGRAM_HOST_DEVICE std::uint32_t round_to_narrow(float f) {
-  constexpr int bias         = (1 << (Exp - 1)) - 1;
-  constexpr int total        = 1 + Exp + Man;
+  constexpr int bias              = (1 << (Exp - 1)) - 1;
+  constexpr int total             = 1 + Exp + Man;
   constexpr std::uint32_t sgn_bit = 1u << (total - 1);
   // Largest finite encoding: e4m3 (no inf) uses the all-ones exponent with mantissa 110.
-  constexpr std::uint32_t max_finite =
-      HasInf ? ((((1u << Exp) - 2u) << Man) | ((1u << Man) - 1u))
-             : ((((1u << Exp) - 1u) << Man) | ((1u << Man) - 2u));
-  constexpr std::uint32_t inf_bits = ((1u << Exp) - 1u) << Man;
-  constexpr std::uint32_t nan_bits = HasInf ? (inf_bits | (1u << (Man - 1))) : ((1u << (Exp + Man)) - 1u);
+  constexpr std::uint32_t max_finite = HasInf ? ((((1u << Exp) - 2u) << Man) | ((1u << Man) - 1u))
+                                              : ((((1u << Exp) - 1u) << Man) | ((1u << Man) - 2u));
+  constexpr std::uint32_t inf_bits   = ((1u << Exp) - 1u) << Man;
+  constexpr std::uint32_t nan_bits =
+      HasInf ? (inf_bits | (1u << (Man - 1))) : ((1u << (Exp + Man)) - 1u);
 
   std::uint32_t u    = float_bits(f);
   std::uint32_t sign = (u >> 31) ? sgn_bit : 0u;
   std::uint32_t absu = u & 0x7fffffffu;
   if (absu > 0x7f800000u) return sign | nan_bits;
   if (absu == 0x7f800000u) return sign | (Saturate ? max_finite : inf_bits);
-  int exp32 = static_cast<int>(absu >> 23);
-  int e     = exp32 - 127 + bias;  // target biased exponent
+  int exp32          = static_cast<int>(absu >> 23);
+  int e              = exp32 - 127 + bias;  // target biased exponent
   std::uint32_t mant = (absu & 0x7fffffu) | (exp32 ? 0x800000u : 0u);
   if (exp32 == 0) e = 1 - 127 + bias;  // float subnormal: value = mant * 2^-149
   // Shift so the result has `Man` fraction bits; subnormal targets shift further.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/str.hpp
+ * @file core/detail/str.hpp
  * @brief Small string building helpers for error messages and text output (host only).
  */
 #pragma once
@@ -62,8 +62,11 @@ std::string cat(Args const&... args) {
 inline std::size_t utf8_sequence(std::string_view s, std::size_t i, std::uint32_t& cp) {
   auto at = [&](std::size_t k) -> std::uint32_t { return static_cast<unsigned char>(s[k]); };
   std::uint32_t c = at(i);
-  std::size_t len = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
-                                                             : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  std::size_t len = c < 0x80                 ? 1
+                    : c >= 0xc2 && c <= 0xdf ? 2
+                    : c >= 0xe0 && c <= 0xef ? 3
+                    : c >= 0xf0 && c <= 0xf4 ? 4
+                                             : 0;
   if (len == 0 || i + len > s.size()) return 0;
   cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
   for (std::size_t k = 1; k < len; ++k) {
@@ -76,11 +79,14 @@ inline std::size_t utf8_sequence(std::string_view s, std::size_t i, std::uint32_
 }
 
 /// True for code points a terminal may act on: C0 controls, DEL and C1 controls.
-inline bool is_control(std::uint32_t cp) { return cp < 0x20 || (cp >= 0x7f && cp < 0xa0); }
+inline bool is_control(std::uint32_t cp) {
+  return cp < 0x20 || (cp >= 0x7f && cp < 0xa0);
+}
 
 /// Appends `text` with every byte a terminal could act on written as `\xNN` (C0 and C1 controls,
 /// DEL, bytes that are not valid UTF-8), backslashes doubled when `backslash` and double quotes
-/// escaped when `quote`; other valid UTF-8 text passes unchanged. Stops after `max_chars` characters with "...".
+/// escaped when `quote`; other valid UTF-8 text passes unchanged. Stops after `max_chars`
+/// characters with "...".
 inline void append_escaped(std::string& out,
                            std::string_view text,
                            std::size_t max_chars,

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file error.hpp
+ * @file core/error.hpp
  * @brief Exception types and precondition macros.
  *
  * Policy (see docs/design.md): exceptions report broken preconditions and bad input, always with a
@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "tangram/detail/str.hpp"
+#include "tangram/core/detail/str.hpp"
 
 namespace tangram {
 
@@ -54,8 +54,8 @@ class out_of_memory : public std::bad_alloc {
 
 /// Throws `ExceptionType(message)` unless `condition` holds. The message expression is evaluated
 /// only on failure, so it may format values freely.
-#define TANGRAM_EXPECTS(condition, ExceptionType, ...)                  \
-  do {                                                                  \
+#define TANGRAM_EXPECTS(condition, ExceptionType, ...)                          \
+  do {                                                                          \
     if (!(condition)) throw ExceptionType(::tangram::detail::cat(__VA_ARGS__)); \
   } while (0)
 

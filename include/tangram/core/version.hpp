@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file version.hpp
+ * @file core/version.hpp
  * @brief Library version. Kept in step with `project(VERSION)` in CMakeLists.txt (a test checks).
  */
 #pragma once
 
-#define TANGRAM_VERSION_MAJOR 0
-#define TANGRAM_VERSION_MINOR 1
-#define TANGRAM_VERSION_PATCH 0
+#define TANGRAM_VERSION_MAJOR  0
+#define TANGRAM_VERSION_MINOR  1
+#define TANGRAM_VERSION_PATCH  0
 #define TANGRAM_VERSION_STRING "0.1.0"
 
 namespace tangram {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/json/dump.hpp
+ * @file io/detail/json/dump.hpp
  * @brief The JSON writer: `json::value` to text. It only writes JSON: non-finite numbers as
  * `null`, strings as valid UTF-8 with control characters escaped. Internal to the I/O layer.
  */
@@ -12,8 +12,8 @@
 #include <string>
 #include <string_view>
 
-#include "tangram/detail/json/value.hpp"
-#include "tangram/detail/str.hpp"
+#include "tangram/core/detail/str.hpp"
+#include "tangram/io/detail/json/value.hpp"
 
 namespace tangram::detail::json {
 

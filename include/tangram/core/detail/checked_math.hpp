@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/checked_math.hpp
+ * @file core/detail/checked_math.hpp
  * @brief Overflow-checked integer arithmetic for sizes that come from callers (host only).
  *
  * Every sum or product of caller-supplied token, page or byte counts goes through these helpers
@@ -13,7 +13,7 @@
 #include <optional>
 #include <type_traits>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram::detail {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file reference/elastic_selection.hpp
+ * @file plan/elastic_selection.hpp
  * @brief CPU reference of the group-aware placement of elastic reservation: at one chunk's
  * eviction, choose every head group's length (whole pages) within the request's remaining
  * reservation so that as many of the tokens the scorer wanted as possible are kept.
@@ -51,9 +51,9 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
-#include "tangram/plan/retention.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 
 namespace tangram::reference {
 

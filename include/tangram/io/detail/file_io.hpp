@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/file_io.hpp
+ * @file io/detail/file_io.hpp
  * @brief Whole-file reads with a size cap and safe, atomic whole-file writes (host only, POSIX).
  * Part of the I/O layer (`tangram/io/`); core headers must not include it.
  */
@@ -21,11 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/error.hpp"
-
-// Marks the I/O layer: the layering check (test/CMakeLists.txt, "Layers") fails the build when a
-// core header reaches this one.
-#define TANGRAM_LAYER_FILE_IO 1
+#include "tangram/core/error.hpp"
 
 namespace tangram::detail {
 

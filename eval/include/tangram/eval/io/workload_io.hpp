@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file eval/sim/workload_io.hpp
+ * @file eval/io/workload_io.hpp
  * @brief The `tangram-workload/v1` trace format (docs/formats.md): writer, parser and file
  * reader of `tangram::sim::workload`. Evaluation code: not installed. Pure functions; the
  * reader enforces `workload_limits` so a hostile trace cannot ask for unbounded work.
@@ -13,10 +13,10 @@
 #include <string_view>
 #include <utility>
 
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/eval/sim/workload.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 
 namespace tangram::sim {
 
@@ -78,7 +78,8 @@ inline workload parse_workload(std::string_view text, std::string_view source) {
       turn.output_tokens = t["output_tokens"].as_int(1, workload_limits::max_tokens);
       if (auto think = t.find("think_s"))
         turn.think_s = think->as_double(0, workload_limits::max_seconds);
-      if (auto mt = t.find("max_tokens")) turn.max_tokens = mt->as_int(1, workload_limits::max_tokens);
+      if (auto mt = t.find("max_tokens"))
+        turn.max_tokens = mt->as_int(1, workload_limits::max_tokens);
       sess.turns.push_back(turn);
     }
     // Bounded work: a session must fit in 32-bit token positions, and the whole trace in a replay

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/json/value.hpp
+ * @file io/detail/json/value.hpp
  * @brief The JSON document tree (`json::value`) that the reader builds and the writer prints.
  * Internal to the I/O layer (`tangram/io/`).
  */
@@ -13,10 +13,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-// Marks the I/O layer: the layering check (test/CMakeLists.txt, "Layers") fails the build when a
-// core header reaches this one.
-#define TANGRAM_LAYER_JSON_READER 1
 
 namespace tangram::detail::json {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file kernels/stream.hpp
+ * @file core/stream.hpp
  * @brief A CUDA stream handle that host-only code can name without the CUDA headers.
  *
  * The CUDA runtime defines `typedef struct CUstream_st* cudaStream_t;`. Declaring the same opaque

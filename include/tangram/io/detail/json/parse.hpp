@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/json/parse.hpp
+ * @file io/detail/json/parse.hpp
  * @brief The strict JSON reader: text to `json::value`, with resource limits, and errors that
  * name the source, the line and the column. Internal to the I/O layer (`tangram/io/`).
  *
@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/json/value.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/io/detail/json/value.hpp"
 
 namespace tangram::detail::json {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/json/node.hpp
+ * @file io/detail/json/node.hpp
  * @brief `json::node`: a read-only cursor over a parsed document that validates fields and names
  * their path in every error. Internal to the I/O layer (`tangram/io/`).
  */
@@ -13,8 +13,8 @@
 #include <string>
 #include <string_view>
 
-#include "tangram/detail/json/value.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/io/detail/json/value.hpp"
 
 namespace tangram::detail::json {
 

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file device/device_limits.hpp
+ * @file core/device_limits.hpp
  * @brief Hardware facts the planners take as plain inputs, so planning is pure host code.
  */
 #pragma once
 
 #include <cstdint>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram {
 
@@ -26,10 +26,14 @@ struct device_limits {
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
-    TANGRAM_EXPECTS(sm_count >= 1 && sm_count <= 65536, invalid_argument,
-                    "device_limits.sm_count: must be in [1, 65536], got ", sm_count);
-    TANGRAM_EXPECTS(ctas_per_sm >= 1 && ctas_per_sm <= 64, invalid_argument,
-                    "device_limits.ctas_per_sm: must be in [1, 64], got ", ctas_per_sm);
+    TANGRAM_EXPECTS(sm_count >= 1 && sm_count <= 65536,
+                    invalid_argument,
+                    "device_limits.sm_count: must be in [1, 65536], got ",
+                    sm_count);
+    TANGRAM_EXPECTS(ctas_per_sm >= 1 && ctas_per_sm <= 64,
+                    invalid_argument,
+                    "device_limits.ctas_per_sm: must be in [1, 64], got ",
+                    ctas_per_sm);
   }
 };
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/json.hpp
+ * @file io/detail/json.hpp
  * @brief A small, strict JSON reader and writer used by every file format of the library (the
  * I/O layer, `tangram/io/`). Core headers must not include it: the layering check fails the build.
  *
@@ -14,7 +14,7 @@
  */
 #pragma once
 
-#include "tangram/detail/json/dump.hpp"
-#include "tangram/detail/json/node.hpp"
-#include "tangram/detail/json/parse.hpp"
-#include "tangram/detail/json/value.hpp"
+#include "tangram/io/detail/json/dump.hpp"
+#include "tangram/io/detail/json/node.hpp"
+#include "tangram/io/detail/json/parse.hpp"
+#include "tangram/io/detail/json/value.hpp"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file memory/kv_view.hpp
+ * @file core/kv_view.hpp
  * @brief The batch view of the paged KV cache: one non-owning POD that the CUDA kernels and the
  * CPU reference both read, in the spirit of FlashInfer's `paged_kv_t`.
  *
@@ -27,10 +27,9 @@
 #include <limits>
 #include <string_view>
 
-#include "tangram/config.hpp"
-#include "tangram/error.hpp"
-#include "tangram/memory/page_layout.hpp"
-#include "tangram/plan/head_grouping.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/page_layout.hpp"
 
 namespace tangram {
 
@@ -49,12 +48,12 @@ struct kv_cache_view {
   std::byte* pool = nullptr;  ///< page arena: page p starts at pool + p * page_bytes
   page_geometry geometry;     ///< P, Hp, d, dtype
 
-  std::int32_t num_layers   = 0;
-  std::int32_t num_kv_heads = 0;  ///< KV heads per layer (this rank)
-  std::int32_t num_groups   = 0;  ///< G
-  const head_slot* head_slots         = nullptr;  ///< [L * H] -> (group, column)
-  const std::int32_t* group_window    = nullptr;  ///< [G] sliding window W, 0 for growing groups
-  const std::int32_t* group_ring_pages = nullptr; ///< [G] ring pages of sliding groups, else 0
+  std::int32_t num_layers              = 0;
+  std::int32_t num_kv_heads            = 0;        ///< KV heads per layer (this rank)
+  std::int32_t num_groups              = 0;        ///< G
+  const head_slot* head_slots          = nullptr;  ///< [L * H] -> (group, column)
+  const std::int32_t* group_window     = nullptr;  ///< [G] sliding window W, 0 for growing groups
+  const std::int32_t* group_ring_pages = nullptr;  ///< [G] ring pages of sliding groups, else 0
 
   const std::int32_t* page_offset   = nullptr;  ///< [slots * G] start of (slot, group) in `pages`
   const std::int32_t* pages         = nullptr;  ///< page-id arena
@@ -82,7 +81,9 @@ struct kv_cache_view {
 
   /// Tokens held by head `head` of layer `layer` for request `r`.
   /// A padding request holds none (0).
-  TANGRAM_HOST_DEVICE std::int32_t head_len(std::int32_t r, std::int32_t layer, std::int32_t head) const {
+  TANGRAM_HOST_DEVICE std::int32_t head_len(std::int32_t r,
+                                            std::int32_t layer,
+                                            std::int32_t head) const {
     std::int32_t s = batch_slots[r];
     if (s == padding_slot) return 0;
     std::int32_t g = slot_of(layer, head).group;
@@ -91,12 +92,15 @@ struct kv_cache_view {
       std::int32_t n = seq_tokens[s];
       return n < w ? n : w;
     }
-    return head_base_len[(static_cast<std::int64_t>(s) * num_layers + layer) * num_kv_heads + head] +
+    return head_base_len[(static_cast<std::int64_t>(s) * num_layers + layer) * num_kv_heads +
+                         head] +
            appended[s];
   }
 
   /// Location of the i-th held token (0 = oldest) of a head; requires i < head_len(...).
-  TANGRAM_HOST_DEVICE token_location locate(std::int32_t r, std::int32_t layer, std::int32_t head,
+  TANGRAM_HOST_DEVICE token_location locate(std::int32_t r,
+                                            std::int32_t layer,
+                                            std::int32_t head,
                                             std::int32_t i) const {
     std::int32_t s   = batch_slots[r];
     std::int32_t g   = slot_of(layer, head).group;
@@ -113,16 +117,20 @@ struct kv_cache_view {
 
   /// Address of token `loc` of head column `column`: K when kv == 0, V when kv == 1.
   template <class T>
-  TANGRAM_HOST_DEVICE T* element_ptr(token_location loc, std::int32_t column, std::int32_t kv) const {
-    return reinterpret_cast<T*>(pool + static_cast<std::int64_t>(loc.page) * geometry.page_bytes()) +
+  TANGRAM_HOST_DEVICE T* element_ptr(token_location loc,
+                                     std::int32_t column,
+                                     std::int32_t kv) const {
+    return reinterpret_cast<T*>(pool +
+                                static_cast<std::int64_t>(loc.page) * geometry.page_bytes()) +
            geometry.element_offset(kv, column, loc.token);
   }
 
   /// Pages currently in use by (request r, group g): enough for the group's longest column.
-  TANGRAM_HOST_DEVICE std::int32_t group_pages_in_use(std::int32_t r, std::int32_t g,
+  TANGRAM_HOST_DEVICE std::int32_t group_pages_in_use(std::int32_t r,
+                                                      std::int32_t g,
                                                       std::int32_t longest_column) const {
     if (group_window[g] > 0) {
-      std::int32_t n = seq_tokens[batch_slots[r]];
+      std::int32_t n           = seq_tokens[batch_slots[r]];
       std::int32_t ring_tokens = group_ring_pages[g] * geometry.page_tokens;
       return n >= ring_tokens ? group_ring_pages[g]
                               : (n + geometry.page_tokens - 1) / geometry.page_tokens;
@@ -137,23 +145,45 @@ struct kv_cache_view {
  * @param owner names the parameter struct in messages, e.g. "decode_params"
  * @throw invalid_argument naming the field and the value.
  */
-inline void validate_view(kv_cache_view const& kv, std::string_view owner, std::int32_t layer,
+inline void validate_view(kv_cache_view const& kv,
+                          std::string_view owner,
+                          std::int32_t layer,
                           std::int32_t max_batch = std::numeric_limits<std::int32_t>::max()) {
   kv.geometry.validate();
   TANGRAM_EXPECTS(kv.pool != nullptr, invalid_argument, owner, ".kv.pool: null");
   TANGRAM_EXPECTS(kv.head_slots && kv.group_window && kv.group_ring_pages && kv.page_offset &&
                       kv.pages && kv.head_base_len && kv.appended && kv.seq_tokens,
-                  invalid_argument, owner, ".kv: a page-table array is null");
-  TANGRAM_EXPECTS(kv.batch_size >= 0 && kv.batch_size <= max_batch, invalid_argument, owner,
-                  ".kv.batch_size: must be in [0, ", max_batch, "], got ", kv.batch_size);
-  TANGRAM_EXPECTS(kv.batch_size == 0 || kv.batch_slots != nullptr, invalid_argument, owner,
-                  ".kv.batch_slots: null with batch_size ", kv.batch_size);
+                  invalid_argument,
+                  owner,
+                  ".kv: a page-table array is null");
+  TANGRAM_EXPECTS(kv.batch_size >= 0 && kv.batch_size <= max_batch,
+                  invalid_argument,
+                  owner,
+                  ".kv.batch_size: must be in [0, ",
+                  max_batch,
+                  "], got ",
+                  kv.batch_size);
+  TANGRAM_EXPECTS(kv.batch_size == 0 || kv.batch_slots != nullptr,
+                  invalid_argument,
+                  owner,
+                  ".kv.batch_slots: null with batch_size ",
+                  kv.batch_size);
   TANGRAM_EXPECTS(kv.num_layers >= 1 && kv.num_kv_heads >= 1 && kv.num_groups >= 1,
-                  invalid_argument, owner,
-                  ".kv: num_layers, num_kv_heads and num_groups must be >= 1, got ", kv.num_layers,
-                  ", ", kv.num_kv_heads, ", ", kv.num_groups);
-  TANGRAM_EXPECTS(layer >= 0 && layer < kv.num_layers, invalid_argument, owner,
-                  ".layer: must be in [0, ", kv.num_layers - 1, "], got ", layer);
+                  invalid_argument,
+                  owner,
+                  ".kv: num_layers, num_kv_heads and num_groups must be >= 1, got ",
+                  kv.num_layers,
+                  ", ",
+                  kv.num_kv_heads,
+                  ", ",
+                  kv.num_groups);
+  TANGRAM_EXPECTS(layer >= 0 && layer < kv.num_layers,
+                  invalid_argument,
+                  owner,
+                  ".layer: must be in [0, ",
+                  kv.num_layers - 1,
+                  "], got ",
+                  layer);
 }
 
 }  // namespace tangram

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file dtype.hpp
+ * @file core/dtype.hpp
  * @brief Runtime KV-cache element types and their compile-time traits.
  */
 #pragma once
@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "tangram/error.hpp"
-#include "tangram/numeric.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/numeric.hpp"
 
 namespace tangram {
 
@@ -24,11 +24,14 @@ inline constexpr dtype all_dtypes[] = {
 /// @brief Bytes per element.
 constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return 4;
+    case dtype::f32:
+      return 4;
     case dtype::f16:
-    case dtype::bf16: return 2;
+    case dtype::bf16:
+      return 2;
     case dtype::fp8_e4m3:
-    case dtype::fp8_e5m2: return 1;
+    case dtype::fp8_e5m2:
+      return 1;
   }
   return 0;
 }
@@ -36,11 +39,16 @@ constexpr std::size_t size_of(dtype t) noexcept {
 /// @brief Canonical lower-case name ("f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2").
 constexpr std::string_view to_string(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::f16: return "f16";
-    case dtype::bf16: return "bf16";
-    case dtype::fp8_e4m3: return "fp8_e4m3";
-    case dtype::fp8_e5m2: return "fp8_e5m2";
+    case dtype::f32:
+      return "f32";
+    case dtype::f16:
+      return "f16";
+    case dtype::bf16:
+      return "bf16";
+    case dtype::fp8_e4m3:
+      return "fp8_e4m3";
+    case dtype::fp8_e5m2:
+      return "fp8_e5m2";
   }
   return "?";
 }
@@ -53,12 +61,21 @@ inline dtype parse_dtype(std::string_view name, std::string_view field = "dtype"
     std::string_view name;
     dtype type;
   };
-  constexpr alias aliases[] = {
-      {"f32", dtype::f32},         {"fp32", dtype::f32},         {"float32", dtype::f32},
-      {"float", dtype::f32},       {"f16", dtype::f16},          {"fp16", dtype::f16},
-      {"float16", dtype::f16},     {"half", dtype::f16},         {"bf16", dtype::bf16},
-      {"bfloat16", dtype::bf16},   {"fp8_e4m3", dtype::fp8_e4m3}, {"e4m3", dtype::fp8_e4m3},
-      {"fp8", dtype::fp8_e4m3},    {"fp8_e5m2", dtype::fp8_e5m2}, {"e5m2", dtype::fp8_e5m2}};
+  constexpr alias aliases[] = {{"f32", dtype::f32},
+                               {"fp32", dtype::f32},
+                               {"float32", dtype::f32},
+                               {"float", dtype::f32},
+                               {"f16", dtype::f16},
+                               {"fp16", dtype::f16},
+                               {"float16", dtype::f16},
+                               {"half", dtype::f16},
+                               {"bf16", dtype::bf16},
+                               {"bfloat16", dtype::bf16},
+                               {"fp8_e4m3", dtype::fp8_e4m3},
+                               {"e4m3", dtype::fp8_e4m3},
+                               {"fp8", dtype::fp8_e4m3},
+                               {"fp8_e5m2", dtype::fp8_e5m2},
+                               {"e5m2", dtype::fp8_e5m2}};
   for (auto const& a : aliases)
     if (a.name == name) return a.type;
   TANGRAM_FAIL(invalid_argument,

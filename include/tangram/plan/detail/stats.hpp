@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
- * @file detail/stats.hpp
+ * @file plan/detail/stats.hpp
  * @brief Small descriptive statistics shared by calibration and the split-map analysis (host
  * only): mean, population standard deviation, empirical quantile, average ranks, Spearman
  * correlation, and a portable pseudo-random stream.
@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram::detail {
 
