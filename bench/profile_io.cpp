@@ -2,8 +2,8 @@
 // Parse and validation cost of the real profile files (what a server pays once at start-up).
 #include <benchmark/benchmark.h>
 
-#include "tangram/detail/file_io.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/file_io.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"

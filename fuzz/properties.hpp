@@ -11,16 +11,16 @@
 #include <string>
 #include <string_view>
 
-#include "tangram/detail/json.hpp"
-#include "tangram/eval/sim/workload_io.hpp"
+#include "commands.hpp"
+#include "tangram/eval/io/workload_io.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "commands.hpp"
 
 #include <sstream>
 #include <vector>

@@ -8,8 +8,8 @@
 
 #include "detail/device_guard.cuh"
 #include "detail/runtime_checks.cuh"
+#include "tangram/core/error.hpp"
 #include "tangram/device/async_readback.hpp"
-#include "tangram/error.hpp"
 
 namespace tangram {
 

@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "device_buffer.cuh"
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
+#include "tangram/core/kv_view.hpp"
 #include "tangram/device/device.hpp"
-#include "tangram/memory/kv_view.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 
 namespace tangram::bench {
 

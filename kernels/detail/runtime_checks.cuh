@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram::detail {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "tangram/detail/str.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/str.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/kernels/eviction.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/plan/static_plan.hpp"

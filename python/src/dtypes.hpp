@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "tangram/dtype.hpp"
+#include "tangram/core/dtype.hpp"
 
 namespace tangram::python {
 

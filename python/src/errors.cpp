@@ -5,7 +5,7 @@
 #include <exception>
 
 #include "bindings.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace nb = nanobind;
 

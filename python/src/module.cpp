@@ -2,7 +2,7 @@
 // tangram._tangram: Python bindings over the same headers engines embed (docs/python.md).
 #include "bindings.hpp"
 
-#include "tangram/version.hpp"
+#include "tangram/core/version.hpp"
 
 NB_MODULE(_tangram, m) {
   m.doc() = "Tangram: per-head KV-cache budgets, head-group paging and an AOT decode split.";

@@ -15,7 +15,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
-#include "tangram/detail/str.hpp"
+#include "tangram/core/detail/str.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/pipeline_stages.hpp"

@@ -27,7 +27,7 @@
 #include "bindings.hpp"
 #include "bound_kv_cache.hpp"
 #include "dtypes.hpp"
-#include "tangram/detail/str.hpp"
+#include "tangram/core/detail/str.hpp"
 #include "tangram/reference/append.hpp"
 #include "tangram/reference/decode_attention.hpp"
 #include "tangram/reference/elastic_eviction.hpp"

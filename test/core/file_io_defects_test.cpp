@@ -17,7 +17,7 @@
 #include <set>
 #include <string>
 
-#include "tangram/detail/file_io.hpp"
+#include "tangram/io/detail/file_io.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -26,11 +26,12 @@ using tangram::detail::check_writable;
 using tangram::detail::file_batch;
 using tangram::detail::read_file;
 using tangram::detail::write_file;
+using tangram::test::dir_entries;
 
 namespace {
 
 /// A fresh folder under /tmp that any user may enter (the write-protection cases run as nobody).
-std::string fresh_dir(std::string const& name) {
+std::string fresh_shared_dir(std::string const& name) {
   auto dir =
       fs::temp_directory_path() / ("tangram-file-io-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -82,7 +83,7 @@ constexpr int nobody = 65534;
 }  // namespace
 
 TEST_CASE("read_file refuses a FIFO up front instead of blocking", "[regression][file_io]") {
-  auto dir  = fresh_dir("fifo-in");
+  auto dir  = fresh_shared_dir("fifo-in");
   auto fifo = dir + "/samples.json";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   // No writer ever opens it: the old fopen blocked here forever (the watchdog fires instead).
@@ -101,7 +102,7 @@ TEST_CASE("read_file refuses a FIFO up front instead of blocking", "[regression]
 
 TEST_CASE("a symbolic link loop is named as one, for reading and for writing",
           "[regression][file_io]") {
-  auto dir = fresh_dir("loop");
+  auto dir = fresh_shared_dir("loop");
   REQUIRE(::symlink("b", (dir + "/a").c_str()) == 0);
   REQUIRE(::symlink("a", (dir + "/b").c_str()) == 0);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
@@ -124,14 +125,14 @@ TEST_CASE("a symbolic link loop is named as one, for reading and for writing",
   REQUIRE(::symlink("nowhere", (dir + "/dangling").c_str()) == 0);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       check_writable(dir + "/dangling"), invalid_argument, "symbolic link to a missing file");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"a", "b", "dangling"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"a", "b", "dangling"});
   fs::remove_all(dir);
 }
 
 TEST_CASE("a write-protected target is refused, as cp refuses it", "[regression][file_io]") {
   // The temporary-and-rename needs only the folder's permission: a 0444 file in a folder the user
   // may write was silently replaced. Run as an unprivileged user (root may write anything).
-  auto dir            = fresh_dir("protected");
+  auto dir            = fresh_shared_dir("protected");
   auto protected_file = dir + "/plan.json";
   auto writable       = dir + "/other.json";
   write_file(protected_file, "old");
@@ -158,7 +159,7 @@ TEST_CASE("a write-protected target is refused, as cp refuses it", "[regression]
   CHECK(rc == 0);
   CHECK(read_file(protected_file) == "old");
   CHECK(read_file(writable) == "new");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"plan.json", "other.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"plan.json", "other.json"});
   fs::remove_all(dir);
 }
 
@@ -168,7 +169,7 @@ TEST_CASE("a replaced file keeps its owner and group where the process may set t
     WARN("not root: cannot make a file another user owns; the mode case stands in");
     return;
   }
-  auto dir  = fresh_dir("owner");
+  auto dir  = fresh_shared_dir("owner");
   auto file = dir + "/plan.json";
   write_file(file, "old");
   REQUIRE(::chown(file.c_str(), nobody, nobody) == 0);
@@ -184,7 +185,7 @@ TEST_CASE("a replaced file keeps its owner and group where the process may set t
 }
 
 TEST_CASE("file_batch writes all its files or none", "[regression][file_io]") {
-  auto dir = fresh_dir("batch");
+  auto dir = fresh_shared_dir("batch");
   write_file(dir + "/b.json", "old b");
   {
     // A target that cannot be written (a folder) fails its add: nothing is in place, and the
@@ -196,7 +197,7 @@ TEST_CASE("file_batch writes all its files or none", "[regression][file_io]") {
     TANGRAM_REQUIRE_THROWS_WITH_ALL(
         batch.add(dir + "/c.json", "new c"), invalid_argument, "c.json\"", "a directory");
   }
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"b.json", "c.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"b.json", "c.json"});
   CHECK(read_file(dir + "/b.json") == "old b");
   fs::remove(dir + "/c.json");
   {
@@ -221,17 +222,17 @@ TEST_CASE("file_batch writes all its files or none", "[regression][file_io]") {
     std::signal(SIGXFSZ, old_handler);
     CHECK(threw);
   }
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"b.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"b.json"});
   CHECK(read_file(dir + "/b.json") == "old b");
   {
     file_batch batch;
     batch.add(dir + "/a.json", "new a");
     batch.add(dir + "/b.json", "new b");
-    CHECK(tangram::test::directory_entries(dir).size() == 3);  // b.json and the two temporaries, nothing in place yet
+    CHECK(dir_entries(dir).size() == 3);  // b.json and the two temporaries, nothing in place yet
     CHECK(read_file(dir + "/b.json") == "old b");
     batch.commit();
   }
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"a.json", "b.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"a.json", "b.json"});
   CHECK(read_file(dir + "/a.json") == "new a");
   CHECK(read_file(dir + "/b.json") == "new b");
   fs::remove_all(dir);

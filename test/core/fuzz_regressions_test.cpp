@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "../../fuzz/properties.hpp"
-#include "tangram/detail/file_io.hpp"
+#include "tangram/io/detail/file_io.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -15,24 +15,18 @@
 #include <string>
 #include <vector>
 
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
-#include "tangram/detail/str.hpp"
+#include "tangram/core/detail/str.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
 using tangram::detail::read_file;
 using tangram::detail::write_file;
+using tangram::test::dir_entries;
+using tangram::test::fresh_tmp_dir;
 
 namespace {
-
-/// A fresh, empty folder for one test.
-std::string fresh_io_dir(std::string const& name) {
-  auto dir = fs::path(TANGRAM_BINARY_DIR) / "test-tmp" / "io_defects" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 /// Independent UTF-8 check (RFC 3629 table): no overlong forms, no surrogates, <= U+10FFFF.
 bool valid_utf8(std::string const& s) {
@@ -80,7 +74,7 @@ bool is_symlink(std::string const& path) {
 
 TEST_CASE("write_file ignores a symlink planted at the old predictable temporary name",
           "[regression][file_io]") {
-  auto dir    = fresh_io_dir("planted");
+  auto dir    = fresh_tmp_dir("io_defects", "planted");
   auto victim = dir + "/victim.txt";
   auto target = dir + "/out.json";
   write_file(victim, "precious");
@@ -90,11 +84,11 @@ TEST_CASE("write_file ignores a symlink planted at the old predictable temporary
   CHECK(is_symlink(target + ".tmp"));
   CHECK_FALSE(is_symlink(target));
   CHECK(read_file(target) == "{\"a\": 1}\n");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"victim.txt", "out.json", "out.json.tmp"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"victim.txt", "out.json", "out.json.tmp"});
 }
 
 TEST_CASE("write_file writes into a FIFO instead of replacing it", "[regression][file_io]") {
-  auto dir  = fresh_io_dir("fifo");
+  auto dir  = fresh_tmp_dir("io_defects", "fifo");
   auto fifo = dir + "/pipe";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   // A non-blocking reader is open first, so the writer's open does not wait and the small
@@ -109,14 +103,14 @@ TEST_CASE("write_file writes into a FIFO instead of replacing it", "[regression]
   REQUIRE(::lstat(fifo.c_str(), &st) == 0);
   CHECK(S_ISFIFO(st.st_mode));
   CHECK(std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0) == "through the pipe\n");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"pipe"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"pipe"});
 }
 
 TEST_CASE("write_file writes into a character device instead of replacing it",
           "[regression][file_io]") {
   // A private null device node (root may create one; otherwise the FIFO case above stands in).
   // Never the real /dev/null: the old code, run as root, replaced it.
-  auto dir = fresh_io_dir("chardev");
+  auto dir = fresh_tmp_dir("io_defects", "chardev");
   auto dev = dir + "/null";
   if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) {
     WARN("cannot create a device node here; covered by the FIFO case");
@@ -126,12 +120,12 @@ TEST_CASE("write_file writes into a character device instead of replacing it",
   struct stat st {};
   REQUIRE(::lstat(dev.c_str(), &st) == 0);
   CHECK(S_ISCHR(st.st_mode));
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"null"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"null"});
 }
 
 TEST_CASE("write_file through a symlink replaces the link's target and keeps the link",
           "[file_io]") {
-  auto dir  = fresh_io_dir("link");
+  auto dir  = fresh_tmp_dir("io_defects", "link");
   auto real = dir + "/real.json";
   auto link = dir + "/link.json";
   write_file(real, "old");
@@ -139,13 +133,13 @@ TEST_CASE("write_file through a symlink replaces the link's target and keeps the
   write_file(link, "new");
   CHECK(is_symlink(link));
   CHECK(read_file(real) == "new");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"real.json", "link.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"real.json", "link.json"});
 }
 
 TEST_CASE("write_file refuses a folder, a dangling link and a missing folder, leaving nothing",
           "[file_io]") {
   using tangram::invalid_argument;
-  auto dir = fresh_io_dir("refuse");
+  auto dir = fresh_tmp_dir("io_defects", "refuse");
   fs::create_directories(dir + "/sub");
   REQUIRE(::symlink("nowhere", (dir + "/dangling").c_str()) == 0);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
@@ -154,13 +148,13 @@ TEST_CASE("write_file refuses a folder, a dangling link and a missing folder, le
       write_file(dir + "/dangling", "x"), invalid_argument, "dangling\"", "symbolic link");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       write_file(dir + "/missing/out.json", "x"), invalid_argument, "cannot write", "out.json\"");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"sub", "dangling"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"sub", "dangling"});
   CHECK(fs::is_empty(dir + "/sub"));
 }
 
 TEST_CASE("write_file leaves no temporary and the old contents when a write fails midway",
           "[file_io]") {
-  auto dir    = fresh_io_dir("midway");
+  auto dir    = fresh_tmp_dir("io_defects", "midway");
   auto target = dir + "/out.json";
   write_file(target, "old contents");
   // A file size limit makes the write itself fail after the temporary exists.
@@ -180,12 +174,12 @@ TEST_CASE("write_file leaves no temporary and the old contents when a write fail
   std::signal(SIGXFSZ, old_handler);
   CHECK(threw);
   CHECK(read_file(target) == "old contents");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"out.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"out.json"});
 }
 
 TEST_CASE("write_file creates files with the umask's mode and keeps a replaced file's mode",
           "[file_io]") {
-  auto dir     = fresh_io_dir("mode");
+  auto dir     = fresh_tmp_dir("io_defects", "mode");
   mode_t umask = ::umask(022);
   write_file(dir + "/new.json", "x");
   struct stat st {};
@@ -200,7 +194,7 @@ TEST_CASE("write_file creates files with the umask's mode and keeps a replaced f
 }
 
 TEST_CASE("write_file appends to an open descriptor's file instead of replacing it", "[file_io]") {
-  auto dir  = fresh_io_dir("descriptor");
+  auto dir  = fresh_tmp_dir("io_defects", "descriptor");
   auto file = dir + "/stdout.txt";
   int fd    = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   REQUIRE(fd >= 0);
@@ -213,7 +207,7 @@ TEST_CASE("write_file appends to an open descriptor's file instead of replacing 
   REQUIRE(::stat(file.c_str(), &after) == 0);
   CHECK(after.st_ino == before.st_ino);
   CHECK(read_file(file) == "summary\nplan\n");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"stdout.txt"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"stdout.txt"});
 }
 
 namespace {
@@ -248,7 +242,7 @@ TEST_CASE("write_file to a redirected standard output keeps what the process pri
   // `tangram plan --out /dev/stdout > x.json` used to open a second descriptor at offset 0 and
   // the process's own later output overwrote the plan; other spellings of the same file were
   // replaced by a rename, detaching the redirect.
-  auto dir                                 = fresh_io_dir("redirect");
+  auto dir                                 = fresh_tmp_dir("io_defects", "redirect");
   auto file                                = dir + "/out.txt";
   std::vector<std::string> const spellings = {"/dev/stdout",
                                               "//dev/stdout",
@@ -270,24 +264,24 @@ TEST_CASE("write_file to a redirected standard output keeps what the process pri
     CHECK(after.st_ino == before.st_ino);  // the redirected file was never replaced
     CHECK(read_file(file) == "first\ncontents\nlast\n");
   }
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"out.txt"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"out.txt"});
 }
 
 TEST_CASE("write_file writes a file whose name is as long as the system allows",
           "[regression][file_io]") {
   // The temporary's name used to embed the target's, 22 bytes longer: names of 234-255 bytes
   // passed every check and then failed with "File name too long".
-  auto dir  = fresh_io_dir("long-name");
+  auto dir  = fresh_tmp_dir("io_defects", "long-name");
   auto name = std::string(250, 'b') + ".svg";
   write_file(dir + "/" + name, "x");
   CHECK(read_file(dir + "/" + name) == "x");
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{name});
+  CHECK(dir_entries(dir) == std::set<std::string>{name});
 }
 
 TEST_CASE("check_writable refuses up front exactly what write_file would refuse",
           "[regression][file_io]") {
   using tangram::detail::check_writable;
-  auto dir = fresh_io_dir("check");
+  auto dir = fresh_tmp_dir("io_defects", "check");
   REQUIRE(::symlink((dir + "/missing.svg").c_str(), (dir + "/dangling.svg").c_str()) == 0);
   TANGRAM_REQUIRE_THROWS_WITH_ALL(check_writable(dir + "/dangling.svg"),
                                   tangram::invalid_argument,
@@ -303,7 +297,7 @@ TEST_CASE("check_writable refuses up front exactly what write_file would refuse"
   check_writable(dir + "/file");      // a regular file to replace
   check_writable("/dev/null");        // a device, written directly
   check_writable(std::string(dir + "/") + std::string(250, 'c'));
-  CHECK(tangram::test::directory_entries(dir) == std::set<std::string>{"dangling.svg", "file"});  // nothing created
+  CHECK(dir_entries(dir) == std::set<std::string>{"dangling.svg", "file"});  // nothing created
 }
 
 // ---- defect 7: JSON numbers, non-finite values, UTF-8 and printed names ----------------------

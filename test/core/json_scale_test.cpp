@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "tangram/detail/json.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tangram/detail/json.hpp"
+#include "tangram/io/detail/json.hpp"
 
 #include <cmath>
 

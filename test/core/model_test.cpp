@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "tangram/core/version.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/model/presets.hpp"
-#include "tangram/version.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

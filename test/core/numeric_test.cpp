@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tangram/numeric.hpp"
+#include "tangram/core/numeric.hpp"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 
-#include "tangram/dtype.hpp"
+#include "tangram/core/dtype.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

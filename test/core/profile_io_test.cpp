@@ -2,8 +2,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "tangram/detail/file_io.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/file_io.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"

@@ -15,12 +15,12 @@
 #include "gpu_test.hpp"
 #include "kernel_cases.hpp"
 #include "prefill_cases.hpp"
+#include "tangram/core/kv_view.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
 #include "tangram/kernels/prefill_attention.hpp"
-#include "tangram/memory/kv_view.hpp"
 
 namespace tangram::test {
 

@@ -12,8 +12,8 @@
 #include "memory_fixtures.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/plan/elastic.hpp"
+#include "tangram/plan/elastic_selection.hpp"
 #include "tangram/plan/footprint.hpp"
-#include "tangram/reference/elastic_selection.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

@@ -35,8 +35,8 @@
 
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/elastic_selection.hpp"
 #include "tangram/plan/footprint.hpp"
-#include "tangram/reference/elastic_selection.hpp"
 #include "test_support.hpp"
 
 namespace tangram::test {

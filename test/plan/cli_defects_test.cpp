@@ -16,30 +16,16 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
-#include "tangram/detail/file_io.hpp"
+#include "tangram/io/detail/file_io.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
 using tangram::test::cli_result;
-
-using tangram::test::run;
+using tangram::test::dir_entries;
+using tangram::test::fresh_tmp_dir;
+using tangram::test::run_cli;
 
 namespace {
-
-
-/// A fresh, empty folder of this file's tests.
-std::string fresh_dir(std::string const& name) {
-  auto dir = tangram::test::cli_tmp_path("cli_defects", name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::set<std::string> entries(std::string const& dir) {
-  std::set<std::string> out;
-  for (auto const& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-  return out;
-}
 
 /// Exit 2 with one line of stderr holding every piece.
 void expect_usage_error(cli_result const& r, std::vector<std::string> const& pieces) {
@@ -58,7 +44,7 @@ int child_usage_error(std::vector<std::string> const& argv,
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::alarm(20);
-    auto r  = run(argv);
+    auto r  = run_cli(argv);
     bool ok = r.code == 2;
     for (auto const& p : pieces) ok = ok && r.err.find(p) != std::string::npos;
     ::_exit(ok ? 0 : 1);
@@ -76,7 +62,7 @@ TEST_CASE("plan with stages: a --stage-context that overflows is refused before 
           "[regression][cli][pipeline]") {
   // It used to write x.stage0-of-4.json, then fail on stage 0's footprint with a message that
   // named no option ("stage footprint bytes overflows").
-  auto dir = fresh_dir("overflow");
+  auto dir = fresh_tmp_dir("cli_defects", "overflow");
   for (auto const& stages :
        std::vector<std::vector<std::string>>{{"--pipeline-stages", "4"},
                                              {"--layers", "0:8,8:16,16:24,24:32"},
@@ -84,30 +70,30 @@ TEST_CASE("plan with stages: a --stage-context that overflows is refused before 
     std::vector<std::string> argv = {
         "plan", profile, "--stage-context", "9007199254740992", "--out", dir + "/x.json"};
     argv.insert(argv.end(), stages.begin(), stages.end());
-    expect_usage_error(run(argv), {"--stage-context: 9007199254740992 tokens", "overflows"});
-    CHECK(entries(dir).empty());
+    expect_usage_error(run_cli(argv), {"--stage-context: 9007199254740992 tokens", "overflows"});
+    CHECK(dir_entries(dir).empty());
   }
   // The largest context the check lets through plans every stage.
-  auto ok = run({"plan",
-                 profile,
-                 "--pipeline-stages",
-                 "2",
-                 "--stage-context",
-                 "2147483647",
-                 "--out",
-                 dir + "/y.json"});
+  auto ok = run_cli({"plan",
+                     profile,
+                     "--pipeline-stages",
+                     "2",
+                     "--stage-context",
+                     "2147483647",
+                     "--out",
+                     dir + "/y.json"});
   INFO(ok.err);
   CHECK(ok.code == 0);
-  CHECK(entries(dir) == std::set<std::string>{"y.stage0-of-2.json", "y.stage1-of-2.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"y.stage0-of-2.json", "y.stage1-of-2.json"});
 }
 
 TEST_CASE("plan with stages writes every stage file or none", "[regression][cli][pipeline]") {
   // A write that fails on a later stage (a file size limit, as a full disk) used to leave the
   // earlier stages' files behind; a stage file that existed keeps its contents.
-  auto dir = fresh_dir("partial");
+  auto dir = fresh_tmp_dir("cli_defects", "partial");
   auto out = dir + "/x.json";
   // Stage 0 holds one layer, stage 1 the other 31: a limit between their sizes fails stage 1.
-  auto sized = run({"plan", profile, "--layers", "0:1,1:32", "--out", out});
+  auto sized = run_cli({"plan", profile, "--layers", "0:1,1:32", "--out", out});
   REQUIRE(sized.code == 0);
   auto small = fs::file_size(dir + "/x.stage0-of-2.json");
   auto large = fs::file_size(dir + "/x.stage1-of-2.json");
@@ -121,13 +107,13 @@ TEST_CASE("plan with stages writes every stage file or none", "[regression][cli]
   struct rlimit limit = saved;
   limit.rlim_cur      = (small + large) / 2;
   REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
-  auto r = run({"plan", profile, "--layers", "0:1,1:32", "--out", out});
+  auto r = run_cli({"plan", profile, "--layers", "0:1,1:32", "--out", out});
   ::setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, old_handler);
   INFO(r.err);
   CHECK(r.code != 0);
   CHECK(r.err.find("x.stage1-of-2.json") != std::string::npos);
-  CHECK(entries(dir) == std::set<std::string>{"x.stage0-of-2.json"});
+  CHECK(dir_entries(dir) == std::set<std::string>{"x.stage0-of-2.json"});
   CHECK(tangram::detail::read_file(dir + "/x.stage0-of-2.json") == "old stage 0");
 }
 
@@ -136,29 +122,29 @@ TEST_CASE("simulate --sensitivity refuses a --max-context its sweep cannot repla
   // The sweep replays at max_tokens = the context; it used to run the whole simulation and sweep,
   // then exit with "replay.max_tokens: must be in [1, 1073741824]". Checked before the inputs
   // are even read: the missing profile is not what is reported.
-  auto r = run({"simulate",
-                "--profile",
-                "/nonexistent/profile.json",
-                "--quiet",
-                "--sensitivity",
-                "--max-context",
-                "1073741825"});
-  expect_usage_error(r, {"--sensitivity --max-context 1073741825", "1073741824"});
-  CHECK(r.err.find("nonexistent") == std::string::npos);
-  // Without --sensitivity the same context is the options' to take: the missing file is next.
-  auto plain = run({"simulate",
+  auto r = run_cli({"simulate",
                     "--profile",
                     "/nonexistent/profile.json",
                     "--quiet",
+                    "--sensitivity",
                     "--max-context",
                     "1073741825"});
+  expect_usage_error(r, {"--sensitivity --max-context 1073741825", "1073741824"});
+  CHECK(r.err.find("nonexistent") == std::string::npos);
+  // Without --sensitivity the same context is the options' to take: the missing file is next.
+  auto plain = run_cli({"simulate",
+                        "--profile",
+                        "/nonexistent/profile.json",
+                        "--quiet",
+                        "--max-context",
+                        "1073741825"});
   CHECK(plain.code == 2);
   CHECK(plain.err.find("nonexistent") != std::string::npos);
 }
 
 TEST_CASE("inputs that are not regular files are refused up front, each named",
           "[regression][cli][file_io]") {
-  auto dir  = fresh_dir("inputs");
+  auto dir  = fresh_tmp_dir("cli_defects", "inputs");
   auto fifo = dir + "/samples.json";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   // No writer ever comes: the old read blocked forever (the watchdog fires instead).
@@ -173,7 +159,7 @@ TEST_CASE("inputs that are not regular files are refused up front, each named",
        std::vector<std::vector<std::string>>{{"plan", dir + "/loop-a"},
                                              {"plan", profile, "--model", dir + "/loop-a"},
                                              {"plan", profile, "--out", dir + "/loop-a"}}) {
-    auto r = run(argv);
+    auto r = run_cli(argv);
     INFO(argv.back() << ": " << r.err);
     CHECK(r.code == 2);
     CHECK(r.err.find("symbolic link loop") != std::string::npos);

@@ -5,31 +5,29 @@
 #include <filesystem>
 #include <sstream>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
-#include "tangram/detail/json.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/pipeline_stages.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
 using tangram::test::data_path;
+using tangram::test::run_cli;
 namespace json = tangram::detail::json;
 
-using tangram::test::run;
-
 namespace {
-
 
 std::string tmp(std::string const& name) {
   return tangram::test::cli_tmp_path("cli_pipeline", name);
 }
 
 void expect_error(std::vector<std::string> argv, std::vector<std::string> const& pieces) {
-  auto r = run(argv);
+  auto r = run_cli(argv);
   INFO("stderr: " << r.err);
   CHECK(r.code == 2);
   CHECK(r.out.empty());
@@ -43,18 +41,18 @@ TEST_CASE("plan --pipeline-stages writes one balanced plan per stage", "[cli][pi
   auto out = tmp("llama.json");
   for (int k = 0; k < 4; ++k)
     std::filesystem::remove(tmp("llama.stage" + std::to_string(k) + "-of-4.json"));
-  auto r = run({"plan",
-                "snapkv/llama-3.1-8b-instruct",
-                "--pipeline-stages",
-                "4",
-                "--reservation",
-                "static",
-                "--scope",
-                "layer",
-                "--weighting",
-                "budget",
-                "--out",
-                out});
+  auto r = run_cli({"plan",
+                    "snapkv/llama-3.1-8b-instruct",
+                    "--pipeline-stages",
+                    "4",
+                    "--reservation",
+                    "static",
+                    "--scope",
+                    "layer",
+                    "--weighting",
+                    "budget",
+                    "--out",
+                    out});
   INFO("stderr: " << r.err);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("pipeline: 4 stages, balanced by KV memory") != std::string::npos);
@@ -83,17 +81,17 @@ TEST_CASE("plan --pipeline-stages writes one balanced plan per stage", "[cli][pi
 }
 
 TEST_CASE("plan --pipeline-stages --json: the stage table, balanced and even", "[cli][pipeline]") {
-  auto r = run({"plan",
-                "ea/qwen3-4b-instruct-2507",
-                "--pipeline-stages",
-                "3",
-                "--reservation",
-                "static",
-                "--weighting",
-                "budget",
-                "--stage-context",
-                "16384",
-                "--json"});
+  auto r = run_cli({"plan",
+                    "ea/qwen3-4b-instruct-2507",
+                    "--pipeline-stages",
+                    "3",
+                    "--reservation",
+                    "static",
+                    "--weighting",
+                    "budget",
+                    "--stage-context",
+                    "16384",
+                    "--json"});
   INFO("stderr: " << r.err);
   REQUIRE(r.code == 0);
   auto v = json::parse(r.out, "stdout");
@@ -117,16 +115,16 @@ TEST_CASE("plan --layers: one range plans one stage, several write one plan each
           "[cli][pipeline]") {
   auto out = tmp("stage.json");
   std::filesystem::remove(out);
-  auto r = run({"plan",
-                "keydiff/llama-3.1-8b-instruct",
-                "--layers",
-                "8:16",
-                "--reservation",
-                "static",
-                "--weighting",
-                "budget",
-                "--out",
-                out});
+  auto r = run_cli({"plan",
+                    "keydiff/llama-3.1-8b-instruct",
+                    "--layers",
+                    "8:16",
+                    "--reservation",
+                    "static",
+                    "--weighting",
+                    "budget",
+                    "--out",
+                    out});
   INFO("stderr: " << r.err);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("pipeline stage: layers 8..15 (8 of 32") != std::string::npos);
@@ -134,23 +132,23 @@ TEST_CASE("plan --layers: one range plans one stage, several write one plan each
   CHECK(p.stage_layers() == layer_range{8, 16});
   CHECK(p.num_layers == 8);
   // inspect shows the stage and model layer numbers.
-  auto i = run({"inspect", out});
+  auto i = run_cli({"inspect", out});
   REQUIRE(i.code == 0);
   CHECK(i.out.find("pipeline stage: layers 8..15 of 32") != std::string::npos);
   CHECK(i.out.find("layer  15") != std::string::npos);
   CHECK(i.out.find("layer   0 ") == std::string::npos);
 
   auto many = tmp("three");
-  auto m    = run({"plan",
-                "keydiff/llama-3.1-8b-instruct",
-                "--layers",
-                "0:10,10:21,21:32",
-                "--reservation",
-                "static",
-                "--weighting",
-                "budget",
-                "--out",
-                many});
+  auto m    = run_cli({"plan",
+                       "keydiff/llama-3.1-8b-instruct",
+                       "--layers",
+                       "0:10,10:21,21:32",
+                       "--reservation",
+                       "static",
+                       "--weighting",
+                       "budget",
+                       "--out",
+                       many});
   INFO("stderr: " << m.err);
   REQUIRE(m.code == 0);
   CHECK(m.out.find("layer ranges as given") != std::string::npos);
@@ -180,7 +178,7 @@ TEST_CASE("plan: bad stage options are one-line errors naming the option and the
   expect_error({"plan", in, "--stage-context", "1000"},
                {"--stage-context: applies to --pipeline-stages", "several --layers ranges"});
   // --help lists the options.
-  auto h = run({"plan", "--help"});
+  auto h = run_cli({"plan", "--help"});
   CHECK(h.code == 0);
   CHECK(h.out.find("--pipeline-stages") != std::string::npos);
   CHECK(h.out.find("--layers") != std::string::npos);

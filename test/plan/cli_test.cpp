@@ -6,10 +6,10 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/eval/split_imbalance.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"

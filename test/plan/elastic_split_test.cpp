@@ -17,10 +17,10 @@
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/elastic_placement.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/elastic_selection.hpp"
 #include "tangram/plan/elastic_split_map.hpp"
 #include "tangram/plan/split_planner.hpp"
 #include "tangram/plan/static_plan.hpp"
-#include "tangram/reference/elastic_selection.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

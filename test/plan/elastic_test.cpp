@@ -17,9 +17,9 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
-#include "tangram/detail/json.hpp"
+#include "tangram/core/elastic_lengths.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
-#include "tangram/kernels/elastic_lengths.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "test_support.hpp"

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "tangram/detail/file_io.hpp"
 #include "tangram/eval/split_imbalance.hpp"
+#include "tangram/io/detail/file_io.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"

@@ -8,9 +8,9 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tangram/detail/json.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"

@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-#include "tangram/dtype.hpp"
+#include "tangram/core/dtype.hpp"
 #include "tangram/reference/storage.hpp"
 
 namespace tangram::test {

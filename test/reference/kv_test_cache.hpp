@@ -15,8 +15,8 @@
 #include <random>
 #include <vector>
 
-#include "tangram/memory/kv_view.hpp"
-#include "tangram/numeric.hpp"
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/numeric.hpp"
 #include "tangram/plan/split_planner.hpp"
 #include "tangram/reference/storage.hpp"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "storm.hpp"
-#include "tangram/detail/json.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"

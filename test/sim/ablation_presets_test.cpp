@@ -5,16 +5,16 @@
 #include <sstream>
 
 #include "../memory/memory_fixtures.hpp"
+#include "cli_support.hpp"
 #include "commands.hpp"
 #include "contended_replay.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/eval/sim/ablation.hpp"
 #include "tangram/eval/sim/gpu_presets.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/serving_costs.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

@@ -10,15 +10,15 @@
 #include <sstream>
 
 #include "../memory/memory_fixtures.hpp"
+#include "cli_support.hpp"
 #include "commands.hpp"
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/workload.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/model/presets.hpp"
-#include "cli_support.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;

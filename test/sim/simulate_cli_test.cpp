@@ -4,10 +4,10 @@
 #include <sstream>
 #include <vector>
 
-#include "commands.hpp"
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
 #include "cli_support.hpp"
+#include "commands.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "test_support.hpp"
 
 using tangram::test::run;

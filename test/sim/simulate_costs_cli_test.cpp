@@ -5,9 +5,9 @@
 #include <map>
 #include <sstream>
 
-#include "commands.hpp"
-#include "tangram/detail/json.hpp"
 #include "cli_support.hpp"
+#include "commands.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "test_support.hpp"
 
 using tangram::test::run;

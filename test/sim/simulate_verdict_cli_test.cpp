@@ -8,9 +8,9 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/eval/sim/out_of_sample.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "test_support.hpp"

@@ -6,13 +6,13 @@
 #include <tuple>
 
 #include "../memory/memory_fixtures.hpp"
-#include "contended_replay.hpp"
 #include "commands.hpp"
-#include "tangram/detail/json.hpp"
+#include "contended_replay.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/log_histogram.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/replay.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/model/presets.hpp"
 #include "test_support.hpp"
 

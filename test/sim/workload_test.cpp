@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tangram/eval/sim/workload.hpp"
-#include "tangram/eval/sim/workload_io.hpp"
+#include "tangram/eval/io/workload_io.hpp"
 
 #include "tangram/model/presets.hpp"
 #include "tangram/eval/sim/cost_model.hpp"

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/memory/kv_view.hpp"
+#include "tangram/core/kv_view.hpp"
 
 namespace tangram::test {
 

@@ -11,6 +11,22 @@
 
 namespace tangram::test {
 
+/// A fresh, empty scratch folder `test-tmp/<file>/<name>` in the build tree for one test.
+inline std::string fresh_tmp_dir(std::string const& file, std::string const& name) {
+  auto dir = std::filesystem::path(TANGRAM_BINARY_DIR) / "test-tmp" / file / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+/// The names in folder `dir`.
+inline std::set<std::string> dir_entries(std::string const& dir) {
+  std::set<std::string> out;
+  for (auto const& e : std::filesystem::directory_iterator(dir))
+    out.insert(e.path().filename().string());
+  return out;
+}
+
 /// Path of a file under data/ in the source tree.
 inline std::string data_path(std::string const& rel) { return std::string(TANGRAM_TEST_DATA_DIR) + "/" + rel; }
 
@@ -20,13 +36,6 @@ inline std::vector<std::string> bundled_profiles() {
   for (char const* scorer : {"ea", "fastkvzip", "keydiff", "snapkv"})
     for (char const* model : {"llama-3.1-8b-instruct", "qwen3-4b-instruct-2507"})
       out.push_back(std::string(scorer) + "/" + model + ".json");
-  return out;
-}
-
-/// The names in folder `dir` (files, folders and links, not recursive).
-inline std::set<std::string> directory_entries(std::string const& dir) {
-  std::set<std::string> out;
-  for (auto const& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
   return out;
 }
 

@@ -11,8 +11,8 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "subcommands.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/elastic.hpp"
 

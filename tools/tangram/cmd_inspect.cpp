@@ -12,8 +12,8 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "subcommands.hpp"
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
 

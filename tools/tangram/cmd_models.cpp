@@ -6,7 +6,7 @@
 
 #include "embedded_profiles.hpp"
 #include "subcommands.hpp"
-#include "tangram/detail/json.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/model/presets.hpp"
 

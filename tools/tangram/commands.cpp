@@ -6,8 +6,8 @@
 #include <ostream>
 
 #include "subcommands.hpp"
-#include "tangram/detail/str.hpp"
-#include "tangram/version.hpp"
+#include "tangram/core/detail/str.hpp"
+#include "tangram/core/version.hpp"
 
 namespace tangram::cli {
 

@@ -6,8 +6,8 @@
 #include <cerrno>
 
 #include "embedded_profiles.hpp"
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 
 namespace tangram::cli {
 

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <cmath>
 
-#include "tangram/detail/str.hpp"
+#include "tangram/core/detail/str.hpp"
 
 namespace tangram::cli {
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "output_path.hpp"
 
+#include "tangram/io/detail/file_io.hpp"
 #include "usage_error.hpp"
-#include "tangram/detail/file_io.hpp"
 
 namespace tangram::cli {
 

@@ -9,14 +9,13 @@
 
 #include "common_options.hpp"
 #include "inputs.hpp"
-#include "usage_error.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "tangram/profile/retention_samples.hpp"
+#include "usage_error.hpp"
 
 namespace tangram::cli {
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "tangram/detail/json.hpp"
 #include "tangram/eval/sim/rate_sweep.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/sensitivity.hpp"
 #include "tangram/eval/sim/serving_costs.hpp"
+#include "tangram/io/detail/json.hpp"
 
 namespace tangram::cli {
 

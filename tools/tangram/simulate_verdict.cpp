@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "simulate_report.hpp"
-#include "tangram/detail/json.hpp"
 #include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/measured_costs.hpp"
 #include "tangram/eval/sim/measured_skews.hpp"
@@ -21,6 +20,7 @@
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/sensitivity.hpp"
 #include "tangram/eval/sim/serving_costs.hpp"
+#include "tangram/io/detail/json.hpp"
 
 namespace tangram::cli {
 

@@ -3,7 +3,7 @@
 // helpers far from the parser) still end in exit code 2, like CLI11's own parse errors.
 #pragma once
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram::cli {
 

@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "tangram/kernels/stream.hpp"
+#include "tangram/core/stream.hpp"
 
 struct CUevent_st;  // the CUDA runtime's opaque event type (cudaEvent_t is CUevent_st*)
 

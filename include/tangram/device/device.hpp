@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "tangram/device/device_limits.hpp"
+#include "tangram/core/device_limits.hpp"
 
 namespace tangram {
 

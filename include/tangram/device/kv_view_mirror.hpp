@@ -20,10 +20,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/stream.hpp"
 #include "tangram/device/detail/mirror_layout.hpp"
-#include "tangram/kernels/stream.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
-#include "tangram/memory/kv_view.hpp"
 #include "tangram/memory/memory_resource.hpp"
 
 struct CUevent_st;  // the CUDA runtime's opaque event type (cudaEvent_t is CUevent_st*)

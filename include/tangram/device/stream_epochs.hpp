@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/kernels/stream.hpp"
+#include "tangram/core/stream.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 
 struct CUevent_st;  // the CUDA runtime's opaque event type (cudaEvent_t is CUevent_st*)

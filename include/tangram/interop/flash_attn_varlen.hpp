@@ -27,10 +27,10 @@
 #include <limits>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
 #include "tangram/interop/virtual_pages.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
-#include "tangram/memory/kv_view.hpp"
 
 namespace tangram {
 

@@ -13,9 +13,9 @@
 #include <limits>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
 #include "tangram/interop/virtual_pages.hpp"
-#include "tangram/memory/kv_view.hpp"
 
 namespace tangram {
 

@@ -22,10 +22,10 @@
 #include <limits>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
 #include "tangram/interop/virtual_pages.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
-#include "tangram/memory/kv_view.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {

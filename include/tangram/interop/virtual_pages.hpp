@@ -18,8 +18,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "tangram/error.hpp"
-#include "tangram/memory/kv_view.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
 
 namespace tangram {
 

@@ -12,14 +12,11 @@
 #include <string>
 #include <string_view>
 
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/model/model_spec.hpp"
-
-// Marks the I/O layer for the layering check (test/CMakeLists.txt, "Layers").
-#define TANGRAM_LAYER_IO 1
 
 namespace tangram {
 

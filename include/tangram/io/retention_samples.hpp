@@ -12,15 +12,12 @@
 #include <string>
 #include <string_view>
 
-#include "tangram/detail/file_io.hpp"
-#include "tangram/detail/json.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/io/detail/fields.hpp"
+#include "tangram/io/detail/file_io.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/profile/retention_samples.hpp"
-
-// Marks the I/O layer for the layering check (test/CMakeLists.txt, "Layers").
-#define TANGRAM_LAYER_IO 1
 
 namespace tangram {
 

@@ -13,12 +13,12 @@
 
 #include <cstdint>
 
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/stream.hpp"
 #include "tangram/kernels/head_cursor.hpp"
 #include "tangram/kernels/kv_scales.hpp"
-#include "tangram/kernels/stream.hpp"
-#include "tangram/memory/kv_view.hpp"
 
 namespace tangram {
 

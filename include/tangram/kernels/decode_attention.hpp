@@ -7,7 +7,7 @@
  * One launch computes one layer for a batch of requests, one new query token each. Every KV head
  * attends over its own held tokens (`kv_cache_view::head_len` / `locate`, sliding-window rings
  * included) for the `group` query heads that share it (GQA). The work follows the static split
- * map (plan/split_map.hpp): the layer's N_CTA CTAs are shared among its KV heads; CTA `j` of head
+ * map (core/split_view.hpp): the layer's N_CTA CTAs are shared among its KV heads; CTA `j` of head
  * `h` covers stream positions `[j * W / S, (j + 1) * W / S)` of the head's token stream
  * concatenated over the batch (`W` tokens, `S` CTAs). Each (CTA, request) piece yields a partial
  * result at slot `j + r` of the head; a merge combines a request's partials by log-sum-exp in CTA
@@ -31,16 +31,16 @@
 #include <cstdint>
 #include <optional>
 
-#include "tangram/config.hpp"
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/device/device_limits.hpp"
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/device_limits.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/split_view.hpp"
+#include "tangram/core/stream.hpp"
 #include "tangram/kernels/kv_scales.hpp"
 #include "tangram/kernels/math.hpp"
-#include "tangram/kernels/stream.hpp"
-#include "tangram/memory/kv_view.hpp"
-#include "tangram/plan/split_map.hpp"
 
 namespace tangram {
 

@@ -20,8 +20,8 @@
  *       candidates among them. `wanted[r]` is the caller's K, normally
  *       `scorer_total::tokens(compressed heads, n_seen)` (plan/elastic_reservation.hpp) at
  *       `n_seen` = tokens seen after the chunk; it is clamped to [0, all candidates].
- *    b. **group lengths**: `elastic::select_lengths` (kernels/elastic_lengths.hpp, the optimal
- *       greedy of reference/elastic_selection.hpp) over the compressed groups, in group index
+ *    b. **group lengths**: `elastic::select_lengths` (core/elastic_lengths.hpp, the optimal
+ *       greedy of plan/elastic_selection.hpp) over the compressed groups, in group index
  *       order, with floor lo = max over the compressed heads of ceil(protected candidates / P)
  *       and `page_limit[r] - G_c lo` pages above the floors. When the floors alone exceed
  *       `page_limit[r]` the request "does not fit": nothing changes and `pages_out[r] = -1`.
@@ -38,15 +38,15 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tangram/config.hpp"
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
-#include "tangram/kernels/elastic_lengths.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/elastic_lengths.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/retention.hpp"
+#include "tangram/core/stream.hpp"
 #include "tangram/kernels/eviction.hpp"
 #include "tangram/kernels/head_cursor.hpp"
-#include "tangram/kernels/stream.hpp"
-#include "tangram/memory/kv_view.hpp"
-#include "tangram/plan/retention.hpp"
 
 namespace tangram {
 

@@ -12,8 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tangram/config.hpp"
-#include "tangram/memory/kv_view.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/kv_view.hpp"
 
 namespace tangram {
 

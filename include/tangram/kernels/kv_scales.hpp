@@ -19,9 +19,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "tangram/config.hpp"
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram {
 

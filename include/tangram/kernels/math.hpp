@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 
 namespace tangram {
 

@@ -44,13 +44,13 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tangram/config.hpp"
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/stream.hpp"
 #include "tangram/kernels/kv_scales.hpp"
-#include "tangram/kernels/stream.hpp"
-#include "tangram/memory/kv_view.hpp"
 
 namespace tangram {
 

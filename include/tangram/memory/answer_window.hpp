@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 
 namespace tangram {

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/page_pool.hpp"
 
 namespace tangram {

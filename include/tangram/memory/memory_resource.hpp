@@ -14,7 +14,7 @@
  * inject allocation failure | | `cuda_memory_resource` (memory/cuda_memory_resource.hpp) |
  * `cudaMalloc` | GPU engines (needs `tangram::kernels`) |
  *
- * Failure to provide the bytes is `tangram::out_of_memory` (error.hpp), never a null pointer.
+ * Failure to provide the bytes is `tangram::out_of_memory` (core/error.hpp), never a null pointer.
  *
  * Thread safety: `host_memory_resource` is stateless and may be shared between threads;
  * `simulated_memory_resource` and `limiting_resource_adaptor` keep counters and are
@@ -28,7 +28,7 @@
 #include <new>
 #include <string_view>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram {
 

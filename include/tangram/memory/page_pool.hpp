@@ -36,9 +36,9 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/page_layout.hpp"
 #include "tangram/memory/memory_resource.hpp"
-#include "tangram/memory/page_layout.hpp"
 
 namespace tangram {
 

@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram {
 

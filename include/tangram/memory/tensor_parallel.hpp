@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 
 namespace tangram {

@@ -13,26 +13,11 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 
 namespace tangram {
-
-/// @brief How a layer's KV cache behaves over time.
-enum class layer_kind : std::uint8_t {
-  compressed,      ///< full attention whose KV is compressed to a static per-head budget
-  sliding_window,  ///< attends to the last `window` tokens only; constant memory per head
-  uncompressed,    ///< full attention kept whole (e.g. layers an operator chooses not to compress)
-};
-
-constexpr std::string_view to_string(layer_kind k) noexcept {
-  switch (k) {
-    case layer_kind::compressed: return "compressed";
-    case layer_kind::sliding_window: return "sliding_window";
-    case layer_kind::uncompressed: return "uncompressed";
-  }
-  return "?";
-}
 
 /// @brief Parses "compressed", "sliding_window" or "uncompressed".
 /// @throw invalid_argument naming `field` and the value.

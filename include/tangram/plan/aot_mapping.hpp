@@ -22,9 +22,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tangram/config.hpp"
-#include "tangram/error.hpp"
-#include "tangram/plan/retention.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/split_map.hpp"
 
 namespace tangram {

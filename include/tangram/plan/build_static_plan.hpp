@@ -26,7 +26,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/elastic_split_map.hpp"

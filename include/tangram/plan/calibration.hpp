@@ -35,8 +35,8 @@
 #include <numeric>
 #include <vector>
 
-#include "tangram/detail/stats.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/plan/detail/stats.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
 

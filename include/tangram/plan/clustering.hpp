@@ -16,9 +16,9 @@
 #include <tuple>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/head_grouping.hpp"
-#include "tangram/plan/retention.hpp"
 
 namespace tangram {
 

@@ -3,7 +3,7 @@
  * @file plan/elastic.hpp
  * @brief Elastic reservation: reserve a request's total compressed footprint (what the scorer
  * keeps over all heads, times 1 + margin) instead of static per-group budgets, and place it per
- * group at eviction (reference/elastic_selection.hpp). This header holds the reservation model,
+ * group at eviction (plan/elastic_selection.hpp). This header holds the reservation model,
  * the plan-time groups and the margin calibration; docs/planning.md#elastic-reservation has the
  * measured curves.
  *
@@ -55,16 +55,16 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/detail/stats.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "tangram/plan/detail/stats.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/elastic_selection.hpp"
 #include "tangram/plan/footprint.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "tangram/reference/elastic_selection.hpp"
 
 namespace tangram {
 

@@ -4,7 +4,7 @@
  * @brief Elastic placements of retention samples at plan time: what each head of a sampled
  * request wants at a given context (`sample_needs_at`, modelled by scaling the sample's kept
  * counts) and the per-head lengths the elastic placement gives it (`elastic_placement_lengths`:
- * optimal group-length selection, in the threshold-search form of kernels/elastic_lengths.hpp,
+ * optimal group-length selection, in the threshold-search form of core/elastic_lengths.hpp,
  * within R(n)). The split
  * map of an elastic plan is weighed on them (plan/elastic_split_map.hpp); the evaluation code
  * measures imbalance on them. Host only; pure functions.
@@ -16,14 +16,14 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/elastic_lengths.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/aot_mapping.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
-#include "tangram/kernels/elastic_lengths.hpp"
 
 namespace tangram {
 

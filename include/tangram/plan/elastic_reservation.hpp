@@ -14,9 +14,9 @@
 #include <optional>
 #include <string_view>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
-#include "tangram/plan/retention.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 
 namespace tangram {
 

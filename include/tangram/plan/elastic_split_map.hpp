@@ -24,8 +24,8 @@
 #include <random>
 #include <vector>
 
-#include "tangram/detail/stats.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/plan/detail/stats.hpp"
 #include "tangram/plan/elastic_placement.hpp"
 #include "tangram/plan/split_planner.hpp"
 #include "tangram/plan/static_plan.hpp"

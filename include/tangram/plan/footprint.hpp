@@ -20,10 +20,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {

@@ -16,9 +16,10 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/config.hpp"
-#include "tangram/error.hpp"
-#include "tangram/plan/retention.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/page_layout.hpp"
+#include "tangram/core/retention.hpp"
 
 namespace tangram {
 
@@ -65,12 +66,6 @@ struct head_ref {
   std::int32_t layer = 0;
   std::int32_t head  = 0;
   friend bool operator==(head_ref a, head_ref b) { return a.layer == b.layer && a.head == b.head; }
-};
-
-/// @brief Where a head lives: its group and its column in the group's pages. POD, device-usable.
-struct head_slot {
-  std::int32_t group  = 0;
-  std::int32_t column = 0;
 };
 
 /// @brief One head group.

@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/model/model_spec.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 

@@ -37,15 +37,15 @@
 #include <string>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/clustering.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/footprint.hpp"
 #include "tangram/plan/head_rules.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"

@@ -35,11 +35,11 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/str.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/str.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/head_grouping.hpp"
 #include "tangram/plan/head_rules.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {

@@ -1,82 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file plan/split_map.hpp
- * @brief The static Workload Split Map (the paper's Algorithm 1) and the O(1) arithmetic that maps
- * a decode CTA to its work at run time.
- *
- * Static part (computed once per plan): for every layer l, the N_CTA CTAs of one decode launch are
- * divided among the layer's KV heads: head h owns CTAs [begin(l,h), begin(l,h+1)), at least one,
- * in proportion to its expected work. (A CTA serves one KV head and all query heads of its GQA
- * group, so each head is one work unit; per-group shares are sums of their members' shares.)
- *
- * Per step (no planning, no allocation, fixed grid): the S CTAs of head h split the concatenation
- * of that head's KV tokens over the batch's requests evenly. CTA j covers stream positions
- * [bound(j), bound(j+1)) with bound(j) = floor(j * W / S), W the head's total tokens. A CTA may
- * cover pieces of several requests; each piece is one partial result (o, max, sum) stored at
- * partial slot `j + r` of the head, which is unique because j + r grows along the stream. The
- * merge of request r reads slots j + r for j in [first_cta(r), last_cta(r)].
- *
- * Every function here is host/device: the CPU reference and the CUDA kernels share them.
+ * @brief The static Workload Split Map (the paper's Algorithm 1), owning: the CTA boundaries of
+ * every layer's decode launch. Its non-owning view and the per-step arithmetic that maps a decode
+ * CTA to its work, shared by the CPU reference and the kernels: core/split_view.hpp.
  */
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "tangram/config.hpp"
-#include "tangram/device/device_limits.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/config.hpp"
+#include "tangram/core/device_limits.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/split_view.hpp"
 
 namespace tangram {
-
-/// @brief Non-owning view of a split map's CTA boundaries. POD; pointers may be host or device.
-struct split_map_view {
-  std::int32_t num_layers   = 0;
-  std::int32_t num_kv_heads = 0;  ///< work units per layer
-  std::int32_t num_ctas     = 0;  ///< N_CTA, the grid size of one layer's decode launch
-  const std::int32_t* cta_begin = nullptr;  ///< [num_layers * (num_kv_heads + 1)]
-
-  /// First CTA of head `h` of layer `l` (h == num_kv_heads gives num_ctas).
-  TANGRAM_HOST_DEVICE std::int32_t begin(std::int32_t l, std::int32_t h) const {
-    return cta_begin[l * (num_kv_heads + 1) + h];
-  }
-  /// CTAs owned by head `h` of layer `l`.
-  TANGRAM_HOST_DEVICE std::int32_t share(std::int32_t l, std::int32_t h) const {
-    return begin(l, h + 1) - begin(l, h);
-  }
-  /// The head that CTA `cta` of layer `l` serves (binary search over the layer's boundaries).
-  TANGRAM_HOST_DEVICE std::int32_t head_of_cta(std::int32_t l, std::int32_t cta) const {
-    std::int32_t lo = 0, hi = num_kv_heads - 1;
-    while (lo < hi) {
-      std::int32_t mid = (lo + hi + 1) / 2;
-      if (begin(l, mid) <= cta)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    return lo;
-  }
-  /// Partial-result slots one layer's launch needs for a batch of `batch` requests.
-  TANGRAM_HOST_DEVICE std::int64_t partial_slots(std::int32_t batch) const {
-    return static_cast<std::int64_t>(num_ctas) + static_cast<std::int64_t>(num_kv_heads) * batch;
-  }
-  /// Slot of the partial result of CTA `j` (local to head h) for request `r`.
-  TANGRAM_HOST_DEVICE std::int64_t partial_slot(std::int32_t l, std::int32_t h, std::int32_t j,
-                                                std::int32_t r, std::int32_t batch) const {
-    return static_cast<std::int64_t>(begin(l, h)) + static_cast<std::int64_t>(h) * batch + j + r;
-  }
-};
-
-/// Start of CTA `j`'s range in a head's token stream of `total` tokens split over `share` CTAs.
-TANGRAM_HOST_DEVICE std::int64_t split_bound(std::int64_t j, std::int64_t share, std::int64_t total) {
-  return j * total / share;
-}
-
-/// The first CTA (local index) whose range contains stream position `pos` (0 <= pos < total).
-TANGRAM_HOST_DEVICE std::int64_t split_cta_of(std::int64_t pos, std::int64_t share, std::int64_t total) {
-  // max{ j : floor(j * total / share) <= pos } = ceil((pos + 1) * share / total) - 1
-  return ((pos + 1) * share + total - 1) / total - 1;
-}
 
 /**
  * @brief A static split map (owning). Built by `build_split_map` (plan/split_planner.hpp).

@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/device/device_limits.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/device_limits.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram {
 

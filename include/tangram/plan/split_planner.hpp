@@ -15,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/detail/stats.hpp"
-#include "tangram/error.hpp"
-#include "tangram/plan/retention.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
+#include "tangram/plan/detail/stats.hpp"
 #include "tangram/plan/split_map.hpp"
 #include "tangram/plan/split_options.hpp"
 

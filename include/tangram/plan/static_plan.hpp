@@ -14,12 +14,12 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/error.hpp"
-#include "tangram/memory/page_layout.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/page_layout.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/head_grouping.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/split_map.hpp"
 #include "tangram/plan/split_options.hpp"
 #include "tangram/profile/budget_profile.hpp"

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
-#include "tangram/numeric.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/numeric.hpp"
 
 namespace tangram::reference::detail {
 

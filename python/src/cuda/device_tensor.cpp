@@ -8,8 +8,8 @@
 
 #include <sstream>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
 
 namespace nb = nanobind;
 

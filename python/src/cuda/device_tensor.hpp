@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tangram/kernels/stream.hpp"
+#include "tangram/core/stream.hpp"
 
 namespace tangram::python {
 

@@ -26,7 +26,7 @@
 #include "../bound_kv_cache.hpp"
 #include "../dtypes.hpp"
 #include "device_tensor.hpp"
-#include "tangram/detail/str.hpp"
+#include "tangram/core/detail/str.hpp"
 #include "tangram/device/kv_view_mirror.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/decode_attention.hpp"

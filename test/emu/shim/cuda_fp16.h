@@ -4,7 +4,7 @@
 #pragma once
 
 #include "../simt/simt.hpp"
-#include "tangram/numeric.hpp"
+#include "tangram/core/numeric.hpp"
 
 struct __half {
   unsigned short x;

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "cuda_fp16.h"
-#include "tangram/numeric.hpp"
+#include "tangram/core/numeric.hpp"
 
 typedef unsigned char __nv_fp8_storage_t;
 typedef unsigned short __nv_fp8x2_storage_t;

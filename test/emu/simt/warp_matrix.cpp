@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "simt.hpp"
-#include "tangram/numeric.hpp"
+#include "tangram/core/numeric.hpp"
 
 namespace tangram::emu {
 namespace {

@@ -23,13 +23,13 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/stats.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/eval/baselines/split_planners.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/plan/aot_mapping.hpp"
+#include "tangram/plan/detail/stats.hpp"
 #include "tangram/plan/elastic_placement.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/split_map.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"

@@ -20,10 +20,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/kv_view.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
-#include "tangram/memory/kv_view.hpp"
 
 namespace tangram::detail {
 

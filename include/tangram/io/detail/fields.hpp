@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/detail/json.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/io/detail/json.hpp"
 
 namespace tangram::detail {
 

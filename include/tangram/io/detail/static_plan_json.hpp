@@ -13,14 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "tangram/detail/json.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/io/budget_profile.hpp"
+#include "tangram/io/detail/json.hpp"
 #include "tangram/io/model_spec.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/head_grouping.hpp"
 #include "tangram/plan/plan_checks.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
 

@@ -10,9 +10,9 @@
 
 #include <cstdint>
 
+#include "tangram/core/numeric.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/detail/vec.cuh"
-#include "tangram/numeric.hpp"
 
 namespace tangram::detail {
 

@@ -28,7 +28,7 @@
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/detail/decode_common.cuh"
 #include "tangram/kernels/detail/decode_mma.cuh"

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/detail/vec.cuh"
 #include "tangram/kernels/head_cursor.hpp"

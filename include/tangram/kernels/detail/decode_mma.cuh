@@ -48,7 +48,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/detail/decode_common.cuh"
 #include "tangram/kernels/detail/mma.cuh"

@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/detail/eviction.cuh"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"

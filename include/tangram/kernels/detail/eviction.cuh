@@ -45,7 +45,7 @@
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/detail/eviction_common.cuh"
 #include "tangram/kernels/detail/snapkv_mma.cuh"
 #include "tangram/kernels/detail/vec.cuh"

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/detail/vec.cuh"
 #include "tangram/kernels/eviction.hpp"
 #include "tangram/kernels/head_cursor.hpp"

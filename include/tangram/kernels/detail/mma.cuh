@@ -26,8 +26,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tangram/core/numeric.hpp"
 #include "tangram/kernels/detail/vec.cuh"
-#include "tangram/numeric.hpp"
 
 #if defined(TANGRAM_EMULATION)
 // Provided by the emulator (test/emu/simt/warp_matrix.cpp); `bf16` selects the input format.

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/detail/vec.cuh"
 #include "tangram/kernels/head_cursor.hpp"
 #include "tangram/kernels/math.hpp"

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tangram/config.hpp"
+#include "tangram/core/config.hpp"
 #include "tangram/kernels/detail/eviction_common.cuh"
 #include "tangram/kernels/detail/mma.cuh"
 #include "tangram/kernels/detail/vec.cuh"

@@ -24,9 +24,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tangram/dtype.hpp"
-#include "tangram/error.hpp"
-#include "tangram/numeric.hpp"
+#include "tangram/core/dtype.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/numeric.hpp"
 
 #if defined(TANGRAM_EMULATION)
 // Provided by the emulator (test/emu/simt).
@@ -84,10 +84,10 @@ __device__ __forceinline__ float widen(float16 x) {
   return __half2float(__ushort_as_half(x.bits));
 }
 /// fp8 through binary16 with the CUDA conversions (`cvt.rn.f16x2.e4m3x2` / `.e5m2x2` on sm_89+,
-/// one instruction per two values, where numeric.hpp's software widening costs several per
+/// one instruction per two values, where core/numeric.hpp's software widening costs several per
 /// value). Every e4m3 and e5m2 value is a binary16 value, so the result is exactly the float
-/// numeric.hpp's `to_float` (the reference's and the append's conversion) gives; NaN stays NaN.
-/// The K/V scales (kv_scales.hpp) are not applied here: each kernel folds them once.
+/// core/numeric.hpp's `to_float` (the reference's and the append's conversion) gives; NaN stays
+/// NaN. The K/V scales (kv_scales.hpp) are not applied here: each kernel folds them once.
 template <class F8>
 struct fp8_kind;
 template <>
@@ -165,7 +165,7 @@ __device__ __forceinline__ float load_scalar(const void* base, dtype t, std::int
 }
 
 /// Stores `v` as element `i` of an array of runtime dtype `t` (f32, f16 or bf16), rounding to
-/// nearest even exactly as the host conversions in numeric.hpp do.
+/// nearest even exactly as the host conversions in core/numeric.hpp do.
 __device__ __forceinline__ void store_scalar(void* base, dtype t, std::int64_t i, float v) {
   switch (t) {
     case dtype::f16:

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 
 namespace tangram::detail {

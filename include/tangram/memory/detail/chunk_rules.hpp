@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
-#include "tangram/plan/retention.hpp"
 
 namespace tangram::detail {
 

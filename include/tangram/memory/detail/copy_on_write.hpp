@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 #include "tangram/memory/memory_resource.hpp"
 

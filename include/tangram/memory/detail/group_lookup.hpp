@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/footprint.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram::detail {

@@ -13,9 +13,9 @@
 #include <optional>
 #include <string>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/detail/str.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/detail/str.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 #include "tangram/memory/page_pool.hpp"
 #include "tangram/plan/plan_checks.hpp"

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
 #include "tangram/memory/detail/copy_on_write.hpp"
 #include "tangram/memory/detail/head_lengths.hpp"

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/detail/turn_footprint.hpp"
 #include "tangram/memory/page_pool.hpp"
 #include "tangram/memory/segment_arena.hpp"

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
 #include "tangram/memory/detail/manager_checks.hpp"
 #include "tangram/memory/kv_cache_types.hpp"

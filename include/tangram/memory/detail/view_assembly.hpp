@@ -10,14 +10,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tangram/core/kv_view.hpp"
+#include "tangram/core/page_layout.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
 #include "tangram/memory/detail/head_lengths.hpp"
 #include "tangram/memory/detail/page_table_storage.hpp"
 #include "tangram/memory/detail/sequence_table.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
-#include "tangram/memory/kv_view.hpp"
-#include "tangram/memory/page_layout.hpp"
 
 namespace tangram::detail {
 

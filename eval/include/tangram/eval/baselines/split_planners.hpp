@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/error.hpp"
-#include "tangram/plan/retention.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 
 namespace tangram {
 

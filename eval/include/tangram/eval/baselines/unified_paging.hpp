@@ -24,12 +24,12 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/page_layout.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/memory/memory_resource.hpp"
-#include "tangram/memory/page_layout.hpp"
 #include "tangram/memory/page_pool.hpp"
-#include "tangram/plan/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {

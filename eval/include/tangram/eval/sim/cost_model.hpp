@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/model/model_spec.hpp"
 
 namespace tangram::sim {

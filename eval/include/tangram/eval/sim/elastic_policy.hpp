@@ -8,7 +8,7 @@
  * `seen` = the session's tokens after the chunk and has `cand_h` candidates (`expected_kept`).
  * Its need is MODELLED by `retention_needs` (eval/sim/retention_needs.hpp). The group lengths are
  * the optimal greedy of `reference::select_group_lengths` within `elastic_page_limit(seq)`, in the
- * form the eviction kernel runs (`elastic::select_lengths`, kernels/elastic_lengths.hpp: a
+ * form the eviction kernel runs (`elastic::select_lengths`, core/elastic_lengths.hpp: a
  * threshold search, O(G Hp log) per chunk, where the reference's heap adds one page per step,
  * O(pages); elastic_test.cpp checks the two equal); each head keeps min(its group's length in
  * tokens, cand_h). The eviction runs once per chunk outside the forward
@@ -24,10 +24,10 @@
 #include <optional>
 #include <vector>
 
+#include "tangram/core/elastic_lengths.hpp"
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/retention_needs.hpp"
-#include "tangram/kernels/elastic_lengths.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"

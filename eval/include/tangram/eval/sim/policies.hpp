@@ -38,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
+#include "tangram/core/detail/checked_math.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/replay.hpp"

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/str.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/str.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/eval/sim/replay.hpp"
 #include "tangram/eval/sim/workload.hpp"
 

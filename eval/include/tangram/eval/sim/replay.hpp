@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/log_histogram.hpp"
 #include "tangram/eval/sim/measured_costs.hpp"

@@ -21,8 +21,8 @@
 #include <optional>
 #include <vector>
 
-#include "tangram/error.hpp"
-#include "tangram/plan/retention.hpp"
+#include "tangram/core/error.hpp"
+#include "tangram/core/retention.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
 

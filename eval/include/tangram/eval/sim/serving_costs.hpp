@@ -46,7 +46,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tangram/error.hpp"
+#include "tangram/core/error.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/measured_costs.hpp"
 

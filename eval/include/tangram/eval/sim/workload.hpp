@@ -3,7 +3,7 @@
  * @file eval/sim/workload.hpp
  * @brief Multi-turn serving workloads for the replay: the workload type, the limits a trace must
  * respect and the SCBench-like generators. Evaluation code: not installed. The
- * `tangram-workload/v1` reader and writer are in eval/sim/workload_io.hpp (docs/formats.md), so
+ * `tangram-workload/v1` reader and writer are in eval/io/workload_io.hpp (docs/formats.md), so
  * the replay itself compiles without the JSON reader.
  */
 #pragma once
@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "tangram/detail/checked_math.hpp"
-#include "tangram/error.hpp"
+#include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/error.hpp"
 
 namespace tangram::sim {
 
