@@ -72,6 +72,35 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
             0, 100) == Approx(1));
 }
 
+TEST_CASE("simulate --reclaim-us-per-page alone is the whole reclamation charge",
+          "[simulate][cli][issue29][issue30]") {
+  // Issue 29's competent comparison passes --reclaim-us-per-page 0: the baseline must then be
+  // charged no reclamation at all, not the paper's share of prefill behind the flag's back.
+  namespace json = tangram::detail::json;
+  auto reclamation = [](std::vector<std::string> extra) {
+    extra.push_back("--json");
+    auto r = run(small(extra));
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    auto doc = json::parse(r.out, "stdout");
+    json::node root(doc, "stdout");
+    auto costs = root["cost_model"]["serving_costs"];
+    auto unified = root["policies"]["unified_nonuniform"];
+    REQUIRE(unified["reclaim_ops"].as_int(0, 1LL << 40) > 0);  // it does reclaim in this run
+    return std::make_pair(costs["reclaim_prefill_fraction"].as_double(0, 10),
+                          unified["modelled_time_breakdown"]["reclamation_s"].as_double(0, 1e12));
+  };
+  auto paper = reclamation({});
+  CHECK(paper.first == Approx(0.175));
+  CHECK(paper.second > 0);
+  auto zero = reclamation({"--reclaim-us-per-page", "0"});
+  CHECK(zero.first == 0);
+  CHECK(zero.second == 0);
+  auto both = reclamation({"--reclaim-us-per-page", "0", "--reclaim-prefill-fraction", "0.1"});
+  CHECK(both.first == Approx(0.1));
+  CHECK(both.second > 0);
+}
+
 TEST_CASE("simulate switches: no padded reads, the unbalanced baseline, the budget baseline",
           "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;

@@ -226,7 +226,12 @@ int simulate(simulate_args& a, streams io) {
   // Costs beyond the roofline: the --costs preset (eval/sim/serving_costs.hpp), then the
   // overrides; the decode skews are measured on each policy's own lengths (measured_skews.hpp).
   serving_costs costs = serving_costs::preset(a.costs_setting);
-  if (a.reclaim_us) costs.reclaim_s_per_page = *a.reclaim_us * 1e-6;
+  // A per-page price replaces the preset's share-of-prefill model unless both are given, so
+  // `--reclaim-us-per-page 0` charges no reclamation (as it did before the share existed).
+  if (a.reclaim_us) {
+    costs.reclaim_s_per_page       = *a.reclaim_us * 1e-6;
+    costs.reclaim_prefill_fraction = 0;
+  }
   if (a.reclaim_fraction) costs.reclaim_prefill_fraction = *a.reclaim_fraction;
   if (a.skew) costs.unbalanced_skew = *a.skew;
   if (a.replan) costs.replan_fraction = *a.replan;
@@ -837,7 +842,7 @@ command_body setup_simulate(CLI::App& app) {
            "Retention samples or a budget profile, a file or a bundled name");
   add_calibration_options(app, a->cal);
   add_number(app, "--margin", a->margin, {0, max_elastic_margin},
-             "tangram_elastic: reserve the scorer's total times 1 + M (default 0.15)");
+             "tangram_elastic: reserve the scorer's total times 1 + M (default: the plan's, 0.02)");
   add_number(app, "--keep", a->keep, {0.001, 1},
              "Rescale the profile's budgets to this keep ratio (an approximation; default: as "
              "profiled)");
@@ -990,7 +995,8 @@ command_body setup_simulate(CLI::App& app) {
                  a->reclaim_us,
                  {0, 1e6},
                  "Charged time per reclaimed page, us (default: --costs'; paper 0, competent the "
-                 "measured batched free, 0.0011)"));
+                 "measured batched free, 0.0011); given alone, it is the whole reclamation "
+                 "charge (--reclaim-prefill-fraction 0)"));
   single.push_back(add_number(
       app,
       "--reclaim-prefill-fraction",
