@@ -153,10 +153,16 @@ TEST_CASE("tangram_elastic's needs follow the session's sample, or the budgets w
   for (std::int32_t s : {0, 1, static_cast<std::int32_t>(samples.samples.size()) + 1}) {
     auto const& smp = samples.samples[static_cast<std::size_t>(s) % samples.samples.size()];
     for (std::int32_t h : {0, 7, 100, 255}) {
-      auto kept = smp.kept[static_cast<std::size_t>(h)];
+      // k(n) with the sample's kept / context as the budget: seen > protect, so
+      // max(protect, ceil(kept * seen / context)).
+      auto kept    = smp.kept[static_cast<std::size_t>(h)];
+      auto protect = plan.rules[static_cast<std::size_t>(h)].protect;
+      REQUIRE(protect == 4128);  // the samples' 32 sinks + 4,096-token window
       auto want = std::min<std::int64_t>(
-          static_cast<std::int64_t>(std::ceil(static_cast<double>(kept) * seen /
-                                              static_cast<double>(smp.context_tokens))),
+          std::max<std::int64_t>(
+              protect,
+              static_cast<std::int64_t>(std::ceil(static_cast<double>(kept) * seen /
+                                                  static_cast<double>(smp.context_tokens)))),
           cand);
       CHECK(ev.need(s, h, seen, cand) == want);
       CHECK(ev.need(s, h, seen, 10) ==
@@ -257,17 +263,47 @@ TEST_CASE(
   REQUIRE_NOTHROW(elastic->manager().check_invariants());
 }
 
-TEST_CASE("static_clipping counts the samples' wanted head-tokens beyond the static budgets",
-          "[elastic][clipping]") {
+TEST_CASE("modelled needs keep the protected sink + window, as the compressor does",
+          "[elastic][retention][regression]") {
+  // Regression: needs were kept x seen / context with no protected floor, so a short input kept
+  // far less than the compressor keeps (the samples never keep fewer than sink + window = 4,128
+  // tokens in any head) and the unified baseline read ~1.4x less KV per token than it should.
+  // Hand-worked on sample 0 (context 18,055): head 0 kept 4,128, head 3 kept 14,640.
   auto plan    = test::llama_plan("snapkv");
   auto samples = llama_samples("snapkv");
-  auto H       = static_cast<std::size_t>(plan.num_kv_heads);
+  REQUIRE(samples.samples[0].context_tokens == 18055);
+  REQUIRE(samples.samples[0].kept[0] == 4128);
+  REQUIRE(samples.samples[0].kept[3] == 14640);
+  retention_needs needs(plan, from_samples(samples));
+  CHECK(needs.need(0, 0, 3000, 3000) == 3000);    // seen <= protect: everything (linear: 686)
+  CHECK(needs.need(0, 3, 3000, 3000) == 3000);    // (linear: 2,433)
+  CHECK(needs.need(0, 0, 6000, 6000) == 4128);    // the floor (linear: 1,372)
+  CHECK(needs.need(0, 3, 6000, 6000) == 4866);    // ceil(14,640 x 6,000 / 18,055), above it
+  CHECK(needs.need(0, 0, 36110, 36110) == 8256);  // 2 x context: 2 x kept
+  CHECK(needs.need(0, 0, 6000, 4000) == 4000);    // capped by the candidates
+  CHECK(needs.need(0, 0, 18055, 18055) == 4128);  // the sample itself
+  CHECK(needs.need(0, 3, 18055, 18055) == 14640);
+  // The unified baseline's heads hold those needs after a 6,000-token prompt.
+  auto own = std::make_shared<retention_needs const>(needs);
+  unified_policy u(plan, unified_mode::compressed_reclaim, 40e9, 2, 2, 131072, own);
+  REQUIRE(u.start_turn(0, 0, 6000, 16, 0));
+  REQUIRE(u.prefill_chunk(0, 6000));
+  CHECK(u.baseline().head_len(0, 0, 0) == 4128);
+  CHECK(u.baseline().head_len(0, 0, 3) == 4866);
+}
+
+TEST_CASE("static_clipping counts the samples' wanted head-tokens beyond the static budgets",
+          "[elastic][clipping]") {
+  auto plan                = test::llama_plan("snapkv");
+  auto samples             = llama_samples("snapkv");
+  auto H                   = static_cast<std::size_t>(plan.num_kv_heads);
   std::int64_t const chunk = 8192;  // one chunk of a fresh session: seen == chunk
   std::int32_t const s     = 1;
   auto const& smp          = samples.samples[static_cast<std::size_t>(s) % samples.samples.size()];
   for (double scale : {0.01, 1.0, 10.0}) {
     // Independent expectation: every compressed head the samples profile wants
-    // min(ceil(scale * kept * seen / context), seen); the budget keeps min(retained_tokens, seen).
+    // min(max(protect, ceil(scale * kept * seen / context)), seen) (seen > protect); the budget
+    // keeps min(retained_tokens, seen).
     std::int64_t want_total = 0, want_clipped = 0;
     for (std::size_t li = 0; li < samples.layer_ids.size(); ++li)
       for (std::size_t j = 0; j < H; ++j) {
@@ -275,15 +311,17 @@ TEST_CASE("static_clipping counts the samples' wanted head-tokens beyond the sta
         if (plan.rules[h].kind != layer_kind::compressed) continue;
         auto kept = static_cast<double>(smp.kept[li * H + j]);
         auto want = std::min<std::int64_t>(
-            static_cast<std::int64_t>(std::ceil(scale * kept * static_cast<double>(chunk) /
-                                                static_cast<double>(smp.context_tokens))),
+            std::max<std::int64_t>(
+                plan.rules[h].protect,
+                static_cast<std::int64_t>(std::ceil(scale * kept * static_cast<double>(chunk) /
+                                                    static_cast<double>(smp.context_tokens)))),
             chunk);
         auto budget = std::min<std::int64_t>(retained_tokens(plan.rules[h], chunk), chunk);
         want_total += want;
         want_clipped += std::max<std::int64_t>(0, want - budget);
       }
-    auto n  = from_samples(samples);
-    n.scale = scale;
+    auto n     = from_samples(samples);
+    n.scale    = scale;
     auto meter = std::make_shared<static_clipping>(plan, n);
     tangram_policy_options o;
     o.eviction = meter;

@@ -6,12 +6,20 @@
  * (eval/sim/elastic_policy.hpp) and by the unified-page baseline (eval/sim/policies.hpp), which
  * compresses each input to its own retention instead of Tangram's padded budgets.
  *
- *   with retention samples: sample k = session mod (number of samples),
- *                           need_h = min(ceil(scale * kept_k[h] * seen / context_k), cand_h)
+ *   with retention samples: sample k = session mod (number of samples), p = protect_h (the
+ *                           profile's sink + recent-window tokens, which the scorer always keeps),
+ *                           r = ceil(scale * kept_k[h] * seen / context_k),
+ *                           need_h = min(seen <= p ? seen : max(p, r), cand_h)
  *   otherwise (a budget profile, or a layer the samples did not profile):
  *                           need_h = min(retained_tokens(rule_h, seen), cand_h)  (budget x seen)
  *
- * (`scale` is 1 unless the budgets were rescaled to another keep ratio.)
+ * Both are `retained_tokens`'s k(n) (docs/planning.md): the samples' ratio kept / context takes
+ * the budget's place. The protected floor is what the real compressor does: the bundled samples
+ * keep at least sink + window (4,128 tokens) in every head at every context, so an input seen
+ * only up to a few thousand tokens keeps all of it, not kept x seen / context of it (that linear
+ * share, without the floor, had the unified baseline keep 0.31 of short prompts where the
+ * compressor keeps 0.43). (`scale` is 1 unless the budgets were rescaled to another keep ratio;
+ * it scales the ratio, not the protected tokens.)
  */
 #pragma once
 
@@ -94,12 +102,16 @@ class retention_needs {
       auto const& rs  = needs_.samples->samples;
       auto const& smp = rs[static_cast<std::size_t>(session) % rs.size()];
       auto kept       = smp.kept[static_cast<std::size_t>(idx)];
-      if (needs_.scale == 1.0)
-        want = ceil_div(kept * seen, smp.context_tokens);
+      auto protect    = rules_[static_cast<std::size_t>(h)].protect;
+      if (seen <= protect)
+        want = seen;
+      else if (needs_.scale == 1.0)
+        want = std::max(protect, ceil_div(kept * seen, smp.context_tokens));
       else
-        want = static_cast<std::int64_t>(
-            std::ceil(needs_.scale * static_cast<double>(kept) * static_cast<double>(seen) /
-                      static_cast<double>(smp.context_tokens)));
+        want = std::max(protect,
+                        static_cast<std::int64_t>(std::ceil(
+                            needs_.scale * static_cast<double>(kept) * static_cast<double>(seen) /
+                            static_cast<double>(smp.context_tokens))));
     }
     return std::clamp<std::int64_t>(want, 0, candidates);
   }
