@@ -123,6 +123,10 @@ TEST_CASE("the stored keep ratio counts whole pages over the uncompressed tokens
   REQUIRE(r.steps == 1);
   CHECK(r.compressed_keep_ratio == Approx(1.0));
   CHECK(r.stored_keep_ratio == Approx(112.0 / 100.0));
+  // The time-weighted bytes of that one step: 100 tokens live in 112 held, nothing reserved.
+  CHECK(r.mean_live_bytes / r.mean_held_bytes == Approx(100.0 / 112.0));
+  CHECK(r.mean_allocated_bytes == Approx(r.mean_held_bytes));
+  CHECK(r.mean_allocated_bytes == Approx(r.kv_bytes_allocated_peak));
 
   // Tangram on a 60000-token prompt, in one step (past the rules' protected prefix): its heads keep their budgets' share, and
   // whole group pages hold at least that; the decode reservation (unbacked) is not counted, so
@@ -140,4 +144,8 @@ TEST_CASE("the stored keep ratio counts whole pages over the uncompressed tokens
   CHECK(t.stored_keep_ratio >= t.compressed_keep_ratio);
   CHECK(t.stored_keep_ratio * 60000 * static_cast<double>(fx.model.kv_bytes_per_token()) <
         t.kv_bytes_allocated_peak);
+  // Live within held (page rounding) within allocated (+ the unbacked decode reservation).
+  CHECK(t.mean_live_bytes <= t.mean_held_bytes);
+  CHECK(t.mean_held_bytes < t.mean_allocated_bytes);
+  CHECK(t.mean_allocated_bytes == Approx(t.kv_bytes_allocated_peak));
 }

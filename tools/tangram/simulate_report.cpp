@@ -40,6 +40,9 @@ json::value result_json(replay_result const& r) {
   o.set("restored_bytes", r.restored_bytes);
   o.set("modelled_host_transfer_s", r.modelled_host_transfer_s);
   o.set("mean_staging_bytes", r.mean_staging_bytes);
+  o.set("mean_allocated_bytes", r.mean_allocated_bytes);
+  o.set("mean_held_bytes", r.mean_held_bytes);
+  o.set("mean_live_bytes", r.mean_live_bytes);
   o.set("rejected_sessions", r.rejected_sessions);
   o.set("modelled_wanted_clipped_fraction",
         r.wanted_clipped_fraction ? json::value(*r.wanted_clipped_fraction) : json::value(nullptr));

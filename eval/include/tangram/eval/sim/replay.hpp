@@ -225,6 +225,9 @@ struct replay_result {
   double restored_bytes            = 0;
   double modelled_host_transfer_s  = 0;
   double mean_staging_bytes        = 0;  ///< time-weighted policy_memory::staging_bytes
+  /// Time-weighted policy_memory figures (where the bytes go, docs/memory.md): allocated (held
+  /// and reserved), held (pages handed out) and live (tokens stored).
+  double mean_allocated_bytes = 0, mean_held_bytes = 0, mean_live_bytes = 0;
   std::int64_t rejected_sessions   = 0;  ///< could never fit, even alone
   std::int64_t steps               = 0;
   double control_plane_us_per_step = 0;  ///< measured wall time inside the policy
@@ -473,7 +476,7 @@ inline replay_result replay(workload const& work,
   // Tokens handed to the policy that it still holds (prefill chunks and decode appends of the
   // resident sessions), and its time integral beside the live and held bytes' (the keep ratios).
   std::int64_t seen_tokens = 0;
-  double seen_area = 0, live_area = 0, held_area = 0, staging_area = 0;
+  double seen_area = 0, live_area = 0, held_area = 0, staging_area = 0, allocated_area = 0;
   auto const forget = [&seen_tokens](session_state& ss) {
     seen_tokens -= ss.cached;
     ss.cached = 0;
@@ -999,6 +1002,7 @@ inline replay_result replay(workload const& work,
     seen_area += static_cast<double>(seen_tokens) * step_s;
     live_area += mem.live_bytes * step_s;
     staging_area += mem.staging_bytes * step_s;
+    allocated_area += mem.allocated_bytes * step_s;
     held_area += (mem.held_bytes < 0 ? mem.allocated_bytes : mem.held_bytes) * step_s;
     t += step_s;
     prev_step_s = step_s;
@@ -1072,6 +1076,9 @@ inline replay_result replay(workload const& work,
   out.modelled_eviction_pass_s = out.time.eviction_pass_s;
   out.modelled_host_transfer_s = out.time.host_transfer_s;
   out.mean_staging_bytes       = t > 0 ? staging_area / t : 0;
+  out.mean_allocated_bytes     = t > 0 ? allocated_area / t : 0;
+  out.mean_held_bytes          = t > 0 ? held_area / t : 0;
+  out.mean_live_bytes          = t > 0 ? live_area / t : 0;
   out.mean_admission_wait_s =
       out.admission_waits > 0 ? wait_total_s / static_cast<double>(out.admission_waits) : 0;
   out.reclaim_ops    = end.reclaim_ops;
