@@ -88,16 +88,19 @@ TEST_CASE("per-head pages hold each head's own retention, layer-wide pages its l
   REQUIRE(layer.start_turn(0, 0, N, 1, 0));
   REQUIRE(ph->prefill_chunk(0, N));
   REQUIRE(layer.prefill_chunk(0, N));
-  // Session 0 is sample 0 at N tokens: head i keeps ceil(kept_i * N / context), every profiled
-  // head (the snapkv profile covers every layer of Llama-3.1-8B).
+  // Session 0 is sample 0 at N tokens: head i keeps max(protect, ceil(kept_i * N / context))
+  // (N > protect = 4,128), every profiled head (the snapkv profile covers every layer of
+  // Llama-3.1-8B).
   auto const& smp = samples.samples[0];
   REQUIRE(smp.kept.size() == plan.rules.size());
   std::int64_t head_pages = 0, layer_pages = 0;
   for (std::int32_t l = 0; l < plan.num_layers; ++l) {
     std::int64_t longest = 0;
     for (std::int32_t h = 0; h < plan.num_kv_heads; ++h) {
-      auto i    = static_cast<std::size_t>(l * plan.num_kv_heads + h);
-      auto keep = std::min<std::int64_t>(N, ceil_div(smp.kept[i] * N, smp.context_tokens));
+      auto i = static_cast<std::size_t>(l * plan.num_kv_heads + h);
+      REQUIRE(plan.rules[i].protect == 4128);
+      auto keep = std::min<std::int64_t>(
+          N, std::max(plan.rules[i].protect, ceil_div(smp.kept[i] * N, smp.context_tokens)));
       head_pages += ceil_div(keep, P);
       longest = std::max(longest, keep);
     }
