@@ -589,11 +589,13 @@ int simulate(simulate_args& a, streams io) {
     el.set("default_reservation", plan_options{}.reservation.mode == reservation_mode::elastic);
     el.set("margin", a.margin);
     el.set("max_chunk_tokens", staged_chunk);
-    el.set("needs", needs_from_samples
-                        ? cat("modelled: retention sample (session mod samples) kept x seen / context",
-                              keep ? " x --keep / the profile's keep ratio" : "",
-                              ", at least the protected sink + window, capped by candidates")
-                        : "modelled: each head's budget x seen, capped by candidates (no retention samples)");
+    el.set(
+        "needs",
+        needs_from_samples
+            ? cat("modelled: retention sample (session mod samples) kept x seen / context",
+                  keep ? " x --keep / the profile's keep ratio" : "",
+                  ", at least the protected sink + window, capped by candidates")
+            : "modelled: each head's budget x seen, capped by candidates (no retention samples)");
     el.set("modelled_wanted_clipped_fraction", elastic_clipped);
     el.set("staging",
            "charged: each prefilling request holds one chunk's staging pages (its prompt's when "
