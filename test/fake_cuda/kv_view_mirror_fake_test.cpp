@@ -17,7 +17,7 @@
 #include "../../kernels/cuda_memory_resource.cu"
 #include "../../kernels/kv_view_mirror.cu"
 #include "../memory/memory_fixtures.hpp"
-#include "../memory/mirror_storm.hpp"
+#include "storm/mirror_storms.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

@@ -8,10 +8,10 @@
 #include <random>
 #include <vector>
 
-#include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
 #include "../reference/interop_references.hpp"
 #include "../reference/kv_test_cache.hpp"
+#include "storm/engine_sim.hpp"
 #include "tangram/interop/flash_attn_varlen.hpp"
 #include "tangram/interop/flashinfer.hpp"
 #include "tangram/interop/flashinfer_block_sparse.hpp"

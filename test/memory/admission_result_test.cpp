@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 
 using namespace tangram;

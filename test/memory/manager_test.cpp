@@ -9,8 +9,8 @@
 
 #include <numeric>
 
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

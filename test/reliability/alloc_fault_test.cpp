@@ -18,9 +18,9 @@
 #include <cstring>
 #include <new>
 
-#include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
 #include "runtime.hpp"
+#include "storm/engine_sim.hpp"
 #include "tangram/interop/flashinfer.hpp"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "storm.hpp"
+#include "storm/driver.hpp"
 #include "tangram/io/detail/json.hpp"
 #include "tangram/io/static_plan.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
