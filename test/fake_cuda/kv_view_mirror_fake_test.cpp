@@ -18,6 +18,8 @@
 #include "../../kernels/kv_view_mirror.cu"
 #include "../memory/memory_fixtures.hpp"
 #include "storm/mirror_storms.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

@@ -15,6 +15,7 @@
 #include "tangram/interop/flash_attn_varlen.hpp"
 #include "tangram/interop/flashinfer.hpp"
 #include "tangram/interop/flashinfer_block_sparse.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/reference/decode_attention.hpp"
 #include "test_support.hpp"
 

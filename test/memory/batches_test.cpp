@@ -7,6 +7,7 @@
 
 #include "memory_fixtures.hpp"
 #include "storm/engine_sim.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

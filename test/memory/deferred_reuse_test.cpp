@@ -14,6 +14,7 @@
 
 #include "memory_fixtures.hpp"
 #include "storm/engine_sim.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/page_pool.hpp"
 

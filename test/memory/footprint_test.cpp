@@ -5,6 +5,8 @@
 #include "tangram/plan/footprint.hpp"
 #include "memory_fixtures.hpp"
 #include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

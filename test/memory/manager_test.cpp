@@ -2,8 +2,11 @@
 // The KV-cache manager on the tiny hybrid model, worked by hand: admission footprint, chunked
 // prefill, decode page draws, turns, surplus release, forks with copy-on-write (checked on real
 // page contents), sliding rings, the FlashInfer export, tensor parallelism and every misuse.
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/limiting_resource_adaptor.hpp"
 #include "tangram/memory/tensor_parallel.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 

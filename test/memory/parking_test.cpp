@@ -9,7 +9,9 @@
 
 #include "memory_fixtures.hpp"
 #include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/memory/concurrent_kv_cache.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/tensor_parallel.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 

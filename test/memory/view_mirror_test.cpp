@@ -13,6 +13,7 @@
 #include "memory_fixtures.hpp"
 #include "storm/mirror_storms.hpp"
 #include "tangram/device/detail/mirror_layout.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

@@ -21,7 +21,9 @@
 #include "../memory/memory_fixtures.hpp"
 #include "runtime.hpp"
 #include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 namespace {
 

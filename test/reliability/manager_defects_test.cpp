@@ -9,7 +9,9 @@
 
 #include "../memory/memory_fixtures.hpp"
 #include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/plan/build_static_plan.hpp"

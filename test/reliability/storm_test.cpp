@@ -5,6 +5,7 @@
 
 #include "faults.hpp"
 #include "storm/driver.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

@@ -41,6 +41,7 @@
 #include <cstdint>
 
 #include "misuse.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 
 namespace tangram::test {
 

@@ -11,7 +11,9 @@
 
 #include "config.hpp"
 #include "engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "totals.hpp"
 
