@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tangram/io/retention_samples.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"

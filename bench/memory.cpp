@@ -39,6 +39,7 @@
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/measured_costs.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/presets.hpp"

@@ -25,8 +25,7 @@ endif()
 get_filename_component(ROOT "${ROOT}" ABSOLUTE)
 # Still to split in this branch (issue 33); removed with the last split.
 set(pending_split eval/include/tangram/eval/sim/policies.hpp eval/include/tangram/eval/sim/replay.hpp
-    include/tangram/kernels/detail/eviction.cuh
-    test/gpu/kernel_cases.hpp test/memory/engine_sim.hpp test/reliability/storm.hpp)
+    include/tangram/kernels/detail/eviction.cuh)
 
 # layer_of(<path under tangram/> <out>): index in TANGRAM_LAYERS, or -1.
 function(layer_of path out)

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"
 #include "tangram/tangram.hpp"

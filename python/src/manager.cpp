@@ -19,6 +19,7 @@
 #include "bound_kv_cache.hpp"
 #include "tangram/interop/flashinfer.hpp"
 #include "tangram/memory/answer_window.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 #if TANGRAM_HAS_KERNELS
 #include "tangram/memory/cuda_memory_resource.hpp"

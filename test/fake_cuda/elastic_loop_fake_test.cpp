@@ -27,6 +27,7 @@
 #include "tangram/device/async_readback.hpp"
 #include "tangram/device/kv_view_mirror.hpp"
 #include "tangram/kernels/head_cursor.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"
 

@@ -17,7 +17,9 @@
 #include "../../kernels/cuda_memory_resource.cu"
 #include "../../kernels/kv_view_mirror.cu"
 #include "../memory/memory_fixtures.hpp"
-#include "../memory/mirror_storm.hpp"
+#include "storm/mirror_storms.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

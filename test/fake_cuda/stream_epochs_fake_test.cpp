@@ -13,6 +13,7 @@
 
 #include "../../kernels/stream_epochs.cu"
 #include "../memory/memory_fixtures.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

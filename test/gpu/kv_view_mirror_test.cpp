@@ -20,6 +20,7 @@
 #include "tangram/device/kv_view_mirror.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/memory/cuda_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/build_static_plan.hpp"

@@ -8,13 +8,14 @@
 #include <random>
 #include <vector>
 
-#include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
 #include "../reference/interop_references.hpp"
 #include "../reference/kv_test_cache.hpp"
+#include "storm/engine_sim.hpp"
 #include "tangram/interop/flash_attn_varlen.hpp"
 #include "tangram/interop/flashinfer.hpp"
 #include "tangram/interop/flashinfer_block_sparse.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/reference/decode_attention.hpp"
 #include "test_support.hpp"
 

@@ -2,6 +2,8 @@
 // The layer-wide paging baselines, worked by hand on the tiny model and compared with Tangram on
 // the real Llama-3.1-8B plans (relations only; the figures are in bench/memory.cpp).
 #include "tangram/eval/baselines/unified_paging.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 #include "memory_fixtures.hpp"
 

@@ -5,8 +5,9 @@
 // (naming the field and the value, nothing changed) and the extents the padding slot adds.
 #include <numeric>
 
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

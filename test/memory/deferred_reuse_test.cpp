@@ -12,8 +12,9 @@
 #include <set>
 #include <vector>
 
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/page_pool.hpp"
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memory_fixtures.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/plan/elastic.hpp"
 #include "tangram/plan/elastic_selection.hpp"

@@ -3,8 +3,10 @@
 // sizes, early stops, several turns) never hold more than what was reserved, the peak of a turn
 // decoded to its end equals M(r), and no page is ever reclaimed. Also on the real Llama plans.
 #include "tangram/plan/footprint.hpp"
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

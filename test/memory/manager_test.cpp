@@ -2,15 +2,18 @@
 // The KV-cache manager on the tiny hybrid model, worked by hand: admission footprint, chunked
 // prefill, decode page draws, turns, surplus release, forks with copy-on-write (checked on real
 // page contents), sliding rings, the FlashInfer export, tensor parallelism and every misuse.
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/limiting_resource_adaptor.hpp"
 #include "tangram/memory/tensor_parallel.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 
 #include <numeric>
 
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
 
 using namespace tangram;
 using namespace tangram::test;

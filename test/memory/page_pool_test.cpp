@@ -2,6 +2,9 @@
 // Memory resources and the page pool: hand-worked cases, misuse, failure injection, and a long
 // random run against an independent model (a multiset of owners per page).
 #include "tangram/memory/page_pool.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
+#include "tangram/memory/limiting_resource_adaptor.hpp"
 
 #include <cstring>
 #include <map>

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <numeric>
 
-#include "engine_sim.hpp"
 #include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/memory/concurrent_kv_cache.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/tensor_parallel.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 
@@ -18,11 +20,11 @@ using namespace tangram::test;
 
 namespace {
 
-
 /// The bytes of pages `pages` of m's host arena, one after another.
 std::vector<std::byte> page_bytes(kv_cache_manager const& m, std::vector<page_id> const& pages) {
   std::vector<std::byte> out(pages.size() * static_cast<std::size_t>(m.pool().page_bytes()));
-  copy_pages_to_host(m.pool().base(), m.pool().page_bytes(), pages.data(), pages.size(), out.data());
+  copy_pages_to_host(
+      m.pool().base(), m.pool().page_bytes(), pages.data(), pages.size(), out.data());
   return out;
 }
 
@@ -52,9 +54,10 @@ TEST_CASE("parking: the pages out, the reservation back in and every byte, worke
   kv_cache_manager m(plan, mr, opts(200, 8));
   // The arena starts uninitialised; the byte comparisons below cover whole pages, including
   // slots no token was written to, so give every byte a value first (valgrind memcheck).
-  std::memset(m.pool().base(), 0x5a,
-              static_cast<std::size_t>(m.pool().capacity()) *
-                  static_cast<std::size_t>(plan.page_bytes()));
+  std::memset(
+      m.pool().base(),
+      0x5a,
+      static_cast<std::size_t>(m.pool().capacity()) * static_cast<std::size_t>(plan.page_bytes()));
   engine_sim sim(m, 3, 0.0);
   // Turn 1 as in manager_test ("multi-turn"): N = 20, T = 5; the ended session holds
   // G0..G3 5 4 3 3, sliding 3 3, uncompressed 7 7 = 35 pages, reserves nothing.
@@ -65,7 +68,8 @@ TEST_CASE("parking: the pages out, the reservation back in and every byte, worke
   REQUIRE(group_page_counts(m, id) == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 7, 7});
   std::vector<page_id> original;
   for (std::int32_t g = 0; g < m.num_groups(); ++g)
-    original.insert(original.end(), m.group_pages(id, g), m.group_pages(id, g) + group_page_counts(m, id)[g]);
+    original.insert(
+        original.end(), m.group_pages(id, g), m.group_pages(id, g) + group_page_counts(m, id)[g]);
   auto original_bytes = page_bytes(m, original);
 
   auto session = sim.park(id);
@@ -104,8 +108,9 @@ TEST_CASE("parking: the pages out, the reservation back in and every byte, worke
     CHECK(m.stats().pages_restored == 35);
     std::vector<page_id> restored;
     for (std::int32_t g = 0; g < m.num_groups(); ++g)
-      restored.insert(
-          restored.end(), m.group_pages(*back, g), m.group_pages(*back, g) + group_page_counts(m, *back)[g]);
+      restored.insert(restored.end(),
+                      m.group_pages(*back, g),
+                      m.group_pages(*back, g) + group_page_counts(m, *back)[g]);
     CHECK(restored != original);
     // Every byte of every restored page equals the page it was parked from.
     CHECK(page_bytes(m, restored) == original_bytes);
@@ -150,7 +155,10 @@ TEST_CASE("parking: a restored session is in the state continue_turn leaves the 
           "[memory][manager][parking]") {
   // Twin managers walk the same operations; one continues its session, the other parks and
   // restores it. Everything but the page ids must agree, and the data through the view.
-  auto run = [](static_plan const& plan, std::int64_t N1, std::int64_t T1, std::int64_t N2,
+  auto run = [](static_plan const& plan,
+                std::int64_t N1,
+                std::int64_t T1,
+                std::int64_t N2,
                 std::int64_t T2) {
     host_memory_resource mr;
     auto o             = opts(400, 8);
@@ -209,7 +217,9 @@ TEST_CASE("parking: a restored session is in the state continue_turn leaves the 
     sa.verify();
     sb.verify();
   };
-  SECTION("static budgets, global grouping") { run(tiny_plan(tiny_budgets()), 20, 5, 6, 2); }
+  SECTION("static budgets, global grouping") {
+    run(tiny_plan(tiny_budgets()), 20, 5, 6, 2);
+  }
   SECTION("static budgets, turn shorter than the dropped decode (surplus)") {
     run(tiny_plan(tiny_budgets(), 3, 1, 7, grouping_scope::layer), 30, 40, 1, 0);
   }
@@ -434,7 +444,7 @@ TEST_CASE("parking a forked session keeps the pages its fork shares",
   sim.chunk(a, 20);
   for (int i = 0; i < 5; ++i) sim.decode({a});
   sim.end_turn(a);
-  auto b = *sim.fork(a);  // shares every filled page of a
+  auto b              = *sim.fork(a);  // shares every filled page of a
   std::int64_t shared = 0;
   for (std::int32_t g = 0; g < m.num_groups(); ++g)
     for (std::int32_t p = 0; p < m.group_page_count(a, g); ++p)
@@ -494,15 +504,21 @@ TEST_CASE("parking misuse is a clear error with nothing changed", "[memory][mana
   // A parking sequence accepts nothing but complete_park, cancel_park and free.
   expect_unchanged<logic_error>(
       m, ids, [&] { (void)m.continue_turn(b, 1, 1); }, "phase parking; call end_turn first");
-  expect_unchanged<logic_error>(m, ids, [&] { (void)m.fork(b); }, "phase parking");
-  expect_unchanged<logic_error>(m, ids, [&] { (void)m.park(b); }, "phase parking");
-  expect_unchanged<logic_error>(m, ids, [&] { m.end_turn(b); }, "phase parking");
-  expect_unchanged<logic_error>(m, ids, [&] { m.prepare_chunk(b, 1); }, "phase parking");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { (void)m.fork(b); }, "phase parking");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { (void)m.park(b); }, "phase parking");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { m.end_turn(b); }, "phase parking");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { m.prepare_chunk(b, 1); }, "phase parking");
   auto host   = sim.copy_out(session);
   auto parked = sim.complete_park(b, session, host);
   ids         = {a};
-  expect_unchanged<logic_error>(m, ids, [&] { m.complete_park(b); }, "unknown sequence");
-  expect_unchanged<logic_error>(m, ids, [&] { (void)m.park(b); }, "unknown sequence");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { m.complete_park(b); }, "unknown sequence");
+  expect_unchanged<logic_error>(
+      m, ids, [&] { (void)m.park(b); }, "unknown sequence");
 
   // Sessions of another plan, or that no ended sequence can have: invalid_argument naming the
   // field and the value.
@@ -522,11 +538,13 @@ TEST_CASE("parking misuse is a clear error with nothing changed", "[memory][mana
   auto bad = [&](auto&& corrupt, std::string const& piece) {
     auto c = s;
     corrupt(c);
-    expect_unchanged<invalid_argument>(m, ids, [&] { (void)m.try_unpark(c, 1, 1); }, piece);
+    expect_unchanged<invalid_argument>(
+        m, ids, [&] { (void)m.try_unpark(c, 1, 1); }, piece);
   };
   bad([](parked_session& c) { c.page_bytes += 4; }, "session.page_bytes: expected 256, got 260");
   bad([](parked_session& c) { c.group_pages.pop_back(); }, "session.group_pages: expected 8");
-  bad([](parked_session& c) { c.head_base_len.push_back(0); }, "session.head_base_len: expected 16");
+  bad([](parked_session& c) { c.head_base_len.push_back(0); },
+      "session.head_base_len: expected 16");
   bad([](parked_session& c) { c.group_pages[2] += 1; }, "session.group_pages[2]: ");
   bad([](parked_session& c) { c.seq_tokens = 0; }, "session.seq_tokens: must be in [1, 2^31 - 1]");
   bad([](parked_session& c) { c.appended = -1; }, "session.appended");
@@ -556,7 +574,10 @@ TEST_CASE("parking misuse is a clear error with nothing changed", "[memory][mana
       [&] { (void)m.try_unpark(s, 1, std::numeric_limits<std::int64_t>::max()); },
       "prompt_tokens + max_new_tokens overflows");
   expect_unchanged<invalid_argument>(
-      m, ids, [&] { (void)m.try_unpark(s, std::int64_t{1} << 31, 0); }, "prompt_tokens + max_new_tokens = ");
+      m,
+      ids,
+      [&] { (void)m.try_unpark(s, std::int64_t{1} << 31, 0); },
+      "prompt_tokens + max_new_tokens = ");
   CHECK_THROWS_AS(m.unpark_pages(s, 0, 1), invalid_argument);
   CHECK(sim.unpark(parked, 2, 2).has_value());
   sim.verify();
@@ -628,8 +649,7 @@ TEST_CASE("tensor parallelism: restore a parked session on every rank or on none
   REQUIRE(back);
   for (std::size_t r = 0; r < 2; ++r) {
     CHECK(ranks[r]->info((*back)[r].id).phase == sequence_phase::prefill);
-    CHECK(static_cast<std::int64_t>((*back)[r].device_pages.size()) ==
-          sessions[r].host_pages());
+    CHECK(static_cast<std::int64_t>((*back)[r].device_pages.size()) == sessions[r].host_pages());
     ranks[r]->check_invariants();
   }
   // The turn parked again in decode resumes on every rank or on none.

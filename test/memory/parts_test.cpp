@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "memory_fixtures.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/memory/detail/batch_membership.hpp"
 #include "tangram/memory/detail/chunk_rules.hpp"
 #include "tangram/memory/detail/copy_on_write.hpp"
@@ -17,6 +18,7 @@
 #include "tangram/memory/detail/turn_footprint.hpp"
 #include "tangram/memory/detail/view_assembly.hpp"
 #include "tangram/memory/detail/view_journal.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_pool.hpp"
 

@@ -11,8 +11,9 @@
 #include <vector>
 
 #include "memory_fixtures.hpp"
-#include "mirror_storm.hpp"
+#include "storm/mirror_storms.hpp"
 #include "tangram/device/detail/mirror_layout.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;
@@ -87,7 +88,7 @@ struct host_mirror {
 
 /// Every array of the host view (at its full extent) equals the device copy; padding is zero.
 void require_mirrored(host_mirror const& hm, kv_cache_manager const& m) {
-  auto const& l        = hm.stager.layout();
+  auto const& l = hm.stager.layout();
   auto v = m.view(batch_kind::decode), pv = m.view(batch_kind::prefill);
   std::int64_t covered = 0;
   for (std::size_t a = 0; a < detail::mirror_array_count; ++a) {
@@ -263,11 +264,8 @@ TEST_CASE("mirror: a journal entry outside the extents is refused before anythin
   c.num_counter_slots = 1;
   auto before         = hm.shadow[1];
   try {
-    hm.stager.stage(c,
-                    m.view(),
-                    m.view(batch_kind::prefill),
-                    hm.shadow[1].data(),
-                    hm.shadow[0].data());
+    hm.stager.stage(
+        c, m.view(), m.view(batch_kind::prefill), hm.shadow[1].data(), hm.shadow[0].data());
     FAIL("no error");
   } catch (logic_error const& err) {
     CHECK(std::string(err.what()) ==

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/io/static_plan.hpp"

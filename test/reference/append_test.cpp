@@ -3,6 +3,7 @@
 // the new token's K/V, and every held token of every head must still read back what was written
 // for it (tags), including sliding-window rings that wrap.
 #include "tangram/reference/append.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 #include <map>
 #include <tuple>

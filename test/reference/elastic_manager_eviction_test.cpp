@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../memory/memory_fixtures.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"

@@ -18,10 +18,12 @@
 #include <cstring>
 #include <new>
 
-#include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
 #include "runtime.hpp"
+#include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 namespace {
 

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "../memory/memory_fixtures.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/memory/concurrent_kv_cache.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/tensor_parallel.hpp"
 
 using namespace tangram;

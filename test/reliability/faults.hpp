@@ -13,7 +13,10 @@
 #include <vector>
 
 #include "tangram/eval/baselines/unified_paging.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
+#include "tangram/memory/limiting_resource_adaptor.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_pool.hpp"
 #include "tangram/plan/static_plan.hpp"

@@ -7,9 +7,11 @@
 #include <limits>
 #include <vector>
 
-#include "../memory/engine_sim.hpp"
 #include "../memory/memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/interop/flashinfer.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/plan/build_static_plan.hpp"
@@ -194,7 +196,7 @@ TEST_CASE("check_invariants catches a padding slot that holds tokens",
   m.set_batch(batch_kind::decode, {*a}, 3);
   m.check_invariants();
   // Padding requests read the padding slot's rows: a token there would be read by every kernel.
-  auto& lengths = detail::kv_cache_manager_test_access::lengths(m);
+  auto& lengths       = detail::kv_cache_manager_test_access::lengths(m);
   lengths.appended(4) = 2;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       m.check_invariants(), logic_error, "padding slot 4: appended 2 and seq_tokens 0");

@@ -14,9 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "storm.hpp"
+#include "storm/driver.hpp"
 #include "tangram/io/detail/json.hpp"
 #include "tangram/io/static_plan.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/plan/build_static_plan.hpp"

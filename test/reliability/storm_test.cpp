@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// A short operation storm on every config of storm.hpp (the soak driver, tools/soak, runs the same
-// storms for millions of operations), plus the resource fault cases of faults.hpp.
+// A short operation storm on every config of storm/config.hpp (the soak driver, tools/soak, runs
+// the same storms for millions of operations), plus the resource fault cases of faults.hpp.
 #include <string>
 
 #include "faults.hpp"
-#include "storm.hpp"
+#include "storm/driver.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 
 using namespace tangram;
 using namespace tangram::test;
@@ -40,9 +41,9 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
   }
   CHECK(tiny_elastic_misuse > 0);
   INFO("ops " << all.ops << " misuses " << all.misuses << " unchanged " << all.unchanged_checks
-              << " forks " << all.forks << " continued " << all.continued << " parks "
-              << all.parks << " cancelled " << all.park_cancels << " unparks " << all.unparks
-              << " refused " << all.unpark_rejected);
+              << " forks " << all.forks << " continued " << all.continued << " parks " << all.parks
+              << " cancelled " << all.park_cancels << " unparks " << all.unparks << " refused "
+              << all.unpark_rejected);
   // The walk reached every path it is meant to check.
   CHECK(all.admitted > 100);
   CHECK(all.admit_rejected > 20);

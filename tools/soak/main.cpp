@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // tangram_soak: operation storms against kv_cache_manager for as long as asked.
 //
-// Each storm runs one config of test/reliability/storm.hpp (tiny hybrid plans and real plans from
-// the bundled and derived profiles) for --round-ops random steps, checking every invariant every
-// --check-every steps against the independent model of test/memory/engine_sim.hpp, then drains
-// (every live request runs to the end of its turn and is freed; the pool must be empty) and
-// destroys the manager (the resource must get its arena back). Storms rotate over the configs
-// with seeds derived from --seed until --ops steps or --seconds have passed. Before the storms,
-// every config goes through the resource fault cases of test/reliability/faults.hpp.
+// Each storm runs one config of test/support/storm/config.hpp (tiny hybrid plans and real plans
+// from the bundled and derived profiles) for --round-ops random steps, checking every invariant
+// every --check-every steps against the independent model of test/support/storm/engine_sim.hpp,
+// then drains (every live request runs to the end of its turn and is freed; the pool must be
+// empty) and destroys the manager (the resource must get its arena back). Storms rotate over the
+// configs with seeds derived from --seed until --ops steps or --seconds have passed. Before the
+// storms, every config goes through the resource fault cases of test/reliability/faults.hpp.
 //
 // Exit status: 0 when every check held; 1 on a violation (stderr names the config, the storm
 // seed and the op index, and the command that replays it); 2 on a usage error.
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "faults.hpp"
-#include "storm.hpp"
+#include "storm/driver.hpp"
 
 namespace {
 

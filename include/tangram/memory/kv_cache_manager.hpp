@@ -80,7 +80,7 @@ class basic_kv_cache_manager {
    * @throw out_of_memory when the upstream cannot provide the arena.
    */
   basic_kv_cache_manager(static_plan const& plan,
-                         memory_resource& upstream,
+                         resource_ref upstream,
                          manager_options const& options);
   basic_kv_cache_manager(basic_kv_cache_manager const&)            = delete;
   basic_kv_cache_manager& operator=(basic_kv_cache_manager const&) = delete;
@@ -582,7 +582,7 @@ class basic_kv_cache_manager {
   manager_stats stats_;
 };
 
-/// @brief The manager with dynamic page extents over any `memory_resource`.
+/// @brief The manager with dynamic page extents over any resource (`resource_ref`).
 using kv_cache_manager = basic_kv_cache_manager<>;
 
 }  // namespace tangram

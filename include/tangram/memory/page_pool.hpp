@@ -38,7 +38,7 @@
 
 #include "tangram/core/error.hpp"
 #include "tangram/core/page_layout.hpp"
-#include "tangram/memory/memory_resource.hpp"
+#include "tangram/memory/resource_ref.hpp"
 
 namespace tangram {
 
@@ -108,8 +108,8 @@ class page_reservation {
  * @tparam Layout   page geometry, `page_layout<HeadDim, GroupSize, PageTokens>` with compile-time
  *                  or dynamic extents (`page_layout<>` by default); fixes `page_bytes()`.
  *
- * The arena comes from any `memory_resource` (a virtual interface, as in RMM since it dropped its
- * upstream template parameters): the pool calls it twice in its life, at construction and
+ * The arena comes from any resource a `resource_ref` refers to (memory/resource_ref.hpp:
+ * Tangram's, RMM's, CCCL's): the pool calls it twice in its life, at construction and
  * destruction, so the indirection costs nothing on the allocate/free paths.
  *
  * Ownership: the pool owns its arena (returned to the upstream in the destructor) and its
@@ -141,11 +141,11 @@ class page_pool {
    * @throw invalid_argument when num_pages is not in [1, max_pages] (names the value).
    * @throw out_of_memory when the upstream cannot provide the arena (no partial state remains).
    */
-  page_pool(memory_resource& upstream,
+  page_pool(resource_ref upstream,
             Layout layout,
             std::int64_t num_pages,
             bool deferred_reuse = false)
-      : upstream_(&upstream), layout_(layout), capacity_(num_pages), deferred_(deferred_reuse) {
+      : upstream_(upstream), layout_(layout), capacity_(num_pages), deferred_(deferred_reuse) {
     TANGRAM_EXPECTS(num_pages >= 1 && num_pages <= max_pages,
                     invalid_argument,
                     "page_pool.num_pages: must be in [1, ",
@@ -172,8 +172,8 @@ class page_pool {
       retired_epochs_.resize(static_cast<std::size_t>(num_pages));
     }
     arena_ = static_cast<std::byte*>(
-        upstream_->allocate(static_cast<std::size_t>(arena_bytes()), default_arena_alignment));
-    kind_ = upstream_->kind();
+        upstream_.allocate_sync(static_cast<std::size_t>(arena_bytes()), default_arena_alignment));
+    kind_ = upstream_.kind();
   }
 
   page_pool(page_pool const&)            = delete;
@@ -183,7 +183,8 @@ class page_pool {
 
   /// Returns the arena to the upstream. Never throws.
   ~page_pool() {
-    upstream_->deallocate(arena_, static_cast<std::size_t>(arena_bytes()), default_arena_alignment);
+    upstream_.deallocate_sync(
+        arena_, static_cast<std::size_t>(arena_bytes()), default_arena_alignment);
   }
 
   // ----- geometry and addresses -------------------------------------------------------------
@@ -541,7 +542,7 @@ class page_pool {
                     " pages) belongs to another pool");
   }
 
-  memory_resource* upstream_;
+  resource_ref upstream_;
   Layout layout_;
   std::int64_t capacity_;
   std::int64_t page_bytes_ = 0;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Stand-in for test/support/test_support.hpp when the test models (test/memory/engine_sim.hpp,
-// test/reliability/storm.hpp) run inside the soak driver instead of Catch: REQUIRE and CHECK throw
-// a check_failure naming the expression and its place; INFO is dropped (the driver reports the
-// config, seed and op index instead).
+// Stand-in for test/support/test_support.hpp when the test models
+// (test/support/storm/engine_sim.hpp, test/support/storm/driver.hpp) run inside the soak driver
+// instead of Catch: REQUIRE and CHECK throw a check_failure naming the expression and its place;
+// INFO is dropped (the driver reports the config, seed and op index instead).
 #pragma once
 
 #include <stdexcept>

@@ -17,7 +17,7 @@ namespace tangram {
 
 template <class Layout>
 basic_kv_cache_manager<Layout>::basic_kv_cache_manager(static_plan const& plan,
-                                                       memory_resource& upstream,
+                                                       resource_ref upstream,
                                                        manager_options const& options)
     : plan_(detail::checked_plan(plan)),
       fingerprint_(plan_fingerprint(plan_)),

@@ -12,8 +12,8 @@
  *
  * Neither reserves anything at admission: pages are taken as tokens arrive and a step that finds
  * no free page fails (where an engine would preempt). Same page pool as Tangram, so the figures
- * compare like with like. Single-threaded object; the pool's arena comes from a `memory_resource`,
- * which must outlive the baseline.
+ * compare like with like. Single-threaded object; the pool's arena comes from the resource
+ * `upstream` refers to, which must outlive the baseline.
  */
 #pragma once
 
@@ -28,8 +28,8 @@
 #include "tangram/core/error.hpp"
 #include "tangram/core/page_layout.hpp"
 #include "tangram/core/retention.hpp"
-#include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_pool.hpp"
+#include "tangram/memory/resource_ref.hpp"
 #include "tangram/plan/static_plan.hpp"
 
 namespace tangram {
@@ -79,7 +79,7 @@ class unified_paging_baseline {
    */
   unified_paging_baseline(static_plan const& plan,
                           unified_mode mode,
-                          memory_resource& upstream,
+                          resource_ref upstream,
                           std::int64_t num_pages,
                           std::int32_t max_sequences,
                           std::int64_t max_tokens)

@@ -35,6 +35,7 @@
 
 #include "tangram/core/error.hpp"
 #include "tangram/core/page_layout.hpp"
+#include "tangram/eval/sim/simulated_memory_resource.hpp"
 #include "tangram/memory/memory_resource.hpp"
 #include "tangram/memory/page_pool.hpp"
 
