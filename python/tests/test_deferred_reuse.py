@@ -14,7 +14,7 @@ def prefill(kv, seq, chunk=512):
 
 
 def test_freed_pages_wait_for_the_release_of_their_epoch(static_plan):
-    need = tangram.KVCacheManager(static_plan, num_pages=6000).admission_pages(1000, 64)
+    need = tangram.KVCacheManager(static_plan, num_pages=24000).admission_pages(1000, 64)
     pages = need + need // 4  # room for one such request, not for two
     kv = tangram.KVCacheManager(static_plan, num_pages=pages, max_sequences=4, deferred_reuse=True)
     assert kv.current_epoch == 0 and kv.released_epoch == -1
@@ -44,7 +44,7 @@ def test_freed_pages_wait_for_the_release_of_their_epoch(static_plan):
 
 
 def test_without_deferred_reuse_pages_free_at_once(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=4)
+    kv = tangram.KVCacheManager(static_plan, num_pages=12000, max_sequences=4)
     seq = kv.try_admit(500, 16)
     prefill(kv, seq)
     kv.free(seq)
@@ -54,7 +54,7 @@ def test_without_deferred_reuse_pages_free_at_once(static_plan):
 
 
 def test_elastic_reservation_with_deferred_reuse(elastic_plan):
-    kv = tangram.KVCacheManager(elastic_plan, num_pages=8000, max_sequences=4,
+    kv = tangram.KVCacheManager(elastic_plan, num_pages=32000, max_sequences=4,
                                 max_chunk_tokens=512, deferred_reuse=True)
     seq = kv.try_admit(1000, 32)
     assert seq is not None

@@ -30,7 +30,7 @@ def test_bad_option_names_the_field_and_value():
 
 
 def test_misuse_is_a_usage_error_and_changes_nothing(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=6000, max_sequences=4)
+    kv = tangram.KVCacheManager(static_plan, num_pages=24000, max_sequences=4)
     seq = kv.try_admit(1000, 16)
     assert seq is not None
     before = kv.stats

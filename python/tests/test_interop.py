@@ -9,7 +9,7 @@ import tangram
 
 
 def prefilled(plan, n=40, t=8):
-    kv = tangram.KVCacheManager(plan, num_pages=2000, max_sequences=4)
+    kv = tangram.KVCacheManager(plan, num_pages=8000, max_sequences=4)
     seqs = [kv.try_admit(n + 8 * i, t) for i in range(3)]
     for s in seqs:
         kv.set_batch(tangram.BatchKind.prefill, [s])
@@ -54,7 +54,7 @@ def test_exports_list_each_head_pages(static_plan):
         assert fa["cu_seqlens_q"].tolist() == list(range(4 * H + 1))
         assert fa["window_left"] == -1
         assert fi["layout"]["v_offset_elements"] == Hp * P * plan.model.head_dim
-        assert fi["layout"]["num_virtual_pages"] == 2 * Hp * 2000 - Hp
+        assert fi["layout"]["num_virtual_pages"] == 2 * Hp * kv.num_pages - Hp
         for b in range(4):
             for h in range(H):
                 n = kv.head_len(seqs[b], layer, h) if b < 3 else 0
@@ -80,7 +80,7 @@ def test_exports_list_each_head_pages(static_plan):
 def test_prefill_reference_kernels_run_on_the_prefill_batch(static_plan):
     plan = static_plan
     L, H, d, group = plan.num_layers, plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
-    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    kv = tangram.KVCacheManager(plan, num_pages=2400, max_sequences=2)
     a, b = kv.try_admit(16, 2), kv.try_admit(24, 2)
     kv.set_batch([a])  # the decode batch holds another sequence meanwhile
     kv.set_batch(tangram.BatchKind.prefill, [b])

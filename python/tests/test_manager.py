@@ -16,7 +16,7 @@ def prefill(kv, seq, chunk=512):
 
 
 def test_admission_reserves_exactly_what_admission_pages_says(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=6000, max_sequences=8)
+    kv = tangram.KVCacheManager(static_plan, num_pages=24000, max_sequences=8)
     want = kv.admission_pages(1000, 64)
     seq = kv.try_admit(1000, 64)
     assert kv.info(seq)["reserved_pages"] == want
@@ -25,7 +25,7 @@ def test_admission_reserves_exactly_what_admission_pages_says(static_plan):
 
 
 def test_whole_lifecycle_returns_every_page(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=6000, max_sequences=8)
+    kv = tangram.KVCacheManager(static_plan, num_pages=24000, max_sequences=8)
     seqs = []
     while (s := kv.try_admit(400, 32)) is not None:
         seqs.append(s)
@@ -54,7 +54,7 @@ def test_whole_lifecycle_returns_every_page(static_plan):
 
 
 def test_elastic_lifecycle(elastic_plan):
-    kv = tangram.KVCacheManager(elastic_plan, num_pages=8000, max_sequences=4, max_chunk_tokens=512)
+    kv = tangram.KVCacheManager(elastic_plan, num_pages=32000, max_sequences=4, max_chunk_tokens=512)
     seq = kv.try_admit(1000, 32)
     assert seq is not None
     assert kv.elastic_page_limit(seq) > 0
@@ -72,7 +72,7 @@ def test_elastic_lifecycle(elastic_plan):
 
 
 def test_views_alias_the_managers_memory(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=6000, max_sequences=4)
+    kv = tangram.KVCacheManager(static_plan, num_pages=24000, max_sequences=4)
     seq = kv.try_admit(1000, 16)
     kv.set_batch([seq])
     view = kv.view()
@@ -91,7 +91,7 @@ def test_views_alias_the_managers_memory(static_plan):
 
 
 def test_views_keep_the_manager_alive(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=2)
+    kv = tangram.KVCacheManager(static_plan, num_pages=12000, max_sequences=2)
     seq = kv.try_admit(500, 8)
     prefill(kv, seq)
     pages = kv.view()["pages"]
@@ -102,7 +102,7 @@ def test_views_keep_the_manager_alive(static_plan):
 
 
 def test_dlpack_views_alias_the_same_memory(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=2)
+    kv = tangram.KVCacheManager(static_plan, num_pages=12000, max_sequences=2)
     seq = kv.try_admit(500, 8)
     prefill(kv, seq)
     kv.set_batch([seq])
@@ -124,22 +124,22 @@ def test_dlpack_views_alias_the_same_memory(static_plan):
 
 
 def test_view_framework_is_checked(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=64, max_sequences=1)
+    kv = tangram.KVCacheManager(static_plan, num_pages=256, max_sequences=1)
     with pytest.raises(ValueError, match="framework must be 'numpy' or 'dlpack', got 'torch'"):
         kv.view("torch")
 
 
 def test_pool_is_a_writable_alias(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=64, max_sequences=2)
+    kv = tangram.KVCacheManager(static_plan, num_pages=256, max_sequences=2)
     pool = kv.pool()
-    assert pool.shape == (64, static_plan.page_bytes) and pool.dtype == np.uint8
+    assert pool.shape == (256, static_plan.page_bytes) and pool.dtype == np.uint8
     pool[3, 5] = 42
     assert kv.pool()[3, 5] == 42
     assert pool.__dlpack__() is not None  # DLPack export for other frameworks
 
 
 def test_admission_says_why(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=1)
+    kv = tangram.KVCacheManager(static_plan, num_pages=12000, max_sequences=1)
     never = kv.admit(200_000, 16)
     assert never["id"] is None and never["reason"] == "never_fits"
     assert never["pages_needed"] == kv.admission_pages(200_000, 16)
@@ -153,7 +153,7 @@ def test_admission_says_why(static_plan):
 
 
 def test_extend_speculate_and_roll_back(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=2)
+    kv = tangram.KVCacheManager(static_plan, num_pages=12000, max_sequences=2)
     seq = kv.try_admit(200, 16)
     prefill(kv, seq)
     kv.set_batch([seq])
@@ -177,7 +177,7 @@ def test_extend_speculate_and_roll_back(static_plan):
 
 
 def test_view_aliases_the_split_map(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=64, max_sequences=1)
+    kv = tangram.KVCacheManager(static_plan, num_pages=256, max_sequences=1)
     cta = kv.view()["cta_begin"]
     assert not cta.flags.owndata and not cta.flags.writeable
     assert np.array_equal(cta, static_plan.cta_begin.ravel())
@@ -186,7 +186,7 @@ def test_view_aliases_the_split_map(static_plan):
 def test_flashinfer_layer_lists_each_heads_pages(static_plan):
     plan = static_plan
     H, P, Hp = plan.num_kv_heads, plan.page_tokens, plan.group_size
-    kv = tangram.KVCacheManager(plan, num_pages=3000, max_sequences=2)
+    kv = tangram.KVCacheManager(plan, num_pages=12000, max_sequences=2)
     seq = kv.try_admit(500, 8)
     prefill(kv, seq)
     kv.set_batch([seq])
@@ -207,7 +207,7 @@ def test_flashinfer_layer_lists_each_heads_pages(static_plan):
 
 
 def test_commit_chunk_never_converts_arrays(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=3000, max_sequences=1)
+    kv = tangram.KVCacheManager(static_plan, num_pages=12000, max_sequences=1)
     seq = kv.try_admit(24, 4)
     kv.prepare_chunk(seq, 24)
     kept = kv.expected_kept(seq, 24)
@@ -228,7 +228,7 @@ def test_files_take_pathlike(tmp_path, static_plan):
 
 def test_park_in_host_memory_and_restore(static_plan):
     L, H = static_plan.num_layers, static_plan.num_kv_heads
-    kv = tangram.KVCacheManager(static_plan, num_pages=4000, max_sequences=2)
+    kv = tangram.KVCacheManager(static_plan, num_pages=16000, max_sequences=2)
     seq = kv.try_admit(400, 8)
     prefill(kv, seq)
     kv.set_batch([seq])
@@ -272,7 +272,7 @@ def test_park_a_running_turn_and_resume_it(static_plan):
     """A turn in decode parks (an answer's growth that did not fit) and resumes where it stopped:
     the C++ try_resume through the bindings, with the same checks as park / try_unpark."""
     L, H = static_plan.num_layers, static_plan.num_kv_heads
-    kv = tangram.KVCacheManager(static_plan, num_pages=4000, max_sequences=2)
+    kv = tangram.KVCacheManager(static_plan, num_pages=16000, max_sequences=2)
     seq = kv.try_admit(400, 8)
     prefill(kv, seq)
     kv.set_batch([seq])
@@ -314,7 +314,7 @@ def test_answer_window_mirrors_the_cpp_policy(static_plan):
     assert w.first(4096) == 256 and w.first(100) == 100
     assert w.growth(4096, 256) == 256 and w.growth(300, 256) == 44 and w.growth(256, 256) == 0
     assert w.host_limit_bytes(1000) == 2000
-    kv = tangram.KVCacheManager(static_plan, num_pages=4000, max_sequences=3)
+    kv = tangram.KVCacheManager(static_plan, num_pages=16000, max_sequences=3)
     ids = [kv.try_admit(10, 1) for _ in range(3)]  # the ids only name the candidates
     # (SequenceId, phase, last_used, pages)
     candidates = [(ids[0], "decode", 5, 10), (ids[1], "ended", 9, 4), (ids[2], "ended", 2, 8)]

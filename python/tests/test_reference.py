@@ -106,7 +106,7 @@ def test_prefill_attention_over_the_kept_past_and_the_chunk(static_plan):
     plan = static_plan
     L, H, d, group = plan.num_layers, plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
     rng = np.random.default_rng(9)
-    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    kv = tangram.KVCacheManager(plan, num_pages=2400, max_sequences=2)
     seq = kv.try_admit(40, 4)  # two chunks, 24 then 16 rows; all below the protected 4128
     kv.set_batch([seq])
     ks, vs = [], []

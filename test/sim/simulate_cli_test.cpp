@@ -199,6 +199,8 @@ TEST_CASE("simulate reports every compressed policy's clipped share of wanted he
   auto r = run({"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--quiet"});
   REQUIRE(r.code == 0);
   CHECK(r.out.find("wanted head-tokens clipped") != std::string::npos);
+  // A single run says it is calibrated on the prompts it replays (issue 30).
+  CHECK(r.out.find("Calibration in sample") != std::string::npos);
 }
 
 TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[simulate][cli]") {

@@ -36,6 +36,7 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
   json::node root(doc, "stdout");
   auto costs = root["cost_model"]["serving_costs"];
   CHECK(costs["step_overhead_s"].as_double(0, 1) == Approx(250e-6));
+  CHECK(root["calibration"].as_string() == "in_sample");  // --verdict is the out-of-sample replay
   // The paper's costs by default (issue 30): reclamation a share of the reclaiming chunks'
   // prefill, no per-page constant fitted to a run.
   CHECK(costs["reclaim_s_per_page"].as_double(0, 1) == 0);

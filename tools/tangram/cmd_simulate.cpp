@@ -535,6 +535,8 @@ int simulate(simulate_args& a, streams io) {
     doc.set("profile", src.source);
     doc.set("keep_ratio", keep_ratio);
     doc.set("keep_rescaled", keep.has_value());
+    // A single run fits Tangram on the prompts it replays; --verdict replays unseen ones.
+    doc.set("calibration", "in_sample");
     doc.set("keep_ratio_definitions",
             "policies.*.compressed_keep_ratio: live bytes / the same tokens uncompressed; stored_keep_ratio: bytes "
             "of pages held (padding, group waste, page rounding; no unbacked reservation) / the same tokens "
@@ -758,6 +760,8 @@ int simulate(simulate_args& a, streams io) {
     << " TFLOP/s) plus charged costs; control-plane time is measured, "
     << (costs.control_plane ? "and added. " : "not added (--no-control-plane). ") << fixed(wall, 1)
     << " s wall.\n"
+    << "  Calibration in sample: Tangram's budgets and split maps are fitted on the prompts this run "
+       "replays; `simulate --verdict` replays prompts held out of the calibration.\n"
     << "  Costs (--costs " << to_string(a.costs_setting)
     << " and overrides; eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclamation "
     << fixed(costs.reclaim_prefill_fraction, 3) << " of each reclaiming chunk's prefill + "
