@@ -5,16 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-// TANGRAM_TEST_SANITIZED: built with AddressSanitizer or ThreadSanitizer, by g++ (which defines
-// __SANITIZE_*__) or clang (which says so through __has_feature). Their allocators abort on absurd
-// sizes instead of failing them.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TANGRAM_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define TANGRAM_TEST_SANITIZED 1
-#endif
-#endif
+#include "sanitizers.hpp"  // TANGRAM_TEST_SANITIZED: ASan or TSan (test/support)
 
 namespace tangram::test {
 

@@ -12,14 +12,9 @@
 
 #include "simt.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TANGRAM_EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TANGRAM_EMU_ASAN 1
-#endif
-#endif
-#if defined(TANGRAM_EMU_ASAN)
+#include "sanitizers.hpp"  // TANGRAM_TEST_ASAN (test/support)
+
+#if defined(TANGRAM_TEST_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
@@ -136,7 +131,7 @@ struct scheduler {
   std::vector<unsigned> order;  ///< the current phase's fibers, in run order
   std::size_t next = 0;         ///< position in `order` of the next fiber to run
   std::mt19937_64 rng;
-#if defined(TANGRAM_EMU_ASAN)
+#if defined(TANGRAM_TEST_ASAN)
   void* main_fake_stack         = nullptr;
   const void* main_stack_bottom = nullptr;
   std::size_t main_stack_size   = 0;
@@ -154,7 +149,7 @@ void switch_context(context& from,
                     const void* to_bottom,
                     std::size_t to_size,
                     bool from_is_finishing) {
-#if defined(TANGRAM_EMU_ASAN)
+#if defined(TANGRAM_TEST_ASAN)
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(from_is_finishing ? nullptr : &fake, to_bottom, to_size);
 #else
@@ -167,7 +162,7 @@ void switch_context(context& from,
 #else
   swapcontext(&from.uc, &to.uc);
 #endif
-#if defined(TANGRAM_EMU_ASAN)
+#if defined(TANGRAM_TEST_ASAN)
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
 }
@@ -186,7 +181,7 @@ void yield_to_scheduler(bool finishing) {
     return;
   }
   s.current = -1;
-#if defined(TANGRAM_EMU_ASAN)
+#if defined(TANGRAM_TEST_ASAN)
   switch_context(from, s.main_ctx, s.main_stack_bottom, s.main_stack_size, finishing);
 #else
   switch_context(from, s.main_ctx, nullptr, 0, finishing);
@@ -200,7 +195,7 @@ void land(pending_copy const& c) {
 /// Body of every fiber: the kernel, then its outstanding copies land, then back for good.
 void fiber_main() {
   auto& s = sched();
-#if defined(TANGRAM_EMU_ASAN)
+#if defined(TANGRAM_TEST_ASAN)
   // The first fiber ever started was entered from the scheduler: remember its stack.
   const void* from_bottom = nullptr;
   std::size_t from_size   = 0;
@@ -229,7 +224,7 @@ void init_fiber(std::size_t i) {
   auto& s  = sched();
   auto& st = s.stacks[i];
   auto& f  = s.fibers[i];
-#if defined(TANGRAM_EMU_ASAN)
+#if defined(TANGRAM_TEST_ASAN)
   // A finished fiber left for good from inside switch_context: its frames never returned, so
   // their redzones are still poisoned. A new fiber on the same stack must start from clean
   // shadow, or its locals that land on those stale redzones read as stack-buffer errors.
