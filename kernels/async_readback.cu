@@ -44,13 +44,9 @@ async_readback::async_readback(std::size_t slot_bytes, std::int32_t slots, std::
     readback_fail("cudaHostAlloc of the pinned slots", err);
   }
   pinned_ = static_cast<std::byte*>(p);
-  for (auto& e : events_) {
-    err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    if (err != cudaSuccess) {
-      e = nullptr;
-      destroy();
-      readback_fail("cudaEventCreateWithFlags", err);
-    }
+  if (err = detail::create_events(events_); err != cudaSuccess) {
+    destroy();
+    readback_fail("cudaEventCreateWithFlags", err);
   }
 }
 

@@ -15,7 +15,9 @@ namespace tangram {
 
 namespace {
 
-[[noreturn]] void fail(char const* what, cudaError_t err) { detail::runtime_fail("kv_view_mirror", what, err); }
+[[noreturn]] void fail(char const* what, cudaError_t err) {
+  detail::runtime_fail("kv_view_mirror", what, err);
+}
 
 void check(cudaError_t err, char const* what) {
   if (err != cudaSuccess) fail(what, err);
@@ -63,11 +65,7 @@ kv_view_mirror::kv_view_mirror(kv_cache_manager const& kv, std::int32_t device_i
       shadow_[1] = shadow_[0] + total;
       std::memset(shadow_[0], 0, 2 * total);  // padding stays zero in every copy
     }
-    for (auto& e : uploaded_) {
-      cudaEvent_t ev = nullptr;
-      check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      e = ev;
-    }
+    check(detail::create_events(uploaded_), "cudaEventCreateWithFlags");
   } catch (...) {
     release();
     throw;
@@ -180,7 +178,7 @@ void kv_view_mirror::sync(kv_cache_manager& kv, cuda_stream_t stream) {
   kv.clear_view_changes();
   views_[static_cast<std::size_t>(batch_kind::decode)].batch_size  = host.batch_size;
   views_[static_cast<std::size_t>(batch_kind::prefill)].batch_size = prefill.batch_size;
-  next_            = 1 - b;
+  next_                                                            = 1 - b;
 }
 
 }  // namespace tangram

@@ -14,7 +14,9 @@ namespace tangram {
 
 namespace {
 
-[[noreturn]] void epochs_fail(char const* what, cudaError_t err) { detail::runtime_fail("stream_epochs", what, err); }
+[[noreturn]] void epochs_fail(char const* what, cudaError_t err) {
+  detail::runtime_fail("stream_epochs", what, err);
+}
 
 }  // namespace
 
@@ -33,13 +35,9 @@ stream_epochs::stream_epochs(kv_cache_manager const& kv,
   epochs_.assign(static_cast<std::size_t>(max_in_flight), -1);
   detail::device_guard guard(device_id);
   if (guard.status() != cudaSuccess) epochs_fail("cudaSetDevice", guard.status());
-  for (auto& e : events_) {
-    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    if (err != cudaSuccess) {
-      e = nullptr;
-      destroy();
-      epochs_fail("cudaEventCreateWithFlags", err);
-    }
+  if (cudaError_t err = detail::create_events(events_); err != cudaSuccess) {
+    destroy();
+    epochs_fail("cudaEventCreateWithFlags", err);
   }
 }
 
