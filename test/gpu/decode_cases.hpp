@@ -168,24 +168,9 @@ inline std::vector<decode_case> decode_cases_mma_cuda_core() {
 /// and group buckets 1/2/4/8 among them, split over several CTAs (partials merged: the V scale
 /// folded into partials must survive the merge).
 inline std::vector<decode_case> decode_cases_fp8_scaled() {
-  std::vector<decode_case> out;
-  std::uint64_t seed = 650;
-  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
-    for (scale_mode m : {scale_mode::per_tensor, scale_mode::per_head}) {
-      decode_case c;
-      c.kv_dtype   = t;
-      c.scales     = m;
-      c.d          = std::int32_t{64} << (seed % 3);
-      c.P          = seed % 2 == 0 ? 16 : 1;
-      c.ring_pages = (40 + c.P - 1) / c.P + 1;
-      c.group      = std::int32_t{1} << (seed % 4);
-      c.lens       = {97, 3, 400, 54};
-      c.sinks      = seed % 2 == 1;
-      c.o_dtype    = seed % 3 == 2 ? dtype::bf16 : dtype::f32;
-      c.seed       = ++seed;
-      out.push_back(c);
-    }
-  return out;
+  decode_case base;
+  base.lens = {97, 3, 400, 54};
+  return fp8_scaled_cases(base, 650);
 }
 
 /// The merge folded into the split kernels (decode_params::merge_counters): the CUDA-core kernel

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -200,24 +201,25 @@ inline std::vector<prefill_case> prefill_cases_per_head() {
   return out;
 }
 
-/// Every 32- and 16-bit K/V dtype x head dim (GQA 1..8 spread over them), bf16 queries and
-/// outputs in some, a slack max_chunk in some (fp8: prefill_cases_fp8).
-inline std::vector<prefill_case> prefill_cases_shapes() {
+/// The K/V dtype x head dim sweep of prefill_cases_shapes and prefill_cases_fp8: seeds from `seed`
+/// + 1, bf16 queries and outputs in some, a slack max_chunk in some; `vary(c, seed)` sets the page
+/// size, the GQA group and sinks, which the two differ in.
+template <class Vary>
+std::vector<prefill_case> prefill_dtype_sweep(std::initializer_list<dtype> types,
+                                              std::uint64_t seed,
+                                              Vary vary) {
   std::vector<prefill_case> out;
-  std::uint64_t seed = 300;
-  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+  for (dtype t : types)
     for (std::int32_t d : {64, 128, 256}) {
       prefill_case c;
-      c.kv_dtype        = t;
-      c.d               = d;
-      c.P               = d == 128 ? 16 : 32;
+      c.kv_dtype = t;
+      c.d        = d;
+      vary(c, seed);
       c.ring_pages      = (40 + c.P - 1) / c.P + 1;
-      c.group           = 1 + static_cast<std::int32_t>(seed % 8);
       c.layers          = 2;
       c.heads           = 2;
       c.lens            = {70, 3, 21};
       c.chunks          = {20, 33, 5};
-      c.sinks           = seed % 2 == 0;
       c.q_dtype         = seed % 3 == 0 ? dtype::bf16 : dtype::f32;
       c.o_dtype         = seed % 3 == 1 ? dtype::bf16 : dtype::f32;
       c.max_chunk_slack = static_cast<std::int32_t>(seed % 4) * 7;
@@ -225,59 +227,39 @@ inline std::vector<prefill_case> prefill_cases_shapes() {
       out.push_back(c);
     }
   return out;
+}
+
+/// Every 32- and 16-bit K/V dtype x head dim (GQA 1..8 spread over them), bf16 queries and
+/// outputs in some, a slack max_chunk in some (fp8: prefill_cases_fp8).
+inline std::vector<prefill_case> prefill_cases_shapes() {
+  return prefill_dtype_sweep(
+      {dtype::f32, dtype::f16, dtype::bf16}, 300, [](prefill_case& c, std::uint64_t seed) {
+        c.P     = c.d == 128 ? 16 : 32;
+        c.group = 1 + static_cast<std::int32_t>(seed % 8);
+        c.sinks = seed % 2 == 0;
+      });
 }
 
 /// fp8 K/V (e4m3 and e5m2; pages and chunk K/V both in the KV dtype, as the reference reads
 /// them) x every head dim, GQA 1..8 spread over them, bf16 queries and outputs in some.
 inline std::vector<prefill_case> prefill_cases_fp8() {
-  std::vector<prefill_case> out;
-  std::uint64_t seed = 700;
-  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
-    for (std::int32_t d : {64, 128, 256}) {
-      prefill_case c;
-      c.kv_dtype        = t;
-      c.d               = d;
-      c.P               = seed % 2 == 0 ? 16 : 1;
-      c.ring_pages      = (40 + c.P - 1) / c.P + 1;
-      c.group           = 1 + static_cast<std::int32_t>((seed * 3) % 8);
-      c.layers          = 2;
-      c.heads           = 2;
-      c.lens            = {70, 3, 21};
-      c.chunks          = {20, 33, 5};
-      c.sinks           = seed % 2 == 1;
-      c.q_dtype         = seed % 3 == 0 ? dtype::bf16 : dtype::f32;
-      c.o_dtype         = seed % 3 == 1 ? dtype::bf16 : dtype::f32;
-      c.max_chunk_slack = static_cast<std::int32_t>(seed % 4) * 7;
-      c.seed            = ++seed;
-      out.push_back(c);
-    }
-  return out;
+  return prefill_dtype_sweep(
+      {dtype::fp8_e4m3, dtype::fp8_e5m2}, 700, [](prefill_case& c, std::uint64_t seed) {
+        c.P     = seed % 2 == 0 ? 16 : 1;
+        c.group = 1 + static_cast<std::int32_t>((seed * 3) % 8);
+        c.sinks = seed % 2 == 1;
+      });
 }
 
 /// fp8 K/V with scales: e4m3 and e5m2 x per-tensor and per-head scales (pages and chunk K/V both
 /// scaled), head dims 64/128/256 and groups 1/2/4/8 among them.
 inline std::vector<prefill_case> prefill_cases_fp8_scaled() {
-  std::vector<prefill_case> out;
-  std::uint64_t seed = 750;
-  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
-    for (scale_mode m : {scale_mode::per_tensor, scale_mode::per_head}) {
-      prefill_case c;
-      c.kv_dtype   = t;
-      c.scales     = m;
-      c.d          = std::int32_t{64} << (seed % 3);
-      c.P          = seed % 2 == 0 ? 16 : 1;
-      c.ring_pages = (40 + c.P - 1) / c.P + 1;
-      c.group      = std::int32_t{1} << (seed % 4);
-      c.layers     = 2;
-      c.heads      = 2;
-      c.lens       = {70, 3, 21};
-      c.chunks     = {20, 33, 5};
-      c.sinks      = seed % 2 == 1;
-      c.o_dtype    = seed % 3 == 2 ? dtype::bf16 : dtype::f32;
-      c.seed       = ++seed;
-      out.push_back(c);
-    }
-  return out;
+  prefill_case base;
+  base.layers = 2;
+  base.heads  = 2;
+  base.lens   = {70, 3, 21};
+  base.chunks = {20, 33, 5};
+  return fp8_scaled_cases(base, 750);
 }
 
 /// Runs `c` on `backend` and the CPU reference for every layer; compares outputs (f32: 1e-4

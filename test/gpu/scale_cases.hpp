@@ -2,7 +2,8 @@
 /**
  * @file test/gpu/scale_cases.hpp
  * @brief fp8 K/V scales (kernels/kv_scales.hpp) for the kernel scenarios of kernel_cases.hpp and
- * prefill_cases.hpp: none, one per tensor, or one per KV head. Host-only C++; no test framework.
+ * prefill_cases.hpp: none, one per tensor, or one per KV head; and the fp8-with-scales sweep the
+ * decode and prefill scenarios share. Host-only C++; no test framework.
  */
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "tangram/core/dtype.hpp"
 #include "tangram/kernels/kv_scales.hpp"
 
 namespace tangram::test {
@@ -51,5 +53,29 @@ struct scale_arrays {
     return s;
   }
 };
+
+/// The fp8-with-scales sweep of the decode and prefill scenarios: e4m3 and e5m2 x per-tensor and
+/// per-head scales, each case `base` with, from its seed (`seed` + 1, + 2, ...), a head dim of
+/// 64/128/256, pages of 16 or 1 token (ring pages for 40 tokens), a GQA group of 1/2/4/8, sinks
+/// and bf16 outputs in some.
+template <class Case>
+std::vector<Case> fp8_scaled_cases(Case const& base, std::uint64_t seed) {
+  std::vector<Case> out;
+  for (dtype t : {dtype::fp8_e4m3, dtype::fp8_e5m2})
+    for (scale_mode m : {scale_mode::per_tensor, scale_mode::per_head}) {
+      Case c       = base;
+      c.kv_dtype   = t;
+      c.scales     = m;
+      c.d          = std::int32_t{64} << (seed % 3);
+      c.P          = seed % 2 == 0 ? 16 : 1;
+      c.ring_pages = (40 + c.P - 1) / c.P + 1;
+      c.group      = std::int32_t{1} << (seed % 4);
+      c.sinks      = seed % 2 == 1;
+      c.o_dtype    = seed % 3 == 2 ? dtype::bf16 : dtype::f32;
+      c.seed       = ++seed;
+      out.push_back(c);
+    }
+  return out;
+}
 
 }  // namespace tangram::test
