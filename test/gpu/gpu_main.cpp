@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -47,18 +46,12 @@ int main(int argc, char** argv) {
   }
   int failed = 0;
   for (auto const* t : selected) {
-    failures().clear();
     auto t0 = std::chrono::steady_clock::now();
-    try {
-      t->run();
-    } catch (required_failed const&) {
-    } catch (std::exception const& e) {
-      failures().push_back(std::string("exception: ") + e.what());
-    }
+    failed += !run_one(*t);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%s %.3f s: %s\n", failures().empty() ? "PASS" : "FAIL", s, t->name.c_str());
-    for (auto const& f : failures()) std::printf("    %s\n", f.c_str());
-    failed += !failures().empty();
+    char timing[32];
+    std::snprintf(timing, sizeof timing, " %.3f s", s);
+    print_result(*t, timing);
     std::fflush(stdout);
   }
   std::printf("%zu test cases, %d failed\n", selected.size(), failed);

@@ -4,6 +4,7 @@
 // ends the test on failure, GPU_CHECK records it and goes on. Runner: gpu_main.cpp.
 #pragma once
 
+#include <cstdio>
 #include <exception>
 #include <sstream>
 #include <string>
@@ -40,6 +41,36 @@ inline void record(const char* file, int line, const char* expr, std::string con
   s << file << ":" << line << ": " << expr;
   if (!detail.empty()) s << " -- " << detail;
   failures().push_back(s.str());
+}
+
+/// Runs `t` with failures() cleared first; a GPU_REQUIRE that ends it or an exception (recorded)
+/// stops it. True when it passed.
+inline bool run_one(test_case const& t) {
+  failures().clear();
+  try {
+    t.run();
+  } catch (required_failed const&) {
+  } catch (std::exception const& e) {
+    failures().push_back(std::string("exception: ") + e.what());
+  }
+  return failures().empty();
+}
+
+/// Prints "PASS: name" or "FAIL: name" and each failure of the test just run (`run_one`).
+inline void print_result(test_case const& t, char const* timing = "") {
+  std::printf("%s%s: %s\n", failures().empty() ? "PASS" : "FAIL", timing, t.name.c_str());
+  for (auto const& f : failures()) std::printf("    %s\n", f.c_str());
+}
+
+/// Runs every registered test (the runners on the fake CUDA runtime, test/fake_cuda/gpu): 0 when
+/// there is one and all pass, else 1.
+inline int run_all() {
+  int failed = 0;
+  for (auto const& t : registry()) {
+    failed += !run_one(t);
+    print_result(t);
+  }
+  return failed == 0 && !registry().empty() ? 0 : 1;
 }
 
 }  // namespace tangram::gpu_test

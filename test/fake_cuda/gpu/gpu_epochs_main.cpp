@@ -6,28 +6,10 @@
 // Its own runner, like test/gpu's (gpu_test.hpp): exit 0 when every test passes, 1 otherwise.
 #include <cuda_runtime_api.h>  // the fake: ../shim comes first on the include path
 
-#include <cstdio>
-#include <exception>
-#include <string>
-
 #include "../../../kernels/cuda_memory_resource.cu"
 #include "../../../kernels/stream_epochs.cu"
 #include "../../gpu/stream_epochs_test.cpp"
 
 int main() {
-  using namespace tangram::gpu_test;
-  int failed = 0;
-  for (auto const& t : registry()) {
-    failures().clear();
-    try {
-      t.run();
-    } catch (required_failed const&) {
-    } catch (std::exception const& e) {
-      failures().push_back(std::string("exception: ") + e.what());
-    }
-    std::printf("%s: %s\n", failures().empty() ? "PASS" : "FAIL", t.name.c_str());
-    for (auto const& f : failures()) std::printf("    %s\n", f.c_str());
-    failed += !failures().empty();
-  }
-  return failed == 0 && !registry().empty() ? 0 : 1;
+  return tangram::gpu_test::run_all();
 }

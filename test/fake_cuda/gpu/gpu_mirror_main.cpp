@@ -6,10 +6,6 @@
 // Its own runner, like test/gpu's (gpu_test.hpp): exit 0 when every test passes, 1 otherwise.
 #include <cuda_runtime_api.h>  // the fake: ../shim comes first on the include path
 
-#include <cstdio>
-#include <exception>
-#include <string>
-
 #include "../../../kernels/cuda_memory_resource.cu"
 #include "../../../kernels/kv_view_mirror.cu"
 #include "../../gpu/kv_view_mirror_test.cpp"
@@ -24,19 +20,5 @@ void decode_attention(decode_params const& p, void*, std::size_t, cuda_stream_t)
 }  // namespace tangram
 
 int main() {
-  using namespace tangram::gpu_test;
-  int failed = 0;
-  for (auto const& t : registry()) {
-    failures().clear();
-    try {
-      t.run();
-    } catch (required_failed const&) {
-    } catch (std::exception const& e) {
-      failures().push_back(std::string("exception: ") + e.what());
-    }
-    std::printf("%s: %s\n", failures().empty() ? "PASS" : "FAIL", t.name.c_str());
-    for (auto const& f : failures()) std::printf("    %s\n", f.c_str());
-    failed += !failures().empty();
-  }
-  return failed == 0 && !registry().empty() ? 0 : 1;
+  return tangram::gpu_test::run_all();
 }
