@@ -152,11 +152,7 @@ TEST_CASE("simulate --verdict refuses a single run's options and a budget profil
        }) {
     std::vector<std::string> argv{"simulate", "--verdict", "--quiet"};
     argv.insert(argv.end(), c.argv.begin(), c.argv.end());
-    auto r = test::run_cli(argv);
-    INFO(r.err);
-    CHECK(r.code == 2);
-    CHECK(r.err.find(c.piece) != std::string::npos);
-    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    test::check_refused(argv, c.piece);
   }
   auto r = test::run_cli({"simulate", "--offload-host-gb", "10"});
   CHECK(r.code == 2);

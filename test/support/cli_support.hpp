@@ -2,6 +2,8 @@
 // Running the `tangram` command line in-process, for the suites that link tangram_cli_lib.
 #pragma once
 
+#include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -27,13 +29,24 @@ inline cli_result run_cli(std::vector<std::string> const& argv) {
 
 /// `tangram argv...` in-process: the name every command-line test file calls (`using
 /// tangram::test::run;`), one definition so the suites build as unity batches.
-inline cli_result run(std::vector<std::string> const& argv) { return run_cli(argv); }
+inline cli_result run(std::vector<std::string> const& argv) {
+  return run_cli(argv);
+}
 
 /// A path `name` in the build tree's scratch folder `test-tmp/<folder>` (created on demand).
 inline std::string cli_tmp_path(std::string const& folder, std::string const& name) {
   auto dir = std::filesystem::path(TANGRAM_BINARY_DIR) / "test-tmp" / folder;
   std::filesystem::create_directories(dir);
   return (dir / name).string();
+}
+
+/// Checks that `tangram argv...` is refused: exit code 2 and one line on stderr holding `piece`.
+inline void check_refused(std::vector<std::string> const& argv, std::string const& piece) {
+  auto r = run_cli(argv);
+  INFO(r.err);
+  CHECK(r.code == 2);
+  CHECK(r.err.find(piece) != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
 
 }  // namespace tangram::test
