@@ -123,7 +123,7 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
       {{"simulate", "--frobnicate"}, "unknown option \"--frobnicate\""},
       {{"simulate", "--context-dist", "normal"}, "--context-dist: expected one of loguniform, uniform, fixed, got"},
   };
-  for (auto const& c : cases) tangram::test::check_refused(c.argv, c.piece);
+  for (auto const& c : cases) tangram::test::check_refused(c.argv, {c.piece});
 }
 
 TEST_CASE("simulate with a workload file refuses the generator's options and reports none",

@@ -236,7 +236,7 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
       {{"simulate", "--replan-fraction", "11"}, "--replan-fraction: must be in [0, 10], got 11"},
       {{"simulate", "--step-overhead-us", "nan"}, "--step-overhead-us"},
   };
-  for (auto const& c : cases) tangram::test::check_refused(c.argv, c.piece);
+  for (auto const& c : cases) tangram::test::check_refused(c.argv, {c.piece});
 }
 
 TEST_CASE("simulate --sensitivity replays the baseline under both admission rules",

@@ -152,7 +152,7 @@ TEST_CASE("simulate --verdict refuses a single run's options and a budget profil
        }) {
     std::vector<std::string> argv{"simulate", "--verdict", "--quiet"};
     argv.insert(argv.end(), c.argv.begin(), c.argv.end());
-    test::check_refused(argv, c.piece);
+    test::check_refused(argv, {c.piece});
   }
   auto r = test::run_cli({"simulate", "--offload-host-gb", "10"});
   CHECK(r.code == 2);

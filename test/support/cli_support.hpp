@@ -40,13 +40,18 @@ inline std::string cli_tmp_path(std::string const& folder, std::string const& na
   return (dir / name).string();
 }
 
-/// Checks that `tangram argv...` is refused: exit code 2 and one line on stderr holding `piece`.
-inline void check_refused(std::vector<std::string> const& argv, std::string const& piece) {
+/// Checks that `tangram argv...` is refused: exit code `code` and one line on stderr holding each
+/// of `pieces`; with `quiet_stdout`, nothing on stdout either.
+inline void check_refused(std::vector<std::string> const& argv,
+                          std::vector<std::string> const& pieces,
+                          int code          = 2,
+                          bool quiet_stdout = false) {
   auto r = run_cli(argv);
-  INFO(r.err);
-  CHECK(r.code == 2);
-  CHECK(r.err.find(piece) != std::string::npos);
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  INFO("stderr: " << r.err);
+  CHECK(r.code == code);
+  if (quiet_stdout) CHECK(r.out.empty());
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);  // one line
+  for (auto const& p : pieces) CHECK(r.err.find(p) != std::string::npos);
 }
 
 }  // namespace tangram::test
