@@ -54,68 +54,67 @@ std::string integer_problem(std::string_view text,
   return "";
 }
 
+// Reads the comma-separated list `text` into `out` (cleared first), each item by `one(item, v)`
+// (its problem, or ""): the first item's problem, naming the whole list; more than `max_count`
+// items (`noun`); or "".
+template <class T, class One>
+std::string comma_list_problem(std::string_view text,
+                               std::size_t max_count,
+                               char const* noun,
+                               std::vector<T>& out,
+                               One&& one) {
+  out.clear();
+  auto const whole = text;
+  while (true) {
+    auto comma = text.find(',');
+    T v{};
+    if (auto why = one(text.substr(0, comma), v); !why.empty())
+      return cat(why, " in ", tangram::detail::quoted(whole));
+    out.push_back(v);
+    if (out.size() > max_count) return cat("at most ", max_count, " ", noun);
+    if (comma == std::string_view::npos) return "";
+    text.remove_prefix(comma + 1);
+  }
+}
+
 std::string list_problem(std::string_view text,
                          std::int64_t lo,
                          std::int64_t hi,
                          std::size_t max_count,
                          std::vector<std::int64_t>& out) {
-  out.clear();
-  auto const whole = text;
-  while (true) {
-    auto comma     = text.find(',');
-    std::int64_t v = 0;
-    if (auto why = integer_problem(text.substr(0, comma), lo, hi, v); !why.empty())
-      return cat(why, " in ", tangram::detail::quoted(whole));
-    out.push_back(v);
-    if (out.size() > max_count) return cat("at most ", max_count, " values");
-    if (comma == std::string_view::npos) return "";
-    text.remove_prefix(comma + 1);
-  }
+  return comma_list_problem(
+      text, max_count, "values", out, [&](std::string_view item, std::int64_t& v) {
+        return integer_problem(item, lo, hi, v);
+      });
 }
 
 std::string number_list_problem(std::string_view text,
                                 number_range r,
                                 std::size_t max_count,
                                 std::vector<double>& out) {
-  out.clear();
-  auto const whole = text;
-  while (true) {
-    auto comma = text.find(',');
-    double v   = 0;
-    if (auto why = number_problem(text.substr(0, comma), r, v); !why.empty())
-      return cat(why, " in ", tangram::detail::quoted(whole));
-    out.push_back(v);
-    if (out.size() > max_count) return cat("at most ", max_count, " values");
-    if (comma == std::string_view::npos) return "";
-    text.remove_prefix(comma + 1);
-  }
+  return comma_list_problem(text, max_count, "values", out, [&](std::string_view item, double& v) {
+    return number_problem(item, r, v);
+  });
 }
 
 std::string layer_ranges_problem(std::string_view text,
                                  std::int64_t hi,
                                  std::size_t max_count,
                                  std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
-  out.clear();
-  auto const whole = text;
-  while (true) {
-    auto comma = text.find(',');
-    auto item  = text.substr(0, comma);
-    auto colon = item.find(':');
-    if (colon == std::string_view::npos)
-      return cat("expected FIRST:LAST (model layers FIRST to LAST - 1), got ",
-                 tangram::detail::quoted(item),
-                 " in ",
-                 tangram::detail::quoted(whole));
-    std::int64_t a = 0, b = 0;
-    if (auto why = integer_problem(item.substr(0, colon), 0, hi, a); !why.empty())
-      return cat(why, " in ", tangram::detail::quoted(whole));
-    if (auto why = integer_problem(item.substr(colon + 1), 0, hi, b); !why.empty())
-      return cat(why, " in ", tangram::detail::quoted(whole));
-    out.emplace_back(a, b);
-    if (out.size() > max_count) return cat("at most ", max_count, " ranges");
-    if (comma == std::string_view::npos) return "";
-    text.remove_prefix(comma + 1);
-  }
+  return comma_list_problem(
+      text,
+      max_count,
+      "ranges",
+      out,
+      [&](std::string_view item, std::pair<std::int64_t, std::int64_t>& v) {
+        auto colon = item.find(':');
+        if (colon == std::string_view::npos)
+          return cat("expected FIRST:LAST (model layers FIRST to LAST - 1), got ",
+                     tangram::detail::quoted(item));
+        if (auto why = integer_problem(item.substr(0, colon), 0, hi, v.first); !why.empty())
+          return why;
+        return integer_problem(item.substr(colon + 1), 0, hi, v.second);
+      });
 }
 
 // An option taking one value, checked by `problem` (described in --help as `check_help`) before
@@ -138,6 +137,29 @@ CLI::Option* add_checked(CLI::App& app,
   opt->check(CLI::Validator(
       [problem = std::move(problem)](std::string& text) { return problem(text); }, check_help));
   return opt;
+}
+
+// An option taking a comma-separated list into `target`, read and checked by `parse(text, out)`
+// (its problem, or ""), as add_checked does for one value.
+template <class T, class Parse>
+CLI::Option* add_list(CLI::App& app,
+                      std::string const& name,
+                      std::vector<T>& target,
+                      Parse parse,
+                      std::string const& check_help,
+                      std::string const& type,
+                      std::string const& help) {
+  return add_checked(
+      app,
+      name,
+      [&target, parse](std::string const& t) { parse(t, target); },
+      [parse](std::string const& t) {
+        std::vector<T> v;
+        return parse(t, v);
+      },
+      check_help,
+      type,
+      help);
 }
 
 }  // namespace
@@ -216,15 +238,12 @@ CLI::Option* add_integer_list(CLI::App& app,
                               std::int64_t hi,
                               std::size_t max_count,
                               std::string const& help) {
-  return add_checked(
+  return add_list(
       app,
       name,
-      [&target, lo, hi, max_count](std::string const& t) {
-        list_problem(t, lo, hi, max_count, target);
-      },
-      [lo, hi, max_count](std::string const& t) {
-        std::vector<std::int64_t> v;
-        return list_problem(t, lo, hi, max_count, v);
+      target,
+      [lo, hi, max_count](std::string const& t, std::vector<std::int64_t>& out) {
+        return list_problem(t, lo, hi, max_count, out);
       },
       cat("each in ", range_text(lo, hi), ", at most ", max_count),
       "N,N,...",
@@ -237,13 +256,12 @@ CLI::Option* add_number_list(CLI::App& app,
                              number_range r,
                              std::size_t max_count,
                              std::string const& help) {
-  return add_checked(
+  return add_list(
       app,
       name,
-      [&target, r, max_count](std::string const& t) { number_list_problem(t, r, max_count, target); },
-      [r, max_count](std::string const& t) {
-        std::vector<double> v;
-        return number_list_problem(t, r, max_count, v);
+      target,
+      [r, max_count](std::string const& t, std::vector<double>& out) {
+        return number_list_problem(t, r, max_count, out);
       },
       cat("each in ", range_text(r), ", at most ", max_count),
       "X,X,...",
@@ -301,15 +319,13 @@ CLI::Option* add_layer_ranges(CLI::App& app,
                               std::int64_t hi,
                               std::size_t max_count,
                               std::string const& help) {
-  return add_checked(
+  return add_list(
       app,
       name,
-      [&target, hi, max_count](std::string const& t) {
-        layer_ranges_problem(t, hi, max_count, target);
-      },
-      [hi, max_count](std::string const& t) {
-        std::vector<std::pair<std::int64_t, std::int64_t>> v;
-        return layer_ranges_problem(t, hi, max_count, v);
+      target,
+      [hi, max_count](std::string const& t,
+                      std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
+        return layer_ranges_problem(t, hi, max_count, out);
       },
       cat("each bound in ", range_text(0, hi), ", at most ", max_count),
       "FIRST:LAST,...",
