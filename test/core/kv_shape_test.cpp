@@ -45,36 +45,35 @@ std::int64_t kv_shape_bytes_of(dtype t) {
 }
 constexpr std::int32_t kv_shape_bucket_of[9] = {0, 1, 2, 4, 4, 8, 8, 8, 8};
 
+// What dispatch_kv_shape(args..., "test", f) handed to f, and how often it called f.
+template <class... Args>
+kv_shape_seen kv_shape_dispatched(Args... args) {
+  kv_shape_seen seen;
+  dispatch_kv_shape(args..., "test", [&](auto shape) {
+    using S = decltype(shape);
+    seen    = {S::kv_dtype,
+               S::head_dim,
+               S::query_group,
+               static_cast<std::int64_t>(sizeof(typename S::element_type)),
+               seen.calls + 1};
+  });
+  return seen;
+}
+
 }  // namespace
 
 TEST_CASE("dispatch_kv_shape: every compiled combination reaches its shape", "[kv_shape]") {
   int combinations = 0;
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::fp8_e4m3, dtype::fp8_e5m2})
     for (std::int32_t d : {64, 128, 256}) {
-      kv_shape_seen seen;
-      dispatch_kv_shape(t, d, "test", [&](auto shape) {
-        using S = decltype(shape);
-        seen    = {S::kv_dtype,
-                   S::head_dim,
-                   S::query_group,
-                   static_cast<std::int64_t>(sizeof(typename S::element_type)),
-                   seen.calls + 1};
-      });
+      kv_shape_seen const seen = kv_shape_dispatched(t, d);
       CHECK(seen.calls == 1);
       CHECK(seen.kv_dtype == t);
       CHECK(seen.head_dim == d);
       CHECK(seen.query_group == dynamic_extent);
       CHECK(seen.element_size == kv_shape_bytes_of(t));
       for (std::int32_t group = 1; group <= 8; ++group) {
-        kv_shape_seen grouped;
-        dispatch_kv_shape(t, d, group, "test", [&](auto shape) {
-          using S = decltype(shape);
-          grouped = {S::kv_dtype,
-                     S::head_dim,
-                     S::query_group,
-                     static_cast<std::int64_t>(sizeof(typename S::element_type)),
-                     grouped.calls + 1};
-        });
+        kv_shape_seen const grouped = kv_shape_dispatched(t, d, group);
         CHECK(grouped.calls == 1);
         CHECK(grouped.kv_dtype == t);
         CHECK(grouped.head_dim == d);

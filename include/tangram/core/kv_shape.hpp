@@ -7,8 +7,8 @@
  *
  * Runtime-shaped use stays: an engine that serves many models keeps a `page_geometry` (and a
  * `page_layout<>`) learned at load time; a launcher turns it into a `kv_shape` once, through
- * `dispatch_kv_shape`, and everything below the launcher (kernels, their shared-memory tiles,
- * vector widths) reads the shape's constants.
+ * `dispatch_kv_shape`, and launches the kernel instantiated for the shape's element type, head
+ * dim and (decode) query-group bucket.
  *
  * The instantiation list (the X-macros below) is written here and nowhere else: the dispatch,
  * the `*_kernel_supports` queries and the explicit instantiations in kernels/ all expand it.
@@ -120,6 +120,22 @@ struct kv_shape {
     return g.kv_dtype == kv_dtype && g.head_dim == HeadDim;
   }
 };
+
+// Every listed shape passes kv_shape's checks (rows of whole 16-byte vectors, d in range), and
+// the buckets ascend (the dispatch picks the first that holds a group).
+#define TANGRAM_DETAIL_KV_SHAPE_CHECK_DIM(T, D) static_assert(kv_shape<T, D>::row_vectors >= 1);
+#define TANGRAM_DETAIL_KV_SHAPE_CHECK(unused, T) \
+  TANGRAM_KV_SHAPE_HEAD_DIMS(TANGRAM_DETAIL_KV_SHAPE_CHECK_DIM, T)
+TANGRAM_KV_SHAPE_TYPES(TANGRAM_DETAIL_KV_SHAPE_CHECK, ~)
+#undef TANGRAM_DETAIL_KV_SHAPE_CHECK
+#undef TANGRAM_DETAIL_KV_SHAPE_CHECK_DIM
+static_assert(
+    [] {
+      for (std::size_t i = 1; i < std::size(kv_shape_query_groups); ++i)
+        if (kv_shape_query_groups[i] <= kv_shape_query_groups[i - 1]) return false;
+      return kv_shape_query_groups[0] >= 1;
+    }(),
+    "kv_shape_query_groups must ascend from >= 1");
 
 /// True when the kernels are compiled for this K/V dtype (any head dim).
 constexpr bool kv_shape_supported(dtype kv_dtype) noexcept {
