@@ -12,11 +12,7 @@
 namespace tangram {
 namespace detail {
 
-TANGRAM_DECODE_INSTANTIATE(extern, float)
-TANGRAM_DECODE_INSTANTIATE(extern, float16)
-TANGRAM_DECODE_INSTANTIATE(extern, bfloat16)
-TANGRAM_DECODE_INSTANTIATE(extern, float8_e4m3)
-TANGRAM_DECODE_INSTANTIATE(extern, float8_e5m2)
+TANGRAM_KV_SHAPE_TYPES(TANGRAM_DECODE_INSTANTIATE, extern)
 
 namespace {
 
@@ -33,13 +29,7 @@ void decode_attention(decode_params const& p,
                       cuda_stream_t stream) {
   p.validate();
   auto const& g = p.kv.geometry;
-  TANGRAM_EXPECTS(decode_kernel_supports(g.kv_dtype, g.head_dim),
-                  invalid_argument,
-                  "decode_attention: no CUDA kernel for kv dtype ",
-                  to_string(g.kv_dtype),
-                  " with head_dim ",
-                  g.head_dim,
-                  " (supported: f32/f16/bf16/fp8_e4m3/fp8_e5m2 x 64/128/256)");
+  expect_kv_shape(g.kv_dtype, g.head_dim, "decode_attention");
   for (dtype t : {p.q_dtype, p.o_dtype})
     TANGRAM_EXPECTS(t == dtype::f32 || t == dtype::f16 || t == dtype::bf16,
                     invalid_argument,
@@ -62,8 +52,9 @@ void decode_attention(decode_params const& p,
   if (p.kv.batch_size == 0) return;
   detail::decode_args a = detail::make_decode_args(p, workspace);
   cudaError_t err       = cudaSuccess;
-  detail::dispatch_decode(g.kv_dtype, g.head_dim, p.group, [&](auto tag, auto dim, auto bucket) {
-    err = detail::launch_decode_split<decltype(tag), decltype(dim)::value, decltype(bucket)::value>(
+  dispatch_kv_shape(g.kv_dtype, g.head_dim, p.group, "decode_attention", [&](auto shape) {
+    using S = decltype(shape);
+    err     = detail::launch_decode_split<typename S::element_type, S::head_dim, S::query_group>(
         a, stream);
   });
   detail::check_launch(err, "decode_attention: split kernel launch");
@@ -90,10 +81,10 @@ std::optional<device_limits> decode_device_limits(dtype kv_dtype,
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess)
-    detail::dispatch_decode(kv_dtype, head_dim, group, [&](auto tag, auto dim, auto bucket) {
-      err = detail::
-          decode_split_occupancy<decltype(tag), decltype(dim)::value, decltype(bucket)::value>(
-              &per_sm, tensor_cores, folded_merge);
+    dispatch_kv_shape(kv_dtype, head_dim, group, "decode_device_limits", [&](auto shape) {
+      using S = decltype(shape);
+      err = detail::decode_split_occupancy<typename S::element_type, S::head_dim, S::query_group>(
+          &per_sm, tensor_cores, folded_merge);
     });
   (void)cudaSetDevice(previous);
   if (err != cudaSuccess || sms <= 0 || per_sm <= 0) {  // a zero occupancy is an error, not a plan

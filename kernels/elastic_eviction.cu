@@ -52,9 +52,10 @@ void evict_elastic(elastic_eviction_params const& p,
   if (p.kv.batch_size == 0) return;
   detail::elastic_args a = detail::make_elastic_args(p, workspace);
   cudaError_t err        = cudaSuccess;
-  auto const& g = p.kv.geometry;
-  detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
-    err = detail::launch_elastic<decltype(tag), decltype(dim)::value>(a, stream);
+  auto const& g          = p.kv.geometry;
+  dispatch_kv_shape(g.kv_dtype, g.head_dim, "evict_elastic", [&](auto shape) {
+    using S = decltype(shape);
+    err     = detail::launch_elastic<typename S::element_type, S::head_dim>(a, stream);
   });
   detail::check_launch(err, "evict_elastic: kernel launch");
 }

@@ -11,11 +11,7 @@
 namespace tangram {
 namespace detail {
 
-TANGRAM_EVICTION_INSTANTIATE(extern, float)
-TANGRAM_EVICTION_INSTANTIATE(extern, float16)
-TANGRAM_EVICTION_INSTANTIATE(extern, bfloat16)
-TANGRAM_EVICTION_INSTANTIATE(extern, float8_e4m3)
-TANGRAM_EVICTION_INSTANTIATE(extern, float8_e5m2)
+TANGRAM_KV_SHAPE_TYPES(TANGRAM_EVICTION_INSTANTIATE, extern)
 
 namespace {
 
@@ -61,9 +57,10 @@ void evict_chunk(eviction_params const& p,
   if (heads == 0) return;
   detail::eviction_args a = detail::make_eviction_args(p, workspace);
   cudaError_t err         = cudaSuccess;
-  auto const& g = p.kv.geometry;
-  detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
-    err = detail::launch_eviction<decltype(tag), decltype(dim)::value>(a, stream);
+  auto const& g           = p.kv.geometry;
+  dispatch_kv_shape(g.kv_dtype, g.head_dim, "evict_chunk", [&](auto shape) {
+    using S = decltype(shape);
+    err     = detail::launch_eviction<typename S::element_type, S::head_dim>(a, stream);
   });
   detail::check_launch(err, "evict_chunk: kernel launch");
 }

@@ -23,13 +23,7 @@ void prefill_attention(prefill_params const& p,
                        cuda_stream_t stream) {
   p.validate();
   auto const& g = p.kv.geometry;
-  TANGRAM_EXPECTS(prefill_kernel_supports(g.kv_dtype, g.head_dim),
-                  invalid_argument,
-                  "prefill_attention: no CUDA kernel for kv dtype ",
-                  to_string(g.kv_dtype),
-                  " with head_dim ",
-                  g.head_dim,
-                  " (supported: f32/f16/bf16/fp8_e4m3/fp8_e5m2 x 64/128/256)");
+  expect_kv_shape(g.kv_dtype, g.head_dim, "prefill_attention");
   for (dtype t : {p.q_dtype, p.o_dtype})
     TANGRAM_EXPECTS(t == dtype::f32 || t == dtype::f16 || t == dtype::bf16,
                     invalid_argument,
@@ -55,9 +49,10 @@ void prefill_attention(prefill_params const& p,
   (void)workspace;
   if (p.kv.batch_size == 0 || p.max_chunk == 0) return;
   const detail::prefill_args a = detail::make_prefill_args(p);
-  detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
-    detail::launch_prefill_with<decltype(tag), decltype(dim)::value>(a,
-                                                                     detail::stream_launch{stream});
+  dispatch_kv_shape(g.kv_dtype, g.head_dim, "prefill_attention", [&](auto shape) {
+    using S = decltype(shape);
+    detail::launch_prefill_with<typename S::element_type, S::head_dim>(
+        a, detail::stream_launch{stream});
   });
   detail::check_launch(cudaGetLastError(), "prefill_attention: kernel launch");
 }

@@ -3,7 +3,6 @@
 // kernels/decode_attention.cu.
 #include "tangram/kernels/detail/decode_attention.cuh"
 
-#include <stdexcept>
 #include <vector>
 
 #include "emu_backend.hpp"
@@ -17,13 +16,11 @@ void emu_backend::decode(test_cache&, decode_params const& p) {
   void* aligned = ws.data() + (256 - reinterpret_cast<std::uintptr_t>(ws.data()) % 256) % 256;
   const detail::decode_args a = detail::make_decode_args(p, aligned);
   auto const& g               = p.kv.geometry;
-  bool compiled               = detail::dispatch_decode(
-      g.kv_dtype, g.head_dim, p.group, [&](auto tag, auto dim, auto bucket) {
-        detail::launch_decode_split_with<decltype(tag),
-                                         decltype(dim)::value,
-                                         decltype(bucket)::value>(a, emu::emulated_launch{});
-      });
-  if (!compiled) throw std::invalid_argument("emu decode: no kernel for this dtype / head_dim");
+  dispatch_kv_shape(g.kv_dtype, g.head_dim, p.group, "emu decode", [&](auto shape) {
+    using S = decltype(shape);
+    detail::launch_decode_split_with<typename S::element_type, S::head_dim, S::query_group>(
+        a, emu::emulated_launch{});
+  });
   detail::launch_decode_merge_with(a, emu::emulated_launch{});
 }
 

@@ -3,7 +3,6 @@
 // kernels/elastic_eviction.cu.
 #include "tangram/kernels/detail/elastic_eviction.cuh"
 
-#include <stdexcept>
 #include <vector>
 
 #include "emu_backend.hpp"
@@ -17,11 +16,10 @@ void emu_backend::evict_elastic(test_cache&, elastic_eviction_params const& p) {
   void* aligned = ws.data() + (256 - reinterpret_cast<std::uintptr_t>(ws.data()) % 256) % 256;
   const detail::elastic_args a = detail::make_elastic_args(p, aligned);
   auto const& g                = p.kv.geometry;
-  bool compiled = detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
-    detail::launch_elastic_with<decltype(tag), decltype(dim)::value>(a, emu::emulated_launch{});
+  dispatch_kv_shape(g.kv_dtype, g.head_dim, "emu elastic eviction", [&](auto shape) {
+    using S = decltype(shape);
+    detail::launch_elastic_with<typename S::element_type, S::head_dim>(a, emu::emulated_launch{});
   });
-  if (!compiled)
-    throw std::invalid_argument("emu elastic eviction: no kernel for this dtype / head_dim");
 }
 
 }  // namespace tangram::test

@@ -3,7 +3,6 @@
 // kernels/eviction.cu.
 #include "tangram/kernels/detail/eviction.cuh"
 
-#include <stdexcept>
 #include <vector>
 
 #include "emu_backend.hpp"
@@ -17,10 +16,10 @@ void emu_backend::evict(test_cache&, eviction_params const& p) {
   void* aligned = ws.data() + (256 - reinterpret_cast<std::uintptr_t>(ws.data()) % 256) % 256;
   const detail::eviction_args a = detail::make_eviction_args(p, aligned);
   auto const& g                 = p.kv.geometry;
-  bool compiled = detail::dispatch_kv_kernel<true>(g.kv_dtype, g.head_dim, [&](auto tag, auto dim) {
-    detail::launch_eviction_with<decltype(tag), decltype(dim)::value>(a, emu::emulated_launch{});
+  dispatch_kv_shape(g.kv_dtype, g.head_dim, "emu eviction", [&](auto shape) {
+    using S = decltype(shape);
+    detail::launch_eviction_with<typename S::element_type, S::head_dim>(a, emu::emulated_launch{});
   });
-  if (!compiled) throw std::invalid_argument("emu eviction: no kernel for this dtype / head_dim");
 }
 
 }  // namespace tangram::test

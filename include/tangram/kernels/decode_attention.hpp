@@ -36,6 +36,7 @@
 #include "tangram/core/device_limits.hpp"
 #include "tangram/core/dtype.hpp"
 #include "tangram/core/error.hpp"
+#include "tangram/core/kv_shape.hpp"
 #include "tangram/core/kv_view.hpp"
 #include "tangram/core/split_view.hpp"
 #include "tangram/core/stream.hpp"
@@ -46,6 +47,8 @@ namespace tangram {
 
 /// Largest GQA group (query heads per KV head) the decode kernels support.
 inline constexpr std::int32_t decode_max_group = 8;
+static_assert(decode_max_group == kv_shape_query_groups[std::size(kv_shape_query_groups) - 1],
+              "decode_max_group is the largest compiled query-group bucket (core/kv_shape.hpp)");
 /// Largest batch one decode launch accepts (the per-head length prefix lives in shared memory).
 inline constexpr std::int32_t decode_max_batch = 4096;
 /// Largest `decode_params::invariant_pieces` (pieces per (request, KV head) in batch-invariant
@@ -385,15 +388,14 @@ inline std::size_t decode_workspace_bytes(split_map_view const& splits,
 // CUDA launchers (defined in tangram::kernels).
 // ---------------------------------------------------------------------------------------------
 
-/// Head dims the CUDA decode kernels are instantiated for.
-inline constexpr std::int32_t decode_head_dims[] = {64, 128, 256};
+/// Head dims the CUDA decode kernels are instantiated for (the list of core/kv_shape.hpp).
+inline constexpr auto const& decode_head_dims = kv_shape_head_dims;
 
-/// True when the CUDA kernels support this (KV dtype, head dim): every dtype (f32, f16, bf16,
-/// fp8_e4m3, fp8_e5m2; fp8 widened to f32, times its kv_scales) x head dims 64/128/256.
+/// True when the CUDA kernels support this (KV dtype, head dim): the compiled list of
+/// core/kv_shape.hpp, every dtype (f32, f16, bf16, fp8_e4m3, fp8_e5m2; fp8 widened to f32, times
+/// its kv_scales) x head dims 64/128/256.
 constexpr bool decode_kernel_supports(dtype kv_dtype, std::int32_t head_dim) noexcept {
-  return (kv_dtype == dtype::f32 || kv_dtype == dtype::f16 || kv_dtype == dtype::bf16 ||
-          kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2) &&
-         (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  return kv_shape_supported(kv_dtype, head_dim);
 }
 
 /**

@@ -50,6 +50,7 @@
 #include "tangram/core/detail/checked_math.hpp"
 #include "tangram/core/dtype.hpp"
 #include "tangram/core/error.hpp"
+#include "tangram/core/kv_shape.hpp"
 #include "tangram/core/kv_view.hpp"
 #include "tangram/core/numeric.hpp"
 #include "tangram/core/retention.hpp"
@@ -421,22 +422,13 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
   return e;
 }
 
-/// @brief Refuses a cache the eviction kernels are not compiled for (f32/f16/bf16/fp8_e4m3/
-/// fp8_e5m2 x head dims 64/128/256), naming the launcher `who`. Shared by evict_chunk and
-/// evict_elastic.
-/// @throw invalid_argument naming the dtype and the head dim.
+/// @brief Refuses a cache the eviction kernels are not compiled for (the list of
+/// core/kv_shape.hpp: f32/f16/bf16/fp8_e4m3/fp8_e5m2 x head dims 64/128/256), naming the launcher
+/// `who`. Shared by evict_chunk and evict_elastic.
+/// @throw invalid_argument naming the field (kv.geometry.kv_dtype or kv.geometry.head_dim) and
+///        the value.
 inline void expect_eviction_kernel(page_geometry const& g, char const* who) {
-  TANGRAM_EXPECTS(
-      (g.kv_dtype == dtype::f32 || g.kv_dtype == dtype::f16 || g.kv_dtype == dtype::bf16 ||
-       g.kv_dtype == dtype::fp8_e4m3 || g.kv_dtype == dtype::fp8_e5m2) &&
-          (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256),
-      invalid_argument,
-      who,
-      ": no CUDA kernel for kv dtype ",
-      to_string(g.kv_dtype),
-      " with head_dim ",
-      g.head_dim,
-      " (supported: f32/f16/bf16/fp8_e4m3/fp8_e5m2 x 64/128/256)");
+  expect_kv_shape(g.kv_dtype, g.head_dim, who);
 }
 
 /// Bytes of workspace `evict_chunk` needs for `p`.

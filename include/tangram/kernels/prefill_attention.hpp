@@ -48,6 +48,7 @@
 #include "tangram/core/detail/checked_math.hpp"
 #include "tangram/core/dtype.hpp"
 #include "tangram/core/error.hpp"
+#include "tangram/core/kv_shape.hpp"
 #include "tangram/core/kv_view.hpp"
 #include "tangram/core/stream.hpp"
 #include "tangram/kernels/kv_scales.hpp"
@@ -206,12 +207,11 @@ inline std::size_t prefill_workspace_bytes(prefill_params const&) {
 // CUDA launcher (defined in tangram::kernels).
 // ---------------------------------------------------------------------------------------------
 
-/// True when the CUDA kernel supports this (KV dtype, head dim): every dtype (f32, f16, bf16,
-/// fp8_e4m3, fp8_e5m2; fp8 widened to f32, times its kv_scales) x head dims 64/128/256.
+/// True when the CUDA kernel supports this (KV dtype, head dim): the compiled list of
+/// core/kv_shape.hpp, every dtype (f32, f16, bf16, fp8_e4m3, fp8_e5m2; fp8 widened to f32, times
+/// its kv_scales) x head dims 64/128/256.
 constexpr bool prefill_kernel_supports(dtype kv_dtype, std::int32_t head_dim) noexcept {
-  return (kv_dtype == dtype::f32 || kv_dtype == dtype::f16 || kv_dtype == dtype::bf16 ||
-          kv_dtype == dtype::fp8_e4m3 || kv_dtype == dtype::fp8_e5m2) &&
-         (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  return kv_shape_supported(kv_dtype, head_dim);
 }
 
 /**

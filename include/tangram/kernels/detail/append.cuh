@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "tangram/core/kv_shape.hpp"
 #include "tangram/core/numeric.hpp"
 #include "tangram/kernels/append.hpp"
 #include "tangram/kernels/detail/vec.cuh"
@@ -58,23 +59,9 @@ void launch_append_for_source(append_params const& p, dim3 grid, Launch const& l
 template <class Launch>
 void launch_append_with(append_params const& p, Launch const& launch) {
   dim3 grid(static_cast<unsigned>(p.kv.batch_size), static_cast<unsigned>(p.kv.num_kv_heads));
-  switch (p.kv.geometry.kv_dtype) {
-    case dtype::f32:
-      launch_append_for_source<float>(p, grid, launch);
-      break;
-    case dtype::f16:
-      launch_append_for_source<float16>(p, grid, launch);
-      break;
-    case dtype::bf16:
-      launch_append_for_source<bfloat16>(p, grid, launch);
-      break;
-    case dtype::fp8_e4m3:
-      launch_append_for_source<float8_e4m3>(p, grid, launch);
-      break;
-    case dtype::fp8_e5m2:
-      launch_append_for_source<float8_e5m2>(p, grid, launch);
-      break;
-  }
+  dispatch_in<kv_shape_dtypes>(p.kv.geometry.kv_dtype, [&](auto t) {
+    launch_append_for_source<storage_t<decltype(t)::value>>(p, grid, launch);
+  });
 }
 
 }  // namespace tangram::detail

@@ -285,60 +285,6 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const
   decode_merge_request<128>(a, r, h, pre, len, W, share);
 }
 
-/// Smallest compiled GQA bucket that holds `group`.
-constexpr int group_bucket(int group) {
-  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
-}
-
-/// Calls `f(T{}, std::integral_constant<int, D>{}, std::integral_constant<int, GB>{})` for the
-/// runtime configuration; returns false when it is not compiled.
-template <class F>
-bool dispatch_decode(dtype t, int head_dim, int group, F&& f) {
-  auto with_type = [&](auto tag) {
-    using T       = decltype(tag);
-    auto with_dim = [&](auto dim) {
-      switch (group_bucket(group)) {
-        case 1:
-          f(T{}, dim, std::integral_constant<int, 1>{});
-          break;
-        case 2:
-          f(T{}, dim, std::integral_constant<int, 2>{});
-          break;
-        case 4:
-          f(T{}, dim, std::integral_constant<int, 4>{});
-          break;
-        default:
-          f(T{}, dim, std::integral_constant<int, 8>{});
-          break;
-      }
-      return true;
-    };
-    switch (head_dim) {
-      case 64:
-        return with_dim(std::integral_constant<int, 64>{});
-      case 128:
-        return with_dim(std::integral_constant<int, 128>{});
-      case 256:
-        return with_dim(std::integral_constant<int, 256>{});
-      default:
-        return false;
-    }
-  };
-  switch (t) {
-    case dtype::f32:
-      return with_type(float{});
-    case dtype::f16:
-      return with_type(float16{});
-    case dtype::bf16:
-      return with_type(bfloat16{});
-    case dtype::fp8_e4m3:
-      return with_type(float8_e4m3{});
-    case dtype::fp8_e5m2:
-      return with_type(float8_e5m2{});
-  }
-  return false;
-}
-
 /// The kernels' arguments for validated parameters and a workspace of decode_workspace_bytes(p).
 inline decode_args make_decode_args(decode_params const& p, void* workspace) {
   auto const& g = p.kv.geometry;
@@ -426,16 +372,15 @@ cudaError_t decode_split_occupancy(int* ctas_per_sm, bool tensor_cores, bool fol
 }
 
 // clang-format off
-/// Declares (with `extern`) or defines (empty) the explicit instantiations for one storage type.
+/// Declares (with `extern`) or defines (empty) the explicit instantiations for one storage type:
+/// every head dim and query-group bucket of the list in core/kv_shape.hpp.
 #define TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, GB)                                                 \
   EXT template cudaError_t launch_decode_split<T, D, GB>(decode_args const&, cudaStream_t);         \
   EXT template cudaError_t decode_split_occupancy<T, D, GB>(int*, bool, bool);
 #define TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, D)                                                     \
-  TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 1) TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 2)         \
-  TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 4) TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, 8)
+  TANGRAM_KV_SHAPE_QUERY_GROUPS(TANGRAM_DECODE_INSTANTIATE_ONE, EXT, T, D)
 #define TANGRAM_DECODE_INSTANTIATE(EXT, T)                                                            \
-  TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 64) TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 128)            \
-  TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, 256)
+  TANGRAM_KV_SHAPE_HEAD_DIMS(TANGRAM_DECODE_INSTANTIATE_DIM, EXT, T)
 // clang-format on
 #endif  // !TANGRAM_EMULATION
 

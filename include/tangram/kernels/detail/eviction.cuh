@@ -129,10 +129,12 @@ cudaError_t launch_eviction(eviction_args const& a, cudaStream_t stream) {
 }
 
 // clang-format off
+/// Declares (with `extern`) or defines (empty) the explicit instantiations for one storage type:
+/// every head dim of the list in core/kv_shape.hpp.
+#define TANGRAM_EVICTION_INSTANTIATE_DIM(EXT, T, D)                                            \
+  EXT template cudaError_t launch_eviction<T, D>(eviction_args const&, cudaStream_t);
 #define TANGRAM_EVICTION_INSTANTIATE(EXT, T)                                                   \
-  EXT template cudaError_t launch_eviction<T, 64>(eviction_args const&, cudaStream_t);       \
-  EXT template cudaError_t launch_eviction<T, 128>(eviction_args const&, cudaStream_t);      \
-  EXT template cudaError_t launch_eviction<T, 256>(eviction_args const&, cudaStream_t);
+  TANGRAM_KV_SHAPE_HEAD_DIMS(TANGRAM_EVICTION_INSTANTIATE_DIM, EXT, T)
 // clang-format on
 #endif  // !TANGRAM_EMULATION
 

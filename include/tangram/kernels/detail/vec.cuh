@@ -302,41 +302,4 @@ inline void check_launch(cudaError_t err, const char* what) {
   }
 }
 
-/// Calls `f(T{}, std::integral_constant<int, D>{})` for the runtime K/V dtype (f32, f16, bf16;
-/// fp8_e4m3 and fp8_e5m2 too when `WithFp8`, as for the prefill kernel) and head dim (64, 128,
-/// 256), the set the eviction and prefill kernels are compiled for; returns false for any other.
-template <bool WithFp8 = false, class F>
-bool dispatch_kv_kernel(dtype t, int head_dim, F&& f) {
-  auto with_type = [&](auto tag) {
-    switch (head_dim) {
-      case 64:
-        f(tag, std::integral_constant<int, 64>{});
-        return true;
-      case 128:
-        f(tag, std::integral_constant<int, 128>{});
-        return true;
-      case 256:
-        f(tag, std::integral_constant<int, 256>{});
-        return true;
-      default:
-        return false;
-    }
-  };
-  switch (t) {
-    case dtype::f32:
-      return with_type(float{});
-    case dtype::f16:
-      return with_type(float16{});
-    case dtype::bf16:
-      return with_type(bfloat16{});
-    case dtype::fp8_e4m3:
-      if constexpr (WithFp8) return with_type(float8_e4m3{});
-      return false;
-    case dtype::fp8_e5m2:
-      if constexpr (WithFp8) return with_type(float8_e5m2{});
-      return false;
-  }
-  return false;
-}
-
 }  // namespace tangram::detail
