@@ -265,10 +265,11 @@ int plan_command(plan_args& a, streams io) {
         "--stage-context: applies to --pipeline-stages (or several --layers ranges) only");
   if (o.reservation.mode != reservation_mode::elastic && a.margin->count() > 0)
     throw usage_error("--margin: applies to --reservation elastic only");
-  if (o.split.weighting != split_weighting::batch_share)
+  if (!uses_reference_batches(o.split.weighting))
     for (auto* opt : a.batch_share_only)
       if (opt->count() > 0)
-        throw usage_error(cat(opt->get_name(), ": applies to --weighting batch_share only"));
+        throw usage_error(
+            cat(opt->get_name(), ": applies to --weighting batch_share or batch_minimax only"));
   if (out) check_output_path("--out", *out);
   auto src   = read_samples_or_profile(*a.input, cal);
   auto model = resolve_model(model_o, src.profile.model);
@@ -345,7 +346,7 @@ int plan_command(plan_args& a, streams io) {
   // An elastic plan's heads hold their groups' placed lengths, not their budgets: measured on
   // placements of the samples when there are samples.
   bool on_placements         = o.reservation.mode == reservation_mode::elastic && src.samples;
-  bool split_from_placements = on_placements && o.split.weighting == split_weighting::batch_share;
+  bool split_from_placements = on_placements && uses_reference_batches(o.split.weighting);
   auto imb                   = on_placements
                                    ? elastic_layer_imbalance(plan, *src.samples, batch.contexts(), batch.seed)
                                    : layer_imbalance(plan.rules, plan.splits, batch.contexts());
@@ -501,8 +502,9 @@ command_body setup_plan(CLI::App& app) {
       "--weighting",
       [&o](std::string const& v) { o.split.weighting = parse_split_weighting(v); },
       std::string(to_string(o.split.weighting)),
-      {"budget", "batch_share"},
-      "How the split map weighs heads: by budget, or by share of reference batches");
+      {"budget", "batch_share", "batch_minimax"},
+      "How the split map weighs heads: by budget, by a quantile of their shares of reference "
+      "batches, or with CTA counts minimising the reference batches' mean imbalance");
   a->batch_share_only.push_back(add_integer_list(
       app,
       "--reference-contexts",
