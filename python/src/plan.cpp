@@ -76,7 +76,7 @@ void bind_plan(nb::module_& m) {
                    [](plan_options& o, std::string const& v) {
                      o.split.weighting = parse_split_weighting(v, "PlanOptions.weighting");
                    },
-                   "\"budget\", \"batch_share\" or \"batch_minimax\"")
+                   "\"budget\" or \"batch_share\"")
       .def_prop_rw("reference_contexts",
                    [](plan_options const& o) { return o.split.reference_contexts; },
                    [](plan_options& o, std::vector<std::int64_t> v) {

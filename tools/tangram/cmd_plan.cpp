@@ -265,11 +265,10 @@ int plan_command(plan_args& a, streams io) {
         "--stage-context: applies to --pipeline-stages (or several --layers ranges) only");
   if (o.reservation.mode != reservation_mode::elastic && a.margin->count() > 0)
     throw usage_error("--margin: applies to --reservation elastic only");
-  if (!uses_reference_batches(o.split.weighting))
+  if (o.split.weighting != split_weighting::batch_share)
     for (auto* opt : a.batch_share_only)
       if (opt->count() > 0)
-        throw usage_error(
-            cat(opt->get_name(), ": applies to --weighting batch_share or batch_minimax only"));
+        throw usage_error(cat(opt->get_name(), ": applies to --weighting batch_share only"));
   if (out) check_output_path("--out", *out);
   auto src   = read_samples_or_profile(*a.input, cal);
   auto model = resolve_model(model_o, src.profile.model);
@@ -346,7 +345,7 @@ int plan_command(plan_args& a, streams io) {
   // An elastic plan's heads hold their groups' placed lengths, not their budgets: measured on
   // placements of the samples when there are samples.
   bool on_placements         = o.reservation.mode == reservation_mode::elastic && src.samples;
-  bool split_from_placements = on_placements && uses_reference_batches(o.split.weighting);
+  bool split_from_placements = on_placements && o.split.weighting == split_weighting::batch_share;
   auto imb                   = on_placements
                                    ? elastic_layer_imbalance(plan, *src.samples, batch.contexts(), batch.seed)
                                    : layer_imbalance(plan.rules, plan.splits, batch.contexts());
@@ -502,9 +501,8 @@ command_body setup_plan(CLI::App& app) {
       "--weighting",
       [&o](std::string const& v) { o.split.weighting = parse_split_weighting(v); },
       std::string(to_string(o.split.weighting)),
-      {"budget", "batch_share", "batch_minimax"},
-      "How the split map weighs heads: by budget, by a quantile of their shares of reference "
-      "batches, or with CTA counts minimising the reference batches' mean imbalance");
+      {"budget", "batch_share"},
+      "How the split map weighs heads: by budget, or by share of reference batches");
   a->batch_share_only.push_back(add_integer_list(
       app,
       "--reference-contexts",

@@ -162,7 +162,7 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
     auto w         = o["split_weighting"];
     auto weighting = split_weighting_named(w.as_string(32));
     if (!weighting)
-      w.fail(cat("unknown split weighting ", w.describe(), " (expected budget, batch_share or batch_minimax)"));
+      w.fail(cat("unknown split weighting ", w.describe(), " (expected budget or batch_share)"));
     p.options.split.weighting = *weighting;
     auto refs                 = o["reference_contexts"];
     std::size_t n             = refs.expect_size_in(1, split_limits::max_reference_contexts);

@@ -92,9 +92,9 @@ inline static_plan build_static_plan(model_spec const& model,
 
 /**
  * @brief `build_static_plan` for a profile calibrated from `samples`: an elastic plan with
- * reference-batch weighting (batch_share, batch_minimax) weighs its split map on elastic placements
- * of the samples (plan/elastic_split_map.hpp) instead of its groups' rules; any other plan is the
- * same as without samples.
+ * batch_share weighting weighs its split map on elastic placements of the samples
+ * (plan/elastic_split_map.hpp) instead of its groups' rules; any other plan is the same as
+ * without samples.
  * @throw invalid_argument as build_static_plan, or when the samples do not match the plan's heads.
  */
 inline static_plan build_static_plan(model_spec const& model,
@@ -103,7 +103,7 @@ inline static_plan build_static_plan(model_spec const& model,
                                      retention_samples const& samples) {
   static_plan p = build_static_plan(model, profile, options);
   if (options.reservation.mode == reservation_mode::elastic &&
-      uses_reference_batches(options.split.weighting))
+      options.split.weighting == split_weighting::batch_share)
     p.splits = elastic_placement_split_map(p, samples);
   return p;
 }

@@ -5,14 +5,13 @@
  * (docs/planning.md#split-map-under-elastic-placement).
  *
  * Under elastic reservation a head's decode work is its group's length, chosen per request by the
- * placement, not its static budget. The reference-batch weightings are kept, with the requests'
- * lengths taken from placements: in reference batch m (the contexts of `reference_batch_contexts`),
- * request r is sample k (drawn uniformly by one mt19937_64 stream seeded with
- * `placement_sample_seed`) at context n; its per-head lengths are `elastic_placement_lengths(plan,
- * sample_needs_at(plan, s, k, n), n)` (needs scaled from the sample: modelled away from the
- * sample's own context). Head h's share in batch m is its tokens over its layer's tokens; Phi_h is
- * the `share_quantile` quantile of its shares over the batches; the CTAs follow Phi (batch_share)
- * or minimise the batches' mean imbalance (batch_minimax, plan/split_minimax.hpp).
+ * placement, not its static budget. `batch_share` weighting is kept, with the requests' lengths
+ * taken from placements: in reference batch m (the contexts of `reference_batch_contexts`), request
+ * r is sample k (drawn uniformly by one mt19937_64 stream seeded with `placement_sample_seed`) at
+ * context n; its per-head lengths are `elastic_placement_lengths(plan, sample_needs_at(plan, s, k,
+ * n), n)` (needs scaled from the sample: modelled away from the sample's own context). Head h's
+ * share in batch m is its tokens over its layer's tokens; Phi_h is the `share_quantile` quantile
+ * of its shares over the batches, apportioned per layer as for every map.
  *
  * Without samples (a plan built from a budget profile alone) an elastic plan weighs each compressed
  * head by its group's rule (`split_rules` in build_static_plan.hpp), a poorer proxy.
@@ -39,23 +38,22 @@ namespace tangram {
 inline constexpr std::uint64_t placement_sample_seed = 0x706c6163656dULL;
 
 /**
- * @brief Every head's share of its layer's tokens in every reference batch on elastic placements
- * of `samples` (file comment), [num_layers * num_kv_heads * reference_batches]:
- * shares[(l * H + h) * B + m].
- * @param plan an elastic plan weighted on reference batches (batch_share or batch_minimax); its
- *        rules, grouping, geometry, profile and options are used (not its split map)
- * @throw invalid_argument when the plan is not elastic or is budget-weighted, there are no
- *        samples, or the samples do not match the plan's heads.
+ * @brief Phi of every head, [num_layers * num_kv_heads], from elastic placements of `samples`
+ * (file comment).
+ * @param plan an elastic plan with batch_share weighting; its rules, grouping, geometry, profile
+ *        and options are used (not its split map)
+ * @throw invalid_argument when the plan is not elastic or not batch_share, there are no samples, or
+ *        the samples do not match the plan's heads.
  */
-inline std::vector<double> elastic_placement_shares(static_plan const& plan,
-                                                    retention_samples const& samples) {
+inline std::vector<double> elastic_placement_weights(static_plan const& plan,
+                                                     retention_samples const& samples) {
   auto const& o = plan.options.split;
   TANGRAM_EXPECTS(plan.options.reservation.mode == reservation_mode::elastic,
                   invalid_argument,
                   "elastic_placement_weights: the plan reserves static budgets");
-  TANGRAM_EXPECTS(uses_reference_batches(o.weighting),
+  TANGRAM_EXPECTS(o.weighting == split_weighting::batch_share,
                   invalid_argument,
-                  "elastic_placement_weights: needs batch_share or batch_minimax weighting, got ",
+                  "elastic_placement_weights: needs batch_share weighting, got ",
                   to_string(o.weighting));
   TANGRAM_EXPECTS(
       !samples.samples.empty(), invalid_argument, "elastic_placement_weights: no samples");
@@ -70,11 +68,12 @@ inline std::vector<double> elastic_placement_shares(static_plan const& plan,
   for (std::size_t m = 0; m < B; ++m) {
     std::fill(tokens.begin(), tokens.end(), 0.0);
     for (std::size_t r = 0; r < size; ++r) {
-      auto k   = std::min(samples.samples.size() - 1,
+      auto k = std::min(samples.samples.size() - 1,
                         static_cast<std::size_t>(detail::canonical_uniform(pick) *
                                                  static_cast<double>(samples.samples.size())));
-      auto n   = contexts[m * size + r];
-      auto len = elastic_placement_lengths(plan, sample_needs_at(plan, samples, k, n), n);
+      auto n = contexts[m * size + r];
+      auto len =
+          elastic_placement_lengths(plan, sample_needs_at(plan, samples, k, n), n);
       for (std::size_t i = 0; i < F; ++i) tokens[i] += static_cast<double>(len[i]);
     }
     for (std::size_t l = 0; l < L; ++l) {
@@ -84,38 +83,22 @@ inline std::vector<double> elastic_placement_shares(static_plan const& plan,
         shares[(l * H + h) * B + m] = total > 0 ? tokens[l * H + h] / total : 0.0;
     }
   }
-  return shares;
+  std::vector<double> phi(F), column(B);
+  for (std::size_t i = 0; i < F; ++i) {
+    std::copy_n(shares.begin() + static_cast<std::ptrdiff_t>(i * B), B, column.begin());
+    phi[i] = detail::linear_quantile(column, o.share_quantile);
+  }
+  return phi;
 }
 
-/**
- * @brief Phi of every head, [num_layers * num_kv_heads]: the `share_quantile` quantile of its
- * `elastic_placement_shares` (file comment).
- * @throw invalid_argument as elastic_placement_shares.
- */
-inline std::vector<double> elastic_placement_weights(static_plan const& plan,
-                                                     retention_samples const& samples) {
-  return share_quantiles(
-      elastic_placement_shares(plan, samples),
-      static_cast<std::size_t>(plan.num_layers) * static_cast<std::size_t>(plan.num_kv_heads),
-      static_cast<std::size_t>(plan.options.split.reference_batches),
-      plan.options.split.share_quantile);
-}
-
-/// @brief The split map of `plan` on elastic placements of `samples`: batch_minimax seats from
-/// `elastic_placement_shares` (`split_map_from_shares`), batch_share seats in proportion to
-/// `elastic_placement_weights`.
-/// @throw invalid_argument as elastic_placement_shares.
+/// @brief The split map of `plan` from `elastic_placement_weights(plan, samples)`.
+/// @throw invalid_argument as elastic_placement_weights.
 inline split_map elastic_placement_split_map(static_plan const& plan,
                                              retention_samples const& samples) {
-  auto const& o = plan.options.split;
-  if (o.weighting == split_weighting::batch_minimax)
-    return split_map_from_shares(elastic_placement_shares(plan, samples),
-                                 static_cast<std::size_t>(o.reference_batches),
-                                 plan.num_layers,
-                                 plan.num_kv_heads,
-                                 o);
-  return split_map_from_weights(
-      elastic_placement_weights(plan, samples), plan.num_layers, plan.num_kv_heads, o.limits);
+  return split_map_from_weights(elastic_placement_weights(plan, samples),
+                                plan.num_layers,
+                                plan.num_kv_heads,
+                                plan.options.split.limits);
 }
 
 }  // namespace tangram

@@ -27,28 +27,15 @@ enum class split_weighting : std::uint8_t {
   /// and long contexts (below its protected floor a small-budget head keeps every token); sizing
   /// each head for a bad batch rather than the average one keeps the fullest CTA near the mean.
   batch_share,
-  /// The same reference batches as batch_share, but the CTA counts are chosen directly to
-  /// minimise the mean over the batches of the layer's fullest CTA over its mean CTA
-  /// (`apportion_minimax`, plan/split_minimax.hpp) instead of in proportion to one quantile per
-  /// head; Phi is still batch_share's (reported, not what the counts follow).
-  batch_minimax,
 };
 
 constexpr std::string_view to_string(split_weighting w) noexcept {
-  return w == split_weighting::budget        ? "budget"
-         : w == split_weighting::batch_share ? "batch_share"
-                                             : "batch_minimax";
-}
-
-/// Whether `w` weighs heads on reference batches (batch_share, batch_minimax).
-constexpr bool uses_reference_batches(split_weighting w) noexcept {
-  return w != split_weighting::budget;
+  return w == split_weighting::budget ? "budget" : "batch_share";
 }
 
 /// The weighting that `to_string` spells `name`, if any.
 inline std::optional<split_weighting> split_weighting_named(std::string_view name) noexcept {
-  for (auto w :
-       {split_weighting::budget, split_weighting::batch_share, split_weighting::batch_minimax})
+  for (auto w : {split_weighting::budget, split_weighting::batch_share})
     if (to_string(w) == name) return w;
   return std::nullopt;
 }
@@ -61,7 +48,7 @@ inline split_weighting parse_split_weighting(std::string_view name,
                field,
                ": unknown split weighting ",
                detail::quoted(name),
-               " (expected budget, batch_share or batch_minimax)");
+               " (expected budget or batch_share)");
 }
 
 /// 64 log-spaced contexts from 1K to 128K, round(1024 x 128^(i / 63)): the default traffic a split
@@ -88,7 +75,7 @@ struct split_limits {
 /// @brief Inputs of `build_split_map`.
 struct split_options {
   device_limits limits;  ///< N_CTA = sm_count * ctas_per_sm
-  split_weighting weighting = split_weighting::batch_minimax;
+  split_weighting weighting = split_weighting::batch_share;
   /// batch_share: the contexts the requests of a reference batch draw from (uniformly; repeat a
   /// value to weight it). Ignored by `budget`.
   std::vector<std::int64_t> reference_contexts = default_reference_contexts();
