@@ -4,6 +4,7 @@
 // and the pieces; elastic placement lengths; the imbalance of both maps on real placements.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -343,10 +344,11 @@ TEST_CASE("elastic plan from samples: split shares are the placements' shares (h
   auto wrong         = s;
   wrong.num_kv_heads = 8;
   wrong.samples[0].kept.assign(8, 10);
-  TANGRAM_REQUIRE_THROWS_WITH_ALL(build_static_plan(model, prof, four_head_options(reservation_mode::elastic), wrong),
-                                  invalid_argument,
-                                  "8 KV heads",
-                                  "the plan has 4");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      build_static_plan(model, prof, four_head_options(reservation_mode::elastic), wrong),
+      invalid_argument,
+      "8 KV heads",
+      "the plan has 4");
   auto none    = s;
   none.samples = {};
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
@@ -374,14 +376,14 @@ TEST_CASE("placement lengths equal the reference greedy's on a real profile",
         }
       }
       reference::elastic_selection_input in;
-      in.needs        = &wanted;
-      in.members      = &members;
-      in.group_size   = 4;
-      in.page_tokens  = 16;
-      in.candidates   = n;
-      in.protect      = t.protect;
-      in.budget_pages = elastic_compressed_pages(
-          t, static_cast<std::int64_t>(wanted.size()), 4, 16, 0.15, n);
+      in.needs       = &wanted;
+      in.members     = &members;
+      in.group_size  = 4;
+      in.page_tokens = 16;
+      in.candidates  = n;
+      in.protect     = t.protect;
+      in.budget_pages =
+          elastic_compressed_pages(t, static_cast<std::int64_t>(wanted.size()), 4, 16, 0.15, n);
       auto sel = reference::select_group_lengths(in);
       REQUIRE(sel.fits);
       auto len = elastic_placement_lengths(pe, needs, n);
@@ -398,15 +400,15 @@ TEST_CASE("placement lengths equal the reference greedy's on a real profile",
 // full table; docs/planning.md).
 TEST_CASE("held out: placement shares balance elastic launches better than group rules",
           "[split_analysis][elastic][profiles]") {
-  auto const& s = snapkv_llama();
+  auto const& s          = snapkv_llama();
   retention_samples even = s, odd = s;
   even.samples.clear();
   odd.samples.clear();
   for (std::size_t k = 0; k < s.samples.size(); ++k)
     (k % 2 == 0 ? even : odd).samples.push_back(s.samples[k]);
-  auto model = model_preset(s.model);
-  auto prof  = calibrate(even);
-  auto o     = options(split_weighting::batch_share, reservation_mode::elastic);
+  auto model        = model_preset(s.model);
+  auto prof         = calibrate(even);
+  auto o            = options(split_weighting::batch_share, reservation_mode::elastic);
   auto from_samples = build_static_plan(model, prof, o, even);
   auto from_rules   = build_static_plan(model, prof, o);
   double placed = 0, ruled = 0;
@@ -423,4 +425,38 @@ TEST_CASE("held out: placement shares balance elastic launches better than group
   }
   INFO("mean over 4 batches: placement shares " << placed / 4 << ", rule shares " << ruled / 4);
   CHECK(placed < ruled);
+}
+
+// Regression: the sample drawn for each request was the k-th uniform of the same mt19937_64
+// stream (same seed) that drew the k-th context, so every context above the range's geometric
+// middle went to the upper half of the samples: `tangram simulate` measured the decode skew on
+// long contexts of a few prompts only (elastic skew 1.084 at its reference batch on snapkv/llama
+// mid, 1.045 with independent draws).
+TEST_CASE("sampled lengths draw each request's sample independently of its context",
+          "[split_analysis][elastic]") {
+  static_plan p;
+  p.num_layers   = 1;
+  p.num_kv_heads = 1;
+  retention_samples two;
+  two.samples.resize(2);
+  constexpr std::int32_t batch = 2000;
+  auto ctx = log_uniform_contexts(batch, 1024, 131072, 1);  // the reference batch's seed
+  auto got = detail::sampled_lengths(p, two, ctx, 1, [](std::size_t k, std::int64_t) {
+    return std::vector<std::int64_t>{static_cast<std::int64_t>(k)};
+  });
+  REQUIRE(got.size() == static_cast<std::size_t>(batch));
+  // Sample 1 among the contexts above sqrt(1024 x 131072) = 11585 and among those below: about
+  // half of each (one stream for both gave 100% and 0%).
+  std::int32_t long_n = 0, long_1 = 0, short_n = 0, short_1 = 0;
+  for (std::size_t r = 0; r < ctx.size(); ++r) {
+    bool is_long = ctx[r] > 11585;
+    (is_long ? long_n : short_n) += 1;
+    (is_long ? long_1 : short_1) += got[r] == 1 ? 1 : 0;
+  }
+  INFO("sample 1 on " << long_1 << " of " << long_n << " long and " << short_1 << " of " << short_n
+                      << " short contexts");
+  REQUIRE(long_n > 800);
+  REQUIRE(short_n > 800);
+  CHECK(std::abs(long_1 - long_n / 2) < long_n / 10);
+  CHECK(std::abs(short_1 - short_n / 2) < short_n / 10);
 }

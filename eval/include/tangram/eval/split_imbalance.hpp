@@ -384,8 +384,15 @@ inline batch_imbalance layer_imbalance_from_lengths(split_map const& map,
 
 namespace detail {
 
+/// Mixed into the seed of `sampled_lengths`' sample draws ("samples" in ASCII), so that the
+/// draws are independent of contexts drawn with the same seed (`log_uniform_contexts`,
+/// `reference_batch`): one stream for both paired the k-th context with the k-th uniform, so
+/// the longest contexts always went to the last samples.
+inline constexpr std::uint64_t sample_draw_salt = 0x73616d706c6573ULL;
+
 /// Per-head lengths of a batch drawn from retention samples: request r is sample k (drawn
-/// uniformly by an mt19937_64 stream seeded with `seed`) at context contexts[r], and
+/// uniformly by an mt19937_64 stream seeded with `seed ^ sample_draw_salt`, independent of the
+/// contexts' draws) at context contexts[r], and
 /// `lengths_of(k, context)` gives its [layer * H + head] lengths; the result is laid out as
 /// `layer_imbalance_from_lengths` takes it, [(l * batch + r) * H + h].
 template <class LengthsOf>
@@ -400,7 +407,7 @@ std::vector<std::int64_t> sampled_lengths(static_plan const& plan,
   auto H     = static_cast<std::size_t>(plan.num_kv_heads);
   auto L     = static_cast<std::size_t>(plan.num_layers);
   std::vector<std::int64_t> lengths(L * batch * H);
-  std::mt19937_64 pick(seed);
+  std::mt19937_64 pick(seed ^ sample_draw_salt);
   for (std::size_t r = 0; r < batch; ++r) {
     auto k   = std::min(samples.samples.size() - 1,
                       static_cast<std::size_t>(canonical_uniform(pick) *
