@@ -226,6 +226,64 @@ class storm_lifecycle : public storm_state {
       ++t_.fork_rejected;
   }
 
+  /// Shared prefixes: pins an ended sequence (from then on only a prefix: `free` unregisters it),
+  /// or admits a request over a pinned one (the reservation bound of a next turn over its tokens;
+  /// a refusal changes nothing), or checks that a prefix refuses what would write it (a next
+  /// turn, a park) and that an unpinned sequence is no prefix.
+  void prefix_op() {
+    auto& m = *manager_;
+    prefixes_.erase(
+        std::remove_if(
+            prefixes_.begin(), prefixes_.end(), [&](sequence_id id) { return !m.contains(id); }),
+        prefixes_.end());
+    auto ended = phase(sequence_phase::ended);
+    if (prefixes_.empty() || rng_() % 5 == 0) {
+      if (ended.empty()) return end_turn();
+      auto id = pick(ended);
+      if (rng_() % 4 == 0) {  // not pinned: no prefix
+        expect_misuse<invalid_argument>("not pinned",
+                                        [&] { (void)m.try_admit_with_prefix(id, 1, 0); });
+        ++t_.prefix_misuses;
+        return;
+      }
+      m.pin_prefix(id);
+      prefixes_.push_back(id);
+      ++t_.prefix_pins;
+      ++t_.calls;
+      return;
+    }
+    auto id = pick(prefixes_);
+    if (rng_() % 8 == 0) {
+      if (rng_() % 2)
+        expect_misuse<logic_error>("pinned prefix", [&] { (void)m.continue_turn(id, 1, 1); });
+      else
+        expect_misuse<logic_error>("pinned prefix", [&] { (void)m.park(id); });
+      ++t_.prefix_misuses;
+      return;
+    }
+    auto N         = uniform(1, std::max<std::int64_t>(1, cfg_.max_prompt / 2));
+    auto T         = uniform(0, cfg_.max_new);
+    bool slot_free = m.live_sequences() < m.max_sequences();
+    bool fits      = slot_free && sim_->continue_reservation_bound(
+                                 sim_->sequences().at(id.slot), N, T) <= m.pool().available_pages();
+    bool arena = arena_may_refuse();
+    std::optional<sequence_id> child;
+    bool ok = fits_or_unchanged(!fits || arena, [&] {
+      child = sim_->admit_with_prefix(id, N, T);
+      return child.has_value();
+    });
+    if (fits && !arena) REQUIRE(ok);
+    if (!slot_free) REQUIRE(!ok);
+    note_refusal(fits, ok);
+    if (child) {
+      forked_.push_back(id);
+      forked_.push_back(*child);
+      ++t_.prefix_admits;
+    } else {
+      ++t_.prefix_rejected;
+    }
+  }
+
   /// A mixed step, as vLLM v1 / SGLang schedule it: prefill chunks of some requests beside a
   /// decode step of others, each batch padded to a random fixed capacity (CUDA-graph style) or
   /// not (engine_sim::mixed_step checks both views); after a padded decode batch, sometimes the
