@@ -12,6 +12,7 @@
 #include "memory_fixtures.hpp"
 #include "storm/engine_sim.hpp"
 #include "storm/manager_snapshot.hpp"
+#include "tangram/eval/sim/shared_prompt.hpp"
 #include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 
@@ -218,4 +219,34 @@ TEST_CASE("prefix requests under elastic reservation copy the compressed pages i
   for (auto r : reqs) sim.free(r);
   CHECK(m.pool().stats().used == 0);
   m.check_invariants();
+}
+
+TEST_CASE("the shared-prompt workload measures committed pages with and without the prefix",
+          "[memory][prefix][sim]") {
+  auto plan = tiny_plan(tiny_budgets());
+  sim::shared_prompt_workload w;
+  w.prompt_tokens = 16;
+  w.user_tokens   = 4;
+  w.answer_tokens = 4;
+  w.chunk_tokens  = 8;
+  w.full_kv_block = 16;
+  double page     = static_cast<double>(plan.page_bytes());
+  // Unshared: each request commits its targets, 33 pages. Shared: the prefix's 22 pages once,
+  // each request its targets less the 8 shared pages (25, its 14 copies included).
+  for (std::int64_t R : {2, 10}) {
+    w.requests = R;
+    auto r     = sim::measure_shared_prompt(plan, w, 100.0);
+    CHECK(r.tangram.unshared == static_cast<double>(33 * R) * page);
+    CHECK(r.tangram.shared == static_cast<double>(22 + 25 * R) * page);
+    CHECK(r.tangram_pages_shared == 8 * R);
+    CHECK(r.tangram_page_copies == 14 * R);
+    // full_kv: 24 tokens = 2 blocks of 16 per request; the prompt's one full block held once.
+    CHECK(r.full_kv.unshared == static_cast<double>(2 * R) * 1600.0);
+    CHECK(r.full_kv.shared == static_cast<double>(1 + R) * 1600.0);
+  }
+  w.requests = 2;  // fewer requests than the prefix costs: sharing loses (22 > 2 x 8)
+  CHECK(sim::measure_shared_prompt(plan, w, 100.0).tangram.saved() == -6 * page);
+  w.user_tokens = 0;
+  CHECK_THROWS_WITH(sim::measure_shared_prompt(plan, w, 100.0),
+                    Catch::Contains("shared_prompt_workload.user_tokens: 0"));
 }

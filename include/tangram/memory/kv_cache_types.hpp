@@ -260,9 +260,9 @@ struct parked_session {
   std::uint64_t plan_fingerprint = 0;
   std::int64_t page_bytes        = 0;  ///< bytes of one page (and of one host page)
   std::int64_t seq_tokens        = 0;  ///< tokens the session has seen (all turns)
-  std::int32_t appended = 0;        ///< decode tokens appended to every growing head since the last
-                                    ///< compression (the next turn's first chunk recompresses them)
-  std::int64_t written_tokens = 0;  ///< most tokens seen since the last chunk
+  std::int32_t appended = 0;  ///< decode tokens appended to every growing head since the last
+                              ///< compression (the next turn's first chunk recompresses them)
+  std::int64_t written_tokens = 0;         ///< most tokens seen since the last chunk
   std::vector<std::int32_t> head_base_len;  ///< [layer * H + head]: tokens kept at the last
                                             ///< compression (0 for sliding heads)
   std::vector<std::int32_t> group_pages;    ///< [group]: pages its heads use (copied out)
@@ -374,7 +374,7 @@ struct kv_view_extents {
   std::int64_t slots         = 0;  ///< appended, seq_tokens: every sequence slot plus the
                                    ///< padding slot (max_sequences + 1 rows; page_offset and
                                    ///< head_base_len count the same rows)
-  std::int64_t batch = 0;          ///< batch_slots of each batch kind: the largest batch
+  std::int64_t batch         = 0;  ///< batch_slots of each batch kind: the largest batch
                                    ///< (manager_options::max_batch, resolved), padding included,
                                    ///< so buffers sized at load time fit every batch
 };

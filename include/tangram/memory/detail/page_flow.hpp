@@ -190,10 +190,7 @@ class page_flow {
   /// A parked session's history: `count` pages drawn for (s, g) straight from slot s's
   /// reservation (not from the group's budget, which is the next turn's), appended to its list and
   /// to `out` (room reserved by the caller), in list order.
-  void restore_pages(std::int32_t s,
-                     std::int32_t g,
-                     std::int64_t count,
-                     std::vector<page_id>& out) {
+  void restore_pages(std::int32_t s, std::int32_t g, std::int64_t count, std::vector<page_id>& out) {
     for (std::int64_t k = 0; k < count; ++k) {
       page_id p = pool_.draw(sequences_[s].reservation);
       journal_.note_entry(page_table_.push(s, g, p));
