@@ -26,6 +26,8 @@
 
 namespace tangram {
 
+/// Makes ended `seq` a read-only prefix (again: no change). O(1).
+/// @throw logic_error (nothing changed) for an unknown sequence or one not ended.
 template <class Layout>
 void basic_kv_cache_manager<Layout>::pin_prefix(sequence_id seq) {
   std::int32_t s = sequences_.find(seq, "pin_prefix");
@@ -35,6 +37,13 @@ void basic_kv_cache_manager<Layout>::pin_prefix(sequence_id seq) {
   st.pinned = true;
 }
 
+/// A new sequence in prefill over pinned `prefix` (n tokens) with N prompt and T decode tokens,
+/// all or nothing. O(groups + prefix pages). Copies are recorded in `pending_copies`.
+/// @return the sequence, or nullopt ("does not fit": pages, a slot or page-id arena room; only
+///         `stats().prefix_rejected` changes, the arena may have been repacked).
+/// @throw logic_error for an unknown prefix; invalid_argument naming `prefix` when it is not
+///        pinned, or the sizes (N < 1, T < 0, n + N + T past 2^31 - 1); std::bad_alloc when the
+///        pending-copy list cannot grow. Nothing changes when it throws.
 template <class Layout>
 std::optional<sequence_id> basic_kv_cache_manager<Layout>::try_admit_with_prefix(
     sequence_id prefix, std::int64_t prompt_tokens, std::int64_t max_new_tokens) {

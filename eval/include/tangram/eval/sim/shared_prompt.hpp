@@ -82,54 +82,53 @@ inline std::int64_t committed_pages(kv_cache_manager const& m) {
  * the pool's held + reserved pages times the page bytes. full_kv: R (S + U + T) tokens of
  * `full_token_bytes` (all layers and KV heads) in blocks of `full_kv_block` tokens per request,
  * unshared; shared, the prompt's full blocks once (vLLM shares full blocks only).
- * @throw invalid_argument naming the field for S, R or U < 1, T < 0 or chunk < 1; the plan's
- *        limits as the manager's (n + N + T <= 2^31 - 1).
+ * @throw invalid_argument naming the field for S, U or chunk < 1, R outside [1, 4096], T < 0,
+ *        S + U + T past 2^31 - 1; the manager's for a pool it cannot build.
  */
 inline shared_prompt_result measure_shared_prompt(static_plan const& plan,
                                                   shared_prompt_workload const& w,
                                                   double full_token_bytes) {
-  TANGRAM_EXPECTS(w.prompt_tokens >= 1,
-                  invalid_argument,
-                  "--shared-prompt: ",
-                  w.prompt_tokens,
-                  " tokens; the shared prompt needs at least 1");
   TANGRAM_EXPECTS(w.requests >= 1 && w.requests <= 4096,
                   invalid_argument,
                   "shared_prompt_workload.requests: ",
                   w.requests,
                   " (1 to 4096)");
-  TANGRAM_EXPECTS(w.user_tokens >= 1,
-                  invalid_argument,
-                  "shared_prompt_workload.user_tokens: ",
-                  w.user_tokens,
-                  " (at least 1)");
-  TANGRAM_EXPECTS(w.answer_tokens >= 0,
-                  invalid_argument,
-                  "shared_prompt_workload.answer_tokens: ",
-                  w.answer_tokens,
-                  " (at least 0)");
-  TANGRAM_EXPECTS(w.chunk_tokens >= 1,
-                  invalid_argument,
-                  "shared_prompt_workload.chunk_tokens: ",
-                  w.chunk_tokens,
-                  " (at least 1)");
-  TANGRAM_EXPECTS(w.full_kv_block >= 1,
-                  invalid_argument,
-                  "shared_prompt_workload.full_kv_block: ",
-                  w.full_kv_block,
-                  " (at least 1)");
+  auto at_least = [](std::int64_t value, std::int64_t least, char const* field) {
+    TANGRAM_EXPECTS(value >= least,
+                    invalid_argument,
+                    "shared_prompt_workload.",
+                    field,
+                    ": ",
+                    value,
+                    " (at least ",
+                    least,
+                    ")");
+  };
+  at_least(w.prompt_tokens, 1, "prompt_tokens");
+  at_least(w.user_tokens, 1, "user_tokens");
+  at_least(w.answer_tokens, 0, "answer_tokens");
+  at_least(w.chunk_tokens, 1, "chunk_tokens");
+  at_least(w.full_kv_block, 1, "full_kv_block");
   std::int64_t const S = w.prompt_tokens, U = w.user_tokens, T = w.answer_tokens;
-  TANGRAM_EXPECTS(S <= std::numeric_limits<std::int32_t>::max() - U - T,
+  constexpr std::int64_t max_tokens = std::numeric_limits<std::int32_t>::max();
+  TANGRAM_EXPECTS(U <= max_tokens && T <= max_tokens && S <= max_tokens - U - T,
                   invalid_argument,
-                  "--shared-prompt: ",
+                  "shared_prompt_workload: prompt_tokens + user_tokens + answer_tokens = ",
                   S,
                   " + ",
                   U,
                   " + ",
                   T,
-                  " tokens pass 2^31 - 1");
+                  " pass 2^31 - 1");
   // A pool that holds every request uncompressed, plus the prompt once: nothing is refused.
   std::int64_t per_request = uncompressed_footprint_pages(plan, S + U, T);
+  TANGRAM_EXPECTS(per_request <= std::numeric_limits<std::int64_t>::max() / (w.requests + 1),
+                  invalid_argument,
+                  "shared_prompt_workload: ",
+                  w.requests,
+                  " requests of ",
+                  per_request,
+                  " pages overflow a page count");
   manager_options o;
   o.num_pages        = (w.requests + 1) * per_request;
   o.max_sequences    = static_cast<std::int32_t>(w.requests + 1);
