@@ -12,6 +12,10 @@ namespace {
 std::string mb(double bytes) {
   return fixed(bytes / 1e6, 1);
 }
+/// Bytes as an exact integer (page and block counts times their bytes: whole numbers).
+long long whole_bytes(double bytes) {
+  return static_cast<long long>(bytes);
+}
 std::string pct(double part, double whole) {
   return whole > 0 ? fixed(100.0 * part / whole, 1) : std::string("0.0");
 }
@@ -32,13 +36,14 @@ int run_shared_prompt(model_spec const& model,
     out << "{\"workload\": {\"shared_prompt_tokens\": " << w.prompt_tokens
         << ", \"requests\": " << w.requests << ", \"user_tokens\": " << w.user_tokens
         << ", \"answer_tokens\": " << w.answer_tokens << ", \"chunk_tokens\": " << w.chunk_tokens
-        << "},\n \"tangram\": {\"unshared_bytes\": " << r.tangram.unshared
-        << ", \"shared_bytes\": " << r.tangram.shared << ", \"saved_bytes\": " << r.tangram.saved()
+        << "},\n \"tangram\": {\"unshared_bytes\": " << whole_bytes(r.tangram.unshared)
+        << ", \"shared_bytes\": " << whole_bytes(r.tangram.shared)
+        << ", \"saved_bytes\": " << whole_bytes(r.tangram.saved())
         << ", \"pages_shared\": " << r.tangram_pages_shared
         << ", \"page_copies\": " << r.tangram_page_copies
-        << "},\n \"full_kv\": {\"unshared_bytes\": " << r.full_kv.unshared
-        << ", \"shared_bytes\": " << r.full_kv.shared << ", \"saved_bytes\": " << r.full_kv.saved()
-        << "}}\n";
+        << "},\n \"full_kv\": {\"unshared_bytes\": " << whole_bytes(r.full_kv.unshared)
+        << ", \"shared_bytes\": " << whole_bytes(r.full_kv.shared)
+        << ", \"saved_bytes\": " << whole_bytes(r.full_kv.saved()) << "}}\n";
     return 0;
   }
   out << "Shared system prompt on " << model.name << ": " << w.requests << " requests, each "
