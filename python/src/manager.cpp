@@ -55,6 +55,9 @@ nb::dict stats_dict(manager_stats const& s) {
   d["pages_parked"]           = s.pages_parked;
   d["pages_restored"]         = s.pages_restored;
   d["spare_pages_kept"]       = s.spare_pages_kept;
+  d["prefix_admits"]          = s.prefix_admits;
+  d["prefix_rejected"]        = s.prefix_rejected;
+  d["prefix_pages_shared"]    = s.prefix_pages_shared;
   return d;
 }
 

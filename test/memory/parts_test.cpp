@@ -529,10 +529,10 @@ TEST_CASE("page_flow: copy-on-write of shared pages, fork sharing, decode growth
   CHECK(f.pool.ref_count(d1) == 1);
 
   // A new turn of s overwrites its first pages: without may_share nothing is scanned.
-  f.flow.copy_shared_head(s, growing, 3);
+  f.flow.copy_shared_head(s, growing, 0, 3);
   CHECK(f.copies.pending().empty());
   f.sequences[s].may_share = true;
-  f.flow.copy_shared_head(s, growing, 3);  // only p0 is shared (with c)
+  f.flow.copy_shared_head(s, growing, 0, 3);  // only p0 is shared (with c)
   REQUIRE(f.copies.pending().size() == 1);
   auto fresh = f.table.entry(s, growing, 0);
   CHECK(fresh != p0);

@@ -347,3 +347,34 @@ TEST_CASE("concurrent_kv_cache: admit says why, try_extend and sequences under t
   CHECK(kv.sequences().empty());
   kv.check_invariants();
 }
+
+TEST_CASE("concurrent_kv_cache: shared prefixes under the lock", "[reliability][concurrent]") {
+  auto plan = tiny_plan(tiny_budgets());
+  simulated_memory_resource mr;
+  concurrent_kv_cache<> kv(plan, mr, opts(100, 4));
+  auto p = kv.try_admit(16, 0);
+  REQUIRE(p);
+  kv.with_lock([&](kv_cache_manager& m) {
+    std::vector<std::int32_t> kept(m.plan().rules.size());
+    for (int c = 0; c < 2; ++c) {
+      m.prepare_chunk(*p, 8);
+      m.expected_kept(*p, 8, kept.data());
+      m.commit_chunk(*p, kept);
+    }
+    m.end_turn(*p);
+  });
+  CHECK_THROWS_AS(kv.try_admit_with_prefix(*p, 4, 4), invalid_argument);  // not pinned yet
+  kv.pin_prefix(*p);
+  // (4, 4) over the 16-token prefix: 8 uncompressed pages shared, 14 copied
+  // (memory/prefix_sharing_test.cpp).
+  auto a = kv.try_admit_with_prefix(*p, 4, 4);
+  REQUIRE(a);
+  kv.with_lock([&](kv_cache_manager& m) {
+    CHECK(m.stats().prefix_pages_shared == 8);
+    CHECK(m.pending_copies().size() == 14);
+    m.complete_page_copies();
+  });
+  kv.free(*p);
+  kv.free(*a);
+  kv.check_invariants();
+}

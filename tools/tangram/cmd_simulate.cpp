@@ -23,6 +23,7 @@
 #include "output_path.hpp"
 #include "plan_support.hpp"
 #include "simulate_report.hpp"
+#include "simulate_shared_prompt.hpp"
 #include "simulate_verdict.hpp"
 #include "subcommands.hpp"
 #include "tangram/core/detail/checked_math.hpp"
@@ -113,6 +114,7 @@ struct simulate_args {
   answer_window_options answers;  // --decode-window: Tangram grows its answer reservation
   bool no_control_plane = false;
   bool verdict = false;  // --verdict: short, mid, long x every baseline x both cost settings
+  std::int64_t shared_prompt = 0;  // --shared-prompt S: the shared-system-prompt workload only
   double offload_host_gb = host_offload{}.capacity_bytes / 1e9;
   std::vector<CLI::Option*> single_run_only;  // refused with --verdict
   CLI::Option* offload_option = nullptr;      // --offload-host-gb: --verdict only
@@ -198,6 +200,7 @@ int simulate(simulate_args& a, streams io) {
                           " KV heads per layer of ", model.name, " (each needs one); give --sms ",
                           ceil_div(model.num_kv_heads, po.split.limits.ctas_per_sm), " or more"));
   auto plan  = build_plan_for_cli(model, src.profile, po);
+  if (a.shared_prompt > 0) return run_shared_prompt(model, plan, a.shared_prompt, ro.prefill_chunk, as_json, io);
 
   gpu_spec gpu;
   gpu.name            = preset.gpu.name;
@@ -932,6 +935,10 @@ command_body setup_simulate(CLI::App& app) {
   add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,
               "Model context limit (tokens): caps each turn's reservation and generated sessions");
   auto& single = a->single_run_only;
+  single.push_back(add_integer(app, "--shared-prompt", a->shared_prompt, 1, workload_limits::max_tokens,
+                               "Only the shared-system-prompt workload: 32 requests of this many shared prompt tokens "
+                               "+ 256 own + 256 answer, committed memory with and without sharing the prompt "
+                               "(Tangram: a pinned prefix; full_kv: vLLM prefix caching)"));
   single.push_back(workload_option);
   single.push_back(add_choice(
       app,

@@ -197,6 +197,21 @@ class concurrent_kv_cache {
     return m_.fork(parent);
   }
 
+  /// @brief `Manager::pin_prefix` under the lock. @throw logic_error as the manager.
+  void pin_prefix(sequence_id seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    m_.pin_prefix(seq);
+  }
+
+  /// @brief `Manager::try_admit_with_prefix` under the lock; the scheduler runs the recorded page
+  /// copies in its next step, as a fork's. @throw as the manager (nothing changed).
+  [[nodiscard]] std::optional<sequence_id> try_admit_with_prefix(sequence_id prefix,
+                                                                 std::int64_t prompt_tokens,
+                                                                 std::int64_t max_new_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return m_.try_admit_with_prefix(prefix, prompt_tokens, max_new_tokens);
+  }
+
   /// @brief `Manager::free` under the lock (any phase; a batch that listed the sequence must be
   /// set again: `step::set_live_batch`). @throw logic_error for an unknown sequence.
   void free(sequence_id seq) {

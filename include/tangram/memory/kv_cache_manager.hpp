@@ -65,8 +65,8 @@ struct kv_cache_manager_test_access;
  *
  * Ownership: owns its pool (the arena, returned to `upstream` at destruction) and every host
  * array of the view; `upstream` must outlive the manager. Arrays are sized at construction:
- * admission, chunk, decode and free never allocate (fork and continue_turn may grow the
- * pending-copy list; park and try_unpark allocate only their result). Not copyable or movable.
+ * admission, chunk, decode and free never allocate (fork, continue_turn, prefix admission may
+ * grow the pending-copy list; park and try_unpark allocate only their result). Not copyable.
  */
 template <class Layout = page_layout<>>
 class basic_kv_cache_manager {
@@ -118,12 +118,9 @@ class basic_kv_cache_manager {
     return admit_checked("try_admit", prompt_tokens, max_new_tokens).id;
   }
 
-  /**
-   * @brief `try_admit` that says why a request did not fit (`admit_failure`: never fits, then no
-   * free slot, pages missing now and how many, no room in the page-id arena; the first that
-   * applies). Same reservation, guarantees and errors as `try_admit`.
-   * @throw invalid_argument as `try_admit` (names "admit"); nothing changes then.
-   */
+  /// @brief `try_admit` that says why a request did not fit (`admit_failure`: never fits, no free
+  /// slot, pages missing now and how many, no page-id arena room; the first that applies). Same
+  /// reservation, guarantees and errors as `try_admit` (invalid_argument names "admit").
   [[nodiscard]] admit_result admit(std::int64_t prompt_tokens, std::int64_t max_new_tokens) {
     return admit_checked("admit", prompt_tokens, max_new_tokens);
   }
@@ -319,6 +316,12 @@ class basic_kv_cache_manager {
    *        pending-copy list cannot grow. Nothing changes when it throws.
    */
   [[nodiscard]] std::optional<sequence_id> fork(sequence_id parent);
+  /// @brief Shared prefixes, contracts in detail/manager_prefix.inl: pin an ended sequence
+  /// read-only (`free` unregisters it), admit N + T tokens after it sharing its pages.
+  void pin_prefix(sequence_id seq);
+  [[nodiscard]] std::optional<sequence_id> try_admit_with_prefix(sequence_id prefix,
+                                                                 std::int64_t prompt_tokens,
+                                                                 std::int64_t max_new_tokens);
 
   /// @brief Page copies recorded by `fork` / `continue_turn` that the engine has not confirmed.
   /// Each holds a reference on both pages until `complete_page_copies`.
@@ -593,4 +596,5 @@ using kv_cache_manager = basic_kv_cache_manager<>;
 #include "tangram/memory/detail/manager_inspect.inl"
 #include "tangram/memory/detail/manager_park.inl"
 #include "tangram/memory/detail/manager_prefill.inl"
+#include "tangram/memory/detail/manager_prefix.inl"
 #include "tangram/memory/detail/manager_turns.inl"

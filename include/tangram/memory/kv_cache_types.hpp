@@ -212,6 +212,10 @@ struct manager_stats {
   std::int64_t spare_pages_kept =
       0;  ///< deferred reuse: pages returned to their own sequence's reservation (rollback,
           ///< elastic staging) kept as its spares instead of going through the pool
+  std::int64_t prefix_admits   = 0;  ///< successful try_admit_with_prefix
+  std::int64_t prefix_rejected = 0;  ///< try_admit_with_prefix that did not fit
+  std::int64_t prefix_pages_shared =
+      0;  ///< prefix pages mapped by reference into admitted requests, never copied
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that

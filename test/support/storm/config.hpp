@@ -37,6 +37,7 @@ enum class storm_op : std::uint8_t {
   park,
   mixed_step,  ///< prefill chunks beside decodes on two batches, padded or not
   set_batch,   ///< a random batch of a random kind, padded half of the time
+  prefix,      ///< pin an ended sequence as a shared prefix, or admit a request over one
 };
 
 /// A mix of operations: (operation, weight) in draw order; a step draws rng() % (sum of weights).
@@ -47,10 +48,11 @@ inline storm_mix reliability_mix() {
   using o = storm_op;
   return {{o::admit, 110},
           {o::chunk, 200},
-          {o::decode, 330},
+          {o::decode, 315},
           {o::end_turn, 50},
           {o::continue_turn, 60},
           {o::fork, 40},
+          {o::prefix, 15},
           {o::free, 60},
           {o::abort_chunk, 18},
           {o::misuse, 30},
@@ -72,7 +74,8 @@ inline storm_mix lifecycle_mix() {
           {o::mixed_step, 110},
           {o::end_turn, 75},
           {o::continue_turn, 75},
-          {o::fork, 55},
+          {o::fork, 40},
+          {o::prefix, 15},
           {o::free, 70},
           {o::abort_chunk, 18},
           {o::misuse, 90},

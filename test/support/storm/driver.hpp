@@ -183,6 +183,8 @@ class storm : public storm_misuse {
         return mixed_step();
       case storm_op::set_batch:
         return random_batch();
+      case storm_op::prefix:
+        return prefix_op();
     }
   }
 

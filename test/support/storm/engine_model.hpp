@@ -408,14 +408,19 @@ class engine_model {
       REQUIRE(v.head_base_len[static_cast<std::int64_t>(pad) * L_ * H_ + h] == 0);
   }
 
-  void write_all(sim_sequence const& q) {
+  /// `held_before[h]` (when given): tokens head h held before the chunk; an uncompressed head's
+  /// eviction only appends (kernels/eviction.hpp), so its tokens below that are not rewritten.
+  void write_all(sim_sequence const& q, std::vector<std::size_t> const* held_before = nullptr) {
     if (!data_) return;
     std::vector<sequence_id> one{q.id};
     m_.set_batch(batch_kind::prefill, one);
     auto v = m_.view(batch_kind::prefill);
     for (std::int32_t h = 0; h < L_ * H_; ++h) {
-      auto const& t = q.tags[static_cast<std::size_t>(h)];
-      for (std::size_t i = 0; i < t.size(); ++i)
+      auto const& t    = q.tags[static_cast<std::size_t>(h)];
+      std::size_t from = 0;
+      if (held_before && plan_.rules[static_cast<std::size_t>(h)].kind == layer_kind::uncompressed)
+        from = (*held_before)[static_cast<std::size_t>(h)];
+      for (std::size_t i = from; i < t.size(); ++i)
         write_token(v, 0, h / H_, h % H_, static_cast<std::int32_t>(i), t[i]);
     }
   }

@@ -135,6 +135,8 @@ class engine_sim : public engine_model {
         REQUIRE(kept[static_cast<std::size_t>(h)] == expected[static_cast<std::size_t>(h)]);
     }
     m_.commit_chunk(id, kept);
+    std::vector<std::size_t> held_before(static_cast<std::size_t>(L_ * H_));
+    for (std::size_t h = 0; h < held_before.size(); ++h) held_before[h] = q.tags[h].size();
     q.tags = std::move(next);
     q.dropped.assign(static_cast<std::size_t>(L_ * H_), {});  // rollback reaches this turn only
     q.n = n;
@@ -167,8 +169,9 @@ class engine_sim : public engine_model {
         q.pooled_budget = need;
       }
     }
-    // The engine's fused eviction writes the kept tokens compacted into the group's pages.
-    write_all(q);
+    // The engine's fused eviction writes the kept tokens compacted into the group's pages (an
+    // uncompressed head's chunk appended after what it held).
+    write_all(q, &held_before);
   }
 
   /// Prepares a chunk and then frees the sequence before committing (an abort mid-chunk).
@@ -472,6 +475,24 @@ class engine_sim : public engine_model {
         q.target[gi] = in_use(q, g);
       }
     }
+    seqs_[child->slot] = q;
+    return child;
+  }
+
+  /// `try_admit_with_prefix(prefix, N, T)` over a pinned prefix: the model is the prefix's after
+  /// a next turn of (N, T), every compressed page copied (the child shares all of them at first;
+  /// only the uncompressed groups' filled pages stay shared, and the tags read back through the
+  /// view check that no later write reaches them).
+  std::optional<sequence_id> admit_with_prefix(sequence_id prefix, std::int64_t N, std::int64_t T) {
+    auto child = m_.try_admit_with_prefix(prefix, N, T);
+    if (!child) return std::nullopt;
+    copy_pages();
+    auto q          = seqs_.at(prefix.slot);
+    q.id            = *child;
+    std::int64_t cp = 0;
+    for (std::int32_t g = 0; g < G_; ++g)
+      if (pooled(g)) cp += q.held[static_cast<std::size_t>(g)];
+    next_turn(q, N, T, cp);
     seqs_[child->slot] = q;
     return child;
   }

@@ -204,26 +204,78 @@ class storm_lifecycle : public storm_state {
     auto id = pick(cand);
     // Upper bound of the child's reservation: the parent's targets (or pages in use when ended).
     std::int64_t ub = sim_->fork_reservation_bound(sim_->sequences().at(id.slot));
-    auto& m         = *manager_;
-    bool slot_free  = m.live_sequences() < m.max_sequences();
-    bool fits       = slot_free && ub <= m.pool().available_pages();
-    bool arena      = arena_may_refuse();
+    if (add_sharer(id, ub, [&] { return sim_->fork(id); }))
+      ++t_.forks;
+    else
+      ++t_.fork_rejected;
+  }
+
+  /// Shared prefixes: pins an ended sequence (from then on only a prefix: `free` unregisters it),
+  /// or admits a request over a pinned one (the reservation bound of a next turn over its tokens;
+  /// a refusal changes nothing), or checks that a prefix refuses what would write it (a next
+  /// turn, a park) and that an unpinned sequence is no prefix.
+  void prefix_op() {
+    auto& m = *manager_;
+    prefixes_.erase(
+        std::remove_if(
+            prefixes_.begin(), prefixes_.end(), [&](sequence_id id) { return !m.contains(id); }),
+        prefixes_.end());
+    auto ended = phase(sequence_phase::ended);
+    if (prefixes_.empty() || rng_() % 5 == 0) {
+      if (ended.empty()) return end_turn();
+      auto id = pick(ended);
+      if (rng_() % 4 == 0) {  // not pinned: no prefix
+        expect_misuse<invalid_argument>("not pinned",
+                                        [&] { (void)m.try_admit_with_prefix(id, 1, 0); });
+        ++t_.prefix_misuses;
+        return;
+      }
+      m.pin_prefix(id);
+      prefixes_.push_back(id);
+      ++t_.prefix_pins;
+      ++t_.calls;
+      return;
+    }
+    auto id = pick(prefixes_);
+    if (rng_() % 8 == 0) {
+      if (rng_() % 2)
+        expect_misuse<logic_error>("pinned prefix", [&] { (void)m.continue_turn(id, 1, 1); });
+      else
+        expect_misuse<logic_error>("pinned prefix", [&] { (void)m.park(id); });
+      ++t_.prefix_misuses;
+      return;
+    }
+    auto N  = uniform(1, std::max<std::int64_t>(1, cfg_.max_prompt / 2));
+    auto T  = uniform(0, cfg_.max_new);
+    auto ub = sim_->continue_reservation_bound(sim_->sequences().at(id.slot), N, T);
+    if (add_sharer(id, ub, [&] { return sim_->admit_with_prefix(id, N, T); }))
+      ++t_.prefix_admits;
+    else
+      ++t_.prefix_rejected;
+  }
+
+  /// A new sequence sharing `parent`'s pages (`make`: a fork, a request over a prefix) whose
+  /// reservation `bound` pages cover: it must be made when they and a slot are free (unless the
+  /// page-id arena may refuse), and a refusal changes nothing. Both may share pages from then on.
+  template <class Make>
+  std::optional<sequence_id> add_sharer(sequence_id parent, std::int64_t bound, Make&& make) {
+    auto& m        = *manager_;
+    bool slot_free = m.live_sequences() < m.max_sequences();
+    bool fits      = slot_free && bound <= m.pool().available_pages();
+    bool arena     = arena_may_refuse();
     std::optional<sequence_id> child;
     bool ok = fits_or_unchanged(!fits || arena, [&] {
-      child = sim_->fork(id);
+      child = make();
       return child.has_value();
     });
     if (fits && !arena) REQUIRE(ok);
     if (!slot_free) REQUIRE(!ok);
     note_refusal(fits, ok);
     if (child) {
-      forked_.push_back(id);
+      forked_.push_back(parent);
       forked_.push_back(*child);
     }
-    if (ok)
-      ++t_.forks;
-    else
-      ++t_.fork_rejected;
+    return child;
   }
 
   /// A mixed step, as vLLM v1 / SGLang schedule it: prefill chunks of some requests beside a

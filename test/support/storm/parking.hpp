@@ -133,10 +133,11 @@ class storm_parking : public storm_lifecycle {
       ++t_.extend_rejected;
       std::vector<park_candidate> candidates;
       for (auto const& [s, q] : sim_->sequences())
-        candidates.push_back({q.id,
-                              q.phase,
-                              static_cast<std::int64_t>(rng_() % 1000),
-                              manager_->info(q.id).held_pages});
+        if (!is_prefix(q.id))
+          candidates.push_back({q.id,
+                                q.phase,
+                                static_cast<std::int64_t>(rng_() % 1000),
+                                manager_->info(q.id).held_pages});
       auto k = window.choose_victim(
           candidates, manager_->pool().page_bytes(), std::numeric_limits<std::int64_t>::max());
       REQUIRE(k.has_value());  // the growing turn itself is a candidate

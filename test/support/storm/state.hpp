@@ -48,11 +48,16 @@ class storm_state {
   std::int64_t uniform(std::int64_t lo, std::int64_t hi) {
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_);
   }
+  /// Live sequences in phase `ph`, pinned prefixes left out (read-only: only the prefix
+  /// operation, free and the checks use them).
   std::vector<sequence_id> phase(sequence_phase ph) const {
     std::vector<sequence_id> out;
     for (auto const& [s, q] : sim_->sequences())
-      if (q.phase == ph) out.push_back(q.id);
+      if (q.phase == ph && !is_prefix(q.id)) out.push_back(q.id);
     return out;
+  }
+  bool is_prefix(sequence_id id) const {
+    return std::find(prefixes_.begin(), prefixes_.end(), id) != prefixes_.end();
   }
   sequence_id pick(std::vector<sequence_id> const& v) { return v[rng_() % v.size()]; }
   /// Keeps the first max_batch members (set_batch refuses more).
@@ -230,7 +235,8 @@ class storm_state {
   std::unique_ptr<engine_sim> sim_;
   std::int32_t G_ = 0, LH_ = 0;
   std::vector<sequence_id> graveyard_;
-  std::vector<sequence_id> forked_;  ///< parents and children of forks (may share pages)
+  std::vector<sequence_id> prefixes_;  ///< pinned prefixes (some may have been freed since)
+  std::vector<sequence_id> forked_;    ///< parents and children of forks (may share pages)
   std::size_t misuse_kind_ = 0;
   struct parking_entry {  ///< a sequence between park and complete_park
     sequence_id id;

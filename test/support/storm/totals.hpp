@@ -18,6 +18,7 @@ struct storm_totals {
   std::int64_t completed_turns = 0;  ///< turns ended with all T tokens decoded
   std::int64_t continued = 0, continue_rejected = 0;
   std::int64_t forks = 0, fork_rejected = 0;
+  std::int64_t prefix_pins = 0, prefix_admits = 0, prefix_rejected = 0, prefix_misuses = 0;
   std::int64_t frees = 0, aborts = 0;
   std::int64_t misuses   = 0;  ///< misuse calls: threw, nothing changed
   std::int64_t bad_sizes = 0;  ///< of which sizes no sequence may have (0, < 0, near INT64_MAX)
@@ -60,6 +61,10 @@ struct storm_totals {
     continue_rejected += o.continue_rejected;
     forks += o.forks;
     fork_rejected += o.fork_rejected;
+    prefix_pins += o.prefix_pins;
+    prefix_admits += o.prefix_admits;
+    prefix_rejected += o.prefix_rejected;
+    prefix_misuses += o.prefix_misuses;
     frees += o.frees;
     aborts += o.aborts;
     misuses += o.misuses;

@@ -106,6 +106,13 @@ class group_lookup {
   [[nodiscard]] bool is_sliding(std::int32_t g) const noexcept {
     return window_[static_cast<std::size_t>(g)] > 0;
   }
+  /// True when every head of group g is uncompressed: its chunks and decode tokens are only
+  /// appended, so a page its heads have all filled is never written again. O(members).
+  [[nodiscard]] bool append_only(std::int32_t g) const noexcept {
+    for (auto const* m = members_begin(g); m != members_end(g); ++m)
+      if (head_rule_of(*m).kind != layer_kind::uncompressed) return false;
+    return true;
+  }
   [[nodiscard]] std::int32_t window(std::int32_t g) const noexcept {
     return window_[static_cast<std::size_t>(g)];
   }

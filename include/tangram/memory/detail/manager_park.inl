@@ -23,6 +23,7 @@ parked_session basic_kv_cache_manager<Layout>::park(sequence_id seq) {
                           st.phase == sequence_phase::ended || st.phase == sequence_phase::decode,
                           "park",
                           "; only an ended session or a turn in decode can be parked");
+  sequences_.expect_unpinned(s, "park");
   auto p             = usage_.describe(s, fingerprint_, pool_.page_bytes());
   st.parked_mid_turn = st.phase == sequence_phase::decode;
   st.phase           = sequence_phase::parking;

@@ -39,6 +39,7 @@ bool basic_kv_cache_manager<Layout>::continue_turn(sequence_id seq,
   auto& st       = sequences_[s];
   sequences_.expect_phase(
       s, st.phase == sequence_phase::ended, "continue_turn", "; call end_turn first");
+  sequences_.expect_unpinned(s, "continue_turn");
   std::int64_t n = lengths_.tokens(s);
   detail::check_turn_sizes("continue_turn", n, prompt_tokens, max_new_tokens);
   usage_.size_turn(detail::turn_kind::next_turn,
@@ -60,9 +61,10 @@ bool basic_kv_cache_manager<Layout>::continue_turn(sequence_id seq,
   }
   (void)pool_.try_extend(st.reservation, footprint_.reserve_total());
   page_table_.start_turn(s, footprint_);
-  for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
-    flow_.copy_shared_head(
-        s, g, std::min<std::int64_t>(page_table_.count(s, g), footprint_.target(g)));
+  for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+    auto keep = std::min<std::int64_t>(page_table_.count(s, g), footprint_.target(g));
+    flow_.copy_shared_head(s, g, std::min(usage_.unwritten(s, g), keep), keep);
+  }
   st.phase            = sequence_phase::prefill;
   st.prompt_remaining = prompt_tokens;
   st.chunk_pending    = 0;

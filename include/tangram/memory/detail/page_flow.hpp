@@ -243,12 +243,13 @@ class page_flow {
         pool_.release(page_table_.entry(s, g, p));
   }
 
-  /// A new turn will overwrite the first `keep` pages of (s, g): each one a fork still shares is
-  /// replaced by a fresh page, and the copy is recorded (our reference moves to the copy, which
-  /// releases it once the engine copied). Only a forked sequence can share pages; the scan is
-  /// skipped for everyone else, keeping continue_turn O(groups) on the common path.
-  void copy_shared_head(std::int32_t s, std::int32_t g, std::int64_t keep) {
-    for (std::int64_t p = 0; sequences_[s].may_share && p < keep; ++p) {
+  /// A new turn will overwrite pages [from, keep) of (s, g) (those below `from` it never writes:
+  /// `page_usage::unwritten`): each one a fork still shares is replaced by a fresh page, and the
+  /// copy is recorded (our reference moves to the copy, which releases it once the engine
+  /// copied). Only a forked sequence can share pages; the scan is skipped for everyone else,
+  /// keeping continue_turn O(groups) on the common path.
+  void copy_shared_head(std::int32_t s, std::int32_t g, std::int64_t from, std::int64_t keep) {
+    for (std::int64_t p = from; sequences_[s].may_share && p < keep; ++p) {
       page_id src = page_table_.entry(s, g, p);
       if (pool_.ref_count(src) == 1) continue;
       page_id dst = draw(s, g);

@@ -25,6 +25,7 @@ enum class turn_kind : std::uint8_t {
   next_turn,  ///< an ended session continues with N more prompt and T decode tokens
   fork,       ///< a child of a sequence in decode or ended
   restore,    ///< a parked session's next turn: its history held in fresh, exclusive pages
+  prefix,     ///< a request over a pinned prefix: the next turn of a child sharing its pages
 };
 
 /**
@@ -120,6 +121,13 @@ class page_usage {
            groups_.page_tokens();
   }
 
+  /// Leading pages of group g that no later turn writes: an append-only (uncompressed) group's
+  /// shareable pages; 0 for groups whose eviction compacts (or ring wraps) over them. A turn keeps
+  /// these shared by reference instead of copying them.
+  [[nodiscard]] std::int64_t unwritten(std::int32_t s, std::int32_t g) const noexcept {
+    return groups_.append_only(g) ? shareable(s, g) : 0;
+  }
+
   /// Pages group g of slot s (in decode) holds once its turn reaches `max_new` decode tokens: a
   /// growing group its longest head after them, a sliding ring its pages after the turn's tokens.
   [[nodiscard]] std::int64_t decode_end(std::int32_t s,
@@ -201,7 +209,11 @@ class page_usage {
    * - admit: target = group_pages(rule, N, T); nothing held.
    * - next_turn (slot s, history n): target = group_pages(rule, n + N, T); the first
    *   min(held, target) pages stay, those only s references need no reservation and the shared
-   *   ones are copied; the list keeps max(held, target) entries.
+   *   ones are copied, except the `unwritten` ones (kept shared, no reservation); the list keeps
+   *   max(held, target) entries.
+   * - prefix (pinned prefix s, n tokens): as next_turn for a new child that shares every page of
+   *   s (none exclusive): the `unwritten` pages stay shared, the rest of the kept ones are copied;
+   *   the list is new.
    * - fork (parent s): the child's target is the parent's (decode) or what it uses (ended);
    *   fully written pages are shared, the rest of what the parent uses is copied.
    * - restore (a parked session, no slot yet): as next_turn over `restore_held[g]` pages per
@@ -231,14 +243,18 @@ class page_usage {
           target   = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
           capacity = target;
           break;
-        case turn_kind::next_turn: {
+        case turn_kind::next_turn:
+        case turn_kind::prefix: {
+          bool child        = kind == turn_kind::prefix;
           std::int64_t held = page_table_.count(s, g);
           target = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
-          std::int64_t keep = std::min(held, target);
-          already_held      = exclusive(s, g, keep);
-          copies            = keep - already_held;
-          capacity          = std::max(held, target);
-          current           = page_table_.capacity(s, g);
+          std::int64_t keep   = std::min(held, target);
+          std::int64_t pinned = std::min(unwritten(s, g), keep);
+          // Exclusive pages among the kept, plus the shared ones below the pin (never copied).
+          already_held = child ? pinned : exclusive(s, g, keep) + pinned - exclusive(s, g, pinned);
+          copies       = keep - already_held;
+          capacity     = std::max(held, target);
+          current      = child ? 0 : page_table_.capacity(s, g);
           break;
         }
         case turn_kind::restore: {
@@ -378,10 +394,12 @@ class page_usage {
     }
     std::int64_t held_total = 0, copies = 0;
     std::int64_t longest = groups_.pages_for(tokens + max_new_tokens);
-    if (kind == turn_kind::next_turn)
+    bool child           = kind == turn_kind::prefix;  // shares every page: all copied
+    if (kind == turn_kind::next_turn || child)
       for (auto g : pooled) {
-        held_total += page_table_.count(s, g);
-        copies += page_table_.count(s, g) - exclusive(s, g, page_table_.count(s, g));
+        auto held = page_table_.count(s, g);
+        held_total += held;
+        copies += held - (child ? 0 : exclusive(s, g, held));
       }
     if (kind == turn_kind::restore)
       for (auto g : pooled) held_total += restore_held[g];
@@ -393,10 +411,10 @@ class page_usage {
         elastic_turn_pages(limit, decode_pages, staging_pages(prompt_tokens), whole) + copies;
     for (auto g : pooled) {
       std::int64_t held = 0, exclusive_held = 0, current = 0;
-      if (kind == turn_kind::next_turn) {
+      if (kind == turn_kind::next_turn || child) {
         held           = page_table_.count(s, g);
-        exclusive_held = exclusive(s, g, held);
-        current        = page_table_.capacity(s, g);
+        exclusive_held = child ? 0 : exclusive(s, g, held);
+        current        = child ? 0 : page_table_.capacity(s, g);
       } else if (kind == turn_kind::restore) {
         held = exclusive_held = restore_held[g];
       }

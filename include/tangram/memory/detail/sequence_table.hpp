@@ -29,6 +29,7 @@ struct sequence_state {
                                       ///< holds positions from written_tokens - ring on (rollback)
   bool may_share       = false;       ///< forked (parent or child): pages may be shared
   bool parked_mid_turn = false;       ///< parking from decode (cancel_park returns there)
+  bool pinned          = false;       ///< a registered prefix: read-only (pin_prefix)
   page_reservation reservation;       ///< pages still promised to the sequence
   /// Deferred reuse: pages returned to this sequence's own reservation (rollback, an elastic
   /// eviction's unneeded staging), kept referenced on a stack (page_flow) instead of going back
@@ -109,6 +110,17 @@ class sequence_table {
                     why);
   }
 
+  /// @throw logic_error naming `op` when slot s is a pinned prefix (read-only; `free` unpins).
+  void expect_unpinned(std::int32_t s, char const* op) const {
+    TANGRAM_EXPECTS(!(*this)[s].pinned,
+                    logic_error,
+                    op,
+                    ": sequence in slot ",
+                    s,
+                    " is a pinned prefix (read-only); admit requests over it with "
+                    "try_admit_with_prefix, unregister it with free");
+  }
+
   /// @throw logic_error naming `op` unless slot s is in decode with room for `tokens` more
   /// decode tokens in its turn (decoded + tokens <= max_new; tokens >= 0 checked by the caller).
   void expect_decode_room(std::int32_t s,
@@ -170,10 +182,10 @@ class sequence_table {
     auto& st            = (*this)[s];
     st.phase            = phase;
     st.prompt_remaining = st.chunk_pending = st.max_new = st.decoded = st.written_tokens = 0;
-    st.may_share = st.parked_mid_turn = false;
-    st.reservation                    = std::move(reservation);
-    st.spare_top                      = -1;
-    st.spare_pages                    = 0;
+    st.may_share = st.parked_mid_turn = st.pinned = false;
+    st.reservation                                = std::move(reservation);
+    st.spare_top                                  = -1;
+    st.spare_pages                                = 0;
     return s;
   }
 

@@ -1,0 +1,252 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared prefixes (pin_prefix, try_admit_with_prefix) on the tiny hybrid model, worked by hand:
+// which pages a request over a pinned prefix shares and which it copies, its reservation and
+// targets (those of the same tokens admitted alone), the K/V tags read back through the view after
+// its chunks and decode steps (no pinned page written), reference counts as requests come and
+// go, unregistering, and every refusal with nothing changed.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "memory_fixtures.hpp"
+#include "storm/engine_sim.hpp"
+#include "storm/manager_snapshot.hpp"
+#include "tangram/eval/sim/shared_prompt.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
+#include "tangram/memory/kv_cache_manager.hpp"
+
+using namespace tangram;
+using namespace tangram::test;
+
+namespace {
+
+// Group ids of the tiny plan (memory/manager_test.cpp): 0-3 compressed, 4-5 sliding (W 10, ring
+// 3 pages), 6-7 uncompressed; P = 4.
+constexpr std::int32_t uncompressed_a = 6, uncompressed_b = 7;
+
+/// A 16-token prefix prefilled in two chunks of 8 and ended. Pages per group (manager_test's
+/// chunk 2 at n = 16): {3, 2, 2, 1, 3, 3, 4, 4} = 22.
+sequence_id prefill_prefix(engine_sim& sim) {
+  auto p = sim.admit(16, 0);
+  REQUIRE(p);
+  sim.chunk(*p, 8);
+  sim.chunk(*p, 8);
+  sim.end_turn(*p);
+  return *p;
+}
+
+std::vector<page_id> pages_of(kv_cache_manager const& m, sequence_id id, std::int32_t g) {
+  auto const* p = m.group_pages(id, g);
+  return {p, p + m.group_page_count(id, g)};
+}
+
+}  // namespace
+
+TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copies the rest",
+          "[memory][prefix]") {
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  kv_cache_manager m(plan, mr, opts(100, 8));
+  engine_sim sim(m, 7, /*keep_fewer_probability=*/0.0);
+  auto p = prefill_prefix(sim);
+  REQUIRE(group_page_counts(m, p) == std::vector<std::int32_t>{3, 2, 2, 1, 3, 3, 4, 4});
+  REQUIRE(m.pool().stats().used == 22);
+  m.pin_prefix(p);
+
+  // Request a: N = 4 more prompt tokens, T = 4. Targets are a turn's over n + N = 20 tokens,
+  // exactly those of the same 20 + 4 tokens admitted alone: G0 ceil((15+4)/4) = 5, G1 4, G2 3,
+  // G3 3, sliding 3 (x2), uncompressed ceil(24/4) = 6 (x2). Kept pages: the prefix's; the 8
+  // uncompressed ones (16 tokens, 4 full pages per group) shared, the 14 others copied.
+  auto plain = m.admission_pages(20, 4);
+  CHECK(plain == 5 + 4 + 3 + 3 + 3 + 3 + 6 + 6);
+  auto copies_before = m.stats().page_copies;
+  auto a             = sim.admit_with_prefix(p, 4, 4);
+  REQUIRE(a);
+  CHECK(m.stats().prefix_admits == 1);
+  CHECK(m.stats().prefix_pages_shared == 8);
+  CHECK(m.stats().page_copies - copies_before == 14);
+  std::vector<std::int32_t> targets;
+  for (std::int32_t g = 0; g < 8; ++g) targets.push_back(m.group_target(*a, g));
+  CHECK(targets == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 6, 6});
+  // Reserved: the targets less the kept pages (the shared ones charged without a reservation, the
+  // copies drawn from it): 33 - 22 = 11. The pool counts each shared page once: 22 + 14 copies.
+  CHECK(m.info(*a).reserved_pages == plain - 22);
+  CHECK(m.pool().stats().used == 22 + 14);
+  for (auto g : {uncompressed_a, uncompressed_b}) {
+    CHECK(pages_of(m, *a, g) == pages_of(m, p, g));
+    for (auto pg : pages_of(m, p, g)) CHECK(m.pool().ref_count(pg) == 2);
+  }
+  for (std::int32_t g = 0; g < 6; ++g) {
+    auto mine = pages_of(m, *a, g), theirs = pages_of(m, p, g);
+    for (std::size_t k = 0; k < mine.size(); ++k) CHECK(mine[k] != theirs[k]);
+  }
+  sim.verify();
+
+  // Its prompt and decode write after the pin only: the prefix's tags read back unchanged.
+  sim.chunk(*a, 4);
+  sim.verify();
+  for (int t = 0; t < 4; ++t) sim.decode({*a});
+  sim.verify();
+  for (auto g : {uncompressed_a, uncompressed_b}) {
+    auto mine = pages_of(m, *a, g), theirs = pages_of(m, p, g);
+    REQUIRE(mine.size() == 6);  // 24 tokens
+    CHECK(std::vector<page_id>(mine.begin(), mine.begin() + 4) == theirs);
+  }
+
+  // A second request shares the same pages; its own next turn keeps them shared too.
+  auto b = sim.admit_with_prefix(p, 8, 2);
+  REQUIRE(b);
+  CHECK(m.stats().prefix_pages_shared == 16);
+  for (auto pg : pages_of(m, p, uncompressed_a)) CHECK(m.pool().ref_count(pg) == 3);
+  sim.chunk(*b, 8);
+  for (int t = 0; t < 2; ++t) sim.decode({*b});
+  sim.end_turn(*b);
+  copies_before = m.stats().page_copies;
+  REQUIRE(sim.continue_turn(*b, 3, 1));
+  // b's compressed and sliding pages are its own (no copy); its uncompressed pages below the
+  // pin stay shared: the turn copies nothing.
+  CHECK(m.stats().page_copies == copies_before);
+  for (auto pg : pages_of(m, p, uncompressed_b)) CHECK(m.pool().ref_count(pg) == 3);
+  sim.chunk(*b, 3);
+  sim.decode({*b});
+  sim.verify();
+  m.check_invariants();
+
+  // Unregistering frees the prefix's own pages (14); the shared ones stay while referenced.
+  auto used = m.pool().stats().used;
+  sim.free(p);
+  CHECK(m.pool().stats().used == used - 14);
+  for (auto g : {uncompressed_a, uncompressed_b}) {
+    auto shared = pages_of(m, *a, g);
+    for (std::size_t k = 0; k < 4; ++k) CHECK(m.pool().ref_count(shared[k]) == 2);
+  }
+  sim.verify();
+  m.check_invariants();
+  sim.free(*a);
+  sim.verify();
+  sim.free(*b);
+  CHECK(m.pool().stats().used == 0);
+  CHECK(m.pool().stats().reserved == 0);
+  CHECK(m.stats().reclaimed_pages == 0);
+  m.check_invariants();
+}
+
+TEST_CASE("prefix misuse and refusals name the call and change nothing", "[memory][prefix]") {
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  // 41 pages: the prefix holds 22; a request of (4, 4) over it reserves 33 - 8 shared = 25 > 19
+  // left; one of (1, 0) 27 - 8 = 19 (targets after 17 tokens: 4, 3, 2, 2, 3, 3, 5, 5).
+  kv_cache_manager m(plan, mr, opts(41, 2));
+  engine_sim sim(m, 3, 0.0);
+  auto p      = prefill_prefix(sim);
+  auto ids    = std::vector<sequence_id>{p};
+  auto before = snapshot(m, ids);
+
+  // Not pinned yet: invalid_argument naming the prefix.
+  try {
+    (void)m.try_admit_with_prefix(p, 4, 4);
+    FAIL("an unpinned prefix was accepted");
+  } catch (invalid_argument const& e) {
+    CHECK(std::string(e.what()).find("try_admit_with_prefix: prefix") != std::string::npos);
+  }
+  CHECK(snapshot(m, ids) == before);
+  m.pin_prefix(p);
+  m.pin_prefix(p);  // pinning again changes nothing
+  before = snapshot(m, ids);
+  // Sizes: N < 1, T < 0, n + N + T past 2^31 - 1.
+  CHECK_THROWS_AS(m.try_admit_with_prefix(p, 0, 4), invalid_argument);
+  CHECK_THROWS_AS(m.try_admit_with_prefix(p, 4, -1), invalid_argument);
+  CHECK_THROWS_AS(m.try_admit_with_prefix(p, std::int64_t{1} << 31, 0), invalid_argument);
+  // Read-only: no next turn, no park.
+  CHECK_THROWS_WITH(m.continue_turn(p, 4, 4), Catch::Contains("pinned"));
+  CHECK_THROWS_WITH(m.park(p), Catch::Contains("pinned"));
+  CHECK(snapshot(m, ids) == before);
+  // Does not fit (pages): nullopt, only the refusal counted.
+  CHECK_FALSE(m.try_admit_with_prefix(p, 4, 4));
+  CHECK(m.stats().prefix_rejected == 1);
+  CHECK(snapshot(m, ids) == before);
+  CHECK(m.pool().stats().used == 22);
+  CHECK(m.pool().stats().reserved == 0);
+  CHECK(m.live_sequences() == 1);
+  // A request that fits exactly: (1, 0) reserves 19, every page left.
+  auto a = sim.admit_with_prefix(p, 1, 0);
+  REQUIRE(a);
+  CHECK(m.pool().available_pages() == 0);
+  // No slot left (2 slots): refused.
+  CHECK_FALSE(m.try_admit_with_prefix(p, 1, 0));
+  CHECK(m.stats().prefix_rejected == 2);
+  // Pinning needs an ended sequence; a request in prefill is not one.
+  CHECK_THROWS_AS(m.pin_prefix(*a), logic_error);
+  // Stale handles after unregistering.
+  sim.free(p);
+  CHECK_THROWS_AS(m.try_admit_with_prefix(p, 1, 0), logic_error);
+  CHECK_THROWS_AS(m.pin_prefix(p), logic_error);
+  sim.chunk(*a, 1);
+  sim.verify();
+  sim.free(*a);
+  CHECK(m.pool().stats().used == 0);
+  m.check_invariants();
+}
+
+TEST_CASE("prefix requests under elastic reservation copy the compressed pages into their budget",
+          "[memory][prefix]") {
+  auto plan = tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.1));
+  host_memory_resource mr;
+  kv_cache_manager m(plan, mr, opts(200, 8));
+  engine_sim sim(m, 11, 0.0);
+  auto p = sim.admit(16, 0);
+  REQUIRE(p);
+  sim.chunk(*p, 8);
+  sim.chunk(*p, 8);
+  sim.end_turn(*p);
+  m.pin_prefix(*p);
+  std::vector<sequence_id> reqs;
+  for (std::int64_t N : {3, 9, 1}) {
+    auto r = sim.admit_with_prefix(*p, N, 5);
+    REQUIRE(r);
+    reqs.push_back(*r);
+    sim.verify();  // the model's elastic limit and budget (next turn, every compressed page copied)
+  }
+  CHECK(m.stats().prefix_pages_shared == 3 * 8);
+  for (auto r : reqs) {
+    while (m.info(r).prompt_remaining > 0)
+      sim.chunk(r, std::min<std::int64_t>(4, m.info(r).prompt_remaining));
+    for (int t = 0; t < 5; ++t) sim.decode({r});
+    sim.verify();
+  }
+  sim.free(*p);
+  for (auto r : reqs) sim.free(r);
+  CHECK(m.pool().stats().used == 0);
+  m.check_invariants();
+}
+
+TEST_CASE("the shared-prompt workload measures committed pages with and without the prefix",
+          "[memory][prefix][sim]") {
+  auto plan = tiny_plan(tiny_budgets());
+  sim::shared_prompt_workload w;
+  w.prompt_tokens = 16;
+  w.user_tokens   = 4;
+  w.answer_tokens = 4;
+  w.chunk_tokens  = 8;
+  w.full_kv_block = 16;
+  double page     = static_cast<double>(plan.page_bytes());
+  // Unshared: each request commits its targets, 33 pages. Shared: the prefix's 22 pages once,
+  // each request its targets less the 8 shared pages (25, its 14 copies included).
+  for (std::int64_t R : {2, 10}) {
+    w.requests = R;
+    auto r     = sim::measure_shared_prompt(plan, w, 100.0);
+    CHECK(r.tangram.unshared == static_cast<double>(33 * R) * page);
+    CHECK(r.tangram.shared == static_cast<double>(22 + 25 * R) * page);
+    CHECK(r.tangram_pages_shared == 8 * R);
+    CHECK(r.tangram_page_copies == 14 * R);
+    // full_kv: 24 tokens = 2 blocks of 16 per request; the prompt's one full block held once.
+    CHECK(r.full_kv.unshared == static_cast<double>(2 * R) * 1600.0);
+    CHECK(r.full_kv.shared == static_cast<double>(1 + R) * 1600.0);
+  }
+  w.requests = 2;  // fewer requests than the prefix costs: sharing loses (22 > 2 x 8)
+  CHECK(sim::measure_shared_prompt(plan, w, 100.0).tangram.saved() == -6 * page);
+  w.user_tokens = 0;
+  CHECK_THROWS_WITH(sim::measure_shared_prompt(plan, w, 100.0),
+                    Catch::Contains("shared_prompt_workload.user_tokens: 0"));
+}
