@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -517,6 +518,41 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.admitted), waiting.size(),
                 static_cast<long long>(s.reclaimed_pages), static_cast<long long>(s.parked),
                 static_cast<long long>(s.resumed));
+    // Every counter of manager_stats, as Python's `kv.stats` names them.
+    std::pair<char const*, std::int64_t> const counters[] = {
+        {"admitted", s.admitted},
+        {"rejected", s.rejected},
+        {"turns_continued", s.turns_continued},
+        {"continue_rejected", s.continue_rejected},
+        {"forks", s.forks},
+        {"fork_rejected", s.fork_rejected},
+        {"freed", s.freed},
+        {"pages_drawn", s.pages_drawn},
+        {"surplus_pages_released", s.surplus_pages_released},
+        {"reclaimed_pages", s.reclaimed_pages},
+        {"page_copies", s.page_copies},
+        {"index_compactions", s.index_compactions},
+        {"staging_pages_returned", s.staging_pages_returned},
+        {"extended", s.extended},
+        {"extend_rejected", s.extend_rejected},
+        {"rolled_back_tokens", s.rolled_back_tokens},
+        {"rollback_pages_returned", s.rollback_pages_returned},
+        {"parked", s.parked},
+        {"parked_mid_turn", s.parked_mid_turn},
+        {"unparked", s.unparked},
+        {"unpark_rejected", s.unpark_rejected},
+        {"resumed", s.resumed},
+        {"resume_rejected", s.resume_rejected},
+        {"pages_parked", s.pages_parked},
+        {"pages_restored", s.pages_restored},
+        {"spare_pages_kept", s.spare_pages_kept}};
+    std::printf(" \"stats\": {");
+    for (std::size_t i = 0; i < std::size(counters); ++i)
+      std::printf("%s\"%s\": %lld",
+                  i ? ", " : "",
+                  counters[i].first,
+                  static_cast<long long>(counters[i].second));
+    std::printf("},\n");
     std::printf(" \"checkpoints\": [\n");
     for (std::size_t i = 0; i < trace.size(); ++i) {
       auto const& c = trace[i];

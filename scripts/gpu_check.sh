@@ -4,7 +4,8 @@
 # tests and benchmarks have their own small runners; both frameworks are hidden from the configure
 # so the build path is the same everywhere).
 #   scripts/gpu_check.sh [--full] [--build-only | --run-only] OUT_DIR
-# Configures a fresh build (CUDA arch 90 unless CUDAARCHS is set), builds only the GPU tests and
+# Configures a fresh build (CUDA arch 90 unless CUDAARCHS is set: one architecture, not the
+# library's default list of three), builds only the GPU tests and
 # the GPU benchmarks, runs the tests, runs the benchmarks (a short set unless --full) with JSON
 # output into OUT_DIR and writes OUT_DIR/summary.md. On a lent GPU machine (each call at most 10
 # minutes) run it as two calls on the same machine, the build folder kept between them:

@@ -103,6 +103,9 @@ emu_extended_only+='|the batch-invariance check finds)'
 # Under ASan the mutation checks (kernels broken on purpose) are left out as well: they add no
 # instrumented code path, and they run natively in the main stage.
 emu_native_only='emu:mutation: '
+# One CUDA architecture, sm_90 (the library's default list is sm_80, sm_90 and sm_100: three
+# times the nvcc work); scripts/gpu_check.sh pins the same.
+export CUDAARCHS=${CUDAARCHS:-90}
 if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
   export CMAKE_CUDA_COMPILER_LAUNCHER=${CMAKE_CUDA_COMPILER_LAUNCHER:-ccache}

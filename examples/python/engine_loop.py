@@ -360,6 +360,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
         "live_sequences": kv.live_sequences,
         "reclaimed_pages": kv.stats["reclaimed_pages"],
         "num_pages": num_pages,
+        "stats": kv.stats,
         "checkpoints": trace,
     }
     if verbose:
@@ -368,7 +369,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
                   f"available {c['available_pages']:6d}  retired {c['retired_pages']:5d}  "
                   f"live {c['live_sequences']:2d}  "
                   f"drawn {c['pages_drawn']:6d}")
-        print(", ".join(f"{k} {v}" for k, v in result.items() if k != "checkpoints"))
+        print(", ".join(f"{k} {v}" for k, v in result.items() if k not in ("checkpoints", "stats")))
     return result
 
 

@@ -46,6 +46,10 @@ nb::dict stats_dict(manager_stats const& s) {
   d["page_copies"]            = s.page_copies;
   d["index_compactions"]      = s.index_compactions;
   d["staging_pages_returned"] = s.staging_pages_returned;
+  d["extended"]                = s.extended;
+  d["extend_rejected"]         = s.extend_rejected;
+  d["rolled_back_tokens"]      = s.rolled_back_tokens;
+  d["rollback_pages_returned"] = s.rollback_pages_returned;
   d["parked"]                 = s.parked;
   d["parked_mid_turn"]        = s.parked_mid_turn;
   d["unparked"]               = s.unparked;

@@ -62,3 +62,7 @@ def test_python_loop_matches_the_cpp_example(reservation):
         assert p == c, f"checkpoint {p['label']}: Python {p} vs C++ {c}"
     for key in ("admitted", "rejected_waiting", "reclaimed_pages"):
         assert py[key] == cpp[key], key
+    # Every counter of C++ manager_stats, under the same name (Python at parity with C++); the
+    # loop extends a turn and rolls back speculative tokens, so those counters are not all zero.
+    assert py["stats"] == cpp["stats"]
+    assert cpp["stats"]["extended"] > 0 and cpp["stats"]["rolled_back_tokens"] == 3

@@ -166,3 +166,23 @@ def test_errors_name_the_cause():
     with pytest.raises(ValueError, match="passes the 4 prompt tokens"):
         with torch.no_grad():
             model(torch.zeros((1, 6), dtype=torch.long), past_key_values=cache)
+
+
+def test_the_example_generates_what_dynamic_cache_and_kvpress_do():
+    """examples/python/hf_generate.py, the section's runnable example (docs/integration.md)."""
+    _need("kvpress")
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples/python/hf_generate.py"
+    spec = importlib.util.spec_from_file_location("hf_generate", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = example.run(verbose=False)
+    assert out["tangram_keep_1"] == out["dynamic"]
+    assert out["tangram_knorm"] == out["kvpress_knorm"]
+    assert out["tangram_knorm"] != out["dynamic"]  # the compression changed the answer
+    # Every token in pages at keep 1 (2 layers x 2 heads x ceil(49 / 16) pages of 2 KiB); half of
+    # each head's 40 prompt tokens, 2 pages, under KnormPress; kvpress's exact-size tensors.
+    assert out["tangram_keep_1_bytes"] == 2 * 2 * 4 * 2048
+    assert out["tangram_knorm_bytes"] == 2 * 2 * 2 * 2048
+    assert out["kvpress_bytes"] == 2 * 2 * (20 + 9) * 16 * 4 * 2

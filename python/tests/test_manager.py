@@ -167,6 +167,11 @@ def test_extend_speculate_and_roll_back(static_plan):
     used = kv.used_pages
     kv.rollback(seq, 3)  # 3 rejected
     assert kv.info(seq)["decoded"] == 2 and kv.used_pages <= used
+    # The counters C++ manager_stats keeps for these calls (a growth and a refusal, 3 tokens).
+    stats = kv.stats
+    assert (stats["extended"], stats["extend_rejected"]) == (1, 1)
+    assert stats["rolled_back_tokens"] == 3
+    assert stats["rollback_pages_returned"] == used - kv.used_pages
     with pytest.raises(tangram.UsageError):
         kv.rollback(seq, kv.max_rollback(seq) + 1)
     kv.append_tokens(seq, 78)
