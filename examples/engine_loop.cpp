@@ -545,7 +545,10 @@ int main(int argc, char** argv) {
         {"resume_rejected", s.resume_rejected},
         {"pages_parked", s.pages_parked},
         {"pages_restored", s.pages_restored},
-        {"spare_pages_kept", s.spare_pages_kept}};
+        {"spare_pages_kept", s.spare_pages_kept},
+        {"prefix_admits", s.prefix_admits},
+        {"prefix_rejected", s.prefix_rejected},
+        {"prefix_pages_shared", s.prefix_pages_shared}};
     std::printf(" \"stats\": {");
     for (std::size_t i = 0; i < std::size(counters); ++i)
       std::printf("%s\"%s\": %lld",

@@ -93,7 +93,9 @@ cpu_suites=(tangram_core_tests tangram_plan_tests tangram_memory_tests tangram_r
             tangram_fake_cuda_gpu_mirror tangram_fake_cuda_gpu_epochs)
 # The kernel emulation suite switches stacks per emulated thread: ASan understands that (fiber
 # annotations), valgrind memcheck does not, so it runs natively and under ASan only.
-asan_suites=("${cpu_suites[@]}" tangram_emu_tests)
+# The emulation suite first: ninja starts its long kernel-instantiation compiles before the
+# short ones, so that they do not run alone at the end of the stage.
+asan_suites=(tangram_emu_tests "${cpu_suites[@]}")
 # The emulation grid outside the default set (the emu stage runs all of it): cases that add
 # length or repetition, no kernel, dtype or code path the rest does not run. The mutation checks
 # stay in the default set.

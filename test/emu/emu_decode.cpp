@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // emu_backend::decode: every decode split kernel instantiation, through the launch sequence of
-// kernels/decode_attention.cu.
+// kernels/decode_attention.cu (the split kernels are instantiated in emu_decode_split_<dtype>.cpp).
 #include "tangram/kernels/detail/decode_attention.cuh"
 
 #include <vector>
 
 #include "emu_backend.hpp"
+#include "emu_decode_split.hpp"
 
 namespace tangram::test {
 
@@ -18,8 +19,7 @@ void emu_backend::decode(test_cache&, decode_params const& p) {
   auto const& g               = p.kv.geometry;
   dispatch_kv_shape(g.kv_dtype, g.head_dim, p.group, "emu decode", [&](auto shape) {
     using S = decltype(shape);
-    detail::launch_decode_split_with<typename S::element_type, S::head_dim, S::query_group>(
-        a, emu::emulated_launch{});
+    emu_decode_split<typename S::element_type, S::head_dim, S::query_group>(a);
   });
   detail::launch_decode_merge_with(a, emu::emulated_launch{});
 }

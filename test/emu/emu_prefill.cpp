@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // emu_backend::prefill: every prefill-attention kernel instantiation, through the launch sequence
-// of kernels/prefill_attention.cu.
+// of kernels/prefill_attention.cu (the kernels are instantiated in emu_prefill_kernel_<dtype>.cpp).
 #include "tangram/kernels/detail/prefill_attention.cuh"
 
 #include "emu_backend.hpp"
+#include "emu_prefill_kernel.hpp"
 
 namespace tangram::test {
 
@@ -14,7 +15,7 @@ void emu_backend::prefill(test_cache&, prefill_params const& p) {
   auto const& g                = p.kv.geometry;
   dispatch_kv_shape(g.kv_dtype, g.head_dim, "emu prefill", [&](auto shape) {
     using S = decltype(shape);
-    detail::launch_prefill_with<typename S::element_type, S::head_dim>(a, emu::emulated_launch{});
+    emu_prefill_kernel<typename S::element_type, S::head_dim>(a);
   });
 }
 

@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
+// The emulated decode split kernel for bfloat16 K/V, every compiled head dim and query-group
+// bucket.
+#include "emu_decode_split.inl"
+
+namespace tangram::test {
+TANGRAM_EMU_DECODE_INSTANTIATE(bfloat16)
+}  // namespace tangram::test

@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+// The emulated prefill-attention kernel for bfloat16 K/V, every compiled head dim.
+#include "emu_prefill_kernel.inl"
+
+namespace tangram::test {
+TANGRAM_EMU_PREFILL_INSTANTIATE(bfloat16)
+}  // namespace tangram::test

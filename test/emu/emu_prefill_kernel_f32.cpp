@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+// The emulated prefill-attention kernel for float K/V, every compiled head dim.
+#include "emu_prefill_kernel.inl"
+
+namespace tangram::test {
+TANGRAM_EMU_PREFILL_INSTANTIATE(float)
+}  // namespace tangram::test
