@@ -350,6 +350,17 @@ void bind_manager(nb::module_& m) {
       .def("fork", [](bound_kv_cache& c, sequence_id s) { return c.kv.fork(s); }, nb::arg("parent"),
            "A copy-on-write child: a SequenceId, or None when it does not fit.")
       .def("free", [](bound_kv_cache& c, sequence_id s) { c.kv.free(s); }, nb::arg("seq"))
+      // ----- shared prefixes
+      .def("pin_prefix", [](bound_kv_cache& c, sequence_id s) { c.kv.pin_prefix(s); },
+           nb::arg("seq"),
+           "Pins an ended sequence read-only as a shared prefix (free unregisters it).")
+      .def("try_admit_with_prefix",
+           [](bound_kv_cache& c, sequence_id prefix, std::int64_t n, std::int64_t t) {
+             return c.kv.try_admit_with_prefix(prefix, n, t);
+           },
+           nb::arg("prefix"), nb::arg("prompt_tokens"), nb::arg("max_new_tokens"),
+           "Admits n + t tokens after a pinned prefix, sharing its pages: a SequenceId, or None\n"
+           "when it does not fit (nothing changed).")
       // ----- deferred reuse (several streams)
       .def("advance_epoch", [](bound_kv_cache& c) { return c.kv.advance_epoch(); },
            "Closes the open epoch (once per step, after the step's work was enqueued and an event\n"

@@ -334,3 +334,35 @@ def test_answer_window_mirrors_the_cpp_policy(static_plan):
         tangram.AnswerWindow(victims="oldest")
     with pytest.raises(ValueError, match="unknown phase 'sleeping'"):
         w.choose_victim([(ids[0], "sleeping", 0, 0)], 1, 1)
+
+
+def test_shared_prefix_lifecycle(static_plan):
+    kv = tangram.KVCacheManager(static_plan, num_pages=24000, max_sequences=8)
+    p = kv.try_admit(600, 1)
+    prefill(kv, p)
+    kv.set_batch([p])
+    kv.decode_step()
+    kv.end_turn(p)
+    with pytest.raises(ValueError, match="prefix"):
+        kv.try_admit_with_prefix(p, 100, 16)  # not pinned yet
+    prefix_used = kv.used_pages
+    kv.pin_prefix(p)
+    with pytest.raises(tangram.UsageError, match="pinned prefix"):
+        kv.continue_turn(p, 10, 1)
+    a = kv.try_admit_with_prefix(p, 100, 16)
+    assert a is not None and kv.stats["prefix_admits"] == 1
+    # Reserved: the same tokens admitted alone, less the pages it starts with.
+    assert kv.info(a)["reserved_pages"] < kv.admission_pages(701, 16)
+    # The pool counts a shared page once: beyond the prefix, the request holds only its copies.
+    assert kv.used_pages == prefix_used + len(kv.pending_copies())
+    kv.execute_page_copies()
+    prefill(kv, a)
+    kv.set_batch([a])
+    for _ in range(16):
+        kv.decode_step()
+    kv.free(a)
+    assert kv.used_pages == prefix_used  # the pinned prefix outlives its requests
+    kv.free(p)
+    kv.check_invariants()
+    assert (kv.used_pages, kv.reserved_pages, kv.live_sequences) == (0, 0, 0)
+    assert kv.stats["reclaimed_pages"] == 0
