@@ -66,7 +66,7 @@ struct kv_cache_manager_test_access;
  * Ownership: owns its pool (the arena, returned to `upstream` at destruction) and every host
  * array of the view; `upstream` must outlive the manager. Arrays are sized at construction:
  * admission, chunk, decode and free never allocate (fork, continue_turn, prefix admission may
- * grow the pending-copy list; park and try_unpark allocate only their result). Not copyable.
+ * grow the pending-copy list; park and try_unpark allocate only their result). Not copyable or movable.
  */
 template <class Layout = page_layout<>>
 class basic_kv_cache_manager {

@@ -219,7 +219,10 @@ struct manager_stats {
 };
 
 /// @brief A page copy the engine must perform (whole page, K and V) before the next kernel that
-/// reads `dst` or writes `src`.
+/// reads `dst` or writes `src`. The pending list is ordered: one copy's `dst` can be a later
+/// copy's `src` (a fork of a fork, or a request admitted over a prefix pinned right after its
+/// fork), so the copies run in list order, or a batched kernel first groups them into rounds in
+/// which no `src` is an earlier `dst`.
 struct page_copy {
   page_id src = 0;
   page_id dst = 0;
@@ -230,7 +233,8 @@ struct page_copy {
  * @brief Copies whole pages inside one host arena: `base + dst * page_bytes` gets the bytes of
  * `base + src * page_bytes`, for every entry of `copies`, in order.
  * @note Host memory only. For a device pool the engine issues the equivalent cudaMemcpyAsync
- * (or one batched copy kernel) on its stream.
+ * calls, in list order, on its stream (a batched copy kernel must keep that order; see
+ * page_copy).
  */
 inline void copy_pages_host(std::byte* base,
                             std::int64_t page_bytes,
