@@ -60,14 +60,14 @@ struct kv_cache_manager_test_access;
  * parts' mutators, which cannot fail once the checks passed: an operation that throws or answers
  * "does not fit" changes nothing (strong guarantee).
  *
- * @tparam Layout   page geometry type of the pool (`page_layout<>` dynamic by default; a static
- *                  layout must agree with the plan's geometry).
+ * @tparam Layout page geometry type of the pool (`page_layout<>` dynamic by default; a static one
+ *         must agree with the plan's geometry).
  *
  * Ownership: owns its pool (the arena, returned to `upstream` at destruction) and every host
  * array of the view; `upstream` must outlive the manager. Arrays are sized at construction:
  * admission, chunk, decode and free never allocate (fork, continue_turn, prefix admission may
- * grow the pending-copy list; park and try_unpark allocate only their result). Not copyable or movable.
- */
+ * grow the pending-copy list; park and try_unpark allocate only their result). Not copyable, not
+ * movable. */
 template <class Layout = page_layout<>>
 class basic_kv_cache_manager {
  public:
