@@ -68,6 +68,7 @@ nb::dict stats_dict(manager_stats const& s) {
 nb::dict info_dict(sequence_info const& i) {
   nb::dict d;
   d["phase"]            = std::string(to_string(i.phase));
+  d["pinned"]           = i.pinned;
   d["seq_tokens"]       = i.seq_tokens;
   d["appended"]         = i.appended;
   d["prompt_remaining"] = i.prompt_remaining;

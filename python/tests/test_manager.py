@@ -346,7 +346,9 @@ def test_shared_prefix_lifecycle(static_plan):
     with pytest.raises(ValueError, match="prefix"):
         kv.try_admit_with_prefix(p, 100, 16)  # not pinned yet
     prefix_used = kv.used_pages
+    assert not kv.info(p)["pinned"]
     kv.pin_prefix(p)
+    assert kv.info(p)["pinned"] and kv.info(p)["phase"] == "ended"
     with pytest.raises(tangram.UsageError, match="pinned prefix"):
         kv.continue_turn(p, 10, 1)
     a = kv.try_admit_with_prefix(p, 100, 16)

@@ -52,7 +52,9 @@ TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copi
   auto p = prefill_prefix(sim);
   REQUIRE(group_page_counts(m, p) == std::vector<std::int32_t>{3, 2, 2, 1, 3, 3, 4, 4});
   REQUIRE(m.pool().stats().used == 22);
+  CHECK_FALSE(m.info(p).pinned);
   m.pin_prefix(p);
+  CHECK((m.info(p).pinned && m.info(p).phase == sequence_phase::ended));
 
   // Request a: N = 4 more prompt tokens, T = 4. Targets are a turn's over n + N = 20 tokens,
   // exactly those of the same 20 + 4 tokens admitted alone: G0 ceil((15+4)/4) = 5, G1 4, G2 3,
@@ -63,6 +65,7 @@ TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copi
   auto copies_before = m.stats().page_copies;
   auto a             = sim.admit_with_prefix(p, 4, 4);
   REQUIRE(a);
+  CHECK_FALSE(m.info(*a).pinned);
   CHECK(m.stats().prefix_admits == 1);
   CHECK(m.stats().prefix_pages_shared == 8);
   CHECK(m.stats().page_copies - copies_before == 14);

@@ -176,6 +176,7 @@ struct sequence_info {
   std::int64_t decoded          = 0;  ///< decode tokens appended in this turn
   std::int64_t reserved_pages   = 0;  ///< pages still promised to the sequence
   std::int64_t held_pages = 0;  ///< entries in its page lists (shared pages count once per holder)
+  bool pinned             = false;  ///< a shared prefix (pin_prefix): read-only, never parked
 };
 
 /// @brief Counters of a manager's life. Plain value.

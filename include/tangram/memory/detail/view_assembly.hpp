@@ -78,6 +78,7 @@ namespace tangram::detail {
   sequence_info i;
   i.id               = id;
   i.phase            = st.phase;
+  i.pinned           = st.pinned;
   i.seq_tokens       = lengths.tokens(s);
   i.appended         = lengths.appended(s);
   i.prompt_remaining = st.prompt_remaining;
