@@ -24,6 +24,7 @@
 #include "tangram/core/dtype.hpp"
 #include "tangram/core/elastic_lengths.hpp"
 #include "tangram/core/error.hpp"
+#include "tangram/core/kv_shape.hpp"
 #include "tangram/core/kv_view.hpp"
 #include "tangram/core/numeric.hpp"
 #include "tangram/core/page_layout.hpp"

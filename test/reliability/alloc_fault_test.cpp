@@ -263,8 +263,9 @@ TEST_CASE("fork, continue_turn and the FlashInfer export keep the state on bad_a
   m.execute_page_copies_host();
   ids.push_back(*child);
 
-  // The next turn of a forked session copies the shared pages its recompression rewrites; with
-  // more of them than the fork's copies, the pending-copy list must grow.
+  // The next turn of a forked session copies the shared pages its recompression rewrites (not
+  // the filled uncompressed ones, never written again); recorded behind the fork's copies, not
+  // yet performed, the pending-copy list must grow past the fork's size.
   {
     kv_cache_manager m3(plan, mr, opts(400, 6));
     auto q = *m3.try_admit(30, 4);
@@ -272,7 +273,6 @@ TEST_CASE("fork, continue_turn and the FlashInfer export keep the state on bad_a
     m3.end_turn(q);
     auto qc          = *m3.fork(q);
     auto fork_copies = m3.pending_copies().size();
-    m3.execute_page_copies_host();
     std::vector<sequence_id> ids3{q, qc};
     bool ok         = false;
     int cont_points = fail_each_allocation([&] { ok = m3.continue_turn(q, 40, 6); },
