@@ -15,6 +15,7 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
           "[reliability][storm][slow]") {
   storm_totals all;
   std::int64_t tiny_elastic_misuse = 0;  // misuse kind 14, over the tiny elastic configs
+  std::int64_t elastic_forks       = 0;  // forks over every elastic config
   for (auto const& cfg : storm_configs()) {
     // Tiny plans: every step checked; real plans: every 8th step (and in full at each drain).
     bool tiny          = cfg.name.rfind("tiny", 0) == 0;
@@ -30,16 +31,19 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
     s.finish();
     auto const& t = s.totals();
     if (cfg.name.find("elastic") != std::string::npos) {
-      // Every elastic config reached the per-chunk selection, turns and forks; the tiny ones
-      // (3000 steps each) together also the elastic misuse case.
+      // Every elastic config reached the per-chunk selection and turns; together they forked
+      // (a 300-step real-model config may draw no fork since the prefix operation joined the
+      // mix: seed 20267 under ASan); the tiny ones (3000 steps each) together also the elastic
+      // misuse case.
       CHECK(t.elastic_evictions > 20);
       CHECK(t.continued > 0);
-      CHECK(t.forks > 0);
+      elastic_forks += t.forks;
       if (tiny) tiny_elastic_misuse += t.misuse_by_kind[14];
     }
     all.add(t);
   }
   CHECK(tiny_elastic_misuse > 0);
+  CHECK(elastic_forks > 0);
   INFO("ops " << all.ops << " misuses " << all.misuses << " unchanged " << all.unchanged_checks
               << " forks " << all.forks << " continued " << all.continued << " parks " << all.parks
               << " cancelled " << all.park_cancels << " unparks " << all.unparks << " refused "
