@@ -20,7 +20,7 @@
 #             pytest suite and the Python engine loop example beside its C++ twin
 #   asan      the CPU suites under AddressSanitizer + UndefinedBehaviorSanitizer (clang), among
 #             them the replay of every fuzzer finding and seed (core suite); the emulation suite
-#             as in main, less the mutation checks
+#             sampled (every third scenario of each test, one schedule), less the mutation checks
 #   tsan      the concurrent engine tests ([concurrent], the only multi-threaded ones) under TSan
 #   soak      random operation storms against the memory manager (tangram_soak, bounded time)
 # On request only (TANGRAM_STAGES=hf):
@@ -208,7 +208,9 @@ if want asan; then
   cmake --build build-asan -j"$jobs" --target "${asan_suites[@]}"
   # The core suite replays every fuzzer finding and seed (fuzz/regressions, fuzz/corpus) through
   # the harnesses' properties here as well as natively.
-  TANGRAM_EMU_MAX_SCHEDULES=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  # The emulation grid sampled (every third scenario of each test, one schedule): the emulator's
+  # memory handling is the same code for every case, and the main stage runs every case natively.
+  TANGRAM_EMU_MAX_SCHEDULES=1 TANGRAM_EMU_CASE_STRIDE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
     -L cpu -E "^((consumer|headers|install):|$emu_extended_only|$emu_native_only)"
 fi

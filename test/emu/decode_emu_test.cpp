@@ -15,27 +15,32 @@ using namespace tangram;
 using tangram::test::emu_backend;
 
 TEST_CASE("emulated decode equals the CPU reference: GQA 1..8", "[emu][decode]") {
-  for (auto const& c : test::decode_cases_gqa()) test::emu_check_all_schedules(c, 2);
+  for (auto const& c : test::emu_sample(test::decode_cases_gqa()))
+    test::emu_check_all_schedules(c, 2);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: dtypes x head dims x page sizes",
           "[emu][decode]") {
-  for (auto const& c : test::decode_cases_shapes()) test::emu_check_all_schedules(c, 1);
+  for (auto const& c : test::emu_sample(test::decode_cases_shapes()))
+    test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: fp8 e4m3 / e5m2 x head dims",
           "[emu][decode][fp8]") {
-  for (auto const& c : test::decode_cases_fp8()) test::emu_check_all_schedules(c, 1);
+  for (auto const& c : test::emu_sample(test::decode_cases_fp8()))
+    test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: per-head pages (Hp 1)",
           "[emu][decode][per_head]") {
-  for (auto const& c : test::decode_cases_per_head()) test::emu_check_all_schedules(c, 1);
+  for (auto const& c : test::emu_sample(test::decode_cases_per_head()))
+    test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: fp8 with per-tensor and per-head scales",
           "[emu][decode][fp8][scales]") {
-  for (auto const& c : test::decode_cases_fp8_scaled()) test::emu_check_all_schedules(c, 2);
+  for (auto const& c : test::emu_sample(test::decode_cases_fp8_scaled()))
+    test::emu_check_all_schedules(c, 2);
 }
 
 TEST_CASE("emulated decode on fp8 pages read in the other fp8 format differs from the reference",
@@ -75,12 +80,14 @@ TEST_CASE("emulated decode on fp8 pages read in the other fp8 format differs fro
 
 TEST_CASE("emulated decode equals the CPU reference: tensor-core path: 16-bit K/V x GQA 3..8",
           "[emu][decode][mma]") {
-  for (auto const& c : test::decode_cases_mma()) test::emu_check_all_schedules(c, 1);
+  for (auto const& c : test::emu_sample(test::decode_cases_mma()))
+    test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: CUDA-core kernel on the tensor-core instances",
           "[emu][decode]") {
-  for (auto const& c : test::decode_cases_mma_cuda_core()) test::emu_check_all_schedules(c, 1);
+  for (auto const& c : test::emu_sample(test::decode_cases_mma_cuda_core()))
+    test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode with the merge folded into the split kernels equals the reference",
@@ -88,16 +95,19 @@ TEST_CASE("emulated decode with the merge folded into the split kernels equals t
   // Blocks run in a schedule-dependent order (two schedules per case, seeded by the case), so the
   // CTA that completes a request's count (and merges) differs between runs; every counter must be
   // back to zero after each launch.
-  for (auto const& c : test::decode_cases_folded()) test::emu_check_all_schedules(c, 2);
+  for (auto const& c : test::emu_sample(test::decode_cases_folded()))
+    test::emu_check_all_schedules(c, 2);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: long and batched", "[emu][decode]") {
-  for (auto const& c : test::decode_cases_long()) test::emu_check_all_schedules(c, 1);
+  for (auto const& c : test::emu_sample(test::decode_cases_long()))
+    test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode equals the CPU reference: batch 1100 and 4096 (multi-tile prefix scan)",
           "[emu][decode]") {
-  for (auto const& c : test::decode_cases_large_batch()) test::emu_check_all_schedules(c, 1);
+  for (auto const& c : test::emu_sample(test::decode_cases_large_batch()))
+    test::emu_check_all_schedules(c, 1);
 }
 
 TEST_CASE("emulated decode stops on a split map row that does not end at num_ctas",

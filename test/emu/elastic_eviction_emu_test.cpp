@@ -28,22 +28,22 @@ void check_all_schedules(test::elastic_case const& c) {
 
 TEST_CASE("emulated elastic eviction equals the CPU reference: supplied scores",
           "[emu][eviction][elastic]") {
-  for (auto const& c : test::elastic_cases_supplied()) check_all_schedules(c);
+  for (auto const& c : test::emu_sample(test::elastic_cases_supplied())) check_all_schedules(c);
 }
 
 TEST_CASE("emulated elastic eviction equals the CPU reference: built-in scores",
           "[emu][eviction][elastic]") {
-  for (auto const& c : test::elastic_cases_builtin()) check_all_schedules(c);
+  for (auto const& c : test::emu_sample(test::elastic_cases_builtin())) check_all_schedules(c);
 }
 
 TEST_CASE("emulated elastic eviction equals the CPU reference: fp8 caches",
           "[emu][eviction][elastic][fp8]") {
-  for (auto const& c : test::elastic_cases_fp8()) check_all_schedules(c);
+  for (auto const& c : test::emu_sample(test::elastic_cases_fp8())) check_all_schedules(c);
 }
 
 TEST_CASE("emulated elastic eviction equals the CPU reference: per-head pages (Hp 1)",
           "[emu][eviction][elastic][per_head]") {
-  for (auto const& c : test::elastic_cases_per_head()) check_all_schedules(c);
+  for (auto const& c : test::emu_sample(test::elastic_cases_per_head())) check_all_schedules(c);
 }
 
 TEST_CASE("emulated elastic eviction: long candidate lists (several compaction tiles)",

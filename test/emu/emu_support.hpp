@@ -45,6 +45,21 @@ inline std::vector<emu::options> emu_schedules(std::uint64_t seed, int count) {
   return all;
 }
 
+/// The scenarios a run checks: all of them, or with the environment variable
+/// TANGRAM_EMU_CASE_STRIDE=k (a positive integer) every k-th from the first. The sanitizer stage
+/// of scripts/run_tests.sh samples each grid so (the emulator's memory use is the same code for
+/// every case), the main stage and the emu stage run every case.
+template <class Case>
+std::vector<Case> emu_sample(std::vector<Case> cases) {
+  const char* stride_text = std::getenv("TANGRAM_EMU_CASE_STRIDE");
+  const int stride        = stride_text ? std::atoi(stride_text) : 1;
+  if (stride <= 1) return cases;
+  std::vector<Case> kept;
+  for (std::size_t i = 0; i < cases.size(); i += static_cast<std::size_t>(stride))
+    kept.push_back(std::move(cases[i]));
+  return kept;
+}
+
 inline const char* to_string(emu::copy_mode m) {
   return m == emu::copy_mode::eager ? "eager" : "deferred";
 }

@@ -9,6 +9,7 @@
 
 #include "../gpu/prefill_cases.hpp"
 #include "emu_backend.hpp"
+#include "emu_support.hpp"
 
 using namespace tangram;
 using tangram::test::emu_backend;
@@ -29,26 +30,26 @@ void emu_check_prefill(test::prefill_case const& c, int schedules) {
 
 TEST_CASE("emulated prefill equals the CPU reference: GQA 1/4, P 1/16, sinks, sliding window",
           "[emu][prefill]") {
-  for (auto const& c : test::prefill_cases_basic()) emu_check_prefill(c, 2);
+  for (auto const& c : test::emu_sample(test::prefill_cases_basic())) emu_check_prefill(c, 2);
 }
 
 TEST_CASE("emulated prefill equals the CPU reference: dtypes x head dims", "[emu][prefill]") {
-  for (auto const& c : test::prefill_cases_shapes()) emu_check_prefill(c, 1);
+  for (auto const& c : test::emu_sample(test::prefill_cases_shapes())) emu_check_prefill(c, 1);
 }
 
 TEST_CASE("emulated prefill equals the CPU reference: per-head pages (Hp 1)",
           "[emu][prefill][per_head]") {
-  for (auto const& c : test::prefill_cases_per_head()) emu_check_prefill(c, 1);
+  for (auto const& c : test::emu_sample(test::prefill_cases_per_head())) emu_check_prefill(c, 1);
 }
 
 TEST_CASE("emulated prefill equals the CPU reference: fp8 with per-tensor and per-head scales",
           "[emu][prefill][fp8][scales]") {
-  for (auto const& c : test::prefill_cases_fp8_scaled()) emu_check_prefill(c, 1);
+  for (auto const& c : test::emu_sample(test::prefill_cases_fp8_scaled())) emu_check_prefill(c, 1);
 }
 
 TEST_CASE("emulated prefill equals the CPU reference: fp8 e4m3 / e5m2 x head dims",
           "[emu][prefill][fp8]") {
-  for (auto const& c : test::prefill_cases_fp8()) emu_check_prefill(c, 1);
+  for (auto const& c : test::emu_sample(test::prefill_cases_fp8())) emu_check_prefill(c, 1);
 }
 
 TEST_CASE(
