@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tangram/core/detail/enum_names.hpp"
 #include "tangram/core/error.hpp"
 #include "tangram/memory/kv_cache_types.hpp"
 
@@ -59,10 +60,9 @@ constexpr std::string_view to_string(park_victim_order o) noexcept {
 
 /// The order named `name` ("idle_then_newest", "newest", "largest"), if any.
 inline std::optional<park_victim_order> park_victim_order_named(std::string_view name) noexcept {
-  for (auto o :
-       {park_victim_order::idle_then_newest, park_victim_order::newest, park_victim_order::largest})
-    if (name == to_string(o)) return o;
-  return std::nullopt;
+  static constexpr park_victim_order all[] = {
+      park_victim_order::idle_then_newest, park_victim_order::newest, park_victim_order::largest};
+  return detail::enum_named(name, all);
 }
 
 /// Answer tokens a turn reserves at a time unless told otherwise: 16 pages per group at P = 16,

@@ -114,6 +114,23 @@ struct calibration_report {
 
 namespace detail {
 
+/// Checks that `sample_ids` names at least one sample of `s` and only samples of `s`; `who` (the
+/// calling function) opens the message.
+inline void check_sample_ids(retention_samples const& s,
+                             std::vector<std::size_t> const& sample_ids,
+                             char const* who) {
+  TANGRAM_EXPECTS(!sample_ids.empty(), invalid_argument, who, ": no calibration samples");
+  for (auto k : sample_ids)
+    TANGRAM_EXPECTS(k < s.samples.size(),
+                    invalid_argument,
+                    who,
+                    ": sample index ",
+                    k,
+                    " out of range (",
+                    s.samples.size(),
+                    " samples)");
+}
+
 /// Checks that `s` is usable for calibration (non-empty, consistent shapes, positive contexts).
 inline void check_samples(retention_samples const& s) {
   TANGRAM_EXPECTS(s.num_kv_heads >= 1,
@@ -222,15 +239,7 @@ inline std::vector<double> calibrate_budgets(retention_samples const& s,
                                              std::vector<std::size_t> const& sample_ids) {
   o.validate();
   detail::check_samples(s);
-  TANGRAM_EXPECTS(!sample_ids.empty(), invalid_argument, "calibrate: no calibration samples");
-  for (auto k : sample_ids)
-    TANGRAM_EXPECTS(k < s.samples.size(),
-                    invalid_argument,
-                    "calibrate: sample index ",
-                    k,
-                    " out of range (",
-                    s.samples.size(),
-                    " samples)");
+  detail::check_sample_ids(s, sample_ids, "calibrate");
   std::size_t n = s.layer_ids.size() * static_cast<std::size_t>(s.num_kv_heads);
   std::vector<double> budgets(n), r(sample_ids.size());
   for (std::size_t i = 0; i < n; ++i) {

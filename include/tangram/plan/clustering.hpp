@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -85,15 +86,10 @@ inline head_grouping cluster_heads(std::vector<head_rule> const& rules,
     std::vector<head_ref> members = buckets[k];
     auto kind                     = static_cast<layer_kind>(std::get<1>(k));
     if (members.size() % static_cast<std::size_t>(group_size) != 0) {
-      if (scope == grouping_scope::global)
-        TANGRAM_FAIL(invalid_argument,
-                     "group_size: Hp = ",
-                     group_size,
-                     " does not divide the ",
-                     members.size(),
-                     " ",
-                     to_string(kind),
-                     " heads of the model (scope global)");
+      std::string where =
+          scope == grouping_scope::global
+              ? std::string("the model (scope global)")
+              : detail::cat("layer ", first.layer, " (scope ", to_string(scope), ")");
       TANGRAM_FAIL(invalid_argument,
                    "group_size: Hp = ",
                    group_size,
@@ -101,11 +97,8 @@ inline head_grouping cluster_heads(std::vector<head_rule> const& rules,
                    members.size(),
                    " ",
                    to_string(kind),
-                   " heads of layer ",
-                   first.layer,
-                   " (scope ",
-                   to_string(scope),
-                   ")");
+                   " heads of ",
+                   where);
     }
     if (kind == layer_kind::compressed && scope != grouping_scope::adjacent) {
       std::stable_sort(members.begin(), members.end(), [&](head_ref a, head_ref b) {

@@ -323,15 +323,7 @@ inline double calibrate_elastic_margin(retention_samples const& s,
                                        std::vector<std::size_t> const& sample_ids,
                                        elastic_options const& o) {
   detail::check_elastic(s, o);
-  TANGRAM_EXPECTS(!sample_ids.empty(), invalid_argument, "calibrate_elastic_margin: no samples");
-  for (auto k : sample_ids)
-    TANGRAM_EXPECTS(k < s.samples.size(),
-                    invalid_argument,
-                    "calibrate_elastic_margin: sample index ",
-                    k,
-                    " out of range (",
-                    s.samples.size(),
-                    " samples)");
+  detail::check_sample_ids(s, sample_ids, "calibrate_elastic_margin");
   if (o.margin) return *o.margin;
   auto m   = required_margins(s, sample_ids, elastic_group_members(s, sample_ids), o);
   double v = detail::mean_of(m.data(), m.size()) +
@@ -457,7 +449,8 @@ inline elastic_report evaluate_elastic(retention_samples const& s,
   if (clip_target) {
     rep.clip_target = *clip_target;
     auto at         = [&](std::int64_t k) {
-      auto hm = heldout(std::vector<double>(train.size(), static_cast<double>(k) * suggestion_step));
+      auto hm =
+          heldout(std::vector<double>(train.size(), static_cast<double>(k) * suggestion_step));
       return elastic_sweep_point{
           static_cast<double>(k) * suggestion_step, hm.roi, hm.clip, hm.clip_per_request};
     };

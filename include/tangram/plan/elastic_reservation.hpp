@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/detail/enum_names.hpp"
 #include "tangram/core/error.hpp"
 #include "tangram/core/retention.hpp"
 
@@ -32,9 +33,9 @@ constexpr std::string_view to_string(reservation_mode m) noexcept {
 
 /// The mode named `name` ("static" or "elastic"), if any.
 inline std::optional<reservation_mode> reservation_mode_named(std::string_view name) noexcept {
-  if (name == "static") return reservation_mode::static_budgets;
-  if (name == "elastic") return reservation_mode::elastic;
-  return std::nullopt;
+  static constexpr reservation_mode all[] = {reservation_mode::static_budgets,
+                                             reservation_mode::elastic};
+  return detail::enum_named(name, all);
 }
 
 /// @brief What the scorer's keep ratio applies to.
@@ -81,10 +82,11 @@ struct scorer_total {
   }
 };
 
+/// The basis named `name` ("all_tokens" or "compressible_tokens"), if any.
 inline std::optional<keep_ratio_basis> keep_ratio_basis_named(std::string_view name) noexcept {
-  if (name == "all_tokens") return keep_ratio_basis::all_tokens;
-  if (name == "compressible_tokens") return keep_ratio_basis::compressible_tokens;
-  return std::nullopt;
+  static constexpr keep_ratio_basis all[] = {keep_ratio_basis::all_tokens,
+                                             keep_ratio_basis::compressible_tokens};
+  return detail::enum_named(name, all);
 }
 
 /// Largest margin accepted anywhere (1 + m multiplies a token count held in a double).

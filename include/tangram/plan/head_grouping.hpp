@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tangram/core/config.hpp"
+#include "tangram/core/detail/enum_names.hpp"
 #include "tangram/core/error.hpp"
 #include "tangram/core/page_layout.hpp"
 #include "tangram/core/retention.hpp"
@@ -42,23 +43,20 @@ constexpr std::string_view to_string(grouping_scope s) noexcept {
   return "?";
 }
 
+/// Every grouping scope, in the order a refusal lists them.
+inline constexpr grouping_scope all_grouping_scopes[] = {
+    grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global};
+
 /// The scope that `to_string` spells `name`, if any.
 inline std::optional<grouping_scope> grouping_scope_named(std::string_view name) noexcept {
-  for (auto s : {grouping_scope::adjacent, grouping_scope::layer, grouping_scope::global})
-    if (to_string(s) == name) return s;
-  return std::nullopt;
+  return detail::enum_named(name, all_grouping_scopes);
 }
 
 /// @brief Parses "adjacent", "layer" or "global".
 /// @throw invalid_argument naming `field` and the value.
 inline grouping_scope parse_grouping_scope(std::string_view name,
                                            std::string_view field = "scope") {
-  if (auto s = grouping_scope_named(name)) return *s;
-  TANGRAM_FAIL(invalid_argument,
-               field,
-               ": unknown grouping scope ",
-               detail::quoted(name),
-               " (expected adjacent, layer or global)");
+  return detail::parse_enum(name, all_grouping_scopes, field, "grouping scope");
 }
 
 /// @brief A (layer, KV head) pair; `head` is local to the tensor-parallel rank.

@@ -34,24 +34,24 @@ inline std::vector<head_rule> head_rules_for(model_spec const& model,
                                              std::int32_t tp_rank = 0) {
   model.validate();
   profile.validate();
-  TANGRAM_EXPECTS(profile.num_model_layers == model.num_layers,
-                  invalid_argument,
-                  "profile.num_model_layers: ",
-                  profile.num_model_layers,
-                  " does not match the model ",
-                  detail::quoted(model.name),
-                  " (",
-                  model.num_layers,
-                  " layers)");
-  TANGRAM_EXPECTS(profile.num_kv_heads == model.num_kv_heads,
-                  invalid_argument,
-                  "profile.num_kv_heads: ",
-                  profile.num_kv_heads,
-                  " does not match the model ",
-                  detail::quoted(model.name),
-                  " (",
-                  model.num_kv_heads,
-                  " KV heads)");
+  auto require_model_value =
+      [&](char const* field, std::int32_t got, std::int32_t want, char const* unit) {
+        TANGRAM_EXPECTS(got == want,
+                        invalid_argument,
+                        field,
+                        ": ",
+                        got,
+                        " does not match the model ",
+                        detail::quoted(model.name),
+                        " (",
+                        want,
+                        " ",
+                        unit,
+                        ")");
+      };
+  require_model_value(
+      "profile.num_model_layers", profile.num_model_layers, model.num_layers, "layers");
+  require_model_value("profile.num_kv_heads", profile.num_kv_heads, model.num_kv_heads, "KV heads");
   TANGRAM_EXPECTS(tp_size >= 1 && model.num_kv_heads % tp_size == 0,
                   invalid_argument,
                   "tp_size: ",

@@ -82,11 +82,12 @@ inline std::vector<std::int64_t> layer_kv_tokens(model_spec const& model,
                   "], got ",
                   context);
   options.validate();
-  auto rules   = head_rules_for(model, profile, options.tp_size, options.tp_rank);
-  bool elastic = options.reservation.mode == reservation_mode::elastic;
+  auto rules                    = head_rules_for(model, profile, options.tp_size, options.tp_rank);
+  bool elastic                  = options.reservation.mode == reservation_mode::elastic;
   std::int64_t per_head_elastic = 0;
   if (elastic) {
-    scorer_total t{profile.target_keep_ratio, profile.protected_tokens(), options.reservation.basis};
+    scorer_total t{
+        profile.target_keep_ratio, profile.protected_tokens(), options.reservation.basis};
     try {
       per_head_elastic = t.per_head(context);
     } catch (invalid_argument const& e) {
@@ -136,7 +137,7 @@ inline std::vector<std::int64_t> layer_kv_tokens(model_spec const& model,
  * @throw invalid_argument naming the stage (`pipeline_stages[i]`) and its range.
  */
 inline void check_pipeline_stages(std::vector<layer_range> const& stages,
-                                   std::int32_t model_layers) {
+                                  std::int32_t model_layers) {
   using detail::cat;
   TANGRAM_EXPECTS(!stages.empty(),
                   invalid_argument,
@@ -156,36 +157,28 @@ inline void check_pipeline_stages(std::vector<layer_range> const& stages,
     TANGRAM_EXPECTS(s.first >= next,
                     invalid_argument,
                     field,
-                    ": [",
-                    s.first,
-                    ", ",
-                    s.last,
-                    ") overlaps the layers before it (covered up to ",
+                    ": ",
+                    s.describe(),
+                    " overlaps the layers before it (covered up to ",
                     next,
                     "); stages are contiguous, in order, each layer in one stage");
     TANGRAM_EXPECTS(s.first == next,
                     invalid_argument,
                     field,
-                    ": [",
-                    s.first,
-                    ", ",
-                    s.last,
-                    ") leaves layers [",
-                    next,
-                    ", ",
-                    s.first,
-                    ") in no stage");
+                    ": ",
+                    s.describe(),
+                    " leaves layers ",
+                    layer_range{next, s.first}.describe(),
+                    " in no stage");
     next = s.last;
   }
   TANGRAM_EXPECTS(next == model_layers,
                   invalid_argument,
                   "pipeline_stages: the stages end at layer ",
                   next,
-                  " and leave layers [",
-                  next,
-                  ", ",
-                  model_layers,
-                  ") in no stage");
+                  " and leave layers ",
+                  layer_range{next, model_layers}.describe(),
+                  " in no stage");
 }
 
 /**
@@ -260,7 +253,7 @@ inline std::vector<layer_range> balanced_pipeline_stages(
       out.push_back({static_cast<std::int32_t>(first), static_cast<std::int32_t>(L)});
       break;
     }
-    double target = static_cast<double>(left) / static_cast<double>(later + 1);
+    double target     = static_cast<double>(left) / static_cast<double>(later + 1);
     std::int64_t best = -1, best_sum = 0, sum = 0;
     double best_gap = 0;
     for (auto end = first + 1; end <= L - later; ++end) {
@@ -275,10 +268,8 @@ inline std::vector<layer_range> balanced_pipeline_stages(
       }
     }
     // Some end is feasible: the greedy end under `lo` is (stages_needed(0, lo) <= stages).
-    TANGRAM_EXPECTS(best > first,
-                    logic_error,
-                    "balanced_pipeline_stages: no feasible end for stage ",
-                    s);
+    TANGRAM_EXPECTS(
+        best > first, logic_error, "balanced_pipeline_stages: no feasible end for stage ", s);
     out.push_back({static_cast<std::int32_t>(first), static_cast<std::int32_t>(best)});
     first = best;
     left -= best_sum;

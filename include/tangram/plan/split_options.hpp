@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tangram/core/detail/enum_names.hpp"
 #include "tangram/core/device_limits.hpp"
 #include "tangram/core/error.hpp"
 
@@ -33,22 +34,19 @@ constexpr std::string_view to_string(split_weighting w) noexcept {
   return w == split_weighting::budget ? "budget" : "batch_share";
 }
 
+/// Every split weighting, in the order a refusal lists them.
+inline constexpr split_weighting all_split_weightings[] = {split_weighting::budget,
+                                                           split_weighting::batch_share};
+
 /// The weighting that `to_string` spells `name`, if any.
 inline std::optional<split_weighting> split_weighting_named(std::string_view name) noexcept {
-  for (auto w : {split_weighting::budget, split_weighting::batch_share})
-    if (to_string(w) == name) return w;
-  return std::nullopt;
+  return detail::enum_named(name, all_split_weightings);
 }
 
 /// @throw invalid_argument naming `field` and the value.
 inline split_weighting parse_split_weighting(std::string_view name,
                                              std::string_view field = "weighting") {
-  if (auto w = split_weighting_named(name)) return *w;
-  TANGRAM_FAIL(invalid_argument,
-               field,
-               ": unknown split weighting ",
-               detail::quoted(name),
-               " (expected budget or batch_share)");
+  return detail::parse_enum(name, all_split_weightings, field, "split weighting");
 }
 
 /// 64 log-spaced contexts from 1K to 128K, round(1024 x 128^(i / 63)): the default traffic a split

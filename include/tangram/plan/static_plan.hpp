@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -40,30 +41,27 @@ struct layer_range {
   }
   friend bool operator!=(layer_range a, layer_range b) { return !(a == b); }
 
+  /// "[first, last)", as messages name a range.
+  [[nodiscard]] std::string describe() const { return detail::cat("[", first, ", ", last, ")"); }
+
   /// @throw invalid_argument naming `field` and the range when it is empty or not inside
   /// [0, model_layers).
-  void validate(std::int32_t model_layers,
-                std::string_view field = "plan_options.layers") const {
+  void validate(std::int32_t model_layers, std::string_view field = "plan_options.layers") const {
     TANGRAM_EXPECTS(first >= 0 && last <= model_layers,
                     invalid_argument,
                     field,
-                    ": [",
-                    first,
-                    ", ",
-                    last,
-                    ") is outside the model's ",
+                    ": ",
+                    describe(),
+                    " is outside the model's ",
                     model_layers,
-                    " layers [0, ",
-                    model_layers,
-                    ")");
+                    " layers ",
+                    layer_range{0, model_layers}.describe());
     TANGRAM_EXPECTS(first < last,
                     invalid_argument,
                     field,
-                    ": [",
-                    first,
-                    ", ",
-                    last,
-                    ") is empty (last must exceed first); a pipeline stage holds at least one "
+                    ": ",
+                    describe(),
+                    " is empty (last must exceed first); a pipeline stage holds at least one "
                     "layer");
   }
 };

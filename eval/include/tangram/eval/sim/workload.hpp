@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tangram/core/detail/checked_math.hpp"
+#include "tangram/core/detail/enum_names.hpp"
 #include "tangram/core/error.hpp"
 
 namespace tangram::sim {
@@ -35,7 +36,8 @@ struct turn_spec {
 
   /// The decode tokens the turn reserves at admission: its max_tokens (or `run_max_tokens`),
   /// capped by what the context leaves, at least 1.
-  [[nodiscard]] std::int64_t reservation(std::int64_t run_max_tokens, std::int64_t context_left) const {
+  [[nodiscard]] std::int64_t reservation(std::int64_t run_max_tokens,
+                                         std::int64_t context_left) const {
     std::int64_t want = max_tokens > 0 ? max_tokens : run_max_tokens;
     return std::max<std::int64_t>(1, std::min(want, context_left));
   }
@@ -63,8 +65,8 @@ struct workload {
 
 /// Limits for traces read from files.
 struct workload_limits {
-  static constexpr std::int64_t max_sessions       = 1000000;
-  static constexpr std::int64_t max_turns          = 10000;
+  static constexpr std::int64_t max_sessions                    = 1000000;
+  static constexpr std::int64_t max_turns                       = 10000;
   static constexpr std::int64_t max_generated_turns_per_session = 1000;  ///< `turns` of a generator
   static constexpr std::int64_t max_tokens         = std::int64_t{1} << 30;  ///< one prompt/answer
   static constexpr std::int64_t max_session_tokens = (std::int64_t{1} << 31) - 1;  ///< a session
@@ -97,10 +99,9 @@ constexpr std::string_view to_string(workload_kind k) noexcept {
 
 /// The workload kind that `to_string` spells `name` ("short", "mid", "long"), if any.
 inline std::optional<workload_kind> workload_kind_named(std::string_view name) noexcept {
-  for (auto k :
-       {workload_kind::short_context, workload_kind::mid_context, workload_kind::long_context})
-    if (to_string(k) == name) return k;
-  return std::nullopt;
+  static constexpr workload_kind all[] = {
+      workload_kind::short_context, workload_kind::mid_context, workload_kind::long_context};
+  return ::tangram::detail::enum_named(name, all);
 }
 
 /// @brief How the generator draws first-turn contexts within [LO, HI] (the class's range or
@@ -113,18 +114,21 @@ enum class context_dist {
 
 inline constexpr char const* to_string(context_dist d) noexcept {
   switch (d) {
-    case context_dist::loguniform: return "loguniform";
-    case context_dist::uniform: return "uniform";
-    case context_dist::fixed: return "fixed";
+    case context_dist::loguniform:
+      return "loguniform";
+    case context_dist::uniform:
+      return "uniform";
+    case context_dist::fixed:
+      return "fixed";
   }
   return "?";
 }
 
 /// The distribution named `name` ("loguniform", "uniform", "fixed"), or nullopt.
 inline std::optional<context_dist> context_dist_named(std::string_view name) {
-  for (auto d : {context_dist::loguniform, context_dist::uniform, context_dist::fixed})
-    if (name == to_string(d)) return d;
-  return std::nullopt;
+  static constexpr context_dist all[] = {
+      context_dist::loguniform, context_dist::uniform, context_dist::fixed};
+  return ::tangram::detail::enum_named(name, all);
 }
 
 /// @brief Parameters of the built-in generator.
@@ -216,10 +220,13 @@ inline workload generate_workload(workload_options const& o) {
   auto context = [&](double x) -> std::int64_t {
     switch (o.contexts) {
       case context_dist::uniform:
-        return hi > lo ? static_cast<std::int64_t>(lo + (hi - lo) * (x - std::log(lo)) / (std::log(hi) - std::log(lo)))
+        return hi > lo ? static_cast<std::int64_t>(lo + (hi - lo) * (x - std::log(lo)) /
+                                                            (std::log(hi) - std::log(lo)))
                        : static_cast<std::int64_t>(lo);
-      case context_dist::fixed: return static_cast<std::int64_t>((lo + hi) / 2);
-      case context_dist::loguniform: break;
+      case context_dist::fixed:
+        return static_cast<std::int64_t>((lo + hi) / 2);
+      case context_dist::loguniform:
+        break;
     }
     return static_cast<std::int64_t>(std::exp(x));
   };
@@ -227,10 +234,12 @@ inline workload generate_workload(workload_options const& o) {
   std::exponential_distribution<double> think(o.think_mean_s > 0 ? 1.0 / o.think_mean_s : 1.0);
   std::exponential_distribution<double> gap(o.arrival_rate > 0 ? o.arrival_rate : 1.0);
   workload w;
-  w.name   = std::string(to_string(o.kind));
+  w.name = std::string(to_string(o.kind));
   if (o.context_hi > 0)
-    w.name += " (contexts " + std::to_string(o.context_lo) + "-" + std::to_string(o.context_hi) + ")";
-  if (o.contexts != context_dist::loguniform) w.name += std::string(" (") + to_string(o.contexts) + " contexts)";
+    w.name +=
+        " (contexts " + std::to_string(o.context_lo) + "-" + std::to_string(o.context_hi) + ")";
+  if (o.contexts != context_dist::loguniform)
+    w.name += std::string(" (") + to_string(o.contexts) + " contexts)";
   double t = 0;
   for (std::int32_t s = 0; s < o.sessions; ++s) {
     session_spec sess;
