@@ -90,8 +90,7 @@ static_plan const& static_plan_of(std::string const& scorer,
     o.scope            = grouping_scope::global;
     it                 = cache
              .emplace(key,
-                      build_static_plan(
-                          model_preset(model), calibrate(samples(scorer, model)), o))
+                      build_static_plan(model_preset(model), calibrate(samples(scorer, model)), o))
              .first;
   }
   return it->second;
@@ -114,7 +113,10 @@ double burst_ns_per_op(int rounds, int burst, Alloc&& alloc, Free&& free_one) {
   return seconds_since(t0) * 1e9 / (2.0 * rounds * burst);
 }
 
-void pool_allocate_free(benchmark::State& state) {
+/// Bursts of 1024 pages taken from a 2^20-page pool by `take(pool, pages)` and released, for as
+/// long as the benchmark runs: ns per page operation (a take or a release); sets items processed.
+template <class Take>
+double pool_burst_ns_per_op(benchmark::State& state, Take take) {
   simulated_memory_resource mr;
   page_pool<> pool(mr, page_layout<>(page_geometry{16, 4, 128, dtype::bf16}), 1 << 20);
   constexpr int burst = 1024;
@@ -122,13 +124,21 @@ void pool_allocate_free(benchmark::State& state) {
   std::int64_t ops = 0;
   auto t0          = clock_type::now();
   for (auto _ : state) {
-    for (auto& p : pages) p = *pool.try_allocate();
+    take(pool, pages);
     benchmark::DoNotOptimize(pages.data());
     for (auto p : pages) pool.release(p);
     ops += 2 * burst;
   }
-  double ns = seconds_since(t0) * 1e9 / static_cast<double>(ops);
+  state.SetItemsProcessed(ops);
+  return seconds_since(t0) * 1e9 / static_cast<double>(ops);
+}
+
+void pool_allocate_free(benchmark::State& state) {
+  double ns = pool_burst_ns_per_op(state, [](page_pool<>& pool, std::vector<page_id>& pages) {
+    for (auto& p : pages) p = *pool.try_allocate();
+  });
   // Reference, same pattern: malloc/free of page-sized (32 KiB) host blocks.
+  constexpr int burst = 1024;
   std::vector<void*> blocks(burst);
   double malloc_ns = burst_ns_per_op(
       50,
@@ -140,26 +150,15 @@ void pool_allocate_free(benchmark::State& state) {
   state.counters["ns_per_page_op"]        = ns;
   state.counters["malloc_free_ns_per_op"] = malloc_ns;
   state.counters["malloc_over_pool"]      = malloc_ns / ns;
-  state.SetItemsProcessed(ops);
 }
 BENCHMARK(pool_allocate_free)->Unit(benchmark::kMicrosecond);
 
 void pool_reserve_draw(benchmark::State& state) {
-  simulated_memory_resource mr;
-  page_pool<> pool(mr, page_layout<>(page_geometry{16, 4, 128, dtype::bf16}), 1 << 20);
-  constexpr int burst = 1024;
-  std::vector<page_id> pages(burst);
-  std::int64_t ops = 0;
-  auto t0          = clock_type::now();
-  for (auto _ : state) {
-    auto res = *pool.try_reserve(burst);
-    for (auto& p : pages) p = pool.draw(res);
-    benchmark::DoNotOptimize(pages.data());
-    for (auto p : pages) pool.release(p);
-    ops += 2 * burst;
-  }
-  state.counters["ns_per_page_op"] = seconds_since(t0) * 1e9 / static_cast<double>(ops);
-  state.SetItemsProcessed(ops);
+  state.counters["ns_per_page_op"] =
+      pool_burst_ns_per_op(state, [](page_pool<>& pool, std::vector<page_id>& pages) {
+        auto res = *pool.try_reserve(static_cast<std::int64_t>(pages.size()));
+        for (auto& p : pages) p = pool.draw(res);
+      });
 }
 BENCHMARK(pool_reserve_draw)->Unit(benchmark::kMicrosecond);
 
