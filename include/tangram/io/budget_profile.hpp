@@ -62,10 +62,8 @@ inline std::string to_json(budget_profile const& p) {
  */
 inline budget_profile parse_budget_profile(std::string_view text, std::string_view source) {
   using detail::cat;
-  auto doc_value = detail::json::parse(text, source);
-  detail::json::node doc(doc_value, source);
-  doc.expect(detail::json::kind::object);
-  detail::expect_format(doc, "tangram-budget-profile/v1");
+  detail::format_document file(text, source, "tangram-budget-profile/v1");
+  auto const& doc = file.root;
 
   budget_profile p;
   if (auto m = doc.find("model")) p.model = m->as_string(256);

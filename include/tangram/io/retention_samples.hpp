@@ -30,10 +30,8 @@ namespace tangram {
  */
 inline retention_samples parse_retention_samples(std::string_view text, std::string_view source) {
   using detail::cat;
-  auto doc_value = detail::json::parse(text, source);
-  detail::json::node doc(doc_value, source);
-  doc.expect(detail::json::kind::object);
-  detail::expect_format(doc, "retention-samples/v1");
+  detail::format_document file(text, source, "retention-samples/v1");
+  auto const& doc = file.root;
 
   retention_samples r;
   r.model             = doc["model"].as_string(256);

@@ -133,10 +133,8 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   namespace json = detail::json;
   json::parse_limits limits;
   limits.max_bytes = plan_file_limits::max_bytes;  // what the writer may produce
-  auto doc_value   = json::parse(text, source, limits);
-  json::node doc(doc_value, source);
-  doc.expect(json::kind::object);
-  detail::expect_format(doc, "tangram-static-plan/v1");
+  detail::format_document file(text, source, "tangram-static-plan/v1", limits);
+  auto const& doc = file.root;
 
   static_plan p;
   p.model = detail::model_from_json(doc["model"]);  // validate() failures arrive as parse_errors

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /**
  * @file io/detail/fields.hpp
- * @brief Field readers shared by the file formats of the I/O layer: the format tag, layer-id
+ * @brief Field readers shared by the file formats of the I/O layer: the format tag (and a parsed
+ * document checked for it), layer-id
  * lists, 32-bit integers and fields that must equal a value derived from others.
  */
 #pragma once
@@ -40,6 +41,25 @@ inline void expect_format(json::node const& doc, std::string_view expected) {
                detail::quoted(expected),
                ")"));
 }
+
+/// @brief A parsed file of one format: its JSON tree and the root node, checked to be an object
+/// whose "format" is `format`. Neither copyable nor movable (`root` points into `tree`).
+/// @throw parse_error naming the source (malformed JSON, another format, over `limits`).
+struct format_document {
+  json::value tree;
+  json::node root;
+
+  format_document(std::string_view text,
+                  std::string_view source,
+                  std::string_view format,
+                  json::parse_limits limits = {})
+      : tree(json::parse(text, source, limits)), root(tree, source) {
+    root.expect(json::kind::object);
+    expect_format(root, format);
+  }
+  format_document(format_document const&)            = delete;
+  format_document& operator=(format_document const&) = delete;
+};
 
 inline std::int32_t as_i32(json::node const& n, std::int64_t lo, std::int64_t hi) {
   return static_cast<std::int32_t>(n.as_int(lo, hi));

@@ -15,6 +15,7 @@
 
 #include "tangram/core/error.hpp"
 #include "tangram/eval/sim/workload.hpp"
+#include "tangram/io/detail/fields.hpp"
 #include "tangram/io/detail/file_io.hpp"
 #include "tangram/io/detail/json.hpp"
 
@@ -52,13 +53,8 @@ inline std::string to_json(workload const& w) {
  */
 inline workload parse_workload(std::string_view text, std::string_view source) {
   namespace json = detail::json;
-  auto doc_value = json::parse(text, source);
-  json::node doc(doc_value, source);
-  doc.expect(json::kind::object);
-  auto f = doc["format"];
-  if (f.type() != json::kind::string || f.raw().string() != "tangram-workload/v1")
-    f.fail(detail::cat(
-        "unsupported format ", f.describe(), " (this library reads \"tangram-workload/v1\")"));
+  detail::format_document file(text, source, "tangram-workload/v1");
+  auto const& doc = file.root;
   workload w;
   if (auto n = doc.find("name")) w.name = n->as_string(256);
   auto sessions     = doc["sessions"];
