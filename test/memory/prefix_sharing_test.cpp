@@ -3,7 +3,8 @@
 // which pages a request over a pinned prefix shares and which it copies, its reservation and
 // targets (those of the same tokens admitted alone), the K/V tags read back through the view after
 // its chunks and decode steps (no pinned page written), reference counts as requests come and
-// go, unregistering, and every refusal with nothing changed.
+// go, unregistering, a fork of a pinned prefix (a plain fork), and every refusal with nothing
+// changed.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -129,6 +130,79 @@ TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copi
   sim.free(*a);
   sim.verify();
   sim.free(*b);
+  CHECK(m.pool().stats().used == 0);
+  CHECK(m.pool().stats().reserved == 0);
+  CHECK(m.stats().reclaimed_pages == 0);
+  m.check_invariants();
+}
+
+TEST_CASE("a fork of a pinned prefix is a plain ended sequence sharing every page",
+          "[memory][prefix]") {
+  // docs/memory.md: `fork` accepts a pinned prefix. The child is what a fork of any ended
+  // sequence is: ended, not pinned, every page shared by reference, no reservation (an ended
+  // sequence's targets are its pages in use); its next turn copies what it rewrites, so the
+  // prefix's tags read back unchanged and the prefix keeps serving requests.
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  kv_cache_manager m(plan, mr, opts(100, 3));
+  engine_sim sim(m, 5, 0.0);
+  auto p = prefill_prefix(sim);
+  m.pin_prefix(p);
+  auto c = sim.fork(p);
+  REQUIRE(c);
+  CHECK(m.stats().forks == 1);
+  CHECK(m.info(*c).phase == sequence_phase::ended);
+  CHECK_FALSE(m.info(*c).pinned);
+  CHECK(m.info(p).pinned);
+  CHECK(m.info(*c).reserved_pages == 0);
+  CHECK(m.pool().stats().used == 22);  // nothing copied yet
+  for (std::int32_t g = 0; g < 8; ++g) {
+    CHECK(pages_of(m, *c, g) == pages_of(m, p, g));
+    for (auto pg : pages_of(m, p, g)) CHECK(m.pool().ref_count(pg) == 2);
+  }
+  // The fork is no prefix: a request over it is refused until it is pinned itself.
+  CHECK_THROWS_WITH(m.try_admit_with_prefix(*c, 1, 0), Catch::Contains("not pinned"));
+
+  // Its next turn (N 4, T 4) copies the 14 pages it may rewrite (compressed, sliding, and the
+  // uncompressed groups' last partly filled page: none here, 16 tokens fill 4 pages), as a
+  // request over the prefix does; the 8 filled uncompressed pages stay shared.
+  auto copies_before = m.stats().page_copies;
+  REQUIRE(sim.continue_turn(*c, 4, 4));
+  CHECK(m.stats().page_copies - copies_before == 14);
+  sim.chunk(*c, 4);
+  for (int t = 0; t < 4; ++t) sim.decode({*c});
+  sim.verify();  // the prefix's tags unchanged
+  for (auto g : {uncompressed_a, uncompressed_b}) {
+    auto mine = pages_of(m, *c, g);
+    CHECK(std::vector<page_id>(mine.begin(), mine.begin() + 4) == pages_of(m, p, g));
+  }
+  for (std::int32_t g = 0; g < 6; ++g)
+    for (auto pg : pages_of(m, p, g)) CHECK(m.pool().ref_count(pg) == 1);
+
+  // The prefix still serves a request; then, every slot taken, a fork is refused with nothing
+  // changed.
+  auto a = sim.admit_with_prefix(p, 4, 4);
+  REQUIRE(a);
+  for (auto pg : pages_of(m, p, uncompressed_a)) CHECK(m.pool().ref_count(pg) == 3);
+  std::vector<sequence_id> ids{p, *c, *a};
+  auto before = snapshot(m, ids);
+  CHECK_FALSE(m.fork(p));
+  CHECK(m.stats().fork_rejected == 1);
+  CHECK(snapshot(m, ids) == before);
+  sim.chunk(*a, 4);
+  sim.verify();
+
+  // Unregistering leaves the fork's and the request's pages; the last holder returns them.
+  sim.free(p);
+  sim.verify();
+  for (auto g : {uncompressed_a, uncompressed_b}) {
+    auto mine = pages_of(m, *c, g);
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      CHECK(m.pool().ref_count(mine[k]) == (k < 4 ? 2 : 1));  // the 4 shared with a
+  }
+  sim.free(*c);
+  sim.verify();
+  sim.free(*a);
   CHECK(m.pool().stats().used == 0);
   CHECK(m.pool().stats().reserved == 0);
   CHECK(m.stats().reclaimed_pages == 0);
