@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "memory_fixtures.hpp"
+#include "prefix_fixtures.hpp"
 #include "storm/engine_sim.hpp"
 #include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
@@ -474,22 +475,18 @@ TEST_CASE(
   host_memory_resource mr;
   kv_cache_manager m(plan, mr, deferred_opts(60, 16));
   engine_sim sim(m, 13, 0.0);
-  // The prefix: 16 tokens in two chunks (22 pages, prefix_sharing_test.cpp), pinned; the pages its
-  // recompressing chunk dropped released, so that nothing is retired.
-  auto p = sim.admit(16, 0);
-  REQUIRE(p);
-  sim.chunk(*p, 8);
-  sim.chunk(*p, 8);
-  sim.end_turn(*p);
-  m.pin_prefix(*p);
+  // The prefix (22 pages), pinned; the pages its recompressing chunk dropped released, so that
+  // nothing is retired.
+  auto p = prefill_prefix(sim);
+  m.pin_prefix(p);
   m.release_epochs_through(m.advance_epoch());
   REQUIRE(m.retired_pages() == 0);
   auto prefix_pages = owned_pages(m);
   REQUIRE(prefix_pages.size() == 22);
   std::set<page_id> shared;  // the uncompressed groups' 8 filled pages (groups 6 and 7)
   for (std::int32_t g : {6, 7}) {
-    auto const* pg = m.group_pages(*p, g);
-    shared.insert(pg, pg + m.group_page_count(*p, g));
+    auto const* pg = m.group_pages(p, g);
+    shared.insert(pg, pg + m.group_page_count(p, g));
   }
   REQUIRE(shared.size() == 8);
   std::set<page_id> own;  // the 14 the request copies
@@ -500,7 +497,7 @@ TEST_CASE(
                       std::inserter(own, own.end()));
 
   // A request over it shares the 8 and copies the 14: nothing left a list, nothing retires.
-  auto a = sim.admit_with_prefix(*p, 4, 4);
+  auto a = sim.admit_with_prefix(p, 4, 4);
   REQUIRE(a);
   sim.chunk(*a, 4);
   CHECK(m.retired_pages() == 0);
@@ -510,7 +507,7 @@ TEST_CASE(
   // Unregistering the prefix in epoch e: its 14 own pages retire under e; the 8 shared stay held
   // by the request (one reference), neither free nor retired.
   auto e = m.current_epoch();
-  sim.free(*p);
+  sim.free(p);
   CHECK(retired_set(m) == own);
   for (auto [pg, pe] : retired_list(m.pool())) CHECK(pe == e);
   for (auto pg : shared) CHECK(m.pool().ref_count(pg) == 1);
