@@ -41,8 +41,11 @@ void check_pool_fits(static_plan const& plan,
   if (bytes <= budget.bytes) return;
   std::int64_t fits = 0, too_big = S;  // pool_bytes(fits) fits (0: none), pool_bytes(too_big) not
   while (too_big - fits > 1) {
-    auto mid                                           = fits + (too_big - fits) / 2;
-    (pool_bytes(mid) <= budget.bytes ? fits : too_big) = mid;
+    auto mid = fits + (too_big - fits) / 2;
+    if (pool_bytes(mid) <= budget.bytes)
+      fits = mid;
+    else
+      too_big = mid;
   }
   throw usage_error(cat("--shared-prompt ",
                         S,

@@ -143,9 +143,10 @@ inline std::int64_t shared_prompt_pool_pages(static_plan const& plan,
 inline shared_prompt_result measure_shared_prompt(static_plan const& plan,
                                                   shared_prompt_workload const& w,
                                                   double full_token_bytes) {
-  manager_options o;
-  o.num_pages          = shared_prompt_pool_pages(plan, w);  // validates the workload first
+  auto const pool_pages = shared_prompt_pool_pages(plan, w);  // validates the workload first
   std::int64_t const S = w.prompt_tokens, U = w.user_tokens, T = w.answer_tokens;
+  manager_options o;
+  o.num_pages        = pool_pages;
   o.max_sequences    = static_cast<std::int32_t>(w.requests + 1);
   o.max_chunk_tokens = w.chunk_tokens;
   std::vector<std::int32_t> kept(static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
