@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "memory_fixtures.hpp"
+#include "prefix_fixtures.hpp"
 #include "storm/engine_sim.hpp"
 #include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
@@ -466,11 +467,111 @@ TEST_CASE(
   check_accounting(m);
 }
 
+TEST_CASE(
+    "deferred reuse: a pinned prefix's pages are handed out again only after the last holder "
+    "lets go and its epoch is released",
+    "[memory][manager][deferred][prefix]") {
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  kv_cache_manager m(plan, mr, deferred_opts(60, 16));
+  engine_sim sim(m, 13, 0.0);
+  // The prefix (22 pages), pinned; the pages its recompressing chunk dropped released, so that
+  // nothing is retired.
+  auto p = prefill_prefix(sim);
+  m.pin_prefix(p);
+  m.release_epochs_through(m.advance_epoch());
+  REQUIRE(m.retired_pages() == 0);
+  auto prefix_pages = owned_pages(m);
+  REQUIRE(prefix_pages.size() == 22);
+  std::set<page_id> shared;  // the uncompressed groups' 8 filled pages (groups 6 and 7)
+  for (std::int32_t g : {6, 7}) {
+    auto const* pg = m.group_pages(p, g);
+    shared.insert(pg, pg + m.group_page_count(p, g));
+  }
+  REQUIRE(shared.size() == 8);
+  std::set<page_id> own;  // the 14 the request copies
+  std::set_difference(prefix_pages.begin(),
+                      prefix_pages.end(),
+                      shared.begin(),
+                      shared.end(),
+                      std::inserter(own, own.end()));
+
+  // A request over it shares the 8 and copies the 14: nothing left a list, nothing retires.
+  auto a = sim.admit_with_prefix(p, 4, 4);
+  REQUIRE(a);
+  sim.chunk(*a, 4);
+  CHECK(m.retired_pages() == 0);
+  for (auto pg : shared) CHECK(m.pool().ref_count(pg) == 2);
+  check_accounting(m);
+
+  // Unregistering the prefix in epoch e: its 14 own pages retire under e; the 8 shared stay held
+  // by the request (one reference), neither free nor retired.
+  auto e = m.current_epoch();
+  sim.free(p);
+  CHECK(retired_set(m) == own);
+  for (auto [pg, pe] : retired_list(m.pool())) CHECK(pe == e);
+  for (auto pg : shared) CHECK(m.pool().ref_count(pg) == 1);
+  check_accounting(m);
+  // Released: the 14 return to the free list, the 8 do not.
+  CHECK(m.advance_epoch() == e);
+  CHECK(m.release_epochs_through(e) == 14);
+  CHECK(m.retired_pages() == 0);
+
+  // Every other page handed out (requests admitted and prefilled until the pool refuses): none of
+  // the 8, which the request alone still lists, and its tags read back unchanged.
+  auto held_by_others = [&](std::vector<sequence_id> const& ids) {
+    std::set<page_id> out;
+    for (auto id : ids)
+      for (std::int32_t g = 0; g < m.num_groups(); ++g) {
+        auto const* pg = m.group_pages(id, g);
+        out.insert(pg, pg + m.group_page_count(id, g));
+      }
+    return out;
+  };
+  auto fill = [&] {
+    std::vector<sequence_id> fills;
+    while (auto r = sim.admit(8, 0)) {
+      sim.chunk(*r, 8);
+      fills.push_back(*r);
+    }
+    return fills;
+  };
+  auto fills = fill();
+  REQUIRE(fills.size() >= 2);
+  CHECK(m.pool().available_pages() < m.admission_pages(8, 0));  // the pool refused: it is full
+  for (auto pg : held_by_others(fills)) CHECK(shared.count(pg) == 0);
+  for (auto pg : shared) CHECK(m.pool().ref_count(pg) == 1);
+  sim.verify();
+  check_accounting(m);
+  for (auto id : fills) sim.free(id);
+  m.release_epochs_through(m.advance_epoch());
+
+  // The request freed in epoch e2: the 8 retire with its other pages, and a full pool still hands
+  // none of them out until e2 is released.
+  auto e2 = m.current_epoch();
+  sim.free(*a);
+  auto retired = retired_set(m);
+  for (auto pg : shared) CHECK(retired.count(pg) == 1);
+  for (auto [pg, pe] : retired_list(m.pool())) CHECK(pe == e2);
+  fills = fill();
+  for (auto pg : held_by_others(fills)) CHECK(retired.count(pg) == 0);
+  check_accounting(m);
+  CHECK(m.advance_epoch() == e2);
+  CHECK(m.release_epochs_through(e2) == static_cast<std::int64_t>(retired.size()));
+  for (auto pg : shared) CHECK(m.pool().ref_count(pg) == 0);
+  for (auto id : fills) sim.free(id);
+  m.release_epochs_through(m.advance_epoch());
+  auto ps = m.pool().stats();
+  CHECK(ps.free == ps.capacity);
+  CHECK(m.stats().reclaimed_pages == 0);
+  m.check_invariants();
+}
+
 TEST_CASE("deferred reuse: random lifecycles never hand out a page before its epoch's release",
           "[memory][manager][deferred][property]") {
   const int trials = 6, ops = 1500;
   std::int64_t advances = 0, releases = 0, waits = 0, rollbacks = 0, reuse_checks = 0;
-  std::int64_t awaiting = 0, misuses = 0;
+  std::int64_t awaiting = 0, misuses = 0, pins = 0, prefix_admits = 0;
   for (int trial = 0; trial < trials; ++trial) {
     std::mt19937 rng(7000 + static_cast<std::uint32_t>(trial));
     auto uniform = [&](std::int64_t lo, std::int64_t hi) {
@@ -551,12 +652,28 @@ TEST_CASE("deferred reuse: random lifecycles never hand out a page before its ep
         if (!dec.empty()) sim.end_turn(pick(dec));
       } else if (op < 66) {
         auto ended = in_phase(sequence_phase::ended);
+        ended.erase(
+            std::remove_if(
+                ended.begin(), ended.end(), [&](sequence_id id) { return m.info(id).pinned; }),
+            ended.end());  // a prefix is read-only
         if (!ended.empty()) (void)sim.continue_turn(pick(ended), uniform(1, 20), uniform(0, 15));
-      } else if (op < 71) {
+      } else if (op < 68) {
+        // Pinned prefixes among them: a fork of one is a plain fork.
         auto cand  = in_phase(sequence_phase::decode);
         auto ended = in_phase(sequence_phase::ended);
         cand.insert(cand.end(), ended.begin(), ended.end());
         if (!cand.empty()) (void)sim.fork(pick(cand));
+      } else if (op < 73) {
+        // Shared prefixes: pin an ended sequence, or admit a request over a pinned one.
+        std::vector<sequence_id> pinned, ended;
+        for (auto id : in_phase(sequence_phase::ended))
+          (m.info(id).pinned ? pinned : ended).push_back(id);
+        if (!pinned.empty() && (ended.empty() || rng() % 4 != 0)) {
+          if (sim.admit_with_prefix(pick(pinned), uniform(1, 8), uniform(0, 8))) ++prefix_admits;
+        } else if (!ended.empty()) {
+          m.pin_prefix(pick(ended));
+          ++pins;
+        }
       } else if (op < 78) {
         auto ids = sim.ids();
         if (!ids.empty()) sim.free(pick(ids));
@@ -623,11 +740,14 @@ TEST_CASE("deferred reuse: random lifecycles never hand out a page before its ep
   }
   INFO("advances " << advances << " releases " << releases << " waits " << waits << " rollbacks "
                    << rollbacks << " reuse checks " << reuse_checks << " awaiting " << awaiting
-                   << " misuses " << misuses);
+                   << " misuses " << misuses << " pins " << pins << " prefix admits "
+                   << prefix_admits);
   CHECK(advances > 300);
   CHECK(releases > 200);
   CHECK(rollbacks > 20);
   CHECK(reuse_checks > 500);  // pages really were handed out again, each after its release
   CHECK(awaiting > 0);        // admission really waited for a release
   CHECK(misuses > 50);
+  CHECK(pins > 20);  // prefixes pinned, requests admitted over them, the pages reused after them
+  CHECK(prefix_admits > 20);
 }

@@ -3,13 +3,16 @@
 // which pages a request over a pinned prefix shares and which it copies, its reservation and
 // targets (those of the same tokens admitted alone), the K/V tags read back through the view after
 // its chunks and decode steps (no pinned page written), reference counts as requests come and
-// go, unregistering, and every refusal with nothing changed.
+// go, unregistering, a fork of a pinned prefix (a plain fork), and every refusal with nothing
+// changed.
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "memory_fixtures.hpp"
+#include "prefix_fixtures.hpp"
 #include "storm/engine_sim.hpp"
 #include "storm/manager_snapshot.hpp"
 #include "tangram/eval/sim/shared_prompt.hpp"
@@ -24,17 +27,6 @@ namespace {
 // Group ids of the tiny plan (memory/manager_test.cpp): 0-3 compressed, 4-5 sliding (W 10, ring
 // 3 pages), 6-7 uncompressed; P = 4.
 constexpr std::int32_t uncompressed_a = 6, uncompressed_b = 7;
-
-/// A 16-token prefix prefilled in two chunks of 8 and ended. Pages per group (manager_test's
-/// chunk 2 at n = 16): {3, 2, 2, 1, 3, 3, 4, 4} = 22.
-sequence_id prefill_prefix(engine_sim& sim) {
-  auto p = sim.admit(16, 0);
-  REQUIRE(p);
-  sim.chunk(*p, 8);
-  sim.chunk(*p, 8);
-  sim.end_turn(*p);
-  return *p;
-}
 
 std::vector<page_id> pages_of(kv_cache_manager const& m, sequence_id id, std::int32_t g) {
   auto const* p = m.group_pages(id, g);
@@ -135,6 +127,112 @@ TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copi
   m.check_invariants();
 }
 
+TEST_CASE("a fork of a pinned prefix is a plain fork of an ended sequence", "[memory][prefix]") {
+  // docs/memory.md: `fork` accepts a pinned prefix. The child is what a fork of any ended
+  // sequence is: ended, not pinned, no reservation (an ended sequence's targets are its pages in
+  // use), the pages every head of a group has filled shared by reference and the others copied
+  // (a fork's `shareable`): here the sliding rings (3 + 3 pages, rewritten in place) and the
+  // last page of compressed groups 0 and 2, which not every head filled: 8 copies. Its next turn
+  // copies what it may rewrite; the prefix's tags read back unchanged and it keeps serving.
+  auto plan = tiny_plan(tiny_budgets());
+  host_memory_resource mr;
+  kv_cache_manager m(plan, mr, opts(100, 3));
+  engine_sim sim(m, 5, 0.0);
+  auto p = prefill_prefix(sim);
+  m.pin_prefix(p);
+  auto copies_before = m.stats().page_copies;
+  auto c             = sim.fork(p);
+  REQUIRE(c);
+  CHECK(m.stats().forks == 1);
+  CHECK(m.info(*c).phase == sequence_phase::ended);
+  CHECK_FALSE(m.info(*c).pinned);
+  CHECK(m.info(p).pinned);
+  CHECK(m.info(*c).reserved_pages == 0);
+  CHECK(m.stats().page_copies - copies_before == 8);
+  CHECK(m.pool().stats().used == 22 + 8);
+  std::vector<std::int32_t> copied;  // pages of each group the fork copied
+  for (std::int32_t g = 0; g < 8; ++g) {
+    auto mine = pages_of(m, *c, g), theirs = pages_of(m, p, g);
+    REQUIRE(mine.size() == theirs.size());
+    std::int32_t k = 0;
+    while (k < static_cast<std::int32_t>(mine.size()) && mine[k] == theirs[k]) {
+      CHECK(m.pool().ref_count(theirs[k]) == 2);
+      ++k;
+    }
+    copied.push_back(static_cast<std::int32_t>(mine.size()) - k);
+    for (; k < static_cast<std::int32_t>(mine.size()); ++k) {
+      CHECK(mine[k] != theirs[k]);
+      CHECK(m.pool().ref_count(theirs[k]) == 1);
+    }
+  }
+  // Expected from the model's held tokens (engine_sim, not the manager): a group shares
+  // floor(shortest head / P) pages, a sliding ring none.
+  auto const& q = sim.sequences().at(p.slot);
+  std::vector<std::int32_t> expect;
+  for (std::int32_t g = 0; g < 8; ++g) {
+    auto const& grp = plan.grouping.groups[static_cast<std::size_t>(g)];
+    auto shortest   = std::numeric_limits<std::size_t>::max();
+    for (auto const& h : grp.members)
+      shortest = std::min(
+          shortest, q.tags[static_cast<std::size_t>(h.layer * plan.num_kv_heads + h.head)].size());
+    auto pages = m.group_page_count(p, g);
+    expect.push_back(grp.rule.kind == layer_kind::sliding_window
+                         ? pages
+                         : pages - static_cast<std::int32_t>(shortest / 4));
+  }
+  CHECK(expect == std::vector<std::int32_t>{1, 0, 1, 0, 3, 3, 0, 0});
+  CHECK(copied == expect);
+  // The fork is no prefix: a request over it is refused until it is pinned itself.
+  CHECK_THROWS_WITH(m.try_admit_with_prefix(*c, 1, 0), Catch::Contains("not pinned"));
+
+  // Its next turn (N 4, T 4) copies the compressed pages it still shares (the 6 of groups 0-3
+  // not copied yet): 8 + 6 = the 14 a request over the prefix copies; the 8 filled uncompressed
+  // pages stay shared.
+  REQUIRE(sim.continue_turn(*c, 4, 4));
+  CHECK(m.stats().page_copies - copies_before == 14);
+  sim.chunk(*c, 4);
+  for (int t = 0; t < 4; ++t) sim.decode({*c});
+  sim.verify();  // the prefix's tags unchanged
+  for (auto g : {uncompressed_a, uncompressed_b}) {
+    auto mine = pages_of(m, *c, g);
+    CHECK(std::vector<page_id>(mine.begin(), mine.begin() + 4) == pages_of(m, p, g));
+  }
+  for (std::int32_t g = 0; g < 6; ++g)
+    for (auto pg : pages_of(m, p, g)) CHECK(m.pool().ref_count(pg) == 1);
+
+  // The prefix still serves a request; then, every slot taken, a fork is refused with nothing
+  // changed.
+  auto a = sim.admit_with_prefix(p, 4, 4);
+  REQUIRE(a);
+  for (auto pg : pages_of(m, p, uncompressed_a)) CHECK(m.pool().ref_count(pg) == 3);
+  std::vector<sequence_id> ids{p, *c, *a};
+  auto before = snapshot(m, ids);
+  CHECK_FALSE(m.fork(p));
+  CHECK(m.stats().fork_rejected == 1);
+  auto after = snapshot(m, ids);
+  REQUIRE(after.numbers.size() == before.numbers.size());
+  for (std::size_t k = 0; k < before.numbers.size(); ++k)
+    if (k != 5) CHECK(after.numbers[k] == before.numbers[k]);  // only fork_rejected moved
+  sim.chunk(*a, 4);
+  sim.verify();
+
+  // Unregistering leaves the fork's and the request's pages; the last holder returns them.
+  sim.free(p);
+  sim.verify();
+  for (auto g : {uncompressed_a, uncompressed_b}) {
+    auto mine = pages_of(m, *c, g);
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      CHECK(m.pool().ref_count(mine[k]) == (k < 4 ? 2 : 1));  // the 4 shared with a
+  }
+  sim.free(*c);
+  sim.verify();
+  sim.free(*a);
+  CHECK(m.pool().stats().used == 0);
+  CHECK(m.pool().stats().reserved == 0);
+  CHECK(m.stats().reclaimed_pages == 0);
+  m.check_invariants();
+}
+
 TEST_CASE("prefix misuse and refusals name the call and change nothing", "[memory][prefix]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
@@ -198,15 +296,11 @@ TEST_CASE("prefix requests under elastic reservation copy the compressed pages i
   host_memory_resource mr;
   kv_cache_manager m(plan, mr, opts(200, 8));
   engine_sim sim(m, 11, 0.0);
-  auto p = sim.admit(16, 0);
-  REQUIRE(p);
-  sim.chunk(*p, 8);
-  sim.chunk(*p, 8);
-  sim.end_turn(*p);
-  m.pin_prefix(*p);
+  auto p = prefill_prefix(sim);
+  m.pin_prefix(p);
   std::vector<sequence_id> reqs;
   for (std::int64_t N : {3, 9, 1}) {
-    auto r = sim.admit_with_prefix(*p, N, 5);
+    auto r = sim.admit_with_prefix(p, N, 5);
     REQUIRE(r);
     reqs.push_back(*r);
     sim.verify();  // the model's elastic limit and budget (next turn, every compressed page copied)
@@ -218,7 +312,7 @@ TEST_CASE("prefix requests under elastic reservation copy the compressed pages i
     for (int t = 0; t < 5; ++t) sim.decode({r});
     sim.verify();
   }
-  sim.free(*p);
+  sim.free(p);
   for (auto r : reqs) sim.free(r);
   CHECK(m.pool().stats().used == 0);
   m.check_invariants();

@@ -55,12 +55,14 @@ TEST_CASE("operation storms keep every invariant on tiny and real plans",
   CHECK(all.completed_turns > 50);
   CHECK(all.continued > 20);
   CHECK(all.forks > 20);
-  // Shared prefixes: pinned, requests admitted over them (some refused), misuse refused.
+  // Shared prefixes: pinned, requests admitted over them (some refused), forked, misuse refused.
   INFO("prefix pins " << all.prefix_pins << " admits " << all.prefix_admits << " refused "
-                      << all.prefix_rejected << " misuses " << all.prefix_misuses);
+                      << all.prefix_rejected << " forks " << all.prefix_forks << " misuses "
+                      << all.prefix_misuses);
   CHECK(all.prefix_pins > 10);
   CHECK(all.prefix_admits > 20);
   CHECK(all.prefix_rejected > 0);
+  CHECK(all.prefix_forks > 5);
   CHECK(all.prefix_misuses > 5);
   CHECK(all.aborts > 10);
   CHECK(all.full_pool_bursts > 0);

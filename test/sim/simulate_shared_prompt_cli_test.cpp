@@ -3,6 +3,7 @@
 // on the default plan (full_kv's blocks worked by hand; Tangram's pages are checked on the tiny
 // plan in memory/prefix_sharing_test.cpp), and the options it refuses.
 #include <string>
+#include <vector>
 
 #include "cli_support.hpp"
 #include "commands.hpp"
@@ -38,4 +39,33 @@ TEST_CASE("simulate --shared-prompt reports both policies with and without shari
   auto verdict = test::run_cli({"simulate", "--verdict", "--shared-prompt", "64"});
   CHECK(verdict.code == 2);
   CHECK(verdict.err.find("--shared-prompt: applies to a single simulate run") != std::string::npos);
+}
+
+TEST_CASE("simulate --shared-prompt refuses a prompt whose measurement does not fit the GPU",
+          "[sim][cli][prefix]") {
+  // The measurement's pool holds 33 sequences (32 requests and the pinned prompt) of S + 256 + 256
+  // tokens uncompressed: on Llama-3.1-8B (131072 B per token, pages of 16 tokens) that is
+  // 33 x ceil((S + 512) / 16) x 16 x 131072 B = ceil((S + 512) / 16) x 69,206,016 B.
+  // --gpu-mem 20 --usable 1 leaves 20 - 16.06 GB of weights = 3.94 GB: 56 x 69,206,016 =
+  // 3,875,536,896 B fits, 57 x = 3,944,742,912 B does not, so S + 512 <= 56 x 16: S <= 384.
+  std::vector<std::string> small = {"--gpu-mem", "20", "--usable", "1"};
+  auto with = [](std::vector<std::string> argv, std::vector<std::string> const& more) {
+    argv.insert(argv.end(), more.begin(), more.end());
+    return argv;
+  };
+  test::check_refused(with({"simulate", "--shared-prompt", "385"}, small),
+                      {"--shared-prompt 385:", "3.94 GB KV budget", "at most 384 fits"});
+  auto edge = test::run_cli(with({"simulate", "--shared-prompt", "384", "--json"}, small));
+  INFO(edge.err);
+  REQUIRE(edge.code == 0);
+  CHECK(edge.out.find("\"shared_prompt_tokens\": 384") != std::string::npos);
+  // The default H200 (141 GB x 0.9 - 16.06 GB = 110.84 GB): 1601 x 69,206,016 B fits, 1602 x
+  // does not, S + 512 <= 1601 x 16: S <= 25104. The largest S the option takes (2^30, a pool of
+  // 4.6 PB) is refused before any work instead of exhausting host memory.
+  test::check_refused({"simulate", "--shared-prompt", "1073741824"},
+                      {"--shared-prompt 1073741824:", "at most 25104 fits", "--gpu-mem"});
+  test::check_refused({"simulate", "--shared-prompt", "25105"}, {"at most 25104 fits"});
+  // 17 GB leaves 0.94 GB: not even S = 1 (33 x 69,206,016 B) fits.
+  test::check_refused({"simulate", "--shared-prompt", "1", "--gpu-mem", "17", "--usable", "1"},
+                      {"--shared-prompt 1:", "no prompt fits"});
 }

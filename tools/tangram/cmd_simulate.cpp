@@ -200,7 +200,6 @@ int simulate(simulate_args& a, streams io) {
                           " KV heads per layer of ", model.name, " (each needs one); give --sms ",
                           ceil_div(model.num_kv_heads, po.split.limits.ctas_per_sm), " or more"));
   auto plan  = build_plan_for_cli(model, src.profile, po);
-  if (a.shared_prompt > 0) return run_shared_prompt(model, plan, a.shared_prompt, ro.prefill_chunk, as_json, io);
 
   gpu_spec gpu;
   gpu.name            = preset.gpu.name;
@@ -225,6 +224,11 @@ int simulate(simulate_args& a, streams io) {
                             page, " bytes (--page-tokens ", po.page_tokens, "), outside the [1, ",
                             page_pool<page_layout<>>::max_pages, "] pages a pool can hold"));
   }
+  if (a.shared_prompt > 0)
+    return run_shared_prompt(model, plan, a.shared_prompt, ro.prefill_chunk,
+                             {kv_bytes, cat(gpu_mem_text, " GB x ", usable, " - ", model.weight_bytes / 1e9,
+                                            " GB of weights")},
+                             as_json, io);
 
   // Costs beyond the roofline: the --costs preset (eval/sim/serving_costs.hpp), then the
   // overrides; the decode skews are measured on each policy's own lengths (measured_skews.hpp).

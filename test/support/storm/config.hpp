@@ -51,8 +51,8 @@ inline storm_mix reliability_mix() {
           {o::decode, 315},
           {o::end_turn, 50},
           {o::continue_turn, 60},
-          {o::fork, 40},
-          {o::prefix, 15},
+          {o::fork, 35},
+          {o::prefix, 20},  // pins, admissions over prefixes, forks of them, misuse
           {o::free, 60},
           {o::abort_chunk, 18},
           {o::misuse, 30},

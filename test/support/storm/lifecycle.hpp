@@ -201,19 +201,26 @@ class storm_lifecycle : public storm_state {
     auto ended = phase(sequence_phase::ended);
     cand.insert(cand.end(), ended.begin(), ended.end());
     if (cand.empty()) return admit();
-    auto id = pick(cand);
-    // Upper bound of the child's reservation: the parent's targets (or pages in use when ended).
+    (void)fork_of(pick(cand));
+  }
+  /// Forks `id` (decode, ended, or a pinned prefix): made when the upper bound of the child's
+  /// reservation (the parent's targets, or its pages in use when ended) fits, a refusal changes
+  /// nothing (add_sharer).
+  std::optional<sequence_id> fork_of(sequence_id id) {
     std::int64_t ub = sim_->fork_reservation_bound(sim_->sequences().at(id.slot));
-    if (add_sharer(id, ub, [&] { return sim_->fork(id); }))
+    auto child      = add_sharer(id, ub, [&] { return sim_->fork(id); });
+    if (child)
       ++t_.forks;
     else
       ++t_.fork_rejected;
+    return child;
   }
 
   /// Shared prefixes: pins an ended sequence (from then on only a prefix: `free` unregisters it),
   /// or admits a request over a pinned one (the reservation bound of a next turn over its tokens;
-  /// a refusal changes nothing), or checks that a prefix refuses what would write it (a next
-  /// turn, a park) and that an unpinned sequence is no prefix.
+  /// a refusal changes nothing), or forks one (a plain fork: the child is no prefix), or checks
+  /// that a prefix refuses what would write it (a next turn, a park) and that an unpinned sequence
+  /// is no prefix.
   void prefix_op() {
     auto& m = *manager_;
     prefixes_.erase(
@@ -237,6 +244,17 @@ class storm_lifecycle : public storm_state {
       return;
     }
     auto id = pick(prefixes_);
+    if (rng_() % 6 == 0) {
+      // A fork of a prefix is a plain fork (docs/memory.md: `fork` accepts a pinned prefix): an
+      // ended, unpinned sequence sharing every page, which the other operations then continue,
+      // park or free like any ended sequence; its writes copy what they rewrite.
+      if (auto child = fork_of(id)) {
+        REQUIRE(!m.info(*child).pinned);
+        REQUIRE(m.info(*child).phase == sequence_phase::ended);
+        ++t_.prefix_forks;
+      }
+      return;
+    }
     if (rng_() % 8 == 0) {
       if (rng_() % 2)
         expect_misuse<logic_error>("pinned prefix", [&] { (void)m.continue_turn(id, 1, 1); });

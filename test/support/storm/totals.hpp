@@ -19,6 +19,7 @@ struct storm_totals {
   std::int64_t continued = 0, continue_rejected = 0;
   std::int64_t forks = 0, fork_rejected = 0;
   std::int64_t prefix_pins = 0, prefix_admits = 0, prefix_rejected = 0, prefix_misuses = 0;
+  std::int64_t prefix_forks = 0;  ///< forks of a pinned prefix (their refusals: fork_rejected)
   std::int64_t frees = 0, aborts = 0;
   std::int64_t misuses   = 0;  ///< misuse calls: threw, nothing changed
   std::int64_t bad_sizes = 0;  ///< of which sizes no sequence may have (0, < 0, near INT64_MAX)
@@ -65,6 +66,7 @@ struct storm_totals {
     prefix_admits += o.prefix_admits;
     prefix_rejected += o.prefix_rejected;
     prefix_misuses += o.prefix_misuses;
+    prefix_forks += o.prefix_forks;
     frees += o.frees;
     aborts += o.aborts;
     misuses += o.misuses;

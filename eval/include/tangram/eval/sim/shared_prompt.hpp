@@ -76,18 +76,16 @@ inline std::int64_t committed_pages(kv_cache_manager const& m) {
 }  // namespace detail
 
 /**
- * @brief Runs the workload on a manager over `plan` (static budgets) twice: R plain requests of
- * S + U prompt tokens, chunked so that a chunk ends at S; and the prompt prefilled once, pinned,
- * then R requests admitted over it with U prompt tokens. Both prefill every request and report
- * the pool's held + reserved pages times the page bytes. full_kv: R (S + U + T) tokens of
- * `full_token_bytes` (all layers and KV heads) in blocks of `full_kv_block` tokens per request,
- * unshared; shared, the prompt's full blocks once (vLLM shares full blocks only).
+ * @brief Pages of the pool `measure_shared_prompt` builds: R + 1 sequences (the R requests, and
+ * the pinned prompt once) each of S + U prompt and T answer tokens uncompressed
+ * (`uncompressed_footprint_pages`), so that the measurement refuses nothing. Its host metadata and
+ * the GPU memory it stands for grow with S: a caller bounds it before measuring (`tangram simulate`
+ * refuses an S whose pool passes the configured GPU's KV budget).
  * @throw invalid_argument naming the field for S, U or chunk < 1, R outside [1, 4096], T < 0,
- *        S + U + T past 2^31 - 1; the manager's for a pool it cannot build.
+ *        S + U + T past 2^31 - 1, or a page count past int64.
  */
-inline shared_prompt_result measure_shared_prompt(static_plan const& plan,
-                                                  shared_prompt_workload const& w,
-                                                  double full_token_bytes) {
+inline std::int64_t shared_prompt_pool_pages(static_plan const& plan,
+                                             shared_prompt_workload const& w) {
   TANGRAM_EXPECTS(w.requests >= 1 && w.requests <= 4096,
                   invalid_argument,
                   "shared_prompt_workload.requests: ",
@@ -129,8 +127,26 @@ inline shared_prompt_result measure_shared_prompt(static_plan const& plan,
                   " requests of ",
                   per_request,
                   " pages overflow a page count");
+  return (w.requests + 1) * per_request;
+}
+
+/**
+ * @brief Runs the workload on a manager over `plan` (static budgets) twice: R plain requests of
+ * S + U prompt tokens, chunked so that a chunk ends at S; and the prompt prefilled once, pinned,
+ * then R requests admitted over it with U prompt tokens. Both prefill every request and report
+ * the pool's held + reserved pages times the page bytes. full_kv: R (S + U + T) tokens of
+ * `full_token_bytes` (all layers and KV heads) in blocks of `full_kv_block` tokens per request,
+ * unshared; shared, the prompt's full blocks once (vLLM shares full blocks only).
+ * @throw invalid_argument as `shared_prompt_pool_pages`; the manager's for a pool it cannot
+ *        build.
+ */
+inline shared_prompt_result measure_shared_prompt(static_plan const& plan,
+                                                  shared_prompt_workload const& w,
+                                                  double full_token_bytes) {
+  auto const pool_pages = shared_prompt_pool_pages(plan, w);  // validates the workload first
+  std::int64_t const S = w.prompt_tokens, U = w.user_tokens, T = w.answer_tokens;
   manager_options o;
-  o.num_pages        = (w.requests + 1) * per_request;
+  o.num_pages        = pool_pages;
   o.max_sequences    = static_cast<std::int32_t>(w.requests + 1);
   o.max_chunk_tokens = w.chunk_tokens;
   std::vector<std::int32_t> kept(static_cast<std::size_t>(plan.num_layers * plan.num_kv_heads));
