@@ -27,6 +27,34 @@ json::value number_or_null(double v) {
   return std::isfinite(v) ? json::value(v) : json::value(nullptr);
 }
 
+json::value numbers_json(std::vector<double> const& values) {
+  auto a = json::value::array();
+  for (double x : values) a.push_back(x);
+  return a;
+}
+
+/// The fields both reports open with; `reservation` (elastic) is given only when not null.
+json::value report_json(char const* reservation,
+                        std::string const& source,
+                        retention_samples const& samples,
+                        std::int64_t num_samples) {
+  auto v = json::value::object();
+  v.set("command", "calibrate");
+  if (reservation) v.set("reservation", reservation);
+  v.set("input", source);
+  v.set("model", samples.model);
+  v.set("scorer", samples.scorer);
+  v.set("num_samples", num_samples);
+  return v;
+}
+
+/// Ends either report's JSON: the profile written (or null), then the document on one line.
+int print_report_json(json::value& v, std::optional<std::string> const& out, streams io) {
+  v.set("out", out ? json::value(*out) : json::value(nullptr));
+  io.out << json::dump(v, -1) << "\n";
+  return 0;
+}
+
 std::string setting_of(calibration_options const& o) {
   return o.estimator == budget_estimator::musigma ? cat("alpha ", o.alpha) : cat("q ", o.quantile);
 }
@@ -125,13 +153,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
   if (a.out) save_budget_profile(calibrate(samples, cal.options), *a.out);
 
   if (as_json) {
-    auto v = json::value::object();
-    v.set("command", "calibrate");
-    v.set("reservation", "elastic");
-    v.set("input", in.source);
-    v.set("model", samples.model);
-    v.set("scorer", samples.scorer);
-    v.set("num_samples", rep.num_samples);
+    auto v = report_json("elastic", in.source, samples, rep.num_samples);
     v.set("num_heads", rep.num_heads);
     v.set("target_keep_ratio", samples.target_keep_ratio);
     v.set("sink_tokens", samples.sink_tokens);
@@ -152,12 +174,8 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     v.set("insample_clip_fraction", rep.insample_clip_fraction);
     v.set("group_padding", rep.group_padding);
     v.set("per_request_padding", rep.per_request_padding);
-    auto margins = json::value::array();
-    for (double m : rep.fold_margins) margins.push_back(m);
-    v.set("fold_margins", std::move(margins));
-    auto clips = json::value::array();
-    for (double c : rep.fold_clip_fractions) clips.push_back(c);
-    v.set("fold_clip_fractions", std::move(clips));
+    v.set("fold_margins", numbers_json(rep.fold_margins));
+    v.set("fold_clip_fractions", numbers_json(rep.fold_clip_fractions));
     v.set("heldout_clip_fraction", number_or_null(rep.heldout_clip_fraction));
     v.set("heldout_reserved_over_ideal", number_or_null(rep.heldout_reserved_over_ideal));
     v.set("heldout_group_padding", number_or_null(rep.heldout_group_padding));
@@ -195,9 +213,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
       }
       v.set("static_comparison", std::move(arr));
     }
-    v.set("out", a.out ? json::value(*a.out) : json::value(nullptr));
-    io.out << json::dump(v, -1) << "\n";
-    return 0;
+    return print_report_json(v, a.out, io);
   }
 
   auto& s = io.out;
@@ -296,12 +312,7 @@ int calibrate_command(calibrate_args& a, streams io) {
 
   auto const& o = cal.options;
   if (as_json) {
-    auto v = json::value::object();
-    v.set("command", "calibrate");
-    v.set("input", in.source);
-    v.set("model", samples.model);
-    v.set("scorer", samples.scorer);
-    v.set("num_samples", rep.num_samples);
+    auto v = report_json(nullptr, in.source, samples, rep.num_samples);
     v.set("num_layers", static_cast<std::int64_t>(samples.layer_ids.size()));
     v.set("num_kv_heads", samples.num_kv_heads);
     v.set("sink_tokens", samples.sink_tokens);
@@ -322,9 +333,7 @@ int calibrate_command(calibrate_args& a, streams io) {
     v.set("reserved_over_ideal", rep.reserved_over_ideal);
     v.set("insample_clip_fraction", rep.insample_clip_fraction);
     v.set("heldout_clip_fraction", number_or_null(rep.heldout_clip_fraction));
-    auto folds = json::value::array();
-    for (double c : rep.fold_clip_fractions) folds.push_back(c);
-    v.set("fold_clip_fractions", std::move(folds));
+    v.set("fold_clip_fractions", numbers_json(rep.fold_clip_fractions));
     v.set("heldout_reserved_over_ideal", number_or_null(rep.heldout_reserved_over_ideal));
     v.set("rank_spearman_mean", rep.rank_spearman_mean);
     v.set("rank_spearman_min", rep.rank_spearman_min);
@@ -346,9 +355,7 @@ int calibrate_command(calibrate_args& a, streams io) {
       }
       v.set("comparison", std::move(arr));
     }
-    v.set("out", out ? json::value(*out) : json::value(nullptr));
-    io.out << json::dump(v, -1) << "\n";
-    return 0;
+    return print_report_json(v, out, io);
   }
 
   auto& s = io.out;
