@@ -59,6 +59,23 @@ std::string setting_of(calibration_options const& o) {
   return o.estimator == budget_estimator::musigma ? cat("alpha ", o.alpha) : cat("q ", o.quantile);
 }
 
+/// The held-out rows both text reports print, by their `row(label, value)`; `per_fold` lists the
+/// folds' figures.
+template <class Row, class Report>
+void heldout_rows(Row const& row,
+                  Report const& rep,
+                  evaluation_options const& ev,
+                  std::string const& per_fold) {
+  row("clipped tokens, held out",
+      cat(percent(rep.heldout_clip_fraction, 3),
+          "  (",
+          ev.folds,
+          (ev.group_by_context ? " folds by context length: " : " folds: "),
+          per_fold,
+          ")"));
+  row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
+}
+
 struct calibrate_args {
   std::optional<std::string> input;
   // Elastic by default, as plans reserve (plan_options, `tangram plan`); --out writes the budget
@@ -242,14 +259,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     for (std::size_t f = 0; f < rep.fold_clip_fractions.size(); ++f)
       per_fold += (f ? ", " : "") + percent(rep.fold_clip_fractions[f], 3) + " at margin " +
                   fixed(rep.fold_margins[f], 3);
-    row("clipped tokens, held out",
-        cat(percent(rep.heldout_clip_fraction, 3),
-            "  (",
-            ev.folds,
-            (ev.group_by_context ? " folds by context length: " : " folds: "),
-            per_fold,
-            ")"));
-    row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
+    heldout_rows(row, rep, ev, per_fold);
     row("clipped, held out, per-request groups", percent(rep.heldout_per_request_clip_fraction, 3));
     s << "\n  margin sweep (held out):\n  " << std::left << std::setw(10) << "margin" << std::right
       << std::setw(16) << "reserved/ideal" << std::setw(16) << "clip" << std::setw(26)
@@ -388,14 +398,7 @@ int calibrate_command(calibrate_args& a, streams io) {
     std::string per_fold;
     for (double c : rep.fold_clip_fractions)
       per_fold += (per_fold.empty() ? "" : ", ") + percent(c, 3);
-    row("clipped tokens, held out",
-        cat(percent(rep.heldout_clip_fraction, 3),
-            "  (",
-            ev.folds,
-            (ev.group_by_context ? " folds by context length: " : " folds: "),
-            per_fold,
-            ")"));
-    row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
+    heldout_rows(row, rep, ev, per_fold);
   }
   row("rank stability (Spearman)",
       cat("mean ", fixed(rep.rank_spearman_mean, 3), ", min ", fixed(rep.rank_spearman_min, 3)));
