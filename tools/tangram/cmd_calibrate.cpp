@@ -27,8 +27,53 @@ json::value number_or_null(double v) {
   return std::isfinite(v) ? json::value(v) : json::value(nullptr);
 }
 
+json::value numbers_json(std::vector<double> const& values) {
+  auto a = json::value::array();
+  for (double x : values) a.push_back(x);
+  return a;
+}
+
+/// The fields both reports open with; `reservation` (elastic) is given only when not null.
+json::value report_json(char const* reservation,
+                        std::string const& source,
+                        retention_samples const& samples,
+                        std::int64_t num_samples) {
+  auto v = json::value::object();
+  v.set("command", "calibrate");
+  if (reservation) v.set("reservation", reservation);
+  v.set("input", source);
+  v.set("model", samples.model);
+  v.set("scorer", samples.scorer);
+  v.set("num_samples", num_samples);
+  return v;
+}
+
+/// Ends either report's JSON: the profile written (or null), then the document on one line.
+int print_report_json(json::value& v, std::optional<std::string> const& out, streams io) {
+  v.set("out", out ? json::value(*out) : json::value(nullptr));
+  io.out << json::dump(v, -1) << "\n";
+  return 0;
+}
+
 std::string setting_of(calibration_options const& o) {
   return o.estimator == budget_estimator::musigma ? cat("alpha ", o.alpha) : cat("q ", o.quantile);
+}
+
+/// The held-out rows both text reports print, by their `row(label, value)`; `per_fold` lists the
+/// folds' figures.
+template <class Row, class Report>
+void heldout_rows(Row const& row,
+                  Report const& rep,
+                  evaluation_options const& ev,
+                  std::string const& per_fold) {
+  row("clipped tokens, held out",
+      cat(percent(rep.heldout_clip_fraction, 3),
+          "  (",
+          ev.folds,
+          (ev.group_by_context ? " folds by context length: " : " folds: "),
+          per_fold,
+          ")"));
+  row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
 }
 
 struct calibrate_args {
@@ -125,13 +170,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
   if (a.out) save_budget_profile(calibrate(samples, cal.options), *a.out);
 
   if (as_json) {
-    auto v = json::value::object();
-    v.set("command", "calibrate");
-    v.set("reservation", "elastic");
-    v.set("input", in.source);
-    v.set("model", samples.model);
-    v.set("scorer", samples.scorer);
-    v.set("num_samples", rep.num_samples);
+    auto v = report_json("elastic", in.source, samples, rep.num_samples);
     v.set("num_heads", rep.num_heads);
     v.set("target_keep_ratio", samples.target_keep_ratio);
     v.set("sink_tokens", samples.sink_tokens);
@@ -152,12 +191,8 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     v.set("insample_clip_fraction", rep.insample_clip_fraction);
     v.set("group_padding", rep.group_padding);
     v.set("per_request_padding", rep.per_request_padding);
-    auto margins = json::value::array();
-    for (double m : rep.fold_margins) margins.push_back(m);
-    v.set("fold_margins", std::move(margins));
-    auto clips = json::value::array();
-    for (double c : rep.fold_clip_fractions) clips.push_back(c);
-    v.set("fold_clip_fractions", std::move(clips));
+    v.set("fold_margins", numbers_json(rep.fold_margins));
+    v.set("fold_clip_fractions", numbers_json(rep.fold_clip_fractions));
     v.set("heldout_clip_fraction", number_or_null(rep.heldout_clip_fraction));
     v.set("heldout_reserved_over_ideal", number_or_null(rep.heldout_reserved_over_ideal));
     v.set("heldout_group_padding", number_or_null(rep.heldout_group_padding));
@@ -195,9 +230,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
       }
       v.set("static_comparison", std::move(arr));
     }
-    v.set("out", a.out ? json::value(*a.out) : json::value(nullptr));
-    io.out << json::dump(v, -1) << "\n";
-    return 0;
+    return print_report_json(v, a.out, io);
   }
 
   auto& s = io.out;
@@ -226,14 +259,7 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     for (std::size_t f = 0; f < rep.fold_clip_fractions.size(); ++f)
       per_fold += (f ? ", " : "") + percent(rep.fold_clip_fractions[f], 3) + " at margin " +
                   fixed(rep.fold_margins[f], 3);
-    row("clipped tokens, held out",
-        cat(percent(rep.heldout_clip_fraction, 3),
-            "  (",
-            ev.folds,
-            (ev.group_by_context ? " folds by context length: " : " folds: "),
-            per_fold,
-            ")"));
-    row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
+    heldout_rows(row, rep, ev, per_fold);
     row("clipped, held out, per-request groups", percent(rep.heldout_per_request_clip_fraction, 3));
     s << "\n  margin sweep (held out):\n  " << std::left << std::setw(10) << "margin" << std::right
       << std::setw(16) << "reserved/ideal" << std::setw(16) << "clip" << std::setw(26)
@@ -296,12 +322,7 @@ int calibrate_command(calibrate_args& a, streams io) {
 
   auto const& o = cal.options;
   if (as_json) {
-    auto v = json::value::object();
-    v.set("command", "calibrate");
-    v.set("input", in.source);
-    v.set("model", samples.model);
-    v.set("scorer", samples.scorer);
-    v.set("num_samples", rep.num_samples);
+    auto v = report_json(nullptr, in.source, samples, rep.num_samples);
     v.set("num_layers", static_cast<std::int64_t>(samples.layer_ids.size()));
     v.set("num_kv_heads", samples.num_kv_heads);
     v.set("sink_tokens", samples.sink_tokens);
@@ -322,9 +343,7 @@ int calibrate_command(calibrate_args& a, streams io) {
     v.set("reserved_over_ideal", rep.reserved_over_ideal);
     v.set("insample_clip_fraction", rep.insample_clip_fraction);
     v.set("heldout_clip_fraction", number_or_null(rep.heldout_clip_fraction));
-    auto folds = json::value::array();
-    for (double c : rep.fold_clip_fractions) folds.push_back(c);
-    v.set("fold_clip_fractions", std::move(folds));
+    v.set("fold_clip_fractions", numbers_json(rep.fold_clip_fractions));
     v.set("heldout_reserved_over_ideal", number_or_null(rep.heldout_reserved_over_ideal));
     v.set("rank_spearman_mean", rep.rank_spearman_mean);
     v.set("rank_spearman_min", rep.rank_spearman_min);
@@ -346,9 +365,7 @@ int calibrate_command(calibrate_args& a, streams io) {
       }
       v.set("comparison", std::move(arr));
     }
-    v.set("out", out ? json::value(*out) : json::value(nullptr));
-    io.out << json::dump(v, -1) << "\n";
-    return 0;
+    return print_report_json(v, out, io);
   }
 
   auto& s = io.out;
@@ -381,14 +398,7 @@ int calibrate_command(calibrate_args& a, streams io) {
     std::string per_fold;
     for (double c : rep.fold_clip_fractions)
       per_fold += (per_fold.empty() ? "" : ", ") + percent(c, 3);
-    row("clipped tokens, held out",
-        cat(percent(rep.heldout_clip_fraction, 3),
-            "  (",
-            ev.folds,
-            (ev.group_by_context ? " folds by context length: " : " folds: "),
-            per_fold,
-            ")"));
-    row("reserved / mean dynamic, held out", fixed(rep.heldout_reserved_over_ideal, 3));
+    heldout_rows(row, rep, ev, per_fold);
   }
   row("rank stability (Spearman)",
       cat("mean ", fixed(rep.rank_spearman_mean, 3), ", min ", fixed(rep.rank_spearman_min, 3)));

@@ -138,28 +138,21 @@ std::string plan_svg(static_plan const& p) {
     s += "</g>\n";
   }
   int ly = header + rows * row_h + 10;
-  for (int i = 0; i <= 20; ++i)
-    s += cat("<rect x=\"",
-             margin + i * 10,
-             "\" y=\"",
-             ly,
-             "\" width=\"10\" height=\"10\" fill=\"",
-             budget_colour(i / 20.0),
-             "\"/>\n");
-  s += cat("<text x=\"", margin, "\" y=\"", ly + 24, "\">budget 0</text>\n");
-  s += cat("<text x=\"", margin + 170, "\" y=\"", ly + 24, "\">1</text>\n");
-  s += cat("<rect x=\"",
-           margin + 240,
-           "\" y=\"",
-           ly,
-           "\" width=\"10\" height=\"10\" fill=\"#bdbdbd\"/>");
-  s += cat("<text x=\"", margin + 254, "\" y=\"", ly + 9, "\">sliding window</text>\n");
-  s += cat("<rect x=\"",
-           margin + 350,
-           "\" y=\"",
-           ly,
-           "\" width=\"10\" height=\"10\" fill=\"#525252\"/>");
-  s += cat("<text x=\"", margin + 364, "\" y=\"", ly + 9, "\">uncompressed</text>\n");
+  // The legend: a 10 x 10 swatch of `fill` at x, and a label at (x, y).
+  auto swatch = [&](int x, std::string const& fill, char const* end) {
+    return cat(
+        "<rect x=\"", x, "\" y=\"", ly, "\" width=\"10\" height=\"10\" fill=\"", fill, "\"/>", end);
+  };
+  auto label = [&](int x, int y, char const* text) {
+    return cat("<text x=\"", x, "\" y=\"", y, "\">", text, "</text>\n");
+  };
+  for (int i = 0; i <= 20; ++i) s += swatch(margin + i * 10, budget_colour(i / 20.0), "\n");
+  s += label(margin, ly + 24, "budget 0");
+  s += label(margin + 170, ly + 24, "1");
+  s += swatch(margin + 240, "#bdbdbd", "");
+  s += label(margin + 254, ly + 9, "sliding window");
+  s += swatch(margin + 350, "#525252", "");
+  s += label(margin + 364, ly + 9, "uncompressed");
   s += "</svg>\n";
   return s;
 }

@@ -46,6 +46,20 @@ std::string describe_layers(model_spec const& m) {
   return s + ")";
 }
 
+/// The report's first lines: the input, then the model with this rank's KV heads (unended).
+void print_heading(std::ostream& s,
+                   std::string const& source,
+                   model_spec const& model,
+                   plan_options const& o) {
+  s << "plan " << printable(source) << "\n"
+    << "  model " << printable(model.name) << ": " << describe_layers(model) << ", "
+    << model.num_kv_heads << " KV heads";
+  auto const local = model.num_kv_heads / o.tp_size;  // build_static_plan's first_kv_head
+  if (o.tp_size > 1)
+    s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads " << o.tp_rank * local << ".."
+      << (o.tp_rank + 1) * local - 1 << ")";
+}
+
 struct plan_args {
   std::optional<std::string> input;
   calibration_args cal;
@@ -210,13 +224,7 @@ int stages_command(plan_args& a,
     return 0;
   }
   auto& s = io.out;
-  s << "plan " << printable(src.source) << "\n"
-    << "  model " << printable(model.name) << ": " << describe_layers(model) << ", "
-    << model.num_kv_heads << " KV heads";
-  if (o.tp_size > 1)
-    s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads "
-      << o.tp_rank * (model.num_kv_heads / o.tp_size) << ".."
-      << (o.tp_rank + 1) * (model.num_kv_heads / o.tp_size) - 1 << ")";
+  print_heading(s, src.source, model, o);
   s << "\n"
     << "  pipeline: " << ranges.size() << " stages, "
     << (balanced ? "balanced by KV memory" : "layer ranges as given")
@@ -405,12 +413,7 @@ int plan_command(plan_args& a, streams io) {
   }
 
   auto& s = io.out;
-  s << "plan " << printable(src.source) << "\n"
-    << "  model " << printable(model.name) << ": " << describe_layers(model) << ", "
-    << model.num_kv_heads << " KV heads";
-  if (o.tp_size > 1)
-    s << " (rank " << o.tp_rank << " of " << o.tp_size << ": heads " << plan.first_kv_head << ".."
-      << plan.first_kv_head + plan.num_kv_heads - 1 << ")";
+  print_heading(s, src.source, model, o);
   s << ", head_dim " << model.head_dim << ", " << to_string(model.kv_dtype) << "\n";
   if (o.layers)
     s << "  pipeline stage: layers " << layer_text(plan.stage_layers()) << " (" << plan.num_layers

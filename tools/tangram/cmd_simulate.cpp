@@ -961,14 +961,11 @@ command_body setup_simulate(CLI::App& app) {
       "unified_nonuniform admits a turn when its first scheduled chunk fits (chunk, as vLLM v1) or "
       "only when its "
       "whole uncompressed prompt fits (whole)"));
-  single.push_back(add_choice(
+  single.push_back(add_enum<cost_setting>(
       app,
       "--costs",
-      [a](std::string const& v) {
-        a->costs_setting = v == "competent" ? cost_setting::competent : cost_setting::paper;
-      },
-      "paper",
-      {"paper", "competent"},
+      a->costs_setting,
+      {{"paper", cost_setting::paper}, {"competent", cost_setting::competent}},
       "The charged costs the options below start from: paper (the paper's reclamation, 17.5% of "
       "each reclaiming "
       "chunk's prefill, and re-planning, 0.175 of a decode step, with the measured planner's skew, "
@@ -977,31 +974,25 @@ command_body setup_simulate(CLI::App& app) {
       "planning time "
       "overlapped with the previous step, perfect balance, masked reads); "
       "eval/sim/serving_costs.hpp"));
-  single.push_back(add_choice(
+  single.push_back(add_enum<baseline_balance>(
       app,
       "--baseline-balance",
-      [a](std::string const& v) {
-        a->balance = v == "none"      ? baseline_balance::none
-                     : v == "perfect" ? baseline_balance::perfect
-                                      : baseline_balance::replan;
-      },
-      "replan",
-      {"replan", "none", "perfect"},
+      a->balance,
+      {{"replan", baseline_balance::replan},
+       {"none", baseline_balance::none},
+       {"perfect", baseline_balance::perfect}},
       "unified_nonuniform balances decode by per-step re-planning (replan: the measured greedy "
       "planner's skew on its "
       "own lengths), not at all (none: the unbalanced decode skew) or by a re-planning that "
       "balances perfectly "
       "(perfect: skew 1, re-planning still charged); default: --costs'"));
-  single.push_back(add_choice(
+  single.push_back(add_enum<replan_mode>(
       app,
       "--replan",
-      [a](std::string const& v) {
-        a->replan_mode_ = v == "planner"      ? replan_mode::planner
-                          : v == "overlapped" ? replan_mode::overlapped
-                                              : replan_mode::fraction;
-      },
-      "fraction",
-      {"fraction", "planner", "overlapped"},
+      a->replan_mode_,
+      {{"fraction", replan_mode::fraction},
+       {"planner", replan_mode::planner},
+       {"overlapped", replan_mode::overlapped}},
       "How a per-step re-planning is charged: fraction (--replan-fraction of the decode step, the "
       "paper's), planner "
       "(FlashInfer plan()'s measured host time for the step's sequences, serialised) or overlapped "

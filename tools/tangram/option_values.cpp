@@ -77,44 +77,16 @@ std::string comma_list_problem(std::string_view text,
   }
 }
 
-std::string list_problem(std::string_view text,
-                         std::int64_t lo,
-                         std::int64_t hi,
-                         std::size_t max_count,
-                         std::vector<std::int64_t>& out) {
-  return comma_list_problem(
-      text, max_count, "values", out, [&](std::string_view item, std::int64_t& v) {
-        return integer_problem(item, lo, hi, v);
-      });
-}
-
-std::string number_list_problem(std::string_view text,
-                                number_range r,
-                                std::size_t max_count,
-                                std::vector<double>& out) {
-  return comma_list_problem(text, max_count, "values", out, [&](std::string_view item, double& v) {
-    return number_problem(item, r, v);
-  });
-}
-
-std::string layer_ranges_problem(std::string_view text,
-                                 std::int64_t hi,
-                                 std::size_t max_count,
-                                 std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
-  return comma_list_problem(
-      text,
-      max_count,
-      "ranges",
-      out,
-      [&](std::string_view item, std::pair<std::int64_t, std::int64_t>& v) {
-        auto colon = item.find(':');
-        if (colon == std::string_view::npos)
-          return cat("expected FIRST:LAST (model layers FIRST to LAST - 1), got ",
-                     tangram::detail::quoted(item));
-        if (auto why = integer_problem(item.substr(0, colon), 0, hi, v.first); !why.empty())
-          return why;
-        return integer_problem(item.substr(colon + 1), 0, hi, v.second);
-      });
+// One layer range "FIRST:LAST" into `v`, each bound in [0, hi]: its problem, or "".
+std::string layer_range_problem(std::string_view item,
+                                std::int64_t hi,
+                                std::pair<std::int64_t, std::int64_t>& v) {
+  auto colon = item.find(':');
+  if (colon == std::string_view::npos)
+    return cat("expected FIRST:LAST (model layers FIRST to LAST - 1), got ",
+               tangram::detail::quoted(item));
+  if (auto why = integer_problem(item.substr(0, colon), 0, hi, v.first); !why.empty()) return why;
+  return integer_problem(item.substr(colon + 1), 0, hi, v.second);
 }
 
 // An option taking one value, checked by `problem` (described in --help as `check_help`) before
@@ -139,26 +111,68 @@ CLI::Option* add_checked(CLI::App& app,
   return opt;
 }
 
-// An option taking a comma-separated list into `target`, read and checked by `parse(text, out)`
-// (its problem, or ""), as add_checked does for one value.
-template <class T, class Parse>
-CLI::Option* add_list(CLI::App& app,
-                      std::string const& name,
-                      std::vector<T>& target,
-                      Parse parse,
-                      std::string const& check_help,
-                      std::string const& type,
-                      std::string const& help) {
+// An option taking one value of type T, read and checked by `parse(text, v)` (its problem, or ""),
+// as add_checked does: `set` gets the value read.
+template <class T, class Set, class Parse>
+CLI::Option* add_parsed(CLI::App& app,
+                        std::string const& name,
+                        Set set,
+                        Parse parse,
+                        std::string const& check_help,
+                        std::string const& type,
+                        std::string const& help) {
   return add_checked(
       app,
       name,
-      [&target, parse](std::string const& t) { parse(t, target); },
+      [set = std::move(set), parse](std::string const& t) {
+        T v{};
+        parse(t, v);
+        set(std::move(v));
+      },
       [parse](std::string const& t) {
-        std::vector<T> v;
+        T v{};
         return parse(t, v);
       },
       check_help,
       type,
+      help);
+}
+
+// A comma-separated list into `target` (replaced when the option is given), each item read by
+// `one(item, v)`, at most `max_count` items (`noun`), by add_parsed.
+template <class T, class One>
+CLI::Option* add_list(CLI::App& app,
+                      std::string const& name,
+                      std::vector<T>& target,
+                      std::size_t max_count,
+                      char const* noun,
+                      One one,
+                      std::string const& check_help,
+                      std::string const& type,
+                      std::string const& help) {
+  return add_parsed<std::vector<T>>(
+      app,
+      name,
+      [&target](std::vector<T> v) { target = std::move(v); },
+      [max_count, noun, one](std::string const& t, std::vector<T>& out) {
+        return comma_list_problem(t, max_count, noun, out, one);
+      },
+      check_help,
+      type,
+      help);
+}
+
+// A real in `r`, passed to `set`.
+template <class Set>
+CLI::Option* add_real(
+    CLI::App& app, std::string const& name, Set set, number_range r, std::string const& help) {
+  return add_parsed<double>(
+      app,
+      name,
+      std::move(set),
+      [r](std::string const& t, double& v) { return number_problem(t, r, v); },
+      range_text(r),
+      "FLOAT",
       help);
 }
 
@@ -170,17 +184,8 @@ CLI::Option* add_number(CLI::App& app,
                         number_range r,
                         std::string const& help) {
   std::string shown = cat(target);
-  return add_checked(
-             app,
-             name,
-             [&target, r](std::string const& t) { number_problem(t, r, target); },
-             [r](std::string const& t) {
-               double v = 0;
-               return number_problem(t, r, v);
-             },
-             range_text(r),
-             "FLOAT",
-             help)
+  return add_real(
+             app, name, [&target](double v) { target = v; }, r, help)
       ->default_str(shown);
 }
 
@@ -189,21 +194,8 @@ CLI::Option* add_number(CLI::App& app,
                         std::optional<double>& target,
                         number_range r,
                         std::string const& help) {
-  return add_checked(
-      app,
-      name,
-      [&target, r](std::string const& t) {
-        double v = 0;
-        number_problem(t, r, v);
-        target = v;
-      },
-      [r](std::string const& t) {
-        double v = 0;
-        return number_problem(t, r, v);
-      },
-      range_text(r),
-      "FLOAT",
-      help);
+  return add_real(
+      app, name, [&target](double v) { target = v; }, r, help);
 }
 
 CLI::Option* add_integer(CLI::App& app,
@@ -213,16 +205,11 @@ CLI::Option* add_integer(CLI::App& app,
                          std::int64_t lo,
                          std::int64_t hi,
                          std::string const& help) {
-  return add_checked(
+  return add_parsed<std::int64_t>(
              app,
              name,
-             [set = std::move(set), lo, hi](std::string const& t) {
-               std::int64_t v = 0;
-               integer_problem(t, lo, hi, v);
-               set(v);
-             },
-             [lo, hi](std::string const& t) {
-               std::int64_t v = 0;
+             std::move(set),
+             [lo, hi](std::string const& t, std::int64_t& v) {
                return integer_problem(t, lo, hi, v);
              },
              range_text(lo, hi),
@@ -242,9 +229,9 @@ CLI::Option* add_integer_list(CLI::App& app,
       app,
       name,
       target,
-      [lo, hi, max_count](std::string const& t, std::vector<std::int64_t>& out) {
-        return list_problem(t, lo, hi, max_count, out);
-      },
+      max_count,
+      "values",
+      [lo, hi](std::string_view item, std::int64_t& v) { return integer_problem(item, lo, hi, v); },
       cat("each in ", range_text(lo, hi), ", at most ", max_count),
       "N,N,...",
       help);
@@ -260,9 +247,9 @@ CLI::Option* add_number_list(CLI::App& app,
       app,
       name,
       target,
-      [r, max_count](std::string const& t, std::vector<double>& out) {
-        return number_list_problem(t, r, max_count, out);
-      },
+      max_count,
+      "values",
+      [r](std::string_view item, double& v) { return number_problem(item, r, v); },
       cat("each in ", range_text(r), ", at most ", max_count),
       "X,X,...",
       help);
@@ -323,9 +310,10 @@ CLI::Option* add_layer_ranges(CLI::App& app,
       app,
       name,
       target,
-      [hi, max_count](std::string const& t,
-                      std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
-        return layer_ranges_problem(t, hi, max_count, out);
+      max_count,
+      "ranges",
+      [hi](std::string_view item, std::pair<std::int64_t, std::int64_t>& v) {
+        return layer_range_problem(item, hi, v);
       },
       cat("each bound in ", range_text(0, hi), ", at most ", max_count),
       "FIRST:LAST,...",

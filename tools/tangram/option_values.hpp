@@ -55,8 +55,13 @@ CLI::Option* add_integer(CLI::App& app,
                          std::int64_t hi,
                          std::string const& help) {
   return add_integer(
-      app, name, [&target](std::int64_t v) { target = static_cast<Int>(v); },
-      static_cast<std::int64_t>(target), lo, hi, help);
+      app,
+      name,
+      [&target](std::int64_t v) { target = static_cast<Int>(v); },
+      static_cast<std::int64_t>(target),
+      lo,
+      hi,
+      help);
 }
 
 /// Comma-separated integers ("N,N,..."), each in [lo, hi], at most `max_count` of them; `target`
@@ -95,6 +100,28 @@ CLI::Option* add_choice(CLI::App& app,
                         std::string const& shown_default,
                         std::vector<std::string> const& allowed,
                         std::string const& help);
+
+/// One word of `choices`, in their order, the first shown as the default: `target` (an E, or a
+/// std::optional<E>) gets the value paired with the word given, and is left as it is otherwise.
+template <class E, class Target>
+CLI::Option* add_enum(CLI::App& app,
+                      std::string const& name,
+                      Target& target,
+                      std::vector<std::pair<std::string, E>> choices,
+                      std::string const& help) {
+  std::vector<std::string> words;
+  for (auto const& c : choices) words.push_back(c.first);
+  return add_choice(
+      app,
+      name,
+      [&target, choices](std::string const& v) {
+        for (auto const& c : choices)
+          if (c.first == v) target = c.second;
+      },
+      words.front(),
+      words,
+      help);
+}
 
 /// Free text (a path or a name) labelled `label` in --help; empty unless given.
 CLI::Option* add_text(CLI::App& app,

@@ -398,19 +398,22 @@ json::value sweep_json(std::vector<rate_point> const& sweep) {
     pj.set("last_arrival_s", p.last_arrival_s);
     auto pol = json::value::object();
     for (auto const& r : p.results) {
-      auto rj = json::value::object();
-      rj.set("modelled_ttft_p50_s", r.modelled_ttft_p50_s);
-      rj.set("modelled_ttft_p95_s", r.modelled_ttft_p95_s);
-      rj.set("modelled_ttft_mean_s", r.modelled_ttft_mean_s);
-      rj.set("modelled_tbt_p95_s", r.modelled_tbt_p95_s);
-      rj.set("modelled_tokens_per_s", r.modelled_tokens_per_s);
-      rj.set("modelled_requests_per_s", r.modelled_requests_per_s);
-      rj.set("mean_resident_sessions", r.mean_resident_sessions);
-      rj.set("peak_resident_sessions", r.peak_resident_sessions);
-      rj.set("modelled_makespan_s", r.modelled_makespan_s);
-      rj.set("generated_tokens", r.generated_tokens);
-      rj.set("completed_requests", r.completed_requests);
-      rj.set("preemptions", r.preemptions);
+      // A subset of result_json's fields, read from it.
+      auto all = result_json(r);
+      auto rj  = json::value::object();
+      for (char const* key : {"modelled_ttft_p50_s",
+                              "modelled_ttft_p95_s",
+                              "modelled_ttft_mean_s",
+                              "modelled_tbt_p95_s",
+                              "modelled_tokens_per_s",
+                              "modelled_requests_per_s",
+                              "mean_resident_sessions",
+                              "peak_resident_sessions",
+                              "modelled_makespan_s",
+                              "generated_tokens",
+                              "completed_requests",
+                              "preemptions"})
+        rj.set(key, *all.find(key));
       pol.set(r.policy, std::move(rj));
     }
     pj.set("policies", std::move(pol));
