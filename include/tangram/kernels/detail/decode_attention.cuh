@@ -133,16 +133,16 @@ TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_sp
       for (int g = 0; g < GB; ++g) {
         m[g] = -INFINITY;
         s[g] = 0.f;
+        // The lane's `vec` dims of head g's query: vector loads where aligned (load_run).
+        if (g < group)
+          load_run(p.q,
+                   p.q_dtype,
+                   r * p.q_row_stride() + static_cast<std::int64_t>(h * group + g) * D + tx * vec,
+                   q[g]);
 #pragma unroll
         for (int i = 0; i < vec; ++i) {
           o[g][i] = 0.f;
-          q[g][i] = g < group ? load_scalar(p.q,
-                                            p.q_dtype,
-                                            r * p.q_row_stride() +
-                                                static_cast<std::int64_t>(h * group + g) * D +
-                                                tx * vec + i) *
-                                    q_scale
-                              : 0.f;
+          q[g][i] = g < group ? q[g][i] * q_scale : 0.f;
         }
       }
 

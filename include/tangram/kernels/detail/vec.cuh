@@ -164,6 +164,74 @@ __device__ __forceinline__ float load_scalar(const void* base, dtype t, std::int
   }
 }
 
+/// Element `j` of the 16-bit or f32 values packed in `w` (lowest address first), widened.
+template <class S, int Words>
+__device__ __forceinline__ float widen_word_element(const unsigned (&w)[Words], int j) {
+  if constexpr (std::is_same_v<S, float>) {
+    return __uint_as_float(w[j]);
+  } else {
+    static_assert(sizeof(S) == 2, "widen_word_element: f32, f16 or bf16");
+    S x;
+    x.bits = static_cast<std::uint16_t>(w[j / 2] >> (16 * (j % 2)));
+    return widen(x);
+  }
+}
+
+/// Loads the N consecutive S values at `p` and widens them to float: vector loads of
+/// min(N * sizeof(S), 16) bytes when `p` is aligned to that size, else one element at a time
+/// (a row stride or offset that is not a multiple of the vector: the same values either way).
+template <class S, int N>
+__device__ __forceinline__ void load_run_typed(const S* p, float (&out)[N]) {
+  constexpr int bytes = N * static_cast<int>(sizeof(S));
+  constexpr int width = bytes < 16 ? bytes : 16;  ///< bytes per vector load
+  static_assert(bytes % 4 == 0 && (width & (width - 1)) == 0 && bytes % width == 0,
+                "load_run: N * sizeof(S) must be 4, 8 or a multiple of 16 bytes");
+  if (reinterpret_cast<std::uintptr_t>(p) % width != 0) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = widen(p[j]);
+    return;
+  }
+  unsigned w[bytes / 4];
+#pragma unroll
+  for (int c = 0; c < bytes / width; ++c) {
+    if constexpr (width == 16) {
+      const uint4 u = reinterpret_cast<const uint4*>(p)[c];
+      w[4 * c]      = u.x;
+      w[4 * c + 1]  = u.y;
+      w[4 * c + 2]  = u.z;
+      w[4 * c + 3]  = u.w;
+    } else if constexpr (width == 8) {
+      const uint2 u = reinterpret_cast<const uint2*>(p)[c];
+      w[2 * c]      = u.x;
+      w[2 * c + 1]  = u.y;
+    } else {
+      w[c] = reinterpret_cast<const unsigned*>(p)[c];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) out[j] = widen_word_element<S>(w, j);
+}
+
+/// Elements `i` .. `i + N - 1` of an array of runtime dtype `t` (f32, f16 or bf16) as float, the
+/// dtype dispatched once for the run (load_scalar per element, vectorised where aligned).
+template <int N>
+__device__ __forceinline__ void load_run(const void* base,
+                                         dtype t,
+                                         std::int64_t i,
+                                         float (&out)[N]) {
+  switch (t) {
+    case dtype::f16:
+      load_run_typed(static_cast<const float16*>(base) + i, out);
+      break;
+    case dtype::bf16:
+      load_run_typed(static_cast<const bfloat16*>(base) + i, out);
+      break;
+    default:
+      load_run_typed(static_cast<const float*>(base) + i, out);
+      break;
+  }
+}
+
 /// Stores `v` as element `i` of an array of runtime dtype `t` (f32, f16 or bf16), rounding to
 /// nearest even exactly as the host conversions in core/numeric.hpp do.
 __device__ __forceinline__ void store_scalar(void* base, dtype t, std::int64_t i, float v) {
