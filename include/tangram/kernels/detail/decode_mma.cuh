@@ -20,7 +20,8 @@
  * Work. Two warps per CTA; each streams its own tiles of the piece (16 tokens, 32 at d 64: 8 KiB
  * of K + V at d 64 and 128, 16 KiB at d 256; warp w takes tiles w, w + 2, ...) through its own
  * ring of `stages` shared-memory stages (2, 1 at d 256, within 45 KiB without an opt-in; two at
- * d 256 would need 76 KiB, an opt-in): the `lpt` lanes of each token compute its row address
+ * d 256 would need 74 KiB, an opt-in, and model no faster: docs/kernels.md, "Static roofline"):
+ * the `lpt` lanes of each token compute its row address
  * once per tile from a page-table entry loaded one tile ahead, with no division
  * (decode_lane_stream), and the copies are row-contiguous (each warp instruction moves whole
  * rows: 4 cache lines per 512 bytes, conflict-free shared stores), each lane taking its row's

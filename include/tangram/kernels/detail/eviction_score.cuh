@@ -56,8 +56,9 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args cons
   // fp8 K scale folded as in decode: q . (s_k k) = (s_k q) . k, once per head.
   const float q_scale = a.scale2 * a.p.scales.k_of(x.h);
   for (int q0 = 0; q0 < nq; q0 += QT) {
-    __syncthreads();                                         // ks loaded / qs free
-    for (int idx = 4 * tid; idx < QT * D; idx += 4 * 256) {  // 4 dims a step (load_run)
+    __syncthreads();  // ks loaded / qs free
+    // 4 dims a step (load_run: vector loads where aligned)
+    for (int idx = 4 * tid; idx < QT * D; idx += 4 * 256) {
       int qq = q0 + idx / D, xx = idx % D;
       float v[4] = {};
       if (qq < nq) {

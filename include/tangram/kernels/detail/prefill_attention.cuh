@@ -109,10 +109,11 @@ TANGRAM_KERNEL __launch_bounds__(128) void prefill_kernel(prefill_args const a) 
   // rounding; one multiply per query and output element instead of one per K/V element.
   const float q_scale = a.scale2 * p.scales.k_of(h);
   const float v_scale = p.scales.v_of(h);
-  float* qs           = reinterpret_cast<float*>(smem);  // [rows][D] queries * scale * log2 e * s_k
-  T* ks               = reinterpret_cast<T*>(smem + cfg::q_bytes);
-  T* vs               = ks + kt * ld;
-  for (int e = 4 * tid; e < cfg::rows * D; e += 4 * cfg::threads) {  // 4 dims a step (load_run)
+  float* qs = reinterpret_cast<float*>(smem);  // [rows][D] queries * scale * log2 e * s_k
+  T* ks     = reinterpret_cast<T*>(smem + cfg::q_bytes);
+  T* vs     = ks + kt * ld;
+  // 4 dims a step (load_run: vector loads where aligned)
+  for (int e = 4 * tid; e < cfg::rows * D; e += 4 * cfg::threads) {
     const int m = m0 + e / D, x = e % D;
     float v[4] = {};
     if (m < m_end)
