@@ -48,7 +48,7 @@ struct decode_case {
   dtype q_dtype   = dtype::f32;  ///< decode_params::q_dtype
   /// > 0: the queries start this many elements into their buffer and request rows are
   /// `num_q_heads * d + q_misalign` elements apart (decode_params::q_stride): rows that are and
-  /// are not aligned to the kernels' query vector loads (vec.cuh load_run)
+  /// are not aligned to the kernels' query vector loads (vec.cuh load_runs)
   std::int32_t q_misalign = 0;
 
   [[nodiscard]] std::string describe() const {
@@ -173,10 +173,10 @@ inline std::vector<decode_case> decode_cases_mma_cuda_core() {
 
 /// The query layouts: f32, bf16 and f16 queries whose rows start one element past a vector
 /// boundary and lie an odd number of elements apart, so that the kernels' vector query loads
-/// (vec.cuh load_run) take their one-element fallback on most rows and 16-byte loads on the rows
-/// that happen to be aligned (9 requests: rows 3 and 7 for f32, row 7 for 16-bit queries); on the
-/// tensor-core kernel (bf16 d 128 GQA 4, f16 d 256 GQA 3, fp8 d 64 GQA 8) and the CUDA-core one
-/// (f32 d 64 GQA 2, fp8 d 256 GQA 1, bf16 d 128 GQA 4 with tensor cores off).
+/// (vec.cuh load_runs) take their one-element fallback on most rows and vector loads on the rows
+/// that happen to be aligned (9 requests; runs of 8: rows 3 and 7 of f32 queries, row 7 of 16-bit
+/// ones); on the tensor-core kernel (bf16 d 128 GQA 4, f16 d 256 GQA 3, fp8 d 64 GQA 8) and the
+/// CUDA-core one (f32 d 64 GQA 2, fp8 d 256 GQA 1, bf16 d 128 GQA 4 with tensor cores off).
 inline std::vector<decode_case> decode_cases_query_layout() {
   struct shape {
     dtype kv;
@@ -407,7 +407,7 @@ std::string check_decode(decode_case const& c, Backend& backend) {
       p.layer            = layer;
       p.group            = c.group;
       p.q_dtype          = c.q_dtype;
-      p.q_stride         = c.q_misalign != 0 ? q_row + c.q_misalign : 0;
+      p.q_stride         = c.q_misalign != 0 ? q_stride : 0;
       p.o_dtype          = c.o_dtype;
       p.splits           = {c.layers, c.heads, n_cta, begin.data()};
       p.q                = q_buf + c.q_misalign * size_of(c.q_dtype);
