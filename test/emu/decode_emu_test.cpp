@@ -99,6 +99,11 @@ TEST_CASE("emulated decode with the merge folded into the split kernels equals t
     test::emu_check_all_schedules(c, 2);
 }
 
+TEST_CASE("emulated decode equals the CPU reference: query dtypes, misaligned query rows",
+          "[emu][decode][query]") {
+  for (auto const& c : test::decode_cases_query_layout()) test::emu_check_all_schedules(c, 1);
+}
+
 TEST_CASE("emulated decode equals the CPU reference: long and batched", "[emu][decode]") {
   for (auto const& c : test::emu_sample(test::decode_cases_long()))
     test::emu_check_all_schedules(c, 1);

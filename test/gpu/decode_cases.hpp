@@ -44,7 +44,12 @@ struct decode_case {
   scale_mode scales             = scale_mode::none;  ///< fp8 only
   std::int32_t invariant_pieces = 0;                 ///< decode_params::invariant_pieces
   float scale_magnitude         = 1.f;  ///< fp8 scales in [0.5, 2] x this (scale_arrays)
-  bool fold_merge = false;  ///< decode_params::merge_counters (checked zero after each launch)
+  bool fold_merge = false;       ///< decode_params::merge_counters (checked zero after each launch)
+  dtype q_dtype   = dtype::f32;  ///< decode_params::q_dtype
+  /// > 0: the queries start this many elements into their buffer and request rows are
+  /// `num_q_heads * d + q_misalign` elements apart (decode_params::q_stride): rows that are and
+  /// are not aligned to the kernels' query vector loads (vec.cuh load_runs)
+  std::int32_t q_misalign = 0;
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
@@ -53,6 +58,8 @@ struct decode_case {
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     if (invariant_pieces != 0) s << ", batch-invariant K " << invariant_pieces;
     if (fold_merge) s << ", merge folded";
+    if (q_dtype != dtype::f32 || q_misalign != 0)
+      s << ", q " << to_string(q_dtype) << " misaligned by " << q_misalign;
     return s.str();
   }
 };
@@ -161,6 +168,44 @@ inline std::vector<decode_case> decode_cases_mma_cuda_core() {
     all[i].tensor_cores = false;
     out.push_back(all[i]);
   }
+  return out;
+}
+
+/// The query layouts: f32, bf16 and f16 queries whose rows start one element past a vector
+/// boundary and lie an odd number of elements apart, so that the kernels' vector query loads
+/// (vec.cuh load_runs) take their one-element fallback on most rows and vector loads on the rows
+/// that happen to be aligned (9 requests; runs of 8: rows 3 and 7 of f32 queries, row 7 of 16-bit
+/// ones); on the tensor-core kernel (bf16 d 128 GQA 4, f16 d 256 GQA 3, fp8 d 64 GQA 8) and the
+/// CUDA-core one (f32 d 64 GQA 2, fp8 d 256 GQA 1, bf16 d 128 GQA 4 with tensor cores off).
+inline std::vector<decode_case> decode_cases_query_layout() {
+  struct shape {
+    dtype kv;
+    std::int32_t d, group;
+    bool tensor_cores;
+  };
+  const shape shapes[] = {{dtype::bf16, 128, 4, true},
+                          {dtype::f16, 256, 3, true},
+                          {dtype::fp8_e4m3, 64, 8, true},
+                          {dtype::f32, 64, 2, true},
+                          {dtype::fp8_e5m2, 256, 1, true},
+                          {dtype::bf16, 128, 4, false}};
+  std::vector<decode_case> out;
+  std::uint64_t seed = 900;
+  for (dtype q : {dtype::f32, dtype::bf16, dtype::f16})
+    for (shape const& sh : shapes) {
+      decode_case c;
+      c.kv_dtype     = sh.kv;
+      c.d            = sh.d;
+      c.group        = sh.group;
+      c.tensor_cores = sh.tensor_cores;
+      c.q_dtype      = q;
+      c.q_misalign   = 1;
+      c.lens         = {1, 17, 40, 3, 65, 9, 33, 2, 20};
+      c.layers       = 1;
+      c.sinks        = seed % 2 == 0;
+      c.seed         = seed++;
+      out.push_back(c);
+    }
   return out;
 }
 
@@ -342,6 +387,18 @@ std::string check_decode(decode_case const& c, Backend& backend) {
   const std::size_t out_elems = s.q.size(), out_bytes = out_elems * size_of(c.o_dtype);
   std::vector<std::int32_t> ctas = c.ctas;
   if (ctas.empty()) ctas = {c.heads, 2 * 132, 4 * 132 + 7};
+  // The queries in c.q_dtype, laid out as c.q_misalign says (the buffer 16-byte aligned).
+  const std::int64_t q_row    = static_cast<std::int64_t>(Hq) * c.d;
+  const std::int64_t q_stride = q_row + c.q_misalign;
+  std::vector<float> q_words(
+      (static_cast<std::size_t>(c.q_misalign + B * q_stride) * size_of(c.q_dtype) + 3) / 4);
+  auto* q_buf = reinterpret_cast<unsigned char*>(q_words.data());
+  for (std::int64_t r = 0; r < B; ++r)
+    for (std::int64_t i = 0; i < q_row; ++i)
+      reference::detail::store_from_float(q_buf,
+                                          c.q_dtype,
+                                          c.q_misalign + r * q_stride + i,
+                                          s.q[static_cast<std::size_t>(r * q_row + i)]);
   for (std::int32_t n_cta : ctas) {
     auto begin = random_cta_begin(c.layers, c.heads, n_cta, s.rng);
     for (std::int32_t layer = 0; layer < c.layers; ++layer) {
@@ -349,10 +406,11 @@ std::string check_decode(decode_case const& c, Backend& backend) {
       p.kv               = s.view;
       p.layer            = layer;
       p.group            = c.group;
-      p.q_dtype          = dtype::f32;
+      p.q_dtype          = c.q_dtype;
+      p.q_stride         = c.q_misalign != 0 ? q_stride : 0;
       p.o_dtype          = c.o_dtype;
       p.splits           = {c.layers, c.heads, n_cta, begin.data()};
-      p.q                = s.q.data();
+      p.q                = q_buf + c.q_misalign * size_of(c.q_dtype);
       p.sinks            = c.sinks ? s.sinks.data() : nullptr;
       p.tensor_cores     = c.tensor_cores;
       p.scales           = s.scales.view();

@@ -129,6 +129,14 @@ TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_sp
       const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
 
       float q[GB][vec], o[GB][vec], m[GB], s[GB];
+      // The lane's `vec` dims of each head's query (0 past the group): one dtype dispatch and
+      // one alignment test for all of them, vector loads where aligned (load_runs).
+      load_runs(p.q,
+                p.q_dtype,
+                r * p.q_row_stride() + static_cast<std::int64_t>(h * group) * D + tx * vec,
+                D,
+                group,
+                q);
 #pragma unroll
       for (int g = 0; g < GB; ++g) {
         m[g] = -INFINITY;
@@ -136,13 +144,7 @@ TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_sp
 #pragma unroll
         for (int i = 0; i < vec; ++i) {
           o[g][i] = 0.f;
-          q[g][i] = g < group ? load_scalar(p.q,
-                                            p.q_dtype,
-                                            r * p.q_row_stride() +
-                                                static_cast<std::int64_t>(h * group + g) * D +
-                                                tx * vec + i) *
-                                    q_scale
-                              : 0.f;
+          q[g][i] = g < group ? q[g][i] * q_scale : 0.f;
         }
       }
 

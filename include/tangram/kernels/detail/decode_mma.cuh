@@ -20,7 +20,8 @@
  * Work. Two warps per CTA; each streams its own tiles of the piece (16 tokens, 32 at d 64: 8 KiB
  * of K + V at d 64 and 128, 16 KiB at d 256; warp w takes tiles w, w + 2, ...) through its own
  * ring of `stages` shared-memory stages (2, 1 at d 256, within 45 KiB without an opt-in; two at
- * d 256 would need 76 KiB, an opt-in): the `lpt` lanes of each token compute its row address
+ * d 256 would need 74 KiB, an opt-in, and model no faster: docs/kernels.md, "Static roofline"):
+ * the `lpt` lanes of each token compute its row address
  * once per tile from a page-table entry loaded one tile ahead, with no division
  * (decode_lane_stream), and the copies are row-contiguous (each warp instruction moves whole
  * rows: 4 cache lines per 512 bytes, conflict-free shared stores), each lane taking its row's
@@ -230,20 +231,24 @@ TANGRAM_KERNEL __launch_bounds__(
       }
 
       // The A operand of S: hi rows 0-7 and lo rows 8-15 of the scaled queries (zero rows past
-      // the group), two dims per thread and step.
-      for (int e = tid; e < 8 * D / 2; e += threads) {
-        const int qg = e / (D / 2), x = 2 * (e % (D / 2));
-        float q0 = 0.f, q1 = 0.f;
+      // the group), 8 dims per thread and step (one 16-byte load of a 16-bit query where aligned,
+      // load_run) and one 16-byte shared store per row.
+      for (int e = tid; e < D; e += threads) {
+        const int qg = e / (D / 8), x = 8 * (e % (D / 8));
+        float q[8] = {};
         if (qg < group) {
-          const std::int64_t at =
-              r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x;
-          q0 = load_scalar(p.q, p.q_dtype, at) * a.scale2;
-          q1 = load_scalar(p.q, p.q_dtype, at + 1) * a.scale2;
+          load_run(p.q,
+                   p.q_dtype,
+                   r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x,
+                   q);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) q[i] *= a.scale2;
         }
-        unsigned hi, lo;
-        split2<M>(q0, q1, hi, lo);
-        *reinterpret_cast<unsigned*>(qs + qg * row + x)       = hi;
-        *reinterpret_cast<unsigned*>(qs + (qg + 8) * row + x) = lo;
+        unsigned hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) split2<M>(q[2 * i], q[2 * i + 1], hi[i], lo[i]);
+        *reinterpret_cast<uint4*>(qs + qg * row + x)       = uint4{hi[0], hi[1], hi[2], hi[3]};
+        *reinterpret_cast<uint4*>(qs + (qg + 8) * row + x) = uint4{lo[0], lo[1], lo[2], lo[3]};
       }
       __syncthreads();  // the queries are in shared memory
 

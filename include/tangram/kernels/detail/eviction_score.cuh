@@ -57,15 +57,16 @@ TANGRAM_KERNEL __launch_bounds__(256) void snapkv_tile_kernel(eviction_args cons
   const float q_scale = a.scale2 * a.p.scales.k_of(x.h);
   for (int q0 = 0; q0 < nq; q0 += QT) {
     __syncthreads();  // ks loaded / qs free
-    for (int idx = tid; idx < QT * D; idx += 256) {
+    // 4 dims a step (load_run: vector loads where aligned)
+    for (int idx = 4 * tid; idx < QT * D; idx += 4 * 256) {
       int qq = q0 + idx / D, xx = idx % D;
-      float v = 0.f;
+      float v[4] = {};
       if (qq < nq) {
         std::int64_t row = a.p.chunk_indptr[x.r] + (c - w) + qq / G;
-        v = load_scalar(a.p.q, a.p.q_dtype, row * q_row_stride + (x.h * G + qq % G) * D + xx) *
-            q_scale;
+        load_run(a.p.q, a.p.q_dtype, row * q_row_stride + (x.h * G + qq % G) * D + xx, v);
       }
-      qs[idx / D][xx] = v;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qs[idx / D][xx + i] = qq < nq ? v[i] * q_scale : 0.f;
     }
     sync_block(sync_site::snapkv_queries);
     const int qq          = q0 + ql;

@@ -230,17 +230,14 @@ TANGRAM_KERNEL __launch_bounds__(snapkv_mma_config<T, D>::threads) void snapkv_m
         qc[v].advance(step_rows, step_heads, G, hq);
       }
     } else {  // query r: hi in row 16 (r / 8) + r % 8 (its sub-tile), lo 8 rows below
-      auto q_at = [&](int qq, int dim) {  // element `dim` of window query qq (0 past the window)
-        return qq < nq ? load_scalar(a.p.q,
-                                     a.p.q_dtype,
-                                     (row0 + qq / G) * hq * D + (x.h * G + qq % G) * D + dim)
-                       : 0.f;
-      };
       for (int e = tid; e < QS * (D / 2); e += threads) {
         const int r = e / (D / 2), dim = 2 * (e % (D / 2)), qq = t * QS + r;
         const int at = 16 * (r / 8) + r % 8;
+        float v[2]   = {};  // dims dim, dim + 1 of window query qq (0 past the window)
+        if (qq < nq)
+          load_run(a.p.q, a.p.q_dtype, (row0 + qq / G) * hq * D + (x.h * G + qq % G) * D + dim, v);
         unsigned hi, lo;
-        split2<M>(q_at(qq, dim), q_at(qq, dim + 1), hi, lo);
+        split2<M>(v[0], v[1], hi, lo);
         *reinterpret_cast<unsigned*>(qs + at * row + dim)       = hi;
         *reinterpret_cast<unsigned*>(qs + (at + 8) * row + dim) = lo;
       }

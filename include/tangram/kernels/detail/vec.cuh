@@ -164,6 +164,108 @@ __device__ __forceinline__ float load_scalar(const void* base, dtype t, std::int
   }
 }
 
+/// Element `j` of the 16-bit or f32 values packed in `w` (lowest address first), widened.
+template <class S, int Words>
+__device__ __forceinline__ float widen_word_element(const unsigned (&w)[Words], int j) {
+  if constexpr (std::is_same_v<S, float>) {
+    return __uint_as_float(w[j]);
+  } else {
+    static_assert(sizeof(S) == 2, "widen_word_element: f32, f16 or bf16");
+    S x;
+    x.bits = static_cast<std::uint16_t>(w[j / 2] >> (16 * (j % 2)));
+    return widen(x);
+  }
+}
+
+/// Loads the N consecutive S values at `p`, aligned to min(N * sizeof(S), 16) bytes, in vectors
+/// of that size and widens them to float.
+template <class S, int N>
+__device__ __forceinline__ void load_run_vector(const S* p, float (&out)[N]) {
+  constexpr int bytes = N * static_cast<int>(sizeof(S));
+  constexpr int width = bytes < 16 ? bytes : 16;  ///< bytes per vector load
+  static_assert(bytes % 4 == 0 && (width & (width - 1)) == 0 && bytes % width == 0,
+                "load_run: N * sizeof(S) must be 4, 8 or a multiple of 16 bytes");
+  unsigned w[bytes / 4];
+#pragma unroll
+  for (int c = 0; c < bytes / width; ++c) {
+    if constexpr (width == 16) {
+      const uint4 u = reinterpret_cast<const uint4*>(p)[c];
+      w[4 * c]      = u.x;
+      w[4 * c + 1]  = u.y;
+      w[4 * c + 2]  = u.z;
+      w[4 * c + 3]  = u.w;
+    } else if constexpr (width == 8) {
+      const uint2 u = reinterpret_cast<const uint2*>(p)[c];
+      w[2 * c]      = u.x;
+      w[2 * c + 1]  = u.y;
+    } else {
+      w[c] = reinterpret_cast<const unsigned*>(p)[c];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) out[j] = widen_word_element<S>(w, j);
+}
+
+/// Runs r < `rows` of N consecutive S values at `p + r * stride`, widened to float (0 for the
+/// rows from `rows` to R): vector loads of min(N * sizeof(S), 16) bytes when every run is aligned
+/// to that size (`p` and the stride), else one element at a time (a row stride or offset that
+/// is not a multiple of the vector: the same values either way). One branch for all R runs.
+template <class S, int R, int N>
+__device__ __forceinline__ void load_runs_typed(const S* p,
+                                                std::int64_t stride,
+                                                int rows,
+                                                float (&out)[R][N]) {
+  constexpr int bytes = N * static_cast<int>(sizeof(S));
+  constexpr int width = bytes < 16 ? bytes : 16;
+  if (reinterpret_cast<std::uintptr_t>(p) % width == 0 &&
+      stride % (width / static_cast<int>(sizeof(S))) == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < rows) {
+        load_run_vector(p + r * stride, out[r]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) out[r][j] = 0.f;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < N; ++j) out[r][j] = r < rows ? widen(p[r * stride + j]) : 0.f;
+  }
+}
+
+/// load_runs_typed on an array of runtime dtype `t` (f32, f16 or bf16) from element `i`: the
+/// dtype dispatched once for all runs (where load_scalar dispatches per element).
+template <int R, int N>
+__device__ __forceinline__ void load_runs(
+    const void* base, dtype t, std::int64_t i, std::int64_t stride, int rows, float (&out)[R][N]) {
+  switch (t) {
+    case dtype::f16:
+      load_runs_typed(static_cast<const float16*>(base) + i, stride, rows, out);
+      break;
+    case dtype::bf16:
+      load_runs_typed(static_cast<const bfloat16*>(base) + i, stride, rows, out);
+      break;
+    default:
+      load_runs_typed(static_cast<const float*>(base) + i, stride, rows, out);
+      break;
+  }
+}
+
+/// Elements `i` .. `i + N - 1` of an array of runtime dtype `t` as float (one run of load_runs).
+template <int N>
+__device__ __forceinline__ void load_run(const void* base,
+                                         dtype t,
+                                         std::int64_t i,
+                                         float (&out)[N]) {
+  float run[1][N];
+  load_runs(base, t, i, 0, 1, run);
+#pragma unroll
+  for (int j = 0; j < N; ++j) out[j] = run[0][j];
+}
+
 /// Stores `v` as element `i` of an array of runtime dtype `t` (f32, f16 or bf16), rounding to
 /// nearest even exactly as the host conversions in core/numeric.hpp do.
 __device__ __forceinline__ void store_scalar(void* base, dtype t, std::int64_t i, float v) {
