@@ -20,7 +20,8 @@
 #               --objects every object found
 # Needs cuobjdump and nvdisasm (CUDA toolkit bin/, PATH, CUOBJDUMP / NVDISASM_PATH, or the
 # nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm Python wheels that scripts/install_sass_tools.sh
-# installs) and, without --objects, nvcc (CUDA arch: CUDAARCHS, default 90).
+# installs) and, without --objects, nvcc. CUDA arch: CUDAARCHS, default 90 (the roofline models an
+# H200); with --objects only that architecture's code is read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=markdown check=0 objects="" files="" out=/dev/stdout
@@ -62,12 +63,19 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 dump() {  # dump <binary> <name>: resource usage and SASS of one cubin or object file
-  "$cuobjdump_bin" -res-usage "$1" >"$work/$2.res" 2>"$work/$2.err"
-  "$cuobjdump_bin" -sass "$1" >"$work/$2.sass" 2>>"$work/$2.err" || {
+  # Only the sm_$arch code: an object built for several architectures (the default
+  # 80-real;90-real;100) holds one copy of every kernel per architecture, with other registers.
+  "$cuobjdump_bin" -arch sm_"$arch" -res-usage "$1" >"$work/$2.res" 2>"$work/$2.err"
+  "$cuobjdump_bin" -arch sm_"$arch" -sass "$1" >"$work/$2.sass" 2>>"$work/$2.err" || {
     cat "$work/$2.err" >&2
     echo "kernel_stats: cuobjdump -sass failed on $1 (nvdisasm on PATH or NVDISASM_PATH?)" >&2
     exit 2
   }
+  if ! grep -q "Function" "$work/$2.res" && "$cuobjdump_bin" -res-usage "$1" 2>/dev/null |
+    grep -q "Function"; then
+    echo "kernel_stats: no sm_$arch code in $1 (CUDAARCHS: an architecture it was built for)" >&2
+    exit 2
+  fi
 }
 if [ -n "$objects" ]; then
   [ -d "$objects" ] || { echo "kernel_stats: --objects $objects: not a directory" >&2; exit 2; }
