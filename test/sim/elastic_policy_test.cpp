@@ -149,11 +149,13 @@ TEST_CASE("tangram_elastic's needs follow the session's sample, or the budgets w
   auto samples = llama_samples("snapkv");
   REQUIRE(samples.samples.size() >= 2);
   elastic_eviction ev(plan, from_samples(samples));
-  std::int64_t const seen = 12345, cand = 12345;
+  // Above every sample's context (18,011-18,119 tokens) a sample scales linearly.
+  std::int64_t const seen = 30000, cand = 30000;
   for (std::int32_t s : {0, 1, static_cast<std::int32_t>(samples.samples.size()) + 1}) {
     auto const& smp = samples.samples[static_cast<std::size_t>(s) % samples.samples.size()];
+    REQUIRE(smp.context_tokens < seen);
     for (std::int32_t h : {0, 7, 100, 255}) {
-      // k(n) with the sample's kept / context as the budget: seen > protect, so
+      // k(n) with the sample's kept / context as the budget: seen > context > protect, so
       // max(protect, ceil(kept * seen / context)).
       auto kept    = smp.kept[static_cast<std::size_t>(h)];
       auto protect = plan.rules[static_cast<std::size_t>(h)].protect;
@@ -268,28 +270,80 @@ TEST_CASE("modelled needs keep the protected sink + window, as the compressor do
   // Regression: needs were kept x seen / context with no protected floor, so a short input kept
   // far less than the compressor keeps (the samples never keep fewer than sink + window = 4,128
   // tokens in any head) and the unified baseline read ~1.4x less KV per token than it should.
-  // Hand-worked on sample 0 (context 18,055): head 0 kept 4,128, head 3 kept 14,640.
+  // Hand-worked on sample 0 (context 18,055): head 0 kept 4,128, head 3 kept 14,640. Below the
+  // context a head keeps 4,128 + 10,512 x R(n) (head 3; head 0 has nothing beyond the floor),
+  // R(n) = (max(4,128, ceil(0.3 n)) - 4,128) / (ceil(0.3 x 18,055) - 4,128) = X(n) / 1,289.
   auto plan    = test::llama_plan("snapkv");
   auto samples = llama_samples("snapkv");
   REQUIRE(samples.samples[0].context_tokens == 18055);
   REQUIRE(samples.samples[0].kept[0] == 4128);
   REQUIRE(samples.samples[0].kept[3] == 14640);
+  REQUIRE(samples.target_keep_ratio == 0.3);
   retention_needs needs(plan, from_samples(samples));
   CHECK(needs.need(0, 0, 3000, 3000) == 3000);    // seen <= protect: everything (linear: 686)
   CHECK(needs.need(0, 3, 3000, 3000) == 3000);    // (linear: 2,433)
   CHECK(needs.need(0, 0, 6000, 6000) == 4128);    // the floor (linear: 1,372)
-  CHECK(needs.need(0, 3, 6000, 6000) == 4866);    // ceil(14,640 x 6,000 / 18,055), above it
+  CHECK(needs.need(0, 3, 6000, 6000) == 4128);    // X(6,000) = 0: the budget is all floors
+  CHECK(needs.need(0, 3, 14000, 14000) == 4716);  // 4,128 + ceil(10,512 x 72 / 1,289)
+  CHECK(needs.need(0, 3, 16000, 16000) == 9609);  // 4,128 + ceil(10,512 x 672 / 1,289)
+  CHECK(needs.need(0, 0, 16000, 16000) == 4128);
   CHECK(needs.need(0, 0, 36110, 36110) == 8256);  // 2 x context: 2 x kept
+  CHECK(needs.need(0, 3, 36110, 36110) == 29280);
   CHECK(needs.need(0, 0, 6000, 4000) == 4000);    // capped by the candidates
   CHECK(needs.need(0, 0, 18055, 18055) == 4128);  // the sample itself
   CHECK(needs.need(0, 3, 18055, 18055) == 14640);
-  // The unified baseline's heads hold those needs after a 6,000-token prompt.
+  // The unified baseline's heads hold those needs after a 16,000-token prompt.
   auto own = std::make_shared<retention_needs const>(needs);
   unified_policy u(plan, unified_mode::compressed_reclaim, 40e9, 2, 2, 131072, own);
-  REQUIRE(u.start_turn(0, 0, 6000, 16, 0));
-  REQUIRE(u.prefill_chunk(0, 6000));
+  REQUIRE(u.start_turn(0, 0, 16000, 16, 0));
+  REQUIRE(u.prefill_chunk(0, 16000));
   CHECK(u.baseline().head_len(0, 0, 0) == 4128);
-  CHECK(u.baseline().head_len(0, 0, 3) == 4866);
+  CHECK(u.baseline().head_len(0, 0, 3) == 9609);
+}
+
+TEST_CASE("below a sample's context the modelled needs keep the scorer's total, not more",
+          "[elastic][retention][regression]") {
+  // Regression: below a sample's context each head scaled kept x seen / context on its own, so
+  // the heads above the protected floor shrank while those at the floor stayed there and the
+  // heads together wanted up to 1.30x what the scorer keeps (a global budget of max(4,128,
+  // ceil(0.3 n)) per head): elastic reservation, sized by that budget, clipped 5-10% of the
+  // "wanted" tokens at 8-16K on ea/qwen3-4b. Every profiled head of the bundled profiles is
+  // compressed with 4,128 protected tokens and keeps at least them in every sample.
+  for (char const* scorer : {"snapkv", "ea"}) {
+    auto plan    = test::llama_plan(scorer);
+    auto samples = llama_samples(scorer);
+    retention_needs needs(plan, from_samples(samples));
+    auto H = static_cast<std::size_t>(plan.num_kv_heads);
+    for (std::int32_t s : {0, 5, 11}) {
+      auto const& smp = samples.samples[static_cast<std::size_t>(s) % samples.samples.size()];
+      for (double f : {0.0, 0.5, 0.7, 0.85, 0.99}) {
+        std::int64_t n =
+            f == 0.0 ? 4128 + 1 : std::llround(f * static_cast<double>(smp.context_tokens));
+        REQUIRE(n < smp.context_tokens);
+        std::int64_t total = 0, heads = 0;
+        for (std::size_t li = 0; li < samples.layer_ids.size(); ++li)
+          for (std::size_t j = 0; j < H; ++j) {
+            auto h =
+                static_cast<std::int32_t>(static_cast<std::size_t>(samples.layer_ids[li]) * H + j);
+            REQUIRE(plan.rules[static_cast<std::size_t>(h)].kind == layer_kind::compressed);
+            REQUIRE(plan.rules[static_cast<std::size_t>(h)].protect == 4128);
+            auto want = needs.need(s, h, n, n);
+            CHECK(want >= 4128);
+            total += want;
+            ++heads;
+          }
+        // Independent expectation: the scorer's total within the samples' own error against it
+        // (at most 0.65% on every bundled sample, docs/planning.md), each head rounded up once.
+        auto per_head = std::max<std::int64_t>(
+            4128, static_cast<std::int64_t>(std::ceil(0.3 * static_cast<double>(n))));
+        auto budget = static_cast<double>(heads * per_head);
+        INFO(scorer << " sample " << s << " at " << n << " tokens: " << total << " head-tokens, "
+                    << budget << " budgeted");
+        CHECK(static_cast<double>(total) >= 0.9935 * budget - static_cast<double>(heads));
+        CHECK(static_cast<double>(total) <= 1.0065 * budget + static_cast<double>(heads));
+      }
+    }
+  }
 }
 
 TEST_CASE("static_clipping counts the samples' wanted head-tokens beyond the static budgets",
@@ -297,24 +351,29 @@ TEST_CASE("static_clipping counts the samples' wanted head-tokens beyond the sta
   auto plan                = test::llama_plan("snapkv");
   auto samples             = llama_samples("snapkv");
   auto H                   = static_cast<std::size_t>(plan.num_kv_heads);
-  std::int64_t const chunk = 8192;  // one chunk of a fresh session: seen == chunk
+  std::int64_t const chunk = 16000;  // one chunk of a fresh session: seen == chunk
   std::int32_t const s     = 1;
   auto const& smp          = samples.samples[static_cast<std::size_t>(s) % samples.samples.size()];
+  REQUIRE(smp.context_tokens == 18055);
   for (double scale : {0.01, 1.0, 10.0}) {
-    // Independent expectation: every compressed head the samples profile wants
-    // min(max(protect, ceil(scale * kept * seen / context)), seen) (seen > protect); the budget
+    // Independent expectation: below the sample's context every compressed head the samples
+    // profile wants min(max(protect, ceil(scale * (protect + (kept - protect) * R))), seen),
+    // R = (ceil(0.3 * 16,000) - 4,128) / (ceil(0.3 * 18,055) - 4,128) = 672 / 1,289; the budget
     // keeps min(retained_tokens, seen).
+    double const R          = 672.0 / 1289.0;
     std::int64_t want_total = 0, want_clipped = 0;
     for (std::size_t li = 0; li < samples.layer_ids.size(); ++li)
       for (std::size_t j = 0; j < H; ++j) {
         auto h = static_cast<std::size_t>(samples.layer_ids[li]) * H + j;
         if (plan.rules[h].kind != layer_kind::compressed) continue;
-        auto kept = static_cast<double>(smp.kept[li * H + j]);
+        auto protect = plan.rules[h].protect;
+        REQUIRE(protect == 4128);
+        auto beyond =
+            static_cast<double>(std::max<std::int64_t>(0, smp.kept[li * H + j] - protect));
         auto want = std::min<std::int64_t>(
-            std::max<std::int64_t>(
-                plan.rules[h].protect,
-                static_cast<std::int64_t>(std::ceil(scale * kept * static_cast<double>(chunk) /
-                                                    static_cast<double>(smp.context_tokens)))),
+            std::max<std::int64_t>(protect,
+                                   static_cast<std::int64_t>(std::ceil(
+                                       scale * (static_cast<double>(protect) + beyond * R)))),
             chunk);
         auto budget = std::min<std::int64_t>(retained_tokens(plan.rules[h], chunk), chunk);
         want_total += want;

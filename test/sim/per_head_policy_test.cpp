@@ -76,7 +76,7 @@ TEST_CASE("per-head pages hold each head's own retention, layer-wide pages its l
   elastic_needs n;
   n.samples      = samples;
   auto own       = std::make_shared<retention_needs const>(plan, n);
-  std::int64_t P = plan.geometry.page_tokens, N = 6000;
+  std::int64_t P = plan.geometry.page_tokens, N = 20000;  // above sample 0's 18,055: linear
   double kv = 40e9;
   auto ph =
       make_per_head_dynamic_policy(plan, kv, 2, 2, 1 << 20, own, estimated_scorer(plan, 0.3), 8192);
@@ -88,8 +88,8 @@ TEST_CASE("per-head pages hold each head's own retention, layer-wide pages its l
   REQUIRE(layer.start_turn(0, 0, N, 1, 0));
   REQUIRE(ph->prefill_chunk(0, N));
   REQUIRE(layer.prefill_chunk(0, N));
-  // Session 0 is sample 0 at N tokens: head i keeps max(protect, ceil(kept_i * N / context))
-  // (N > protect = 4,128), every profiled head (the snapkv profile covers every layer of
+  // Session 0 is sample 0 at N > its context tokens: head i keeps max(protect, ceil(kept_i * N /
+  // context)) (N > protect = 4,128), every profiled head (the snapkv profile covers every layer of
   // Llama-3.1-8B).
   auto const& smp = samples.samples[0];
   REQUIRE(smp.kept.size() == plan.rules.size());

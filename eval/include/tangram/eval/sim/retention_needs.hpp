@@ -6,20 +6,34 @@
  * (eval/sim/elastic_policy.hpp) and by the unified-page baseline (eval/sim/policies.hpp), which
  * compresses each input to its own retention instead of Tangram's padded budgets.
  *
- *   with retention samples: sample k = session mod (number of samples), p = protect_h (the
- *                           profile's sink + recent-window tokens, which the scorer always keeps),
- *                           r = ceil(scale * kept_k[h] * seen / context_k),
- *                           need_h = min(seen <= p ? seen : max(p, r), cand_h)
+ *   with retention samples: sample k = session mod (number of samples), c = context_k,
+ *                           p = protect_h (the profile's sink + recent-window tokens, which the
+ *                           scorer always keeps), e = max(0, kept_k[h] - min(c, p)) (what the head
+ *                           kept beyond its protected tokens):
+ *                             seen <= p:      need_h = seen
+ *                             p < seen < c:   need_h = p + ceil(e x R_k(seen))
+ *                             seen >= c:      need_h = max(p, ceil(scale * kept_k[h] * seen / c))
+ *                           then min(need_h, cand_h). Below c with scale != 1: max(p, ceil(scale x
+ *                           (p + e R))). R_k(n) = X(n) / X(c), X(n) = sum over the profiled
+ *                           compressed heads of kbar_p(n) - min(n, p): the scorer's budget beyond
+ *                           the protected tokens at n tokens (kbar: `scorer_total::per_head` at
+ *                           the samples' keep ratio and the plan's basis), 0 when X(c) <= 0.
  *   otherwise (a budget profile, or a layer the samples did not profile):
  *                           need_h = min(retained_tokens(rule_h, seen), cand_h)  (budget x seen)
  *
- * Both are `retained_tokens`'s k(n) (docs/planning.md): the samples' ratio kept / context takes
- * the budget's place. The protected floor is what the real compressor does: the bundled samples
- * keep at least sink + window (4,128 tokens) in every head at every context, so an input seen
- * only up to a few thousand tokens keeps all of it, not kept x seen / context of it (that linear
- * share, without the floor, had the unified baseline keep 0.31 of short prompts where the
- * compressor keeps 0.43). (`scale` is 1 unless the budgets were rescaled to another keep ratio;
- * it scales the ratio, not the protected tokens.)
+ * At and above its own context a sample scales as `retained_tokens`'s k(n) (docs/planning.md)
+ * with kept / context as the budget: every head in proportion, never below the protected floor,
+ * and the heads together keep the scorer's total (kbar(n) per head) as the sample does at c. Below
+ * c that linear share would not: heads that kept more than the floor would shrink while the heads
+ * at the floor stay there, so the heads together wanted up to 1.30x the scorer's total at
+ * 8-16K tokens (ea/qwen3-4b: 1.28x on average at 12K; 1.05x for snapkv/llama-3.1-8b), which a
+ * compressor with a global budget never keeps. Below c every head keeps its protected tokens and
+ * the scorer's budget beyond them is shared as the sample shared its own, so the heads together
+ * keep the scorer's total at every context (page and ceil rounding aside). The protected floor
+ * is what the real compressor does: the bundled samples keep at least sink + window (4,128 tokens)
+ * in every head at every context, so an input seen only up to a few thousand tokens keeps all of
+ * it (`scale` is 1 unless the budgets were rescaled to another keep ratio; it scales the ratio,
+ * not the protected tokens.)
  */
 #pragma once
 
@@ -27,10 +41,12 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "tangram/core/error.hpp"
 #include "tangram/core/retention.hpp"
+#include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
 
@@ -80,9 +96,26 @@ class retention_needs {
     for (std::size_t li = 0; li < rs.layer_ids.size(); ++li) {
       auto layer = rs.layer_ids[li];
       if (layer < 0 || layer >= plan.num_layers) continue;
-      for (std::size_t h = 0; h < H; ++h)
-        sample_index_[static_cast<std::size_t>(layer) * H + h] =
-            static_cast<std::int64_t>(li * H + h);
+      for (std::size_t h = 0; h < H; ++h) {
+        auto flat           = static_cast<std::size_t>(layer) * H + h;
+        sample_index_[flat] = static_cast<std::int64_t>(li * H + h);
+        auto const& rule    = rules_[flat];
+        if (rule.kind != layer_kind::compressed) continue;
+        auto it = std::find_if(protects_.begin(), protects_.end(), [&](auto const& pc) {
+          return pc.first == rule.protect;
+        });
+        if (it == protects_.end())
+          protects_.emplace_back(rule.protect, 1);
+        else
+          ++it->second;
+      }
+    }
+    // The scorer's budget beyond the protected tokens needs a keep ratio; without one (or without
+    // a compressed profiled head) every sample scales linearly at every context, as before.
+    if (rs.target_keep_ratio > 0 && rs.target_keep_ratio <= 1 && !protects_.empty()) {
+      keep_ratio_ = rs.target_keep_ratio;
+      basis_      = plan.options.reservation.basis;
+      for (auto const& smp : rs.samples) excess_at_context_.push_back(excess(smp.context_tokens));
     }
   }
 
@@ -100,12 +133,24 @@ class retention_needs {
       want = retained_tokens(rules_[static_cast<std::size_t>(h)], seen);
     } else {
       auto const& rs  = needs_.samples->samples;
-      auto const& smp = rs[static_cast<std::size_t>(session) % rs.size()];
+      auto k          = static_cast<std::size_t>(session) % rs.size();
+      auto const& smp = rs[k];
       auto kept       = smp.kept[static_cast<std::size_t>(idx)];
       auto protect    = rules_[static_cast<std::size_t>(h)].protect;
-      if (seen <= protect)
+      if (seen <= protect) {
         want = seen;
-      else if (needs_.scale == 1.0)
+      } else if (seen < smp.context_tokens && !excess_at_context_.empty() &&
+                 rules_[static_cast<std::size_t>(h)].kind == layer_kind::compressed) {
+        // Below the sample's context: the protected tokens, then the head's share of the
+        // scorer's budget beyond them (file comment).
+        double at_c  = excess_at_context_[k];
+        double ratio = at_c > 0 ? excess(seen) / at_c : 0.0;
+        double extra = static_cast<double>(
+            std::max<std::int64_t>(0, kept - std::min<std::int64_t>(smp.context_tokens, protect)));
+        double base = static_cast<double>(protect) + extra * ratio;
+        want        = std::max<std::int64_t>(protect,
+                                      static_cast<std::int64_t>(std::ceil(needs_.scale * base)));
+      } else if (needs_.scale == 1.0)
         want = std::max(protect, ceil_div(kept * seen, smp.context_tokens));
       else
         want = std::max(protect,
@@ -117,9 +162,25 @@ class retention_needs {
   }
 
  private:
+  /// X(n): the scorer's budget beyond the protected tokens over the profiled compressed heads.
+  [[nodiscard]] double excess(std::int64_t n) const {
+    double x = 0;
+    for (auto const& [protect, count] : protects_) {
+      scorer_total t{keep_ratio_, protect, basis_};
+      x += static_cast<double>(count) *
+           static_cast<double>(t.per_head(n) - std::min<std::int64_t>(n, protect));
+    }
+    return x;
+  }
+
   std::vector<head_rule> rules_;
   elastic_needs needs_;
   std::vector<std::int64_t> sample_index_;  ///< [flat head] index into a sample's kept, or -1
+  /// Distinct protected-token counts of the profiled compressed heads, with their head counts.
+  std::vector<std::pair<std::int64_t, std::int64_t>> protects_;
+  double keep_ratio_      = 0;  ///< the samples' target keep ratio (0: linear everywhere)
+  keep_ratio_basis basis_ = keep_ratio_basis::all_tokens;
+  std::vector<double> excess_at_context_;  ///< [sample] X(context): empty when linear everywhere
 };
 
 }  // namespace tangram::sim
