@@ -3,6 +3,8 @@
 #include "tangram/plan/aot_mapping.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -419,4 +421,69 @@ TEST_CASE("batch-invariant CTA loads: each piece whole on the CTA of its first t
     REQUIRE(loads == want);
     REQUIRE(std::accumulate(loads.begin(), loads.end(), std::int64_t{0}) == all);
   }
+}
+
+TEST_CASE("device-balanced shares: the least fullest CTA any shares reach (brute force)",
+          "[split_analysis][balanced]") {
+  // Hand-worked: 3 heads of 100, 10 and 0 tokens on 6 CTAs. T = 25 needs 4 + 1 + 1 = 6 CTAs;
+  // T = 24 needs 5 + 1 + 1 = 7. So 4 / 1 / 1, the fullest CTA ceil(100 / 4) = 25 tokens.
+  std::int64_t w[3] = {100, 10, 0}, s[3] = {};
+  balanced_shares(w, 3, 6, s);
+  CHECK(s[0] == 4);
+  CHECK(s[1] == 1);
+  CHECK(s[2] == 1);
+  // Brute force over every composition of N into H parts >= 1.
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::int32_t H = 1 + static_cast<std::int32_t>(rng() % 4);
+    std::int64_t N = H + static_cast<std::int64_t>(rng() % 9);
+    std::vector<std::int64_t> W(static_cast<std::size_t>(H)), S(static_cast<std::size_t>(H));
+    for (auto& x : W) x = rng() % 3 == 0 ? 0 : static_cast<std::int64_t>(rng() % 200);
+    balanced_shares(W.data(), H, N, S.data());
+    auto fullest = [&](std::vector<std::int64_t> const& shares) {
+      std::int64_t m = 0;
+      for (std::size_t h = 0; h < W.size(); ++h)
+        m = std::max(m, (W[h] + shares[h] - 1) / shares[h]);
+      return m;
+    };
+    std::int64_t best = std::numeric_limits<std::int64_t>::max();
+    std::vector<std::int64_t> c(static_cast<std::size_t>(H), 1);
+    std::function<void(std::size_t, std::int64_t)> walk = [&](std::size_t h, std::int64_t left) {
+      if (h + 1 == c.size()) {
+        c[h] = left;
+        best = std::min(best, fullest(c));
+        return;
+      }
+      for (std::int64_t k = 1; k <= left - static_cast<std::int64_t>(c.size() - h - 1); ++k) {
+        c[h] = k;
+        walk(h + 1, left - k);
+      }
+    };
+    walk(0, N);
+    INFO("trial " << trial << " H " << H << " N " << N);
+    CHECK(std::accumulate(S.begin(), S.end(), std::int64_t{0}) == N);
+    CHECK(*std::min_element(S.begin(), S.end()) >= 1);
+    CHECK(fullest(S) == best);
+  }
+  std::int64_t bad[2] = {5, -1}, out[2];
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(balanced_shares(bad, 2, 4, out), invalid_argument, "tokens[1]");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(balanced_shares(w, 3, 2, out), invalid_argument, "2 CTAs");
+}
+
+TEST_CASE("the evaluator reports the device-balanced map beside the AOT map (hand-worked)",
+          "[split_analysis][balanced]") {
+  // One layer, 2 heads, 4 CTAs split 3 / 1 ahead of time; a batch whose head 1 holds everything
+  // (1 request: 0 and 80 tokens). AOT: head 1's single CTA holds 80, mean 20: 4.0. Balanced:
+  // 1 / 3 CTAs, head 1's three hold 26 / 27 / 27: 27 / 20 = 1.35.
+  split_map map;
+  map.num_layers   = 1;
+  map.num_kv_heads = 2;
+  map.limits       = {2, 2};  // N_CTA = 4
+  map.cta_begin    = {0, 3, 4};
+  split_evaluator ev(map);
+  std::int64_t lengths[2] = {0, 80};
+  auto r                  = ev.evaluate_lengths(0, lengths, 1);
+  CHECK(r.aot == Approx(4.0));
+  CHECK(r.balanced == Approx(27.0 / 20.0));
+  CHECK(r.balanced <= r.aot);
 }

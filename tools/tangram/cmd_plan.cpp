@@ -399,6 +399,7 @@ int plan_command(plan_args& a, streams io) {
     v.set("equal_split_imbalance", imb.equal_split.mean);
     v.set("greedy_imbalance", imb.greedy.mean);
     v.set("greedy_fine_imbalance", imb.greedy_fine.mean);
+    v.set("balanced_split_imbalance", imb.balanced.mean);  // a design: eval/balanced_split.hpp
     auto b = json::value::object();
     b.set("requests", batch.requests);
     b.set("min_context", batch.min_context);
@@ -469,6 +470,7 @@ int plan_command(plan_args& a, streams io) {
   line("equal split (FlashInfer)", imb.equal_split);
   line("greedy LPT, per step", imb.greedy);
   line("greedy LPT x4, per step", imb.greedy_fine);
+  line("device-balanced (design)", imb.balanced);
   if (out) s << "\nwrote " << printable(*out) << "\n";
   return 0;
 }

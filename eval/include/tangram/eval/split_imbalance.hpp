@@ -25,6 +25,7 @@
 
 #include "tangram/core/error.hpp"
 #include "tangram/core/retention.hpp"
+#include "tangram/eval/balanced_split.hpp"
 #include "tangram/eval/baselines/split_planners.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/plan/aot_mapping.hpp"
@@ -153,6 +154,9 @@ struct planner_imbalance {
   double equal_split = 1.0;
   double greedy      = 1.0;  ///< greedy with 1 chunk per slot
   double greedy_fine = 1.0;  ///< greedy with 4 chunks per slot
+  /// The AOT kernels on a map balanced per step on the device (eval/balanced_split.hpp; a design
+  /// evaluated, not built).
+  double balanced = 1.0;
 };
 
 /**
@@ -250,6 +254,20 @@ class split_evaluator {
     out.greedy = load_imbalance(loads_.data(), N);
     greedy_fine_.plan(lengths, batch, H, N, loads_.data());
     out.greedy_fine = load_imbalance(loads_.data(), N);
+    totals_.resize(static_cast<std::size_t>(H));
+    shares_.resize(static_cast<std::size_t>(H));
+    for (std::int32_t h = 0; h < H; ++h)
+      totals_[static_cast<std::size_t>(h)] =
+          detail::head_total(lengths, batch, static_cast<std::size_t>(H), h);
+    balanced_shares(totals_.data(), H, N, shares_.data());
+    std::int64_t first = 0;
+    for (std::int32_t h = 0; h < H; ++h) {
+      detail::head_cta_loads(totals_[static_cast<std::size_t>(h)],
+                             shares_[static_cast<std::size_t>(h)],
+                             loads_.data() + first);
+      first += shares_[static_cast<std::size_t>(h)];
+    }
+    out.balanced = load_imbalance(loads_.data(), N);
     return out;
   }
 
@@ -257,7 +275,7 @@ class split_evaluator {
   split_map map_;
   greedy_split_planner greedy_, greedy_fine_;
   std::int64_t min_chunk_;
-  std::vector<std::int64_t> loads_, lengths_;
+  std::vector<std::int64_t> loads_, lengths_, totals_, shares_;
   detail::slot_heap heap_;
 };
 
@@ -321,7 +339,7 @@ struct reference_batch {
 
 /// @brief Per planner, the imbalance summarised over the layers of one batch.
 struct batch_imbalance {
-  imbalance_summary aot, equal_split, greedy, greedy_fine;
+  imbalance_summary aot, equal_split, greedy, greedy_fine, balanced;
 };
 
 namespace detail {
@@ -329,18 +347,20 @@ namespace detail {
 /// Summarises `per_layer(l)` (a planner_imbalance) over the layers [0, num_layers).
 template <class F>
 batch_imbalance summarize_layers(std::int32_t num_layers, F&& per_layer) {
-  std::vector<double> a, e, g, f;
+  std::vector<double> a, e, g, f, b;
   for (std::int32_t l = 0; l < num_layers; ++l) {
     planner_imbalance r = per_layer(l);
     a.push_back(r.aot);
     e.push_back(r.equal_split);
     g.push_back(r.greedy);
     f.push_back(r.greedy_fine);
+    b.push_back(r.balanced);
   }
   return {summarize_imbalance(std::move(a)),
           summarize_imbalance(std::move(e)),
           summarize_imbalance(std::move(g)),
-          summarize_imbalance(std::move(f))};
+          summarize_imbalance(std::move(f)),
+          summarize_imbalance(std::move(b))};
 }
 
 }  // namespace detail
