@@ -47,6 +47,7 @@ class elastic_eviction final : public chunk_eviction {
       for (auto m : g.members) heads_.push_back(m.layer * plan.num_kv_heads + m.head);
     }
     wanted_.resize(heads_.size());
+    candidates_.resize(heads_.size());
     pages_.resize(heads_.size() / static_cast<std::size_t>(plan.geometry.group_size));
   }
 
@@ -65,11 +66,10 @@ class elastic_eviction final : public chunk_eviction {
                 std::vector<std::int32_t>& kept) override {
     std::int64_t seen = manager.info(seq).seq_tokens + chunk_tokens, most = 0;
     for (std::size_t i = 0; i < heads_.size(); ++i) {
-      auto h     = heads_[i];
-      auto cand  = static_cast<std::int64_t>(kept[static_cast<std::size_t>(h)]);
-      wanted_[i] = need(session, h, seen, cand);
-      most       = std::max(most, cand);
+      candidates_[i] = kept[static_cast<std::size_t>(heads_[i])];
+      most           = std::max(most, candidates_[i]);
     }
+    needs_.fill(session, heads_.data(), heads_.size(), seen, candidates_.data(), wanted_.data());
     // The protected floor of every group, then the optimal pages above the floors.
     auto const P       = plan_.geometry.page_tokens;
     auto const hp      = plan_.geometry.group_size;
@@ -110,9 +110,10 @@ class elastic_eviction final : public chunk_eviction {
  private:
   static_plan plan_;
   retention_needs needs_;
-  std::vector<std::int32_t> heads_;   ///< compressed groups' heads, Hp per group in order
-  std::vector<std::int64_t> wanted_;  ///< scratch: needs in group order
-  std::vector<std::int64_t> pages_;   ///< scratch: each compressed group's length in pages
+  std::vector<std::int32_t> heads_;       ///< compressed groups' heads, Hp per group in order
+  std::vector<std::int64_t> wanted_;      ///< scratch: needs in group order
+  std::vector<std::int64_t> candidates_;  ///< scratch: candidates in group order
+  std::vector<std::int64_t> pages_;       ///< scratch: each compressed group's length in pages
   std::int64_t wanted_total_ = 0, wanted_clipped_ = 0;
 };
 

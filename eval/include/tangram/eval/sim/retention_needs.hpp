@@ -8,16 +8,18 @@
  *
  *   with retention samples: sample k = session mod (number of samples), c = context_k,
  *                           p = protect_h (the profile's sink + recent-window tokens, which the
- *                           scorer always keeps), e = max(0, kept_k[h] - min(c, p)) (what the head
- *                           kept beyond its protected tokens):
+ *                           scorer always keeps), K = ceil(scale x kept_k[h]) (the head's count at
+ *                           c), e = max(0, K - min(c, p)) (what it kept beyond its protected
+ *                           tokens):
  *                             seen <= p:      need_h = seen
  *                             p < seen < c:   need_h = p + ceil(e x R_k(seen))
  *                             seen >= c:      need_h = max(p, ceil(scale * kept_k[h] * seen / c))
- *                           then min(need_h, cand_h). Below c with scale != 1: max(p, ceil(scale x
- *                           (p + e R))). R_k(n) = X(n) / X(c), X(n) = sum over the profiled
- *                           compressed heads of kbar_p(n) - min(n, p): the scorer's budget beyond
- *                           the protected tokens at n tokens (kbar: `scorer_total::per_head` at
- *                           the samples' keep ratio and the plan's basis), 0 when X(c) <= 0.
+ *                           then min(need_h, cand_h). R_k(n) = X(n) / X(c), X(n) = sum over the
+ *                           profiled compressed heads of kbar_p(n) - min(n, p): the scorer's
+ *                           budget beyond the protected tokens at n tokens (kbar:
+ *                           `scorer_total::per_head` at the samples' keep ratio x scale, at most
+ *                           1, and the plan's basis); linear (the seen >= c rule) when X(c) <= 0
+ *                           or the samples record no keep ratio.
  *   otherwise (a budget profile, or a layer the samples did not profile):
  *                           need_h = min(retained_tokens(rule_h, seen), cand_h)  (budget x seen)
  *
@@ -29,7 +31,11 @@
  * 8-16K tokens (ea/qwen3-4b: 1.28x on average at 12K; 1.05x for snapkv/llama-3.1-8b), which a
  * compressor with a global budget never keeps. Below c every head keeps its protected tokens and
  * the scorer's budget beyond them is shared as the sample shared its own, so the heads together
- * keep the scorer's total at every context (page and ceil rounding aside). The protected floor
+ * keep the scorer's total at every context (page and ceil rounding aside; this assumes the samples
+ * were measured on the plan's keep-ratio basis, which they do not record). After a prefill chunk
+ * `fill` caps each head by its candidates (held + chunk: what an earlier chunk evicted does not
+ * come back) and gives what the caps cut to the heads with room, as a global budget would, so
+ * chunked prefill keeps the total too. The protected floor
  * is what the real compressor does: the bundled samples keep at least sink + window (4,128 tokens)
  * in every head at every context, so an input seen only up to a few thousand tokens keeps all of
  * it (`scale` is 1 unless the budgets were rescaled to another keep ratio; it scales the ratio,
@@ -40,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -113,7 +120,8 @@ class retention_needs {
     // The scorer's budget beyond the protected tokens needs a keep ratio; without one (or without
     // a compressed profiled head) every sample scales linearly at every context, as before.
     if (rs.target_keep_ratio > 0 && rs.target_keep_ratio <= 1 && !protects_.empty()) {
-      keep_ratio_ = rs.target_keep_ratio;
+      // Rescaled budgets (--keep) rescale the scorer's ratio, not the protected tokens.
+      keep_ratio_ = std::min(1.0, rs.target_keep_ratio * needs_.scale);
       basis_      = plan.options.reservation.basis;
       for (auto const& smp : rs.samples) excess_at_context_.push_back(excess(smp.context_tokens));
     }
@@ -140,16 +148,19 @@ class retention_needs {
       if (seen <= protect) {
         want = seen;
       } else if (seen < smp.context_tokens && !excess_at_context_.empty() &&
+                 excess_at_context_[k] > 0 &&
                  rules_[static_cast<std::size_t>(h)].kind == layer_kind::compressed) {
         // Below the sample's context: the protected tokens, then the head's share of the
-        // scorer's budget beyond them (file comment).
-        double at_c  = excess_at_context_[k];
-        double ratio = at_c > 0 ? excess(seen) / at_c : 0.0;
-        double extra = static_cast<double>(
-            std::max<std::int64_t>(0, kept - std::min<std::int64_t>(smp.context_tokens, protect)));
-        double base = static_cast<double>(protect) + extra * ratio;
-        want        = std::max<std::int64_t>(protect,
-                                      static_cast<std::int64_t>(std::ceil(needs_.scale * base)));
+        // scorer's budget beyond them (file comment). The head's kept count at the context is
+        // ceil(scale x kept), as above it.
+        auto at_c =
+            needs_.scale == 1.0
+                ? kept
+                : static_cast<std::int64_t>(std::ceil(needs_.scale * static_cast<double>(kept)));
+        auto extra =
+            std::max<std::int64_t>(0, at_c - std::min<std::int64_t>(smp.context_tokens, protect));
+        want = protect + static_cast<std::int64_t>(std::ceil(static_cast<double>(extra) *
+                                                             excess(seen) / excess_at_context_[k]));
       } else if (needs_.scale == 1.0)
         want = std::max(protect, ceil_div(kept * seen, smp.context_tokens));
       else
@@ -161,7 +172,59 @@ class retention_needs {
     return std::clamp<std::int64_t>(want, 0, candidates);
   }
 
+  /**
+   * @brief The needs of `n` heads of one input after a prefill chunk, as a compressor with a
+   * global budget keeps them: head heads[i] (flat ids) wants its uncapped need at `seen` tokens
+   * but keeps at most candidates[i] (what it held plus the chunk: tokens evicted by an earlier
+   * chunk do not come back); with retention samples what those caps cut goes to the profiled
+   * heads still below theirs, in proportion to their room, so the heads together keep
+   * min(their needs, their candidates) summed. (Below a sample's context a head's need can grow
+   * faster than its tokens arrive, so a head evicted to its floor by an early chunk cannot reach
+   * the sample's count; the budget it cannot use stays with the other heads.) O(n); allocates
+   * nothing.
+   * @param out [n] the kept counts, each in [0, candidates[i]]
+   */
+  void fill(std::int32_t session,
+            std::int32_t const* heads,
+            std::size_t n,
+            std::int64_t seen,
+            std::int64_t const* candidates,
+            std::int64_t* out) const {
+    std::int64_t cut = 0, room = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto want = need(session, heads[i], seen, std::numeric_limits<std::int64_t>::max());
+      out[i]    = std::min(want, candidates[i]);
+      if (!profiled(heads[i])) continue;
+      cut += want - out[i];
+      room += candidates[i] - out[i];
+    }
+    if (cut == 0 || room == 0) return;
+    // Shares of the cut in proportion to each profiled head's room, rounded down (never past its
+    // candidates), the rest one token each in head order.
+    std::int64_t give = std::min(cut, room), given = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!profiled(heads[i])) continue;
+      auto r = candidates[i] - out[i];
+      auto g = static_cast<std::int64_t>(static_cast<double>(give) * static_cast<double>(r) /
+                                         static_cast<double>(room));
+      g      = std::min(g, r);
+      out[i] += g;
+      given += g;
+    }
+    for (std::size_t i = 0; i < n && given < give; ++i)
+      if (profiled(heads[i]) && out[i] < candidates[i]) {
+        ++out[i];
+        ++given;
+      }
+  }
+
  private:
+  /// True when head h's need follows the samples (a profiled compressed head).
+  [[nodiscard]] bool profiled(std::int32_t h) const {
+    return sample_index_[static_cast<std::size_t>(h)] >= 0 &&
+           rules_[static_cast<std::size_t>(h)].kind == layer_kind::compressed;
+  }
+
   /// X(n): the scorer's budget beyond the protected tokens over the profiled compressed heads.
   [[nodiscard]] double excess(std::int64_t n) const {
     double x = 0;

@@ -139,14 +139,24 @@ class unified_policy final : public live_accounting_policy {
     std::int32_t slot = slots_[static_cast<std::size_t>(s)];
     if (own_) {  // each compressed head keeps this input's own retention
       std::int64_t seen = baseline_.seq_tokens(slot) + tokens;
+      own_heads_.clear();
+      own_cand_.clear();
       for (std::int32_t i = 0; i < static_cast<std::int32_t>(kept_.size()); ++i) {
         std::int32_t l = i / plan_.num_kv_heads, h = i % plan_.num_kv_heads;
-        std::int64_t cand                  = baseline_.head_len(slot, l, h) + tokens;
-        auto const& rule                   = plan_.rules[static_cast<std::size_t>(i)];
-        kept_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(
-            rule.kind == layer_kind::compressed ? own_->need(s, i, seen, cand)
-                                                : std::min(retained_tokens(rule, seen), cand));
+        std::int64_t cand = baseline_.head_len(slot, l, h) + tokens;
+        auto const& rule  = plan_.rules[static_cast<std::size_t>(i)];
+        if (rule.kind == layer_kind::compressed) {
+          own_heads_.push_back(i);
+          own_cand_.push_back(cand);
+        } else {
+          kept_[static_cast<std::size_t>(i)] =
+              static_cast<std::int32_t>(std::min(retained_tokens(rule, seen), cand));
+        }
       }
+      own_kept_.resize(own_heads_.size());
+      own_->fill(s, own_heads_.data(), own_heads_.size(), seen, own_cand_.data(), own_kept_.data());
+      for (std::size_t j = 0; j < own_heads_.size(); ++j)
+        kept_[static_cast<std::size_t>(own_heads_[j])] = static_cast<std::int32_t>(own_kept_[j]);
     }
     if (!baseline_.prefill_chunk(slot, tokens, own_ ? kept_.data() : nullptr)) return false;
     live_.touch(s);
@@ -263,8 +273,10 @@ class unified_policy final : public live_accounting_policy {
   unified_paging_baseline baseline_;
   std::vector<std::int32_t> slots_;
   std::vector<std::int32_t> batch_;
-  std::shared_ptr<retention_needs const> own_;  ///< null: the plan's padded budgets
-  std::vector<std::int32_t> kept_;              ///< scratch: [layer * H + head]
+  std::shared_ptr<retention_needs const> own_;     ///< null: the plan's padded budgets
+  std::vector<std::int32_t> kept_;                 ///< scratch: [layer * H + head]
+  std::vector<std::int32_t> own_heads_;            ///< scratch: the compressed heads (flat ids)
+  std::vector<std::int64_t> own_cand_, own_kept_;  ///< scratch: their candidates and kept counts
 };
 
 }  // namespace tangram::sim
