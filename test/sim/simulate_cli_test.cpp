@@ -98,12 +98,10 @@ TEST_CASE("simulate replays a trace file", "[simulate][cli]") {
 }
 
 TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli][errors]") {
-  struct bad {
-    std::vector<std::string> argv;
-    std::string piece;
-  } cases[] = {
+  tangram::test::check_refusals({
       {{"simulate", "--sessions", "0"}, "--sessions: must be in [1, 1000000], got 0"},
-      {{"simulate", "--workload", "/nonexistent/trace.json"}, "cannot open \"/nonexistent/trace.json\""},
+      {{"simulate", "--workload", "/nonexistent/trace.json"},
+       "cannot open \"/nonexistent/trace.json\""},
       {{"simulate", "--gpu-mem", "10"}, "--gpu-mem x --usable: 10 GB"},
       {{"simulate", "--usable", "0.01"}, "--gpu-mem x --usable: 141 GB x 0.01"},
       {{"simulate", "--workload", "nosuch"}, "--workload: cannot open \"nosuch\""},
@@ -113,12 +111,13 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
       {{"simulate", "--keep", "1.5"}, "--keep: must be in [0.001, 1], got 1.5"},
       {{"simulate", "--margin", "11"}, "--margin: must be in [0, 10], got 11"},
       {{"simulate", "--margin", "-0.5"}, "--margin: must be in [0, 10], got -0.5"},
-      {{"simulate", "--model", "gpt-5"}, "--model: \"gpt-5\" is neither a model-spec file nor a preset"},
+      {{"simulate", "--model", "gpt-5"},
+       "--model: \"gpt-5\" is neither a model-spec file nor a preset"},
       {{"simulate", "--scope", "diagonal"}, "--scope: expected one of adjacent, layer, global"},
       {{"simulate", "--frobnicate"}, "unknown option \"--frobnicate\""},
-      {{"simulate", "--context-dist", "normal"}, "--context-dist: expected one of loguniform, uniform, fixed, got"},
-  };
-  for (auto const& c : cases) tangram::test::check_refused(c.argv, {c.piece});
+      {{"simulate", "--context-dist", "normal"},
+       "--context-dist: expected one of loguniform, uniform, fixed, got"},
+  });
 }
 
 TEST_CASE("simulate with a workload file refuses the generator's options and reports none",

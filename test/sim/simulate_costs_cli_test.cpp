@@ -212,22 +212,24 @@ TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no sk
 
 TEST_CASE("simulate refuses bad cost and reservation options, naming them",
           "[simulate][cli][errors][issue13]") {
-  struct bad {
-    std::vector<std::string> argv;
-    std::string piece;
-  } cases[] = {
+  tangram::test::check_refusals({
       {{"simulate", "--max-tokens", "0"}, "--max-tokens: must be in [1, 1073741824], got 0"},
-      {{"simulate", "--max-context", "100"}, "--max-context: must be in [4096, 2147483647], got 100"},
-      {{"simulate", "--baseline-balance", "foo"}, "--baseline-balance: expected one of replan, none, perfect"},
-      {{"simulate", "--baseline-reads", "dense"}, "--baseline-reads: expected one of padded, masked"},
-      {{"simulate", "--decode-window", "-1"}, "--decode-window: must be in [0, 1073741824], got -1"},
-      {{"simulate", "--baseline-retention", "x"}, "--baseline-retention: expected one of own, budgets"},
+      {{"simulate", "--max-context", "100"},
+       "--max-context: must be in [4096, 2147483647], got 100"},
+      {{"simulate", "--baseline-balance", "foo"},
+       "--baseline-balance: expected one of replan, none, perfect"},
+      {{"simulate", "--baseline-reads", "dense"},
+       "--baseline-reads: expected one of padded, masked"},
+      {{"simulate", "--decode-window", "-1"},
+       "--decode-window: must be in [0, 1073741824], got -1"},
+      {{"simulate", "--baseline-retention", "x"},
+       "--baseline-retention: expected one of own, budgets"},
       {{"simulate", "--unbalanced-skew", "0.5"}, "--unbalanced-skew: must be in [1, 100], got 0.5"},
-      {{"simulate", "--reclaim-us-per-page", "-1"}, "--reclaim-us-per-page: must be in [0, 1e6], got -1"},
+      {{"simulate", "--reclaim-us-per-page", "-1"},
+       "--reclaim-us-per-page: must be in [0, 1e6], got -1"},
       {{"simulate", "--replan-fraction", "11"}, "--replan-fraction: must be in [0, 10], got 11"},
       {{"simulate", "--step-overhead-us", "nan"}, "--step-overhead-us"},
-  };
-  for (auto const& c : cases) tangram::test::check_refused(c.argv, {c.piece});
+  });
 }
 
 TEST_CASE("simulate --sensitivity replays the baseline under both admission rules",

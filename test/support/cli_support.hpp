@@ -82,4 +82,15 @@ inline void check_refused(std::vector<std::string> const& argv,
   for (auto const& p : pieces) CHECK(r.err.find(p) != std::string::npos);
 }
 
+/// One refused command line: its argv and a piece of its one-line error.
+struct refusal {
+  std::vector<std::string> argv;
+  std::string piece;
+};
+
+/// check_refused (exit code 2) on each of `cases`.
+inline void check_refusals(std::vector<refusal> const& cases) {
+  for (auto const& c : cases) check_refused(c.argv, {c.piece});
+}
+
 }  // namespace tangram::test
