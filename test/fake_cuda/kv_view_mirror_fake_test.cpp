@@ -113,9 +113,9 @@ TEST_CASE("kv_view_mirror (fake runtime): every upload leaves the block equal to
 
 TEST_CASE("kv_view_mirror (fake runtime): construction errors name the call or the value",
           "[fake_cuda][mirror]") {
-  auto plan = tiny_plan(tiny_budgets());
-  simulated_memory_resource sim;
-  kv_cache_manager m(plan, sim, opts(200, 8));
+  tiny_manager_on<simulated_memory_resource> fx(opts(200, 8));
+  auto& m          = fx.m;
+  auto const& plan = fx.plan;
   auto& fs   = fake_cuda::state();
   fs.devices = 0;
   CHECK(error_of([&] { kv_view_mirror x(m, 0); }) ==

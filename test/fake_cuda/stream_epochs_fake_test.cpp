@@ -50,9 +50,8 @@ std::int64_t admit_and_free(kv_cache_manager& m) {
 
 TEST_CASE("stream_epochs (fake runtime): pages wait for their epoch's event, poll never waits",
           "[fake_cuda][stream_epochs]") {
-  auto plan = tiny_plan(tiny_budgets());
-  simulated_memory_resource sim;
-  kv_cache_manager m(plan, sim, deferred(200, 4));
+  tiny_manager_on<simulated_memory_resource> fx(deferred(200, 4));
+  auto& m  = fx.m;
   auto& fs = fake_cuda::state();
   fake_cuda::run();
   auto live0 = fs.events_live;
@@ -111,9 +110,8 @@ TEST_CASE("stream_epochs (fake runtime): pages wait for their epoch's event, pol
 
 TEST_CASE("stream_epochs (fake runtime): a full ring merges into its newest event, drain waits",
           "[fake_cuda][stream_epochs]") {
-  auto plan = tiny_plan(tiny_budgets());
-  simulated_memory_resource sim;
-  kv_cache_manager m(plan, sim, deferred(200, 4));
+  tiny_manager_on<simulated_memory_resource> fx(deferred(200, 4));
+  auto& m  = fx.m;
   auto& fs = fake_cuda::state();
   fake_cuda::run();
   auto waits0 = fs.stream_waits;
@@ -146,9 +144,10 @@ TEST_CASE("stream_epochs (fake runtime): a full ring merges into its newest even
 
 TEST_CASE("stream_epochs (fake runtime): errors name the call or the value and change nothing",
           "[fake_cuda][stream_epochs]") {
-  auto plan = tiny_plan(tiny_budgets());
-  simulated_memory_resource sim;
-  kv_cache_manager m(plan, sim, deferred(200, 4));
+  tiny_manager_on<simulated_memory_resource> fx(deferred(200, 4));
+  auto& m          = fx.m;
+  auto const& plan = fx.plan;
+  auto& sim        = fx.mr;
   kv_cache_manager other(plan, sim, deferred(200, 4));
   auto& fs = fake_cuda::state();
   fake_cuda::run();

@@ -15,9 +15,8 @@ using namespace tangram;
 using namespace tangram::test;
 
 TEST_CASE("admit names why a request does not fit and the pages it lacks", "[memory][admission]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(40, 2));
+  tiny_manager fx(opts(40, 2));
+  auto& m = fx.m;
   auto a = m.admit(20, 5);
   REQUIRE(a);
   CHECK(a.reason == admit_failure::none);
@@ -80,9 +79,8 @@ TEST_CASE("admit: no free slot, a full page-id arena, an arena too small ever",
 }
 
 TEST_CASE("admit rejects sizes no sequence may have, naming admit", "[memory][admission]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(40, 2));
+  tiny_manager fx(opts(40, 2));
+  auto& m = fx.m;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       (void)m.admit(0, 1), invalid_argument, "admit.prompt_tokens: must be >= 1, got 0");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
@@ -117,9 +115,8 @@ TEST_CASE("admit under elastic reservation reports the elastic footprint",
 }
 
 TEST_CASE("sequences() lists every live sequence with its phase", "[memory][admission]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
+  tiny_manager fx(opts(200, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 11, 0.0);
   CHECK(m.sequences().empty());
   auto a = sim.admit(20, 5);

@@ -14,15 +14,6 @@ using namespace tangram::test;
 
 namespace {
 
-/// A sequence admitted with (N, T) and prefilled in one chunk: in the decode phase.
-sequence_id decoding(kv_cache_manager& m, std::int64_t N, std::int64_t T) {
-  auto id = m.try_admit(N, T);
-  REQUIRE(id);
-  prefill(m, *id, N);
-  REQUIRE(m.info(*id).phase == sequence_phase::decode);
-  return *id;
-}
-
 std::vector<std::int32_t> slots_of(kv_cache_view const& v) {
   return {v.batch_slots, v.batch_slots + v.batch_size};
 }
@@ -31,9 +22,8 @@ std::vector<std::int32_t> slots_of(kv_cache_view const& v) {
 
 TEST_CASE("two batches: each kind has its own view, the views share every page-table array",
           "[memory][manager][batches]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 6));
+  tiny_manager fx(opts(200, 6));
+  auto& m = fx.m;
   auto a = decoding(m, 20, 5), b = decoding(m, 9, 3);
   auto c = *m.try_admit(12, 2);  // in prefill
   // Nothing set: both batches empty.
@@ -205,9 +195,8 @@ TEST_CASE("padded batches: requests past the members name the padding slot and h
 
 TEST_CASE("engine_sim: mixed steps on padded batches keep every token where the model says",
           "[memory][manager][batches]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(300, 6));
+  tiny_manager fx(opts(300, 6));
+  auto& m = fx.m;
   engine_sim sim(m, 7, 0.0);
   auto a = *sim.admit(20, 6), b = *sim.admit(9, 4), c = *sim.admit(30, 3);
   sim.chunk(a, 20);

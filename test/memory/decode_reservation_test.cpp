@@ -37,9 +37,8 @@ sequence_id prefilled(engine_sim& sim, std::int64_t T) {
 
 TEST_CASE("try_extend grows a running turn's decode reservation by exact page counts",
           "[memory][decode_reservation]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 8));
+  tiny_manager fx(opts(100, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 3, /*keep_fewer_probability=*/0.0);
   auto id = prefilled(sim, 5);
   // T = 5: targets G0 ceil(20/4)=5 G1 ceil(15/4)=4 G2 3 G3 3, sliding 3, uncompressed 7.
@@ -79,9 +78,8 @@ TEST_CASE("try_extend grows a running turn's decode reservation by exact page co
 
 TEST_CASE("try_extend that does not fit answers false and changes nothing",
           "[memory][decode_reservation]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(40, 8));
+  tiny_manager fx(opts(40, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 4, 0.0);
   auto id = prefilled(sim, 5);  // 35 pages reserved of 40 (27 used, 8 reserved)
   // +8: G0..G3 +2 each, uncompressed +2 each = 12 > 5 available.
@@ -101,9 +99,8 @@ TEST_CASE("try_extend that does not fit answers false and changes nothing",
 
 TEST_CASE("try_extend misuse names the field and value, nothing changes",
           "[memory][decode_reservation]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 8));
+  tiny_manager fx(opts(100, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 5, 0.0);
   auto id  = prefilled(sim, 5);
   auto pre = sim.admit(4, 1);
@@ -137,9 +134,8 @@ TEST_CASE("try_extend misuse names the field and value, nothing changes",
 
 TEST_CASE("speculative tokens: append several, roll back the rejected ones into the reservation",
           "[memory][decode_reservation]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 8));
+  tiny_manager fx(opts(100, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 6, 0.0);
   auto id = prefilled(sim, 8);
   // T = 8: targets G0 ceil(23/4)=6 G1 5 G2 4 G3 4, sliding 3, uncompressed 7: 39 pages.
@@ -187,9 +183,8 @@ TEST_CASE("speculative tokens: append several, roll back the rejected ones into 
 }
 
 TEST_CASE("rollback never rewrites a page a fork shares", "[memory][decode_reservation]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
+  tiny_manager fx(opts(200, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 7, 0.0);
   auto id = prefilled(sim, 8);
   sim.append(id, 4);  // 24 tokens: the uncompressed groups' 6 pages are full
@@ -211,9 +206,8 @@ TEST_CASE("rollback never rewrites a page a fork shares", "[memory][decode_reser
 
 TEST_CASE("append_tokens, decode_step counts and rollback misuse changes nothing",
           "[memory][decode_reservation]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 8));
+  tiny_manager fx(opts(100, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 8, 0.0);
   auto id  = prefilled(sim, 4);
   auto pre = sim.admit(4, 1);
@@ -266,9 +260,8 @@ TEST_CASE("append_tokens, decode_step counts and rollback misuse changes nothing
 
 TEST_CASE("an early end_turn returns the whole unused reservation",
           "[memory][decode_reservation]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 8));
+  tiny_manager fx(opts(100, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 9, 0.0);
   auto id = prefilled(sim, 8);  // 39 pages reserved
   sim.decode({id});

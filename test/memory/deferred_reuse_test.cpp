@@ -193,9 +193,8 @@ TEST_CASE(
     "deferred reuse: free, end_turn and a recompressing chunk retire exactly the pages "
     "that left every list",
     "[memory][manager][deferred]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, deferred_opts(40, 3));
+  tiny_manager fx(deferred_opts(40, 3));
+  auto& m = fx.m;
   REQUIRE(m.options().deferred_reuse);
   auto a = *m.try_admit(20, 5);  // M(20, 5) = 35 of 40 pages
   prefill(m, a, 20);
@@ -282,9 +281,8 @@ TEST_CASE(
 
 TEST_CASE("deferred reuse: a recompressing chunk retires the surplus pages, in its own epoch",
           "[memory][manager][deferred]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, deferred_opts(200, 2));
+  tiny_manager fx(deferred_opts(200, 2));
+  auto& m = fx.m;
   auto a = *m.try_admit(20, 12);
   prefill(m, a, 20);
   m.append_tokens(a, 12);
@@ -322,9 +320,8 @@ TEST_CASE("deferred reuse: a recompressing chunk retires the surplus pages, in i
 
 TEST_CASE("deferred reuse: copy-on-write pages retire once, when the last holder lets go",
           "[memory][manager][deferred]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, deferred_opts(120, 4));
+  tiny_manager fx(deferred_opts(120, 4));
+  auto& m = fx.m;
   auto a = *m.try_admit(20, 5);
   prefill(m, a, 20);
   m.set_batch({a});
@@ -471,9 +468,8 @@ TEST_CASE(
     "deferred reuse: a pinned prefix's pages are handed out again only after the last holder "
     "lets go and its epoch is released",
     "[memory][manager][deferred][prefix]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, deferred_opts(60, 16));
+  tiny_manager fx(deferred_opts(60, 16));
+  auto& m = fx.m;
   engine_sim sim(m, 13, 0.0);
   // The prefix (22 pages), pinned; the pages its recompressing chunk dropped released, so that
   // nothing is retired.

@@ -36,9 +36,8 @@ TEST_CASE("tiny plan groups as worked out by hand", "[memory][manager]") {
 
 TEST_CASE("admission, chunked prefill and decode follow the footprint exactly",
           "[memory][manager]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 8));
+  tiny_manager fx(opts(100, 8));
+  auto& m = fx.m;
   // M(r) for N = 20, T = 5 (k = retained tokens after 20):
   //   G0 ceil((15+5)/4)=5  G1 ceil((10+5)/4)=4  G2 ceil((7+5)/4)=3  G3 ceil((5+5)/4)=3
   //   sliding ceil(min(25,10)/4)=3 (x2)   uncompressed ceil(25/4)=7 (x2)   total 35
@@ -99,9 +98,8 @@ TEST_CASE("admission, chunked prefill and decode follow the footprint exactly",
 
 TEST_CASE("multi-turn: a new turn reserves only the increment, dropped decode pages return",
           "[memory][manager][turns]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
+  tiny_manager fx(opts(200, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 2, 0.0);
   SECTION("increment max(0, final - held)") {
     auto id = *sim.admit(20, 5);
@@ -171,9 +169,8 @@ TEST_CASE("sliding-window rings use constant memory however long the session run
 
 TEST_CASE("fork shares filled pages and copies the pages heads still write",
           "[memory][manager][fork]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(300, 8));
+  tiny_manager fx(opts(300, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 4, 0.0);
   auto a = *sim.admit(20, 12);
   sim.chunk(a, 20);
@@ -228,9 +225,8 @@ TEST_CASE("fork shares filled pages and copies the pages heads still write",
 }
 
 TEST_CASE("does-not-fit is a return value and changes nothing", "[memory][manager]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(40, 2));
+  tiny_manager fx(opts(40, 2));
+  auto& m = fx.m;
   auto a = m.try_admit(20, 5);  // 35 pages
   REQUIRE(a);
   auto before = snapshot(m, {*a});
@@ -254,9 +250,8 @@ TEST_CASE("does-not-fit is a return value and changes nothing", "[memory][manage
 
 TEST_CASE("manager misuse is a clear logic_error with nothing changed",
           "[memory][manager][errors]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 4));
+  tiny_manager fx(opts(200, 4));
+  auto& m = fx.m;
   auto a = *m.try_admit(12, 3);
   auto b = *m.try_admit(12, 3);
   std::vector<sequence_id> ids{a, b};
@@ -422,9 +417,8 @@ TEST_CASE("tensor parallelism: admit on every rank or on none", "[memory][manage
 }
 
 TEST_CASE("view journal lists the page-table entries a step wrote", "[memory][manager][view]") {
-  auto plan = tiny_plan(tiny_budgets());
-  simulated_memory_resource sim;
-  kv_cache_manager m(plan, sim, opts(200, 8));
+  tiny_manager_on<simulated_memory_resource> fx(opts(200, 8));
+  auto& m = fx.m;
   auto a = *m.try_admit(20, 5);
   m.prepare_chunk(a, 20);
   std::vector<std::int32_t> kept(16);

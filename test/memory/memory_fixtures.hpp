@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tangram/io/retention_samples.hpp"
+#include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
@@ -90,6 +91,15 @@ inline void prefill(kv_cache_manager& m, sequence_id id, std::int64_t n) {
   m.commit_chunk(id, kept);
 }
 
+/// A sequence admitted with (N, T) and prefilled in one chunk (see prefill): in the decode phase.
+inline sequence_id decoding(kv_cache_manager& m, std::int64_t N, std::int64_t T) {
+  auto id = m.try_admit(N, T);
+  REQUIRE(id);
+  prefill(m, *id, N);
+  REQUIRE(m.info(*id).phase == sequence_phase::decode);
+  return *id;
+}
+
 /**
  * A tiny hybrid model, small enough to work by hand and to check token by token:
  * 4 layers x 4 KV heads, d = 4, f32; layer 0 and 3 compressed (profiled, protect = 1 sink + 2
@@ -136,6 +146,23 @@ inline static_plan tiny_plan(std::vector<double> budgets,
 inline std::vector<double> tiny_budgets() {
   return {0.5, 0.25, 0.75, 0.3, 0.45, 0.2, 0.6, 0.35};
 }
+
+/// The set-up most manager tests start from: a manager of the tiny plan (default budgets) over a
+/// `Resource` (default-constructed), with options `o`. Owns the plan and the resource the manager
+/// refers to; not copyable or movable (the manager holds references into it).
+template <class Resource>
+struct tiny_manager_on {
+  static_plan plan = tiny_plan(tiny_budgets());
+  Resource mr;
+  kv_cache_manager m;
+
+  explicit tiny_manager_on(manager_options const& o) : m(plan, mr, o) {}
+  tiny_manager_on(tiny_manager_on const&)            = delete;
+  tiny_manager_on& operator=(tiny_manager_on const&) = delete;
+};
+
+/// tiny_manager_on host memory.
+using tiny_manager = tiny_manager_on<host_memory_resource>;
 
 /// The tiny model's plans for 2 tensor-parallel ranks (P = 4, Hp = 2), static budgets: the
 /// profile has no keep ratio, which elastic reservation needs.

@@ -49,9 +49,10 @@ void expect_unchanged(kv_cache_manager& m,
 
 TEST_CASE("parking: the pages out, the reservation back in and every byte, worked by hand",
           "[memory][manager][parking]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
+  tiny_manager fx(opts(200, 8));
+  auto& m          = fx.m;
+  auto const& plan = fx.plan;
+  auto& mr         = fx.mr;
   // The arena starts uninitialised; the byte comparisons below cover whole pages, including
   // slots no token was written to, so give every byte a value first (valgrind memcheck).
   std::memset(
@@ -349,9 +350,9 @@ TEST_CASE("parking a running turn: it resumes where it stopped, every byte and t
 
 TEST_CASE("resuming a parked turn, worked by hand, does not fit, misuse",
           "[memory][manager][parking][mid_turn]") {
-  auto plan = tiny_plan(tiny_budgets());
-  simulated_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
+  tiny_manager_on<simulated_memory_resource> fx(opts(200, 8));
+  auto& m          = fx.m;
+  auto const& plan = fx.plan;
   engine_sim sim(m, 3, 0.0);
   // N 20, T 5, 3 decoded: uncompressed groups (2) use ceil(23 / 4) = 6 pages each and reach
   // ceil(25 / 4) = 7: 1 page each to reserve; sliding groups (2, W 10) use and keep their
@@ -436,9 +437,8 @@ TEST_CASE("resuming a parked turn, worked by hand, does not fit, misuse",
 
 TEST_CASE("parking a forked session keeps the pages its fork shares",
           "[memory][manager][parking]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
+  tiny_manager fx(opts(200, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 5, 0.0);
   auto a = *sim.admit(20, 5);
   sim.chunk(a, 20);
@@ -484,9 +484,9 @@ TEST_CASE("parking a forked session keeps the pages its fork shares",
 }
 
 TEST_CASE("parking misuse is a clear error with nothing changed", "[memory][manager][parking]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
+  tiny_manager fx(opts(200, 8));
+  auto& m  = fx.m;
+  auto& mr = fx.mr;
   engine_sim sim(m, 7, 0.0);
   auto a = *sim.admit(9, 3);
   auto b = *sim.admit(9, 3);

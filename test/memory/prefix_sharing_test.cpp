@@ -37,9 +37,8 @@ std::vector<page_id> pages_of(kv_cache_manager const& m, sequence_id id, std::in
 
 TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copies the rest",
           "[memory][prefix]") {
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 8));
+  tiny_manager fx(opts(100, 8));
+  auto& m = fx.m;
   engine_sim sim(m, 7, /*keep_fewer_probability=*/0.0);
   auto p = prefill_prefix(sim);
   REQUIRE(group_page_counts(m, p) == std::vector<std::int32_t>{3, 2, 2, 1, 3, 3, 4, 4});
@@ -134,9 +133,9 @@ TEST_CASE("a fork of a pinned prefix is a plain fork of an ended sequence", "[me
   // (a fork's `shareable`): here the sliding rings (3 + 3 pages, rewritten in place) and the
   // last page of compressed groups 0 and 2, which not every head filled: 8 copies. Its next turn
   // copies what it may rewrite; the prefix's tags read back unchanged and it keeps serving.
-  auto plan = tiny_plan(tiny_budgets());
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(100, 3));
+  tiny_manager fx(opts(100, 3));
+  auto& m          = fx.m;
+  auto const& plan = fx.plan;
   engine_sim sim(m, 5, 0.0);
   auto p = prefill_prefix(sim);
   m.pin_prefix(p);

@@ -253,9 +253,8 @@ TEST_CASE("mirror layout: bad extents are refused naming the field", "[memory][m
 
 TEST_CASE("mirror: a journal entry outside the extents is refused before anything is written",
           "[memory][mirror]") {
-  auto plan = tiny_plan(tiny_budgets());
-  simulated_memory_resource sim;
-  kv_cache_manager m(plan, sim, opts(200, 8));
+  tiny_manager_on<simulated_memory_resource> fx(opts(200, 8));
+  auto& m = fx.m;
   host_mirror hm(m);
   hm.sync(m);
   std::int32_t bad_slot = 9;  // 8 sequence slots and the padding slot: 9 is outside

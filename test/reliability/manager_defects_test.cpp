@@ -48,15 +48,6 @@ std::vector<sequence_id> all_ids(kv_cache_manager const& m) {
   return ids;
 }
 
-/// A sequence admitted with (N, T), prefilled in one chunk and in the decode phase.
-sequence_id decoding(kv_cache_manager& m, std::int64_t N, std::int64_t T) {
-  auto id = m.try_admit(N, T);
-  REQUIRE(id);
-  prefill(m, *id, N);
-  REQUIRE(m.info(*id).phase == sequence_phase::decode);
-  return *id;
-}
-
 }  // namespace
 
 TEST_CASE("try_admit: N + T past int64 is invalid_argument and changes nothing",

@@ -21,6 +21,7 @@ using namespace tangram;
 using namespace tangram::sim;
 
 using tangram::test::run;
+using tangram::test::run_json;
 
 namespace {
 
@@ -117,12 +118,9 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK(find_gpu_preset("b200")->gpu.peak_flops == Approx(2250e12));
   CHECK_FALSE(find_gpu_preset("x100"));
 
-  namespace json = tangram::detail::json;
-  auto r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "a100"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto a100_run = run_json(
+      {"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "a100"});
+  auto root = a100_run.root();
   auto c = root["cost_model"];
   CHECK(c["gpu"].as_string() == "A100 80GB SXM");
   CHECK(c["hbm_bytes_per_s"].as_double(0, 1e15) == Approx(2.039e12));
@@ -136,18 +134,29 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
   CHECK(tangram["modelled_tbt_p95_s"].as_double(0, 1e6) >= tangram["modelled_tbt_p50_s"].as_double(0, 1e6));
 
   // Each figure given on its own wins over the preset.
-  r = run({"simulate", "--sessions", "4", "--turns", "1", "--quiet", "--json", "--gpu", "h100",
-           "--step-tokens", "4096", "--hbm-tbps", "3", "--sms", "114"});
-  REQUIRE(r.code == 0);
-  auto doc2 = json::parse(r.out, "stdout");
-  json::node c2(doc2, "stdout");
+  auto h100_run = run_json({"simulate",
+                            "--sessions",
+                            "4",
+                            "--turns",
+                            "1",
+                            "--quiet",
+                            "--json",
+                            "--gpu",
+                            "h100",
+                            "--step-tokens",
+                            "4096",
+                            "--hbm-tbps",
+                            "3",
+                            "--sms",
+                            "114"});
+  auto c2       = h100_run.root();
   CHECK(c2["cost_model"]["gpu"].as_string() == "H100 80GB SXM");
   CHECK(c2["cost_model"]["hbm_bytes_per_s"].as_double(0, 1e15) == Approx(3e12));
   CHECK(c2["cost_model"]["step_token_budget"].as_int(0, 1 << 30) == 4096);
   CHECK(c2["cost_model"]["max_running"].as_int(0, 1 << 30) == 1024);
   CHECK(c2["cost_model"]["sms"].as_int(0, 1 << 30) == 114);
 
-  r = run({"simulate", "--gpu", "x100"});
+  auto r = run({"simulate", "--gpu", "x100"});
   CHECK(r.code == 2);
   CHECK(r.err.find("--gpu: expected one of h200, h100, b200, a100") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
@@ -155,12 +164,9 @@ TEST_CASE("simulate's GPU presets (--gpu) carry the vendor figures and vLLM v1's
 
 TEST_CASE("simulate --ablation adds reservation_only and +head_groups, --help lists every option",
           "[simulate][cli][ablation]") {
-  namespace json = tangram::detail::json;
-  auto r = run({"simulate", "--sessions", "6", "--turns", "2", "--quiet", "--json", "--ablation"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r =
+      run_json({"simulate", "--sessions", "6", "--turns", "2", "--quiet", "--json", "--ablation"});
+  auto root = r.root();
   for (char const* p : {"full_kv", "unified_nonuniform", "reservation_only", "+head_groups", "tangram",
                         "tangram_elastic"}) {
     INFO(p);

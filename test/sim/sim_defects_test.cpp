@@ -27,6 +27,8 @@ using namespace tangram::sim;
 namespace {
 
 using tangram::test::run_cli;
+using tangram::test::run_json;
+using tangram::test::with_args;
 
 bool exists(std::string const& path) {
   struct stat st {};
@@ -246,14 +248,10 @@ TEST_CASE("simulate runs a tiny trace of one 2^31-token session without huge tab
   tangram::detail::write_file(path, trace);
   // The context limit as large as a session may be, so the trace reaches the policies (at the
   // default --max-context it is refused up front, naming the session).
-  auto r =
-      run_cli({"simulate", "--workload", path, "--max-context", "2147483647", "--json", "--quiet"});
+  auto r = run_json(
+      {"simulate", "--workload", path, "--max-context", "2147483647", "--json", "--quiet"});
   std::remove(path.c_str());
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  namespace json = tangram::detail::json;
-  auto doc       = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto root = r.root();
   // The session cannot fit in 110 GB of KV under any policy: it is rejected, nothing generated.
   for (char const* policy : {"full_kv", "unified_nonuniform", "tangram"}) {
     INFO(policy);
@@ -274,23 +272,19 @@ TEST_CASE("a session whose answer outgrows the pool is rejected, not the whole r
   // The whole answer is reserved and decoded: no max_tokens or context cap cuts it. A 32 GB GPU
   // (16 GB of weights) outgrows at about 77K tokens: the shape of the finding (first seen at 141
   // GB and a 1.1M-token session) in a sixteenth of the decode steps.
-  auto r = run_cli({"simulate",
-                    "--workload",
-                    path,
-                    "--json",
-                    "--quiet",
-                    "--gpu-mem",
-                    "32",
-                    "--max-tokens",
-                    "1073741824",
-                    "--max-context",
-                    "2147483647"});
+  auto r = run_json({"simulate",
+                     "--workload",
+                     path,
+                     "--json",
+                     "--quiet",
+                     "--gpu-mem",
+                     "32",
+                     "--max-tokens",
+                     "1073741824",
+                     "--max-context",
+                     "2147483647"});
   std::remove(path.c_str());
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  namespace json = tangram::detail::json;
-  auto doc       = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto root = r.root();
   // full_kv holds 220K tokens of Llama-3.1-8B KV in no 32 GB GPU: the long session is given up,
   // the short one still runs to the end.
   CHECK(root["policies"]["full_kv"]["rejected_sessions"].as_int(0, 10) == 1);
@@ -380,24 +374,16 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
   auto r = run_cli(base);
   CHECK(r.code == 2);
   CHECK(r.err.find("--sms") != std::string::npos);
-  auto with = [&](std::vector<std::string> extra) {
-    auto argv = base;
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return run_cli(argv);
-  };
-  r = with({"--sms", "150", "--json"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  namespace json = tangram::detail::json;
-  auto doc       = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto with = [&](std::vector<std::string> const& extra) { return with_args(base, extra); };
+  auto ok   = run_json(with({"--sms", "150", "--json"}));
+  auto root = ok.root();
   CHECK(root["policies"]["tangram"]["rejected_sessions"].as_int(0, 10) == 0);
   CHECK(root["policies"]["tangram"]["generated_tokens"].as_int(1, 1 << 20) > 0);
   for (auto const& [value, piece] :
        {std::pair<char const*, char const*>{"0", "--sms: must be in [1, 65536], got 0"},
         {"65537", "--sms: must be in [1, 65536], got 65537"},
         {"x", "--sms: expected an integer, got \"x\""}}) {
-    r = with({"--sms", value});
+    r = run_cli(with({"--sms", value}));
     CHECK(r.code == 2);
     CHECK(r.err.find(piece) != std::string::npos);
   }
@@ -409,15 +395,12 @@ TEST_CASE("simulate --sms runs models with more than 264 KV heads per layer",
 TEST_CASE("simulate checks --plot before the run and creates nothing when the run fails",
           "[regression][simulate][cli]") {
   std::string missing_dir = std::string(TANGRAM_BINARY_DIR) + "/sim_defects_no_such_dir/plot.svg";
-  auto r                  = run_cli({"simulate",
-                                     "--sessions",
-                                     "4",
-                                     "--turns",
-                                     "1",
-                                     "--workload",
-                                     "short",
-                                     "--plot",
-                                     missing_dir});
+  // A short run whose --plot is `path`.
+  auto with_plot = [](std::string const& path) {
+    return run_cli(
+        {"simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--plot", path});
+  };
+  auto r = with_plot(missing_dir);
   CHECK(r.code == 2);
   CHECK(r.out.empty());                             // no table: nothing ran
   CHECK(r.err.find("(1/3)") == std::string::npos);  // no progress either
@@ -425,15 +408,7 @@ TEST_CASE("simulate checks --plot before the run and creates nothing when the ru
   CHECK(r.err.find(missing_dir) != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 
-  r = run_cli({"simulate",
-               "--sessions",
-               "4",
-               "--turns",
-               "1",
-               "--workload",
-               "short",
-               "--plot",
-               std::string(TANGRAM_BINARY_DIR)});  // a directory
+  r = with_plot(TANGRAM_BINARY_DIR);  // a directory
   CHECK(r.code == 2);
   CHECK(r.out.empty());
   CHECK(r.err.find("--plot") != std::string::npos);

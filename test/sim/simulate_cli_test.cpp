@@ -11,6 +11,7 @@
 #include "test_support.hpp"
 
 using tangram::test::run;
+using tangram::test::run_json;
 
 namespace {
 
@@ -18,12 +19,10 @@ namespace {
 }  // namespace
 
 TEST_CASE("simulate --json reports every policy with the documented fields", "[simulate][cli]") {
-  auto r = run({"simulate", "--sessions", "24", "--turns", "3", "--workload", "long", "--json", "--quiet"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r         = run_json(
+      {"simulate", "--sessions", "24", "--turns", "3", "--workload", "long", "--json", "--quiet"});
+  auto root = r.root();
   for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"}) {
     auto p = root["policies"][policy];
     for (char const* field : {"peak_resident_sessions", "kv_bytes_allocated_peak", "kv_bytes_live_peak",
@@ -90,12 +89,8 @@ TEST_CASE("simulate replays a trace file", "[simulate][cli]") {
   tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
     {"arrival_s": 0, "turns": [{"prompt_tokens": 30000, "output_tokens": 100, "think_s": 1}, {"prompt_tokens": 200, "output_tokens": 50}]},
     {"arrival_s": 0.5, "turns": [{"prompt_tokens": 60000, "output_tokens": 80}]}]})");
-  auto r = run({"simulate", "--workload", path, "--json", "--quiet"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  namespace json = tangram::detail::json;
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r    = run_json({"simulate", "--workload", path, "--json", "--quiet"});
+  auto root = r.root();
   CHECK(root["workload"]["name"].as_string() == "trace");
   CHECK(root["policies"]["tangram"]["generated_tokens"].as_int(0, 1000) == 230);
   CHECK(root["policies"]["full_kv"]["prefilled_tokens"].as_int(0, 1000000) == 90200);
@@ -103,12 +98,10 @@ TEST_CASE("simulate replays a trace file", "[simulate][cli]") {
 }
 
 TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli][errors]") {
-  struct bad {
-    std::vector<std::string> argv;
-    std::string piece;
-  } cases[] = {
+  tangram::test::check_refusals({
       {{"simulate", "--sessions", "0"}, "--sessions: must be in [1, 1000000], got 0"},
-      {{"simulate", "--workload", "/nonexistent/trace.json"}, "cannot open \"/nonexistent/trace.json\""},
+      {{"simulate", "--workload", "/nonexistent/trace.json"},
+       "cannot open \"/nonexistent/trace.json\""},
       {{"simulate", "--gpu-mem", "10"}, "--gpu-mem x --usable: 10 GB"},
       {{"simulate", "--usable", "0.01"}, "--gpu-mem x --usable: 141 GB x 0.01"},
       {{"simulate", "--workload", "nosuch"}, "--workload: cannot open \"nosuch\""},
@@ -118,12 +111,13 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
       {{"simulate", "--keep", "1.5"}, "--keep: must be in [0.001, 1], got 1.5"},
       {{"simulate", "--margin", "11"}, "--margin: must be in [0, 10], got 11"},
       {{"simulate", "--margin", "-0.5"}, "--margin: must be in [0, 10], got -0.5"},
-      {{"simulate", "--model", "gpt-5"}, "--model: \"gpt-5\" is neither a model-spec file nor a preset"},
+      {{"simulate", "--model", "gpt-5"},
+       "--model: \"gpt-5\" is neither a model-spec file nor a preset"},
       {{"simulate", "--scope", "diagonal"}, "--scope: expected one of adjacent, layer, global"},
       {{"simulate", "--frobnicate"}, "unknown option \"--frobnicate\""},
-      {{"simulate", "--context-dist", "normal"}, "--context-dist: expected one of loguniform, uniform, fixed, got"},
-  };
-  for (auto const& c : cases) tangram::test::check_refused(c.argv, {c.piece});
+      {{"simulate", "--context-dist", "normal"},
+       "--context-dist: expected one of loguniform, uniform, fixed, got"},
+  });
 }
 
 TEST_CASE("simulate with a workload file refuses the generator's options and reports none",
@@ -151,14 +145,19 @@ TEST_CASE("simulate with a workload file refuses the generator's options and rep
 }
 
 TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simulate][cli]") {
-  namespace json = tangram::detail::json;
   auto peak = [](std::string const& margin, char const* policy) {
-    auto r = run({"simulate", "--sessions", "6", "--turns", "1", "--workload", "mid", "--margin", margin,
-                  "--json", "--quiet"});
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+    auto r    = run_json({"simulate",
+                          "--sessions",
+                          "6",
+                          "--turns",
+                          "1",
+                          "--workload",
+                          "mid",
+                          "--margin",
+                          margin,
+                          "--json",
+                          "--quiet"});
+    auto root = r.root();
     CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(std::stod(margin)));
     return root["policies"][policy]["kv_bytes_allocated_peak"].as_double(0, 1e15);
   };
@@ -171,15 +170,11 @@ TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simula
 TEST_CASE("simulate reports every compressed policy's clipped share of wanted head-tokens",
           "[simulate][cli][clipping]") {
   namespace json = tangram::detail::json;
-  auto clipped = [](std::vector<std::string> extra) {
-    std::vector<std::string> argv{"simulate", "--sessions", "12", "--turns", "2", "--workload", "mid",
-                                  "--json",   "--quiet"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto r = run(argv);
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+  auto clipped   = [](std::vector<std::string> extra) {
+    auto r    = run_json(tangram::test::with_args(
+        {"simulate", "--sessions", "12", "--turns", "2", "--workload", "mid", "--json", "--quiet"},
+        extra));
+    auto root = r.root();
     CHECK(root["policies"]["full_kv"]["modelled_wanted_clipped_fraction"].type() == json::kind::null);
     CHECK(root["policies"]["unified_nonuniform"]["modelled_wanted_clipped_fraction"].as_double(0, 1) == 0);
     CHECK(root["policies"]["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) ==
@@ -199,26 +194,22 @@ TEST_CASE("simulate reports every compressed policy's clipped share of wanted he
 }
 
 TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[simulate][cli]") {
-  namespace json = tangram::detail::json;
-  auto elastic   = [](std::string const& chunk) {
-    auto r = run({"simulate",
-                  "--sessions",
-                  "12",
-                  "--turns",
-                  "2",
-                  "--workload",
-                  "long",
-                  "--step-tokens",
-                  "2048",
-                  "--chunk",
-                  chunk,
-                  "--json",
-                  "--quiet",
-                  "--no-control-plane"});
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+  auto elastic = [](std::string const& chunk) {
+    auto r    = run_json({"simulate",
+                          "--sessions",
+                          "12",
+                          "--turns",
+                          "2",
+                          "--workload",
+                          "long",
+                          "--step-tokens",
+                          "2048",
+                          "--chunk",
+                          chunk,
+                          "--json",
+                          "--quiet",
+                          "--no-control-plane"});
+    auto root = r.root();
     CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 2048);
     auto p = root["policies"]["tangram_elastic"];
     return std::vector<double>{p["modelled_tokens_per_s"].as_double(0, 1e12),
@@ -269,16 +260,11 @@ TEST_CASE("simulate reports and warns about sessions a policy never completed", 
 
 TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chunk by default",
           "[simulate][cli]") {
-  namespace json = tangram::detail::json;
   auto admission = [](std::vector<std::string> extra) {
-    std::vector<std::string> argv{"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--json",
-                                  "--quiet"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto r = run(argv);
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+    auto r    = run_json(tangram::test::with_args(
+        {"simulate", "--sessions", "6", "--turns", "1", "--workload", "short", "--json", "--quiet"},
+        extra));
+    auto root = r.root();
     return root["reservation"]["baseline_admission"].as_string();
   };
   CHECK(admission({}) == "chunk");
@@ -291,12 +277,18 @@ TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chu
 
 TEST_CASE("simulate --context-dist draws generated contexts as named and reports it", "[simulate][cli][context_dist]") {
   namespace json = tangram::detail::json;
-  auto r = run({"simulate", "--quiet", "--json", "--sessions", "6", "--turns", "1", "--context-range", "30000,50000",
-                "--context-dist", "fixed"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r         = run_json({"simulate",
+                             "--quiet",
+                             "--json",
+                             "--sessions",
+                             "6",
+                             "--turns",
+                             "1",
+                             "--context-range",
+                             "30000,50000",
+                             "--context-dist",
+                             "fixed"});
+  auto root      = r.root();
   CHECK(root["workload"]["context_dist"].as_string() == "fixed");
   CHECK(root["workload"]["name"].as_string().find("(fixed contexts)") != std::string::npos);
   // Every session is the same 40000-token prompt: all policies prefill 6 x 40000 tokens.

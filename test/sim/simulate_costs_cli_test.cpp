@@ -11,6 +11,7 @@
 #include "test_support.hpp"
 
 using tangram::test::run;
+using tangram::test::run_json;
 
 namespace {
 
@@ -18,10 +19,8 @@ namespace {
 /// A small run; deterministic (the measured control plane left out), as the comparisons between
 /// runs below need.
 std::vector<std::string> small(std::vector<std::string> extra) {
-  std::vector<std::string> argv = {
-      "simulate", "--sessions", "12", "--turns", "2", "--quiet", "--no-control-plane"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+  return tangram::test::with_args(
+      {"simulate", "--sessions", "12", "--turns", "2", "--quiet", "--no-control-plane"}, extra);
 }
 
 }  // namespace
@@ -29,11 +28,8 @@ std::vector<std::string> small(std::vector<std::string> extra) {
 TEST_CASE("simulate --json reports the costs, the reservation and each policy's time breakdown",
           "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;
-  auto r         = run(small({"--json", "--step-overhead-us", "250", "--max-tokens", "2048"}));
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r         = run_json(small({"--json", "--step-overhead-us", "250", "--max-tokens", "2048"}));
+  auto root      = r.root();
   auto costs = root["cost_model"]["serving_costs"];
   CHECK(costs["step_overhead_s"].as_double(0, 1) == Approx(250e-6));
   CHECK(root["calibration"].as_string() == "in_sample");  // --verdict is the out-of-sample replay
@@ -77,14 +73,10 @@ TEST_CASE("simulate --reclaim-us-per-page alone is the whole reclamation charge"
           "[simulate][cli][issue29][issue30]") {
   // Issue 29's competent comparison passes --reclaim-us-per-page 0: the baseline must then be
   // charged no reclamation at all, not the paper's share of prefill behind the flag's back.
-  namespace json = tangram::detail::json;
   auto reclamation = [](std::vector<std::string> extra) {
     extra.push_back("--json");
-    auto r = run(small(extra));
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+    auto r       = run_json(small(extra));
+    auto root    = r.root();
     auto costs = root["cost_model"]["serving_costs"];
     auto unified = root["policies"]["unified_nonuniform"];
     REQUIRE(unified["reclaim_ops"].as_int(0, 1LL << 40) > 0);  // it does reclaim in this run
@@ -104,13 +96,15 @@ TEST_CASE("simulate --reclaim-us-per-page alone is the whole reclamation charge"
 
 TEST_CASE("simulate switches: no padded reads, the unbalanced baseline, the budget baseline",
           "[simulate][cli][issue13]") {
-  namespace json = tangram::detail::json;
-  auto r         = run(small({"--json", "--no-padded-reads", "--baseline-balance", "none",
-                              "--unbalanced-skew", "1.6", "--baseline-retention", "budgets"}));
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r    = run_json(small({"--json",
+                              "--no-padded-reads",
+                              "--baseline-balance",
+                              "none",
+                              "--unbalanced-skew",
+                              "1.6",
+                              "--baseline-retention",
+                              "budgets"}));
+  auto root = r.root();
   CHECK_FALSE(root["cost_model"]["serving_costs"]["padded_reads"].as_bool());
   CHECK(root["cost_model"]["serving_costs"]["baseline_balance"].as_string() == "none");
   CHECK(root["reservation"]["baseline_retention"].as_string().find("budgets") == 0);
@@ -178,11 +172,8 @@ TEST_CASE("simulate --baseline-reads masked: the baseline reads live tokens, Tan
 
 TEST_CASE("simulate --decode-window: Tangram reserves a window and says so", "[simulate][cli][issue13]") {
   namespace json = tangram::detail::json;
-  auto r = run(small({"--json", "--decode-window", "128", "--max-tokens", "131072"}));
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r         = run_json(small({"--json", "--decode-window", "128", "--max-tokens", "131072"}));
+  auto root      = r.root();
   CHECK(root["reservation"]["decode_window"].as_int(0, 1 << 30) == 128);
   CHECK(root["reservation"]["max_tokens"].as_int(0, 1 << 30) == 131072);
   auto t = run(small({"--decode-window", "128"}));
@@ -221,36 +212,34 @@ TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no sk
 
 TEST_CASE("simulate refuses bad cost and reservation options, naming them",
           "[simulate][cli][errors][issue13]") {
-  struct bad {
-    std::vector<std::string> argv;
-    std::string piece;
-  } cases[] = {
+  tangram::test::check_refusals({
       {{"simulate", "--max-tokens", "0"}, "--max-tokens: must be in [1, 1073741824], got 0"},
-      {{"simulate", "--max-context", "100"}, "--max-context: must be in [4096, 2147483647], got 100"},
-      {{"simulate", "--baseline-balance", "foo"}, "--baseline-balance: expected one of replan, none, perfect"},
-      {{"simulate", "--baseline-reads", "dense"}, "--baseline-reads: expected one of padded, masked"},
-      {{"simulate", "--decode-window", "-1"}, "--decode-window: must be in [0, 1073741824], got -1"},
-      {{"simulate", "--baseline-retention", "x"}, "--baseline-retention: expected one of own, budgets"},
+      {{"simulate", "--max-context", "100"},
+       "--max-context: must be in [4096, 2147483647], got 100"},
+      {{"simulate", "--baseline-balance", "foo"},
+       "--baseline-balance: expected one of replan, none, perfect"},
+      {{"simulate", "--baseline-reads", "dense"},
+       "--baseline-reads: expected one of padded, masked"},
+      {{"simulate", "--decode-window", "-1"},
+       "--decode-window: must be in [0, 1073741824], got -1"},
+      {{"simulate", "--baseline-retention", "x"},
+       "--baseline-retention: expected one of own, budgets"},
       {{"simulate", "--unbalanced-skew", "0.5"}, "--unbalanced-skew: must be in [1, 100], got 0.5"},
-      {{"simulate", "--reclaim-us-per-page", "-1"}, "--reclaim-us-per-page: must be in [0, 1e6], got -1"},
+      {{"simulate", "--reclaim-us-per-page", "-1"},
+       "--reclaim-us-per-page: must be in [0, 1e6], got -1"},
       {{"simulate", "--replan-fraction", "11"}, "--replan-fraction: must be in [0, 10], got 11"},
       {{"simulate", "--step-overhead-us", "nan"}, "--step-overhead-us"},
-  };
-  for (auto const& c : cases) tangram::test::check_refused(c.argv, {c.piece});
+  });
 }
 
 TEST_CASE("simulate --sensitivity replays the baseline under both admission rules",
           "[simulate][cli][issue13]") {
-  namespace json = tangram::detail::json;
   // [run's rule][row's rule][policy][field]: each run's rows, and its own verdicts as [rule][rule].
   std::map<std::string, std::map<std::string, std::map<std::string, std::map<std::string, double>>>> seen;
   for (std::string rule : {"chunk", "whole"}) {
     INFO("--baseline-admission " << rule);
-    auto r = run(small({"--sensitivity", "--json", "--baseline-admission", rule}));
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    auto doc = json::parse(r.out, "stdout");
-    json::node root(doc, "stdout");
+    auto r    = run_json(small({"--sensitivity", "--json", "--baseline-admission", rule}));
+    auto root = r.root();
     CHECK(root["reservation"]["baseline_admission"].as_string() == rule);
     auto s   = root["sensitivity"];
     auto pts = s["points"];

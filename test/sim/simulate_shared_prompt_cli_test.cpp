@@ -14,12 +14,8 @@ using namespace tangram;
 
 TEST_CASE("simulate --shared-prompt reports both policies with and without sharing",
           "[sim][cli][prefix]") {
-  namespace json = tangram::detail::json;
-  auto r         = test::run_cli({"simulate", "--shared-prompt", "64", "--json"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r    = test::run_json({"simulate", "--shared-prompt", "64", "--json"});
+  auto root = r.root();
   // full_kv: Llama-3.1-8B bf16 holds 32 layers x 8 heads x 128 x 2 (K, V) x 2 B = 131072 B per
   // token; 32 requests of 64 + 256 + 256 tokens take 36 blocks of 16 each, and with prefix
   // caching the prompt's 4 full blocks are held once: 4 + 32 x 32 blocks.
@@ -49,10 +45,7 @@ TEST_CASE("simulate --shared-prompt refuses a prompt whose measurement does not 
   // --gpu-mem 20 --usable 1 leaves 20 - 16.06 GB of weights = 3.94 GB: 56 x 69,206,016 =
   // 3,875,536,896 B fits, 57 x = 3,944,742,912 B does not, so S + 512 <= 56 x 16: S <= 384.
   std::vector<std::string> small = {"--gpu-mem", "20", "--usable", "1"};
-  auto with = [](std::vector<std::string> argv, std::vector<std::string> const& more) {
-    argv.insert(argv.end(), more.begin(), more.end());
-    return argv;
-  };
+  auto with                      = test::with_args;
   test::check_refused(with({"simulate", "--shared-prompt", "385"}, small),
                       {"--shared-prompt 385:", "3.94 GB KV budget", "at most 384 fits"});
   auto edge = test::run_cli(with({"simulate", "--shared-prompt", "384", "--json"}, small));

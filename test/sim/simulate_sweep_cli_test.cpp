@@ -11,6 +11,7 @@
 #include "test_support.hpp"
 
 using tangram::test::run;
+using tangram::test::run_json;
 
 namespace {
 
@@ -20,12 +21,18 @@ namespace json = tangram::detail::json;
 }  // namespace
 
 TEST_CASE("simulate --rate-sweep reports every policy at every rate on the same sessions", "[simulate][cli][rate_sweep]") {
-  auto r = run({"simulate", "--workload", "short", "--sessions", "8", "--turns", "2", "--rate-sweep", "0.5,4",
-                "--json", "--quiet"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r     = run_json({"simulate",
+                         "--workload",
+                         "short",
+                         "--sessions",
+                         "8",
+                         "--turns",
+                         "2",
+                         "--rate-sweep",
+                         "0.5,4",
+                         "--json",
+                         "--quiet"});
+  auto root  = r.root();
   auto sweep = root["rate_sweep"];
   CHECK(sweep["label"].as_string().find("modelled") == 0);
   auto pts = sweep["points"];
@@ -76,12 +83,18 @@ TEST_CASE("simulate --rate-sweep is printed as a table and refuses bad rates", "
 }
 
 TEST_CASE("simulate reports the keep ratio as compressed and as stored", "[simulate][cli][keep]") {
-  auto r = run({"simulate", "--workload", "short", "--sessions", "6", "--turns", "2", "--keep", "0.25", "--json",
-                "--quiet"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r    = run_json({"simulate",
+                        "--workload",
+                        "short",
+                        "--sessions",
+                        "6",
+                        "--turns",
+                        "2",
+                        "--keep",
+                        "0.25",
+                        "--json",
+                        "--quiet"});
+  auto root = r.root();
   CHECK(root["keep_ratio_definitions"].as_string().find("stored_keep_ratio") != std::string::npos);
   auto full = root["policies"]["full_kv"];
   CHECK(full["compressed_keep_ratio"].as_double(0, 10) == Approx(1.0).epsilon(1e-9));
@@ -156,12 +169,20 @@ TEST_CASE("simulate --rate-sweep sizes the policies for the sweep's own sessions
   // The sweep's sessions (Poisson arrivals drawn at 1 session/s) are not the main run's (all at
   // t = 0): here one of them is longer than any of the main run's, which once overflowed the
   // baseline's per-slot token limit ("takes slot 1 to 43802 tokens (max 43456)").
-  auto r = run({"simulate", "--profile", "fastkvzip/qwen3-4b-instruct-2507", "--context-range", "20000,45000",
-                "--turns", "1", "--sessions", "64", "--rate-sweep", "2", "--json", "--quiet"});
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  auto doc = json::parse(r.out, "stdout");
-  json::node root(doc, "stdout");
+  auto r    = run_json({"simulate",
+                        "--profile",
+                        "fastkvzip/qwen3-4b-instruct-2507",
+                        "--context-range",
+                        "20000,45000",
+                        "--turns",
+                        "1",
+                        "--sessions",
+                        "64",
+                        "--rate-sweep",
+                        "2",
+                        "--json",
+                        "--quiet"});
+  auto root = r.root();
   CHECK(root["rate_sweep"]["points"][0]["policies"]["unified_nonuniform"]["completed_requests"].as_int(0, 1000) == 64);
 }
 

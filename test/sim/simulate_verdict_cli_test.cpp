@@ -27,10 +27,9 @@ retention_samples snapkv_samples() {
 /// tangram_elastic's measured control-plane time.
 std::pair<tangram::detail::json::value, double> short_run(std::vector<std::string> extra) {
   namespace json = tangram::detail::json;
-  std::vector<std::string> argv{
-      "simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--quiet", "--json"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto r = test::run_cli(argv);
+  auto r         = test::run_cli(test::with_args(
+      {"simulate", "--sessions", "4", "--turns", "1", "--workload", "short", "--quiet", "--json"},
+      extra));
   INFO(r.err);
   REQUIRE(r.code == 0);
   auto doc = json::parse(r.out, "stdout");

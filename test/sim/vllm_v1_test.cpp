@@ -2,11 +2,9 @@
 // full_kv as vLLM v1 (issue 13): pages per scheduled chunk, idle sessions' KV as an evictable
 // prefix cache (LRU) recomputed on a miss, no invented headroom rule; time between tokens.
 #include <cmath>
-#include <sstream>
-#include <tuple>
 
 #include "../memory/memory_fixtures.hpp"
-#include "commands.hpp"
+#include "cli_support.hpp"
 #include "contended_replay.hpp"
 #include "tangram/eval/baselines/unified_paging.hpp"
 #include "tangram/eval/sim/log_histogram.hpp"
@@ -20,6 +18,35 @@ using namespace tangram;
 using namespace tangram::sim;
 
 using test::unified_kv_bytes;
+
+namespace {
+
+/// The idle-eviction scenario (P tokens a page): A has a 6P-token prompt, a 2-token answer, then
+/// 10 s of thinking and a P-token follow-up; B arrives at 1 s (A idle) with a 6P-token prompt.
+workload idle_session_scenario(std::int64_t P) {
+  workload w;
+  w.sessions.push_back({0.0, {{6 * P, 2, 10.0}, {P, 1, 0.0}}});
+  w.sessions.push_back({1.0, {{6 * P, 2, 0.0}}});
+  return w;
+}
+
+/// The outcome common to full_kv's replays of idle_session_scenario on 10 pages per layer: B
+/// never waits and nothing is preempted; A's second turn prefills the `recomputed` tokens of its
+/// history it lost plus its P-token prompt; every turn completes and every page comes back.
+void check_idle_session_replay(replay_result const& r,
+                               unified_policy const& full,
+                               std::int64_t P,
+                               std::int64_t recomputed) {
+  CHECK(r.preemptions == 0);
+  CHECK(r.admission_waits == 0);
+  CHECK(r.recomputed_tokens == recomputed);
+  CHECK(r.prefilled_tokens == 6 * P + 6 * P + (recomputed + P));
+  CHECK(r.generated_tokens == 5);
+  CHECK(r.completed_requests == 3);
+  CHECK(full.baseline().pool().used_pages() == 0);
+}
+
+}  // namespace
 
 TEST_CASE("full_kv admits on its first scheduled chunk, unified_nonuniform needs the whole prompt",
           "[replay][vllm]") {
@@ -63,24 +90,15 @@ TEST_CASE("full_kv: an idle session's KV is evicted for a new one and recomputed
   auto m         = model_preset("llama-3.1-8b");
   cost_model cost(m, gpu_spec{});
   double kv = unified_kv_bytes(plan, 10);  // 10 pages per layer
-  // A: 6P-token prompt, 2-token answer, then 10 s of thinking and a P-token follow-up.
-  // B arrives at 1 s (A idle, holding 7 pages per layer) with a 6P-token prompt.
-  workload w;
-  w.sessions.push_back({0.0, {{6 * P, 2, 10.0}, {P, 1, 0.0}}});
-  w.sessions.push_back({1.0, {{6 * P, 2, 0.0}}});
+  // B arrives while A is idle, holding 7 pages per layer.
+  auto w = idle_session_scenario(P);
   unified_policy full(plan, unified_mode::full_kv, kv, 2, 2, 1 << 20);
   replay_options o;  // continuation headroom 1024 by default: not applied to a prefix cache
   auto r = replay(w, full, cost, o);
   // B's 6 pages do not fit next to A's 7: A's idle KV (6P + 2 tokens of history) is evicted at
   // once, so B never waits; A's second turn prefills its history again plus its prompt.
   CHECK(r.idle_evictions == 1);
-  CHECK(r.preemptions == 0);
-  CHECK(r.admission_waits == 0);
-  CHECK(r.recomputed_tokens == 6 * P + 2);
-  CHECK(r.prefilled_tokens == 6 * P + 6 * P + (6 * P + 2 + P));
-  CHECK(r.generated_tokens == 5);
-  CHECK(r.completed_requests == 3);
-  CHECK(full.baseline().pool().used_pages() == 0);
+  check_idle_session_replay(r, full, P, 6 * P + 2);
 
   // With room for both (20 pages per layer), nothing is evicted or recomputed.
   unified_policy roomy(plan, unified_mode::full_kv, unified_kv_bytes(plan, 20), 2, 2, 1 << 20);
@@ -139,13 +157,9 @@ TEST_CASE("time between tokens: p50 and p95 of the steps between a request's tok
   CHECK(r.modelled_tbt_p95_s == Approx(cost.decode_step_s(101 * kv_token)).epsilon(0.01));
 }
 
-TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, vllm is the default",
-          "[simulate][cli][vllm]") {
-  auto run = [](std::vector<std::string> argv) {
-    std::ostringstream out, err;
-    int rc = tangram::cli::run(argv, {out, err});
-    return std::make_tuple(rc, out.str(), err.str());
-  };
+TEST_CASE(
+    "simulate --full-kv-scheduler pinned gives the session-aware full_kv, vllm is the default",
+    "[simulate][cli][vllm]") {
   namespace json                = tangram::detail::json;
   std::vector<std::string> base = {"simulate",
                                    "--sessions",
@@ -157,19 +171,11 @@ TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, 
                                    "--quiet",
                                    "--json",
                                    "--no-control-plane"};
-  auto with                     = [&](std::vector<std::string> extra) {
-    auto argv = base;
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return argv;
-  };
-  auto [rc1, out1, err1] = run(with({}));
-  auto [rc2, out2, err2] = run(with({"--full-kv-scheduler", "pinned"}));
-  INFO(err1 << err2);
-  REQUIRE(rc1 == 0);
-  REQUIRE(rc2 == 0);
-  auto d1 = json::parse(out1, "stdout");
-  auto d2 = json::parse(out2, "stdout");
-  json::node v1(d1, "stdout"), pinned(d2, "stdout");
+  auto with   = [&](std::vector<std::string> const& extra) { return test::with_args(base, extra); };
+  auto r1     = test::run_json(with({}));
+  auto r2     = test::run_json(with({"--full-kv-scheduler", "pinned"}));
+  auto v1     = r1.root();
+  auto pinned = r2.root();
   CHECK(v1["cost_model"]["full_kv_scheduler"].as_string() == "vllm");
   CHECK(pinned["cost_model"]["full_kv_scheduler"].as_string() == "pinned");
   // Pinned evicts idle sessions only when nothing can run; vLLM v1 on 40 GB evicts them for
@@ -186,16 +192,15 @@ TEST_CASE("simulate --full-kv-scheduler pinned gives the session-aware full_kv, 
   CHECK(v1["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12) ==
         pinned["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12));
 
-  auto [rc3, out3, err3] = run({"simulate", "--full-kv-scheduler", "lru"});
-  CHECK(rc3 == 2);
-  CHECK(err3.find("--full-kv-scheduler: expected one of vllm, vllm-sessions, pinned") != std::string::npos);
+  auto r3 = test::run_cli({"simulate", "--full-kv-scheduler", "lru"});
+  CHECK(r3.code == 2);
+  CHECK(r3.err.find("--full-kv-scheduler: expected one of vllm, vllm-sessions, pinned") !=
+        std::string::npos);
 
   // The default evicts the LRU idle session's tail blocks and keeps its prefix; vllm-sessions
   // evicts whole sessions, so it recomputes at least as much.
-  auto [rc4, out4, err4] = run(with({"--full-kv-scheduler", "vllm-sessions"}));
-  REQUIRE(rc4 == 0);
-  auto d4 = json::parse(out4, "stdout");
-  json::node sessions(d4, "stdout");
+  auto r4       = test::run_json(with({"--full-kv-scheduler", "vllm-sessions"}));
+  auto sessions = r4.root();
   CHECK(sessions["cost_model"]["full_kv_scheduler"].as_string() == "vllm-sessions");
   CHECK(v1["policies"]["full_kv"]["prefix_blocks_evicted"].as_int(0, std::int64_t{1} << 40) > 0);
   CHECK(sessions["policies"]["full_kv"]["prefix_blocks_evicted"].as_int(0, std::int64_t{1} << 40) == 0);
@@ -215,21 +220,13 @@ TEST_CASE("full_kv with block eviction: the idle session loses its tail blocks, 
   // frees its pages; A's second turn prefills only what it lost: its history drops from 6P + 2
   // by the 3P + 1 evicted tokens, so it prefills (6P + 2) - (3P + 1) = 3P + 1 again, plus its
   // P-token prompt.
-  workload w;
-  w.sessions.push_back({0.0, {{6 * P, 2, 10.0}, {P, 1, 0.0}}});
-  w.sessions.push_back({1.0, {{6 * P, 2, 0.0}}});
+  auto w = idle_session_scenario(P);
   unified_policy full(plan, unified_mode::full_kv, unified_kv_bytes(plan, 10), 2, 2, 1 << 20);
   full.set_block_eviction(true);
   auto r = replay(w, full, cost);
   CHECK(r.prefix_blocks_evicted == 4);
   CHECK(r.idle_evictions == 0);
-  CHECK(r.preemptions == 0);
-  CHECK(r.admission_waits == 0);
-  CHECK(r.recomputed_tokens == 3 * P + 1);
-  CHECK(r.prefilled_tokens == 6 * P + 6 * P + (3 * P + 1 + P));
-  CHECK(r.generated_tokens == 5);
-  CHECK(r.completed_requests == 3);
-  CHECK(full.baseline().pool().used_pages() == 0);
+  check_idle_session_replay(r, full, P, 3 * P + 1);
 
   // The whole-session default recomputes all 6P + 2 tokens of A's history instead.
   unified_policy whole(plan, unified_mode::full_kv, unified_kv_bytes(plan, 10), 2, 2, 1 << 20);

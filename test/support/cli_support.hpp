@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "tangram/io/detail/json.hpp"
 
 namespace tangram::test {
 
@@ -19,6 +20,13 @@ struct cli_result {
   int code = 0;
   std::string out, err;
 };
+
+/// `argv` followed by `extra`: a test's common options plus one run's own.
+inline std::vector<std::string> with_args(std::vector<std::string> argv,
+                                          std::vector<std::string> const& extra) {
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
 
 /// Runs `tangram argv...` (argv without the program name) and captures its streams.
 inline cli_result run_cli(std::vector<std::string> const& argv) {
@@ -31,6 +39,26 @@ inline cli_result run_cli(std::vector<std::string> const& argv) {
 /// tangram::test::run;`), one definition so the suites build as unity batches.
 inline cli_result run(std::vector<std::string> const& argv) {
   return run_cli(argv);
+}
+
+/// A successful run's result and the JSON document it printed on stdout (owned here: take
+/// `root()` from a named `cli_json`, the cursor points into `doc`).
+struct cli_json {
+  cli_result result;
+  detail::json::value doc;
+
+  /// A cursor on the whole document, whose errors name the source "stdout".
+  [[nodiscard]] detail::json::node root() const { return {doc, "stdout"}; }
+};
+
+/// Runs `tangram argv...`, requires exit code 0 (showing stderr when not) and parses stdout as
+/// JSON: how the simulate tests read a `--json` report.
+inline cli_json run_json(std::vector<std::string> const& argv) {
+  auto r = run_cli(argv);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto doc = detail::json::parse(r.out, "stdout");
+  return {std::move(r), std::move(doc)};
 }
 
 /// A path `name` in the build tree's scratch folder `test-tmp/<folder>` (created on demand).
@@ -52,6 +80,17 @@ inline void check_refused(std::vector<std::string> const& argv,
   if (quiet_stdout) CHECK(r.out.empty());
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);  // one line
   for (auto const& p : pieces) CHECK(r.err.find(p) != std::string::npos);
+}
+
+/// One refused command line: its argv and a piece of its one-line error.
+struct refusal {
+  std::vector<std::string> argv;
+  std::string piece;
+};
+
+/// check_refused (exit code 2) on each of `cases`.
+inline void check_refusals(std::vector<refusal> const& cases) {
+  for (auto const& c : cases) check_refused(c.argv, {c.piece});
 }
 
 }  // namespace tangram::test
