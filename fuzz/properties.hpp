@@ -87,26 +87,36 @@ inline void retention_samples_invariants(std::string_view text) {
   }
 }
 
-/// tangram-budget-profile/v1: accepted profiles validate and round-trip exactly.
-inline void budget_profile_roundtrip(std::string_view text) {
+/// A document format's round trip: what `parse(text, source)` accepts validates, and reads back
+/// from its to_json with `same(back, doc)` holding (`what` names the property).
+template <class Doc, class Same>
+void validated_roundtrip(std::string_view text,
+                         Doc (*parse)(std::string_view, std::string_view),
+                         Same same,
+                         char const* what) {
   try {
-    auto p = tangram::parse_budget_profile(text, "fuzz");
-    p.validate();
-    auto back = tangram::parse_budget_profile(tangram::to_json(p), "roundtrip");
-    require(back.budgets == p.budgets && back.layer_ids == p.layer_ids, "profile round trip");
+    auto doc = parse(text, "fuzz");
+    doc.validate();
+    auto back = parse(tangram::to_json(doc), "roundtrip");
+    require(same(back, doc), what);
   } catch (tangram::parse_error const&) {
   }
 }
 
+/// tangram-budget-profile/v1: accepted profiles validate and round-trip exactly.
+inline void budget_profile_roundtrip(std::string_view text) {
+  auto same = [](auto const& back, auto const& p) {
+    return back.budgets == p.budgets && back.layer_ids == p.layer_ids;
+  };
+  validated_roundtrip(text, &tangram::parse_budget_profile, same, "profile round trip");
+}
+
 /// Model spec JSON: accepted specs validate and round-trip.
 inline void model_spec_roundtrip(std::string_view text) {
-  try {
-    auto m = tangram::parse_model_spec(text, "fuzz");
-    m.validate();
-    auto back = tangram::parse_model_spec(tangram::to_json(m), "roundtrip");
-    require(back.layers == m.layers && back.num_kv_heads == m.num_kv_heads, "model round trip");
-  } catch (tangram::parse_error const&) {
-  }
+  auto same = [](auto const& back, auto const& m) {
+    return back.layers == m.layers && back.num_kv_heads == m.num_kv_heads;
+  };
+  validated_roundtrip(text, &tangram::parse_model_spec, same, "model round trip");
 }
 
 /// tangram-static-plan/v1: accepted plans are internally consistent and round-trip exactly.

@@ -4,13 +4,7 @@ import numpy as np
 import pytest
 
 import tangram
-
-
-def prefill(kv, seq, chunk=512):
-    while (left := kv.info(seq)["prompt_remaining"]) > 0:
-        c = min(chunk, left)
-        kv.prepare_chunk(seq, c)
-        kv.commit_chunk(seq, np.asarray(kv.expected_kept(seq, c), dtype=np.int32))
+from conftest import prefill
 
 
 def test_freed_pages_wait_for_the_release_of_their_epoch(static_plan):

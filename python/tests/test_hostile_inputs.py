@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import tangram
-
-from conftest import make_plan
+from conftest import make_plan, prepared_chunk
 
 PRELUDE = """
 import numpy as np, tangram
@@ -88,11 +87,7 @@ def test_commit_chunk_rejects_fractional_counts(static_plan):
 
 
 def test_reference_evict_rejects_int64_indptr_that_wraps(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=2)
-    seq = kv.try_admit(24, 4)
-    kv.set_batch([seq])
-    kv.prepare_chunk(seq, 24)
-    H, d = static_plan.num_kv_heads, static_plan.model.head_dim
+    kv, seq, H, d = prepared_chunk(static_plan, 24)
     k = np.zeros((24, H, d), np.uint16)
     with pytest.raises((ValueError, TypeError)):
         tangram.reference_evict(kv, 0, np.array([0, 2**32 + 24], np.int64), k, k, max_candidates=24)
@@ -100,11 +95,7 @@ def test_reference_evict_rejects_int64_indptr_that_wraps(static_plan):
 
 def test_reference_evict_rejects_float16_as_bf16(static_plan):
     # any_array has no dtype: float16 (same itemsize) is reinterpreted as bf16 bit patterns
-    kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=2)
-    seq = kv.try_admit(24, 4)
-    kv.set_batch([seq])
-    kv.prepare_chunk(seq, 24)
-    H, d = static_plan.num_kv_heads, static_plan.model.head_dim
+    kv, seq, H, d = prepared_chunk(static_plan, 24)
     k = np.ones((24, H, d), np.float16)
     with pytest.raises((ValueError, TypeError)):
         tangram.reference_evict(kv, 0, np.array([0, 24], np.int32), k, k, max_candidates=24)

@@ -6,13 +6,7 @@ import numpy as np
 import pytest
 
 import tangram
-
-
-def prefill(kv, seq, chunk=512):
-    while (left := kv.info(seq)["prompt_remaining"]) > 0:
-        c = min(chunk, left)
-        kv.prepare_chunk(seq, c)
-        kv.commit_chunk(seq, np.asarray(kv.expected_kept(seq, c), dtype=np.int32))
+from conftest import prefill
 
 
 def test_admission_reserves_exactly_what_admission_pages_says(static_plan):
@@ -231,17 +225,23 @@ def test_files_take_pathlike(tmp_path, static_plan):
     assert tangram.load_plan(tmp_path / "plan.json").page_bytes == static_plan.page_bytes
 
 
-def test_park_in_host_memory_and_restore(static_plan):
-    L, H = static_plan.num_layers, static_plan.num_kv_heads
-    kv = tangram.KVCacheManager(static_plan, num_pages=16000, max_sequences=2)
+def decoded_with_random_pool(plan, steps, seed):
+    """A manager whose one sequence (400 prompt tokens, 8 answer tokens) has decoded `steps`
+    tokens, its pool filled with random stand-in K/V bytes: (kv, seq, pool)."""
+    kv = tangram.KVCacheManager(plan, num_pages=16000, max_sequences=2)
     seq = kv.try_admit(400, 8)
     prefill(kv, seq)
     kv.set_batch([seq])
-    for _ in range(8):
+    for _ in range(steps):
         kv.decode_step()
     pool = kv.pool()
-    rng = np.random.default_rng(2)
-    pool[:] = rng.integers(0, 256, pool.shape, dtype=np.uint8)  # stand-in K/V bytes
+    pool[:] = np.random.default_rng(seed).integers(0, 256, pool.shape, dtype=np.uint8)
+    return kv, seq, pool
+
+
+def test_park_in_host_memory_and_restore(static_plan):
+    L, H = static_plan.num_layers, static_plan.num_kv_heads
+    kv, seq, pool = decoded_with_random_pool(static_plan, 8, seed=2)
     kv.end_turn(seq)
     lengths = [kv.head_len(seq, l, h) for l in range(L) for h in range(H)]
     held = kv.used_pages
@@ -277,14 +277,7 @@ def test_park_a_running_turn_and_resume_it(static_plan):
     """A turn in decode parks (an answer's growth that did not fit) and resumes where it stopped:
     the C++ try_resume through the bindings, with the same checks as park / try_unpark."""
     L, H = static_plan.num_layers, static_plan.num_kv_heads
-    kv = tangram.KVCacheManager(static_plan, num_pages=16000, max_sequences=2)
-    seq = kv.try_admit(400, 8)
-    prefill(kv, seq)
-    kv.set_batch([seq])
-    for _ in range(3):
-        kv.decode_step()
-    pool = kv.pool()
-    pool[:] = np.random.default_rng(5).integers(0, 256, pool.shape, dtype=np.uint8)
+    kv, seq, pool = decoded_with_random_pool(static_plan, 3, seed=5)
     lengths = [kv.head_len(seq, l, h) for l in range(L) for h in range(H)]
     parked = kv.park(seq)
     assert parked.mid_turn and parked.decoded == 3 and parked.max_new == 8

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import tangram
+from conftest import prepared_chunk
 
 
 def to_bf16_bits(x):
@@ -68,11 +69,7 @@ def test_prefill_eviction_append_and_decode_match_numpy(static_plan):
 
 
 def test_wrong_sizes_and_dtypes_name_the_argument(static_plan):
-    kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=2)
-    seq = kv.try_admit(16, 2)
-    kv.set_batch([seq])
-    kv.prepare_chunk(seq, 16)
-    H, d = static_plan.num_kv_heads, static_plan.model.head_dim
+    kv, seq, H, d = prepared_chunk(static_plan, 16, max_new=2)
     indptr = np.array([0, 16], dtype=np.int32)
     as_f32 = np.zeros((16, H, d), dtype=np.float32)  # the cache holds bf16 (2 bytes)
     with pytest.raises(ValueError, match="chunk_k: the cache holds bf16; pass float32 for f32"):
@@ -134,12 +131,9 @@ def test_snapkv_takes_the_prefill_lse_and_checks_it(static_plan):
     # The weights exp(s - lse) themselves are checked in C++ (eviction reference and kernel
     # tests); here: the keyword reaches eviction_params.q_lse, sized and validated.
     plan = static_plan
-    H, d, group = plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
+    group = plan.model.gqa_group
     rng = np.random.default_rng(11)
-    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=1)
-    seq = kv.try_admit(24, 4)
-    kv.set_batch([seq])
-    kv.prepare_chunk(seq, 24)
+    kv, seq, H, d = prepared_chunk(plan, 24, max_sequences=1)
     indptr = np.array([0, 24], dtype=np.int32)
     ck = to_bf16_bits(rng.standard_normal((24, H, d), dtype=np.float32))
     q = rng.standard_normal((24, H * group, d), dtype=np.float32)
@@ -157,11 +151,7 @@ def test_snapkv_takes_the_prefill_lse_and_checks_it(static_plan):
 
 
 def test_too_few_candidates_is_refused_before_anything_changes(static_plan):
-    H, d = static_plan.num_kv_heads, static_plan.model.head_dim
-    kv = tangram.KVCacheManager(static_plan, num_pages=600, max_sequences=1)
-    seq = kv.try_admit(24, 4)
-    kv.set_batch([seq])
-    kv.prepare_chunk(seq, 24)
+    kv, seq, H, d = prepared_chunk(static_plan, 24, max_sequences=1)
     before = kv.pool().copy()
     kv_data = np.ones((24, H, d), dtype=np.uint16)
     indptr = np.array([0, 24], dtype=np.int32)

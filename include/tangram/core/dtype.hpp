@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 
 #include "tangram/core/error.hpp"
 #include "tangram/core/numeric.hpp"
@@ -57,27 +59,18 @@ constexpr std::string_view to_string(dtype t) noexcept {
 /// ("fp32", "float32", "fp16", "float16", "half", "bfloat16", "e4m3", "e5m2").
 /// @throw invalid_argument naming `field` and the value when the name is unknown.
 inline dtype parse_dtype(std::string_view name, std::string_view field = "dtype") {
-  struct alias {
-    std::string_view name;
+  struct names_of {
     dtype type;
+    std::string_view names[4];  // the canonical name first; unused slots stay empty
   };
-  constexpr alias aliases[] = {{"f32", dtype::f32},
-                               {"fp32", dtype::f32},
-                               {"float32", dtype::f32},
-                               {"float", dtype::f32},
-                               {"f16", dtype::f16},
-                               {"fp16", dtype::f16},
-                               {"float16", dtype::f16},
-                               {"half", dtype::f16},
-                               {"bf16", dtype::bf16},
-                               {"bfloat16", dtype::bf16},
-                               {"fp8_e4m3", dtype::fp8_e4m3},
-                               {"e4m3", dtype::fp8_e4m3},
-                               {"fp8", dtype::fp8_e4m3},
-                               {"fp8_e5m2", dtype::fp8_e5m2},
-                               {"e5m2", dtype::fp8_e5m2}};
-  for (auto const& a : aliases)
-    if (a.name == name) return a.type;
+  constexpr names_of table[] = {{dtype::f32, {"f32", "fp32", "float32", "float"}},
+                                {dtype::f16, {"f16", "fp16", "float16", "half"}},
+                                {dtype::bf16, {"bf16", "bfloat16"}},
+                                {dtype::fp8_e4m3, {"fp8_e4m3", "e4m3", "fp8"}},
+                                {dtype::fp8_e5m2, {"fp8_e5m2", "e5m2"}}};
+  for (auto const& t : table)
+    for (auto n : t.names)
+      if (!n.empty() && n == name) return t.type;
   TANGRAM_FAIL(invalid_argument,
                field,
                ": unknown dtype ",
@@ -85,54 +78,33 @@ inline dtype parse_dtype(std::string_view name, std::string_view field = "dtype"
                " (expected f32, f16, bf16, fp8_e4m3 or fp8_e5m2)");
 }
 
+namespace detail {
+/// The storage types in `dtype` order: the i-th is the type of `dtype(i)`.
+using storage_types = std::tuple<float, float16, bfloat16, float8_e4m3, float8_e5m2>;
+static_assert(std::tuple_size_v<storage_types> == sizeof(all_dtypes) / sizeof(all_dtypes[0]));
+
+/// The `dtype` whose storage type is `T`, found at or after index `I` of storage_types.
+template <class T, std::size_t I = 0>
+constexpr dtype dtype_of_storage() noexcept {
+  if constexpr (std::is_same_v<T, std::tuple_element_t<I, storage_types>>)
+    return static_cast<dtype>(I);
+  else
+    return dtype_of_storage<T, I + 1>();
+}
+}  // namespace detail
+
 /// @brief Maps a storage type to its runtime tag: `dtype_of_v<bfloat16> == dtype::bf16`.
 template <class T>
-struct dtype_of;
-template <>
-struct dtype_of<float> {
-  static constexpr dtype value = dtype::f32;
-};
-template <>
-struct dtype_of<float16> {
-  static constexpr dtype value = dtype::f16;
-};
-template <>
-struct dtype_of<bfloat16> {
-  static constexpr dtype value = dtype::bf16;
-};
-template <>
-struct dtype_of<float8_e4m3> {
-  static constexpr dtype value = dtype::fp8_e4m3;
-};
-template <>
-struct dtype_of<float8_e5m2> {
-  static constexpr dtype value = dtype::fp8_e5m2;
+struct dtype_of {
+  static constexpr dtype value = detail::dtype_of_storage<T>();
 };
 template <class T>
 inline constexpr dtype dtype_of_v = dtype_of<T>::value;
 
 /// @brief Maps a runtime tag to its storage type: `storage_t<dtype::f16>` is `float16`.
 template <dtype D>
-struct storage_type;
-template <>
-struct storage_type<dtype::f32> {
-  using type = float;
-};
-template <>
-struct storage_type<dtype::f16> {
-  using type = float16;
-};
-template <>
-struct storage_type<dtype::bf16> {
-  using type = bfloat16;
-};
-template <>
-struct storage_type<dtype::fp8_e4m3> {
-  using type = float8_e4m3;
-};
-template <>
-struct storage_type<dtype::fp8_e5m2> {
-  using type = float8_e5m2;
+struct storage_type {
+  using type = std::tuple_element_t<static_cast<std::size_t>(D), detail::storage_types>;
 };
 template <dtype D>
 using storage_t = typename storage_type<D>::type;

@@ -68,15 +68,11 @@ inline budget_profile parse_budget_profile(std::string_view text, std::string_vi
   budget_profile p;
   if (auto m = doc.find("model")) p.model = m->as_string(256);
   if (auto s = doc.find("scorer")) p.scorer = s->as_string(256);
-  p.num_model_layers =
-      static_cast<std::int32_t>(doc["num_model_layers"].as_int(1, model_limits::max_layers));
-  p.num_kv_heads =
-      static_cast<std::int32_t>(doc["num_kv_heads"].as_int(1, model_limits::max_kv_heads));
-  p.layer_ids = detail::read_layer_ids(doc["layer_ids"], p.num_model_layers);
-  p.sink_tokens =
-      static_cast<std::int32_t>(doc["sink_tokens"].as_int(0, profile_limits::max_protected));
-  p.window_tokens =
-      static_cast<std::int32_t>(doc["window_tokens"].as_int(0, profile_limits::max_protected));
+  p.num_model_layers = detail::as_i32(doc["num_model_layers"], 1, model_limits::max_layers);
+  p.num_kv_heads     = detail::as_i32(doc["num_kv_heads"], 1, model_limits::max_kv_heads);
+  p.layer_ids        = detail::read_layer_ids(doc["layer_ids"], p.num_model_layers);
+  p.sink_tokens      = detail::as_i32(doc["sink_tokens"], 0, profile_limits::max_protected);
+  p.window_tokens    = detail::as_i32(doc["window_tokens"], 0, profile_limits::max_protected);
   if (auto t = doc.find("target_keep_ratio")) p.target_keep_ratio = t->as_double(0, 1);
   if (auto cal = doc.find("calibration")) {
     if (auto e = cal->find("estimator")) {
@@ -92,23 +88,18 @@ inline budget_profile parse_budget_profile(std::string_view text, std::string_vi
     if (auto q = cal->find("quantile")) p.calibration.quantile = q->as_double(0, 1);
     if (auto f = cal->find("floor")) p.calibration.floor = f->as_double(0, 1);
     if (auto n = cal->find("num_samples"))
-      p.calibration.num_samples =
-          static_cast<std::int32_t>(n->as_int(0, profile_limits::max_samples));
+      p.calibration.num_samples = detail::as_i32(*n, 0, profile_limits::max_samples);
   }
-  auto rows     = doc["budgets"];
-  std::size_t L = p.layer_ids.size(), H = static_cast<std::size_t>(p.num_kv_heads);
-  (void)rows.expect_size(L, "one row per entry of layer_ids");
-  p.budgets.resize(L * H);
-  for (std::size_t li = 0; li < L; ++li) {
-    auto row = rows[li];
-    (void)row.expect_size(H, "one per KV head, num_kv_heads");
-    for (std::size_t h = 0; h < H; ++h) {
-      auto cell = row[h];
-      double b  = cell.as_double(-1e300, 1e300);
-      if (!(b > 0 && b <= 1)) cell.fail(cat("budget must be in (0, 1], got ", cell.describe()));
-      p.budgets[li * H + h] = b;
-    }
-  }
+  detail::read_layer_head_table(
+      doc["budgets"],
+      p.layer_ids.size(),
+      static_cast<std::size_t>(p.num_kv_heads),
+      p.budgets,
+      [](auto const& cell) {
+        double b = cell.as_double(-1e300, 1e300);
+        if (!(b > 0 && b <= 1)) cell.fail(cat("budget must be in (0, 1], got ", cell.describe()));
+        return b;
+      });
   return p;
 }
 

@@ -37,15 +37,11 @@ inline retention_samples parse_retention_samples(std::string_view text, std::str
   r.model             = doc["model"].as_string(256);
   r.scorer            = doc["scorer"].as_string(256);
   r.target_keep_ratio = doc["target_keep_ratio"].as_double(0, 1);
-  r.sink_tokens =
-      static_cast<std::int32_t>(doc["sink_tokens"].as_int(0, profile_limits::max_protected));
-  r.window_tokens =
-      static_cast<std::int32_t>(doc["window_tokens"].as_int(0, profile_limits::max_protected));
-  r.num_model_layers =
-      static_cast<std::int32_t>(doc["num_model_layers"].as_int(1, model_limits::max_layers));
-  r.layer_ids = detail::read_layer_ids(doc["layer_ids"], r.num_model_layers);
-  r.num_kv_heads =
-      static_cast<std::int32_t>(doc["num_kv_heads"].as_int(1, model_limits::max_kv_heads));
+  r.sink_tokens       = detail::as_i32(doc["sink_tokens"], 0, profile_limits::max_protected);
+  r.window_tokens     = detail::as_i32(doc["window_tokens"], 0, profile_limits::max_protected);
+  r.num_model_layers  = detail::as_i32(doc["num_model_layers"], 1, model_limits::max_layers);
+  r.layer_ids         = detail::read_layer_ids(doc["layer_ids"], r.num_model_layers);
+  r.num_kv_heads      = detail::as_i32(doc["num_kv_heads"], 1, model_limits::max_kv_heads);
   if (auto h = doc.find("hybrid_sliding_window")) r.hybrid_sliding_window = h->as_bool();
 
   auto samples            = doc["samples"];
@@ -65,21 +61,13 @@ inline retention_samples parse_retention_samples(std::string_view text, std::str
     auto smp           = samples[s];
     auto& out          = r.samples[s];
     out.context_tokens = smp["context_tokens"].as_int(1, profile_limits::max_context_tokens);
-    auto kept          = smp["kept_tokens"];
-    (void)kept.expect_size(L, "one row per entry of layer_ids");
-    out.kept.resize(L * H);
-    for (std::size_t li = 0; li < L; ++li) {
-      auto row = kept[li];
-      (void)row.expect_size(H, "one per KV head, num_kv_heads");
-      for (std::size_t h = 0; h < H; ++h) {
-        auto cell      = row[h];
-        std::int64_t k = cell.as_int(0, profile_limits::max_context_tokens);
-        if (k > out.context_tokens)
-          cell.fail(cat(
-              "kept tokens must not exceed context_tokens (", out.context_tokens, "), got ", k));
-        out.kept[li * H + h] = k;
-      }
-    }
+    detail::read_layer_head_table(smp["kept_tokens"], L, H, out.kept, [&](auto const& cell) {
+      std::int64_t k = cell.as_int(0, profile_limits::max_context_tokens);
+      if (k > out.context_tokens)
+        cell.fail(
+            cat("kept tokens must not exceed context_tokens (", out.context_tokens, "), got ", k));
+      return k;
+    });
   }
   return r;
 }

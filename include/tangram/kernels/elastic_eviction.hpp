@@ -171,20 +171,13 @@ inline elastic_workspace_layout elastic_workspace(std::int32_t batch,
   w.pages   = w.index + arr(groups, "elastic workspace: index");
   w.status  = w.pages + arr(groups, "elastic workspace: pages");
   w.hist    = w.status + arr(1, "elastic workspace: status");
-  w.state   = detail::add_or_throw(
-      w.hist,
-      arr(detail::mul_or_throw(
-              std::int64_t{heads}, std::int64_t{select_radix_bins}, "elastic workspace: hist"),
-          "elastic workspace: hist",
-          4),
-      "elastic workspace: hist");
-  w.bytes = detail::add_or_throw(
-      w.state,
-      arr(detail::mul_or_throw(
-              std::int64_t{heads}, std::int64_t{select_state_words}, "elastic workspace: state"),
-          "elastic workspace: state",
-          4),
-      "elastic workspace: state");
+  // The end of `per_head` uint32 words per head and request placed at `at` (hist, state).
+  auto words_after = [&](std::int64_t at, std::int64_t per_head, char const* what) {
+    return detail::add_or_throw(
+        at, arr(detail::mul_or_throw(std::int64_t{heads}, per_head, what), what, 4), what);
+  };
+  w.state = words_after(w.hist, select_radix_bins, "elastic workspace: hist");
+  w.bytes = words_after(w.state, select_state_words, "elastic workspace: state");
   return w;
 }
 

@@ -77,6 +77,17 @@ inline std::optional<field_fault> plan_fault(static_plan const& p) {
     }
     return std::optional<field_fault>();
   };
+  // A part made for `layers` x `heads` heads, not the plan's shape, as a fault of `field`: what
+  // says `before`, its shape, `after`, the plan's.
+  auto other_shape = [&p, &fault](char const* field,
+                                  std::int32_t layers,
+                                  std::int32_t heads,
+                                  char const* before,
+                                  char const* after) {
+    if (layers == p.num_layers && heads == p.num_kv_heads) return std::optional<field_fault>();
+    return fault(field,
+                 cat(before, layers, " x ", heads, after, p.num_layers, " x ", p.num_kv_heads));
+  };
   auto const& o = p.options;
   if (auto f = failed("options", [&] {
         o.validate();
@@ -169,16 +180,12 @@ inline std::optional<field_fault> plan_fault(static_plan const& p) {
   if (g.scope != o.scope)
     return fault("grouping.scope",
                  cat("must be options.scope = ", to_string(o.scope), ", got ", to_string(g.scope)));
-  if (g.num_layers != p.num_layers || g.num_kv_heads != p.num_kv_heads)
-    return fault("grouping.num_layers",
-                 cat("the grouping's ",
-                     g.num_layers,
-                     " x ",
-                     g.num_kv_heads,
-                     " heads must be the plan's ",
-                     p.num_layers,
-                     " x ",
-                     p.num_kv_heads));
+  if (auto f = other_shape("grouping.num_layers",
+                           g.num_layers,
+                           g.num_kv_heads,
+                           "the grouping's ",
+                           " heads must be the plan's "))
+    return f;
   if (auto f = grouping_fault(g)) return fault("grouping." + f->field, f->what);
   for (std::size_t k = 0; k < g.groups.size(); ++k) {
     auto const& grp     = g.groups[k];
@@ -209,16 +216,9 @@ inline std::optional<field_fault> plan_fault(static_plan const& p) {
 
   // The split map: the plan's shape and device, at least one CTA per head.
   auto const& s = p.splits;
-  if (s.num_layers != p.num_layers || s.num_kv_heads != p.num_kv_heads)
-    return fault("splits",
-                 cat("planned for ",
-                     s.num_layers,
-                     " x ",
-                     s.num_kv_heads,
-                     " heads, not the plan's ",
-                     p.num_layers,
-                     " x ",
-                     p.num_kv_heads));
+  if (auto f = other_shape(
+          "splits", s.num_layers, s.num_kv_heads, "planned for ", " heads, not the plan's "))
+    return f;
   if (s.limits.sm_count != o.split.limits.sm_count ||
       s.limits.ctas_per_sm != o.split.limits.ctas_per_sm)
     return fault("splits.limits",

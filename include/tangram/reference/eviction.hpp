@@ -31,31 +31,45 @@ const T* chunk_row(
   return static_cast<const T*>(base) + (row * num_kv_heads + h) * d;
 }
 
-/// Raw SnapKV scores of the candidates of (r, h): mean over the last `obs_window` chunk queries and
-/// the GQA group of the causal softmax over the candidates, or with `q_lse` of `exp(s - lse)`.
+/// The K of the `len + c` candidates of (r, h) (held tokens, then chunk rows) as floats, [n][d],
+/// the fp8 scale applied literally to every element (the kernels fold it into the queries or
+/// scale the norm once).
 template <class T>
-void snapkv_raw(eviction_params const& p,
-                std::int32_t r,
-                std::int32_t h,
-                head_cursor const& cur,
-                std::int64_t c,
-                std::vector<float>& raw) {
+std::vector<float> candidate_keys(eviction_params const& p,
+                                  std::int32_t r,
+                                  std::int32_t h,
+                                  head_cursor const& cur,
+                                  std::int64_t c) {
   std::int32_t d   = p.kv.geometry.head_dim;
-  std::int32_t H   = p.kv.num_kv_heads;
-  std::int32_t G   = p.group;
   std::int64_t len = cur.len, n = len + c;
-  std::int64_t w    = std::min<std::int64_t>(p.obs_window, c);
-  float scale2      = p.scale() * log2e;
-  std::int64_t row0 = p.chunk_indptr[r];
-  // fp8 scale applied literally to every element (the kernel folds it into the queries).
   const float sk = p.scales.k_of(h);
   std::vector<float> keys(static_cast<std::size_t>(n * d));
   for (std::int64_t i = 0; i < n; ++i) {
-    const T* k = i < len ? cur.k<T>(static_cast<std::int32_t>(i))
-                         : chunk_row<T>(p.chunk_k, row0 + i - len, h, H, d);
+    const T* k =
+        i < len ? cur.k<T>(static_cast<std::int32_t>(i))
+                : chunk_row<T>(p.chunk_k, p.chunk_indptr[r] + i - len, h, p.kv.num_kv_heads, d);
     for (std::int32_t x = 0; x < d; ++x)
       keys[static_cast<std::size_t>(i * d + x)] = to_float(k[x]) * sk;
   }
+  return keys;
+}
+
+/// Raw SnapKV scores of the `n` candidates of (r, h) (`keys`: candidate_keys) for a chunk of `c`
+/// rows: mean over the last `obs_window` chunk queries and the GQA group of the causal softmax
+/// over the candidates, or with `q_lse` of `exp(s - lse)`.
+inline void snapkv_raw(eviction_params const& p,
+                       std::int32_t r,
+                       std::int32_t h,
+                       std::vector<float> const& keys,
+                       std::int64_t c,
+                       std::vector<float>& raw) {
+  std::int32_t d = p.kv.geometry.head_dim;
+  std::int32_t H = p.kv.num_kv_heads;
+  std::int32_t G = p.group;
+  std::int64_t n = static_cast<std::int64_t>(keys.size()) / d, len = n - c;
+  std::int64_t w    = std::min<std::int64_t>(p.obs_window, c);
+  float scale2      = p.scale() * log2e;
+  std::int64_t row0 = p.chunk_indptr[r];
   std::vector<float> acc(static_cast<std::size_t>(n), 0.f), logit(static_cast<std::size_t>(n));
   std::vector<float> q(static_cast<std::size_t>(d));
   std::int64_t q_stride = static_cast<std::int64_t>(H) * G * d;
@@ -91,29 +105,16 @@ void snapkv_raw(eviction_params const& p,
     raw[static_cast<std::size_t>(i)] = acc[static_cast<std::size_t>(i)] / static_cast<float>(w * G);
 }
 
-/// Raw key-norm scores: minus the L2 norm of each candidate's K.
-template <class T>
-void key_norm_raw(eviction_params const& p,
-                  std::int32_t r,
-                  std::int32_t h,
-                  head_cursor const& cur,
-                  std::int64_t c,
-                  std::vector<float>& raw) {
-  std::int32_t d   = p.kv.geometry.head_dim;
-  std::int64_t len = cur.len, n = len + c;
-  // fp8 scale applied literally to every element (the kernel scales the norm once).
-  const float sk = p.scales.k_of(h);
-  raw.resize(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T* k =
-        i < len ? cur.k<T>(static_cast<std::int32_t>(i))
-                : chunk_row<T>(p.chunk_k, p.chunk_indptr[r] + i - len, h, p.kv.num_kv_heads, d);
+/// Raw key-norm scores: minus the L2 norm of each candidate's K (`keys`: candidate_keys, [n][d]).
+inline void key_norm_raw(std::vector<float> const& keys, std::int32_t d, std::vector<float>& raw) {
+  raw.assign(keys.size() / static_cast<std::size_t>(d), 0.f);
+  for (std::size_t i = 0; i < raw.size(); ++i) {
     float ss = 0.f;
     for (std::int32_t x = 0; x < d; ++x) {
-      const float v = to_float(k[x]) * sk;
+      const float v = keys[i * static_cast<std::size_t>(d) + static_cast<std::size_t>(x)];
       ss += v * v;
     }
-    raw[static_cast<std::size_t>(i)] = -std::sqrt(ss);
+    raw[i] = -std::sqrt(ss);
   }
 }
 
@@ -154,10 +155,10 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
                  p.scores + (static_cast<std::int64_t>(r) * H + h) * p.max_candidates + n);
       break;
     case score_source::snapkv:
-      snapkv_raw<T>(p, r, h, cur, c, raw);
+      snapkv_raw(p, r, h, candidate_keys<T>(p, r, h, cur, c), c, raw);
       break;
     case score_source::key_norm:
-      key_norm_raw<T>(p, r, h, cur, c, raw);
+      key_norm_raw(candidate_keys<T>(p, r, h, cur, c), d, raw);
       break;
   }
   if (p.scores_out)

@@ -61,6 +61,20 @@ struct format_document {
   format_document& operator=(format_document const&) = delete;
 };
 
+/// Reads a [layer][head] table: `rows` holds L rows (one per entry of layer_ids) of H cells (one
+/// per KV head); cell (li, h) becomes `out[li * H + h] = read_cell(cell)`, which checks it.
+template <class T, class ReadCell>
+void read_layer_head_table(
+    json::node const& rows, std::size_t L, std::size_t H, std::vector<T>& out, ReadCell read_cell) {
+  (void)rows.expect_size(L, "one row per entry of layer_ids");
+  out.resize(L * H);
+  for (std::size_t li = 0; li < L; ++li) {
+    auto row = rows[li];
+    (void)row.expect_size(H, "one per KV head, num_kv_heads");
+    for (std::size_t h = 0; h < H; ++h) out[li * H + h] = read_cell(row[h]);
+  }
+}
+
 inline std::int32_t as_i32(json::node const& n, std::int64_t lo, std::int64_t hi) {
   return static_cast<std::int32_t>(n.as_int(lo, hi));
 }

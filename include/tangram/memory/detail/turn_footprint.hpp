@@ -44,14 +44,7 @@ class turn_footprint {
            std::int64_t copies,
            std::int64_t capacity,
            std::int64_t current_capacity) noexcept {
-    auto i       = static_cast<std::size_t>(g);
-    target_[i]   = target;
-    reserve_[i]  = target - already_held;
-    capacity_[i] = capacity;
-    reserve_total_ += target - already_held;
-    capacity_total_ += capacity;
-    copies_total_ += copies;
-    grows_capacity_ |= capacity > current_capacity;
+    record(g, target, target - already_held, copies, capacity, current_capacity);
   }
 
   /**
@@ -64,14 +57,8 @@ class turn_footprint {
                   std::int64_t copies,
                   std::int64_t capacity,
                   std::int64_t current_capacity) noexcept {
-    auto i       = static_cast<std::size_t>(g);
-    target_[i]   = capacity;
-    reserve_[i]  = 0;
-    capacity_[i] = capacity;
     pooled_held_ += already_held;
-    capacity_total_ += capacity;
-    copies_total_ += copies;
-    grows_capacity_ |= capacity > current_capacity;
+    record(g, capacity, 0, copies, capacity, current_capacity);
   }
   /// The pages all pooled groups together may hold during the turn, and at most after each
   /// chunk's eviction (`limit`; the target adds decode and staging pages). Call after add_pooled.
@@ -113,6 +100,23 @@ class turn_footprint {
   [[nodiscard]] bool grows_capacity() const noexcept { return grows_capacity_; }
 
  private:
+  /// Group g's target, reservation and list capacity, added to the totals (add, add_pooled).
+  void record(std::int32_t g,
+              std::int64_t target,
+              std::int64_t reserve,
+              std::int64_t copies,
+              std::int64_t capacity,
+              std::int64_t current_capacity) noexcept {
+    auto i       = static_cast<std::size_t>(g);
+    target_[i]   = target;
+    reserve_[i]  = reserve;
+    capacity_[i] = capacity;
+    reserve_total_ += reserve;
+    capacity_total_ += capacity;
+    copies_total_ += copies;
+    grows_capacity_ |= capacity > current_capacity;
+  }
+
   std::vector<std::int64_t> target_, reserve_, capacity_;
   std::int64_t reserve_total_ = 0, capacity_total_ = 0, copies_total_ = 0;
   std::int64_t pooled_target_ = 0, pooled_held_ = 0, pooled_limit_ = 0;

@@ -454,43 +454,44 @@ inline replay_result replay(workload const& work,
                             kv_policy& policy,
                             cost_model const& cost,
                             replay_options const& options = {}) {
-  TANGRAM_EXPECTS(options.step_token_budget >= 1,
-                  invalid_argument,
-                  "replay.step_token_budget: must be >= 1, got ",
-                  options.step_token_budget);
-  TANGRAM_EXPECTS(options.prefill_chunk >= 1,
-                  invalid_argument,
-                  "replay.prefill_chunk: must be >= 1, got ",
-                  options.prefill_chunk);
-  TANGRAM_EXPECTS(options.max_running >= 1,
-                  invalid_argument,
-                  "replay.max_running: must be >= 1, got ",
-                  options.max_running);
-  TANGRAM_EXPECTS(options.concurrency >= 0,
-                  invalid_argument,
-                  "replay.concurrency: must be >= 0, got ",
-                  options.concurrency);
-  // Bounded so that headroom x resident sessions (<= 10^6) cannot overflow.
-  TANGRAM_EXPECTS(options.continuation_headroom_tokens >= 0 &&
-                      options.continuation_headroom_tokens <= workload_limits::max_session_tokens,
-                  invalid_argument,
-                  "replay.continuation_headroom_tokens: must be in [0, ",
-                  workload_limits::max_session_tokens,
-                  "], got ",
-                  options.continuation_headroom_tokens);
-  TANGRAM_EXPECTS(options.max_tokens >= 1 && options.max_tokens <= workload_limits::max_tokens,
-                  invalid_argument,
-                  "replay.max_tokens: must be in [1, ",
-                  workload_limits::max_tokens,
-                  "], got ",
-                  options.max_tokens);
-  TANGRAM_EXPECTS(
-      options.max_context >= 1 && options.max_context <= workload_limits::max_session_tokens,
-      invalid_argument,
-      "replay.max_context: must be in [1, ",
-      workload_limits::max_session_tokens,
-      "], got ",
-      options.max_context);
+  struct at_least {
+    const char* field;
+    std::int64_t value, lo;
+  };
+  for (auto const& c : {at_least{"step_token_budget", options.step_token_budget, 1},
+                        at_least{"prefill_chunk", options.prefill_chunk, 1},
+                        at_least{"max_running", options.max_running, 1},
+                        at_least{"concurrency", options.concurrency, 0}})
+    TANGRAM_EXPECTS(c.value >= c.lo,
+                    invalid_argument,
+                    "replay.",
+                    c.field,
+                    ": must be >= ",
+                    c.lo,
+                    ", got ",
+                    c.value);
+  // The headroom's bound keeps headroom x resident sessions (<= 10^6) from overflowing.
+  struct in_range {
+    const char* field;
+    std::int64_t value, lo, hi;
+  };
+  for (auto const& c :
+       {in_range{"continuation_headroom_tokens",
+                 options.continuation_headroom_tokens,
+                 0,
+                 workload_limits::max_session_tokens},
+        in_range{"max_tokens", options.max_tokens, 1, workload_limits::max_tokens},
+        in_range{"max_context", options.max_context, 1, workload_limits::max_session_tokens}})
+    TANGRAM_EXPECTS(c.value >= c.lo && c.value <= c.hi,
+                    invalid_argument,
+                    "replay.",
+                    c.field,
+                    ": must be in [",
+                    c.lo,
+                    ", ",
+                    c.hi,
+                    "], got ",
+                    c.value);
   options.charges.validate();
   TANGRAM_EXPECTS(
       options.offload.capacity_bytes >= 0 && std::isfinite(options.offload.capacity_bytes),
