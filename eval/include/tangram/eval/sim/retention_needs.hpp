@@ -148,8 +148,7 @@ class retention_needs {
       if (seen <= protect) {
         want = seen;
       } else if (seen < smp.context_tokens && !excess_at_context_.empty() &&
-                 excess_at_context_[k] > 0 &&
-                 rules_[static_cast<std::size_t>(h)].kind == layer_kind::compressed) {
+                 excess_at_context_[k] > 0 && profiled(h)) {
         // Below the sample's context: the protected tokens, then the head's share of the
         // scorer's budget beyond them (file comment). The head's kept count at the context is
         // ceil(scale x kept), as above it.

@@ -64,7 +64,14 @@ class unified_policy final : public live_accounting_policy {
         baseline_(plan_, mode, resource_, pages_for(plan_, kv_bytes), max_sessions, max_tokens),
         slots_(static_cast<std::size_t>(num_sessions), -1),
         own_(mode == unified_mode::compressed_reclaim ? std::move(own_retention) : nullptr),
-        kept_(own_ ? plan.rules.size() : 0) {}
+        kept_(own_ ? plan.rules.size() : 0) {
+    if (!own_) return;
+    for (std::int32_t i = 0; i < static_cast<std::int32_t>(plan.rules.size()); ++i)
+      if (plan.rules[static_cast<std::size_t>(i)].kind == layer_kind::compressed)
+        own_heads_.push_back(i);
+    own_cand_.resize(own_heads_.size());
+    own_kept_.resize(own_heads_.size());
+  }
 
   [[nodiscard]] std::string name() const override {
     if (!config_.name.empty()) return config_.name;
@@ -139,21 +146,16 @@ class unified_policy final : public live_accounting_policy {
     std::int32_t slot = slots_[static_cast<std::size_t>(s)];
     if (own_) {  // each compressed head keeps this input's own retention
       std::int64_t seen = baseline_.seq_tokens(slot) + tokens;
-      own_heads_.clear();
-      own_cand_.clear();
+      auto candidates   = [&](std::int32_t i) {
+        return baseline_.head_len(slot, i / plan_.num_kv_heads, i % plan_.num_kv_heads) + tokens;
+      };
       for (std::int32_t i = 0; i < static_cast<std::int32_t>(kept_.size()); ++i) {
-        std::int32_t l = i / plan_.num_kv_heads, h = i % plan_.num_kv_heads;
-        std::int64_t cand = baseline_.head_len(slot, l, h) + tokens;
-        auto const& rule  = plan_.rules[static_cast<std::size_t>(i)];
-        if (rule.kind == layer_kind::compressed) {
-          own_heads_.push_back(i);
-          own_cand_.push_back(cand);
-        } else {
+        auto const& rule = plan_.rules[static_cast<std::size_t>(i)];
+        if (rule.kind != layer_kind::compressed)
           kept_[static_cast<std::size_t>(i)] =
-              static_cast<std::int32_t>(std::min(retained_tokens(rule, seen), cand));
-        }
+              static_cast<std::int32_t>(std::min(retained_tokens(rule, seen), candidates(i)));
       }
-      own_kept_.resize(own_heads_.size());
+      for (std::size_t j = 0; j < own_heads_.size(); ++j) own_cand_[j] = candidates(own_heads_[j]);
       own_->fill(s, own_heads_.data(), own_heads_.size(), seen, own_cand_.data(), own_kept_.data());
       for (std::size_t j = 0; j < own_heads_.size(); ++j)
         kept_[static_cast<std::size_t>(own_heads_[j])] = static_cast<std::int32_t>(own_kept_[j]);
@@ -275,7 +277,7 @@ class unified_policy final : public live_accounting_policy {
   std::vector<std::int32_t> batch_;
   std::shared_ptr<retention_needs const> own_;     ///< null: the plan's padded budgets
   std::vector<std::int32_t> kept_;                 ///< scratch: [layer * H + head]
-  std::vector<std::int32_t> own_heads_;            ///< scratch: the compressed heads (flat ids)
+  std::vector<std::int32_t> own_heads_;            ///< the compressed heads (flat ids), fixed
   std::vector<std::int64_t> own_cand_, own_kept_;  ///< scratch: their candidates and kept counts
 };
 
