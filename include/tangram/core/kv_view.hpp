@@ -60,6 +60,10 @@ struct kv_cache_view {
   const std::int32_t* head_base_len = nullptr;  ///< [slots * L * H]
   const std::int32_t* appended      = nullptr;  ///< [slots]
   const std::int32_t* seq_tokens    = nullptr;  ///< [slots] tokens the sequence has seen
+  /// Optional [slots * G]: leading tokens of every head of (slot, group) that lie on read-only
+  /// pages shared with a pinned prefix (memory/detail/manager_prefix.inl). A multiple of P and at
+  /// most every head's length; the eviction protects them and never writes them. Null: none.
+  const std::int32_t* pinned_tokens = nullptr;
 
   std::int32_t batch_size         = 0;
   const std::int32_t* batch_slots = nullptr;  ///< [batch] sequence slot of request r
@@ -95,6 +99,15 @@ struct kv_cache_view {
     return head_base_len[(static_cast<std::int64_t>(s) * num_layers + layer) * num_kv_heads +
                          head] +
            appended[s];
+  }
+
+  /// Leading tokens of each head of group `g` of request `r` that must stay where they are
+  /// (`pinned_tokens`; 0 without the array and for a padding request).
+  TANGRAM_HOST_DEVICE std::int32_t pinned(std::int32_t r, std::int32_t g) const {
+    if (pinned_tokens == nullptr) return 0;
+    std::int32_t s = batch_slots[r];
+    if (s == padding_slot) return 0;
+    return pinned_tokens[static_cast<std::int64_t>(s) * num_groups + g];
   }
 
   /// Location of the i-th held token (0 = oldest) of a head; requires i < head_len(...).
