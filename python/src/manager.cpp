@@ -211,7 +211,7 @@ void bind_manager(nb::module_& m) {
              std::int64_t pool_bytes, std::int32_t max_sequences, std::int32_t max_batch,
              std::int64_t index_capacity, std::int64_t max_view_changes,
              std::int64_t max_chunk_tokens, std::string const& memory, std::int32_t device,
-             bool deferred_reuse) {
+             bool deferred_reuse, bool share_compressed_prefix) {
             manager_options o;
             o.num_pages        = num_pages;
             o.pool_bytes       = pool_bytes;
@@ -221,6 +221,7 @@ void bind_manager(nb::module_& m) {
             o.max_view_changes = max_view_changes;
             o.max_chunk_tokens = max_chunk_tokens;
             o.deferred_reuse   = deferred_reuse;
+            o.share_compressed_prefix = share_compressed_prefix;
             auto resource = make_memory(memory, device);
             new (self) bound_kv_cache(plan, o, std::move(resource), memory == "cuda" ? device : -1);
           },
@@ -228,10 +229,13 @@ void bind_manager(nb::module_& m) {
           nb::arg("max_sequences") = 256, nb::arg("max_batch") = 0, nb::arg("index_capacity") = 0,
           nb::arg("max_view_changes") = 0, nb::arg("max_chunk_tokens") = 2048,
           nb::arg("memory") = "host", nb::arg("device") = 0, nb::arg("deferred_reuse") = false,
+          nb::arg("share_compressed_prefix") = true,
           "memory='host' (default): the page arena in host memory, for the CPU reference kernels.\n"
           "memory='cuda': the arena on CUDA device `device` (a package built with the CUDA\n"
           "kernels: tangram.cuda), for tangram.cuda's launchers.\n"
-          "deferred_reuse=True: freed pages retire until release_epochs_through (several streams).")
+          "deferred_reuse=True: freed pages retire until release_epochs_through (several streams).\n"
+          "share_compressed_prefix=False: a request over a pinned prefix copies its compressed\n"
+          "groups' pages instead of sharing them pinned (manager_options).")
       // ----- shape
       .def_prop_ro("plan", [](bound_kv_cache const& c) { return c.kv.plan(); })
       .def_prop_ro("num_pages", [](bound_kv_cache const& c) { return c.kv.pool().capacity(); })
@@ -459,6 +463,13 @@ void bind_manager(nb::module_& m) {
              return std::vector<std::int32_t>(p, p + c.kv.group_page_count(s, g));
            },
            nb::arg("seq"), nb::arg("group"))
+      .def("group_pinned_tokens",
+           [](bound_kv_cache const& c, sequence_id s, std::int32_t g) {
+             return c.kv.group_pinned_tokens(s, g);
+           },
+           nb::arg("seq"), nb::arg("group"),
+           "Leading tokens of every head of the group on a pinned prefix's shared read-only pages\n"
+           "(kept in place by the eviction); 0 for a sequence not admitted over a prefix.")
       .def("check_invariants", [](bound_kv_cache const& c) { c.kv.check_invariants(); },
            "Full consistency check (O(pool)); raises UsageError naming the broken invariant.")
       // ----- zero-copy views
@@ -476,6 +487,7 @@ void bind_manager(nb::module_& m) {
             auto e  = c.kv.view_extents();
             nb::dict d;
             d["page_offset"]      = alias(v.page_offset, e.page_offset);
+            d["pinned_tokens"]    = alias(v.pinned_tokens, e.page_offset);
             d["pages"]            = alias(v.pages, e.pages);
             d["head_base_len"]    = alias(v.head_base_len, e.head_base_len);
             d["appended"]         = alias(v.appended, e.slots);
@@ -495,6 +507,8 @@ void bind_manager(nb::module_& m) {
           "alive). framework='numpy': read-only NumPy arrays; 'dlpack': read-only tensors that\n"
           "export DLPack (torch.from_dlpack, np.from_dlpack) in both DLPack flavours. Contents\n"
           "change with later calls. head_group interleaves (group, column) per (layer, head);\n"
+          "pinned_tokens ([slots * groups], as page_offset) counts each group's leading tokens on\n"
+          "a pinned prefix's shared pages, which the eviction keeps in place;\n"
           "cta_begin is the plan's decode split map ([layers * (KV heads + 1)]). kind: whose\n"
           "batch_slots (BatchKind; every other array is shared by both batches).")
       .def(

@@ -350,6 +350,16 @@ def test_shared_prefix_lifecycle(static_plan):
     assert kv.info(a)["reserved_pages"] < kv.admission_pages(701, 16)
     # The pool counts a shared page once: beyond the prefix, the request holds only its copies.
     assert kv.used_pages == prefix_used + len(kv.pending_copies())
+    # Static budgets: compressed groups share their filled prefix pages too, pinned in place
+    # (the view's pinned_tokens row, a whole number of pages, what the eviction never moves).
+    P = static_plan.page_tokens
+    pinned = [kv.group_pinned_tokens(a, g) for g in range(kv.num_groups)]
+    assert any(t > 0 for t in pinned) and all(t % P == 0 for t in pinned)
+    row = kv.view()["pinned_tokens"][a.slot * kv.num_groups:(a.slot + 1) * kv.num_groups]
+    assert list(row) == pinned
+    assert kv.stats["prefix_pages_shared"] == sum(pinned) // P
+    for g, t in enumerate(pinned):  # the pinned pages are the prefix's own
+        assert kv.group_pages(a, g)[: t // P] == kv.group_pages(p, g)[: t // P]
     kv.execute_page_copies()
     prefill(kv, a)
     kv.set_batch([a])

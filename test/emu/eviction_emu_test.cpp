@@ -46,3 +46,9 @@ TEST_CASE("emulated eviction: the top-k's one-slice boundary (4096, 4097, 8192 c
   for (auto const& c : test::emu_sample(test::eviction_cases_slice_boundary()))
     test::emu_check_all_schedules(c, 1);
 }
+
+TEST_CASE("emulated eviction equals the CPU reference: pinned shared-prefix pages kept in place",
+          "[emu][eviction][pinned]") {
+  for (auto const& c : test::emu_sample(test::eviction_cases_pinned()))
+    test::emu_check_all_schedules(c, 1);
+}

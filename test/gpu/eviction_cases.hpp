@@ -46,12 +46,16 @@ struct eviction_case {
   bool sinks        = false;  ///< the prefill has GPT-OSS sink logits (with lse)
   dtype q_dtype     = dtype::f32;
   bool tensor_cores = true;
+  /// Leading pages of every growing group pinned as a shared prefix's (kv_cache_view::pinned,
+  /// at most what the group's shortest head fills); their supplied scores are the lowest.
+  std::int32_t pin_pages = 0;
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << to_string(kv_dtype) << " d " << d << " P " << P << " Hp " << Hp << " source "
       << to_string(source) << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
+    if (pin_pages > 0) s << ", " << pin_pages << " pinned pages";
     if (lse)
       s << ", from lse" << (sinks ? " with sinks" : "") << ", q " << to_string(q_dtype)
         << (tensor_cores ? "" : ", CUDA cores");
@@ -274,12 +278,84 @@ inline std::vector<eviction_case> eviction_cases_per_head() {
   return out;
 }
 
+/// Pinned shared-prefix pages (kv_cache_view::pinned): supplied scores (the pinned candidates
+/// scored lowest, so that only the pin keeps them), key norm and SnapKV from the log-sum-exp,
+/// with layer-shared groups (Hp 2) and per-head pages; one and several pinned pages.
+inline std::vector<eviction_case> eviction_cases_pinned() {
+  std::vector<eviction_case> out;
+  eviction_case c;
+  c.pin_pages = 1;
+  c.seed      = 90;
+  out.push_back(c);
+  c.pin_pages = 40;  // up to every page the shortest head fills
+  c.seed      = 91;
+  out.push_back(c);
+  c.Hp       = 1;
+  c.kv_dtype = dtype::f32;
+  c.d        = 64;
+  c.seed     = 92;
+  out.push_back(c);
+  c.Hp       = 2;
+  c.kv_dtype = dtype::f16;
+  c.d        = 128;
+  c.source   = score_source::key_norm;
+  c.seed     = 93;
+  out.push_back(c);
+  c.kv_dtype   = dtype::bf16;
+  c.source     = score_source::snapkv;
+  c.lse        = true;
+  c.long_len   = 800;
+  c.long_chunk = 160;
+  c.pin_pages  = 3;
+  c.seed       = 94;
+  out.push_back(c);
+  return out;
+}
+
 /// A long candidate list (several radix and compaction tiles).
 inline eviction_case eviction_case_long() {
   eviction_case c;
   c.long_len = 20000;
   c.seed     = 50;
   return c;
+}
+
+/// Every pinned token of `layer` (kv_cache_view::pinned) is still held, at its position, with the
+/// bytes `before` (the cache before the launch) had there; "" when so.
+inline std::string check_pinned_kept(test_cache& before,
+                                     test_cache& after,
+                                     std::vector<std::int32_t> const& batch,
+                                     std::int32_t layer,
+                                     std::vector<std::int32_t> const& new_len) {
+  auto bv = before.view(batch), av = after.view(batch);
+  auto const& geo = bv.geometry;
+  auto row        = static_cast<std::size_t>(geo.head_dim * geo.element_bytes());
+  auto at         = [&](kv_cache_view const& v, token_location loc, head_slot slot, int kv) {
+    return v.pool + loc.page * geo.page_bytes() +
+           geo.element_offset(kv, slot.column, loc.token) * geo.element_bytes();
+  };
+  for (std::int32_t r = 0; r < bv.batch_size; ++r)
+    for (std::int32_t h = 0; h < bv.num_kv_heads; ++h) {
+      auto slot = bv.slot_of(layer, h);
+      auto q    = bv.pinned(r, slot.group);
+      if (q == 0) continue;
+      std::ostringstream s;
+      s << "request " << r << " head " << h << ": ";
+      if (new_len[static_cast<std::size_t>(r * bv.num_kv_heads + h)] < q) {
+        s << "keeps " << new_len[static_cast<std::size_t>(r * bv.num_kv_heads + h)] << " < "
+          << q << " pinned tokens";
+        return s.str();
+      }
+      for (std::int32_t i = 0; i < q; ++i)
+        for (std::int32_t kv = 0; kv < 2; ++kv) {
+          auto loc = bv.locate(r, layer, h, i);
+          if (std::memcmp(at(bv, loc, slot, kv), at(av, loc, slot, kv), row) != 0) {
+            s << "pinned token " << i << " of " << q << " changed";
+            return s.str();
+          }
+        }
+    }
+  return {};
 }
 
 /// Runs `c` on `backend` and the CPU reference on identical caches, every layer: lengths and the
@@ -296,6 +372,12 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
     std::ostringstream where;
     where << c.describe() << ", layer " << layer << ": ";
     test_cache run_cache(sc.layout, sc.seqs, c.seed), ref_cache(sc.layout, sc.seqs, c.seed);
+    test_cache before(sc.layout, sc.seqs, c.seed);  // pristine: the pinned tokens must stay
+    if (c.pin_pages > 0) {
+      run_cache.pin_leading_pages(c.pin_pages);
+      ref_cache.pin_leading_pages(c.pin_pages);
+      before.pin_leading_pages(c.pin_pages);
+    }
     auto rv        = run_cache.view(sc.batch);
     auto cv        = ref_cache.view(sc.batch);
     std::int32_t B = rv.batch_size;
@@ -323,6 +405,10 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
                          sc.chunk_indptr[static_cast<std::size_t>(r)]);
     std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
     for (auto& x : scores) x = static_cast<float>(rng() % 7);  // many ties
+    for (std::int32_t r = 0; r < B; ++r)  // pinned candidates score lowest: only the pin keeps them
+      for (std::int32_t h = 0; h < H; ++h)
+        for (std::int32_t i = 0; i < rv.pinned(r, rv.slot_of(layer, h).group); ++i)
+          scores[static_cast<std::size_t>((r * H + h) * max_cand + i)] = -5.f;
     const scale_arrays scales(c.scales, H, c.seed * 8 + static_cast<std::uint64_t>(layer));
 
     eviction_params p;
@@ -404,6 +490,8 @@ std::string check_eviction(eviction_case const& c, Backend& backend) {
     }
     if (c.source == score_source::supplied && run_scores != ref_scores)
       return where.str() + "scores_out differs";
+    if (auto bad = check_pinned_kept(before, run_cache, sc.batch, layer, run_len); !bad.empty())
+      return where.str() + bad;
   }
   return {};
 }

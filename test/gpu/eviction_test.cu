@@ -32,6 +32,13 @@ TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: per-head pages (Hp 1)",
     GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: pinned shared-prefix pages kept in place",
+                 "[gpu][eviction][pinned]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::eviction_cases_pinned())
+    GPU_REQUIRE_AGREES(test::check_eviction(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu eviction equals the CPU reference: SnapKV from the prefill's log-sum-exp",
                  "[gpu][eviction][lse]") {
   test::gpu_backend gpu;

@@ -45,7 +45,8 @@ struct device_cache : device_kv_arrays {
                          device_buffer(c.base_len()),
                          device_buffer(c.appended()),
                          device_buffer(c.seq_tokens()),
-                         device_buffer(c.batch_slots())},
+                         device_buffer(c.batch_slots()),
+                         device_buffer(c.pinned())},
         view(host) {
     attach(view);
   }

@@ -479,28 +479,30 @@ TEST_CASE(
   REQUIRE(m.retired_pages() == 0);
   auto prefix_pages = owned_pages(m);
   REQUIRE(prefix_pages.size() == 22);
-  std::set<page_id> shared;  // the uncompressed groups' 8 filled pages (groups 6 and 7)
-  for (std::int32_t g : {6, 7}) {
+
+  // A request over it shares 14 pages (the uncompressed groups' 8 filled ones, the compressed
+  // groups' 6 pinned ones: prefix_sharing_test.cpp) and copies 8: nothing left a list, nothing
+  // retires.
+  auto a = sim.admit_with_prefix(p, 4, 4);
+  REQUIRE(a);
+  std::set<page_id> shared;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g) {
     auto const* pg = m.group_pages(p, g);
-    shared.insert(pg, pg + m.group_page_count(p, g));
+    shared.insert(pg, pg + m.group_pinned_tokens(*a, g) / 4);
   }
-  REQUIRE(shared.size() == 8);
-  std::set<page_id> own;  // the 14 the request copies
+  REQUIRE(shared.size() == 14);
+  std::set<page_id> own;  // the 8 the request copies
   std::set_difference(prefix_pages.begin(),
                       prefix_pages.end(),
                       shared.begin(),
                       shared.end(),
                       std::inserter(own, own.end()));
-
-  // A request over it shares the 8 and copies the 14: nothing left a list, nothing retires.
-  auto a = sim.admit_with_prefix(p, 4, 4);
-  REQUIRE(a);
   sim.chunk(*a, 4);
   CHECK(m.retired_pages() == 0);
   for (auto pg : shared) CHECK(m.pool().ref_count(pg) == 2);
   check_accounting(m);
 
-  // Unregistering the prefix in epoch e: its 14 own pages retire under e; the 8 shared stay held
+  // Unregistering the prefix in epoch e: its 8 own pages retire under e; the 14 shared stay held
   // by the request (one reference), neither free nor retired.
   auto e = m.current_epoch();
   sim.free(p);
@@ -508,9 +510,9 @@ TEST_CASE(
   for (auto [pg, pe] : retired_list(m.pool())) CHECK(pe == e);
   for (auto pg : shared) CHECK(m.pool().ref_count(pg) == 1);
   check_accounting(m);
-  // Released: the 14 return to the free list, the 8 do not.
+  // Released: the 8 return to the free list, the 14 do not.
   CHECK(m.advance_epoch() == e);
-  CHECK(m.release_epochs_through(e) == 14);
+  CHECK(m.release_epochs_through(e) == 8);
   CHECK(m.retired_pages() == 0);
 
   // Every other page handed out (requests admitted and prefilled until the pool refuses): none of
@@ -542,7 +544,7 @@ TEST_CASE(
   for (auto id : fills) sim.free(id);
   m.release_epochs_through(m.advance_epoch());
 
-  // The request freed in epoch e2: the 8 retire with its other pages, and a full pool still hands
+  // The request freed in epoch e2: the 14 retire with its other pages, and a full pool still hands
   // none of them out until e2 is released.
   auto e2 = m.current_epoch();
   sim.free(*a);

@@ -35,7 +35,7 @@ std::vector<page_id> pages_of(kv_cache_manager const& m, sequence_id id, std::in
 
 }  // namespace
 
-TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copies the rest",
+TEST_CASE("a request over a pinned prefix shares its filled pages and copies the rest",
           "[memory][prefix]") {
   tiny_manager fx(opts(100, 8));
   auto& m = fx.m;
@@ -49,8 +49,11 @@ TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copi
 
   // Request a: N = 4 more prompt tokens, T = 4. Targets are a turn's over n + N = 20 tokens,
   // exactly those of the same 20 + 4 tokens admitted alone: G0 ceil((15+4)/4) = 5, G1 4, G2 3,
-  // G3 3, sliding 3 (x2), uncompressed ceil(24/4) = 6 (x2). Kept pages: the prefix's; the 8
-  // uncompressed ones (16 tokens, 4 full pages per group) shared, the 14 others copied.
+  // G3 3, sliding 3 (x2), uncompressed ceil(24/4) = 6 (x2). Kept pages: the prefix's. Shared:
+  // the pages every head of a group filled. The prefix's compressed heads hold (12, 10) in G0,
+  // (8, 8) in G1, (5, 6) in G2, (4, 4) in G3: 2 + 2 + 1 + 1 = 6 pages, pinned (the eviction keeps
+  // them in place); the uncompressed ones 16 tokens, 4 full pages per group: 8. The 8 others
+  // (G0's and G2's last page, the two rings) are copied.
   auto plain = m.admission_pages(20, 4);
   CHECK(plain == 5 + 4 + 3 + 3 + 3 + 3 + 6 + 6);
   auto copies_before = m.stats().page_copies;
@@ -58,26 +61,34 @@ TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copi
   REQUIRE(a);
   CHECK_FALSE(m.info(*a).pinned);
   CHECK(m.stats().prefix_admits == 1);
-  CHECK(m.stats().prefix_pages_shared == 8);
-  CHECK(m.stats().page_copies - copies_before == 14);
+  CHECK(m.stats().prefix_pages_shared == 14);
+  CHECK(m.stats().page_copies - copies_before == 8);
+  std::vector<std::int32_t> pinned;
+  for (std::int32_t g = 0; g < 8; ++g) pinned.push_back(m.group_pinned_tokens(*a, g));
+  CHECK(pinned == std::vector<std::int32_t>{8, 8, 4, 4, 0, 0, 16, 16});
+  CHECK(m.group_pinned_tokens(p, 0) == 0);  // the prefix itself holds its pages, unpinned
   std::vector<std::int32_t> targets;
   for (std::int32_t g = 0; g < 8; ++g) targets.push_back(m.group_target(*a, g));
   CHECK(targets == std::vector<std::int32_t>{5, 4, 3, 3, 3, 3, 6, 6});
   // Reserved: the targets less the kept pages (the shared ones charged without a reservation, the
-  // copies drawn from it): 33 - 22 = 11. The pool counts each shared page once: 22 + 14 copies.
+  // copies drawn from it): 33 - 22 = 11. The pool counts each shared page once: 22 + 8 copies.
   CHECK(m.info(*a).reserved_pages == plain - 22);
-  CHECK(m.pool().stats().used == 22 + 14);
+  CHECK(m.pool().stats().used == 22 + 8);
   for (auto g : {uncompressed_a, uncompressed_b}) {
     CHECK(pages_of(m, *a, g) == pages_of(m, p, g));
     for (auto pg : pages_of(m, p, g)) CHECK(m.pool().ref_count(pg) == 2);
   }
   for (std::int32_t g = 0; g < 6; ++g) {
     auto mine = pages_of(m, *a, g), theirs = pages_of(m, p, g);
-    for (std::size_t k = 0; k < mine.size(); ++k) CHECK(mine[k] != theirs[k]);
+    auto shared = static_cast<std::size_t>(pinned[static_cast<std::size_t>(g)] / 4);
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      CHECK((mine[k] == theirs[k]) == (k < shared));
   }
   sim.verify();
+  m.check_invariants();
 
-  // Its prompt and decode write after the pin only: the prefix's tags read back unchanged.
+  // Its prompt and decode write after the pin only: the prefix's tags read back unchanged (the
+  // compressed heads' evictions keep the pinned tokens in place).
   sim.chunk(*a, 4);
   sim.verify();
   for (int t = 0; t < 4; ++t) sim.decode({*a});
@@ -91,26 +102,30 @@ TEST_CASE("a request over a pinned prefix shares its uncompressed pages and copi
   // A second request shares the same pages; its own next turn keeps them shared too.
   auto b = sim.admit_with_prefix(p, 8, 2);
   REQUIRE(b);
-  CHECK(m.stats().prefix_pages_shared == 16);
+  CHECK(m.stats().prefix_pages_shared == 28);
   for (auto pg : pages_of(m, p, uncompressed_a)) CHECK(m.pool().ref_count(pg) == 3);
+  CHECK(m.pool().ref_count(pages_of(m, p, 1)[1]) == 3);  // G1's two pinned pages
   sim.chunk(*b, 8);
   for (int t = 0; t < 2; ++t) sim.decode({*b});
   sim.end_turn(*b);
   copies_before = m.stats().page_copies;
   REQUIRE(sim.continue_turn(*b, 3, 1));
-  // b's compressed and sliding pages are its own (no copy); its uncompressed pages below the
-  // pin stay shared: the turn copies nothing.
+  // b's other compressed and sliding pages are its own (no copy); its pinned compressed pages
+  // and uncompressed pages below the pin stay shared: the turn copies nothing.
   CHECK(m.stats().page_copies == copies_before);
   for (auto pg : pages_of(m, p, uncompressed_b)) CHECK(m.pool().ref_count(pg) == 3);
+  for (auto pg : pages_of(m, p, 1)) CHECK(m.pool().ref_count(pg) == 3);
+  CHECK(m.group_pinned_tokens(*b, 1) == 8);
   sim.chunk(*b, 3);
   sim.decode({*b});
   sim.verify();
   m.check_invariants();
 
-  // Unregistering frees the prefix's own pages (14); the shared ones stay while referenced.
+  // Unregistering frees the prefix's own pages (22 - 14 shared = 8); the shared ones stay while
+  // referenced.
   auto used = m.pool().stats().used;
   sim.free(p);
-  CHECK(m.pool().stats().used == used - 14);
+  CHECK(m.pool().stats().used == used - 8);
   for (auto g : {uncompressed_a, uncompressed_b}) {
     auto shared = pages_of(m, *a, g);
     for (std::size_t k = 0; k < 4; ++k) CHECK(m.pool().ref_count(shared[k]) == 2);
@@ -235,9 +250,10 @@ TEST_CASE("a fork of a pinned prefix is a plain fork of an ended sequence", "[me
 TEST_CASE("prefix misuse and refusals name the call and change nothing", "[memory][prefix]") {
   auto plan = tiny_plan(tiny_budgets());
   host_memory_resource mr;
-  // 41 pages: the prefix holds 22; a request of (4, 4) over it reserves 33 - 8 shared = 25 > 19
-  // left; one of (1, 0) 27 - 8 = 19 (targets after 17 tokens: 4, 3, 2, 2, 3, 3, 5, 5).
-  kv_cache_manager m(plan, mr, opts(41, 2));
+  // 40 pages: the prefix holds 22; a request of (4, 4) over it reserves 33 - 14 shared = 19 > 18
+  // left; one of (1, 0) 27 - 14 = 13 (targets after 17 tokens: 4, 3, 2, 2, 3, 3, 5, 5; shared:
+  // the first test case's 8 uncompressed and 6 pinned compressed pages).
+  kv_cache_manager m(plan, mr, opts(40, 2));
   engine_sim sim(m, 3, 0.0);
   auto p      = prefill_prefix(sim);
   auto ids    = std::vector<sequence_id>{p};
@@ -269,10 +285,10 @@ TEST_CASE("prefix misuse and refusals name the call and change nothing", "[memor
   CHECK(m.pool().stats().used == 22);
   CHECK(m.pool().stats().reserved == 0);
   CHECK(m.live_sequences() == 1);
-  // A request that fits exactly: (1, 0) reserves 19, every page left.
+  // A request that fits: (1, 0) reserves 13 of the 18 pages left.
   auto a = sim.admit_with_prefix(p, 1, 0);
   REQUIRE(a);
-  CHECK(m.pool().available_pages() == 0);
+  CHECK(m.pool().available_pages() == 5);
   // No slot left (2 slots): refused.
   CHECK_FALSE(m.try_admit_with_prefix(p, 1, 0));
   CHECK(m.stats().prefix_rejected == 2);
@@ -328,20 +344,21 @@ TEST_CASE("the shared-prompt workload measures committed pages with and without 
   w.full_kv_block = 16;
   double page     = static_cast<double>(plan.page_bytes());
   // Unshared: each request commits its targets, 33 pages. Shared: the prefix's 22 pages once,
-  // each request its targets less the 8 shared pages (25, its 14 copies included).
+  // each request its targets less the 14 shared pages (the 8 uncompressed and the 6 pinned
+  // compressed ones of the first test case): 19, its 8 copies included.
   for (std::int64_t R : {2, 10}) {
     w.requests = R;
     auto r     = sim::measure_shared_prompt(plan, w, 100.0);
     CHECK(r.tangram.unshared == static_cast<double>(33 * R) * page);
-    CHECK(r.tangram.shared == static_cast<double>(22 + 25 * R) * page);
-    CHECK(r.tangram_pages_shared == 8 * R);
-    CHECK(r.tangram_page_copies == 14 * R);
+    CHECK(r.tangram.shared == static_cast<double>(22 + 19 * R) * page);
+    CHECK(r.tangram_pages_shared == 14 * R);
+    CHECK(r.tangram_page_copies == 8 * R);
     // full_kv: 24 tokens = 2 blocks of 16 per request; the prompt's one full block held once.
     CHECK(r.full_kv.unshared == static_cast<double>(2 * R) * 1600.0);
     CHECK(r.full_kv.shared == static_cast<double>(1 + R) * 1600.0);
   }
-  w.requests = 2;  // fewer requests than the prefix costs: sharing loses (22 > 2 x 8)
-  CHECK(sim::measure_shared_prompt(plan, w, 100.0).tangram.saved() == -6 * page);
+  w.requests = 1;  // fewer requests than the prefix costs: sharing loses (22 > 14)
+  CHECK(sim::measure_shared_prompt(plan, w, 100.0).tangram.saved() == -8 * page);
   w.user_tokens = 0;
   CHECK_THROWS_WITH(sim::measure_shared_prompt(plan, w, 100.0),
                     Catch::Contains("shared_prompt_workload.user_tokens: 0"));

@@ -36,6 +36,7 @@ char const* name_of(std::size_t a) {
                                       "group_window",
                                       "group_ring_pages",
                                       "page_offset",
+                                      "pinned_tokens",
                                       "head_base_len",
                                       "pages",
                                       "appended",
@@ -124,8 +125,8 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
   REQUIRE(e.batch == 8);
   auto l = detail::mirror_layout::of(e);
   // head_slots: 16 x 8 bytes = 128 at 0; window, ring: 32 bytes each, padded to 128;
-  // page_offset: 9 slots x 8 groups x 4 = 288 (padded to 384); head_base_len: 9 x 16 x 4 = 576
-  // (padded to 640); then pages.
+  // page_offset: 9 slots x 8 groups x 4 = 288 (padded to 384); pinned_tokens the same rows;
+  // head_base_len: 9 x 16 x 4 = 576 (padded to 640); then pages.
   CHECK(l.offset_of(mirror_array::head_slots) == 0);
   CHECK(l.bytes_of(mirror_array::head_slots) == 128);
   CHECK(l.offset_of(mirror_array::group_window) == 128);
@@ -133,11 +134,13 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
   CHECK(l.offset_of(mirror_array::group_ring_pages) == 256);
   CHECK(l.offset_of(mirror_array::page_offset) == 384);
   CHECK(l.bytes_of(mirror_array::page_offset) == 288);
-  CHECK(l.offset_of(mirror_array::head_base_len) == 768);
+  CHECK(l.offset_of(mirror_array::pinned_tokens) == 768);
+  CHECK(l.bytes_of(mirror_array::pinned_tokens) == 288);
+  CHECK(l.offset_of(mirror_array::head_base_len) == 1152);
   CHECK(l.bytes_of(mirror_array::head_base_len) == 576);
-  CHECK(l.offset_of(mirror_array::pages) == 1408);
+  CHECK(l.offset_of(mirror_array::pages) == 1792);
   CHECK(l.bytes_of(mirror_array::pages) == 4 * e.pages);
-  std::int64_t A = 1408 + (4 * e.pages + 127) / 128 * 128;
+  std::int64_t A = 1792 + (4 * e.pages + 127) / 128 * 128;
   CHECK(l.offset_of(mirror_array::appended) == A);
   CHECK(l.bytes_of(mirror_array::appended) == 36);  // 9 slots
   CHECK(l.offset_of(mirror_array::seq_tokens) == A + 128);
@@ -164,8 +167,8 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
     auto e6 = v.page_offset[s * 8 + 6] + 5, e7 = v.page_offset[s * 8 + 7] + 5;
     REQUIRE(e6 + 1 < e7);  // separate lists: not adjacent
     exact.sync(m);
-    std::vector<mirror_range> want = {{1408 + 4 * e6, 1408 + 4 * e6 + 4},
-                                      {1408 + 4 * e7, 1408 + 4 * e7 + 4},
+    std::vector<mirror_range> want = {{1792 + 4 * e6, 1792 + 4 * e6 + 4},
+                                      {1792 + 4 * e7, 1792 + 4 * e7 + 4},
                                       {A + 4 * s, A + 4 * s + 4},
                                       {A + 128 + 4 * s, A + 128 + 4 * s + 4}};
     CHECK(exact.stager.changed() == want);
@@ -184,12 +187,12 @@ TEST_CASE("mirror layout: arrays packed in order at 128-byte boundaries, worked 
     REQUIRE(lo < hi);
     merged.sync(m);
     CHECK(merged.stager.changed() ==
-          std::vector<mirror_range>{{1408 + 4 * lo, 1408 + 4 * lo + 4},
-                                    {1408 + 4 * hi, 1408 + 4 * hi + 4},
+          std::vector<mirror_range>{{1792 + 4 * lo, 1792 + 4 * lo + 4},
+                                    {1792 + 4 * hi, 1792 + 4 * hi + 4},
                                     {A + 4 * s, A + 4 * s + 4},
                                     {A + 128 + 4 * s, A + 128 + 4 * s + 4}});
     REQUIRE(merged.stager.uploads().size() == 1);
-    CHECK(merged.stager.uploads()[0] == mirror_range{1408 + 4 * lo, A + 128 + 4 * s + 4});
+    CHECK(merged.stager.uploads()[0] == mirror_range{1792 + 4 * lo, A + 128 + 4 * s + 4});
     require_mirrored(merged, m);
 
     // A batch change alone uploads the batch array (max_batch entries), nothing else.

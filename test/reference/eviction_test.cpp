@@ -33,6 +33,9 @@ struct eviction_case {
   bool tied_scores         = true;  ///< supplied scores from a small integer set (many ties)
   std::uint64_t seed       = 1;
   std::vector<float> k_scale, v_scale;  ///< fp8 only: 0, 1 (per tensor) or H (per KV head)
+  /// Leading pages of every growing group pinned (kv_cache_view::pinned, test_cache::
+  /// pin_leading_pages); the pinned candidates' supplied scores are the lowest.
+  std::int32_t pin_pages = 0;
 
   /// K scale of KV head h as the test reads it (1 without scales).
   [[nodiscard]] double k_scale_of(std::int32_t h) const {
@@ -128,6 +131,7 @@ void run_case(eviction_case const& c) {
   auto const& layout = sc.layout;
   auto const& seqs   = sc.seqs;
   test_cache cache(sc.layout, sc.seqs, c.seed + 17);
+  if (c.pin_pages > 0) cache.pin_leading_pages(c.pin_pages);
   auto kv        = cache.view(batch);
   std::int32_t B = kv.batch_size, d = c.d;
   auto const& indptr = sc.chunk_indptr;
@@ -162,6 +166,12 @@ void run_case(eviction_case const& c) {
   // -0 ties with +0 (the earlier position wins), whatever the sign bit.
   for (std::size_t i = 0; i < scores.size(); i += 3)
     if (scores[i] == 0.f) scores[i] = -0.f;
+  // Pinned candidates score lowest: only the pin keeps them (every layer of the group).
+  for (std::int32_t r = 0; r < B; ++r)
+    for (std::int32_t l = 0; l < L; ++l)
+      for (std::int32_t h = 0; h < H; ++h)
+        for (std::int32_t i = 0; i < kv.pinned(r, kv.slot_of(l, h).group); ++i)
+          scores[static_cast<std::size_t>((r * H + h) * max_cand + i)] = -1e30f;
 
   // Expected state, computed from the dense copies before the pool changes.
   struct expect {
@@ -247,7 +257,10 @@ void run_case(eviction_case const& c) {
         } else if (rule.kind == layer_kind::uncompressed || retained_tokens(rule, n_seen) >= n) {
           for (std::int64_t i = 0; i < n; ++i) keep.push_back(i);
         } else {
-          std::int64_t k = retained_tokens(rule, n_seen);
+          // Pinned tokens lead the protected candidates and count in the budget.
+          std::int64_t pin  = std::min<std::int64_t>(kv.pinned(r, layout.slot(layer, h).group), len);
+          std::int64_t lead = std::max<std::int64_t>(c.sink, pin);
+          std::int64_t k    = std::max(retained_tokens(rule, n_seen), pin);
           std::vector<double> raw(static_cast<std::size_t>(n));
           const float* so = scores_out.data() + (static_cast<std::int64_t>(r) * H + h) * max_cand;
           if (c.source == score_source::supplied) {
@@ -287,11 +300,13 @@ void run_case(eviction_case const& c) {
           }
           std::int32_t kernel =
               c.pool_kernel ? c.pool_kernel : (c.source == score_source::snapkv ? 7 : 1);
-          keep = brute_force_keep(pool_scores(raw, kernel), k, c.sink, rule.protect - c.sink);
+          keep = brute_force_keep(pool_scores(raw, kernel), k, lead, rule.protect - c.sink);
           REQUIRE(static_cast<std::int64_t>(keep.size()) == k);
-          // The protected candidates are among the survivors.
+          // The pinned candidates are among the survivors, and every protected one when they
+          // all fit (with a pin the budget may hold little more than the pinned tokens).
+          bool all_fit = lead + (rule.protect - c.sink) <= k;
           for (std::int64_t i = 0; i < n; ++i)
-            if (i < c.sink || i >= n - (rule.protect - c.sink))
+            if (i < pin || (all_fit && (i < lead || i >= n - (rule.protect - c.sink))))
               REQUIRE(std::find(keep.begin(), keep.end(), i) != keep.end());
         }
         REQUIRE(new_len[static_cast<std::size_t>(r * H + h)] ==
@@ -333,6 +348,19 @@ TEST_CASE("eviction reference: supplied scores with ties, NaN and -inf", "[evict
     c.seed     = seed;
     c.kv_dtype = seed % 2 ? dtype::f32 : dtype::bf16;
     c.P        = seed <= 2 ? 16 : 1;
+    run_case(c);
+  }
+}
+
+TEST_CASE("eviction reference: pinned shared-prefix tokens are kept in place",
+          "[eviction][pinned]") {
+  for (std::uint64_t seed = 40; seed <= 45; ++seed) {
+    eviction_case c;
+    c.seed      = seed;
+    c.pin_pages = seed % 3 == 0 ? 40 : static_cast<std::int32_t>(seed % 3);
+    c.Hp        = seed <= 42 ? 2 : 1;
+    c.kv_dtype  = seed % 2 ? dtype::f32 : dtype::bf16;
+    c.source    = seed == 44 ? score_source::key_norm : score_source::supplied;
     run_case(c);
   }
 }

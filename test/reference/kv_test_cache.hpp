@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -180,6 +181,7 @@ class test_cache {
     v.head_base_len    = base_len_.data();
     v.appended         = appended_.data();
     v.seq_tokens       = seq_tokens_.data();
+    v.pinned_tokens    = pinned_.empty() ? nullptr : pinned_.data();
     v.batch_size       = static_cast<std::int32_t>(batch_slots_.size());
     v.batch_slots      = batch_slots_.data();
     return v;
@@ -244,6 +246,26 @@ class test_cache {
   std::vector<std::int32_t>& base_len() { return base_len_; }
   std::vector<std::int32_t>& appended() { return appended_; }
   std::vector<std::int32_t>& seq_tokens() { return seq_tokens_; }
+  /// [sequences * G] pinned leading tokens of each (sequence, group); empty: the view has none.
+  std::vector<std::int32_t>& pinned() { return pinned_; }
+  /// Pins, in every growing group of every sequence, `pages` whole pages (at most the pages its
+  /// shortest head fills) as a shared prefix's (kv_cache_view::pinned_tokens).
+  void pin_leading_pages(std::int32_t pages) {
+    std::int32_t L = layout_.num_layers, H = layout_.num_kv_heads, G = layout_.num_groups();
+    std::int32_t P = layout_.geometry.page_tokens;
+    auto S         = static_cast<std::int32_t>(seqs_.size());
+    pinned_.assign(static_cast<std::size_t>(S * G), 0);
+    for (std::int32_t s = 0; s < S; ++s)
+      for (std::int32_t grp = 0; grp < G; ++grp) {
+        if (layout_.group_window[static_cast<std::size_t>(grp)] > 0) continue;
+        std::int32_t shortest = std::numeric_limits<std::int32_t>::max();
+        for (std::int32_t l = 0; l < L; ++l)
+          for (std::int32_t h = 0; h < H; ++h)
+            if (layout_.slot(l, h).group == grp) shortest = std::min(shortest, len(s, l, h));
+        if (shortest == std::numeric_limits<std::int32_t>::max()) continue;
+        pinned_[static_cast<std::size_t>(s * G + grp)] = std::min(pages, shortest / P) * P;
+      }
+  }
   std::vector<std::int32_t> const& batch_slots() const { return batch_slots_; }
   std::mt19937_64& rng() { return rng_; }
 
@@ -288,6 +310,7 @@ class test_cache {
   std::mt19937_64 rng_;
   std::vector<head_slot> head_slots_;
   std::vector<std::int32_t> page_offset_, pages_, base_len_, appended_, seq_tokens_, batch_slots_;
+  std::vector<std::int32_t> pinned_;
   std::int32_t num_pages_ = 0;
   std::vector<std::byte> pool_;
   std::vector<std::vector<float>> dense_k_, dense_v_;

@@ -75,6 +75,7 @@ class device_buffer {
 struct device_kv_arrays {
   device_buffer pool, head_slots, window, ring, page_offset, pages, base_len, appended, seq_tokens,
       batch_slots;
+  device_buffer pinned;  ///< optional (empty: the view's pinned_tokens is null)
 
   /// Points every array field of `view` at these buffers; scalars are left as they are.
   void attach(kv_cache_view& view) const {
@@ -88,6 +89,7 @@ struct device_kv_arrays {
     view.appended         = appended.get<std::int32_t>();
     view.seq_tokens       = seq_tokens.get<std::int32_t>();
     view.batch_slots      = batch_slots.get<std::int32_t>();
+    view.pinned_tokens    = pinned.bytes() > 0 ? pinned.get<std::int32_t>() : nullptr;
   }
 };
 

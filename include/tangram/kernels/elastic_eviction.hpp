@@ -116,9 +116,10 @@ struct elastic_eviction_params {
   }
 };
 
-/// Protected candidates of a staged head (the first `sink`, the last `window`), at most all.
-TANGRAM_HOST_DEVICE std::int64_t elastic_protected(eviction_plan const& e, std::int32_t sink) {
-  std::int64_t p = sink + e.window;
+/// Protected candidates of a staged head (the first `lead`: sink or pinned; the last `window`),
+/// at most all.
+TANGRAM_HOST_DEVICE std::int64_t elastic_protected(eviction_plan const& e) {
+  std::int64_t p = e.lead + e.window;
   return p < e.candidates ? p : e.candidates;
 }
 
@@ -217,7 +218,7 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
       if (e.action != eviction_action::stage) continue;
       staged                        = true;
       index[kv.slot_of(l, h).group] = 0;
-      std::int64_t f                = ceil_div(elastic_protected(e, p.sink), P);
+      std::int64_t f                = ceil_div(elastic_protected(e), P);
       lo                            = f > lo ? f : lo;
     }
   }

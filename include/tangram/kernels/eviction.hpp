@@ -10,10 +10,12 @@
  * - **compressed** head (rule kind `compressed`): the candidates are the head's held tokens
  *   (column positions `0..len-1`, in order) followed by the chunk's tokens. With
  *   `n_seen = seq_tokens + c` (the view describes the state *before* the chunk), the head keeps
- *   `k = min(retained_tokens(rule, n_seen), len + c)` candidates: the protected ones (the first
- *   `sink` and the last `rule.protect - sink` candidates) first, then the highest scores, ties to
- *   the earlier position. Survivors are written in their original order to column positions
- *   `[0, k)`.
+ *   `k = min(retained_tokens(rule, n_seen), len + c)` candidates (at least the pinned ones): the
+ *   protected ones (the first `max(sink, pinned)` and the last `rule.protect - sink` candidates)
+ *   first, then the highest scores, ties to the earlier position. Survivors are written in their
+ *   original order to column positions `[0, k)`; a held survivor already at its position is not
+ *   written, so the `kv_cache_view::pinned` leading tokens (a shared prefix's read-only pages)
+ *   are never written.
  * - **uncompressed** head: the chunk is appended at positions `[len, len + c)`.
  * - **sliding-window** head (the group has a window W in the view): the chunk tokens among the last
  *   W of the sequence are written into the ring; the head then holds `min(n_seen, W)` tokens.
@@ -372,6 +374,9 @@ struct eviction_plan {
   std::int64_t n_before   = 0;  ///< sequence tokens before the chunk
   std::int64_t n_seen     = 0;  ///< sequence tokens after the chunk
   std::int64_t window     = 0;  ///< ring window W (sliding) or protected recent window (select)
+  /// Protected leading candidates (select, stage): max(sink, pinned), the pinned ones
+  /// (`kv_cache_view::pinned`) kept at their positions and never written.
+  std::int64_t lead = 0;
 };
 
 /**
@@ -411,6 +416,11 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
     return e;
   }
   e.window = rule.protect - p.sink > 0 ? rule.protect - p.sink : 0;
+  // Pinned tokens (a shared prefix's read-only pages) lead the candidates: protected, so kept
+  // first (ties go to the earlier position) and, being a leading run of survivors, never moved.
+  std::int64_t pin = p.kv.pinned(r, p.kv.slot_of(p.layer, h).group);
+  pin              = pin < e.len ? pin : e.len;
+  e.lead           = pin > p.sink ? pin : p.sink;
   if (rule.kind == layer_kind::compressed && p.stage_keys != nullptr) {
     e.action = eviction_action::stage;
     e.keep   = e.candidates;
@@ -418,6 +428,7 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
   }
   e.keep   = rule.kind == layer_kind::compressed ? eviction_keep(rule, e.n_seen, e.candidates)
                                                  : e.candidates;
+  if (e.keep < pin) e.keep = pin;  // the budget counts pinned tokens; never drop one
   e.action = e.keep >= e.candidates ? eviction_action::append : eviction_action::select;
   return e;
 }

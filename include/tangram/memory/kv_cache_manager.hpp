@@ -478,10 +478,8 @@ class basic_kv_cache_manager {
         seq, sequences_.find(seq, "info"), sequences_, lengths_, page_table_);
   }
 
-  /**
-   * @brief Calls `f(sequence_info const&)` (as `info`) for every live sequence in slot order;
-   * `f` must not mutate the manager. O(slots + live sequences x groups), allocation-free.
-   */
+  /// @brief Calls `f(sequence_info const&)` (as `info`) for every live sequence in slot order;
+  /// `f` must not mutate the manager. O(slots + live sequences x groups), allocation-free.
   template <class F>
   void for_each_sequence(F&& f) const;
   /// @brief Every live sequence's `info`, in slot order (allocates the vector).
@@ -507,6 +505,8 @@ class basic_kv_cache_manager {
   [[nodiscard]] std::int32_t group_reserved(sequence_id seq, std::int32_t g) const {
     return page_table_.budget(checked_group(seq, g, "group_reserved"), g);
   }
+  /// Leading tokens of group g's heads on a pinned prefix's shared pages (view `pinned_tokens`).
+  [[nodiscard]] std::int32_t group_pinned_tokens(sequence_id seq, std::int32_t g) const;
   /// Pages group g of `seq` uses now: its longest head's (a sliding ring: its filled pages).
   [[nodiscard]] std::int64_t group_pages_in_use(sequence_id seq, std::int32_t g) const {
     return usage_.in_use(checked_group(seq, g, "group_pages_in_use"), g);

@@ -122,6 +122,12 @@ struct manager_options {
   /// only at `release_epochs_through` (docs/memory.md#deferred-reuse-several-streams). Off:
   /// freed pages are reusable by the very next call (safe when every kernel runs on one stream).
   bool deferred_reuse = false;
+  /// Shared prefixes (`try_admit_with_prefix`): a compressed group with static budgets shares the
+  /// prefix pages every head filled, as an uncompressed group does, and its eviction keeps those
+  /// tokens in place for the request's life (pinned: they count in its budget and are never
+  /// evicted). Off: the request copies them and its evictions may drop prefix tokens for later
+  /// ones (docs/memory.md#shared-prefixes).
+  bool share_compressed_prefix = true;
 
   /// Field ranges only; the manager's constructor also checks the sizes derived from the plan
   /// (pages from pool_bytes, FlashInfer's 32-bit virtual page ids).

@@ -27,7 +27,8 @@ namespace tangram::reference {
 namespace detail {
 
 /// Keeps the `keep` best candidates of a staged head (all `n` in its column) by `key`, ties to
-/// the earlier position, and writes them in order to positions [0, keep).
+/// the earlier position, and writes them in order to positions [0, keep), leaving a survivor
+/// already at its position unwritten (as the CUDA compaction).
 template <class T>
 void compact_staged(head_cursor const& cur,
                     std::uint32_t const* key,
@@ -47,6 +48,7 @@ void compact_staged(head_cursor const& cur,
     std::memcpy(&v[j * d], cur.ptr_at_position<T>(pos, 1), sizeof(T) * d);
   }
   for (std::size_t j = 0; j < order.size(); ++j) {
+    if (order[j] == static_cast<std::int64_t>(j)) continue;  // in place (pinned prefix pages too)
     auto pos = static_cast<std::int32_t>(j);
     std::memcpy(cur.ptr_at_position<T>(pos, 0), &k[j * d], sizeof(T) * d);
     std::memcpy(cur.ptr_at_position<T>(pos, 1), &v[j * d], sizeof(T) * d);

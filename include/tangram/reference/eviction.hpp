@@ -167,7 +167,7 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
               p.scores_out + (static_cast<std::int64_t>(r) * H + h) * p.max_candidates);
   std::vector<std::uint32_t> key(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
-    key[static_cast<std::size_t>(i)] = candidate_key(raw.data(), n, i, p.pool(), p.sink, e.window);
+    key[static_cast<std::size_t>(i)] = candidate_key(raw.data(), n, i, p.pool(), e.lead, e.window);
   if (e.action == eviction_action::stage) {  // elastic: keys out, chunk appended, no selection
     auto row = (static_cast<std::int64_t>(r) * p.kv.num_layers + p.layer) * H + h;
     std::copy(key.begin(), key.end(), p.stage_keys + row * p.max_candidates);
@@ -192,9 +192,12 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
     std::memcpy(
         &keep_v[static_cast<std::size_t>(j * d)], src_v, sizeof(T) * static_cast<std::size_t>(d));
   }
+  // A held survivor already at its position is not written (as the CUDA compaction): pinned
+  // prefix pages, shared read-only with other requests, stay untouched.
   for (std::int64_t j = 0; j < k; ++j)
-    copy_token(
-        &keep_k[static_cast<std::size_t>(j * d)], &keep_v[static_cast<std::size_t>(j * d)], j);
+    if (order[static_cast<std::size_t>(j)] != j || j >= len)
+      copy_token(
+          &keep_k[static_cast<std::size_t>(j * d)], &keep_v[static_cast<std::size_t>(j * d)], j);
   return static_cast<std::int32_t>(k);
 }
 

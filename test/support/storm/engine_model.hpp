@@ -420,6 +420,11 @@ class engine_model {
       std::size_t from = 0;
       if (held_before && plan_.rules[static_cast<std::size_t>(h)].kind == layer_kind::uncompressed)
         from = (*held_before)[static_cast<std::size_t>(h)];
+      // A compressed head's pinned tokens (a shared prefix's read-only pages) stay in place: the
+      // fused eviction never writes them.
+      if (plan_.rules[static_cast<std::size_t>(h)].kind == layer_kind::compressed)
+        from = static_cast<std::size_t>(
+            m_.group_pinned_tokens(q.id, plan_.grouping.slots[static_cast<std::size_t>(h)].group));
       for (std::size_t i = from; i < t.size(); ++i)
         write_token(v, 0, h / H_, h % H_, static_cast<std::int32_t>(i), t[i]);
     }

@@ -100,26 +100,32 @@ class engine_sim : public engine_model {
         keep.assign(cand.end() - static_cast<std::ptrdiff_t>(w), cand.end());
       } else {
         std::int64_t k = 0;
+        // A shared prefix's pinned tokens lead the candidates and are always kept, in place.
+        std::int64_t pin = m_.group_pinned_tokens(id, plan_.grouping.slots[static_cast<std::size_t>(h)].group);
+        REQUIRE(pin <= static_cast<std::int64_t>(q.tags[static_cast<std::size_t>(h)].size()));
         if (elastic_) {
           k = elastic_kept[static_cast<std::size_t>(h)];
         } else {
           auto e =
               std::min<std::int64_t>(retained_tokens(r, n), static_cast<std::int64_t>(cand.size()));
+          e = std::max(e, pin);
           k = e;
           if (std::uniform_real_distribution<double>(0, 1)(rng_) < keep_fewer_)
-            k = std::max<std::int64_t>(0, e - static_cast<std::int64_t>(rng_() % 4));
+            k = std::max<std::int64_t>(pin, e - static_cast<std::int64_t>(rng_() % 4));
         }
+        REQUIRE(k >= pin);
         if (!data_) {  // counts only: which tokens does not matter
-          next[static_cast<std::size_t>(h)].assign(cand.begin(), cand.begin() + k);
+          next[static_cast<std::size_t>(h)] = std::vector<float>(cand.begin(), cand.begin() + k);
           kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(k);
           continue;
         }
-        // A random order-preserving subset of k candidates.
-        std::vector<std::size_t> idx(cand.size());
-        for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+        // The pinned candidates, then a random order-preserving subset of the others.
+        std::vector<std::size_t> idx(cand.size() - static_cast<std::size_t>(pin));
+        for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::size_t>(pin) + i;
         std::shuffle(idx.begin(), idx.end(), rng_);
-        idx.resize(static_cast<std::size_t>(k));
+        idx.resize(static_cast<std::size_t>(k - pin));
         std::sort(idx.begin(), idx.end());
+        for (std::int64_t i = 0; i < pin; ++i) keep.push_back(cand[static_cast<std::size_t>(i)]);
         for (auto i : idx) keep.push_back(cand[i]);
       }
       kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(keep.size());

@@ -37,6 +37,7 @@ enum class mirror_array : std::int32_t {
   group_window,
   group_ring_pages,
   page_offset,
+  pinned_tokens,
   head_base_len,
   pages,
   appended,
@@ -44,7 +45,7 @@ enum class mirror_array : std::int32_t {
   batch_slots,
   prefill_batch_slots,
 };
-inline constexpr std::size_t mirror_array_count = 10;
+inline constexpr std::size_t mirror_array_count = 11;
 
 /// Byte range [begin, end) of the packed block.
 struct mirror_range {
@@ -85,6 +86,7 @@ struct mirror_layout {
         {"groups", e.groups, 4},
         {"groups", e.groups, 4},
         {"page_offset", e.page_offset, 4},
+        {"page_offset", e.page_offset, 4},  // pinned_tokens: the same rows
         {"head_base_len", e.head_base_len, 4},
         {"pages", e.pages, 4},
         {"slots", e.slots, 4},
@@ -160,6 +162,9 @@ struct mirror_layout {
       case mirror_array::page_offset:
         p = v.page_offset;
         break;
+      case mirror_array::pinned_tokens:
+        p = v.pinned_tokens;
+        break;
       case mirror_array::head_base_len:
         p = v.head_base_len;
         break;
@@ -191,6 +196,7 @@ struct mirror_layout {
     v.group_window     = reinterpret_cast<std::int32_t const*>(at(mirror_array::group_window));
     v.group_ring_pages = reinterpret_cast<std::int32_t const*>(at(mirror_array::group_ring_pages));
     v.page_offset      = reinterpret_cast<std::int32_t const*>(at(mirror_array::page_offset));
+    v.pinned_tokens    = reinterpret_cast<std::int32_t const*>(at(mirror_array::pinned_tokens));
     v.head_base_len    = reinterpret_cast<std::int32_t const*>(at(mirror_array::head_base_len));
     v.pages            = reinterpret_cast<std::int32_t const*>(at(mirror_array::pages));
     v.appended         = reinterpret_cast<std::int32_t const*>(at(mirror_array::appended));
@@ -209,9 +215,11 @@ struct mirror_layout {
     for (std::size_t a = 0; a < mirror_array_count; ++a) {
       std::int64_t lo = std::max(r.begin, offset[a]), hi = std::min(r.end, offset[a] + bytes[a]);
       if (lo >= hi) continue;
-      std::memcpy(block + lo,
-                  host_array(v, prefill, static_cast<mirror_array>(a)) + (lo - offset[a]),
-                  static_cast<std::size_t>(hi - lo));
+      auto const* src = host_array(v, prefill, static_cast<mirror_array>(a));
+      if (src == nullptr)  // an optional array the view leaves null (pinned_tokens): zeros
+        std::memset(block + lo, 0, static_cast<std::size_t>(hi - lo));
+      else
+        std::memcpy(block + lo, src + (lo - offset[a]), static_cast<std::size_t>(hi - lo));
     }
   }
 };
@@ -228,8 +236,8 @@ struct mirror_layout {
  * changes (`merge_gap`): one copy's fixed cost (a couple of microseconds) is worth tens of
  * kilobytes of bus time.
  *
- * Which ranges changed: the journal's page entries, its slots' `page_offset` and
- * `head_base_len` rows, its counter slots' `appended` and `seq_tokens` entries, and each
+ * Which ranges changed: the journal's page entries, its slots' `page_offset`, `pinned_tokens`
+ * and `head_base_len` rows, its counter slots' `appended` and `seq_tokens` entries, and each
  * batch's whole slot array (`batch_slots`, `prefill_batch_slots`: max_batch entries each; not
  * journaled) when it differs from the last uploaded copy. Everything on the first sync, after `full_resync`, after `invalidate()`, and when the
  * ranges would overflow the lists sized at construction.
@@ -261,11 +269,11 @@ class mirror_stager {
                     invalid_argument,
                     "kv_view_mirror: merge_gap must be >= 0, got ",
                     merge_gap);
-    // Ranges: one per page entry, two rows per slot (page_offset, head_base_len), two counters
-    // per counter slot, the two batches.
+    // Ranges: one per page entry, three rows per slot (page_offset, pinned_tokens,
+    // head_base_len), two counters per counter slot, the two batches.
     auto ranges = add_or_throw(max_view_changes,
-                               mul_or_throw<std::int64_t>(4, e.slots, "kv_view_mirror: 4 * slots"),
-                               "kv_view_mirror: max_view_changes + 4 * slots");
+                               mul_or_throw<std::int64_t>(5, e.slots, "kv_view_mirror: 5 * slots"),
+                               "kv_view_mirror: max_view_changes + 5 * slots");
     ranges      = add_or_throw<std::int64_t>(ranges, 2, "kv_view_mirror: range count");
     auto n      = static_cast<std::size_t>(ranges);
     previous_.reserve(n);
@@ -377,13 +385,17 @@ class mirror_stager {
                std::byte const* previous) {
     current_.clear();
     auto const& e = layout_.extents;
-    // The journal names slots; the rows of a slot are G (page_offset) and L * H (head_base_len).
+    // The journal names slots; the rows of a slot are G (page_offset, pinned_tokens) and L * H
+    // (head_base_len).
     std::int64_t G  = e.slots > 0 ? e.page_offset / e.slots : 0;
     std::int64_t LH = e.slots > 0 ? e.head_base_len / e.slots : 0;
     bool ok         = sorted(c.slots, c.num_slots, e.slots, "slots");
     for (std::size_t k = 0; ok && k < scratch_.size(); ++k)
       ok =
           push(layout_.elements(mirror_array::page_offset, scratch_[k] * G, (scratch_[k] + 1) * G));
+    for (std::size_t k = 0; ok && k < scratch_.size(); ++k)
+      ok = push(
+          layout_.elements(mirror_array::pinned_tokens, scratch_[k] * G, (scratch_[k] + 1) * G));
     for (std::size_t k = 0; ok && k < scratch_.size(); ++k)
       ok = push(
           layout_.elements(mirror_array::head_base_len, scratch_[k] * LH, (scratch_[k] + 1) * LH));

@@ -238,7 +238,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
             p.max_candidates;
     for (std::int64_t i = split.index * cfg::threads + tid; i < n;
          i += static_cast<std::int64_t>(cfg::splits) * cfg::threads) {
-      out[i] = candidate_key(raw, n, i, pool, p.sink, x.e.window);
+      out[i] = candidate_key(raw, n, i, pool, x.e.lead, x.e.window);
       if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
     }
   }

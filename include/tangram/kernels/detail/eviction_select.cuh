@@ -256,7 +256,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_histogram_kernel(eviction_args
       x.e.keep,
       keys,
       [&](std::int64_t i) {
-        const std::uint32_t key = candidate_key(raw, n, i, pool, p.sink, x.e.window);
+        const std::uint32_t key = candidate_key(raw, n, i, pool, x.e.lead, x.e.window);
         keys[i]                 = key;
         if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
         return key;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "tangram/core/error.hpp"
 #include "tangram/core/retention.hpp"
@@ -19,22 +20,27 @@ namespace tangram::detail {
 /**
  * @brief Tokens a head with rule `r`, holding `held` tokens, keeps once the history reaches n
  * tokens with a chunk of c: `min(n, W)` sliding, `held + c` uncompressed,
- * `min(retained_tokens(r, n), held + c)` compressed; under elastic reservation (`pooled`) a
- * compressed head may keep all `held + c` candidates (`check_pooled_kept` bounds its group).
+ * `min(retained_tokens(r, n), held + c)` compressed, but never below its `pinned` leading tokens
+ * (a shared prefix's, kept in place: plan_eviction of kernels/eviction.hpp); under elastic
+ * reservation (`pooled`) a compressed head may keep all `held + c` candidates
+ * (`check_pooled_kept` bounds its group).
  */
 [[nodiscard]] inline std::int64_t expected_kept(head_rule const& r,
                                                 std::int64_t held,
                                                 std::int64_t n,
                                                 std::int64_t c,
-                                                bool pooled = false) noexcept {
+                                                bool pooled           = false,
+                                                std::int64_t pinned = 0) noexcept {
   if (r.kind == layer_kind::sliding_window) return std::min<std::int64_t>(n, r.window);
   if (r.kind == layer_kind::uncompressed || pooled) return held + c;
-  return std::min<std::int64_t>(retained_tokens(r, n), held + c);
+  return std::max(std::min<std::int64_t>(retained_tokens(r, n), held + c),
+                  std::min(pinned, held));
 }
 
 /**
- * @brief A compressed head may keep between 0 and `expect` tokens (the reservation assumes the
- * static rule); uncompressed and sliding heads exactly `expect`.
+ * @brief A compressed head may keep between its `pinned` leading tokens (a shared prefix's,
+ * which the eviction never drops) and `expect` tokens (the reservation assumes the static rule);
+ * uncompressed and sliding heads exactly `expect`.
  * @throw logic_error naming the head (layer, head) of slot s, the count and the rule.
  */
 inline void check_kept(layer_kind kind,
@@ -43,8 +49,9 @@ inline void check_kept(layer_kind kind,
                        std::int64_t n,
                        std::int32_t s,
                        std::int32_t layer,
-                       std::int32_t head) {
-  bool ok = kind == layer_kind::compressed ? kept >= 0 && kept <= expect : kept == expect;
+                       std::int32_t head,
+                       std::int64_t pinned = 0) {
+  bool ok = kind == layer_kind::compressed ? kept >= pinned && kept <= expect : kept == expect;
   TANGRAM_EXPECTS(ok,
                   logic_error,
                   "commit_chunk: head (layer ",
@@ -58,7 +65,9 @@ inline void check_kept(layer_kind kind,
                   " tokens; a ",
                   to_string(kind),
                   " head must keep ",
-                  kind == layer_kind::compressed ? "between 0 and " : "exactly ",
+                  kind != layer_kind::compressed ? "exactly "
+                  : pinned > 0                     ? "between " + std::to_string(pinned) + " (pinned) and "
+                                                   : std::string("between 0 and "),
                   expect,
                   " after ",
                   n,

@@ -56,10 +56,21 @@ std::int64_t basic_kv_cache_manager<Layout>::elastic_wanted_tokens(sequence_id s
                                sequences_[s].chunk_pending);
 }
 
+/// Leading tokens of every head of group g of `seq` on read-only pages shared with a pinned
+/// prefix (`try_admit_with_prefix`): the eviction keeps them in place. 0 for a sequence not
+/// admitted over a prefix (or a fork of one). @throw logic_error for an unknown sequence/group.
+template <class Layout>
+std::int32_t basic_kv_cache_manager<Layout>::group_pinned_tokens(sequence_id seq,
+                                                                 std::int32_t g) const {
+  return page_table_.pinned(checked_group(seq, g, "group_pinned_tokens"), g);
+}
+
 template <class Layout>
 void basic_kv_cache_manager<Layout>::check_invariants() const {
   for (auto const& b : batches_) b.check_invariants();
   detail::check_padding_slot(sequences_.size(), groups_.num_groups(), page_table_, lengths_);
+  for (std::int32_t s = 0; s < sequences_.size(); ++s)
+    if (sequences_[s].phase != sequence_phase::free) usage_.check_pinned(s);
   detail::check_manager_invariants(
       pool_,
       sequences_,

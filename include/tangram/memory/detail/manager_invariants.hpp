@@ -34,6 +34,11 @@ inline void check_padding_slot(std::int32_t slots,
                                   static_cast<std::size_t>(g)];
     TANGRAM_EXPECTS(
         v == 0, logic_error, "padding slot ", slots, ": page_offset of group ", g, " is ", v);
+    auto q = page_table.pinned_tokens()[static_cast<std::size_t>(slots) *
+                                            static_cast<std::size_t>(groups) +
+                                        static_cast<std::size_t>(g)];
+    TANGRAM_EXPECTS(
+        q == 0, logic_error, "padding slot ", slots, ": pinned_tokens of group ", g, " is ", q);
   }
   for (std::int32_t h = 0; h < lengths.heads(); ++h)
     TANGRAM_EXPECTS(lengths.base(slots)[h] == 0,

@@ -76,7 +76,14 @@ void basic_kv_cache_manager<Layout>::commit_chunk(sequence_id seq,
   std::int64_t n = lengths_.tokens(s) + c;
   for (std::int32_t h = 0; h < heads; ++h) {
     auto kind = plan_.rules[static_cast<std::size_t>(h)].kind;
-    detail::check_kept(kind, kept[h], usage_.expected_kept(s, h, n, c), n, s, h / H, h % H);
+    detail::check_kept(kind,
+                       kept[h],
+                       usage_.expected_kept(s, h, n, c),
+                       n,
+                       s,
+                       h / H,
+                       h % H,
+                       usage_.pinned_tokens(s, h));
   }
   detail::check_pooled_kept(groups_, kept, page_table_.pooled_limit(s), s);
   lengths_.commit_chunk(s, kept, static_cast<std::int32_t>(n), [&](std::int32_t h) {

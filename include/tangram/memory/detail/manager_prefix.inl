@@ -83,8 +83,9 @@ std::optional<sequence_id> basic_kv_cache_manager<Layout>::try_admit_with_prefix
   std::int64_t kept_shared = 0;
   for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
     auto keep   = std::min<std::int64_t>(page_table_.count(c, g), footprint_.target(g));
-    auto pinned = std::min(usage_.unwritten(c, g), keep);
+    auto pinned = std::min(usage_.prefix_shared(s, g), keep);
     flow_.copy_shared_head(c, g, pinned, keep);
+    page_table_.pinned(c, g) = static_cast<std::int32_t>(pinned * groups_.page_tokens());
     kept_shared += pinned;
   }
   cs.prompt_remaining = prompt_tokens;

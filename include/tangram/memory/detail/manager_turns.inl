@@ -62,8 +62,13 @@ bool basic_kv_cache_manager<Layout>::continue_turn(sequence_id seq,
   (void)pool_.try_extend(st.reservation, footprint_.reserve_total());
   page_table_.start_turn(s, footprint_);
   for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
-    auto keep = std::min<std::int64_t>(page_table_.count(s, g), footprint_.target(g));
-    flow_.copy_shared_head(s, g, std::min(usage_.unwritten(s, g), keep), keep);
+    auto keep   = std::min<std::int64_t>(page_table_.count(s, g), footprint_.target(g));
+    auto pinned = std::min(usage_.unwritten(s, g), keep);
+    flow_.copy_shared_head(s, g, pinned, keep);
+    if (!groups_.append_only(g))  // a turn never grows the pin; it may only drop pages of it
+      page_table_.pinned(s, g) =
+          std::min(page_table_.pinned(s, g),
+                   static_cast<std::int32_t>(pinned * groups_.page_tokens()));
   }
   st.phase            = sequence_phase::prefill;
   st.prompt_remaining = prompt_tokens;
@@ -95,8 +100,13 @@ std::optional<sequence_id> basic_kv_cache_manager<Layout>::fork(sequence_id pare
   auto& ps       = sequences_[s];
   auto& cs       = sequences_[c];
   page_table_.open(c, footprint_);
-  for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
-    flow_.share_into_fork(s, c, g, usage_.shareable(s, g), usage_.in_use(s, g));
+  for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+    auto shared = usage_.shareable(s, g);
+    flow_.share_into_fork(s, c, g, shared, usage_.in_use(s, g));
+    // The parent's pinned prefix pages are among the shared ones: the child keeps them pinned.
+    page_table_.pinned(c, g) = std::min(
+        page_table_.pinned(s, g), static_cast<std::int32_t>(shared * groups_.page_tokens()));
+  }
   lengths_.copy(s, c);
   cs.max_new        = ps.max_new;
   cs.decoded        = ps.decoded;

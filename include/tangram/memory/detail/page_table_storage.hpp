@@ -36,6 +36,7 @@ class page_table_storage {
   page_table_storage(std::int32_t slots, std::int32_t groups, std::int64_t arena_entries)
       : groups_(groups),
         offset_(cells(slots + 1, groups), 0),  // + the padding slot's row, zero forever
+        pinned_(cells(slots + 1, groups), 0),  // the same rows
         count_(cells(slots, groups), 0),
         capacity_(cells(slots, groups), 0),
         target_(cells(slots, groups), 0),
@@ -68,6 +69,9 @@ class page_table_storage {
   std::int32_t& shortest_base(std::int32_t s, std::int32_t g) noexcept {
     return shortest_base_[at(s, g)];
   }
+  /// Leading tokens of every head of the list that lie on read-only pages shared with a pinned
+  /// prefix (a multiple of P): the view's `pinned_tokens`; the eviction keeps them in place.
+  std::int32_t& pinned(std::int32_t s, std::int32_t g) noexcept { return pinned_[at(s, g)]; }
   /// Groups per slot.
   [[nodiscard]] std::int32_t num_groups() const noexcept { return groups_; }
   /// `count` when the current chunk was prepared (pages drawn by it are the ones after).
@@ -91,6 +95,9 @@ class page_table_storage {
   }
   [[nodiscard]] std::int32_t shortest_base(std::int32_t s, std::int32_t g) const noexcept {
     return shortest_base_[at(s, g)];
+  }
+  [[nodiscard]] std::int32_t pinned(std::int32_t s, std::int32_t g) const noexcept {
+    return pinned_[at(s, g)];
   }
   [[nodiscard]] std::int32_t offset(std::int32_t s, std::int32_t g) const noexcept {
     return offset_[at(s, g)];
@@ -204,6 +211,7 @@ class page_table_storage {
       count_[i]         = 0;
       longest_base_[i]  = 0;
       shortest_base_[i] = 0;
+      pinned_[i]        = 0;
       begin += fp.capacity(g);
     }
   }
@@ -268,6 +276,8 @@ class page_table_storage {
     pooled_budget_[static_cast<std::size_t>(s)] = pooled_limit_[static_cast<std::size_t>(s)] = 0;
     for (std::int32_t g = 0; g < groups_; ++g) {
       auto i    = at(s, g);
+      // offset_ and pinned_ (view rows) keep their values, as the mirror does: a free slot is in
+      // no batch, and `open` resets both under a journal note.
       count_[i] = capacity_[i] = target_[i] = budget_[i] = 0;
     }
     segments_.free(segment_begin_[static_cast<std::size_t>(s)],
@@ -304,6 +314,7 @@ class page_table_storage {
 
   // ----- view arrays -----------------------------------------------------------------------
   [[nodiscard]] std::int32_t const* offsets() const noexcept { return offset_.data(); }
+  [[nodiscard]] std::int32_t const* pinned_tokens() const noexcept { return pinned_.data(); }
   [[nodiscard]] page_id const* pages() const noexcept { return pages_.data(); }
   [[nodiscard]] std::int64_t arena_entries() const noexcept {
     return static_cast<std::int64_t>(pages_.size());
@@ -401,7 +412,7 @@ class page_table_storage {
   }
 
   std::int32_t groups_ = 0;
-  std::vector<std::int32_t> offset_, count_, capacity_, target_, budget_;
+  std::vector<std::int32_t> offset_, pinned_, count_, capacity_, target_, budget_;
   std::vector<std::int32_t> longest_base_, shortest_base_, count_before_chunk_;
   std::vector<page_id> pages_;
   segment_arena segments_;

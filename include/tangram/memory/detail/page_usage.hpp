@@ -37,18 +37,21 @@ class page_usage {
  public:
   /// @param max_chunk_tokens the manager's chunk bound: a turn's pooled groups stage at most
   ///        min(max_chunk_tokens, its prompt) tokens before an eviction (elastic reservation)
+  /// @param share_compressed_prefix manager_options::share_compressed_prefix
   page_usage(group_lookup const& groups,
              sequence_table const& sequences,
              page_table_storage const& page_table,
              head_lengths const& lengths,
              Pool const& pool,
-             std::int64_t max_chunk_tokens) noexcept
+             std::int64_t max_chunk_tokens,
+             bool share_compressed_prefix = true) noexcept
       : groups_(groups),
         sequences_(sequences),
         page_table_(page_table),
         lengths_(lengths),
         pool_(pool),
-        max_chunk_tokens_(max_chunk_tokens) {}
+        max_chunk_tokens_(max_chunk_tokens),
+        share_compressed_prefix_(share_compressed_prefix) {}
 
   /// Pages group g of slot s holds while a chunk of c tokens (history n after it) is prepared: a
   /// static group its lengths after the chunk; a pooled group stages the chunk after its longest
@@ -102,11 +105,17 @@ class page_usage {
                                            std::int32_t h,
                                            std::int64_t n,
                                            std::int64_t c) const noexcept {
+    auto g = groups_.head_slot_of(h).group;
     return detail::expected_kept(groups_.head_rule_of(h),
                                  lengths_.held(s, h),
                                  n,
                                  c,
-                                 groups_.pooled(groups_.head_slot_of(h).group));
+                                 groups_.pooled(g),
+                                 page_table_.pinned(s, g));
+  }
+  /// Leading tokens flat head h of slot s keeps in place (its group's pinned prefix tokens).
+  [[nodiscard]] std::int64_t pinned_tokens(std::int32_t s, std::int32_t h) const noexcept {
+    return page_table_.pinned(s, groups_.head_slot_of(h).group);
   }
   /// Tokens flat head h of slot s holds (a sliding head: its window's share of the tokens seen).
   [[nodiscard]] std::int64_t head_tokens(std::int32_t s, std::int32_t h) const noexcept {
@@ -122,10 +131,50 @@ class page_usage {
   }
 
   /// Leading pages of group g that no later turn writes: an append-only (uncompressed) group's
-  /// shareable pages; 0 for groups whose eviction compacts (or ring wraps) over them. A turn keeps
-  /// these shared by reference instead of copying them.
+  /// shareable pages; a compressed group's pinned ones (a shared prefix's pages, which the
+  /// eviction keeps in place); 0 otherwise (a ring wraps over its pages). A turn keeps these
+  /// shared by reference instead of copying them.
   [[nodiscard]] std::int64_t unwritten(std::int32_t s, std::int32_t g) const noexcept {
-    return groups_.append_only(g) ? shareable(s, g) : 0;
+    if (groups_.append_only(g)) return shareable(s, g);
+    return page_table_.pinned(s, g) / groups_.page_tokens();
+  }
+
+  /// Checks slot s's pinned prefix tokens: per group a multiple of P, within the pages the list
+  /// holds and at most every head's length; none in a sliding group.
+  /// @throw logic_error naming the slot, the group and the values.
+  void check_pinned(std::int32_t s) const {
+    for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
+      std::int64_t pin = page_table_.pinned(s, g), shortest = pin;
+      if (!groups_.is_sliding(g))
+        for (auto const* m = groups_.members_begin(g); m != groups_.members_end(g); ++m)
+          shortest = std::min<std::int64_t>(shortest, lengths_.held(s, *m));
+      TANGRAM_EXPECTS(pin == 0 || (pin > 0 && pin % groups_.page_tokens() == 0 &&
+                                   pin <= static_cast<std::int64_t>(page_table_.count(s, g)) *
+                                              groups_.page_tokens() &&
+                                   shortest == pin && !groups_.is_sliding(g)),
+                      logic_error,
+                      "slot ",
+                      s,
+                      " group ",
+                      g,
+                      ": ",
+                      pin,
+                      " pinned tokens (",
+                      page_table_.count(s, g),
+                      " pages, shortest head ",
+                      shortest,
+                      ")");
+    }
+  }
+
+  /// Leading pages of group g of pinned prefix s that a request admitted over it keeps shared:
+  /// the pages every head has filled, for an append-only group and for a compressed group with
+  /// static budgets (its eviction keeps them in place: kv_cache_view::pinned); 0 for a sliding
+  /// ring and for elastic (pooled) groups, whose request-wide selection is not pinned.
+  [[nodiscard]] std::int64_t prefix_shared(std::int32_t s, std::int32_t g) const noexcept {
+    if (groups_.is_sliding(g) || groups_.pooled(g)) return 0;
+    if (!groups_.append_only(g) && !share_compressed_prefix_) return 0;
+    return shareable(s, g);
   }
 
   /// Pages group g of slot s (in decode) holds once its turn reaches `max_new` decode tokens: a
@@ -249,7 +298,7 @@ class page_usage {
           std::int64_t held = page_table_.count(s, g);
           target = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
           std::int64_t keep   = std::min(held, target);
-          std::int64_t pinned = std::min(unwritten(s, g), keep);
+          std::int64_t pinned = std::min(child ? prefix_shared(s, g) : unwritten(s, g), keep);
           // Exclusive pages among the kept, plus the shared ones below the pin (never copied).
           already_held = child ? pinned : exclusive(s, g, keep) + pinned - exclusive(s, g, pinned);
           copies       = keep - already_held;
@@ -433,6 +482,7 @@ class page_usage {
   head_lengths const& lengths_;
   Pool const& pool_;
   std::int64_t max_chunk_tokens_ = 1;
+  bool share_compressed_prefix_  = true;
 };
 
 }  // namespace tangram::detail

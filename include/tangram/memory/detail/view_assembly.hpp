@@ -38,6 +38,7 @@ namespace tangram::detail {
   v.group_window     = groups.windows();
   v.group_ring_pages = groups.ring_page_counts();
   v.page_offset      = page_table.offsets();
+  v.pinned_tokens    = page_table.pinned_tokens();
   v.pages            = page_table.pages();
   v.head_base_len    = lengths.base_array();
   v.appended         = lengths.appended_array();
