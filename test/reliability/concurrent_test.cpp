@@ -365,13 +365,13 @@ TEST_CASE("concurrent_kv_cache: shared prefixes under the lock", "[reliability][
   });
   CHECK_THROWS_AS(kv.try_admit_with_prefix(*p, 4, 4), invalid_argument);  // not pinned yet
   kv.pin_prefix(*p);
-  // (4, 4) over the 16-token prefix: 8 uncompressed pages shared, 14 copied
-  // (memory/prefix_sharing_test.cpp).
+  // (4, 4) over the 16-token prefix: 8 uncompressed and 6 pinned compressed pages shared, 8
+  // copied (memory/prefix_sharing_test.cpp).
   auto a = kv.try_admit_with_prefix(*p, 4, 4);
   REQUIRE(a);
   kv.with_lock([&](kv_cache_manager& m) {
-    CHECK(m.stats().prefix_pages_shared == 8);
-    CHECK(m.pending_copies().size() == 14);
+    CHECK(m.stats().prefix_pages_shared == 14);
+    CHECK(m.pending_copies().size() == 8);
     m.complete_page_copies();
   });
   kv.free(*p);

@@ -22,11 +22,14 @@ TEST_CASE("simulate --shared-prompt reports both policies with and without shari
   double block = 16.0 * 131072.0;
   CHECK(root["full_kv"]["unshared_bytes"].as_double(0, 1e15) == 32 * 36 * block);
   CHECK(root["full_kv"]["shared_bytes"].as_double(0, 1e15) == (4 + 32 * 32) * block);
-  // Every layer of the default plan is compressed: no page is shared, each request copies the
-  // prompt's pages and the pinned prompt is one more copy (a loss, reported as such).
-  CHECK(root["tangram"]["pages_shared"].as_int(0, 1 << 30) == 0);
-  CHECK(root["tangram"]["page_copies"].as_int(0, 1 << 30) > 0);
-  CHECK(root["tangram"]["saved_bytes"].as_double(-1e15, 1e15) < 0);
+  // Every layer of the default plan is compressed, with static budgets and per-head pages (32
+  // layers x 8 KV heads = 256 groups of one head). A 64-token prompt keeps every token: each
+  // request shares the prompt's 4 full pages of every group, pinned (nothing copied: 64 is a
+  // whole number of pages), and holds what full_kv with prefix caching holds, byte for byte.
+  CHECK(root["tangram"]["pages_shared"].as_int(0, 1 << 30) == 32 * 256 * 4);
+  CHECK(root["tangram"]["page_copies"].as_int(0, 1 << 30) == 0);
+  CHECK(root["tangram"]["shared_bytes"].as_double(0, 1e15) == (4 + 32 * 32) * block);
+  CHECK(root["tangram"]["unshared_bytes"].as_double(0, 1e15) == 32 * 36 * block);
   CHECK(root["workload"]["requests"].as_int(0, 1000) == 32);
 
   auto zero = test::run_cli({"simulate", "--shared-prompt", "0"});

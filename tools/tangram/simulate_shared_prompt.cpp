@@ -107,8 +107,9 @@ int run_shared_prompt(model_spec const& model,
       << mb(r.full_kv.saved()) << "  " << pct(r.full_kv.saved(), r.full_kv.unshared) << "\n";
   out << "tangram: measured on the manager (pinned prefix, try_admit_with_prefix): "
       << r.tangram_pages_shared << " pages mapped by reference, " << r.tangram_page_copies
-      << " copied (compressed and sliding groups copy the prefix: only uncompressed groups share"
-         " it; docs/memory.md#shared-prefixes-built-uncompressed-groups).\n"
+      << " copied (every group shares the prefix pages all its heads filled, a compressed group's"
+         " pinned in place by its eviction; sliding rings copy theirs; static budgets:"
+         " docs/memory.md#shared-prefixes).\n"
          "full_kv: vLLM v1 with automatic prefix caching, the prompt's full 16-token blocks held"
          " once (modelled). Compressed unified baselines (the reference, SGLang with compression)"
          " disable prefix caching and share nothing.\n";

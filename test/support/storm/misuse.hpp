@@ -83,8 +83,13 @@ class storm_misuse : public storm_parking {
           auto bad = kept;
           bad[h] += (hk == layer_kind::compressed || rng_() % 2) ? 1 : -1;
           if (bad[h] < 0) bad[h] = kept[h] + 1;
-          expect_misuse<logic_error>(hk == layer_kind::compressed ? "between 0 and " : "exactly ",
-                                     [&] { m.commit_chunk(id, bad); });
+          // A head over a pinned prefix keeps at least its pinned tokens: below them is misuse too.
+          auto pin = m.group_pinned_tokens(id, cfg_.plan.grouping.slots[h].group);
+          if (hk == layer_kind::compressed && pin > 0 && rng_() % 2) bad[h] = pin - 1;
+          auto range = pin > 0 ? "between " + std::to_string(pin) + " (pinned) and "
+                               : std::string("between 0 and ");
+          if (hk != layer_kind::compressed) range = "exactly ";
+          expect_misuse<logic_error>(range.c_str(), [&] { m.commit_chunk(id, bad); });
           expect_misuse<logic_error>("already has a prepared chunk",
                                      [&] { m.prepare_chunk(id, 1); });
           expect_misuse<invalid_argument>("counts (layers x KV heads)", [&] {
