@@ -46,6 +46,11 @@ TEST_CASE("emulated elastic eviction equals the CPU reference: per-head pages (H
   for (auto const& c : test::emu_sample(test::elastic_cases_per_head())) check_all_schedules(c);
 }
 
+TEST_CASE("emulated elastic eviction equals the CPU reference: pinned shared-prefix pages kept",
+          "[emu][eviction][elastic][pinned]") {
+  for (auto const& c : test::emu_sample(test::elastic_cases_pinned())) check_all_schedules(c);
+}
+
 TEST_CASE("emulated elastic eviction: long candidate lists (several compaction tiles)",
           "[emu][eviction][elastic]") {
   check_all_schedules(test::elastic_case_long());

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -24,6 +25,7 @@
 
 #include "../reference/elastic_harness.hpp"
 #include "../reference/kv_test_cache.hpp"
+#include "eviction_cases.hpp"
 #include "scale_cases.hpp"
 
 namespace tangram::test {
@@ -40,12 +42,16 @@ struct elastic_case {
   bool short_max          = false;  ///< max_candidates one below the longest head: invalid heads
   std::uint64_t seed      = 1;
   scale_mode scales       = scale_mode::none;  ///< fp8 only (scale_arrays)
+  /// Leading pages of every growing group pinned as a shared prefix's (kv_cache_view::pinned, at
+  /// most what the group's shortest head fills); their supplied scores are the lowest.
+  std::int32_t pin_pages = 0;
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
     s << "elastic " << to_string(kv_dtype) << " d " << d << " P " << P << " Hp " << Hp << " source "
       << to_string(source) << " seed " << seed;
     if (scales != scale_mode::none) s << ", " << to_string(scales);
+    if (pin_pages > 0) s << ", " << pin_pages << " pinned pages";
     return s.str();
   }
 };
@@ -170,6 +176,33 @@ inline elastic_case elastic_case_many_slices() {
   return c;
 }
 
+/// Pinned shared-prefix pages (kv_cache_view::pinned): supplied scores with the pinned
+/// candidates scored lowest (layer-shared groups, then per-head pages on f32 d 64), key norm;
+/// one page and up to every page the shortest head fills.
+inline std::vector<elastic_case> elastic_cases_pinned() {
+  std::vector<elastic_case> out;
+  elastic_case c;
+  c.pin_pages = 1;
+  c.seed      = 95;
+  out.push_back(c);
+  c.pin_pages = 40;
+  c.seed      = 96;
+  out.push_back(c);
+  c.Hp       = 1;
+  c.kv_dtype = dtype::f32;
+  c.d        = 64;
+  c.seed     = 97;
+  out.push_back(c);
+  c.Hp        = 2;
+  c.kv_dtype  = dtype::f16;
+  c.d         = 128;
+  c.source    = score_source::key_norm;
+  c.pin_pages = 3;
+  c.seed      = 98;
+  out.push_back(c);
+  return out;
+}
+
 /// Builds the setup of `c` over `cache` (constructed from the returned setup's layout and seqs).
 inline elastic_setup make_elastic_setup(elastic_case const& c) {
   constexpr std::int32_t L = eviction_scenario::num_layers, H = eviction_scenario::num_kv_heads;
@@ -204,6 +237,14 @@ inline void fill_elastic_setup(elastic_case const& c, elastic_setup& s, test_cac
   std::mt19937_64 rng(c.seed);
   s.fill_chunk(cache);
   for (auto& x : s.scores) x = static_cast<float>(rng() % 7);  // many ties
+  {  // pinned candidates score lowest: only the pin keeps them
+    auto v = cache.view(s.batch);
+    for (std::int32_t l = 0; l < L; ++l)
+      for (std::int32_t r = 0; r < s.B(); ++r)
+        for (std::int32_t h = 0; h < H; ++h)
+          for (std::int32_t i = 0; i < v.pinned(r, v.slot_of(l, h).group); ++i)
+            s.score(l, r, h, i) = -5.f;
+  }
   s.q.assign(static_cast<std::size_t>(s.indptr.back()) * H * static_cast<std::size_t>(c.group) *
                  static_cast<std::size_t>(c.d),
              0.f);
@@ -216,6 +257,7 @@ inline void fill_elastic_setup(elastic_case const& c, elastic_setup& s, test_cac
     std::vector<std::int64_t> longest(static_cast<std::size_t>(v.num_groups), -1);
     std::int64_t heads = 0, n_seen = v.seq_tokens[v.batch_slots[r]] + s.chunk(r);
     std::int64_t protect = 0;
+    std::vector<std::int64_t> pinned(static_cast<std::size_t>(v.num_groups), 0);
     for (std::int32_t i = 0; i < L * H; ++i) {
       if (s.rules[static_cast<std::size_t>(i)].kind != layer_kind::compressed) continue;
       ++heads;
@@ -223,12 +265,16 @@ inline void fill_elastic_setup(elastic_case const& c, elastic_setup& s, test_cac
       auto g            = static_cast<std::size_t>(v.slot_of(i / H, i % H).group);
       longest[g]        = std::max(longest[g], cand);
       protect = std::max<std::int64_t>(protect, std::min<std::int64_t>(cand, c.sink + c.recent));
+      // A head leading with pinned tokens protects them and its recent window.
+      auto pin = std::min<std::int64_t>(v.pinned(r, static_cast<std::int32_t>(g)), cand);
+      if (pin > c.sink)
+        pinned[g] = std::max(pinned[g], std::min<std::int64_t>(cand, pin + c.recent));
     }
     std::int64_t floors = 0, full = 0;
-    for (auto x : longest)
-      if (x >= 0) {
-        floors += (protect + c.P - 1) / c.P;
-        full += (x + c.P - 1) / c.P;
+    for (std::size_t g = 0; g < longest.size(); ++g)
+      if (longest[g] >= 0) {
+        floors += (std::max(protect, pinned[g]) + c.P - 1) / c.P;
+        full += (longest[g] + c.P - 1) / c.P;
       }
     s.wanted.push_back(heads * ceil_budget_tokens(c.keep_ratio, n_seen));
     switch (r % 6) {
@@ -259,6 +305,9 @@ template <class Backend>
 std::string check_elastic(elastic_case const& c, Backend& backend) {
   auto s = make_elastic_setup(c);
   test_cache run_cache(s.layout, s.seqs, c.seed), ref_cache(s.layout, s.seqs, c.seed);
+  test_cache before(s.layout, s.seqs, c.seed);  // pristine: the pinned tokens must stay
+  if (c.pin_pages > 0)
+    for (auto* t : {&run_cache, &ref_cache, &before}) t->pin_leading_pages(c.pin_pages);
   fill_elastic_setup(c, s, run_cache);
   auto run = run_elastic(s, run_cache, backend);
   auto rs  = s;
@@ -294,6 +343,20 @@ std::string check_elastic(elastic_case const& c, Backend& backend) {
       compacted = true;
   }
   if (!compacted) return where.str() + "no head was compacted (scenario too weak)";
+  // Every pinned token of a request that fitted is kept in place, its bytes unchanged (a refused
+  // request changed nothing at all: the pools compared equal above and the reference writes
+  // nothing for it).
+  for (std::int32_t l = 0; l < s.L(); ++l) {
+    std::vector<std::int32_t> len(static_cast<std::size_t>(s.B() * s.H()));
+    for (std::int32_t r = 0; r < s.B(); ++r)
+      for (std::int32_t h = 0; h < s.H(); ++h)
+        len[static_cast<std::size_t>(r * s.H() + h)] =
+            want.pages_out[static_cast<std::size_t>(r)] < 0
+                ? std::numeric_limits<std::int32_t>::max()
+                : want.new_len[static_cast<std::size_t>((r * s.L() + l) * s.H() + h)];
+    if (auto bad = check_pinned_kept(before, run_cache, s.batch, l, len); !bad.empty())
+      return where.str() + "layer " + std::to_string(l) + ", " + bad;
+  }
   if (!refused && c.sink + c.recent > 0) return where.str() + "no request was refused";
   bool invalid = std::find(want.pages_out.begin(), want.pages_out.end(), elastic_invalid_head) !=
                  want.pages_out.end();

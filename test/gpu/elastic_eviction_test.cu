@@ -34,6 +34,12 @@ TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: per-head pages 
     GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: pinned shared-prefix pages kept",
+                 "[gpu][eviction][elastic][pinned]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::elastic_cases_pinned()) GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu elastic eviction: long candidate lists (several compaction tiles)",
                  "[gpu][eviction][elastic]") {
   test::gpu_backend gpu;

@@ -305,32 +305,65 @@ TEST_CASE("prefix misuse and refusals name the call and change nothing", "[memor
   m.check_invariants();
 }
 
-TEST_CASE("prefix requests under elastic reservation copy the compressed pages into their budget",
+TEST_CASE("prefix requests under elastic reservation share the compressed pages pinned",
           "[memory][prefix]") {
   auto plan = tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.1));
-  host_memory_resource mr;
-  kv_cache_manager m(plan, mr, opts(200, 8));
-  engine_sim sim(m, 11, 0.0);
-  auto p = prefill_prefix(sim);
-  m.pin_prefix(p);
-  std::vector<sequence_id> reqs;
-  for (std::int64_t N : {3, 9, 1}) {
-    auto r = sim.admit_with_prefix(p, N, 5);
-    REQUIRE(r);
-    reqs.push_back(*r);
-    sim.verify();  // the model's elastic limit and budget (next turn, every compressed page copied)
-  }
-  CHECK(m.stats().prefix_pages_shared == 3 * 8);
-  for (auto r : reqs) {
-    while (m.info(r).prompt_remaining > 0)
-      sim.chunk(r, std::min<std::int64_t>(4, m.info(r).prompt_remaining));
-    for (int t = 0; t < 5; ++t) sim.decode({r});
+  for (bool share : {true, false}) {
+    INFO("share_compressed_prefix " << share);
+    host_memory_resource mr;
+    auto o                    = opts(200, 8);
+    o.share_compressed_prefix = share;
+    kv_cache_manager m(plan, mr, o);
+    engine_sim sim(m, 11, 0.0);
+    auto p = prefill_prefix(sim);
+    m.pin_prefix(p);
+    // Shared per request: each growing group's pages all its heads filled, from the prefix's
+    // head lengths (compressed groups only when sharing them); the uncompressed ones are 4 + 4.
+    std::vector<std::int32_t> pinned(8, 0);
+    std::int32_t per_request = 0;
+    for (std::int32_t g = 0; g < 8; ++g) {
+      auto const& grp = plan.grouping.groups[static_cast<std::size_t>(g)];
+      if (grp.rule.kind == layer_kind::sliding_window) continue;
+      if (grp.rule.kind == layer_kind::compressed && !share) continue;
+      std::int64_t shortest = std::numeric_limits<std::int64_t>::max();
+      for (auto mb : grp.members) shortest = std::min(shortest, m.head_len(p, mb.layer, mb.head));
+      pinned[static_cast<std::size_t>(g)] = static_cast<std::int32_t>(shortest / 4 * 4);
+      per_request += static_cast<std::int32_t>(shortest / 4);
+    }
+    CHECK(per_request > 8 * share);  // compressed pages among them when shared
+    std::vector<sequence_id> reqs;
+    for (std::int64_t N : {3, 9, 1}) {
+      auto r = sim.admit_with_prefix(p, N, 5);
+      REQUIRE(r);
+      reqs.push_back(*r);
+      for (std::int32_t g = 0; g < 8; ++g)
+        CHECK(m.group_pinned_tokens(*r, g) == pinned[static_cast<std::size_t>(g)]);
+      sim.verify();  // the model's elastic limit and budget (pinned pages held, the rest copied)
+    }
+    CHECK(m.stats().prefix_pages_shared == 3 * per_request);
+    // Chunks (the elastic eviction keeps the pinned tokens in place: the prefix's tags read back
+    // unchanged), decode, and a next turn that copies no pinned page.
+    for (auto r : reqs) {
+      while (m.info(r).prompt_remaining > 0)
+        sim.chunk(r, std::min<std::int64_t>(4, m.info(r).prompt_remaining));
+      for (int t = 0; t < 5; ++t) sim.decode({r});
+      sim.verify();
+    }
+    sim.end_turn(reqs[0]);
+    REQUIRE(sim.continue_turn(reqs[0], 6, 2));
+    for (std::int32_t g = 0; g < 8; ++g) {
+      auto const* mine = m.group_pages(reqs[0], g);
+      auto const* its  = m.group_pages(p, g);
+      for (std::int32_t k = 0; k < pinned[static_cast<std::size_t>(g)] / 4; ++k)
+        CHECK(mine[k] == its[k]);  // still the prefix's page
+    }
+    sim.chunk(reqs[0], 6);
     sim.verify();
+    sim.free(p);
+    for (auto r : reqs) sim.free(r);
+    CHECK(m.pool().stats().used == 0);
+    m.check_invariants();
   }
-  sim.free(p);
-  for (auto r : reqs) sim.free(r);
-  CHECK(m.pool().stats().used == 0);
-  m.check_invariants();
 }
 
 TEST_CASE("the shared-prompt workload measures committed pages with and without the prefix",

@@ -242,6 +242,78 @@ TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[pl
   CHECK(padded_cases > 500);
 }
 
+TEST_CASE("elastic placement with per-group floors (pinned prefix pages) is optimal and the "
+          "kernels' form equals it",
+          "[plan][elastic][pinned]") {
+  // A group whose heads lead with a shared prefix's pinned tokens keeps at least those pages
+  // (elastic_selection_input::floors; kernels/elastic_eviction.hpp). Exhaustive search over every
+  // length in [floor_g, hi] per group, and elastic::select_lengths_above page for page.
+  std::mt19937_64 rng(35);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  int checked = 0, raised = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    int hp = static_cast<int>(pick(1, 3)), G = static_cast<int>(pick(1, 4)),
+        P             = static_cast<int>(pick(1, 4));
+    std::int64_t cand = pick(0, 12), protect = pick(0, 6);
+    std::vector<std::int64_t> needs(static_cast<std::size_t>(hp * G)), floors(G);
+    for (auto& x : needs) x = pick(std::min(cand, protect), cand);
+    std::int64_t lo = ceil_div(std::min(cand, protect), P), hi = ceil_div(cand, P) + 1;
+    for (auto& f : floors) f = pick(0, 2) == 0 ? pick(0, hi) : 0;
+    std::vector<std::int32_t> members(needs.size());
+    std::iota(members.begin(), members.end(), 0);
+    std::int64_t budget = pick(0, G * hi + 2);
+    reference::elastic_selection_input in{&needs, &members, hp, P, cand, protect, budget};
+    in.floors = &floors;
+    auto sel  = reference::select_group_lengths(in);
+    std::vector<std::int64_t> floor(static_cast<std::size_t>(G));
+    std::int64_t floor_total = 0;
+    for (int g = 0; g < G; ++g)
+      floor_total += floor[static_cast<std::size_t>(g)] =
+          std::max(lo, floors[static_cast<std::size_t>(g)]);
+    if (floor_total > budget) {
+      CHECK_FALSE(sel.fits);
+      ++refused;
+      continue;
+    }
+    REQUIRE(sel.fits);
+    CHECK(sel.pages_used <= budget);
+    for (int g = 0; g < G; ++g)
+      CHECK(sel.group_pages[static_cast<std::size_t>(g)] >= floor[static_cast<std::size_t>(g)]);
+    // Exhaustive: the best wanted-token count with each group in [floor_g, max(floor_g, hi)].
+    std::vector<std::int64_t> p(static_cast<std::size_t>(G));
+    std::int64_t best                                  = -1;
+    std::function<void(std::size_t, std::int64_t)> rec = [&](std::size_t g, std::int64_t used) {
+      if (used > budget) return;
+      if (g == static_cast<std::size_t>(G)) {
+        std::int64_t w = 0;
+        for (std::size_t k = 0; k < p.size(); ++k)
+          for (int c = 0; c < hp; ++c)
+            w += std::min(needs[k * static_cast<std::size_t>(hp) + static_cast<std::size_t>(c)],
+                          p[k] * P);
+        best = std::max(best, w);
+        return;
+      }
+      for (std::int64_t x = floor[g]; x <= std::max(floor[g], hi); ++x) {
+        p[g] = x;
+        rec(g + 1, used + x);
+      }
+    };
+    rec(0, 0);
+    CHECK(sel.wanted_kept == best);
+    std::vector<std::int64_t> pages(floor);
+    auto given = elastic::select_lengths_above(needs.data(), G, hp, P, budget - floor_total, pages.data());
+    CHECK(pages == sel.group_pages);
+    CHECK(given == sel.pages_used - floor_total);
+    ++checked;
+    raised += floor_total > G * lo;
+  }
+  CHECK(checked > 1500);
+  CHECK(raised > 500);
+  CHECK(refused > 100);
+}
+
 TEST_CASE("elastic placement keeps the wanted tokens of a global top-k, token by token",
           "[plan][elastic]") {
   // Heads score their tokens; protected tokens (the first `sink` and the last `window`) are always

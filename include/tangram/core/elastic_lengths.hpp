@@ -11,7 +11,8 @@
  * greedy takes exactly:
  *
  * - every gain >= t*, where t* is the smallest threshold t >= 1 with C(t) <= B, C(t) = sum_g c_g(t)
- *   and c_g(t) = #{p >= lo : d_g(p) >= t} (B = the pages above the protected floors);
+ *   and c_g(t) = #{p >= lo_g : d_g(p) >= t} (lo_g = group g's floor: the protected floor, or its
+ *   pinned prefix pages when more; B = the pages above the floors);
  * - then B - C(t*) of the gains equal to t* - 1 (when t* > 1), group by group in index order
  *   (a group's equal gains are consecutive pages, and the greedy exhausts a lower group's before it
  *   reaches a higher group with the same gain).
@@ -64,29 +65,70 @@ TANGRAM_HOST_DEVICE std::int64_t pages_with_gain_at_least(std::int64_t const* ne
   return a - lo;
 }
 
-/// C(t): pages above the floors with gain at least t, over all `groups` groups.
+/// C(t): pages above the floors with gain at least t, over all `groups` groups; group g's floor
+/// is `floors[g]` pages.
 TANGRAM_HOST_DEVICE std::int64_t total_pages_with_gain_at_least(std::int64_t const* needs,
                                                                 std::int32_t groups,
                                                                 std::int32_t group_size,
                                                                 std::int32_t page_tokens,
-                                                                std::int64_t lo,
+                                                                std::int64_t const* floors,
                                                                 std::int64_t t) {
   std::int64_t sum = 0;
   for (std::int32_t g = 0; g < groups; ++g)
     sum += pages_with_gain_at_least(
-        needs + static_cast<std::int64_t>(g) * group_size, group_size, page_tokens, lo, t);
+        needs + static_cast<std::int64_t>(g) * group_size, group_size, page_tokens, floors[g], t);
   return sum;
 }
 
 /**
- * @brief Each group's length in pages: `lo` (the protected floor) plus the pages the greedy gives
- * it within `extra` pages above the floors (file comment). Sequential host/device version: one
- * thread, O(G Hp log log) work, no allocation.
+ * @brief Each group's length in pages: its floor (`pages[g]` on entry: the protected floor, or
+ * more for a group with pinned prefix pages) plus the pages the greedy gives it within `extra`
+ * pages above the floors (file comment; the greedy takes pages above each group's own floor).
+ * Sequential host/device version: one thread, O(G Hp log log) work, no allocation.
  * @param needs      [groups * group_size] wanted tokens, grouped (members of group g at
  *                   needs[g * group_size ...]), each >= 0
  * @param extra      pages available above the floors (>= 0)
- * @param out_pages  [groups] lengths in pages
+ * @param pages      [groups] in: each group's floor (>= 0); out: its length in pages
  * @return pages given above the floors (<= extra)
+ */
+TANGRAM_HOST_DEVICE std::int64_t select_lengths_above(std::int64_t const* needs,
+                                                      std::int32_t groups,
+                                                      std::int32_t group_size,
+                                                      std::int32_t page_tokens,
+                                                      std::int64_t extra,
+                                                      std::int64_t* pages) {
+  // Smallest t in [1, Hp P + 1] with C(t) <= extra; C(Hp P + 1) = 0 (no gain exceeds Hp P).
+  std::int64_t a = 1, b = static_cast<std::int64_t>(group_size) * page_tokens + 1;
+  while (a < b) {
+    std::int64_t mid = a + (b - a) / 2;
+    if (total_pages_with_gain_at_least(needs, groups, group_size, page_tokens, pages, mid) <= extra)
+      b = mid;
+    else
+      a = mid + 1;
+  }
+  std::int64_t t = a;
+  std::int64_t given =
+      total_pages_with_gain_at_least(needs, groups, group_size, page_tokens, pages, t);
+  // Every gain >= t, then the gains equal to t - 1, group by group, while pages remain (never
+  // zero gains): one pass, each group's floor read before its length replaces it.
+  for (std::int32_t g = 0; g < groups; ++g) {
+    auto const* n = needs + static_cast<std::int64_t>(g) * group_size;
+    auto floor    = pages[g];
+    auto c        = pages_with_gain_at_least(n, group_size, page_tokens, floor, t);
+    std::int64_t take = 0;
+    if (t > 1 && given < extra) {
+      auto more = pages_with_gain_at_least(n, group_size, page_tokens, floor, t - 1) - c;
+      take      = more < extra - given ? more : extra - given;
+      given += take;
+    }
+    pages[g] = floor + c + take;
+  }
+  return given;
+}
+
+/**
+ * @brief `select_lengths_above` with every group's floor `lo` (the protected floor).
+ * @param out_pages  [groups] lengths in pages
  */
 TANGRAM_HOST_DEVICE std::int64_t select_lengths(std::int64_t const* needs,
                                                 std::int32_t groups,
@@ -95,32 +137,8 @@ TANGRAM_HOST_DEVICE std::int64_t select_lengths(std::int64_t const* needs,
                                                 std::int64_t lo,
                                                 std::int64_t extra,
                                                 std::int64_t* out_pages) {
-  // Smallest t in [1, Hp P + 1] with C(t) <= extra; C(Hp P + 1) = 0 (no gain exceeds Hp P).
-  std::int64_t a = 1, b = static_cast<std::int64_t>(group_size) * page_tokens + 1;
-  while (a < b) {
-    std::int64_t mid = a + (b - a) / 2;
-    if (total_pages_with_gain_at_least(needs, groups, group_size, page_tokens, lo, mid) <= extra)
-      b = mid;
-    else
-      a = mid + 1;
-  }
-  std::int64_t t = a, given = 0;
-  for (std::int32_t g = 0; g < groups; ++g) {
-    auto const* n = needs + static_cast<std::int64_t>(g) * group_size;
-    auto c        = pages_with_gain_at_least(n, group_size, page_tokens, lo, t);
-    out_pages[g]  = lo + c;
-    given += c;
-  }
-  // The gains equal to t - 1, group by group, while pages remain (never zero gains).
-  for (std::int32_t g = 0; t > 1 && g < groups && given < extra; ++g) {
-    auto const* n = needs + static_cast<std::int64_t>(g) * group_size;
-    auto more =
-        pages_with_gain_at_least(n, group_size, page_tokens, lo, t - 1) - (out_pages[g] - lo);
-    auto take = more < extra - given ? more : extra - given;
-    out_pages[g] += take;
-    given += take;
-  }
-  return given;
+  for (std::int32_t g = 0; g < groups; ++g) out_pages[g] = lo;
+  return select_lengths_above(needs, groups, group_size, page_tokens, extra, out_pages);
 }
 
 }  // namespace tangram::elastic

@@ -20,13 +20,17 @@
  *       candidates among them. `wanted[r]` is the caller's K, normally
  *       `scorer_total::tokens(compressed heads, n_seen)` (plan/elastic_reservation.hpp) at
  *       `n_seen` = tokens seen after the chunk; it is clamped to [0, all candidates].
- *    b. **group lengths**: `elastic::select_lengths` (core/elastic_lengths.hpp, the optimal
- *       greedy of plan/elastic_selection.hpp) over the compressed groups, in group index
- *       order, with floor lo = max over the compressed heads of ceil(protected candidates / P)
- *       and `page_limit[r] - G_c lo` pages above the floors. When the floors alone exceed
- *       `page_limit[r]` the request "does not fit": nothing changes and `pages_out[r] = -1`.
+ *    b. **group lengths**: `elastic::select_lengths_above` (core/elastic_lengths.hpp, the
+ *       optimal greedy of plan/elastic_selection.hpp) over the compressed groups, in group index
+ *       order, each group above its floor: lo = max over the compressed heads of
+ *       ceil(min(sink + window, candidates) / P), or, for a group whose heads lead with pinned
+ *       tokens (`kv_cache_view::pinned`, a shared prefix's pages), the larger
+ *       ceil(min(pinned + window, candidates) / P) of its heads; `page_limit[r]` less the floors
+ *       above them. When the floors alone exceed `page_limit[r]` the request "does not fit":
+ *       nothing changes and `pages_out[r] = -1`.
  *    c. **compaction**: each compressed head keeps its best min(pages_g P, candidates) candidates
- *       by key (ties to the earlier position), in order, at column positions `[0, keep)`.
+ *       by key (ties to the earlier position), in order, at column positions `[0, keep)`; pinned
+ *       candidates carry the protected key and lead, so they stay in place, never written.
  *
  * `new_len[r][layer * H + h]` receives every head's count for `commit_chunk`: compressed heads
  * their kept tokens (-1: not decided, see `pages_out`); other heads what the per-layer launch
@@ -116,8 +120,8 @@ struct elastic_eviction_params {
   }
 };
 
-/// Protected candidates of a staged head (the first `lead`: sink or pinned; the last `window`),
-/// at most all.
+/// Protected candidates of a staged head: the first `lead` (the sink, or its pinned prefix tokens
+/// when more) and the last `window`, at most all.
 TANGRAM_HOST_DEVICE std::int64_t elastic_protected(eviction_plan const& e) {
   std::int64_t p = e.lead + e.window;
   return p < e.candidates ? p : e.candidates;
@@ -207,7 +211,10 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
   kv_cache_view const& kv = p.kv;
   const std::int32_t H = kv.num_kv_heads, Hp = kv.geometry.group_size;
   const std::int32_t P = kv.geometry.page_tokens;
-  for (std::int32_t g = 0; g < kv.num_groups; ++g) index[g] = -1;
+  for (std::int32_t g = 0; g < kv.num_groups; ++g) index[g] = -1, pages[g] = 0;
+  // Floors: lo = the protected pages of the heads without pinned tokens (the sink and the recent
+  // window), for every group; a group whose heads lead with pinned tokens (a shared prefix's,
+  // kept in place) at least its pinned and protected pages, gathered in pages[group] first.
   std::int64_t lo = 0;
   bool staged = false, invalid = false;
   for (std::int32_t l = 0; l < kv.num_layers; ++l) {
@@ -216,27 +223,40 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
       eviction_plan e = plan_eviction(q, make_head_cursor(kv, r, l, h), r, h);
       if (e.action == eviction_action::invalid) invalid = true;
       if (e.action != eviction_action::stage) continue;
-      staged                        = true;
-      index[kv.slot_of(l, h).group] = 0;
-      std::int64_t f                = ceil_div(elastic_protected(e), P);
-      lo                            = f > lo ? f : lo;
+      staged                = true;
+      std::int32_t g        = kv.slot_of(l, h).group;
+      index[g]              = 0;
+      std::int64_t unpinned = p.sink + e.window < e.candidates ? p.sink + e.window : e.candidates;
+      std::int64_t f        = ceil_div(unpinned, P);
+      lo                    = f > lo ? f : lo;
+      if (e.lead > p.sink) {
+        std::int64_t pin = ceil_div(elastic_protected(e), P);
+        pages[g]         = pin > pages[g] ? pin : pages[g];
+      }
     }
   }
   if (invalid) return elastic_invalid_head;
   if (!staged) return 0;
-  std::int64_t groups = 0;
+  // Compact group indices in group order; each floor moves down to its compact slot (k <= g, and
+  // every slot below g was read already).
+  std::int64_t groups = 0, floors = 0;
   for (std::int32_t g = 0; g < kv.num_groups; ++g)
-    if (index[g] >= 0) index[g] = groups++;
+    if (index[g] >= 0) {
+      index[g]      = groups++;
+      std::int64_t f = pages[g] > lo ? pages[g] : lo;
+      pages[index[g]] = f;
+      floors += f;
+    }
   for (std::int64_t i = 0; i < groups * Hp; ++i) grouped[i] = 0;
   for (std::int32_t l = 0; l < kv.num_layers; ++l)
     for (std::int32_t h = 0; h < H; ++h) {
       head_slot s = kv.slot_of(l, h);
       if (index[s.group] >= 0) grouped[index[s.group] * Hp + s.column] = need[l * H + h];
     }
-  std::int64_t floors = groups * lo, limit = p.page_limit[r];
+  std::int64_t limit = p.page_limit[r];
   if (floors > limit) return elastic_does_not_fit;
-  return floors + elastic::select_lengths(
-                      grouped, static_cast<std::int32_t>(groups), Hp, P, lo, limit - floors, pages);
+  return floors + elastic::select_lengths_above(
+                      grouped, static_cast<std::int32_t>(groups), Hp, P, limit - floors, pages);
 }
 
 /**

@@ -80,6 +80,9 @@ struct elastic_selection_input {
   std::int64_t candidates                  = 0;  ///< tokens every head has seen (held + chunk)
   std::int64_t protect                     = 0;  ///< sink + window tokens every head keeps
   std::int64_t budget_pages = 0;  ///< R: the request's remaining reservation for these groups
+  /// Optional [G]: pages group g keeps at least (a shared prefix's pinned pages, kept in place by
+  /// the eviction); a group's floor is the larger of this and the protected floor. Null: none.
+  std::vector<std::int64_t> const* floors = nullptr;
 
   /// @throw invalid_argument naming the field and the value (members must be a permutation of
   ///        the heads, grouped by Hp; needs within [0, candidates]).
@@ -121,6 +124,21 @@ struct elastic_selection_input {
                     " does not divide the ",
                     heads,
                     " heads");
+    if (floors != nullptr) {
+      TANGRAM_EXPECTS(floors->size() == heads / static_cast<std::size_t>(group_size),
+                      invalid_argument,
+                      "elastic_selection_input.floors: expected ",
+                      heads / static_cast<std::size_t>(group_size),
+                      " entries (one per group), got ",
+                      floors->size());
+      for (std::size_t g = 0; g < floors->size(); ++g)
+        TANGRAM_EXPECTS((*floors)[g] >= 0 && (*floors)[g] <= (std::int64_t{1} << 40),
+                        invalid_argument,
+                        "elastic_selection_input.floors[",
+                        g,
+                        "]: must be in [0, 2^40], got ",
+                        (*floors)[g]);
+    }
     std::vector<bool> seen(heads, false);
     for (std::size_t i = 0; i < heads; ++i) {
       auto m = (*members)[i];
@@ -199,9 +217,9 @@ inline void append_gain_runs(std::vector<std::int64_t> const& sorted,
 
 /**
  * @brief Chooses every group's length in pages (the greedy of the file comment; optimal).
- * @return `fits == false` (nothing chosen) when G * ceil(min(candidates, protect) / P) pages, the
- *         protected floors, exceed `budget_pages`: not enough reservation is a result, not an
- * error.
+ * @return `fits == false` (nothing chosen) when the floors (each group's max(ceil(min(candidates,
+ *         protect) / P), floors[g])) exceed `budget_pages`: not enough reservation is a result,
+ *         not an error.
  * @throw invalid_argument for malformed input, naming the field and the value.
  */
 inline elastic_selection select_group_lengths(elastic_selection_input const& in) {
@@ -214,13 +232,19 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
     out.wanted_total =
         ::tangram::detail::add_or_throw(out.wanted_total, n, "elastic_selection: sum of needs");
   std::int64_t lo = ceil_div(std::min(in.candidates, in.protect), in.page_tokens);
-  auto floors     = ::tangram::detail::mul_checked(lo, static_cast<std::int64_t>(G))
-                    .value_or(in.budget_pages + 1);
+  std::vector<std::int64_t> floor(G, lo);
+  std::int64_t floors = 0;
+  for (std::size_t g = 0; g < G; ++g) {
+    if (in.floors != nullptr) floor[g] = std::max(lo, (*in.floors)[g]);
+    auto sum = ::tangram::detail::add_checked(floors, floor[g]);
+    if (!sum) return out;  // past int64: certainly more than the budget
+    floors = *sum;
+  }
   if (floors > in.budget_pages) return out;
 
-  out.fits = true;
-  out.group_pages.assign(G, lo);
-  out.pages_used = floors;
+  out.fits        = true;
+  out.group_pages = floor;
+  out.pages_used  = floors;
   auto hp        = static_cast<std::size_t>(in.group_size);
   std::vector<detail::gain_run> runs;
   runs.reserve(2 * heads + G);
@@ -230,7 +254,7 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
       sorted[c] = needs[static_cast<std::size_t>((*in.members)[g * hp + c])];
     std::sort(sorted.begin(), sorted.end());
     for (std::size_t c = 0; c < hp; ++c) prefix[c + 1] = prefix[c] + sorted[c];
-    detail::append_gain_runs(sorted, prefix, in.page_tokens, lo, g, points, runs);
+    detail::append_gain_runs(sorted, prefix, in.page_tokens, floor[g], g, points, runs);
   }
   // The greedy's order: the largest gain first, ties to the lower group, a group's pages in order.
   std::sort(runs.begin(), runs.end(), [](detail::gain_run const& a, detail::gain_run const& b) {

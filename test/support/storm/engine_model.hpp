@@ -4,6 +4,7 @@
 // helpers that write K/V tags through the view. The operations are in engine_sim.hpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -36,6 +37,9 @@ struct sim_sequence {
   // brings them back; the ring still holds them when max_rollback allowed it).
   std::vector<std::vector<float>> dropped;
   bool parked_mid_turn = false;  // parking (or parked) from decode: its turn resumes
+  // Per group, predicted: leading tokens on a pinned prefix's shared pages (a request admitted
+  // over a prefix, or a fork of one); empty: none. The eviction keeps them in place.
+  std::vector<std::int64_t> pinned;
 };
 
 class engine_model {
@@ -54,6 +58,7 @@ class engine_model {
     for (std::int32_t g = 0; elastic_ && g < G_; ++g) {
       if (rule(g).kind != layer_kind::compressed) continue;
       pooled_[static_cast<std::size_t>(g)] = true;
+      pooled_group_ids_.push_back(g);
       pooled_members_.emplace_back();
       for (auto mb : plan_.grouping.groups[static_cast<std::size_t>(g)].members)
         pooled_members_.back().push_back(mb.layer * H_ + mb.head);
@@ -67,6 +72,24 @@ class engine_model {
   std::int64_t elastic_evictions() const { return elastic_evictions_; }
   std::int64_t elastic_clipped() const { return elastic_clipped_; }
   bool pooled(std::int32_t g) const { return pooled_[static_cast<std::size_t>(g)]; }
+
+  /// Pinned tokens of group g of q (0 without a pin).
+  std::int64_t pin(sim_sequence const& q, std::int32_t g) const {
+    return q.pinned.empty() ? 0 : q.pinned[static_cast<std::size_t>(g)];
+  }
+  /// Elastic: the pages the eviction keeps at least in q's compressed groups when one of them is
+  /// pinned (each pinned group its pinned and protected tokens, the others the protected ones);
+  /// 0 without a pin. A turn's limit covers them.
+  std::int64_t pinned_floor_pages(sim_sequence const& q) const {
+    std::int64_t floors = 0;
+    bool any            = false;
+    for (std::int32_t g = 0; g < G_; ++g)
+      if (pooled(g)) {
+        any = any || pin(q, g) > 0;
+        floors += ceil_div(pin(q, g) + protect_, P_);
+      }
+    return any ? floors : 0;
+  }
 
   /// R(n): the compressed groups' pages after n tokens, from the plan's scorer and margin.
   std::int64_t elastic_limit(std::int64_t n) const {
@@ -104,8 +127,10 @@ class engine_model {
       else
         ub += group_pages(rule(g), q.n + N, T, P_);
     }
-    // + held: the copies of shared pages, at most every held page.
-    return ub + std::max(elastic_limit(q.n + N), held) + Gc_ * ceil_div(T, P_) + staging(N) + held;
+    // + held: the copies of shared pages, at most every held page; a pinned turn's limit at most
+    // one page more per group than its protected floors above the pins.
+    return ub + std::max({elastic_limit(q.n + N), held, pinned_floor_pages(q)}) +
+           Gc_ * ceil_div(T, P_) + staging(N) + held;
   }
 
   std::map<std::int32_t, sim_sequence>& sequences() { return seqs_; }
@@ -175,6 +200,7 @@ class engine_model {
         INFO("slot " << q.id.slot << " group " << g << " phase " << to_string(q.phase));
         REQUIRE(m_.group_page_count(q.id, g) == q.held[gi]);
         REQUIRE(m_.group_target(q.id, g) == q.target[gi]);
+        REQUIRE(m_.group_pinned_tokens(q.id, g) == pin(q, g));
         REQUIRE(m_.group_pages_in_use(q.id, g) == in_use(q, g));
         bool holds_turn = q.phase != sequence_phase::ended &&
                           (q.phase != sequence_phase::parking || q.parked_mid_turn);
@@ -280,16 +306,21 @@ class engine_model {
                                              sequence_id id,
                                              std::int64_t c) {
     REQUIRE(m_.elastic_page_limit(id) == q.pooled_limit);
-    std::vector<std::int64_t> needs, cand;
+    std::vector<std::int64_t> needs, cand, floors, pins;
     std::vector<std::int32_t> order;
-    for (auto const& grp : pooled_members_)
-      for (auto h : grp) {
-        auto k = static_cast<std::int64_t>(q.tags[static_cast<std::size_t>(h)].size()) + c;
+    for (std::size_t k = 0; k < pooled_members_.size(); ++k) {
+      // A pinned group keeps at least its pinned and protected tokens (kernels/elastic_eviction).
+      auto p = pin(q, pooled_group_ids_[k]);
+      pins.push_back(p);
+      floors.push_back(p > 0 ? ceil_div(std::min(p + protect_, q.n + c), P_) : 0);
+      for (auto h : pooled_members_[k]) {
+        auto n = static_cast<std::int64_t>(q.tags[static_cast<std::size_t>(h)].size()) + c;
         needs.push_back(
-            std::uniform_int_distribution<std::int64_t>(std::min(protect_, k), k)(rng_));
-        cand.push_back(k);
+            std::uniform_int_distribution<std::int64_t>(std::min(protect_, n), n)(rng_));
+        cand.push_back(n);
         order.push_back(static_cast<std::int32_t>(order.size()));
       }
+    }
     reference::elastic_selection_input sel;
     sel.needs        = &needs;
     sel.members      = &order;
@@ -298,6 +329,7 @@ class engine_model {
     sel.candidates   = q.n + c;
     sel.protect      = protect_;
     sel.budget_pages = q.pooled_limit;
+    sel.floors       = &floors;
     auto r           = reference::select_group_lengths(sel);
     REQUIRE(r.fits);  // the limit always covers the protected floors
     REQUIRE(r.pages_used <= q.pooled_limit);
@@ -309,8 +341,9 @@ class engine_model {
       auto len = r.group_pages[k] * P_;
       for (auto h : pooled_members_[k]) {
         auto x = std::min(len, cand[i++]);
+        REQUIRE(x >= pins[k]);
         if (std::uniform_real_distribution<double>(0, 1)(rng_) < keep_fewer_)
-          x = std::max(std::min(protect_, x), x - static_cast<std::int64_t>(rng_() % 4));
+          x = std::max({std::min(protect_, x), pins[k], x - static_cast<std::int64_t>(rng_() % 4)});
         kept[static_cast<std::size_t>(h)] = x;
       }
     }
@@ -424,7 +457,7 @@ class engine_model {
       // fused eviction never writes them.
       if (plan_.rules[static_cast<std::size_t>(h)].kind == layer_kind::compressed)
         from = static_cast<std::size_t>(
-            m_.group_pinned_tokens(q.id, plan_.grouping.slots[static_cast<std::size_t>(h)].group));
+            pin(q, plan_.grouping.slots[static_cast<std::size_t>(h)].group));
       for (std::size_t i = from; i < t.size(); ++i)
         write_token(v, 0, h / H_, h % H_, static_cast<std::int32_t>(i), t[i]);
     }
@@ -458,6 +491,7 @@ class engine_model {
   std::int64_t elastic_evictions_ = 0, elastic_clipped_ = 0;
   std::vector<bool> pooled_;
   std::vector<std::vector<std::int32_t>> pooled_members_;
+  std::vector<std::int32_t> pooled_group_ids_;  ///< group id of each pooled_members_ entry
   std::map<std::int32_t, sim_sequence> seqs_;
   admit_result last_admit_;
 };

@@ -25,7 +25,9 @@
 // reserves before its copy-on-write copies run (only the total after the copies is predicted).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -101,31 +103,31 @@ class engine_sim : public engine_model {
       } else {
         std::int64_t k = 0;
         // A shared prefix's pinned tokens lead the candidates and are always kept, in place.
-        std::int64_t pin = m_.group_pinned_tokens(id, plan_.grouping.slots[static_cast<std::size_t>(h)].group);
-        REQUIRE(pin <= static_cast<std::int64_t>(q.tags[static_cast<std::size_t>(h)].size()));
+        std::int64_t pinned = pin(q, plan_.grouping.slots[static_cast<std::size_t>(h)].group);
+        REQUIRE(pinned <= static_cast<std::int64_t>(q.tags[static_cast<std::size_t>(h)].size()));
         if (elastic_) {
           k = elastic_kept[static_cast<std::size_t>(h)];
         } else {
           auto e =
               std::min<std::int64_t>(retained_tokens(r, n), static_cast<std::int64_t>(cand.size()));
-          e = std::max(e, pin);
+          e = std::max(e, pinned);
           k = e;
           if (std::uniform_real_distribution<double>(0, 1)(rng_) < keep_fewer_)
-            k = std::max<std::int64_t>(pin, e - static_cast<std::int64_t>(rng_() % 4));
+            k = std::max<std::int64_t>(pinned, e - static_cast<std::int64_t>(rng_() % 4));
         }
-        REQUIRE(k >= pin);
+        REQUIRE(k >= pinned);
         if (!data_) {  // counts only: which tokens does not matter
           next[static_cast<std::size_t>(h)] = std::vector<float>(cand.begin(), cand.begin() + k);
           kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(k);
           continue;
         }
         // The pinned candidates, then a random order-preserving subset of the others.
-        std::vector<std::size_t> idx(cand.size() - static_cast<std::size_t>(pin));
-        for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::size_t>(pin) + i;
+        std::vector<std::size_t> idx(cand.size() - static_cast<std::size_t>(pinned));
+        for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::size_t>(pinned) + i;
         std::shuffle(idx.begin(), idx.end(), rng_);
-        idx.resize(static_cast<std::size_t>(k - pin));
+        idx.resize(static_cast<std::size_t>(k - pinned));
         std::sort(idx.begin(), idx.end());
-        for (std::int64_t i = 0; i < pin; ++i) keep.push_back(cand[static_cast<std::size_t>(i)]);
+        for (std::int64_t i = 0; i < pinned; ++i) keep.push_back(cand[static_cast<std::size_t>(i)]);
         for (auto i : idx) keep.push_back(cand[i]);
       }
       kept[static_cast<std::size_t>(h)] = static_cast<std::int32_t>(keep.size());
@@ -303,16 +305,25 @@ class engine_sim : public engine_model {
   bool continue_turn(sequence_id id, std::int64_t N, std::int64_t T) {
     // Compressed pages a fork still shares: the turn copies them and counts each once more in
     // its target (an eviction may drop a copy before the engine completed it).
+    // A pinned prefix's pages stay shared, never copied.
+    auto& q             = seqs_.at(id.slot);
     std::int64_t shared = 0;
     for (std::int32_t g = 0; elastic_ && g < G_; ++g) {
       if (!pooled(g)) continue;
       auto const* pages = m_.group_pages(id, g);
-      for (std::int32_t p = 0; p < m_.group_page_count(id, g); ++p)
+      for (auto p = pin(q, g) / P_; p < m_.group_page_count(id, g); ++p)
         shared += m_.pool().ref_count(pages[p]) > 1;
     }
     if (!m_.continue_turn(id, N, T)) return false;
     copy_pages();
-    next_turn(seqs_.at(id.slot), N, T, shared);
+    // The turn keeps the pin, or the part of it within what a static group keeps.
+    for (std::int32_t g = 0; g < G_ && !q.pinned.empty(); ++g) {
+      auto gi = static_cast<std::size_t>(g);
+      if (pooled(g) || rule(g).kind != layer_kind::compressed) continue;
+      auto keep    = std::min(q.held[gi], group_pages(rule(g), q.n + N, T, P_));
+      q.pinned[gi] = std::min(q.pinned[gi], keep * P_);
+    }
+    next_turn(q, N, T, shared);
     return true;
   }
 
@@ -330,7 +341,7 @@ class engine_sim : public engine_model {
       std::int64_t held = 0;
       for (std::int32_t g = 0; g < G_; ++g)
         if (pooled(g)) held += q.held[static_cast<std::size_t>(g)];
-      q.pooled_limit      = std::max(elastic_limit(q.n + N), held);
+      q.pooled_limit      = std::max({elastic_limit(q.n + N), held, pinned_floor_pages(q)});
       std::int64_t target = turn_pages(q.pooled_limit, q.n + N, N, T) + shared;
       q.pooled_budget     = target - held;
       for (std::int32_t g = 0; g < G_; ++g) {
@@ -425,6 +436,7 @@ class engine_sim : public engine_model {
     copy_in(p, *r);
     auto q            = p.model;
     q.id              = r->id;
+    q.pinned.clear();  // fresh pages: nothing shared, nothing pinned
     q.phase           = sequence_phase::decode;
     q.parked_mid_turn = false;
     q.max_new         = T;
@@ -456,6 +468,7 @@ class engine_sim : public engine_model {
     copy_in(p, *r);
     auto q = p.model;
     q.id   = r->id;
+    q.pinned.clear();  // fresh pages: nothing shared, nothing pinned
     next_turn(q, N, T, 0);
     seqs_[r->id.slot] = q;
     return r->id;
@@ -486,9 +499,10 @@ class engine_sim : public engine_model {
   }
 
   /// `try_admit_with_prefix(prefix, N, T)` over a pinned prefix: the model is the prefix's after
-  /// a next turn of (N, T), every compressed page copied (the child shares all of them at first;
-  /// only the uncompressed groups' filled pages stay shared, and the tags read back through the
-  /// view check that no later write reaches them).
+  /// a next turn of (N, T); the pages every head of a growing group filled stay shared (pinned in
+  /// a compressed group, unless `share_compressed_prefix` is off), the rest of a compressed
+  /// group's held pages are copied; the tags read back through the view check that no later
+  /// write reaches a shared page.
   std::optional<sequence_id> admit_with_prefix(sequence_id prefix, std::int64_t N, std::int64_t T) {
     auto child = m_.try_admit_with_prefix(prefix, N, T);
     if (!child) return std::nullopt;
@@ -496,8 +510,24 @@ class engine_sim : public engine_model {
     auto q          = seqs_.at(prefix.slot);
     q.id            = *child;
     std::int64_t cp = 0;
-    for (std::int32_t g = 0; g < G_; ++g)
-      if (pooled(g)) cp += q.held[static_cast<std::size_t>(g)];
+    // Shared, predicted: the pages every head of a growing group filled (the pinned tokens), at
+    // most what the group keeps (a static group its target over n + N); the other held pages
+    // of a compressed group are copied.
+    q.pinned.assign(static_cast<std::size_t>(G_), 0);
+    for (std::int32_t g = 0; g < G_; ++g) {
+      auto gi = static_cast<std::size_t>(g);
+      if (rule(g).kind == layer_kind::sliding_window) continue;
+      if (rule(g).kind == layer_kind::compressed && !m_.options().share_compressed_prefix) {
+        if (pooled(g)) cp += q.held[gi];  // copied whole
+        continue;
+      }
+      auto shortest = std::numeric_limits<std::size_t>::max();
+      for (auto mb : plan_.grouping.groups[gi].members)
+        shortest = std::min(shortest, q.tags[static_cast<std::size_t>(mb.layer * H_ + mb.head)].size());
+      auto keep = pooled(g) ? q.held[gi] : std::min(q.held[gi], group_pages(rule(g), q.n + N, T, P_));
+      q.pinned[gi] = std::min(static_cast<std::int64_t>(shortest) / P_, keep) * P_;
+      if (pooled(g)) cp += q.held[gi] - q.pinned[gi] / P_;
+    }
     next_turn(q, N, T, cp);
     seqs_[child->slot] = q;
     return child;

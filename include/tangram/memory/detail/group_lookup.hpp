@@ -7,6 +7,7 @@
  */
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -54,7 +55,10 @@ class group_lookup {
         growing_.push_back(static_cast<std::int32_t>(g));
       }
       pooled_.push_back(elastic_ && grp.rule.kind == layer_kind::compressed);
-      if (pooled_.back()) pooled_groups_.push_back(static_cast<std::int32_t>(g));
+      if (pooled_.back()) {
+        pooled_groups_.push_back(static_cast<std::int32_t>(g));
+        pooled_protect_ = std::max<std::int64_t>(pooled_protect_, grp.rule.protect);
+      }
       for (auto m : grp.members) members_.push_back(m.layer * num_kv_heads_ + m.head);
       member_begin_[g + 1] = static_cast<std::int32_t>(members_.size());
     }
@@ -159,6 +163,14 @@ class group_lookup {
     return elastic_compressed_pages(scorer_, heads, group_size_, page_tokens_, margin_, n);
   }
 
+  /// Pages the elastic eviction keeps at least in a pooled group whose heads lead with `pinned`
+  /// tokens (a shared prefix's, kept in place; kernels/elastic_eviction.hpp): the pinned and
+  /// protected tokens, bounded above by pinned + the largest pooled `protect`; for an unpinned
+  /// group the protected floor alone.
+  [[nodiscard]] std::int64_t pooled_floor_pages(std::int64_t pinned) const noexcept {
+    return pages_for(pinned + pooled_protect_);
+  }
+
   /// K(n): the scorer's total over the pooled groups' heads after n tokens (what the elastic
   /// eviction keeps before page rounding; 0 without pooled groups). Same precondition on n.
   [[nodiscard]] std::int64_t pooled_wanted(std::int64_t n) const {
@@ -198,6 +210,7 @@ class group_lookup {
   scorer_total scorer_;
   std::vector<std::uint8_t> pooled_;
   std::vector<std::int32_t> pooled_groups_;
+  std::int64_t pooled_protect_ = 0;  ///< the largest `protect` of a pooled group's rule
   std::vector<head_slot> head_slots_;
   std::vector<head_rule> head_rules_;
   std::vector<head_rule> rules_;

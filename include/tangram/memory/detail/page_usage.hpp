@@ -168,11 +168,11 @@ class page_usage {
   }
 
   /// Leading pages of group g of pinned prefix s that a request admitted over it keeps shared:
-  /// the pages every head has filled, for an append-only group and for a compressed group with
-  /// static budgets (its eviction keeps them in place: kv_cache_view::pinned); 0 for a sliding
-  /// ring and for elastic (pooled) groups, whose request-wide selection is not pinned.
+  /// the pages every head has filled, for an append-only group and for a compressed one (its
+  /// eviction, static or elastic, keeps them in place: kv_cache_view::pinned); 0 for a sliding
+  /// ring, and for a compressed group when `share_compressed_prefix` is off.
   [[nodiscard]] std::int64_t prefix_shared(std::int32_t s, std::int32_t g) const noexcept {
-    if (groups_.is_sliding(g) || groups_.pooled(g)) return 0;
+    if (groups_.is_sliding(g)) return 0;
     if (!groups_.append_only(g) && !share_compressed_prefix_) return 0;
     return shareable(s, g);
   }
@@ -441,20 +441,36 @@ class page_usage {
       out.set_pooled_target(target, target);
       return;
     }
-    std::int64_t held_total = 0, copies = 0;
+    std::int64_t held_total = 0, copies = 0, pinned_floors = 0;
+    bool pinned_any      = false;
     std::int64_t longest = groups_.pages_for(tokens + max_new_tokens);
-    bool child           = kind == turn_kind::prefix;  // shares every page: all copied
+    bool child           = kind == turn_kind::prefix;  // shares every page: copied unless pinned
+    // Pages a group keeps shared (a pinned prefix's, never copied): the child's share of the
+    // prefix, or what a next turn keeps of its pin.
+    auto pinned_pages = [&](std::int32_t g, std::int64_t held) {
+      return std::min(child ? prefix_shared(s, g) : unwritten(s, g), held);
+    };
+    // Exclusive pages among the held, plus the shared ones below the pin (never copied).
+    auto already_held = [&](std::int32_t g, std::int64_t held) {
+      auto pin = pinned_pages(g, held);
+      return child ? pin : exclusive(s, g, held) + pin - exclusive(s, g, pin);
+    };
     if (kind == turn_kind::next_turn || child)
       for (auto g : pooled) {
         auto held = page_table_.count(s, g);
+        auto pin  = pinned_pages(g, held);
         held_total += held;
-        copies += held - (child ? 0 : exclusive(s, g, held));
+        copies += held - already_held(g, held);
+        pinned_any = pinned_any || pin > 0;
+        pinned_floors += groups_.pooled_floor_pages(pin * groups_.page_tokens());
       }
     if (kind == turn_kind::restore)
       for (auto g : pooled) held_total += restore_held[g];
     // A copy's new page is held by the list and by the pending copy until the engine completes
     // it; an eviction that drops it before then frees nothing, so the target covers it twice.
+    // Pinned groups: the eviction keeps their pinned and protected pages, the limit covers them.
     std::int64_t limit = std::max(groups_.pooled_pages(tokens), held_total);
+    if (pinned_any) limit = std::max(limit, pinned_floors);
     std::int64_t whole = static_cast<std::int64_t>(pooled.size()) * longest;  // uncompressed
     std::int64_t target =
         elastic_turn_pages(limit, decode_pages, staging_pages(prompt_tokens), whole) + copies;
@@ -462,7 +478,7 @@ class page_usage {
       std::int64_t held = 0, exclusive_held = 0, current = 0;
       if (kind == turn_kind::next_turn || child) {
         held           = page_table_.count(s, g);
-        exclusive_held = child ? 0 : exclusive(s, g, held);
+        exclusive_held = already_held(g, held);
         current        = child ? 0 : page_table_.capacity(s, g);
       } else if (kind == turn_kind::restore) {
         held = exclusive_held = restore_held[g];
