@@ -108,7 +108,7 @@ int run_shared_prompt(model_spec const& model,
   out << "tangram: measured on the manager (pinned prefix, try_admit_with_prefix): "
       << r.tangram_pages_shared << " pages mapped by reference, " << r.tangram_page_copies
       << " copied (every group shares the prefix pages all its heads filled, a compressed group's"
-         " pinned in place by its eviction; sliding rings copy theirs; static budgets:"
+         " pinned in place by its eviction; sliding rings copy theirs; measured on the static plan:"
          " docs/memory.md#shared-prefixes).\n"
          "full_kv: vLLM v1 with automatic prefix caching, the prompt's full 16-token blocks held"
          " once (modelled). Compressed unified baselines (the reference, SGLang with compression)"
