@@ -141,6 +141,47 @@ TEST_CASE("a request over a pinned prefix shares its filled pages and copies the
   m.check_invariants();
 }
 
+TEST_CASE("a prefix that decoded before it was pinned: the pin stays within every head's budget",
+          "[memory][prefix][regression]") {
+  // Review of the pinned prefixes: a prefix with answer tokens holds more than its prompt's
+  // budget; pinning all its filled pages could leave a static compressed group no room for the
+  // request's answer (decode_step past the reservation). The pin is capped at floor(min over the
+  // group's heads of retained_tokens(n + N) / P) pages (the engine model predicts it and
+  // verify() compares every group's pin, data and reservation), at admission and at next turns.
+  for (std::int64_t Tp : {0, 4, 12, 20})
+    for (std::int64_t N : {1, 2, 4})
+      for (std::int64_t Tr : {0, 1, 4, 8}) {
+        INFO("prefix answer " << Tp << ", request (" << N << ", " << Tr << ")");
+        tiny_manager fx(opts(400, 8));
+        auto& m = fx.m;
+        engine_sim sim(m, 17, 0.0);
+        auto p = sim.admit(16, Tp);
+        REQUIRE(p);
+        sim.chunk(*p, 8);
+        sim.chunk(*p, 8);
+        for (std::int64_t t = 0; t < Tp; ++t) sim.decode({*p});
+        sim.end_turn(*p);
+        m.pin_prefix(*p);
+        auto a = sim.admit_with_prefix(*p, N, Tr);
+        REQUIRE(a);
+        sim.chunk(*a, N);
+        for (std::int64_t t = 0; t < Tr; ++t) sim.decode({*a});
+        sim.verify();
+        for (std::int32_t g = 0; g < 4; ++g) {  // the compressed groups: within the budget
+          std::int64_t least = std::numeric_limits<std::int64_t>::max();
+          for (auto mb : fx.plan.grouping.groups[static_cast<std::size_t>(g)].members)
+            least = std::min(least, retained_tokens(fx.plan.rule(mb.layer, mb.head), 16 + Tp + N));
+          CHECK(m.group_pinned_tokens(*a, g) <= least / 4 * 4);
+        }
+        sim.end_turn(*a);
+        REQUIRE(sim.continue_turn(*a, 1, Tr));
+        sim.chunk(*a, 1);
+        for (std::int64_t t = 0; t < Tr; ++t) sim.decode({*a});
+        sim.verify();
+        m.check_invariants();
+      }
+}
+
 TEST_CASE("a fork of a pinned prefix is a plain fork of an ended sequence", "[memory][prefix]") {
   // docs/memory.md: `fork` accepts a pinned prefix. The child is what a fork of any ended
   // sequence is: ended, not pinned, no reservation (an ended sequence's targets are its pages in

@@ -62,7 +62,9 @@ struct kv_cache_view {
   const std::int32_t* seq_tokens    = nullptr;  ///< [slots] tokens the sequence has seen
   /// Optional [slots * G]: leading tokens of every head of (slot, group) that lie on read-only
   /// pages shared with a pinned prefix (memory/detail/manager_prefix.inl). A multiple of P and at
-  /// most every head's length; the eviction protects them and never writes them. Null: none.
+  /// most every head's length (the kernels do not check it: the manager guarantees it); a
+  /// compressed head's eviction protects them and never writes them (an uncompressed head
+  /// appends after them anyway; a sliding ring has none). Null: none.
   const std::int32_t* pinned_tokens = nullptr;
 
   std::int32_t batch_size         = 0;

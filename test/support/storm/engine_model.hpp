@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -72,6 +73,17 @@ class engine_model {
   std::int64_t elastic_evictions() const { return elastic_evictions_; }
   std::int64_t elastic_clipped() const { return elastic_clipped_; }
   bool pooled(std::int32_t g) const { return pooled_[static_cast<std::size_t>(g)]; }
+
+  /// The most pinned pages static compressed group g keeps over `tokens` (n + N): floor(min over
+  /// its heads of retained_tokens / P); no bound for other groups.
+  std::int64_t pin_cap_pages(std::int32_t g, std::int64_t tokens) const {
+    if (pooled(g) || rule(g).kind != layer_kind::compressed)
+      return std::numeric_limits<std::int64_t>::max();
+    std::int64_t least = std::numeric_limits<std::int64_t>::max();
+    for (auto mb : plan_.grouping.groups[static_cast<std::size_t>(g)].members)
+      least = std::min(least, retained_tokens(plan_.rule(mb.layer, mb.head), tokens));
+    return least / P_;
+  }
 
   /// Pinned tokens of group g of q (0 without a pin).
   std::int64_t pin(sim_sequence const& q, std::int32_t g) const {

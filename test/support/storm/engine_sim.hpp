@@ -320,7 +320,8 @@ class engine_sim : public engine_model {
     for (std::int32_t g = 0; g < G_ && !q.pinned.empty(); ++g) {
       auto gi = static_cast<std::size_t>(g);
       if (pooled(g) || rule(g).kind != layer_kind::compressed) continue;
-      auto keep    = std::min(q.held[gi], group_pages(rule(g), q.n + N, T, P_));
+      auto keep    = std::min({q.held[gi], group_pages(rule(g), q.n + N, T, P_),
+                               pin_cap_pages(g, q.n + N)});
       q.pinned[gi] = std::min(q.pinned[gi], keep * P_);
     }
     next_turn(q, N, T, shared);
@@ -525,6 +526,7 @@ class engine_sim : public engine_model {
       for (auto mb : plan_.grouping.groups[gi].members)
         shortest = std::min(shortest, q.tags[static_cast<std::size_t>(mb.layer * H_ + mb.head)].size());
       auto keep = pooled(g) ? q.held[gi] : std::min(q.held[gi], group_pages(rule(g), q.n + N, T, P_));
+      keep      = std::min(keep, pin_cap_pages(g, q.n + N));  // within every head's budget
       q.pinned[gi] = std::min(static_cast<std::int64_t>(shortest) / P_, keep) * P_;
       if (pooled(g)) cp += q.held[gi] - q.pinned[gi] / P_;
     }

@@ -57,8 +57,10 @@ std::int64_t basic_kv_cache_manager<Layout>::elastic_wanted_tokens(sequence_id s
 }
 
 /// Leading tokens of every head of group g of `seq` on read-only pages shared with a pinned
-/// prefix (`try_admit_with_prefix`): the eviction keeps them in place. 0 for a sequence not
-/// admitted over a prefix (or a fork of one). @throw logic_error for an unknown sequence/group.
+/// prefix (`try_admit_with_prefix`): a compressed group's eviction keeps them in place (an
+/// uncompressed group's are the prefix tokens it appends after). 0 for a sequence not admitted
+/// over a prefix (or a fork of one) and for a sliding group. @throw logic_error for an unknown
+/// sequence/group.
 template <class Layout>
 std::int32_t basic_kv_cache_manager<Layout>::group_pinned_tokens(sequence_id seq,
                                                                  std::int32_t g) const {

@@ -7,10 +7,12 @@
  * A prefix is an ended sequence (a system prompt prefilled as a normal request, then `end_turn`)
  * that `pin_prefix` makes read-only. `try_admit_with_prefix(prefix, N, T)` admits a request whose
  * first N prompt tokens follow the prefix: its page lists start with the prefix's pages by
- * reference count. Pages an append-only (uncompressed) group has filled are never written again
- * and stay shared for the request's whole life; the other kept pages (compressed groups, whose
- * eviction compacts over them; sliding rings; a partly filled last page) are copied on write
- * exactly as `continue_turn` on a fork copies them. The request's budgets charge every prefix
+ * reference count. Pages every head of a growing group has filled stay shared for the request's
+ * whole life: an append-only (uncompressed) group never writes them again, and a compressed
+ * group's eviction keeps them in place as pinned tokens (kv_cache_view::pinned_tokens; at most
+ * every head's budget over n + N, `page_usage::pin_cap`; none when
+ * `manager_options::share_compressed_prefix` is off). The other kept pages (sliding rings, a
+ * partly filled last page) are copied on write exactly as `continue_turn` on a fork copies them. The request's budgets charge every prefix
  * token it attends (its targets are those of a turn over n + N tokens), the shared pages held
  * without a reservation; the pool counts a shared page once. `free(prefix)` unregisters it: its
  * references go, and each page returns to the pool when its last request frees or parks it.
@@ -83,7 +85,7 @@ std::optional<sequence_id> basic_kv_cache_manager<Layout>::try_admit_with_prefix
   std::int64_t kept_shared = 0;
   for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
     auto keep   = std::min<std::int64_t>(page_table_.count(c, g), footprint_.target(g));
-    auto pinned = std::min(usage_.prefix_shared(s, g), keep);
+    auto pinned = std::min(usage_.prefix_shared(s, g, n + prompt_tokens), keep);
     flow_.copy_shared_head(c, g, pinned, keep);
     page_table_.pinned(c, g) = static_cast<std::int32_t>(pinned * groups_.page_tokens());
     kept_shared += pinned;

@@ -63,7 +63,7 @@ bool basic_kv_cache_manager<Layout>::continue_turn(sequence_id seq,
   page_table_.start_turn(s, footprint_);
   for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
     auto keep   = std::min<std::int64_t>(page_table_.count(s, g), footprint_.target(g));
-    auto pinned = std::min(usage_.unwritten(s, g), keep);
+    auto pinned = std::min(usage_.kept_unwritten(s, g, n + prompt_tokens), keep);
     flow_.copy_shared_head(s, g, pinned, keep);
     if (!groups_.append_only(g))  // a turn never grows the pin; it may only drop pages of it
       page_table_.pinned(s, g) =

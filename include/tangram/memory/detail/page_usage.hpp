@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "tangram/memory/detail/chunk_rules.hpp"
 #include "tangram/memory/detail/group_lookup.hpp"
@@ -167,14 +168,37 @@ class page_usage {
     }
   }
 
+  /// The most pinned pages a compressed group with static budgets keeps over a history of
+  /// `tokens` (n + N): the pages every head's budget retains, floor(min retained / P). A pin past
+  /// a head's budget (a prefix that decoded before it was pinned) would take the room the turn
+  /// reserved for its answer. No bound for other groups (an elastic turn's limit covers its pins).
+  [[nodiscard]] std::int64_t pin_cap(std::int32_t g, std::int64_t tokens) const noexcept {
+    if (groups_.append_only(g) || groups_.pooled(g) || groups_.is_sliding(g))
+      return std::numeric_limits<std::int64_t>::max();
+    std::int64_t least = std::numeric_limits<std::int64_t>::max();
+    for (auto const* m = groups_.members_begin(g); m != groups_.members_end(g); ++m)
+      least = std::min(least, retained_tokens(groups_.head_rule_of(*m), tokens));
+    return least / groups_.page_tokens();
+  }
+
   /// Leading pages of group g of pinned prefix s that a request admitted over it keeps shared:
   /// the pages every head has filled, for an append-only group and for a compressed one (its
   /// eviction, static or elastic, keeps them in place: kv_cache_view::pinned); 0 for a sliding
-  /// ring, and for a compressed group when `share_compressed_prefix` is off.
-  [[nodiscard]] std::int64_t prefix_shared(std::int32_t s, std::int32_t g) const noexcept {
+  /// ring, and for a compressed group when `share_compressed_prefix` is off; at most `pin_cap`
+  /// over the request's `tokens` (n + N).
+  [[nodiscard]] std::int64_t prefix_shared(std::int32_t s,
+                                           std::int32_t g,
+                                           std::int64_t tokens) const noexcept {
     if (groups_.is_sliding(g)) return 0;
     if (!groups_.append_only(g) && !share_compressed_prefix_) return 0;
-    return shareable(s, g);
+    return std::min(shareable(s, g), pin_cap(g, tokens));
+  }
+  /// Pages of group g that a next turn of slot s over `tokens` (n + N) keeps shared: its
+  /// `unwritten` ones, at most `pin_cap`.
+  [[nodiscard]] std::int64_t kept_unwritten(std::int32_t s,
+                                            std::int32_t g,
+                                            std::int64_t tokens) const noexcept {
+    return std::min(unwritten(s, g), pin_cap(g, tokens));
   }
 
   /// Pages group g of slot s (in decode) holds once its turn reaches `max_new` decode tokens: a
@@ -298,7 +322,8 @@ class page_usage {
           std::int64_t held = page_table_.count(s, g);
           target = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
           std::int64_t keep   = std::min(held, target);
-          std::int64_t pinned = std::min(child ? prefix_shared(s, g) : unwritten(s, g), keep);
+          std::int64_t pinned =
+              std::min(child ? prefix_shared(s, g, tokens) : kept_unwritten(s, g, tokens), keep);
           // Exclusive pages among the kept, plus the shared ones below the pin (never copied).
           already_held = child ? pinned : exclusive(s, g, keep) + pinned - exclusive(s, g, pinned);
           copies       = keep - already_held;
@@ -448,7 +473,7 @@ class page_usage {
     // Pages a group keeps shared (a pinned prefix's, never copied): the child's share of the
     // prefix, or what a next turn keeps of its pin.
     auto pinned_pages = [&](std::int32_t g, std::int64_t held) {
-      return std::min(child ? prefix_shared(s, g) : unwritten(s, g), held);
+      return std::min(child ? prefix_shared(s, g, tokens) : kept_unwritten(s, g, tokens), held);
     };
     // Exclusive pages among the held, plus the shared ones below the pin (never copied).
     auto already_held = [&](std::int32_t g, std::int64_t held) {
