@@ -37,7 +37,8 @@ TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: per-head pages 
 TANGRAM_GPU_TEST("gpu elastic eviction equals the CPU reference: pinned shared-prefix pages kept",
                  "[gpu][eviction][elastic][pinned]") {
   test::gpu_backend gpu;
-  for (auto const& c : test::elastic_cases_pinned()) GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
+  for (auto const& c : test::elastic_cases_pinned())
+    GPU_REQUIRE_AGREES(test::check_elastic(c, gpu));
 }
 
 TANGRAM_GPU_TEST("gpu elastic eviction: long candidate lists (several compaction tiles)",

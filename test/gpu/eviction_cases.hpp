@@ -342,8 +342,8 @@ inline std::string check_pinned_kept(test_cache& before,
       std::ostringstream s;
       s << "request " << r << " head " << h << ": ";
       if (new_len[static_cast<std::size_t>(r * bv.num_kv_heads + h)] < q) {
-        s << "keeps " << new_len[static_cast<std::size_t>(r * bv.num_kv_heads + h)] << " < "
-          << q << " pinned tokens";
+        s << "keeps " << new_len[static_cast<std::size_t>(r * bv.num_kv_heads + h)] << " < " << q
+          << " pinned tokens";
         return s.str();
       }
       for (std::int32_t i = 0; i < q; ++i)

@@ -81,8 +81,7 @@ TEST_CASE("a request over a pinned prefix shares its filled pages and copies the
   for (std::int32_t g = 0; g < 6; ++g) {
     auto mine = pages_of(m, *a, g), theirs = pages_of(m, p, g);
     auto shared = static_cast<std::size_t>(pinned[static_cast<std::size_t>(g)] / 4);
-    for (std::size_t k = 0; k < mine.size(); ++k)
-      CHECK((mine[k] == theirs[k]) == (k < shared));
+    for (std::size_t k = 0; k < mine.size(); ++k) CHECK((mine[k] == theirs[k]) == (k < shared));
   }
   sim.verify();
   m.check_invariants();

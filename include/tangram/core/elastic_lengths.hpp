@@ -112,9 +112,9 @@ TANGRAM_HOST_DEVICE std::int64_t select_lengths_above(std::int64_t const* needs,
   // Every gain >= t, then the gains equal to t - 1, group by group, while pages remain (never
   // zero gains): one pass, each group's floor read before its length replaces it.
   for (std::int32_t g = 0; g < groups; ++g) {
-    auto const* n = needs + static_cast<std::int64_t>(g) * group_size;
-    auto floor    = pages[g];
-    auto c        = pages_with_gain_at_least(n, group_size, page_tokens, floor, t);
+    auto const* n     = needs + static_cast<std::int64_t>(g) * group_size;
+    auto floor        = pages[g];
+    auto c            = pages_with_gain_at_least(n, group_size, page_tokens, floor, t);
     std::int64_t take = 0;
     if (t > 1 && given < extra) {
       auto more = pages_with_gain_at_least(n, group_size, page_tokens, floor, t - 1) - c;

@@ -242,8 +242,8 @@ TANGRAM_HOST_DEVICE std::int64_t elastic_group_pages(elastic_eviction_params con
   std::int64_t groups = 0, floors = 0;
   for (std::int32_t g = 0; g < kv.num_groups; ++g)
     if (index[g] >= 0) {
-      index[g]      = groups++;
-      std::int64_t f = pages[g] > lo ? pages[g] : lo;
+      index[g]        = groups++;
+      std::int64_t f  = pages[g] > lo ? pages[g] : lo;
       pages[index[g]] = f;
       floors += f;
     }

@@ -245,7 +245,7 @@ inline elastic_selection select_group_lengths(elastic_selection_input const& in)
   out.fits        = true;
   out.group_pages = floor;
   out.pages_used  = floors;
-  auto hp        = static_cast<std::size_t>(in.group_size);
+  auto hp         = static_cast<std::size_t>(in.group_size);
   std::vector<detail::gain_run> runs;
   runs.reserve(2 * heads + G);
   std::vector<std::int64_t> sorted(hp), prefix(hp + 1), points;

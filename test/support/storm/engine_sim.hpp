@@ -320,8 +320,8 @@ class engine_sim : public engine_model {
     for (std::int32_t g = 0; g < G_ && !q.pinned.empty(); ++g) {
       auto gi = static_cast<std::size_t>(g);
       if (pooled(g) || rule(g).kind != layer_kind::compressed) continue;
-      auto keep    = std::min({q.held[gi], group_pages(rule(g), q.n + N, T, P_),
-                               pin_cap_pages(g, q.n + N)});
+      auto keep =
+          std::min({q.held[gi], group_pages(rule(g), q.n + N, T, P_), pin_cap_pages(g, q.n + N)});
       q.pinned[gi] = std::min(q.pinned[gi], keep * P_);
     }
     next_turn(q, N, T, shared);
@@ -435,8 +435,8 @@ class engine_sim : public engine_model {
     auto r    = m_.try_resume(p.session, T);
     if (!r) return std::nullopt;
     copy_in(p, *r);
-    auto q            = p.model;
-    q.id              = r->id;
+    auto q = p.model;
+    q.id   = r->id;
     q.pinned.clear();  // fresh pages: nothing shared, nothing pinned
     q.phase           = sequence_phase::decode;
     q.parked_mid_turn = false;
@@ -524,9 +524,11 @@ class engine_sim : public engine_model {
       }
       auto shortest = std::numeric_limits<std::size_t>::max();
       for (auto mb : plan_.grouping.groups[gi].members)
-        shortest = std::min(shortest, q.tags[static_cast<std::size_t>(mb.layer * H_ + mb.head)].size());
-      auto keep = pooled(g) ? q.held[gi] : std::min(q.held[gi], group_pages(rule(g), q.n + N, T, P_));
-      keep      = std::min(keep, pin_cap_pages(g, q.n + N));  // within every head's budget
+        shortest =
+            std::min(shortest, q.tags[static_cast<std::size_t>(mb.layer * H_ + mb.head)].size());
+      auto keep =
+          pooled(g) ? q.held[gi] : std::min(q.held[gi], group_pages(rule(g), q.n + N, T, P_));
+      keep         = std::min(keep, pin_cap_pages(g, q.n + N));  // within every head's budget
       q.pinned[gi] = std::min(static_cast<std::int64_t>(shortest) / P_, keep) * P_;
       if (pooled(g)) cp += q.held[gi] - q.pinned[gi] / P_;
     }

@@ -29,12 +29,11 @@ namespace tangram::detail {
                                                 std::int64_t held,
                                                 std::int64_t n,
                                                 std::int64_t c,
-                                                bool pooled           = false,
+                                                bool pooled         = false,
                                                 std::int64_t pinned = 0) noexcept {
   if (r.kind == layer_kind::sliding_window) return std::min<std::int64_t>(n, r.window);
   if (r.kind == layer_kind::uncompressed || pooled) return held + c;
-  return std::max(std::min<std::int64_t>(retained_tokens(r, n), held + c),
-                  std::min(pinned, held));
+  return std::max(std::min<std::int64_t>(retained_tokens(r, n), held + c), std::min(pinned, held));
 }
 
 /**
@@ -66,8 +65,8 @@ inline void check_kept(layer_kind kind,
                   to_string(kind),
                   " head must keep ",
                   kind != layer_kind::compressed ? "exactly "
-                  : pinned > 0                     ? "between " + std::to_string(pinned) + " (pinned) and "
-                                                   : std::string("between 0 and "),
+                  : pinned > 0 ? "between " + std::to_string(pinned) + " (pinned) and "
+                               : std::string("between 0 and "),
                   expect,
                   " after ",
                   n,

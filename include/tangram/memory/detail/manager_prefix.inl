@@ -12,10 +12,11 @@
  * group's eviction keeps them in place as pinned tokens (kv_cache_view::pinned_tokens; at most
  * every head's budget over n + N, `page_usage::pin_cap`; none when
  * `manager_options::share_compressed_prefix` is off). The other kept pages (sliding rings, a
- * partly filled last page) are copied on write exactly as `continue_turn` on a fork copies them. The request's budgets charge every prefix
- * token it attends (its targets are those of a turn over n + N tokens), the shared pages held
- * without a reservation; the pool counts a shared page once. `free(prefix)` unregisters it: its
- * references go, and each page returns to the pool when its last request frees or parks it.
+ * partly filled last page) are copied on write exactly as `continue_turn` on a fork copies them.
+ * The request's budgets charge every prefix token it attends (its targets are those of a turn over
+ * n + N tokens), the shared pages held without a reservation; the pool counts a shared page once.
+ * `free(prefix)` unregisters it: its references go, and each page returns to the pool when its last
+ * request frees or parks it.
  */
 #pragma once
 

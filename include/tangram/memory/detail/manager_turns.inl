@@ -66,9 +66,8 @@ bool basic_kv_cache_manager<Layout>::continue_turn(sequence_id seq,
     auto pinned = std::min(usage_.kept_unwritten(s, g, n + prompt_tokens), keep);
     flow_.copy_shared_head(s, g, pinned, keep);
     if (!groups_.append_only(g))  // a turn never grows the pin; it may only drop pages of it
-      page_table_.pinned(s, g) =
-          std::min(page_table_.pinned(s, g),
-                   static_cast<std::int32_t>(pinned * groups_.page_tokens()));
+      page_table_.pinned(s, g) = std::min(
+          page_table_.pinned(s, g), static_cast<std::int32_t>(pinned * groups_.page_tokens()));
   }
   st.phase            = sequence_phase::prefill;
   st.prompt_remaining = prompt_tokens;
@@ -104,8 +103,8 @@ std::optional<sequence_id> basic_kv_cache_manager<Layout>::fork(sequence_id pare
     auto shared = usage_.shareable(s, g);
     flow_.share_into_fork(s, c, g, shared, usage_.in_use(s, g));
     // The parent's pinned prefix pages are among the shared ones: the child keeps them pinned.
-    page_table_.pinned(c, g) = std::min(
-        page_table_.pinned(s, g), static_cast<std::int32_t>(shared * groups_.page_tokens()));
+    page_table_.pinned(c, g) = std::min(page_table_.pinned(s, g),
+                                        static_cast<std::int32_t>(shared * groups_.page_tokens()));
   }
   lengths_.copy(s, c);
   cs.max_new        = ps.max_new;

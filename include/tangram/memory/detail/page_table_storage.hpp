@@ -275,7 +275,7 @@ class page_table_storage {
   void close(std::int32_t s) noexcept {
     pooled_budget_[static_cast<std::size_t>(s)] = pooled_limit_[static_cast<std::size_t>(s)] = 0;
     for (std::int32_t g = 0; g < groups_; ++g) {
-      auto i    = at(s, g);
+      auto i = at(s, g);
       // offset_ and pinned_ (view rows) keep their values, as the mirror does: a free slot is in
       // no batch, and `open` resets both under a journal note.
       count_[i] = capacity_[i] = target_[i] = budget_[i] = 0;

@@ -321,7 +321,7 @@ class page_usage {
           bool child        = kind == turn_kind::prefix;
           std::int64_t held = page_table_.count(s, g);
           target = group_pages(groups_.rule(g), tokens, max_new_tokens, groups_.page_tokens());
-          std::int64_t keep   = std::min(held, target);
+          std::int64_t keep = std::min(held, target);
           std::int64_t pinned =
               std::min(child ? prefix_shared(s, g, tokens) : kept_unwritten(s, g, tokens), keep);
           // Exclusive pages among the kept, plus the shared ones below the pin (never copied).
