@@ -50,17 +50,17 @@ elastic_options groups_of_four() {
   return o;
 }
 
-/// Best wanted-token count over every group length in [lo, hi] pages with at most `budget` pages,
-/// by exhaustive enumeration (independent of the greedy).
+/// Best wanted-token count over every length of group g in [lo[g], max(lo[g], hi)] pages with at
+/// most `budget` pages, by exhaustive enumeration (independent of the greedy).
 std::int64_t brute_force_best(std::vector<std::int64_t> const& needs,
                               std::vector<std::int32_t> const& members,
                               int hp,
                               int P,
-                              std::int64_t lo,
+                              std::vector<std::int64_t> const& lo,
                               std::int64_t hi,
                               std::int64_t budget) {
   std::size_t G = members.size() / static_cast<std::size_t>(hp);
-  std::vector<std::int64_t> p(G, lo);
+  std::vector<std::int64_t> p(lo);
   std::int64_t best                                  = -1;
   std::function<void(std::size_t, std::int64_t)> rec = [&](std::size_t g, std::int64_t used) {
     if (used > budget) return;
@@ -72,7 +72,7 @@ std::int64_t brute_force_best(std::vector<std::int64_t> const& needs,
       best = std::max(best, w);
       return;
     }
-    for (std::int64_t x = lo; x <= hi; ++x) {
+    for (std::int64_t x = lo[g]; x <= std::max(lo[g], hi); ++x) {
       p[g] = x;
       rec(g + 1, used + x);
     }
@@ -112,7 +112,6 @@ std::vector<std::int64_t> per_page_greedy(reference::elastic_selection_input con
   }
   return pages;
 }
-
 
 double num(json::value const& v, char const* key) {
   auto const* m = v.find(key);
@@ -231,7 +230,14 @@ TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[pl
     }
     CHECK(sel.wanted_kept == kept);
     CHECK(sel.padding_kept == padding);
-    CHECK(sel.wanted_kept == brute_force_best(needs, members, hp, P, lo, hi, budget));
+    CHECK(sel.wanted_kept ==
+          brute_force_best(needs,
+                           members,
+                           hp,
+                           P,
+                           std::vector<std::int64_t>(static_cast<std::size_t>(G), lo),
+                           hi,
+                           budget));
     ++checked;
     clipped_cases += sel.wanted_clipped() > 0;
     padded_cases += sel.padding_kept > 0;
@@ -242,9 +248,10 @@ TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[pl
   CHECK(padded_cases > 500);
 }
 
-TEST_CASE("elastic placement with per-group floors (pinned prefix pages) is optimal and the "
-          "kernels' form equals it",
-          "[plan][elastic][pinned]") {
+TEST_CASE(
+    "elastic placement with per-group floors (pinned prefix pages) is optimal and the "
+    "kernels' form equals it",
+    "[plan][elastic][pinned]") {
   // A group whose heads lead with a shared prefix's pinned tokens keeps at least those pages
   // (elastic_selection_input::floors; kernels/elastic_eviction.hpp). Exhaustive search over every
   // length in [floor_g, hi] per group, and elastic::select_lengths_above page for page.
@@ -282,28 +289,10 @@ TEST_CASE("elastic placement with per-group floors (pinned prefix pages) is opti
     for (int g = 0; g < G; ++g)
       CHECK(sel.group_pages[static_cast<std::size_t>(g)] >= floor[static_cast<std::size_t>(g)]);
     // Exhaustive: the best wanted-token count with each group in [floor_g, max(floor_g, hi)].
-    std::vector<std::int64_t> p(static_cast<std::size_t>(G));
-    std::int64_t best                                  = -1;
-    std::function<void(std::size_t, std::int64_t)> rec = [&](std::size_t g, std::int64_t used) {
-      if (used > budget) return;
-      if (g == static_cast<std::size_t>(G)) {
-        std::int64_t w = 0;
-        for (std::size_t k = 0; k < p.size(); ++k)
-          for (int c = 0; c < hp; ++c)
-            w += std::min(needs[k * static_cast<std::size_t>(hp) + static_cast<std::size_t>(c)],
-                          p[k] * P);
-        best = std::max(best, w);
-        return;
-      }
-      for (std::int64_t x = floor[g]; x <= std::max(floor[g], hi); ++x) {
-        p[g] = x;
-        rec(g + 1, used + x);
-      }
-    };
-    rec(0, 0);
-    CHECK(sel.wanted_kept == best);
+    CHECK(sel.wanted_kept == brute_force_best(needs, members, hp, P, floor, hi, budget));
     std::vector<std::int64_t> pages(floor);
-    auto given = elastic::select_lengths_above(needs.data(), G, hp, P, budget - floor_total, pages.data());
+    auto given =
+        elastic::select_lengths_above(needs.data(), G, hp, P, budget - floor_total, pages.data());
     CHECK(pages == sel.group_pages);
     CHECK(given == sel.pages_used - floor_total);
     ++checked;
