@@ -43,8 +43,8 @@ for s in "${stages[@]}"; do
       python3 -c 'import venv, ensurepip' 2>/dev/null || need python3-venv
       python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || need python3-dev
       ;;
-    tsan | emu) has_header catch2/catch.hpp || need catch2 ;;
-    asan) # clang builds the instrumented suites
+    tsan) has_header catch2/catch.hpp || need catch2 ;;
+    asan | emu) # clang builds the instrumented suites (emu: the emulation suite under ASan)
       has_header catch2/catch.hpp || need catch2
       command -v clang++ >/dev/null || need clang
       ;;
