@@ -15,12 +15,16 @@
 // a turn's reservation grown, the session parked in host memory and brought back for a third
 // turn, and free: at the end every page and slot is back. Pages are
 // reused only after the work that read them is done (deferred reuse: one epoch per step, released
-// a step later, as a GPU running one step behind the host would be). Each chunk is evicted by the CPU reference kernel (`reference::evict_chunk`,
-// layer by layer, key-norm scores) on K/V written into the manager's own host pool, as the CUDA
-// kernel would on a device pool. Under elastic reservation (the default) every layer stages the
-// chunk and its keys, and one request-wide `reference::evict_elastic` per chunk chooses the
-// groups' lengths within `elastic_page_limit`; under static budgets (`--reservation static`) the
-// counts are known in advance, so the loop checks them against `expected_kept`.
+// a step later, as a GPU running one step behind the host would be). Each chunk is evicted by the
+// CPU reference kernel (`reference::evict_chunk`, layer by layer, key-norm scores) on K/V written
+// into the manager's own host pool, as the CUDA kernel would on a device pool. Under elastic
+// reservation (the default) every layer stages the chunk and its keys, and one request-wide
+// `reference::evict_elastic` per chunk chooses the groups' lengths within `elastic_page_limit`;
+// under static budgets (`--reservation static`) the counts are known in advance, so the loop checks
+// them against `expected_kept`.
+//
+// Each decode step balances the split map for its batch (`reference::balance_decode_splits`, as
+// `balance_decode_splits` would on the device).
 //
 // Run: build/examples/example_engine_loop [--json] [--reservation elastic|static]
 #include <cstddef>
@@ -371,6 +375,14 @@ int main(int argc, char** argv) {
   bool prefilled         = false;
   int mixed_steps        = 0;
   std::int64_t in_flight = -1;  // the epoch of the step the device still runs
+  // The decode split map balanced per step for the batch's head lengths (allocated once): on a
+  // GPU `tangram::balance_decode_splits` after `mirror.sync`, and the step's decode launches take
+  // its view() as `decode_params::splits`; here the CPU reference writes it.
+  std::vector<std::int32_t> balanced_map(static_cast<std::size_t>(plan.num_layers) *
+                                         static_cast<std::size_t>(plan.num_kv_heads + 1));
+  tangram::balanced_split_params balanced;
+  balanced.num_ctas  = plan.splits.num_ctas();
+  balanced.cta_begin = balanced_map.data();
   for (;;) {
     answers.grow(running, idle);
     std::vector<tangram::sequence_id> to_prefill, to_decode;
@@ -392,7 +404,11 @@ int main(int argc, char** argv) {
     // The decode batch: decode_step skips the padding; the append and attention kernels would
     // run over kv.view() (= view(batch_kind::decode)), a no-op for padding requests.
     kv.set_batch(tangram::batch_kind::decode, to_decode, graph_batch);
-    if (!to_decode.empty()) kv.decode_step();
+    if (!to_decode.empty()) {
+      kv.decode_step();
+      balanced.kv = kv.view();
+      tangram::reference::balance_decode_splits(balanced);
+    }
     if (!to_prefill.empty()) prefill_chunks(kv, to_prefill);
     // Finished answers end their turns (unused reservation back; the history stays).
     for (std::size_t i = 0; i < running.size();) {

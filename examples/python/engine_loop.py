@@ -264,6 +264,10 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
             mixed_steps += 1
         if to_decode:
             decode(kv, to_decode, 1)
+            # The decode split map balanced for this batch's head lengths: on a GPU
+            # tangram.cuda.balance_decode_splits(mirror) after mirror.sync(), and the step's
+            # decode_attention(..., balanced_splits=True); here the CPU reference computes it.
+            tangram.reference_balance_decode_splits(kv)
         for seq in to_prefill:
             prefill_chunk(kv, seq)
         # Finished answers end their turns (unused reservation back; the history stays).

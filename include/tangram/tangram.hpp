@@ -6,9 +6,9 @@
  * maps, elastic reservation and placement, the static plan, its checks and its JSON file), the
  * memory manager (memory/: pools, resources, the KV-cache manager, its thread-safe wrapper,
  * tensor-parallel admission, the batch view), the FlashInfer export (interop/) and the CPU
- * reference kernels (reference/: append, decode and prefill attention, eviction and elastic
- * eviction). Every public host-only header is here (test/memory/umbrella_include_test.cpp checks
- * it).
+ * reference kernels (reference/: append, the balanced split map, decode and prefill attention,
+ * eviction and elastic eviction). Every public host-only header is here
+ * (test/memory/umbrella_include_test.cpp checks it).
  *
  * Not included, because they need the CUDA library (`tangram::kernels`): the kernel launchers
  * (`tangram/kernels/...`), `tangram/memory/cuda_memory_resource.hpp`, the device mirror
@@ -19,6 +19,7 @@
  */
 #pragma once
 
+#include "tangram/core/balanced_split.hpp"
 #include "tangram/core/config.hpp"
 #include "tangram/core/device_limits.hpp"
 #include "tangram/core/dtype.hpp"
@@ -75,6 +76,7 @@
 #include "tangram/profile/budget_profile.hpp"
 #include "tangram/profile/retention_samples.hpp"
 #include "tangram/reference/append.hpp"
+#include "tangram/reference/balanced_split.hpp"
 #include "tangram/reference/decode_attention.hpp"
 #include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"

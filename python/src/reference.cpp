@@ -29,6 +29,7 @@
 #include "dtypes.hpp"
 #include "tangram/core/detail/str.hpp"
 #include "tangram/reference/append.hpp"
+#include "tangram/reference/balanced_split.hpp"
 #include "tangram/reference/decode_attention.hpp"
 #include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"
@@ -171,6 +172,18 @@ void expect_key_shape(Keys const& keys, kv_cache_view const& view, std::int32_t 
                     keys.shape(i));
 }
 
+/// The decode batch's balanced split map (reference/balanced_split.hpp), [L * (H + 1)].
+std::vector<std::int32_t> balanced_map(kv_cache_view const& view, std::int32_t num_ctas) {
+  std::vector<std::int32_t> map(static_cast<std::size_t>(view.num_layers) *
+                                (static_cast<std::size_t>(view.num_kv_heads) + 1));
+  balanced_split_params p;
+  p.kv        = view;
+  p.num_ctas  = num_ctas;
+  p.cta_begin = map.data();
+  reference::balance_decode_splits(p);
+  return map;
+}
+
 }  // namespace
 
 void bind_reference(nb::module_& m) {
@@ -218,6 +231,20 @@ void bind_reference(nb::module_& m) {
       "k_scale / v_scale float32 of 1 (per tensor) or H (per KV head) elements store x / s.");
 
   m.def(
+      "reference_balance_decode_splits",
+      [](bound_kv_cache& c) {
+        auto view = c.kv.view();
+        auto map  = balanced_map(view, c.kv.plan().splits.num_ctas());
+        return numpy_copy(map,
+                          {static_cast<std::size_t>(view.num_layers),
+                           static_cast<std::size_t>(view.num_kv_heads) + 1});
+      },
+      nb::arg("kv"),
+      "The split map balanced for the decode batch's head lengths (reference/balanced_split.hpp,\n"
+      "what cuda.balance_decode_splits writes on the device): int32 [layers, H + 1], head h of\n"
+      "layer l owning CTAs [m[l, h], m[l, h + 1]) of the plan's N_CTA. Reads lengths only.");
+
+  m.def(
       "reference_decode_attention",
       [](bound_kv_cache& c,
          std::int32_t layer,
@@ -226,7 +253,8 @@ void bind_reference(nb::module_& m) {
          float sm_scale,
          std::optional<any_array> k_scale,
          std::optional<any_array> v_scale,
-         std::int32_t invariant_pieces) {
+         std::int32_t invariant_pieces,
+         bool balanced_splits) {
         c.expect_host_pool("reference_decode_attention");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
@@ -237,9 +265,14 @@ void bind_reference(nb::module_& m) {
         if (sinks) expect_elements(sinks->size(), view.num_kv_heads * group, "sinks");
         std::vector<float> o(static_cast<std::size_t>(rows * view.geometry.head_dim));
         std::vector<float> lse(static_cast<std::size_t>(rows));
+        std::vector<std::int32_t> balanced;
         decode_params p;
         p.kv               = view;
         p.splits           = plan.splits.view();
+        if (balanced_splits) {
+          balanced           = balanced_map(view, plan.splits.num_ctas());
+          p.splits.cta_begin = balanced.data();
+        }
         p.layer            = layer;
         p.group            = group;
         p.q                = q.data();
@@ -266,8 +299,10 @@ void bind_reference(nb::module_& m) {
       nb::arg("k_scale")          = nb::none(),
       nb::arg("v_scale")          = nb::none(),
       nb::arg("invariant_pieces") = 0,
+      nb::arg("balanced_splits")  = false,
       "Decode attention of `layer` for the batch (reference/decode_attention.hpp, split as the\n"
-      "plan's split map): q [batch, query heads, d] float32, float16 or bfloat16 (uint16 bits)\n"
+      "plan's split map, or with balanced_splits=True as reference_balance_decode_splits'):\n"
+      "q [batch, query heads, d] float32, float16 or bfloat16 (uint16 bits)\n"
       "-> (o [batch, query heads, d],\n"
       "lse [batch, query heads]) float32. sm_scale 0 means 1/sqrt(d). fp8 caches: k_scale /\n"
       "v_scale float32 of 1 or H elements read stored * s. invariant_pieces K > 0: the\n"

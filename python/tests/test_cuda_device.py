@@ -123,6 +123,11 @@ def test_device_kernels_match_the_cpu_reference(static_plan):
                                   pdl=True, merge_counters=counters)
     np.testing.assert_allclose(host(o2), o_ref, rtol=2e-3, atol=2e-4)
     assert not host(counters).any()
+    # The split map balanced on the device for this batch: the reference's map, the same attention.
+    tangram.cuda.balance_decode_splits(mirror)
+    o3 = empty((1, H * group, d), np.float32)
+    tangram.cuda.decode_attention(mirror, 0, dev(q), o3, workspace=ws, balanced_splits=True)
+    np.testing.assert_allclose(host(o3), o_ref, rtol=2e-3, atol=2e-4)
 
     host_kv, _ = managers["host"]
     assert np.array_equal(pool_bytes(kv), host_kv.pool()), "the pools differ after the same writes"

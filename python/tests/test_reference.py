@@ -211,3 +211,52 @@ def test_eviction_takes_fp8_scales_and_validates_them(static_plan):
     assert np.array_equal(kv.pool(), before)
     kept = tangram.reference_evict(kv, 0, indptr, chunk, chunk, max_candidates=8)  # no scales
     assert kept.shape == (1, H)
+
+
+def test_balanced_split_map_fits_the_batch_and_leaves_attention_unchanged(static_plan):
+    # Two requests of 40 and 7 tokens decoding: the map balanced on their head lengths gives every
+    # head at least one CTA, sums to the plan's N_CTA, never holds more in its fullest CTA than
+    # the plan's map, and decode attention on it equals attention on the plan's map.
+    plan = static_plan
+    L, H, d, group = plan.num_layers, plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
+    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    rng = np.random.default_rng(11)
+    seqs = []
+    for n in (40, 7):
+        seq = kv.try_admit(n, 4)
+        kv.set_batch([seq])
+        kv.prepare_chunk(seq, n)
+        kv.commit_chunk(seq, np.array(kv.expected_kept(seq, n), dtype=np.int32))
+        seqs.append(seq)
+    kv.set_batch(seqs)
+    kv.decode_step()
+    for l in range(L):
+        k = rng.standard_normal((2, H, d), dtype=np.float32)
+        tangram.reference_append(kv, l, k, k)
+    m = tangram.reference_balance_decode_splits(kv)
+    v = kv.view()
+    plan_map = np.asarray(v["cta_begin"]).reshape(L, H + 1)
+    N = int(plan_map[0, -1])
+    assert m.shape == (L, H + 1) and m.dtype == np.int32
+    assert (m[:, 0] == 0).all() and (m[:, -1] == N).all()
+    assert (np.diff(m, axis=1) >= 1).all()
+    # Each head's tokens over the batch, from the view's own arrays (no window in this plan).
+    slots = np.asarray(v["batch_slots"])
+    base = np.asarray(v["head_base_len"]).reshape(-1, L, H)
+    tokens = sum(base[s] + np.asarray(v["appended"])[s] for s in slots)  # [L, H]
+    assert tokens.sum() > 0
+
+    def fullest(bounds):
+        shares = np.diff(bounds, axis=1)
+        return (-(-tokens // shares)).max(axis=1)  # ceil per head, max per layer
+
+    assert (fullest(m) <= fullest(plan_map)).all()
+    assert (fullest(m) < fullest(plan_map)).any()  # these two requests are far from the plan's mix
+    q = rng.standard_normal((2, H * group, d), dtype=np.float32)
+    for l in (0, L - 1):
+        o_plan, lse_plan = tangram.reference_decode_attention(kv, l, q)
+        o_bal, lse_bal = tangram.reference_decode_attention(kv, l, q, balanced_splits=True)
+        np.testing.assert_allclose(o_bal, o_plan, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(lse_bal, lse_plan, rtol=1e-6, atol=1e-6)
+    for seq in seqs:
+        kv.free(seq)

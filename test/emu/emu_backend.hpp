@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // The emulator as a backend of test/gpu/kernel_cases.hpp: runs the real kernel bodies
 // (include/tangram/kernels/detail/*.cuh) through their real launch sequences on host memory.
-// Defined in emu_{decode,eviction,elastic_eviction,append,prefill}.cpp, one translation unit per kernel
-// family, so the instantiations compile in parallel and the test files need no kernel headers.
+// Defined in emu_{decode,eviction,elastic_eviction,append,prefill,balanced_split}.cpp, one
+// translation unit per kernel family, so the instantiations compile in parallel and the test files
+// need no kernel headers.
 #pragma once
 
 #include "../reference/kv_test_cache.hpp"
 #include "simt/simt.hpp"
 #include "tangram/kernels/append.hpp"
+#include "tangram/kernels/balanced_split.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
@@ -28,6 +30,8 @@ struct emu_backend {
   void append(test_cache& cache, append_params const& p);
   /// The prefill-attention kernel for p (host pointers), into p.o and p.lse.
   void prefill(test_cache& cache, prefill_params const& p);
+  /// The balanced split-map kernel for p (host pointers), into p.cta_begin.
+  void balance(test_cache& cache, balanced_split_params const& p);
 };
 
 }  // namespace tangram::test

@@ -17,6 +17,7 @@
 #include "prefill_cases.hpp"
 #include "tangram/core/kv_view.hpp"
 #include "tangram/kernels/append.hpp"
+#include "tangram/kernels/balanced_split.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
@@ -216,6 +217,19 @@ struct gpu_backend {
     append_decode_kv(p, nullptr);
     cuda_check(cudaDeviceSynchronize(), "append_decode_kv");
     download(dev.pool, cache.pool().data(), cache.pool().size());
+  }
+
+  void balance(test_cache& cache, balanced_split_params const& hp) {
+    device_cache dev(cache, hp.kv);
+    const std::size_t n = static_cast<std::size_t>(hp.kv.num_layers) *
+                          static_cast<std::size_t>(hp.kv.num_kv_heads + 1) * sizeof(std::int32_t);
+    device_buffer out(n);
+    balanced_split_params p = hp;
+    p.kv                    = dev.view;
+    p.cta_begin             = out.get<std::int32_t>();
+    balance_decode_splits(p, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "balance_decode_splits");
+    download(out, hp.cta_begin, n);
   }
 
   void prefill(test_cache& cache, prefill_params const& hp) {

@@ -12,16 +12,18 @@
  *     void evict(test_cache&, eviction_params const&);  // updates the cache's pool in place,
  *                                                       // writes p.new_len and p.scores_out
  *     void append(test_cache&, append_params const&);   // updates the cache's pool in place
+ *     void balance(test_cache&, balanced_split_params const&);  // writes p.cta_begin
  *
  * (the GPU backend uploads, launches and downloads; the emulator runs on the host arrays). Each
  * check returns an empty string when the kernel agrees with the reference, else a description of
  * the first difference.
  *
- * The scenarios of each kernel are in their own header: decode_cases.hpp, eviction_cases.hpp and
- * append_cases.hpp.
+ * The scenarios of each kernel are in their own header: decode_cases.hpp, eviction_cases.hpp,
+ * append_cases.hpp and balanced_split_cases.hpp.
  */
 #pragma once
 
 #include "append_cases.hpp"
+#include "balanced_split_cases.hpp"
 #include "decode_cases.hpp"
 #include "eviction_cases.hpp"

@@ -3,12 +3,12 @@
 #include "tangram/plan/aot_mapping.hpp"
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <set>
 
+#include "balanced_brute_force.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/build_static_plan.hpp"
@@ -440,30 +440,10 @@ TEST_CASE("device-balanced shares: the least fullest CTA any shares reach (brute
     std::vector<std::int64_t> W(static_cast<std::size_t>(H)), S(static_cast<std::size_t>(H));
     for (auto& x : W) x = rng() % 3 == 0 ? 0 : static_cast<std::int64_t>(rng() % 200);
     balanced_shares(W.data(), H, N, S.data());
-    auto fullest = [&](std::vector<std::int64_t> const& shares) {
-      std::int64_t m = 0;
-      for (std::size_t h = 0; h < W.size(); ++h)
-        m = std::max(m, (W[h] + shares[h] - 1) / shares[h]);
-      return m;
-    };
-    std::int64_t best = std::numeric_limits<std::int64_t>::max();
-    std::vector<std::int64_t> c(static_cast<std::size_t>(H), 1);
-    std::function<void(std::size_t, std::int64_t)> walk = [&](std::size_t h, std::int64_t left) {
-      if (h + 1 == c.size()) {
-        c[h] = left;
-        best = std::min(best, fullest(c));
-        return;
-      }
-      for (std::int64_t k = 1; k <= left - static_cast<std::int64_t>(c.size() - h - 1); ++k) {
-        c[h] = k;
-        walk(h + 1, left - k);
-      }
-    };
-    walk(0, N);
     INFO("trial " << trial << " H " << H << " N " << N);
     CHECK(std::accumulate(S.begin(), S.end(), std::int64_t{0}) == N);
     CHECK(*std::min_element(S.begin(), S.end()) >= 1);
-    CHECK(fullest(S) == best);
+    CHECK(test::fullest_cta(W, S) == test::least_fullest_cta(W, N));
   }
   std::int64_t bad[2] = {5, -1}, out[2];
   TANGRAM_REQUIRE_THROWS_WITH_ALL(balanced_shares(bad, 2, 4, out), invalid_argument, "tokens[1]");

@@ -50,8 +50,15 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
     auto p        = root["policies"][policy];
     auto t        = p["modelled_time_breakdown"];
     double sum    = 0;
-    for (char const* term : {"prefill_s", "eviction_pass_s", "decode_attention_s", "weights_s",
-                             "reclamation_s", "replanning_s", "overhead_s", "control_plane_s",
+    for (char const* term : {"prefill_s",
+                             "eviction_pass_s",
+                             "decode_attention_s",
+                             "weights_s",
+                             "reclamation_s",
+                             "replanning_s",
+                             "overhead_s",
+                             "decode_launch_s",
+                             "control_plane_s",
                              "idle_s"})
       sum += t[term].as_double(0, 1e12);
     CHECK(sum == Approx(p["modelled_makespan_s"].as_double(0, 1e12)));
@@ -210,6 +217,47 @@ TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no sk
         m["policies"]["tangram"]["modelled_makespan_s"].as_double(0, 1e12));
 }
 
+TEST_CASE("simulate --decode-split: Tangram on the balanced map pays its launch and no more skew",
+          "[simulate][cli][issue29]") {
+  namespace json = tangram::detail::json;
+  auto balanced  = run(small({"--json"}));  // the default
+  auto aot       = run(small({"--json", "--decode-split", "aot"}));
+  REQUIRE(balanced.code == 0);
+  REQUIRE(aot.code == 0);
+  auto db = json::parse(balanced.out, "stdout");
+  auto da = json::parse(aot.out, "stdout");
+  json::node b(db, "stdout"), a(da, "stdout");
+  auto cb = b["cost_model"]["serving_costs"], ca = a["cost_model"]["serving_costs"];
+  CHECK(cb["tangram_decode_split"].as_string() == "balanced");
+  CHECK(ca["tangram_decode_split"].as_string() == "aot");
+  CHECK(cb["split_balance_s"].as_double(0, 1) == Approx(5e-6));
+  CHECK(ca["split_balance_s"].as_double(0, 1) == 0);
+  // The balanced map's fullest CTA is never above the AOT map's on the same lengths.
+  for (char const* skew : {"tangram_skew_measured", "tangram_elastic_skew_measured"}) {
+    INFO(skew);
+    CHECK(cb[skew].as_double(1, 10) <= ca[skew].as_double(1, 10));
+    CHECK(cb[skew].as_double(1, 10) < ca[skew].as_double(1, 10) - 1e-3);  // this profile's AOT skew
+  }
+  auto launches = [](json::node const& root, char const* policy) {
+    return root["policies"][policy]["modelled_time_breakdown"]["decode_launch_s"].as_double(0,
+                                                                                            1e12);
+  };
+  for (char const* policy : {"tangram", "tangram_elastic"}) {
+    INFO(policy);
+    CHECK(launches(a, policy) == 0);
+    // 5 us for each step that decoded: more than none, at most one per step.
+    CHECK(launches(b, policy) > 0);
+    CHECK(launches(b, policy) <=
+          5e-6 * static_cast<double>(b["policies"][policy]["steps"].as_int(0, 1LL << 40)) + 1e-12);
+  }
+  for (char const* policy : {"full_kv", "unified_nonuniform"}) {
+    INFO(policy);
+    CHECK(launches(b, policy) == 0);
+    CHECK(b["policies"][policy]["modelled_makespan_s"].as_double(0, 1e12) ==
+          a["policies"][policy]["modelled_makespan_s"].as_double(0, 1e12));
+  }
+}
+
 TEST_CASE("simulate refuses bad cost and reservation options, naming them",
           "[simulate][cli][errors][issue13]") {
   tangram::test::check_refusals({
@@ -220,6 +268,7 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
        "--baseline-balance: expected one of replan, none, perfect"},
       {{"simulate", "--baseline-reads", "dense"},
        "--baseline-reads: expected one of padded, masked"},
+      {{"simulate", "--decode-split", "even"}, "--decode-split: expected one of balanced, aot"},
       {{"simulate", "--decode-window", "-1"},
        "--decode-window: must be in [0, 1073741824], got -1"},
       {{"simulate", "--baseline-retention", "x"},

@@ -105,6 +105,23 @@ TEST_CASE("the paper setting charges the paper's figures, the competent one the 
   CHECK(none.charges_for(per_head_dynamic_name).replan_fraction == 0);
 }
 
+TEST_CASE("Tangram's balanced split map is charged one launch a decoding step, and only Tangram's",
+          "[costs][issue29]") {
+  for (auto setting : {cost_setting::paper, cost_setting::competent}) {
+    auto c = serving_costs::preset(setting);
+    CHECK(c.split == tangram_split::balanced);  // the default in both settings
+    CHECK(c.split_balance_s == split_balance_launch_s);
+    CHECK(split_balance_launch_s == 5e-6);
+    for (char const* name : {"tangram", "tangram_elastic"})
+      CHECK(c.charges_for(name).decode_launch_s == 5e-6);
+    for (char const* name : {"full_kv", "unified_nonuniform", per_head_dynamic_name,
+                             "reservation_only", "+head_groups"})
+      CHECK(c.charges_for(name).decode_launch_s == 0);
+    c.split = tangram_split::aot;
+    CHECK(c.charges_for("tangram_elastic").decode_launch_s == 0);
+  }
+}
+
 TEST_CASE("the paper's reclamation is a share of the reclaiming chunks' own prefill",
           "[costs][issue30]") {
   // One session on the reclaiming baseline: its only chunk is compressed, so it reclaims, and the

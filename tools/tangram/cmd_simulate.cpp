@@ -109,6 +109,7 @@ struct simulate_args {
   std::optional<baseline_balance> balance;
   std::optional<bool> baseline_masked;
   std::optional<replan_mode> replan_mode_;
+  tangram_split split = tangram_split::balanced;  // --decode-split
   std::optional<double> reclaim_us, reclaim_fraction, skew, replan, overhead_us;
   bool no_padded_reads  = false;
   answer_window_options answers;  // --decode-window: Tangram grows its answer reservation
@@ -246,6 +247,7 @@ int simulate(simulate_args& a, streams io) {
   if (a.balance) costs.balance = *a.balance;
   if (a.baseline_masked) costs.baseline_masked_reads = *a.baseline_masked;
   if (a.overhead_us) costs.step_overhead_s = *a.overhead_us * 1e-6;
+  costs.split         = a.split;
   costs.padded_reads  = !a.no_padded_reads;
   costs.control_plane = !a.no_control_plane;
   costs.kv_heads      = plan.num_kv_heads;
@@ -262,6 +264,7 @@ int simulate(simulate_args& a, streams io) {
                        a.margin,
                        a.answers,
                        costs.control_plane,
+                       costs.split,
                        a.offload_host_gb * 1e9,
                        as_json,
                        quiet},
@@ -276,7 +279,7 @@ int simulate(simulate_args& a, streams io) {
   auto const skew_batch_sizes = measured_skew_batches(ro.max_running);
   {
     auto tk            = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
-      return layer_imbalance(plan.rules, plan.splits, c).aot.mean;
+      return static_skew_at(plan, c, costs.split);
     });
     costs.tangram_skew = tk.reference;
     costs.tangram_skew_by_batch = tk.by_batch;
@@ -404,7 +407,7 @@ int simulate(simulate_args& a, streams io) {
     bool placements = needs_from_samples && needs.scale == 1.0;
     auto ep         = elastic_plan(elastic_base, a.margin, placements ? &*needs.samples : nullptr);
     auto ek         = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
-      return elastic_skew_at(ep, placements ? &*needs.samples : nullptr, c);
+      return elastic_skew_at(ep, placements ? &*needs.samples : nullptr, c, costs.split);
     });
     costs.tangram_elastic_skew          = ek.reference;
     costs.tangram_elastic_skew_by_batch = ek.by_batch;
@@ -717,6 +720,9 @@ int simulate(simulate_args& a, streams io) {
   row("  re-planning s", [](replay_result const& r) { return fixed(r.time.replanning_s, 1); });
   row("  eviction pass s", [](replay_result const& r) { return fixed(r.time.eviction_pass_s, 1); });
   row("  step overhead s", [](replay_result const& r) { return fixed(r.time.overhead_s, 1); });
+  if (costs.split == tangram_split::balanced)
+    row("  split balancing s",
+        [](replay_result const& r) { return fixed(r.time.decode_launch_s, 2); });
   if (costs.control_plane)
     row("  control plane s (measured)", [](replay_result const& r) { return fixed(r.time.control_plane_s, 1); });
   row("  idle s", [](replay_result const& r) { return fixed(r.time.idle_s, 1); });
@@ -767,7 +773,8 @@ int simulate(simulate_args& a, streams io) {
     << " TFLOP/s) plus charged costs; control-plane time is measured, "
     << (costs.control_plane ? "and added. " : "not added (--no-control-plane). ") << fixed(wall, 1)
     << " s wall.\n"
-    << "  Calibration in sample: Tangram's budgets and split maps are fitted on the prompts this run "
+    << "  Calibration in sample: Tangram's budgets and split maps are fitted on the prompts this "
+       "run "
        "replays; `simulate --verdict` replays prompts held out of the calibration.\n"
     << "  Costs (--costs " << to_string(a.costs_setting)
     << " and overrides; eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclamation "
@@ -792,6 +799,12 @@ int simulate(simulate_args& a, streams io) {
                   costs.balance == baseline_balance::replan
                       ? ", the per-step planner's measured skew)"
                       : ", skew 1)"))
+    << ";\n  Tangram's decode split map "
+    << (costs.split == tangram_split::balanced
+            ? cat("balanced per step on the device (one launch a decoding step, ",
+                  fixed(costs.split_balance_s * 1e6, 0),
+                  " us, uncalibrated)")
+            : std::string("the plan's ahead-of-time map (--decode-split aot)"))
     << ";\n  decode skew measured from the split maps at decode batch "
     << skew_curve_text(costs.tangram_skew_by_batch)
     << " (a step pays its own batch's):\n    planner  "
@@ -799,31 +812,48 @@ int simulate(simulate_args& a, streams io) {
     << skew_curve_values(costs.tangram_skew_by_batch) << "\n    elastic  "
     << skew_curve_values(costs.tangram_elastic_skew_by_batch) << "\n  full_kv: 1 (equal heads).\n"
     << "  Reservation: max_tokens " << ro.max_tokens << " per turn"
-    << (own_max_tokens > 0 ? cat(" without its own (", own_max_tokens, " of ", total_turns,
-                                 " turns carry their own, which --sensitivity's max_tokens points keep)")
-                           : std::string())
-    << " (context " << ro.max_context << ")"
-    << (a.answers.window_tokens > 0
-            ? cat("; Tangram reserves ", a.answers.window_tokens,
-                  " answer tokens at a time (--decode-window) and parks a session in host memory when a growth does not "
-                  "fit (", fixed(gpu.host_link_bytes_per_s / 1e9, 1), " GB/s host link, modelled)")
+    << (own_max_tokens > 0
+            ? cat(" without its own (",
+                  own_max_tokens,
+                  " of ",
+                  total_turns,
+                  " turns carry their own, which --sensitivity's max_tokens points keep)")
             : std::string())
+    << " (context " << ro.max_context << ")"
+    << (a.answers.window_tokens > 0 ? cat("; Tangram reserves ",
+                                          a.answers.window_tokens,
+                                          " answer tokens at a time (--decode-window) and parks a "
+                                          "session in host memory when a growth does not "
+                                          "fit (",
+                                          fixed(gpu.host_link_bytes_per_s / 1e9, 1),
+                                          " GB/s host link, modelled)")
+                                    : std::string())
     << ", answers drawn separately; unified_nonuniform keeps "
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
-    << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic reservation, the default\n"
-    << "  of plan_options and `tangram plan`, margin " << a.margin << "; each prefilling request also holds staging for one "
-    << staged_chunk << "-token chunk (its prompt, if shorter); per-head needs modelled from "
-    << (needs_from_samples ? "the retention samples" : "the budgets") << " (" << percent(elastic_clipped, 3)
-    << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + write of the kept K/V"
+    << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic "
+       "reservation, the default\n"
+    << "  of plan_options and `tangram plan`, margin " << a.margin
+    << "; each prefilling request also holds staging for one " << staged_chunk
+    << "-token chunk (its prompt, if shorter); per-head needs modelled from "
+    << (needs_from_samples ? "the retention samples" : "the budgets") << " ("
+    << percent(elastic_clipped, 3)
+    << " of wanted head-tokens clipped);\n  its unfused eviction pass is charged as one read + "
+       "write of the kept K/V"
     << " per chunk (modelled); its control plane includes the CPU group selection.\n"
-    << (a.full_kv_pinned ? ""
-                         : cat("  The full_kv column is vLLM v1: pages per scheduled chunk, idle sessions' KV an LRU prefix cache (",
-                               a.full_kv_blocks ? "the LRU\n  session's tail blocks evicted one by one, its prefix kept: "
-                                                : "evicted whole\n  (--full-kv-scheduler vllm-sessions): ",
-                               a.full_kv_blocks ? cat(base.prefix_blocks_evicted, " blocks evicted;\n  ") : std::string(),
-                               "recomputed as prefill on the next turn), the newest request preempted when a step runs "
-                               "out;\n  the other policies keep idle sessions and admit new ones with headroom (see "
-                               "--full-kv-scheduler).\n"));
+    << (a.full_kv_pinned
+            ? ""
+            : cat("  The full_kv column is vLLM v1: pages per scheduled chunk, idle sessions' KV "
+                  "an LRU prefix cache (",
+                  a.full_kv_blocks
+                      ? "the LRU\n  session's tail blocks evicted one by one, its prefix kept: "
+                      : "evicted whole\n  (--full-kv-scheduler vllm-sessions): ",
+                  a.full_kv_blocks ? cat(base.prefix_blocks_evicted, " blocks evicted;\n  ")
+                                   : std::string(),
+                  "recomputed as prefill on the next turn), the newest request preempted when a "
+                  "step runs "
+                  "out;\n  the other policies keep idle sessions and admit new ones with headroom "
+                  "(see "
+                  "--full-kv-scheduler).\n"));
   if (a.full_kv_pinned)
     o << "  --full-kv-scheduler pinned: full_kv admits whole prompts, keeps idle sessions and leaves headroom, "
          "like the compressed policies.\n";
@@ -986,6 +1016,14 @@ command_body setup_simulate(CLI::App& app) {
       "own lengths), not at all (none: the unbalanced decode skew) or by a re-planning that "
       "balances perfectly "
       "(perfect: skew 1, re-planning still charged); default: --costs'"));
+  add_enum<tangram_split>(
+      app,
+      "--decode-split",
+      a->split,
+      {{"balanced", tangram_split::balanced}, {"aot", tangram_split::aot}},
+      "Tangram's decode split map: balanced (per step on the device from the batch's head "
+      "lengths, kernels/balanced_split.hpp; one launch a decoding step charged) or aot (the "
+      "plan's ahead-of-time map alone)");
   single.push_back(add_enum<replan_mode>(
       app,
       "--replan",

@@ -73,6 +73,7 @@ json::value result_json(replay_result const& r) {
   t.set("reclamation_s", r.time.reclamation_s);
   t.set("replanning_s", r.time.replanning_s);
   t.set("overhead_s", r.time.overhead_s);
+  t.set("decode_launch_s", r.time.decode_launch_s);
   t.set("control_plane_s", r.time.control_plane_s);
   t.set("reload_stall_s", r.time.reload_stall_s);
   t.set("host_transfer_s", r.time.host_transfer_s);
@@ -220,7 +221,7 @@ std::vector<time_segment> time_segments(time_breakdown const& t) {
           {"decode weights", t.weights_s, "#ffbb78"},
           {"reclamation", t.reclamation_s, "#d62728"},
           {"re-planning", t.replanning_s, "#9467bd"},
-          {"step overhead", t.overhead_s + t.control_plane_s, "#8c564b"},
+          {"step overhead", t.overhead_s + t.decode_launch_s + t.control_plane_s, "#8c564b"},
           {"host reload", t.reload_stall_s, "#17becf"},
           {"host transfer", t.host_transfer_s, "#17becf"},
           {"idle", t.idle_s, "#dddddd"}};
@@ -466,6 +467,8 @@ json::value costs_json(serving_costs const& c) {
   o.set("replan_fraction", c.replan_fraction);
   o.set("step_overhead_s", c.step_overhead_s);
   o.set("control_plane_charged", c.control_plane);
+  o.set("tangram_decode_split", std::string(to_string(c.split)));
+  o.set("split_balance_s", c.split == tangram_split::balanced ? c.split_balance_s : 0.0);
   o.set("planner_skew_measured", c.planner_skew);
   o.set("per_head_planner_skew_measured", c.per_head_planner_skew);
   o.set("tangram_skew_measured", c.tangram_skew);

@@ -66,7 +66,7 @@ fold_setup prepare_fold(sample_fold const& f,
   auto ep         = elastic_plan(s.elastic_base, in.margin, placements ? &f.calibration : nullptr);
   auto batches    = measured_skew_batches(in.ro.max_running);
   auto elastic    = measure_skew(batches, [&](std::vector<std::int64_t> const& c) {
-    return elastic_skew_at(ep, placements ? &f.replay : nullptr, c);
+    return elastic_skew_at(ep, placements ? &f.replay : nullptr, c, in.split);
   });
   auto planner    = [&](bool padded) {
     return measure_skew(batches, [&](std::vector<std::int64_t> const& c) {
@@ -78,6 +78,7 @@ fold_setup prepare_fold(sample_fold const& f,
     auto& c                          = s.costs[i];
     c                                = serving_costs::preset(settings[i]);
     c.control_plane                  = in.control_plane;
+    c.split                          = in.split;
     c.kv_heads                       = s.plan.num_kv_heads;
     auto const& unified              = c.baseline_masked_reads ? per_head : layer_wide;
     c.planner_skew                   = unified.reference;

@@ -10,6 +10,7 @@
 #include "plan_support.hpp"
 #include "tangram/eval/sim/cost_model.hpp"
 #include "tangram/eval/sim/replay.hpp"
+#include "tangram/eval/sim/serving_costs.hpp"
 #include "tangram/eval/sim/workload.hpp"
 #include "tangram/memory/answer_window.hpp"
 #include "tangram/model/model_spec.hpp"
@@ -31,6 +32,7 @@ struct verdict_inputs {
   double margin                 = 0;
   answer_window_options answers;  ///< Tangram's answer window (--decode-window)
   bool control_plane            = true;
+  sim::tangram_split split      = sim::tangram_split::balanced;  ///< Tangram's decode split map
   double offload_capacity_bytes = 0;  ///< host memory of full_kv_offload
   bool json = false, quiet = false;
 };

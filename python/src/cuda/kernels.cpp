@@ -29,6 +29,7 @@
 #include "tangram/core/detail/str.hpp"
 #include "tangram/device/kv_view_mirror.hpp"
 #include "tangram/kernels/append.hpp"
+#include "tangram/kernels/balanced_split.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/kernels/elastic_eviction.hpp"
 #include "tangram/kernels/eviction.hpp"
@@ -81,6 +82,7 @@ struct device_mirror {
   bound_kv_cache* cache;
   kv_view_mirror mirror;
   device_copy cta_begin;
+  device_copy balanced_begin;  ///< the map balance_decode_splits writes; the plan's until then
   device_copy rules;
 
   device_mirror(nb::handle manager, bound_kv_cache& c)
@@ -88,7 +90,11 @@ struct device_mirror {
         cache(&c),
         mirror(c.kv, checked_device(c)),
         cta_begin(c.kv.plan().splits.cta_begin.data(),
-                  c.kv.plan().splits.cta_begin.size() * sizeof(std::int32_t), c.device),
+                  c.kv.plan().splits.cta_begin.size() * sizeof(std::int32_t),
+                  c.device),
+        balanced_begin(c.kv.plan().splits.cta_begin.data(),
+                       c.kv.plan().splits.cta_begin.size() * sizeof(std::int32_t),
+                       c.device),
         rules(c.kv.plan().rules.data(), c.kv.plan().rules.size() * sizeof(head_rule), c.device) {
     c.mirrored = true;  // only once every member is built (a failed construction leaves none)
   }
@@ -111,9 +117,9 @@ struct device_mirror {
 
   [[nodiscard]] static_plan const& plan() const { return cache->kv.plan(); }
   [[nodiscard]] kv_cache_view const& view() const { return mirror.view(); }
-  [[nodiscard]] split_map_view splits() const {
+  [[nodiscard]] split_map_view splits(bool balanced = false) const {
     auto s      = plan().splits.view();
-    s.cta_begin = cta_begin.get<std::int32_t>();
+    s.cta_begin = (balanced ? balanced_begin : cta_begin).get<std::int32_t>();
     return s;
   }
   [[nodiscard]] std::int32_t max_batch() const { return cache->kv.view_extents().batch; }
@@ -359,11 +365,42 @@ void bind_cuda(nb::module_& parent) {
       "float32 device tensors of 1 (per tensor) or H (per KV head) elements store x / s.");
 
   m.def(
+      "balance_decode_splits",
+      [](device_mirror& m, nb::handle stream) {
+        balanced_split_params p;
+        p.kv        = m.view();
+        p.num_ctas  = m.plan().splits.num_ctas();
+        p.cta_begin = m.balanced_begin.get<std::int32_t>();
+        balance_decode_splits(p, stream_from(stream));
+      },
+      nb::arg("mirror"),
+      nb::kw_only(),
+      nb::arg("stream") = nb::none(),
+      "Writes the mirror's balanced split map from the batch's head lengths on the device (one
+      "
+      "launch for every layer; kernels/balanced_split.hpp): once per decode step, after sync and
+      "
+      "before the step's decode launches, which use it with balanced_splits=True. The plan's map
+      "
+      "until the first call; any map is correct, a balanced one only faster.");
+
+  m.def(
       "decode_attention",
-      [](device_mirror const& m, std::int32_t layer, nb::handle q, nb::handle o,
-         nb::handle workspace, nb::handle lse, nb::handle sinks, float sm_scale,
-         nb::handle k_scale, nb::handle v_scale, std::int32_t invariant_pieces, bool pdl,
-         nb::handle merge_counters, nb::handle stream) {
+      [](device_mirror const& m,
+         std::int32_t layer,
+         nb::handle q,
+         nb::handle o,
+         nb::handle workspace,
+         nb::handle lse,
+         nb::handle sinks,
+         float sm_scale,
+         nb::handle k_scale,
+         nb::handle v_scale,
+         std::int32_t invariant_pieces,
+         bool pdl,
+         nb::handle merge_counters,
+         bool balanced_splits,
+         nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -375,7 +412,7 @@ void bind_cuda(nb::module_& parent) {
         auto to = tensor_arg(m, o, "o", {B, Hq, d}, is_float, types, true);
         decode_params p;
         p.kv       = view;
-        p.splits   = m.splits();
+        p.splits   = m.splits(balanced_splits);
         p.layer    = layer;
         p.group    = group;
         p.q        = tq.data;
@@ -406,12 +443,24 @@ void bind_cuda(nb::module_& parent) {
         auto ws  = workspace_of(m, workspace, decode_workspace_bytes(p));
         decode_attention(p, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
       },
-      nb::arg("mirror"), nb::arg("layer"), nb::arg("q"), nb::arg("o"), nb::kw_only(),
-      nb::arg("workspace"), nb::arg("lse") = nb::none(), nb::arg("sinks") = nb::none(),
-      nb::arg("sm_scale") = 0.f, nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
-      nb::arg("invariant_pieces") = 0, nb::arg("pdl") = false,
-      nb::arg("merge_counters") = nb::none(), nb::arg("stream") = nb::none(),
-      "Decode attention of `layer` for the mirror's batch on the plan's split map: q and o\n"
+      nb::arg("mirror"),
+      nb::arg("layer"),
+      nb::arg("q"),
+      nb::arg("o"),
+      nb::kw_only(),
+      nb::arg("workspace"),
+      nb::arg("lse")              = nb::none(),
+      nb::arg("sinks")            = nb::none(),
+      nb::arg("sm_scale")         = 0.f,
+      nb::arg("k_scale")          = nb::none(),
+      nb::arg("v_scale")          = nb::none(),
+      nb::arg("invariant_pieces") = 0,
+      nb::arg("pdl")              = false,
+      nb::arg("merge_counters")   = nb::none(),
+      nb::arg("balanced_splits")  = false,
+      nb::arg("stream")           = nb::none(),
+      "Decode attention of `layer` for the mirror's batch on the plan's split map (or, with\n"
+      "balanced_splits=True, the map balance_decode_splits wrote this step): q and o\n"
       "[batch, query heads, d], lse [batch, query heads] float32, sinks [query heads] float32;\n"
       "workspace: a device uint8 tensor of at least mirror.decode_workspace_bytes() bytes.\n"
       "fp8 caches: k_scale / v_scale float32 device tensors of 1 or H elements (stored * s).\n"

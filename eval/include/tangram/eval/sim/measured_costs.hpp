@@ -88,6 +88,13 @@ inline double measure_batched_free_s_per_page(std::int64_t batch = 4096, std::in
   return per_page[static_cast<std::size_t>(rounds / 2)];
 }
 
+/// Device time of the per-step balanced split map's launch (kernels/balanced_split.hpp), charged
+/// once per decoding step. Uncalibrated (no GPU has run it): one block per layer reading the
+/// batch's head lengths (batch x layers x KV heads int32, under 1 MB at batch 256), so the launch
+/// dominates; a small kernel's launch-to-completion on a current GPU is a few microseconds, and
+/// 5 us is the upper end. To be measured on a GPU.
+inline constexpr double split_balance_launch_s = 5e-6;
+
 /// @brief FlashInfer's decode `plan()` host time by batch (file comment): (batch, seconds).
 inline constexpr std::array<std::pair<std::int64_t, double>, 3> flashinfer_plan_host_s{
     {{64, 76e-6}, {256, 87e-6}, {1024, 112e-6}}};

@@ -6,7 +6,8 @@
  * log-uniform in 1K-128K, seed 1; the printed figure) and on one batch of each size a step may
  * decode (`measured_skew_batches`, the same contexts' distribution and seed), each policy on its
  * own per-input lengths: Tangram's static plan on its budgets, the elastic plan on its placements
- * of the samples, the dynamic baselines' per-step planner on each input's own retention
+ * of the samples (both on the split map Tangram runs, `tangram_split`), the dynamic baselines'
+ * per-step planner on each input's own retention
  * (`own_layer_imbalance`; layer-wide pages read to the layer's longest head unless masked).
  */
 #pragma once
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "tangram/eval/sim/cost_model.hpp"
+#include "tangram/eval/sim/serving_costs.hpp"
 #include "tangram/eval/split_imbalance.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
@@ -63,14 +65,28 @@ inline double planner_skew_at(static_plan const& plan,
                                  : layer_imbalance(plan.rules, plan.splits, contexts));
 }
 
+/// Tangram's skew of one batch on the split map `split` runs: the plan's AOT map, or the map
+/// balanced per step on the device (kernels/balanced_split.hpp).
+inline double tangram_skew_of(batch_imbalance const& imb, tangram_split split) {
+  return split == tangram_split::balanced ? imb.balanced.mean : imb.aot.mean;
+}
+
+/// Tangram's static plan's skew of one batch: every head holding its budget (`layer_imbalance`).
+inline double static_skew_at(static_plan const& plan,
+                             std::vector<std::int64_t> const& contexts,
+                             tangram_split split) {
+  return tangram_skew_of(layer_imbalance(plan.rules, plan.splits, contexts), split);
+}
+
 /// Tangram elastic's skew of one batch: the elastic plan `ep`'s split map on its placements of
 /// `samples` (`elastic_layer_imbalance`), or, without samples, on its rules.
 inline double elastic_skew_at(static_plan const& ep,
                               retention_samples const* samples,
-                              std::vector<std::int64_t> const& contexts) {
-  auto imb = samples ? elastic_layer_imbalance(ep, *samples, contexts, 1)
-                     : layer_imbalance(ep.rules, ep.splits, contexts);
-  return imb.aot.mean;
+                              std::vector<std::int64_t> const& contexts,
+                              tangram_split split) {
+  return tangram_skew_of(samples ? elastic_layer_imbalance(ep, *samples, contexts, 1)
+                                 : layer_imbalance(ep.rules, ep.splits, contexts),
+                         split);
 }
 
 }  // namespace tangram::sim

@@ -274,7 +274,8 @@ class replay_engine : public replay_run {
         double host = planner_host_s(decoding * ch.replan_sequences_per_request);
         replan      = ch.replan == replan_mode::planner ? host : std::max(0.0, host - prev_step_s);
       }
-      step_s += weights + attention + replan;
+      step_s += weights + attention + replan + ch.decode_launch_s;
+      out.time.decode_launch_s += ch.decode_launch_s;
       out.time.weights_s += weights;
       out.time.decode_attention_s += attention;
       out.time.replanning_s += replan;

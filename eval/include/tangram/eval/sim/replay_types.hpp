@@ -159,6 +159,7 @@ struct time_breakdown {
   double reclamation_s      = 0;  ///< reclaimed pages x reclaim_s_per_page
   double replanning_s       = 0;  ///< per-step re-planning
   double overhead_s         = 0;  ///< fixed per-step overhead
+  double decode_launch_s    = 0;  ///< a policy's own extra launches per decoding step
   double control_plane_s    = 0;  ///< measured policy time, when `step_charges::control_plane`
   double reload_stall_s =
       0;  ///< host-link reloads (full_kv offload) a step's GPU work did not hide
@@ -166,7 +167,8 @@ struct time_breakdown {
   double idle_s          = 0;  ///< nothing to run (waiting for arrivals or think time)
   [[nodiscard]] double sum() const {
     return prefill_s + eviction_pass_s + decode_attention_s + weights_s + reclamation_s +
-           replanning_s + overhead_s + control_plane_s + reload_stall_s + host_transfer_s + idle_s;
+           replanning_s + overhead_s + decode_launch_s + control_plane_s + reload_stall_s +
+           host_transfer_s + idle_s;
   }
 };
 

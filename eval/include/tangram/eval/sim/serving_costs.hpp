@@ -24,7 +24,10 @@
  *   lengths from the samples (layer-wide pages: every head read to its layer's longest unless
  *   masked; per-head pages: each head's own), at batch sizes 1, 2, 4, ... max_running; each step
  *   pays the skew of its own decode batch size. `perfect` (competent): skew 1. Tangram pays its
- *   AOT split map's measured imbalance. full_kv: heads are equal, 1.0.
+ *   split map's measured imbalance on its own lengths: by default the map balanced per step on the
+ *   device (`tangram_split::balanced`, kernels/balanced_split.hpp), which also pays one launch per
+ *   decoding step (`split_balance_s`); `tangram_split::aot` the plan's ahead-of-time map alone.
+ *   full_kv: heads are equal, 1.0.
  * - re-planning (policies that balance per step): `replan_mode::fraction`: 15-20% of a decode
  *   step (paper, 0.175); `planner`: the host time of FlashInfer's decode plan() for the step's
  *   planned sequences (cited measurement, eval/sim/measured_costs.hpp), serialised with the step;
@@ -61,6 +64,16 @@ enum class baseline_balance : std::uint8_t {
 
 constexpr std::string_view to_string(baseline_balance b) noexcept {
   return b == baseline_balance::replan ? "replan" : b == baseline_balance::none ? "none" : "perfect";
+}
+
+/// @brief The decode split map Tangram's policies run (file comment).
+enum class tangram_split : std::uint8_t {
+  balanced,  ///< balanced per step on the device (balance_decode_splits): pays one launch a step
+  aot,       ///< the plan's ahead-of-time map alone
+};
+
+constexpr std::string_view to_string(tangram_split s) noexcept {
+  return s == tangram_split::balanced ? "balanced" : "aot";
 }
 
 /// @brief The two cost settings of the verdict (file comment).
@@ -103,8 +116,12 @@ struct serving_costs {
   bool control_plane           = true;  ///< add the measured policy time
   double planner_skew          = 1.0;   ///< measured: per-step planner, unified pages
   double per_head_planner_skew = 1.0;   ///< measured: per-step planner, per-head pages
-  double tangram_skew          = 1.0;   ///< measured: Tangram's AOT split
-  double tangram_elastic_skew  = 1.0;   ///< measured: the elastic plan's split
+  double tangram_skew          = 1.0;   ///< measured: Tangram's split (`split`)
+  double tangram_elastic_skew  = 1.0;   ///< measured: the elastic plan's split (`split`)
+  /// Tangram's decode split map; the caller measures the two Tangram skews on it.
+  tangram_split split = tangram_split::balanced;
+  /// Per decoding step with `tangram_split::balanced`: the balancing kernel's launch.
+  double split_balance_s = split_balance_launch_s;
   /// The same four measured at several batch sizes (empty: the scalars above at every batch).
   /// A step pays the skew of its own decode batch size (`skew_curve::at`).
   skew_curve planner_skew_by_batch, per_head_planner_skew_by_batch, tangram_skew_by_batch,
@@ -166,12 +183,11 @@ struct serving_costs {
       } else if (balance == baseline_balance::none) {
         c.decode_skew = unbalanced_skew;
       }
-    } else if (name == "tangram") {
-      c.decode_skew          = tangram_skew;
-      c.decode_skew_by_batch = tangram_skew_by_batch;
-    } else if (name == "tangram_elastic") {
-      c.decode_skew          = tangram_elastic_skew;
-      c.decode_skew_by_batch = tangram_elastic_skew_by_batch;
+    } else if (name == "tangram" || name == "tangram_elastic") {
+      bool const elastic     = name == "tangram_elastic";
+      c.decode_skew          = elastic ? tangram_elastic_skew : tangram_skew;
+      c.decode_skew_by_batch = elastic ? tangram_elastic_skew_by_batch : tangram_skew_by_batch;
+      if (split == tangram_split::balanced) c.decode_launch_s = split_balance_s;
     }
     return c;
   }
