@@ -219,11 +219,12 @@ def test_balanced_split_map_fits_the_batch_and_leaves_attention_unchanged(static
     # the plan's map, and decode attention on it equals attention on the plan's map.
     plan = static_plan
     L, H, d, group = plan.num_layers, plan.num_kv_heads, plan.model.head_dim, plan.model.gqa_group
-    kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2)
+    kv = tangram.KVCacheManager(plan, num_pages=4000, max_sequences=2)
     rng = np.random.default_rng(11)
     seqs = []
     for n in (40, 7):
         seq = kv.try_admit(n, 4)
+        assert seq is not None
         kv.set_batch([seq])
         kv.prepare_chunk(seq, n)
         kv.commit_chunk(seq, np.array(kv.expected_kept(seq, n), dtype=np.int32))
