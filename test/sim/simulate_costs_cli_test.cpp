@@ -219,14 +219,9 @@ TEST_CASE("simulate --baseline-balance perfect: re-planning still charged, no sk
 
 TEST_CASE("simulate --decode-split: Tangram on the balanced map pays its launch and no more skew",
           "[simulate][cli][issue29]") {
-  namespace json = tangram::detail::json;
-  auto balanced  = run(small({"--json"}));  // the default
-  auto aot       = run(small({"--json", "--decode-split", "aot"}));
-  REQUIRE(balanced.code == 0);
-  REQUIRE(aot.code == 0);
-  auto db = json::parse(balanced.out, "stdout");
-  auto da = json::parse(aot.out, "stdout");
-  json::node b(db, "stdout"), a(da, "stdout");
+  auto balanced_run = run_json(small({"--json"}));  // the default
+  auto aot_run      = run_json(small({"--json", "--decode-split", "aot"}));
+  auto b = balanced_run.root(), a = aot_run.root();
   auto cb = b["cost_model"]["serving_costs"], ca = a["cost_model"]["serving_costs"];
   CHECK(cb["tangram_decode_split"].as_string() == "balanced");
   CHECK(ca["tangram_decode_split"].as_string() == "aot");
@@ -238,7 +233,7 @@ TEST_CASE("simulate --decode-split: Tangram on the balanced map pays its launch 
     CHECK(cb[skew].as_double(1, 10) <= ca[skew].as_double(1, 10));
     CHECK(cb[skew].as_double(1, 10) < ca[skew].as_double(1, 10) - 1e-3);  // this profile's AOT skew
   }
-  auto launches = [](json::node const& root, char const* policy) {
+  auto launches = [](auto const& root, char const* policy) {
     return root["policies"][policy]["modelled_time_breakdown"]["decode_launch_s"].as_double(0,
                                                                                             1e12);
   };
