@@ -168,12 +168,19 @@ for b in rows("decode"):
             print(f"| {b['name']} | error: {b.get('error_message')} | | |"); continue
         print(f"| {b['name']} | {b['real_time']:.1f} | {b['TB_per_s']:.2f} | {b['hbm_fraction']:.2f} |")
 print("\n## Skew: non-uniform vs uniform heads at equal KV bytes (goal aot/uniform <= 1.05)\n")
-print("| benchmark | uniform us | AOT split us | equal split us | AOT / uniform | equal / uniform | bytes ratio |")
-print("|---|---|---|---|---|---|---|")
+print("| benchmark | uniform us | AOT split us | equal split us | balanced us | AOT / uniform | equal / uniform | balanced / uniform | balance launch us | bytes ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for b in rows("decode"):
     if b["name"].startswith("BM_decode_skew") and not b.get("error_occurred"):
         print(f"| {b['name']} | {b['uniform_us']:.1f} | {b['aot_us']:.1f} | {b['equal_split_us']:.1f} | "
-              f"{b['aot_over_uniform']:.3f} | {b['equal_over_uniform']:.3f} | {b['bytes_ratio']:.3f} |")
+              f"{b['balanced_us']:.1f} | {b['aot_over_uniform']:.3f} | {b['equal_over_uniform']:.3f} | "
+              f"{b['balanced_over_uniform']:.3f} | {b['balance_launch_us']:.1f} | {b['bytes_ratio']:.3f} |")
+print("\n## Balanced split map: one balance_decode_splits launch (one layer)\n")
+print("| benchmark | time us |")
+print("|---|---|")
+for b in rows("decode"):
+    if b["name"].startswith("BM_balance_splits") and not b.get("error_occurred"):
+        print(f"| {b['name']} | {b['real_time']:.1f} |")
 def side_by_side(prefix, title, columns):
     """A table of the decode benchmarks named prefix*: (header, counter, digits) per column."""
     print(f"\n## {title}\n")

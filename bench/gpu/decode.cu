@@ -13,6 +13,9 @@
 //  BM_decode_invariant/B/ctx/K: the same batch with the split map's pieces and in batch-invariant
 //    mode (decode_params::invariant_pieces = K), timed side by side each iteration; counter
 //    invariant_over_split (the modelled token ratio is in docs/kernels.md).
+//  BM_decode_skew also times a fourth layer on the map `balance_decode_splits` writes for its
+//    lengths (balanced_us, balanced_over_uniform) and that launch itself (balance_launch_us).
+//  BM_balance_splits/B: one balance_decode_splits launch over a batch of B (one layer).
 //  BM_decode_pdl/B/ctx: 32 decode launches back to back (one layer's data, one workspace), with
 //    and without programmatic dependent launch (decode_params::pdl), timed side by side each
 //    iteration; counter pdl_over_plain (the launch gaps PDL hides, per 32 layers).
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "bench_support.cuh"
+#include "tangram/kernels/balanced_split.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/plan/split_planner.hpp"
 
@@ -121,13 +125,23 @@ void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
   decode_setup uniform(batch, uni_len, cta_begin_for(equal, n_cta), n_cta);
   decode_setup aot(batch, skew_len, cta_begin_for(budget, n_cta), n_cta);
   decode_setup equal_split(batch, skew_len, cta_begin_for(equal, n_cta), n_cta);
+  // The map balanced on the device for these lengths (balance_decode_splits), starting from the
+  // equal split; its launch is timed on its own.
+  decode_setup balanced(batch, skew_len, cta_begin_for(equal, n_cta), n_cta);
+  balanced_split_params bp;
+  bp.kv        = balanced.kv->view;
+  bp.num_ctas  = n_cta;
+  bp.cta_begin = balanced.begin.get<std::int32_t>();
   l2_flusher flusher;
   uniform.enqueue(nullptr);  // warm-up
-  double tu = 0, ta = 0, te = 0;
+  balance_decode_splits(bp, nullptr);
+  double tu = 0, ta = 0, te = 0, tb = 0, tl = 0;
   for (int i = 0; i < st.iterations; ++i) {
     tu += timed(flusher, nullptr, [&] { uniform.enqueue(nullptr); });
     ta += timed(flusher, nullptr, [&] { aot.enqueue(nullptr); });
     te += timed(flusher, nullptr, [&] { equal_split.enqueue(nullptr); });
+    tl += timed(flusher, nullptr, [&] { balance_decode_splits(bp, nullptr); });
+    tb += timed(flusher, nullptr, [&] { balanced.enqueue(nullptr); });
   }
   auto it              = static_cast<double>(st.iterations);
   st.out->real_time_us = ta / it * 1e6;  // the AOT case
@@ -138,6 +152,30 @@ void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
   st.counter("equal_over_uniform", te / tu);
   st.counter("bytes_ratio", aot.kv_bytes() / uniform.kv_bytes());
   st.counter("hbm_fraction_aot", aot.kv_bytes() / (ta / it) / h200_peak_bytes_per_s);
+  st.counter("balanced_us", tb / it * 1e6);
+  st.counter("balanced_over_uniform", tb / tu);
+  st.counter("balance_launch_us", tl / it * 1e6);
+}
+
+/// One launch of balance_decode_splits over a batch of `batch` requests (one layer, 8 heads of
+/// log-spread lengths): what `tangram simulate` charges as 5 us a decoding step.
+void balance_launch(state& st, std::int32_t batch) {
+  auto lim = limits_or_default();
+  std::vector<std::int32_t> len;
+  for (std::int32_t r = 0; r < batch; ++r)
+    for (std::int32_t h = 0; h < H; ++h) len.push_back(16 + (r * 37 + h * 101) % 2000);
+  decode_setup s(batch, len, cta_begin_for(std::vector<double>(H, 1.0), lim.max_ctas()),
+                 lim.max_ctas());
+  balanced_split_params bp;
+  bp.kv        = s.kv->view;
+  bp.num_ctas  = lim.max_ctas();
+  bp.cta_begin = s.begin.get<std::int32_t>();
+  l2_flusher flusher;
+  balance_decode_splits(bp, nullptr);  // warm-up
+  double t = 0;
+  for (int i = 0; i < st.iterations; ++i)
+    t += timed(flusher, nullptr, [&] { balance_decode_splits(bp, nullptr); });
+  st.out->real_time_us = t / st.iterations * 1e6;
 }
 
 void decode_invariant(state& st, std::int32_t batch, std::int32_t ctx, std::int32_t K) {
@@ -209,6 +247,10 @@ int main(int argc, char** argv) {
                         std::to_string(K),
                     [=](state& st) { decode_invariant(st, b, ctx, K); }});
   };
+  auto balance = [&](std::int32_t b) {
+    defs.push_back({"BM_balance_splits/" + std::to_string(b),
+                    [=](state& st) { balance_launch(st, b); }});
+  };
   auto pdl = [&](std::int32_t b) {
     defs.push_back({"BM_decode_pdl/" + std::to_string(b) + "/4096",
                     [=](state& st) { decode_pdl(st, b, 4096); }});
@@ -220,6 +262,8 @@ int main(int argc, char** argv) {
   skew(16, 65536);
   invariant(16, 32768, 64);
   pdl(32);
+  balance(32);
+  balance(1024);
   const std::size_t short_count = defs.size();
   invariant(1, 131072, 64);  // batch-invariant mode beside the split map's pieces
   invariant(4, 32768, 16);

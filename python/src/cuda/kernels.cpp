@@ -376,13 +376,11 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("mirror"),
       nb::kw_only(),
       nb::arg("stream") = nb::none(),
-      "Writes the mirror's balanced split map from the batch's head lengths on the device (one
-      "
-      "launch for every layer; kernels/balanced_split.hpp): once per decode step, after sync and
-      "
-      "before the step's decode launches, which use it with balanced_splits=True. The plan's map
-      "
-      "until the first call; any map is correct, a balanced one only faster.");
+      "Writes the mirror's balanced split map from the batch's head lengths on the device (one\n"
+      "launch for every layer; kernels/balanced_split.hpp): once per decode step, after sync and\n"
+      "before the step's decode launches, which use it with balanced_splits=True. The plan's map\n"
+      "until the first call; any map attends the same tokens, a balanced one is faster. With\n"
+      "pdl=True decode launches, a kernel launched without PDL (the append) must run between.");
 
   m.def(
       "decode_attention",
