@@ -276,7 +276,10 @@ TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", 
           auto plain = decode_device_limits(t, d, g, 0, tc, false);
           auto fold  = decode_device_limits(t, d, g, 0, tc, true);
           GPU_REQUIRE(plain.has_value() && fold.has_value());
-          GPU_CHECK(fold->ctas_per_sm == plain->ctas_per_sm);
+          GPU_CHECK_MSG(fold->ctas_per_sm == plain->ctas_per_sm,
+                        to_string(t) << " d " << d << " group " << g << " tensor_cores " << tc
+                                     << ": folded " << fold->ctas_per_sm << ", plain "
+                                     << plain->ctas_per_sm << " CTAs per SM");
           if (tc) GPU_CHECK(plain->ctas_per_sm == lim->ctas_per_sm);
         }
       }
@@ -326,7 +329,7 @@ TANGRAM_GPU_TEST("gpu decode launcher names the field for fp8 it cannot run",
                  "[gpu][decode][fp8][errors]") {
   // Head dim 96 has no fp8 instantiation: the dtype and the head dim are named.
   GPU_CHECK(decode_launch_error(96, dtype::fp8_e5m2, dtype::bf16)
-                .find("kv dtype fp8_e5m2 with head_dim 96") != std::string::npos);
+                .find("head_dim 96 with kv dtype fp8_e5m2") != std::string::npos);
   // fp8 is a K/V storage type only: fp8 queries are rejected by field and value.
   const std::string q_error = decode_launch_error(64, dtype::fp8_e5m2, dtype::fp8_e4m3);
   GPU_CHECK(q_error.find("decode_params.q_dtype/o_dtype") != std::string::npos);

@@ -125,6 +125,8 @@ struct gpu_backend {
     auto dq      = upload(static_cast<const unsigned char*>(hp.q),
                      hp.q ? rows * H * hp.group * d * size_of(hp.q_dtype) : 0);
     auto dscores = upload(hp.scores, cand);
+    // The prefill's log-sum-exp (SnapKV from lse): [rows][H * group].
+    auto dlse = upload(hp.q_lse, hp.q_lse ? rows * H * static_cast<std::size_t>(hp.group) : 0);
     device_buffer dnew(static_cast<std::size_t>(B) * H * 4), dscores_out(cand * 4);
     const std::size_t stage = hp.stage_keys ? cand * static_cast<std::size_t>(hp.kv.num_layers) : 0;
     auto dstage             = upload(hp.stage_keys, stage);
@@ -141,6 +143,7 @@ struct gpu_backend {
     p.chunk_v               = dcv.get();
     p.q                     = hp.q ? dq.get() : nullptr;
     p.scores                = hp.scores ? dscores.get<float>() : nullptr;
+    p.q_lse                 = hp.q_lse ? dlse.get<float>() : nullptr;
     p.new_len               = dnew.get<std::int32_t>();
     p.scores_out            = hp.scores_out ? dscores_out.get<float>() : nullptr;
     device_buffer ws(eviction_workspace_bytes(p));

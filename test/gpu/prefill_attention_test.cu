@@ -78,7 +78,7 @@ TANGRAM_GPU_TEST("gpu prefill launcher names the field for fp8 it cannot run",
     return std::string("(no error)");
   };
   // Head dim 96 has no fp8 instantiation: the dtype and the head dim are named.
-  GPU_CHECK(message(96, dtype::f32).find("kv dtype fp8_e4m3 with head_dim 96") !=
+  GPU_CHECK(message(96, dtype::f32).find("head_dim 96 with kv dtype fp8_e4m3") !=
             std::string::npos);
   // fp8 is a K/V storage type only: fp8 queries are rejected by field and value.
   const std::string q_error = message(64, dtype::fp8_e5m2);
