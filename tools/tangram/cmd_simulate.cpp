@@ -801,9 +801,11 @@ int simulate(simulate_args& a, streams io) {
                       : ", skew 1)"))
     << ";\n  Tangram's decode split map "
     << (costs.split == tangram_split::balanced
-            ? cat("balanced per step on the device (one launch a decoding step, ",
-                  fixed(costs.split_balance_s * 1e6, 0),
-                  " us, uncalibrated)")
+            ? cat("balanced per step on the device (one launch a decoding step: ",
+                  fixed(split_balance_launch_s.front().second * 1e6, 1), " us at batch ",
+                  split_balance_launch_s.front().first, " to ",
+                  fixed(split_balance_launch_s.back().second * 1e6, 1), " at ",
+                  split_balance_launch_s.back().first, ", measured on an H200)")
             : std::string("the plan's ahead-of-time map (--decode-split aot)"))
     << ";\n  decode skew measured from the split maps at decode batch "
     << skew_curve_text(costs.tangram_skew_by_batch)
@@ -859,7 +861,8 @@ int simulate(simulate_args& a, streams io) {
          "like the compressed policies.\n";
   if (a.ablation)
     o << "  Ablation (--ablation): reservation_only and +head_groups balance decode like unified_nonuniform (no AOT\n"
-      << "  split); +aot_split is tangram, +elastic is tangram_elastic.\n";
+      << "  split); +aot_split is tangram, +elastic is tangram_elastic (both on the per-step balanced map\n"
+      << "  unless --decode-split aot, which gives the AOT map alone).\n";
   o << "  Keep ratio (time-weighted over resident tokens): as compressed = tokens kept / tokens seen (the scorer's "
     << fixed(keep_ratio, 2) << (keep ? ", rescaled by --keep" : "")
     << ", padded by the budgets'\n  calibration for tangram); as stored = bytes of pages held / the same tokens "
@@ -1121,7 +1124,7 @@ command_body setup_simulate(CLI::App& app) {
       a->ablation,
       "Also run the paper's incremental study: reservation_only (Tangram's reservation on "
       "layer-wide pages) and +head_groups (head-group pages, no AOT split); +aot_split is "
-      "tangram, +elastic tangram_elastic"));
+      "tangram, +elastic tangram_elastic (on the per-step balanced map unless --decode-split aot)"));
   single.push_back(app.add_flag("--sensitivity",
                                 a->sensitivity,
                                 "Also rerun the comparison at each end of every uncalibrated "

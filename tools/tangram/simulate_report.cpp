@@ -468,7 +468,16 @@ json::value costs_json(serving_costs const& c) {
   o.set("step_overhead_s", c.step_overhead_s);
   o.set("control_plane_charged", c.control_plane);
   o.set("tangram_decode_split", std::string(to_string(c.split)));
-  o.set("split_balance_s", c.split == tangram_split::balanced ? c.split_balance_s : 0.0);
+  // The balancing launch's measured seconds by decode batch ([[batch, s], ...]; empty: aot).
+  auto balance = json::value::array();
+  if (c.split == tangram_split::balanced)
+    for (auto const& [n, s] : split_balance_launch_s) {
+      auto pt = json::value::array();
+      pt.push_back(static_cast<std::int64_t>(n));
+      pt.push_back(s);
+      balance.push_back(std::move(pt));
+    }
+  o.set("split_balance_s_by_batch", std::move(balance));
   o.set("planner_skew_measured", c.planner_skew);
   o.set("per_head_planner_skew_measured", c.per_head_planner_skew);
   o.set("tangram_skew_measured", c.tangram_skew);

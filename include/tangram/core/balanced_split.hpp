@@ -8,7 +8,8 @@
  * T* = the least T >= 1 with sum_h max(1, ceil(W_h / T)) <= N (bisection over [1, max W]; N >= H
  * makes T = max W feasible). S_h = max(1, ceil(W_h / T*)) reaches a fullest CTA of at most T*, and
  * no shares reach less: shares whose fullest CTA were T' < T* would need S_h >= ceil(W_h / T'),
- * so sum_h max(1, ceil(W_h / T')) <= N, against the least T*. The CTAs left over, N - sum S_h,
+ * so sum_h max(1, ceil(W_h / T')) <= N, against the least T* (when every W_h is 0, every map's
+ * fullest CTA is 0 and T* = 1 is only a bound). The CTAs left over, N - sum S_h,
  * therefore cannot lower the fullest CTA; they go round-robin (leftover / H to every head, one
  * more to the first leftover % H heads), O(H) and deterministic.
  *

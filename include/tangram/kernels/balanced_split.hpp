@@ -73,8 +73,9 @@ struct balanced_split_params {
  * @brief CUDA: writes `p.cta_begin` for every layer from the batch's head lengths (one block per
  * layer: warp sums of each head's tokens over the batch, then the bisection on one warp).
  * Stream-ordered, no host synchronisation, no allocation; graph-capturable (grid = layers).
- * With `decode_params::pdl`, let another kernel (the layer's append) run between this launch and
- * the first decode launch: a PDL decode kernel reads the split map before its wait.
+ * With `decode_params::pdl`, a kernel launched without PDL (the library's append is one) must run
+ * between this launch and the first decode launch: a PDL decode reads the split map before its
+ * wait, and a PDL kernel between would let it start before this one finished.
  * @throw invalid_argument for invalid parameters; cuda_error when the launch fails.
  * @note Requires `tangram::kernels`.
  */

@@ -154,8 +154,8 @@ struct planner_imbalance {
   double equal_split = 1.0;
   double greedy      = 1.0;  ///< greedy with 1 chunk per slot
   double greedy_fine = 1.0;  ///< greedy with 4 chunks per slot
-  /// The AOT kernels on a map balanced per step on the device (eval/balanced_split.hpp; a design
-  /// evaluated, not built).
+  /// The decode kernels on the map balanced per step on the device (balance_decode_splits,
+  /// kernels/balanced_split.hpp; shares from eval/balanced_split.hpp).
   double balanced = 1.0;
 };
 

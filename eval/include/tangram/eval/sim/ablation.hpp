@@ -9,7 +9,8 @@
  * 2. `+head_groups`: the same reservation on head-group pages (the plan's clustering), without
  *    the ahead-of-time split: its decode is balanced the way the unified baseline's is (per-step
  *    re-planning, or the unbalanced skew with `--baseline-balance none`).
- * 3. `+aot_split`: plus the ahead-of-time split map = `tangram`.
+ * 3. `+aot_split`: plus the ahead-of-time split map = `tangram` (on the per-step balanced map
+ *    unless `--decode-split aot`, which gives the AOT map alone).
  * 4. `+elastic`: plus elastic reservation = `tangram_elastic`.
  *
  * By construction, 1 and 2 reserve the same tokens per head; 2's pages are never longer than

@@ -128,9 +128,9 @@ struct step_charges {
   /// Planned sequences per decoding request (replan_mode::planner and overlapped); 0: no planner.
   std::int32_t replan_sequences_per_request = 0;
   double step_overhead_s                    = 0;  ///< fixed per engine step (launches, scheduling)
-  /// Per step that decodes, beyond step_overhead_s: the policy's own extra launches (Tangram's
-  /// per-step balanced split map).
-  double decode_launch_s = 0;
+  /// Each step that decodes also pays one `balance_decode_splits` launch at its decode batch
+  /// (`split_balance_s`, measured): Tangram's per-step balanced split map.
+  bool balanced_split = false;
   /// Adds the wall time measured inside the policy's calls of each step (host control plane,
   /// not overlapped with the GPU). Measured, so a run is no longer deterministic: off by default.
   bool control_plane = false;
@@ -167,10 +167,6 @@ struct step_charges {
                     invalid_argument,
                     "charges.step_overhead_s: must be >= 0, got ",
                     step_overhead_s);
-    TANGRAM_EXPECTS(decode_launch_s >= 0 && std::isfinite(decode_launch_s),
-                    invalid_argument,
-                    "charges.decode_launch_s: must be >= 0, got ",
-                    decode_launch_s);
   }
   friend bool operator==(step_charges const& a, step_charges const& b) {
     return a.reclaim_s_per_page == b.reclaim_s_per_page &&
@@ -179,7 +175,7 @@ struct step_charges {
            a.decode_skew_by_batch == b.decode_skew_by_batch && a.replan == b.replan &&
            a.replan_fraction == b.replan_fraction &&
            a.replan_sequences_per_request == b.replan_sequences_per_request &&
-           a.step_overhead_s == b.step_overhead_s && a.decode_launch_s == b.decode_launch_s &&
+           a.step_overhead_s == b.step_overhead_s && a.balanced_split == b.balanced_split &&
            a.control_plane == b.control_plane;
   }
 };

@@ -88,12 +88,31 @@ inline double measure_batched_free_s_per_page(std::int64_t batch = 4096, std::in
   return per_page[static_cast<std::size_t>(rounds / 2)];
 }
 
-/// Device time of the per-step balanced split map's launch (kernels/balanced_split.hpp), charged
-/// once per decoding step. Uncalibrated (no GPU has run it): one block per layer reading the
-/// batch's head lengths (batch x layers x KV heads int32, under 1 MB at batch 256), so the launch
-/// dominates; a small kernel's launch-to-completion on a current GPU is a few microseconds, and
-/// 5 us is the upper end. To be measured on a GPU.
-inline constexpr double split_balance_launch_s = 5e-6;
+/// @brief The per-step balanced split map's launch (kernels/balanced_split.hpp) by decode batch:
+/// (batch, seconds), measured on an H200 (2026-12-04, bench/gpu/decode.cu `BM_balance_splits/B`:
+/// one launch over one layer of 8 KV heads, CUDA events, L2 flushed before each launch; nvcc 13.0,
+/// sm_90). Each warp's requests are a chain of dependent loads, so the time grows with the batch.
+inline constexpr std::array<std::pair<std::int64_t, double>, 2> split_balance_launch_s{
+    {{32, 11.7e-6}, {1024, 39.9e-6}}};
+
+/// `table`'s seconds at batch `n`: linear between its points, the first point's below it and the
+/// last slope beyond it. `table` ascends in the batch.
+template <std::size_t N>
+double interpolate_by_batch(std::array<std::pair<std::int64_t, double>, N> const& table,
+                            std::int64_t n) {
+  static_assert(N >= 2, "interpolate_by_batch: two points at least");
+  if (n <= table.front().first) return table.front().second;
+  std::size_t i = 1;
+  while (i + 1 < N && n > table[i].first) ++i;
+  auto [n0, s0] = table[i - 1];
+  auto [n1, s1] = table[i];
+  return s0 + (s1 - s0) * static_cast<double>(n - n0) / static_cast<double>(n1 - n0);
+}
+
+/// Device time of one balance_decode_splits launch for a decode batch of `n` (measured, above).
+inline double split_balance_s(std::int64_t n) {
+  return interpolate_by_batch(split_balance_launch_s, n);
+}
 
 /// @brief FlashInfer's decode `plan()` host time by batch (file comment): (batch, seconds).
 inline constexpr std::array<std::pair<std::int64_t, double>, 3> flashinfer_plan_host_s{
@@ -101,13 +120,7 @@ inline constexpr std::array<std::pair<std::int64_t, double>, 3> flashinfer_plan_
 
 /// Host time of one per-step decode plan over `n` sequences (file comment), seconds.
 inline double planner_host_s(std::int64_t n) {
-  auto const& t = flashinfer_plan_host_s;
-  if (n <= t.front().first) return t.front().second;
-  std::size_t i = 1;
-  while (i + 1 < t.size() && n > t[i].first) ++i;
-  auto [n0, s0] = t[i - 1];
-  auto [n1, s1] = t[i];
-  return s0 + (s1 - s0) * static_cast<double>(n - n0) / static_cast<double>(n1 - n0);
+  return interpolate_by_batch(flashinfer_plan_host_s, n);
 }
 
 }  // namespace tangram::sim

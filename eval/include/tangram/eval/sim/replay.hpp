@@ -274,8 +274,9 @@ class replay_engine : public replay_run {
         double host = planner_host_s(decoding * ch.replan_sequences_per_request);
         replan      = ch.replan == replan_mode::planner ? host : std::max(0.0, host - prev_step_s);
       }
-      step_s += weights + attention + replan + ch.decode_launch_s;
-      out.time.decode_launch_s += ch.decode_launch_s;
+      double launch = ch.balanced_split && decoding > 0 ? split_balance_s(decoding) : 0.0;
+      step_s += weights + attention + replan + launch;
+      out.time.decode_launch_s += launch;
       out.time.weights_s += weights;
       out.time.decode_attention_s += attention;
       out.time.replanning_s += replan;

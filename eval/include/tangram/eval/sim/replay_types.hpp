@@ -159,7 +159,7 @@ struct time_breakdown {
   double reclamation_s      = 0;  ///< reclaimed pages x reclaim_s_per_page
   double replanning_s       = 0;  ///< per-step re-planning
   double overhead_s         = 0;  ///< fixed per-step overhead
-  double decode_launch_s    = 0;  ///< a policy's own extra launches per decoding step
+  double decode_launch_s    = 0;  ///< Tangram's split balancing launch, each step that decodes
   double control_plane_s    = 0;  ///< measured policy time, when `step_charges::control_plane`
   double reload_stall_s =
       0;  ///< host-link reloads (full_kv offload) a step's GPU work did not hide

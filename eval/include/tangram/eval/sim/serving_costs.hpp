@@ -26,7 +26,8 @@
  *   pays the skew of its own decode batch size. `perfect` (competent): skew 1. Tangram pays its
  *   split map's measured imbalance on its own lengths: by default the map balanced per step on the
  *   device (`tangram_split::balanced`, kernels/balanced_split.hpp), which also pays one launch per
- *   decoding step (`split_balance_s`); `tangram_split::aot` the plan's ahead-of-time map alone.
+ *   decoding step (`split_balance_s`, measured on an H200 by decode batch);
+ *   `tangram_split::aot` the plan's ahead-of-time map alone.
  *   full_kv: heads are equal, 1.0.
  * - re-planning (policies that balance per step): `replan_mode::fraction`: 15-20% of a decode
  *   step (paper, 0.175); `planner`: the host time of FlashInfer's decode plan() for the step's
@@ -118,10 +119,9 @@ struct serving_costs {
   double per_head_planner_skew = 1.0;   ///< measured: per-step planner, per-head pages
   double tangram_skew          = 1.0;   ///< measured: Tangram's split (`split`)
   double tangram_elastic_skew  = 1.0;   ///< measured: the elastic plan's split (`split`)
-  /// Tangram's decode split map; the caller measures the two Tangram skews on it.
+  /// Tangram's decode split map; the caller measures the two Tangram skews on it. Balanced, each
+  /// decoding step pays the launch measured at its batch (`split_balance_s`).
   tangram_split split = tangram_split::balanced;
-  /// Per decoding step with `tangram_split::balanced`: the balancing kernel's launch.
-  double split_balance_s = split_balance_launch_s;
   /// The same four measured at several batch sizes (empty: the scalars above at every batch).
   /// A step pays the skew of its own decode batch size (`skew_curve::at`).
   skew_curve planner_skew_by_batch, per_head_planner_skew_by_batch, tangram_skew_by_batch,
@@ -187,7 +187,7 @@ struct serving_costs {
       bool const elastic     = name == "tangram_elastic";
       c.decode_skew          = elastic ? tangram_elastic_skew : tangram_skew;
       c.decode_skew_by_batch = elastic ? tangram_elastic_skew_by_batch : tangram_skew_by_batch;
-      if (split == tangram_split::balanced) c.decode_launch_s = split_balance_s;
+      c.balanced_split       = split == tangram_split::balanced;
     }
     return c;
   }
