@@ -347,3 +347,38 @@ TEST_CASE("the change journal lists appended / seq_tokens changes, extents fit e
   CHECK(listed == std::vector<std::int32_t>{a.slot, b.slot});
   CHECK(m.view_extents().batch == 4);
 }
+
+TEST_CASE("a speculative step past a sliding window: every token written, a rollback reads them",
+          "[memory][decode_reservation][sliding]") {
+  // W 3 on a ring of 5 tokens (P 5): a 4-token step pushes its own first token out of the window
+  // within the step; a rollback of up to ring - W brings it back, so the engine must have
+  // written it at its ring position (docs/memory.md, speculative decoding on rings). The engine
+  // model writes every token of a step and checks every held token's bytes after each operation
+  // (host pool); it wrote only the window's tokens before, and these sequences then read a stale
+  // token (review of 2026-12-04).
+  auto plan = test::tiny_plan(test::tiny_budgets(), /*page_tokens=*/5, /*group_size=*/2,
+                              /*window=*/3);
+  for (auto const& [prompt, ops] :
+       std::vector<std::pair<std::int64_t, std::vector<int>>>{
+           {1, {4, -1}}, {6, {1, 1, -1, 4, -1}}, {1, {4, -2, 1}}, {4, {4, -2, 4, -2, 1}}}) {
+    host_memory_resource host;
+    manager_options o;
+    o.num_pages     = 256;
+    o.max_sequences = 2;
+    kv_cache_manager m(plan, host, o);
+    test::engine_sim sim(m, 1, 0.0);
+    auto id = sim.admit(prompt, 20);
+    REQUIRE(id);
+    sim.chunk(*id, prompt);
+    sim.verify();
+    for (int k : ops) {
+      INFO("prompt " << prompt << ", op " << k << " (negative: a rollback)");
+      REQUIRE(m.max_rollback(*id) >= (k < 0 ? -k : 0));
+      if (k > 0)
+        sim.append(*id, k);
+      else
+        sim.rollback(*id, -k);
+      sim.verify();
+    }
+  }
+}

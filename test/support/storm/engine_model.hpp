@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tangram/kernels/head_cursor.hpp"
 #include "tangram/memory/kv_cache_manager.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/elastic_selection.hpp"
@@ -363,8 +364,9 @@ class engine_model {
   }
 
   /// Request r of view v appended k tokens: the model pushes k tags per head (a sliding head
-  /// drops the oldest past its window, kept for a rollback), writes the last ones through the
-  /// view, and counts the pages drawn.
+  /// drops the oldest past its window, kept for a rollback), writes every one of the step's
+  /// tokens (on a ring also those the step itself pushed out of the window: a rollback brings
+  /// them back, docs/memory.md), and counts the pages drawn.
   void appended(kv_cache_view const& v, std::int32_t r, std::int64_t k) {
     auto& q = seqs_.at(v.seq_slot(r));
     q.n += k;
@@ -384,9 +386,22 @@ class engine_model {
           t.erase(t.begin());
         }
       }
-      auto from = t.size() - std::min(t.size(), static_cast<std::size_t>(k));
-      for (auto i = from; i < t.size(); ++i)
-        write_token(v, r, h / H_, h % H_, static_cast<std::int32_t>(i), t[i]);
+      // Held index of the step's first token: negative on a ring the step overran (its tags
+      // are then the last ones of `dropped`), written at their ring positions all the same.
+      auto held     = static_cast<std::int64_t>(t.size());
+      auto const& d = q.dropped[hi];
+      for (std::int64_t i = held - k; i < held; ++i) {
+        if (i < 0) {
+          // A token the step pushed past its ring as well is overwritten by a newer one of the
+          // step (same position): skip it. The rest come from the end of `dropped`.
+          auto c = make_head_cursor(v, r, h / H_, h % H_);
+          if (-i > c.ring - c.len) continue;
+          REQUIRE(static_cast<std::int64_t>(d.size()) >= -i);
+        }
+        write_token(v, r, h / H_, h % H_, i,
+                    i >= 0 ? t[static_cast<std::size_t>(i)]
+                           : d[d.size() - static_cast<std::size_t>(-i)]);
+      }
     }
     for (std::int32_t g = 0; g < G_; ++g) {
       auto gi  = static_cast<std::size_t>(g);
@@ -409,14 +424,24 @@ class engine_model {
       m_.complete_page_copies();
   }
 
+  /// Writes `tag` at held index `i` of (r, l, h); on a ring `i` may be negative (a token the step
+  /// pushed out of the window), at ring position (seq_tokens - len + i) mod ring.
   void write_token(kv_cache_view const& v,
                    std::int32_t r,
                    std::int32_t l,
                    std::int32_t h,
-                   std::int32_t i,
+                   std::int64_t i,
                    float tag) {
     if (!data_) return;
-    auto loc = v.locate(r, l, h, i);
+    token_location loc;
+    if (i >= 0) {
+      loc = v.locate(r, l, h, static_cast<std::int32_t>(i));
+    } else {
+      auto c = make_head_cursor(v, r, l, h);
+      REQUIRE(c.ring > 0);
+      REQUIRE(-i <= c.ring - c.len);  // within the ring: nothing newer is overwritten
+      loc = c.at_position(static_cast<std::int32_t>(((c.start + i) % c.ring + c.ring) % c.ring));
+    }
     auto col = v.slot_of(l, h).column;
     REQUIRE(m_.pool().ref_count(loc.page) == 1);  // never write a shared page
     for (std::int32_t x = 0; x < plan_.geometry.head_dim; ++x) {
