@@ -48,7 +48,8 @@ void cuda_check(cudaError_t e, char const* what) {
   TANGRAM_FAIL(cuda_error, what, ": ", cudaGetErrorString(e));
 }
 
-/// A device copy of constant host data (the plan's split map and rules), made once.
+/// A device copy of host data, made once: the plan's split map and rules (read only), and the
+/// start of the balanced split map (rewritten on the device by balance_decode_splits).
 class device_copy {
  public:
   device_copy(void const* host, std::size_t bytes, std::int32_t device)
@@ -68,6 +69,10 @@ class device_copy {
   template <class T>
   [[nodiscard]] T const* get() const noexcept {
     return static_cast<T const*>(data_);
+  }
+  template <class T>
+  [[nodiscard]] T* get() noexcept {
+    return static_cast<T*>(data_);
   }
 
  private:
