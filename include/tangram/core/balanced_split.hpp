@@ -32,11 +32,23 @@ TANGRAM_HOST_DEVICE std::int64_t balanced_head_ctas(std::int64_t tokens, std::in
   return c > 1 ? c : 1;
 }
 
-/// CTAs of the `leftover` left after every head took its own that go to head `h` of `heads`.
-TANGRAM_HOST_DEVICE std::int64_t balanced_head_extra(std::int32_t h,
+/// Head `h`'s share: its own CTAs at `bound` plus its round-robin part of the `leftover` CTAs
+/// (leftover / heads, one more for the first leftover % heads heads).
+TANGRAM_HOST_DEVICE std::int64_t balanced_head_share(std::int64_t tokens,
+                                                     std::int64_t bound,
+                                                     std::int32_t h,
                                                      std::int32_t heads,
                                                      std::int64_t leftover) {
-  return leftover / heads + (h < leftover % heads ? 1 : 0);
+  return balanced_head_ctas(tokens, bound) + leftover / heads + (h < leftover % heads ? 1 : 0);
+}
+
+/// CTAs the heads need at `bound`, before the leftover: sum_h balanced_head_ctas(tokens[h], bound).
+TANGRAM_HOST_DEVICE std::int64_t balanced_split_used(std::int64_t const* tokens,
+                                                     std::int32_t heads,
+                                                     std::int64_t bound) {
+  std::int64_t used = 0;
+  for (std::int32_t h = 0; h < heads; ++h) used += balanced_head_ctas(tokens[h], bound);
+  return used;
 }
 
 /// T*: the least bound >= 1 with sum_h balanced_head_ctas(tokens[h], bound) <= ctas. Requires
@@ -48,10 +60,8 @@ TANGRAM_HOST_DEVICE std::int64_t balanced_split_bound(std::int64_t const* tokens
   for (std::int32_t h = 0; h < heads; ++h) hi = tokens[h] > hi ? tokens[h] : hi;
   std::int64_t lo = 1;
   while (lo < hi) {
-    std::int64_t mid    = lo + (hi - lo) / 2;
-    std::int64_t needed = 0;
-    for (std::int32_t h = 0; h < heads; ++h) needed += balanced_head_ctas(tokens[h], mid);
-    if (needed <= ctas)
+    std::int64_t mid = lo + (hi - lo) / 2;
+    if (balanced_split_used(tokens, heads, mid) <= ctas)
       hi = mid;
     else
       lo = mid + 1;
@@ -59,24 +69,31 @@ TANGRAM_HOST_DEVICE std::int64_t balanced_split_bound(std::int64_t const* tokens
   return lo;
 }
 
-/**
- * One layer's CTA boundaries (the `split_map_view` layout): head h owns CTAs
- * [begin[h], begin[h + 1]), begin[0] = 0, begin[heads] = ctas. Requires heads >= 1,
- * ctas >= heads (ctas < 2^31) and tokens[h] >= 0.
- */
+/// Writes one layer's boundaries (the `split_map_view` layout: head h owns CTAs
+/// [begin[h], begin[h + 1]), begin[heads] = ctas) from the bound and the CTAs `used` at it.
+TANGRAM_HOST_DEVICE void balanced_split_write(std::int64_t const* tokens,
+                                              std::int32_t heads,
+                                              std::int32_t ctas,
+                                              std::int64_t bound,
+                                              std::int64_t used,
+                                              std::int32_t* begin) {
+  std::int64_t next = 0;
+  for (std::int32_t h = 0; h < heads; ++h) {
+    begin[h] = static_cast<std::int32_t>(next);
+    next += balanced_head_share(tokens[h], bound, h, heads, ctas - used);
+  }
+  begin[heads] = static_cast<std::int32_t>(next);
+}
+
+/// One layer's CTA boundaries (`balanced_split_write` at `balanced_split_bound`). Requires
+/// heads >= 1, ctas >= heads (ctas < 2^31) and tokens[h] >= 0.
 TANGRAM_HOST_DEVICE void balanced_split_begin(std::int64_t const* tokens,
                                               std::int32_t heads,
                                               std::int32_t ctas,
                                               std::int32_t* begin) {
   std::int64_t bound = balanced_split_bound(tokens, heads, ctas);
-  std::int64_t used  = 0;
-  for (std::int32_t h = 0; h < heads; ++h) used += balanced_head_ctas(tokens[h], bound);
-  std::int64_t next = 0;
-  for (std::int32_t h = 0; h < heads; ++h) {
-    begin[h] = static_cast<std::int32_t>(next);
-    next += balanced_head_ctas(tokens[h], bound) + balanced_head_extra(h, heads, ctas - used);
-  }
-  begin[heads] = static_cast<std::int32_t>(next);
+  balanced_split_write(
+      tokens, heads, ctas, bound, balanced_split_used(tokens, heads, bound), begin);
 }
 
 }  // namespace tangram

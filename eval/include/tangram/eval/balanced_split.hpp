@@ -40,11 +40,10 @@ inline void balanced_shares(std::int64_t const* tokens,
   for (std::int32_t h = 0; h < H; ++h)
     TANGRAM_EXPECTS(
         tokens[h] >= 0, invalid_argument, "balanced_shares: tokens[", h, "] = ", tokens[h]);
-  std::int64_t bound = balanced_split_bound(tokens, H, N);
-  std::int64_t used  = 0;
-  for (std::int32_t h = 0; h < H; ++h) used += balanced_head_ctas(tokens[h], bound);
+  std::int64_t bound    = balanced_split_bound(tokens, H, N);
+  std::int64_t leftover = N - balanced_split_used(tokens, H, bound);
   for (std::int32_t h = 0; h < H; ++h)
-    shares[h] = balanced_head_ctas(tokens[h], bound) + balanced_head_extra(h, H, N - used);
+    shares[h] = balanced_head_share(tokens[h], bound, h, H, leftover);
 }
 
 }  // namespace tangram

@@ -51,8 +51,8 @@ TANGRAM_KERNEL void balanced_split_kernel(balanced_split_params p) {
   }
   __syncthreads();
   if (warp != 0) return;
-  // core/balanced_split.hpp's balanced_split_bound with the sums over heads across the lanes;
-  // every lane holds the same lo / hi, so the loop is warp-uniform.
+  // core/balanced_split.hpp's balanced_split_bound and balanced_split_used with the sums over
+  // heads across the lanes; every lane holds the same lo / hi, so the loop is warp-uniform.
   std::int64_t most = 1;
   for (std::int32_t h = lane; h < H; h += 32) most = tokens[h] > most ? tokens[h] : most;
   std::int64_t lo = 1, hi = balanced_warp_max(most);
@@ -68,14 +68,9 @@ TANGRAM_KERNEL void balanced_split_kernel(balanced_split_params p) {
   std::int64_t used = 0;
   for (std::int32_t h = lane; h < H; h += 32) used += balanced_head_ctas(tokens[h], lo);
   used = balanced_warp_sum(used);
-  if (lane != 0) return;
-  std::int32_t* begin = p.cta_begin + static_cast<std::int64_t>(l) * (H + 1);
-  std::int64_t next   = 0;
-  for (std::int32_t h = 0; h < H; ++h) {
-    begin[h] = static_cast<std::int32_t>(next);
-    next += balanced_head_ctas(tokens[h], lo) + balanced_head_extra(h, H, p.num_ctas - used);
-  }
-  begin[H] = static_cast<std::int32_t>(next);
+  if (lane == 0)
+    balanced_split_write(
+        tokens, H, p.num_ctas, lo, used, p.cta_begin + static_cast<std::int64_t>(l) * (H + 1));
 }
 
 /// Enqueues the kernel for validated parameters through the launch policy `launch` (vec.cuh):
