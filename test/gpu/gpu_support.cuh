@@ -32,7 +32,8 @@ namespace tangram::test {
                     #call << ": " << cudaGetErrorString(tangram_err_)); \
   } while (0)
 
-/// The arrays of a test_cache's view, copied to the device, and the device view over them.
+/// The arrays of a test_cache's view, copied to the device, and the device view over them (the
+/// batch is `host`'s batch_slots, not necessarily the cache's last view()).
 struct device_cache : device_kv_arrays {
   kv_cache_view view;
 
@@ -46,7 +47,9 @@ struct device_cache : device_kv_arrays {
                          device_buffer(c.base_len()),
                          device_buffer(c.appended()),
                          device_buffer(c.seq_tokens()),
-                         device_buffer(c.batch_slots()),
+                         // The view's own batch (a test may permute or subset the cache's):
+                         device_buffer(std::vector<std::int32_t>(
+                             host.batch_slots, host.batch_slots + host.batch_size)),
                          device_buffer(c.pinned())},
         view(host) {
     attach(view);
