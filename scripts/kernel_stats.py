@@ -649,16 +649,22 @@ def roofline(ks):
 
 
 def decode_occupancy(ks, T, D, GB, tc, fold):
-    """(planned, launched) CTAs per SM: the plan's (decode_device_limits: the plain variant of the
-    kernel kind) and the launched variant's, from the built resource usage; None if not built."""
+    """(planned, launched) CTAs per SM: the plan's (decode_device_limits: the lower of the kernel
+    kind's plain and folded-merge variants) and the launched variant's, from the built resource
+    usage; None if not built."""
     name, mma = decode_kernel_name(T, D, GB, tc, fold)
     plain_name, _ = decode_kernel_name(T, D, GB, tc, False)
     k, plain = ks.get(name), ks.get(plain_name)
     if k is None or plain is None or "regs" not in k or "regs" not in plain:
         return None
     cfg = decode_mma_config(T, D) if mma else decode_config(T, D)
-    return (occupancy(plain["regs"], cfg["threads"], static_smem(plain), cfg["smem"]),
-            occupancy(k["regs"], cfg["threads"], static_smem(k), cfg["smem"]))
+    fold_name, _ = decode_kernel_name(T, D, GB, tc, True)
+    folded = ks.get(fold_name)
+    if folded is None or "regs" not in folded:
+        return None
+    planned = min(occupancy(v["regs"], cfg["threads"], static_smem(v), cfg["smem"])
+                  for v in (plain, folded))
+    return (planned, occupancy(k["regs"], cfg["threads"], static_smem(k), cfg["smem"]))
 
 
 def occupancy_checks(ks):

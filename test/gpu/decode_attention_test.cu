@@ -270,8 +270,9 @@ TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", 
           valid = false;
         }
         GPU_CHECK(valid);
-        // Every launched variant (tensor cores on / off, folded merge or not) runs at the
-        // occupancy of the plan made with the default query.
+        // Every launched variant (tensor cores on / off, folded merge or not) holds at least the
+        // CTAs per SM of the plan made with its query: the query reports the lower figure of the
+        // plain and folded-merge variants (decode_split_occupancy), whichever is asked for.
         for (bool tc : {true, false}) {
           auto plain = decode_device_limits(t, d, g, 0, tc, false);
           auto fold  = decode_device_limits(t, d, g, 0, tc, true);

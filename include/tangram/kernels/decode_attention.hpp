@@ -421,9 +421,10 @@ void decode_attention(decode_params const& p,
 /**
  * @brief Occupancy of the decode split kernel for (KV dtype, head dim, GQA group) on `device`:
  * `{sm_count, ctas_per_sm}` (N_CTA = their product) as the CUDA runtime reports it, for the
- * kernel that `decode_attention` launches with `decode_params::tensor_cores == tensor_cores` and
- * `merge_counters` set (`folded_merge`) or not. (The plain and folded-merge variants are
- * compiled for the same occupancy, so a plan made with either runs as planned with the other.)
+ * kernel that `decode_attention` launches with `decode_params::tensor_cores == tensor_cores`:
+ * the lower figure of its plain and folded-merge (`merge_counters` set) variants, whichever
+ * `folded_merge` is, so a plan made with either runs as planned (no extra wave) with both. (The
+ * variants are compiled for the same minimum occupancy; one may still hold more CTAs per SM.)
  *
  * Returns nullopt when there is no usable device, the configuration is unsupported, or the
  * runtime reports an error (which is cleared). Never throws; queries through cudart only.

@@ -317,8 +317,8 @@ struct decode_split_launch {
  * The split kernel a launch of (T, D, GB) runs: the tensor-core kernel where
  * decode_uses_mma<T, GB> and `tensor_cores`, else the CUDA-core one; the folded-merge variant
  * (`Fold`) when `fold` (decode_params::merge_counters is set). The launcher and the occupancy
- * query (decode_device_limits) both take the kernel from here, so the plan's CTAs per SM are
- * those of the kernel that runs.
+ * query (decode_device_limits, decode_split_occupancy: the lower of the two variants') both take
+ * the kernels from here, so the plan's CTAs per SM are at most those of the kernel that runs.
  */
 template <class T, int D, int GB>
 decode_split_launch decode_split_kernel_of(bool tensor_cores, bool fold) {
@@ -365,12 +365,26 @@ cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
 }
 
 /// Resident CTAs per SM, on the current device, of the split kernel a launch of (T, D, GB) with
-/// these options runs (decode_split_kernel_of).
+/// `tensor_cores` runs (decode_split_kernel_of): the lower of its plain and folded-merge variants,
+/// whichever `fold` is. The launch bounds cap both variants' registers at the same occupancy, but
+/// a variant under the cap may hold more CTAs (sm_90: f32 d 64 / 128 group bucket 4, plain 140
+/// registers = 3 CTAs, folded 128 = 4; sm_100: f32 group bucket 1, plain 6, folded 5), and a plan
+/// made with the higher figure would run an extra wave of the other variant. With the lower one,
+/// a plan made with either query fits both launches. (`fold` is kept for the callers.)
 template <class T, int D, int GB>
 cudaError_t decode_split_occupancy(int* ctas_per_sm, bool tensor_cores, bool fold) {
-  const decode_split_launch k = decode_split_kernel_of<T, D, GB>(tensor_cores, fold);
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, k.kernel, k.threads, k.smem_bytes);
+  (void)fold;
+  int lowest = 0;
+  for (bool f : {false, true}) {
+    const decode_split_launch k = decode_split_kernel_of<T, D, GB>(tensor_cores, f);
+    int n                       = 0;
+    const cudaError_t err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.kernel, k.threads, k.smem_bytes);
+    if (err != cudaSuccess) return err;
+    lowest = f ? (n < lowest ? n : lowest) : n;
+  }
+  *ctas_per_sm = lowest;
+  return cudaSuccess;
 }
 
 // clang-format off
