@@ -245,9 +245,11 @@ TEST_CASE(
   ro.step_token_budget            = 64;
   ro.continuation_headroom_tokens = 16;
   ro.max_tokens                   = 64;  // the longest answer: every turn reserves 64 decode tokens
-  // 700 pages: the 333-token session alone reserves 445 (admission_footprint_pages), so turns wait.
+  // 700 pages: the 333-token session alone reserves 445 (admission_footprint_pages), so turns
+  // wait behind the continuation headroom (kept here: no parking for turns).
   double kv    = 700.0 * static_cast<double>(plan.page_bytes());
-  auto elastic = make_tangram_elastic_policy(plan, kv, 3, 3, ro.prefill_chunk, 0.15);
+  auto elastic = make_tangram_elastic_policy(
+      plan, kv, 3, 3, ro.prefill_chunk, 0.15, {}, answer_window_options{}, false);
   checking_policy checked(*elastic);
   auto r               = replay(w, checked, cost, ro);
   std::int64_t outputs = 0;

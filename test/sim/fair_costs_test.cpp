@@ -607,6 +607,69 @@ TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that 
       Catch::Contains("answer_window_options.window_tokens: must be in [0, 2^31 - 1], got -1"));
 }
 
+TEST_CASE("with parking, a turn that does not fit parks idle sessions and admission keeps no headroom",
+          "[replay][issue29][decode_window]") {
+  auto plan = test::llama_plan("snapkv");
+  // Pages one first turn (4096 prompt tokens, the 256-token window) reserves and then holds.
+  std::int64_t turn = 0, page_bytes = 0;
+  {
+    tangram_policy probe(plan, 40e9, 8, 8);
+    turn       = probe.manager().admission_pages(4096, 256);
+    page_bytes = probe.manager().pool().page_bytes();
+  }
+  // A pool of three and a half such turns.
+  double kv = static_cast<double>((7 * turn) / 2) * static_cast<double>(page_bytes);
+  for (bool park : {true, false}) {
+    INFO("park_for_turns " << park);
+    tangram_policy_options o;
+    o.park_for_turns = park;
+    tangram_policy p(plan, kv, 8, 8, o);
+    // A new session keeps the continuation headroom only when it cannot park for turns.
+    std::int64_t headroom = 1 << 20;  // far more than the pool
+    CHECK(p.start_turn(0, 0, 4096, 256, headroom) == park);
+    if (!park) REQUIRE(p.start_turn(0, 0, 4096, 256, 0));
+    for (std::int32_t s = 1; s < 3; ++s) REQUIRE(p.start_turn(s, 0, 4096, 256, 0));
+    for (std::int32_t s = 0; s < 3; ++s) {
+      REQUIRE(p.prefill_chunk(s, 4096));
+      p.end_turn(s);  // ended in order 0, 1, 2: session 1 is the least recently used after 0
+    }
+    // A fourth new session does not fit and waits: new sessions never park others.
+    CHECK_FALSE(p.start_turn(3, 0, 4096, 256, 0));
+    CHECK(p.take_parked().empty());
+    // Session 0's next turn (20480 more prompt tokens) reserves its pages at 24576 tokens less
+    // those it holds: more than is free, less than is free once one idle session is parked.
+    auto held = p.manager().pool().used_pages() / 3;
+    auto need = p.manager().admission_pages(4096 + 20480, 256) - held;
+    auto free = p.manager().pool().available_pages();
+    REQUIRE(need > free);
+    REQUIRE(need <= free + held);
+    bool ok = p.start_turn(0, 4096, 20480, 256, 0);
+    CHECK(ok == park);
+    auto parked = p.take_parked();
+    if (park) {
+      CHECK(parked == std::vector<std::int32_t>{1});  // the LRU idle session, not the turn's own
+      CHECK(p.host_bytes_used() > 0);
+      auto traffic = p.take_host_traffic();
+      CHECK(traffic.parked_bytes == static_cast<double>(p.host_bytes_used()));
+      // Session 1's next turn comes back by parking session 2 (session 0 runs, in prefill).
+      REQUIRE(p.prefill_chunk(0, 4096));
+      CHECK(p.start_turn(1, 4096, 16, 256, 0));
+      CHECK(p.take_parked() == std::vector<std::int32_t>{2});
+    } else {
+      CHECK(parked.empty());
+      CHECK(p.host_bytes_used() == 0);
+    }
+    for (std::int32_t s = 0; s < 4; ++s) p.release(s);
+    CHECK(p.manager().pool().used_pages() == 0);
+    CHECK(p.host_bytes_used() == 0);
+  }
+  // Without a window nothing may be parked: the headroom is kept whatever the option says.
+  tangram_policy_options upfront;
+  upfront.answers.window_tokens = 0;
+  tangram_policy q(plan, kv, 8, 8, upfront);
+  CHECK_FALSE(q.start_turn(0, 0, 4096, 256, 1 << 20));
+}
+
 TEST_CASE("decode skew by batch size: a step pays the skew measured at its own batch", "[replay][issue13][skew]") {
   skew_curve k{{1, 4, 16}, {2.0, 1.5, 1.1}};
   CHECK(k.at(1) == 2.0);

@@ -113,6 +113,7 @@ struct simulate_args {
   std::optional<double> reclaim_us, reclaim_fraction, skew, replan, overhead_us;
   bool no_padded_reads  = false;
   answer_window_options answers;  // --decode-window: Tangram grows its answer reservation
+  bool park_for_turns = true;     // --continuation-room park | headroom
   bool no_control_plane = false;
   bool verdict = false;  // --verdict: short, mid, long x every baseline x both cost settings
   std::int64_t shared_prompt = 0;  // --shared-prompt S: the shared-system-prompt workload only
@@ -263,6 +264,7 @@ int simulate(simulate_args& a, streams io) {
                        keep,
                        a.margin,
                        a.answers,
+                       a.park_for_turns,
                        costs.control_plane,
                        costs.split,
                        a.offload_host_gb * 1e9,
@@ -416,7 +418,7 @@ int simulate(simulate_args& a, streams io) {
   auto make_elastic = [&] {
     // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
     return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs,
-                                       a.answers);
+                                       a.answers, a.park_for_turns);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its
@@ -427,6 +429,7 @@ int simulate(simulate_args& a, streams io) {
     so.name     = std::move(name);
     so.eviction      = std::make_shared<static_clipping>(p, needs);
     so.answers       = a.answers;
+    so.park_for_turns = a.park_for_turns;
     return std::make_unique<tangram_policy>(p, kv_bytes, slots, n_sessions, std::move(so));
   };
   // Any policy of the sensitivity sweep by name.
@@ -586,6 +589,7 @@ int simulate(simulate_args& a, streams io) {
     rv.set("decode_window", a.answers.window_tokens);
     rv.set("park_victims", to_string(a.answers.victims));
     rv.set("host_pool_ratio", a.answers.host_pool_ratio);
+    rv.set("continuation_room", a.park_for_turns && a.answers.window_tokens > 0 ? "park" : "headroom");
     rv.set("max_context", ro.max_context);
     rv.set("baseline_retention", own ? "own (retention samples)" : "budgets (Tangram's padded budgets)");
     rv.set("baseline_admission", a.baseline_chunk_admission ? "chunk" : "whole");
@@ -825,8 +829,9 @@ int simulate(simulate_args& a, streams io) {
     << (a.answers.window_tokens > 0 ? cat("; Tangram reserves ",
                                           a.answers.window_tokens,
                                           " answer tokens at a time (--decode-window) and parks a "
-                                          "session in host memory when a growth does not "
-                                          "fit (",
+                                          "session in host memory when a growth ",
+                                          a.park_for_turns ? "or a turn " : "",
+                                          "does not fit (",
                                           fixed(gpu.host_link_bytes_per_s / 1e9, 1),
                                           " GB/s host link, modelled)")
                                     : std::string())
@@ -967,6 +972,15 @@ command_body setup_simulate(CLI::App& app) {
               "out, up to its max_tokens; a growth that does not fit parks an idle session, else the newest running "
               "turn, in host memory (2x the KV pool; charged at --gpu's host link), never recomputing. "
               "0: reserve the whole max_tokens up front (default: 256)");
+  add_choice(app,
+             "--continuation-room",
+             [a](std::string const& v) { a->park_for_turns = v == "park"; },
+             "park",
+             {"park", "headroom"},
+             "How Tangram policies make room for resident sessions' next turns: a turn that does not fit "
+             "parks idle sessions in host memory (park, with a --decode-window; admission keeps no headroom, "
+             "as vLLM keeps none) or new sessions wait until every resident one could grow by 1024 uncompressed "
+             "tokens (headroom, what the baselines keep)");
   add_integer(app, "--max-tokens", ro.max_tokens, 1, workload_limits::max_tokens,
               "Decode tokens a turn reserves at admission (the engine's max_tokens; capped by the context)");
   add_integer(app, "--max-context", ro.max_context, 4096, workload_limits::max_session_tokens,

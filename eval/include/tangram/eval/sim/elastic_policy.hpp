@@ -192,7 +192,8 @@ inline static_plan elastic_plan(static_plan const& plan,
 /**
  * @brief The `tangram_elastic` policy: `tangram_policy` over `elastic_plan(plan, margin)` whose
  * manager stages chunks of up to `max_chunk_tokens` (the replay's prefill chunk), whose eviction
- * is `elastic_eviction` and whose answers grow by `answers` (parking when a growth does not fit).
+ * is `elastic_eviction` and whose answers grow by `answers` (parking when a growth does not fit;
+ * with `park_for_turns`, also when a turn does not fit: `tangram_policy_options`).
  */
 inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     static_plan const& plan,
@@ -202,7 +203,8 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     std::int64_t max_chunk_tokens,
     double margin                 = default_elastic_margin,
     elastic_needs needs           = {},
-    answer_window_options answers = {}) {
+    answer_window_options answers = {},
+    bool park_for_turns           = true) {
   // Unscaled samples weigh the split map on their placements (scaled ones no longer match it).
   bool placements = needs.samples && !needs.samples->samples.empty() && needs.scale == 1.0;
   auto ep         = elastic_plan(plan, margin, placements ? &*needs.samples : nullptr);
@@ -211,6 +213,7 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
   o.max_chunk_tokens = max_chunk_tokens;
   o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
   o.answers          = answers;
+  o.park_for_turns   = park_for_turns;
   return std::make_unique<tangram_policy>(ep, kv_bytes, max_sessions, num_sessions, std::move(o));
 }
 

@@ -43,6 +43,12 @@ struct tangram_policy_options {
   /// running turns, the growing one included) within `host_pool_ratio` x the pool's bytes of host
   /// memory. Window 0: the whole max_tokens up front (no growth, no parking).
   answer_window_options answers;
+  /// With parking (a window > 0): a turn that does not fit parks idle (ended) sessions in the
+  /// answer window's victim order to make room, and admission keeps no continuation headroom for
+  /// resident sessions (the replay's `headroom_tokens` is not applied), as vLLM keeps none and
+  /// evicts idle blocks instead; here nothing is recomputed. False, or window 0: the headroom is
+  /// kept and a turn that does not fit waits.
+  bool park_for_turns = true;
 };
 
 /// @brief Tangram: reservation + head-group pages (kv_cache_manager).
@@ -80,13 +86,15 @@ class tangram_policy final : public live_accounting_policy {
       // it had decoded all it had reserved.
       std::int64_t reserved =
           tt.reserved + (tt.decoded == tt.reserved ? window_.growth(tt.wanted, tt.reserved) : 0);
-      auto r = manager_.try_resume(*p, reserved);
-      if (!r) return false;
-      tt.reserved = reserved;
-      return restored(s, r->id);
+      return fit_by_parking(s, [&] {
+        auto r = manager_.try_resume(*p, reserved);
+        if (!r) return false;
+        tt.reserved = reserved;
+        return restored(s, r->id);
+      });
     }
     std::int64_t reserve = window_.first(max_new);
-    if (headroom_tokens > 0) {
+    if (headroom_tokens > 0 && !parks_for_turns()) {
       // Checked: an overflowing allowance cannot fit any pool.
       auto headroom = detail::mul_checked<std::int64_t>(
           manager_.num_groups(), ceil_div(headroom_tokens, plan_.geometry.page_tokens));
@@ -97,11 +105,14 @@ class tangram_policy final : public live_accounting_policy {
     }
     bool ok = false;
     if (auto& p = parked_[static_cast<std::size_t>(s)]) {  // an idle session parked earlier
-      auto r = manager_.try_unpark(*p, prompt, reserve);
-      ok     = r && restored(s, r->id);
-    } else {
-      ok = id ? manager_.continue_turn(*id, prompt, reserve)
-              : (id = manager_.try_admit(prompt, reserve)).has_value();
+      ok = fit_by_parking(s, [&] {
+        auto r = manager_.try_unpark(*p, prompt, reserve);
+        return r && restored(s, r->id);
+      });
+    } else if (id) {
+      ok = fit_by_parking(s, [&] { return manager_.continue_turn(*id, prompt, reserve); });
+    } else {  // a new session waits rather than park others
+      ok = (id = manager_.try_admit(prompt, reserve)).has_value();
     }
     if (ok) {
       tt = {max_new, reserve, 0};
@@ -271,17 +282,37 @@ class tangram_policy final : public live_accounting_policy {
     staging_pages_ -= std::exchange(turn_[static_cast<std::size_t>(s)].staging, 0);
   }
 
+  /// Parking makes room for turns (`tangram_policy_options::park_for_turns` with a window).
+  [[nodiscard]] bool parks_for_turns() const {
+    return config_.park_for_turns && window_.options().window_tokens > 0;
+  }
+  /// Runs `attempt` (a turn's all-or-nothing reservation for session s) and, while it does not
+  /// fit and parking makes room for turns, parks another idle session and tries again. Parks
+  /// made stay when it still does not fit (they resume at their next turn).
+  template <class Attempt>
+  bool fit_by_parking(std::int32_t s, Attempt&& attempt) {
+    while (!attempt()) {
+      if (!parks_for_turns()) return false;
+      auto victim = choose_victim({}, s);
+      if (!victim) return false;
+      park(*victim);
+    }
+    return true;
+  }
+
   /// Session s ran now (its turn started, resumed or ended): the victim order's clock.
   void stamp(std::int32_t s) { turn_[static_cast<std::size_t>(s)].last_used = ++clock_; }
 
-  /// The session to park so that a growth fits: the idle (ended) sessions and the running turns
-  /// of `running` (all in decode), in the answer window's order, within the host memory left.
-  std::optional<std::int32_t> choose_victim(std::vector<std::int32_t> const& running) {
+  /// The session to park so that a growth or a turn fits: the idle (ended) sessions and the
+  /// running turns of `running` (all in decode), but not `spare`, in the answer window's order,
+  /// within the host memory left.
+  std::optional<std::int32_t> choose_victim(std::vector<std::int32_t> const& running,
+                                            std::int32_t spare = -1) {
     candidates_.clear();
     sessions_.clear();
     auto add = [&](std::int32_t s) {
       auto const& id = ids_[static_cast<std::size_t>(s)];
-      if (!id || parked_[static_cast<std::size_t>(s)]) return;
+      if (s == spare || !id || parked_[static_cast<std::size_t>(s)]) return;
       auto phase = manager_.info(*id).phase;
       if (phase != sequence_phase::ended && phase != sequence_phase::decode) return;
       candidates_.push_back(

@@ -424,6 +424,7 @@ class replay_run {
             [&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.reserve, headroom); });
       };
       bool ok = start();
+      absorb_parked();  // sessions the policy parked to make room for this turn
       // A prefix cache counts idle sessions' blocks as free: evict them (LRU) until it fits.
       while (!ok && prefix_cache && evict_idle(s)) ok = start();
       if (!ok) {
