@@ -670,6 +670,38 @@ TEST_CASE("with parking, a turn that does not fit parks idle sessions and admiss
   CHECK_FALSE(q.start_turn(0, 0, 4096, 256, 1 << 20));
 }
 
+TEST_CASE("the continuation headroom applies to page tables that grow, not to sliding-window rings",
+          "[replay][issue29]") {
+  // Layers 0 and 3 compressed, 1 a sliding window of 10 tokens, 2 uncompressed; P = 4.
+  auto plan = test::tiny_plan(test::tiny_budgets(), 4, 2, 10);
+  std::int64_t const prompt = 8, headroom = 8;  // 2 pages of prompt and 2 of headroom a table
+  // Layer-wide pages (full_kv admits the uncompressed prompt): 4 layers x 2 prompt pages and
+  // 3 growing layers x 2 headroom pages = 14 pages, not 16.
+  auto layer_page = static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes());
+  for (std::int64_t pages : {13, 14}) {
+    unified_policy full(plan, unified_mode::full_kv, layer_page * static_cast<double>(pages), 4, 4, 64);
+    CHECK(full.start_turn(0, 0, prompt, 4, headroom) == (pages == 14));
+  }
+  // Tangram with the headroom kept: its admission plus 2 headroom pages per group that is not a
+  // ring.
+  std::int64_t growing = 0;
+  for (auto const& g : plan.grouping.groups) growing += g.rule.kind != layer_kind::sliding_window;
+  REQUIRE(growing > 0);
+  REQUIRE(growing < static_cast<std::int64_t>(plan.grouping.groups.size()));
+  tangram_policy_options keep;
+  keep.park_for_turns = false;
+  std::int64_t admission = 0;
+  {
+    tangram_policy probe(plan, 1e6 * static_cast<double>(plan.page_bytes()), 4, 4, keep);
+    admission = probe.manager().admission_pages(prompt, 4);
+  }
+  for (std::int64_t extra : {-1, 0}) {
+    auto pages = admission + growing * 2 + extra;
+    tangram_policy p(plan, static_cast<double>(pages) * static_cast<double>(plan.page_bytes()), 4, 4, keep);
+    CHECK(p.start_turn(0, 0, prompt, 4, headroom) == (extra == 0));
+  }
+}
+
 TEST_CASE("decode skew by batch size: a step pays the skew measured at its own batch", "[replay][issue13][skew]") {
   skew_curve k{{1, 4, 16}, {2.0, 1.5, 1.1}};
   CHECK(k.at(1) == 2.0);

@@ -24,6 +24,15 @@ inline double head_token_bytes(static_plan const& plan) {
   return static_cast<double>(2 * plan.geometry.head_dim * plan.geometry.element_bytes());
 }
 
+/// Whether a page table whose heads follow `rules[0, n)` grows with the context, so that the
+/// replay's continuation headroom applies to it: it does unless every head is a sliding-window
+/// ring (which never holds more than its window, and is full once a session saw that many).
+inline bool grows_with_context(head_rule const* rules, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i)
+    if (rules[i].kind != layer_kind::sliding_window) return true;
+  return false;
+}
+
 /**
  * @brief Pages of `page_bytes` bytes that `kv_bytes` of KV memory holds (rounded down).
  * @throw invalid_argument naming kv_bytes when it is not finite or the pages are not in

@@ -42,8 +42,9 @@ class kv_policy {
   [[nodiscard]] virtual std::string name() const = 0;
   /// Starts a turn: `history` tokens already held (0 for a new session or after preemption),
   /// `prompt` new tokens to prefill, up to `max_new` tokens to decode. It must also leave room
-  /// for `headroom_tokens` more uncompressed tokens in every page table of the model (the
-  /// engine's allowance for resident sessions' next turns). False: does not fit now.
+  /// for `headroom_tokens` more uncompressed tokens in every page table of the model that grows
+  /// with the context (`grows_with_context`: not one of sliding-window rings only), the engine's
+  /// allowance for resident sessions' next turns. False: does not fit now.
   virtual bool start_turn(std::int32_t session,
                           std::int64_t history,
                           std::int64_t prompt,

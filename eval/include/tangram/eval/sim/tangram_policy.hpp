@@ -70,7 +70,9 @@ class tangram_policy final : public live_accounting_policy {
         extra_bytes_(static_cast<std::size_t>(num_sessions), 0.0),
         turn_(static_cast<std::size_t>(num_sessions)),
         parked_(static_cast<std::size_t>(num_sessions)),
-        host_limit_(window_.host_limit_bytes(manager_.pool().arena_bytes())) {}
+        host_limit_(window_.host_limit_bytes(manager_.pool().arena_bytes())) {
+    for (auto const& g : plan.grouping.groups) growing_groups_ += grows_with_context(&g.rule, 1);
+  }
 
   [[nodiscard]] std::string name() const override { return config_.name; }
 
@@ -97,7 +99,7 @@ class tangram_policy final : public live_accounting_policy {
     if (headroom_tokens > 0 && !parks_for_turns()) {
       // Checked: an overflowing allowance cannot fit any pool.
       auto headroom = detail::mul_checked<std::int64_t>(
-          manager_.num_groups(), ceil_div(headroom_tokens, plan_.geometry.page_tokens));
+          growing_groups_, ceil_div(headroom_tokens, plan_.geometry.page_tokens));
       auto need = headroom
                       ? detail::add_checked(manager_.admission_pages(prompt, reserve), *headroom)
                       : std::nullopt;
@@ -375,7 +377,8 @@ class tangram_policy final : public live_accounting_policy {
   std::vector<turn_reservation> turn_;
   std::vector<std::optional<parked_session>> parked_;  ///< sessions in host memory
   std::int64_t host_limit_ = 0, host_used_ = 0, clock_ = 0;
-  std::int64_t staging_pages_ = 0;          ///< sum of the prefilling turns' staging pages
+  std::int64_t staging_pages_  = 0;  ///< sum of the prefilling turns' staging pages
+  std::int64_t growing_groups_ = 0;  ///< groups the continuation headroom applies to (not rings)
   std::vector<std::int32_t> just_parked_;   ///< parked since the last take_parked
   host_traffic traffic_;                    ///< since the last take_host_traffic
   std::vector<park_candidate> candidates_;  ///< choose_victim scratch

@@ -65,6 +65,10 @@ class unified_policy final : public live_accounting_policy {
         slots_(static_cast<std::size_t>(num_sessions), -1),
         own_(mode == unified_mode::compressed_reclaim ? std::move(own_retention) : nullptr),
         kept_(own_ ? plan.rules.size() : 0) {
+    for (std::int32_t l = 0; l < plan_.num_layers; ++l)
+      grows_.push_back(
+          grows_with_context(plan_.rules.data() + static_cast<std::size_t>(l) * plan_.num_kv_heads,
+                             static_cast<std::size_t>(plan_.num_kv_heads)));
     if (!own_) return;
     for (std::int32_t i = 0; i < static_cast<std::int32_t>(plan.rules.size()); ++i)
       if (plan.rules[static_cast<std::size_t>(i)].kind == layer_kind::compressed)
@@ -226,8 +230,8 @@ class unified_policy final : public live_accounting_policy {
         longest = baseline_.longest(slot, l);
         held    = baseline_.n_pages(slot, l);
       }
-      need +=
-          std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) + ceil_div(headroom, P);
+      need += std::max<std::int64_t>(0, ceil_div(longest + prompt, P) - held) +
+              (grows_[static_cast<std::size_t>(l)] ? ceil_div(headroom, P) : 0);
     }
     return need;
   }
@@ -255,7 +259,7 @@ class unified_policy final : public live_accounting_policy {
         most             = std::max({most, est(rule, n), std::max(est(rule, n - c), longest) + c});
       }
       need += std::max<std::int64_t>(0, ceil_div(std::min(most, longest + prompt), P) - held) +
-              ceil_div(headroom, P);
+              (grows_[static_cast<std::size_t>(l)] ? ceil_div(headroom, P) : 0);
     }
     return need;
   }
@@ -275,8 +279,9 @@ class unified_policy final : public live_accounting_policy {
   unified_paging_baseline baseline_;
   std::vector<std::int32_t> slots_;
   std::vector<std::int32_t> batch_;
-  std::shared_ptr<retention_needs const> own_;     ///< null: the plan's padded budgets
-  std::vector<std::int32_t> kept_;                 ///< scratch: [layer * H + head]
+  std::shared_ptr<retention_needs const> own_;  ///< null: the plan's padded budgets
+  std::vector<std::int32_t> kept_;              ///< scratch: [layer * H + head]
+  std::vector<bool> grows_;  ///< per page table: the continuation headroom applies (not all rings)
   std::vector<std::int32_t> own_heads_;            ///< the compressed heads (flat ids), fixed
   std::vector<std::int64_t> own_cand_, own_kept_;  ///< scratch: their candidates and kept counts
 };
