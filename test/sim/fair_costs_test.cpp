@@ -643,6 +643,10 @@ TEST_CASE("with parking, a turn that does not fit parks idle sessions and admiss
     auto free = p.manager().pool().available_pages();
     REQUIRE(need > free);
     REQUIRE(need <= free + held);
+    // A next turn that would not fit even with every idle session parked parks nobody.
+    CHECK(p.manager().admission_pages(4096 + 65536, 256) - held > free + 2 * held);
+    CHECK_FALSE(p.start_turn(0, 4096, 65536, 256, 0));
+    CHECK(p.take_parked().empty());
     bool ok = p.start_turn(0, 4096, 20480, 256, 0);
     CHECK(ok == park);
     auto parked = p.take_parked();
@@ -668,6 +672,36 @@ TEST_CASE("with parking, a turn that does not fit parks idle sessions and admiss
   upfront.answers.window_tokens = 0;
   tangram_policy q(plan, kv, 8, 8, upfront);
   CHECK_FALSE(q.start_turn(0, 0, 4096, 256, 1 << 20));
+}
+
+TEST_CASE("a turn given up while its session is parked releases the host memory it held",
+          "[replay][issue29][decode_window]") {
+  // Found by a reviewer: on 24 GB, long prompts and concurrency 2, a parked session's next turn
+  // can never fit and is given up; the replay gave it up without releasing its host copy.
+  auto plan = test::llama_plan("snapkv");
+  gpu_spec gpu;
+  gpu.memory_bytes = 24e9;
+  model_spec model = model_preset("llama-3.1-8b");
+  cost_model cost(model, gpu);
+  workload_options wo;
+  wo.kind         = workload_kind::long_context;
+  wo.sessions     = 16;
+  wo.turns        = 8;
+  wo.think_mean_s = 0;
+  wo.seed         = 6298;
+  wo.arrival_rate = 20;
+  auto work       = generate_workload(wo);
+  replay_options o;
+  o.concurrency = 2;
+  o.max_tokens  = 256;
+  tangram_policy_options to;
+  to.answers.window_tokens = 512;
+  tangram_policy p(plan, gpu.kv_budget_bytes(model), 16, 16, to);
+  auto r = replay(work, p, cost, o);
+  REQUIRE(r.parks > r.resumes);  // a parked session was given up
+  CHECK(r.rejected_sessions > 0);
+  CHECK(p.host_bytes_used() == 0);
+  CHECK(p.manager().pool().used_pages() == 0);
 }
 
 TEST_CASE("the continuation headroom applies to page tables that grow, not to sliding-window rings",

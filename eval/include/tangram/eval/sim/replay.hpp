@@ -114,6 +114,16 @@ class replay_engine : public replay_run {
       queue.pop_front();
       host_tokens -= ss_of(s).offloaded;
       ss_of(s).offloaded = 0;
+      if (auto& ss = ss_of(s); ss.holds_kv) {  // its KV (on the GPU or parked) goes with it
+        timed([&] {
+          policy.release(s);
+          return 0;
+        });
+        ss.holds_kv = false;
+        if (!ss.parked) --resident;
+        ss.parked = false;
+        forget(ss);
+      }
       out.rejected_sessions += 1;
       finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
       ss_of(s).state = phase::done;

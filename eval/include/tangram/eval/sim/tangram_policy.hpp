@@ -88,7 +88,7 @@ class tangram_policy final : public live_accounting_policy {
       // it had decoded all it had reserved.
       std::int64_t reserved =
           tt.reserved + (tt.decoded == tt.reserved ? window_.growth(tt.wanted, tt.reserved) : 0);
-      return fit_by_parking(s, [&] {
+      return fit_by_parking(s, manager_.resume_pages(*p, reserved), [&] {
         auto r = manager_.try_resume(*p, reserved);
         if (!r) return false;
         tt.reserved = reserved;
@@ -107,12 +107,15 @@ class tangram_policy final : public live_accounting_policy {
     }
     bool ok = false;
     if (auto& p = parked_[static_cast<std::size_t>(s)]) {  // an idle session parked earlier
-      ok = fit_by_parking(s, [&] {
+      ok = fit_by_parking(s, manager_.unpark_pages(*p, prompt, reserve), [&] {
         auto r = manager_.try_unpark(*p, prompt, reserve);
         return r && restored(s, r->id);
       });
     } else if (id) {
-      ok = fit_by_parking(s, [&] { return manager_.continue_turn(*id, prompt, reserve); });
+      // At most what the whole history would reserve as a new request, less what it holds.
+      auto bound = manager_.admission_pages(manager_.info(*id).seq_tokens + prompt, reserve) -
+                   held_pages(*id);
+      ok = fit_by_parking(s, bound, [&] { return manager_.continue_turn(*id, prompt, reserve); });
     } else {  // a new session waits rather than park others
       ok = (id = manager_.try_admit(prompt, reserve)).has_value();
     }
@@ -288,18 +291,33 @@ class tangram_policy final : public live_accounting_policy {
   [[nodiscard]] bool parks_for_turns() const {
     return config_.park_for_turns && window_.options().window_tokens > 0;
   }
-  /// Runs `attempt` (a turn's all-or-nothing reservation for session s) and, while it does not
-  /// fit and parking makes room for turns, parks another idle session and tries again. Parks
-  /// made stay when it still does not fit (they resume at their next turn).
+  /// Runs `attempt` (a turn's all-or-nothing reservation for session s, of about `need` pages)
+  /// and, while it does not fit and parking makes room for turns, parks another idle session and
+  /// tries again; but parks nobody when parking every idle session the host memory can take
+  /// would still leave fewer than `need` pages free (the turn then waits).
   template <class Attempt>
-  bool fit_by_parking(std::int32_t s, Attempt&& attempt) {
+  bool fit_by_parking(std::int32_t s, std::int64_t need, Attempt&& attempt) {
+    if (attempt()) return true;
+    if (!parks_for_turns() || idle_pages(s) + manager_.pool().available_pages() < need)
+      return false;
     while (!attempt()) {
-      if (!parks_for_turns()) return false;
       auto victim = choose_victim({}, s);
       if (!victim) return false;
       park(*victim);
     }
     return true;
+  }
+
+  /// Pages the idle (ended, on-device) sessions other than `spare` use, at most what the host
+  /// memory left can take.
+  [[nodiscard]] std::int64_t idle_pages(std::int32_t spare) const {
+    std::int64_t pages = 0;
+    for (std::int32_t s = 0; s < static_cast<std::int32_t>(ids_.size()); ++s) {
+      auto const& id = ids_[static_cast<std::size_t>(s)];
+      if (s != spare && id && manager_.info(*id).phase == sequence_phase::ended)
+        pages += held_pages(*id);
+    }
+    return std::min(pages, (host_limit_ - host_used_) / manager_.pool().page_bytes());
   }
 
   /// Session s ran now (its turn started, resumed or ended): the victim order's clock.
