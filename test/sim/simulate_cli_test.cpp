@@ -117,7 +117,23 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
       {{"simulate", "--frobnicate"}, "unknown option \"--frobnicate\""},
       {{"simulate", "--context-dist", "normal"},
        "--context-dist: expected one of loguniform, uniform, fixed, got"},
+      {{"simulate", "--continuation-room", "spare"},
+       "--continuation-room: expected one of park, headroom, got \"spare\""},
   });
+}
+
+TEST_CASE("simulate --continuation-room reports the rule, park only with a window",
+          "[simulate][cli][issue29]") {
+  auto room = [](std::vector<std::string> extra) {
+    std::vector<std::string> args{"simulate", "--sessions", "4", "--turns", "2",
+                                  "--workload", "short", "--json", "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = run_json(args);
+    return std::string(r.root()["reservation"]["continuation_room"].as_string());
+  };
+  CHECK(room({}) == "park");
+  CHECK(room({"--continuation-room", "headroom"}) == "headroom");
+  CHECK(room({"--decode-window", "0"}) == "headroom");  // nothing may be parked without a window
 }
 
 TEST_CASE("simulate with a workload file refuses the generator's options and reports none",
