@@ -62,12 +62,13 @@ void decode_attention(decode_params const& p,
   detail::check_launch(cudaGetLastError(), "decode_attention: merge kernel launch");
 }
 
-std::optional<device_limits> decode_device_limits(dtype kv_dtype,
-                                                  std::int32_t head_dim,
-                                                  std::int32_t group,
-                                                  std::int32_t device,
-                                                  bool tensor_cores,
-                                                  bool folded_merge) noexcept {
+std::optional<device_limits> decode_device_limits(
+    dtype kv_dtype,
+    std::int32_t head_dim,
+    std::int32_t group,
+    std::int32_t device,
+    bool tensor_cores,
+    bool /*folded_merge: both variants count*/) noexcept {
   if (!decode_kernel_supports(kv_dtype, head_dim) || group < 1 || group > decode_max_group)
     return std::nullopt;
   int count = 0;
@@ -84,7 +85,7 @@ std::optional<device_limits> decode_device_limits(dtype kv_dtype,
     dispatch_kv_shape(kv_dtype, head_dim, group, "decode_device_limits", [&](auto shape) {
       using S = decltype(shape);
       err = detail::decode_split_occupancy<typename S::element_type, S::head_dim, S::query_group>(
-          &per_sm, tensor_cores, folded_merge);
+          &per_sm, tensor_cores);
     });
   (void)cudaSetDevice(previous);
   if (err != cudaSuccess || sms <= 0 || per_sm <= 0) {  // a zero occupancy is an error, not a plan

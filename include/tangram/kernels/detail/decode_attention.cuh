@@ -365,25 +365,22 @@ cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
 }
 
 /// Resident CTAs per SM, on the current device, of the split kernel a launch of (T, D, GB) with
-/// `tensor_cores` runs (decode_split_kernel_of): the lower of its plain and folded-merge variants,
-/// whichever `fold` is. The launch bounds cap both variants' registers at the same occupancy, but
+/// `tensor_cores` runs (decode_split_kernel_of): the lower of its plain and folded-merge variants.
+/// The launch bounds cap both variants' registers at the same occupancy, but
 /// a variant under the cap may hold more CTAs (sm_90: f32 d 64 / 128 group bucket 4, plain 140
 /// registers = 3 CTAs, folded 128 = 4; sm_100: f32 group bucket 1, plain 6, folded 5), and a plan
 /// made with the higher figure would run an extra wave of the other variant. With the lower one,
-/// a plan made with either query fits both launches. (`fold` is kept for the callers.)
+/// a plan made with either query fits both launches.
 template <class T, int D, int GB>
-cudaError_t decode_split_occupancy(int* ctas_per_sm, bool tensor_cores, bool fold) {
-  (void)fold;
-  int lowest = 0;
-  for (bool f : {false, true}) {
-    const decode_split_launch k = decode_split_kernel_of<T, D, GB>(tensor_cores, f);
-    int n                       = 0;
-    const cudaError_t err =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.kernel, k.threads, k.smem_bytes);
+cudaError_t decode_split_occupancy(int* ctas_per_sm, bool tensor_cores) {
+  int per_variant[2] = {0, 0};  // plain, folded merge
+  for (int fold = 0; fold < 2; ++fold) {
+    const decode_split_launch k = decode_split_kernel_of<T, D, GB>(tensor_cores, fold == 1);
+    const cudaError_t err       = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_variant[fold], k.kernel, k.threads, k.smem_bytes);
     if (err != cudaSuccess) return err;
-    lowest = f ? (n < lowest ? n : lowest) : n;
   }
-  *ctas_per_sm = lowest;
+  *ctas_per_sm = per_variant[0] < per_variant[1] ? per_variant[0] : per_variant[1];
   return cudaSuccess;
 }
 
@@ -392,7 +389,7 @@ cudaError_t decode_split_occupancy(int* ctas_per_sm, bool tensor_cores, bool fol
 /// every head dim and query-group bucket of the list in core/kv_shape.hpp.
 #define TANGRAM_DECODE_INSTANTIATE_ONE(EXT, T, D, GB)                                                 \
   EXT template cudaError_t launch_decode_split<T, D, GB>(decode_args const&, cudaStream_t);         \
-  EXT template cudaError_t decode_split_occupancy<T, D, GB>(int*, bool, bool);
+  EXT template cudaError_t decode_split_occupancy<T, D, GB>(int*, bool);
 #define TANGRAM_DECODE_INSTANTIATE_DIM(EXT, T, D)                                                     \
   TANGRAM_KV_SHAPE_QUERY_GROUPS(TANGRAM_DECODE_INSTANTIATE_ONE, EXT, T, D)
 #define TANGRAM_DECODE_INSTANTIATE(EXT, T)                                                            \
