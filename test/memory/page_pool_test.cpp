@@ -182,6 +182,43 @@ TEST_CASE("reservations are all or nothing and never exceed capacity", "[memory]
   pool.check_invariants();
 }
 
+TEST_CASE("a bulk draw takes the pages single draws would, in order; all or nothing",
+          "[memory][pool]") {
+  simulated_memory_resource mr;
+  page_pool<> one(mr, page_layout<>(small_geometry()), 12);
+  page_pool<> bulk(mr, page_layout<>(small_geometry()), 12);
+  // The same history on both pools, so that the free stacks are out of index order.
+  for (auto* pool : {&one, &bulk}) {
+    std::vector<page_id> taken;
+    for (int i = 0; i < 7; ++i) taken.push_back(*pool->try_allocate());
+    for (int i : {3, 0, 5, 6}) CHECK(pool->release(taken[static_cast<std::size_t>(i)]));
+  }
+  auto a = *one.try_reserve(6);
+  auto b = *bulk.try_reserve(6);
+  std::vector<page_id> singles;
+  for (int i = 0; i < 5; ++i) singles.push_back(one.draw(a));
+  std::vector<page_id> drawn(5, -1);
+  bulk.draw(b, 5, drawn.data());
+  CHECK(drawn == singles);
+  CHECK(snap(bulk) == snap(one));
+  CHECK(b.pages() == 1);
+  // More than the reservation holds, a negative count or a foreign reservation: nothing changes.
+  auto before = snap(bulk);
+  std::vector<page_id> more(2, -1);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bulk.draw(b, 2, more.data()), logic_error, "drawing 2", "holds 1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bulk.draw(b, -1, more.data()), invalid_argument, "-1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bulk.draw(a, 1, more.data()), logic_error, "another pool");
+  CHECK(snap(bulk) == before);
+  CHECK(more == std::vector<page_id>{-1, -1});
+  bulk.draw(b, 0, more.data());  // nothing to take
+  CHECK(snap(bulk) == before);
+  one.release_unused(a);
+  bulk.release_unused(b);
+  one.check_invariants();
+  bulk.check_invariants();
+}
+
 TEST_CASE("pool misuse is a logic_error naming the value, with nothing changed",
           "[memory][pool][errors]") {
   simulated_memory_resource mr;
@@ -253,6 +290,22 @@ TEST_CASE("random pool operations agree with an independent model", "[memory][po
         if (r) {
           reservations.push_back(std::move(*r));
           model_res.push_back(n);
+        }
+      } else if (op == 4 && !reservations.empty() && rng() % 2 == 0) {
+        // Bulk: up to one page more than the reservation holds (refused, nothing changes).
+        auto k         = rng() % reservations.size();
+        std::int64_t n = static_cast<std::int64_t>(rng() % static_cast<unsigned>(model_res[k] + 2));
+        std::vector<page_id> got(static_cast<std::size_t>(n), -1);
+        if (n <= model_res[k]) {
+          pool.draw(reservations[k], n, got.data());
+          for (auto p : got) {
+            CHECK(owners.count(p) == 0);
+            owners[p] = 1;
+          }
+          model_res[k] -= n;
+        } else {
+          CHECK_THROWS_AS(pool.draw(reservations[k], n, got.data()), logic_error);
+          for (auto p : got) CHECK(p == -1);
         }
       } else if (op == 4 && !reservations.empty()) {
         auto k = rng() % reservations.size();

@@ -427,6 +427,9 @@ TEST_CASE("sequence_table and page_table_storage: turn and list checks", "[memor
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       pt.expect_can_grow(0, 0, 4, "op"), logic_error, "needs 4 pages but holds 1 with 2 reserved");
   pt.expect_budget(0, 0);
+  pt.expect_budget(0, 0, 2);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      pt.expect_budget(0, 0, 3), logic_error, "needs 3 pages but its budget covers 2");
   pt.budget(0, 0) = 0;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(pt.expect_budget(0, 0), logic_error, "beyond its reservation");
 }
@@ -468,8 +471,11 @@ TEST_CASE("page_flow: draws charge budgets and the reservation, tails release as
   auto s = f.open(3);
   auto G = f.groups.num_groups();
   CHECK(f.sequences[s].reservation.pages() == 3 * G);
+  // The pages 3 single draws would take, in order: a fresh pool hands out 0, 1, 2.
+  std::vector<page_id> const expected{0, 1, 2};
   f.flow.grow_to(s, 0, 3);
   CHECK(f.table.count(s, 0) == 3);
+  CHECK(std::vector<page_id>(f.table.list(s, 0), f.table.list(s, 0) + 3) == expected);
   CHECK(f.table.budget(s, 0) == 0);
   CHECK(f.sequences[s].reservation.pages() == 3 * G - 3);
   CHECK(f.stats.pages_drawn == 3);

@@ -29,6 +29,7 @@
  */
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -403,6 +404,34 @@ class page_pool {
     --res.pages_;
     --reserved_;
     return pop();
+  }
+
+  /**
+   * @brief Takes `n` pages promised by `res` into `out[0, n)`, in the order `n` calls of
+   * `draw(res)` would return them (reference count 1 each). O(n) with one check, allocation-free;
+   * all or nothing.
+   * @throw logic_error when `res` holds fewer than `n` pages or belongs to another pool;
+   *        invalid_argument when n < 0. Nothing changes then.
+   */
+  void draw(page_reservation& res, std::int64_t n, page_id* out) {
+    TANGRAM_EXPECTS(n >= 0, invalid_argument, "page_pool::draw: pages must be >= 0, got ", n);
+    check_owner(res, "draw");
+    TANGRAM_EXPECTS(n <= res.pages_,
+                    logic_error,
+                    "page_pool::draw: drawing ",
+                    n,
+                    " pages but the reservation holds ",
+                    res.pages_,
+                    "; drawing more pages than reserved");
+    res.pages_ -= n;
+    reserved_ -= n;
+    for (std::int64_t k = 0; k < n; ++k) {
+      page_id p                          = free_stack_[static_cast<std::size_t>(--free_top_)];
+      refs_[static_cast<std::size_t>(p)] = 1;
+      out[k]                             = p;
+    }
+    allocations_ += n;
+    peak_used_ = std::max(peak_used_, used_pages());
   }
 
   /**

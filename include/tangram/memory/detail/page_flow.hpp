@@ -170,7 +170,28 @@ class page_flow {
 
   /// Appends drawn pages to (s, g) until it holds `pages`.
   void grow_to(std::int32_t s, std::int32_t g, std::int64_t pages) {
-    while (page_table_.count(s, g) < pages) journal_.note_entry(page_table_.push(s, g, draw(s, g)));
+    std::int64_t n = pages - page_table_.count(s, g);
+    if (n <= 0) return;
+    // In bulk (one check, one pass), the same pages in the same order as n single draws: spares
+    // first, then the reservation's. The reservation's are drawn first (the only step that can
+    // throw), so a failure changes nothing.
+    bool pooled = groups_.pooled(g);
+    if (pooled)
+      page_table_.expect_pooled_room(s, n, "draw");
+    else
+      page_table_.expect_budget(s, g, n);
+    auto& st            = sequences_[s];
+    std::int64_t spares = std::min(n, st.spare_pages);
+    page_id* out        = page_table_.tail(s, g);
+    pool_.draw(st.reservation, n - spares, out + spares);
+    for (std::int64_t k = 0; k < spares; ++k) out[k] = take(s);
+    auto at = page_table_.extend(s, g, static_cast<std::int32_t>(n));
+    for (std::int64_t k = 0; k < n; ++k) journal_.note_entry(at + k);
+    if (pooled)
+      page_table_.pooled_budget(s) -= n;
+    else
+      page_table_.budget(s, g) -= static_cast<std::int32_t>(n);
+    stats_.pages_drawn += n;
   }
 
   /// Releases the pages of (s, g) beyond the first `keep` as surplus; those at positions
@@ -191,12 +212,12 @@ class page_flow {
   /// reservation (not from the group's budget, which is the next turn's), appended to its list and
   /// to `out` (room reserved by the caller), in list order.
   void restore_pages(std::int32_t s, std::int32_t g, std::int64_t count, std::vector<page_id>& out) {
-    for (std::int64_t k = 0; k < count; ++k) {
-      page_id p = pool_.draw(sequences_[s].reservation);
-      journal_.note_entry(page_table_.push(s, g, p));
-      out.push_back(p);
-      ++stats_.pages_drawn;
-    }
+    page_id* drawn = page_table_.tail(s, g);
+    pool_.draw(sequences_[s].reservation, count, drawn);
+    auto at = page_table_.extend(s, g, static_cast<std::int32_t>(count));
+    for (std::int64_t k = 0; k < count; ++k) journal_.note_entry(at + k);
+    out.insert(out.end(), drawn, drawn + count);
+    stats_.pages_drawn += count;
   }
 
   /**

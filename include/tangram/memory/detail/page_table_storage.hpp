@@ -123,6 +123,19 @@ class page_table_storage {
   }
   /// Removes and returns the last page of the list (count > 0).
   page_id pop(std::int32_t s, std::int32_t g) noexcept { return entry(s, g, --count_[at(s, g)]); }
+  /// The entries after the list's last, where `extend` appends (room: capacity - count).
+  page_id* tail(std::int32_t s, std::int32_t g) noexcept {
+    auto a = at(s, g);
+    return pages_.data() + offset_[a] + count_[a];
+  }
+  /// Appends the `n` entries already written at `tail(s, g)` (count + n <= capacity); returns the
+  /// arena index of the first.
+  std::int64_t extend(std::int32_t s, std::int32_t g, std::int32_t n) noexcept {
+    auto a         = at(s, g);
+    std::int64_t i = std::int64_t{offset_[a]} + count_[a];
+    count_[a] += n;
+    return i;
+  }
 
   /// Pages slot s's pooled groups (elastic reservation) may still draw, together.
   std::int64_t& pooled_budget(std::int32_t s) noexcept {
@@ -150,16 +163,20 @@ class page_table_storage {
                     " are reserved (internal inconsistency)");
   }
 
-  /// @throw logic_error when list (s, g) has no page left in its budget (an internal
-  /// inconsistency: a page is drawn only where the reservation covers it).
-  void expect_budget(std::int32_t s, std::int32_t g) const {
-    TANGRAM_EXPECTS(budget(s, g) > 0,
+  /// @throw logic_error when list (s, g) has fewer than `need` pages left in its budget (an
+  /// internal inconsistency: a page is drawn only where the reservation covers it).
+  void expect_budget(std::int32_t s, std::int32_t g, std::int64_t need = 1) const {
+    TANGRAM_EXPECTS(need <= budget(s, g),
                     logic_error,
                     "group ",
                     g,
                     " of slot ",
                     s,
-                    " needs a page beyond its reservation (internal inconsistency)");
+                    " needs ",
+                    need,
+                    " pages but its budget covers ",
+                    budget(s, g),
+                    ": pages beyond its reservation (internal inconsistency)");
   }
   /// @throw logic_error naming `op` unless list (s, g) can grow to `need` pages within its
   /// capacity and budget (an internal inconsistency: reservations cover every chunk).
