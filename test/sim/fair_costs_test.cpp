@@ -24,8 +24,7 @@ namespace {
 
 std::shared_ptr<retention_needs const> own_needs(static_plan const& plan) {
   elastic_needs n;
-  n.samples = load_retention_samples(
-      test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  n.samples = load_retention_samples(test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
   return std::make_shared<retention_needs>(plan, std::move(n));
 }
 
@@ -83,7 +82,8 @@ class recording final : public kv_policy {
 /// The four policies of `simulate` on the contended fixture (the baseline on its own retention).
 std::vector<std::unique_ptr<kv_policy>> four_policies(test::contended_replay const& fx) {
   std::vector<std::unique_ptr<kv_policy>> ps;
-  ps.push_back(std::make_unique<unified_policy>(fx.plan, unified_mode::full_kv, fx.kv, 24, 24, 131073));
+  ps.push_back(
+      std::make_unique<unified_policy>(fx.plan, unified_mode::full_kv, fx.kv, 24, 24, 131073));
   ps.push_back(std::make_unique<unified_policy>(
       fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073, own_needs(fx.plan)));
   ps.push_back(std::make_unique<tangram_policy>(fx.plan, fx.kv, 24, 24));
@@ -224,24 +224,28 @@ TEST_CASE("switching one cost off changes only its own term", "[replay][issue13]
   auto wo         = test::contended_replay::options();
   wo.think_mean_s = 0;
   auto work       = generate_workload(wo);
-  unified_policy base(fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073,
-                      own_needs(fx.plan));
+  unified_policy base(
+      fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073, own_needs(fx.plan));
   replay_options on;
-  on.charges  = all_charges();
-  auto all    = replay(work, base, fx.cost, on);
+  on.charges = all_charges();
+  auto all   = replay(work, base, fx.cost, on);
   REQUIRE(all.reclaim_ops > 0);
   auto without = [&](auto&& off) {
     replay_options o = on;
     off(o.charges);
-    unified_policy p(fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073,
-                     own_needs(fx.plan));
+    unified_policy p(
+        fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073, own_needs(fx.plan));
     return replay(work, p, fx.cost, o);
   };
   auto same_except = [&](replay_result const& r, double time_breakdown::*term) {
-    for (auto field : {&time_breakdown::prefill_s, &time_breakdown::eviction_pass_s,
-                       &time_breakdown::decode_attention_s, &time_breakdown::weights_s,
-                       &time_breakdown::reclamation_s, &time_breakdown::replanning_s,
-                       &time_breakdown::overhead_s, &time_breakdown::control_plane_s,
+    for (auto field : {&time_breakdown::prefill_s,
+                       &time_breakdown::eviction_pass_s,
+                       &time_breakdown::decode_attention_s,
+                       &time_breakdown::weights_s,
+                       &time_breakdown::reclamation_s,
+                       &time_breakdown::replanning_s,
+                       &time_breakdown::overhead_s,
+                       &time_breakdown::control_plane_s,
                        &time_breakdown::idle_s}) {
       if (field == term) {
         CHECK(r.time.*field == 0);
@@ -266,7 +270,7 @@ TEST_CASE("charges are validated, naming the field", "[replay][issue13][errors]"
   replay_options o;
   o.charges.decode_skew = 0.5;
   CHECK_THROWS_WITH(replay(fx.work, tp, fx.cost, o), Catch::Contains("charges.decode_skew"));
-  o = {};
+  o            = {};
   o.max_tokens = 0;
   CHECK_THROWS_WITH(replay(fx.work, tp, fx.cost, o), Catch::Contains("replay.max_tokens"));
 }
@@ -287,16 +291,20 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
   defaults["unified_nonuniform"] = result("unified_nonuniform", 100, 10, 1000);
   defaults["tangram"]            = result("tangram", 120, 9, 0);
   std::vector<std::pair<std::string, step_charges>> calls;
-  auto rep = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"},
-                               [&](std::string const& name, step_charges const& ch) {
-                                 calls.emplace_back(name, ch);
-                                 // slower baseline with a larger reclaim or re-planning charge
-                                 // and faster when it reads live tokens only
-                                 double t = 100 / (1 + ch.reclaim_s_per_page * 1e4 +
-                                                   ch.replan_fraction + ch.step_overhead_s) *
-                                            (ch.padded_reads ? 1.0 : 1.25);
-                                 return result(name, name == "tangram" ? 120 : t, 10, 0);
-                               });
+  auto rep = sweep_sensitivity(
+      costs,
+      defaults,
+      "unified_nonuniform",
+      {"tangram"},
+      [&](std::string const& name, step_charges const& ch) {
+        calls.emplace_back(name, ch);
+        // slower baseline with a larger reclaim or re-planning charge
+        // and faster when it reads live tokens only
+        double t = 100 /
+                   (1 + ch.reclaim_s_per_page * 1e4 + ch.replan_fraction + ch.step_overhead_s) *
+                   (ch.padded_reads ? 1.0 : 1.25);
+        return result(name, name == "tangram" ? 120 : t, 10, 0);
+      });
   auto vars = uncalibrated_variations(costs);
   CHECK(rep.points.size() == vars.size());
   CHECK(vars.size() == 11);
@@ -313,14 +321,16 @@ TEST_CASE("the sensitivity sweep replays only what changes and brackets the defa
   CHECK(balanced.variation.constant == "baseline_balance");
   CHECK(balanced.variation.end == "perfect");
   CHECK(balanced.variation.costs.charges_for("unified_nonuniform").skew_for(7) == 1.0);
-  CHECK(balanced.variation.costs.charges_for("unified_nonuniform").replan_fraction == costs.replan_fraction);
+  CHECK(balanced.variation.costs.charges_for("unified_nonuniform").replan_fraction ==
+        costs.replan_fraction);
   // The masked-kernel point: the baseline replayed with live reads, Tangram with its default.
   auto const& masked = rep.points[10];
   CHECK(masked.variation.constant == "baseline_reads");
   CHECK(masked.variation.end == "masked");
   CHECK(rep.points[9].variation.end == "padded");
   double masked_baseline =
-      100 / (1 + costs.reclaim_s_per_page * 1e4 + costs.replan_fraction + costs.step_overhead_s) * 1.25;
+      100 / (1 + costs.reclaim_s_per_page * 1e4 + costs.replan_fraction + costs.step_overhead_s) *
+      1.25;
   CHECK(masked.verdicts.at("tangram").tokens_per_s_ratio == Approx(120 / masked_baseline));
   CHECK(rep.points[9].verdicts.at("tangram").tokens_per_s_ratio == Approx(1.2));  // the default run
   auto const& range = rep.range.at("tangram");
@@ -340,7 +350,8 @@ replay_result verdict_result(std::string name, double tps, double resident) {
   return r;
 }
 
-// The default run of the sweeps below: the baseline at 100 tok/s and 10 resident, tangram 120 and 9.
+// The default run of the sweeps below: the baseline at 100 tok/s and 10 resident, tangram 120
+// and 9.
 std::map<std::string, replay_result> verdict_defaults() {
   return {{"unified_nonuniform", verdict_result("unified_nonuniform", 100, 10)},
           {"tangram", verdict_result("tangram", 120, 9)}};
@@ -354,7 +365,8 @@ TEST_CASE("on a masked kernel the baseline reads live tokens, Tangram keeps payi
   costs.baseline_masked_reads = true;
   CHECK_FALSE(costs.charges_for("unified_nonuniform").padded_reads);
   // The ablation's steps keep Tangram's reads (they differ from it only by layout and split).
-  for (char const* own_kernel : {"tangram", "tangram_elastic", "full_kv", "reservation_only", "+head_groups"})
+  for (char const* own_kernel :
+       {"tangram", "tangram_elastic", "full_kv", "reservation_only", "+head_groups"})
     CHECK(costs.charges_for(own_kernel).padded_reads);
   // --no-padded-reads turns padding off for everyone, whatever the baseline's kernel.
   costs.padded_reads          = false;
@@ -370,7 +382,8 @@ TEST_CASE("the masked-kernel baseline reads fewer bytes in the same replay", "[r
     costs.baseline_masked_reads = masked;
     replay_options o;
     o.charges = costs.charges_for("unified_nonuniform");
-    unified_policy p(fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073, own_needs(fx.plan));
+    unified_policy p(
+        fx.plan, unified_mode::compressed_reclaim, fx.kv, 24, 24, 131073, own_needs(fx.plan));
     return replay(fx.work, p, fx.cost, o);
   };
   auto padded = run(false);
@@ -415,11 +428,16 @@ TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens"
   mt.rerun = [&](std::string const& name, std::int64_t max_new) {
     calls.emplace_back(name, max_new);
     // tangram: 150 tok/s at 512, 90 at 8192; the baseline 100 either way; resident 9 vs 10
-    return verdict_result(name, name == "tangram" ? (max_new == 512 ? 150 : 90) : 100, name == "tangram" ? 9 : 10);
+    return verdict_result(
+        name, name == "tangram" ? (max_new == 512 ? 150 : 90) : 100, name == "tangram" ? 9 : 10);
   };
   auto rep = sweep_sensitivity(
-      costs, defaults, "unified_nonuniform", {"tangram"},
-      [&](std::string const& name, step_charges const&) { return defaults.at(name); }, &mt);
+      costs,
+      defaults,
+      "unified_nonuniform",
+      {"tangram"},
+      [&](std::string const& name, step_charges const&) { return defaults.at(name); },
+      &mt);
   auto n = uncalibrated_variations(costs).size();
   REQUIRE(rep.points.size() == n + 2);
   auto const& lo = rep.points[n];
@@ -430,16 +448,22 @@ TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens"
   CHECK(hi.variation.value == 8192);
   CHECK(lo.verdicts.at("tangram").tokens_per_s_ratio == Approx(1.5));
   CHECK(hi.verdicts.at("tangram").tokens_per_s_ratio == Approx(0.9));
-  CHECK(calls == std::vector<std::pair<std::string, std::int64_t>>{
-                     {"unified_nonuniform", 512}, {"tangram", 512}, {"unified_nonuniform", 8192}, {"tangram", 8192}});
+  CHECK(calls == std::vector<std::pair<std::string, std::int64_t>>{{"unified_nonuniform", 512},
+                                                                   {"tangram", 512},
+                                                                   {"unified_nonuniform", 8192},
+                                                                   {"tangram", 8192}});
   CHECK(rep.range.at("tangram").low.tokens_per_s_ratio == Approx(0.9));
   CHECK(rep.range.at("tangram").high.tokens_per_s_ratio == Approx(1.5));
   // The rest of the context (vLLM's default) is a third point when given.
   calls.clear();
-  mt.context = 131072;
+  mt.context        = 131072;
   auto with_context = sweep_sensitivity(
-      costs, defaults, "unified_nonuniform", {"tangram"},
-      [&](std::string const& name, step_charges const&) { return defaults.at(name); }, &mt);
+      costs,
+      defaults,
+      "unified_nonuniform",
+      {"tangram"},
+      [&](std::string const& name, step_charges const&) { return defaults.at(name); },
+      &mt);
   REQUIRE(with_context.points.size() == n + 3);
   CHECK(with_context.points[n + 2].variation.end == "context");
   CHECK(with_context.points[n + 2].variation.value == 131072);
@@ -463,9 +487,13 @@ TEST_CASE("the sensitivity sweep replays only the baseline under the other admis
       // the other rule: the baseline at 80 tok/s and 8 resident sessions
       return verdict_result("unified_nonuniform", 80, 8);
     };
-    auto same_charges = [&](std::string const& name, step_charges const&) { return defaults.at(name); };
-    auto rep     = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"}, same_charges, nullptr, &adm);
-    auto without = sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"}, same_charges);
+    auto same_charges = [&](std::string const& name, step_charges const&) {
+      return defaults.at(name);
+    };
+    auto rep = sweep_sensitivity(
+        costs, defaults, "unified_nonuniform", {"tangram"}, same_charges, nullptr, &adm);
+    auto without =
+        sweep_sensitivity(costs, defaults, "unified_nonuniform", {"tangram"}, same_charges);
     auto n = uncalibrated_variations(costs).size();
     REQUIRE(rep.points.size() == n + 2);
     CHECK(calls == std::vector<bool>{!default_chunk});  // one replay: the baseline, the other rule
@@ -584,9 +612,8 @@ TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that 
   // The elastic policy grows and parks the same way (its staging and shared budget included; at
   // margin 0.15, which leaves this pool short enough to park, where the default 0.02 does not).
   {
-    auto elastic =
-        make_tangram_elastic_policy(fx.plan, fx.kv, 24, 24, 8192, 0.15, {}, window(64));
-    auto r = replay(fx.work, *elastic, fx.cost, o);
+    auto elastic = make_tangram_elastic_policy(fx.plan, fx.kv, 24, 24, 8192, 0.15, {}, window(64));
+    auto r       = replay(fx.work, *elastic, fx.cost, o);
     CHECK(elastic->extensions() > 0);
     CHECK(r.parks > 0);
     CHECK(r.resumes == r.parks);
@@ -607,8 +634,9 @@ TEST_CASE("a decode window reserves part of max_tokens and grows, a growth that 
       Catch::Contains("answer_window_options.window_tokens: must be in [0, 2^31 - 1], got -1"));
 }
 
-TEST_CASE("with parking, a turn that does not fit parks idle sessions and admission keeps no headroom",
-          "[replay][issue29][decode_window]") {
+TEST_CASE(
+    "with parking, a turn that does not fit parks idle sessions and admission keeps no headroom",
+    "[replay][issue29][decode_window]") {
   auto plan = test::llama_plan("snapkv");
   // Pages one first turn (4096 prompt tokens, the 256-token window) reserves and then holds.
   std::int64_t turn = 0, page_bytes = 0;
@@ -707,13 +735,14 @@ TEST_CASE("a turn given up while its session is parked releases the host memory 
 TEST_CASE("the continuation headroom applies to page tables that grow, not to sliding-window rings",
           "[replay][issue29]") {
   // Layers 0 and 3 compressed, 1 a sliding window of 10 tokens, 2 uncompressed; P = 4.
-  auto plan = test::tiny_plan(test::tiny_budgets(), 4, 2, 10);
+  auto plan                 = test::tiny_plan(test::tiny_budgets(), 4, 2, 10);
   std::int64_t const prompt = 8, headroom = 8;  // 2 pages of prompt and 2 of headroom a table
   // Layer-wide pages (full_kv admits the uncompressed prompt): 4 layers x 2 prompt pages and
   // 3 growing layers x 2 headroom pages = 14 pages, not 16.
   auto layer_page = static_cast<double>(unified_paging_baseline::layer_geometry(plan).page_bytes());
   for (std::int64_t pages : {13, 14}) {
-    unified_policy full(plan, unified_mode::full_kv, layer_page * static_cast<double>(pages), 4, 4, 64);
+    unified_policy full(
+        plan, unified_mode::full_kv, layer_page * static_cast<double>(pages), 4, 4, 64);
     CHECK(full.start_turn(0, 0, prompt, 4, headroom) == (pages == 14));
   }
   // Tangram with the headroom kept: its admission plus 2 headroom pages per group that is not a
@@ -723,7 +752,7 @@ TEST_CASE("the continuation headroom applies to page tables that grow, not to sl
   REQUIRE(growing > 0);
   REQUIRE(growing < static_cast<std::int64_t>(plan.grouping.groups.size()));
   tangram_policy_options keep;
-  keep.park_for_turns = false;
+  keep.park_for_turns    = false;
   std::int64_t admission = 0;
   {
     tangram_policy probe(plan, 1e6 * static_cast<double>(plan.page_bytes()), 4, 4, keep);
@@ -731,12 +760,14 @@ TEST_CASE("the continuation headroom applies to page tables that grow, not to sl
   }
   for (std::int64_t extra : {-1, 0}) {
     auto pages = admission + growing * 2 + extra;
-    tangram_policy p(plan, static_cast<double>(pages) * static_cast<double>(plan.page_bytes()), 4, 4, keep);
+    tangram_policy p(
+        plan, static_cast<double>(pages) * static_cast<double>(plan.page_bytes()), 4, 4, keep);
     CHECK(p.start_turn(0, 0, prompt, 4, headroom) == (extra == 0));
   }
 }
 
-TEST_CASE("decode skew by batch size: a step pays the skew measured at its own batch", "[replay][issue13][skew]") {
+TEST_CASE("decode skew by batch size: a step pays the skew measured at its own batch",
+          "[replay][issue13][skew]") {
   skew_curve k{{1, 4, 16}, {2.0, 1.5, 1.1}};
   CHECK(k.at(1) == 2.0);
   CHECK(k.at(3) == 2.0);
@@ -754,7 +785,8 @@ TEST_CASE("decode skew by batch size: a step pays the skew measured at its own b
   bad.decode_skew_by_batch = {{1, 1}, {1.2, 1.3}};
   CHECK_THROWS_WITH(bad.validate(), Catch::Contains("charges.decode_skew_by_batch.batch[1]"));
   bad.decode_skew_by_batch = {{1, 2}, {1.2, 0.5}};
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("charges.decode_skew_by_batch.skew[1]: must be >= 1, got 0.5"));
+  CHECK_THROWS_WITH(bad.validate(),
+                    Catch::Contains("charges.decode_skew_by_batch.skew[1]: must be >= 1, got 0.5"));
   bad.decode_skew_by_batch = {{1, 2}, {1.2}};
   CHECK_THROWS_WITH(bad.validate(), Catch::Contains("2 batch sizes but 1 skews"));
 
@@ -792,7 +824,7 @@ TEST_CASE("decode skew by batch size: a step pays the skew measured at its own b
   // fixture has steps of both kinds.
   step_charges rising;
   rising.decode_skew_by_batch = {{1, 4}, {1.0, 2.0}};
-  auto r = run(rising);
+  auto r                      = run(rising);
   CHECK(r.time.decode_attention_s > base.time.decode_attention_s * 1.01);
   CHECK(r.time.decode_attention_s < 2.0 * base.time.decode_attention_s * 0.99);
 }

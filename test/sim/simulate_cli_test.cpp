@@ -13,10 +13,7 @@
 using tangram::test::run;
 using tangram::test::run_json;
 
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("simulate --json reports every policy with the documented fields", "[simulate][cli]") {
   namespace json = tangram::detail::json;
@@ -25,11 +22,16 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   auto root = r.root();
   for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"}) {
     auto p = root["policies"][policy];
-    for (char const* field : {"peak_resident_sessions", "kv_bytes_allocated_peak", "kv_bytes_live_peak",
-                              "reclaim_ops", "preemptions", "control_plane_us_per_step",
+    for (char const* field : {"peak_resident_sessions",
+                              "kv_bytes_allocated_peak",
+                              "kv_bytes_live_peak",
+                              "reclaim_ops",
+                              "preemptions",
+                              "control_plane_us_per_step",
                               "modelled_tokens_per_s"})
       CHECK(p[field].type() == json::kind::number);
-    CHECK(p["kv_bytes_live_peak"].as_double(0, 1e15) <= p["kv_bytes_allocated_peak"].as_double(0, 1e15) + 1);
+    CHECK(p["kv_bytes_live_peak"].as_double(0, 1e15) <=
+          p["kv_bytes_allocated_peak"].as_double(0, 1e15) + 1);
   }
   CHECK(root["policies"]["tangram"]["reclaim_ops"].as_int(0, 0) == 0);
   CHECK(root["policies"]["tangram"]["preemptions"].as_int(0, 0) == 0);
@@ -40,26 +42,36 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   CHECK(root["policies"]["tangram_elastic"]["generated_tokens"].as_int(0, 1LL << 60) ==
         root["policies"]["tangram"]["generated_tokens"].as_int(0, 1LL << 60));
   CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(0.02));  // the default
-  CHECK(root["tangram_elastic"]["default_reservation"].as_bool());  // the `tangram` column is static
+  CHECK(
+      root["tangram_elastic"]["default_reservation"].as_bool());  // the `tangram` column is static
   CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 8192);
   CHECK(root["tangram_elastic"]["needs"].as_string().find("modelled: retention sample") == 0);
   CHECK(root["tangram_elastic"]["eviction_pass"].as_string().find("modelled") == 0);
   CHECK(root["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) < 0.01);
-  CHECK(root["ratios_vs_full_kv"]["tangram_elastic"]["peak_resident_sessions"].as_double(0, 100.0) > 0);
+  CHECK(root["ratios_vs_full_kv"]["tangram_elastic"]["peak_resident_sessions"].as_double(0, 100.0) >
+        0);
   CHECK(root["policies"]["unified_nonuniform"]["reclaim_ops"].as_int(1, 1LL << 60) > 0);
   CHECK(root["cost_model"]["label"].as_string().find("modelled") != std::string::npos);
-  CHECK(root["ratios_vs_full_kv"]["tangram"]["peak_resident_sessions"].as_double(2.0, 100.0) >= 2.0);
+  CHECK(root["ratios_vs_full_kv"]["tangram"]["peak_resident_sessions"].as_double(2.0, 100.0) >=
+        2.0);
   CHECK(root["model"].as_string() == "Llama-3.1-8B");
 }
 
 TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]") {
   std::string svg = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_plot.svg";
-  auto r = run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "short", "--plot", svg});
+  auto r =
+      run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "short", "--plot", svg});
   INFO(r.err);
   REQUIRE(r.code == 0);
-  for (char const* piece : {"full_kv", "unified_nonuniform", "tangram", "resident sessions, peak", "(modelled)",
-                            "vs full_kv", "tangram: static per-group budgets (--reservation static)",
-                            "tangram_elastic: elastic reservation, the default", "margin 0.02;"})
+  for (char const* piece : {"full_kv",
+                            "unified_nonuniform",
+                            "tangram",
+                            "resident sessions, peak",
+                            "(modelled)",
+                            "vs full_kv",
+                            "tangram: static per-group budgets (--reservation static)",
+                            "tangram_elastic: elastic reservation, the default",
+                            "margin 0.02;"})
     CHECK(r.out.find(piece) != std::string::npos);
   // The header names four columns, static tangram third and tangram_elastic fourth; every row of
   // figures has four values.
@@ -73,7 +85,8 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
     if (line.find("resident sessions, peak") != std::string::npos) CHECK(w.size() == 3 + 4);
     if (line.find("makespan s (modelled)") != std::string::npos) CHECK(w.size() == 3 + 4);
   }
-  CHECK(header == std::vector<std::string>{"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"});
+  CHECK(header ==
+        std::vector<std::string>{"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"});
   CHECK(r.err.find("simulate: tangram (3/4) 100%") != std::string::npos);  // progress on stderr
   CHECK(r.err.find("simulate: tangram_elastic (4/4) 100%") != std::string::npos);
   auto text = tangram::detail::read_file(svg);
@@ -86,7 +99,8 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
 
 TEST_CASE("simulate replays a trace file", "[simulate][cli]") {
   std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_trace.json";
-  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+  tangram::detail::write_file(path,
+                              R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
     {"arrival_s": 0, "turns": [{"prompt_tokens": 30000, "output_tokens": 100, "think_s": 1}, {"prompt_tokens": 200, "output_tokens": 50}]},
     {"arrival_s": 0.5, "turns": [{"prompt_tokens": 60000, "output_tokens": 80}]}]})");
   auto r    = run_json({"simulate", "--workload", path, "--json", "--quiet"});
@@ -125,8 +139,8 @@ TEST_CASE("simulate rejects bad options with a one-line error", "[simulate][cli]
 TEST_CASE("simulate --continuation-room reports the rule, park only with a window",
           "[simulate][cli][issue29]") {
   auto room = [](std::vector<std::string> extra) {
-    std::vector<std::string> args{"simulate", "--sessions", "4", "--turns", "2",
-                                  "--workload", "short", "--json", "--quiet"};
+    std::vector<std::string> args{
+        "simulate", "--sessions", "4", "--turns", "2", "--workload", "short", "--json", "--quiet"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto r = run_json(args);
     return std::string(r.root()["reservation"]["continuation_room"].as_string());
@@ -139,10 +153,11 @@ TEST_CASE("simulate --continuation-room reports the rule, park only with a windo
 TEST_CASE("simulate with a workload file refuses the generator's options and reports none",
           "[simulate][cli][errors][regression]") {
   auto trace = std::string(TANGRAM_SOURCE_DIR) + "/fuzz/corpus/workload/tiny.json";
-  for (char const* opt : {"--sessions", "--turns", "--seed", "--arrival-rate", "--think", "--context-dist"}) {
+  for (char const* opt :
+       {"--sessions", "--turns", "--seed", "--arrival-rate", "--think", "--context-dist"}) {
     // --context-dist takes a name, the others a number
     std::string value = std::string(opt) == "--context-dist" ? "uniform" : "3";
-    auto r = run({"simulate", "--quiet", "--workload", trace, opt, value});
+    auto r            = run({"simulate", "--quiet", "--workload", trace, opt, value});
     INFO(r.err);
     CHECK(r.code == 2);
     CHECK(r.err.find(std::string(opt) + ": applies to generated workloads") != std::string::npos);
@@ -150,7 +165,7 @@ TEST_CASE("simulate with a workload file refuses the generator's options and rep
   auto r = run({"simulate", "--quiet", "--workload", trace, "--json"});
   REQUIRE(r.code == 0);
   namespace json = tangram::detail::json;
-  auto doc = json::parse(r.out, "stdout");
+  auto doc       = json::parse(r.out, "stdout");
   json::node root(doc, "stdout");
   CHECK(root["workload"]["seed"].raw().type() == json::kind::null);
   CHECK(root["workload"]["context_dist"].raw().type() == json::kind::null);
@@ -191,8 +206,10 @@ TEST_CASE("simulate reports every compressed policy's clipped share of wanted he
         {"simulate", "--sessions", "12", "--turns", "2", "--workload", "mid", "--json", "--quiet"},
         extra));
     auto root = r.root();
-    CHECK(root["policies"]["full_kv"]["modelled_wanted_clipped_fraction"].type() == json::kind::null);
-    CHECK(root["policies"]["unified_nonuniform"]["modelled_wanted_clipped_fraction"].as_double(0, 1) == 0);
+    CHECK(root["policies"]["full_kv"]["modelled_wanted_clipped_fraction"].type() ==
+          json::kind::null);
+    CHECK(root["policies"]["unified_nonuniform"]["modelled_wanted_clipped_fraction"].as_double(
+              0, 1) == 0);
     CHECK(root["policies"]["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) ==
           root["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1));
     return root["policies"]["tangram"]["modelled_wanted_clipped_fraction"].as_double(0, 1);
@@ -239,14 +256,15 @@ TEST_CASE("simulate sizes tangram_elastic's staging by the chunk that runs", "[s
 TEST_CASE("simulate refuses a trace prompt beyond --max-context, naming the session and value",
           "[simulate][cli][errors]") {
   std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_long_trace.json";
-  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+  tangram::detail::write_file(path,
+                              R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
     {"arrival_s": 0, "turns": [{"prompt_tokens": 1000, "output_tokens": 10}]},
     {"arrival_s": 0, "turns": [{"prompt_tokens": 30000, "output_tokens": 100}, {"prompt_tokens": 5000, "output_tokens": 10}]}]})");
   // Session 1 reaches 30000 + 100 + 5000 = 35100 tokens with its second prompt.
   auto r = run({"simulate", "--workload", path, "--max-context", "32768", "--quiet"});
   CHECK(r.code == 2);
-  CHECK(r.err.find("--workload: session 1 turn 1 reaches 35100 tokens with its prompt, above --max-context 32768") !=
-        std::string::npos);
+  CHECK(r.err.find("--workload: session 1 turn 1 reaches 35100 tokens with its prompt, above "
+                   "--max-context 32768") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   auto ok = run({"simulate", "--workload", path, "--max-context", "35100", "--quiet"});
   INFO(ok.err);
@@ -257,18 +275,21 @@ TEST_CASE("simulate refuses a trace prompt beyond --max-context, naming the sess
 TEST_CASE("simulate reports and warns about sessions a policy never completed", "[simulate][cli]") {
   std::string path = std::string(TANGRAM_BINARY_DIR) + "/simulate_test_reject_trace.json";
   // 120K uncompressed tokens need 120000 x 128 KiB = 15.7 GB of KV; the GPU leaves about 5 GB.
-  tangram::detail::write_file(path, R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
+  tangram::detail::write_file(path,
+                              R"({"format": "tangram-workload/v1", "name": "trace", "sessions": [
     {"arrival_s": 0, "turns": [{"prompt_tokens": 2000, "output_tokens": 10}]},
     {"arrival_s": 0, "turns": [{"prompt_tokens": 120000, "output_tokens": 10}]}]})");
   auto r = run({"simulate", "--workload", path, "--gpu-mem", "24", "--quiet"});
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(r.err.find("simulate: warning: full_kv never completed 1 of 2 sessions") != std::string::npos);
+  CHECK(r.err.find("simulate: warning: full_kv never completed 1 of 2 sessions") !=
+        std::string::npos);
   auto at = r.out.find("rejected sessions");
   REQUIRE(at != std::string::npos);
   auto line = r.out.substr(at, r.out.find('\n', at) - at);
   std::istringstream cols(line.substr(std::string("rejected sessions").size()));
-  std::vector<std::string> v{std::istream_iterator<std::string>(cols), std::istream_iterator<std::string>()};
+  std::vector<std::string> v{std::istream_iterator<std::string>(cols),
+                             std::istream_iterator<std::string>()};
   REQUIRE(v.size() == 4);
   CHECK(v[0] == "1");
   std::remove(path.c_str());
@@ -291,7 +312,8 @@ TEST_CASE("simulate --baseline-admission picks the baseline's admission, per chu
   CHECK(bad.err.find("half") != std::string::npos);
 }
 
-TEST_CASE("simulate --context-dist draws generated contexts as named and reports it", "[simulate][cli][context_dist]") {
+TEST_CASE("simulate --context-dist draws generated contexts as named and reports it",
+          "[simulate][cli][context_dist]") {
   namespace json = tangram::detail::json;
   auto r         = run_json({"simulate",
                              "--quiet",

@@ -29,12 +29,12 @@ struct verdict_inputs {
   sim::workload_options wo;    ///< the generator's options; `kind` is set per workload
   sim::replay_options ro;      ///< engine limits, max_tokens; charges are set per policy
   std::optional<double> keep;  ///< --keep: budgets and retention rescaled to this keep ratio
-  double margin                 = 0;
-  answer_window_options answers;  ///< Tangram's answer window (--decode-window)
-  bool park_for_turns = true;     ///< --continuation-room park (tangram_policy_options)
+  double margin = 0;
+  answer_window_options answers;         ///< Tangram's answer window (--decode-window)
+  bool park_for_turns           = true;  ///< --continuation-room park (tangram_policy_options)
   bool control_plane            = true;
   sim::tangram_split split      = sim::tangram_split::balanced;  ///< Tangram's decode split map
-  double offload_capacity_bytes = 0;  ///< host memory of full_kv_offload
+  double offload_capacity_bytes = 0;                             ///< host memory of full_kv_offload
   bool json = false, quiet = false;
 };
 

@@ -211,7 +211,10 @@ class page_flow {
   /// A parked session's history: `count` pages drawn for (s, g) straight from slot s's
   /// reservation (not from the group's budget, which is the next turn's), appended to its list and
   /// to `out` (room reserved by the caller), in list order.
-  void restore_pages(std::int32_t s, std::int32_t g, std::int64_t count, std::vector<page_id>& out) {
+  void restore_pages(std::int32_t s,
+                     std::int32_t g,
+                     std::int64_t count,
+                     std::vector<page_id>& out) {
     page_id* drawn = page_table_.tail(s, g);
     pool_.draw(sequences_[s].reservation, count, drawn);
     auto at = page_table_.extend(s, g, static_cast<std::int32_t>(count));
