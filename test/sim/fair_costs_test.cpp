@@ -431,14 +431,17 @@ TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens"
     return verdict_result(
         name, name == "tangram" ? (max_new == 512 ? 150 : 90) : 100, name == "tangram" ? 9 : 10);
   };
-  auto rep = sweep_sensitivity(
-      costs,
-      defaults,
-      "unified_nonuniform",
-      {"tangram"},
-      [&](std::string const& name, step_charges const&) { return defaults.at(name); },
-      &mt);
-  auto n = uncalibrated_variations(costs).size();
+  auto sweep = [&] {
+    return sweep_sensitivity(
+        costs,
+        defaults,
+        "unified_nonuniform",
+        {"tangram"},
+        [&](std::string const& name, step_charges const&) { return defaults.at(name); },
+        &mt);
+  };
+  auto rep = sweep();
+  auto n   = uncalibrated_variations(costs).size();
   REQUIRE(rep.points.size() == n + 2);
   auto const& lo = rep.points[n];
   auto const& hi = rep.points[n + 1];
@@ -457,13 +460,7 @@ TEST_CASE("the sensitivity sweep replays every policy at each end of max_tokens"
   // The rest of the context (vLLM's default) is a third point when given.
   calls.clear();
   mt.context        = 131072;
-  auto with_context = sweep_sensitivity(
-      costs,
-      defaults,
-      "unified_nonuniform",
-      {"tangram"},
-      [&](std::string const& name, step_charges const&) { return defaults.at(name); },
-      &mt);
+  auto with_context = sweep();
   REQUIRE(with_context.points.size() == n + 3);
   CHECK(with_context.points[n + 2].variation.end == "context");
   CHECK(with_context.points[n + 2].variation.value == 131072);
