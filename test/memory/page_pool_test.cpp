@@ -182,7 +182,7 @@ TEST_CASE("reservations are all or nothing and never exceed capacity", "[memory]
   pool.check_invariants();
 }
 
-TEST_CASE("a bulk draw takes the pages single draws would, in order; all or nothing",
+TEST_CASE("a bulk draw takes the pages single draws would, in order, all or nothing",
           "[memory][pool]") {
   simulated_memory_resource mr;
   page_pool<> one(mr, page_layout<>(small_geometry()), 12);
