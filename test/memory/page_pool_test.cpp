@@ -304,8 +304,11 @@ TEST_CASE("random pool operations agree with an independent model", "[memory][po
           }
           model_res[k] -= n;
         } else {
+          auto before = snap(pool);
           CHECK_THROWS_AS(pool.draw(reservations[k], n, got.data()), logic_error);
           for (auto p : got) CHECK(p == -1);
+          CHECK(snap(pool) == before);
+          CHECK(reservations[k].pages() == model_res[k]);
         }
       } else if (op == 4 && !reservations.empty()) {
         auto k = rng() % reservations.size();

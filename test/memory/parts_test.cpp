@@ -487,6 +487,16 @@ TEST_CASE("page_flow: draws charge budgets and the reservation, tails release as
   REQUIRE_THROWS_AS(f.flow.grow_to(s, 0, 4), logic_error);
   CHECK(f.table.count(s, 0) == 3);
   CHECK(f.sequences[s].reservation.pages() == 3 * G - 3);
+  // A growth its budget covers only in part draws nothing at all (not the pages it could).
+  REQUIRE(G >= 2);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      f.flow.grow_to(s, 1, 4), logic_error, "needs 4 pages but its budget covers 3");
+  CHECK(f.table.count(s, 1) == 0);
+  CHECK(f.table.budget(s, 1) == 3);
+  CHECK(f.sequences[s].reservation.pages() == 3 * G - 3);
+  CHECK(f.stats.pages_drawn == 3);
+  CHECK(f.pool.stats().used == 3);
+  CHECK(f.journal.changes().num_page_entries == 3);
 
   // Pages at positions >= 2 were drawn by "this chunk": the last is reclaimed, the other not.
   f.flow.release_tail(s, 0, 1, 2);
