@@ -162,6 +162,18 @@ void pool_reserve_draw(benchmark::State& state) {
 }
 BENCHMARK(pool_reserve_draw)->Unit(benchmark::kMicrosecond);
 
+// The same burst drawn with one call (`draw(res, n, out)`, what a list's growth uses): the
+// difference from pool_reserve_draw is the per-page checks the bulk call makes once.
+void pool_reserve_draw_bulk(benchmark::State& state) {
+  state.counters["ns_per_page_op"] =
+      pool_burst_ns_per_op(state, [](page_pool<>& pool, std::vector<page_id>& pages) {
+        auto n   = static_cast<std::int64_t>(pages.size());
+        auto res = *pool.try_reserve(n);
+        pool.draw(res, n, pages.data());
+      });
+}
+BENCHMARK(pool_reserve_draw_bulk)->Unit(benchmark::kMicrosecond);
+
 // The measured low end of reclamation (eval/sim/measured_costs.hpp): a batch of pages freed at
 // once, median of 33 rounds per iteration.
 void batched_free(benchmark::State& state) {
