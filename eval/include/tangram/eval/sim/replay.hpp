@@ -112,22 +112,7 @@ class replay_engine : public replay_run {
       auto& queue    = ready_continue.empty() ? ready_new : ready_continue;
       std::int32_t s = queue.front();
       queue.pop_front();
-      host_tokens -= ss_of(s).offloaded;
-      ss_of(s).offloaded = 0;
-      if (auto& ss = ss_of(s); ss.holds_kv) {  // its KV (on the GPU or parked) goes with it
-        timed([&] {
-          policy.release(s);
-          return 0;
-        });
-        ss.holds_kv = false;
-        if (!ss.parked) --resident;
-        ss.parked = false;
-        forget(ss);
-      }
-      out.rejected_sessions += 1;
-      finished_turns += static_cast<std::int64_t>(spec(s).turns.size()) - ss_of(s).turn;
-      ss_of(s).state = phase::done;
-      --active;
+      reject(s);  // its KV (on the GPU or parked) goes with it
       return true;
     }
     return std::isfinite(next);
@@ -378,13 +363,7 @@ class replay_engine : public replay_run {
         thinking.emplace_back(t + turn_of(s).think_s, s);
       } else {
         ss.state = phase::done;
-        timed([&] {
-          policy.release(s);
-          return 0;
-        });
-        ss.holds_kv = false;
-        --resident;
-        forget(ss);
+        release_kv(s);
         --active;
       }
     }

@@ -300,11 +300,11 @@ class tangram_policy final : public live_accounting_policy {
     if (attempt()) return true;
     if (!parks_for_turns() || idle_pages(s) + manager_.pool().available_pages() < need)
       return false;
-    while (!attempt()) {
+    do {  // nothing changed since the failed attempt: park first
       auto victim = choose_victim({}, s);
       if (!victim) return false;
       park(*victim);
-    }
+    } while (!attempt());
     return true;
   }
 

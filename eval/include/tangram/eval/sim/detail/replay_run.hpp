@@ -224,21 +224,28 @@ class replay_run {
       out.recomputed_tokens += tokens;
   }
 
-  // Drops everything a session holds; its history must be prefilled again (or reloaded).
-  void drop_kv(std::int32_t s) {
+  // Returns the KV session s holds (on the GPU or parked) to the policy; false: it held none.
+  bool release_kv(std::int32_t s) {
     auto& ss = ss_of(s);
-    if (!ss.holds_kv) return;
+    if (!ss.holds_kv) return false;
     timed([&] {
       policy.release(s);
       return 0;
     });
     ss.holds_kv = false;
-    ss.paused   = false;  // nothing left to resume: the turn starts its prefill again
+    ss.paused   = false;  // nothing left to resume: a next start prefills again
     if (ss.parked)
       ss.parked = false;  // held in host memory: no longer counted resident
     else
       --resident;
     forget(ss);
+    return true;
+  }
+
+  // Drops everything a session holds; its history must be prefilled again (or reloaded).
+  void drop_kv(std::int32_t s) {
+    if (!release_kv(s)) return;
+    auto& ss = ss_of(s);
     lose(s, ss.history + ss.prefilled_this_turn + ss.decoded_this_turn);
     ss.to_prefill += ss.history + ss.prefilled_this_turn + ss.decoded_this_turn;
     ss.reserve -= ss.decoded_this_turn;  // decoded tokens become prompt; the rest stays reserved
@@ -285,13 +292,12 @@ class replay_run {
   // Gives up a running session that cannot fit even alone (counted in rejected_sessions).
   void give_up(std::int32_t s) {
     running.erase(std::find(running.begin(), running.end(), s));
-    timed([&] {
-      policy.release(s);
-      return 0;
-    });
-    ss_of(s).holds_kv = false;
-    --resident;
-    forget(ss_of(s));
+    reject(s);
+  }
+  // Gives up session s (not running): what it holds is released, its turns count as finished
+  // (counted in rejected_sessions).
+  void reject(std::int32_t s) {
+    release_kv(s);
     host_tokens -= ss_of(s).offloaded;  // its offloaded blocks are of no use any more
     ss_of(s).offloaded = 0;
     out.rejected_sessions += 1;
