@@ -208,6 +208,8 @@ TEST_CASE("a bulk draw takes the pages single draws would, in order, all or noth
   TANGRAM_REQUIRE_THROWS_WITH_ALL(
       bulk.draw(b, 2, more.data()), logic_error, "drawing 2", "holds 1");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bulk.draw(b, -1, more.data()), invalid_argument, "-1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bulk.draw(b, 1, nullptr), invalid_argument, "out is null for 1 pages");
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bulk.draw(a, 1, more.data()), logic_error, "another pool");
   CHECK(snap(bulk) == before);
   CHECK(more == std::vector<page_id>{-1, -1});

@@ -411,10 +411,15 @@ class page_pool {
    * `draw(res)` would return them (reference count 1 each). O(n) with one check, allocation-free;
    * all or nothing.
    * @throw logic_error when `res` holds fewer than `n` pages or belongs to another pool;
-   *        invalid_argument when n < 0. Nothing changes then.
+   *        invalid_argument when n < 0 or `out` is null for n > 0. Nothing changes then.
    */
   void draw(page_reservation& res, std::int64_t n, page_id* out) {
     TANGRAM_EXPECTS(n >= 0, invalid_argument, "page_pool::draw: pages must be >= 0, got ", n);
+    TANGRAM_EXPECTS(n == 0 || out != nullptr,
+                    invalid_argument,
+                    "page_pool::draw: out is null for ",
+                    n,
+                    " pages");
     check_owner(res, "draw");
     TANGRAM_EXPECTS(n <= res.pages_,
                     logic_error,
