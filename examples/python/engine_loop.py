@@ -15,8 +15,10 @@ same page accounting at every checkpoint (python/tests/test_engine_loop.py compa
 Each chunk is evicted by the CPU reference kernel (`reference_evict`, layer by layer, key-norm
 scores, over the prefill batch) on K/V written into the manager's own pool, as the CUDA kernel
 would on a device pool. Under elastic reservation (the default) every layer stages the chunk and
-its keys (`stage_keys`) and one `reference_evict_elastic` per chunk chooses the groups' lengths
-within `elastic_page_limit`; under static budgets (`--reservation static`) the counts are known in
+writes its candidates' keys beside their tokens (`slot_keys`: one uint32 per pool slot,
+`kv.slot_key_words` of them, allocated once beside the pool, so no buffer grows with a request's
+history) and one `reference_evict_elastic` per chunk chooses the groups' lengths within
+`elastic_page_limit`; under static budgets (`--reservation static`) the counts are known in
 advance, so the loop checks them against `expected_kept`.
 
 Run: python examples/python/engine_loop.py [--reservation elastic|static]   (after `pip install .`)
@@ -39,10 +41,12 @@ def chunk_kv(rows: int, heads: int, head_dim: int) -> np.ndarray:
     return (((t * 31 + h * 7 + x) % 128) + 0x3F00).astype(np.uint16)
 
 
-def prefill_chunk(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
+def prefill_chunk(kv: tangram.KVCacheManager, slot_keys: np.ndarray,
+                  seq: tangram.SequenceId) -> None:
     """The next chunk of `seq`: prepare, evict over the prefill batch (the decode batch is left as
-    it is), commit. (The C++ twin evicts a mixed step's chunks in one launch over a prefill batch
-    of several sequences: the same page accounting.)"""
+    it is), commit. `slot_keys`: the elastic selection keys, one uint32 per pool slot
+    (`kv.slot_key_words`), allocated once beside the pool. (The C++ twin evicts a mixed step's
+    chunks in one launch over a prefill batch of several sequences: the same page accounting.)"""
     plan = kv.plan
     left = kv.info(seq)["prompt_remaining"]
     if left > 0:
@@ -53,15 +57,15 @@ def prefill_chunk(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
         data = chunk_kv(chunk, plan.num_kv_heads, plan.model.head_dim)
         indptr = np.array([0, chunk], dtype=np.int32)
         candidates = kv.info(seq)["seq_tokens"] + chunk  # bound on held + chunk of any head
-        L, H = plan.num_layers, plan.num_kv_heads
+        L = plan.num_layers
         if plan.options.reservation == "elastic":
-            # Every layer stages the chunk and its candidates' keys; then one request-wide
-            # selection after the last layer chooses the groups' lengths.
-            keys = np.zeros((1, L * H, candidates), dtype=np.uint32)
+            # Every layer stages the chunk and writes its candidates' keys beside their tokens;
+            # then one request-wide selection after the last layer chooses the groups' lengths.
             for layer in range(L):
                 tangram.reference_evict(kv, layer, indptr, data, data, source="key_norm",
-                                        max_candidates=candidates, stage_keys=keys, kind=prefill)
-            new_len, _ = tangram.reference_evict_elastic(kv, indptr, keys,
+                                        max_candidates=candidates, slot_keys=slot_keys,
+                                        kind=prefill)
+            new_len, _ = tangram.reference_evict_elastic(kv, indptr, slot_keys,
                                                          max_candidates=candidates, kind=prefill)
             kv.commit_chunk(seq, new_len[0])
             return
@@ -74,10 +78,10 @@ def prefill_chunk(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
         kv.commit_chunk(seq, kept)
 
 
-def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
+def prefill(kv: tangram.KVCacheManager, slot_keys: np.ndarray, seq: tangram.SequenceId) -> None:
     """Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit."""
     while kv.info(seq)["prompt_remaining"] > 0:
-        prefill_chunk(kv, seq)
+        prefill_chunk(kv, slot_keys, seq)
 
 
 def settle(kv: tangram.KVCacheManager) -> None:
@@ -222,6 +226,10 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
     # deferred_reuse: freed pages wait for the engine's release (several streams; one epoch per
     # step, released a step later, as a GPU running one step behind the host would be).
     kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16, deferred_reuse=True)
+    # Elastic selection keys beside the pool: 4 bytes a slot, allocated once (on a GPU: device
+    # memory, like the pool) and reused by every chunk and request, so no buffer grows with a
+    # request's history. Contents on entry do not matter.
+    slot_keys = np.zeros(kv.slot_key_words, dtype=np.uint32)
     # Answers reserve 16 tokens at a time here (the default window, 256, exceeds these answers).
     answers = AnswerScheduler(kv, tangram.AnswerWindow(window_tokens=16))
     window = answers.window
@@ -269,7 +277,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
             # decode_attention(..., balanced_splits=True); here the CPU reference computes it.
             tangram.reference_balance_decode_splits(kv)
         for seq in to_prefill:
-            prefill_chunk(kv, seq)
+            prefill_chunk(kv, slot_keys, seq)
         # Finished answers end their turns (unused reservation back; the history stays).
         for r in list(running):
             info = kv.info(r.seq)
@@ -307,7 +315,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
         kv.pool()[pages] = host
     elif not kv.continue_turn(first, 300, window.first(MAX_TOKENS)):  # "does not fit" is False
         raise SystemExit("the second turn did not fit")
-    prefill(kv, first)
+    prefill(kv, slot_keys, first)
     trace.append(snapshot("second_turn", kv))
     # Speculative decoding: 4 draft tokens, then the 3 the verifier rejected are rolled back.
     kv.set_batch([first])
@@ -346,7 +354,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
         raise SystemExit("the parked session did not fit back")
     first, pages = restored
     kv.pool()[pages] = host  # the copy-in, before any kernel reads the sequence
-    prefill(kv, first)
+    prefill(kv, slot_keys, first)
     decode(kv, [first], 16)
     trace.append(snapshot("unparked", kv))
     kv.free(first)

@@ -27,13 +27,20 @@ inline score_source source_named(std::string const& name) {
                " (expected supplied, snapkv or key_norm)");
 }
 
-/// Stage keys belong to elastic plans only: they must be given exactly when the plan reserves
+/// Words of the elastic slot-key array of `kv`'s pool (`tangram::slot_key_words` over the plan's
+/// geometry and the pool's pages): one uint32 per pool slot, allocated once beside the pool.
+inline std::int64_t pool_slot_key_words(kv_cache_manager const& kv) {
+  return tangram::slot_key_words(kv.plan().geometry, kv.pool().capacity());
+}
+
+/// Slot keys belong to elastic plans only: they must be given exactly when the plan reserves
 /// elastically (`next` names the request-wide call that follows the staging).
-inline void expect_stage_keys_rule(static_plan const& plan, bool given, char const* next) {
+inline void expect_slot_keys_rule(static_plan const& plan, bool given, char const* next) {
   bool elastic = plan.options.reservation.mode == reservation_mode::elastic;
-  TANGRAM_EXPECTS(elastic == given, invalid_argument, "stage_keys: ",
-                  elastic ? "the plan reserves elastically: pass stage_keys (uint32 [batch, layers * "
-                            "KV heads, max_candidates]), then "
+  TANGRAM_EXPECTS(elastic == given, invalid_argument, "slot_keys: ",
+                  elastic ? "the plan reserves elastically: pass slot_keys (uint32 "
+                            "[KVCacheManager.slot_key_words], one per pool slot, allocated once "
+                            "beside the pool), then "
                           : "only for a plan with elastic reservation (this one is static)",
                   elastic ? next : "");
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "bound_kv_cache.hpp"
@@ -246,6 +247,15 @@ void bind_manager(nb::module_& m) {
       .def_prop_ro("available_pages",
                    [](bound_kv_cache const& c) { return c.kv.pool().available_pages(); },
                    "Free pages no reservation holds: what admission can still promise.")
+      .def_prop_ro("slot_key_words",
+                   [](bound_kv_cache const& c) { return pool_slot_key_words(c.kv); },
+                   "Words of the elastic slot-key array (the slot_keys argument of\n"
+                   "reference_evict / reference_evict_elastic and tangram.cuda's evict_chunk /\n"
+                   "evict_elastic): one uint32 per pool slot, num_pages * Hp * P\n"
+                   "(slot_key_words, kernels/eviction.hpp). Allocate it once beside the pool\n"
+                   "(numpy.empty(kv.slot_key_words, numpy.uint32); on a device, device memory)\n"
+                   "and reuse it for every chunk and request: 4 bytes a slot, no buffer grows\n"
+                   "with a request's history.")
       .def_prop_ro("num_groups", [](bound_kv_cache const& c) { return c.kv.num_groups(); })
       .def_prop_ro("max_sequences", [](bound_kv_cache const& c) { return c.kv.max_sequences(); })
       .def_prop_ro("max_batch", [](bound_kv_cache const& c) { return c.kv.view_extents().batch; },

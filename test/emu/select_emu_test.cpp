@@ -54,7 +54,7 @@ void run_selection(select_workspace& w,
           pass,
           n,
           k,
-          keys,
+          [&](std::int64_t i) { return keys[i]; },
           [&](std::int64_t i) {
             keys[i] = src[static_cast<std::size_t>(i)];
             return keys[i];

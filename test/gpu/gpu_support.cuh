@@ -131,14 +131,16 @@ struct gpu_backend {
     // The prefill's log-sum-exp (SnapKV from lse): [rows][H * group].
     auto dlse = upload(hp.q_lse, hp.q_lse ? rows * H * static_cast<std::size_t>(hp.group) : 0);
     device_buffer dnew(static_cast<std::size_t>(B) * H * 4), dscores_out(cand * 4);
-    const std::size_t stage = hp.stage_keys ? cand * static_cast<std::size_t>(hp.kv.num_layers) : 0;
-    auto dstage             = upload(hp.stage_keys, stage);
+    const auto slots =
+        hp.slot_keys ? static_cast<std::size_t>(slot_key_words(hp.kv.geometry, cache.num_pages()))
+                     : 0;
+    auto dstage = upload(hp.slot_keys, slots);
     auto dsk                = upload(hp.scales.k, static_cast<std::size_t>(hp.scales.count));
     auto dsv                = upload(hp.scales.v, static_cast<std::size_t>(hp.scales.count));
     eviction_params p       = hp;
     p.scales.k              = hp.scales.count ? dsk.get<float>() : nullptr;
     p.scales.v              = hp.scales.count ? dsv.get<float>() : nullptr;
-    p.stage_keys            = hp.stage_keys ? dstage.get<std::uint32_t>() : nullptr;
+    p.slot_keys             = hp.slot_keys ? dstage.get<std::uint32_t>() : nullptr;
     p.kv                    = dev.view;
     p.rules                 = drules.get<head_rule>();
     p.chunk_indptr          = dindptr.get<std::int32_t>();
@@ -160,7 +162,7 @@ struct gpu_backend {
     download(dev.pool, cache.pool().data(), cache.pool().size());
     download(dnew, hp.new_len, dnew.bytes());
     if (hp.scores_out) download(dscores_out, hp.scores_out, dscores_out.bytes());
-    if (hp.stage_keys) download(dstage, hp.stage_keys, dstage.bytes());
+    if (hp.slot_keys) download(dstage, hp.slot_keys, dstage.bytes());
   }
   static void evict_in_graph(eviction_params const& p, device_buffer& ws) {
     cudaStream_t stream;
@@ -184,7 +186,8 @@ struct gpu_backend {
     const auto HH = static_cast<std::size_t>(hp.heads());
     auto drules   = upload(hp.rules, HH);
     auto dindptr  = upload(hp.chunk_indptr, B + 1);
-    auto dkeys    = upload(hp.keys, B * HH * static_cast<std::size_t>(hp.max_candidates));
+    auto dkeys    = upload(hp.slot_keys,
+                        static_cast<std::size_t>(slot_key_words(hp.kv.geometry, cache.num_pages())));
     auto dwanted  = upload(hp.wanted, B);
     auto dlimit   = upload(hp.page_limit, B);
     device_buffer dnew(B * HH * 4), dpages(B * 8);
@@ -192,7 +195,7 @@ struct gpu_backend {
     p.kv                      = dev.view;
     p.rules                   = drules.get<head_rule>();
     p.chunk_indptr            = dindptr.get<std::int32_t>();
-    p.keys                    = dkeys.get<std::uint32_t>();
+    p.slot_keys               = dkeys.get<std::uint32_t>();
     p.wanted                  = dwanted.get<std::int64_t>();
     p.page_limit              = dlimit.get<std::int64_t>();
     p.new_len                 = dnew.get<std::int32_t>();

@@ -69,9 +69,14 @@ struct elastic_setup {
   }
 };
 
+/// Initial value of every slot key: a stage launch writes only its heads' candidates after the
+/// protected lead, so any other slot keeps it.
+inline constexpr std::uint32_t unwritten_key = 0xdeadbeefu;
+
 /// What a run produced besides the pool.
 struct elastic_outcome {
-  std::vector<std::uint32_t> keys;      ///< [batch][L * H][max_candidates]
+  /// The slot keys (one per pool slot; `unwritten_key` where no stage launch wrote).
+  std::vector<std::uint32_t> keys;
   std::vector<std::int32_t> stage_len;  ///< [L][batch * H] new_len of the stage launches
   std::vector<std::int32_t> new_len;    ///< [batch][L * H]
   std::vector<std::int64_t> pages_out;  ///< [batch]
@@ -108,14 +113,15 @@ elastic_outcome run_elastic(elastic_setup& s, test_cache& cache, Backend& backen
   elastic_outcome o;
   auto v  = cache.view(s.batch);
   auto BH = static_cast<std::size_t>(s.B() * s.H());
-  o.keys.assign(static_cast<std::size_t>(s.B() * s.L() * s.H() * s.max_candidates), 0xdeadbeefu);
+  o.keys.assign(static_cast<std::size_t>(slot_key_words(s.layout.geometry, cache.num_pages())),
+                unwritten_key);
   o.stage_len.assign(static_cast<std::size_t>(s.L()) * BH, -9);
   auto BHC = BH * static_cast<std::size_t>(s.max_candidates);
   o.scores_out.assign(static_cast<std::size_t>(s.L()) * BHC, 0.f);
   for (std::int32_t l = 0; l < s.L(); ++l) {
     auto p       = stage_params(s, v, l);
     p.new_len    = o.stage_len.data() + static_cast<std::size_t>(l) * BH;
-    p.stage_keys = o.keys.data();
+    p.slot_keys  = o.keys.data();
     p.scores_out = o.scores_out.data() + static_cast<std::size_t>(l) * BHC;
     backend.evict(cache, p);
   }
@@ -127,7 +133,7 @@ elastic_outcome run_elastic(elastic_setup& s, test_cache& cache, Backend& backen
   e.sink           = s.sink;
   e.chunk_indptr   = s.indptr.data();
   e.max_candidates = s.max_candidates;
-  e.keys           = o.keys.data();
+  e.slot_keys      = o.keys.data();
   e.wanted         = s.wanted.data();
   e.page_limit     = s.limit.data();
   e.new_len        = o.new_len.data();

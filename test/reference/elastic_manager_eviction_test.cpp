@@ -39,6 +39,10 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
   std::vector<std::vector<std::int64_t>> chunks = {{8, 8, 4}, {5, 8}, {7}};
   std::mt19937_64 rng(99);
   int evicted_heads = 0;
+  // One slot key per pool slot, allocated once as an engine would: stale keys of earlier chunks
+  // (and of other requests) stay in it; every stage launch rewrites its candidates' slots.
+  std::vector<std::uint32_t> keys(
+      static_cast<std::size_t>(slot_key_words(plan.geometry, m.pool().capacity())), 0xdeadbeefu);
   for (std::size_t step = 0; step < 3; ++step) {
     std::vector<sequence_id> batch;
     std::vector<std::int32_t> indptr = {0};
@@ -74,7 +78,6 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
             ck[at] = x == 0 ? id : std::uniform_real_distribution<float>(-1, 1)(rng);
             cv[at] = x == 0 ? id : std::uniform_real_distribution<float>(-1, 1)(rng);
           }
-    std::vector<std::uint32_t> keys(static_cast<std::size_t>(B * L * H * max_cand));
     std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
     std::vector<std::int32_t> stage_len(static_cast<std::size_t>(B * H));
     for (std::int32_t l = 0; l < L; ++l) {
@@ -91,7 +94,7 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
       p.source         = score_source::supplied;
       p.scores         = scores.data();
       p.new_len        = stage_len.data();
-      p.stage_keys     = keys.data();
+      p.slot_keys      = keys.data();
       reference::evict_chunk(p);
     }
     std::vector<std::int64_t> wanted, limit;
@@ -108,7 +111,7 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
     e.sink           = sink;
     e.chunk_indptr   = indptr.data();
     e.max_candidates = max_cand;
-    e.keys           = keys.data();
+    e.slot_keys      = keys.data();
     e.wanted         = wanted.data();
     e.page_limit     = limit.data();
     e.new_len        = new_len.data();

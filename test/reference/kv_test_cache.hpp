@@ -243,6 +243,8 @@ class test_cache {
   std::vector<head_slot> const& head_slots() const { return head_slots_; }
   std::vector<std::int32_t> const& page_offset() const { return page_offset_; }
   std::vector<std::int32_t> const& pages() const { return pages_; }
+  /// Pages of the pool (at least 1 page of bytes is allocated even for none).
+  std::int32_t num_pages() const { return num_pages_; }
   std::vector<std::int32_t>& base_len() { return base_len_; }
   std::vector<std::int32_t>& appended() { return appended_; }
   std::vector<std::int32_t>& seq_tokens() { return seq_tokens_; }

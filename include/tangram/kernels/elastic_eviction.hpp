@@ -9,10 +9,12 @@
  *
  * 1. `kv_cache_manager::prepare_chunk(seq, c)` backs positions `[len_h, len_h + c)` of every
  *    compressed head's column with pages.
- * 2. Each layer's forward pass calls `evict_chunk` (kernels/eviction.hpp) with `stage_keys` set:
+ * 2. Each layer's forward pass calls `evict_chunk` (kernels/eviction.hpp) with `slot_keys` set:
  *    compressed heads append the chunk at `[len_h, len_h + c)` and write every candidate's
- *    selection key (candidates = held tokens then chunk tokens; `candidate_key`) into the
- *    request-wide array `keys[batch][L * H][max_candidates]`. Other heads behave as without it.
+ *    selection key (candidates = held tokens then chunk tokens; `candidate_key`) beside its
+ *    token, into the pool-wide array `slot_keys` (one uint32 per pool slot, `slot_key_words`;
+ *    the protected lead is implied, `staged_key`). No buffer grows with the history: held
+ *    tokens' keys live in their own slots. Other heads behave as without it.
  * 3. `evict_elastic` (this file), once per chunk. For each request `r` with a chunk:
  *    a. **wanted tokens**: the `wanted[r]` largest keys over all candidates of all its compressed
  *       heads (every layer), ties broken by (layer, head, position), lower first: the flat index
@@ -74,8 +76,8 @@ struct elastic_eviction_params {
   const head_rule* rules           = nullptr;  ///< [num_layers * num_kv_heads] (layer-major)
   std::int32_t sink                = 0;        ///< as in eviction_params
   const std::int32_t* chunk_indptr = nullptr;  ///< [batch + 1] rows of each request's chunk
-  std::int32_t max_candidates      = 0;        ///< as in the stage launches (keys row length)
-  const std::uint32_t* keys        = nullptr;  ///< [batch][L * H][max_candidates] stage keys
+  std::int32_t max_candidates      = 0;        ///< as in the stage launches
+  const std::uint32_t* slot_keys   = nullptr;  ///< the stage launches' keys, one per pool slot
   const std::int64_t* wanted       = nullptr;  ///< [batch] K: tokens the scorer keeps, all heads
   const std::int64_t* page_limit   = nullptr;  ///< [batch] `elastic_page_limit(seq)`
   std::int32_t* new_len            = nullptr;  ///< out: [batch][L * H]
@@ -93,7 +95,8 @@ struct elastic_eviction_params {
                     invalid_argument,
                     "elastic_eviction_params.max_candidates: must be >= 1, got ",
                     max_candidates);
-    TANGRAM_EXPECTS(keys != nullptr, invalid_argument, "elastic_eviction_params.keys: null");
+    TANGRAM_EXPECTS(
+        slot_keys != nullptr, invalid_argument, "elastic_eviction_params.slot_keys: null");
     TANGRAM_EXPECTS(wanted != nullptr, invalid_argument, "elastic_eviction_params.wanted: null");
     TANGRAM_EXPECTS(
         page_limit != nullptr, invalid_argument, "elastic_eviction_params.page_limit: null");
@@ -115,7 +118,7 @@ struct elastic_eviction_params {
     q.sink           = sink;
     q.chunk_indptr   = chunk_indptr;
     q.max_candidates = max_candidates;
-    q.stage_keys     = const_cast<std::uint32_t*>(keys);  // only marks the stage mode
+    q.slot_keys      = const_cast<std::uint32_t*>(slot_keys);  // only marks the stage mode
     return q;
   }
 };

@@ -20,10 +20,11 @@
  * - **sliding-window** head (the group has a window W in the view): the chunk tokens among the last
  *   W of the sequence are written into the ring; the head then holds `min(n_seen, W)` tokens.
  *
- * - **staged** compressed head (elastic reservation: `stage_keys` set): the chunk is appended at
+ * - **staged** compressed head (elastic reservation: `slot_keys` set): the chunk is appended at
  *   positions `[len, len + c)` (pages drawn by `kv_cache_manager::prepare_chunk`) and the
- *   selection key of every candidate is written to `stage_keys`; nothing is selected. The
- *   request-wide selection (kernels/elastic_eviction.hpp) runs after the last layer.
+ *   selection key of every candidate after the protected lead is written beside its token, into
+ *   `slot_keys` (one word per pool slot); nothing is selected. The request-wide selection
+ *   (kernels/elastic_eviction.hpp) runs after the last layer.
  *
  * `new_len[r * num_kv_heads + h]` receives the tokens the head holds afterwards (a staged head:
  * its candidates, `len + c`, which the elastic selection then reduces). Requests with an
@@ -143,6 +144,27 @@ TANGRAM_HOST_DEVICE std::uint32_t candidate_key(const float* raw,
                                                 std::int64_t window) {
   return eviction_protected(i, n, sink, window) ? protected_score_key
                                                 : score_key(pooled_score(raw, n, i, kernel));
+}
+
+/// Words of an elastic slot-key array (`eviction_params::slot_keys`) for a pool of `pages`
+/// pages of geometry `g`: one per (page, column, in-page token).
+/// @throw invalid_argument when `pages` is negative or the count overflows (names the value).
+inline std::int64_t slot_key_words(page_geometry const& g, std::int64_t pages) {
+  TANGRAM_EXPECTS(pages >= 0, invalid_argument, "slot_key_words.pages: must be >= 0, got ", pages);
+  auto per_page = detail::mul_or_throw(std::int64_t{g.group_size},
+                                       std::int64_t{g.page_tokens},
+                                       "slot_key_words: group_size * page_tokens");
+  return detail::mul_or_throw(pages, per_page, "slot_key_words: pages * group_size * page_tokens");
+}
+
+/// Selection key of staged candidate `i` of a head (`cur`, its plan `lead`) in `slot_keys`: the
+/// protected key for the lead (never written), else the word beside the token.
+TANGRAM_HOST_DEVICE std::uint32_t staged_key(const std::uint32_t* slot_keys,
+                                             head_cursor const& cur,
+                                             std::int64_t lead,
+                                             std::int64_t i) {
+  return i < lead ? protected_score_key
+                  : slot_keys[cur.slot_at_position(static_cast<std::int32_t>(i))];
 }
 
 /// Keys per candidate tile of the SnapKV scorer (a function of the head dim only).
@@ -280,10 +302,14 @@ struct eviction_params {
   /// logits and key norms change with it); compaction copies bytes and never reads V's scale.
   kv_scales scales;
   /// Elastic reservation only (null otherwise): compressed heads stage instead of selecting and
-  /// write their candidates' keys to `[batch][num_layers * num_kv_heads][max_candidates]`,
-  /// candidate `i` of (r, this layer, h) at `((r * num_layers + layer) * num_kv_heads + h) *
-  /// max_candidates + i`. Caller-owned; the input of `evict_elastic`.
-  std::uint32_t* stage_keys = nullptr;
+  /// write each candidate's selection key beside the token, one uint32 per pool slot: the key
+  /// of the token at (page, column, in-page token) at `(page * Hp + column) * P + token`
+  /// (`head_cursor::slot_at_position`), `slot_key_words(geometry, pool pages)` words in all.
+  /// Candidates in the protected lead (`eviction_plan::lead`: the sink, a pinned prefix's
+  /// shared pages) are not written (their key is `protected_score_key`, `staged_key`).
+  /// Caller-owned, allocated once beside the pool (4 bytes a slot: 0.8% of a bf16 pool at
+  /// d = 128), so no buffer grows with a request's history; the input of `evict_elastic`.
+  std::uint32_t* slot_keys = nullptr;
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t pool() const {
     return pool_kernel != 0 ? pool_kernel : (source == score_source::snapkv ? 7 : 1);
@@ -421,7 +447,7 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
   std::int64_t pin = p.kv.pinned(r, p.kv.slot_of(p.layer, h).group);
   pin              = pin < e.len ? pin : e.len;
   e.lead           = pin > p.sink ? pin : p.sink;
-  if (rule.kind == layer_kind::compressed && p.stage_keys != nullptr) {
+  if (rule.kind == layer_kind::compressed && p.slot_keys != nullptr) {
     e.action = eviction_action::stage;
     e.keep   = e.candidates;
     return e;

@@ -36,6 +36,8 @@ struct head_cursor {
   std::int32_t ring         = 0;        ///< ring positions of a sliding-window group, 0 otherwise
   std::int32_t start        = 0;        ///< ring position of held token 0 (0 for growing groups)
   std::int32_t len          = 0;        ///< tokens held
+  std::int32_t column       = 0;        ///< the head's column in its group's pages
+  std::int32_t group_size   = 1;        ///< Hp: columns per page
 
   /// Column position of held token `i` (0 <= i < len for reads; any i >= 0 for growing groups).
   TANGRAM_HOST_DEVICE std::int32_t position(std::int32_t i) const {
@@ -48,6 +50,13 @@ struct head_cursor {
   /// Page and in-page token of held token `i` (what `kv_cache_view::locate` returns).
   TANGRAM_HOST_DEVICE token_location locate(std::int32_t i) const {
     return at_position(position(i));
+  }
+
+  /// Index of the token at column position `pos` in an array with one entry per pool slot
+  /// (page, column, in-page token): `(page * Hp + column) * P + token` (the elastic slot keys).
+  TANGRAM_HOST_DEVICE std::int64_t slot_at_position(std::int32_t pos) const {
+    token_location loc = at_position(pos);
+    return (static_cast<std::int64_t>(loc.page) * group_size + column) * page_tokens + loc.token;
   }
 
   /// First element of K (kv == 0) or V (kv == 1) of the token at column position `pos`.
@@ -88,6 +97,8 @@ TANGRAM_HOST_DEVICE head_cursor make_head_cursor(kv_cache_view const& view,
   c.v_offset    = view.geometry.element_offset(1, where.column, 0);
   c.page_tokens = view.geometry.page_tokens;
   c.head_dim    = view.geometry.head_dim;
+  c.column      = where.column;
+  c.group_size  = view.geometry.group_size;
   c.len         = view.head_len(r, layer, head);
   if (view.group_window[where.group] > 0) {
     c.ring  = view.group_ring_pages[where.group] * view.geometry.page_tokens;

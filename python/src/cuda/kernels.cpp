@@ -542,7 +542,7 @@ void bind_cuda(nb::module_& parent) {
       [](device_mirror const& m, std::int32_t layer, nb::handle chunk_indptr, nb::handle chunk_k,
          nb::handle chunk_v, nb::handle new_len, nb::handle workspace, std::int32_t max_candidates,
          std::string const& source, nb::handle scores, nb::handle q, nb::handle q_lse,
-         std::int32_t obs_window, bool tensor_cores, nb::handle stage_keys, nb::handle k_scale,
+         std::int32_t obs_window, bool tensor_cores, nb::handle slot_keys, nb::handle k_scale,
          nb::handle v_scale, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
@@ -589,12 +589,11 @@ void bind_cuda(nb::module_& parent) {
           p.q_lse = static_cast<float const*>(tl->data);
         }
         p.tensor_cores = tensor_cores;
-        expect_stage_keys_rule(plan, !stage_keys.is_none(), "evict_elastic");
-        if (!stage_keys.is_none()) {
-          tkeys = tensor_arg(m, stage_keys, "stage_keys",
-                             {B, std::int64_t{view.num_layers} * H, max_candidates}, is_u32,
-                             "uint32", true);
-          p.stage_keys = static_cast<std::uint32_t*>(tkeys->data);
+        expect_slot_keys_rule(plan, !slot_keys.is_none(), "evict_elastic");
+        if (!slot_keys.is_none()) {
+          tkeys = tensor_arg(m, slot_keys, "slot_keys", {pool_slot_key_words(m.cache->kv)},
+                             is_u32, "uint32", true);
+          p.slot_keys = static_cast<std::uint32_t*>(tkeys->data);
         }
         auto tsc = scales_arg(m, k_scale, v_scale);
         p.scales = tsc.scales;
@@ -606,7 +605,7 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("chunk_v"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
       nb::arg("max_candidates"), nb::arg("source") = "key_norm", nb::arg("scores") = nb::none(),
       nb::arg("q") = nb::none(), nb::arg("q_lse") = nb::none(), nb::arg("obs_window") = 32,
-      nb::arg("tensor_cores") = true, nb::arg("stage_keys") = nb::none(),
+      nb::arg("tensor_cores") = true, nb::arg("slot_keys") = nb::none(),
       nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       nb::arg("stream") = nb::none(),
       "The fused eviction of one prefill chunk for `layer` (after prepare_chunk and sync):\n"
@@ -615,15 +614,17 @@ void bind_cuda(nb::module_& parent) {
       "out; source key_norm, supplied (scores [batch, H, max_candidates] float32) or snapkv\n"
       "(q [rows, query heads, d]; q_lse [rows, query heads] float32, the layer's\n"
       "prefill_attention lse: every logit once, on tensor cores for 16-bit and fp8 caches unless\n"
-      "tensor_cores=False); elastic plans pass stage_keys (uint32 [batch, layers * H,\n"
-      "max_candidates]) and finish with evict_elastic. fp8 caches: k_scale / v_scale float32\n"
+      "tensor_cores=False); elastic plans pass slot_keys (uint32 [kv.slot_key_words], one per\n"
+      "pool slot, allocated once beside the pool in device memory and reused for every chunk;\n"
+      "the key of each candidate after the protected lead lands beside its token) and finish\n"
+      "with evict_elastic. fp8 caches: k_scale / v_scale float32\n"
       "device tensors of 1 or H elements (the append's; built-in scores read K as stored * s).\n"
       "workspace: at least mirror.eviction_workspace_bytes(max_candidates, source, obs_window,\n"
       "from_lse) bytes.");
 
   m.def(
       "evict_elastic",
-      [](device_mirror const& m, nb::handle chunk_indptr, nb::handle keys, nb::handle wanted,
+      [](device_mirror const& m, nb::handle chunk_indptr, nb::handle slot_keys, nb::handle wanted,
          nb::handle page_limit, nb::handle new_len, nb::handle workspace,
          std::int32_t max_candidates, nb::handle pages_out, nb::handle stream) {
         auto const& view = m.view();
@@ -631,7 +632,8 @@ void bind_cuda(nb::module_& parent) {
         expect_elastic_plan(plan, "evict_elastic");
         std::int64_t B = view.batch_size, LH = std::int64_t{view.num_layers} * view.num_kv_heads;
         auto ti = tensor_arg(m, chunk_indptr, "chunk_indptr", {B + 1}, is_i32, "int32");
-        auto tk = tensor_arg(m, keys, "keys", {B, LH, max_candidates}, is_u32, "uint32");
+        auto tk = tensor_arg(m, slot_keys, "slot_keys", {pool_slot_key_words(m.cache->kv)}, is_u32,
+                             "uint32");
         auto tw = tensor_arg(m, wanted, "wanted", {B}, is_i64, "int64");
         auto tl = tensor_arg(m, page_limit, "page_limit", {B}, is_i64, "int64");
         auto tn = tensor_arg(m, new_len, "new_len", {B, LH}, is_i32, "int32", true);
@@ -641,7 +643,7 @@ void bind_cuda(nb::module_& parent) {
         e.sink           = plan.profile.sink_tokens;
         e.chunk_indptr   = static_cast<std::int32_t const*>(ti.data);
         e.max_candidates = max_candidates;
-        e.keys           = static_cast<std::uint32_t const*>(tk.data);
+        e.slot_keys      = static_cast<std::uint32_t const*>(tk.data);
         e.wanted         = static_cast<std::int64_t const*>(tw.data);
         e.page_limit     = static_cast<std::int64_t const*>(tl.data);
         e.new_len        = static_cast<std::int32_t*>(tn.data);
@@ -654,12 +656,13 @@ void bind_cuda(nb::module_& parent) {
         auto ws = workspace_of(m, workspace, elastic_workspace_bytes(e));
         evict_elastic(e, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
       },
-      nb::arg("mirror"), nb::arg("chunk_indptr"), nb::arg("keys"), nb::arg("wanted"),
+      nb::arg("mirror"), nb::arg("chunk_indptr"), nb::arg("slot_keys"), nb::arg("wanted"),
       nb::arg("page_limit"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
       nb::arg("max_candidates"), nb::arg("pages_out") = nb::none(), nb::arg("stream") = nb::none(),
       "The elastic eviction's request-wide step after every layer's evict_chunk staged the\n"
-      "chunk: wanted [batch] int64 (KVCacheManager.elastic_wanted_tokens per member) and\n"
-      "page_limit [batch] int64 (elastic_page_limit) on the device, new_len [batch, layers * H]\n"
+      "chunk into slot_keys (uint32 [kv.slot_key_words], the same device array): wanted\n"
+      "[batch] int64 (KVCacheManager.elastic_wanted_tokens per member) and page_limit [batch]\n"
+      "int64 (elastic_page_limit) on the device, new_len [batch, layers * H]\n"
       "int32 out (commit_chunk's kept counts), pages_out [batch] int64 optional. workspace: at\n"
       "least mirror.elastic_workspace_bytes() bytes.");
 }

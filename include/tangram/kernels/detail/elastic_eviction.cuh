@@ -17,7 +17,7 @@
  *   `elastic_compact_kernel`, compact_config::splits CTAs per (layer * H + head, request), each a
  *   byte range of every token: the head's keep count from
  *   its group's pages (`elastic_job`), then the multi-CTA threshold search
- *   (`select_histogram_pass`) and `compact_selected` of eviction.cuh over its stage keys, every
+ *   (`select_histogram_pass`) and `compact_selected` of eviction.cuh over its slot keys, every
  *   candidate already in the column (the chunk was staged at `[len, len + c)`).
  *   `select_reset_kernel` clears the per-head histograms first.
  */
@@ -65,9 +65,10 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
   const std::int32_t HH = p.heads(), H = p.kv.num_kv_heads;
   std::int64_t* need        = a.need + static_cast<std::int64_t>(r) * HH;
   std::int64_t* ties        = a.ties + static_cast<std::int64_t>(r) * HH;
-  const std::uint32_t* keys = p.keys + static_cast<std::int64_t>(r) * HH * p.max_candidates;
+  const std::uint32_t* keys = p.slot_keys;
 
-  // 1. Candidates of the staged heads.
+  // 1. Candidates of the staged heads (into need) and their protected leads (into ties until
+  // step 3 writes the tie counts over them).
   if (tid == 0) s_total = 0;
   __syncthreads();
   unsigned long long mine = 0;
@@ -75,6 +76,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
     const std::int32_t l = i / H, h = i % H;
     const eviction_plan e = plan_eviction(p.layer_params(l), make_head_cursor(p.kv, r, l, h), r, h);
     need[i]               = e.action == eviction_action::stage ? e.candidates : -1;
+    ties[i]               = e.lead;
     if (e.action == eviction_action::stage) mine += static_cast<unsigned long long>(e.candidates);
   }
   atomicAdd(&s_total, mine);
@@ -90,10 +92,12 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
     hist[tid]       = 0;
     __syncthreads();
     for (std::int32_t i = 0; i < HH; ++i) {
-      const std::int64_t n     = need[i];  // uniform across the block
-      const std::uint32_t* row = keys + static_cast<std::int64_t>(i) * p.max_candidates;
+      const std::int64_t n = need[i];  // uniform across the block
+      if (n <= 0) continue;
+      const head_cursor cur   = make_head_cursor(p.kv, r, i / H, i % H);
+      const std::int64_t lead = ties[i];
       for (std::int64_t c = tid; c < n; c += threads) {
-        const std::uint32_t key = row[c];
+        const std::uint32_t key = staged_key(keys, cur, lead, c);
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
       }
     }
@@ -115,17 +119,20 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
   // 3. Per head (one warp each): keys above the threshold and equal to it.
   for (std::int32_t i = warp; i < HH; i += threads / 32) {
     const std::int64_t n     = need[i];
-    const std::uint32_t* row = keys + static_cast<std::int64_t>(i) * p.max_candidates;
+    const std::int64_t lead  = ties[i];
+    const head_cursor cur    = make_head_cursor(p.kv, r, i / H, i % H);
     unsigned long long above = 0, equal = 0;
     for (std::int64_t c = lane; K > 0 && c < n; c += 32) {
-      above += row[c] > prefix ? 1u : 0u;
-      equal += row[c] == prefix ? 1u : 0u;
+      const std::uint32_t key = staged_key(keys, cur, lead, c);
+      above += key > prefix ? 1u : 0u;
+      equal += key == prefix ? 1u : 0u;
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) {
       above += __shfl_xor_sync(0xffffffffu, above, off);
       equal += __shfl_xor_sync(0xffffffffu, equal, off);
     }
+    __syncwarp();  // every lane has read ties[i] (the lead)
     if (lane == 0) {
       need[i] = static_cast<std::int64_t>(above);
       ties[i] = static_cast<std::int64_t>(equal);
@@ -154,8 +161,13 @@ struct elastic_head_job {
   eviction_args ea;                ///< the layer's eviction parameters (for copy_tokens)
   eviction_head x;                 ///< the head, every candidate a column position
   std::int64_t keep         = -2;  ///< tokens it keeps; -1: the request failed; -2: not staged
-  const std::uint32_t* keys = nullptr;
+  const std::uint32_t* keys = nullptr;  ///< the launch's slot keys
   select_slots slots;
+
+  /// Selection key of candidate `c` (staged_key).
+  __device__ __forceinline__ std::uint32_t key(std::int64_t c) const {
+    return staged_key(keys, x.cur, x.e.lead, c);
+  }
 };
 
 /// Head i (layer * H + head) of request r: its plan and, for a staged head of a request whose
@@ -174,7 +186,7 @@ __device__ __forceinline__ elastic_head_job elastic_job(elastic_args const& a,
   j.x.cur                 = make_head_cursor(p.kv, r, l, j.x.h);
   j.x.e                   = plan_eviction(j.ea.p, j.x.cur, r, j.x.h);
   const std::int64_t head = static_cast<std::int64_t>(r) * HH + i;
-  j.keys                  = p.keys + head * p.max_candidates;
+  j.keys                  = p.slot_keys;
   j.slots = {a.select_hist + head * select_radix_bins, a.select_state + head * select_state_words};
   if (j.x.e.action != eviction_action::stage) return j;
   if (a.status[r] < 0) {
@@ -198,8 +210,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_histogram_kernel(elastic_args
       elastic_job(a, static_cast<std::int32_t>(blockIdx.z), static_cast<std::int32_t>(blockIdx.y));
   const std::int64_t n = j.x.e.candidates;
   if (j.keep < 0 || j.keep >= n) return;
-  select_histogram_pass(
-      j.slots, pass, n, j.keep, j.keys, [&](std::int64_t c) { return j.keys[c]; }, sm);
+  const auto key = [&](std::int64_t c) { return j.key(c); };
+  select_histogram_pass(j.slots, pass, n, j.keep, key, key, sm);
 }
 
 /// Keep count and compaction of head blockIdx.y (layer * H + head) of request blockIdx.z, byte
@@ -224,7 +236,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_compact_kernel(elastic_args c
   if (j.keep < 0 || j.keep >= n) return;  // failed, or every candidate stays where it was staged
   j.x.e.len   = n;  // the chunk is in the column: every candidate is a column position
   j.x.e.chunk = 0;
-  compact_selected<T, D>(j.ea, j.x, n, j.keep, j.keys, j.slots, sm, split);
+  compact_selected<T, D>(
+      j.ea, j.x, n, j.keep, [&](std::int64_t c) { return j.key(c); }, j.slots, sm, split);
 }
 
 /// The kernels' arguments for validated parameters and a workspace of

@@ -136,17 +136,17 @@ struct select_smem {
 };
 
 /**
- * Keeps the `k` largest of the `n` candidate keys of head `x` (ties to the earlier position) and
- * compacts them in order to column positions [0, k): the keys above the threshold the histogram
+ * Keeps the `k` largest of the `n` candidate keys `key_at(i)` of head `x` (ties to the earlier
+ * position) and compacts them in order to column positions [0, k): the keys above the threshold the histogram
  * passes left in `s.state` and the first `remaining` keys equal to it. Called by every thread of
  * the CTA, after the three select_histogram_pass launches of the same head.
  */
-template <class T, int D>
+template <class T, int D, class KeyAt>
 __device__ __forceinline__ void compact_selected(eviction_args const& a,
                                                  eviction_head const& x,
                                                  std::int64_t n,
                                                  std::int64_t k,
-                                                 const std::uint32_t* keys,
+                                                 KeyAt key_at,
                                                  select_slots const& s,
                                                  select_smem<T, D>& sm,
                                                  copy_split split) {
@@ -163,7 +163,7 @@ __device__ __forceinline__ void compact_selected(eviction_args const& a,
 #pragma unroll
     for (int u = 0; u < cfg::items; ++u) {
       const std::int64_t i = base + tid * cfg::items + u;
-      key[u]               = i < n ? keys[i] : 0u;
+      key[u]               = i < n ? key_at(i) : 0u;
       tie[u]               = i < n && key[u] == threshold ? 1u : 0u;
     }
     std::uint32_t tie_total, keep_total;
@@ -231,14 +231,12 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
   const float* raw =
       (p.source == score_source::supplied ? p.scores : a.raw) + x.rh * p.max_candidates;
   const std::int32_t pool = p.pool();
-  if (x.e.action == eviction_action::stage) {  // elastic: keys out, chunk appended
-    std::uint32_t* out =
-        p.stage_keys +
-        ((static_cast<std::int64_t>(x.r) * p.kv.num_layers + p.layer) * p.kv.num_kv_heads + x.h) *
-            p.max_candidates;
+  if (x.e.action == eviction_action::stage) {  // elastic: keys beside the tokens, chunk appended
     for (std::int64_t i = split.index * cfg::threads + tid; i < n;
          i += static_cast<std::int64_t>(cfg::splits) * cfg::threads) {
-      out[i] = candidate_key(raw, n, i, pool, x.e.lead, x.e.window);
+      if (i >= x.e.lead)  // the lead's key is implied (staged_key); pinned pages stay unwritten
+        p.slot_keys[x.cur.slot_at_position(static_cast<std::int32_t>(i))] =
+            candidate_key(raw, n, i, pool, x.e.lead, x.e.window);
       if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
     }
   }
@@ -252,11 +250,12 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
         split);
     return;
   }
+  const std::uint32_t* keys = a.keys + x.rh * p.max_candidates;
   compact_selected<T, D>(a,
                          x,
                          n,
                          x.e.keep,
-                         a.keys + x.rh * p.max_candidates,
+                         [&](std::int64_t i) { return keys[i]; },
                          eviction_select_slots(a, x.rh),
                          sm,
                          split);

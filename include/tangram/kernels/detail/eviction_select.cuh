@@ -176,15 +176,15 @@ __device__ __forceinline__ void select_one_slice(
  * counts the keys matching the prefix so far into a private shared histogram, adds its nonzero
  * bins to the head's global one, and the head's last CTA to finish (ticket after a fence) scans
  * it (select_scan_pass). Pass 0 takes each key from `key_of(i)` (which computes and stores it);
- * later passes read `keys[i]`. The slices of a head are ceil(n / select_slice) CTAs; those past
+ * later passes read `key_at(i)`. The slices of a head are ceil(n / select_slice) CTAs; those past
  * `n` return at once. Called by every thread of the CTA.
  */
-template <class KeyOf>
+template <class KeyOf, class KeyAt>
 __device__ __forceinline__ void select_histogram_pass(select_slots const& s,
                                                       int pass,
                                                       std::int64_t n,
                                                       std::int64_t k,
-                                                      const std::uint32_t* keys,
+                                                      KeyAt key_at,
                                                       KeyOf key_of,
                                                       select_hist_smem& sm) {
   using cfg                = select_config;
@@ -208,7 +208,7 @@ __device__ __forceinline__ void select_histogram_pass(select_slots const& s,
     const std::int64_t i = begin + u * cfg::threads + tid;  // coalesced
     std::uint32_t bin    = select_no_bin;
     if (i < n) {
-      const std::uint32_t key = pass == 0 ? key_of(i) : keys[i];
+      const std::uint32_t key = pass == 0 ? key_of(i) : key_at(i);
       if ((key & mask) == prefix) bin = (key >> shift) & static_cast<std::uint32_t>(bins - 1);
     }
     warp_aggregated_count(sm.bins, bin);
@@ -254,7 +254,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_histogram_kernel(eviction_args
       pass,
       n,
       x.e.keep,
-      keys,
+      [&](std::int64_t i) { return keys[i]; },
       [&](std::int64_t i) {
         const std::uint32_t key = candidate_key(raw, n, i, pool, x.e.lead, x.e.window);
         keys[i]                 = key;

@@ -28,6 +28,7 @@
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/retention_needs.hpp"
+#include "tangram/kernels/eviction.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -193,7 +194,9 @@ inline static_plan elastic_plan(static_plan const& plan,
  * @brief The `tangram_elastic` policy: `tangram_policy` over `elastic_plan(plan, margin)` whose
  * manager stages chunks of up to `max_chunk_tokens` (the replay's prefill chunk), whose eviction
  * is `elastic_eviction` and whose answers grow by `answers` (parking when a growth does not fit;
- * with `park_for_turns`, also when a turn does not fit: `tangram_policy_options`).
+ * with `park_for_turns`, also when a turn does not fit: `tangram_policy_options`). Its pool
+ * shares `kv_bytes` with the elastic selection's slot keys (`eviction_params::slot_keys`: 4 bytes
+ * a pool slot, 0.8% of a bf16 pool at d = 128), which no other policy needs.
  */
 inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     static_plan const& plan,
@@ -214,7 +217,10 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
   o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
   o.answers          = answers;
   o.park_for_turns   = park_for_turns;
-  return std::make_unique<tangram_policy>(ep, kv_bytes, max_sessions, num_sessions, std::move(o));
+  const double page  = static_cast<double>(ep.page_bytes());
+  const double keys  = static_cast<double>(slot_key_words(ep.geometry, 1) * 4);
+  return std::make_unique<tangram_policy>(
+      ep, kv_bytes * page / (page + keys), max_sessions, num_sessions, std::move(o));
 }
 
 }  // namespace tangram::sim
