@@ -79,11 +79,8 @@ std::vector<std::uint16_t> chunk_kv(std::int64_t rows, std::int32_t heads, std::
 
 /// The next chunk of every sequence of `seqs` (all in prefill): prepare each, then ONE eviction
 /// launch per layer over the prefill batch (`view(batch_kind::prefill)`; the decode batch is left
-/// as it is), then commit each with its kept counts. `slot_keys`: the elastic selection keys, one
-/// per pool slot (`tangram::slot_key_words`), allocated once beside the pool.
-void prefill_chunks(tangram::kv_cache_manager& kv,
-                    std::vector<std::uint32_t>& slot_keys,
-                    std::vector<tangram::sequence_id> const& seqs) {
+/// as it is), then commit each with its kept counts.
+void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence_id> const& seqs) {
   auto const& plan = kv.plan();
   std::int32_t const L = plan.num_layers, H = plan.num_kv_heads, d = plan.model.head_dim;
   auto const B = seqs.size();
@@ -104,9 +101,16 @@ void prefill_chunks(tangram::kv_cache_manager& kv,
   bool const elastic = plan.options.reservation.mode == tangram::reservation_mode::elastic;
   // new_len[layer][request][head], as each layer's launch writes it.
   std::vector<std::int32_t> new_len(static_cast<std::size_t>(L) * B * static_cast<std::size_t>(H));
-  // Elastic: every layer stages its chunk and writes its candidates' keys beside their tokens.
   tangram::eviction_params p;
   p.kv             = kv.view(tangram::batch_kind::prefill);
+  // Elastic: every layer stages its chunk and writes its candidates' keys into blocks laid out
+  // like the staged groups' page lists (no padding to the longest request; an engine keeps one
+  // buffer, grown to the largest batch, or sizes it for its largest prefill batch up front).
+  std::vector<std::int64_t> key_base(elastic ? B * static_cast<std::size_t>(kv.num_groups()) : 0);
+  std::vector<std::uint32_t> keys(
+      elastic ? static_cast<std::size_t>(tangram::stage_key_layout(
+                    p.kv, plan.rules.data(), indptr.data(), key_base.data()))
+              : 0);
   p.sink           = plan.profile.sink_tokens;
   p.chunk_indptr   = indptr.data();
   p.chunk_k        = data.data();
@@ -114,7 +118,8 @@ void prefill_chunks(tangram::kv_cache_manager& kv,
   p.max_candidates = max_candidates;
   p.source         = tangram::score_source::key_norm;
   p.group          = plan.model.gqa_group();
-  p.slot_keys      = elastic ? slot_keys.data() : nullptr;
+  p.stage_keys     = elastic ? keys.data() : nullptr;
+  p.stage_key_base = elastic ? key_base.data() : nullptr;
   for (std::int32_t layer = 0; layer < L; ++layer) {
     p.layer   = layer;
     p.rules   = plan.rules.data() + static_cast<std::ptrdiff_t>(layer) * H;
@@ -135,7 +140,8 @@ void prefill_chunks(tangram::kv_cache_manager& kv,
     e.sink           = plan.profile.sink_tokens;
     e.chunk_indptr   = indptr.data();
     e.max_candidates = max_candidates;
-    e.slot_keys      = slot_keys.data();
+    e.stage_keys     = keys.data();
+    e.stage_key_base = key_base.data();
     e.wanted         = wanted.data();
     e.page_limit     = limit.data();
     e.new_len        = lengths.data();
@@ -159,10 +165,8 @@ void prefill_chunks(tangram::kv_cache_manager& kv,
 }
 
 /// Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit.
-void prefill(tangram::kv_cache_manager& kv,
-             std::vector<std::uint32_t>& slot_keys,
-             tangram::sequence_id seq) {
-  while (kv.info(seq).prompt_remaining > 0) prefill_chunks(kv, slot_keys, {seq});
+void prefill(tangram::kv_cache_manager& kv, tangram::sequence_id seq) {
+  while (kv.info(seq).prompt_remaining > 0) prefill_chunks(kv, {seq});
 }
 
 /// The work of every step so far is done (an engine: its last event completed): every page those
@@ -341,10 +345,6 @@ int main(int argc, char** argv) {
   options.max_sequences = 16;
   options.deferred_reuse = true;  // freed pages wait for the engine's release (several streams)
   tangram::kv_cache_manager kv(plan, memory, options);
-  // Elastic selection keys beside the pool: 4 bytes a slot, allocated once (on a GPU: device
-  // memory, like the pool), so no buffer grows with a request's history.
-  std::vector<std::uint32_t> slot_keys(
-      static_cast<std::size_t>(tangram::slot_key_words(plan.geometry, kv.pool().capacity())));
   // Answers reserve 16 tokens at a time here (the default window, 256, exceeds these answers).
   tangram::answer_window_options window_options;
   window_options.window_tokens = 16;
@@ -415,7 +415,7 @@ int main(int argc, char** argv) {
       balanced.kv = kv.view();
       tangram::reference::balance_decode_splits(balanced);
     }
-    if (!to_prefill.empty()) prefill_chunks(kv, slot_keys, to_prefill);
+    if (!to_prefill.empty()) prefill_chunks(kv, to_prefill);
     // Finished answers end their turns (unused reservation back; the history stays).
     for (std::size_t i = 0; i < running.size();) {
       auto info = kv.info(running[i].id);
@@ -471,7 +471,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "the second turn did not fit\n");  // "does not fit" is a return value
     return 1;
   }
-  prefill(kv, slot_keys, first);
+  prefill(kv, first);
   trace.push_back(snapshot("second_turn", kv));
   // Speculative decoding: 4 draft tokens, then the 3 the verifier rejected are rolled back.
   kv.set_batch({first});
@@ -525,7 +525,7 @@ int main(int argc, char** argv) {
                                 restored->device_pages.data(),
                                 restored->device_pages.size(),
                                 host.data());
-  prefill(kv, slot_keys, first);
+  prefill(kv, first);
   decode(kv, {first}, 16);
   trace.push_back(snapshot("unparked", kv));
   kv.free(first);

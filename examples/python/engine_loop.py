@@ -15,9 +15,10 @@ same page accounting at every checkpoint (python/tests/test_engine_loop.py compa
 Each chunk is evicted by the CPU reference kernel (`reference_evict`, layer by layer, key-norm
 scores, over the prefill batch) on K/V written into the manager's own pool, as the CUDA kernel
 would on a device pool. Under elastic reservation (the default) every layer stages the chunk and
-writes its candidates' keys beside their tokens (`slot_keys`: one uint32 per pool slot,
-`kv.slot_key_words` of them, allocated once beside the pool, so no buffer grows with a request's
-history) and one `reference_evict_elastic` per chunk chooses the groups' lengths within
+writes its candidates' keys into `stage_keys` (uint32, `kv.stage_key_words(chunk_indptr)` of them
+for the chunk's batch: laid out like the staged groups' page lists, no padding, and needed only
+from the chunk's stage launches to its `reference_evict_elastic`) and one
+`reference_evict_elastic` per chunk chooses the groups' lengths within
 `elastic_page_limit`; under static budgets (`--reservation static`) the counts are known in
 advance, so the loop checks them against `expected_kept`.
 
@@ -41,12 +42,10 @@ def chunk_kv(rows: int, heads: int, head_dim: int) -> np.ndarray:
     return (((t * 31 + h * 7 + x) % 128) + 0x3F00).astype(np.uint16)
 
 
-def prefill_chunk(kv: tangram.KVCacheManager, slot_keys: np.ndarray,
-                  seq: tangram.SequenceId) -> None:
+def prefill_chunk(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
     """The next chunk of `seq`: prepare, evict over the prefill batch (the decode batch is left as
-    it is), commit. `slot_keys`: the elastic selection keys, one uint32 per pool slot
-    (`kv.slot_key_words`), allocated once beside the pool. (The C++ twin evicts a mixed step's
-    chunks in one launch over a prefill batch of several sequences: the same page accounting.)"""
+    it is), commit. (The C++ twin evicts a mixed step's chunks in one launch over a prefill batch
+    of several sequences: the same page accounting.)"""
     plan = kv.plan
     left = kv.info(seq)["prompt_remaining"]
     if left > 0:
@@ -59,13 +58,18 @@ def prefill_chunk(kv: tangram.KVCacheManager, slot_keys: np.ndarray,
         candidates = kv.info(seq)["seq_tokens"] + chunk  # bound on held + chunk of any head
         L = plan.num_layers
         if plan.options.reservation == "elastic":
-            # Every layer stages the chunk and writes its candidates' keys beside their tokens;
-            # then one request-wide selection after the last layer chooses the groups' lengths.
+            # Every layer stages the chunk and writes its candidates' keys into stage_keys, sized
+            # for this chunk's batch (the staged groups' pages' worth of words, no padding;
+            # contents on entry do not matter; an engine may keep one buffer grown to its largest
+            # batch and pass its first `words` words); then one request-wide selection after the
+            # last layer chooses the groups' lengths.
+            words = kv.stage_key_words(indptr, kind=prefill)
+            stage_keys = np.empty(words, dtype=np.uint32)
             for layer in range(L):
                 tangram.reference_evict(kv, layer, indptr, data, data, source="key_norm",
-                                        max_candidates=candidates, slot_keys=slot_keys,
+                                        max_candidates=candidates, stage_keys=stage_keys,
                                         kind=prefill)
-            new_len, _ = tangram.reference_evict_elastic(kv, indptr, slot_keys,
+            new_len, _ = tangram.reference_evict_elastic(kv, indptr, stage_keys,
                                                          max_candidates=candidates, kind=prefill)
             kv.commit_chunk(seq, new_len[0])
             return
@@ -78,10 +82,10 @@ def prefill_chunk(kv: tangram.KVCacheManager, slot_keys: np.ndarray,
         kv.commit_chunk(seq, kept)
 
 
-def prefill(kv: tangram.KVCacheManager, slot_keys: np.ndarray, seq: tangram.SequenceId) -> None:
+def prefill(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
     """Every remaining prompt token of the turn, one chunk at a time: prepare, evict, commit."""
     while kv.info(seq)["prompt_remaining"] > 0:
-        prefill_chunk(kv, slot_keys, seq)
+        prefill_chunk(kv, seq)
 
 
 def settle(kv: tangram.KVCacheManager) -> None:
@@ -226,10 +230,6 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
     # deferred_reuse: freed pages wait for the engine's release (several streams; one epoch per
     # step, released a step later, as a GPU running one step behind the host would be).
     kv = tangram.KVCacheManager(plan, num_pages=num_pages, max_sequences=16, deferred_reuse=True)
-    # Elastic selection keys beside the pool: 4 bytes a slot, allocated once (on a GPU: device
-    # memory, like the pool) and reused by every chunk and request, so no buffer grows with a
-    # request's history. Contents on entry do not matter.
-    slot_keys = np.zeros(kv.slot_key_words, dtype=np.uint32)
     # Answers reserve 16 tokens at a time here (the default window, 256, exceeds these answers).
     answers = AnswerScheduler(kv, tangram.AnswerWindow(window_tokens=16))
     window = answers.window
@@ -277,7 +277,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
             # decode_attention(..., balanced_splits=True); here the CPU reference computes it.
             tangram.reference_balance_decode_splits(kv)
         for seq in to_prefill:
-            prefill_chunk(kv, slot_keys, seq)
+            prefill_chunk(kv, seq)
         # Finished answers end their turns (unused reservation back; the history stays).
         for r in list(running):
             info = kv.info(r.seq)
@@ -315,7 +315,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
         kv.pool()[pages] = host
     elif not kv.continue_turn(first, 300, window.first(MAX_TOKENS)):  # "does not fit" is False
         raise SystemExit("the second turn did not fit")
-    prefill(kv, slot_keys, first)
+    prefill(kv, first)
     trace.append(snapshot("second_turn", kv))
     # Speculative decoding: 4 draft tokens, then the 3 the verifier rejected are rolled back.
     kv.set_batch([first])
@@ -354,7 +354,7 @@ def run(num_pages: int = 32000, verbose: bool = True, reservation: str = "elasti
         raise SystemExit("the parked session did not fit back")
     first, pages = restored
     kv.pool()[pages] = host  # the copy-in, before any kernel reads the sequence
-    prefill(kv, slot_keys, first)
+    prefill(kv, first)
     decode(kv, [first], 16)
     trace.append(snapshot("unparked", kv))
     kv.free(first)

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tangram/core/detail/str.hpp"
 #include "tangram/core/error.hpp"
@@ -27,20 +28,58 @@ inline score_source source_named(std::string const& name) {
                " (expected supplied, snapkv or key_norm)");
 }
 
-/// Words of the elastic slot-key array of `kv`'s pool (`tangram::slot_key_words` over the plan's
-/// geometry and the pool's pages): one uint32 per pool slot, allocated once beside the pool.
-inline std::int64_t pool_slot_key_words(kv_cache_manager const& kv) {
-  return tangram::slot_key_words(kv.plan().geometry, kv.pool().capacity());
+/// The batch's chunk rows: chunk_indptr (`n` entries: batch + 1, host memory) from 0, each
+/// request's rows equal to the chunk it prepared (prepare_chunk) in the manager's batch of `kind`.
+inline void expect_prepared_chunks(kv_cache_manager const& kv, std::int32_t const* ptr,
+                                   std::size_t n, batch_kind kind) {
+  auto view = kv.view(kind);
+  TANGRAM_EXPECTS(static_cast<std::int64_t>(n) == std::int64_t{view.batch_size} + 1,
+                  invalid_argument, "chunk_indptr: expected ", view.batch_size + 1,
+                  " elements, got ", n);
+  TANGRAM_EXPECTS(ptr[0] == 0, invalid_argument, "chunk_indptr[0]: must be 0, got ", ptr[0]);
+  for (std::int32_t r = 0; r < view.batch_size; ++r) {
+    std::int64_t rows_r  = static_cast<std::int64_t>(ptr[r + 1]) - ptr[r];
+    std::int64_t pending = kv.info(kv.batch_sequence(kind, r)).chunk_pending;
+    TANGRAM_EXPECTS(rows_r == pending, invalid_argument, "chunk_indptr: request ", r, " has ",
+                    rows_r, " rows but its prepared chunk (prepare_chunk) has ", pending,
+                    " tokens");
+  }
 }
 
-/// Slot keys belong to elastic plans only: they must be given exactly when the plan reserves
+/// The elastic stage-key blocks of the manager's batch of `kind` (`tangram::stage_key_layout`
+/// over the host view, the plan's rules and `chunk_indptr`, checked against the prepared chunks
+/// first): `base` resized to [batch * G]. @return the words the stage keys must hold.
+inline std::int64_t stage_key_layout_of(kv_cache_manager const& kv, std::int32_t const* ptr,
+                                        std::size_t n, batch_kind kind,
+                                        std::vector<std::int64_t>& base) {
+  expect_prepared_chunks(kv, ptr, n, kind);
+  auto view = kv.view(kind);
+  base.assign(static_cast<std::size_t>(view.batch_size) * static_cast<std::size_t>(view.num_groups),
+              0);
+  return tangram::stage_key_layout(view, kv.plan().rules.data(), ptr, base.data());
+}
+
+/// The same with each request's chunk its prepared one (chunk_pending): for the CUDA launchers,
+/// whose chunk_indptr lives on the device.
+inline std::int64_t stage_key_layout_prepared(kv_cache_manager const& kv, batch_kind kind,
+                                              std::vector<std::int64_t>& base) {
+  auto view = kv.view(kind);
+  std::vector<std::int32_t> ptr(static_cast<std::size_t>(view.batch_size) + 1, 0);
+  for (std::int32_t r = 0; r < view.batch_size; ++r)
+    ptr[static_cast<std::size_t>(r) + 1] =
+        ptr[static_cast<std::size_t>(r)] +
+        static_cast<std::int32_t>(kv.info(kv.batch_sequence(kind, r)).chunk_pending);
+  return stage_key_layout_of(kv, ptr.data(), ptr.size(), kind, base);
+}
+
+/// Stage keys belong to elastic plans only: they must be given exactly when the plan reserves
 /// elastically (`next` names the request-wide call that follows the staging).
-inline void expect_slot_keys_rule(static_plan const& plan, bool given, char const* next) {
+inline void expect_stage_keys_rule(static_plan const& plan, bool given, char const* next) {
   bool elastic = plan.options.reservation.mode == reservation_mode::elastic;
-  TANGRAM_EXPECTS(elastic == given, invalid_argument, "slot_keys: ",
-                  elastic ? "the plan reserves elastically: pass slot_keys (uint32 "
-                            "[KVCacheManager.slot_key_words], one per pool slot, allocated once "
-                            "beside the pool), then "
+  TANGRAM_EXPECTS(elastic == given, invalid_argument, "stage_keys: ",
+                  elastic ? "the plan reserves elastically: pass stage_keys (uint32 "
+                            "[KVCacheManager.stage_key_words(chunk_indptr, kind)], laid out like "
+                            "the staged groups' page lists), then "
                           : "only for a plan with elastic reservation (this one is static)",
                   elastic ? next : "");
 }

@@ -247,15 +247,28 @@ void bind_manager(nb::module_& m) {
       .def_prop_ro("available_pages",
                    [](bound_kv_cache const& c) { return c.kv.pool().available_pages(); },
                    "Free pages no reservation holds: what admission can still promise.")
-      .def_prop_ro("slot_key_words",
-                   [](bound_kv_cache const& c) { return pool_slot_key_words(c.kv); },
-                   "Words of the elastic slot-key array (the slot_keys argument of\n"
-                   "reference_evict / reference_evict_elastic and tangram.cuda's evict_chunk /\n"
-                   "evict_elastic): one uint32 per pool slot, num_pages * Hp * P\n"
-                   "(slot_key_words, kernels/eviction.hpp). Allocate it once beside the pool\n"
-                   "(numpy.empty(kv.slot_key_words, numpy.uint32); on a device, device memory)\n"
-                   "and reuse it for every chunk and request: 4 bytes a slot, no buffer grows\n"
-                   "with a request's history.")
+      .def("stage_key_words",
+           [](bound_kv_cache const& c,
+              nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>
+                  chunk_indptr,
+              batch_kind kind) {
+             std::vector<std::int64_t> base;
+             return stage_key_layout_of(c.kv, chunk_indptr.data(), chunk_indptr.size(), kind,
+                                        base);
+           },
+           nb::arg("chunk_indptr").noconvert(), nb::kw_only(),
+           nb::arg("kind") = batch_kind::decode,
+           "Words of the elastic stage keys for the batch of `kind` and its prepared chunks\n"
+           "(chunk_indptr [batch + 1] int32, host, as passed to reference_evict): the stage_keys\n"
+           "argument of reference_evict / reference_evict_elastic (and, for tangram.cuda's\n"
+           "evict_chunk / evict_elastic, DeviceMirror.stage_key_layout). C++\n"
+           "tangram::stage_key_layout (kernels/eviction.hpp) over the host view: for each\n"
+           "request and group holding a compressed head, ceil(extent / P) * Hp * P words, extent\n"
+           "= the group's longest compressed column after the chunk (held + chunk tokens); laid\n"
+           "out like the staged groups' page lists, no padding. Call it after prepare_chunk and\n"
+           "set_batch; the keys are needed only from the chunk's stage launches to its\n"
+           "reference_evict_elastic, so one buffer (numpy.empty(words, numpy.uint32), contents\n"
+           "irrelevant) can serve every chunk: pass a slice of exactly `words` elements.")
       .def_prop_ro("num_groups", [](bound_kv_cache const& c) { return c.kv.num_groups(); })
       .def_prop_ro("max_sequences", [](bound_kv_cache const& c) { return c.kv.max_sequences(); })
       .def_prop_ro("max_batch", [](bound_kv_cache const& c) { return c.kv.view_extents().batch; },

@@ -2,8 +2,8 @@
 // The CPU reference kernels on NumPy arrays, over a KVCacheManager's view and pool: append of a
 // decode token's K/V, decode attention, and the fused eviction of a prefill chunk. They read and
 // write the manager's page arena in place, exactly as the CUDA kernels do on a device pool. Under
-// elastic reservation the per-layer eviction stages the chunk and writes its keys beside the
-// tokens (slot_keys: one uint32 per pool slot, allocated once beside the pool), and
+// elastic reservation the per-layer eviction stages the chunk and writes its keys into stage_keys
+// (laid out like the staged groups' page lists, KVCacheManager.stage_key_words), and
 // reference_evict_elastic then does the request-wide selection after the last layer.
 // One dtype rule for every function, as for the CUDA launchers (tangram.cuda): arrays are never
 // converted by value. K/V in the cache dtype (chunk_k, chunk_v) are NumPy arrays of that element
@@ -46,11 +46,11 @@ namespace {
 /// Any element type: the binding checks it (never a conversion by value).
 using any_array  = nb::ndarray<nb::c_contig, nb::device::cpu>;
 using chunk_rows = nb::ndarray<std::int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-/// Slot keys: any element type, shape and layout (taken as they are, never converted), so that
-/// slot_key_data refuses a wrong one naming the argument and the sizes.
-using slot_array = nb::ndarray<nb::device::cpu>;
+/// Stage keys: any element type, shape and layout (taken as they are, never converted), so that
+/// stage_key_data refuses a wrong one naming the argument and the sizes.
+using key_array = nb::ndarray<nb::device::cpu>;
 /// The same, read only (reference_evict_elastic reads them).
-using slot_input = nb::ndarray<nb::ro, nb::device::cpu>;
+using key_input = nb::ndarray<nb::ro, nb::device::cpu>;
 
 /// Checks that `a` holds exactly `count` elements (any shape), naming the argument.
 void expect_elements(std::size_t size, std::int64_t count, char const* what) {
@@ -135,39 +135,21 @@ void expect_cache_elements(any_array const& a,
 /// nowhere else is backed).
 void expect_prepared_chunks(bound_kv_cache const& c, chunk_rows const& chunk_indptr,
                             batch_kind kind) {
-  auto view = c.kv.view(kind);
-  expect_elements(chunk_indptr.size(), view.batch_size + 1, "chunk_indptr");
-  auto const* ptr = chunk_indptr.data();
-  TANGRAM_EXPECTS(ptr[0] == 0, invalid_argument, "chunk_indptr[0]: must be 0, got ", ptr[0]);
-  for (std::int32_t r = 0; r < view.batch_size; ++r) {
-    std::int64_t rows_r  = static_cast<std::int64_t>(ptr[r + 1]) - ptr[r];
-    std::int64_t pending = c.kv.info(c.kv.batch_sequence(kind, r)).chunk_pending;
-    TANGRAM_EXPECTS(rows_r == pending,
-                    invalid_argument,
-                    "chunk_indptr: request ",
-                    r,
-                    " has ",
-                    rows_r,
-                    " rows but its prepared chunk (prepare_chunk) has ",
-                    pending,
-                    " tokens");
-  }
+  python::expect_prepared_chunks(c.kv, chunk_indptr.data(), chunk_indptr.size(), kind);
 }
 
-/// slot_keys: a 1-D uint32 array of exactly KVCacheManager.slot_key_words elements (one per pool
-/// slot: the key of the token at (page, column, in-page token) at (page * Hp + column) * P +
-/// token), contiguous; checked before any work. @return its data.
-/// @throw invalid_argument naming slot_keys, the expected and the given size or element type.
+/// stage_keys: a 1-D uint32 array of exactly `words` elements (stage_key_layout of the batch:
+/// KVCacheManager.stage_key_words), contiguous; checked before any work. @return its data.
+/// @throw invalid_argument naming stage_keys, the expected and the given size or element type.
 template <class Keys>
-auto* slot_key_data(Keys const& keys, bound_kv_cache const& c) {
-  std::int64_t words = pool_slot_key_words(c.kv);
-  std::string shape  = "[";
+auto* stage_key_data(Keys const& keys, std::int64_t words) {
+  std::string shape = "[";
   for (std::size_t i = 0; i < keys.ndim(); ++i)
     shape += (i ? ", " : "") + std::to_string(keys.shape(i));
   shape += "]";
   TANGRAM_EXPECTS(is_element(keys.dtype(), nb::dlpack::dtype_code::UInt, 32),
                   invalid_argument,
-                  "slot_keys: expected uint32 elements, got ",
+                  "stage_keys: expected uint32 elements, got ",
                   dtype_name(keys.dtype()),
                   " (shape ",
                   shape,
@@ -175,13 +157,13 @@ auto* slot_key_data(Keys const& keys, bound_kv_cache const& c) {
                   "caller's array)");
   TANGRAM_EXPECTS(keys.ndim() == 1 && static_cast<std::int64_t>(keys.shape(0)) == words,
                   invalid_argument,
-                  "slot_keys: expected shape [",
+                  "stage_keys: expected shape [",
                   words,
-                  "] (KVCacheManager.slot_key_words: one uint32 per pool slot), got ",
+                  "] (KVCacheManager.stage_key_words(chunk_indptr, kind) for this batch), got ",
                   shape);
   TANGRAM_EXPECTS(words <= 1 || keys.stride(0) == 1,
                   invalid_argument,
-                  "slot_keys: must be contiguous (stride 1), got stride ",
+                  "stage_keys: must be contiguous (stride 1), got stride ",
                   keys.stride(0));
   using word = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(keys.data())>>,
                                   std::uint32_t const,
@@ -413,7 +395,7 @@ void bind_reference(nb::module_& m) {
          std::optional<any_array> q_lse,
          std::int32_t max_candidates,
          std::int32_t obs_window,
-         std::optional<slot_array> slot_keys,
+         std::optional<key_array> stage_keys,
          std::optional<any_array> k_scale,
          std::optional<any_array> v_scale,
          batch_kind kind) {
@@ -424,8 +406,14 @@ void bind_reference(nb::module_& m) {
         expect_prepared_chunks(c, chunk_indptr, kind);
         expect_candidates_fit(c.kv, layer, max_candidates, kind);
         std::int64_t rows = chunk_indptr.data()[view.batch_size];
-        expect_slot_keys_rule(plan, slot_keys.has_value(), "reference_evict_elastic");
-        std::uint32_t* keys = slot_keys ? slot_key_data(*slot_keys, c) : nullptr;
+        expect_stage_keys_rule(plan, stage_keys.has_value(), "reference_evict_elastic");
+        std::vector<std::int64_t> key_base;
+        std::uint32_t* keys = nullptr;
+        if (stage_keys) {
+          std::int64_t words = stage_key_layout_of(c.kv, chunk_indptr.data(), chunk_indptr.size(),
+                                                   kind, key_base);
+          keys = stage_key_data(*stage_keys, words);
+        }
         if (view.batch_size == 0)
           return numpy_copy(std::vector<std::int32_t>{},
                             {std::size_t{0}, static_cast<std::size_t>(view.num_kv_heads)});
@@ -466,9 +454,10 @@ void bind_reference(nb::module_& m) {
         }
         std::vector<std::int32_t> new_len(static_cast<std::size_t>(view.batch_size) *
                                           static_cast<std::size_t>(view.num_kv_heads));
-        p.new_len   = new_len.data();
-        p.slot_keys = keys;
-        p.scales    = scales_of(k_scale, v_scale, view.num_kv_heads);
+        p.new_len        = new_len.data();
+        p.stage_keys     = keys;
+        p.stage_key_base = keys ? key_base.data() : nullptr;
+        p.scales         = scales_of(k_scale, v_scale, view.num_kv_heads);
         reference::evict_chunk(p);
         return numpy_copy(new_len,
                           {static_cast<std::size_t>(view.batch_size),
@@ -486,7 +475,7 @@ void bind_reference(nb::module_& m) {
       nb::arg("q_lse")  = nb::none(),
       nb::arg("max_candidates"),
       nb::arg("obs_window")            = 32,
-      nb::arg("slot_keys").noconvert() = nb::none(),
+      nb::arg("stage_keys").noconvert() = nb::none(),
       nb::arg("k_scale")               = nb::none(),
       nb::arg("v_scale")               = nb::none(),
       nb::arg("kind")                  = batch_kind::decode,
@@ -498,12 +487,11 @@ void bind_reference(nb::module_& m) {
       "[rows, query heads] float32, reference_prefill_attention's lse: weights exp(s - lse),\n"
       "each logit once). Returns new_len\n"
       "[batch, H]: the layer's part of commit_chunk's kept counts. Elastic plans (and only they)\n"
-      "pass slot_keys, uint32 [kv.slot_key_words] (one per pool slot: the key of the token at\n"
-      "(page, column, in-page token) at (page * Hp + column) * P + token), allocated once beside\n"
-      "the pool and shared by every layer, chunk and request (contents on entry do not matter):\n"
-      "compressed heads then append the chunk and write the key of every candidate after the\n"
-      "protected lead (sink, pinned prefix) into its slot (new_len counts the candidates) for\n"
-      "reference_evict_elastic. fp8 caches: k_scale / v_scale float32 of 1\n"
+      "pass stage_keys, uint32 [kv.stage_key_words(chunk_indptr, kind)] (laid out like the\n"
+      "staged groups' page lists, no padding; the same array for every layer of the chunk and\n"
+      "for reference_evict_elastic; contents on entry do not matter): compressed heads then\n"
+      "append the chunk and write the key of every candidate after the protected lead (sink,\n"
+      "pinned prefix) into it (new_len counts the candidates) for reference_evict_elastic. fp8 caches: k_scale / v_scale float32 of 1\n"
       "(per tensor) or H (per KV head) elements, the append's (built-in scores read K as\n"
       "stored * s; compaction copies bytes). kind: the batch it runs over (BatchKind).");
 
@@ -511,7 +499,7 @@ void bind_reference(nb::module_& m) {
       "reference_evict_elastic",
       [](bound_kv_cache& c,
          chunk_rows chunk_indptr,
-         slot_input slot_keys,
+         key_input stage_keys,
          std::int32_t max_candidates,
          batch_kind kind) {
         c.expect_host_pool("reference_evict_elastic");
@@ -519,7 +507,10 @@ void bind_reference(nb::module_& m) {
         auto const& plan = c.kv.plan();
         expect_elastic_plan(plan, "reference_evict_elastic");
         expect_prepared_chunks(c, chunk_indptr, kind);
-        std::uint32_t const* keys = slot_key_data(slot_keys, c);
+        std::vector<std::int64_t> key_base;
+        std::int64_t words = stage_key_layout_of(c.kv, chunk_indptr.data(), chunk_indptr.size(),
+                                                 kind, key_base);
+        std::uint32_t const* keys = stage_key_data(stage_keys, words);
         auto batch                = static_cast<std::size_t>(view.batch_size);
         std::vector<std::int64_t> wanted(batch), limit(batch), pages(batch);
         for (std::size_t r = 0; r < batch; ++r) {
@@ -536,7 +527,8 @@ void bind_reference(nb::module_& m) {
         e.sink           = plan.profile.sink_tokens;
         e.chunk_indptr   = chunk_indptr.data();
         e.max_candidates = max_candidates;
-        e.slot_keys      = keys;
+        e.stage_keys     = keys;
+        e.stage_key_base = key_base.data();
         e.wanted         = wanted.data();
         e.page_limit     = limit.data();
         e.new_len        = new_len.data();
@@ -546,13 +538,14 @@ void bind_reference(nb::module_& m) {
       },
       nb::arg("kv"),
       nb::arg("chunk_indptr").noconvert(),
-      nb::arg("slot_keys").noconvert(),
+      nb::arg("stage_keys").noconvert(),
       nb::kw_only(),
       nb::arg("max_candidates"),
       nb::arg("kind") = batch_kind::decode,
       "The elastic eviction's request-wide step after every layer staged the chunk\n"
       "(reference/elastic_eviction.hpp): per batch member the global top-K of the keys the\n"
-      "stage launches wrote into slot_keys (uint32 [kv.slot_key_words], the same array),\n"
+      "stage launches of this chunk wrote into stage_keys (uint32\n"
+      "[kv.stage_key_words(chunk_indptr, kind)], the same array),\n"
       "(K = elastic_wanted_tokens), the group lengths within elastic_page_limit, and the\n"
       "compaction in the pool. Returns (new_len [batch, layers * KV heads] int32, pages [batch]\n"
       "int64): new_len[r] is request r's commit_chunk kept counts.");

@@ -131,3 +131,59 @@ def test_device_kernels_match_the_cpu_reference(static_plan):
 
     host_kv, _ = managers["host"]
     assert np.array_equal(pool_bytes(kv), host_kv.pool()), "the pools differ after the same writes"
+
+
+def test_device_elastic_eviction_matches_the_cpu_reference(elastic_plan):
+    """Elastic reservation: every layer's evict_chunk stages the chunk into stage_keys (blocks at
+    mirror.stage_key_layout()'s base), then evict_elastic selects; the same on the CPU reference
+    must give the same kept counts, pages and pool bytes."""
+    plan = elastic_plan
+    L, H, d = plan.num_layers, plan.num_kv_heads, plan.model.head_dim
+    n = 24
+    rng = np.random.default_rng(7)
+    chunk_k = rng.integers(0, 1 << 16, (L, n, H, d), dtype=np.uint16) & 0x3FFF
+    chunk_v = rng.integers(0, 1 << 16, (L, n, H, d), dtype=np.uint16) & 0x3FFF
+    indptr = np.array([0, n], dtype=np.int32)
+    managers = {}
+    for memory in ("host", "cuda"):
+        kv = tangram.KVCacheManager(plan, num_pages=600, max_sequences=2, memory=memory)
+        zero_pool(kv)
+        seq = kv.try_admit(n, 4)
+        kv.set_batch([seq])
+        kv.prepare_chunk(seq, n)
+        managers[memory] = (kv, seq)
+
+    kv, seq = managers["host"]
+    keys = np.zeros(kv.stage_key_words(indptr), dtype=np.uint32)
+    for l in range(L):
+        tangram.reference_evict(kv, l, indptr, chunk_k[l], chunk_v[l], max_candidates=n,
+                                stage_keys=keys)
+    new_len_ref, pages_ref = tangram.reference_evict_elastic(kv, indptr, keys, max_candidates=n)
+    wanted = np.array([kv.elastic_wanted_tokens(seq)], dtype=np.int64)
+    limit = np.array([kv.elastic_page_limit(seq)], dtype=np.int64)
+
+    kv, seq = managers["cuda"]
+    mirror = tangram.cuda.DeviceMirror(kv)
+    mirror.sync()
+    base, words = mirror.stage_key_layout()
+    assert words == keys.size and base.dtype == np.int64 and base.shape == (kv.num_groups,)
+    d_keys, d_base = dev(np.zeros(words, dtype=np.uint32)), dev(base)
+    ws = empty((max(mirror.eviction_workspace_bytes(n, "key_norm"),
+                    mirror.elastic_workspace_bytes()),), np.uint8)
+    d_indptr, staged = dev(indptr), empty((1, H), np.int32)
+    with pytest.raises(ValueError, match="stage_keys"):
+        tangram.cuda.evict_chunk(mirror, 0, d_indptr, dev(chunk_k[0]), dev(chunk_v[0]), staged,
+                                 workspace=ws, max_candidates=n,
+                                 stage_keys=dev(np.zeros(words + 1, dtype=np.uint32)),
+                                 stage_key_base=d_base)
+    for l in range(L):
+        tangram.cuda.evict_chunk(mirror, l, d_indptr, dev(chunk_k[l]), dev(chunk_v[l]), staged,
+                                 workspace=ws, max_candidates=n, source="key_norm",
+                                 stage_keys=d_keys, stage_key_base=d_base)
+    new_len, pages = empty((1, L * H), np.int32), empty((1,), np.int64)
+    tangram.cuda.evict_elastic(mirror, d_indptr, d_keys, d_base, dev(wanted), dev(limit), new_len,
+                               workspace=ws, max_candidates=n, pages_out=pages)
+    assert host(new_len).tolist() == new_len_ref.tolist()
+    assert host(pages).tolist() == pages_ref.tolist()
+    host_kv, _ = managers["host"]
+    assert np.array_equal(pool_bytes(kv), host_kv.pool()), "the pools differ after the same writes"

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The elastic eviction's CPU reference on NumPy: every layer stages the chunk and writes its
-candidates' keys beside their tokens (reference_evict with slot_keys: one uint32 per pool slot,
-KVCacheManager.slot_key_words of them, allocated once beside the pool), then
+candidates' keys into stage_keys (reference_evict with stage_keys: uint32
+[KVCacheManager.stage_key_words(chunk_indptr)], laid out like the staged groups' page lists, no
+padding; needed only from the chunk's stage launches to its evict_elastic), then
 reference_evict_elastic picks the request-wide top-K and the group lengths within the sequence's
 elastic_page_limit. A tiny model with a short protected window, so the chunks really are
 evicted."""
@@ -42,15 +43,19 @@ def tiny(tmp_path_factory):
     return model, tangram.build_plan(model, profile, o), elastic
 
 
-def stage_all_layers(kv, plan, seq, chunk, slot_keys, rng, max_candidates):
+def stage_all_layers(kv, plan, chunks, stage_keys, rng, max_candidates):
+    """Every layer's stage launch over the batch, whose members prepared `chunks` (a list, or one
+    int for a single request). Returns chunk_indptr."""
+    chunks = [chunks] if isinstance(chunks, int) else list(chunks)
     L, H, d = plan.num_layers, plan.num_kv_heads, plan.model.head_dim
-    indptr = np.array([0, chunk], dtype=np.int32)
+    indptr = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+    rows = int(indptr[-1])
     for layer in range(L):
-        ck = rng.standard_normal((chunk, H, d), dtype=np.float32)
-        cv = rng.standard_normal((chunk, H, d), dtype=np.float32)
+        ck = rng.standard_normal((rows, H, d), dtype=np.float32)
+        cv = rng.standard_normal((rows, H, d), dtype=np.float32)
         staged = tangram.reference_evict(kv, layer, indptr, ck, cv, source="key_norm",
-                                         max_candidates=max_candidates, slot_keys=slot_keys)
-        assert staged.shape == (1, H)
+                                         max_candidates=max_candidates, stage_keys=stage_keys)
+        assert staged.shape == (len(chunks), H)
     return indptr
 
 
@@ -63,13 +68,12 @@ def test_elastic_prefill_stays_within_the_reservation(tiny):
     seq = kv.try_admit(prompt, 8)
     kv.set_batch([seq])
     seen = 0
-    # Allocated once beside the pool, reused by every chunk: one uint32 per pool slot.
-    assert kv.slot_key_words == kv.num_pages * plan.group_size * plan.page_tokens
-    keys = np.zeros(kv.slot_key_words, dtype=np.uint32)
     while (left := kv.info(seq)["prompt_remaining"]) > 0:
         chunk = min(64, left)
         kv.prepare_chunk(seq, chunk)
-        indptr = stage_all_layers(kv, plan, seq, chunk, keys, rng, max_candidates)
+        # Sized for this chunk's batch: the staged groups' pages' worth of words.
+        keys = np.zeros(kv.stage_key_words(np.array([0, chunk], dtype=np.int32)), dtype=np.uint32)
+        indptr = stage_all_layers(kv, plan, chunk, keys, rng, max_candidates)
         wanted, limit = kv.elastic_wanted_tokens(seq), kv.elastic_page_limit(seq)
         assert keys.any()  # the staged heads wrote their keys into the caller's array
         new_len, pages = tangram.reference_evict_elastic(kv, indptr, keys,
@@ -90,152 +94,219 @@ def test_elastic_prefill_stays_within_the_reservation(tiny):
     assert kv.used_pages == 0 and kv.reserved_pages == 0
 
 
-def test_slot_keys_belong_to_elastic_plans_only(tiny):
-    _, static, elastic = tiny
-    rng = np.random.default_rng(5)
-    H, d = static.num_kv_heads, static.model.head_dim
-    ck = rng.standard_normal((32, H, d), dtype=np.float32)
-    indptr = np.array([0, 32], dtype=np.int32)
-
-    kv = tangram.KVCacheManager(static, num_pages=200, max_sequences=1, max_chunk_tokens=64)
-    keys = np.zeros(kv.slot_key_words, dtype=np.uint32)
+def one_prepared_chunk(plan, seed):
+    """A manager over `plan` with one request admitted, batched and its 32-token chunk prepared;
+    random chunk rows for it and its chunk_indptr."""
+    rng = np.random.default_rng(seed)
+    ck = rng.standard_normal((32, plan.num_kv_heads, plan.model.head_dim), dtype=np.float32)
+    kv = tangram.KVCacheManager(plan, num_pages=200, max_sequences=1, max_chunk_tokens=64)
     seq = kv.try_admit(32, 4)
     kv.set_batch([seq])
     kv.prepare_chunk(seq, 32)
-    with pytest.raises(ValueError, match="slot_keys: only for a plan with elastic reservation"):
-        tangram.reference_evict(kv, 0, indptr, ck, ck, max_candidates=64, slot_keys=keys)
+    return kv, seq, ck, np.array([0, 32], dtype=np.int32)
+
+
+def test_stage_keys_belong_to_elastic_plans_only(tiny):
+    _, static, elastic = tiny
+    kv, seq, ck, indptr = one_prepared_chunk(static, 5)
+    keys = np.zeros(kv.stage_key_words(indptr), dtype=np.uint32)
+    with pytest.raises(ValueError, match="stage_keys: only for a plan with elastic reservation"):
+        tangram.reference_evict(kv, 0, indptr, ck, ck, max_candidates=64, stage_keys=keys)
     with pytest.raises(ValueError, match="reference_evict_elastic: the plan reserves static"):
         tangram.reference_evict_elastic(kv, indptr, keys, max_candidates=64)
 
-    kv = tangram.KVCacheManager(elastic, num_pages=200, max_sequences=1, max_chunk_tokens=64)
-    seq = kv.try_admit(32, 4)
-    kv.set_batch([seq])
-    kv.prepare_chunk(seq, 32)
-    with pytest.raises(ValueError, match=r"slot_keys: the plan reserves elastically: pass "
-                                         r"slot_keys \(uint32 \[KVCacheManager.slot_key_words\]"):
+    kv, seq, ck, indptr = one_prepared_chunk(elastic, 5)
+    with pytest.raises(ValueError, match=r"stage_keys: the plan reserves elastically: pass "
+                                         r"stage_keys \(uint32 "
+                                         r"\[KVCacheManager.stage_key_words\(chunk_indptr, kind\)\]"):
         tangram.reference_evict(kv, 0, indptr, ck, ck, max_candidates=64)
     kv.check_invariants()
 
 
-def test_slot_keys_of_the_wrong_size_or_type_are_refused_before_any_work(tiny):
+def expected_blocks(kv, plan, seqs, chunks):
+    """The stage-key blocks of the batch `seqs` (their prepared `chunks`), computed here from the
+    page geometry and the head lengths, independently of stage_key_layout: for each request then
+    group, in order, a block of ceil(extent / P) * Hp * P words where extent is the longest
+    compressed column of the group after the chunk (held + chunk); groups without a compressed
+    head (or of a sliding window) and empty chunks get none. Returns ({(request, group): base},
+    words)."""
+    view = kv.view()
+    head_group, window = view["head_group"], view["group_window"]
+    L, H = plan.num_layers, plan.num_kv_heads
+    P, Hp = plan.page_tokens, plan.group_size
+    bases, words = {}, 0
+    for r, (seq, chunk) in enumerate(zip(seqs, chunks)):
+        extent = {}
+        for layer in range(L):
+            for h in range(H):
+                i = layer * H + h
+                g = int(head_group[2 * i])
+                if window[g] > 0 or chunk == 0:
+                    continue
+                extent[g] = max(extent.get(g, 0), kv.head_len(seq, layer, h) + chunk)
+        for g in range(kv.num_groups):
+            bases[(r, g)] = words
+            if g in extent:
+                words += -(-extent[g] // P) * Hp * P
+    return bases, words
+
+
+def staged_words(kv, plan, seqs, chunks):
+    """Per (request, layer, head) of the batch, the stage-key word of each candidate (held
+    tokens then the prepared chunk): base + ((pos // P) * Hp + column) * P + pos % P, base the
+    block of the head's (request, group) from expected_blocks. Heads of sliding-window groups (a
+    ring, nothing staged) are left out."""
+    bases, _ = expected_blocks(kv, plan, seqs, chunks)
+    view = kv.view()
+    head_group, window = view["head_group"], view["group_window"]
+    L, H = plan.num_layers, plan.num_kv_heads
+    P, Hp = plan.page_tokens, plan.group_size
+    out = {}
+    for r, (seq, chunk) in enumerate(zip(seqs, chunks)):
+        for layer in range(L):
+            for h in range(H):
+                i = layer * H + h
+                g, column = int(head_group[2 * i]), int(head_group[2 * i + 1])
+                if window[g] > 0 or chunk == 0:
+                    continue
+                base = bases[(r, g)]
+                n = kv.head_len(seq, layer, h) + chunk
+                out[(r, layer, h)] = [base + ((pos // P) * Hp + column) * P + pos % P
+                                      for pos in range(n)]
+    return out
+
+
+def test_stage_key_words_is_the_staged_groups_pages_without_padding(tiny):
+    _, _, plan = tiny
+    kv = tangram.KVCacheManager(plan, num_pages=400, max_sequences=3, max_chunk_tokens=64)
+    a, b = kv.try_admit(100, 4), kv.try_admit(30, 4)
+    kv.set_batch([a, b])
+    kv.prepare_chunk(a, 64)
+    kv.prepare_chunk(b, 30)
+    indptr = np.array([0, 64, 94], dtype=np.int32)
+    _, words = expected_blocks(kv, plan, [a, b], [64, 30])
+    assert kv.stage_key_words(indptr) == words > 0
+    # Each request's own pages' worth: no padding of b to a's 64 tokens.
+    P, Hp = plan.page_tokens, plan.group_size
+    assert words == kv.num_groups * (-(-64 // P) + -(-30 // P)) * Hp * P  # every group staged
+    # The batch of the other kind is empty: no words.
+    assert kv.stage_key_words(np.array([0], dtype=np.int32), kind=tangram.BatchKind.prefill) == 0
+    # chunk_indptr must match the prepared chunks.
+    with pytest.raises(ValueError, match="chunk_indptr: request 1 has 20 rows but its prepared "
+                                         "chunk"):
+        kv.stage_key_words(np.array([0, 64, 84], dtype=np.int32))
+    with pytest.raises(ValueError, match="chunk_indptr: expected 3 elements, got 2"):
+        kv.stage_key_words(np.array([0, 64], dtype=np.int32))
+
+
+def test_stage_keys_of_the_wrong_size_or_type_are_refused_before_any_work(tiny):
     _, _, elastic = tiny
-    rng = np.random.default_rng(6)
-    H, d = elastic.num_kv_heads, elastic.model.head_dim
-    ck = rng.standard_normal((32, H, d), dtype=np.float32)
-    indptr = np.array([0, 32], dtype=np.int32)
-    kv = tangram.KVCacheManager(elastic, num_pages=200, max_sequences=1, max_chunk_tokens=64)
-    words = kv.slot_key_words
-    assert words == 200 * elastic.group_size * elastic.page_tokens
-    seq = kv.try_admit(32, 4)
-    kv.set_batch([seq])
-    kv.prepare_chunk(seq, 32)
+    H = elastic.num_kv_heads
+    kv, seq, ck, indptr = one_prepared_chunk(elastic, 6)
+    words = kv.stage_key_words(indptr)
+    assert words == expected_blocks(kv, elastic, [seq], [32])[1] > 0
     pool = kv.pool().copy()
 
     def refused(keys, message):
         with pytest.raises(ValueError, match=message):
-            tangram.reference_evict(kv, 0, indptr, ck, ck, max_candidates=64, slot_keys=keys)
+            tangram.reference_evict(kv, 0, indptr, ck, ck, max_candidates=64, stage_keys=keys)
         with pytest.raises(ValueError, match=message):
             tangram.reference_evict_elastic(kv, indptr, keys, max_candidates=64)
 
     short = np.zeros(words - 1, dtype=np.uint32)
-    refused(short, rf"slot_keys: expected shape \[{words}\] \(KVCacheManager.slot_key_words: one "
-                   rf"uint32 per pool slot\), got \[{words - 1}\]")
+    refused(short, rf"stage_keys: expected shape \[{words}\] "
+                   rf"\(KVCacheManager.stage_key_words\(chunk_indptr, kind\) for this batch\), "
+                   rf"got \[{words - 1}\]")
     refused(np.zeros(words + 5, dtype=np.uint32),
-            rf"slot_keys: expected shape \[{words}\] .*, got \[{words + 5}\]")
+            rf"stage_keys: expected shape \[{words}\] .*, got \[{words + 5}\]")
     # The old per-request layout [batch, layers * H, max_candidates] (or any 2-D array) is refused.
     refused(np.zeros((1, words), dtype=np.uint32),
-            rf"slot_keys: expected shape \[{words}\] .*, got \[1, {words}\]")
+            rf"stage_keys: expected shape \[{words}\] .*, got \[1, {words}\]")
     refused(np.zeros((1, elastic.num_layers * H, 64), dtype=np.uint32),
-            rf"slot_keys: expected shape \[{words}\] .*, got \[1, {elastic.num_layers * H}, 64\]")
+            rf"stage_keys: expected shape \[{words}\] .*, got \[1, {elastic.num_layers * H}, 64\]")
     # Keys are uint32 and never converted: a converted copy would take the staged keys away.
     refused(np.zeros(words, dtype=np.int64),
-            rf"slot_keys: expected uint32 elements, got int64 \(shape \[{words}\]")
-    refused(np.zeros(words, dtype=np.int32), r"slot_keys: expected uint32 elements, got int32")
-    refused(np.zeros(words, dtype=np.float32), r"slot_keys: expected uint32 elements, got float32")
+            rf"stage_keys: expected uint32 elements, got int64 \(shape \[{words}\]")
+    refused(np.zeros(words, dtype=np.int32), r"stage_keys: expected uint32 elements, got int32")
+    refused(np.zeros(words, dtype=np.float32), r"stage_keys: expected uint32 elements, got float32")
     # Not contiguous: refused rather than copied.
-    refused(np.zeros(2 * words, dtype=np.uint32)[::2], r"slot_keys: must be contiguous")
+    refused(np.zeros(2 * words, dtype=np.uint32)[::2], r"stage_keys: must be contiguous")
     # Nothing was written: the pool and the sequence are as they were.
     assert (kv.pool() == pool).all()
     assert [kv.head_len(seq, layer, h) for layer in range(elastic.num_layers)
             for h in range(H)] == [0] * (elastic.num_layers * H)
+    assert kv.info(seq)["chunk_pending"] == 32
     kv.check_invariants()
 
 
 SENTINEL = np.uint32(0xDEADBEEF)
 
 
-def staged_slots(kv, plan, seq, chunk):
-    """Per (layer, head) of the sequence, the slot-key indices of its candidates (held tokens
-    then the prepared chunk), computed from the page table: the token at column position `pos`
-    of a head on (group, column) lives at (page * Hp + column) * P + pos % P, page the group's
-    page pos // P. Heads of sliding-window groups (a ring, nothing staged) are left out."""
-    view = kv.view()
-    head_group, window = view["head_group"], view["group_window"]
-    L, H = plan.num_layers, plan.num_kv_heads
-    P, Hp = plan.page_tokens, plan.group_size
-    out = {}
-    for layer in range(L):
-        for h in range(H):
-            g, column = (int(x) for x in head_group[2 * (layer * H + h): 2 * (layer * H + h) + 2])
-            if window[g] > 0:
-                continue
-            pages = kv.group_pages(seq, g)
-            n = kv.head_len(seq, layer, h) + chunk
-            out[(layer, h)] = [(pages[pos // P] * Hp + column) * P + pos % P for pos in range(n)]
-    return out
-
-
-def test_stage_writes_every_candidate_key_beside_its_token_but_the_sinks(tiny):
+def test_stage_writes_every_candidate_key_but_the_leads(tiny):
+    """Two requests of different lengths in one batch, chunk after chunk: the words of each
+    head's sink stay untouched, every later candidate's word (at its block's offset, computed
+    here) is written, and no other word of the buffer changes."""
     _, _, plan = tiny
     L, H = plan.num_layers, plan.num_kv_heads
     rng = np.random.default_rng(12)
     kv = tangram.KVCacheManager(plan, num_pages=400, max_sequences=2, max_chunk_tokens=64)
-    keys = np.empty(kv.slot_key_words, dtype=np.uint32)
-    seq = kv.try_admit(200, 8)
-    kv.set_batch([seq])
+    seqs = [kv.try_admit(200, 8), kv.try_admit(90, 8)]
+    kv.set_batch(seqs)
     staged_chunks = 0
-    while (left := kv.info(seq)["prompt_remaining"]) > 0:
-        chunk = min(64, left)
-        kv.prepare_chunk(seq, chunk)
-        slots = staged_slots(kv, plan, seq, chunk)
-        assert len(slots) == L * H  # every head of the tiny model is compressed
-        keys.fill(SENTINEL)
-        indptr = stage_all_layers(kv, plan, seq, chunk, keys, rng, 400)
+    while any(kv.info(s)["prompt_remaining"] > 0 for s in seqs):
+        chunks = [min(64 if r == 0 else 40, kv.info(s)["prompt_remaining"])
+                  for r, s in enumerate(seqs)]
+        for s, c in zip(seqs, chunks):
+            if c > 0:
+                kv.prepare_chunk(s, c)
+        words_of = staged_words(kv, plan, seqs, chunks)
+        _, words = expected_blocks(kv, plan, seqs, chunks)
+        indptr = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+        assert kv.stage_key_words(indptr) == words
+        assert len(words_of) == sum(L * H for c in chunks if c > 0)  # all compressed
+        keys = np.full(words, 0xDEADBEEF, dtype=np.uint32)
+        stage_all_layers(kv, plan, chunks, keys, rng, 400)
         written = set()
-        for (layer, h), where in slots.items():
+        for (r, layer, h), where in words_of.items():
             assert len(where) > SINK
             # The protected lead (the sink here: no pinned prefix) is never written: its key is
-            # implied. Every later candidate's key lands in its own slot.
-            assert (keys[where[:SINK]] == SENTINEL).all(), (layer, h)
-            assert (keys[where[SINK:]] != SENTINEL).all(), (layer, h)
+            # implied. Every later candidate's key lands in its own word.
+            assert (keys[where[:SINK]] == SENTINEL).all(), (r, layer, h)
+            assert (keys[where[SINK:]] != SENTINEL).all(), (r, layer, h)
             written.update(where[SINK:])
         changed = np.flatnonzero(keys != SENTINEL)
         assert sorted(written) == changed.tolist()  # and nothing else
-        assert len(changed) == sum(len(w) - SINK for w in slots.values())
+        assert len(changed) == sum(len(w) - SINK for w in words_of.values())
         new_len, _ = tangram.reference_evict_elastic(kv, indptr, keys, max_candidates=400)
-        kv.commit_chunk(seq, new_len[0].astype(np.int32))
+        for r, (s, c) in enumerate(zip(seqs, chunks)):
+            if c > 0:
+                kv.commit_chunk(s, new_len[r].astype(np.int32))
         kv.check_invariants()
         staged_chunks += 1
     assert staged_chunks >= 3  # later chunks stage held (compacted) tokens too
-    kv.free(seq)
+    for s in seqs:
+        kv.free(s)
 
 
 def run_prefill(plan, fresh_keys_each_chunk, prompt=260, seed=21):
     """Prefills one sequence chunk by chunk; returns each chunk's (new_len, pages) and the final
-    pool. fresh_keys_each_chunk: a new zeroed slot-key array per chunk, else one array (filled
-    with garbage first) reused by every chunk."""
+    pool. fresh_keys_each_chunk: a new zeroed stage-key array per chunk, else one buffer (filled
+    with garbage first, large enough for any chunk) whose first stage_key_words words every
+    chunk reuses."""
     rng = np.random.default_rng(seed)
     kv = tangram.KVCacheManager(plan, num_pages=400, max_sequences=2, max_chunk_tokens=64)
     kv.pool()[:] = 0
-    reused = np.random.default_rng(99).integers(0, 2**32, kv.slot_key_words, dtype=np.uint32)
+    reused = np.random.default_rng(99).integers(0, 2**32, 1 << 16, dtype=np.uint32)
     seq = kv.try_admit(prompt, 8)
     kv.set_batch([seq])
     out = []
     while (left := kv.info(seq)["prompt_remaining"]) > 0:
         chunk = min(64, left)
         kv.prepare_chunk(seq, chunk)
-        keys = np.zeros(kv.slot_key_words, dtype=np.uint32) if fresh_keys_each_chunk else reused
-        indptr = stage_all_layers(kv, plan, seq, chunk, keys, rng, 400)
+        words = kv.stage_key_words(np.array([0, chunk], dtype=np.int32))
+        assert words <= reused.size
+        keys = np.zeros(words, dtype=np.uint32) if fresh_keys_each_chunk else reused[:words]
+        indptr = stage_all_layers(kv, plan, chunk, keys, rng, 400)
         new_len, pages = tangram.reference_evict_elastic(kv, indptr, keys, max_candidates=400)
         kv.commit_chunk(seq, new_len[0].astype(np.int32))
         out.append((new_len.copy(), pages.copy()))
@@ -245,7 +316,7 @@ def run_prefill(plan, fresh_keys_each_chunk, prompt=260, seed=21):
     return out, held, kv.pool().copy()
 
 
-def test_one_slot_key_array_reused_across_chunks_equals_fresh_arrays(tiny):
+def test_one_stage_key_buffer_reused_across_chunks_equals_fresh_arrays(tiny):
     _, _, plan = tiny
     reused, held_reused, pool_reused = run_prefill(plan, fresh_keys_each_chunk=False)
     fresh, held_fresh, pool_fresh = run_prefill(plan, fresh_keys_each_chunk=True)

@@ -65,7 +65,8 @@ struct gpu_step {
   std::vector<std::int32_t> indptr;
   std::int32_t max_candidates = 1;
   std::vector<float> chunk_k, chunk_v, scores;  ///< scores [layer][batch][H][max_candidates]
-  std::uint32_t* slot_keys = nullptr;  ///< the loop's slot keys (one per pool slot)
+  std::vector<std::uint32_t> keys;     ///< the stage keys (stage_key_layout of the host view)
+  std::vector<std::int64_t> key_base;  ///< [batch * G]
   std::vector<std::int32_t> stage_len, new_len;
   std::vector<std::int64_t> wanted, limit, pages_out;
 
@@ -86,7 +87,8 @@ struct gpu_step {
       p.scores = scores.data() + static_cast<std::size_t>(l) * B * static_cast<std::size_t>(H) *
                                      static_cast<std::size_t>(max_candidates);
       p.new_len    = stage_len.data();
-      p.slot_keys  = slot_keys;
+      p.stage_keys     = keys.data();
+      p.stage_key_base = key_base.data();
       reference::evict_chunk(p);
     }
     elastic_eviction_params e;
@@ -95,7 +97,8 @@ struct gpu_step {
     e.sink           = plan->profile.sink_tokens;
     e.chunk_indptr   = indptr.data();
     e.max_candidates = max_candidates;
-    e.slot_keys      = slot_keys;
+    e.stage_keys     = keys.data();
+    e.stage_key_base = key_base.data();
     e.wanted         = wanted.data();
     e.page_limit     = limit.data();
     e.new_len        = new_len.data();
@@ -121,8 +124,7 @@ std::unique_ptr<gpu_step> make_step(static_plan const& plan,
                                     kv_cache_view const& run_view,
                                     std::vector<std::size_t> const& batch,
                                     std::vector<request_state> const& st,
-                                    std::vector<request_spec> const& spec,
-                                    std::uint32_t* slot_keys) {
+                                    std::vector<request_spec> const& spec) {
   std::int32_t const L = plan.num_layers, H = plan.num_kv_heads, d = plan.geometry.head_dim;
   auto g  = std::make_unique<gpu_step>();
   g->plan = &plan;
@@ -163,7 +165,10 @@ std::unique_ptr<gpu_step> make_step(static_plan const& plan,
                      static_cast<std::uint64_t>(l),
                      static_cast<std::uint64_t>(h),
                      c);
-  g->slot_keys = slot_keys;
+  g->key_base.resize(static_cast<std::size_t>(B * host_view.num_groups));
+  g->keys.assign(static_cast<std::size_t>(stage_key_layout(
+                     host_view, plan.rules.data(), g->indptr.data(), g->key_base.data())),
+                 0);
   g->stage_len.assign(static_cast<std::size_t>(B * H), 0);
   g->new_len.assign(static_cast<std::size_t>(B * L * H), -7);
   g->pages_out.assign(static_cast<std::size_t>(B), -7);
@@ -214,8 +219,6 @@ std::vector<heads_t> run_synchronously(static_plan const& plan) {
   auto spec = requests();
   std::vector<request_state> st(spec.size());
   std::vector<heads_t> out(spec.size());
-  std::vector<std::uint32_t> slot_keys(
-      static_cast<std::size_t>(slot_key_words(plan.geometry, m.pool().capacity())));
   for (std::size_t q = 0; q < spec.size(); ++q) {
     st[q].id = *m.try_admit(spec[q].prompt, spec[q].answer);
     while (st[q].seen < spec[q].prompt) {
@@ -223,7 +226,7 @@ std::vector<heads_t> run_synchronously(static_plan const& plan) {
       m.prepare_chunk(st[q].id, c);
       m.set_batch(batch_kind::prefill, {st[q].id});
       auto v = m.view(batch_kind::prefill);
-      auto g = make_step(plan, m, v, v, {q}, st, spec, slot_keys.data());
+      auto g = make_step(plan, m, v, v, {q}, st, spec);
       g->run();
       REQUIRE(g->pages_out[0] >= 0);
       m.commit_chunk(st[q].id, g->new_len);
@@ -258,9 +261,6 @@ TEST_CASE("the elastic engine loop runs every chunk and decode step without a ho
   std::vector<request_state> st(spec.size());
   for (std::size_t q = 0; q < spec.size(); ++q)
     st[q].id = *m.try_admit(spec[q].prompt, spec[q].answer);
-  // Allocated once beside the pool, as an engine would ("device" memory here too).
-  std::vector<std::uint32_t> slot_keys(
-      static_cast<std::size_t>(slot_key_words(plan.geometry, m.pool().capacity())));
 
   struct in_flight {
     std::unique_ptr<gpu_step> step;
@@ -321,8 +321,7 @@ TEST_CASE("the elastic engine loop runs every chunk and decode step without a ho
     mirror.sync(m, stream);
     if (!pre.empty()) {
       in_flight f;
-      f.step = make_step(
-          plan, m, host_view, mirror.view(batch_kind::prefill), pre, st, spec, slot_keys.data());
+      f.step = make_step(plan, m, host_view, mirror.view(batch_kind::prefill), pre, st, spec);
       REQUIRE(cudaLaunchHostFunc(stream, gpu_step::launch, f.step.get()) == cudaSuccess);
       readback_part parts[2] = {
           {f.step->new_len.data(), f.step->new_len.size() * sizeof(std::int32_t)},

@@ -131,16 +131,23 @@ struct gpu_backend {
     // The prefill's log-sum-exp (SnapKV from lse): [rows][H * group].
     auto dlse = upload(hp.q_lse, hp.q_lse ? rows * H * static_cast<std::size_t>(hp.group) : 0);
     device_buffer dnew(static_cast<std::size_t>(B) * H * 4), dscores_out(cand * 4);
-    const auto slots =
-        hp.slot_keys ? static_cast<std::size_t>(slot_key_words(hp.kv.geometry, cache.num_pages()))
-                     : 0;
-    auto dstage = upload(hp.slot_keys, slots);
+    // The stage keys' total, from the host view the test launched with (stage launches come from
+    // elastic_harness.hpp, whose rules point into the whole [L * H] array at layer * H).
+    std::vector<std::int64_t> base(static_cast<std::size_t>(B) * hp.kv.num_groups);
+    const auto words =
+        hp.stage_keys
+            ? static_cast<std::size_t>(stage_key_layout(
+                  hp.kv, hp.rules - hp.layer * hp.kv.num_kv_heads, hp.chunk_indptr, base.data()))
+            : 0;
+    auto dstage             = upload(hp.stage_keys, words);
+    auto dbase              = upload(hp.stage_key_base, hp.stage_keys ? base.size() : 0);
     auto dsk                = upload(hp.scales.k, static_cast<std::size_t>(hp.scales.count));
     auto dsv                = upload(hp.scales.v, static_cast<std::size_t>(hp.scales.count));
     eviction_params p       = hp;
     p.scales.k              = hp.scales.count ? dsk.get<float>() : nullptr;
     p.scales.v              = hp.scales.count ? dsv.get<float>() : nullptr;
-    p.slot_keys             = hp.slot_keys ? dstage.get<std::uint32_t>() : nullptr;
+    p.stage_keys            = hp.stage_keys ? dstage.get<std::uint32_t>() : nullptr;
+    p.stage_key_base        = hp.stage_keys ? dbase.get<std::int64_t>() : nullptr;
     p.kv                    = dev.view;
     p.rules                 = drules.get<head_rule>();
     p.chunk_indptr          = dindptr.get<std::int32_t>();
@@ -162,7 +169,7 @@ struct gpu_backend {
     download(dev.pool, cache.pool().data(), cache.pool().size());
     download(dnew, hp.new_len, dnew.bytes());
     if (hp.scores_out) download(dscores_out, hp.scores_out, dscores_out.bytes());
-    if (hp.slot_keys) download(dstage, hp.slot_keys, dstage.bytes());
+    if (hp.stage_keys) download(dstage, hp.stage_keys, dstage.bytes());
   }
   static void evict_in_graph(eviction_params const& p, device_buffer& ws) {
     cudaStream_t stream;
@@ -186,8 +193,11 @@ struct gpu_backend {
     const auto HH = static_cast<std::size_t>(hp.heads());
     auto drules   = upload(hp.rules, HH);
     auto dindptr  = upload(hp.chunk_indptr, B + 1);
-    auto dkeys    = upload(hp.slot_keys,
-                        static_cast<std::size_t>(slot_key_words(hp.kv.geometry, cache.num_pages())));
+    std::vector<std::int64_t> base(B * static_cast<std::size_t>(hp.kv.num_groups));
+    auto words =
+        static_cast<std::size_t>(stage_key_layout(hp.kv, hp.rules, hp.chunk_indptr, base.data()));
+    auto dkeys    = upload(hp.stage_keys, words);
+    auto dbase    = upload(hp.stage_key_base, base.size());
     auto dwanted  = upload(hp.wanted, B);
     auto dlimit   = upload(hp.page_limit, B);
     device_buffer dnew(B * HH * 4), dpages(B * 8);
@@ -195,7 +205,8 @@ struct gpu_backend {
     p.kv                      = dev.view;
     p.rules                   = drules.get<head_rule>();
     p.chunk_indptr            = dindptr.get<std::int32_t>();
-    p.slot_keys               = dkeys.get<std::uint32_t>();
+    p.stage_keys              = dkeys.get<std::uint32_t>();
+    p.stage_key_base          = dbase.get<std::int64_t>();
     p.wanted                  = dwanted.get<std::int64_t>();
     p.page_limit              = dlimit.get<std::int64_t>();
     p.new_len                 = dnew.get<std::int32_t>();

@@ -46,20 +46,18 @@ std::vector<std::int64_t> survivors(elastic_setup& s,
   return out;
 }
 
-/// Index of the slot key of column position `pos` of (sequence seq, layer l, head h), from the
-/// cache's own page lists: (page * Hp + column) * P + token.
-std::size_t slot_index(test_cache const& cache,
-                       std::int32_t seq,
-                       std::int32_t l,
-                       std::int32_t h,
-                       std::int32_t pos) {
-  auto const& layout = cache.layout();
-  auto hs            = layout.slot(l, h);
-  auto P = layout.geometry.page_tokens, Hp = layout.geometry.group_size;
-  auto page          = cache.pages()[static_cast<std::size_t>(
-      cache.page_offset()[static_cast<std::size_t>(seq * layout.num_groups() + hs.group)] +
-      pos / P)];
-  return static_cast<std::size_t>((page * Hp + hs.column) * P + pos % P);
+/// Index of the stage key of column position `pos` of (request r, layer l, head h): its group's
+/// block, then (page index * Hp + column) * P + in-page token.
+std::size_t key_index(elastic_setup const& s,
+                      elastic_outcome const& o,
+                      std::int32_t r,
+                      std::int32_t l,
+                      std::int32_t h,
+                      std::int32_t pos) {
+  auto hs = s.layout.slot(l, h);
+  auto P = s.layout.geometry.page_tokens, Hp = s.layout.geometry.group_size;
+  auto base = o.base[static_cast<std::size_t>(r * s.layout.num_groups() + hs.group)];
+  return static_cast<std::size_t>(base + (pos / P * Hp + hs.column) * P + pos % P);
 }
 
 /// The hand-worked model: 3 layers x 2 KV heads, P 2, Hp 2 (one group per layer), f32, d 4.
@@ -117,16 +115,23 @@ TEST_CASE("elastic eviction reference: a case worked by hand", "[reference][elas
     CHECK(o.stage_len == std::vector<std::int32_t>{6, 6, 6, 6, 6, 6});
     CHECK(o.new_len == std::vector<std::int32_t>{6, 6, 4, 4, 6, 6});
     CHECK(o.pages_out == std::vector<std::int64_t>{5});
-    // Keys of the stage step, beside each candidate's token: the sink's (the lead) never
-    // written, the window's protected = 0xffffffff, others score_key(score); no other slot.
-    CHECK(o.keys[slot_index(*cache, 0, 0, 0, 0)] == unwritten_key);
-    CHECK(o.keys[slot_index(*cache, 0, 0, 0, 5)] == protected_score_key);
-    CHECK(o.keys[slot_index(*cache, 0, 0, 0, 1)] == score_key(9.f));
-    CHECK(o.keys[slot_index(*cache, 0, 1, 1, 4)] == score_key(3.f));
-    CHECK(o.keys[slot_index(*cache, 0, 0, 1, 2)] == score_key(1.f));
+    // The stage keys' blocks: groups 0 and 1 (layers 0, 1) hold 6 candidates a head: 3 pages of
+    // Hp 2 x P 2 = 12 words each; the uncompressed group 2 none.
+    CHECK(o.words == 24);
+    CHECK(o.base[0] == 0);
+    CHECK(o.base[1] == 12);
+    // Keys of the stage step: the sink's (the lead) never written, the window's protected =
+    // 0xffffffff, others score_key(score); head (0, 1) is column 1: page 1 of its block, word
+    // (1 * 2 + 1) * 2 + 0 = 6.
+    CHECK(key_index(s, o, 0, 0, 1, 2) == 6);
+    CHECK(o.keys[key_index(s, o, 0, 0, 0, 0)] == unwritten_key);
+    CHECK(o.keys[key_index(s, o, 0, 0, 0, 5)] == protected_score_key);
+    CHECK(o.keys[key_index(s, o, 0, 0, 0, 1)] == score_key(9.f));
+    CHECK(o.keys[key_index(s, o, 0, 1, 1, 4)] == score_key(3.f));
+    CHECK(o.keys[6] == score_key(1.f));
     std::set<std::size_t> written;
     for (std::int32_t x = 0; x < 4; ++x)
-      for (std::int32_t i = 1; i < 6; ++i) written.insert(slot_index(*cache, 0, x / 2, x % 2, i));
+      for (std::int32_t i = 1; i < 6; ++i) written.insert(key_index(s, o, 0, x / 2, x % 2, i));
     CHECK(written.size() == 20);
     for (std::size_t i = 0; i < o.keys.size(); ++i)
       if (!written.count(i)) CHECK(o.keys[i] == unwritten_key);
@@ -191,17 +196,23 @@ TEST_CASE("elastic eviction reference: bad parameters name the field", "[referen
   e.rules          = s.rules.data();
   e.chunk_indptr   = s.indptr.data();
   e.max_candidates = 6;
-  std::vector<std::uint32_t> keys(
-      static_cast<std::size_t>(slot_key_words(s.layout.geometry, cache->num_pages())));
+  std::vector<std::int64_t> base(3);
+  std::vector<std::uint32_t> keys(static_cast<std::size_t>(
+      stage_key_layout(e.kv, s.rules.data(), s.indptr.data(), base.data())));
   std::vector<std::int32_t> len(6);
-  e.slot_keys  = keys.data();
+  e.stage_keys     = keys.data();
+  e.stage_key_base = base.data();
   e.wanted     = s.wanted.data();
   e.page_limit = s.limit.data();
   e.new_len    = len.data();
   auto bad     = e;
-  bad.slot_keys = nullptr;
+  bad.stage_keys   = nullptr;
   CHECK_THROWS_WITH(reference::evict_elastic(bad),
-                    Catch::Contains("elastic_eviction_params.slot_keys: null"));
+                    Catch::Contains("elastic_eviction_params.stage_keys: null"));
+  bad                = e;
+  bad.stage_key_base = nullptr;
+  CHECK_THROWS_WITH(reference::evict_elastic(bad),
+                    Catch::Contains("elastic_eviction_params.stage_key_base: null"));
   bad                = e;
   bad.max_candidates = 0;
   CHECK_THROWS_WITH(reference::evict_elastic(bad),
@@ -330,18 +341,33 @@ TEST_CASE("elastic eviction reference: optimal, within the limit, against brute 
         cv.push_back(candidate_rows(s, *c.cache, r, i / H, i % H, 1));
       }
     auto o = run_elastic(s, *c.cache, ref);
-    {  // The slot keys: each compressed candidate's key beside its token (the pages before the
-       // run: the elastic compaction moves tokens, never keys), past the sink; nothing else.
+    {  // The stage keys: blocks of the compressed groups' pages after the chunk, each
+       // candidate's key past the sink at its list position; nothing else.
       INFO("iteration " << iter);
+      std::int64_t words = 0;
+      for (std::int32_t r = 0; r < s.B(); ++r)
+        for (std::int32_t g = 0; g < s.layout.num_groups(); ++g) {
+          std::int32_t extent = 0;
+          for (std::int32_t i = 0; i < 2 * H; ++i)
+            if (s.chunk(r) > 0 && s.layout.slots[static_cast<std::size_t>(i)].group == g)
+              extent = std::max(
+                  extent,
+                  s.seqs[static_cast<std::size_t>(r)].base_len[static_cast<std::size_t>(i)] +
+                      s.chunk(r));
+          CHECK(o.base[static_cast<std::size_t>(r * s.layout.num_groups() + g)] == words);
+          words += (extent + P - 1) / P * s.layout.geometry.group_size * P;
+        }
+      CHECK(o.words == words);
       std::vector<std::uint32_t> want(o.keys.size(), unwritten_key);
       std::int32_t window = std::max(0, c.protect - s.sink);
       for (std::int32_t r = 0; r < s.B(); ++r) {
         if (s.chunk(r) == 0) continue;
         for (std::int32_t i = 0; i < 2 * H; ++i) {
-          std::int32_t n = s.seqs[static_cast<std::size_t>(r)].base_len[static_cast<std::size_t>(i)] +
-                           s.chunk(r);
+          std::int32_t n =
+              s.seqs[static_cast<std::size_t>(r)].base_len[static_cast<std::size_t>(i)] +
+              s.chunk(r);
           for (std::int32_t x = s.sink; x < n; ++x)
-            want[slot_index(*c.cache, r, i / H, i % H, x)] =
+            want[key_index(s, o, r, i / H, i % H, x)] =
                 x >= n - window ? protected_score_key : score_key(s.score(i / H, r, i % H, x));
         }
       }

@@ -69,14 +69,16 @@ struct elastic_setup {
   }
 };
 
-/// Initial value of every slot key: a stage launch writes only its heads' candidates after the
-/// protected lead, so any other slot keeps it.
+/// Initial value of every stage key word: a stage launch writes only its heads' candidates after
+/// the protected lead, so any other word keeps it.
 inline constexpr std::uint32_t unwritten_key = 0xdeadbeefu;
 
 /// What a run produced besides the pool.
 struct elastic_outcome {
-  /// The slot keys (one per pool slot; `unwritten_key` where no stage launch wrote).
+  /// The stage keys (`stage_key_layout`; `unwritten_key` where no stage launch wrote).
   std::vector<std::uint32_t> keys;
+  std::vector<std::int64_t> base;       ///< [batch * G] blocks of the keys
+  std::int64_t words = 0;               ///< what stage_key_layout asked for
   std::vector<std::int32_t> stage_len;  ///< [L][batch * H] new_len of the stage launches
   std::vector<std::int32_t> new_len;    ///< [batch][L * H]
   std::vector<std::int64_t> pages_out;  ///< [batch]
@@ -113,15 +115,17 @@ elastic_outcome run_elastic(elastic_setup& s, test_cache& cache, Backend& backen
   elastic_outcome o;
   auto v  = cache.view(s.batch);
   auto BH = static_cast<std::size_t>(s.B() * s.H());
-  o.keys.assign(static_cast<std::size_t>(slot_key_words(s.layout.geometry, cache.num_pages())),
-                unwritten_key);
+  o.base.assign(static_cast<std::size_t>(s.B() * s.layout.num_groups()), -9);
+  o.words = stage_key_layout(v, s.rules.data(), s.indptr.data(), o.base.data());
+  o.keys.assign(static_cast<std::size_t>(o.words), unwritten_key);
   o.stage_len.assign(static_cast<std::size_t>(s.L()) * BH, -9);
   auto BHC = BH * static_cast<std::size_t>(s.max_candidates);
   o.scores_out.assign(static_cast<std::size_t>(s.L()) * BHC, 0.f);
   for (std::int32_t l = 0; l < s.L(); ++l) {
     auto p       = stage_params(s, v, l);
     p.new_len    = o.stage_len.data() + static_cast<std::size_t>(l) * BH;
-    p.slot_keys  = o.keys.data();
+    p.stage_keys     = o.keys.data();
+    p.stage_key_base = o.base.data();
     p.scores_out = o.scores_out.data() + static_cast<std::size_t>(l) * BHC;
     backend.evict(cache, p);
   }
@@ -133,7 +137,8 @@ elastic_outcome run_elastic(elastic_setup& s, test_cache& cache, Backend& backen
   e.sink           = s.sink;
   e.chunk_indptr   = s.indptr.data();
   e.max_candidates = s.max_candidates;
-  e.slot_keys      = o.keys.data();
+  e.stage_keys     = o.keys.data();
+  e.stage_key_base = o.base.data();
   e.wanted         = s.wanted.data();
   e.page_limit     = s.limit.data();
   e.new_len        = o.new_len.data();

@@ -39,10 +39,9 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
   std::vector<std::vector<std::int64_t>> chunks = {{8, 8, 4}, {5, 8}, {7}};
   std::mt19937_64 rng(99);
   int evicted_heads = 0;
-  // One slot key per pool slot, allocated once as an engine would: stale keys of earlier chunks
-  // (and of other requests) stay in it; every stage launch rewrites its candidates' slots.
-  std::vector<std::uint32_t> keys(
-      static_cast<std::size_t>(slot_key_words(plan.geometry, m.pool().capacity())), 0xdeadbeefu);
+  // The stage keys, one buffer for the whole run as an engine would keep it (grown when a batch
+  // needs more): stale keys of earlier chunks stay in it; every stage launch rewrites its own.
+  std::vector<std::uint32_t> keys;
   for (std::size_t step = 0; step < 3; ++step) {
     std::vector<sequence_id> batch;
     std::vector<std::int32_t> indptr = {0};
@@ -78,6 +77,10 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
             ck[at] = x == 0 ? id : std::uniform_real_distribution<float>(-1, 1)(rng);
             cv[at] = x == 0 ? id : std::uniform_real_distribution<float>(-1, 1)(rng);
           }
+    std::vector<std::int64_t> key_base(static_cast<std::size_t>(B * m.num_groups()));
+    auto words = stage_key_layout(v, plan.rules.data(), indptr.data(), key_base.data());
+    if (static_cast<std::size_t>(words) > keys.size())
+      keys.resize(static_cast<std::size_t>(words), 0xdeadbeefu);
     std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
     std::vector<std::int32_t> stage_len(static_cast<std::size_t>(B * H));
     for (std::int32_t l = 0; l < L; ++l) {
@@ -94,7 +97,8 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
       p.source         = score_source::supplied;
       p.scores         = scores.data();
       p.new_len        = stage_len.data();
-      p.slot_keys      = keys.data();
+      p.stage_keys     = keys.data();
+      p.stage_key_base = key_base.data();
       reference::evict_chunk(p);
     }
     std::vector<std::int64_t> wanted, limit;
@@ -111,7 +115,8 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
     e.sink           = sink;
     e.chunk_indptr   = indptr.data();
     e.max_candidates = max_cand;
-    e.slot_keys      = keys.data();
+    e.stage_keys     = keys.data();
+    e.stage_key_base = key_base.data();
     e.wanted         = wanted.data();
     e.page_limit     = limit.data();
     e.new_len        = new_len.data();

@@ -108,6 +108,33 @@ TEST_CASE("tangram_elastic reserves admission_footprint_pages, less than static 
   CHECK(elastic->name() == "tangram_elastic");
   CHECK(elastic->manager().plan().options.reservation.mode == reservation_mode::elastic);
   CHECK(elastic->manager().options().max_chunk_tokens == chunk);
+  // Without a context bound the elastic pool is the static one; with one it gives up the stage
+  // keys of one chunk of a request of that many tokens: 4 bytes a token slot of every compressed
+  // group's pages. Worked out independently of the policy's arithmetic.
+  {
+    auto const& g = plan.geometry;
+    auto without =
+        static_cast<std::int64_t>(std::floor(kv / static_cast<double>(plan.page_bytes())));
+    std::int64_t compressed_groups = 0;
+    for (auto const& grp : plan.grouping.groups)
+      compressed_groups += grp.rule.kind == layer_kind::compressed;
+    REQUIRE(compressed_groups > 0);
+    const std::int64_t tokens = 131072;
+    double keys =
+        4.0 * static_cast<double>(compressed_groups) *
+        static_cast<double>((tokens + g.page_tokens - 1) / g.page_tokens * g.page_tokens) *
+        g.group_size;
+    auto bounded = make_tangram_elastic_policy(
+        plan, kv, 4, 4, chunk, 0.05, from_samples(llama_samples("snapkv")), {}, true, tokens);
+    CHECK(stat.manager().pool().capacity() == without);
+    CHECK(elastic->manager().pool().capacity() == without);
+    CHECK(bounded->manager().pool().capacity() ==
+          static_cast<std::int64_t>(
+              std::floor((kv - keys) / static_cast<double>(plan.page_bytes()))));
+    CHECK(bounded->manager().pool().capacity() < without);
+    CHECK_THROWS_WITH(stage_key_bytes_bound(plan, -1),
+                      Catch::Contains("stage_key_tokens: must be >= 0, got -1"));
+  }
   REQUIRE(stat.start_turn(0, 0, N, T, 0));
   REQUIRE(elastic->start_turn(0, 0, N, T, 0));
   auto page_bytes = static_cast<double>(plan.page_bytes());

@@ -418,7 +418,7 @@ int simulate(simulate_args& a, streams io) {
   auto make_elastic = [&] {
     // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
     return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs,
-                                       a.answers, a.park_for_turns);
+                                       a.answers, a.park_for_turns, ro.max_context);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
   // A static-budget Tangram policy named `name` over `p` (tangram, or an ablation's plan). Its

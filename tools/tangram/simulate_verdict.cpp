@@ -255,7 +255,8 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
                                                  in.margin,
                                                  s.needs,
                                                  in.answers,
-                                                 in.park_for_turns);
+                                                 in.park_for_turns,
+                                                 in.ro.max_context);
       f.tangram                         = run(*tangram, s.costs[0].charges_for(policy_name));
       f.tangram.wanted_clipped_fraction = wanted_clipped_fraction(*tangram);
       for (std::size_t c = 0; c < settings.size(); ++c) {

@@ -9,12 +9,12 @@
  *
  * 1. `kv_cache_manager::prepare_chunk(seq, c)` backs positions `[len_h, len_h + c)` of every
  *    compressed head's column with pages.
- * 2. Each layer's forward pass calls `evict_chunk` (kernels/eviction.hpp) with `slot_keys` set:
- *    compressed heads append the chunk at `[len_h, len_h + c)` and write every candidate's
- *    selection key (candidates = held tokens then chunk tokens; `candidate_key`) beside its
- *    token, into the pool-wide array `slot_keys` (one uint32 per pool slot, `slot_key_words`;
- *    the protected lead is implied, `staged_key`). No buffer grows with the history: held
- *    tokens' keys live in their own slots. Other heads behave as without it.
+ * 2. Each layer's forward pass calls `evict_chunk` (kernels/eviction.hpp) with `stage_keys` and
+ *    `stage_key_base` set: compressed heads append the chunk at `[len_h, len_h + c)` and write
+ *    every candidate's selection key (candidates = held tokens then chunk tokens;
+ *    `candidate_key`; the protected lead is implied, `staged_key`) into their group's block of
+ *    `stage_keys`, laid out like the group's page list (`stage_key_layout`: the staged groups'
+ *    pages' worth of words, no padding). Other heads behave as without it.
  * 3. `evict_elastic` (this file), once per chunk. For each request `r` with a chunk:
  *    a. **wanted tokens**: the `wanted[r]` largest keys over all candidates of all its compressed
  *       heads (every layer), ties broken by (layer, head, position), lower first: the flat index
@@ -76,8 +76,9 @@ struct elastic_eviction_params {
   const head_rule* rules           = nullptr;  ///< [num_layers * num_kv_heads] (layer-major)
   std::int32_t sink                = 0;        ///< as in eviction_params
   const std::int32_t* chunk_indptr = nullptr;  ///< [batch + 1] rows of each request's chunk
-  std::int32_t max_candidates      = 0;        ///< as in the stage launches
-  const std::uint32_t* slot_keys   = nullptr;  ///< the stage launches' keys, one per pool slot
+  std::int32_t max_candidates        = 0;        ///< as in the stage launches
+  const std::uint32_t* stage_keys    = nullptr;  ///< the stage launches' keys
+  const std::int64_t* stage_key_base = nullptr;  ///< [batch * G] their blocks (stage_key_layout)
   const std::int64_t* wanted       = nullptr;  ///< [batch] K: tokens the scorer keeps, all heads
   const std::int64_t* page_limit   = nullptr;  ///< [batch] `elastic_page_limit(seq)`
   std::int32_t* new_len            = nullptr;  ///< out: [batch][L * H]
@@ -96,7 +97,10 @@ struct elastic_eviction_params {
                     "elastic_eviction_params.max_candidates: must be >= 1, got ",
                     max_candidates);
     TANGRAM_EXPECTS(
-        slot_keys != nullptr, invalid_argument, "elastic_eviction_params.slot_keys: null");
+        stage_keys != nullptr, invalid_argument, "elastic_eviction_params.stage_keys: null");
+    TANGRAM_EXPECTS(stage_key_base != nullptr,
+                    invalid_argument,
+                    "elastic_eviction_params.stage_key_base: null");
     TANGRAM_EXPECTS(wanted != nullptr, invalid_argument, "elastic_eviction_params.wanted: null");
     TANGRAM_EXPECTS(
         page_limit != nullptr, invalid_argument, "elastic_eviction_params.page_limit: null");
@@ -118,7 +122,8 @@ struct elastic_eviction_params {
     q.sink           = sink;
     q.chunk_indptr   = chunk_indptr;
     q.max_candidates = max_candidates;
-    q.slot_keys      = const_cast<std::uint32_t*>(slot_keys);  // only marks the stage mode
+    q.stage_keys     = const_cast<std::uint32_t*>(stage_keys);  // only marks the stage mode
+    q.stage_key_base = stage_key_base;
     return q;
   }
 };

@@ -20,17 +20,18 @@
  * - **sliding-window** head (the group has a window W in the view): the chunk tokens among the last
  *   W of the sequence are written into the ring; the head then holds `min(n_seen, W)` tokens.
  *
- * - **staged** compressed head (elastic reservation: `slot_keys` set): the chunk is appended at
+ * - **staged** compressed head (elastic reservation: `stage_keys` set): the chunk is appended at
  *   positions `[len, len + c)` (pages drawn by `kv_cache_manager::prepare_chunk`) and the
- *   selection key of every candidate after the protected lead is written beside its token, into
- *   `slot_keys` (one word per pool slot); nothing is selected. The request-wide selection
- *   (kernels/elastic_eviction.hpp) runs after the last layer.
+ *   selection key of every candidate after the protected lead is written to `stage_keys`, laid
+ *   out like the head's page list (`stage_key_layout`); nothing is selected. The request-wide
+ *   selection (kernels/elastic_eviction.hpp) runs after the last layer.
  *
  * `new_len[r * num_kv_heads + h]` receives the tokens the head holds afterwards (a staged head:
  * its candidates, `len + c`, which the elastic selection then reduces). Requests with an
  * empty chunk are left unchanged (`new_len` = current length); so are padding requests
- * (`kv_cache_view::is_padding`: `new_len` 0, whatever rows `chunk_indptr` gives them). The owner of the view then records
- * the new lengths and adds `c` to the sequence's `seq_tokens` (after all layers ran).
+ * (`kv_cache_view::is_padding`: `new_len` 0, whatever rows `chunk_indptr` gives them). The owner of
+ * the view then records the new lengths and adds `c` to the sequence's `seq_tokens` (after all
+ * layers ran).
  *
  * Scores: supplied by the engine, SnapKV-style (last `obs_window` queries of the chunk, softmax
  * over the candidates with causal masking inside the chunk, mean over the window and the GQA
@@ -146,25 +147,16 @@ TANGRAM_HOST_DEVICE std::uint32_t candidate_key(const float* raw,
                                                 : score_key(pooled_score(raw, n, i, kernel));
 }
 
-/// Words of an elastic slot-key array (`eviction_params::slot_keys`) for a pool of `pages`
-/// pages of geometry `g`: one per (page, column, in-page token).
-/// @throw invalid_argument when `pages` is negative or the count overflows (names the value).
-inline std::int64_t slot_key_words(page_geometry const& g, std::int64_t pages) {
-  TANGRAM_EXPECTS(pages >= 0, invalid_argument, "slot_key_words.pages: must be >= 0, got ", pages);
-  auto per_page = detail::mul_or_throw(std::int64_t{g.group_size},
-                                       std::int64_t{g.page_tokens},
-                                       "slot_key_words: group_size * page_tokens");
-  return detail::mul_or_throw(pages, per_page, "slot_key_words: pages * group_size * page_tokens");
-}
-
-/// Selection key of staged candidate `i` of a head (`cur`, its plan `lead`) in `slot_keys`: the
-/// protected key for the lead (never written), else the word beside the token.
-TANGRAM_HOST_DEVICE std::uint32_t staged_key(const std::uint32_t* slot_keys,
+/// Selection key of staged candidate `i` of a head (`cur`, its plan's `lead`) whose group's block
+/// of `stage_keys` starts at `base`: the protected key for the lead (never written), else the
+/// stored word.
+TANGRAM_HOST_DEVICE std::uint32_t staged_key(const std::uint32_t* stage_keys,
+                                             std::int64_t base,
                                              head_cursor const& cur,
                                              std::int64_t lead,
                                              std::int64_t i) {
   return i < lead ? protected_score_key
-                  : slot_keys[cur.slot_at_position(static_cast<std::int32_t>(i))];
+                  : stage_keys[base + cur.list_offset(static_cast<std::int32_t>(i))];
 }
 
 /// Keys per candidate tile of the SnapKV scorer (a function of the head dim only).
@@ -302,14 +294,16 @@ struct eviction_params {
   /// logits and key norms change with it); compaction copies bytes and never reads V's scale.
   kv_scales scales;
   /// Elastic reservation only (null otherwise): compressed heads stage instead of selecting and
-  /// write each candidate's selection key beside the token, one uint32 per pool slot: the key
-  /// of the token at (page, column, in-page token) at `(page * Hp + column) * P + token`
-  /// (`head_cursor::slot_at_position`), `slot_key_words(geometry, pool pages)` words in all.
-  /// Candidates in the protected lead (`eviction_plan::lead`: the sink, a pinned prefix's
-  /// shared pages) are not written (their key is `protected_score_key`, `staged_key`).
-  /// Caller-owned, allocated once beside the pool (4 bytes a slot: 0.8% of a bf16 pool at
-  /// d = 128), so no buffer grows with a request's history; the input of `evict_elastic`.
-  std::uint32_t* slot_keys = nullptr;
+  /// write each candidate's selection key to `stage_keys`, in the block of its (request, group):
+  /// candidate at column position `pos` of (request r, group g, column c) at
+  /// `stage_key_base[r * G + g] + ((pos / P) * Hp + c) * P + pos % P` (`head_cursor::list_offset`),
+  /// the blocks and their total from `stage_key_layout` (the host view of the same batch: the
+  /// staged groups' pages, no padding). Candidates in the protected lead (`eviction_plan::lead`:
+  /// the sink, a shared prefix's pinned tokens) are not written (`staged_key`). Caller-owned, as
+  /// is `stage_key_base` (int64 [batch * G], device memory for the CUDA launcher): the input of
+  /// `evict_elastic`, which takes the same two arrays.
+  std::uint32_t* stage_keys          = nullptr;
+  const std::int64_t* stage_key_base = nullptr;  ///< [batch * G], set with stage_keys
 
   [[nodiscard]] TANGRAM_HOST_DEVICE std::int32_t pool() const {
     return pool_kernel != 0 ? pool_kernel : (source == score_source::snapkv ? 7 : 1);
@@ -333,6 +327,9 @@ struct eviction_params {
                     invalid_argument,
                     "eviction_params.chunk_k/chunk_v: null");
     TANGRAM_EXPECTS(new_len != nullptr, invalid_argument, "eviction_params.new_len: null");
+    TANGRAM_EXPECTS(stage_keys == nullptr || stage_key_base != nullptr,
+                    invalid_argument,
+                    "eviction_params.stage_key_base: null with stage_keys set (stage_key_layout)");
     TANGRAM_EXPECTS(max_candidates >= 1,
                     invalid_argument,
                     "eviction_params.max_candidates: must be >= 1, got ",
@@ -447,7 +444,7 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
   std::int64_t pin = p.kv.pinned(r, p.kv.slot_of(p.layer, h).group);
   pin              = pin < e.len ? pin : e.len;
   e.lead           = pin > p.sink ? pin : p.sink;
-  if (rule.kind == layer_kind::compressed && p.slot_keys != nullptr) {
+  if (rule.kind == layer_kind::compressed && p.stage_keys != nullptr) {
     e.action = eviction_action::stage;
     e.keep   = e.candidates;
     return e;
@@ -457,6 +454,52 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
   if (e.keep < pin) e.keep = pin;  // the budget counts pinned tokens; never drop one
   e.action = e.keep >= e.candidates ? eviction_action::append : eviction_action::select;
   return e;
+}
+
+/**
+ * @brief The blocks of the elastic stage keys for one chunk batch (`eviction_params::stage_keys`):
+ * for each request r and group g that holds a compressed head (a growing group), a block of
+ * `ceil(extent / P) * Hp * P` words at `base[r * G + g]`, extent = the group's longest compressed
+ * column after the chunk (held + chunk tokens), laid out like the group's page list; other groups
+ * and empty chunks get no words (their base, the running total, is never read). Host-only: reads
+ * `kv` (the host view of the batch, as `kv_cache_manager::view(batch_kind::prefill)` gives it after
+ * every `prepare_chunk`), `rules`
+ * ([L * H]) and `chunk_indptr` ([batch + 1]) from host memory. O(batch * L * H), no allocation.
+ * So the keys take the staged groups' own pages' worth of words (4 bytes a token slot), with no
+ * padding to the longest request, and nothing between chunks.
+ * @param base out: [batch * G]
+ * @return the words `stage_keys` must hold.
+ * @throw invalid_argument when the count overflows int64.
+ */
+inline std::int64_t stage_key_layout(kv_cache_view const& kv,
+                                     head_rule const* rules,
+                                     std::int32_t const* chunk_indptr,
+                                     std::int64_t* base) {
+  const std::int32_t G = kv.num_groups, H = kv.num_kv_heads, HH = kv.num_layers * H;
+  const std::int64_t P = kv.geometry.page_tokens, Hp = kv.geometry.group_size;
+  std::int64_t words = 0;
+  for (std::int32_t r = 0; r < kv.batch_size; ++r) {
+    std::int64_t* b      = base + static_cast<std::int64_t>(r) * G;
+    const std::int64_t c = kv.is_padding(r) ? 0 : chunk_indptr[r + 1] - chunk_indptr[r];
+    for (std::int32_t g = 0; g < G; ++g) b[g] = -1;  // extent + 1 while scanning: -1 = none
+    for (std::int32_t i = 0; c > 0 && i < HH; ++i) {
+      const head_slot s = kv.slot_of(i / H, i % H);
+      if (rules[i].kind != layer_kind::compressed || kv.group_window[s.group] > 0) continue;
+      const std::int64_t extent = std::int64_t{kv.head_len(r, i / H, i % H)} + c;
+      b[s.group]                = extent + 1 > b[s.group] ? extent + 1 : b[s.group];
+    }
+    for (std::int32_t g = 0; g < G; ++g) {
+      const std::int64_t extent = b[g] - 1;
+      b[g]                      = words;
+      if (extent < 0) continue;
+      const std::int64_t block = detail::mul_or_throw(
+          detail::mul_or_throw((extent + P - 1) / P, Hp, "stage_key_layout: pages * Hp"),
+          P,
+          "stage_key_layout: words of a group");
+      words = detail::add_or_throw(words, block, "stage_key_layout: words");
+    }
+  }
+  return words;
 }
 
 /// @brief Refuses a cache the eviction kernels are not compiled for (the list of

@@ -52,11 +52,12 @@ struct head_cursor {
     return at_position(position(i));
   }
 
-  /// Index of the token at column position `pos` in an array with one entry per pool slot
-  /// (page, column, in-page token): `(page * Hp + column) * P + token` (the elastic slot keys).
-  TANGRAM_HOST_DEVICE std::int64_t slot_at_position(std::int32_t pos) const {
-    token_location loc = at_position(pos);
-    return (static_cast<std::int64_t>(loc.page) * group_size + column) * page_tokens + loc.token;
+  /// Offset of column position `pos` in its group's block of an array laid out like the group's
+  /// page list (page index j = pos / P, then the column, then the in-page token):
+  /// `((pos / P) * Hp + column) * P + pos % P`. The elastic stage keys (kernels/eviction.hpp).
+  TANGRAM_HOST_DEVICE std::int64_t list_offset(std::int32_t pos) const {
+    return (static_cast<std::int64_t>(pos / page_tokens) * group_size + column) * page_tokens +
+           pos % page_tokens;
   }
 
   /// First element of K (kv == 0) or V (kv == 1) of the token at column position `pos`.

@@ -2,7 +2,7 @@
 /**
  * @file reference/elastic_eviction.hpp
  * @brief CPU reference of the elastic chunk eviction (kernels/elastic_eviction.hpp) over host
- * memory. The per-layer stage step is `reference::evict_chunk` with `slot_keys` set
+ * memory. The per-layer stage step is `reference::evict_chunk` with `stage_keys` set
  * (reference/eviction.hpp); this file is the request-wide step after the last layer: a sort for
  * the global top-K (ties by layer, head, position), the shared `elastic_group_pages` for the group
  * lengths, and a stable sort per head for the survivors, gathered then written in order.
@@ -55,31 +55,39 @@ void compact_staged(head_cursor const& cur,
   }
 }
 
-/// The staged keys of every head of request `r` (`staged_key`), gathered from the slot keys;
-/// empty for the heads that did not stage.
-inline std::vector<std::vector<std::uint32_t>> staged_keys(elastic_eviction_params const& p,
-                                                           std::vector<head_cursor> const& cur,
-                                                           std::vector<eviction_plan> const& plans) {
+/// The staged keys of every head of request `r` (`staged_key`), gathered from its groups' blocks
+/// of the stage keys; empty for the heads that did not stage.
+inline std::vector<std::vector<std::uint32_t>> staged_keys(
+    elastic_eviction_params const& p,
+    std::int32_t r,
+    std::vector<head_cursor> const& cur,
+    std::vector<eviction_plan> const& plans) {
   std::vector<std::vector<std::uint32_t>> keys(plans.size());
+  const std::int32_t H = p.kv.num_kv_heads;
   for (std::size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].action != eviction_action::stage) continue;
+    auto l = static_cast<std::int32_t>(i) / H, h = static_cast<std::int32_t>(i) % H;
+    std::int64_t base =
+        p.stage_key_base[static_cast<std::int64_t>(r) * p.kv.num_groups + p.kv.slot_of(l, h).group];
     for (std::int64_t c = 0; c < plans[i].candidates; ++c)
-      keys[i].push_back(staged_key(p.slot_keys, cur[i], plans[i].lead, c));
+      keys[i].push_back(staged_key(p.stage_keys, base, cur[i], plans[i].lead, c));
   }
   return keys;
 }
 
 /// Each head's need: its candidates among the request's `wanted` largest keys (ties by the flat
 /// index (layer * H + head) * max_candidates + position, lower first). Non-staged heads: 0.
-inline std::vector<std::int64_t> elastic_needs(elastic_eviction_params const& p,
-                                               std::int32_t r,
-                                               std::vector<std::vector<std::uint32_t>> const& keys) {
+inline std::vector<std::int64_t> elastic_needs(
+    elastic_eviction_params const& p,
+    std::int32_t r,
+    std::vector<std::vector<std::uint32_t>> const& keys) {
   auto heads = keys.size();
   std::vector<std::pair<std::uint32_t, std::int64_t>> all;  // (key, flat index)
   for (std::size_t i = 0; i < heads; ++i)
     for (std::size_t c = 0; c < keys[i].size(); ++c)
-      all.emplace_back(keys[i][c],
-                       static_cast<std::int64_t>(i) * p.max_candidates + static_cast<std::int64_t>(c));
+      all.emplace_back(
+          keys[i][c],
+          static_cast<std::int64_t>(i) * p.max_candidates + static_cast<std::int64_t>(c));
   auto k = std::clamp<std::int64_t>(p.wanted[r], 0, static_cast<std::int64_t>(all.size()));
   std::sort(all.begin(), all.end(), [](auto const& a, auto const& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
@@ -102,7 +110,7 @@ void evict_elastic_request(elastic_eviction_params const& p, std::int32_t r) {
       plans.push_back(plan_eviction(q, cur.back(), r, h));
     }
   }
-  auto keys = staged_keys(p, cur, plans);
+  auto keys = staged_keys(p, r, cur, plans);
   auto need = elastic_needs(p, r, keys);
   std::vector<std::int64_t> grouped(static_cast<std::size_t>(p.kv.num_groups) *
                                     static_cast<std::size_t>(p.kv.geometry.group_size));

@@ -4,7 +4,7 @@
  * @brief CPU reference of the fused scoring + top-k eviction + compaction of one prefill chunk
  * (kernels/eviction.hpp): same parameters over host memory, same selection keys (shared host/device
  * functions), survivors gathered and then written in order; fp8 K dequantised with the layer's
- * scales for the built-in scores. With `slot_keys` set (elastic reservation) compressed heads
+ * scales for the built-in scores. With `stage_keys` set (elastic reservation) compressed heads
  * stage the chunk and write their keys instead of selecting.
  */
 #pragma once
@@ -168,10 +168,12 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
   std::vector<std::uint32_t> key(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
     key[static_cast<std::size_t>(i)] = candidate_key(raw.data(), n, i, p.pool(), e.lead, e.window);
-  if (e.action == eviction_action::stage) {  // elastic: keys beside the tokens, chunk appended
+  if (e.action == eviction_action::stage) {  // elastic: keys out, chunk appended, no selection
+    std::uint32_t* block =
+        p.stage_keys + p.stage_key_base[static_cast<std::int64_t>(r) * p.kv.num_groups +
+                                        p.kv.slot_of(p.layer, h).group];
     for (std::int64_t i = e.lead; i < n; ++i)  // the lead's key is implied (staged_key)
-      p.slot_keys[cur.slot_at_position(static_cast<std::int32_t>(i))] =
-          key[static_cast<std::size_t>(i)];
+      block[cur.list_offset(static_cast<std::int32_t>(i))] = key[static_cast<std::size_t>(i)];
     for (std::int64_t t = 0; t < e.chunk; ++t) copy_token(chunk_k(t), chunk_v(t), e.len + t);
     return static_cast<std::int32_t>(e.keep);
   }

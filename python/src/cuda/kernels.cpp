@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -20,8 +21,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../arguments.hpp"
+#include "../arrays.hpp"
 #include "../bindings.hpp"
 #include "../bound_kv_cache.hpp"
 #include "../dtypes.hpp"
@@ -221,6 +225,30 @@ scale_tensors scales_arg(device_mirror const& m, nb::handle k_scale, nb::handle 
   return t;
 }
 
+/// The host's stage_key_layout of the manager's decode batch (the mirror's, checked: `who` names
+/// the caller) with its prepared chunks: fills `base` [batch * G], returns the words.
+std::int64_t mirror_stage_key_layout(device_mirror const& m, char const* who,
+                                     std::vector<std::int64_t>& base) {
+  auto const& kv = m.cache->kv;
+  TANGRAM_EXPECTS(kv.batch_size() == m.view().batch_size, invalid_argument, who,
+                  ": the manager's batch has ", kv.batch_size(), " requests but the mirror's has ",
+                  m.view().batch_size, " (call mirror.sync after set_batch)");
+  return stage_key_layout_prepared(kv, batch_kind::decode, base);
+}
+
+/// stage_keys (uint32 [words]) and stage_key_base (int64 [batch * G]) device tensors, `words` and
+/// the batch from mirror_stage_key_layout. The base's values live on the device and are not read
+/// here.
+std::pair<device_tensor, device_tensor> stage_key_args(device_mirror const& m, nb::handle keys,
+                                                       nb::handle base, bool output) {
+  std::vector<std::int64_t> host_base;
+  std::int64_t words = mirror_stage_key_layout(m, "stage_keys", host_base);
+  auto tk = tensor_arg(m, keys, "stage_keys", {words}, is_u32, "uint32", output);
+  auto tb = tensor_arg(m, base, "stage_key_base", {static_cast<std::int64_t>(host_base.size())},
+                       is_i64, "int64");
+  return {std::move(tk), std::move(tb)};
+}
+
 }  // namespace
 
 void bind_cuda(nb::module_& parent) {
@@ -308,6 +336,19 @@ void bind_cuda(nb::module_& parent) {
            nb::arg("from_lse") = false,
            "Workspace bytes of evict_chunk for any batch up to the manager's max_batch\n"
            "(from_lse: snapkv calls that pass q_lse, which need no statistics).")
+      .def("stage_key_layout",
+           [](device_mirror const& m) {
+             std::vector<std::int64_t> base;
+             std::int64_t words = mirror_stage_key_layout(m, "stage_key_layout", base);
+             return std::make_pair(numpy_copy(base, {base.size()}), words);
+           },
+           "The elastic stage keys of the mirror's batch and its prepared chunks, computed on\n"
+           "the host (C++ tangram::stage_key_layout over the manager's view): (base, words),\n"
+           "base int64 numpy [batch * G] to upload as evict_chunk's / evict_elastic's\n"
+           "stage_key_base, words the uint32 elements of their stage_keys (laid out like the\n"
+           "staged groups' page lists, no padding). Call after prepare_chunk, set_batch and\n"
+           "sync, once per chunk; the keys are needed only from the chunk's evict_chunk launches\n"
+           "to its evict_elastic.")
       .def("elastic_workspace_bytes",
            [](device_mirror const& m) {
              auto const& v = m.view();
@@ -542,7 +583,8 @@ void bind_cuda(nb::module_& parent) {
       [](device_mirror const& m, std::int32_t layer, nb::handle chunk_indptr, nb::handle chunk_k,
          nb::handle chunk_v, nb::handle new_len, nb::handle workspace, std::int32_t max_candidates,
          std::string const& source, nb::handle scores, nb::handle q, nb::handle q_lse,
-         std::int32_t obs_window, bool tensor_cores, nb::handle slot_keys, nb::handle k_scale,
+         std::int32_t obs_window, bool tensor_cores, nb::handle stage_keys,
+         nb::handle stage_key_base, nb::handle k_scale,
          nb::handle v_scale, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
@@ -572,7 +614,7 @@ void bind_cuda(nb::module_& parent) {
         p.group          = group;
         p.obs_window     = obs_window;
         p.new_len        = static_cast<std::int32_t*>(tn.data);
-        std::optional<device_tensor> ts, tq, tkeys;
+        std::optional<device_tensor> ts, tq, tkeys, tbase;
         if (!scores.is_none()) {
           ts       = tensor_arg(m, scores, "scores", {B, H, max_candidates}, is_f32, "float32");
           p.scores = static_cast<float const*>(ts->data);
@@ -589,11 +631,16 @@ void bind_cuda(nb::module_& parent) {
           p.q_lse = static_cast<float const*>(tl->data);
         }
         p.tensor_cores = tensor_cores;
-        expect_slot_keys_rule(plan, !slot_keys.is_none(), "evict_elastic");
-        if (!slot_keys.is_none()) {
-          tkeys = tensor_arg(m, slot_keys, "slot_keys", {pool_slot_key_words(m.cache->kv)},
-                             is_u32, "uint32", true);
-          p.slot_keys = static_cast<std::uint32_t*>(tkeys->data);
+        expect_stage_keys_rule(plan, !stage_keys.is_none(), "evict_elastic");
+        TANGRAM_EXPECTS(stage_keys.is_none() == stage_key_base.is_none(), invalid_argument,
+                        "stage_key_base: pass it with stage_keys and only with them "
+                        "(DeviceMirror.stage_key_layout)");
+        if (!stage_keys.is_none()) {
+          auto [tk_, tb_] = stage_key_args(m, stage_keys, stage_key_base, true);
+          tkeys = std::move(tk_);
+          tbase = std::move(tb_);
+          p.stage_keys     = static_cast<std::uint32_t*>(tkeys->data);
+          p.stage_key_base = static_cast<std::int64_t const*>(tbase->data);
         }
         auto tsc = scales_arg(m, k_scale, v_scale);
         p.scales = tsc.scales;
@@ -605,7 +652,8 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("chunk_v"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
       nb::arg("max_candidates"), nb::arg("source") = "key_norm", nb::arg("scores") = nb::none(),
       nb::arg("q") = nb::none(), nb::arg("q_lse") = nb::none(), nb::arg("obs_window") = 32,
-      nb::arg("tensor_cores") = true, nb::arg("slot_keys") = nb::none(),
+      nb::arg("tensor_cores") = true, nb::arg("stage_keys") = nb::none(),
+      nb::arg("stage_key_base") = nb::none(),
       nb::arg("k_scale") = nb::none(), nb::arg("v_scale") = nb::none(),
       nb::arg("stream") = nb::none(),
       "The fused eviction of one prefill chunk for `layer` (after prepare_chunk and sync):\n"
@@ -614,26 +662,26 @@ void bind_cuda(nb::module_& parent) {
       "out; source key_norm, supplied (scores [batch, H, max_candidates] float32) or snapkv\n"
       "(q [rows, query heads, d]; q_lse [rows, query heads] float32, the layer's\n"
       "prefill_attention lse: every logit once, on tensor cores for 16-bit and fp8 caches unless\n"
-      "tensor_cores=False); elastic plans pass slot_keys (uint32 [kv.slot_key_words], one per\n"
-      "pool slot, allocated once beside the pool in device memory and reused for every chunk;\n"
-      "the key of each candidate after the protected lead lands beside its token) and finish\n"
-      "with evict_elastic. fp8 caches: k_scale / v_scale float32\n"
+      "tensor_cores=False); elastic plans pass stage_keys (uint32 [words]) and stage_key_base\n"
+      "(int64 [batch * G]) device tensors, both from mirror.stage_key_layout(), which returns\n"
+      "(base, words) for the mirror's batch after prepare_chunk: upload base, give keys exactly\n"
+      "`words` elements (laid out like the staged groups' page lists, no padding; contents do\n"
+      "not matter; the same two for every layer of the chunk), and finish with evict_elastic. fp8 caches: k_scale / v_scale float32\n"
       "device tensors of 1 or H elements (the append's; built-in scores read K as stored * s).\n"
       "workspace: at least mirror.eviction_workspace_bytes(max_candidates, source, obs_window,\n"
       "from_lse) bytes.");
 
   m.def(
       "evict_elastic",
-      [](device_mirror const& m, nb::handle chunk_indptr, nb::handle slot_keys, nb::handle wanted,
-         nb::handle page_limit, nb::handle new_len, nb::handle workspace,
+      [](device_mirror const& m, nb::handle chunk_indptr, nb::handle stage_keys,
+         nb::handle stage_key_base, nb::handle wanted, nb::handle page_limit, nb::handle new_len, nb::handle workspace,
          std::int32_t max_candidates, nb::handle pages_out, nb::handle stream) {
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_elastic_plan(plan, "evict_elastic");
         std::int64_t B = view.batch_size, LH = std::int64_t{view.num_layers} * view.num_kv_heads;
         auto ti = tensor_arg(m, chunk_indptr, "chunk_indptr", {B + 1}, is_i32, "int32");
-        auto tk = tensor_arg(m, slot_keys, "slot_keys", {pool_slot_key_words(m.cache->kv)}, is_u32,
-                             "uint32");
+        auto [tk, tb] = stage_key_args(m, stage_keys, stage_key_base, false);
         auto tw = tensor_arg(m, wanted, "wanted", {B}, is_i64, "int64");
         auto tl = tensor_arg(m, page_limit, "page_limit", {B}, is_i64, "int64");
         auto tn = tensor_arg(m, new_len, "new_len", {B, LH}, is_i32, "int32", true);
@@ -643,7 +691,8 @@ void bind_cuda(nb::module_& parent) {
         e.sink           = plan.profile.sink_tokens;
         e.chunk_indptr   = static_cast<std::int32_t const*>(ti.data);
         e.max_candidates = max_candidates;
-        e.slot_keys      = static_cast<std::uint32_t const*>(tk.data);
+        e.stage_keys     = static_cast<std::uint32_t const*>(tk.data);
+        e.stage_key_base = static_cast<std::int64_t const*>(tb.data);
         e.wanted         = static_cast<std::int64_t const*>(tw.data);
         e.page_limit     = static_cast<std::int64_t const*>(tl.data);
         e.new_len        = static_cast<std::int32_t*>(tn.data);
@@ -656,11 +705,13 @@ void bind_cuda(nb::module_& parent) {
         auto ws = workspace_of(m, workspace, elastic_workspace_bytes(e));
         evict_elastic(e, ws.data, static_cast<std::size_t>(ws.bytes()), stream_from(stream));
       },
-      nb::arg("mirror"), nb::arg("chunk_indptr"), nb::arg("slot_keys"), nb::arg("wanted"),
+      nb::arg("mirror"), nb::arg("chunk_indptr"), nb::arg("stage_keys"),
+      nb::arg("stage_key_base"), nb::arg("wanted"),
       nb::arg("page_limit"), nb::arg("new_len"), nb::kw_only(), nb::arg("workspace"),
       nb::arg("max_candidates"), nb::arg("pages_out") = nb::none(), nb::arg("stream") = nb::none(),
       "The elastic eviction's request-wide step after every layer's evict_chunk staged the\n"
-      "chunk into slot_keys (uint32 [kv.slot_key_words], the same device array): wanted\n"
+      "chunk into stage_keys (uint32 [words]) with stage_key_base (int64 [batch * G]), the same\n"
+      "device tensors (mirror.stage_key_layout()): wanted\n"
       "[batch] int64 (KVCacheManager.elastic_wanted_tokens per member) and page_limit [batch]\n"
       "int64 (elastic_page_limit) on the device, new_len [batch, layers * H]\n"
       "int32 out (commit_chunk's kept counts), pages_out [batch] int64 optional. workspace: at\n"

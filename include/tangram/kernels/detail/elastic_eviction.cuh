@@ -17,7 +17,7 @@
  *   `elastic_compact_kernel`, compact_config::splits CTAs per (layer * H + head, request), each a
  *   byte range of every token: the head's keep count from
  *   its group's pages (`elastic_job`), then the multi-CTA threshold search
- *   (`select_histogram_pass`) and `compact_selected` of eviction.cuh over its slot keys, every
+ *   (`select_histogram_pass`) and `compact_selected` of eviction.cuh over its stage keys, every
  *   candidate already in the column (the chunk was staged at `[len, len + c)`).
  *   `select_reset_kernel` clears the per-head histograms first.
  */
@@ -65,7 +65,8 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
   const std::int32_t HH = p.heads(), H = p.kv.num_kv_heads;
   std::int64_t* need        = a.need + static_cast<std::int64_t>(r) * HH;
   std::int64_t* ties        = a.ties + static_cast<std::int64_t>(r) * HH;
-  const std::uint32_t* keys = p.slot_keys;
+  const std::uint32_t* keys = p.stage_keys;
+  const std::int64_t* base  = p.stage_key_base + static_cast<std::int64_t>(r) * p.kv.num_groups;
 
   // 1. Candidates of the staged heads (into need) and their protected leads (into ties until
   // step 3 writes the tie counts over them).
@@ -96,8 +97,9 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
       if (n <= 0) continue;
       const head_cursor cur   = make_head_cursor(p.kv, r, i / H, i % H);
       const std::int64_t lead = ties[i];
+      const std::int64_t at   = base[p.kv.slot_of(i / H, i % H).group];
       for (std::int64_t c = tid; c < n; c += threads) {
-        const std::uint32_t key = staged_key(keys, cur, lead, c);
+        const std::uint32_t key = staged_key(keys, at, cur, lead, c);
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
       }
     }
@@ -121,9 +123,10 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
     const std::int64_t n     = need[i];
     const std::int64_t lead  = ties[i];
     const head_cursor cur    = make_head_cursor(p.kv, r, i / H, i % H);
+    const std::int64_t at    = n > 0 ? base[p.kv.slot_of(i / H, i % H).group] : 0;
     unsigned long long above = 0, equal = 0;
     for (std::int64_t c = lane; K > 0 && c < n; c += 32) {
-      const std::uint32_t key = staged_key(keys, cur, lead, c);
+      const std::uint32_t key = staged_key(keys, at, cur, lead, c);
       above += key > prefix ? 1u : 0u;
       equal += key == prefix ? 1u : 0u;
     }
@@ -161,12 +164,12 @@ struct elastic_head_job {
   eviction_args ea;                ///< the layer's eviction parameters (for copy_tokens)
   eviction_head x;                 ///< the head, every candidate a column position
   std::int64_t keep         = -2;  ///< tokens it keeps; -1: the request failed; -2: not staged
-  const std::uint32_t* keys = nullptr;  ///< the launch's slot keys
+  const std::uint32_t* keys = nullptr;  ///< the head's group's block of the stage keys
   select_slots slots;
 
   /// Selection key of candidate `c` (staged_key).
   __device__ __forceinline__ std::uint32_t key(std::int64_t c) const {
-    return staged_key(keys, x.cur, x.e.lead, c);
+    return staged_key(keys, 0, x.cur, x.e.lead, c);
   }
 };
 
@@ -186,7 +189,8 @@ __device__ __forceinline__ elastic_head_job elastic_job(elastic_args const& a,
   j.x.cur                 = make_head_cursor(p.kv, r, l, j.x.h);
   j.x.e                   = plan_eviction(j.ea.p, j.x.cur, r, j.x.h);
   const std::int64_t head = static_cast<std::int64_t>(r) * HH + i;
-  j.keys                  = p.slot_keys;
+  j.keys  = p.stage_keys + p.stage_key_base[static_cast<std::int64_t>(r) * p.kv.num_groups +
+                                           p.kv.slot_of(l, j.x.h).group];
   j.slots = {a.select_hist + head * select_radix_bins, a.select_state + head * select_state_words};
   if (j.x.e.action != eviction_action::stage) return j;
   if (a.status[r] < 0) {

@@ -34,7 +34,7 @@
  *   survivors complete before its stores, and every survivor moves to a position at or before its
  *   source, so compacting in place within the column is safe. Ring and append heads copy their
  *   chunk tokens in the same kernel; staged heads (elastic reservation) write their keys to
- *   `slot_keys` and append the chunk. `select_histogram_pass` and `compact_selected` are what
+ *   `stage_keys` and append the chunk. `select_histogram_pass` and `compact_selected` are what
  *   the elastic compaction (elastic_eviction.cuh) reuses with its own keep counts.
  */
 #pragma once

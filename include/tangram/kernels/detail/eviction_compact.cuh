@@ -137,9 +137,9 @@ struct select_smem {
 
 /**
  * Keeps the `k` largest of the `n` candidate keys `key_at(i)` of head `x` (ties to the earlier
- * position) and compacts them in order to column positions [0, k): the keys above the threshold the histogram
- * passes left in `s.state` and the first `remaining` keys equal to it. Called by every thread of
- * the CTA, after the three select_histogram_pass launches of the same head.
+ * position) and compacts them in order to column positions [0, k): the keys above the threshold the
+ * histogram passes left in `s.state` and the first `remaining` keys equal to it. Called by every
+ * thread of the CTA, after the three select_histogram_pass launches of the same head.
  */
 template <class T, int D, class KeyAt>
 __device__ __forceinline__ void compact_selected(eviction_args const& a,
@@ -231,11 +231,14 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
   const float* raw =
       (p.source == score_source::supplied ? p.scores : a.raw) + x.rh * p.max_candidates;
   const std::int32_t pool = p.pool();
-  if (x.e.action == eviction_action::stage) {  // elastic: keys beside the tokens, chunk appended
+  if (x.e.action == eviction_action::stage) {  // elastic: keys out, chunk appended
+    std::uint32_t* keys =
+        p.stage_keys + p.stage_key_base[static_cast<std::int64_t>(x.r) * p.kv.num_groups +
+                                        p.kv.slot_of(p.layer, x.h).group];
     for (std::int64_t i = split.index * cfg::threads + tid; i < n;
          i += static_cast<std::int64_t>(cfg::splits) * cfg::threads) {
-      if (i >= x.e.lead)  // the lead's key is implied (staged_key); pinned pages stay unwritten
-        p.slot_keys[x.cur.slot_at_position(static_cast<std::int32_t>(i))] =
+      if (i >= x.e.lead)  // the lead's key is implied (staged_key)
+        keys[x.cur.list_offset(static_cast<std::int32_t>(i))] =
             candidate_key(raw, n, i, pool, x.e.lead, x.e.window);
       if (p.scores_out) p.scores_out[x.rh * p.max_candidates + i] = raw[i];
     }
@@ -251,14 +254,15 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
     return;
   }
   const std::uint32_t* keys = a.keys + x.rh * p.max_candidates;
-  compact_selected<T, D>(a,
-                         x,
-                         n,
-                         x.e.keep,
-                         [&](std::int64_t i) { return keys[i]; },
-                         eviction_select_slots(a, x.rh),
-                         sm,
-                         split);
+  compact_selected<T, D>(
+      a,
+      x,
+      n,
+      x.e.keep,
+      [&](std::int64_t i) { return keys[i]; },
+      eviction_select_slots(a, x.rh),
+      sm,
+      split);
 }
 
 }  // namespace tangram::detail

@@ -28,7 +28,6 @@
 #include "tangram/eval/sim/chunk_eviction.hpp"
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/retention_needs.hpp"
-#include "tangram/kernels/eviction.hpp"
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
@@ -191,12 +190,30 @@ inline static_plan elastic_plan(static_plan const& plan,
 }
 
 /**
+ * @brief Bytes of the elastic stage keys (`stage_key_layout`) for one chunk of a request whose
+ * compressed heads each hold up to `tokens` candidates (held + chunk): a block of
+ * `ceil(tokens / P) * Hp * P` uint32 words per compressed group. The bound a preallocating engine
+ * sizes its buffer by, with `tokens` its context limit. 0 tokens: 0.
+ * @throw invalid_argument naming stage_key_tokens when it is negative.
+ */
+inline double stage_key_bytes_bound(static_plan const& plan, std::int64_t tokens) {
+  TANGRAM_EXPECTS(tokens >= 0, invalid_argument, "stage_key_tokens: must be >= 0, got ", tokens);
+  const double P = plan.geometry.page_tokens, Hp = plan.geometry.group_size;
+  double words = 0;
+  for (auto const& g : plan.grouping.groups)
+    if (g.rule.kind == layer_kind::compressed)
+      words += std::ceil(static_cast<double>(tokens) / P) * Hp * P;
+  return words * sizeof(std::uint32_t);
+}
+
+/**
  * @brief The `tangram_elastic` policy: `tangram_policy` over `elastic_plan(plan, margin)` whose
  * manager stages chunks of up to `max_chunk_tokens` (the replay's prefill chunk), whose eviction
  * is `elastic_eviction` and whose answers grow by `answers` (parking when a growth does not fit;
  * with `park_for_turns`, also when a turn does not fit: `tangram_policy_options`). Its pool
- * shares `kv_bytes` with the elastic selection's slot keys (`eviction_params::slot_keys`: 4 bytes
- * a pool slot, 0.8% of a bf16 pool at d = 128), which no other policy needs.
+ * gives up `stage_key_bytes_bound(plan, stage_key_tokens)` of `kv_bytes` to the elastic selection's
+ * stage keys (`eviction_params::stage_keys`), which no other policy needs: the buffer an engine
+ * running one prefill chunk at a time (as the replay does) sizes for its longest request.
  */
 inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     static_plan const& plan,
@@ -207,7 +224,8 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     double margin                 = default_elastic_margin,
     elastic_needs needs           = {},
     answer_window_options answers = {},
-    bool park_for_turns           = true) {
+    bool park_for_turns           = true,
+    std::int64_t stage_key_tokens = 0) {
   // Unscaled samples weigh the split map on their placements (scaled ones no longer match it).
   bool placements = needs.samples && !needs.samples->samples.empty() && needs.scale == 1.0;
   auto ep         = elastic_plan(plan, margin, placements ? &*needs.samples : nullptr);
@@ -217,10 +235,11 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
   o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
   o.answers          = answers;
   o.park_for_turns   = park_for_turns;
-  const double page  = static_cast<double>(ep.page_bytes());
-  const double keys  = static_cast<double>(slot_key_words(ep.geometry, 1) * 4);
-  return std::make_unique<tangram_policy>(
-      ep, kv_bytes * page / (page + keys), max_sessions, num_sessions, std::move(o));
+  return std::make_unique<tangram_policy>(ep,
+                                          kv_bytes - stage_key_bytes_bound(ep, stage_key_tokens),
+                                          max_sessions,
+                                          num_sessions,
+                                          std::move(o));
 }
 
 }  // namespace tangram::sim
