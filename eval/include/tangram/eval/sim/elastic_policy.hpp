@@ -12,8 +12,13 @@
  * threshold search, O(G Hp log) per chunk, where the reference's heap adds one page per step,
  * O(pages); elastic_test.cpp checks the two equal); each head keeps min(its group's length in
  * tokens, cand_h). The eviction runs once per chunk outside the forward
- * pass: the policy reports one read and one write of the compressed heads' kept K/V per chunk
- * (`prefill_chunk_extra_bytes`), which the replay charges at HBM bandwidth (modelled).
+ * pass; the policy reports what it moves beyond the fused per-layer eviction the other policies
+ * run (`prefill_chunk_extra_bytes`), which the replay charges at HBM bandwidth (modelled, from
+ * the kernels as built, docs/kernels.md): a head that drops candidates staged its whole chunk in
+ * the column (the fused eviction writes only the chunk's survivors) and moves the survivors down,
+ * at most one more read and write of each chunk token (held survivors move as in the fused
+ * eviction); a head that keeps every candidate leaves the staged chunk where it is. Every staged
+ * head's selection keys are written once and read 5 or 9 times (4 bytes a candidate).
  */
 #pragma once
 
@@ -90,17 +95,25 @@ class elastic_eviction final : public chunk_eviction {
                                   lo,
                                   limit - lo * groups,
                                   pages_.data());
-    std::int64_t sum = 0;
+    std::int64_t moved = 0, key_words = 0;
     for (std::size_t i = 0; i < heads_.size(); ++i) {
       auto& k  = kept[static_cast<std::size_t>(heads_[i])];
       auto len = pages_[i / static_cast<std::size_t>(hp)] * P;
       wanted_total_ += wanted_[i];
       wanted_clipped_ += wanted_[i] - std::min(wanted_[i], len);
-      k = static_cast<std::int32_t>(std::min<std::int64_t>(len, k));
-      sum += k;
+      bool const drops = len < k;
+      k                = static_cast<std::int32_t>(std::min<std::int64_t>(len, k));
+      moved += drops ? chunk_tokens : 0;
+      key_words += candidates_[i] * (drops ? stage_key_passes_dropping : stage_key_passes_keeping);
     }
-    return 2.0 * static_cast<double>(sum) * head_token_bytes(plan_);  // read + write (modelled)
+    return 2.0 * static_cast<double>(moved) * head_token_bytes(plan_) +
+           4.0 * static_cast<double>(key_words);
   }
+
+  /// Word accesses per candidate of the stage keys (kernels/elastic_eviction.hpp): the stage
+  /// launch's write and the selection's 5 reads (4 radix passes, the count); a head that drops
+  /// candidates reads them 4 more times (3 histogram passes, its compaction).
+  static constexpr std::int64_t stage_key_passes_keeping = 6, stage_key_passes_dropping = 10;
 
   /// Wanted head-tokens over every chunk's eviction so far (each chunk counts its whole need).
   [[nodiscard]] std::int64_t wanted_total() const noexcept { return wanted_total_; }
