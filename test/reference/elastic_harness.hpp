@@ -70,8 +70,9 @@ struct elastic_setup {
 };
 
 /// Initial value of every stage key word: a stage launch writes only its heads' candidates after
-/// the protected lead, so any other word keeps it.
-inline constexpr std::uint32_t unwritten_key = 0xdeadbeefu;
+/// the protected lead, so any other word keeps it. Below every score key, so that a selection
+/// reading an unwritten word (a lead's, say) instead of the implied protected key drops it.
+inline constexpr std::uint32_t unwritten_key = 0u;
 
 /// What a run produced besides the pool.
 struct elastic_outcome {

@@ -74,7 +74,7 @@ inline constexpr std::int64_t elastic_invalid_head = -2;
 struct elastic_eviction_params {
   kv_cache_view kv;                            ///< state before the chunk, chunk staged
   const head_rule* rules           = nullptr;  ///< [num_layers * num_kv_heads] (layer-major)
-  std::int32_t sink                = 0;        ///< as in eviction_params
+  std::int32_t sink                = 0;        ///< the stage launches' (leads are re-derived)
   const std::int32_t* chunk_indptr = nullptr;  ///< [batch + 1] rows of each request's chunk
   std::int32_t max_candidates        = 0;        ///< as in the stage launches
   const std::uint32_t* stage_keys    = nullptr;  ///< the stage launches' keys

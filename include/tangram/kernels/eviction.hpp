@@ -466,10 +466,14 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
  * every `prepare_chunk`), `rules`
  * ([L * H]) and `chunk_indptr` ([batch + 1]) from host memory. O(batch * L * H), no allocation.
  * So the keys take the staged groups' own pages' worth of words (4 bytes a token slot), with no
- * padding to the longest request, and nothing between chunks.
+ * padding to the longest request, and nothing between chunks. Per chunk batch: an engine that
+ * evicts several requests' chunks in one launch needs the sum over them.
  * @param base out: [batch * G]
- * @return the words `stage_keys` must hold.
- * @throw invalid_argument when the count overflows int64.
+ * @return the words `stage_keys` must hold, at least 1 (a batch with nothing staged still gets a
+ *         word, so that its buffer is never empty: a null `stage_keys` would take `evict_chunk`
+ *         out of stage mode and is refused by `evict_elastic`).
+ * @throw invalid_argument naming the argument for a null array (batch > 0) or a page geometry
+ *        below 1, or when the count overflows int64.
  */
 inline std::int64_t stage_key_layout(kv_cache_view const& kv,
                                      head_rule const* rules,
@@ -477,6 +481,17 @@ inline std::int64_t stage_key_layout(kv_cache_view const& kv,
                                      std::int64_t* base) {
   const std::int32_t G = kv.num_groups, H = kv.num_kv_heads, HH = kv.num_layers * H;
   const std::int64_t P = kv.geometry.page_tokens, Hp = kv.geometry.group_size;
+  TANGRAM_EXPECTS(P >= 1 && Hp >= 1,
+                  invalid_argument,
+                  "stage_key_layout: kv.geometry page_tokens and group_size must be >= 1, got ",
+                  P,
+                  " and ",
+                  Hp);
+  TANGRAM_EXPECTS(kv.batch_size == 0 || (rules && chunk_indptr && base),
+                  invalid_argument,
+                  "stage_key_layout: rules, chunk_indptr and base must not be null (batch ",
+                  kv.batch_size,
+                  ")");
   std::int64_t words = 0;
   for (std::int32_t r = 0; r < kv.batch_size; ++r) {
     std::int64_t* b      = base + static_cast<std::int64_t>(r) * G;
@@ -499,7 +514,7 @@ inline std::int64_t stage_key_layout(kv_cache_view const& kv,
       words = detail::add_or_throw(words, block, "stage_key_layout: words");
     }
   }
-  return words;
+  return words > 0 ? words : 1;
 }
 
 /// @brief Refuses a cache the eviction kernels are not compiled for (the list of

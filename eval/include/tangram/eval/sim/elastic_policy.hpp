@@ -225,8 +225,9 @@ inline double stage_key_bytes_bound(static_plan const& plan, std::int64_t tokens
  * is `elastic_eviction` and whose answers grow by `answers` (parking when a growth does not fit;
  * with `park_for_turns`, also when a turn does not fit: `tangram_policy_options`). Its pool
  * gives up `stage_key_bytes_bound(plan, stage_key_tokens)` of `kv_bytes` to the elastic selection's
- * stage keys (`eviction_params::stage_keys`), which no other policy needs: the buffer an engine
- * running one prefill chunk at a time (as the replay does) sizes for its longest request.
+ * stage keys (`eviction_params::stage_keys`), which no other policy needs: the buffer for one
+ * request at the context limit, as the replay evicts each chunk on its own (an engine evicting k
+ * requests' chunks in one launch needs k times that).
  */
 inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     static_plan const& plan,
@@ -248,11 +249,13 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
   o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
   o.answers          = answers;
   o.park_for_turns   = park_for_turns;
-  return std::make_unique<tangram_policy>(ep,
-                                          kv_bytes - stage_key_bytes_bound(ep, stage_key_tokens),
-                                          max_sessions,
-                                          num_sessions,
-                                          std::move(o));
+  // No request holds more than the pool: the keys never exceed 4 bytes a token slot of it.
+  const double page_keys = 4.0 * ep.geometry.group_size * ep.geometry.page_tokens;
+  const double keys =
+      std::min(stage_key_bytes_bound(ep, stage_key_tokens),
+               kv_bytes * page_keys / (static_cast<double>(ep.page_bytes()) + page_keys));
+  return std::make_unique<tangram_policy>(
+      ep, kv_bytes - keys, max_sessions, num_sessions, std::move(o));
 }
 
 }  // namespace tangram::sim
