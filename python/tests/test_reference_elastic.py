@@ -189,8 +189,8 @@ def test_stage_key_words_is_the_staged_groups_pages_without_padding(tiny):
     # Each request's own pages' worth: no padding of b to a's 64 tokens.
     P, Hp = plan.page_tokens, plan.group_size
     assert words == kv.num_groups * (-(-64 // P) + -(-30 // P)) * Hp * P  # every group staged
-    # The batch of the other kind is empty: no words.
-    assert kv.stage_key_words(np.array([0], dtype=np.int32), kind=tangram.BatchKind.prefill) == 0
+    # The batch of the other kind is empty: nothing staged, one word (a buffer is never empty).
+    assert kv.stage_key_words(np.array([0], dtype=np.int32), kind=tangram.BatchKind.prefill) == 1
     # chunk_indptr must match the prepared chunks.
     with pytest.raises(ValueError, match="chunk_indptr: request 1 has 20 rows but its prepared "
                                          "chunk"):
