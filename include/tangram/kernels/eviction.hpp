@@ -463,8 +463,8 @@ TANGRAM_HOST_DEVICE eviction_plan plan_eviction(eviction_params const& p,
  * column after the chunk (held + chunk tokens), laid out like the group's page list; other groups
  * and empty chunks get no words (their base, the running total, is never read). Host-only: reads
  * `kv` (the host view of the batch, as `kv_cache_manager::view(batch_kind::prefill)` gives it after
- * every `prepare_chunk`), `rules`
- * ([L * H]) and `chunk_indptr` ([batch + 1]) from host memory. O(batch * L * H), no allocation.
+ * every `prepare_chunk`), `rules` ([L * H]) and `chunk_indptr` ([batch + 1]) from host memory.
+ * O(batch * L * H), no allocation.
  * So the keys take the staged groups' own pages' worth of words (4 bytes a token slot), with no
  * padding to the longest request, and nothing between chunks. Per chunk batch: an engine that
  * evicts several requests' chunks in one launch needs the sum over them.
