@@ -15,7 +15,8 @@ using namespace tangram::sim;
 
 namespace {
 
-// A policy with unlimited memory that records every call, to check the engine by hand.
+// A policy that records every call, to check the engine by hand: memory for `capacity` sessions
+// (unlimited by default).
 class recording_policy final : public kv_policy {
  public:
   std::string name() const override { return "recording"; }
@@ -24,6 +25,7 @@ class recording_policy final : public kv_policy {
                   std::int64_t prompt,
                   std::int64_t max_new,
                   std::int64_t) override {
+    if (tokens.count(s) == 0 && tokens.size() >= capacity) return false;
     log.push_back(detail::cat("start ", s, " ", history, " ", prompt, " ", max_new));
     tokens[s] += 0;
     return true;
@@ -60,6 +62,7 @@ class recording_policy final : public kv_policy {
   double capacity_bytes() const override { return 1e18; }
   std::vector<std::string> log;
   std::map<std::int32_t, std::int64_t> tokens;
+  std::size_t capacity = static_cast<std::size_t>(-1);
 };
 
 }  // namespace
@@ -98,6 +101,34 @@ TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
                                          2));
   CHECK(r.peak_resident_sessions == 1);
   CHECK(r.preemptions == 0);
+}
+
+TEST_CASE("resident sessions while memory binds count only the steps after a turn did not fit",
+          "[replay]") {
+  // Memory for one session: session 1 waits through session 0's three steps (memory binds), then
+  // runs its two alone (nothing waits). One session is resident throughout.
+  workload w;
+  w.sessions.push_back({0.0, {{100, 3, 0.0}}});
+  w.sessions.push_back({0.0, {{50, 2, 0.0}}});
+  auto m = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  recording_policy one;
+  one.capacity = 1;
+  auto r       = replay(w, one, cost, replay_options{});
+  double bound = cost.prefill_s(100, 0) + cost.decode_step_s(100e3) + cost.decode_step_s(101e3) +
+                 cost.decode_step_s(102e3);
+  double rest = cost.prefill_s(50, 0) + cost.decode_step_s(50e3) + cost.decode_step_s(51e3);
+  CHECK(r.admission_waits == 1);
+  CHECK(r.memory_bound_s == Approx(bound));
+  CHECK(r.modelled_makespan_s == Approx(bound + rest));
+  CHECK(r.mean_resident_sessions_memory_bound == Approx(1.0));
+  // Unlimited memory: both run at once and memory never binds.
+  recording_policy roomy;
+  auto free = replay(w, roomy, cost, replay_options{});
+  CHECK(free.admission_waits == 0);
+  CHECK(free.memory_bound_s == 0);
+  CHECK(free.mean_resident_sessions_memory_bound == 0);
+  CHECK(free.peak_resident_sessions == 2);
 }
 
 TEST_CASE("open-loop time to first token counts from the arrival, not the next step", "[replay]") {
@@ -194,6 +225,10 @@ TEST_CASE("tangram holds at least 2x the sessions of full-KV on mid and long wor
     INFO(to_string(kind) << ": tangram " << rt.peak_resident_sessions << " vs full_kv "
                          << rf.peak_resident_sessions);
     CHECK(rt.peak_resident_sessions >= 2 * rf.peak_resident_sessions);
+    // Memory binds both for part of the run, and then too tangram holds twice the sessions.
+    REQUIRE(rt.memory_bound_s > 0);
+    REQUIRE(rf.memory_bound_s > 0);
+    CHECK(rt.mean_resident_sessions_memory_bound >= 2 * rf.mean_resident_sessions_memory_bound);
     CHECK(rt.reclaim_ops == 0);
     CHECK(rt.preemptions == 0);
     CHECK(rt.idle_evictions == 0);

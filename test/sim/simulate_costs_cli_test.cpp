@@ -67,6 +67,12 @@ TEST_CASE("simulate --json reports the costs, the reservation and each policy's 
     CHECK(p["modelled_requests_per_s"].as_double(1e-9, 1e9) > 0);
     CHECK(p["completed_requests"].as_int(0, 1000) == 24);
     CHECK(p["mean_resident_sessions"].as_double(0, 1e6) > 0);
+    // Resident sessions while memory binds: over a part of the run, 0 when it never binds.
+    double bound_s = p["memory_bound_s"].as_double(0, 1e12);
+    CHECK(bound_s <= p["modelled_makespan_s"].as_double(0, 1e12));
+    CHECK((bound_s > 0) == (p["mean_resident_sessions_memory_bound"].as_double(0, 1e6) > 0));
+    CHECK(root["ratios_vs_unified_nonuniform"][policy]["mean_resident_sessions_memory_bound"]
+              .as_double(0, 100) >= 0);
     CHECK(root["ratios_vs_unified_nonuniform"][policy]["modelled_tokens_per_s"].as_double(0, 100) > 0);
   }
   CHECK(root["policies"]["unified_nonuniform"]["modelled_time_breakdown"]["replanning_s"].as_double(

@@ -110,6 +110,10 @@ TEST_CASE(
                        row["folds"][1]["tokens_per_s_ratio"].as_double(0, 1e6)) /
                       2));
     CHECK(m > 0);
+    CHECK(row["bound_resident_ratio"].as_double(0, 1e6) ==
+          Approx((row["folds"][0]["bound_resident_ratio"].as_double(0, 1e6) +
+                  row["folds"][1]["bound_resident_ratio"].as_double(0, 1e6)) /
+                 2));
   }
   for (char const* w : {"short", "mid", "long"})
     for (char const* b : {"full_kv", "full_kv_offload", "unified_nonuniform", "per_head_dynamic"})

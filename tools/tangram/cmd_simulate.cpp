@@ -689,6 +689,9 @@ int simulate(simulate_args& a, streams io) {
   row("", [](replay_result const& r) { return r.policy; });
   row("resident sessions, peak", [](replay_result const& r) { return cat(r.peak_resident_sessions); });
   row("resident sessions, mean", [](replay_result const& r) { return fixed(r.mean_resident_sessions, 1); });
+  row("  while memory binds", [](replay_result const& r) {
+    return r.memory_bound_s > 0 ? fixed(r.mean_resident_sessions_memory_bound, 1) : std::string("-");
+  });
   row("running sequences, peak", [](replay_result const& r) { return cat(r.peak_running); });
   row("KV allocated peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_allocated_peak); });
   row("KV live peak (GB)", [](replay_result const& r) { return gb(r.kv_bytes_live_peak); });

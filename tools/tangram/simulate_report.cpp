@@ -19,6 +19,8 @@ json::value result_json(replay_result const& r) {
   auto o = json::value::object();
   o.set("peak_resident_sessions", r.peak_resident_sessions);
   o.set("mean_resident_sessions", r.mean_resident_sessions);
+  o.set("mean_resident_sessions_memory_bound", r.mean_resident_sessions_memory_bound);
+  o.set("memory_bound_s", r.memory_bound_s);
   o.set("peak_running", r.peak_running);
   o.set("kv_bytes_capacity", r.capacity_bytes);
   o.set("kv_bytes_allocated_peak", r.kv_bytes_allocated_peak);
@@ -511,6 +513,7 @@ json::value verdict_json(verdict const& v) {
   auto o = json::value::object();
   o.set("modelled_tokens_per_s", v.tokens_per_s_ratio);
   o.set("mean_resident_sessions", v.mean_resident_ratio);
+  o.set("mean_resident_sessions_memory_bound", v.bound_resident_ratio);
   return o;
 }
 

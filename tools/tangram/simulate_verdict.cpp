@@ -120,6 +120,7 @@ struct verdict_row {
     for (auto const& v : folds) {
       m.tokens_per_s_ratio += v.tokens_per_s_ratio / static_cast<double>(folds.size());
       m.mean_resident_ratio += v.mean_resident_ratio / static_cast<double>(folds.size());
+      m.bound_resident_ratio += v.bound_resident_ratio / static_cast<double>(folds.size());
     }
     return m;
   }
@@ -127,8 +128,10 @@ struct verdict_row {
 
 std::string ratio_text(std::vector<verdict> const& folds, double verdict::*field) {
   verdict_row r;
-  r.folds         = folds;
-  auto mean       = r.mean();
+  r.folds   = folds;
+  auto mean = r.mean();
+  if (std::all_of(folds.begin(), folds.end(), [&](verdict const& v) { return v.*field == 0; }))
+    return "-";  // a ratio of nothing (memory never binds)
   std::string out = fixed(mean.*field, 2) + "x (";
   for (std::size_t i = 0; i < folds.size(); ++i)
     out += (i ? " / " : "") + fixed(folds[i].*field, 2);
@@ -309,11 +312,13 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
       o.set("policy", policy_name);
       o.set("tokens_per_s_ratio", mean.tokens_per_s_ratio);
       o.set("mean_resident_ratio", mean.mean_resident_ratio);
+      o.set("bound_resident_ratio", mean.bound_resident_ratio);
       auto fj = json::value::array();
       for (auto const& f : r.folds) {
         auto x = json::value::object();
         x.set("tokens_per_s_ratio", f.tokens_per_s_ratio);
         x.set("mean_resident_ratio", f.mean_resident_ratio);
+        x.set("bound_resident_ratio", f.bound_resident_ratio);
         fj.push_back(std::move(x));
       }
       o.set("folds", std::move(fj));
@@ -383,12 +388,14 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
     << "  figure is the mean of the two folds (each fold in brackets). Control plane: "
     << (in.control_plane ? "measured and charged" : "not charged (--no-control-plane)") << ".\n\n";
   o << "  " << std::left << std::setw(9) << "workload" << std::setw(20) << "baseline"
-    << std::setw(11) << "costs" << std::setw(24) << "tokens/s ratio"
-    << "mean resident ratio\n";
+    << std::setw(11) << "costs" << std::setw(24) << "tokens/s ratio" << std::setw(24)
+    << "mean resident ratio"
+    << "resident while memory binds\n";
   for (auto const& r : rows)
     o << "  " << std::setw(9) << r.workload << std::setw(20) << r.baseline << std::setw(11)
       << to_string(r.costs) << std::setw(24) << ratio_text(r.folds, &verdict::tokens_per_s_ratio)
-      << ratio_text(r.folds, &verdict::mean_resident_ratio) << "\n";
+      << std::setw(24) << ratio_text(r.folds, &verdict::mean_resident_ratio)
+      << ratio_text(r.folds, &verdict::bound_resident_ratio) << "\n";
   o << std::right
     << "\n  Costs (eval/sim/serving_costs.hpp, eval/sim/measured_costs.hpp; docs/benchmarks.md):\n"
     << "    paper:     reclamation " << paper_costs::reclaim_prefill_fraction

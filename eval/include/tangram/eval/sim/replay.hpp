@@ -48,6 +48,7 @@ class replay_engine : public replay_run {
     while (finished_turns < total_turns) {
       arrive();
       control_at_start = control_s;  // this iteration's policy time starts here
+      memory_bound     = false;
       // Admission: continuing turns first; new sessions only behind them.
       if (try_admit(ready_continue, false)) try_admit(ready_new, true);
       if (running.empty()) {
@@ -312,6 +313,10 @@ class replay_engine : public replay_run {
     out.peak_resident_sessions  = std::max(out.peak_resident_sessions, resident);
     out.peak_running = std::max(out.peak_running, static_cast<std::int32_t>(running.size()));
     resident_area += resident * step_s;
+    if (memory_bound) {
+      bound_resident_area += resident * step_s;
+      bound_s += step_s;
+    }
     if (mem.allocated_bytes > 0) util_area += mem.live_bytes / mem.allocated_bytes * step_s;
     seen_area += static_cast<double>(seen_tokens) * step_s;
     live_area += mem.live_bytes * step_s;
@@ -375,6 +380,8 @@ class replay_engine : public replay_run {
     out.timeline            = timeline.finish({t, end.allocated_bytes, end.live_bytes, resident});
     out.modelled_makespan_s = t;
     out.mean_resident_sessions = t > 0 ? resident_area / t : 0;
+    out.memory_bound_s         = bound_s;
+    out.mean_resident_sessions_memory_bound = bound_s > 0 ? bound_resident_area / bound_s : 0;
     out.mean_utilisation       = t > 0 ? util_area / t : 0;
     out.control_plane_us_per_step =
         out.steps > 0 ? control_s * 1e6 / static_cast<double>(out.steps) : 0;

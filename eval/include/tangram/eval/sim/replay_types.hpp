@@ -187,6 +187,10 @@ struct replay_result {
   std::int32_t peak_resident_sessions =
       0;  ///< sessions holding KV at once (running or between turns)
   double mean_resident_sessions      = 0;  ///< time-weighted
+  /// Time-weighted over the steps after an admission at which a ready turn did not fit (the
+  /// policy's memory binds; ramp-up, drain and think-time lulls left out); 0 when never.
+  double mean_resident_sessions_memory_bound = 0;
+  double memory_bound_s                      = 0;  ///< modelled time of those steps
   std::int32_t peak_running          = 0;  ///< sequences in one decode batch at once
   double kv_bytes_allocated_peak     = 0;
   double kv_bytes_live_peak          = 0;

@@ -31,12 +31,17 @@ namespace tangram::sim {
 struct verdict {
   double tokens_per_s_ratio = 0;    ///< modelled tokens/s, policy / baseline
   double mean_resident_ratio = 0;   ///< time-weighted resident sessions, policy / baseline
+  /// Resident sessions while each one's memory binds (`mean_resident_sessions_memory_bound`),
+  /// policy / baseline; 0 when either never binds.
+  double bound_resident_ratio = 0;
 };
 
 inline verdict verdict_of(replay_result const& policy, replay_result const& baseline) {
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   return {ratio(policy.modelled_tokens_per_s, baseline.modelled_tokens_per_s),
-          ratio(policy.mean_resident_sessions, baseline.mean_resident_sessions)};
+          ratio(policy.mean_resident_sessions, baseline.mean_resident_sessions),
+          ratio(policy.mean_resident_sessions_memory_bound,
+                baseline.mean_resident_sessions_memory_bound)};
 }
 
 /// @brief One uncalibrated constant at one end of its range.

@@ -318,7 +318,8 @@ class replay_run {
                       " parked session ",
                       s,
                       ", which holds no KV on the GPU");
-      ss.parked = true;
+      ss.parked    = true;
+      memory_bound = true;
       --resident;
       out.parks += 1;
       auto it = std::find(running.begin(), running.end(), s);
@@ -412,6 +413,7 @@ class replay_run {
   // evicts cached blocks before it preempts); a policy whose preempted requests keep their KV as
   // cache drops that cache before it preempts another.
   bool make_room(std::int32_t keep) {
+    memory_bound = true;
     if (prefix_cache) return evict_idle(keep) || preempt_one(keep);
     if (keep_preempted) return evict_paused(keep) || preempt_one(keep) || evict_idle(-1);
     return preempt_one(keep) || evict_idle(-1);
@@ -434,6 +436,7 @@ class replay_run {
       // A prefix cache counts idle sessions' blocks as free: evict them (LRU) until it fits.
       while (!ok && prefix_cache && evict_idle(s)) ok = start();
       if (!ok) {
+        memory_bound = true;
         if (!ss.waited && !ss.paused) {
           ss.waited = true;
           out.admission_waits += 1;
@@ -487,6 +490,11 @@ class replay_run {
   std::size_t next_arrival    = 0;
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
+  // Memory bound this iteration (`memory_bound`: a turn did not fit at admission, or a running
+  // one made room by preempting, evicting or parking), the resident sessions' time integral over
+  // such steps, and their modelled time.
+  bool memory_bound          = false;
+  double bound_resident_area = 0, bound_s = 0;
   // Tokens handed to the policy that it still holds (prefill chunks and decode appends of the
   // resident sessions), and its time integral beside the live and held bytes' (the keep ratios).
   std::int64_t seen_tokens = 0;
