@@ -134,6 +134,14 @@ TEST_CASE("tangram_elastic reserves admission_footprint_pages, less than static 
     CHECK(bounded->manager().pool().capacity() < without);
     CHECK_THROWS_WITH(stage_key_bytes_bound(plan, -1),
                       Catch::Contains("stage_key_tokens: must be >= 0, got -1"));
+    // No request holds more than the pool: on a pool too small for one request at the context
+    // limit, the keys take 4 bytes a token slot of the pool left beside them.
+    const double small     = 64.0 * static_cast<double>(plan.page_bytes());
+    const double capped    = stage_key_bytes_bound(plan, tokens, small);
+    const double page_keys = 4.0 * g.group_size * g.page_tokens;
+    REQUIRE(capped < keys);
+    CHECK(capped == Approx((small - capped) / static_cast<double>(plan.page_bytes()) * page_keys));
+    CHECK(stage_key_bytes_bound(plan, tokens, kv) == Approx(keys));  // a pool that holds it
   }
   REQUIRE(stat.start_turn(0, 0, N, T, 0));
   REQUIRE(elastic->start_turn(0, 0, N, T, 0));

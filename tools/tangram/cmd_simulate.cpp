@@ -626,6 +626,7 @@ int simulate(simulate_args& a, streams io) {
       auto o = json::value::object();
       o.set("peak_resident_sessions", ratio(r.peak_resident_sessions, base.peak_resident_sessions));
       o.set("mean_resident_sessions", ratio(r.mean_resident_sessions, base.mean_resident_sessions));
+      o.set("mean_resident_sessions_memory_bound", bound_ratio_json(verdict_of(r, base).bound_resident_ratio));
       o.set("modelled_tokens_per_s", ratio(r.modelled_tokens_per_s, base.modelled_tokens_per_s));
       ratios.set(r.policy, std::move(o));
     }

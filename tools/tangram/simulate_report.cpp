@@ -509,11 +509,15 @@ bool seconds_valued(std::string const& name) {
          (name.size() > 2 && name.compare(name.size() - 2, 2, "_s") == 0);
 }
 
+json::value bound_ratio_json(double ratio) {
+  return ratio > 0 ? json::value(ratio) : json::value(nullptr);
+}
+
 json::value verdict_json(verdict const& v) {
   auto o = json::value::object();
   o.set("modelled_tokens_per_s", v.tokens_per_s_ratio);
   o.set("mean_resident_sessions", v.mean_resident_ratio);
-  o.set("mean_resident_sessions_memory_bound", v.bound_resident_ratio);
+  o.set("mean_resident_sessions_memory_bound", bound_ratio_json(v.bound_resident_ratio));
   return o;
 }
 

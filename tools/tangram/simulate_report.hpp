@@ -21,6 +21,8 @@ tangram::detail::json::value result_json(sim::replay_result const& r);
 tangram::detail::json::value costs_json(sim::serving_costs const& c);
 /// A verdict: throughput and mean-resident ratios.
 tangram::detail::json::value verdict_json(sim::verdict const& v);
+/// A resident-while-bound ratio (`verdict::bound_resident_ratio`): null when undefined (0).
+tangram::detail::json::value bound_ratio_json(double ratio);
 /// The batch sizes of a skew curve, "1 2 4 ... 1024" (empty curve: "-").
 std::string skew_curve_text(sim::skew_curve const& k);
 /// The skews of a curve, one per batch size, three decimals each, space-separated.

@@ -117,11 +117,14 @@ struct verdict_row {
   std::vector<verdict> folds;
   [[nodiscard]] verdict mean() const {
     verdict m;
+    std::size_t bound = 0;  // folds in which memory binds both sides (the ratio is defined)
     for (auto const& v : folds) {
       m.tokens_per_s_ratio += v.tokens_per_s_ratio / static_cast<double>(folds.size());
       m.mean_resident_ratio += v.mean_resident_ratio / static_cast<double>(folds.size());
-      m.bound_resident_ratio += v.bound_resident_ratio / static_cast<double>(folds.size());
+      m.bound_resident_ratio += v.bound_resident_ratio;
+      bound += v.bound_resident_ratio > 0;
     }
+    m.bound_resident_ratio = bound > 0 ? m.bound_resident_ratio / static_cast<double>(bound) : 0;
     return m;
   }
 };
@@ -130,11 +133,11 @@ std::string ratio_text(std::vector<verdict> const& folds, double verdict::*field
   verdict_row r;
   r.folds   = folds;
   auto mean = r.mean();
-  if (std::all_of(folds.begin(), folds.end(), [&](verdict const& v) { return v.*field == 0; }))
-    return "-";  // a ratio of nothing (memory never binds)
-  std::string out = fixed(mean.*field, 2) + "x (";
-  for (std::size_t i = 0; i < folds.size(); ++i)
-    out += (i ? " / " : "") + fixed(folds[i].*field, 2);
+  // 0: undefined (memory never binds one side), "-"; the mean is over the folds that have one.
+  auto text = [](double x) { return x > 0 ? fixed(x, 2) : std::string("-"); };
+  if (mean.*field == 0) return "-";
+  std::string out = text(mean.*field) + "x (";
+  for (std::size_t i = 0; i < folds.size(); ++i) out += (i ? " / " : "") + text(folds[i].*field);
   return out + ")";
 }
 
@@ -312,13 +315,13 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
       o.set("policy", policy_name);
       o.set("tokens_per_s_ratio", mean.tokens_per_s_ratio);
       o.set("mean_resident_ratio", mean.mean_resident_ratio);
-      o.set("bound_resident_ratio", mean.bound_resident_ratio);
+      o.set("bound_resident_ratio", bound_ratio_json(mean.bound_resident_ratio));
       auto fj = json::value::array();
       for (auto const& f : r.folds) {
         auto x = json::value::object();
         x.set("tokens_per_s_ratio", f.tokens_per_s_ratio);
         x.set("mean_resident_ratio", f.mean_resident_ratio);
-        x.set("bound_resident_ratio", f.bound_resident_ratio);
+        x.set("bound_resident_ratio", bound_ratio_json(f.bound_resident_ratio));
         fj.push_back(std::move(x));
       }
       o.set("folds", std::move(fj));

@@ -147,6 +147,17 @@ TANGRAM_HOST_DEVICE std::uint32_t candidate_key(const float* raw,
                                                 : score_key(pooled_score(raw, n, i, kernel));
 }
 
+/// Start of request `r`'s block of stage keys for the group holding head (`layer`, `head`):
+/// `stage_key_base[r * G + g]` (`stage_key_layout` filled it).
+TANGRAM_HOST_DEVICE std::int64_t stage_key_block(const std::int64_t* stage_key_base,
+                                                 kv_cache_view const& kv,
+                                                 std::int32_t r,
+                                                 std::int32_t layer,
+                                                 std::int32_t head) {
+  return stage_key_base[static_cast<std::int64_t>(r) * kv.num_groups +
+                        kv.slot_of(layer, head).group];
+}
+
 /// Selection key of staged candidate `i` of a head (`cur`, its plan's `lead`) whose group's block
 /// of `stage_keys` starts at `base`: the protected key for the lead (never written), else the
 /// stored word.

@@ -67,8 +67,7 @@ inline std::vector<std::vector<std::uint32_t>> staged_keys(
   for (std::size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].action != eviction_action::stage) continue;
     auto l = static_cast<std::int32_t>(i) / H, h = static_cast<std::int32_t>(i) % H;
-    std::int64_t base =
-        p.stage_key_base[static_cast<std::int64_t>(r) * p.kv.num_groups + p.kv.slot_of(l, h).group];
+    std::int64_t base = stage_key_block(p.stage_key_base, p.kv, r, l, h);
     for (std::int64_t c = 0; c < plans[i].candidates; ++c)
       keys[i].push_back(staged_key(p.stage_keys, base, cur[i], plans[i].lead, c));
   }

@@ -169,9 +169,7 @@ std::int32_t evict_head(eviction_params const& p, std::int32_t r, std::int32_t h
   for (std::int64_t i = 0; i < n; ++i)
     key[static_cast<std::size_t>(i)] = candidate_key(raw.data(), n, i, p.pool(), e.lead, e.window);
   if (e.action == eviction_action::stage) {  // elastic: keys out, chunk appended, no selection
-    std::uint32_t* block =
-        p.stage_keys + p.stage_key_base[static_cast<std::int64_t>(r) * p.kv.num_groups +
-                                        p.kv.slot_of(p.layer, h).group];
+    std::uint32_t* block = p.stage_keys + stage_key_block(p.stage_key_base, p.kv, r, p.layer, h);
     for (std::int64_t i = e.lead; i < n; ++i)  // the lead's key is implied (staged_key)
       block[cur.list_offset(static_cast<std::int32_t>(i))] = key[static_cast<std::size_t>(i)];
     for (std::int64_t t = 0; t < e.chunk; ++t) copy_token(chunk_k(t), chunk_v(t), e.len + t);

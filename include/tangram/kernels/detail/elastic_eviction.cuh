@@ -66,7 +66,6 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
   std::int64_t* need        = a.need + static_cast<std::int64_t>(r) * HH;
   std::int64_t* ties        = a.ties + static_cast<std::int64_t>(r) * HH;
   const std::uint32_t* keys = p.stage_keys;
-  const std::int64_t* base  = p.stage_key_base + static_cast<std::int64_t>(r) * p.kv.num_groups;
 
   // 1. Candidates of the staged heads (into need) and their protected leads (into ties until
   // step 3 writes the tie counts over them).
@@ -97,7 +96,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
       if (n <= 0) continue;
       const head_cursor cur   = make_head_cursor(p.kv, r, i / H, i % H);
       const std::int64_t lead = ties[i];
-      const std::int64_t at   = base[p.kv.slot_of(i / H, i % H).group];
+      const std::int64_t at   = stage_key_block(p.stage_key_base, p.kv, r, i / H, i % H);
       for (std::int64_t c = tid; c < n; c += threads) {
         const std::uint32_t key = staged_key(keys, at, cur, lead, c);
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
@@ -123,7 +122,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void elastic_need_kernel(elastic_args cons
     const std::int64_t n     = need[i];
     const std::int64_t lead  = ties[i];
     const head_cursor cur    = make_head_cursor(p.kv, r, i / H, i % H);
-    const std::int64_t at    = n > 0 ? base[p.kv.slot_of(i / H, i % H).group] : 0;
+    const std::int64_t at    = n > 0 ? stage_key_block(p.stage_key_base, p.kv, r, i / H, i % H) : 0;
     unsigned long long above = 0, equal = 0;
     for (std::int64_t c = lane; K > 0 && c < n; c += 32) {
       const std::uint32_t key = staged_key(keys, at, cur, lead, c);
@@ -189,8 +188,7 @@ __device__ __forceinline__ elastic_head_job elastic_job(elastic_args const& a,
   j.x.cur                 = make_head_cursor(p.kv, r, l, j.x.h);
   j.x.e                   = plan_eviction(j.ea.p, j.x.cur, r, j.x.h);
   const std::int64_t head = static_cast<std::int64_t>(r) * HH + i;
-  j.keys  = p.stage_keys + p.stage_key_base[static_cast<std::int64_t>(r) * p.kv.num_groups +
-                                           p.kv.slot_of(l, j.x.h).group];
+  j.keys  = p.stage_keys + stage_key_block(p.stage_key_base, p.kv, r, l, j.x.h);
   j.slots = {a.select_hist + head * select_radix_bins, a.select_state + head * select_state_words};
   if (j.x.e.action != eviction_action::stage) return j;
   if (a.status[r] < 0) {

@@ -232,9 +232,7 @@ TANGRAM_KERNEL __launch_bounds__(256) void select_compact_kernel(eviction_args c
       (p.source == score_source::supplied ? p.scores : a.raw) + x.rh * p.max_candidates;
   const std::int32_t pool = p.pool();
   if (x.e.action == eviction_action::stage) {  // elastic: keys out, chunk appended
-    std::uint32_t* keys =
-        p.stage_keys + p.stage_key_base[static_cast<std::int64_t>(x.r) * p.kv.num_groups +
-                                        p.kv.slot_of(p.layer, x.h).group];
+    std::uint32_t* keys = p.stage_keys + stage_key_block(p.stage_key_base, p.kv, x.r, p.layer, x.h);
     for (std::int64_t i = split.index * cfg::threads + tid; i < n;
          i += static_cast<std::int64_t>(cfg::splits) * cfg::threads) {
       if (i >= x.e.lead)  // the lead's key is implied (staged_key)

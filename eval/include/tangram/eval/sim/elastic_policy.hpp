@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -206,17 +207,23 @@ inline static_plan elastic_plan(static_plan const& plan,
  * @brief Bytes of the elastic stage keys (`stage_key_layout`) for one chunk of a request whose
  * compressed heads each hold up to `tokens` candidates (held + chunk): a block of
  * `ceil(tokens / P) * Hp * P` uint32 words per compressed group. The bound a preallocating engine
- * sizes its buffer by, with `tokens` its context limit. 0 tokens: 0.
+ * sizes its buffer by, with `tokens` its context limit. 0 tokens: 0. No request holds more than
+ * the pool: with `kv_bytes` shared by the pool and the keys, at most 4 bytes a token slot of the
+ * pool that is left.
  * @throw invalid_argument naming stage_key_tokens when it is negative.
  */
-inline double stage_key_bytes_bound(static_plan const& plan, std::int64_t tokens) {
+inline double stage_key_bytes_bound(static_plan const& plan,
+                                    std::int64_t tokens,
+                                    double kv_bytes = std::numeric_limits<double>::infinity()) {
   TANGRAM_EXPECTS(tokens >= 0, invalid_argument, "stage_key_tokens: must be >= 0, got ", tokens);
   const double P = plan.geometry.page_tokens, Hp = plan.geometry.group_size;
   double words = 0;
   for (auto const& g : plan.grouping.groups)
     if (g.rule.kind == layer_kind::compressed)
       words += std::ceil(static_cast<double>(tokens) / P) * Hp * P;
-  return words * sizeof(std::uint32_t);
+  const double page_keys = sizeof(std::uint32_t) * Hp * P;  // a page's token slots' keys
+  return std::min(words * sizeof(std::uint32_t),
+                  kv_bytes * page_keys / (static_cast<double>(plan.page_bytes()) + page_keys));
 }
 
 /**
@@ -224,7 +231,7 @@ inline double stage_key_bytes_bound(static_plan const& plan, std::int64_t tokens
  * manager stages chunks of up to `max_chunk_tokens` (the replay's prefill chunk), whose eviction
  * is `elastic_eviction` and whose answers grow by `answers` (parking when a growth does not fit;
  * with `park_for_turns`, also when a turn does not fit: `tangram_policy_options`). Its pool
- * gives up `stage_key_bytes_bound(plan, stage_key_tokens)` of `kv_bytes` to the elastic selection's
+ * gives up `stage_key_bytes_bound(plan, stage_key_tokens, kv_bytes)` of `kv_bytes` to the elastic selection's
  * stage keys (`eviction_params::stage_keys`), which no other policy needs: the buffer for one
  * request at the context limit, as the replay evicts each chunk on its own (an engine evicting k
  * requests' chunks in one launch needs k times that).
@@ -249,11 +256,7 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
   o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
   o.answers          = answers;
   o.park_for_turns   = park_for_turns;
-  // No request holds more than the pool: the keys never exceed 4 bytes a token slot of it.
-  const double page_keys = 4.0 * ep.geometry.group_size * ep.geometry.page_tokens;
-  const double keys =
-      std::min(stage_key_bytes_bound(ep, stage_key_tokens),
-               kv_bytes * page_keys / (static_cast<double>(ep.page_bytes()) + page_keys));
+  const double keys = stage_key_bytes_bound(ep, stage_key_tokens, kv_bytes);
   return std::make_unique<tangram_policy>(
       ep, kv_bytes - keys, max_sessions, num_sessions, std::move(o));
 }

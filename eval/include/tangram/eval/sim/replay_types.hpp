@@ -187,8 +187,9 @@ struct replay_result {
   std::int32_t peak_resident_sessions =
       0;  ///< sessions holding KV at once (running or between turns)
   double mean_resident_sessions      = 0;  ///< time-weighted
-  /// Time-weighted over the steps after an admission at which a ready turn did not fit (the
-  /// policy's memory binds; ramp-up, drain and think-time lulls left out); 0 when never.
+  /// Time-weighted over the steps at which memory binds the policy: a ready turn did not fit at
+  /// admission, or a sequence preempted, evicted idle KV, parked or was given up for memory
+  /// (ramp-up, drain and lulls left out); 0 when memory never binds.
   double mean_resident_sessions_memory_bound = 0;
   double memory_bound_s                      = 0;  ///< modelled time of those steps
   std::int32_t peak_running          = 0;  ///< sequences in one decode batch at once

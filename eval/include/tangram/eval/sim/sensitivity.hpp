@@ -32,7 +32,7 @@ struct verdict {
   double tokens_per_s_ratio = 0;    ///< modelled tokens/s, policy / baseline
   double mean_resident_ratio = 0;   ///< time-weighted resident sessions, policy / baseline
   /// Resident sessions while each one's memory binds (`mean_resident_sessions_memory_bound`),
-  /// policy / baseline; 0 when either never binds.
+  /// policy / baseline; 0 when either never binds (undefined: reported as null or "-").
   double bound_resident_ratio = 0;
 };
 

@@ -269,6 +269,7 @@ class replay_run {
   void preempt(std::int32_t victim) {
     running.erase(std::find(running.begin(), running.end(), victim));
     out.preemptions += 1;
+    memory_bound = true;
     auto& ss = ss_of(victim);
     if (keep_preempted) {
       ss.paused       = true;
@@ -291,6 +292,7 @@ class replay_run {
   }
   // Gives up a running session that cannot fit even alone (counted in rejected_sessions).
   void give_up(std::int32_t s) {
+    memory_bound = true;
     running.erase(std::find(running.begin(), running.end(), s));
     reject(s);
   }
@@ -361,6 +363,7 @@ class replay_run {
         victim = s;
     }
     if (victim < 0) return false;
+    memory_bound = true;
     // A policy that parks (tangram) moves the victim's KV to host memory: nothing is recomputed.
     if (!ss_of(victim).paused && timed([&] { return policy.park_idle(victim); })) {
       absorb_parked();
@@ -413,7 +416,7 @@ class replay_run {
   // evicts cached blocks before it preempts); a policy whose preempted requests keep their KV as
   // cache drops that cache before it preempts another.
   bool make_room(std::int32_t keep) {
-    memory_bound = true;
+    memory_bound = true;  // even when nothing is left to free
     if (prefix_cache) return evict_idle(keep) || preempt_one(keep);
     if (keep_preempted) return evict_paused(keep) || preempt_one(keep) || evict_idle(-1);
     return preempt_one(keep) || evict_idle(-1);
