@@ -112,7 +112,7 @@ TEST_CASE(
     CHECK(m > 0);
     // Resident while memory binds: null where memory never binds a side, else the mean of the
     // folds that have it.
-    double sum = 0;
+    double sum  = 0;
     int defined = 0;
     for (std::size_t f = 0; f < 2; ++f)
       if (auto b = row["folds"][f]["bound_resident_ratio"]; b.type() != json::kind::null) {

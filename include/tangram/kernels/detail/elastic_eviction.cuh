@@ -188,7 +188,7 @@ __device__ __forceinline__ elastic_head_job elastic_job(elastic_args const& a,
   j.x.cur                 = make_head_cursor(p.kv, r, l, j.x.h);
   j.x.e                   = plan_eviction(j.ea.p, j.x.cur, r, j.x.h);
   const std::int64_t head = static_cast<std::int64_t>(r) * HH + i;
-  j.keys  = p.stage_keys + stage_key_block(p.stage_key_base, p.kv, r, l, j.x.h);
+  j.keys                  = p.stage_keys + stage_key_block(p.stage_key_base, p.kv, r, l, j.x.h);
   j.slots = {a.select_hist + head * select_radix_bins, a.select_state + head * select_state_words};
   if (j.x.e.action != eviction_action::stage) return j;
   if (a.status[r] < 0) {

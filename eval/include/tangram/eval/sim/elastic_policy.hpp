@@ -231,10 +231,10 @@ inline double stage_key_bytes_bound(static_plan const& plan,
  * manager stages chunks of up to `max_chunk_tokens` (the replay's prefill chunk), whose eviction
  * is `elastic_eviction` and whose answers grow by `answers` (parking when a growth does not fit;
  * with `park_for_turns`, also when a turn does not fit: `tangram_policy_options`). Its pool
- * gives up `stage_key_bytes_bound(plan, stage_key_tokens, kv_bytes)` of `kv_bytes` to the elastic selection's
- * stage keys (`eviction_params::stage_keys`), which no other policy needs: the buffer for one
- * request at the context limit, as the replay evicts each chunk on its own (an engine evicting k
- * requests' chunks in one launch needs k times that).
+ * gives up `stage_key_bytes_bound(plan, stage_key_tokens, kv_bytes)` of `kv_bytes` to the elastic
+ * selection's stage keys (`eviction_params::stage_keys`), which no other policy needs: the buffer
+ * for one request at the context limit, as the replay evicts each chunk on its own (an engine
+ * evicting k requests' chunks in one launch needs k times that).
  */
 inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     static_plan const& plan,
@@ -256,7 +256,7 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
   o.eviction         = std::make_shared<elastic_eviction>(ep, std::move(needs));
   o.answers          = answers;
   o.park_for_turns   = park_for_turns;
-  const double keys = stage_key_bytes_bound(ep, stage_key_tokens, kv_bytes);
+  const double keys  = stage_key_bytes_bound(ep, stage_key_tokens, kv_bytes);
   return std::make_unique<tangram_policy>(
       ep, kv_bytes - keys, max_sessions, num_sessions, std::move(o));
 }

@@ -493,9 +493,9 @@ class replay_run {
   std::size_t next_arrival    = 0;
   std::uint64_t admit_counter = 0;
   double t = 0, control_s = 0, wait_total_s = 0, resident_area = 0, util_area = 0;
-  // Memory bound this iteration (`memory_bound`: a turn did not fit at admission, or a running
-  // one made room by preempting, evicting or parking), the resident sessions' time integral over
-  // such steps, and their modelled time.
+  // Memory bound this iteration (`memory_bound`: a turn did not fit at admission, or a sequence
+  // was preempted, idle KV evicted, a session parked or given up for memory), the resident
+  // sessions' time integral over such steps, and their modelled time.
   bool memory_bound          = false;
   double bound_resident_area = 0, bound_s = 0;
   // Tokens handed to the policy that it still holds (prefill chunks and decode appends of the
