@@ -407,6 +407,7 @@ class replay_run {
           (victim < 0 || ss_of(s).idle_since_s < ss_of(victim).idle_since_s))
         victim = s;
     if (victim < 0) return false;
+    memory_bound = true;
     out.idle_evictions += 1;
     drop_to_new(victim);
     return true;
@@ -416,7 +417,6 @@ class replay_run {
   // evicts cached blocks before it preempts); a policy whose preempted requests keep their KV as
   // cache drops that cache before it preempts another.
   bool make_room(std::int32_t keep) {
-    memory_bound = true;  // even when nothing is left to free
     if (prefix_cache) return evict_idle(keep) || preempt_one(keep);
     if (keep_preempted) return evict_paused(keep) || preempt_one(keep) || evict_idle(-1);
     return preempt_one(keep) || evict_idle(-1);
