@@ -99,6 +99,14 @@ TEST_CASE("emulated decode with the merge folded into the split kernels equals t
     test::emu_check_all_schedules(c, 2);
 }
 
+TEST_CASE("emulated decode equals the CPU reference: layer-stream split across heads",
+          "[emu][decode][layer_stream]") {
+  // Two schedules per case: with the merge folded, which CTA completes a request's count (and
+  // merges) depends on the block order; a CTA may serve several heads (N_CTA 1 and 3).
+  for (auto const& c : test::emu_sample(test::decode_cases_layer_stream()))
+    test::emu_check_all_schedules(c, 2);
+}
+
 TEST_CASE("emulated decode equals the CPU reference: query dtypes, misaligned query rows",
           "[emu][decode][query]") {
   for (auto const& c : test::decode_cases_query_layout()) test::emu_check_all_schedules(c, 1);

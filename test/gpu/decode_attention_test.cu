@@ -72,6 +72,13 @@ TANGRAM_GPU_TEST("gpu decode with the merge folded into the split kernels equals
   for (auto const& c : test::decode_cases_folded()) GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
 }
 
+TANGRAM_GPU_TEST("gpu decode equals the CPU reference: layer-stream split across heads",
+                 "[gpu][decode][layer_stream]") {
+  test::gpu_backend gpu;
+  for (auto const& c : test::decode_cases_layer_stream())
+    GPU_REQUIRE_AGREES(test::check_decode(c, gpu));
+}
+
 TANGRAM_GPU_TEST("gpu decode equals the CPU reference: query dtypes, misaligned query rows",
                  "[gpu][decode][query]") {
   // The upload puts the queries at an aligned device address; the odd row stride still leaves

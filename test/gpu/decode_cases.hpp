@@ -50,6 +50,9 @@ struct decode_case {
   /// `num_q_heads * d + q_misalign` elements apart (decode_params::q_stride): rows that are and
   /// are not aligned to the kernels' query vector loads (vec.cuh load_runs)
   std::int32_t q_misalign = 0;
+  /// The layer-stream split (layer_stream_split: CTAs cross head boundaries) instead of random
+  /// per-head maps; N_CTA may then be below the heads.
+  bool layer_stream = false;
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream s;
@@ -58,6 +61,7 @@ struct decode_case {
     if (scales != scale_mode::none) s << ", " << to_string(scales);
     if (invariant_pieces != 0) s << ", batch-invariant K " << invariant_pieces;
     if (fold_merge) s << ", merge folded";
+    if (layer_stream) s << ", layer stream";
     if (q_dtype != dtype::f32 || q_misalign != 0)
       s << ", q " << to_string(q_dtype) << " misaligned by " << q_misalign;
     return s.str();
@@ -336,6 +340,74 @@ inline std::vector<decode_case> decode_cases_large_batch() {
   return out;
 }
 
+/// The layer-stream split (CTAs cut the layer's stream across heads, N_CTA 1 and 3 below the
+/// heads, 264 and 535 above): the CUDA-core kernel (f32 GQA 2 on per-head pages with a sliding
+/// ring layer), the tensor-core kernel (bf16 GQA 4, fp8 e4m3 GQA 8 with per-head scales), empty
+/// and single-token heads, the merge folded into the split kernels, batch-invariant pieces, a
+/// batch of 1100 (multi-tile scans) and a layer that holds no token at all.
+inline std::vector<decode_case> decode_cases_layer_stream() {
+  std::vector<decode_case> out;
+  decode_case c;
+  c.layer_stream = true;
+  c.ctas         = {1, 3, 264, 535};
+  c.kv_dtype     = dtype::f32;
+  c.d            = 64;
+  c.group        = 2;
+  c.Hp           = 1;
+  c.lens         = {0, 1, 15, 54, 97, 1000, 0};
+  c.sinks        = true;
+  c.seed         = 1200;
+  out.push_back(c);
+  c.kv_dtype = dtype::bf16;
+  c.d        = 128;
+  c.group    = 4;
+  c.Hp       = 2;
+  c.lens     = {0, 1, 16, 17, 33, 250, 700};
+  c.sinks    = false;
+  c.seed     = 1201;
+  out.push_back(c);
+  c.kv_dtype        = dtype::fp8_e4m3;
+  c.group           = 8;
+  c.scales          = scale_mode::per_head;
+  c.scale_magnitude = 1.f / 256;
+  c.sinks           = true;
+  c.o_dtype         = dtype::bf16;
+  c.seed            = 1202;
+  out.push_back(c);
+  decode_case f = out[1];
+  f.layers      = 1;
+  f.lens        = {0, 1, 1500, 17, 0, 700, 2600};
+  f.fold_merge  = true;
+  f.seed        = 1203;
+  out.push_back(f);
+  f.kv_dtype = dtype::f32;
+  f.d        = 64;
+  f.group    = 2;
+  f.seed     = 1204;
+  out.push_back(f);
+  f.fold_merge       = false;
+  f.invariant_pieces = 16;
+  f.seed             = 1205;
+  out.push_back(f);
+  decode_case none = out[0];
+  none.lens        = {0, 0, 0};  // layer 0 holds no token (the sliding layer 1 its window)
+  none.seed        = 1206;
+  out.push_back(none);
+  none.fold_merge = true;
+  none.seed       = 1207;
+  out.push_back(none);
+  decode_case big = out[1];
+  big.layers      = 1;
+  big.heads       = 3;
+  big.sliding.clear();
+  big.lens.resize(1100);
+  for (std::int32_t i = 0; i < 1100; ++i) big.lens[static_cast<std::size_t>(i)] = i * 7 % 61;
+  big.ctas = {2, 264};
+  big.seed = 1208;
+  out.push_back(big);
+  return out;
+}
+
 /// The cache, batch view, queries, sinks and fp8 scales of a decode case.
 struct decode_scenario {
   std::mt19937_64 rng;
@@ -387,6 +459,8 @@ std::string check_decode(decode_case const& c, Backend& backend) {
   const std::size_t out_elems = s.q.size(), out_bytes = out_elems * size_of(c.o_dtype);
   std::vector<std::int32_t> ctas = c.ctas;
   if (ctas.empty()) ctas = {c.heads, 2 * 132, 4 * 132 + 7};
+  for (std::int32_t n : ctas)
+    if (!c.layer_stream && n < c.heads) return c.describe() + ": N_CTA below the heads";
   // The queries in c.q_dtype, laid out as c.q_misalign says (the buffer 16-byte aligned).
   const std::int64_t q_row    = static_cast<std::int64_t>(Hq) * c.d;
   const std::int64_t q_stride = q_row + c.q_misalign;
@@ -400,7 +474,8 @@ std::string check_decode(decode_case const& c, Backend& backend) {
                                           c.q_misalign + r * q_stride + i,
                                           s.q[static_cast<std::size_t>(r * q_row + i)]);
   for (std::int32_t n_cta : ctas) {
-    auto begin = random_cta_begin(c.layers, c.heads, n_cta, s.rng);
+    std::vector<std::int32_t> begin;
+    if (!c.layer_stream) begin = random_cta_begin(c.layers, c.heads, n_cta, s.rng);
     for (std::int32_t layer = 0; layer < c.layers; ++layer) {
       decode_params p;
       p.kv               = s.view;
@@ -409,7 +484,8 @@ std::string check_decode(decode_case const& c, Backend& backend) {
       p.q_dtype          = c.q_dtype;
       p.q_stride         = c.q_misalign != 0 ? q_stride : 0;
       p.o_dtype          = c.o_dtype;
-      p.splits           = {c.layers, c.heads, n_cta, begin.data()};
+      p.splits           = c.layer_stream ? layer_stream_split(c.layers, c.heads, n_cta)
+                                          : split_map_view{c.layers, c.heads, n_cta, begin.data()};
       p.q                = q_buf + c.q_misalign * size_of(c.q_dtype);
       p.sinks            = c.sinks ? s.sinks.data() : nullptr;
       p.tensor_cores     = c.tensor_cores;

@@ -466,4 +466,13 @@ TEST_CASE("the evaluator reports the device-balanced map beside the AOT map (han
   CHECK(r.aot == Approx(4.0));
   CHECK(r.balanced == Approx(27.0 / 20.0));
   CHECK(r.balanced <= r.aot);
+  // Layer stream: the 80 tokens cut 20 / 20 / 20 / 20 across the heads, whatever holds them.
+  CHECK(r.stream == Approx(1.0));
+  // 2 requests, 3 + 7 and 0 + 1 tokens: W 11 over 4 CTAs holds 2 / 3 / 3 / 3 (floor(j 11 / 4)
+  // bounds 0, 2, 5, 8, 11): 3 / 2.75. Balanced: head 0 (3 tokens) 1 CTA, head 1 (8) 3 holding 2 / 3
+  // / 3.
+  std::int64_t two[4] = {3, 7, 0, 1};
+  auto t              = ev.evaluate_lengths(0, two, 2);
+  CHECK(t.stream == Approx(3.0 / 2.75));
+  CHECK(t.balanced == Approx(3.0 / 2.75));
 }

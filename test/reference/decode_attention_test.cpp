@@ -160,8 +160,15 @@ void run_case(decode_case const& c) {
       }
 
     // Split paths equal the unsplit one (and hence the dense reference).
-    for (int m = 0; m < c.split_maps; ++m) {
+    // Random per-head maps, then layer streams of 1 CTA, 3 and H + 5 (crossing head bounds).
+    for (int m = 0; m < c.split_maps + 3; ++m) {
       random_split_map map(c.layers, c.heads, rng);
+      if (m >= c.split_maps)
+        map.view = layer_stream_split(c.layers,
+                                      c.heads,
+                                      m == c.split_maps       ? 1
+                                      : m == c.split_maps + 1 ? 3
+                                                              : c.heads + 5);
       p.splits           = map.view;
       p.invariant_pieces = c.invariant_pieces;
       std::vector<float> o_split(q.size()), lse_split(lse_unsplit.size());
@@ -236,6 +243,52 @@ TEST_CASE("split pieces cover each request once, in CTA order", "[decode][split]
       }
       pre += n;
     }
+  }
+}
+
+TEST_CASE("layer-stream pieces: every token once, unique slots, CTAs within one token",
+          "[decode][split][layer_stream]") {
+  // The kernels' index math over a layer stream, enumerated per CTA as the split kernels walk it
+  // (heads in order, each head's requests in batch order), against the layer's tokens.
+  std::mt19937_64 rng(29);
+  for (int t = 0; t < 300; ++t) {
+    const auto H = static_cast<std::int32_t>(1 + rng() % 9);
+    const auto B = static_cast<std::int32_t>(1 + rng() % 12);
+    const auto N = static_cast<std::int32_t>(1 + rng() % (t % 3 == 0 ? 4 : 300));
+    std::vector<std::int64_t> len(static_cast<std::size_t>(H * B));  // [h][r]
+    for (auto& x : len)
+      x = rng() % 4 == 0 ? 0 : static_cast<std::int64_t>(rng() % (t % 2 ? 9 : 700));
+    const split_map_view map = layer_stream_split(1, H, N);
+    std::int64_t W           = std::accumulate(len.begin(), len.end(), std::int64_t{0});
+    std::vector<int> slot_used(static_cast<std::size_t>(map.partial_slots(B)), 0);
+    std::vector<std::int64_t> covered(len.size(), 0);
+    std::int64_t fullest = 0;
+    for (std::int32_t j = 0; j < N; ++j) {
+      std::int64_t mine = 0, pre = 0;
+      for (std::int32_t h = 0; h < H; ++h)
+        for (std::int32_t r = 0; r < B; ++r) {
+          const std::int64_t n     = len[static_cast<std::size_t>(h * B + r)];
+          const stream_range piece = piece_of(j, map.share(0, h), W, pre, n);
+          if (n > 0 && !piece.empty()) {
+            const std::int64_t slot = map.partial_slot(0, h, j, r, B);
+            REQUIRE(slot >= 0);
+            REQUIRE(slot < map.partial_slots(B));
+            REQUIRE(slot_used[static_cast<std::size_t>(slot)]++ == 0);
+            REQUIRE(piece.begin == covered[static_cast<std::size_t>(h * B + r)]);  // in order
+            covered[static_cast<std::size_t>(h * B + r)] = piece.end;
+            mine += piece.end - piece.begin;
+            // The merge finds this CTA among the request's span.
+            const cta_span span = request_ctas(pre, n, map.share(0, h), W);
+            REQUIRE(span.first <= j);
+            REQUIRE(j <= span.last);
+          }
+          pre += n;
+        }
+      fullest = std::max(fullest, mine);
+    }
+    INFO("H " << H << " B " << B << " N " << N << " W " << W);
+    for (std::size_t i = 0; i < len.size(); ++i) REQUIRE(covered[i] == len[i]);
+    REQUIRE(fullest <= (W + N - 1) / N);  // whatever the heads' lengths
   }
 }
 
@@ -431,6 +484,18 @@ TEST_CASE("decode_params::validate names the field and the value", "[decode][err
   bad                     = p;
   bad.splits.num_kv_heads = 3;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "splits.num_kv_heads", "3");
+  // A layer stream reads no boundaries and may have fewer CTAs than heads, but at least one.
+  bad        = p;
+  bad.splits = layer_stream_split(1, 2, 1);
+  CHECK_NOTHROW(bad.validate());
+  bad.splits.num_ctas = 0;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "splits.num_ctas", "got 0");
+  bad                  = p;
+  bad.splits.cta_begin = nullptr;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "splits.cta_begin", "null");
+  bad                 = p;  // a per-head map needs a CTA per head
+  bad.splits.num_ctas = 1;
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "splits.num_ctas", "1");
   bad          = p;
   bad.q_stride = 5;
   TANGRAM_REQUIRE_THROWS_WITH_ALL(bad.validate(), invalid_argument, "decode_params.q_stride", "5");

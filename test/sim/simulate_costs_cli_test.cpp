@@ -255,6 +255,18 @@ TEST_CASE("simulate --decode-split: Tangram on the balanced map pays its launch 
           11.7e-6 * static_cast<double>(b["policies"][policy]["steps"].as_int(0, 1LL << 40)) +
               1e-12);
   }
+  // The layer stream: no launch, and its fullest CTA within one token of the mean (below the
+  // balanced map's whole CTAs per head).
+  auto stream_run = run_json(small({"--json", "--decode-split", "stream"}));
+  auto st         = stream_run.root();
+  CHECK(st["cost_model"]["serving_costs"]["tangram_decode_split"].as_string() == "stream");
+  CHECK(st["cost_model"]["serving_costs"]["split_balance_s_by_batch"].size() == 0);
+  for (char const* skew : {"tangram_skew_measured", "tangram_elastic_skew_measured"}) {
+    INFO(skew);
+    CHECK(st["cost_model"]["serving_costs"][skew].as_double(1, 10) <= cb[skew].as_double(1, 10));
+    CHECK(st["cost_model"]["serving_costs"][skew].as_double(1, 10) < 1.001);
+  }
+  for (char const* policy : {"tangram", "tangram_elastic"}) CHECK(launches(st, policy) == 0);
   for (char const* policy : {"full_kv", "unified_nonuniform"}) {
     INFO(policy);
     CHECK(launches(b, policy) == 0);
@@ -273,7 +285,8 @@ TEST_CASE("simulate refuses bad cost and reservation options, naming them",
        "--baseline-balance: expected one of replan, none, perfect"},
       {{"simulate", "--baseline-reads", "dense"},
        "--baseline-reads: expected one of padded, masked"},
-      {{"simulate", "--decode-split", "even"}, "--decode-split: expected one of balanced, aot"},
+      {{"simulate", "--decode-split", "even"},
+       "--decode-split: expected one of balanced, aot, stream"},
       {{"simulate", "--decode-window", "-1"},
        "--decode-window: must be in [0, 1073741824], got -1"},
       {{"simulate", "--baseline-retention", "x"},

@@ -810,10 +810,17 @@ int simulate(simulate_args& a, streams io) {
     << ";\n  Tangram's decode split map "
     << (costs.split == tangram_split::balanced
             ? cat("balanced per step on the device (one launch a decoding step: ",
-                  fixed(split_balance_launch_s.front().second * 1e6, 1), " us at batch ",
-                  split_balance_launch_s.front().first, " to ",
-                  fixed(split_balance_launch_s.back().second * 1e6, 1), " at ",
-                  split_balance_launch_s.back().first, ", measured on an H200)")
+                  fixed(split_balance_launch_s.front().second * 1e6, 1),
+                  " us at batch ",
+                  split_balance_launch_s.front().first,
+                  " to ",
+                  fixed(split_balance_launch_s.back().second * 1e6, 1),
+                  " at ",
+                  split_balance_launch_s.back().first,
+                  ", measured on an H200)")
+        : costs.split == tangram_split::stream
+            ? std::string("the layer stream (--decode-split stream: CTAs cut each layer's "
+                          "tokens across heads; nothing launched per step)")
             : std::string("the plan's ahead-of-time map (--decode-split aot)"))
     << ";\n  decode skew measured from the split maps at decode batch "
     << skew_curve_text(costs.tangram_skew_by_batch)
@@ -1041,10 +1048,13 @@ command_body setup_simulate(CLI::App& app) {
       app,
       "--decode-split",
       a->split,
-      {{"balanced", tangram_split::balanced}, {"aot", tangram_split::aot}},
+      {{"balanced", tangram_split::balanced},
+       {"aot", tangram_split::aot},
+       {"stream", tangram_split::stream}},
       "Tangram's decode split map: balanced (per step on the device from the batch's head "
-      "lengths, kernels/balanced_split.hpp; one launch a decoding step charged) or aot (the "
-      "plan's ahead-of-time map alone)");
+      "lengths, kernels/balanced_split.hpp; one launch a decoding step charged), aot (the "
+      "plan's ahead-of-time map alone) or stream (CTAs cut the layer's tokens across heads, "
+      "layer_stream_split; nothing launched per step)");
   single.push_back(add_enum<replan_mode>(
       app,
       "--replan",

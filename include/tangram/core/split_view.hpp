@@ -17,6 +17,16 @@
  * partial slot `j + r` of the head, which is unique because j + r grows along the stream. The
  * merge of request r reads slots j + r for j in [first_cta(r), last_cta(r)].
  *
+ * Layer stream (`split_map_view::layer_stream`, no boundaries): the N_CTA CTAs cut the whole
+ * layer's stream, every head's tokens in head order (each head's requests in batch order), into
+ * N_CTA ranges of W / N_CTA tokens, W the layer's total; a CTA whose range crosses a head boundary
+ * serves both heads (a piece per (head, request) it reaches). No per-head rounding of CTAs, so
+ * the fullest CTA holds ceil(W / N_CTA) tokens whatever the heads' lengths, and nothing is planned
+ * per step: the kernels find each head's origin from the view's lengths. In this mode a head
+ * "owns" every CTA (begin 0, share N_CTA) and its tokens sit at stream positions [O_h, O_h + W_h);
+ * the piece of CTA j for request r of head h goes to slot `j + h * batch + r`, unique because
+ * along the layer stream j + r grows within a head and heads are batch slots apart.
+ *
  * Every function here is host/device: the CPU reference and the CUDA kernels share them.
  */
 #pragma once
@@ -32,17 +42,25 @@ struct split_map_view {
   std::int32_t num_layers       = 0;
   std::int32_t num_kv_heads     = 0;        ///< work units per layer
   std::int32_t num_ctas         = 0;        ///< N_CTA, the grid size of one layer's decode launch
-  const std::int32_t* cta_begin = nullptr;  ///< [num_layers * (num_kv_heads + 1)]
+  const std::int32_t* cta_begin = nullptr;  ///< [num_layers * (num_kv_heads + 1)]; unused (may
+                                            ///< be null) when layer_stream
+  /// The layer-stream split (file comment): CTAs cut the layer's concatenated stream, crossing
+  /// head boundaries; no boundaries are read.
+  bool layer_stream = false;
 
   /// First CTA of head `h` of layer `l` (h == num_kv_heads gives num_ctas).
+  /// (Layer stream: 0 for every head but num_kv_heads, which gives num_ctas.)
   TANGRAM_HOST_DEVICE std::int32_t begin(std::int32_t l, std::int32_t h) const {
+    if (layer_stream) return h == num_kv_heads ? num_ctas : 0;
     return cta_begin[l * (num_kv_heads + 1) + h];
   }
-  /// CTAs owned by head `h` of layer `l`.
+  /// CTAs owned by head `h` of layer `l` (layer stream: every CTA, num_ctas).
   TANGRAM_HOST_DEVICE std::int32_t share(std::int32_t l, std::int32_t h) const {
+    if (layer_stream) return num_ctas;
     return begin(l, h + 1) - begin(l, h);
   }
-  /// The head that CTA `cta` of layer `l` serves (binary search over the layer's boundaries).
+  /// The head that CTA `cta` of layer `l` serves (binary search over the layer's boundaries;
+  /// per-head maps only: a layer-stream CTA's heads depend on the batch's lengths).
   TANGRAM_HOST_DEVICE std::int32_t head_of_cta(std::int32_t l, std::int32_t cta) const {
     std::int32_t lo = 0, hi = num_kv_heads - 1;
     while (lo < hi) {
@@ -58,12 +76,26 @@ struct split_map_view {
   TANGRAM_HOST_DEVICE std::int64_t partial_slots(std::int32_t batch) const {
     return static_cast<std::int64_t>(num_ctas) + static_cast<std::int64_t>(num_kv_heads) * batch;
   }
-  /// Slot of the partial result of CTA `j` (local to head h) for request `r`.
+  /// Slot of the partial result of CTA `j` (local to head h; the CTA's index in the layer with a
+  /// layer stream, where begin is 0) for request `r`.
   TANGRAM_HOST_DEVICE std::int64_t partial_slot(
       std::int32_t l, std::int32_t h, std::int32_t j, std::int32_t r, std::int32_t batch) const {
     return static_cast<std::int64_t>(begin(l, h)) + static_cast<std::int64_t>(h) * batch + j + r;
   }
 };
+
+/// The layer-stream split of `num_ctas` CTAs for a plan of `num_layers` x `num_kv_heads` (no
+/// arrays: valid on host and device alike).
+TANGRAM_HOST_DEVICE split_map_view layer_stream_split(std::int32_t num_layers,
+                                                      std::int32_t num_kv_heads,
+                                                      std::int32_t num_ctas) {
+  split_map_view v;
+  v.num_layers   = num_layers;
+  v.num_kv_heads = num_kv_heads;
+  v.num_ctas     = num_ctas;
+  v.layer_stream = true;
+  return v;
+}
 
 /// Start of CTA `j`'s range in a head's token stream of `total` tokens split over `share` CTAs.
 TANGRAM_HOST_DEVICE std::int64_t split_bound(std::int64_t j,

@@ -12,7 +12,9 @@
  * concatenated over the batch (`W` tokens, `S` CTAs). Each (CTA, request) piece yields a partial
  * result at slot `j + r` of the head; a merge combines a request's partials by log-sum-exp in CTA
  * order. A request covered by a single CTA is written directly (no merge). The mapping and the
- * merge order are fixed, so results are deterministic.
+ * merge order are fixed, so results are deterministic. With a layer-stream split
+ * (`layer_stream_split`) the CTAs cut the layer's stream over every head instead, so a CTA may
+ * serve two or more heads and every CTA holds the same tokens to one.
  *
  * Batch-invariant mode (`decode_params::invariant_pieces` = K > 0): a request's tokens on a head
  * are cut into pieces whose size depends on its length alone (`invariant_piece_tokens`: at most K
@@ -284,8 +286,9 @@ struct decode_params {
                     decode_max_invariant_pieces,
                     "] (0: off), got ",
                     invariant_pieces);
-    TANGRAM_EXPECTS(
-        splits.cta_begin != nullptr, invalid_argument, "decode_params.splits.cta_begin: null");
+    TANGRAM_EXPECTS(splits.layer_stream || splits.cta_begin != nullptr,
+                    invalid_argument,
+                    "decode_params.splits.cta_begin: null (set it, or layer_stream)");
     TANGRAM_EXPECTS(splits.num_layers == kv.num_layers,
                     invalid_argument,
                     "decode_params.splits.num_layers: ",
@@ -298,7 +301,17 @@ struct decode_params {
                     splits.num_kv_heads,
                     " does not match kv.num_kv_heads ",
                     kv.num_kv_heads);
-    TANGRAM_EXPECTS(splits.num_ctas >= splits.num_kv_heads,
+    TANGRAM_EXPECTS(!splits.layer_stream || splits.num_ctas >= 1,
+                    invalid_argument,
+                    "decode_params.splits.num_ctas: must be >= 1, got ",
+                    splits.num_ctas);
+    TANGRAM_EXPECTS(!splits.layer_stream || kv.num_kv_heads <= decode_max_batch,
+                    invalid_argument,
+                    "decode_params.kv.num_kv_heads: a layer-stream split takes at most ",
+                    decode_max_batch,
+                    " KV heads a layer (their totals live in shared memory), got ",
+                    kv.num_kv_heads);
+    TANGRAM_EXPECTS(splits.layer_stream || splits.num_ctas >= splits.num_kv_heads,
                     invalid_argument,
                     "decode_params.splits.num_ctas: ",
                     splits.num_ctas,

@@ -90,6 +90,17 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
         prefix[static_cast<std::size_t>(r)] + kv.head_len(r, p.layer, h);
   std::int64_t W     = prefix[static_cast<std::size_t>(B)];
   std::int64_t share = mode == split_mode::split ? p.splits.share(p.layer, h) : 1;
+  // A layer stream cuts every head's tokens in head order: this head's requests start at its
+  // origin (the earlier heads' tokens) in a stream of the layer's W tokens.
+  std::int64_t origin = 0;
+  if (mode == split_mode::split && p.splits.layer_stream) {
+    std::int64_t total = 0;
+    for (std::int32_t hh = 0; hh < kv.num_kv_heads; ++hh) {
+      if (hh == h) origin = total;
+      for (std::int32_t r = 0; r < B; ++r) total += kv.head_len(r, p.layer, hh);
+    }
+    W = total;
+  }
 
   std::vector<float> q(static_cast<std::size_t>(G * d));
   std::vector<piece_state> st;
@@ -98,6 +109,7 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
   for (std::int32_t r = 0; r < B; ++r) {
     std::int64_t pre = prefix[static_cast<std::size_t>(r)];
     std::int64_t len = prefix[static_cast<std::size_t>(r) + 1] - pre;
+    pre += origin;
     auto out_at      = [&](std::int32_t g, std::int32_t x) {
       return (static_cast<std::int64_t>(r) * Hq + h * G + g) * d + x;
     };

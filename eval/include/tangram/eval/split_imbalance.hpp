@@ -157,6 +157,9 @@ struct planner_imbalance {
   /// The decode kernels on the map balanced per step on the device (balance_decode_splits,
   /// kernels/balanced_split.hpp; shares from eval/balanced_split.hpp).
   double balanced = 1.0;
+  /// The decode kernels on the layer stream (layer_stream_split): CTA j holds the layer's
+  /// stream positions [j W / N, (j + 1) W / N), whatever the heads.
+  double stream = 1.0;
 };
 
 /**
@@ -268,6 +271,11 @@ class split_evaluator {
       first += shares_[static_cast<std::size_t>(h)];
     }
     out.balanced = load_imbalance(loads_.data(), N);
+    std::int64_t W = 0;
+    for (auto t : totals_) W += t;
+    for (std::int32_t j = 0; j < N; ++j)
+      loads_[static_cast<std::size_t>(j)] = split_bound(j + 1, N, W) - split_bound(j, N, W);
+    out.stream = load_imbalance(loads_.data(), N);
     return out;
   }
 
@@ -339,7 +347,7 @@ struct reference_batch {
 
 /// @brief Per planner, the imbalance summarised over the layers of one batch.
 struct batch_imbalance {
-  imbalance_summary aot, equal_split, greedy, greedy_fine, balanced;
+  imbalance_summary aot, equal_split, greedy, greedy_fine, balanced, stream;
 };
 
 namespace detail {
@@ -347,7 +355,7 @@ namespace detail {
 /// Summarises `per_layer(l)` (a planner_imbalance) over the layers [0, num_layers).
 template <class F>
 batch_imbalance summarize_layers(std::int32_t num_layers, F&& per_layer) {
-  std::vector<double> a, e, g, f, b;
+  std::vector<double> a, e, g, f, b, s;
   for (std::int32_t l = 0; l < num_layers; ++l) {
     planner_imbalance r = per_layer(l);
     a.push_back(r.aot);
@@ -355,12 +363,14 @@ batch_imbalance summarize_layers(std::int32_t num_layers, F&& per_layer) {
     g.push_back(r.greedy);
     f.push_back(r.greedy_fine);
     b.push_back(r.balanced);
+    s.push_back(r.stream);
   }
   return {summarize_imbalance(std::move(a)),
           summarize_imbalance(std::move(e)),
           summarize_imbalance(std::move(g)),
           summarize_imbalance(std::move(f)),
-          summarize_imbalance(std::move(b))};
+          summarize_imbalance(std::move(b)),
+          summarize_imbalance(std::move(s))};
 }
 
 }  // namespace detail

@@ -112,159 +112,167 @@ TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_sp
   const int tz               = tid / bdx;
   const int layer            = p.layer;
   const int group            = p.group;
-  const decode_cta_work work = decode_locate_work<cfg::threads, Fold>(a, smem);
-  if (work.empty) return;  // uniform across the CTA
-  const int h = work.h, r_first = work.r_first, r_last = work.r_last;
-  std::int64_t pre = work.pre;
-  // fp8 scales (kv_scales.hpp), folded once per CTA: q . (s_k k) = (s_k q) . k, so the K scale
-  // joins the query's pre-scale; the V scale multiplies the normalised output (decode_store_piece).
-  const float q_scale = a.scale2 * p.scales.k_of(h);
+  const decode_cta_heads heads = decode_heads_of_cta<cfg::threads>(a, smem);
+  std::int64_t origin          = heads.origin;
+  for (int head = heads.first; head <= heads.last; ++head) {
+    const decode_cta_work work =
+        decode_locate_work<cfg::threads, Fold>(a, smem, heads, head, origin);
+    origin += work.tokens;
+    if (work.empty) continue;  // uniform across the CTA
+    const int h = work.h, r_first = work.r_first, r_last = work.r_last;
+    std::int64_t pre = work.pre;
+    // fp8 scales (kv_scales.hpp), folded once per CTA: q . (s_k k) = (s_k q) . k, so the K scale
+    // joins the query's pre-scale; the V scale multiplies the normalised output
+    // (decode_store_piece).
+    const float q_scale = a.scale2 * p.scales.k_of(h);
 
-  T* stage_base = reinterpret_cast<T*>(smem);
-  float* merge  = reinterpret_cast<float*>(smem);
-  for (int r = r_first; r <= r_last; ++r) {
-    const std::int64_t len = kv.head_len(r, layer, h);
-    decode_for_each_piece(a, work, r, len, pre, [&](decode_piece const& piece) {
-      const head_cursor cur = make_head_cursor(kv, r, layer, h);
-      const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
+    T* stage_base = reinterpret_cast<T*>(smem);
+    float* merge  = reinterpret_cast<float*>(smem);
+    for (int r = r_first; r <= r_last; ++r) {
+      const std::int64_t len = kv.head_len(r, layer, h);
+      decode_for_each_piece(a, work, r, len, pre, [&](decode_piece const& piece) {
+        const head_cursor cur = make_head_cursor(kv, r, layer, h);
+        const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
 
-      float q[GB][vec], o[GB][vec], m[GB], s[GB];
-      // The lane's `vec` dims of each head's query (0 past the group): one dtype dispatch and
-      // one alignment test for all of them, vector loads where aligned (load_runs).
-      load_runs(p.q,
-                p.q_dtype,
-                r * p.q_row_stride() + static_cast<std::int64_t>(h * group) * D + tx * vec,
-                D,
-                group,
-                q);
+        float q[GB][vec], o[GB][vec], m[GB], s[GB];
+        // The lane's `vec` dims of each head's query (0 past the group): one dtype dispatch and
+        // one alignment test for all of them, vector loads where aligned (load_runs).
+        load_runs(p.q,
+                  p.q_dtype,
+                  r * p.q_row_stride() + static_cast<std::int64_t>(h * group) * D + tx * vec,
+                  D,
+                  group,
+                  q);
 #pragma unroll
-      for (int g = 0; g < GB; ++g) {
-        m[g] = -INFINITY;
-        s[g] = 0.f;
+        for (int g = 0; g < GB; ++g) {
+          m[g] = -INFINITY;
+          s[g] = 0.f;
 #pragma unroll
-        for (int i = 0; i < vec; ++i) {
-          o[g][i] = 0.f;
-          q[g][i] = g < group ? q[g][i] * q_scale : 0.f;
+          for (int i = 0; i < vec; ++i) {
+            o[g][i] = 0.f;
+            q[g][i] = g < group ? q[g][i] * q_scale : 0.f;
+          }
         }
-      }
 
-      const int n_tiles = (t1 - t0 + tile - 1) / tile;
-      // The thread's copies: 16-byte chunk `part` of the K and V rows of its `thread_tokens`
-      // tokens of every tile (chunk tid + u * threads of the stage, as the lanes read them), each
-      // token a lane stream that advances one tile per issue: one page-table entry per token and
-      // tile, loaded a tile ahead, and no division. Tiles are issued in order, once each.
-      decode_lane_stream ls[cfg::thread_tokens];
+        const int n_tiles = (t1 - t0 + tile - 1) / tile;
+        // The thread's copies: 16-byte chunk `part` of the K and V rows of its `thread_tokens`
+        // tokens of every tile (chunk tid + u * threads of the stage, as the lanes read them), each
+        // token a lane stream that advances one tile per issue: one page-table entry per token and
+        // tile, loaded a tile ahead, and no division. Tiles are issued in order, once each.
+        decode_lane_stream ls[cfg::thread_tokens];
 #pragma unroll
-      for (int i = 0; i < cfg::thread_tokens; ++i)
-        ls[i].start(cur, t0 + cfg::token_of(tid, i), tile, t1, cfg::elem_bytes);
-      const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
-      const int part_bytes       = (tid % cfg::row_chunks) * 16;
-      auto load_tile             = [&](int ti) {
-        unsigned char* st =
-            reinterpret_cast<unsigned char*>(stage_base + (ti % stages) * (2 * tile * D)) +
-            part_bytes;
+        for (int i = 0; i < cfg::thread_tokens; ++i)
+          ls[i].start(cur, t0 + cfg::token_of(tid, i), tile, t1, cfg::elem_bytes);
+        const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
+        const int part_bytes       = (tid % cfg::row_chunks) * 16;
+        auto load_tile             = [&](int ti) {
+          unsigned char* st =
+              reinterpret_cast<unsigned char*>(stage_base + (ti % stages) * (2 * tile * D)) +
+              part_bytes;
 #pragma unroll
-        for (int i = 0; i < cfg::thread_tokens; ++i) {
-          const bool ok            = ls[i].t < t1;
-          const unsigned char* src = ls[i].next(tile, t1) + part_bytes;
-          if (!ok) src = ls[i].base;  // any mapped address; the copy reads nothing
-          unsigned char* dst = st + cfg::token_of(tid, i) * cfg::row_bytes;
-          copy16_async_zfill(dst, src, ok ? 16u : 0u);
-          copy16_async_zfill(dst + tile * cfg::row_bytes, src + v_delta, ok ? 16u : 0u);
+          for (int i = 0; i < cfg::thread_tokens; ++i) {
+            const bool ok            = ls[i].t < t1;
+            const unsigned char* src = ls[i].next(tile, t1) + part_bytes;
+            if (!ok) src = ls[i].base;  // any mapped address; the copy reads nothing
+            unsigned char* dst = st + cfg::token_of(tid, i) * cfg::row_bytes;
+            copy16_async_zfill(dst, src, ok ? 16u : 0u);
+            copy16_async_zfill(dst + tile * cfg::row_bytes, src + v_delta, ok ? 16u : 0u);
+          }
+        };
+#pragma unroll
+        for (int st = 0; st < stages - 1; ++st) {
+          if (st < n_tiles) load_tile(st);
+          copy_async_commit();
         }
-      };
+        for (int ti = 0; ti < n_tiles; ++ti) {
+          if (ti + stages - 1 < n_tiles) load_tile(ti + stages - 1);
+          copy_async_commit();
+          copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
+          sync_block(sync_site::decode_tile_ready);
+          const T* ks                  = stage_base + (ti % stages) * (2 * tile * D);
+          const T* vs                  = ks + tile * D;
+          float sc[cfg::per_group][GB] = {};  // (rows g >= group stay unused)
 #pragma unroll
-      for (int st = 0; st < stages - 1; ++st) {
-        if (st < n_tiles) load_tile(st);
-        copy_async_commit();
-      }
-      for (int ti = 0; ti < n_tiles; ++ti) {
-        if (ti + stages - 1 < n_tiles) load_tile(ti + stages - 1);
-        copy_async_commit();
-        copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
-        sync_block(sync_site::decode_tile_ready);
-        const T* ks                  = stage_base + (ti % stages) * (2 * tile * D);
-        const T* vs                  = ks + tile * D;
-        float sc[cfg::per_group][GB] = {};  // (rows g >= group stay unused)
+          for (int u = 0; u < cfg::per_group; ++u) {
+            const int lt  = u * groups + tz;
+            const bool ok = t0 + ti * tile + lt < t1;
+            float kf[vec];
+            load_widen<T, vec>(ks + lt * D + tx * vec, kf);
 #pragma unroll
-        for (int u = 0; u < cfg::per_group; ++u) {
-          const int lt  = u * groups + tz;
-          const bool ok = t0 + ti * tile + lt < t1;
-          float kf[vec];
-          load_widen<T, vec>(ks + lt * D + tx * vec, kf);
+            for (int g = 0; g < GB; ++g) {
+              if (g < group) {
+                float dot = 0.f;
+#pragma unroll
+                for (int i = 0; i < vec; ++i) dot = fmaf(q[g][i], kf[i], dot);
+#pragma unroll
+                for (int off = bdx / 2; off > 0; off /= 2)
+                  dot += __shfl_xor_sync(0xffffffffu, dot, off);
+                sc[u][g] = ok ? dot : -INFINITY;
+              }
+            }
+          }
 #pragma unroll
           for (int g = 0; g < GB; ++g) {
             if (g < group) {
-              float dot = 0.f;
+              float mt = m[g];
 #pragma unroll
-              for (int i = 0; i < vec; ++i) dot = fmaf(q[g][i], kf[i], dot);
+              for (int u = 0; u < cfg::per_group; ++u) mt = fmaxf(mt, sc[u][g]);
+              float alpha = exp2_shifted(m[g], mt);  // 0 while m is -inf
+              s[g] *= alpha;
 #pragma unroll
-              for (int off = bdx / 2; off > 0; off /= 2)
-                dot += __shfl_xor_sync(0xffffffffu, dot, off);
-              sc[u][g] = ok ? dot : -INFINITY;
+              for (int i = 0; i < vec; ++i) o[g][i] *= alpha;
+#pragma unroll
+              for (int u = 0; u < cfg::per_group; ++u) {
+                sc[u][g] = exp2_shifted(sc[u][g], mt);
+                s[g] += sc[u][g];
+              }
+              m[g] = mt;
             }
           }
-        }
 #pragma unroll
-        for (int g = 0; g < GB; ++g) {
-          if (g < group) {
-            float mt = m[g];
+          for (int u = 0; u < cfg::per_group; ++u) {
+            float vf[vec];
+            load_widen<T, vec>(vs + (u * groups + tz) * D + tx * vec, vf);
 #pragma unroll
-            for (int u = 0; u < cfg::per_group; ++u) mt = fmaxf(mt, sc[u][g]);
-            float alpha = exp2_shifted(m[g], mt);  // 0 while m is -inf
-            s[g] *= alpha;
+            for (int g = 0; g < GB; ++g)
+              if (g < group)
 #pragma unroll
-            for (int i = 0; i < vec; ++i) o[g][i] *= alpha;
-#pragma unroll
-            for (int u = 0; u < cfg::per_group; ++u) {
-              sc[u][g] = exp2_shifted(sc[u][g], mt);
-              s[g] += sc[u][g];
-            }
-            m[g] = mt;
+                for (int i = 0; i < vec; ++i) o[g][i] = fmaf(sc[u][g], vf[i], o[g][i]);
           }
+          __syncthreads();  // the stage is refilled next iteration
         }
-#pragma unroll
-        for (int u = 0; u < cfg::per_group; ++u) {
-          float vf[vec];
-          load_widen<T, vec>(vs + (u * groups + tz) * D + tx * vec, vf);
-#pragma unroll
-          for (int g = 0; g < GB; ++g)
-            if (g < group)
-#pragma unroll
-              for (int i = 0; i < vec; ++i) o[g][i] = fmaf(sc[u][g], vf[i], o[g][i]);
-        }
-        __syncthreads();  // the stage is refilled next iteration
-      }
-      copy_async_wait<0>();
-      __syncthreads();
+        copy_async_wait<0>();
+        __syncthreads();
 
       // Merge the token groups' states (fixed order) and store.
 #pragma unroll
-      for (int g = 0; g < GB; ++g) {
-        if (g < group) {
-          if (tx == 0) {
-            s_m[tz][g] = m[g];
-            s_s[tz][g] = s[g];
-          }
+        for (int g = 0; g < GB; ++g) {
+          if (g < group) {
+            if (tx == 0) {
+              s_m[tz][g] = m[g];
+              s_s[tz][g] = s[g];
+            }
 #pragma unroll
-          for (int i = 0; i < vec; ++i) merge[(tz * GB + g) * D + tx * vec + i] = o[g][i];
+            for (int i = 0; i < vec; ++i) merge[(tz * GB + g) * D + tx * vec + i] = o[g][i];
+          }
         }
-      }
-      __syncthreads();
-      decode_store_piece<D, groups, cfg::threads, Fold>(
-          a,
-          work,
-          r,
-          len,
-          piece,
-          [&](int z, int g) { return s_m[z][g]; },
-          [&](int z, int g) { return s_s[z][g]; },
-          [&](int z, int g, int x) { return merge[(z * GB + g) * D + x]; });
-      __syncthreads();  // shared memory is reused by the next piece
-    });
+        __syncthreads();
+        decode_store_piece<D, groups, cfg::threads, Fold>(
+            a,
+            work,
+            r,
+            len,
+            piece,
+            [&](int z, int g) { return s_m[z][g]; },
+            [&](int z, int g) { return s_s[z][g]; },
+            [&](int z, int g, int x) { return merge[(z * GB + g) * D + x]; });
+        __syncthreads();  // shared memory is reused by the next piece
+      });
     pre += len;
-  }
+    }
   decode_finish_merges<cfg::threads, Fold>(a, work);
+  __syncthreads();  // the next head's scan reuses shared memory
+  }
 }
 
 /// Merge of the partials of one (request, KV head); also writes heads that hold no tokens.
@@ -276,8 +284,12 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const
   const int r = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
   grid_dependency_launch_dependents();  // (PDL) the next kernel may be scheduled
   grid_dependency_wait();               // (PDL) the split kernel's partials and prefix are visible
+  // Stream positions: the head's own (per-head map) or the layer's, whose total is where the
+  // last head's prefix ends (layer stream).
   const std::int64_t* pre_h = a.prefix + static_cast<std::int64_t>(h) * (B + 1);
-  const std::int64_t pre = pre_h[r], len = pre_h[r + 1] - pre, W = pre_h[B];
+  const std::int64_t pre = pre_h[r], len = pre_h[r + 1] - pre;
+  const std::int64_t W =
+      p.splits.layer_stream ? a.prefix[static_cast<std::int64_t>(H - 1) * (B + 1) + B] : pre_h[B];
   const std::int64_t share = p.splits.share(p.layer, h);
   if (len > 0) {  // a request of one piece is written by the split kernel
     const bool single = p.invariant_pieces > 0 ? invariant_piece_count(len, p.invariant_pieces) == 1

@@ -105,13 +105,26 @@ __device__ __forceinline__ void finalize_store(decode_args const& a,
   if (write_lse && a.p.lse) a.p.lse[lse_index] = (mm + log2_of(den)) * ln2;
 }
 
-/// One CTA's work in the static split map: KV head `h`, its index `j` among the head's `share`
-/// CTAs, the head's total length `W` and the requests [r_first, r_last] its range overlaps
-/// (`pre`: the head's tokens before r_first). `empty`: the CTA's range holds no token.
+/// One CTA's work on one KV head: head `h`, the CTA's index `j` among the head's `share` CTAs,
+/// the stream's total `W`, the requests [r_first, r_last] its range overlaps (`pre`: the stream
+/// position of r_first's first token) and the head's own tokens over the batch (`tokens`). With a
+/// per-head map the stream is the head's (j local, W = tokens); with a layer stream it is the
+/// layer's (j the CTA's index, share N_CTA, pre counted from the layer's first head). `empty`: the
+/// CTA's range holds none of the head's tokens.
 struct decode_cta_work {
   int h = 0, r_first = 0, r_last = -1;
-  std::int64_t j = 0, share = 0, W = 0, pre = 0;
+  std::int64_t j = 0, share = 0, W = 0, pre = 0, tokens = 0;
   bool empty = true;
+};
+
+/// The KV heads one CTA walks, in order from `first` (whose tokens start at stream position
+/// `origin`) to `last`: with a per-head map the CTA's one head; with a layer stream every head
+/// whose tokens meet the CTA's range [begin, end) of the layer's W tokens, or whose origin lies
+/// in it (that CTA writes the head's merge prefix and, folded, its empty requests; heads that
+/// start at W go to the last CTA). None when first > last.
+struct decode_cta_heads {
+  int first = 0, last = -1;
+  std::int64_t origin = 0, W = 0, begin = 0, end = 0;
 };
 
 /**
@@ -178,72 +191,166 @@ __device__ __forceinline__ unsigned* decode_merge_mask() {
 }
 
 /**
- * Locates this CTA's work (collective over the CTA of `Threads` threads): the head's inclusive
- * length prefix over the batch by block scan in `smem` (decode_max_batch * 8 bytes, free again
- * on return), the head's exclusive prefix for the merge kernel (CTA j == 0 writes it), and the
- * first and last requests of the CTA's stream range by binary search.
+ * Sums head `h`'s lengths over the batch and, when `incl` is set (shared memory, batch_size
+ * entries), stores its inclusive prefix there (block scan, collective over the CTA of `Threads`
+ * threads). Reads only the view's arrays; returns the head's total, the same in every thread.
  */
-template <int Threads, bool Fold>
-__device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const& a,
-                                                              unsigned char* smem) {
+template <int Threads>
+__device__ __forceinline__ std::int64_t decode_scan_head(decode_args const& a,
+                                                         int h,
+                                                         std::int64_t* incl) {
   constexpr int scan_items = 4;  ///< requests per thread per prefix tile
   using scan_t             = cub::BlockScan<std::int64_t, Threads>;
   __shared__ typename scan_t::TempStorage scan_storage;
-  __shared__ std::int32_t s_first, s_last;
-  __shared__ std::int64_t s_pre_first;
-
-  decode_params const& p  = a.p;
-  kv_cache_view const& kv = p.kv;
+  kv_cache_view const& kv = a.p.kv;
   const int tid           = static_cast<int>(threadIdx.x);
-  const int layer         = p.layer;
   const int B             = kv.batch_size;
-  const int cta           = static_cast<int>(blockIdx.x);
-  // Debug builds: the layer's row of the split map must cover exactly the grid.
-  TANGRAM_DEVICE_CHECK(
-      p.splits.begin(layer, 0) == 0 && p.splits.begin(layer, kv.num_kv_heads) == p.splits.num_ctas,
-      "decode: split map row must run from 0 to num_ctas");
-  decode_cta_work w;
-  w.h     = p.splits.head_of_cta(layer, cta);
-  w.share = p.splits.share(layer, w.h);
-  w.j     = cta - p.splits.begin(layer, w.h);
-
-  // The head's inclusive length prefix over the batch, in shared memory.
-  auto* incl         = reinterpret_cast<std::int64_t*>(smem);
-  std::int64_t carry = 0;
+  std::int64_t carry      = 0;
   for (int base = 0; base < B; base += Threads * scan_items) {
     std::int64_t items[scan_items];
 #pragma unroll
     for (int u = 0; u < scan_items; ++u) {
       int r    = base + tid * scan_items + u;
-      items[u] = r < B ? kv.head_len(r, layer, w.h) : 0;
+      items[u] = r < B ? kv.head_len(r, a.p.layer, h) : 0;
     }
     std::int64_t tile_total;
     scan_t(scan_storage).InclusiveSum(items, items, tile_total);
+    if (incl != nullptr)
 #pragma unroll
-    for (int u = 0; u < scan_items; ++u) {
-      int r = base + tid * scan_items + u;
-      if (r < B) incl[r] = carry + items[u];
-    }
+      for (int u = 0; u < scan_items; ++u) {
+        int r = base + tid * scan_items + u;
+        if (r < B) incl[r] = carry + items[u];
+      }
     carry += tile_total;
     __syncthreads();
   }
-  w.W = carry;
-  // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages and
-  // the workspace (which the previous decode launch's merge may still read) wait for the
-  // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
-  // this grid in their own grid_dependency_wait.
-  grid_dependency_wait();
-  grid_dependency_launch_dependents();
-  if (w.j == 0)  // the merge kernel reads the head's exclusive prefix
+  return carry;
+}
+
+/**
+ * The heads this CTA walks (decode_cta_heads; collective over the CTA of `Threads` threads).
+ * A layer stream sums each head's tokens over the batch once, a warp per head (shuffle
+ * reductions into `smem`, num_kv_heads * 8 bytes, free again on return; decode_params::validate
+ * bounds the heads by decode_max_batch), then every thread walks the totals to the CTA's range.
+ * Reads only the view's arrays (before the PDL wait).
+ */
+template <int Threads>
+__device__ __forceinline__ decode_cta_heads decode_heads_of_cta(decode_args const& a,
+                                                                unsigned char* smem) {
+  decode_params const& p = a.p;
+  const int cta          = static_cast<int>(blockIdx.x);
+  decode_cta_heads c;
+  if (!p.splits.layer_stream) {
+    // Debug builds: the layer's row of the split map must cover exactly the grid.
+    TANGRAM_DEVICE_CHECK(p.splits.begin(p.layer, 0) == 0 &&
+                             p.splits.begin(p.layer, p.kv.num_kv_heads) == p.splits.num_ctas,
+                         "decode: split map row must run from 0 to num_ctas");
+    c.first = c.last = p.splits.head_of_cta(p.layer, cta);
+    return c;
+  }
+  constexpr int warps = Threads / 32;
+  const int H = p.kv.num_kv_heads, N = p.splits.num_ctas, B = p.kv.batch_size;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  auto* totals = reinterpret_cast<std::int64_t*>(smem);
+  for (int h = warp; h < H; h += warps) {
+    std::int64_t sum = 0;
+    for (int r = lane; r < B; r += 32) sum += p.kv.head_len(r, p.layer, h);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) totals[h] = sum;
+  }
+  __syncthreads();
+  for (int h = 0; h < H; ++h) c.W += totals[h];
+  const stream_range range = split_range(cta, N, c.W);
+  c.begin                  = range.begin;
+  c.end                    = range.end;
+  const bool last_cta      = cta == N - 1;
+  c.first                  = H;  // none yet
+  std::int64_t origin      = 0;
+  for (int h = 0; h < H; ++h) {
+    // Heads that start at or past the range's end belong to later CTAs (the last CTA also takes
+    // those that start at W: empty heads after the last token).
+    if (origin >= c.end && !(last_cta && origin == c.W)) break;
+    const std::int64_t tokens = totals[h];
+    if (c.first == H && (origin + tokens > c.begin || origin >= c.begin)) {
+      c.first  = h;
+      c.origin = origin;
+    }
+    if (c.first != H) c.last = h;
+    origin += tokens;
+  }
+  if (c.first == H) c.first = 0;  // nothing to walk (c.last stays -1)
+  __syncthreads();                // shared memory is reused by the caller
+  return c;
+}
+
+/**
+ * Locates this CTA's work on head `h` of its walk (collective over the CTA of `Threads`
+ * threads), `origin` the head's first stream position (0 with a per-head map): the head's
+ * inclusive length prefix over the batch by block scan in `smem` (decode_max_batch * 8 bytes,
+ * free again on return), the head's exclusive prefix for the merge kernel (in stream positions;
+ * written by local CTA 0 of a per-head map's head, by the CTA holding the head's origin in a
+ * layer stream, which then also writes the head's empty requests when the merge is folded), and
+ * the first and last requests of the CTA's range on the head by binary search. The first head of
+ * the walk waits for the previous kernel (PDL) after its scan.
+ */
+template <int Threads, bool Fold>
+__device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const& a,
+                                                              unsigned char* smem,
+                                                              decode_cta_heads const& heads,
+                                                              int h,
+                                                              std::int64_t origin) {
+  __shared__ std::int32_t s_first, s_last;
+  __shared__ std::int64_t s_pre_first;
+
+  decode_params const& p = a.p;
+  const int tid          = static_cast<int>(threadIdx.x);
+  const int B            = p.kv.batch_size;
+  const int cta          = static_cast<int>(blockIdx.x);
+  const bool stream      = p.splits.layer_stream;
+  decode_cta_work w;
+  w.h     = h;
+  w.share = p.splits.share(p.layer, h);
+  w.j     = cta - p.splits.begin(p.layer, h);
+
+  // The head's inclusive length prefix over the batch, in shared memory.
+  auto* incl = reinterpret_cast<std::int64_t*>(smem);
+  w.tokens   = decode_scan_head<Threads>(a, h, incl);
+  w.W        = stream ? heads.W : w.tokens;
+  if (h == heads.first) {
+    // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages
+    // and the workspace (which the previous decode launch's merge may still read) wait for the
+    // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
+    // this grid in their own grid_dependency_wait.
+    grid_dependency_wait();
+    grid_dependency_launch_dependents();
+  }
+  const bool duty = stream ? (origin >= heads.begin && origin < heads.end) ||
+                                 (origin == heads.W && cta == p.splits.num_ctas - 1)
+                           : w.j == 0;
+  if (duty)  // the merge kernel reads the head's exclusive prefix
     for (int r = tid; r <= B; r += Threads)
-      a.prefix[static_cast<std::int64_t>(w.h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
-  if constexpr (Fold)  // no merge kernel: the head's empty requests, spread over its CTAs
-    for (int r = static_cast<int>(w.j); r < B; r += static_cast<int>(w.share))
+      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = origin + (r == 0 ? 0 : incl[r - 1]);
+  if constexpr (Fold) {  // no merge kernel: the head's empty requests, spread over its CTAs
+    const int first = stream ? (duty ? 0 : B) : static_cast<int>(w.j);
+    const int step  = stream ? 1 : static_cast<int>(w.share);
+    for (int r = first; r < B; r += step)
       if (incl[r] == (r > 0 ? incl[r - 1] : 0))
-        decode_merge_request<Threads>(a, r, w.h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share);
-  const stream_range range = split_range(w.j, w.share, w.W);
-  w.empty                  = range.empty();  // uniform across the CTA
-  if (w.empty) return w;
+        decode_merge_request<Threads>(a, r, h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share);
+  }
+  // The CTA's range in the head's own token positions.
+  stream_range range = split_range(w.j, w.share, w.tokens);
+  if (stream) {
+    const std::int64_t lo = (heads.begin > origin ? heads.begin : origin) - origin;
+    const std::int64_t hi =
+        (heads.end < origin + w.tokens ? heads.end : origin + w.tokens) - origin;
+    range = {lo, hi > lo ? hi : lo};
+  }
+  w.empty = range.empty();  // uniform across the CTA
+  if (w.empty) {
+    __syncthreads();  // shared memory is reused by the caller
+    return w;
+  }
   if (tid == 0) {
     int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
     while (lo < hi) {
@@ -268,7 +375,7 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
   __syncthreads();
   w.r_first = s_first;
   w.r_last  = s_last;
-  w.pre     = s_pre_first;
+  w.pre     = origin + s_pre_first;
   if constexpr (Fold)  // no completed merge counts yet
     for (int i = tid; i * 32 <= w.r_last - w.r_first; i += Threads) decode_merge_mask()[i] = 0;
   __syncthreads();  // shared memory is reused by the caller

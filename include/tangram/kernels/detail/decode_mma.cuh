@@ -157,37 +157,41 @@ TANGRAM_KERNEL __launch_bounds__(
   const int lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, tq = lane % 4;  // fragment row (query head) and column pair
   const int layer = p.layer, group = p.group;
-  const decode_cta_work work = decode_locate_work<threads, Fold>(a, smem);
-  if (work.empty) return;  // uniform across the CTA
-  std::int64_t pre = work.pre;
+  const decode_cta_heads heads = decode_heads_of_cta<threads>(a, smem);
+  std::int64_t origin          = heads.origin;
+  for (int head = heads.first; head <= heads.last; ++head) {
+    const decode_cta_work work = decode_locate_work<threads, Fold>(a, smem, heads, head, origin);
+    origin += work.tokens;
+    if (work.empty) continue;  // uniform across the CTA
+    std::int64_t pre = work.pre;
 
-  M* qs                  = reinterpret_cast<M*>(smem);
-  unsigned char* wregion = smem + cfg::q_bytes + warp * cfg::warp_bytes;     // this warp's ring
-  M* wide      = reinterpret_cast<M*>(wregion + stages * cfg::stage_bytes);  // fp8: widened tile
-  auto* wmerge = reinterpret_cast<float*>(wregion);  // its output state at the end of a piece
-  // ldmatrix row addresses that depend only on the lane (elements).
-  const int q_lane = (lane % 16) * row + (lane / 16) * 8;  // A: rows 0-15, k halves
-  const int k_lane = ((lane / 16) * 8 + lane % 8) * row + ((lane / 8) % 2) * 8;  // B of S
-  const int v_lane = (((lane / 8) % 2) * 8 + lane % 8) * row + (lane / 16) * 8;  // B of O
-  // This lane's chunk of the rows it copies (row-contiguous: see decode_mma_config::copies).
-  const int c_lane = (lane / cfg::row_chunks) * cfg::raw_row + (lane % cfg::row_chunks) * 16;
-  // fp8 scales: the K scale multiplies the scores (folding it into the f16 query rows would push
-  // their lo parts into f16's subnormal range for typical scales); the V scale the output
-  // (decode_store_piece). 1 for 16-bit K/V.
-  const float k_scale = p.scales.k_of(work.h);
-  // fp8: the warp widens tile rows of a stage (K or V, D bytes each) into `wide`, exactly.
-  // Lane l widens the 8-byte halves l + 32 u of the tile's stored rows into 16 bytes each, so
-  // the 8 lanes of a 16-byte store phase write 128 contiguous bytes: conflict-free (before issue
-  // #34 a lane widened 16 bytes into two stores 32 bytes apart, conflicting 2-way).
-  auto widen_rows = [&](const auto* rows) {  // generic: instantiated for fp8 only
-    constexpr int halves = D / 8;            // 8-byte halves of a stored fp8 row
+    M* qs                  = reinterpret_cast<M*>(smem);
+    unsigned char* wregion = smem + cfg::q_bytes + warp * cfg::warp_bytes;     // this warp's ring
+    M* wide      = reinterpret_cast<M*>(wregion + stages * cfg::stage_bytes);  // fp8: widened tile
+    auto* wmerge = reinterpret_cast<float*>(wregion);  // its output state at the end of a piece
+    // ldmatrix row addresses that depend only on the lane (elements).
+    const int q_lane = (lane % 16) * row + (lane / 16) * 8;  // A: rows 0-15, k halves
+    const int k_lane = ((lane / 16) * 8 + lane % 8) * row + ((lane / 8) % 2) * 8;  // B of S
+    const int v_lane = (((lane / 8) % 2) * 8 + lane % 8) * row + (lane / 16) * 8;  // B of O
+    // This lane's chunk of the rows it copies (row-contiguous: see decode_mma_config::copies).
+    const int c_lane = (lane / cfg::row_chunks) * cfg::raw_row + (lane % cfg::row_chunks) * 16;
+    // fp8 scales: the K scale multiplies the scores (folding it into the f16 query rows would push
+    // their lo parts into f16's subnormal range for typical scales); the V scale the output
+    // (decode_store_piece). 1 for 16-bit K/V.
+    const float k_scale = p.scales.k_of(work.h);
+    // fp8: the warp widens tile rows of a stage (K or V, D bytes each) into `wide`, exactly.
+    // Lane l widens the 8-byte halves l + 32 u of the tile's stored rows into 16 bytes each, so
+    // the 8 lanes of a 16-byte store phase write 128 contiguous bytes: conflict-free (before issue
+    // #34 a lane widened 16 bytes into two stores 32 bytes apart, conflicting 2-way).
+    auto widen_rows = [&](const auto* rows) {  // generic: instantiated for fp8 only
+      constexpr int halves = D / 8;            // 8-byte halves of a stored fp8 row
 #pragma unroll
-    for (int u = 0; u < tile * halves / 32; ++u) {
-      const int c = lane + 32 * u, tok = c / halves, part = c % halves;
-      *reinterpret_cast<uint4*>(wide + tok * row + part * 8) =
-          fp8x8_to_f16<T>(*reinterpret_cast<const uint2*>(rows + tok * cfg::raw_row + part * 8));
-    }
-  };
+      for (int u = 0; u < tile * halves / 32; ++u) {
+        const int c = lane + 32 * u, tok = c / halves, part = c % halves;
+        *reinterpret_cast<uint4*>(wide + tok * row + part * 8) =
+            fp8x8_to_f16<T>(*reinterpret_cast<const uint2*>(rows + tok * cfg::raw_row + part * 8));
+      }
+    };
 
   for (int r = work.r_first; r <= work.r_last; ++r) {
     const std::int64_t len = kv.head_len(r, layer, work.h);
@@ -369,6 +373,8 @@ TANGRAM_KERNEL __launch_bounds__(
     pre += len;
   }
   decode_finish_merges<threads, Fold>(a, work);
+  __syncthreads();  // the next head's scan reuses shared memory
+  }
 }
 
 }  // namespace tangram::detail

@@ -65,10 +65,12 @@ inline double planner_skew_at(static_plan const& plan,
                                  : layer_imbalance(plan.rules, plan.splits, contexts));
 }
 
-/// Tangram's skew of one batch on the split map `split` runs: the plan's AOT map, or the map
-/// balanced per step on the device (kernels/balanced_split.hpp).
+/// Tangram's skew of one batch on the split map `split` runs: the plan's AOT map, the map
+/// balanced per step on the device (kernels/balanced_split.hpp), or the layer stream.
 inline double tangram_skew_of(batch_imbalance const& imb, tangram_split split) {
-  return split == tangram_split::balanced ? imb.balanced.mean : imb.aot.mean;
+  return split == tangram_split::balanced ? imb.balanced.mean
+         : split == tangram_split::stream ? imb.stream.mean
+                                          : imb.aot.mean;
 }
 
 /// Tangram's static plan's skew of one batch: every head holding its budget (`layer_imbalance`).

@@ -71,10 +71,13 @@ constexpr std::string_view to_string(baseline_balance b) noexcept {
 enum class tangram_split : std::uint8_t {
   balanced,  ///< balanced per step on the device (balance_decode_splits): pays one launch a step
   aot,       ///< the plan's ahead-of-time map alone
+  /// the layer stream (layer_stream_split): CTAs cut the layer's tokens across heads; nothing
+  /// planned or launched per step
+  stream,
 };
 
 constexpr std::string_view to_string(tangram_split s) noexcept {
-  return s == tangram_split::balanced ? "balanced" : "aot";
+  return s == tangram_split::balanced ? "balanced" : s == tangram_split::aot ? "aot" : "stream";
 }
 
 /// @brief The two cost settings of the verdict (file comment).
