@@ -415,17 +415,18 @@ class Kernels:
         return self.by_short.get(name)
 
 
-def decode_kernel_name(T, D, GB, tc, fold):
+def decode_kernel_name(T, D, GB, tc, fold, stream=False):
     mma = tc and T in ("bf16", "f16", "fp8_e4m3", "fp8_e5m2") and GB in (4, 8)
     kind = "decode_mma_kernel" if mma else "decode_split_kernel"
-    return f"{kind}<{T}, {D}, {GB}, {'true' if fold else 'false'}>", mma
+    flag = lambda b: "true" if b else "false"
+    return f"{kind}<{T}, {D}, {GB}, {flag(fold)}, {flag(stream)}>", mma
 
 
-def decode_row(ks, case, T, D, GB, tc=True, fold=False):
+def decode_row(ks, case, T, D, GB, tc=True, fold=False, stream=False):
     """A decode split kernel streaming long pieces (batch 64 x 32K tokens per KV head: a CTA's
     range spans thousands of tiles, so the per-piece work is left out)."""
-    name, mma = decode_kernel_name(T, D, GB, tc, fold)
-    k, occ = ks.get(name), decode_occupancy(ks, T, D, GB, tc, fold)
+    name, mma = decode_kernel_name(T, D, GB, tc, fold, stream)
+    k, occ = ks.get(name), decode_occupancy(ks, T, D, GB, tc, fold, stream)
     if k is None or occ is None or not k.get("sass"):
         return None
     cfg = decode_mma_config(T, D) if mma else decode_config(T, D)
@@ -643,38 +644,41 @@ def roofline(ks):
         decode_row(ks, "decode_tensor_core_fp8_e4m3", "fp8_e4m3", 128, 4),
         decode_row(ks, "decode_cuda_core_gqa4", "bf16", 128, 4, tc=False),
         decode_row(ks, "decode_cuda_core_f32_gqa1", "float", 128, 1),
+        decode_row(ks, "decode_tensor_core_stream", "bf16", 128, 4, stream=True),
+        decode_row(ks, "decode_cuda_core_gqa1_stream", "bf16", 128, 1, stream=True),
+        decode_row(ks, "decode_cuda_core_gqa2_stream", "bf16", 128, 2, stream=True),
         comp,
     ]
     return rows, [r for r in extra if r is not None]
 
 
-def decode_occupancy(ks, T, D, GB, tc, fold):
-    """(planned, launched) CTAs per SM: the plan's (decode_device_limits: the lower of the kernel
-    kind's plain and folded-merge variants) and the launched variant's, from the built resource
-    usage; None if not built."""
-    name, mma = decode_kernel_name(T, D, GB, tc, fold)
-    plain_name, _ = decode_kernel_name(T, D, GB, tc, False)
-    k, plain = ks.get(name), ks.get(plain_name)
-    if k is None or plain is None or "regs" not in k or "regs" not in plain:
+def decode_occupancy(ks, T, D, GB, tc, fold, stream=False):
+    """(planned, launched) CTAs per SM: the plan's (decode_device_limits: the lowest of the kernel
+    kind's plain and folded-merge variants, each per-head and layer-stream) and the launched
+    variant's, from the built resource usage; None if not built."""
+    name, mma = decode_kernel_name(T, D, GB, tc, fold, stream)
+    k = ks.get(name)
+    if k is None or "regs" not in k:
         return None
     cfg = decode_mma_config(T, D) if mma else decode_config(T, D)
-    fold_name, _ = decode_kernel_name(T, D, GB, tc, True)
-    folded = ks.get(fold_name)
-    if folded is None or "regs" not in folded:
+    variants = [ks.get(decode_kernel_name(T, D, GB, tc, f, st)[0])
+                for f in (False, True) for st in (False, True)]
+    if any(v is None or "regs" not in v for v in variants):
         return None
     planned = min(occupancy(v["regs"], cfg["threads"], static_smem(v), cfg["smem"])
-                  for v in (plain, folded))
+                  for v in variants)
     return (planned, occupancy(k["regs"], cfg["threads"], static_smem(k), cfg["smem"]))
 
 
 def occupancy_checks(ks):
-    """Every built decode instance's folded-merge variant against the plan."""
+    """Every built decode instance's folded-merge and layer-stream variants against the plan."""
     out = []
     for n in ks.names:
-        m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+), true>$", n)
-        if m:
+        m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+), (true|false), (true|false)>$",
+                     n)
+        if m and (m.group(5) == "true" or m.group(6) == "true"):
             o = decode_occupancy(ks, m.group(2), int(m.group(3)), int(m.group(4)),
-                                 m.group(1) == "mma", True)
+                                 m.group(1) == "mma", m.group(5) == "true", m.group(6) == "true")
             if o:
                 out.append((n, o[0], o[1]))
     return out
@@ -721,7 +725,7 @@ def markdown(ks, rows, extra, header):
     for n in ks.names:
         k = ks.get(n)
         dyn = loop = kvb = per = wper = "-"
-        m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+), (?:true|false)>$", n)
+        m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+), (?:true|false), (?:true|false)>$", n)
         if m and k.get("sass"):
             T, D = m.group(2), int(m.group(3))
             mma = m.group(1) == "mma"

@@ -253,8 +253,12 @@ void bind_reference(nb::module_& m) {
          std::optional<any_array> k_scale,
          std::optional<any_array> v_scale,
          std::int32_t invariant_pieces,
-         bool balanced_splits) {
+         bool balanced_splits,
+         bool layer_stream) {
         c.expect_host_pool("reference_decode_attention");
+        TANGRAM_EXPECTS(!(balanced_splits && layer_stream),
+                        invalid_argument,
+                        "reference_decode_attention: balanced_splits and layer_stream: pass at most one");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);
@@ -272,6 +276,8 @@ void bind_reference(nb::module_& m) {
           balanced           = balanced_map(view, plan.splits.num_ctas());
           p.splits.cta_begin = balanced.data();
         }
+        if (layer_stream)
+          p.splits = layer_stream_split(plan.num_layers, view.num_kv_heads, plan.splits.num_ctas());
         p.layer            = layer;
         p.group            = group;
         p.q                = q.data();
@@ -299,8 +305,10 @@ void bind_reference(nb::module_& m) {
       nb::arg("v_scale")          = nb::none(),
       nb::arg("invariant_pieces") = 0,
       nb::arg("balanced_splits")  = false,
+      nb::arg("layer_stream")     = false,
       "Decode attention of `layer` for the batch (reference/decode_attention.hpp, split as the\n"
-      "plan's split map, or with balanced_splits=True as reference_balance_decode_splits'):\n"
+      "plan's split map, with balanced_splits=True as reference_balance_decode_splits', or with\n"
+      "layer_stream=True cut across heads as layer_stream_split):\n"
       "q [batch, query heads, d] float32, float16 or bfloat16 (uint16 bits)\n"
       "-> (o [batch, query heads, d],\n"
       "lse [batch, query heads]) float32. sm_scale 0 means 1/sqrt(d). fp8 caches: k_scale /\n"

@@ -128,6 +128,10 @@ def test_device_kernels_match_the_cpu_reference(static_plan):
     o3 = empty((1, H * group, d), np.float32)
     tangram.cuda.decode_attention(mirror, 0, dev(q), o3, workspace=ws, balanced_splits=True)
     np.testing.assert_allclose(host(o3), o_ref, rtol=2e-3, atol=2e-4)
+    # No map: the layer stream (CTAs across heads), the same attention.
+    o4 = empty((1, H * group, d), np.float32)
+    tangram.cuda.decode_attention(mirror, 0, dev(q), o4, workspace=ws, layer_stream=True)
+    np.testing.assert_allclose(host(o4), o_ref, rtol=2e-3, atol=2e-4)
 
     host_kv, _ = managers["host"]
     assert np.array_equal(pool_bytes(kv), host_kv.pool()), "the pools differ after the same writes"

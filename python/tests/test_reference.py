@@ -259,5 +259,11 @@ def test_balanced_split_map_fits_the_batch_and_leaves_attention_unchanged(static
         o_bal, lse_bal = tangram.reference_decode_attention(kv, l, q, balanced_splits=True)
         np.testing.assert_allclose(o_bal, o_plan, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(lse_bal, lse_plan, rtol=1e-6, atol=1e-6)
+        # No map at all: the CTAs cut the layer's tokens across heads; the same attention.
+        o_ls, lse_ls = tangram.reference_decode_attention(kv, l, q, layer_stream=True)
+        np.testing.assert_allclose(o_ls, o_plan, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(lse_ls, lse_plan, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="balanced_splits and layer_stream: pass at most one"):
+        tangram.reference_decode_attention(kv, 0, q, balanced_splits=True, layer_stream=True)
     for seq in seqs:
         kv.free(seq)

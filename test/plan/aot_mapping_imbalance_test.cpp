@@ -163,6 +163,17 @@ TEST_CASE("AOT CTA ranges are the floor(j W / S) split of the concatenated strea
       map_layer_pieces(m.view(), 1, rules.data(), ctx, nullptr, 2, off, out, 5),
       invalid_argument,
       "layer: must be in [0, 0], got 1");
+  // A layer-stream view has no per-head CTAs (the kernels cut the layer's stream): refused
+  // before anything is written (it would otherwise split every head over all 3 CTAs).
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      map_layer_pieces(layer_stream_split(1, 1, 3), 0, rules.data(), ctx, nullptr, 2, off, out, 5),
+      invalid_argument,
+      "view.layer_stream");
+  std::int64_t lengths[2] = {5, 2}, loads[3];
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      aot_cta_loads_from_lengths(layer_stream_split(1, 1, 3), 0, lengths, 2, loads),
+      invalid_argument,
+      "view.layer_stream");
 }
 
 TEST_CASE("load imbalance is max over mean slot tokens", "[split_analysis]") {

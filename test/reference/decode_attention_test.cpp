@@ -268,7 +268,7 @@ TEST_CASE("layer-stream pieces: every token once, unique slots, CTAs within one 
       for (std::int32_t h = 0; h < H; ++h)
         for (std::int32_t r = 0; r < B; ++r) {
           const std::int64_t n     = len[static_cast<std::size_t>(h * B + r)];
-          const stream_range piece = piece_of(j, map.share(0, h), W, pre, n);
+          const stream_range piece = piece_of(j, map.head_ctas(0, h), W, pre, n);
           if (n > 0 && !piece.empty()) {
             const std::int64_t slot = map.partial_slot(0, h, j, r, B);
             REQUIRE(slot >= 0);
@@ -278,7 +278,7 @@ TEST_CASE("layer-stream pieces: every token once, unique slots, CTAs within one 
             covered[static_cast<std::size_t>(h * B + r)] = piece.end;
             mine += piece.end - piece.begin;
             // The merge finds this CTA among the request's span.
-            const cta_span span = request_ctas(pre, n, map.share(0, h), W);
+            const cta_span span = request_ctas(pre, n, map.head_ctas(0, h), W);
             REQUIRE(span.first <= j);
             REQUIRE(j <= span.last);
           }

@@ -25,7 +25,8 @@
  * per step: the kernels find each head's origin from the view's lengths. In this mode a head
  * "owns" every CTA (begin 0, share N_CTA) and its tokens sit at stream positions [O_h, O_h + W_h);
  * the piece of CTA j for request r of head h goes to slot `j + h * batch + r`, unique because
- * along the layer stream j + r grows within a head and heads are batch slots apart.
+ * along the layer stream j + r grows within a head and heads are batch slots apart. `begin` and
+ * `share` read a per-head map's boundaries; `head_first_cta` and `head_ctas` answer for both.
  *
  * Every function here is host/device: the CPU reference and the CUDA kernels share them.
  */
@@ -49,15 +50,22 @@ struct split_map_view {
   bool layer_stream = false;
 
   /// First CTA of head `h` of layer `l` (h == num_kv_heads gives num_ctas).
-  /// (Layer stream: 0 for every head but num_kv_heads, which gives num_ctas.)
+  /// (Per-head maps: reads the boundaries.)
   TANGRAM_HOST_DEVICE std::int32_t begin(std::int32_t l, std::int32_t h) const {
-    if (layer_stream) return h == num_kv_heads ? num_ctas : 0;
     return cta_begin[l * (num_kv_heads + 1) + h];
   }
-  /// CTAs owned by head `h` of layer `l` (layer stream: every CTA, num_ctas).
+  /// CTAs owned by head `h` of layer `l` (per-head maps).
   TANGRAM_HOST_DEVICE std::int32_t share(std::int32_t l, std::int32_t h) const {
-    if (layer_stream) return num_ctas;
     return begin(l, h + 1) - begin(l, h);
+  }
+  /// First CTA of head `h`'s stream in either mode: begin(l, h), or 0 with a layer stream (the
+  /// stream is the layer's, every CTA may reach every head).
+  TANGRAM_HOST_DEVICE std::int32_t head_first_cta(std::int32_t l, std::int32_t h) const {
+    return layer_stream ? 0 : begin(l, h);
+  }
+  /// CTAs of head `h`'s stream in either mode: share(l, h), or num_ctas with a layer stream.
+  TANGRAM_HOST_DEVICE std::int32_t head_ctas(std::int32_t l, std::int32_t h) const {
+    return layer_stream ? num_ctas : share(l, h);
   }
   /// The head that CTA `cta` of layer `l` serves (binary search over the layer's boundaries;
   /// per-head maps only: a layer-stream CTA's heads depend on the batch's lengths).
@@ -78,9 +86,11 @@ struct split_map_view {
   }
   /// Slot of the partial result of CTA `j` (local to head h; the CTA's index in the layer with a
   /// layer stream, where begin is 0) for request `r`.
+  /// (Either mode: the CTA's index in the layer plus h * batch + r.)
   TANGRAM_HOST_DEVICE std::int64_t partial_slot(
       std::int32_t l, std::int32_t h, std::int32_t j, std::int32_t r, std::int32_t batch) const {
-    return static_cast<std::int64_t>(begin(l, h)) + static_cast<std::int64_t>(h) * batch + j + r;
+    return static_cast<std::int64_t>(head_first_cta(l, h)) + static_cast<std::int64_t>(h) * batch +
+           j + r;
   }
 };
 

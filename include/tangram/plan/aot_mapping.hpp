@@ -137,6 +137,10 @@ inline std::size_t map_layer_pieces(split_map_view const& view,
                                     cta_piece* out,
                                     std::size_t capacity) {
   TANGRAM_EXPECTS(batch >= 1, invalid_argument, "batch: must be >= 1, got ", batch);
+  TANGRAM_EXPECTS(!view.layer_stream,
+                  invalid_argument,
+                  "view.layer_stream: map_layer_pieces maps a per-head split map; a layer stream "
+                  "has no per-head CTAs");
   TANGRAM_EXPECTS(layer >= 0 && layer < view.num_layers,
                   invalid_argument,
                   "layer: must be in [0, ",

@@ -89,7 +89,7 @@ void decode_head(decode_params const& p, split_mode mode, std::int32_t h) {
     prefix[static_cast<std::size_t>(r) + 1] =
         prefix[static_cast<std::size_t>(r)] + kv.head_len(r, p.layer, h);
   std::int64_t W     = prefix[static_cast<std::size_t>(B)];
-  std::int64_t share = mode == split_mode::split ? p.splits.share(p.layer, h) : 1;
+  std::int64_t share = mode == split_mode::split ? p.splits.head_ctas(p.layer, h) : 1;
   // A layer stream cuts every head's tokens in head order: this head's requests start at its
   // origin (the earlier heads' tokens) in a stream of the layer's W tokens.
   std::int64_t origin = 0;

@@ -444,7 +444,11 @@ void bind_cuda(nb::module_& parent) {
          bool pdl,
          nb::handle merge_counters,
          bool balanced_splits,
+         bool layer_stream,
          nb::handle stream) {
+        TANGRAM_EXPECTS(!(balanced_splits && layer_stream),
+                        invalid_argument,
+                        "decode_attention: balanced_splits and layer_stream: pass at most one");
         auto const& view = m.view();
         auto const& plan = m.plan();
         expect_layer(plan, layer);
@@ -456,7 +460,10 @@ void bind_cuda(nb::module_& parent) {
         auto to = tensor_arg(m, o, "o", {B, Hq, d}, is_float, types, true);
         decode_params p;
         p.kv       = view;
-        p.splits   = m.splits(balanced_splits);
+        p.splits   = layer_stream
+                         ? layer_stream_split(plan.num_layers, view.num_kv_heads,
+                                              m.splits(false).num_ctas)
+                         : m.splits(balanced_splits);
         p.layer    = layer;
         p.group    = group;
         p.q        = tq.data;
@@ -502,6 +509,7 @@ void bind_cuda(nb::module_& parent) {
       nb::arg("pdl")              = false,
       nb::arg("merge_counters")   = nb::none(),
       nb::arg("balanced_splits")  = false,
+      nb::arg("layer_stream")     = false,
       nb::arg("stream")           = nb::none(),
       "Decode attention of `layer` for the mirror's batch on the plan's split map (or, with\n"
       "balanced_splits=True, the map balance_decode_splits wrote this step): q and o\n"
@@ -513,7 +521,9 @@ void bind_cuda(nb::module_& parent) {
       "pdl: programmatic dependent launch (sm_90+; docs/kernels.md): the kernels may start while\n"
       "the previous kernel in the stream finishes; it must not write the view's arrays.\n"
       "merge_counters: int32 device tensor [H * max_batch], zeroed once and used by nothing else:\n"
-      "the split kernel merges the partials itself (one launch per layer; left zero).");
+      "the split kernel merges the partials itself (one launch per layer; left zero).\n"
+      "layer_stream=True: no split map; the CTAs cut the layer's tokens across heads\n"
+      "(layer_stream_split, docs/kernels.md), the plan's N_CTA of them.");
 
   m.def(
       "prefill_attention",

@@ -75,6 +75,10 @@ inline void aot_cta_loads_from_lengths(split_map_view const& view,
                                        std::int64_t const* lengths,
                                        std::int32_t batch,
                                        std::int64_t* loads) {
+  TANGRAM_EXPECTS(
+      !view.layer_stream,
+      invalid_argument,
+      "aot_cta_loads_from_lengths: view.layer_stream is set; this measures a per-head split map");
   auto H = static_cast<std::size_t>(view.num_kv_heads);
   for (std::int32_t h = 0; h < view.num_kv_heads; ++h)
     detail::head_cta_loads(detail::head_total(lengths, batch, H, h),
@@ -95,6 +99,10 @@ inline void invariant_cta_loads_from_lengths(split_map_view const& view,
                                              std::int32_t batch,
                                              std::int32_t pieces,
                                              std::int64_t* loads) {
+  TANGRAM_EXPECTS(!view.layer_stream,
+                  invalid_argument,
+                  "invariant_cta_loads_from_lengths: view.layer_stream is set; this measures a "
+                  "per-head split map");
   TANGRAM_EXPECTS(pieces >= 1 && pieces <= decode_max_invariant_pieces,
                   invalid_argument,
                   "invariant_cta_loads_from_lengths: pieces must be in [1, ",
@@ -132,6 +140,9 @@ inline void aot_cta_loads(split_map_view const& view,
                           std::int32_t batch,
                           std::int64_t* offsets,
                           std::int64_t* loads) {
+  TANGRAM_EXPECTS(!view.layer_stream,
+                  invalid_argument,
+                  "aot_cta_loads: view.layer_stream is set; this measures a per-head split map");
   for (std::int32_t h = 0; h < view.num_kv_heads; ++h)
     detail::head_cta_loads(head_stream_offsets(rules[h], contexts, decoded, batch, offsets),
                            view.share(layer, h),

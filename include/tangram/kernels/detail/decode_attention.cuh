@@ -93,7 +93,7 @@ constexpr int decode_min_ctas_per_sm(int group_bucket) {
   return group_bucket == 1 ? 5 : group_bucket == 2 ? 4 : group_bucket == 4 ? 3 : 1;
 }
 
-template <class T, int D, int GB, bool Fold>
+template <class T, int D, int GB, bool Fold, bool Stream>
 TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_split_kernel(
     decode_args const a) {
   using cfg            = decode_config<T, D>;
@@ -112,13 +112,10 @@ TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_sp
   const int tz               = tid / bdx;
   const int layer            = p.layer;
   const int group            = p.group;
-  const decode_cta_heads heads = decode_heads_of_cta<cfg::threads>(a, smem);
-  std::int64_t origin          = heads.origin;
-  for (int head = heads.first; head <= heads.last; ++head) {
-    const decode_cta_work work =
-        decode_locate_work<cfg::threads, Fold>(a, smem, heads, head, origin);
-    origin += work.tokens;
-    if (work.empty) continue;  // uniform across the CTA
+  // One KV head's pieces (a per-head map's CTA serves one head; a layer stream's those it meets).
+  auto serve_head = [&](int head) {
+    const decode_cta_work work = decode_locate_work<cfg::threads, Fold, Stream>(a, smem, head);
+    if (work.empty) return;  // uniform across the CTA
     const int h = work.h, r_first = work.r_first, r_last = work.r_last;
     std::int64_t pre = work.pre;
     // fp8 scales (kv_scales.hpp), folded once per CTA: q . (s_k k) = (s_k q) . k, so the K scale
@@ -268,10 +265,18 @@ TANGRAM_KERNEL __launch_bounds__(128, decode_min_ctas_per_sm(GB)) void decode_sp
             [&](int z, int g, int x) { return merge[(z * GB + g) * D + x]; });
         __syncthreads();  // shared memory is reused by the next piece
       });
-    pre += len;
+      pre += len;
     }
-  decode_finish_merges<cfg::threads, Fold>(a, work);
-  __syncthreads();  // the next head's scan reuses shared memory
+    decode_finish_merges<cfg::threads, Fold>(a, work);
+  };
+  if constexpr (Stream) {
+    decode_start_walk<cfg::threads>(a, smem);
+    for (int head = decode_first_head<true>(a); head >= 0; head = decode_next_head<true>()) {
+      serve_head(head);
+      __syncthreads();  // the next head's scan reuses shared memory
+    }
+  } else {
+    serve_head(decode_first_head<false>(a));
   }
 }
 
@@ -290,13 +295,13 @@ TANGRAM_KERNEL __launch_bounds__(128) void decode_merge_kernel(decode_args const
   const std::int64_t pre = pre_h[r], len = pre_h[r + 1] - pre;
   const std::int64_t W =
       p.splits.layer_stream ? a.prefix[static_cast<std::int64_t>(H - 1) * (B + 1) + B] : pre_h[B];
-  const std::int64_t share = p.splits.share(p.layer, h);
+  const std::int64_t share = p.splits.head_ctas(p.layer, h);
   if (len > 0) {  // a request of one piece is written by the split kernel
     const bool single = p.invariant_pieces > 0 ? invariant_piece_count(len, p.invariant_pieces) == 1
                                                : request_ctas(pre, len, share, W).single();
     if (single) return;
   }
-  decode_merge_request<128>(a, r, h, pre, len, W, share);
+  decode_merge_request<128>(a, r, h, pre, len, W, share, p.splits.head_first_cta(p.layer, h));
 }
 
 /// The kernels' arguments for validated parameters and a workspace of decode_workspace_bytes(p).
@@ -328,22 +333,30 @@ struct decode_split_launch {
 /**
  * The split kernel a launch of (T, D, GB) runs: the tensor-core kernel where
  * decode_uses_mma<T, GB> and `tensor_cores`, else the CUDA-core one; the folded-merge variant
- * (`Fold`) when `fold` (decode_params::merge_counters is set). The launcher and the occupancy
+ * (`Fold`) when `fold` (decode_params::merge_counters is set); the layer-stream variant
+ * (`Stream`, a loop over the heads a CTA meets) when `stream` (split_map_view::layer_stream), so
+ * that the per-head kernels carry no loop state. The launcher and the occupancy
  * query (decode_device_limits, decode_split_occupancy: the lower of the two variants') both take
  * the kernels from here, so the plan's CTAs per SM are at most those of the kernel that runs.
  */
 template <class T, int D, int GB>
-decode_split_launch decode_split_kernel_of(bool tensor_cores, bool fold) {
+decode_split_launch decode_split_kernel_of(bool tensor_cores, bool fold, bool stream) {
   if constexpr (decode_uses_mma<T, GB>) {
     if (tensor_cores) {
       using cfg = decode_mma_config<T, D>;
-      return {fold ? decode_mma_kernel<T, D, GB, true> : decode_mma_kernel<T, D, GB, false>,
+      return {fold ? (stream ? decode_mma_kernel<T, D, GB, true, true>
+                             : decode_mma_kernel<T, D, GB, true, false>)
+                   : (stream ? decode_mma_kernel<T, D, GB, false, true>
+                             : decode_mma_kernel<T, D, GB, false, false>),
               cfg::threads,
               cfg::smem_bytes};
     }
   }
   using cfg = decode_config<T, D>;
-  return {fold ? decode_split_kernel<T, D, GB, true> : decode_split_kernel<T, D, GB, false>,
+  return {fold ? (stream ? decode_split_kernel<T, D, GB, true, true>
+                         : decode_split_kernel<T, D, GB, true, false>)
+               : (stream ? decode_split_kernel<T, D, GB, false, true>
+                         : decode_split_kernel<T, D, GB, false, false>),
           cfg::threads,
           cfg::smem_bytes};
 }
@@ -351,8 +364,8 @@ decode_split_launch decode_split_kernel_of(bool tensor_cores, bool fold) {
 /// Enqueues the split kernel for (T, D, GB) through the launch policy `launch` (vec.cuh).
 template <class T, int D, int GB, class Launch>
 void launch_decode_split_with(decode_args const& a, Launch const& launch) {
-  const decode_split_launch k =
-      decode_split_kernel_of<T, D, GB>(a.p.tensor_cores, a.p.merge_counters != nullptr);
+  const decode_split_launch k = decode_split_kernel_of<T, D, GB>(
+      a.p.tensor_cores, a.p.merge_counters != nullptr, a.p.splits.layer_stream);
   launch(k.kernel, dim3(static_cast<unsigned>(a.p.splits.num_ctas)), k.threads, k.smem_bytes, a);
 }
 
@@ -377,7 +390,8 @@ cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
 }
 
 /// Resident CTAs per SM, on the current device, of the split kernel a launch of (T, D, GB) with
-/// `tensor_cores` runs (decode_split_kernel_of): the lower of its plain and folded-merge variants.
+/// `tensor_cores` runs (decode_split_kernel_of): the lowest of its plain and folded-merge variants,
+/// each on a per-head map and on a layer stream.
 /// The launch bounds cap both variants' registers at the same occupancy, but
 /// a variant under the cap may hold more CTAs (sm_90: f32 d 64 / 128 group bucket 4, plain 140
 /// registers = 3 CTAs, folded 128 = 4; sm_100: f32 group bucket 1, plain 6, folded 5), and a plan
@@ -385,14 +399,16 @@ cudaError_t launch_decode_split(decode_args const& a, cudaStream_t stream) {
 /// a plan made with either query fits both launches.
 template <class T, int D, int GB>
 cudaError_t decode_split_occupancy(int* ctas_per_sm, bool tensor_cores) {
-  int per_variant[2] = {0, 0};  // plain, folded merge
-  for (int fold = 0; fold < 2; ++fold) {
-    const decode_split_launch k = decode_split_kernel_of<T, D, GB>(tensor_cores, fold == 1);
-    const cudaError_t err       = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_variant[fold], k.kernel, k.threads, k.smem_bytes);
+  int lowest = 0;
+  for (int v = 0; v < 4; ++v) {  // plain, folded merge; each per-head and layer-stream
+    const decode_split_launch k = decode_split_kernel_of<T, D, GB>(tensor_cores, v & 1, v & 2);
+    int ctas                    = 0;
+    const cudaError_t err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k.kernel, k.threads, k.smem_bytes);
     if (err != cudaSuccess) return err;
+    lowest = v == 0 || ctas < lowest ? ctas : lowest;
   }
-  *ctas_per_sm = per_variant[0] < per_variant[1] ? per_variant[0] : per_variant[1];
+  *ctas_per_sm = lowest;
   return cudaSuccess;
 }
 

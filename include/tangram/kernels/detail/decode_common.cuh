@@ -106,33 +106,43 @@ __device__ __forceinline__ void finalize_store(decode_args const& a,
 }
 
 /// One CTA's work on one KV head: head `h`, the CTA's index `j` among the head's `share` CTAs,
-/// the stream's total `W`, the requests [r_first, r_last] its range overlaps (`pre`: the stream
-/// position of r_first's first token) and the head's own tokens over the batch (`tokens`). With a
-/// per-head map the stream is the head's (j local, W = tokens); with a layer stream it is the
-/// layer's (j the CTA's index, share N_CTA, pre counted from the layer's first head). `empty`: the
-/// CTA's range holds none of the head's tokens.
+/// the stream's total `W` and the requests [r_first, r_last] its range overlaps (`pre`: the
+/// stream position of r_first's first token). With a per-head map the stream is the head's (j
+/// local, W its tokens over the batch); with a layer stream it is the layer's (j the CTA's index,
+/// share N_CTA, pre counted from the layer's first head). `empty`: the CTA's range holds none of
+/// the head's tokens.
 struct decode_cta_work {
   int h = 0, r_first = 0, r_last = -1;
-  std::int64_t j = 0, share = 0, W = 0, pre = 0, tokens = 0;
+  std::int64_t j = 0, share = 0, W = 0, pre = 0;
   bool empty = true;
 };
 
-/// The KV heads one CTA walks, in order from `first` (whose tokens start at stream position
-/// `origin`) to `last`: with a per-head map the CTA's one head; with a layer stream every head
-/// whose tokens meet the CTA's range [begin, end) of the layer's W tokens, or whose origin lies
-/// in it (that CTA writes the head's merge prefix and, folded, its empty requests; heads that
-/// start at W go to the last CTA). None when first > last.
+/// The KV heads one CTA walks, in order from `first` to `last`: with a per-head map the CTA's one
+/// head; with a layer stream every head whose tokens meet the CTA's range [begin, end) of the
+/// layer's W tokens, or whose origin lies in it (that CTA writes the head's merge prefix and,
+/// folded, its empty requests; heads that start at W go to the last CTA). None when first > last.
+/// `next` and `origin`: the next head to locate and its first token's stream position (both
+/// advanced by decode_locate_work, so the kernels' loops hold no walk state in registers).
 struct decode_cta_heads {
-  int first = 0, last = -1;
+  int first = 0, last = -1, next = 0;
   std::int64_t origin = 0, W = 0, begin = 0, end = 0;
 };
 
+/// This CTA's walk (decode_start_walk), in static shared memory: kept out of the registers that
+/// the kernels' piece loops need (one object per CTA).
+__device__ __forceinline__ decode_cta_heads& decode_walk() {
+  __shared__ decode_cta_heads walk;
+  return walk;
+}
+
 /**
  * Merges the partials of request `r` on KV head `h` (`len` tokens, stream prefix `pre`, the
- * head's `W` tokens over `share` CTAs) in piece order, `M = max(sink, lse_i)`, and stores the
- * output and LSE; a head without tokens gets zeros (LSE = sink or -inf). The merge kernel's body,
- * and the folded merge's (decode_params::merge_counters). Collective over `Threads` threads; not
- * for a request of a single piece (the split kernels write it).
+ * stream's `W` tokens over `share` CTAs from CTA `first_cta`: the head's, or the layer's with a
+ * layer stream; CTA j's partial at slot first_cta + j + h * batch + r) in piece order, `M =
+ * max(sink, lse_i)`, and stores the output and LSE; a head without tokens gets zeros (LSE = sink or
+ * -inf). The merge kernel's body, and the folded merge's (decode_params::merge_counters).
+ * Collective over `Threads` threads; not for a request of a single piece (the split kernels write
+ * it).
  */
 template <int Threads>
 __device__ __forceinline__ void decode_merge_request(decode_args const& a,
@@ -141,7 +151,8 @@ __device__ __forceinline__ void decode_merge_request(decode_args const& a,
                                                      std::int64_t pre,
                                                      std::int64_t len,
                                                      std::int64_t W,
-                                                     std::int64_t share) {
+                                                     std::int64_t share,
+                                                     std::int64_t first_cta) {
   decode_params const& p = a.p;
   const int B = p.kv.batch_size, D = p.kv.geometry.head_dim, group = p.group;
   const int K = p.invariant_pieces;
@@ -156,7 +167,7 @@ __device__ __forceinline__ void decode_merge_request(decode_args const& a,
     const cta_span span = request_ctas(pre, len, share, W);
     for (std::int64_t jj = span.first; jj <= span.last; ++jj)
       if (!piece_of(jj, share, W, pre, len).empty())
-        f(p.splits.partial_slot(p.layer, h, static_cast<std::int32_t>(jj), r, B));
+        f(first_cta + jj + static_cast<std::int64_t>(h) * B + r);
   };
   for (int e = static_cast<int>(threadIdx.x); e < group * D; e += Threads) {
     const int g = e / D, x = e % D;
@@ -191,9 +202,9 @@ __device__ __forceinline__ unsigned* decode_merge_mask() {
 }
 
 /**
- * Sums head `h`'s lengths over the batch and, when `incl` is set (shared memory, batch_size
- * entries), stores its inclusive prefix there (block scan, collective over the CTA of `Threads`
- * threads). Reads only the view's arrays; returns the head's total, the same in every thread.
+ * Stores head `h`'s inclusive length prefix over the batch in `incl` (shared memory, batch_size
+ * entries; block scan, collective over the CTA of `Threads` threads) and returns the head's total,
+ * the same in every thread. Reads only the view's arrays.
  */
 template <int Threads>
 __device__ __forceinline__ std::int64_t decode_scan_head(decode_args const& a,
@@ -215,12 +226,11 @@ __device__ __forceinline__ std::int64_t decode_scan_head(decode_args const& a,
     }
     std::int64_t tile_total;
     scan_t(scan_storage).InclusiveSum(items, items, tile_total);
-    if (incl != nullptr)
 #pragma unroll
-      for (int u = 0; u < scan_items; ++u) {
-        int r = base + tid * scan_items + u;
-        if (r < B) incl[r] = carry + items[u];
-      }
+    for (int u = 0; u < scan_items; ++u) {
+      int r = base + tid * scan_items + u;
+      if (r < B) incl[r] = carry + items[u];
+    }
     carry += tile_total;
     __syncthreads();
   }
@@ -228,29 +238,20 @@ __device__ __forceinline__ std::int64_t decode_scan_head(decode_args const& a,
 }
 
 /**
- * The heads this CTA walks (decode_cta_heads; collective over the CTA of `Threads` threads).
- * A layer stream sums each head's tokens over the batch once, a warp per head (shuffle
- * reductions into `smem`, num_kv_heads * 8 bytes, free again on return; decode_params::validate
- * bounds the heads by decode_max_batch), then every thread walks the totals to the CTA's range.
- * Reads only the view's arrays (before the PDL wait).
+ * Sets this CTA's walk over a layer stream (decode_walk; collective over the CTA of `Threads`
+ * threads): sums each head's tokens over the batch once, a warp per head (shuffle reductions into
+ * `smem`, num_kv_heads * 8 bytes, free again on return; decode_params::validate bounds the heads
+ * by decode_max_batch), then thread 0 walks the totals to the CTA's range. Reads only the view's
+ * arrays (before the PDL wait).
  */
 template <int Threads>
-__device__ __forceinline__ decode_cta_heads decode_heads_of_cta(decode_args const& a,
-                                                                unsigned char* smem) {
+__device__ __forceinline__ void decode_start_walk(decode_args const& a, unsigned char* smem) {
   decode_params const& p = a.p;
   const int cta          = static_cast<int>(blockIdx.x);
-  decode_cta_heads c;
-  if (!p.splits.layer_stream) {
-    // Debug builds: the layer's row of the split map must cover exactly the grid.
-    TANGRAM_DEVICE_CHECK(p.splits.begin(p.layer, 0) == 0 &&
-                             p.splits.begin(p.layer, p.kv.num_kv_heads) == p.splits.num_ctas,
-                         "decode: split map row must run from 0 to num_ctas");
-    c.first = c.last = p.splits.head_of_cta(p.layer, cta);
-    return c;
-  }
-  constexpr int warps = Threads / 32;
+  const int tid          = static_cast<int>(threadIdx.x);
+  constexpr int warps    = Threads / 32;
   const int H = p.kv.num_kv_heads, N = p.splits.num_ctas, B = p.kv.batch_size;
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = tid % 32, warp = tid / 32;
   auto* totals = reinterpret_cast<std::int64_t*>(smem);
   for (int h = warp; h < H; h += warps) {
     std::int64_t sum = 0;
@@ -260,97 +261,100 @@ __device__ __forceinline__ decode_cta_heads decode_heads_of_cta(decode_args cons
     if (lane == 0) totals[h] = sum;
   }
   __syncthreads();
-  for (int h = 0; h < H; ++h) c.W += totals[h];
-  const stream_range range = split_range(cta, N, c.W);
-  c.begin                  = range.begin;
-  c.end                    = range.end;
-  const bool last_cta      = cta == N - 1;
-  c.first                  = H;  // none yet
-  std::int64_t origin      = 0;
-  for (int h = 0; h < H; ++h) {
-    // Heads that start at or past the range's end belong to later CTAs (the last CTA also takes
-    // those that start at W: empty heads after the last token).
-    if (origin >= c.end && !(last_cta && origin == c.W)) break;
-    const std::int64_t tokens = totals[h];
-    if (c.first == H && (origin + tokens > c.begin || origin >= c.begin)) {
-      c.first  = h;
-      c.origin = origin;
+  if (tid == 0) {
+    decode_cta_heads c;
+    for (int h = 0; h < H; ++h) c.W += totals[h];
+    const stream_range range = split_range(cta, N, c.W);
+    c.begin                  = range.begin;
+    c.end                    = range.end;
+    const bool last_cta      = cta == N - 1;
+    c.first                  = H;  // none yet
+    std::int64_t origin      = 0;
+    for (int h = 0; h < H; ++h) {
+      // Heads that start at or past the range's end belong to later CTAs (the last CTA also
+      // takes those that start at W: empty heads after the last token).
+      if (origin >= c.end && !(last_cta && origin == c.W)) break;
+      if (c.first == H && (origin + totals[h] > c.begin || origin >= c.begin)) {
+        c.first  = h;
+        c.origin = origin;
+      }
+      if (c.first != H) c.last = h;
+      origin += totals[h];
     }
-    if (c.first != H) c.last = h;
-    origin += tokens;
+    if (c.first == H) c.first = 0;  // nothing to walk (c.last stays -1)
+    c.next        = c.first;
+    decode_walk() = c;
   }
-  if (c.first == H) c.first = 0;  // nothing to walk (c.last stays -1)
-  __syncthreads();                // shared memory is reused by the caller
-  return c;
+  __syncthreads();  // the walk is set; shared memory is reused by the caller
+}
+
+/// The first KV head this CTA serves, -1 for none: a per-head map's one head (its boundaries'
+/// binary search), or the layer stream's walk (after decode_start_walk).
+template <bool Stream>
+__device__ __forceinline__ int decode_first_head(decode_args const& a) {
+  decode_params const& p = a.p;
+  if constexpr (Stream) {
+    TANGRAM_DEVICE_CHECK(p.splits.layer_stream, "decode: kernel variant is not the map's");
+    return decode_walk().next <= decode_walk().last ? decode_walk().next : -1;
+  } else {
+    // Debug builds: the layer's row of the split map must cover exactly the grid.
+    TANGRAM_DEVICE_CHECK(!p.splits.layer_stream && p.splits.begin(p.layer, 0) == 0 &&
+                             p.splits.begin(p.layer, p.kv.num_kv_heads) == p.splits.num_ctas,
+                         "decode: split map row must run from 0 to num_ctas");
+    return p.splits.head_of_cta(p.layer, static_cast<int>(blockIdx.x));
+  }
+}
+
+/// The next KV head this CTA serves, -1 for none (a per-head map's CTA serves one head, so its
+/// kernels have no loop back).
+template <bool Stream>
+__device__ __forceinline__ int decode_next_head() {
+  if constexpr (Stream) return decode_walk().next <= decode_walk().last ? decode_walk().next : -1;
+  return -1;
 }
 
 /**
- * Locates this CTA's work on head `h` of its walk (collective over the CTA of `Threads`
- * threads), `origin` the head's first stream position (0 with a per-head map): the head's
- * inclusive length prefix over the batch by block scan in `smem` (decode_max_batch * 8 bytes,
- * free again on return), the head's exclusive prefix for the merge kernel (in stream positions;
- * written by local CTA 0 of a per-head map's head, by the CTA holding the head's origin in a
- * layer stream, which then also writes the head's empty requests when the merge is folded), and
- * the first and last requests of the CTA's range on the head by binary search. The first head of
- * the walk waits for the previous kernel (PDL) after its scan.
+ * Locates this CTA's work on its head `h` of a per-head map (collective over the CTA of `Threads`
+ * threads): the head's inclusive length prefix over the batch by block scan in `smem`
+ * (decode_max_batch * 8 bytes, free again on return), the head's exclusive prefix for the merge
+ * kernel (local CTA 0 writes it), the head's empty requests when the merge is folded (spread over
+ * its CTAs), and the first and last requests of the CTA's stream range by binary search. Waits
+ * for the previous kernel (PDL) after the scan.
  */
 template <int Threads, bool Fold>
-__device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const& a,
+__device__ __forceinline__ decode_cta_work decode_locate_head(decode_args const& a,
                                                               unsigned char* smem,
-                                                              decode_cta_heads const& heads,
-                                                              int h,
-                                                              std::int64_t origin) {
+                                                              int h) {
   __shared__ std::int32_t s_first, s_last;
   __shared__ std::int64_t s_pre_first;
 
   decode_params const& p = a.p;
   const int tid          = static_cast<int>(threadIdx.x);
   const int B            = p.kv.batch_size;
-  const int cta          = static_cast<int>(blockIdx.x);
-  const bool stream      = p.splits.layer_stream;
   decode_cta_work w;
   w.h     = h;
   w.share = p.splits.share(p.layer, h);
-  w.j     = cta - p.splits.begin(p.layer, h);
+  w.j     = static_cast<int>(blockIdx.x) - p.splits.begin(p.layer, h);
 
   // The head's inclusive length prefix over the batch, in shared memory.
   auto* incl = reinterpret_cast<std::int64_t*>(smem);
-  w.tokens   = decode_scan_head<Threads>(a, h, incl);
-  w.W        = stream ? heads.W : w.tokens;
-  if (h == heads.first) {
-    // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages
-    // and the workspace (which the previous decode launch's merge may still read) wait for the
-    // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
-    // this grid in their own grid_dependency_wait.
-    grid_dependency_wait();
-    grid_dependency_launch_dependents();
-  }
-  const bool duty = stream ? (origin >= heads.begin && origin < heads.end) ||
-                                 (origin == heads.W && cta == p.splits.num_ctas - 1)
-                           : w.j == 0;
-  if (duty)  // the merge kernel reads the head's exclusive prefix
+  w.W        = decode_scan_head<Threads>(a, h, incl);
+  // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages and
+  // the workspace (which the previous decode launch's merge may still read) wait for the
+  // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
+  // this grid in their own grid_dependency_wait.
+  grid_dependency_wait();
+  grid_dependency_launch_dependents();
+  if (w.j == 0)  // the merge kernel reads the head's exclusive prefix
     for (int r = tid; r <= B; r += Threads)
-      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = origin + (r == 0 ? 0 : incl[r - 1]);
-  if constexpr (Fold) {  // no merge kernel: the head's empty requests, spread over its CTAs
-    const int first = stream ? (duty ? 0 : B) : static_cast<int>(w.j);
-    const int step  = stream ? 1 : static_cast<int>(w.share);
-    for (int r = first; r < B; r += step)
+      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
+  if constexpr (Fold)  // no merge kernel: the head's empty requests, spread over its CTAs
+    for (int r = static_cast<int>(w.j); r < B; r += static_cast<int>(w.share))
       if (incl[r] == (r > 0 ? incl[r - 1] : 0))
-        decode_merge_request<Threads>(a, r, h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share);
-  }
-  // The CTA's range in the head's own token positions.
-  stream_range range = split_range(w.j, w.share, w.tokens);
-  if (stream) {
-    const std::int64_t lo = (heads.begin > origin ? heads.begin : origin) - origin;
-    const std::int64_t hi =
-        (heads.end < origin + w.tokens ? heads.end : origin + w.tokens) - origin;
-    range = {lo, hi > lo ? hi : lo};
-  }
-  w.empty = range.empty();  // uniform across the CTA
-  if (w.empty) {
-    __syncthreads();  // shared memory is reused by the caller
-    return w;
-  }
+        decode_merge_request<Threads>(a, r, h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share, 0);
+  const stream_range range = split_range(w.j, w.share, w.W);
+  w.empty                  = range.empty();  // uniform across the CTA
+  if (w.empty) return w;
   if (tid == 0) {
     int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
     while (lo < hi) {
@@ -375,11 +379,125 @@ __device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const&
   __syncthreads();
   w.r_first = s_first;
   w.r_last  = s_last;
-  w.pre     = origin + s_pre_first;
+  w.pre     = s_pre_first;
   if constexpr (Fold)  // no completed merge counts yet
     for (int i = tid; i * 32 <= w.r_last - w.r_first; i += Threads) decode_merge_mask()[i] = 0;
   __syncthreads();  // shared memory is reused by the caller
   return w;
+}
+
+/**
+ * Locates this CTA's work on head `h` of its layer-stream walk (collective): the head's scan as
+ * above; thread 0 then works out, from the walk, the head's origin (its first stream position),
+ * the CTA's range in the head's own positions and whether this CTA holds the origin (it writes
+ * the head's prefix for the merge kernel, in stream positions, and with the merge folded all of
+ * the head's empty requests), and moves the walk past the head (the scan's barriers order every
+ * thread's read of the walk before that write; launches have batch >= 1). The walk's first head
+ * waits for the previous kernel (PDL).
+ */
+template <int Threads, bool Fold>
+__device__ __forceinline__ decode_cta_work decode_locate_stream_head(decode_args const& a,
+                                                                     unsigned char* smem,
+                                                                     int h) {
+  // What thread 0 works out from the walk (kept in shared memory, out of the registers the
+  // pieces need): the stream's total, the head's origin, the CTA's range in the head's own
+  // positions, whether this CTA writes the head's prefix (and folded empties), the first
+  // request and its stream position, the last request.
+  struct located {
+    std::int64_t W, origin, begin, end, pre_first;
+    std::int32_t first, last;
+    bool duty, wait;
+  };
+  __shared__ located s;
+
+  decode_params const& p = a.p;
+  const int tid          = static_cast<int>(threadIdx.x);
+  const int B            = p.kv.batch_size;
+  decode_cta_work w;
+  w.h     = h;
+  w.share = p.splits.num_ctas;
+  w.j     = static_cast<int>(blockIdx.x);
+
+  // The head's inclusive length prefix over the batch, in shared memory.
+  auto* incl                = reinterpret_cast<std::int64_t*>(smem);
+  const std::int64_t tokens = decode_scan_head<Threads>(a, h, incl);
+  if (tid == 0) {
+    decode_cta_heads& walk = decode_walk();
+    s.origin               = walk.origin;
+    s.wait                 = h == walk.first;
+    s.W                    = walk.W;
+    s.begin                = (walk.begin > s.origin ? walk.begin : s.origin) - s.origin;
+    s.end  = (walk.end < s.origin + tokens ? walk.end : s.origin + tokens) - s.origin;
+    s.duty = (s.origin >= walk.begin && s.origin < walk.end) ||
+             (s.origin == walk.W && static_cast<int>(blockIdx.x) == p.splits.num_ctas - 1);
+    // The walk moves past this head (every thread reads `s` after the barrier below).
+    walk.next   = h + 1;
+    walk.origin = s.origin + tokens;
+  }
+  __syncthreads();
+  w.W = s.W;
+  if (s.wait) {
+    // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages
+    // and the workspace (which the previous decode launch's merge may still read) wait for the
+    // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
+    // this grid in their own grid_dependency_wait.
+    grid_dependency_wait();
+    grid_dependency_launch_dependents();
+  }
+  if (s.duty)  // the merge kernel reads the head's exclusive prefix
+    for (int r = tid; r <= B; r += Threads)
+      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = s.origin + (r == 0 ? 0 : incl[r - 1]);
+  if constexpr (Fold) {  // no merge kernel: the head's empty requests, all by the duty CTA
+    for (int r = s.duty ? 0 : B; r < B; ++r)
+      if (incl[r] == (r > 0 ? incl[r - 1] : 0))
+        decode_merge_request<Threads>(a, r, h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share, 0);
+  }
+  w.empty = s.end <= s.begin;  // uniform across the CTA
+  if (w.empty) {
+    __syncthreads();  // shared memory is reused by the caller
+    return w;
+  }
+  if (tid == 0) {
+    const std::int64_t begin = s.begin, end = s.end;
+    int lo = 0, hi = B - 1;  // first r with incl[r] > begin
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (incl[mid] > begin)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    s.first     = lo;
+    s.pre_first = s.origin + (lo > 0 ? incl[lo - 1] : 0);
+    hi          = B - 1;  // first r with incl[r] >= end
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (incl[mid] >= end)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    s.last = lo;
+  }
+  __syncthreads();
+  w.r_first = s.first;
+  w.r_last  = s.last;
+  w.pre     = s.pre_first;
+  if constexpr (Fold)  // no completed merge counts yet
+    for (int i = tid; i * 32 <= w.r_last - w.r_first; i += Threads) decode_merge_mask()[i] = 0;
+  __syncthreads();  // shared memory is reused by the caller
+  return w;
+}
+
+/// Locates this CTA's work on head `h` (decode_locate_head or decode_locate_stream_head).
+template <int Threads, bool Fold, bool Stream>
+__device__ __forceinline__ decode_cta_work decode_locate_work(decode_args const& a,
+                                                              unsigned char* smem,
+                                                              int h) {
+  if constexpr (Stream)
+    return decode_locate_stream_head<Threads, Fold>(a, smem, h);
+  else
+    return decode_locate_head<Threads, Fold>(a, smem, h);
 }
 
 /**
@@ -412,9 +530,10 @@ __device__ __forceinline__ void decode_for_each_piece(decode_args const& a,
     decode_piece piece;
     piece.begin = b;
     piece.end   = b + size < len ? b + size : len;
+    // (split_map_view::partial_slot: the CTA's index in the layer + h * batch + r, either mode)
     piece.slot  = K > 0 ? invariant_slot(w.h, r, i, p.kv.batch_size, K)
-                        : p.splits.partial_slot(
-                             p.layer, w.h, static_cast<std::int32_t>(w.j), r, p.kv.batch_size);
+                        : static_cast<std::int64_t>(blockIdx.x) +
+                             static_cast<std::int64_t>(w.h) * p.kv.batch_size + r;
     piece.whole = whole;
     f(piece);
   }
@@ -498,7 +617,8 @@ __device__ __forceinline__ void decode_finish_merges(decode_args const& a,
     for (int r = w.r_first; r <= w.r_last; ++r) {
       const std::int64_t len = p.kv.head_len(r, p.layer, w.h);
       if (mask[(r - w.r_first) / 32] >> ((r - w.r_first) % 32) & 1u) {
-        decode_merge_request<Threads>(a, r, w.h, pre, len, w.W, w.share);
+        decode_merge_request<Threads>(
+            a, r, w.h, pre, len, w.W, w.share, static_cast<std::int64_t>(blockIdx.x) - w.j);
         if (threadIdx.x == 0)
           p.merge_counters[static_cast<std::int64_t>(w.h) * p.kv.batch_size + r] = 0;
       }

@@ -133,7 +133,7 @@ __device__ __forceinline__ void sync_warp(sync_site site) {
   __syncwarp();
 }
 
-template <class T, int D, int GB, bool Fold>
+template <class T, int D, int GB, bool Fold, bool Stream>
 TANGRAM_KERNEL __launch_bounds__(
     decode_mma_config<T, D>::threads,
     decode_mma_config<T, D>::min_ctas_per_sm) void decode_mma_kernel(decode_args const a) {
@@ -157,12 +157,10 @@ TANGRAM_KERNEL __launch_bounds__(
   const int lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, tq = lane % 4;  // fragment row (query head) and column pair
   const int layer = p.layer, group = p.group;
-  const decode_cta_heads heads = decode_heads_of_cta<threads>(a, smem);
-  std::int64_t origin          = heads.origin;
-  for (int head = heads.first; head <= heads.last; ++head) {
-    const decode_cta_work work = decode_locate_work<threads, Fold>(a, smem, heads, head, origin);
-    origin += work.tokens;
-    if (work.empty) continue;  // uniform across the CTA
+  // One KV head's pieces (a per-head map's CTA serves one head; a layer stream's those it meets).
+  auto serve_head = [&](int head) {
+    const decode_cta_work work = decode_locate_work<threads, Fold, Stream>(a, smem, head);
+    if (work.empty) return;  // uniform across the CTA
     std::int64_t pre = work.pre;
 
     M* qs                  = reinterpret_cast<M*>(smem);
@@ -193,187 +191,195 @@ TANGRAM_KERNEL __launch_bounds__(
       }
     };
 
-  for (int r = work.r_first; r <= work.r_last; ++r) {
-    const std::int64_t len = kv.head_len(r, layer, work.h);
-    decode_for_each_piece(a, work, r, len, pre, [&](decode_piece const& piece) {
-      const head_cursor cur = make_head_cursor(kv, r, layer, work.h);
-      const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
-      const int n_tiles = (t1 - t0 + tile - 1) / tile;
-      const int n_mine  = n_tiles > warp ? (n_tiles - warp + warps - 1) / warps : 0;
+    for (int r = work.r_first; r <= work.r_last; ++r) {
+      const std::int64_t len = kv.head_len(r, layer, work.h);
+      decode_for_each_piece(a, work, r, len, pre, [&](decode_piece const& piece) {
+        const head_cursor cur = make_head_cursor(kv, r, layer, work.h);
+        const int t0 = static_cast<int>(piece.begin), t1 = static_cast<int>(piece.end);
+        const int n_tiles = (t1 - t0 + tile - 1) / tile;
+        const int n_mine  = n_tiles > warp ? (n_tiles - warp + warps - 1) / warps : 0;
 
-      // The lane's token stream (token lane / lpt of each warp tile: its row address, computed
-      // by `lpt` lanes) and the copies of the ring's first stages. The copies are row-contiguous
-      // (whole 128-byte lines per warp instruction, conflict-free shared stores): each takes its
-      // token's row offset from that token's lanes with a shuffle.
-      decode_lane_stream ls;
-      ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, cfg::elem_bytes);
-      const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
-      auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
-        const int first        = ls.t - lane / lpt;  // the tile's first token
-        const std::int64_t off = ls.next(warps * tile, t1) - ls.base;  // this lane's token's row
-        unsigned char* st      = wregion + (k % stages) * cfg::stage_bytes + c_lane;
+        // The lane's token stream (token lane / lpt of each warp tile: its row address, computed
+        // by `lpt` lanes) and the copies of the ring's first stages. The copies are row-contiguous
+        // (whole 128-byte lines per warp instruction, conflict-free shared stores): each takes its
+        // token's row offset from that token's lanes with a shuffle.
+        decode_lane_stream ls;
+        ls.start(cur, t0 + warp * tile + lane / lpt, warps * tile, t1, cfg::elem_bytes);
+        const std::int64_t v_delta = (cur.v_offset - cur.k_offset) * cfg::elem_bytes;
+        auto issue                 = [&](int k) {  // warp tile k of this warp into stage k % stages
+          const int first        = ls.t - lane / lpt;  // the tile's first token
+          const std::int64_t off = ls.next(warps * tile, t1) - ls.base;  // this lane's token's row
+          unsigned char* st      = wregion + (k % stages) * cfg::stage_bytes + c_lane;
 #pragma unroll
-        for (int i = 0; i < cfg::copies; ++i) {
-          const int tok = i * cfg::per_copy + lane / cfg::row_chunks;
-          const auto lo = static_cast<unsigned>(off), hi = static_cast<unsigned>(off >> 32);
-          const std::int64_t o =
-              static_cast<std::int64_t>(
-                  static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, hi, tok * lpt)) << 32) |
-              __shfl_sync(0xffffffffu, lo, tok * lpt);
-          const bool ok            = first + tok < t1;
-          const unsigned char* src = ok ? ls.base + o + (lane % cfg::row_chunks) * 16 : ls.base;
-          unsigned char* dst       = st + i * cfg::per_copy * cfg::raw_row;
-          copy16_async_zfill(dst, src, ok ? 16u : 0u);
-          copy16_async_zfill(
-              dst + tile * cfg::raw_row, ok ? src + v_delta : ls.base, ok ? 16u : 0u);
-        }
-      };
+          for (int i = 0; i < cfg::copies; ++i) {
+            const int tok = i * cfg::per_copy + lane / cfg::row_chunks;
+            const auto lo = static_cast<unsigned>(off), hi = static_cast<unsigned>(off >> 32);
+            const std::int64_t o =
+                static_cast<std::int64_t>(
+                    static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, hi, tok * lpt)) << 32) |
+                __shfl_sync(0xffffffffu, lo, tok * lpt);
+            const bool ok            = first + tok < t1;
+            const unsigned char* src = ok ? ls.base + o + (lane % cfg::row_chunks) * 16 : ls.base;
+            unsigned char* dst       = st + i * cfg::per_copy * cfg::raw_row;
+            copy16_async_zfill(dst, src, ok ? 16u : 0u);
+            copy16_async_zfill(
+                dst + tile * cfg::raw_row, ok ? src + v_delta : ls.base, ok ? 16u : 0u);
+          }
+        };
 #pragma unroll
-      for (int k = 0; k < stages - 1; ++k) {
-        if (k < n_mine) issue(k);
-        copy_async_commit();
-      }
-
-      // The A operand of S: hi rows 0-7 and lo rows 8-15 of the scaled queries (zero rows past
-      // the group), 8 dims per thread and step (one 16-byte load of a 16-bit query where aligned,
-      // load_run) and one 16-byte shared store per row.
-      for (int e = tid; e < D; e += threads) {
-        const int qg = e / (D / 8), x = 8 * (e % (D / 8));
-        float q[8] = {};
-        if (qg < group) {
-          load_run(p.q,
-                   p.q_dtype,
-                   r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x,
-                   q);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) q[i] *= a.scale2;
-        }
-        unsigned hi[4], lo[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) split2<M>(q[2 * i], q[2 * i + 1], hi[i], lo[i]);
-        *reinterpret_cast<uint4*>(qs + qg * row + x)       = uint4{hi[0], hi[1], hi[2], hi[3]};
-        *reinterpret_cast<uint4*>(qs + (qg + 8) * row + x) = uint4{lo[0], lo[1], lo[2], lo[3]};
-      }
-      __syncthreads();  // the queries are in shared memory
-
-      float o[NT][4];
-#pragma unroll
-      for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-      float m = -INFINITY, l = 0.f;  // head g: running max; this lane's share of the sum
-      for (int k = 0; k < n_mine; ++k) {
-        if (k + stages - 1 < n_mine) issue(k + stages - 1);
-        copy_async_commit();
-        copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
-        sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
-        const unsigned char* stage = wregion + (k % stages) * cfg::stage_bytes;
-        const M* ks                = reinterpret_cast<const M*>(stage);
-        if constexpr (cfg::widen) {
-          widen_rows(stage);  // K rows
-          __syncwarp();
-          ks = wide;
+        for (int k = 0; k < stages - 1; ++k) {
+          if (k < n_mine) issue(k);
+          copy_async_commit();
         }
 
-        // S = Q K^T: tokens 8 nt .. 8 nt + 7 of the tile as n tile nt.
-        float sc[2 * KT][4];
+        // The A operand of S: hi rows 0-7 and lo rows 8-15 of the scaled queries (zero rows past
+        // the group), 8 dims per thread and step (one 16-byte load of a 16-bit query where aligned,
+        // load_run) and one 16-byte shared store per row.
+        for (int e = tid; e < D; e += threads) {
+          const int qg = e / (D / 8), x = 8 * (e % (D / 8));
+          float q[8] = {};
+          if (qg < group) {
+            load_run(p.q,
+                     p.q_dtype,
+                     r * p.q_row_stride() + static_cast<std::int64_t>(work.h * group + qg) * D + x,
+                     q);
 #pragma unroll
-        for (int nt = 0; nt < 2 * KT; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+            for (int i = 0; i < 8; ++i) q[i] *= a.scale2;
+          }
+          unsigned hi[4], lo[4];
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          unsigned qa[4];
-          ldmatrix_x4<false>(qa, qs + q_lane + kk * 16);
+          for (int i = 0; i < 4; ++i) split2<M>(q[2 * i], q[2 * i + 1], hi[i], lo[i]);
+          *reinterpret_cast<uint4*>(qs + qg * row + x)       = uint4{hi[0], hi[1], hi[2], hi[3]};
+          *reinterpret_cast<uint4*>(qs + (qg + 8) * row + x) = uint4{lo[0], lo[1], lo[2], lo[3]};
+        }
+        __syncthreads();  // the queries are in shared memory
+
+        float o[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+        float m = -INFINITY, l = 0.f;  // head g: running max; this lane's share of the sum
+        for (int k = 0; k < n_mine; ++k) {
+          if (k + stages - 1 < n_mine) issue(k + stages - 1);
+          copy_async_commit();
+          copy_async_wait<stages - 1>(sync_site::decode_tile_wait);
+          sync_warp(sync_site::decode_tile_ready);  // every lane's copies of the tile are visible
+          const unsigned char* stage = wregion + (k % stages) * cfg::stage_bytes;
+          const M* ks                = reinterpret_cast<const M*>(stage);
+          if constexpr (cfg::widen) {
+            widen_rows(stage);  // K rows
+            __syncwarp();
+            ks = wide;
+          }
+
+          // S = Q K^T: tokens 8 nt .. 8 nt + 7 of the tile as n tile nt.
+          float sc[2 * KT][4];
+#pragma unroll
+          for (int nt = 0; nt < 2 * KT; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned qa[4];
+            ldmatrix_x4<false>(qa, qs + q_lane + kk * 16);
+#pragma unroll
+            for (int kt = 0; kt < KT; ++kt) {
+              unsigned kb[4];
+              ldmatrix_x4<false>(kb, ks + k_lane + kt * 16 * row + kk * 16);
+              mma_m16n8k16<M>(sc[2 * kt], qa, {kb[0], kb[1]});
+              mma_m16n8k16<M>(sc[2 * kt + 1], qa, {kb[2], kb[3]});
+            }
+          }
+          // Online softmax of head g over the lane's tokens 8 nt + 2 tq + i (hi + lo rows).
+          const int base = t0 + (warp + k * warps) * tile + 2 * tq;
+          float s[2 * KT][2], mt = m;
+#pragma unroll
+          for (int nt = 0; nt < 2 * KT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              s[nt][i] = base + 8 * nt + i < t1 ? (sc[nt][i] + sc[nt][i + 2]) * k_scale : -INFINITY;
+              mt       = fmaxf(mt, s[nt][i]);
+            }
+          mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+          mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+          const float alpha = exp2_shifted(m, mt);  // 0 while m is -inf
+          m                 = mt;
+          l *= alpha;
+#pragma unroll
+          for (int nt = 0; nt < 2 * KT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              s[nt][i] = exp2_shifted(s[nt][i], mt);
+              l += s[nt][i];
+            }
+          // A of O += P V per k step: rows g (hi) and g + 8 (lo), tokens 2 tq and 2 tq + 8.
+          unsigned pa[KT][4];
 #pragma unroll
           for (int kt = 0; kt < KT; ++kt) {
-            unsigned kb[4];
-            ldmatrix_x4<false>(kb, ks + k_lane + kt * 16 * row + kk * 16);
-            mma_m16n8k16<M>(sc[2 * kt], qa, {kb[0], kb[1]});
-            mma_m16n8k16<M>(sc[2 * kt + 1], qa, {kb[2], kb[3]});
+            split2<M>(s[2 * kt][0], s[2 * kt][1], pa[kt][0], pa[kt][1]);
+            split2<M>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
           }
-        }
-        // Online softmax of head g over the lane's tokens 8 nt + 2 tq + i (hi + lo rows).
-        const int base = t0 + (warp + k * warps) * tile + 2 * tq;
-        float s[2 * KT][2], mt = m;
-#pragma unroll
-        for (int nt = 0; nt < 2 * KT; ++nt)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            s[nt][i] = base + 8 * nt + i < t1 ? (sc[nt][i] + sc[nt][i + 2]) * k_scale : -INFINITY;
-            mt       = fmaxf(mt, s[nt][i]);
+          const M* vs = ks + tile * row;
+          if constexpr (cfg::widen) {
+            __syncwarp();  // every lane's ldmatrix of the widened K is done
+            widen_rows(stage + tile * cfg::raw_row);  // V rows
+            __syncwarp();
+            vs = wide;
           }
-        mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-        mt                = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-        const float alpha = exp2_shifted(m, mt);  // 0 while m is -inf
-        m                 = mt;
-        l *= alpha;
 #pragma unroll
-        for (int nt = 0; nt < 2 * KT; ++nt)
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            s[nt][i] = exp2_shifted(s[nt][i], mt);
-            l += s[nt][i];
-          }
-        // A of O += P V per k step: rows g (hi) and g + 8 (lo), tokens 2 tq and 2 tq + 8.
-        unsigned pa[KT][4];
-#pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
-          split2<M>(s[2 * kt][0], s[2 * kt][1], pa[kt][0], pa[kt][1]);
-          split2<M>(s[2 * kt + 1][0], s[2 * kt + 1][1], pa[kt][2], pa[kt][3]);
-        }
-        const M* vs = ks + tile * row;
-        if constexpr (cfg::widen) {
-          __syncwarp();  // every lane's ldmatrix of the widened K is done
-          widen_rows(stage + tile * cfg::raw_row);  // V rows
-          __syncwarp();
-          vs = wide;
-        }
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) o[n][i] *= alpha;
+            for (int i = 0; i < 4; ++i) o[n][i] *= alpha;
             // O += P V: output dims 8 n + 2 tq + i.
 #pragma unroll
-        for (int kt = 0; kt < KT; ++kt)
+          for (int kt = 0; kt < KT; ++kt)
 #pragma unroll
-          for (int np = 0; np < D / 16; ++np) {
-            unsigned vb[4];
-            ldmatrix_x4<true>(vb, vs + v_lane + kt * 16 * row + np * 16);
-            mma_m16n8k16<M>(o[2 * np], pa[kt], {vb[0], vb[1]});
-            mma_m16n8k16<M>(o[2 * np + 1], pa[kt], {vb[2], vb[3]});
-          }
-        __syncwarp();  // the stage (and the widened tile) is refilled by a later issue
-      }
-      copy_async_wait<0>();
-      __syncwarp();
-
-      // This warp's state into its ring (free now), then the fixed-order combination.
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      if (g < group) {
-        if (tq == 0) {
-          s_m[warp][g] = m;
-          s_s[warp][g] = l;
+            for (int np = 0; np < D / 16; ++np) {
+              unsigned vb[4];
+              ldmatrix_x4<true>(vb, vs + v_lane + kt * 16 * row + np * 16);
+              mma_m16n8k16<M>(o[2 * np], pa[kt], {vb[0], vb[1]});
+              mma_m16n8k16<M>(o[2 * np + 1], pa[kt], {vb[2], vb[3]});
+            }
+          __syncwarp();  // the stage (and the widened tile) is refilled by a later issue
         }
+        copy_async_wait<0>();
+        __syncwarp();
+
+        // This warp's state into its ring (free now), then the fixed-order combination.
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (g < group) {
+          if (tq == 0) {
+            s_m[warp][g] = m;
+            s_s[warp][g] = l;
+          }
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) wmerge[g * D + 8 * n + 2 * tq + i] = o[n][i] + o[n][i + 2];
-      }
-      __syncthreads();
-      const float* merge0 = reinterpret_cast<const float*>(smem + cfg::q_bytes);
-      decode_store_piece<D, warps, threads, Fold>(
-          a,
-          work,
-          r,
-          len,
-          piece,
-          [&](int z, int hg) { return s_m[z][hg]; },
-          [&](int z, int hg) { return s_s[z][hg]; },
-          [&](int z, int hg, int x) { return merge0[z * (cfg::warp_bytes / 4) + hg * D + x]; });
-      __syncthreads();  // shared memory is reused by the next piece
-    });
-    pre += len;
-  }
-  decode_finish_merges<threads, Fold>(a, work);
-  __syncthreads();  // the next head's scan reuses shared memory
+            for (int i = 0; i < 2; ++i) wmerge[g * D + 8 * n + 2 * tq + i] = o[n][i] + o[n][i + 2];
+        }
+        __syncthreads();
+        const float* merge0 = reinterpret_cast<const float*>(smem + cfg::q_bytes);
+        decode_store_piece<D, warps, threads, Fold>(
+            a,
+            work,
+            r,
+            len,
+            piece,
+            [&](int z, int hg) { return s_m[z][hg]; },
+            [&](int z, int hg) { return s_s[z][hg]; },
+            [&](int z, int hg, int x) { return merge0[z * (cfg::warp_bytes / 4) + hg * D + x]; });
+        __syncthreads();  // shared memory is reused by the next piece
+      });
+      pre += len;
+    }
+    decode_finish_merges<threads, Fold>(a, work);
+  };
+  if constexpr (Stream) {
+    decode_start_walk<threads>(a, smem);
+    for (int head = decode_first_head<true>(a); head >= 0; head = decode_next_head<true>()) {
+      serve_head(head);
+      __syncthreads();  // the next head's scan reuses shared memory
+    }
+  } else {
+    serve_head(decode_first_head<false>(a));
   }
 }
 
