@@ -725,7 +725,8 @@ def markdown(ks, rows, extra, header):
     for n in ks.names:
         k = ks.get(n)
         dyn = loop = kvb = per = wper = "-"
-        m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+), (?:true|false), (?:true|false)>$", n)
+        m = re.match(r"decode_(split|mma)_kernel<(\w+), (\d+), (\d+), (?:true|false), "
+                     r"(?:true|false)>$", n)
         if m and k.get("sass"):
             T, D = m.group(2), int(m.group(3))
             mma = m.group(1) == "mma"
@@ -764,7 +765,7 @@ def check(rows, extra, occ):
     for n, planned, launched in occ:
         if launched < planned:
             failures.append(f"{n}: {launched} CTAs per SM launched, {planned} planned "
-                            "(decode_device_limits plans with the plain variant)")
+                            "(decode_device_limits plans with the lowest of the variants)")
     return failures
 
 
@@ -794,7 +795,8 @@ def main():
             print("kernel_stats --check: FAIL " + f, file=sys.stderr)
         if not failures:
             print("kernel_stats --check: every roofline case at or above its bound, no spills, "
-                  f"launched CTAs per SM >= planned for {len(occ)} folded-merge variants",
+                  f"launched CTAs per SM >= planned for {len(occ)} folded-merge and layer-stream "
+                  "variants",
                   file=sys.stderr)
         return 1 if failures else 0
     return 0

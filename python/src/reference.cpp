@@ -258,7 +258,8 @@ void bind_reference(nb::module_& m) {
         c.expect_host_pool("reference_decode_attention");
         TANGRAM_EXPECTS(!(balanced_splits && layer_stream),
                         invalid_argument,
-                        "reference_decode_attention: balanced_splits and layer_stream: pass at most one");
+                        "reference_decode_attention: balanced_splits and layer_stream: pass at "
+                        "most one");
         auto view        = c.kv.view();
         auto const& plan = c.kv.plan();
         expect_layer(plan, layer);

@@ -278,8 +278,9 @@ TANGRAM_GPU_TEST("decode_device_limits reports the occupancy the runtime sees", 
         }
         GPU_CHECK(valid);
         // Every launched variant (tensor cores on / off, folded merge or not) holds at least the
-        // CTAs per SM of the plan made with its query: the query reports the lower figure of the
-        // plain and folded-merge variants (decode_split_occupancy), whichever is asked for.
+        // CTAs per SM of the plan made with its query: the query reports the lowest figure of the
+        // plain and folded-merge variants, each per-head and layer-stream
+        // (decode_split_occupancy), whichever is asked for.
         for (bool tc : {true, false}) {
           auto plain = decode_device_limits(t, d, g, 0, tc, false);
           auto fold  = decode_device_limits(t, d, g, 0, tc, true);

@@ -336,7 +336,7 @@ struct decode_split_launch {
  * (`Fold`) when `fold` (decode_params::merge_counters is set); the layer-stream variant
  * (`Stream`, a loop over the heads a CTA meets) when `stream` (split_map_view::layer_stream), so
  * that the per-head kernels carry no loop state. The launcher and the occupancy
- * query (decode_device_limits, decode_split_occupancy: the lower of the two variants') both take
+ * query (decode_device_limits, decode_split_occupancy: the lowest of the four variants') both take
  * the kernels from here, so the plan's CTAs per SM are at most those of the kernel that runs.
  */
 template <class T, int D, int GB>

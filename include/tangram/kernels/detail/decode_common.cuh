@@ -122,7 +122,7 @@ struct decode_cta_work {
 /// layer's W tokens, or whose origin lies in it (that CTA writes the head's merge prefix and,
 /// folded, its empty requests; heads that start at W go to the last CTA). None when first > last.
 /// `next` and `origin`: the next head to locate and its first token's stream position (both
-/// advanced by decode_locate_work, so the kernels' loops hold no walk state in registers).
+/// advanced by decode_locate_stream_head, so the kernels' loops hold no walk state in registers).
 struct decode_cta_heads {
   int first = 0, last = -1, next = 0;
   std::int64_t origin = 0, W = 0, begin = 0, end = 0;
