@@ -22,8 +22,9 @@
  * N_CTA ranges of W / N_CTA tokens, W the layer's total; a CTA whose range crosses a head boundary
  * serves both heads (a piece per (head, request) it reaches). No per-head rounding of CTAs, so
  * the fullest CTA holds ceil(W / N_CTA) tokens whatever the heads' lengths, and nothing is planned
- * per step: the kernels find each head's origin from the view's lengths. In this mode a head
- * "owns" every CTA (begin 0, share N_CTA) and its tokens sit at stream positions [O_h, O_h + W_h);
+ * per step: the kernels find each head's origin from the view's lengths. In this mode every CTA
+ * may reach every head (head_first_cta 0, head_ctas N_CTA), head h's tokens at stream positions
+ * [O_h, O_h + W_h);
  * the piece of CTA j for request r of head h goes to slot `j + h * batch + r`, unique because
  * along the layer stream j + r grows within a head and heads are batch slots apart. `begin` and
  * `share` read a per-head map's boundaries; `head_first_cta` and `head_ctas` answer for both.
@@ -85,8 +86,7 @@ struct split_map_view {
     return static_cast<std::int64_t>(num_ctas) + static_cast<std::int64_t>(num_kv_heads) * batch;
   }
   /// Slot of the partial result of CTA `j` (local to head h; the CTA's index in the layer with a
-  /// layer stream, where begin is 0) for request `r`.
-  /// (Either mode: the CTA's index in the layer plus h * batch + r.)
+  /// layer stream) for request `r`: in either mode the CTA's index in the layer + h * batch + r.
   TANGRAM_HOST_DEVICE std::int64_t partial_slot(
       std::int32_t l, std::int32_t h, std::int32_t j, std::int32_t r, std::int32_t batch) const {
     return static_cast<std::int64_t>(head_first_cta(l, h)) + static_cast<std::int64_t>(h) * batch +
