@@ -313,63 +313,73 @@ __device__ __forceinline__ int decode_next_head() {
   return -1;
 }
 
-/**
- * Locates this CTA's work on its head `h` of a per-head map (collective over the CTA of `Threads`
- * threads): the head's inclusive length prefix over the batch by block scan in `smem`
- * (decode_max_batch * 8 bytes, free again on return), the head's exclusive prefix for the merge
- * kernel (local CTA 0 writes it), the head's empty requests when the merge is folded (spread over
- * its CTAs), and the first and last requests of the CTA's stream range by binary search. Waits
- * for the previous kernel (PDL) after the scan.
- */
-template <int Threads, bool Fold>
-__device__ __forceinline__ decode_cta_work decode_locate_head(decode_args const& a,
-                                                              unsigned char* smem,
-                                                              int h) {
-  __shared__ std::int32_t s_first, s_last;
-  __shared__ std::int64_t s_pre_first;
-
-  decode_params const& p = a.p;
-  const int tid          = static_cast<int>(threadIdx.x);
-  const int B            = p.kv.batch_size;
-  decode_cta_work w;
-  w.h     = h;
-  w.share = p.splits.share(p.layer, h);
-  w.j     = static_cast<int>(blockIdx.x) - p.splits.begin(p.layer, h);
-
-  // The head's inclusive length prefix over the batch, in shared memory.
-  auto* incl = reinterpret_cast<std::int64_t*>(smem);
-  w.W        = decode_scan_head<Threads>(a, h, incl);
-  // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages and
-  // the workspace (which the previous decode launch's merge may still read) wait for the
-  // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
-  // this grid in their own grid_dependency_wait.
+/// (PDL) The locate steps before this read only the split map and the view's arrays; q, the K/V
+/// pages and the workspace (which the previous decode launch's merge may still read) wait for the
+/// previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for this
+/// grid in their own grid_dependency_wait.
+__device__ __forceinline__ void decode_wait_previous_kernel() {
   grid_dependency_wait();
   grid_dependency_launch_dependents();
-  if (w.j == 0)  // the merge kernel reads the head's exclusive prefix
-    for (int r = tid; r <= B; r += Threads)
-      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = r == 0 ? 0 : incl[r - 1];
-  if constexpr (Fold)  // no merge kernel: the head's empty requests, spread over its CTAs
-    for (int r = static_cast<int>(w.j); r < B; r += static_cast<int>(w.share))
-      if (incl[r] == (r > 0 ? incl[r - 1] : 0))
-        decode_merge_request<Threads>(a, r, h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share, 0);
-  const stream_range range = split_range(w.j, w.share, w.W);
-  w.empty                  = range.empty();  // uniform across the CTA
-  if (w.empty) return w;
+}
+
+/// Writes head `h`'s exclusive length prefix over the batch for the merge kernel (stream
+/// positions: `origin` plus the head's own, from its inclusive prefix `incl`). Collective over
+/// `Threads` threads.
+template <int Threads>
+__device__ __forceinline__ void decode_write_prefix(decode_args const& a,
+                                                    int h,
+                                                    std::int64_t const* incl,
+                                                    std::int64_t origin) {
+  const int B = a.p.kv.batch_size;
+  for (int r = static_cast<int>(threadIdx.x); r <= B; r += Threads)
+    a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = origin + (r == 0 ? 0 : incl[r - 1]);
+}
+
+/// With the merge folded (no merge kernel): writes the outputs of head `w.h`'s empty requests
+/// among r = first, first + step, ... (zeros, LSE = sink or -inf; decode_merge_request).
+/// Collective over `Threads` threads.
+template <int Threads>
+__device__ __forceinline__ void decode_merge_empties(
+    decode_args const& a, decode_cta_work const& w, std::int64_t const* incl, int first, int step) {
+  const int B = a.p.kv.batch_size;
+  for (int r = first; r < B; r += step)
+    if (incl[r] == (r > 0 ? incl[r - 1] : 0))
+      decode_merge_request<Threads>(a, r, w.h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share, 0);
+}
+
+/**
+ * Finds the first and last requests of a CTA's non-empty range [begin, end) of head `w.h`'s own
+ * positions by binary search over the head's inclusive prefix `incl` (thread 0), into
+ * `w.r_first`, `w.r_last` and `w.pre` (the first request's stream position: `origin` plus its
+ * own), and with the merge folded clears the CTA's completed-merge mask. Collective over
+ * `Threads` threads; shared memory is free again on return.
+ */
+template <int Threads, bool Fold>
+__device__ __forceinline__ void decode_request_span(decode_args const& a,
+                                                    std::int64_t const* incl,
+                                                    std::int64_t begin,
+                                                    std::int64_t end,
+                                                    std::int64_t origin,
+                                                    decode_cta_work& w) {
+  __shared__ std::int32_t s_first, s_last;
+  __shared__ std::int64_t s_pre_first;
+  const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
-    int lo = 0, hi = B - 1;  // first r with incl[r] > range.begin
+    const int B = a.p.kv.batch_size;
+    int lo = 0, hi = B - 1;  // first r with incl[r] > begin
     while (lo < hi) {
       int mid = (lo + hi) / 2;
-      if (incl[mid] > range.begin)
+      if (incl[mid] > begin)
         hi = mid;
       else
         lo = mid + 1;
     }
     s_first     = lo;
-    s_pre_first = lo > 0 ? incl[lo - 1] : 0;
-    hi          = B - 1;  // first r with incl[r] >= range.end
+    s_pre_first = origin + (lo > 0 ? incl[lo - 1] : 0);
+    hi          = B - 1;  // first r with incl[r] >= end
     while (lo < hi) {
       int mid = (lo + hi) / 2;
-      if (incl[mid] >= range.end)
+      if (incl[mid] >= end)
         hi = mid;
       else
         lo = mid + 1;
@@ -383,6 +393,36 @@ __device__ __forceinline__ decode_cta_work decode_locate_head(decode_args const&
   if constexpr (Fold)  // no completed merge counts yet
     for (int i = tid; i * 32 <= w.r_last - w.r_first; i += Threads) decode_merge_mask()[i] = 0;
   __syncthreads();  // shared memory is reused by the caller
+}
+
+/**
+ * Locates this CTA's work on its head `h` of a per-head map (collective over the CTA of `Threads`
+ * threads): the head's inclusive length prefix over the batch by block scan in `smem`
+ * (decode_max_batch * 8 bytes, free again on return), the head's exclusive prefix for the merge
+ * kernel (local CTA 0 writes it), the head's empty requests when the merge is folded (spread over
+ * its CTAs), and the first and last requests of the CTA's stream range by binary search. Waits
+ * for the previous kernel (PDL) after the scan.
+ */
+template <int Threads, bool Fold>
+__device__ __forceinline__ decode_cta_work decode_locate_head(decode_args const& a,
+                                                              unsigned char* smem,
+                                                              int h) {
+  decode_params const& p = a.p;
+  decode_cta_work w;
+  w.h     = h;
+  w.share = p.splits.share(p.layer, h);
+  w.j     = static_cast<int>(blockIdx.x) - p.splits.begin(p.layer, h);
+
+  // The head's inclusive length prefix over the batch, in shared memory.
+  auto* incl = reinterpret_cast<std::int64_t*>(smem);
+  w.W        = decode_scan_head<Threads>(a, h, incl);
+  decode_wait_previous_kernel();
+  if (w.j == 0) decode_write_prefix<Threads>(a, h, incl, 0);
+  if constexpr (Fold)  // no merge kernel: the head's empty requests, spread over its CTAs
+    decode_merge_empties<Threads>(a, w, incl, static_cast<int>(w.j), static_cast<int>(w.share));
+  const stream_range range = split_range(w.j, w.share, w.W);
+  w.empty                  = range.empty();  // uniform across the CTA
+  if (!w.empty) decode_request_span<Threads, Fold>(a, incl, range.begin, range.end, 0, w);
   return w;
 }
 
@@ -399,20 +439,17 @@ template <int Threads, bool Fold>
 __device__ __forceinline__ decode_cta_work decode_locate_stream_head(decode_args const& a,
                                                                      unsigned char* smem,
                                                                      int h) {
-  // What thread 0 works out from the walk (kept in shared memory, out of the registers the
+  // What thread 0 works out from the walk (kept in shared memory, out of the registers that the
   // pieces need): the stream's total, the head's origin, the CTA's range in the head's own
-  // positions, whether this CTA writes the head's prefix (and folded empties), the first
-  // request and its stream position, the last request.
+  // positions, whether this CTA writes the head's prefix (and folded empties), whether the head
+  // is the walk's first.
   struct located {
-    std::int64_t W, origin, begin, end, pre_first;
-    std::int32_t first, last;
+    std::int64_t W, origin, begin, end;
     bool duty, wait;
   };
   __shared__ located s;
 
   decode_params const& p = a.p;
-  const int tid          = static_cast<int>(threadIdx.x);
-  const int B            = p.kv.batch_size;
   decode_cta_work w;
   w.h     = h;
   w.share = p.splits.num_ctas;
@@ -421,7 +458,7 @@ __device__ __forceinline__ decode_cta_work decode_locate_stream_head(decode_args
   // The head's inclusive length prefix over the batch, in shared memory.
   auto* incl                = reinterpret_cast<std::int64_t*>(smem);
   const std::int64_t tokens = decode_scan_head<Threads>(a, h, incl);
-  if (tid == 0) {
+  if (threadIdx.x == 0) {
     decode_cta_heads& walk = decode_walk();
     s.origin               = walk.origin;
     s.wait                 = h == walk.first;
@@ -436,56 +473,15 @@ __device__ __forceinline__ decode_cta_work decode_locate_stream_head(decode_args
   }
   __syncthreads();
   w.W = s.W;
-  if (s.wait) {
-    // (PDL) Everything above read only the split map and the view's arrays; q, the K/V pages
-    // and the workspace (which the previous decode launch's merge may still read) wait for the
-    // previous kernel in the stream. Then the merge kernel may be scheduled: its CTAs wait for
-    // this grid in their own grid_dependency_wait.
-    grid_dependency_wait();
-    grid_dependency_launch_dependents();
-  }
-  if (s.duty)  // the merge kernel reads the head's exclusive prefix
-    for (int r = tid; r <= B; r += Threads)
-      a.prefix[static_cast<std::int64_t>(h) * (B + 1) + r] = s.origin + (r == 0 ? 0 : incl[r - 1]);
-  if constexpr (Fold) {  // no merge kernel: the head's empty requests, all by the duty CTA
-    for (int r = s.duty ? 0 : B; r < B; ++r)
-      if (incl[r] == (r > 0 ? incl[r - 1] : 0))
-        decode_merge_request<Threads>(a, r, h, r > 0 ? incl[r - 1] : 0, 0, w.W, w.share, 0);
-  }
+  if (s.wait) decode_wait_previous_kernel();
+  if (s.duty) decode_write_prefix<Threads>(a, h, incl, s.origin);
+  if constexpr (Fold)  // no merge kernel: the head's empty requests, all by the duty CTA
+    if (s.duty) decode_merge_empties<Threads>(a, w, incl, 0, 1);
   w.empty = s.end <= s.begin;  // uniform across the CTA
-  if (w.empty) {
+  if (w.empty)
     __syncthreads();  // shared memory is reused by the caller
-    return w;
-  }
-  if (tid == 0) {
-    const std::int64_t begin = s.begin, end = s.end;
-    int lo = 0, hi = B - 1;  // first r with incl[r] > begin
-    while (lo < hi) {
-      int mid = (lo + hi) / 2;
-      if (incl[mid] > begin)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    s.first     = lo;
-    s.pre_first = s.origin + (lo > 0 ? incl[lo - 1] : 0);
-    hi          = B - 1;  // first r with incl[r] >= end
-    while (lo < hi) {
-      int mid = (lo + hi) / 2;
-      if (incl[mid] >= end)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    s.last = lo;
-  }
-  __syncthreads();
-  w.r_first = s.first;
-  w.r_last  = s.last;
-  w.pre     = s.pre_first;
-  if constexpr (Fold)  // no completed merge counts yet
-    for (int i = tid; i * 32 <= w.r_last - w.r_first; i += Threads) decode_merge_mask()[i] = 0;
-  __syncthreads();  // shared memory is reused by the caller
+  else
+    decode_request_span<Threads, Fold>(a, incl, s.begin, s.end, s.origin, w);
   return w;
 }
 
