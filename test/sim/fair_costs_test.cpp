@@ -208,6 +208,14 @@ TEST_CASE("the time breakdown sums to the makespan, reclamation = operations x c
     INFO(r.policy);
     CHECK(r.time.sum() == Approx(r.modelled_makespan_s).epsilon(1e-9));
     CHECK(r.time.control_plane_s > 0);
+    // The control plane by call: every call this replay makes was timed, and the terms add up
+    // to the whole measured time.
+    CHECK(r.control_plane.sum() ==
+          Approx(r.control_plane_us_per_step * 1e-6 * static_cast<double>(r.steps)).epsilon(1e-9));
+    CHECK(r.control_plane.admission_s > 0);
+    CHECK(r.control_plane.prefill_chunks_s > 0);
+    CHECK(r.control_plane.decode_s > 0);
+    CHECK(r.control_plane.release_s > 0);
     // The reclaiming baseline must reclaim here, or the check below would be 0 == 0.
     if (r.policy == "unified_nonuniform") REQUIRE(r.reclaim_ops > 0);
     CHECK(r.time.reclamation_s == Approx(static_cast<double>(r.reclaim_ops) * 2e-6));

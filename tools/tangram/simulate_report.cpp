@@ -50,6 +50,15 @@ json::value result_json(replay_result const& r) {
         r.wanted_clipped_fraction ? json::value(*r.wanted_clipped_fraction) : json::value(nullptr));
   o.set("steps", r.steps);
   o.set("control_plane_us_per_step", r.control_plane_us_per_step);
+  auto cp = json::value::object();
+  cp.set("admission_s", r.control_plane.admission_s);
+  cp.set("prefill_chunks_s", r.control_plane.prefill_chunks_s);
+  cp.set("decode_s", r.control_plane.decode_s);
+  cp.set("end_turn_s", r.control_plane.end_turn_s);
+  cp.set("release_s", r.control_plane.release_s);
+  cp.set("park_idle_s", r.control_plane.park_idle_s);
+  cp.set("evict_cached_s", r.control_plane.evict_cached_s);
+  o.set("control_plane_by_call", std::move(cp));
   o.set("generated_tokens", r.generated_tokens);
   o.set("prefilled_tokens", r.prefilled_tokens);
   o.set("modelled_makespan_s", r.modelled_makespan_s);

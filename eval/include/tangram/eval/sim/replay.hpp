@@ -139,7 +139,7 @@ class replay_engine : public replay_run {
 
   /// One decode step; sessions the policy parked to make room stop (they decode nothing now).
   bool decode_once() {
-    bool ok = timed([&] { return policy.decode(decoders); });
+    bool ok = timed(&control_plane_time::decode_s, [&] { return policy.decode(decoders); });
     absorb_parked();
     decoders.erase(
         std::remove_if(
@@ -191,7 +191,8 @@ class replay_engine : public replay_run {
           ch.reclaim_prefill_fraction > 0 ? policy.reclaimed_pages() : 0;
       double past = policy.attended_tokens(s);
       bool ok     = false;
-      while (!(ok = timed([&] { return policy.prefill_chunk(s, chunk); }))) {
+      while (!(ok = timed(&control_plane_time::prefill_chunks_s,
+                          [&] { return policy.prefill_chunk(s, chunk); }))) {
         if (!prefix_cache) {
           if (!make_room(s)) break;
           continue;
@@ -360,7 +361,7 @@ class replay_engine : public replay_run {
       ss.decoded_this_turn   = 0;
       ss.idle_since_s        = t;
       if (ss.turn + 1 < static_cast<std::int32_t>(spec(s).turns.size())) {
-        timed([&] {
+        timed(&control_plane_time::end_turn_s, [&] {
           policy.end_turn(s);
           return 0;
         });

@@ -151,6 +151,23 @@ struct replay_options {
       on_turn;
 };
 
+/// @brief The measured policy (control-plane) time by the call that spent it, in seconds of wall
+/// time on the host running the simulation; the terms sum to the whole measured time
+/// (`replay_result::control_plane_us_per_step` times the steps).
+struct control_plane_time {
+  double admission_s      = 0;  ///< turns started (`start_turn`, with the parks it makes)
+  double prefill_chunks_s = 0;  ///< prefill chunks (`prefill_chunk`: staging, eviction, commit)
+  double decode_s         = 0;  ///< decode steps (`decode`, with growths and parks)
+  double end_turn_s       = 0;  ///< turns ended (`end_turn`)
+  double release_s        = 0;  ///< sessions' KV given back (`release`)
+  double park_idle_s      = 0;  ///< idle sessions parked by the scheduler (`park_idle`)
+  double evict_cached_s   = 0;  ///< prefix-cache blocks evicted (`evict_cached_block`)
+  [[nodiscard]] double sum() const {
+    return admission_s + prefill_chunks_s + decode_s + end_turn_s + release_s + park_idle_s +
+           evict_cached_s;
+  }
+};
+
 /// @brief Where the modelled makespan went; the terms sum to `modelled_makespan_s`.
 struct time_breakdown {
   double prefill_s          = 0;  ///< prefill chunks (roofline FLOPs)
@@ -221,6 +238,7 @@ struct replay_result {
   std::int64_t rejected_sessions      = 0;  ///< could never fit, even alone
   std::int64_t steps                  = 0;
   double control_plane_us_per_step    = 0;  ///< measured wall time inside the policy
+  control_plane_time control_plane;         ///< that time by call (measured)
   double modelled_makespan_s          = 0;
   double modelled_tokens_per_s        = 0;  ///< generated tokens / makespan
   double modelled_ttft_mean_s         = 0;

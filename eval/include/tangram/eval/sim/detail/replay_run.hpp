@@ -166,11 +166,15 @@ class replay_run {
     ss.cached = 0;
   }
 
+  /// Runs a policy call and adds its wall time to the control plane, total and `into` (one of
+  /// out.control_plane's terms).
   template <class Fn>
-  auto timed(Fn&& fn) {
-    auto t0 = clock::now();
-    auto r  = fn();
-    control_s += std::chrono::duration<double>(clock::now() - t0).count();
+  auto timed(double control_plane_time::*into, Fn&& fn) {
+    auto t0        = clock::now();
+    auto r         = fn();
+    const double d = std::chrono::duration<double>(clock::now() - t0).count();
+    control_s += d;
+    out.control_plane.*into += d;
     return r;
   }
 
@@ -228,7 +232,7 @@ class replay_run {
   bool release_kv(std::int32_t s) {
     auto& ss = ss_of(s);
     if (!ss.holds_kv) return false;
-    timed([&] {
+    timed(&control_plane_time::release_s, [&] {
       policy.release(s);
       return 0;
     });
@@ -365,7 +369,8 @@ class replay_run {
     if (victim < 0) return false;
     memory_bound = true;
     // A policy that parks (tangram) moves the victim's KV to host memory: nothing is recomputed.
-    if (!ss_of(victim).paused && timed([&] { return policy.park_idle(victim); })) {
+    if (!ss_of(victim).paused &&
+        timed(&control_plane_time::park_idle_s, [&] { return policy.park_idle(victim); })) {
       absorb_parked();
       return true;
     }
@@ -373,7 +378,8 @@ class replay_run {
     // turn prefills the evicted tokens again. A preempted (paused) request is dropped whole.
     if (auto& vs = ss_of(victim);
         !vs.paused && vs.prefilled_this_turn == 0 && vs.decoded_this_turn == 0) {
-      std::int64_t left = timed([&] { return policy.evict_cached_block(victim); });
+      std::int64_t left = timed(&control_plane_time::evict_cached_s,
+                                [&] { return policy.evict_cached_block(victim); });
       if (left > 0) {
         std::int64_t evicted = vs.cached - left;
         TANGRAM_EXPECTS(evicted > 0 && evicted <= vs.history,
@@ -431,8 +437,9 @@ class replay_run {
       std::int64_t headroom =
           new_sessions && !prefix_cache ? options.continuation_headroom_tokens * resident : 0;
       auto start = [&] {
-        return timed(
-            [&] { return policy.start_turn(s, ss.history, ss.to_prefill, ss.reserve, headroom); });
+        return timed(&control_plane_time::admission_s, [&] {
+          return policy.start_turn(s, ss.history, ss.to_prefill, ss.reserve, headroom);
+        });
       };
       bool ok = start();
       absorb_parked();  // sessions the policy parked to make room for this turn
