@@ -3,6 +3,9 @@
 //
 // - pool_allocate_free / pool_reserve_draw: ns per page of the O(1) paths, beside malloc/free of
 //   a page-sized block (ratio counter).
+// - pool_staging_return/{0,1}: ns per page of giving 70% of a chunk's staging (131,072 pages
+//   scattered over an 8M-page pool) back to the reservation, one release + try_extend a page (0)
+//   or `release_into` (1).
 // - batched_free: ns per page of returning a batch of 4096 pages to the pool (what an engine's
 //   batched free of evicted tail pages costs here): `measure_batched_free_s_per_page`, the
 //   measured low end of `tangram simulate`'s reclamation (eval/sim/measured_costs.hpp pins it).
@@ -29,10 +32,12 @@
 // Run: build/bench/bench_memory --benchmark_format=json
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -173,6 +178,46 @@ void pool_reserve_draw_bulk(benchmark::State& state) {
       });
 }
 BENCHMARK(pool_reserve_draw_bulk)->Unit(benchmark::kMicrosecond);
+
+// A chunk's staging returned after the elastic eviction: 131,072 pages drawn (an 8K-token chunk
+// of Llama-3.1-8B on per-head pages: 512 pages x 256 groups) from a pool of 8M pages whose free
+// order is shuffled (pages scattered, as after hours of serving), then the last 70% given back to
+// the same reservation. ns per returned page; state.range(0): 0 = one release and one
+// try_extend per page (what page_flow did), 1 = `release_into` (one pass, counts prefetched).
+void pool_staging_return(benchmark::State& state) {
+  simulated_memory_resource mr;
+  constexpr std::int64_t capacity = 1 << 23, staged = 131072, returned = staged * 7 / 10;
+  page_pool<> pool(mr, page_layout<>(page_geometry{16, 1, 128, dtype::bf16}), capacity);
+  {
+    std::vector<page_id> all(static_cast<std::size_t>(capacity));
+    for (auto& p : all) p = *pool.try_allocate();
+    std::mt19937_64 rng(1);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (auto p : all) pool.release(p);
+  }
+  std::vector<page_id> list(static_cast<std::size_t>(staged));
+  double s          = 0;
+  std::int64_t done = 0;
+  for (auto _ : state) {
+    auto res = *pool.try_reserve(staged);
+    pool.draw(res, staged, list.data());
+    page_id const* tail = list.data() + (staged - returned);
+    auto t0             = clock_type::now();
+    if (state.range(0) == 0) {
+      for (std::int64_t k = returned - 1; k >= 0; --k)
+        if (pool.release(tail[k])) (void)pool.try_extend(res, 1);
+    } else {
+      benchmark::DoNotOptimize(pool.release_into(res, tail, returned));
+    }
+    s += seconds_since(t0);
+    done += returned;
+    for (std::int64_t k = 0; k < staged - returned; ++k)
+      pool.release(list[static_cast<std::size_t>(k)]);
+    pool.release_unused(res);
+  }
+  state.counters["ns_per_returned_page"] = s * 1e9 / static_cast<double>(done);
+}
+BENCHMARK(pool_staging_return)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 // The measured low end of reclamation (eval/sim/measured_costs.hpp): a batch of pages freed at
 // once, median of 33 rounds per iteration.

@@ -221,6 +221,75 @@ TEST_CASE("a bulk draw takes the pages single draws would, in order, all or noth
   bulk.check_invariants();
 }
 
+TEST_CASE("a bulk release into a reservation ends as single releases and extends would",
+          "[memory][pool]") {
+  simulated_memory_resource mr;
+  page_pool<> one(mr, page_layout<>(small_geometry()), 40);
+  page_pool<> bulk(mr, page_layout<>(small_geometry()), 40);
+  auto a = *one.try_reserve(30);
+  auto b = *bulk.try_reserve(30);
+  // 30 pages in list order, the free stacks shuffled first; pages 4 and 11 of the list shared.
+  std::vector<page_id> list_a(30), list_b(30);
+  for (auto* pool : {&one, &bulk}) {
+    std::vector<page_id> taken;
+    for (int i = 0; i < 9; ++i) taken.push_back(*pool->try_allocate());
+    for (int i : {8, 2, 5, 0, 7, 1, 6, 3, 4})
+      CHECK(pool->release(taken[static_cast<std::size_t>(i)]));
+  }
+  one.draw(a, 30, list_a.data());
+  bulk.draw(b, 30, list_b.data());
+  REQUIRE(list_a == list_b);
+  for (auto* pool : {&one, &bulk}) {
+    pool->retain(list_a[4]);
+    pool->retain(list_a[11]);
+  }
+  // Release the list's last 26 pages (positions 4..29), the last first, as a list shrinks.
+  std::int64_t singles = 0;
+  for (int k = 29; k >= 4; --k)
+    if (one.release(list_a[static_cast<std::size_t>(k)])) {
+      REQUIRE(one.try_extend(a, 1));
+      ++singles;
+    }
+  CHECK(singles == 24);  // the two shared pages only lose a reference
+  CHECK(bulk.release_into(b, list_b.data() + 4, 26) == 24);
+  CHECK(snap(bulk) == snap(one));
+  CHECK(b.pages() == a.pages());
+  CHECK(b.pages() == 24);
+  // The same free order: the next draws take the same pages.
+  std::vector<page_id> next_a(24), next_b(24);
+  one.draw(a, 24, next_a.data());
+  bulk.draw(b, 24, next_b.data());
+  CHECK(next_a == next_b);
+  CHECK(bulk.ref_count(list_b[4]) == 1);
+  CHECK(bulk.ref_count(list_b[11]) == 1);
+  // Nothing to release; misuse names the value; a foreign reservation or deferred reuse changes
+  // nothing.
+  auto before = snap(bulk);
+  CHECK(bulk.release_into(b, nullptr, 0) == 0);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(bulk.release_into(b, list_b.data(), -1), invalid_argument, "-1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bulk.release_into(b, nullptr, 2), invalid_argument, "pages is null for 2 pages");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bulk.release_into(a, list_b.data(), 1), logic_error, "another pool");
+  CHECK(snap(bulk) == before);
+  page_pool<> deferred(mr, page_layout<>(small_geometry()), 4, true);
+  auto d     = *deferred.try_reserve(1);
+  page_id dp = deferred.draw(d);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(deferred.release_into(d, &dp, 1), logic_error, "deferred reuse");
+  CHECK(deferred.ref_count(dp) == 1);
+  // A double free names the page; the pages released before it stay released and promised.
+  std::vector<page_id> twice{list_b[0], list_b[1], list_b[1]};
+  const std::string named = "page " + std::to_string(list_b[1]) + " is already free";
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      bulk.release_into(b, twice.data(), 3), logic_error, named, std::string("double free"));
+  CHECK(bulk.ref_count(list_b[1]) == 0);
+  CHECK(bulk.ref_count(list_b[0]) == 1);
+  CHECK(b.pages() == 1);
+  bulk.check_invariants();
+  one.check_invariants();
+  CHECK(deferred.release(dp));
+}
+
 TEST_CASE("pool misuse is a logic_error naming the value, with nothing changed",
           "[memory][pool][errors]") {
   simulated_memory_resource mr;

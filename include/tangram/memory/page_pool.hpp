@@ -292,6 +292,58 @@ class page_pool {
     return true;
   }
 
+  /**
+   * @brief Drops one reference to each of `pages[0, n)`, the last first (the order in which a
+   * list's pages leave it from its end), and promises every page that becomes free to `res`
+   * again: the pool ends as after `release(p)` for each page, followed, when it freed the page,
+   * by `try_extend(res, 1)` (which cannot fail then). O(n), allocation-free; the reference counts
+   * of pages still to come are prefetched, which hides most of their cache misses (the pages of
+   * a list are scattered over the pool).
+   * @return how many pages were freed and promised to `res` (a page still shared, reference
+   *         count above 1, only loses this reference).
+   * @throw logic_error when `res` belongs to another pool, or with deferred reuse (a released page
+   *        retires there and cannot back a reservation) -- both before any change; or naming the
+   *        page when one is out of range or already free (double free), after the pages before it
+   *        were released and promised.
+   * @throw invalid_argument when n < 0, or `pages` is null for n > 0.
+   */
+  std::int64_t release_into(page_reservation& res, page_id const* pages, std::int64_t n) {
+    TANGRAM_EXPECTS(
+        n >= 0, invalid_argument, "page_pool::release_into: pages must be >= 0, got ", n);
+    TANGRAM_EXPECTS(n == 0 || pages != nullptr,
+                    invalid_argument,
+                    "page_pool::release_into: pages is null for ",
+                    n,
+                    " pages");
+    check_owner(res, "release_into");
+    TANGRAM_EXPECTS(!deferred_,
+                    logic_error,
+                    "page_pool::release_into: released pages retire under deferred reuse and "
+                    "cannot back a reservation");
+    constexpr std::int64_t ahead = 32;  // prefetch distance: a few cache misses in flight
+    std::int64_t freed           = 0;
+    for (std::int64_t k = n - 1; k >= 0; --k) {
+      if (k >= ahead) prefetch_ref(pages[k - ahead]);
+      page_id p = pages[k];
+      check_range(p, "release_into");
+      auto& r = refs_[static_cast<std::size_t>(p)];
+      TANGRAM_EXPECTS(r > 0,
+                      logic_error,
+                      "page_pool::release_into: page ",
+                      p,
+                      " is already free or retired (double free, or a page that was never "
+                      "allocated)");
+      if (--r > 0) continue;
+      free_stack_[static_cast<std::size_t>(free_top_++)] = p;
+      ++frees_;
+      ++freed;
+      ++reserved_;  // promised to res at once, so a failure part way leaves the counts exact
+      ++res.pages_;
+    }
+    res.owner_ = this;
+    return freed;
+  }
+
   // ----- deferred reuse ---------------------------------------------------------------------
 
   /// True when released pages retire until `release_epochs_through` (the constructor's flag).
@@ -554,6 +606,14 @@ class page_pool {
     std::int64_t used = used_pages();
     if (used > peak_used_) peak_used_ = used;
     return p;
+  }
+  /// Hints the cache to fetch page p's reference count (for writing); ignores an invalid id.
+  void prefetch_ref(page_id p) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (p >= 0 && p < capacity_) __builtin_prefetch(refs_.data() + p, 1);
+#else
+    (void)p;
+#endif
   }
   void check_range(page_id p, char const* op) const {
     TANGRAM_EXPECTS(p >= 0 && p < capacity_,

@@ -89,6 +89,16 @@ class page_flow {
   /// fork only loses this reference.
   /// (Under deferred reuse such a page goes on the sequence's spare stack instead: `give_back`.)
   void return_to_reservation(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
+    if (!pool_.deferred_reuse()) {  // in bulk: a chunk's staging returns ~70% of its pages
+      std::int64_t n = page_table_.count(s, g) - keep;
+      if (n <= 0) return;
+      std::int64_t back =
+          pool_.release_into(sequences_[s].reservation, page_table_.tail(s, g) - n, n);
+      page_table_.truncate(s, g, keep);
+      page_table_.pooled_budget(s) += back;
+      stats_.staging_pages_returned += back;
+      return;
+    }
     while (page_table_.count(s, g) > keep) {
       if (give_back(s, page_table_.pop(s, g))) {
         ++page_table_.pooled_budget(s);

@@ -123,6 +123,10 @@ class page_table_storage {
   }
   /// Removes and returns the last page of the list (count > 0).
   page_id pop(std::int32_t s, std::int32_t g) noexcept { return entry(s, g, --count_[at(s, g)]); }
+  /// Shortens the list to its first `keep` pages (keep <= count); the entries stay in the arena.
+  void truncate(std::int32_t s, std::int32_t g, std::int64_t keep) noexcept {
+    count_[at(s, g)] = static_cast<std::int32_t>(keep);
+  }
   /// The entries after the list's last, where `extend` appends (room: capacity - count).
   page_id* tail(std::int32_t s, std::int32_t g) noexcept {
     auto a = at(s, g);
