@@ -290,6 +290,41 @@ TEST_CASE("a bulk release into a reservation ends as single releases and extends
   CHECK(deferred.release(dp));
 }
 
+TEST_CASE("a bulk release ends as single releases would, with and without deferred reuse",
+          "[memory][pool]") {
+  simulated_memory_resource mr;
+  for (bool deferred : {false, true}) {
+    INFO("deferred reuse " << deferred);
+    page_pool<> one(mr, page_layout<>(small_geometry()), 64, deferred);
+    page_pool<> bulk(mr, page_layout<>(small_geometry()), 64, deferred);
+    std::vector<page_id> pages;
+    for (auto* pool : {&one, &bulk}) {
+      std::vector<page_id> taken;
+      for (int i = 0; i < 50; ++i) taken.push_back(*pool->try_allocate());
+      // Every third page shared, so it only loses a reference.
+      for (int i = 0; i < 50; i += 3) pool->retain(taken[static_cast<std::size_t>(i)]);
+      pages = taken;
+    }
+    std::int64_t singles = 0;
+    for (auto p : pages) singles += one.release(p) ? 1 : 0;
+    CHECK(singles == 33);
+    CHECK(bulk.release(pages.data(), 50) == 33);
+    CHECK(snap(bulk) == snap(one));
+    CHECK(bulk.retired_pages() == one.retired_pages());
+    CHECK(bulk.release(nullptr, 0) == 0);
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(bulk.release(pages.data(), -3), invalid_argument, "-3");
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(
+        bulk.release(nullptr, 1), invalid_argument, "pages is null for 1 pages");
+    CHECK(snap(bulk) == snap(one));
+    // The first page (still shared) goes, then page 1 (already free) is a double free.
+    TANGRAM_REQUIRE_THROWS_WITH_ALL(
+        bulk.release(pages.data(), 2), logic_error, "page " + std::to_string(pages[1]));
+    CHECK(bulk.ref_count(pages[0]) == 0);
+    one.check_invariants();
+    bulk.check_invariants();
+  }
+}
+
 TEST_CASE("pool misuse is a logic_error naming the value, with nothing changed",
           "[memory][pool][errors]") {
   simulated_memory_resource mr;

@@ -270,35 +270,45 @@ class page_pool {
    *        (double free); the pool is unchanged.
    */
   bool release(page_id p) {
-    check_range(p, "release");
-    auto& r = refs_[static_cast<std::size_t>(p)];
-    TANGRAM_EXPECTS(r > 0,
-                    logic_error,
-                    "page_pool::release: page ",
-                    p,
-                    " is already free or retired (double free, or a page that was never "
-                    "allocated)");
-    if (--r > 0) return false;
-    if (deferred_) {
-      auto at = (retired_head_ + retired_count_) % capacity_;  // room: every retired page is
-      retired_pages_[static_cast<std::size_t>(at)]  = p;       // distinct, so count < capacity
-      retired_epochs_[static_cast<std::size_t>(at)] = epoch_;
-      ++retired_count_;
-      ++retirements_;
-      return true;
-    }
-    free_stack_[static_cast<std::size_t>(free_top_++)] = p;
-    ++frees_;
+    if (!drop_ref(p, "release")) return false;
+    free_or_retire(p);
     return true;
+  }
+
+  /**
+   * @brief Drops one reference to each of `pages[0, n)` in order, as `n` calls of `release(p)`
+   * would (under deferred reuse the freed pages retire). O(n), allocation-free; the reference
+   * counts of the pages still to come are prefetched, which hides most of their cache misses (a
+   * list's pages are scattered over the pool).
+   * @return how many pages became unreferenced.
+   * @throw logic_error naming the page when one is out of range or already free or retired
+   *        (double free), after the pages before it were released.
+   * @throw invalid_argument when n < 0, or `pages` is null for n > 0; nothing changes then.
+   */
+  std::int64_t release(page_id const* pages, std::int64_t n) {
+    TANGRAM_EXPECTS(n >= 0, invalid_argument, "page_pool::release: pages must be >= 0, got ", n);
+    TANGRAM_EXPECTS(n == 0 || pages != nullptr,
+                    invalid_argument,
+                    "page_pool::release: pages is null for ",
+                    n,
+                    " pages");
+    if (n == 0) return 0;  // (pages may be null)
+    std::int64_t freed = 0;
+    for (std::int64_t k = 0; k < n; ++k) {
+      if (k + prefetch_distance < n) prefetch_ref(pages[k + prefetch_distance]);
+      if (!drop_ref(pages[k], "release")) continue;
+      free_or_retire(pages[k]);
+      ++freed;
+    }
+    return freed;
   }
 
   /**
    * @brief Drops one reference to each of `pages[0, n)`, the last first (the order in which a
    * list's pages leave it from its end), and promises every page that becomes free to `res`
    * again: the pool ends as after `release(p)` for each page, followed, when it freed the page,
-   * by `try_extend(res, 1)` (which cannot fail then). O(n), allocation-free; the reference counts
-   * of pages still to come are prefetched, which hides most of their cache misses (the pages of
-   * a list are scattered over the pool).
+   * by `try_extend(res, 1)` (which cannot fail then). O(n), allocation-free, counts prefetched
+   * as in `release(pages, n)`.
    * @return how many pages were freed and promised to `res` (a page still shared, reference
    *         count above 1, only loses this reference).
    * @throw logic_error when `res` belongs to another pool, or with deferred reuse (a released page
@@ -320,27 +330,18 @@ class page_pool {
                     logic_error,
                     "page_pool::release_into: released pages retire under deferred reuse and "
                     "cannot back a reservation");
-    constexpr std::int64_t ahead = 32;  // prefetch distance: a few cache misses in flight
-    std::int64_t freed           = 0;
+    res.owner_ = this;
+    if (n == 0) return 0;  // (pages may be null)
+    std::int64_t freed = 0;
     for (std::int64_t k = n - 1; k >= 0; --k) {
-      if (k >= ahead) prefetch_ref(pages[k - ahead]);
-      page_id p = pages[k];
-      check_range(p, "release_into");
-      auto& r = refs_[static_cast<std::size_t>(p)];
-      TANGRAM_EXPECTS(r > 0,
-                      logic_error,
-                      "page_pool::release_into: page ",
-                      p,
-                      " is already free or retired (double free, or a page that was never "
-                      "allocated)");
-      if (--r > 0) continue;
-      free_stack_[static_cast<std::size_t>(free_top_++)] = p;
+      if (k >= prefetch_distance) prefetch_ref(pages[k - prefetch_distance]);
+      if (!drop_ref(pages[k], "release_into")) continue;
+      free_stack_[static_cast<std::size_t>(free_top_++)] = pages[k];  // (no deferred reuse here)
       ++frees_;
       ++freed;
       ++reserved_;  // promised to res at once, so a failure part way leaves the counts exact
       ++res.pages_;
     }
-    res.owner_ = this;
     return freed;
   }
 
@@ -607,6 +608,37 @@ class page_pool {
     if (used > peak_used_) peak_used_ = used;
     return p;
   }
+  /// Drops one reference to page p (checked: in range, referenced); true when p became
+  /// unreferenced, which the caller then frees or retires.
+  bool drop_ref(page_id p, char const* op) {
+    check_range(p, op);
+    auto& r = refs_[static_cast<std::size_t>(p)];
+    TANGRAM_EXPECTS(r > 0,
+                    logic_error,
+                    "page_pool::",
+                    op,
+                    ": page ",
+                    p,
+                    " is already free or retired (double free, or a page that was never "
+                    "allocated)");
+    return --r == 0;
+  }
+  /// An unreferenced page returns to the free stack, or with deferred reuse to the retire list
+  /// under the open epoch.
+  void free_or_retire(page_id p) noexcept {
+    if (!deferred_) {
+      free_stack_[static_cast<std::size_t>(free_top_++)] = p;
+      ++frees_;
+      return;
+    }
+    auto at = (retired_head_ + retired_count_) % capacity_;  // room: every retired page is
+    retired_pages_[static_cast<std::size_t>(at)]  = p;       // distinct, so count < capacity
+    retired_epochs_[static_cast<std::size_t>(at)] = epoch_;
+    ++retired_count_;
+    ++retirements_;
+  }
+  /// Pages ahead whose reference counts a bulk release prefetches: a few cache misses in flight.
+  static constexpr std::int64_t prefetch_distance = 32;
   /// Hints the cache to fetch page p's reference count (for writing); ignores an invalid id.
   void prefetch_ref(page_id p) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)

@@ -273,8 +273,8 @@ class page_flow {
   void release_all(std::int32_t s) noexcept {
     release_spares(s);
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g)
-      for (std::int32_t p = 0; p < page_table_.count(s, g); ++p)
-        pool_.release(page_table_.entry(s, g, p));
+      if (page_table_.count(s, g) > 0)  // in bulk: a list's pages are scattered over the pool
+        (void)pool_.release(page_table_.list(s, g), page_table_.count(s, g));
   }
 
   /// A new turn will overwrite pages [from, keep) of (s, g) (those below `from` it never writes:
