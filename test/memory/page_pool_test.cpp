@@ -224,41 +224,42 @@ TEST_CASE("a bulk draw takes the pages single draws would, in order, all or noth
 TEST_CASE("a bulk release into a reservation ends as single releases and extends would",
           "[memory][pool]") {
   simulated_memory_resource mr;
-  page_pool<> one(mr, page_layout<>(small_geometry()), 40);
-  page_pool<> bulk(mr, page_layout<>(small_geometry()), 40);
-  auto a = *one.try_reserve(30);
-  auto b = *bulk.try_reserve(30);
-  // 30 pages in list order, the free stacks shuffled first; pages 4 and 11 of the list shared.
-  std::vector<page_id> list_a(30), list_b(30);
+  page_pool<> one(mr, page_layout<>(small_geometry()), 100);
+  page_pool<> bulk(mr, page_layout<>(small_geometry()), 100);
+  auto a = *one.try_reserve(80);
+  auto b = *bulk.try_reserve(80);
+  // 80 pages in list order (more than the prefetch distance), the free stacks shuffled first;
+  // pages 4 and 11 of the list shared.
+  std::vector<page_id> list_a(80), list_b(80);
   for (auto* pool : {&one, &bulk}) {
     std::vector<page_id> taken;
     for (int i = 0; i < 9; ++i) taken.push_back(*pool->try_allocate());
     for (int i : {8, 2, 5, 0, 7, 1, 6, 3, 4})
       CHECK(pool->release(taken[static_cast<std::size_t>(i)]));
   }
-  one.draw(a, 30, list_a.data());
-  bulk.draw(b, 30, list_b.data());
+  one.draw(a, 80, list_a.data());
+  bulk.draw(b, 80, list_b.data());
   REQUIRE(list_a == list_b);
   for (auto* pool : {&one, &bulk}) {
     pool->retain(list_a[4]);
     pool->retain(list_a[11]);
   }
-  // Release the list's last 26 pages (positions 4..29), the last first, as a list shrinks.
+  // Release the list's last 76 pages (positions 4..79), the last first, as a list shrinks.
   std::int64_t singles = 0;
-  for (int k = 29; k >= 4; --k)
+  for (int k = 79; k >= 4; --k)
     if (one.release(list_a[static_cast<std::size_t>(k)])) {
       REQUIRE(one.try_extend(a, 1));
       ++singles;
     }
-  CHECK(singles == 24);  // the two shared pages only lose a reference
-  CHECK(bulk.release_into(b, list_b.data() + 4, 26) == 24);
+  CHECK(singles == 74);  // the two shared pages only lose a reference
+  CHECK(bulk.release_into(b, list_b.data() + 4, 76) == 74);
   CHECK(snap(bulk) == snap(one));
   CHECK(b.pages() == a.pages());
-  CHECK(b.pages() == 24);
+  CHECK(b.pages() == 74);
   // The same free order: the next draws take the same pages.
-  std::vector<page_id> next_a(24), next_b(24);
-  one.draw(a, 24, next_a.data());
-  bulk.draw(b, 24, next_b.data());
+  std::vector<page_id> next_a(74), next_b(74);
+  one.draw(a, 74, next_a.data());
+  bulk.draw(b, 74, next_b.data());
   CHECK(next_a == next_b);
   CHECK(bulk.ref_count(list_b[4]) == 1);
   CHECK(bulk.ref_count(list_b[11]) == 1);
@@ -311,6 +312,25 @@ TEST_CASE("a bulk release ends as single releases would, with and without deferr
     CHECK(bulk.release(pages.data(), 50) == 33);
     CHECK(snap(bulk) == snap(one));
     CHECK(bulk.retired_pages() == one.retired_pages());
+    // The same order: the same retire list (pages and epochs) with deferred reuse, the same free
+    // stack without (the next allocations take the same pages).
+    std::vector<std::pair<page_id, std::int64_t>> retired_one, retired_bulk;
+    one.for_each_retired([&](page_id p, std::int64_t e) { retired_one.emplace_back(p, e); });
+    bulk.for_each_retired([&](page_id p, std::int64_t e) { retired_bulk.emplace_back(p, e); });
+    CHECK(retired_bulk == retired_one);
+    CHECK(retired_bulk.size() == (deferred ? 33u : 0u));
+    if (!deferred) {
+      std::vector<page_id> next_one, next_bulk;
+      for (int i = 0; i < 33; ++i) {
+        next_one.push_back(*one.try_allocate());
+        next_bulk.push_back(*bulk.try_allocate());
+      }
+      CHECK(next_bulk == next_one);
+      for (int i = 0; i < 33; ++i) {
+        one.release(next_one[static_cast<std::size_t>(i)]);
+        bulk.release(next_bulk[static_cast<std::size_t>(i)]);
+      }
+    }
     CHECK(bulk.release(nullptr, 0) == 0);
     TANGRAM_REQUIRE_THROWS_WITH_ALL(bulk.release(pages.data(), -3), invalid_argument, "-3");
     TANGRAM_REQUIRE_THROWS_WITH_ALL(

@@ -208,13 +208,15 @@ TEST_CASE("the time breakdown sums to the makespan, reclamation = operations x c
     INFO(r.policy);
     CHECK(r.time.sum() == Approx(r.modelled_makespan_s).epsilon(1e-9));
     CHECK(r.time.control_plane_s > 0);
-    // The control plane by call: every call this replay makes was timed, and the terms add up
-    // to the whole measured time.
+    // The control plane by call: the terms add up to the whole measured time, and all of it is
+    // charged (ended turns and releases between steps included, the last ones at the end).
     CHECK(r.control_plane.sum() ==
           Approx(r.control_plane_us_per_step * 1e-6 * static_cast<double>(r.steps)).epsilon(1e-9));
+    CHECK(r.time.control_plane_s == Approx(r.control_plane.sum()).epsilon(1e-9));
     CHECK(r.control_plane.admission_s > 0);
     CHECK(r.control_plane.prefill_chunks_s > 0);
     CHECK(r.control_plane.decode_s > 0);
+    CHECK(r.control_plane.end_turn_s > 0);
     CHECK(r.control_plane.release_s > 0);
     // The reclaiming baseline must reclaim here, or the check below would be 0 == 0.
     if (r.policy == "unified_nonuniform") REQUIRE(r.reclaim_ops > 0);

@@ -32,7 +32,8 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
       CHECK(p[field].type() == json::kind::number);
     CHECK(p["kv_bytes_live_peak"].as_double(0, 1e15) <=
           p["kv_bytes_allocated_peak"].as_double(0, 1e15) + 1);
-    // The measured control plane by call adds up to the per-step figure times the steps.
+    // The measured control plane by call adds up to the per-step figure times the steps, all of
+    // it charged (the default).
     double by_call = 0;
     for (char const* call : {"admission_s",
                              "prefill_chunks_s",
@@ -45,6 +46,8 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
     CHECK(by_call == Approx(p["control_plane_us_per_step"].as_double(0, 1e12) * 1e-6 *
                             p["steps"].as_double(1, 1e12))
                          .epsilon(1e-6));
+    CHECK(by_call ==
+          Approx(p["modelled_time_breakdown"]["control_plane_s"].as_double(0, 1e6)).epsilon(1e-6));
   }
   CHECK(root["policies"]["tangram"]["reclaim_ops"].as_int(0, 0) == 0);
   CHECK(root["policies"]["tangram"]["preemptions"].as_int(0, 0) == 0);

@@ -286,7 +286,7 @@ class page_pool {
    * @throw invalid_argument when n < 0, or `pages` is null for n > 0; nothing changes then.
    */
   std::int64_t release(page_id const* pages, std::int64_t n) {
-    TANGRAM_EXPECTS(n >= 0, invalid_argument, "page_pool::release: pages must be >= 0, got ", n);
+    TANGRAM_EXPECTS(n >= 0, invalid_argument, "page_pool::release: n must be >= 0, got ", n);
     TANGRAM_EXPECTS(n == 0 || pages != nullptr,
                     invalid_argument,
                     "page_pool::release: pages is null for ",
@@ -318,8 +318,7 @@ class page_pool {
    * @throw invalid_argument when n < 0, or `pages` is null for n > 0.
    */
   std::int64_t release_into(page_reservation& res, page_id const* pages, std::int64_t n) {
-    TANGRAM_EXPECTS(
-        n >= 0, invalid_argument, "page_pool::release_into: pages must be >= 0, got ", n);
+    TANGRAM_EXPECTS(n >= 0, invalid_argument, "page_pool::release_into: n must be >= 0, got ", n);
     TANGRAM_EXPECTS(n == 0 || pages != nullptr,
                     invalid_argument,
                     "page_pool::release_into: pages is null for ",
@@ -330,7 +329,6 @@ class page_pool {
                     logic_error,
                     "page_pool::release_into: released pages retire under deferred reuse and "
                     "cannot back a reservation");
-    res.owner_ = this;
     if (n == 0) return 0;  // (pages may be null)
     std::int64_t freed = 0;
     for (std::int64_t k = n - 1; k >= 0; --k) {
@@ -341,6 +339,7 @@ class page_pool {
       ++freed;
       ++reserved_;  // promised to res at once, so a failure part way leaves the counts exact
       ++res.pages_;
+      res.owner_ = this;
     }
     return freed;
   }
