@@ -334,8 +334,7 @@ class page_pool {
     for (std::int64_t k = n - 1; k >= 0; --k) {
       if (k >= prefetch_distance) prefetch_ref(pages[k - prefetch_distance]);
       if (!drop_ref(pages[k], "release_into")) continue;
-      free_stack_[static_cast<std::size_t>(free_top_++)] = pages[k];  // (no deferred reuse here)
-      ++frees_;
+      free_or_retire(pages[k]);  // freed: no deferred reuse here
       ++freed;
       ++reserved_;  // promised to res at once, so a failure part way leaves the counts exact
       ++res.pages_;
