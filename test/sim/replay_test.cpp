@@ -60,7 +60,9 @@ class recording_policy final : public kv_policy {
     return m;
   }
   double capacity_bytes() const override { return 1e18; }
+  bool kept_counts_from_gpu() const override { return counts_from_gpu; }
   std::vector<std::string> log;
+  bool counts_from_gpu = false;
   std::map<std::int32_t, std::int64_t> tokens;
   std::size_t capacity = static_cast<std::size_t>(-1);
 };
@@ -101,6 +103,73 @@ TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
                                          2));
   CHECK(r.peak_resident_sessions == 1);
   CHECK(r.preemptions == 0);
+}
+
+TEST_CASE("a session whose kept counts come from the GPU sits out the step after each chunk",
+          "[replay]") {
+  // One session: a 250-token prompt in chunks of 100, 3 answer tokens; a second one arrives
+  // with it and decodes beside it, so the steps it sits out still run.
+  workload w;
+  w.sessions.push_back({0.0, {{250, 3, 0.0}}});
+  w.sessions.push_back({0.0, {{10, 12, 0.0}}});
+  auto m = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  replay_options o;
+  o.continuation_headroom_tokens = 0;
+  o.prefill_chunk                = 100;
+  auto run                       = [&](bool from_gpu, counts_arrival counts) {
+    recording_policy p;
+    p.counts_from_gpu = from_gpu;
+    o.counts          = counts;
+    auto r            = replay(w, p, cost, o);
+    return std::make_pair(r, p.log);
+  };
+  // Hand-worked, next step: chunks at steps 1, 3 and 5 (the last one samples the first token),
+  // decodes at steps 7 and 8; it sits out steps 2, 4 and 6. Session 1 (one 10-token chunk at
+  // step 1, first token) sits out step 2 and decodes its 11 other tokens at steps 3 to 13.
+  // Nothing runs at step 2: 12 steps ran.
+  auto [late, late_log] = run(true, counts_arrival::next_step);
+  CHECK(late.counts_wait_steps == 4);
+  CHECK(late.steps == 12);
+  std::vector<std::string> steps_of_0;
+  for (auto const& e : late_log)
+    if (e == "prefill 0 100" || e == "prefill 0 50" || e == "decode 0") steps_of_0.push_back(e);
+  CHECK(steps_of_0 ==
+        std::vector<std::string>{
+            "prefill 0 100", "prefill 0 100", "prefill 0 50", "decode 0", "decode 0"});
+  // Interleaving: session 1 decodes at step 3 (after session 0's chunk of step 1 it sat out
+  // step 2 too), before session 0's second chunk in the log of step 3.
+  auto at = [&](std::vector<std::string> const& log, std::string const& e, int nth) {
+    int seen = 0;
+    for (std::size_t i = 0; i < log.size(); ++i)
+      if (log[i] == e && ++seen == nth) return static_cast<std::ptrdiff_t>(i);
+    return static_cast<std::ptrdiff_t>(-1);
+  };
+  CHECK(at(late_log, "decode 1", 1) < at(late_log, "prefill 0 100", 2));
+  CHECK(at(late_log, "prefill 0 100", 2) < at(late_log, "decode 1", 2));
+  // At once, or counts known in advance: a chunk or decode every step (3 chunks, 2 decodes;
+  // session 1 decodes at steps 2 to 12).
+  for (auto [from_gpu, counts] :
+       {std::pair{true, counts_arrival::at_once}, std::pair{false, counts_arrival::next_step}}) {
+    auto [now, now_log] = run(from_gpu, counts);
+    CHECK(now.counts_wait_steps == 0);
+    CHECK(now.steps == 12);
+    CHECK(now.generated_tokens == late.generated_tokens);
+    // Session 0's first token comes two steps later (steps 5 against 3), session 1's at step 1
+    // in both.
+    CHECK(now.modelled_ttft_mean_s < late.modelled_ttft_mean_s);
+  }
+  // Step 2, where nothing ran, costs nothing, not even the fixed step overhead: the GPU was
+  // still running step 1, already charged.
+  o.prefill_chunk = 1000;
+  w.sessions.pop_back();
+  o.charges.step_overhead_s = 1e-3;
+  auto [alone, alone_log]   = run(true, counts_arrival::next_step);
+  auto [alone_now, _]       = run(true, counts_arrival::at_once);
+  CHECK(alone.steps == alone_now.steps);  // 250 prompt tokens in one chunk, 3 tokens: 3 steps
+  CHECK(alone.steps == 3);
+  CHECK(alone.counts_wait_steps == 1);
+  CHECK(alone.modelled_makespan_s == Approx(alone_now.modelled_makespan_s));
 }
 
 TEST_CASE("resident sessions while memory binds count only the steps after a turn did not fit",

@@ -71,6 +71,34 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   CHECK(root["ratios_vs_full_kv"]["tangram"]["peak_resident_sessions"].as_double(2.0, 100.0) >=
         2.0);
   CHECK(root["model"].as_string() == "Llama-3.1-8B");
+  // Dynamic compressors learn their kept counts a step after each chunk (the default loop).
+  CHECK(root["cost_model"]["kept_counts"].as_string() == "next-step");
+  for (char const* policy : {"unified_nonuniform", "tangram_elastic"})
+    CHECK(root["policies"][policy]["counts_wait_steps"].as_int(1, 1LL << 40) > 0);
+  for (char const* policy : {"full_kv", "tangram"})
+    CHECK(root["policies"][policy]["counts_wait_steps"].as_int(0, 0) == 0);
+}
+
+TEST_CASE("simulate --kept-counts at-once: nothing waits for its counts", "[simulate][cli]") {
+  auto r    = run_json({"simulate",
+                        "--sessions",
+                        "8",
+                        "--turns",
+                        "2",
+                        "--workload",
+                        "short",
+                        "--kept-counts",
+                        "at-once",
+                        "--json",
+                        "--quiet"});
+  auto root = r.root();
+  CHECK(root["cost_model"]["kept_counts"].as_string() == "at-once");
+  for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"})
+    CHECK(root["policies"][policy]["counts_wait_steps"].as_int(0, 0) == 0);
+  auto bad = run({"simulate", "--kept-counts", "later"});
+  CHECK(bad.code != 0);
+  CHECK(bad.err.find("--kept-counts") != std::string::npos);
+  CHECK(bad.err.find("later") != std::string::npos);
 }
 
 TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]") {

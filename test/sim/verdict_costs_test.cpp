@@ -155,9 +155,10 @@ TEST_CASE(
   auto plan = test::llama_plan("snapkv");
   auto m    = model_preset("llama-3.1-8b");
   cost_model cost(m, gpu_spec{});
-  auto run = [&](replan_mode mode) {
+  auto run = [&](replan_mode mode, counts_arrival counts = counts_arrival::at_once) {
     unified_policy p(plan, unified_mode::compressed_reclaim, 20e9, 1, 1, 1 << 20, own_needs(plan));
     replay_options o;
+    o.counts                               = counts;
     o.charges.replan                       = mode;
     o.charges.replan_sequences_per_request = 8;
     o.charges.step_overhead_s              = 1e-3;
@@ -173,6 +174,13 @@ TEST_CASE(
   auto overlapped = run(replan_mode::overlapped);
   CHECK(overlapped.time.replanning_s == Approx(76e-6));
   CHECK(overlapped.modelled_makespan_s == Approx(serial.modelled_makespan_s - 9 * 76e-6));
+  // Counts read back a step later: the request sits out the step after its chunk, where nothing
+  // runs, so the first decode step's plan (it needs the counts) has nothing to hide behind either.
+  auto late = run(replan_mode::overlapped, counts_arrival::next_step);
+  CHECK(late.steps == 10);
+  CHECK(late.counts_wait_steps == 1);
+  CHECK(late.time.replanning_s == Approx(2 * 76e-6));
+  CHECK(late.modelled_makespan_s == Approx(overlapped.modelled_makespan_s + 76e-6));
 }
 
 TEST_CASE("simulate's default costs are the paper's, with the control plane charged",

@@ -578,6 +578,7 @@ int simulate(simulate_args& a, streams io) {
     c.set("gpu_preset", a.gpu_key);
     c.set("full_kv_scheduler", a.full_kv_pinned ? "pinned" : a.full_kv_blocks ? "vllm" : "vllm-sessions");
     c.set("step_token_budget", ro.step_token_budget);
+    c.set("kept_counts", std::string(to_string(ro.counts)));
     c.set("sms", a.po.split.limits.sm_count);
     c.set("max_running", ro.max_running);
     c.set("active_weight_bytes", model.active_weight_bytes);
@@ -706,6 +707,7 @@ int simulate(simulate_args& a, streams io) {
   row("admission waits", [](replay_result const& r) { return cat(r.admission_waits); });
   row("reclaim ops (pages)", [](replay_result const& r) { return cat(r.reclaim_ops); });
   row("preemptions", [](replay_result const& r) { return cat(r.preemptions); });
+  row("steps sat out for kept counts", [](replay_result const& r) { return cat(r.counts_wait_steps); });
   row("idle evictions", [](replay_result const& r) { return cat(r.idle_evictions); });
   row("recomputed tokens", [](replay_result const& r) { return cat(r.recomputed_tokens); });
   row("parks (running turns)", [](replay_result const& r) { return cat(r.parks, " (", r.parked_running, ")"); });
@@ -1055,6 +1057,16 @@ command_body setup_simulate(CLI::App& app) {
       "lengths, kernels/balanced_split.hpp; one launch a decoding step charged), aot (the "
       "plan's ahead-of-time map alone) or stream (CTAs cut the layer's tokens across heads, "
       "layer_stream_split; nothing launched per step)");
+  add_enum<counts_arrival>(
+      app,
+      "--kept-counts",
+      a->ro.counts,
+      {{"next-step", counts_arrival::next_step}, {"at-once", counts_arrival::at_once}},
+      "When the host learns the kept counts a dynamic compressor's eviction chose on the GPU "
+      "(tangram_elastic, unified_nonuniform, per_head_dynamic; every one pays the same): "
+      "next-step (the engine loop of docs/integration.md, no host-device synchronisation: the "
+      "session sits out the step after each chunk) or at-once (a synchronisation or a "
+      "device-side commit, neither charged)");
   single.push_back(add_enum<replan_mode>(
       app,
       "--replan",

@@ -31,6 +31,7 @@ json::value result_json(replay_result const& r) {
   o.set("reclaim_ops", r.reclaim_ops);
   o.set("surplus_pages_released", r.released_pages);
   o.set("preemptions", r.preemptions);
+  o.set("counts_wait_steps", r.counts_wait_steps);
   o.set("idle_evictions", r.idle_evictions);
   o.set("recomputed_tokens", r.recomputed_tokens);
   o.set("reloaded_tokens", r.reloaded_tokens);

@@ -303,6 +303,7 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
     auto v = json::value::object();
     v.set("calibration", "out_of_sample");
     v.set("control_plane_charged", in.control_plane);
+    v.set("kept_counts", std::string(to_string(in.ro.counts)));
     v.set("label",
           "modelled: roofline plus charged costs; Tangram's default policy against each baseline");
     auto jr = json::value::array();
@@ -389,7 +390,8 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
     << "  grouped by prompt), every input's retention and measured skew from the other half, both "
        "ways; each\n"
     << "  figure is the mean of the two folds (each fold in brackets). Control plane: "
-    << (in.control_plane ? "measured and charged" : "not charged (--no-control-plane)") << ".\n\n";
+    << (in.control_plane ? "measured and charged" : "not charged (--no-control-plane)")
+    << ". Kept counts: " << to_string(in.ro.counts) << ".\n\n";
   o << "  " << std::left << std::setw(9) << "workload" << std::setw(20) << "baseline"
     << std::setw(11) << "costs" << std::setw(24) << "tokens/s ratio" << std::setw(24)
     << "mean resident ratio"

@@ -125,12 +125,21 @@ class replay_engine : public replay_run {
     kv_read    = 0;
     link_bytes = 0;
     any_decode = false;
+    ran        = false;
     first_token_now.clear();
     snapshot.assign(running.begin(), running.end());
     decoders.clear();
-    for (auto s : running)
+    for (auto s : running) {
+      if (waits_for_counts(s)) {
+        out.counts_wait_steps += 1;
+        continue;
+      }
       if (ss_of(s).state == phase::decode) decoders.push_back(s);
+    }
   }
+
+  /// True when `s` sits out this step: its last chunk's kept counts have not reached the host.
+  bool waits_for_counts(std::int32_t s) { return ss_of(s).counts_wait_step == step_index; }
 
   bool is_running(std::int32_t s) const {
     return std::find(running.begin(), running.end(), s) != running.end();
@@ -165,6 +174,7 @@ class replay_engine : public replay_run {
     for (auto s : decoders) {
       auto& ss   = ss_of(s);
       any_decode = true;
+      ran        = true;
       budget -= 1;
       ss.decoded_this_turn += 1;
       ss.cached += 1;
@@ -180,7 +190,9 @@ class replay_engine : public replay_run {
       auto& ss = ss_of(s);
       // Offloaded tokens come first in the prompt and are reloaded, outside the token budget.
       std::int64_t reload = offload_on ? std::min(ss.offloaded, options.prefill_chunk) : 0;
-      if (ss.state != phase::prefill || (budget <= 0 && reload == 0) || !is_running(s)) continue;
+      if (ss.state != phase::prefill || (budget <= 0 && reload == 0) || !is_running(s) ||
+          waits_for_counts(s))
+        continue;
       std::int64_t compute = std::min({ss.to_prefill - reload,
                                        std::max<std::int64_t>(budget, 0),
                                        options.prefill_chunk - reload});
@@ -236,6 +248,10 @@ class replay_engine : public replay_run {
         step_s += cost.hbm_s(extra);
         out.time.eviction_pass_s += cost.hbm_s(extra);
       }
+      ran = true;
+      // The documented engine loop learns the kept counts a step later (counts_arrival).
+      if (options.counts == counts_arrival::next_step && counts_from_gpu)
+        ss.counts_wait_step = step_index + 1;
       budget -= compute;
       ss.to_prefill -= chunk;
       ss.prefilled_this_turn += chunk;
@@ -282,9 +298,14 @@ class replay_engine : public replay_run {
       out.time.reload_stall_s += link - step_s;
       step_s = link;
     }
-    step_s += ch.step_overhead_s;
-    out.time.overhead_s += ch.step_overhead_s;
-    out.steps += 1;
+    // A step where every running session waited for its kept counts runs nothing on the GPU:
+    // the host only waits for the previous step, already charged.
+    if (ran) {
+      step_s += ch.step_overhead_s;
+      out.time.overhead_s += ch.step_overhead_s;
+      out.steps += 1;
+    }
+    step_index += 1;
 
     // Parks and restores of this step (admission, decode) over the host link (modelled).
     auto traffic = policy.take_host_traffic();
@@ -436,6 +457,8 @@ class replay_engine : public replay_run {
   std::int64_t budget = 0;
   double step_s = 0, kv_read = 0, link_bytes = 0;
   bool any_decode = false;
+  bool ran                = false;  ///< a decode or a chunk ran this step (counted in out.steps)
+  std::int64_t step_index = 0;      ///< steps so far, those where nothing ran included
   std::vector<std::int32_t> first_token_now, snapshot, decoders;  // per step; reused
 };
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tangram/eval/sim/cost_model.hpp"
@@ -55,6 +56,12 @@ class kv_policy {
   /// HBM bytes the session's last successful `prefill_chunk` moved outside the forward pass (an
   /// unfused eviction pass); the replay charges them at the HBM bandwidth (modelled). Default 0.
   [[nodiscard]] virtual double prefill_chunk_extra_bytes(std::int32_t) const { return 0; }
+  /// True when a compressed chunk's kept counts are chosen on the GPU from the scores (a dynamic
+  /// compressor: elastic reservation, reclamation of a chunk's tail) and the host needs them
+  /// before the session's next chunk or decode step (to free or return pages, to place the next
+  /// tokens). The replay then applies `replay_options::counts`. Default false (counts known in
+  /// advance: static budgets, no compression).
+  [[nodiscard]] virtual bool kept_counts_from_gpu() const { return false; }
   /// Appends one decoded token to every session of `sessions` (one engine decode step).
   virtual bool decode(std::vector<std::int32_t> const& sessions) = 0;
   /// The turn's answer is complete; the session keeps its (compressed) history.
@@ -122,6 +129,24 @@ struct host_offload {
   double capacity_bytes = 256e9;  ///< host memory for offloaded KV (DGX H100/H200: 2 TB per 8 GPUs)
 };
 
+/**
+ * @brief When the host learns a chunk's kept counts from the GPU
+ * (`kv_policy::kept_counts_from_gpu`).
+ */
+enum class counts_arrival : std::uint8_t {
+  /// The engine loop of docs/integration.md with no host-device synchronisation: the GPU runs one
+  /// step behind the host and the counts come back by an asynchronous copy, so the session sits
+  /// out the step after each such chunk (no chunk, no decode) and runs again the step after.
+  next_step,
+  /// The next step already knows them: a host synchronisation per chunk or a device-side commit
+  /// of the counts (neither is charged here; issue 29 item 7 has no device-side commit built).
+  at_once,
+};
+
+constexpr std::string_view to_string(counts_arrival c) noexcept {
+  return c == counts_arrival::next_step ? "next-step" : "at-once";
+}
+
 /// @brief Engine settings of the replay.
 struct replay_options {
   std::int64_t step_token_budget = 8192;  ///< tokens per engine step (decode + prefill chunks)
@@ -143,6 +168,9 @@ struct replay_options {
   step_charges charges;               ///< costs beyond the roofline (none by default)
   /// Host memory for the blocks a prefix cache evicts (off by default).
   host_offload offload;
+  /// When a dynamic compressor's kept counts reach the host (`counts_arrival`); every policy
+  /// whose counts come from the GPU pays the same.
+  counts_arrival counts = counts_arrival::next_step;
   std::function<void(double)> progress;  ///< called with the completed fraction (optional)
   /// Called as each turn becomes ready (optional): the session, the turn, when it became ready
   /// (a first turn in an open loop: its arrival) and the answer it will decode. What the trace
@@ -219,6 +247,9 @@ struct replay_result {
   std::int64_t reclaim_ops           = 0;
   std::int64_t released_pages        = 0;
   std::int64_t preemptions           = 0;  ///< running sequences preempted (recompute)
+  /// Request-steps a running session sat out waiting for its last chunk's kept counts
+  /// (`replay_options::counts`, counts_arrival::next_step).
+  std::int64_t counts_wait_steps     = 0;
   std::int64_t idle_evictions        = 0;  ///< idle sessions whose KV was dropped to make room
   std::int64_t prefix_blocks_evicted = 0;  ///< tail blocks of idle sessions' cached KV evicted
   std::int64_t recomputed_tokens     = 0;  ///< tokens lost and prefilled again
@@ -236,6 +267,8 @@ struct replay_result {
   /// and reserved), held (pages handed out) and live (tokens stored).
   double mean_allocated_bytes = 0, mean_held_bytes = 0, mean_live_bytes = 0;
   std::int64_t rejected_sessions      = 0;  ///< could never fit, even alone
+  /// Engine steps that ran a decode or a chunk (a step where every running session waited for
+  /// its kept counts ran nothing and is not one).
   std::int64_t steps                  = 0;
   double control_plane_us_per_step    = 0;  ///< measured wall time inside the policy
   control_plane_time control_plane;         ///< that time by call (measured)

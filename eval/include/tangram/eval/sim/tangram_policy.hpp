@@ -139,6 +139,13 @@ class tangram_policy final : public live_accounting_policy {
     return true;
   }
 
+  /// Elastic reservation: `evict_elastic` chooses the groups' lengths on the GPU and
+  /// `commit_chunk` needs them (static budgets: known in advance).
+  [[nodiscard]] bool kept_counts_from_gpu() const override {
+    return plan_.options.reservation.mode == reservation_mode::elastic &&
+           compressed_group_count(plan_) > 0;
+  }
+
   [[nodiscard]] double prefill_chunk_extra_bytes(std::int32_t s) const override {
     return extra_bytes_[static_cast<std::size_t>(s)];
   }

@@ -81,6 +81,11 @@ class unified_policy final : public live_accounting_policy {
     if (!config_.name.empty()) return config_.name;
     return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
   }
+  /// Compressed: the eviction chooses each head's length on the GPU and the tail pages beyond
+  /// the layer's (or, per head, the head's) kept length are freed by the host.
+  [[nodiscard]] bool kept_counts_from_gpu() const override {
+    return mode_ == unified_mode::compressed_reclaim;
+  }
   [[nodiscard]] bool preempted_kv_is_cache() const override {
     return config_.keep_preempted || idle_kv_is_prefix_cache();
   }

@@ -50,6 +50,9 @@ struct session_state {
   std::int64_t cached =
       0;  ///< tokens handed to the policy (prefill chunks, decode appends) it holds
   std::uint64_t admit_seq = 0;  ///< admission order (preemption picks the latest)
+  /// The step it sits out: its last chunk's kept counts are still on their way to the host
+  /// (replay_options::counts); -1: none.
+  std::int64_t counts_wait_step = -1;
 
   /// Tokens in host memory (host_offload): the first ones of `to_prefill`, reloaded, not
   /// recomputed; when its blocks last went there (host LRU).
@@ -151,6 +154,7 @@ class replay_run {
     prefix_cache   = policy.idle_kv_is_prefix_cache();
     keep_preempted = prefix_cache || policy.preempted_kv_is_cache();
     offload_on     = options.offload.enabled && prefix_cache;
+    counts_from_gpu = policy.kept_counts_from_gpu();
     token_bytes    = static_cast<double>(cost.model().kv_bytes_per_token());
   }
 
@@ -236,8 +240,9 @@ class replay_run {
       policy.release(s);
       return 0;
     });
-    ss.holds_kv = false;
-    ss.paused   = false;  // nothing left to resume: a next start prefills again
+    ss.holds_kv         = false;
+    ss.paused           = false;  // nothing left to resume: a next start prefills again
+    ss.counts_wait_step = -1;     // nothing left whose counts matter
     if (ss.parked)
       ss.parked = false;  // held in host memory: no longer counted resident
     else
@@ -495,6 +500,7 @@ class replay_run {
   bool prefix_cache           = false;
   bool keep_preempted         = false;
   bool offload_on             = false;
+  bool counts_from_gpu        = false;  // kv_policy::kept_counts_from_gpu
   double token_bytes          = 0;
   std::int64_t host_tokens    = 0;  // tokens offloaded to host memory (host_offload)
   std::size_t next_arrival    = 0;
