@@ -168,13 +168,14 @@ for b in rows("decode"):
             print(f"| {b['name']} | error: {b.get('error_message')} | | |"); continue
         print(f"| {b['name']} | {b['real_time']:.1f} | {b['TB_per_s']:.2f} | {b['hbm_fraction']:.2f} |")
 print("\n## Skew: non-uniform vs uniform heads at equal KV bytes (goal aot/uniform <= 1.05)\n")
-print("| benchmark | uniform us | AOT split us | equal split us | balanced us | AOT / uniform | equal / uniform | balanced / uniform | balance launch us | bytes ratio |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| benchmark | uniform us | AOT split us | equal split us | balanced us | stream us | AOT / uniform | equal / uniform | balanced / uniform | stream / uniform | balance launch us | bytes ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for b in rows("decode"):
     if b["name"].startswith("BM_decode_skew") and not b.get("error_occurred"):
         print(f"| {b['name']} | {b['uniform_us']:.1f} | {b['aot_us']:.1f} | {b['equal_split_us']:.1f} | "
-              f"{b['balanced_us']:.1f} | {b['aot_over_uniform']:.3f} | {b['equal_over_uniform']:.3f} | "
-              f"{b['balanced_over_uniform']:.3f} | {b['balance_launch_us']:.1f} | {b['bytes_ratio']:.3f} |")
+              f"{b['balanced_us']:.1f} | {b['stream_us']:.1f} | {b['aot_over_uniform']:.3f} | "
+              f"{b['equal_over_uniform']:.3f} | {b['balanced_over_uniform']:.3f} | "
+              f"{b['stream_over_uniform']:.3f} | {b['balance_launch_us']:.1f} | {b['bytes_ratio']:.3f} |")
 print("\n## Balanced split map: one balance_decode_splits launch (one layer)\n")
 print("| benchmark | time us |")
 print("|---|---|")
@@ -192,6 +193,10 @@ def side_by_side(prefix, title, columns):
 side_by_side("BM_decode_invariant", "Batch-invariant decode beside the split map's pieces",
              [("split us", "split_us", 1), ("invariant us", "invariant_us", 1),
               ("invariant / split", "invariant_over_split", 3)])
+side_by_side("BM_decode_stream", "Layer-stream split against the balanced map (non-uniform heads; stream / (launch + balanced))",
+             [("balance launch us", "balance_launch_us", 1), ("balanced us", "balanced_us", 1),
+              ("stream us", "stream_us", 1), ("stream / balanced", "stream_over_balanced", 3),
+              ("stream HBM fraction", "hbm_fraction_stream", 2)])
 side_by_side("BM_decode_pdl", "Programmatic dependent launch: 32 back-to-back decode launches",
              [("plain us", "plain_us", 1), ("PDL us", "pdl_us", 1), ("PDL / plain", "pdl_over_plain", 3)])
 print("\n## Eviction throughput (candidate K+V bytes per second; scorer 0 supplied, 1 key norm, 2 SnapKV, "

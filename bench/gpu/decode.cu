@@ -14,19 +14,27 @@
 //    mode (decode_params::invariant_pieces = K), timed side by side each iteration; counter
 //    invariant_over_split (the modelled token ratio is in docs/kernels.md).
 //  BM_decode_skew also times a fourth layer on the map `balance_decode_splits` writes for its
-//    lengths (balanced_us, balanced_over_uniform) and that launch itself (balance_launch_us).
+//    lengths (balanced_us, balanced_over_uniform) and that launch itself (balance_launch_us),
+//    and a fifth on the layer-stream split (`layer_stream_split`: CTAs cut the layer's tokens
+//    across heads, nothing launched before; stream_us, stream_over_uniform).
+//  BM_decode_stream/B/ctx: the same non-uniform heads decoded on the balanced map (its launch
+//    timed apart) and on the layer-stream split, side by side each iteration, by batch size;
+//    counter stream_over_balanced (stream / (balance launch + balanced decode)): what
+//    `tangram simulate --decode-split stream` assumes against the default balanced map.
 //  BM_balance_splits/B: one balance_decode_splits launch over a batch of B (one layer).
 //  BM_decode_pdl/B/ctx: 32 decode launches back to back (one layer's data, one workspace), with
 //    and without programmatic dependent launch (decode_params::pdl), timed side by side each
 //    iteration; counter pdl_over_plain (the launch gaps PDL hides, per 32 layers).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bench_support.cuh"
+#include "tangram/core/split_view.hpp"
 #include "tangram/kernels/balanced_split.hpp"
 #include "tangram/kernels/decode_attention.hpp"
 #include "tangram/plan/split_planner.hpp"
@@ -106,21 +114,38 @@ void decode_bandwidth(state& st, std::int32_t batch, std::int32_t ctx, bool tens
   st.counter("n_cta", lim.max_ctas());
 }
 
-void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
-  auto lim = limits_or_default();
-  // Per-head budgets with a realistic spread (heads of one layer of a calibrated profile range
-  // from a few percent to everything); the uniform case keeps their mean.
-  const std::vector<double> budget = {1.0, 0.55, 0.32, 0.2, 0.12, 0.08, 0.05, 0.04};
-  double mean                      = 0;
-  for (double b : budget) mean += b / H;
-  std::vector<std::int32_t> uni_len, skew_len;
+/// Per-head budgets with a realistic spread (heads of one layer of a calibrated profile range
+/// from a few percent to everything); the uniform case keeps their mean.
+const std::vector<double> skew_budget = {1.0, 0.55, 0.32, 0.2, 0.12, 0.08, 0.05, 0.04};
+
+/// Every request's heads at `skew_budget` x ctx tokens ([batch * H]).
+std::vector<std::int32_t> skewed_lengths(std::int32_t batch, std::int32_t ctx) {
+  std::vector<std::int32_t> len;
   for (std::int32_t r = 0; r < batch; ++r)
-    for (std::int32_t h = 0; h < H; ++h) {
-      uni_len.push_back(static_cast<std::int32_t>(std::lround(mean * ctx)));
-      skew_len.push_back(
-          static_cast<std::int32_t>(std::lround(budget[static_cast<std::size_t>(h)] * ctx)));
-    }
-  auto n_cta = lim.max_ctas();
+    for (std::int32_t h = 0; h < H; ++h)
+      len.push_back(
+          static_cast<std::int32_t>(std::lround(skew_budget[static_cast<std::size_t>(h)] * ctx)));
+  return len;
+}
+
+/// The balanced map's parameters for `s` (its lengths), starting from the split in `s.begin`.
+balanced_split_params balance_params(decode_setup& s, std::int32_t n_cta) {
+  balanced_split_params bp;
+  bp.kv        = s.kv->view;
+  bp.num_ctas  = n_cta;
+  bp.cta_begin = s.begin.get<std::int32_t>();
+  return bp;
+}
+
+void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
+  auto lim           = limits_or_default();
+  auto const& budget = skew_budget;
+  double mean        = 0;
+  for (double b : budget) mean += b / H;
+  std::vector<std::int32_t> uni_len(static_cast<std::size_t>(batch * H),
+                                    static_cast<std::int32_t>(std::lround(mean * ctx)));
+  auto skew_len = skewed_lengths(batch, ctx);
+  auto n_cta    = lim.max_ctas();
   std::vector<double> equal(H, 1.0);
   decode_setup uniform(batch, uni_len, cta_begin_for(equal, n_cta), n_cta);
   decode_setup aot(batch, skew_len, cta_begin_for(budget, n_cta), n_cta);
@@ -128,20 +153,21 @@ void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
   // The map balanced on the device for these lengths (balance_decode_splits), starting from the
   // equal split; its launch is timed on its own.
   decode_setup balanced(batch, skew_len, cta_begin_for(equal, n_cta), n_cta);
-  balanced_split_params bp;
-  bp.kv        = balanced.kv->view;
-  bp.num_ctas  = n_cta;
-  bp.cta_begin = balanced.begin.get<std::int32_t>();
+  auto bp = balance_params(balanced, n_cta);
+  decode_setup stream(batch, skew_len, cta_begin_for(equal, n_cta), n_cta);
+  stream.p.splits = layer_stream_split(1, H, n_cta);
   l2_flusher flusher;
   uniform.enqueue(nullptr);  // warm-up
   balance_decode_splits(bp, nullptr);
-  double tu = 0, ta = 0, te = 0, tb = 0, tl = 0;
+  stream.enqueue(nullptr);
+  double tu = 0, ta = 0, te = 0, tb = 0, tl = 0, ts = 0;
   for (int i = 0; i < st.iterations; ++i) {
     tu += timed(flusher, nullptr, [&] { uniform.enqueue(nullptr); });
     ta += timed(flusher, nullptr, [&] { aot.enqueue(nullptr); });
     te += timed(flusher, nullptr, [&] { equal_split.enqueue(nullptr); });
     tl += timed(flusher, nullptr, [&] { balance_decode_splits(bp, nullptr); });
     tb += timed(flusher, nullptr, [&] { balanced.enqueue(nullptr); });
+    ts += timed(flusher, nullptr, [&] { stream.enqueue(nullptr); });
   }
   auto it              = static_cast<double>(st.iterations);
   st.out->real_time_us = ta / it * 1e6;  // the AOT case
@@ -155,6 +181,37 @@ void decode_skew(state& st, std::int32_t batch, std::int32_t ctx) {
   st.counter("balanced_us", tb / it * 1e6);
   st.counter("balanced_over_uniform", tb / tu);
   st.counter("balance_launch_us", tl / it * 1e6);
+  st.counter("stream_us", ts / it * 1e6);
+  st.counter("stream_over_uniform", ts / tu);
+}
+
+/// Non-uniform heads on the balanced map (launch + decode) against the layer-stream split.
+void decode_stream(state& st, std::int32_t batch, std::int32_t ctx) {
+  auto lim      = limits_or_default();
+  auto n_cta    = lim.max_ctas();
+  auto skew_len = skewed_lengths(batch, ctx);
+  auto equal    = cta_begin_for(std::vector<double>(H, 1.0), n_cta);
+  decode_setup balanced(batch, skew_len, equal, n_cta);
+  auto bp = balance_params(balanced, n_cta);
+  decode_setup stream(batch, skew_len, equal, n_cta);
+  stream.p.splits = layer_stream_split(1, H, n_cta);
+  l2_flusher flusher;
+  balance_decode_splits(bp, nullptr);  // warm-up
+  balanced.enqueue(nullptr);
+  stream.enqueue(nullptr);
+  double tl = 0, tb = 0, ts = 0;
+  for (int i = 0; i < st.iterations; ++i) {
+    tl += timed(flusher, nullptr, [&] { balance_decode_splits(bp, nullptr); });
+    tb += timed(flusher, nullptr, [&] { balanced.enqueue(nullptr); });
+    ts += timed(flusher, nullptr, [&] { stream.enqueue(nullptr); });
+  }
+  auto it              = static_cast<double>(st.iterations);
+  st.out->real_time_us = ts / it * 1e6;  // the layer stream
+  st.counter("balance_launch_us", tl / it * 1e6);
+  st.counter("balanced_us", tb / it * 1e6);
+  st.counter("stream_us", ts / it * 1e6);
+  st.counter("stream_over_balanced", ts / (tl + tb));
+  st.counter("hbm_fraction_stream", stream.kv_bytes() / (ts / it) / h200_peak_bytes_per_s);
 }
 
 /// One launch of balance_decode_splits over a batch of `batch` requests (one layer, 8 heads of
@@ -247,6 +304,10 @@ int main(int argc, char** argv) {
                         std::to_string(K),
                     [=](state& st) { decode_invariant(st, b, ctx, K); }});
   };
+  auto stream = [&](std::int32_t b, std::int32_t ctx) {
+    defs.push_back({"BM_decode_stream/" + std::to_string(b) + "/" + std::to_string(ctx),
+                    [=](state& st) { decode_stream(st, b, ctx); }});
+  };
   auto balance = [&](std::int32_t b) {
     defs.push_back({"BM_balance_splits/" + std::to_string(b),
                     [=](state& st) { balance_launch(st, b); }});
@@ -264,7 +325,11 @@ int main(int argc, char** argv) {
   pdl(32);
   balance(32);
   balance(1024);
+  stream(64, 16384);
   const std::size_t short_count = defs.size();
+  // The layer stream against the balanced map from batch 1 to 1024 (<= 4M tokens a head row).
+  for (std::int32_t batch : {1, 4, 16, 256, 1024})
+    stream(batch, std::min<std::int32_t>(65536, (1 << 22) / batch));
   invariant(1, 131072, 64);  // batch-invariant mode beside the split map's pieces
   invariant(4, 32768, 16);
   invariant(64, 8192, 64);
