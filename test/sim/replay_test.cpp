@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tangram/eval/sim/replay.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include "../memory/memory_fixtures.hpp"
@@ -25,25 +26,33 @@ class recording_policy final : public kv_policy {
                   std::int64_t prompt,
                   std::int64_t max_new,
                   std::int64_t) override {
+    tick(1);
     if (tokens.count(s) == 0 && tokens.size() >= capacity) return false;
     log.push_back(detail::cat("start ", s, " ", history, " ", prompt, " ", max_new));
     tokens[s] += 0;
     return true;
   }
   bool prefill_chunk(std::int32_t s, std::int64_t n) override {
+    tick(2);
     log.push_back(detail::cat("prefill ", s, " ", n));
     tokens[s] += n;
     return true;
   }
   bool decode(std::vector<std::int32_t> const& ss) override {
+    tick(4);
+    ++decode_calls;
     for (auto s : ss) {
       log.push_back(detail::cat("decode ", s));
       tokens[s] += 1;
     }
     return true;
   }
-  void end_turn(std::int32_t s) override { log.push_back(detail::cat("end ", s)); }
+  void end_turn(std::int32_t s) override {
+    tick(8);
+    log.push_back(detail::cat("end ", s));
+  }
   void release(std::int32_t s) override {
+    tick(16);
     log.push_back(detail::cat("release ", s));
     tokens.erase(s);
   }
@@ -61,8 +70,14 @@ class recording_policy final : public kv_policy {
   }
   double capacity_bytes() const override { return 1e18; }
   bool kept_counts_from_gpu() const override { return counts_from_gpu; }
+  /// Advances `clock` (when set) by `units` ms: a control plane whose cost is known per call.
+  void tick(int units) {
+    if (clock) *clock += units * 1e-3;
+  }
   std::vector<std::string> log;
   bool counts_from_gpu = false;
+  double* clock             = nullptr;
+  std::int64_t decode_calls = 0;
   std::map<std::int32_t, std::int64_t> tokens;
   std::size_t capacity = static_cast<std::size_t>(-1);
 };
@@ -103,6 +118,59 @@ TEST_CASE("the engine loop follows a hand-worked schedule", "[replay]") {
                                          2));
   CHECK(r.peak_resident_sessions == 1);
   CHECK(r.preemptions == 0);
+}
+
+TEST_CASE("the measured control plane goes to the call that spent it, all of it charged",
+          "[replay]") {
+  // A clock only the policy's calls advance, by a cost of their own: 1 ms an admission attempt,
+  // 2 a chunk, 4 a decode step, 8 an ended turn, 16 a release.
+  workload w;
+  w.sessions.push_back({0.0, {{300, 4, 0.0}, {40, 3, 0.0}}});
+  w.sessions.push_back({0.0, {{50, 6, 0.0}}});
+  auto m = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  replay_options o;
+  o.continuation_headroom_tokens = 0;
+  o.prefill_chunk                = 128;
+  double fake                    = 0;
+  o.control_clock                = [&] { return fake; };
+  recording_policy p;
+  p.clock    = &fake;
+  auto count = [&](std::string const& prefix) {
+    return static_cast<double>(std::count_if(
+        p.log.begin(), p.log.end(), [&](auto const& e) { return e.rfind(prefix, 0) == 0; }));
+  };
+  auto plain          = replay(w, p, cost, o);  // measured, not charged
+  auto const& by      = plain.control_plane;
+  double const starts = count("start "), chunks = count("prefill "), ends = count("end "),
+               releases = count("release "), decodes = static_cast<double>(p.decode_calls);
+  CHECK(starts == 3);  // every admission fits: one attempt a turn
+  CHECK(chunks == 5);  // 300 tokens in 3 chunks, 40 and 50 in one each
+  CHECK(ends == 1);    // session 0's first turn; the last turns release instead
+  CHECK(releases == 2);
+  CHECK(by.admission_s == Approx(starts * 1e-3));
+  CHECK(by.prefill_chunks_s == Approx(chunks * 2e-3));
+  CHECK(by.decode_s == Approx(decodes * 4e-3));
+  CHECK(by.end_turn_s == Approx(ends * 8e-3));
+  CHECK(by.release_s == Approx(releases * 16e-3));
+  CHECK(by.park_idle_s == 0);
+  CHECK(by.evict_cached_s == 0);
+  CHECK(plain.time.control_plane_s == 0);
+  CHECK(plain.control_plane_us_per_step * 1e-6 * static_cast<double>(plain.steps) == Approx(fake));
+  // Charged: every measured second is added to the makespan, the last release's included (no
+  // wait for an arrival or a think timer here, which a later clock would shorten).
+  REQUIRE(plain.time.idle_s == 0);
+  recording_policy q;
+  double charged_clock    = 0;
+  q.clock                 = &charged_clock;
+  o.control_clock         = [&] { return charged_clock; };
+  o.charges.control_plane = true;
+  auto charged            = replay(w, q, cost, o);
+  CHECK(charged_clock == Approx(fake));
+  CHECK(charged.time.control_plane_s == Approx(charged_clock));
+  CHECK(charged.modelled_makespan_s ==
+        Approx(plain.modelled_makespan_s + charged_clock).epsilon(1e-9));
+  CHECK(charged.time.sum() == Approx(charged.modelled_makespan_s));
 }
 
 TEST_CASE("a session whose kept counts come from the GPU sits out the step after each chunk",

@@ -177,6 +177,9 @@ struct replay_options {
   /// gave this policy, for checking that every policy saw the same arrivals and answers.
   std::function<void(std::int32_t session, std::int32_t turn, double ready_s, std::int64_t answer)>
       on_turn;
+  /// The clock the control plane is measured with, in seconds (optional; default the host's
+  /// steady clock). A test passes one that only its policy's calls advance.
+  std::function<double()> control_clock;
 };
 
 /// @brief The measured policy (control-plane) time by the call that spent it, in seconds of wall

@@ -170,13 +170,19 @@ class replay_run {
     ss.cached = 0;
   }
 
+  /// The control plane's clock (replay_options::control_clock, else the steady clock), seconds.
+  double now_s() const {
+    if (options.control_clock) return options.control_clock();
+    return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+  }
+
   /// Runs a policy call and adds its wall time to the control plane, total and `into` (one of
   /// out.control_plane's terms).
   template <class Fn>
   auto timed(double control_plane_time::*into, Fn&& fn) {
-    auto t0        = clock::now();
-    auto r         = fn();
-    const double d = std::chrono::duration<double>(clock::now() - t0).count();
+    const double t0 = now_s();
+    auto r          = fn();
+    const double d  = now_s() - t0;
     control_s += d;
     out.control_plane.*into += d;
     return r;
