@@ -183,6 +183,38 @@ TEST_CASE(
   CHECK(late.modelled_makespan_s == Approx(overlapped.modelled_makespan_s + 76e-6));
 }
 
+TEST_CASE("a dynamic baseline holds a chunk's tail pages until its kept counts arrive",
+          "[costs][issue29]") {
+  auto plan  = test::llama_plan("snapkv");
+  auto after = [&](counts_arrival counts, std::shared_ptr<retention_needs const> own) {
+    auto p = std::make_unique<unified_policy>(
+        plan, unified_mode::compressed_reclaim, 20e9, 1, 1, 1 << 20, std::move(own));
+    p->begin_replay(counts);
+    REQUIRE(p->start_turn(0, 0, 8192, 16, 0));
+    REQUIRE(p->prefill_chunk(0, 8192));
+    return p;
+  };
+  auto now  = after(counts_arrival::at_once, own_needs(plan));
+  auto late = after(counts_arrival::next_step, own_needs(plan));
+  CHECK(now->kept_counts_from_gpu());
+  auto const reclaimed = now->memory().reclaim_ops;
+  REQUIRE(reclaimed > 0);
+  CHECK(late->memory().reclaim_ops == reclaimed);
+  // Held: every page the eviction freed at once, as allocated bytes, until the counts arrive.
+  double const page_bytes = 2.0 * plan.num_kv_heads * plan.geometry.page_tokens *
+                            plan.model.head_dim * 2;  // bf16 K and V, every head of a layer
+  CHECK(late->memory().allocated_bytes ==
+        Approx(now->memory().allocated_bytes + static_cast<double>(reclaimed) * page_bytes));
+  late->counts_arrived(0);
+  CHECK(late->memory().allocated_bytes == Approx(now->memory().allocated_bytes));
+  // A release frees a held tail too.
+  auto gone = after(counts_arrival::next_step, own_needs(plan));
+  gone->release(0);
+  CHECK(gone->memory().allocated_bytes == 0);
+  // With the plan's static budgets (no per-input retention) the counts are known in advance.
+  CHECK_FALSE(after(counts_arrival::next_step, nullptr)->kept_counts_from_gpu());
+}
+
 TEST_CASE("simulate's default costs are the paper's, with the control plane charged",
           "[costs][issue30]") {
   serving_costs c;

@@ -22,6 +22,7 @@
 #include <limits>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tangram/core/detail/checked_math.hpp"
@@ -100,6 +101,7 @@ class unified_paging_baseline {
     n_pages_.assign(SL, 0);
     len_.assign(SL * static_cast<std::size_t>(H_), 0);
     seq_tokens_.assign(static_cast<std::size_t>(S_), 0);
+    tails_.assign(static_cast<std::size_t>(S_), 0);
     live_.assign(static_cast<std::size_t>(S_), 0);
     for (std::int32_t s = S_ - 1; s >= 0; --s) free_slots_.push_back(s);
   }
@@ -125,14 +127,17 @@ class unified_paging_baseline {
    * @brief Prefills a chunk of `chunk_tokens`: every layer first holds pages for its longest head
    * plus the whole chunk; in compressed_reclaim mode the heads then keep `kept[layer * H + head]`
    * tokens (null: the static rule, `retained_tokens(rule, n + c)`) and the tail pages beyond the
-   * longest head are freed (counted in `reclaim_ops`).
+   * longest head are freed (counted in `reclaim_ops`). With `hold_tail` those pages stay held
+   * (out of `available_pages`, counted in `held_tail_pages`) until `release_tail(seq)`: an engine
+   * that learns the kept counts from the GPU a step later frees them only then.
    * @return false when the pool lacks pages for the chunk (nothing changed).
    * @throw logic_error for an unknown sequence, a kept count above held + chunk, or a sequence
    *        that would pass max_tokens.
    */
   bool prefill_chunk(std::int32_t seq,
                      std::int64_t chunk_tokens,
-                     std::int32_t const* kept = nullptr) {
+                     std::int32_t const* kept = nullptr,
+                     bool hold_tail           = false) {
     check(seq);
     // Checked: a caller's chunk near INT64_MAX must not wrap past the max_tokens check.
     auto sum       = detail::add_checked(seq_tokens_[static_cast<std::size_t>(seq)], chunk_tokens);
@@ -168,11 +173,13 @@ class unified_paging_baseline {
     for (std::int32_t l = 0; l < L_; ++l)
       need +=
           std::max<std::int64_t>(0, ceil_div(longest(seq, l) + chunk_tokens, P_) - n_pages(seq, l));
-    if (need > pool_.available_pages()) {
+    if (need > available_pages()) {
       ++stats_.failed_steps;
       return false;
     }
-    stats_.forward_peak_pages = std::max(stats_.forward_peak_pages, pool_.stats().used + need);
+    stats_.forward_peak_pages =
+        std::max(stats_.forward_peak_pages, pool_.stats().used + held_tails_ + need);
+    std::int64_t tail = 0;  // pages the evictions free
     // The scheduler gives every layer pages for the whole chunk before the forward pass; then each
     // layer's eviction runs and its tail pages are freed (reclaimed). The pages that only live
     // through the forward pass are counted (allocated, then reclaimed) but not taken from the pool:
@@ -195,11 +202,29 @@ class unified_paging_baseline {
           mode_ == unified_mode::compressed_reclaim ? ceil_div(longest(seq, l), P_) : whole;
       stats_.pages_allocated += whole - std::max(held, keep_pages);  // the transient ones
       stats_.reclaim_ops += whole - keep_pages;
+      tail += whole - keep_pages;
       grow_to(seq, l, keep_pages);
       while (n_pages_[sl(seq, l)] > keep_pages) pop_page(seq, l);
     }
     seq_tokens_[static_cast<std::size_t>(seq)] = n;
+    if (hold_tail && tail > 0) {
+      tails_[static_cast<std::size_t>(seq)] += tail;
+      held_tails_ += tail;
+    }
     return true;
+  }
+
+  /// Free pages nothing else may take: the pool's, less the tails held for kept counts.
+  [[nodiscard]] std::int64_t available_pages() const noexcept {
+    return pool_.available_pages() - held_tails_;
+  }
+  /// Pages held past their chunk until its kept counts arrive (`prefill_chunk`'s `hold_tail`).
+  [[nodiscard]] std::int64_t held_tail_pages() const noexcept { return held_tails_; }
+  /// The kept counts of `seq`'s chunks reached the host: the tails held for them go. O(1).
+  /// @throw logic_error for an unknown slot.
+  void release_tail(std::int32_t seq) {
+    check(seq);
+    held_tails_ -= std::exchange(tails_[static_cast<std::size_t>(seq)], 0);
   }
 
   /**
@@ -221,7 +246,7 @@ class unified_paging_baseline {
                       ")");
       for (std::int32_t l = 0; l < L_; ++l) need += longest(seqs[i], l) % P_ == 0;
     }
-    if (need > pool_.available_pages()) {
+    if (need > available_pages()) {
       ++stats_.failed_steps;
       return false;
     }
@@ -244,6 +269,7 @@ class unified_paging_baseline {
       while (n_pages_[sl(seq, l)] > 0) pop_page(seq, l);
       for (std::int32_t h = 0; h < H_; ++h) len_[lh(seq, l, h)] = 0;
     }
+    release_tail(seq);
     seq_tokens_[static_cast<std::size_t>(seq)] = 0;
     live_[static_cast<std::size_t>(seq)]       = 0;
     free_slots_.push_back(seq);
@@ -386,6 +412,8 @@ class unified_paging_baseline {
   std::vector<page_id> below_, top_;
   std::vector<std::int32_t> n_pages_, len_;
   std::vector<std::int64_t> seq_tokens_;
+  std::vector<std::int64_t> tails_;  ///< [S] pages held until release_tail
+  std::int64_t held_tails_ = 0;      ///< sum of tails_
   std::vector<char> live_;
   std::vector<std::int32_t> free_slots_;
   unified_stats stats_;

@@ -45,8 +45,10 @@ class replay_engine : public replay_run {
   using replay_run::replay_run;
 
   replay_result run() {
+    policy.begin_replay(options.counts);
     while (finished_turns < total_turns) {
       arrive();
+      deliver_counts(false);
       memory_bound = false;
       // Admission: continuing turns first; new sessions only behind them.
       if (try_admit(ready_continue, false)) try_admit(ready_new, true);
@@ -100,6 +102,7 @@ class replay_engine : public replay_run {
       next = spec(by_arrival[next_arrival]).arrival_s;
     for (auto const& th : thinking) next = std::min(next, th.first);
     if (std::isfinite(next) && (ready_continue.empty() && ready_new.empty())) {
+      deliver_counts(true);  // the GPU went idle: every readback has landed
       resident_area += resident * std::max(0.0, next - t);
       out.time.idle_s += std::max(0.0, next - t);
       t = std::max(t, next);
@@ -135,6 +138,26 @@ class replay_engine : public replay_run {
         continue;
       }
       if (ss_of(s).state == phase::decode) decoders.push_back(s);
+    }
+  }
+
+  /// Kept counts that reached the host before this step's admission (`all`: every one in
+  /// flight): the policy may free what it held for them (kv_policy::counts_arrived).
+  void deliver_counts(bool all) {
+    for (std::size_t i = 0; i < counts_in_flight.size();) {
+      std::int32_t s = counts_in_flight[i];
+      auto& ss       = ss_of(s);
+      if (!all && ss.counts_wait_step >= step_index) {
+        ++i;
+        continue;
+      }
+      timed(&control_plane_time::prefill_chunks_s, [&] {
+        policy.counts_arrived(s);
+        return 0;
+      });
+      ss.counts_wait_step = -1;
+      counts_in_flight[i] = counts_in_flight.back();
+      counts_in_flight.pop_back();
     }
   }
 
@@ -250,8 +273,10 @@ class replay_engine : public replay_run {
       }
       ran = true;
       // The documented engine loop learns the kept counts a step later (counts_arrival).
-      if (options.counts == counts_arrival::next_step && counts_from_gpu)
+      if (options.counts == counts_arrival::next_step && counts_from_gpu) {
+        if (ss.counts_wait_step < 0) counts_in_flight.push_back(s);
         ss.counts_wait_step = step_index + 1;
+      }
       budget -= compute;
       ss.to_prefill -= chunk;
       ss.prefilled_this_turn += chunk;
@@ -273,7 +298,7 @@ class replay_engine : public replay_run {
   void charge_step() {
     std::int64_t decoding = 0;
     for (auto s : running)
-      if (ss_of(s).state == phase::decode) {
+      if (ss_of(s).state == phase::decode && !waits_for_counts(s)) {
         kv_read += ch.padded_reads ? policy.kv_bytes_read_padded(s) : policy.kv_bytes_read(s);
         ++decoding;
       }

@@ -33,6 +33,24 @@ struct policy_memory {
 };
 
 /**
+ * @brief When the host learns a chunk's kept counts from the GPU
+ * (`kv_policy::kept_counts_from_gpu`).
+ */
+enum class counts_arrival : std::uint8_t {
+  /// The engine loop of docs/integration.md with no host-device synchronisation: the GPU runs one
+  /// step behind the host and the counts come back by an asynchronous copy, so the session sits
+  /// out the step after each such chunk (no chunk, no decode) and runs again the step after.
+  next_step,
+  /// The next step already knows them: a host synchronisation per chunk or a device-side commit
+  /// of the counts (neither is charged here; issue 29 item 7 has no device-side commit built).
+  at_once,
+};
+
+constexpr std::string_view to_string(counts_arrival c) noexcept {
+  return c == counts_arrival::next_step ? "next-step" : "at-once";
+}
+
+/**
  * @brief What the replay needs from a KV-memory policy. Sessions are identified by their index
  * in the workload. A call that returns false means "no memory now"; the engine then waits
  * (admission) or preempts (running sequences, baselines only).
@@ -62,6 +80,14 @@ class kv_policy {
   /// tokens). The replay then applies `replay_options::counts`. Default false (counts known in
   /// advance: static budgets, no compression).
   [[nodiscard]] virtual bool kept_counts_from_gpu() const { return false; }
+  /// Before the replay's first call: when the counts arrive. With counts_arrival::next_step a
+  /// policy that frees pages by its kept counts holds them until `counts_arrived`. Default:
+  /// nothing.
+  virtual void begin_replay(counts_arrival /*counts*/) {}
+  /// The kept counts of `session`'s last chunk reached the host (counts_arrival::next_step: the
+  /// replay calls it before admission of the second step after the chunk, or when the GPU went
+  /// idle): what was held for them may go. Default: nothing.
+  virtual void counts_arrived(std::int32_t /*session*/) {}
   /// Appends one decoded token to every session of `sessions` (one engine decode step).
   virtual bool decode(std::vector<std::int32_t> const& sessions) = 0;
   /// The turn's answer is complete; the session keeps its (compressed) history.
@@ -128,24 +154,6 @@ struct host_offload {
   bool enabled          = false;
   double capacity_bytes = 256e9;  ///< host memory for offloaded KV (DGX H100/H200: 2 TB per 8 GPUs)
 };
-
-/**
- * @brief When the host learns a chunk's kept counts from the GPU
- * (`kv_policy::kept_counts_from_gpu`).
- */
-enum class counts_arrival : std::uint8_t {
-  /// The engine loop of docs/integration.md with no host-device synchronisation: the GPU runs one
-  /// step behind the host and the counts come back by an asynchronous copy, so the session sits
-  /// out the step after each such chunk (no chunk, no decode) and runs again the step after.
-  next_step,
-  /// The next step already knows them: a host synchronisation per chunk or a device-side commit
-  /// of the counts (neither is charged here; issue 29 item 7 has no device-side commit built).
-  at_once,
-};
-
-constexpr std::string_view to_string(counts_arrival c) noexcept {
-  return c == counts_arrival::next_step ? "next-step" : "at-once";
-}
 
 /// @brief Engine settings of the replay.
 struct replay_options {

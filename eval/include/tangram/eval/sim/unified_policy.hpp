@@ -81,10 +81,17 @@ class unified_policy final : public live_accounting_policy {
     if (!config_.name.empty()) return config_.name;
     return mode_ == unified_mode::full_kv ? "full_kv" : "unified_nonuniform";
   }
-  /// Compressed: the eviction chooses each head's length on the GPU and the tail pages beyond
-  /// the layer's (or, per head, the head's) kept length are freed by the host.
-  [[nodiscard]] bool kept_counts_from_gpu() const override {
-    return mode_ == unified_mode::compressed_reclaim;
+  /// Compressed with each input's own retention: the eviction chooses each head's length on the
+  /// GPU and the host frees the tail pages beyond the layer's (per head: the head's) kept length.
+  /// With the plan's static budgets instead (no retention given) the counts are known in advance.
+  [[nodiscard]] bool kept_counts_from_gpu() const override { return own_ != nullptr; }
+  /// counts_arrival::next_step: a chunk's tail pages stay held until its counts arrive.
+  void begin_replay(counts_arrival counts) override {
+    hold_tails_ = own_ != nullptr && counts == counts_arrival::next_step;
+  }
+  void counts_arrived(std::int32_t s) override {
+    if (std::int32_t slot = slots_[static_cast<std::size_t>(s)]; slot >= 0)
+      baseline_.release_tail(slot);
   }
   [[nodiscard]] bool preempted_kv_is_cache() const override {
     return config_.keep_preempted || idle_kv_is_prefix_cache();
@@ -142,7 +149,7 @@ class unified_policy final : public live_accounting_policy {
     std::int64_t need = compressed && config_.estimate
                             ? estimated_pages(slot, prompt, headroom_tokens)
                             : uncompressed_pages(slot, prompt, headroom_tokens);
-    if (need > baseline_.pool().available_pages()) return false;
+    if (need > baseline_.available_pages()) return false;
     if (slot < 0) {
       auto got = baseline_.try_admit();
       if (!got) return false;
@@ -169,7 +176,8 @@ class unified_policy final : public live_accounting_policy {
       for (std::size_t j = 0; j < own_heads_.size(); ++j)
         kept_[static_cast<std::size_t>(own_heads_[j])] = static_cast<std::int32_t>(own_kept_[j]);
     }
-    if (!baseline_.prefill_chunk(slot, tokens, own_ ? kept_.data() : nullptr)) return false;
+    if (!baseline_.prefill_chunk(slot, tokens, own_ ? kept_.data() : nullptr, hold_tails_))
+      return false;
     live_.touch(s);
     return true;
   }
@@ -195,8 +203,9 @@ class unified_policy final : public live_accounting_policy {
   [[nodiscard]] policy_memory memory() const override {
     update();
     policy_memory m;
-    m.allocated_bytes = static_cast<double>(baseline_.pool().used_pages()) *
-                        static_cast<double>(baseline_.page_bytes());
+    m.allocated_bytes =
+        static_cast<double>(baseline_.pool().used_pages() + baseline_.held_tail_pages()) *
+        static_cast<double>(baseline_.page_bytes());
     m.live_bytes  = live_.total();
     m.reclaim_ops = baseline_.stats().reclaim_ops;
     return m;
@@ -275,6 +284,7 @@ class unified_policy final : public live_accounting_policy {
   }
 
   unified_mode mode_;
+  bool hold_tails_ = false;  ///< chunk tails held until their counts arrive (begin_replay)
   unified_policy_options config_;
   std::int64_t scheduled_chunk_ = 8192;
   bool vllm_v1_                 = true;

@@ -248,7 +248,10 @@ class replay_run {
     });
     ss.holds_kv         = false;
     ss.paused           = false;  // nothing left to resume: a next start prefills again
-    ss.counts_wait_step = -1;     // nothing left whose counts matter
+    if (ss.counts_wait_step >= 0) {  // nothing left whose counts matter
+      ss.counts_wait_step = -1;
+      counts_in_flight.erase(std::find(counts_in_flight.begin(), counts_in_flight.end(), s));
+    }
     if (ss.parked)
       ss.parked = false;  // held in host memory: no longer counted resident
     else
@@ -507,6 +510,8 @@ class replay_run {
   bool keep_preempted         = false;
   bool offload_on             = false;
   bool counts_from_gpu        = false;  // kv_policy::kept_counts_from_gpu
+  /// Sessions whose last chunk's kept counts are on their way to the host (counts_wait_step set).
+  std::vector<std::int32_t> counts_in_flight;
   double token_bytes          = 0;
   std::int64_t host_tokens    = 0;  // tokens offloaded to host memory (host_offload)
   std::size_t next_arrival    = 0;
