@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <vector>
 
 #include "../memory/memory_fixtures.hpp"
 #include "cli_support.hpp"
@@ -190,9 +191,9 @@ TEST_CASE("the unified-paging baseline's tables are bounded by the pool, not max
   // 2^22 tokens: the old table took 2 x 4 x 2^20 x 4 bytes = 32 MiB for a 100-page pool.
   unified_paging_baseline b(plan, unified_mode::full_kv, mr, pages, seqs, std::int64_t{1} << 22);
   // Per page one link, per (sequence, layer) a top and a count, per (sequence, layer, head) a
-  // length, per sequence a token count, a liveness flag and a free-slot entry.
-  std::size_t bound =
-      static_cast<std::size_t>(pages) * 4 + seqs * 4 * 2 * 8 + seqs * 16 * 4 + seqs * (8 + 1 + 4);
+  // length, per sequence a token count, a held tail, a liveness flag and a free-slot entry.
+  std::size_t bound = static_cast<std::size_t>(pages) * 4 + seqs * 4 * 2 * 8 + seqs * 16 * 4 +
+                      seqs * (8 + 8 + 1 + 4);
   CHECK(b.bookkeeping_bytes() <= bound);
   // Still pages in order: fill the pool across both sequences, then free one and reuse it.
   auto s0 = *b.try_admit();
@@ -212,6 +213,39 @@ TEST_CASE("the unified-paging baseline's tables are bounded by the pool, not max
   CHECK(b.pool().stats().used == 0);
   CHECK(b.pool().stats().free == 100);
   CHECK(b.bookkeeping_bytes() <= bound);
+}
+
+TEST_CASE("the baseline holds a chunk's tail pages until its counts arrive, out of reach meanwhile",
+          "[baseline][issue29]") {
+  auto plan = test::tiny_plan(test::tiny_budgets());  // 4 layers x 4 heads, P = 4
+  simulated_memory_resource mr;
+  unified_paging_baseline b(plan, unified_mode::compressed_reclaim, mr, 100, 2, 1 << 10);
+  auto s0 = *b.try_admit();
+  auto s1 = *b.try_admit();
+  std::vector<std::int32_t> keep8(16, 8);
+  // 40 tokens: 10 pages a layer for the chunk, 2 kept (8 tokens): 8 pages a layer held back.
+  REQUIRE(b.prefill_chunk(s0, 40, keep8.data(), /*hold_tail=*/true));
+  CHECK(b.pool().stats().used == 8);
+  CHECK(b.held_tail_pages() == 32);
+  CHECK(b.available_pages() == 100 - 8 - 32);
+  CHECK(b.stats().reclaim_ops == 32);
+  // 64 tokens need 16 pages a layer: 64 > 60 while the tail is held.
+  CHECK_FALSE(b.prefill_chunk(s1, 64, keep8.data()));
+  std::int32_t both[] = {s0, s1};
+  b.release_tail(s0);
+  CHECK(b.held_tail_pages() == 0);
+  CHECK(b.available_pages() == 92);
+  REQUIRE(b.prefill_chunk(s1, 64, keep8.data(), true));  // 2 kept a layer, 14 held
+  CHECK(b.held_tail_pages() == 56);
+  // A decode step beside held tails: in use at their highest, the tails included.
+  REQUIRE(b.decode_step(both, 2));  // 8 + 1 tokens: a third page a layer for each
+  CHECK(b.pool().stats().used == 24);
+  CHECK(b.peak_pages() >= 24 + 56);
+  b.free(s1);  // a release frees its held tail too
+  CHECK(b.held_tail_pages() == 0);
+  CHECK(b.available_pages() == 100 - 12);
+  b.release_tail(s0);  // nothing held: nothing changes
+  CHECK(b.available_pages() == 88);
 }
 
 // Same class as defect 1, in the baseline: `seq_tokens + chunk` wrapped negative and passed the

@@ -7,6 +7,7 @@
 
 #include "../memory/memory_fixtures.hpp"
 #include "contended_replay.hpp"
+#include "tangram/eval/sim/elastic_policy.hpp"
 #include "tangram/eval/sim/measured_costs.hpp"
 #include "tangram/eval/sim/per_head_policy.hpp"
 #include "tangram/eval/sim/policies.hpp"
@@ -213,6 +214,60 @@ TEST_CASE("a dynamic baseline holds a chunk's tail pages until its kept counts a
   CHECK(gone->memory().allocated_bytes == 0);
   // With the plan's static budgets (no per-input retention) the counts are known in advance.
   CHECK_FALSE(after(counts_arrival::next_step, nullptr)->kept_counts_from_gpu());
+}
+
+TEST_CASE("counts in flight land before anything idle is evicted while nothing runs",
+          "[costs][issue29]") {
+  // Session 0's one-token answer ends its turn in its only chunk's step; session 1's turn does
+  // not fit beside the tail held for those counts, and nothing runs: the counts land (the GPU is
+  // idle) and the turn fits, with nothing evicted or recomputed.
+  auto plan = test::llama_plan("snapkv");
+  auto m    = model_preset("llama-3.1-8b");
+  cost_model cost(m, gpu_spec{});
+  workload w;
+  w.sessions.push_back({0.0, {{8192, 1, 5.0}, {100, 4, 0.0}}});
+  w.sessions.push_back({0.0, {{4000, 4, 0.0}}});
+  for (auto counts : {counts_arrival::next_step, counts_arrival::at_once}) {
+    unified_policy p(plan,
+                     unified_mode::compressed_reclaim,
+                     9500.0 * static_cast<double>(m.kv_bytes_per_token()),
+                     2,
+                     2,
+                     1 << 20,
+                     own_needs(plan));
+    replay_options o;
+    o.continuation_headroom_tokens = 0;
+    o.counts                       = counts;
+    auto r                         = replay(w, p, cost, o);
+    INFO(to_string(counts));
+    CHECK(r.idle_evictions == 0);
+    CHECK(r.recomputed_tokens == 0);
+    CHECK(r.rejected_sessions == 0);
+    CHECK(r.completed_requests == 3);
+  }
+}
+
+TEST_CASE("Tangram's elastic policy commits a chunk when its counts arrive", "[costs][issue29]") {
+  // The last chunk's commit gives the turn's unused reservation back to the pool: with the
+  // counts a step later, only when they arrive.
+  auto plan  = test::llama_plan("snapkv");
+  auto after = [&](counts_arrival counts) {
+    auto p = make_tangram_elastic_policy(plan, 20e9, 1, 1, 8192);
+    p->begin_replay(counts);
+    REQUIRE(p->start_turn(0, 0, 6000, 16, 0));
+    REQUIRE(p->prefill_chunk(0, 6000));
+    return p;
+  };
+  auto now  = after(counts_arrival::at_once);
+  auto late = after(counts_arrival::next_step);
+  REQUIRE(now->kept_counts_from_gpu());
+  auto free_pages = [](auto const& p) { return p->manager().pool().available_pages(); };
+  CHECK(free_pages(late) < free_pages(now));
+  late->counts_arrived(0);
+  CHECK(free_pages(late) == free_pages(now));
+  CHECK(late->memory().allocated_bytes == Approx(now->memory().allocated_bytes));
+  late->counts_arrived(0);  // nothing left to commit
+  CHECK(free_pages(late) == free_pages(now));
 }
 
 TEST_CASE("simulate's default costs are the paper's, with the control plane charged",

@@ -258,6 +258,9 @@ class unified_paging_baseline {
       }
       ++seq_tokens_[static_cast<std::size_t>(s)];
     }
+    if (held_tails_ > 0)  // held tails count as in use (peak_pages)
+      stats_.forward_peak_pages =
+          std::max(stats_.forward_peak_pages, pool_.stats().used + held_tails_);
     return true;
   }
 
@@ -313,7 +316,8 @@ class unified_paging_baseline {
     return seq_tokens_[static_cast<std::size_t>(seq)];
   }
   /// Pages in use at their highest so far: the pool's peak, or a chunk's forward pass (whose
-  /// transient pages are counted, not drawn from the pool), whichever is higher.
+  /// transient pages are counted, not drawn from the pool) or a decode step beside held tails
+  /// (`hold_tail`), whichever is higher.
   [[nodiscard]] std::int64_t peak_pages() const {
     return std::max(pool_.stats().peak_used, stats_.forward_peak_pages);
   }
@@ -341,7 +345,7 @@ class unified_paging_baseline {
     return (below_.capacity() + top_.capacity() + n_pages_.capacity() + len_.capacity() +
             free_slots_.capacity()) *
                sizeof(std::int32_t) +
-           seq_tokens_.capacity() * sizeof(std::int64_t) + live_.capacity();
+           (seq_tokens_.capacity() + tails_.capacity()) * sizeof(std::int64_t) + live_.capacity();
   }
   /// Geometry of a layer-wide page: one page holds every KV head of a layer (Hp = H).
   [[nodiscard]] static page_geometry layer_geometry(static_plan const& plan) noexcept {

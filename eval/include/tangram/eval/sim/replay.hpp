@@ -96,13 +96,18 @@ class replay_engine : public replay_run {
   /// Nothing runs: waits for the next arrival or wake-up, or frees memory held by idle sessions
   /// (LRU), or gives up on a turn that cannot fit even on an empty GPU. False: nothing is left.
   bool wait_or_reject() {
+    // Nothing runs, so the GPU is idle: kept counts in flight have landed, and what they held
+    // is free before anything idle is evicted or any turn given up.
+    if (!counts_in_flight.empty()) {
+      deliver_counts(true);
+      return true;
+    }
     double next = std::numeric_limits<double>::infinity();
     if (next_arrival < by_arrival.size() &&
         (options.concurrency == 0 || active < options.concurrency))
       next = spec(by_arrival[next_arrival]).arrival_s;
     for (auto const& th : thinking) next = std::min(next, th.first);
     if (std::isfinite(next) && (ready_continue.empty() && ready_new.empty())) {
-      deliver_counts(true);  // the GPU went idle: every readback has landed
       resident_area += resident * std::max(0.0, next - t);
       out.time.idle_s += std::max(0.0, next - t);
       t = std::max(t, next);

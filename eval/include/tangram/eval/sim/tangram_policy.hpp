@@ -128,16 +128,29 @@ class tangram_policy final : public live_accounting_policy {
   }
 
   bool prefill_chunk(std::int32_t s, std::int64_t tokens) override {
+    commit_pending(s);
     auto id = *ids_[static_cast<std::size_t>(s)];
     manager_.prepare_chunk(id, tokens);
     manager_.expected_kept(id, tokens, kept_.data());  // what the fused eviction keeps
     extra_bytes_[static_cast<std::size_t>(s)] =
         config_.eviction ? config_.eviction->choose(manager_, id, s, tokens, kept_) : 0.0;
-    manager_.commit_chunk(id, kept_.data(), kept_.size());
-    if (manager_.info(id).phase != sequence_phase::prefill) unstage(s);
-    live_.touch(s);
+    if (defer_commit_) {  // committed when the counts arrive (counts_arrived)
+      auto& k = pending_[static_cast<std::size_t>(s)];
+      k.assign(kept_.begin(), kept_.end());
+      return true;
+    }
+    commit(s, kept_);
     return true;
   }
+
+  /// Elastic with counts_arrival::next_step: a chunk's counts are committed (`commit_chunk`: the
+  /// staged pages the eviction dropped go back, the last chunk's unused reservation to the pool)
+  /// only when they reach the host, as in the engine loop of docs/integration.md.
+  void begin_replay(counts_arrival counts) override {
+    defer_commit_ = counts == counts_arrival::next_step && kept_counts_from_gpu();
+    if (defer_commit_) pending_.resize(ids_.size());
+  }
+  void counts_arrived(std::int32_t s) override { commit_pending(s); }
 
   /// Elastic reservation: `evict_elastic` chooses the groups' lengths on the GPU and
   /// `commit_chunk` needs them (static budgets: known in advance).
@@ -155,6 +168,7 @@ class tangram_policy final : public live_accounting_policy {
   /// (the replay then preempts) only when nothing may be parked within host memory; growths and
   /// parks already made stay.
   bool decode(std::vector<std::int32_t> const& sessions) override {
+    for (auto s : sessions) commit_pending(s);  // none: a session waits for its counts
     for (auto s : sessions) {
       auto& tt = turn_[static_cast<std::size_t>(s)];
       if (tt.decoded < tt.reserved || parked_[static_cast<std::size_t>(s)]) continue;
@@ -189,6 +203,7 @@ class tangram_policy final : public live_accounting_policy {
   }
 
   void end_turn(std::int32_t s) override {
+    commit_pending(s);
     manager_.end_turn(*ids_[static_cast<std::size_t>(s)]);
     stamp(s);
     live_.touch(s);
@@ -201,6 +216,7 @@ class tangram_policy final : public live_accounting_policy {
     }
     auto& id = ids_[static_cast<std::size_t>(s)];
     if (!id) return;
+    commit_pending(s);
     unstage(s);
     manager_.free(*id);
     id.reset();
@@ -293,6 +309,21 @@ class tangram_policy final : public live_accounting_policy {
   void unstage(std::int32_t s) {
     staging_pages_ -= std::exchange(turn_[static_cast<std::size_t>(s)].staging, 0);
   }
+  /// Commits session s's chunk with `kept` (its eviction's counts).
+  void commit(std::int32_t s, std::vector<std::int32_t> const& kept) {
+    auto id = *ids_[static_cast<std::size_t>(s)];
+    manager_.commit_chunk(id, kept.data(), kept.size());
+    if (manager_.info(id).phase != sequence_phase::prefill) unstage(s);
+    live_.touch(s);
+  }
+  /// Commits a chunk whose counts were held back (begin_replay), if any.
+  void commit_pending(std::int32_t s) {
+    if (!defer_commit_) return;
+    auto& k = pending_[static_cast<std::size_t>(s)];
+    if (k.empty()) return;
+    commit(s, k);
+    k.clear();
+  }
 
   /// Parking makes room for turns (`tangram_policy_options::park_for_turns` with a window).
   [[nodiscard]] bool parks_for_turns() const {
@@ -360,6 +391,7 @@ class tangram_policy final : public live_accounting_policy {
   /// Parks session s (ended or in decode): its pages are copied out (host-link traffic) and
   /// return to the pool; it resumes at its next start_turn.
   void park(std::int32_t s) {
+    commit_pending(s);
     auto& id = ids_[static_cast<std::size_t>(s)];
     auto p   = manager_.park(*id);
     manager_.complete_park(*id);
@@ -391,6 +423,9 @@ class tangram_policy final : public live_accounting_policy {
   kv_cache_manager manager_;
   std::vector<std::optional<sequence_id>> ids_;
   std::vector<std::int32_t> kept_;
+  bool defer_commit_ = false;  ///< begin_replay: commit each chunk when its counts arrive
+  /// [session]: the counts of a chunk not yet committed (empty: none).
+  std::vector<std::vector<std::int32_t>> pending_;
   std::vector<double> extra_bytes_;  ///< per session: the last chunk's eviction traffic
   std::vector<sequence_id> batch_;
   /// Per session, the current turn's answer tokens: max_new asked, reserved so far, decoded; and
