@@ -93,6 +93,9 @@ TEST_CASE("simulate --kept-counts at-once: nothing waits for its counts", "[simu
                         "--quiet"});
   auto root = r.root();
   CHECK(root["cost_model"]["kept_counts"].as_string() == "at-once");
+  auto text = run({"simulate", "--sessions", "4", "--turns", "1", "--kept-counts", "at-once"});
+  CHECK(text.out.find("Kept counts (--kept-counts at-once): known the step after each chunk") !=
+        std::string::npos);
   for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"})
     CHECK(root["policies"][policy]["counts_wait_steps"].as_int(0, 0) == 0);
   auto bad = run({"simulate", "--kept-counts", "later"});
@@ -115,7 +118,9 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
                             "vs full_kv",
                             "tangram: static per-group budgets (--reservation static)",
                             "tangram_elastic: elastic reservation, the default",
-                            "margin 0.02;"})
+                            "margin 0.02;",
+                            "Kept counts (--kept-counts next-step)",
+                            "steps sat out for kept counts"})
     CHECK(r.out.find(piece) != std::string::npos);
   // The header names four columns, static tangram third and tangram_elastic fourth; every row of
   // figures has four values.

@@ -786,6 +786,14 @@ int simulate(simulate_args& a, streams io) {
     << "  Calibration in sample: Tangram's budgets and split maps are fitted on the prompts this "
        "run "
        "replays; `simulate --verdict` replays prompts held out of the calibration.\n"
+    << "  Kept counts (--kept-counts " << to_string(ro.counts) << "): "
+    << (ro.counts == counts_arrival::next_step
+            ? "a dynamic compressor (tangram_elastic, unified_nonuniform) learns a chunk's kept "
+              "counts a step later, as the engine loop without host synchronisation does "
+              "(docs/integration.md): the session sits out that step and what the counts free "
+              "waits for them.\n"
+            : "known the step after each chunk (a synchronisation or a device-side commit, "
+              "neither charged).\n")
     << "  Costs (--costs " << to_string(a.costs_setting)
     << " and overrides; eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclamation "
     << fixed(costs.reclaim_prefill_fraction, 3) << " of each reclaiming chunk's prefill + "
