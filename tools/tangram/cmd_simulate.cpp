@@ -788,8 +788,9 @@ int simulate(simulate_args& a, streams io) {
        "replays; `simulate --verdict` replays prompts held out of the calibration.\n"
     << "  Kept counts (--kept-counts " << to_string(ro.counts) << "): "
     << (ro.counts == counts_arrival::next_step
-            ? "a dynamic compressor (tangram_elastic, unified_nonuniform) learns a chunk's kept "
-              "counts a step later, as the engine loop without host synchronisation does "
+            ? "a dynamic compressor (tangram_elastic; unified_nonuniform on each input's own "
+              "retention) learns a chunk's kept counts a step later, as the engine loop without "
+              "host synchronisation does "
               "(docs/integration.md): the session sits out that step and what the counts free "
               "waits for them.\n"
             : "known the step after each chunk (a synchronisation or a device-side commit, "
