@@ -83,13 +83,15 @@ retention_samples const& samples(std::string const& scorer,
 /// grouping) of a bundled profile.
 static_plan const& static_plan_of(std::string const& scorer,
                                   std::string const& model = "llama-3.1-8b",
-                                  std::int32_t group_size  = 4) {
+                                  std::int32_t group_size  = 4,
+                                  reservation_mode mode    = reservation_mode::static_budgets) {
   static std::map<std::string, static_plan> cache;
-  auto key = scorer + "/" + model + "/" + std::to_string(group_size);
-  auto it  = cache.find(key);
+  auto key = scorer + "/" + model + "/" + std::to_string(group_size) + "/" +
+             std::to_string(static_cast<int>(mode));
+  auto it = cache.find(key);
   if (it == cache.end()) {
     plan_options o;
-    o.reservation.mode = reservation_mode::static_budgets;  // Tangram's static column
+    o.reservation.mode = mode;  // default: Tangram's static column
     o.page_tokens      = 16;
     o.group_size       = group_size;
     o.scope            = grouping_scope::global;
@@ -266,6 +268,50 @@ void admission(benchmark::State& state) {
   state.counters["groups"]                   = plan.num_groups();
 }
 BENCHMARK(admission)->Arg(4)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// ----- elastic prompt chunks ------------------------------------------------------------------
+
+/// Host time of an elastic prompt's chunks: a 131,072-token prompt in 16 chunks of 8,192
+/// (Llama-3.1-8B, per-head pages, elastic reservation), each eviction keeping 28% of the tokens
+/// seen in every compressed head (within the limit). `pages_moved_per_chunk`: page ids drawn plus
+/// staged pages returned, per chunk (a group keeps its staged pages between chunks: what its
+/// lengths grow by, plus the last chunk's unkept staging).
+void elastic_prefill(benchmark::State& state) {
+  auto const& plan = static_plan_of("snapkv", "llama-3.1-8b", 1, reservation_mode::elastic);
+  simulated_memory_resource mr;
+  manager_options o;
+  o.num_pages        = page_pool<>::pages_for_bytes(141'000'000'000, page_layout<>(plan.geometry));
+  o.max_sequences    = 4;
+  o.max_chunk_tokens = 8192;
+  kv_cache_manager m(plan, mr, o);
+  const std::int64_t N = 131072, C = 8192, T = 256;
+  std::vector<std::int32_t> kept(plan.rules.size());
+  double s            = 0;
+  std::int64_t chunks = 0, moved_before = 0, moved = 0;
+  for (auto _ : state) {
+    auto id      = *m.try_admit(N, T);
+    moved_before = m.stats().pages_drawn + m.stats().staging_pages_returned;
+    auto t0      = clock_type::now();
+    for (std::int64_t n = C; n <= N; n += C) {
+      m.prepare_chunk(id, C);
+      m.expected_kept(id, C, kept.data());
+      auto keep = static_cast<std::int32_t>(n * 28 / 100);
+      for (std::size_t h = 0; h < kept.size(); ++h)
+        if (plan.rules[h].kind == layer_kind::compressed) kept[h] = std::min(kept[h], keep);
+      m.commit_chunk(id, kept);
+    }
+    s += seconds_since(t0);
+    chunks += N / C;
+    moved += m.stats().pages_drawn + m.stats().staging_pages_returned - moved_before;
+    m.free(id);
+  }
+  state.counters["us_per_chunk"] = s * 1e6 / static_cast<double>(chunks);
+  state.counters["pages_moved_per_chunk"] =
+      static_cast<double>(moved) / static_cast<double>(chunks);
+  state.counters["staged_pages_per_chunk"] =
+      static_cast<double>(compressed_group_count(plan) * (C / plan.geometry.page_tokens));
+}
+BENCHMARK(elastic_prefill)->Unit(benchmark::kMillisecond);
 
 // ----- decode step ----------------------------------------------------------------------------
 

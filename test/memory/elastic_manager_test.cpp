@@ -61,6 +61,19 @@ std::int64_t pooled_pages_held(kv_cache_manager const& m, sequence_id id) {
   return pages;
 }
 
+/// Pages the pooled groups use: ceil(longest member's length / P) each, from the head lengths.
+std::int64_t pooled_pages_used(kv_cache_manager const& m, sequence_id id) {
+  auto const& plan = m.plan();
+  std::int64_t P = plan.geometry.page_tokens, pages = 0;
+  for (auto const& g : pooled_members(plan)) {
+    std::int64_t longest = 0;
+    for (auto h : g)
+      longest = std::max(longest, m.head_len(id, h / plan.num_kv_heads, h % plan.num_kv_heads));
+    pages += (longest + P - 1) / P;
+  }
+  return pages;
+}
+
 /// The tiny model under elastic reservation at margin 0.25 (binary: exact products), chunks of
 /// at most 8 tokens, `pages` pages and 4 slots.
 struct tiny_elastic {
@@ -151,21 +164,24 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode n
 
   // Chunk 1 (8 tokens): every compressed group stages ceil(8 / 4) = 2 pages from the shared
   // reservation; the eviction keeps lengths 8, 4, 3, 8 -> 2 + 1 + 1 + 2 = 6 pages (limit 13).
+  // The prompt is not in: the groups keep their staged pages for the next chunk.
   m.prepare_chunk(id, 8);
   for (auto g : pooled) CHECK(m.group_page_count(id, g) == 2);
   auto reserved_staged = m.info(id).reserved_pages;
   m.commit_chunk(id, kept_with_lengths(m, id, 8, {8, 4, 3, 8}));
-  CHECK(m.group_page_count(id, pooled[1]) == 1);
-  CHECK(m.group_page_count(id, pooled[2]) == 1);
-  CHECK(pooled_pages_held(m, id) == 6);
-  CHECK(m.stats().staging_pages_returned == 2);
-  CHECK(m.info(id).reserved_pages == reserved_staged + 2);  // back in its own reservation
+  for (auto g : pooled) CHECK(m.group_page_count(id, g) == 2);
+  CHECK(pooled_pages_used(m, id) == 6);
+  CHECK(m.stats().staging_pages_returned == 0);
+  CHECK(m.info(id).reserved_pages == reserved_staged);
   CHECK(m.stats().reclaimed_pages == 0);
   m.check_invariants();
 
-  // Chunk 2: keeping every candidate (16, 12, 11, 16 tokens) would take 14 pages > 13: refused,
-  // nothing changes.
+  // Chunk 2 stages 16, 12, 11, 16 tokens: 4 + 3 + 3 + 4 pages, of which it holds 2 each, so it
+  // draws 6 (it drew 8 when chunk 1's unkept staging went back first). Keeping every candidate
+  // would take 14 pages > 13: refused, nothing changes.
   m.prepare_chunk(id, 8);
+  CHECK(pooled_pages_held(m, id) == 14);
+  CHECK(m.stats().staging_pages_returned == 0);
   auto before = m.info(id);
   std::vector<std::int64_t> counts;
   for (std::int32_t g = 0; g < m.num_groups(); ++g) counts.push_back(m.group_page_count(id, g));
@@ -180,14 +196,20 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode n
   m.check_invariants();
   // Exactly at the limit is fine: 16, 12, 11, 12 tokens = 4 + 3 + 3 + 3 = 13 pages.
   m.commit_chunk(id, kept_with_lengths(m, id, 8, {16, 12, 12, 12}));
-  CHECK(pooled_pages_held(m, id) == 13);
+  CHECK(pooled_pages_used(m, id) == 13);
+  CHECK(pooled_pages_held(m, id) == 14);
   m.check_invariants();
 
-  // Final chunk (4): the groups stay within 13 pages; the budget shrinks to what decode needs and
-  // the rest of the reservation (staging, unused placement) returns to the pool.
+  // Final chunk (4) stages 5 + 4 + 4 + 4 pages, drawing 3 more. Its commit keeps 16, 12, 8, 8
+  // tokens: the prompt is in, so the groups' staging beyond 4 + 3 + 2 + 2 pages goes back into
+  // the reservation (6 pages); the budget shrinks to what decode needs and the rest of the
+  // reservation (staging, unused placement) returns to the pool.
   m.prepare_chunk(id, 4);
+  CHECK(pooled_pages_held(m, id) == 17);
   m.commit_chunk(id, kept_with_lengths(m, id, 4, {16, 12, 8, 8}));
   CHECK(m.info(id).phase == sequence_phase::decode);
+  CHECK(pooled_pages_held(m, id) == 11);
+  CHECK(m.stats().staging_pages_returned == 6);
   // Decode 6 tokens: groups of 16 / 12 / 8 / 8 tokens grow to 22 / 18 / 14 / 14: 6 + 5 + 4 + 4
   // pages, from 4 + 3 + 2 + 2 held: 8 pooled pages; static groups need what they reserved.
   std::int64_t pooled_decode = 8;
@@ -201,6 +223,67 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode n
   CHECK(m.info(id).reserved_pages == 0);  // exact: nothing left over, nothing missing
   m.check_invariants();
   m.end_turn(id);
+  m.free(id);
+  CHECK(m.pool().used_pages() == 0);
+  CHECK(m.pool().reserved_pages() == 0);
+  CHECK(m.stats().reclaimed_pages == 0);
+}
+
+TEST_CASE(
+    "elastic: a chunk keeps the previous chunk's staging and gives back what it does not need",
+    "[memory][elastic]") {
+  tiny_elastic fx(200);
+  auto const& plan = fx.plan;
+  auto& m          = fx.m;
+  auto id          = *m.try_admit(20, 6);
+  auto pooled      = pooled_group_ids(plan);
+  auto counts      = [&] {
+    std::vector<std::int64_t> c;
+    for (auto g : pooled) c.push_back(m.group_page_count(id, g));
+    return c;
+  };
+  using v = std::vector<std::int64_t>;
+  // Chunk 1 (8): 2 pages a group, every candidate kept (8 pages of the limit 13).
+  m.prepare_chunk(id, 8);
+  m.commit_chunk(id, kept_with_lengths(m, id, 8, {8, 8, 8, 8}));
+  CHECK(counts() == v{2, 2, 2, 2});
+  // Chunk 2 (8): 16 candidates a group, 4 pages each (the 2 held + 2 drawn); group 0 keeps 16,
+  // the others 4: 4 + 1 + 1 + 1 pages used, 16 held.
+  m.prepare_chunk(id, 8);
+  CHECK(counts() == v{4, 4, 4, 4});
+  m.commit_chunk(id, kept_with_lengths(m, id, 8, {16, 4, 4, 4}));
+  CHECK(counts() == v{4, 4, 4, 4});
+  CHECK(pooled_pages_used(m, id) == 7);
+  auto reserved    = m.info(id).reserved_pages;
+  auto others_held = [&] {  // pages of the static groups (they draw for the chunk too)
+    std::int64_t n = 0;
+    for (std::int32_t g = 0; g < m.num_groups(); ++g)
+      if (std::find(pooled.begin(), pooled.end(), g) == pooled.end())
+        n += m.group_page_count(id, g);
+    return n;
+  };
+  auto others_before = others_held();
+  CHECK(m.stats().staging_pages_returned == 0);
+  // Chunk 3 (1 token) stages ceil(17 / 4) = 5 and ceil(5 / 4) = 2 pages: group 0 draws one, the
+  // others give 2 each back into the reservation before anything is drawn.
+  m.prepare_chunk(id, 1);
+  CHECK(counts() == v{5, 2, 2, 2});
+  CHECK(m.stats().staging_pages_returned == 6);
+  CHECK(m.info(id).reserved_pages == reserved + 6 - 1 - (others_held() - others_before));
+  m.check_invariants();
+  m.commit_chunk(id, kept_with_lengths(m, id, 1, {17, 5, 5, 5}));
+  CHECK(counts() == v{5, 2, 2, 2});
+  // Chunk 4 (the last 3 tokens) stages 5 and 2 pages again: nothing moves; its commit keeps
+  // 20, 8, 8, 8 tokens, exactly what the groups hold, so nothing goes back either.
+  auto drawn = m.stats().pages_drawn, others = others_held();
+  m.prepare_chunk(id, 3);
+  CHECK(counts() == v{5, 2, 2, 2});
+  CHECK(m.stats().pages_drawn - drawn == others_held() - others);  // no compressed page drawn
+  m.commit_chunk(id, kept_with_lengths(m, id, 3, {20, 8, 8, 8}));
+  CHECK(m.info(id).phase == sequence_phase::decode);
+  CHECK(counts() == v{5, 2, 2, 2});
+  CHECK(m.stats().staging_pages_returned == 6);
+  m.check_invariants();
   m.free(id);
   CHECK(m.pool().used_pages() == 0);
   CHECK(m.pool().reserved_pages() == 0);
@@ -266,6 +349,7 @@ TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memor
         if (in.phase == sequence_phase::prefill) {
           auto c = std::min<std::int64_t>(pick(1, 12), in.prompt_remaining);
           m.prepare_chunk(id, c);
+          auto staged = pooled_pages_held(m, id);
           // The eviction's own batch, padded to a random capacity (CUDA-graph style): the
           // decode batch is left as it is.
           m.set_batch(batch_kind::prefill, {id}, static_cast<std::size_t>(pick(0, 6)));
@@ -298,7 +382,12 @@ TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memor
           m.commit_chunk(id, kept_with_lengths(m, id, c, lengths));
           clipped += r.wanted_clipped();
           wanted += r.wanted_total;
-          CHECK(pooled_pages_held(m, id) <= m.elastic_page_limit(id));
+          CHECK(pooled_pages_used(m, id) <= m.elastic_page_limit(id));
+          // Until the prompt is in, the groups keep exactly the chunk's staged pages.
+          if (m.info(id).phase == sequence_phase::prefill)
+            CHECK(pooled_pages_held(m, id) == staged);
+          else
+            CHECK(pooled_pages_held(m, id) == pooled_pages_used(m, id));
         } else if (in.phase == sequence_phase::decode && op <= 5) {
           if (in.decoded < in.max_new) {
             m.set_batch(batch_kind::decode, {id}, static_cast<std::size_t>(pick(0, 6)));

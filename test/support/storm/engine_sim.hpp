@@ -13,10 +13,12 @@
 // below min(protect, candidates)). The model predicts from the plan and the formulas alone:
 // admission = admission_footprint_pages; the limit R(N) (elastic_compressed_pages), or
 // max(R(n + N), held) on a next turn, or what the parent's groups reach by the end of its decode
-// on a fork; the staged pages after prepare_chunk (ceil((longest + c) / P) per group); each
-// compressed group's pages after a commit (ceil(longest kept / P)); the shared budget
-// (admission: min(R(N) + max(G_c ceil(T / P), staging), G_c ceil((N + T) / P)); each chunk and
-// decode step draws what the groups grow by and unkept staging returns; after the last chunk
+// on a fork; the staged pages after prepare_chunk (ceil((longest + c) / P) per group, kept after a
+// commit until the prompt is in); each compressed group's pages after the last chunk's commit
+// (ceil(longest kept / P)); the shared budget (admission: min(R(N) + max(G_c ceil(T / P),
+// staging), G_c ceil((N + T) / P)); each chunk draws what its staging grows by and gives back what
+// it shrinks by, each decode step what the groups grow by, and the last chunk's unkept staging
+// returns; after the last chunk
 // exactly the decode need, sum of ceil((longest + T) / P) - held; next turn: min(limit +
 // max(G_c ceil(T / P), staging), G_c ceil((n + N + T) / P)) + copies - held;
 // fork: sum of the parent's decode ends - pages in use; 0 once ended); and each compressed group's
@@ -80,11 +82,16 @@ class engine_sim : public engine_model {
     if (!prepared) m_.prepare_chunk(id, c);
     for (std::int32_t g = 0; g < G_; ++g) {
       auto gi = static_cast<std::size_t>(g);
-      if (pooled(g))  // staged: the chunk after the group's longest head
-        REQUIRE(m_.group_page_count(id, g) ==
-                std::max(q.held[gi], ceil_div(longest(q, g) + c, P_)));
-      else
+      if (pooled(g)) {
+        // Staged: exactly the chunk after the group's longest head. The pages the previous chunk
+        // staged stayed in the list; those beyond this need went back into the shared budget.
+        auto staged = ceil_div(longest(q, g) + c, P_);
+        REQUIRE(m_.group_page_count(id, g) == staged);
+        q.pooled_budget -= staged - q.held[gi];
+        q.held[gi] = staged;
+      } else {
         q.held[gi] = std::max(q.held[gi], need_pages(g, n));
+      }
     }
     auto elastic_kept = elastic_ ? elastic_eviction(q, id, c) : std::vector<std::int64_t>{};
     // Candidates per head: held tags (read back through the view: must match the model) + chunk.
@@ -150,22 +157,25 @@ class engine_sim : public engine_model {
     q.n = n;
     q.prompt_remaining -= c;
     if (q.prompt_remaining == 0) q.phase = sequence_phase::decode;
-    std::int64_t pooled_held = 0;
+    std::int64_t pooled_used = 0;
     for (std::int32_t g = 0; g < G_; ++g) {
       auto gi = static_cast<std::size_t>(g);
       if (pooled(g)) {
-        // Each compressed group holds ceil(longest kept / P); the staging it did not keep went
-        // back into the shared budget.
+        // Each compressed group uses ceil(longest kept / P). Until the prompt is in it keeps the
+        // chunk's staged pages for the next chunk; then the staging it did not keep goes back
+        // into the shared budget.
         auto now = in_use(q, g);
-        q.pooled_budget -= now - q.held[gi];
-        q.held[gi] = now;
-        pooled_held += now;
+        pooled_used += now;
+        if (q.phase == sequence_phase::decode) {
+          q.pooled_budget -= now - q.held[gi];
+          q.held[gi] = now;
+        }
       } else {
         q.held[gi] = std::min(q.held[gi], q.target[gi]);
       }
     }
     if (elastic_) {
-      REQUIRE(pooled_held <= q.pooled_limit);
+      REQUIRE(pooled_used <= q.pooled_limit);
       REQUIRE(q.pooled_budget >= 0);
       if (q.phase == sequence_phase::decode) {
         // The shared budget becomes exactly what the T decode tokens need (never less).

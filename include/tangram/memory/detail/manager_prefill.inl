@@ -28,13 +28,19 @@ void basic_kv_cache_manager<Layout>::prepare_chunk(sequence_id seq, std::int64_t
   std::int64_t n = lengths_.tokens(s) + chunk_tokens, pooled_need = 0;
   for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
     auto need = usage_.pages_after_chunk(s, g, n, chunk_tokens);
-    if (groups_.pooled(g))
-      pooled_need += std::max<std::int64_t>(0, need - page_table_.count(s, g));
-    else
+    if (groups_.pooled(g)) {
+      // A pooled group keeps the previous chunk's staged pages (page_flow::settle_after_chunk):
+      // it draws what it lacks, and what it holds beyond `need` goes back first.
+      auto held = page_table_.count(s, g);
+      pooled_need += need >= held ? need - held : -usage_.exclusive_tail(s, g, need);
+    } else {
       page_table_.expect_can_grow(s, g, need, "prepare_chunk");
+    }
     chunk_need_[static_cast<std::size_t>(g)] = need;
   }
   page_table_.expect_pooled_room(s, pooled_need, "prepare_chunk");
+  for (auto g : groups_.pooled_groups())
+    flow_.return_to_reservation(s, g, chunk_need_[static_cast<std::size_t>(g)]);
   for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
     page_table_.count_before_chunk(s, g) = page_table_.count(s, g);
     flow_.grow_to(s, g, chunk_need_[static_cast<std::size_t>(g)]);

@@ -333,16 +333,21 @@ class page_flow {
 
   /// After a chunk's lengths are recorded: each group's base range, then its pages beyond this
   /// turn's target (decode tokens of the previous turn that the recompression dropped) return to
-  /// the pool (a pooled group's pages beyond its longest head return to the reservation), then
-  /// the decode buckets are rebuilt.
+  /// the pool, then the decode buckets are rebuilt. A pooled group's staged pages beyond its
+  /// longest head return to the reservation once the prompt is in; until then the group keeps
+  /// them for the next chunk's staging (`prepare_chunk` gives back what it does not need), so a
+  /// chunk moves only the pages its kept lengths grow by, not a whole chunk's staging twice.
   void settle_after_chunk(std::int32_t s) noexcept {
     sequences_[s].written_tokens = lengths_.tokens(s);
+    bool prompt_in               = sequences_[s].phase != sequence_phase::prefill;
     for (std::int32_t g = 0; g < groups_.num_groups(); ++g) {
       refresh_base_range(s, g);
-      if (groups_.pooled(g))  // elastic: staged pages the eviction did not keep
-        return_to_reservation(s, g, groups_.pages_for(page_table_.longest_base(s, g)));
-      else
+      if (groups_.pooled(g)) {  // elastic: staged pages the eviction did not keep
+        if (prompt_in)
+          return_to_reservation(s, g, groups_.pages_for(page_table_.longest_base(s, g)));
+      } else {
         release_tail(s, g, page_table_.target(s, g), page_table_.count_before_chunk(s, g));
+      }
     }
     rebuild_buckets(s);
   }

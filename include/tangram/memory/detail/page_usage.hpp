@@ -89,6 +89,14 @@ class page_usage {
     return groups_.pages_for(static_cast<std::int64_t>(page_table_.longest_base(s, g)) +
                              lengths_.appended(s));
   }
+  /// Pages of (s, g) after the first `keep` that only this sequence references: those a
+  /// `page_flow::return_to_reservation(s, g, keep)` gives back to its reservation.
+  [[nodiscard]] std::int64_t exclusive_tail(std::int32_t s,
+                                            std::int32_t g,
+                                            std::int64_t keep) const noexcept {
+    std::int64_t held = page_table_.count(s, g);
+    return keep >= held ? 0 : exclusive(s, g, held) - exclusive(s, g, keep);
+  }
   /// Pages among the first `keep` of (s, g) that only this sequence references (all of them
   /// unless it was forked: the scan is skipped otherwise).
   [[nodiscard]] std::int64_t exclusive(std::int32_t s,
