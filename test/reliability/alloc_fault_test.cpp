@@ -238,6 +238,42 @@ TEST_CASE("documented allocation-free calls allocate nothing", "[reliability][al
   m.check_invariants();
 }
 
+TEST_CASE("elastic chunks allocate nothing, the staging kept and given back included",
+          "[reliability][alloc]") {
+  if (under_valgrind()) {
+    WARN("skipped under valgrind: it replaces operator new, so no fault can be injected");
+    return;
+  }
+  auto plan =
+      tiny_plan(tiny_budgets(), 4, 2, 10, grouping_scope::global, elastic_reservation(0.25));
+  simulated_memory_resource mr;
+  auto o             = opts(400, 6);
+  o.max_chunk_tokens = 8;
+  kv_cache_manager m(plan, mr, o);
+  std::vector<std::int32_t> kept(plan.rules.size());
+  auto id = m.try_admit(20, 6);
+  REQUIRE(id);
+  std::vector<sequence_id> batch = {*id};
+  auto stats_before              = m.stats();
+  // Chunks 8, 8, 1, 3: every compressed head keeps at most 4 (so the groups shrink after the
+  // second chunk and the third gives staged pages back), the others what expected_kept says.
+  CHECK(allocations_of([&] {
+          for (std::int64_t c : {8, 8, 1, 3}) {
+            m.prepare_chunk(*id, c);
+            m.expected_kept(*id, c, kept.data());
+            for (std::size_t h = 0; h < kept.size(); ++h)
+              if (plan.rules[h].kind == layer_kind::compressed) kept[h] = std::min(kept[h], 4);
+            m.commit_chunk(*id, kept);
+          }
+          m.set_batch(batch);
+          for (int t = 0; t < 6; ++t) m.decode_step();
+          m.end_turn(*id);
+          m.free(*id);
+        }) == 0);
+  CHECK(m.stats().staging_pages_returned > stats_before.staging_pages_returned);
+  m.check_invariants();
+}
+
 TEST_CASE("fork, continue_turn and the FlashInfer export keep the state on bad_alloc",
           "[reliability][faults][alloc]") {
   if (under_valgrind()) {
