@@ -367,9 +367,16 @@ TEST_CASE("page_usage: pages in use, shareable, exclusive, and a turn's footprin
 
   for (page_id p : {6, 7, 8}) table.push(s, growing, p);
   CHECK(usage.exclusive(s, growing, 3) == 3);  // never forked: no scan, all exclusive
+  CHECK(usage.exclusive_tail(s, growing, 1) == 2);
   sequences[s].may_share = true;
   CHECK(usage.exclusive(s, growing, 3) == 2);  // page 7 is shared
   CHECK(usage.exclusive(s, growing, 1) == 1);
+  // The tail after `keep` pages: 7 (shared) and 8 -> 1; after 2 pages: 8 -> 1; none after 3.
+  CHECK(usage.exclusive_tail(s, growing, 1) == 1);
+  CHECK(usage.exclusive_tail(s, growing, 0) == 2);
+  CHECK(usage.exclusive_tail(s, growing, 2) == 1);
+  CHECK(usage.exclusive_tail(s, growing, 3) == 0);
+  CHECK(usage.exclusive_tail(s, growing, 5) == 0);
 }
 
 TEST_CASE("chunk_rules: expected kept counts and the check of reported counts", "[memory][parts]") {

@@ -85,7 +85,10 @@ class engine_sim : public engine_model {
       if (pooled(g)) {
         // Staged: exactly the chunk after the group's longest head. The pages the previous chunk
         // staged stayed in the list; those beyond this need went back into the shared budget.
+        // (Every page given back is credited: no copy is pending here, the storm completes a
+        // turn's copies right after its admission; a page a pending copy reads would stay.)
         auto staged = ceil_div(longest(q, g) + c, P_);
+        REQUIRE(m_.pending_copies().empty());
         REQUIRE(m_.group_page_count(id, g) == staged);
         q.pooled_budget -= staged - q.held[gi];
         q.held[gi] = staged;

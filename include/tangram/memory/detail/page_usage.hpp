@@ -90,12 +90,18 @@ class page_usage {
                              lengths_.appended(s));
   }
   /// Pages of (s, g) after the first `keep` that only this sequence references: those a
-  /// `page_flow::return_to_reservation(s, g, keep)` gives back to its reservation.
+  /// `page_flow::return_to_reservation(s, g, keep)` gives back to its reservation (a page a
+  /// pending copy still reads stays referenced). Scans only the tail, and only after a fork.
   [[nodiscard]] std::int64_t exclusive_tail(std::int32_t s,
                                             std::int32_t g,
                                             std::int64_t keep) const noexcept {
     std::int64_t held = page_table_.count(s, g);
-    return keep >= held ? 0 : exclusive(s, g, held) - exclusive(s, g, keep);
+    if (keep >= held) return 0;
+    if (!sequences_[s].may_share) return held - keep;
+    std::int64_t count = 0;
+    for (std::int64_t p = keep; p < held; ++p)
+      count += pool_.ref_count(page_table_.entry(s, g, p)) == 1;
+    return count;
   }
   /// Pages among the first `keep` of (s, g) that only this sequence references (all of them
   /// unless it was forked: the scan is skipped otherwise).
