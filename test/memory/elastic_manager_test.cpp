@@ -264,10 +264,16 @@ TEST_CASE(
   };
   auto others_before = others_held();
   CHECK(m.stats().staging_pages_returned == 0);
+  m.clear_view_changes();
   // Chunk 3 (1 token) stages ceil(17 / 4) = 5 and ceil(5 / 4) = 2 pages: group 0 draws one, the
-  // others give 2 each back into the reservation before anything is drawn.
+  // others give 2 each back into the reservation before anything is drawn. The page lists a
+  // device mirror must upload change by that one entry (and the static groups' growth), where
+  // giving the staging back at each commit made every group draw again.
   m.prepare_chunk(id, 1);
   CHECK(counts() == v{5, 2, 2, 2});
+  CHECK(!m.changes().full_resync);
+  CHECK(static_cast<std::int64_t>(m.changes().num_page_entries) ==
+        1 + others_held() - others_before);
   CHECK(m.stats().staging_pages_returned == 6);
   CHECK(m.info(id).reserved_pages == reserved + 6 - 1 - (others_held() - others_before));
   m.check_invariants();
