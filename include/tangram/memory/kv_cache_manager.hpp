@@ -53,8 +53,7 @@ struct kv_cache_manager_test_access;
 }  // namespace detail
 
 /**
- * @brief The KV-cache manager of one tensor-parallel rank: a facade over its parts
- * (memory/detail/, docs/memory.md#the-managers-parts).
+ * @brief One rank's KV-cache manager: a facade over its parts (docs/memory.md#the-managers-parts).
  *
  * Every operation validates its arguments and sizes its work first, then applies it through the
  * parts' mutators, which cannot fail once the checks passed: an operation that throws or answers
@@ -129,8 +128,7 @@ class basic_kv_cache_manager {
   /**
    * @brief Before the eviction of a prompt chunk of `chunk_tokens` runs: draws from the
    * reservation the pages every group needs after the chunk (its rule's length at n + c; elastic
-   * compressed groups: exactly the chunk staged after the longest head, the previous chunk's
-   * staged pages kept and any beyond that given back first). Lengths change at `commit_chunk`.
+   * compressed groups: the chunk staged after the longest head). Lengths change at `commit_chunk`.
    * @throw logic_error (nothing changed) for an unknown sequence, a sequence not in prefill, a
    *        chunk already prepared, or a chunk longer than the prompt tokens that remain.
    * @throw invalid_argument when chunk_tokens < 1 (elastic: or > max_chunk_tokens).
@@ -149,12 +147,10 @@ class basic_kv_cache_manager {
   /**
    * @brief After the eviction ran: records each head's kept count (`kept[layer * H + head]`,
    * `count == L * H`): compressed heads at most `expected_kept`, the others exactly it. Pages the
-   * recompression left beyond this turn's target return to the pool. Elastic compressed groups
-   * keep their staged pages in their lists (`group_page_count`) for the next chunk until the
-   * prompt is in; the last chunk's commit gives those the lengths do not use back to the
-   * sequence's reservation.
-   * @throw logic_error (nothing changed) naming the head and the values when a count violates the
-   *        rule, or when no chunk is prepared; invalid_argument when count != L * H.
+   * recompression left beyond this turn's target return to the pool; elastic staging only after
+   * the last chunk (until then a group keeps it for the next chunk, in `group_page_count`).
+   * @throw logic_error (nothing changed) naming a bad count's head and values, or when no chunk
+   *        is prepared; invalid_argument when count != L * H.
    */
   void commit_chunk(sequence_id seq, std::int32_t const* kept, std::size_t count);
   /// @brief `commit_chunk` with a vector of `L * H` counts.
@@ -492,9 +488,7 @@ class basic_kv_cache_manager {
   /// Tokens held by head (layer, head) of `seq`. @throw logic_error for an unknown sequence.
   [[nodiscard]] std::int64_t head_len(sequence_id seq, std::int32_t layer, std::int32_t head) const;
 
-  /// Entries in the page list of (seq, group g): the pages its heads' lengths use, plus (elastic,
-  /// while the prompt is prefilled) the last chunk's staged pages. @throw logic_error for an
-  /// unknown sequence/group.
+  /// Entries in the page list of (seq, group g). @throw logic_error for an unknown sequence/group.
   [[nodiscard]] std::int32_t group_page_count(sequence_id seq, std::int32_t g) const {
     return page_table_.count(checked_group(seq, g, "group_page_count"), g);
   }
