@@ -55,25 +55,6 @@ std::vector<std::int32_t> kept_with_lengths(kv_cache_manager const& m,
   return kept;
 }
 
-std::int64_t pooled_pages_held(kv_cache_manager const& m, sequence_id id) {
-  std::int64_t pages = 0;
-  for (auto g : pooled_group_ids(m.plan())) pages += m.group_page_count(id, g);
-  return pages;
-}
-
-/// Pages the pooled groups use: ceil(longest member's length / P) each, from the head lengths.
-std::int64_t pooled_pages_used(kv_cache_manager const& m, sequence_id id) {
-  auto const& plan = m.plan();
-  std::int64_t P = plan.geometry.page_tokens, pages = 0;
-  for (auto const& g : pooled_members(plan)) {
-    std::int64_t longest = 0;
-    for (auto h : g)
-      longest = std::max(longest, m.head_len(id, h / plan.num_kv_heads, h % plan.num_kv_heads));
-    pages += (longest + P - 1) / P;
-  }
-  return pages;
-}
-
 /// The tiny model under elastic reservation at margin 0.25 (binary: exact products), chunks of
 /// at most 8 tokens, `pages` pages and 4 slots.
 struct tiny_elastic {
@@ -170,7 +151,7 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode n
   auto reserved_staged = m.info(id).reserved_pages;
   m.commit_chunk(id, kept_with_lengths(m, id, 8, {8, 4, 3, 8}));
   for (auto g : pooled) CHECK(m.group_page_count(id, g) == 2);
-  CHECK(pooled_pages_used(m, id) == 6);
+  CHECK(compressed_pages_used(m, id) == 6);
   CHECK(m.stats().staging_pages_returned == 0);
   CHECK(m.info(id).reserved_pages == reserved_staged);
   CHECK(m.stats().reclaimed_pages == 0);
@@ -180,7 +161,7 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode n
   // draws 6 (it drew 8 when chunk 1's unkept staging went back first). Keeping every candidate
   // would take 14 pages > 13: refused, nothing changes.
   m.prepare_chunk(id, 8);
-  CHECK(pooled_pages_held(m, id) == 14);
+  CHECK(compressed_pages_held(m, id) == 14);
   CHECK(m.stats().staging_pages_returned == 0);
   auto before = m.info(id);
   std::vector<std::int64_t> counts;
@@ -196,8 +177,8 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode n
   m.check_invariants();
   // Exactly at the limit is fine: 16, 12, 11, 12 tokens = 4 + 3 + 3 + 3 = 13 pages.
   m.commit_chunk(id, kept_with_lengths(m, id, 8, {16, 12, 12, 12}));
-  CHECK(pooled_pages_used(m, id) == 13);
-  CHECK(pooled_pages_held(m, id) == 14);
+  CHECK(compressed_pages_used(m, id) == 13);
+  CHECK(compressed_pages_held(m, id) == 14);
   m.check_invariants();
 
   // Final chunk (4) stages 5 + 4 + 4 + 4 pages, drawing 3 more. Its commit keeps 16, 12, 8, 8
@@ -205,10 +186,10 @@ TEST_CASE("elastic: chunks stage, evict into the limit, return staging, decode n
   // the reservation (6 pages); the budget shrinks to what decode needs and the rest of the
   // reservation (staging, unused placement) returns to the pool.
   m.prepare_chunk(id, 4);
-  CHECK(pooled_pages_held(m, id) == 17);
+  CHECK(compressed_pages_held(m, id) == 17);
   m.commit_chunk(id, kept_with_lengths(m, id, 4, {16, 12, 8, 8}));
   CHECK(m.info(id).phase == sequence_phase::decode);
-  CHECK(pooled_pages_held(m, id) == 11);
+  CHECK(compressed_pages_held(m, id) == 11);
   CHECK(m.stats().staging_pages_returned == 6);
   // Decode 6 tokens: groups of 16 / 12 / 8 / 8 tokens grow to 22 / 18 / 14 / 14: 6 + 5 + 4 + 4
   // pages, from 4 + 3 + 2 + 2 held: 8 pooled pages; static groups need what they reserved.
@@ -253,7 +234,7 @@ TEST_CASE(
   CHECK(counts() == v{4, 4, 4, 4});
   m.commit_chunk(id, kept_with_lengths(m, id, 8, {16, 4, 4, 4}));
   CHECK(counts() == v{4, 4, 4, 4});
-  CHECK(pooled_pages_used(m, id) == 7);
+  CHECK(compressed_pages_used(m, id) == 7);
   auto reserved    = m.info(id).reserved_pages;
   auto others_held = [&] {  // pages of the static groups (they draw for the chunk too)
     std::int64_t n = 0;
@@ -355,7 +336,7 @@ TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memor
         if (in.phase == sequence_phase::prefill) {
           auto c = std::min<std::int64_t>(pick(1, 12), in.prompt_remaining);
           m.prepare_chunk(id, c);
-          auto staged = pooled_pages_held(m, id);
+          auto staged = compressed_pages_held(m, id);
           // The eviction's own batch, padded to a random capacity (CUDA-graph style): the
           // decode batch is left as it is.
           m.set_batch(batch_kind::prefill, {id}, static_cast<std::size_t>(pick(0, 6)));
@@ -388,12 +369,12 @@ TEST_CASE("elastic: random turns, forks and frees keep every invariant", "[memor
           m.commit_chunk(id, kept_with_lengths(m, id, c, lengths));
           clipped += r.wanted_clipped();
           wanted += r.wanted_total;
-          CHECK(pooled_pages_used(m, id) <= m.elastic_page_limit(id));
+          CHECK(compressed_pages_used(m, id) <= m.elastic_page_limit(id));
           // Until the prompt is in, the groups keep exactly the chunk's staged pages.
           if (m.info(id).phase == sequence_phase::prefill)
-            CHECK(pooled_pages_held(m, id) == staged);
+            CHECK(compressed_pages_held(m, id) == staged);
           else
-            CHECK(pooled_pages_held(m, id) == pooled_pages_used(m, id));
+            CHECK(compressed_pages_held(m, id) == compressed_pages_used(m, id));
         } else if (in.phase == sequence_phase::decode && op <= 5) {
           if (in.decoded < in.max_new) {
             m.set_batch(batch_kind::decode, {id}, static_cast<std::size_t>(pick(0, 6)));
@@ -517,7 +498,7 @@ TEST_CASE("elastic on every bundled profile: the manager holds what calibrate pr
         std::vector<std::int64_t> lengths;
         for (auto p : r.group_pages) lengths.push_back(p * 16);
         m.commit_chunk(*id, kept_with_lengths(m, *id, n, lengths));
-        CHECK(pooled_pages_held(m, *id) == r.pages_used);
+        CHECK(compressed_pages_held(m, *id) == r.pages_used);
         CHECK(r.pages_used <= m.elastic_page_limit(*id));
         wanted += r.wanted_total;
         clipped += r.wanted_clipped();

@@ -82,6 +82,29 @@ inline manager_options opts(std::int64_t pages, std::int32_t slots) {
   return o;
 }
 
+/// Entries in the page lists of the compressed groups of `id` (`group_page_count`).
+inline std::int64_t compressed_pages_held(kv_cache_manager const& m, sequence_id id) {
+  std::int64_t pages = 0;
+  for (std::int32_t g = 0; g < m.num_groups(); ++g)
+    if (m.plan().grouping.groups[static_cast<std::size_t>(g)].rule.kind == layer_kind::compressed)
+      pages += m.group_page_count(id, g);
+  return pages;
+}
+
+/// Pages the compressed groups of `id` use: ceil(longest member's length / P) each, from the head
+/// lengths (under elastic reservation, what `elastic_page_limit` bounds).
+inline std::int64_t compressed_pages_used(kv_cache_manager const& m, sequence_id id) {
+  auto const& plan = m.plan();
+  std::int64_t P = plan.geometry.page_tokens, pages = 0;
+  for (auto const& g : plan.grouping.groups) {
+    if (g.rule.kind != layer_kind::compressed) continue;
+    std::int64_t longest = 0;
+    for (auto mem : g.members) longest = std::max(longest, m.head_len(id, mem.layer, mem.head));
+    pages += (longest + P - 1) / P;
+  }
+  return pages;
+}
+
 /// Prefills `n` tokens of sequence `id` in one chunk and commits the kept counts the plan's rules
 /// give (what a compressor at exactly its static budgets would produce).
 inline void prefill(kv_cache_manager& m, sequence_id id, std::int64_t n) {

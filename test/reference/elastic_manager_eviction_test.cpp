@@ -56,13 +56,7 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
     m.set_batch(batch);
     // Pages the compressed groups hold once staged: until the prompt is in, a commit keeps them.
     std::vector<std::int64_t> staged;
-    for (auto id : batch) {
-      std::int64_t n = 0;
-      for (std::int32_t g = 0; g < m.num_groups(); ++g)
-        if (plan.grouping.groups[static_cast<std::size_t>(g)].rule.kind == layer_kind::compressed)
-          n += m.group_page_count(id, g);
-      staged.push_back(n);
-    }
+    for (auto id : batch) staged.push_back(compressed_pages_held(m, id));
     auto v            = m.view();
     auto B            = static_cast<std::int32_t>(batch.size());
     std::int32_t rows = indptr.back(), max_cand = 1;
@@ -165,17 +159,8 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
       CHECK_NOTHROW(m.commit_chunk(batch[static_cast<std::size_t>(r)], kept));
       // The compressed groups use at most the limit (until the prompt is in they also keep the
       // chunk's staged pages for the next chunk; then those go back).
-      std::int64_t used = 0, held = 0;
-      for (std::int32_t g = 0; g < m.num_groups(); ++g) {
-        auto const& grp = plan.grouping.groups[static_cast<std::size_t>(g)];
-        if (grp.rule.kind != layer_kind::compressed) continue;
-        std::int64_t longest = 0;
-        for (auto mem : grp.members)
-          longest = std::max(longest,
-                             m.head_len(batch[static_cast<std::size_t>(r)], mem.layer, mem.head));
-        used += (longest + plan.geometry.page_tokens - 1) / plan.geometry.page_tokens;
-        held += m.group_page_count(batch[static_cast<std::size_t>(r)], g);
-      }
+      auto used = compressed_pages_used(m, batch[static_cast<std::size_t>(r)]);
+      auto held = compressed_pages_held(m, batch[static_cast<std::size_t>(r)]);
       CHECK(used <= limit[static_cast<std::size_t>(r)]);
       if (m.info(batch[static_cast<std::size_t>(r)]).phase == sequence_phase::decode)
         CHECK(held == used);
