@@ -94,7 +94,7 @@ TEST_CASE("simulate --kept-counts at-once: nothing waits for its counts", "[simu
   auto root = r.root();
   CHECK(root["cost_model"]["kept_counts"].as_string() == "at-once");
   auto text = run({"simulate", "--sessions", "4", "--turns", "1", "--kept-counts", "at-once"});
-  CHECK(text.out.find("Kept counts (--kept-counts at-once): known the step after each chunk") !=
+  CHECK(text.out.find("Kept counts (--kept-counts at-once): known before the step after each chunk") !=
         std::string::npos);
   for (char const* policy : {"full_kv", "unified_nonuniform", "tangram", "tangram_elastic"})
     CHECK(root["policies"][policy]["counts_wait_steps"].as_int(0, 0) == 0);

@@ -793,7 +793,7 @@ int simulate(simulate_args& a, streams io) {
               "host synchronisation does "
               "(docs/integration.md): the session sits out that step and what the counts free "
               "waits for them.\n"
-            : "known the step after each chunk (a synchronisation or a device-side commit, "
+            : "known before the step after each chunk (a synchronisation or a device-side commit, "
               "neither charged).\n")
     << "  Costs (--costs " << to_string(a.costs_setting)
     << " and overrides; eval/sim/serving_costs.hpp, sources in docs/benchmarks.md): reclamation "
