@@ -509,9 +509,10 @@ elastic_run run_samples(static_plan const& plan, retention_samples const& s, std
     auto id         = *m.try_admit(n, 0);
     out.reserved += static_cast<double>(m.info(id).reserved_pages);
     out.staging += static_cast<double>(
-        elastic ? m.admission_pages(n, 0) -
-                      elastic_footprint_pages(plan, plan.options.reservation.margin, n, 0)
-                : 0);
+        elastic
+            ? m.admission_pages(n, 0) -
+                  elastic_footprint_pages(plan, plan.options.reservation.margin_or_default(), n, 0)
+            : 0);
     for (std::int64_t seen = 0; seen < n;) {
       auto c = std::min(chunk, n - seen);
       seen += c;

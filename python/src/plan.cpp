@@ -111,7 +111,12 @@ void bind_plan(nb::module_& m) {
                    "\"elastic\" (the default: the scorer's total, placed per group at eviction) or\n"
                    "\"static\" (per-group budgets; docs/memory.md says when to choose it)")
       .def_prop_rw("margin", [](plan_options const& o) { return o.reservation.margin; },
-                   [](plan_options& o, double v) { o.reservation.margin = v; })
+                   [](plan_options& o, std::optional<double> v) { o.reservation.margin = v; },
+                   nb::arg("value").none(),
+                   "Elastic: reserve (1 + margin) x the scorer's total. None (the default): the\n"
+                   "plan decides, from the retention samples it is built from (mean + 2 sd of\n"
+                   "their required margins, at least 0.02), else 0.02; a built plan's options\n"
+                   "hold the margin it reserves.")
       .def_prop_rw("basis",
                    [](plan_options const& o) { return std::string(to_string(o.reservation.basis)); },
                    [](plan_options& o, std::string const& v) { o.reservation.basis = basis_from(v); })
@@ -189,7 +194,18 @@ void bind_plan(nb::module_& m) {
         nb::call_guard<nb::gil_scoped_release>(), nb::arg("model"), nb::arg("profile"), nb::arg("options") = plan_options{},
         nb::arg("samples") = nb::none(),
         "build_static_plan. With the samples the profile was calibrated from, an elastic plan's\n"
-        "split map is weighed on their placements. Raises ValueError naming the option.");
+        "split map is weighed on their placements and, unless options.margin is set, it reserves\n"
+        "their margin (elastic_plan_margin). Raises ValueError naming the option.");
+  m.def("elastic_plan_margin",
+        [](retention_samples const& samples, std::int32_t group_size, std::int32_t page_tokens,
+           std::string const& basis) {
+          return elastic_plan_margin(samples, group_size, page_tokens, basis_from(basis));
+        },
+        nb::arg("samples"), nb::arg("group_size") = 1, nb::arg("page_tokens") = 16,
+        nb::arg("basis") = "all_tokens",
+        "The margin an elastic plan built from these samples reserves unless given one:\n"
+        "mean + 2 sd of the samples' required margins, at least 0.02 (C++\n"
+        "tangram::elastic_plan_margin). Raises ValueError for unusable samples.");
   m.def("layer_kv_tokens",
         [](model_spec const& model, budget_profile const& profile, plan_options const& options,
            std::int64_t context) { return layer_kv_tokens(model, profile, options, context); },

@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Calibration and plans through the bindings agree with the C++ library's contracts."""
+import json
+import math
+
 import numpy as np
+import pytest
 
 import tangram
 from conftest import make_plan
@@ -38,9 +42,10 @@ def test_plan_options_round_trip_every_field():
 
 def test_plan_options_default_to_elastic_reservation(model, profile):
     o = tangram.PlanOptions()  # follows plan_options' defaults
-    assert (o.reservation, o.margin, o.group_size) == ("elastic", 0.02, 1)
+    assert (o.reservation, o.margin, o.group_size) == ("elastic", None, 1)
     plan = tangram.build_plan(model, profile)
     assert plan.options.reservation == "elastic"
+    assert plan.options.margin == 0.02  # no samples: the default, decided at build
     # Per-head pages: one group per KV head of every layer.
     assert plan.group_size == 1 and plan.num_groups == plan.num_layers * plan.num_kv_heads
 
@@ -69,3 +74,27 @@ def test_elastic_plan_from_samples_weighs_placements(model, profile, samples, el
     static_with_samples = make_plan(model, profile, "static", samples)
     static_without = make_plan(model, profile, "static")
     assert np.array_equal(static_with_samples.cta_begin, static_without.cta_begin)
+
+
+def test_elastic_plan_margin_comes_from_the_samples(model, profile, samples):
+    # The bundled scorer keeps ~0.5% more than its total: the plans' floor, 0.02.
+    assert tangram.elastic_plan_margin(samples) == 0.02
+    assert tangram.build_plan(model, profile, tangram.PlanOptions(), samples).options.margin == 0.02
+    # The same samples with every head keeping 10% more (capped by the context): the plan
+    # reserves mean + 2 sd of their required margins instead, unless given a margin.
+    doc = json.loads(open(tangram.profile_path("snapkv/llama-3.1-8b-instruct")).read())
+    for s in doc["samples"]:
+        s["kept_tokens"] = [[min(s["context_tokens"], math.ceil(1.1 * k)) for k in layer]
+                            for layer in s["kept_tokens"]]
+    more = tangram.parse_retention_samples(json.dumps(doc))
+    m = tangram.elastic_plan_margin(more)
+    assert 0.09 < m < 0.2
+    assert tangram.build_plan(model, profile, tangram.PlanOptions(), more).options.margin == m
+    o = tangram.PlanOptions()
+    o.margin = 0.03
+    assert tangram.build_plan(model, profile, o, more).options.margin == 0.03
+    o.margin = None
+    assert tangram.build_plan(model, profile, o, more).options.margin == m
+    with pytest.raises(ValueError, match="margin"):
+        o.margin = -1.0
+        o.validate()

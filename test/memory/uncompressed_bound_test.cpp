@@ -268,9 +268,11 @@ TEST_CASE("elastic admission, worked by hand at the uncompressed bound",
   // Above the bound's reach the staging still counts once, not beside the answer: N 32,768,
   // R + max(1,024, 32,768).
   scorer_total t{0.3, 4128, keep_ratio_basis::all_tokens};
-  auto R = elastic_compressed_pages(t, 256, 4, 16, plan.options.reservation.margin, 32768);
+  auto R =
+      elastic_compressed_pages(t, 256, 4, 16, plan.options.reservation.margin_or_default(), 32768);
   CHECK(admission_footprint_pages(plan, 32768, 256, 8192) == R + 32768);
-  CHECK(elastic_footprint_pages(plan, plan.options.reservation.margin, 32768, 256) == R + 1024);
+  CHECK(elastic_footprint_pages(plan, plan.options.reservation.margin_or_default(), 32768, 256) ==
+        R + 1024);
   // The defaults, per-head pages (Hp 1: 256 one-head groups, pages of a quarter the size) at
   // N 512: R 256 x 32 = 8,192, staging 8,192, uncompressed 256 x 48 = 12,288 = the bound (1.00x).
   auto per_head = build_static_plan(model_preset("llama-3.1-8b"), calibrate(samples), {}, samples);

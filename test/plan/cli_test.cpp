@@ -340,6 +340,20 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   CHECK(g.find("model")->string() == "Gemma-3-12B");
   CHECK(num(*g.find("groups_by_kind"), "sliding_window") == 40 * 8);  // one group per head
   CHECK(num(*g.find("groups_by_kind"), "compressed") == 8 * 8);
+  // Elastic plans reserve the margin their samples need: the derived GPT-OSS-20B samples' scorer
+  // keeps ~11% more than its total; --margin fixes it; the bundled profiles stay at 0.02.
+  auto gpt_path = data_path("derived/gpt-oss-20b.derived.json");
+  auto gpt      = parse_out(run({"plan", gpt_path, "--json"}));
+  CHECK(num(gpt, "margin") == elastic_plan_margin(load_retention_samples(gpt_path), 1, 16));
+  CHECK(num(gpt, "margin") > 0.1);
+  CHECK(gpt.find("margin_from_samples")->boolean());
+  auto gpt_fixed = parse_out(run({"plan", gpt_path, "--json", "--margin", "0.02"}));
+  CHECK(num(gpt_fixed, "margin") == 0.02);
+  CHECK_FALSE(gpt_fixed.find("margin_from_samples")->boolean());
+  CHECK(num(parse_out(run({"plan", "snapkv/llama-3.1-8b-instruct", "--json"})), "margin") ==
+        default_elastic_margin);
+  CHECK(num(parse_out(run({"plan", profile, "--json"})), "margin") == default_elastic_margin);
+  CHECK(run({"plan", gpt_path}).out.find("(from the samples: mean + 2 sd") != std::string::npos);
   auto q = parse_out(run({"plan",
                           data_path("derived/qwen2.5-7b-instruct.derived.json"),
                           "--json",

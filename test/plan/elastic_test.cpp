@@ -406,8 +406,92 @@ TEST_CASE("elastic: groups, zero-clip pages and required margins, hand-worked", 
   CHECK(calibrate_elastic_margin(s, {0, 1}, o) == Approx(0.1875));
   o.margin = 0.05;
   CHECK(calibrate_elastic_margin(s, {0, 1}, o) == 0.05);
+  // A floor raises a calibrated margin below it and leaves one above it; never a fixed one.
+  o.margin_alpha = 2;
+  o.margin_floor = 0.5;
+  CHECK(calibrate_elastic_margin(s, {0, 1}, o) == 0.05);
+  o.margin.reset();
+  CHECK(calibrate_elastic_margin(s, {0, 1}, o) == 0.5);
+  o.margin_floor = 0.3;
+  CHECK(calibrate_elastic_margin(s, {0, 1}, o) == Approx(0.3125));
+  // The plans' margin: mean + 2 sd over every sample, at least default_elastic_margin.
+  CHECK(elastic_plan_margin(s, 2, 4) == Approx(0.3125));
+  // Hp 3 does not divide the 4 heads: gcd 1, per-head pages. Sample 0: 5 + 3 + 4 + 4 = 16 pages
+  // of 4 = 64 tokens, m 0; sample 1: 3 + 6 + 5 + 4 = 18 pages = 72, m 0.125: 0.0625 + 2 0.0625.
+  CHECK(elastic_plan_margin(s, 3, 4) == Approx(0.1875));
+  // Samples that keep exactly K in whole pages ask for nothing: the floor, 0.02.
+  retention_samples exact = s;
+  exact.samples           = {{32, {16, 16, 16, 16}}, {32, {8, 24, 16, 16}}};
+  CHECK(elastic_plan_margin(exact, 1, 4) == default_elastic_margin);
   // Per-request groups sort by the sample's own needs: sample 1 -> {1, 2}, {3, 0}: 6 + 4 pages.
   CHECK(members_by_need(s.samples[1].kept) == std::vector<std::int32_t>{1, 2, 3, 0});
+}
+
+TEST_CASE("elastic plans built from samples reserve the margin the samples need",
+          "[plan][elastic]") {
+  auto model = model_preset("llama-3.1-8b");
+  // The bundled profiles' scorers keep 0.4-0.65% more than K(n): mean + 2 sd stays below the
+  // default, so their plans reserve exactly default_elastic_margin.
+  auto real = load("snapkv/llama-3.1-8b-instruct.json");
+  auto p    = build_static_plan(model, calibrate(real), {}, real);
+  CHECK(p.options.reservation.margin == default_elastic_margin);
+  // Samples whose scorer keeps 10% more than K(n) (every head scaled by 1.1, capped by the
+  // context): the plan reserves their mean + 2 sd instead, which the default would clip.
+  auto more = real;
+  for (auto& smp : more.samples)
+    for (auto& k : smp.kept)
+      k = std::min<std::int64_t>(
+          smp.context_tokens, static_cast<std::int64_t>(std::ceil(1.1 * static_cast<double>(k))));
+  auto q = build_static_plan(model, calibrate(more), {}, more);
+  CHECK(q.options.reservation.margin == elastic_plan_margin(more, 1, 16));
+  CHECK(q.options.reservation.margin > 0.09);
+  // Independently: at the plan's margin (0.109) R(n) holds every sample's heads in whole pages;
+  // at 0.02 none of them.
+  auto t       = scorer_of(more);
+  int fit_plan = 0, fit_default = 0;
+  auto pages_limit = [&](std::int64_t n, std::int64_t H, double m) {
+    return elastic_compressed_pages(t, H, 1, 16, m, n);
+  };
+  for (auto const& smp : more.samples) {
+    std::int64_t pages = 0;
+    for (auto k : smp.kept) pages += (k + 15) / 16;
+    auto H = static_cast<std::int64_t>(smp.kept.size());
+    fit_plan +=
+        pages <= pages_limit(smp.context_tokens, H, q.options.reservation.margin_or_default());
+    fit_default += pages <= pages_limit(smp.context_tokens, H, default_elastic_margin);
+  }
+  CHECK(fit_default == 0);
+  CHECK(fit_plan == static_cast<int>(more.samples.size()));
+  // A fixed margin stays as given; without samples the margin is the options'.
+  plan_options fixed;
+  fixed.reservation.margin = 0.03;
+  CHECK(build_static_plan(model, calibrate(more), fixed, more).options.reservation.margin == 0.03);
+  CHECK(build_static_plan(model, calibrate(more), {}).options.reservation.margin ==
+        default_elastic_margin);
+  // Static budgets keep the options' margin (unused) as they are.
+  plan_options st;
+  st.reservation.mode = reservation_mode::static_budgets;
+  CHECK(build_static_plan(model, calibrate(more), st, more).options.reservation.margin ==
+        default_elastic_margin);
+}
+
+TEST_CASE("elastic: the plans' margin on samples whose scorer keeps more than K(n), held out",
+          "[plan][elastic]") {
+  // The derived GPT-OSS-20B samples (Qwen3 layers re-mapped, NOT measurements) keep 1.03-1.13x
+  // the scorer's total: a fixed 0.02 clips 8% of the wanted tokens held out; the plans' rule,
+  // calibrated on the training prompts, clips none of them at under 1.05x the needs.
+  auto s = load_retention_samples(data_path("derived/gpt-oss-20b.derived.json"));
+  elastic_options fixed;
+  fixed.margin = default_elastic_margin;
+  auto before  = evaluate_elastic(s, fixed, by_prompt());
+  CHECK(before.heldout_clip_fraction > 0.05);
+  elastic_options plans;
+  plans.margin_floor = default_elastic_margin;
+  auto after         = evaluate_elastic(s, plans, by_prompt());
+  CHECK(after.heldout_clip_fraction <= 0.003);
+  CHECK(after.heldout_reserved_over_ideal <= 1.05);
+  for (auto m : after.fold_margins) CHECK(m > 0.1);
+  CHECK(after.margin == elastic_plan_margin(s, 1, 16));
 }
 
 TEST_CASE("elastic: in-sample figures match an independent computation on a real profile",
@@ -763,7 +847,19 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
       run({"calibrate", "ea/qwen3-4b-instruct-2507", "--reservation", "elastic", "--json"}).out,
       "stdout");
   CHECK(num(dflt, "margin") == default_elastic_margin);
-  CHECK(dflt.find("margin_calibrated")->boolean() == false);
+  CHECK(dflt.find("margin_rule")->string() == "plans_default");
+  CHECK(num(dflt, "margin_floor") == default_elastic_margin);
+  // The plans' rule on the derived GPT-OSS-20B samples: what `tangram plan` reserves from them.
+  auto gpt = json::parse(run({"calibrate",
+                              data_path("derived/gpt-oss-20b.derived.json"),
+                              "--reservation",
+                              "elastic",
+                              "--json"})
+                             .out,
+                         "stdout");
+  CHECK(num(gpt, "margin") ==
+        elastic_plan_margin(
+            load_retention_samples(data_path("derived/gpt-oss-20b.derived.json")), 1, 16));
   auto cal = run({"calibrate",
                   "ea/qwen3-4b-instruct-2507",
                   "--reservation",
@@ -773,6 +869,8 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
   REQUIRE(cal.code == 0);
   auto cv = json::parse(cal.out, "stdout");
   CHECK(cv.find("margin_calibrated")->boolean() == true);
+  CHECK(cv.find("margin_rule")->string() == "calibrated");
+  CHECK(num(cv, "margin_floor") == 0);
   CHECK(num(cv, "margin") ==
         Approx(evaluate_elastic(load("ea/qwen3-4b-instruct-2507.json")).margin).epsilon(1e-12));
   auto alpha = json::parse(run({"calibrate",

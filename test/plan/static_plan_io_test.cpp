@@ -225,6 +225,21 @@ TEST_CASE("tensor-parallel plans and hybrid models round-trip through files", "[
   }
 }
 
+TEST_CASE("a margin decided from samples round-trips exactly", "[plan_io]") {
+  // The derived GPT-OSS-20B samples need more than the default margin; the plan decides a margin
+  // that is no short decimal, and the file must give back the same double (plans are compared
+  // and hashed by it).
+  auto s = load_retention_samples(data_path("derived/gpt-oss-20b.derived.json"));
+  auto p = build_static_plan(model_preset(s.model), calibrate(s), {}, s);
+  REQUIRE(p.options.reservation.margin);
+  CHECK(*p.options.reservation.margin == elastic_plan_margin(s, 1, 16));
+  CHECK(*p.options.reservation.margin > default_elastic_margin);
+  auto q = parse_static_plan(to_json(p), "mem");
+  REQUIRE(q.options.reservation.margin);
+  CHECK(*q.options.reservation.margin == *p.options.reservation.margin);
+  require_same(p, q);
+}
+
 TEST_CASE("loading rejects inconsistent plans, naming the field", "[plan_io][errors]") {
   plan_options o;
   o.group_size = 4;  // groups of several heads: the member checks below need them

@@ -58,6 +58,7 @@ TEST_CASE("simulate --json reports every policy with the documented fields", "[s
   CHECK(root["policies"]["tangram_elastic"]["generated_tokens"].as_int(0, 1LL << 60) ==
         root["policies"]["tangram"]["generated_tokens"].as_int(0, 1LL << 60));
   CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(0.02));  // the default
+  CHECK(root["tangram_elastic"]["margin_from_samples"].as_bool());  // the samples ask for less
   CHECK(
       root["tangram_elastic"]["default_reservation"].as_bool());  // the `tangram` column is static
   CHECK(root["tangram_elastic"]["max_chunk_tokens"].as_int(1, 1 << 24) == 8192);
@@ -110,17 +111,18 @@ TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]
       run({"simulate", "--sessions", "12", "--turns", "2", "--workload", "short", "--plot", svg});
   INFO(r.err);
   REQUIRE(r.code == 0);
-  for (char const* piece : {"full_kv",
-                            "unified_nonuniform",
-                            "tangram",
-                            "resident sessions, peak",
-                            "(modelled)",
-                            "vs full_kv",
-                            "tangram: static per-group budgets (--reservation static)",
-                            "tangram_elastic: elastic reservation, the default",
-                            "margin 0.02;",
-                            "Kept counts (--kept-counts next-step)",
-                            "steps sat out for kept counts"})
+  for (char const* piece :
+       {"full_kv",
+        "unified_nonuniform",
+        "tangram",
+        "resident sessions, peak",
+        "(modelled)",
+        "vs full_kv",
+        "tangram: static per-group budgets (--reservation static)",
+        "tangram_elastic: elastic reservation, the default",
+        "margin 0.02 (from the samples: mean + 2 sd of their required margins, at least 0.02);",
+        "Kept counts (--kept-counts next-step)",
+        "steps sat out for kept counts"})
     CHECK(r.out.find(piece) != std::string::npos);
   // The header names four columns, static tangram third and tangram_elastic fourth; every row of
   // figures has four values.
@@ -239,6 +241,7 @@ TEST_CASE("simulate --margin sizes tangram_elastic's reservation only", "[simula
                           "--quiet"});
     auto root = r.root();
     CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == Approx(std::stod(margin)));
+    CHECK_FALSE(root["tangram_elastic"]["margin_from_samples"].as_bool());
     return root["policies"][policy]["kv_bytes_allocated_peak"].as_double(0, 1e15);
   };
   // Six mid sessions (20-100K tokens) fit at once: a larger margin reserves more for the elastic

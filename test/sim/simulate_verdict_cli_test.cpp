@@ -13,6 +13,7 @@
 #include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "tangram/plan/elastic.hpp"
 #include "test_support.hpp"
 
 using namespace tangram;
@@ -143,6 +144,50 @@ TEST_CASE(
   // Tangram's clipping on unseen prompts is reported.
   CHECK(v["results"]["mid"]["folds"][0]["tangram_elastic"]["modelled_wanted_clipped_fraction"]
             .as_double(0, 1) >= 0);
+}
+
+TEST_CASE("simulate --verdict: Tangram's margin comes from each fold's calibration half",
+          "[simulate][cli][verdict]") {
+  namespace json = tangram::detail::json;
+  // The derived GPT-OSS-20B samples need more than the default margin, differently per half.
+  auto path = test::data_path("derived/gpt-oss-20b.derived.json");
+  auto r    = test::run_cli({"simulate",
+                             "--verdict",
+                             "--json",
+                             "--quiet",
+                             "--profile",
+                             path,
+                             "--sessions",
+                             "2",
+                             "--turns",
+                             "1",
+                             "--max-running",
+                             "8"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto doc = json::parse(r.out, "stdout");
+  json::node root(doc, "stdout");
+  auto folds = root["verdict"]["folds"];
+  REQUIRE(folds.size() == 2);
+  auto s = load_retention_samples(path);
+  std::vector<double> margins;
+  for (std::size_t f = 0; f < 2; ++f) {
+    std::set<std::int64_t> replayed;
+    for (std::size_t i = 0; i < folds[f]["replay_sample_indices"].size(); ++i)
+      replayed.insert(folds[f]["replay_sample_indices"][i].as_int(0, 1000));
+    retention_samples calibration = s, replay = s;
+    calibration.samples.clear();
+    replay.samples.clear();
+    for (std::size_t k = 0; k < s.samples.size(); ++k)
+      (replayed.count(static_cast<std::int64_t>(k)) ? replay : calibration)
+          .samples.push_back(s.samples[k]);
+    double m = folds[f]["margin"].as_double(0, 10);
+    CHECK(m == elastic_plan_margin(calibration, 1, 16));
+    CHECK(m != elastic_plan_margin(replay, 1, 16));  // never the prompts it is judged on
+    CHECK(m > default_elastic_margin);
+    margins.push_back(m);
+  }
+  CHECK(margins[0] != margins[1]);
 }
 
 TEST_CASE("simulate --verdict refuses a single run's options and a budget profile, naming them",

@@ -126,11 +126,11 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     throw usage_error("--margin-alpha: calibrates the margin; not with a fixed --margin");
   if (eo.margin && a.calibrate_margin)
     throw usage_error("--calibrate-margin: calibrates the margin; not with a fixed --margin");
-  // Unless asked to calibrate, report the margin plans reserve by default, so these figures are
-  // what `tangram plan` gives.
-  if (!eo.margin && !a.calibrate_margin && a.margin_alpha->count() == 0)
-    eo.margin = default_elastic_margin;
-  bool const plans_default = !a.eo.margin && eo.margin;
+  // Unless asked for the bare calibrated rule or a fixed margin, report the margin plans reserve
+  // by default (`elastic_plan_margin`: mean + 2 sd, at least the default), so these figures are
+  // what `tangram plan` gives; held out, each training fold's plans' margin.
+  bool const plans_default = !eo.margin && !a.calibrate_margin && a.margin_alpha->count() == 0;
+  if (plans_default) eo.margin_floor = default_elastic_margin;
   if (a.band->count() > 0)
     throw usage_error(
         "--band: a figure of the static report; give --reservation static (calibrate reports "
@@ -184,6 +184,12 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     v.set("margin_calibrated", rep.margin_calibrated);
     v.set("margin_alpha",
           rep.margin_calibrated ? json::value(eo.margin_alpha) : json::value(nullptr));
+    v.set("margin_floor",
+          rep.margin_calibrated ? json::value(eo.margin_floor) : json::value(nullptr));
+    v.set("margin_rule",
+          plans_default           ? "plans_default"
+          : rep.margin_calibrated ? "calibrated"
+                                  : "fixed");
     v.set("total_error_mean", rep.total_error_mean);
     v.set("total_error_max", rep.total_error_max);
     v.set("mean_dynamic_fraction", rep.mean_dynamic_fraction);
@@ -241,9 +247,13 @@ int elastic_calibrate(calibrate_args const& a, streams io) {
     << to_string(rep.basis) << "), protected " << samples.sink_tokens << " sink + "
     << samples.window_tokens << " window\n"
     << "  Hp " << rep.group_size << ", P " << rep.page_tokens << ", margin " << fixed(rep.margin, 4)
-    << (rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)")
-        : plans_default ? std::string(" (the plans' default; --calibrate-margin for mean + 2 sd)")
-                        : std::string(" (fixed)"))
+    << (plans_default           ? cat(" (the plans' default: mean + ",
+                            eo.margin_alpha,
+                            " sd, at least ",
+                            default_elastic_margin,
+                            "; --calibrate-margin for mean + 2 sd alone)")
+        : rep.margin_calibrated ? cat(" (calibrated: mean + ", eo.margin_alpha, " sd)")
+                                : std::string(" (fixed)"))
     << "\n\n";
   auto row = [&](char const* label, std::string const& value) {
     s << "  " << std::left << std::setw(44) << label << value << "\n";
@@ -468,12 +478,16 @@ command_body setup_calibrate(CLI::App& app) {
                  "--margin",
                  eo.margin,
                  {0, max_elastic_margin},
-                 cat("elastic: a fixed margin (default: the plans' ", default_elastic_margin, ")")),
+                 cat("elastic: a fixed margin (default: the plans' rule, mean + 2 sd of the "
+                     "samples' required margins and at least ",
+                     default_elastic_margin,
+                     ")")),
   };
   a->elastic_only.push_back(app.add_flag(
       "--calibrate-margin",
       a->calibrate_margin,
-      "elastic: calibrate the margin as mean + alpha x sd of the samples' required margins"));
+      "elastic: calibrate the margin as mean + alpha x sd of the samples' required margins, "
+      "without the plans' floor"));
   a->clip_target_option = add_number(app,
                                      "--clip-target",
                                      a->clip_target,

@@ -215,7 +215,7 @@ int inspect(inspect_args const& a, streams io) {
     o.set("reservation", to_string(p.options.reservation.mode));
     o.set("margin",
           p.options.reservation.mode == reservation_mode::elastic
-              ? json::value(p.options.reservation.margin)
+              ? json::value(p.options.reservation.margin_or_default())
               : json::value(nullptr));
     auto h = json::value::array();
     for (auto c : hist) h.push_back(c);
@@ -277,7 +277,7 @@ int inspect(inspect_args const& a, streams io) {
     << " heads = " << p.page_bytes() << " bytes\n"
     << "  reservation: "
     << (p.options.reservation.mode == reservation_mode::elastic
-            ? cat("elastic, margin ", p.options.reservation.margin)
+            ? cat("elastic, margin ", p.options.reservation.margin_or_default())
             : std::string("static"))
     << "\n"
     << "  groups: " << p.num_groups() << ", scope " << to_string(p.options.scope) << ": "

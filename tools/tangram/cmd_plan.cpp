@@ -90,7 +90,7 @@ std::string stage_path(std::string const& out, std::size_t k, std::size_t n) {
 std::int64_t stage_footprint_bytes(static_plan const& p, std::int64_t context) {
   auto const& r = p.options.reservation;
   auto pages    = r.mode == reservation_mode::elastic
-                      ? elastic_footprint_pages(p, r.margin, context, 0, r.basis)
+                      ? elastic_footprint_pages(p, r.margin_or_default(), context, 0, r.basis)
                       : footprint_pages(p, context, 0);
   return tangram::detail::mul_or_throw(pages, p.page_bytes(), "stage footprint bytes");
 }
@@ -379,9 +379,11 @@ int plan_command(plan_args& a, streams io) {
     v.set("num_ctas", plan.splits.num_ctas());
     v.set("split_weighting", to_string(o.split.weighting));
     v.set("reservation", to_string(o.reservation.mode));
-    v.set("margin",
-          o.reservation.mode == reservation_mode::elastic ? json::value(o.reservation.margin)
-                                                          : json::value(nullptr));
+    bool const elastic = o.reservation.mode == reservation_mode::elastic;
+    v.set(
+        "margin",
+        elastic ? json::value(plan.options.reservation.margin_or_default()) : json::value(nullptr));
+    v.set("margin_from_samples", elastic && src.samples && !o.reservation.margin);
     v.set("num_groups", plan.num_groups());
     auto kinds = json::value::object();
     for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed})
@@ -433,7 +435,11 @@ int plan_command(plan_args& a, streams io) {
     << "  reservation: "
     << (o.reservation.mode == reservation_mode::elastic
             ? cat("elastic, margin ",
-                  o.reservation.margin,
+                  plan.options.reservation.margin_or_default(),
+                  src.samples && !o.reservation.margin
+                      ? " (from the samples: mean + 2 sd of their required margins, at least "
+                        "0.02)"
+                      : "",
                   " (the scorer's total per request, placed per group at eviction)")
             : std::string("static (each group its budget's pages)"))
     << "\n"
@@ -540,7 +546,9 @@ command_body setup_plan(CLI::App& app) {
                          "--margin",
                          o.reservation.margin,
                          {0, max_elastic_margin},
-                         "elastic: reserve (1 + margin) x the scorer's total");
+                         "elastic: reserve (1 + margin) x the scorer's total (default: from "
+                         "retention samples, mean + 2 sd of their required margins and at least "
+                         "0.02; from a budget profile, 0.02)");
   add_integer(app, "--tp-size", o.tp_size, 1, 1024, "Tensor-parallel ranks sharing the KV heads");
   add_integer(app, "--tp-rank", o.tp_rank, 0, 1023, "The rank this plan is for, below --tp-size");
   a->layers_opt = add_layer_ranges(

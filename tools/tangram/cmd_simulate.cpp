@@ -83,7 +83,7 @@ struct simulate_args {
   double hbm = 4.8;
   double tflops = 989;
   std::optional<double> keep;
-  double margin = default_elastic_margin;
+  std::optional<double> margin;  // none: the plan's default (from the samples when there are any)
   workload_options wo;
   replay_options ro;
   // The `tangram` column is static budgets, explicitly (elastic is plan_options' default); the
@@ -403,11 +403,18 @@ int simulate(simulate_args& a, streams io) {
     needs.scale = *keep / src.profile.target_keep_ratio;
   }
   bool const needs_from_samples = needs.samples && !needs.samples->samples.empty();
+  // The plans' default margin: from the samples when there are any (elastic_plan_margin).
+  bool const margin_from_samples = !a.margin && needs_from_samples;
+  double const margin =
+      a.margin ? *a.margin
+      : margin_from_samples
+          ? elastic_plan_margin(*needs.samples, po.group_size, po.page_tokens, po.reservation.basis)
+          : default_elastic_margin;
   {
     // Elastic heads hold their groups' placed lengths: with (unscaled) samples the skew is
     // measured on their placements, over the elastic plan weighed on them; else on the budgets.
     bool placements = needs_from_samples && needs.scale == 1.0;
-    auto ep         = elastic_plan(elastic_base, a.margin, placements ? &*needs.samples : nullptr);
+    auto ep         = elastic_plan(elastic_base, margin, placements ? &*needs.samples : nullptr);
     auto ek         = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
       return elastic_skew_at(ep, placements ? &*needs.samples : nullptr, c, costs.split);
     });
@@ -417,7 +424,7 @@ int simulate(simulate_args& a, streams io) {
   std::int64_t const staged_chunk = std::min(ro.prefill_chunk, ro.step_token_budget);
   auto make_elastic = [&] {
     // Staging holds the largest chunk that runs: a chunk never exceeds the step's token budget.
-    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, a.margin, needs,
+    return make_tangram_elastic_policy(elastic_base, kv_bytes, slots, n_sessions, staged_chunk, margin, needs,
                                        a.answers, a.park_for_turns, ro.max_context);
   };
   double elastic_clipped = 0;  // share of the modelled wanted head-tokens the selection clipped
@@ -604,7 +611,8 @@ int simulate(simulate_args& a, streams io) {
     doc.set("plan", std::move(pl));
     auto el = json::value::object();
     el.set("default_reservation", plan_options{}.reservation.mode == reservation_mode::elastic);
-    el.set("margin", a.margin);
+    el.set("margin", margin);
+    el.set("margin_from_samples", margin_from_samples);
     el.set("max_chunk_tokens", staged_chunk);
     el.set(
         "needs",
@@ -861,7 +869,10 @@ int simulate(simulate_args& a, streams io) {
     << (own ? "each input's own retention (samples)" : "Tangram's padded budgets") << ".\n"
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic "
        "reservation, the default\n"
-    << "  of plan_options and `tangram plan`, margin " << a.margin
+    << "  of plan_options and `tangram plan`, margin " << margin
+    << (margin_from_samples ? " (from the samples: mean + 2 sd of their required margins, at least "
+                              "0.02)"
+                            : "")
     << "; each prefilling request also holds staging for one " << staged_chunk
     << "-token chunk (its prompt, if shorter); per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " ("
@@ -916,7 +927,9 @@ command_body setup_simulate(CLI::App& app) {
            "Retention samples or a budget profile, a file or a bundled name");
   add_calibration_options(app, a->cal);
   add_number(app, "--margin", a->margin, {0, max_elastic_margin},
-             "tangram_elastic: reserve the scorer's total times 1 + M (default: the plan's, 0.02)");
+             "tangram_elastic: reserve the scorer's total times 1 + M (default: the plan's: from "
+             "retention samples mean + 2 sd of their required margins, at least 0.02; 0.02 from a "
+             "budget profile)");
   add_number(app, "--keep", a->keep, {0.001, 1},
              "Rescale the profile's budgets to this keep ratio (an approximation; default: as "
              "profiled)");

@@ -40,6 +40,7 @@ constexpr char const* policy_name = "tangram_elastic";  // Tangram's default: el
 struct fold_setup {
   std::size_t calibration_samples = 0, replay_samples = 0;
   static_plan plan, elastic_base;
+  double margin = 0;  ///< Tangram's: --margin, or the plans' default on the calibration half
   elastic_needs needs;
   std::shared_ptr<retention_needs const> own;
   std::array<serving_costs, 2> costs;  ///< by `settings`
@@ -53,6 +54,11 @@ fold_setup prepare_fold(sample_fold const& f,
   s.replay_samples      = f.replay.samples.size();
   s.plan                = build_plan_for_cli(in.model, calibrate_on(f.calibration), in.po);
   s.elastic_base        = s.plan;
+  // The plans' default margin comes from the calibration half only, never the replayed prompts.
+  s.margin              = in.margin
+                              ? *in.margin
+                              : elastic_plan_margin(
+                       f.calibration, in.po.group_size, in.po.page_tokens, in.po.reservation.basis);
   s.needs.samples       = f.replay;
   if (in.keep) {
     s.elastic_base.profile.target_keep_ratio = *in.keep;
@@ -63,7 +69,7 @@ fold_setup prepare_fold(sample_fold const& f,
   // calibration fold's placements) on its placements of them; the baselines' planner on their
   // retention (layer-wide pages read to the longest head under the paper's padded reads).
   bool placements = s.needs.scale == 1.0;
-  auto ep         = elastic_plan(s.elastic_base, in.margin, placements ? &f.calibration : nullptr);
+  auto ep         = elastic_plan(s.elastic_base, s.margin, placements ? &f.calibration : nullptr);
   auto batches    = measured_skew_batches(in.ro.max_running);
   auto elastic    = measure_skew(batches, [&](std::vector<std::int64_t> const& c) {
     return elastic_skew_at(ep, placements ? &f.replay : nullptr, c, in.split);
@@ -258,7 +264,7 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
                                                  slots,
                                                  n,
                                                  staged_chunk,
-                                                 in.margin,
+                                                 s.margin,
                                                  s.needs,
                                                  in.answers,
                                                  in.park_for_turns,
@@ -334,6 +340,7 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
       auto x = json::value::object();
       x.set("calibration_samples", static_cast<std::int64_t>(setups[f].calibration_samples));
       x.set("replay_samples", static_cast<std::int64_t>(setups[f].replay_samples));
+      x.set("margin", setups[f].margin);
       auto ids = json::value::array();
       for (auto k : folds[f].replay_ids) ids.push_back(static_cast<std::int64_t>(k));
       x.set("replay_sample_indices", std::move(ids));
@@ -376,13 +383,17 @@ int simulate_verdict(verdict_inputs const& in, fold_calibration const& calibrate
     return 0;
   }
 
+  std::string fold_margins;
+  for (std::size_t f = 0; f < setups.size(); ++f)
+    fold_margins += (f ? " / " : "") + cat(setups[f].margin);
   auto& o = io.out;
   o << "tangram simulate --verdict: " << tangram::detail::printable(in.model.name) << " on one "
     << tangram::detail::printable(in.cost.gpu().name) << ", profile "
     << tangram::detail::printable(in.src.source) << " (keep " << fixed(keep_ratio, 2) << "), "
     << in.wo.sessions << " sessions x " << in.wo.turns << " turns per workload (seed " << in.wo.seed
     << ")\n"
-    << "  " << policy_name << " (Tangram's default: elastic reservation, margin " << in.margin
+    << "  " << policy_name << " (Tangram's default: elastic reservation, margin "
+    << (in.margin ? cat(*in.margin) : "from each calibration half: " + fold_margins)
     << ") against each baseline; ratios > 1 favour Tangram. MODELLED (roofline plus charged "
        "costs).\n"
     << "  Calibration out of sample: Tangram's budgets, groups and split maps from half of the "

@@ -29,7 +29,8 @@ struct verdict_inputs {
   sim::workload_options wo;    ///< the generator's options; `kind` is set per workload
   sim::replay_options ro;      ///< engine limits, max_tokens; charges are set per policy
   std::optional<double> keep;  ///< --keep: budgets and retention rescaled to this keep ratio
-  double margin = 0;
+  std::optional<double>
+      margin;  ///< --margin; none: each fold's plan default (its calibration half)
   answer_window_options answers;         ///< Tangram's answer window (--decode-window)
   bool park_for_turns           = true;  ///< --continuation-room park (tangram_policy_options)
   bool control_plane            = true;

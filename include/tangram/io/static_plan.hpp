@@ -199,7 +199,8 @@ inline static_plan parse_static_plan(std::string_view text, std::string_view sou
   auto const stage = p.options.layers_of(p.model.num_layers);  // checked above
   // Absent in files written before elastic reservation: those were static plans (their split
   // maps and budgets assume static), so a missing field means static, not the current default.
-  p.options.reservation.mode = reservation_mode::static_budgets;
+  p.options.reservation.mode   = reservation_mode::static_budgets;
+  p.options.reservation.margin = default_elastic_margin;  // a built plan's margin is decided
   if (auto r = o.find("reservation")) {
     auto m    = (*r)["mode"];
     auto mode = reservation_mode_named(m.as_string(32));
@@ -389,16 +390,16 @@ inline std::string plan_difference(static_plan const& a, static_plan const& b) {
     return cat(
         "options.split.share_quantile: ", oa.split.share_quantile, " vs ", ob.split.share_quantile);
   if (oa.reservation.mode != ob.reservation.mode ||
-      oa.reservation.margin != ob.reservation.margin ||
+      oa.reservation.margin_or_default() != ob.reservation.margin_or_default() ||
       oa.reservation.basis != ob.reservation.basis)
     return cat("options.reservation: ",
                to_string(oa.reservation.mode),
                " margin ",
-               oa.reservation.margin,
+               oa.reservation.margin_or_default(),
                " vs ",
                to_string(ob.reservation.mode),
                " margin ",
-               ob.reservation.margin);
+               ob.reservation.margin_or_default());
   if (oa.tp_size != ob.tp_size || oa.tp_rank != ob.tp_rank)
     return cat("options.tp: ", oa.tp_size, "/", oa.tp_rank, " vs ", ob.tp_size, "/", ob.tp_rank);
   if (oa.layers != ob.layers) {

@@ -29,6 +29,7 @@
 #include "tangram/core/error.hpp"
 #include "tangram/model/model_spec.hpp"
 #include "tangram/plan/clustering.hpp"
+#include "tangram/plan/elastic.hpp"
 #include "tangram/plan/elastic_split_map.hpp"
 #include "tangram/plan/head_rules.hpp"
 #include "tangram/plan/split_planner.hpp"
@@ -76,6 +77,7 @@ inline static_plan build_static_plan(model_spec const& model,
   p.model         = model;
   p.profile       = profile;
   p.options       = options;
+  p.options.reservation.margin = options.reservation.margin_or_default();  // decided
   p.rules         = head_rules_for(model, profile, options);  // checks the rank and the stage
   auto stage      = options.layers_of(model.num_layers);
   p.num_layers    = stage.size();
@@ -91,19 +93,26 @@ inline static_plan build_static_plan(model_spec const& model,
 }
 
 /**
- * @brief `build_static_plan` for a profile calibrated from `samples`: an elastic plan with
+ * @brief `build_static_plan` for a profile calibrated from `samples`. An elastic plan reserves
+ * the margin of the samples (`elastic_plan_margin`: at least default_elastic_margin, more when
+ * the samples need it) unless `options.reservation.margin` is given, and with
  * batch_share weighting weighs its split map on elastic placements of the samples
  * (plan/elastic_split_map.hpp) instead of its groups' rules; any other plan is the same as
  * without samples.
- * @throw invalid_argument as build_static_plan, or when the samples do not match the plan's heads.
+ * @throw invalid_argument as build_static_plan, or when the samples do not match the plan's heads
+ *        or have no keep ratio.
  */
 inline static_plan build_static_plan(model_spec const& model,
                                      budget_profile const& profile,
                                      plan_options const& options,
                                      retention_samples const& samples) {
-  static_plan p = build_static_plan(model, profile, options);
-  if (options.reservation.mode == reservation_mode::elastic &&
-      options.split.weighting == split_weighting::batch_share)
+  bool const elastic = options.reservation.mode == reservation_mode::elastic;
+  plan_options o     = options;
+  if (elastic && !o.reservation.margin && !samples.samples.empty())
+    o.reservation.margin =
+        elastic_plan_margin(samples, o.group_size, o.page_tokens, o.reservation.basis);
+  static_plan p = build_static_plan(model, profile, o);
+  if (elastic && options.split.weighting == split_weighting::batch_share)
     p.splits = elastic_placement_split_map(p, samples);
   return p;
 }

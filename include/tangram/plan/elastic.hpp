@@ -86,6 +86,10 @@ struct elastic_options {
   std::int32_t page_tokens = 16;                  ///< P, in [1, 4096]
   std::optional<double> margin;  ///< fixed margin in [0, max_elastic_margin]; none: calibrated
   double margin_alpha    = 2.0;  ///< calibrated margin = mean + alpha sd of m_s, alpha in [0, 1000]
+  /// Least calibrated margin, in [0, max_elastic_margin]: plans calibrate with
+  /// default_elastic_margin here (`elastic_plan_margin`), `tangram calibrate --calibrate-margin`
+  /// with 0. Not applied to a fixed `margin`.
+  double margin_floor    = 0.0;
   keep_ratio_basis basis = keep_ratio_basis::all_tokens;
 
   /// @throw invalid_argument naming the field and the value.
@@ -108,6 +112,12 @@ struct elastic_options {
                     invalid_argument,
                     "elastic_options.margin_alpha: must be in [0, 1000], got ",
                     margin_alpha);
+    TANGRAM_EXPECTS(margin_floor >= 0 && margin_floor <= max_elastic_margin,
+                    invalid_argument,
+                    "elastic_options.margin_floor: must be in [0, ",
+                    max_elastic_margin,
+                    "], got ",
+                    margin_floor);
   }
 };
 
@@ -315,8 +325,8 @@ inline std::vector<double> required_margins(retention_samples const& s,
 
 /**
  * @brief The margin for calibration samples `sample_ids` with plan-time groups formed from them:
- * the fixed `o.margin` if set, else clamp(mean + alpha sd of required_margins, 0,
- * max_elastic_margin).
+ * the fixed `o.margin` if set, else clamp(max(mean + alpha sd of required_margins,
+ * o.margin_floor), 0, max_elastic_margin).
  * @throw invalid_argument for bad options or samples, or an empty or out-of-range `sample_ids`.
  */
 inline double calibrate_elastic_margin(retention_samples const& s,
@@ -328,7 +338,42 @@ inline double calibrate_elastic_margin(retention_samples const& s,
   auto m   = required_margins(s, sample_ids, elastic_group_members(s, sample_ids), o);
   double v = detail::mean_of(m.data(), m.size()) +
              o.margin_alpha * detail::population_stddev(m.data(), m.size());
-  return std::clamp(v, 0.0, max_elastic_margin);
+  return std::clamp(std::max(v, o.margin_floor), 0.0, max_elastic_margin);
+}
+
+/**
+ * @brief The margin an elastic plan built from `samples` reserves unless given a fixed one
+ * (`reservation_options::margin` left empty): the calibrated margin over every sample, at
+ * least `default_elastic_margin`: clamp(max(mean + 2 sd of the samples' required margins m_s,
+ * default_elastic_margin), 0, max_elastic_margin), with plan-time groups of `group_size` heads
+ * (of gcd(group_size, profiled heads) when it does not divide them) of `page_tokens`-token pages.
+ *
+ * Why a floor and a raise: on the bundled profiles the scorer keeps 0.36-0.65% more than K(n)
+ * and their kept counts are nearly all whole pages, so mean + 2 sd is 0.004-0.007 there and the
+ * default 0.02 also covers per-head page rounding the samples do not show; samples whose scorer
+ * keeps more than K(n) predicts (a profile whose keep ratio counts tokens differently, groups of
+ * Hp > 1 padding) would clip what 0.02 does not cover, and get the margin they need instead
+ * (docs/planning.md#elastic-reservation).
+ * @throw invalid_argument for samples without a keep ratio in (0, 1] or otherwise invalid.
+ */
+inline double elastic_plan_margin(retention_samples const& samples,
+                                  std::int32_t group_size,
+                                  std::int32_t page_tokens,
+                                  keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
+  detail::check_samples(samples);
+  TANGRAM_EXPECTS(group_size >= 1,
+                  invalid_argument,
+                  "elastic_plan_margin: group_size must be >= 1, got ",
+                  group_size);
+  auto heads = static_cast<std::int64_t>(samples.layer_ids.size()) * samples.num_kv_heads;
+  elastic_options o;
+  o.group_size   = static_cast<std::int32_t>(std::gcd<std::int64_t>(group_size, heads));
+  o.page_tokens  = page_tokens;
+  o.basis        = basis;
+  o.margin_floor = default_elastic_margin;
+  std::vector<std::size_t> all(samples.samples.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  return calibrate_elastic_margin(samples, all, o);
 }
 
 /// The margins `tangram calibrate --reservation elastic` sweeps.

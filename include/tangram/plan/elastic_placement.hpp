@@ -157,7 +157,7 @@ inline std::vector<std::int64_t> elastic_placement_lengths(static_plan const& pl
                                          static_cast<std::int64_t>(heads.size()),
                                          geo.group_size,
                                          geo.page_tokens,
-                                         plan.options.reservation.margin,
+                                         plan.options.reservation.margin_or_default(),
                                          context);
   auto lo      = ceil_div(std::min(context, t.protect), geo.page_tokens);
   auto floors  = detail::mul_or_throw(lo, groups, "elastic_placement_lengths: protected floors");

@@ -185,18 +185,26 @@ inline constexpr double default_elastic_margin = 0.02;
  * chunk (docs/integration.md).
  */
 struct reservation_options {
-  reservation_mode mode  = reservation_mode::elastic;
-  double margin          = default_elastic_margin;  ///< elastic only, in [0, max_elastic_margin]
+  reservation_mode mode = reservation_mode::elastic;
+  /// Elastic only, in [0, max_elastic_margin]: reserve the scorer's total times 1 + margin.
+  /// None (the default): `build_static_plan` decides it, from the retention samples the plan is
+  /// built from (`elastic_plan_margin`: mean + 2 sd of their required margins, at least
+  /// default_elastic_margin), else default_elastic_margin; a built plan (or one read from a file)
+  /// always holds the margin it reserves.
+  std::optional<double> margin;
   keep_ratio_basis basis = keep_ratio_basis::all_tokens;  ///< elastic only
+
+  /// The margin reserved: `margin`, or default_elastic_margin where none was decided.
+  [[nodiscard]] double margin_or_default() const { return margin.value_or(default_elastic_margin); }
 
   /// @throw invalid_argument naming the field and the value.
   void validate() const {
-    TANGRAM_EXPECTS(margin >= 0 && margin <= max_elastic_margin,
+    TANGRAM_EXPECTS(!margin || (*margin >= 0 && *margin <= max_elastic_margin),
                     invalid_argument,
                     "plan_options.reservation.margin: must be in [0, ",
                     max_elastic_margin,
                     "], got ",
-                    margin);
+                    margin.value_or(0));
   }
 };
 

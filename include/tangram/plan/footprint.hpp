@@ -222,7 +222,7 @@ inline std::int64_t admission_footprint_pages(static_plan const& plan,
                   "max_chunk_tokens: must be >= 1, got ",
                   max_chunk_tokens);
   // First: it validates the sizes and the profile, which the rest then uses.
-  auto p               = detail::elastic_footprint_parts(plan, r.margin, context, decode, r.basis);
+  auto p = detail::elastic_footprint_parts(plan, r.margin_or_default(), context, decode, r.basis);
   std::int32_t P       = plan.geometry.page_tokens;
   std::int64_t Gc      = compressed_group_count(plan);
   std::int64_t staging = elastic_staging_pages(Gc, P, std::min(max_chunk_tokens, context));

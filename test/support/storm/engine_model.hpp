@@ -107,7 +107,8 @@ class engine_model {
   /// R(n): the compressed groups' pages after n tokens, from the plan's scorer and margin.
   std::int64_t elastic_limit(std::int64_t n) const {
     scorer_total t{plan_.profile.target_keep_ratio, protect_, plan_.options.reservation.basis};
-    return elastic_compressed_pages(t, Gc_ * Hp_, Hp_, P_, plan_.options.reservation.margin, n);
+    return elastic_compressed_pages(
+        t, Gc_ * Hp_, Hp_, P_, plan_.options.reservation.margin_or_default(), n);
   }
 
   /// Pages compressed group g of q reaches by the end of its decode (its use once ended).

@@ -114,7 +114,7 @@ inline json::value plan_to_json_value(static_plan const& p) {
   }
   auto reservation = json::value::object();
   reservation.set("mode", to_string(p.options.reservation.mode));
-  reservation.set("margin", p.options.reservation.margin);
+  reservation.set("margin", p.options.reservation.margin_or_default());
   reservation.set("keep_ratio_basis", to_string(p.options.reservation.basis));
   o.set("reservation", std::move(reservation));
   v.set("options", std::move(o));

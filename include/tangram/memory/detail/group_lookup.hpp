@@ -32,7 +32,7 @@ class group_lookup {
         page_tokens_(plan.geometry.page_tokens),
         group_size_(plan.geometry.group_size),
         elastic_(plan.options.reservation.mode == reservation_mode::elastic),
-        margin_(plan.options.reservation.margin),
+        margin_(plan.options.reservation.margin_or_default()),
         scorer_{plan.profile.target_keep_ratio,
                 plan.profile.protected_tokens(),
                 plan.options.reservation.basis},

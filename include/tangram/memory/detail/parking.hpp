@@ -85,7 +85,7 @@ class fnv1a {
   auto const& res = plan.options.reservation;
   h.add_int(static_cast<std::int64_t>(res.mode));
   if (res.mode == reservation_mode::elastic) {
-    h.add(res.margin);
+    h.add(res.margin_or_default());
     h.add_int(static_cast<std::int64_t>(res.basis));
     h.add(plan.profile.target_keep_ratio);
     h.add_int(plan.profile.protected_tokens());

@@ -35,6 +35,7 @@
 #include "tangram/eval/sim/policies.hpp"
 #include "tangram/eval/sim/retention_needs.hpp"
 #include "tangram/plan/build_static_plan.hpp"
+#include "tangram/plan/elastic.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
@@ -187,20 +188,30 @@ inline std::optional<double> wanted_clipped_fraction(tangram_policy const& polic
   return std::nullopt;
 }
 
-/// The plan of the same model, profile and options that reserves elastically with `margin`,
-/// built by the planner (so its split map is the elastic plan's, not the static one's): weighed
-/// on the placements of `samples` when given (as `tangram plan` does from samples), else on the
-/// groups' rules.
+/// The plan of the same model, profile and options that reserves elastically with `margin`
+/// (none: the plan's default, `elastic_plan_margin` of `samples` when there are any, else
+/// default_elastic_margin), built by the planner (so its split map is the elastic plan's, not the
+/// static one's): weighed on the placements of `samples` when given and `placements` (as `tangram
+/// plan` does from samples; scaled samples no longer match a plan's heads' placements), else on
+/// the groups' rules.
 /// @throw invalid_argument naming the margin when it is outside [0, max_elastic_margin], or when
-///        the profile has no keep ratio.
+///        the profile (or the samples, for the margin) has no keep ratio.
 inline static_plan elastic_plan(static_plan const& plan,
-                                double margin,
-                                retention_samples const* samples = nullptr) {
-  auto options               = plan.options;
-  options.reservation.mode   = reservation_mode::elastic;
-  options.reservation.margin = margin;
-  return samples ? build_static_plan(plan.model, plan.profile, options, *samples)
-                 : build_static_plan(plan.model, plan.profile, options);
+                                std::optional<double> margin,
+                                retention_samples const* samples = nullptr,
+                                bool placements                  = true) {
+  auto options             = plan.options;
+  bool const have_samples  = samples != nullptr && !samples->samples.empty();
+  bool const from_samples  = !margin && have_samples;
+  options.reservation.mode = reservation_mode::elastic;
+  // Decided here, so that scaled samples (which do not weigh the map) still give the margin.
+  options.reservation.margin =
+      from_samples
+          ? elastic_plan_margin(
+                *samples, options.group_size, options.page_tokens, options.reservation.basis)
+          : margin.value_or(default_elastic_margin);
+  return have_samples && placements ? build_static_plan(plan.model, plan.profile, options, *samples)
+                                    : build_static_plan(plan.model, plan.profile, options);
 }
 
 /**
@@ -242,14 +253,15 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     std::int32_t max_sessions,
     std::int32_t num_sessions,
     std::int64_t max_chunk_tokens,
-    double margin                 = default_elastic_margin,
+    std::optional<double> margin  = std::nullopt,
     elastic_needs needs           = {},
     answer_window_options answers = {},
     bool park_for_turns           = true,
     std::int64_t stage_key_tokens = 0) {
-  // Unscaled samples weigh the split map on their placements (scaled ones no longer match it).
-  bool placements = needs.samples && !needs.samples->samples.empty() && needs.scale == 1.0;
-  auto ep         = elastic_plan(plan, margin, placements ? &*needs.samples : nullptr);
+  // Unscaled samples weigh the split map on their placements (scaled ones no longer match it);
+  // the margin comes from the samples either way (a ratio to the scorer's total).
+  auto const* samples = needs.samples ? &*needs.samples : nullptr;
+  auto ep             = elastic_plan(plan, margin, samples, needs.scale == 1.0);
   tangram_policy_options o;
   o.name             = "tangram_elastic";
   o.max_chunk_tokens = max_chunk_tokens;
