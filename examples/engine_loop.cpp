@@ -104,8 +104,9 @@ void prefill_chunks(tangram::kv_cache_manager& kv, std::vector<tangram::sequence
   tangram::eviction_params p;
   p.kv             = kv.view(tangram::batch_kind::prefill);
   // Elastic: every layer stages its chunk and writes its candidates' keys into blocks laid out
-  // like the staged groups' page lists (no padding to the longest request; an engine keeps one
-  // buffer, grown to the largest batch, or sizes it for its largest prefill batch up front).
+  // like the staged groups' page lists (no padding to the longest request; an engine allocates
+  // one buffer of tangram::stage_key_words_bound(plan, context limit, largest prefill batch)
+  // words up front and passes its first `stage_key_layout` words at each chunk).
   std::vector<std::int64_t> key_base(elastic ? B * static_cast<std::size_t>(kv.num_groups()) : 0);
   std::vector<std::uint32_t> keys(
       elastic ? static_cast<std::size_t>(tangram::stage_key_layout(

@@ -60,9 +60,10 @@ def prefill_chunk(kv: tangram.KVCacheManager, seq: tangram.SequenceId) -> None:
         if plan.options.reservation == "elastic":
             # Every layer stages the chunk and writes its candidates' keys into stage_keys, sized
             # for this chunk's batch (the staged groups' pages' worth of words, no padding;
-            # contents on entry do not matter; an engine may keep one buffer grown to its largest
-            # batch and pass its first `words` words); then one request-wide selection after the
-            # last layer chooses the groups' lengths.
+            # contents on entry do not matter; an engine allocates one buffer of
+            # tangram.stage_key_words_bound(plan, context_limit, max_batch) words up front and
+            # passes its first `words` words); then one request-wide selection after the last
+            # layer chooses the groups' lengths.
             words = kv.stage_key_words(indptr, kind=prefill)
             stage_keys = np.empty(words, dtype=np.uint32)
             for layer in range(L):

@@ -196,6 +196,15 @@ void bind_plan(nb::module_& m) {
         "build_static_plan. With the samples the profile was calibrated from, an elastic plan's\n"
         "split map is weighed on their placements and, unless options.margin is set, it reserves\n"
         "their margin (elastic_plan_margin). Raises ValueError naming the option.");
+  m.def("stage_key_words_bound",
+        [](static_plan const& plan, std::int64_t tokens, std::int64_t requests) {
+          return stage_key_words_bound(plan, tokens, requests);
+        },
+        nb::arg("plan"), nb::arg("tokens"), nb::arg("requests") = 1,
+        "The most uint32 words stage_key_layout asks for from an eviction batch of at most\n"
+        "`requests` requests of at most `tokens` tokens each (the context limit): allocate the\n"
+        "stage-key buffer once by it and pass its first words at each chunk. Raises ValueError\n"
+        "naming the argument.");
   m.def("elastic_plan_margin",
         [](retention_samples const& samples, std::int32_t group_size, std::int32_t page_tokens,
            std::string const& basis) {

@@ -98,3 +98,12 @@ def test_elastic_plan_margin_comes_from_the_samples(model, profile, samples):
     with pytest.raises(ValueError, match="margin"):
         o.margin = -1.0
         o.validate()
+
+
+def test_stage_key_words_bound(model, profile, samples):
+    plan = tangram.build_plan(model, profile, tangram.PlanOptions(), samples)
+    # 256 per-head groups x ceil(131072 / 16) pages x 16 keys (C++ plan/footprint.hpp).
+    assert tangram.stage_key_words_bound(plan, 131072) == 256 * 8192 * 16
+    assert tangram.stage_key_words_bound(plan, 17, requests=2) == 2 * 256 * 2 * 16
+    with pytest.raises(ValueError, match="stage_key_words_bound: tokens"):
+        tangram.stage_key_words_bound(plan, -1)

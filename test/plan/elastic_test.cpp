@@ -187,6 +187,32 @@ TEST_CASE("elastic: footprint of a hybrid plan keeps the static pages of sliding
   CHECK(elastic_footprint_pages(plan, 0.15, n, T) == sliding + R + compressed_groups * 3);
 }
 
+TEST_CASE("elastic: the stage-key bound, hand-worked, and its errors", "[plan][elastic]") {
+  // Llama-3.1-8B on per-head pages: 256 compressed groups, each ceil(131072 / 16) = 8192 pages of
+  // 16 keys at the context limit: 33,554,432 words (134 MB) a request.
+  auto s    = load("snapkv/llama-3.1-8b-instruct.json");
+  auto plan = build_static_plan(model_preset("llama-3.1-8b"), calibrate(s), {}, s);
+  CHECK(stage_key_words_bound(plan, 131072, 1) == 33554432);
+  CHECK(stage_key_words_bound(plan, 131072, 3) == 3 * 33554432LL);
+  CHECK(stage_key_words_bound(plan, 17, 1) == 256 * 2 * 16);  // 17 tokens: two pages a group
+  CHECK(stage_key_words_bound(plan, 0, 4) == 1);              // nothing staged: one word
+  CHECK(stage_key_words_bound(plan, 5, 0) == 1);
+  // A hybrid plan stages its compressed groups only: Gemma-3-12B's 8 full-attention layers of 8
+  // KV heads (the 40 sliding-window layers keep rings, never staged).
+  auto g  = load_retention_samples(data_path("derived/gemma-3-12b-it.derived.json"));
+  auto gp = build_static_plan(model_preset("gemma-3-12b"), calibrate(g), {}, g);
+  CHECK(stage_key_words_bound(gp, 100, 1) == 64 * 7 * 16);
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(
+      stage_key_words_bound(plan, -1, 1), invalid_argument, "stage_key_words_bound: tokens", "-1");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(stage_key_words_bound(plan, 10, -2),
+                                  invalid_argument,
+                                  "stage_key_words_bound: requests",
+                                  "-2");
+  TANGRAM_REQUIRE_THROWS_WITH_ALL(stage_key_words_bound(plan, max_footprint_tokens, 1 << 20),
+                                  invalid_argument,
+                                  "stage_key_words_bound");
+}
+
 TEST_CASE("elastic placement is optimal: exhaustive search on small cases", "[plan][elastic]") {
   std::mt19937_64 rng(12);
   auto pick = [&](std::int64_t lo, std::int64_t hi) {

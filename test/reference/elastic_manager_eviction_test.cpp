@@ -11,6 +11,7 @@
 #include "../memory/memory_fixtures.hpp"
 #include "tangram/memory/host_memory_resource.hpp"
 #include "tangram/memory/memory_resource.hpp"
+#include "tangram/plan/footprint.hpp"
 #include "tangram/reference/elastic_eviction.hpp"
 #include "tangram/reference/eviction.hpp"
 
@@ -39,9 +40,11 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
   std::vector<std::vector<std::int64_t>> chunks = {{8, 8, 4}, {5, 8}, {7}};
   std::mt19937_64 rng(99);
   int evicted_heads = 0;
-  // The stage keys, one buffer for the whole run as an engine would keep it (grown when a batch
-  // needs more): stale keys of earlier chunks stay in it; every stage launch rewrites its own.
-  std::vector<std::uint32_t> keys;
+  // The stage keys, one buffer for the whole run as an engine would keep it, sized once by the
+  // bound for 3 requests of at most 20 tokens (the longest prompt): stale keys of earlier chunks
+  // stay in it; every stage launch rewrites its own.
+  std::vector<std::uint32_t> keys(static_cast<std::size_t>(stage_key_words_bound(plan, 20, 3)),
+                                  0xdeadbeefu);
   for (std::size_t step = 0; step < 3; ++step) {
     std::vector<sequence_id> batch;
     std::vector<std::int32_t> indptr = {0};
@@ -82,8 +85,14 @@ TEST_CASE("elastic eviction reference with the real manager: chunks commit withi
           }
     std::vector<std::int64_t> key_base(static_cast<std::size_t>(B * m.num_groups()));
     auto words = stage_key_layout(v, plan.rules.data(), indptr.data(), key_base.data());
-    if (static_cast<std::size_t>(words) > keys.size())
-      keys.resize(static_cast<std::size_t>(words), 0xdeadbeefu);
+    REQUIRE(static_cast<std::size_t>(words) <= keys.size());
+    if (step == 0) {
+      // The last request stages its whole 7-token prompt as one chunk: its block is exactly the
+      // bound for one request of 7 tokens (every compressed group ceil(7 / P) pages of keys).
+      REQUIRE(which.back() == 2);
+      CHECK(words - key_base[static_cast<std::size_t>((B - 1) * m.num_groups())] ==
+            stage_key_words_bound(plan, 7, 1));
+    }
     std::vector<float> scores(static_cast<std::size_t>(B * H * max_cand));
     std::vector<std::int32_t> stage_len(static_cast<std::size_t>(B * H));
     for (std::int32_t l = 0; l < L; ++l) {

@@ -127,6 +127,43 @@ inline std::int64_t elastic_staging_pages(std::int64_t compressed_groups,
       compressed_groups, ceil_div(max_chunk_tokens, page_tokens), "staging pages");
 }
 
+/**
+ * @brief The most uint32 words `stage_key_layout` (kernels/eviction.hpp) asks for from any
+ * eviction batch of at most `requests` requests whose sequences hold at most `tokens` tokens
+ * each, their chunk included (the engine's context limit): requests x G_c x ceil(tokens / P) x
+ * Hp x P, at least 1. A staged head's candidates (held tokens and the chunk) never exceed its
+ * sequence's tokens, so an engine allocates its stage-key buffer once by this bound (4 bytes a
+ * word) and passes its first `stage_key_layout` words at each chunk, instead of sizing it per
+ * chunk. Llama-3.1-8B per-head pages at 131,072 tokens: 134 MB a request.
+ * @throw invalid_argument naming the argument when `tokens` or `requests` is negative or above
+ *        max_footprint_tokens, or when the product overflows.
+ */
+inline std::int64_t stage_key_words_bound(static_plan const& plan,
+                                          std::int64_t tokens,
+                                          std::int64_t requests) {
+  TANGRAM_EXPECTS(tokens >= 0 && tokens <= max_footprint_tokens,
+                  invalid_argument,
+                  "stage_key_words_bound: tokens must be in [0, ",
+                  max_footprint_tokens,
+                  "], got ",
+                  tokens);
+  TANGRAM_EXPECTS(requests >= 0 && requests <= max_footprint_tokens,
+                  invalid_argument,
+                  "stage_key_words_bound: requests must be in [0, ",
+                  max_footprint_tokens,
+                  "], got ",
+                  requests);
+  std::int64_t const P     = plan.geometry.page_tokens;
+  std::int64_t const slots = detail::mul_or_throw(ceil_div(tokens, plan.geometry.page_tokens),
+                                                  P * plan.geometry.group_size,
+                                                  "stage_key_words_bound: token slots of a group");
+  std::int64_t const words = detail::mul_or_throw(
+      detail::mul_or_throw(compressed_group_count(plan), slots, "stage_key_words_bound: groups"),
+      requests,
+      "stage_key_words_bound: requests");
+  return std::max<std::int64_t>(words, 1);
+}
+
 namespace detail {
 /// An elastic footprint's parts, in pages: the other groups' static pages, R(n) of the
 /// compressed groups and their decode pages G_c ceil(T / P).

@@ -37,6 +37,7 @@
 #include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/elastic.hpp"
 #include "tangram/plan/elastic_reservation.hpp"
+#include "tangram/plan/footprint.hpp"
 #include "tangram/plan/static_plan.hpp"
 #include "tangram/profile/retention_samples.hpp"
 
@@ -228,10 +229,8 @@ inline double stage_key_bytes_bound(static_plan const& plan,
                                     double kv_bytes = std::numeric_limits<double>::infinity()) {
   TANGRAM_EXPECTS(tokens >= 0, invalid_argument, "stage_key_tokens: must be >= 0, got ", tokens);
   const double P = plan.geometry.page_tokens, Hp = plan.geometry.group_size;
-  double words = 0;
-  for (auto const& g : plan.grouping.groups)
-    if (g.rule.kind == layer_kind::compressed)
-      words += std::ceil(static_cast<double>(tokens) / P) * Hp * P;
+  const double words =
+      tokens == 0 ? 0.0 : static_cast<double>(stage_key_words_bound(plan, tokens, 1));
   const double page_keys = sizeof(std::uint32_t) * Hp * P;  // a page's token slots' keys
   return std::min(words * sizeof(std::uint32_t),
                   kv_bytes * page_keys / (static_cast<double>(plan.page_bytes()) + page_keys));
