@@ -206,15 +206,13 @@ void bind_plan(nb::module_& m) {
         "stage-key buffer once by it and pass its first words at each chunk. Raises ValueError\n"
         "naming the argument.");
   m.def("elastic_plan_margin",
-        [](retention_samples const& samples, std::int32_t group_size, std::int32_t page_tokens,
-           std::string const& basis) {
-          return elastic_plan_margin(samples, group_size, page_tokens, basis_from(basis));
+        [](retention_samples const& samples, static_plan const& plan) {
+          return elastic_plan_margin(samples, plan);
         },
-        nb::arg("samples"), nb::arg("group_size") = 1, nb::arg("page_tokens") = 16,
-        nb::arg("basis") = "all_tokens",
-        "The margin an elastic plan built from these samples reserves unless given one:\n"
-        "mean + 2 sd of the samples' required margins, at least 0.02 (C++\n"
-        "tangram::elastic_plan_margin). Raises ValueError for unusable samples.");
+        nb::arg("samples"), nb::arg("plan"),
+        "The margin the elastic `plan` reserves from these samples unless given one: mean +\n"
+        "2 sd of their required margins over the plan's own groups, stage and rank, at least\n"
+        "0.02 (C++ tangram::elastic_plan_margin). Raises ValueError for unusable samples.");
   m.def("layer_kv_tokens",
         [](model_spec const& model, budget_profile const& profile, plan_options const& options,
            std::int64_t context) { return layer_kv_tokens(model, profile, options, context); },

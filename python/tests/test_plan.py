@@ -78,8 +78,9 @@ def test_elastic_plan_from_samples_weighs_placements(model, profile, samples, el
 
 def test_elastic_plan_margin_comes_from_the_samples(model, profile, samples):
     # The bundled scorer keeps ~0.5% more than its total: the plans' floor, 0.02.
-    assert tangram.elastic_plan_margin(samples) == 0.02
-    assert tangram.build_plan(model, profile, tangram.PlanOptions(), samples).options.margin == 0.02
+    plan = tangram.build_plan(model, profile, tangram.PlanOptions(), samples)
+    assert plan.options.margin == 0.02
+    assert tangram.elastic_plan_margin(samples, plan) == 0.02
     # The same samples with every head keeping 10% more (capped by the context): the plan
     # reserves mean + 2 sd of their required margins instead, unless given a margin.
     doc = json.loads(open(tangram.profile_path("snapkv/llama-3.1-8b-instruct")).read())
@@ -87,9 +88,9 @@ def test_elastic_plan_margin_comes_from_the_samples(model, profile, samples):
         s["kept_tokens"] = [[min(s["context_tokens"], math.ceil(1.1 * k)) for k in layer]
                             for layer in s["kept_tokens"]]
     more = tangram.parse_retention_samples(json.dumps(doc))
-    m = tangram.elastic_plan_margin(more)
+    m = tangram.build_plan(model, profile, tangram.PlanOptions(), more).options.margin
     assert 0.09 < m < 0.2
-    assert tangram.build_plan(model, profile, tangram.PlanOptions(), more).options.margin == m
+    assert tangram.elastic_plan_margin(more, plan) == m
     o = tangram.PlanOptions()
     o.margin = 0.03
     assert tangram.build_plan(model, profile, o, more).options.margin == 0.03

@@ -12,6 +12,7 @@
 #include "tangram/io/static_plan.hpp"
 #include "tangram/model/presets.hpp"
 #include "tangram/plan/calibration.hpp"
+#include "tangram/plan/elastic.hpp"
 #include "tangram/plan/pipeline_stages.hpp"
 #include "test_support.hpp"
 
@@ -104,6 +105,39 @@ TEST_CASE("plan --pipeline-stages --json: the stage table, balanced and even", "
   // Balanced on the KV tokens: never worse than an even split by layer count.
   CHECK(v.find("kv_tokens_max_over_min")->number() >= 1.0);
   CHECK(v.find("footprint_max_over_min")->number() >= 1.0);
+}
+
+TEST_CASE("plan --pipeline-stages, elastic: every stage shows and writes its own margin",
+          "[cli][pipeline][elastic]") {
+  auto out = tmp("llama-elastic.json");
+  auto r   = run_cli(
+      {"plan", "snapkv/llama-3.1-8b-instruct", "--layers", "0:16,16:32", "--out", out, "--json"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.code == 0);
+  auto v = json::parse(r.out, "stdout");
+  CHECK(v.find("margin_from_samples")->boolean());
+  auto const& stages = v.find("stages")->elements();
+  REQUIRE(stages.size() == 2);
+  auto s = load_retention_samples(data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  for (std::size_t k = 0; k < 2; ++k) {
+    auto p = load_static_plan(stages[k].find("out")->string());
+    INFO("stage " << k);
+    CHECK(stages[k].find("margin")->number() == p.options.reservation.margin);
+    CHECK(p.options.reservation.margin == elastic_plan_margin(s, p));
+  }
+  CHECK(stages[0].find("margin")->number() > 0.1);  // layers 0-15 keep more than their share
+  auto fixed = json::parse(run_cli({"plan",
+                                    "snapkv/llama-3.1-8b-instruct",
+                                    "--layers",
+                                    "0:16,16:32",
+                                    "--margin",
+                                    "0.05",
+                                    "--json"})
+                               .out,
+                           "stdout");
+  CHECK_FALSE(fixed.find("margin_from_samples")->boolean());
+  for (auto const& st : fixed.find("stages")->elements())
+    CHECK(st.find("margin")->number() == 0.05);
 }
 
 TEST_CASE("plan --layers: one range plans one stage, several write one plan each",

@@ -344,7 +344,10 @@ TEST_CASE("plan --out / inspect: files, tensor parallel ranks, hybrid models, SV
   // keeps ~11% more than its total; --margin fixes it; the bundled profiles stay at 0.02.
   auto gpt_path = data_path("derived/gpt-oss-20b.derived.json");
   auto gpt      = parse_out(run({"plan", gpt_path, "--json"}));
-  CHECK(num(gpt, "margin") == elastic_plan_margin(load_retention_samples(gpt_path), 1, 16));
+  auto gpt_samples = load_retention_samples(gpt_path);
+  CHECK(num(gpt, "margin") ==
+        build_static_plan(model_preset("gpt-oss-20b"), calibrate(gpt_samples), {}, gpt_samples)
+            .options.reservation.margin);
   CHECK(num(gpt, "margin") > 0.1);
   CHECK(gpt.find("margin_from_samples")->boolean());
   auto gpt_fixed = parse_out(run({"plan", gpt_path, "--json", "--margin", "0.02"}));

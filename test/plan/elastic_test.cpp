@@ -440,15 +440,45 @@ TEST_CASE("elastic: groups, zero-clip pages and required margins, hand-worked", 
   CHECK(calibrate_elastic_margin(s, {0, 1}, o) == 0.5);
   o.margin_floor = 0.3;
   CHECK(calibrate_elastic_margin(s, {0, 1}, o) == Approx(0.3125));
-  // The plans' margin: mean + 2 sd over every sample, at least default_elastic_margin.
-  CHECK(elastic_plan_margin(s, 2, 4) == Approx(0.3125));
-  // Hp 3 does not divide the 4 heads: gcd 1, per-head pages. Sample 0: 5 + 3 + 4 + 4 = 16 pages
-  // of 4 = 64 tokens, m 0; sample 1: 3 + 6 + 5 + 4 = 18 pages = 72, m 0.125: 0.0625 + 2 0.0625.
-  CHECK(elastic_plan_margin(s, 3, 4) == Approx(0.1875));
+  // The plans' margin: mean + 2 sd over every sample of the required margin over the plan's OWN
+  // groups, stage and rank, at least default_elastic_margin. Plans by hand (layer 0, P 4):
+  auto plan_of = [](std::vector<std::vector<std::int32_t>> const& groups,
+                    std::int32_t first_layer,
+                    std::int32_t first_head) {
+    static_plan p;
+    p.first_layer   = first_layer;
+    p.first_kv_head = first_head;
+    p.geometry      = {4, static_cast<std::int32_t>(groups[0].size()), 8, dtype::bf16};
+    for (auto const& g : groups) {
+      head_group hg;
+      hg.rule.kind = layer_kind::compressed;
+      for (auto h : g) hg.members.push_back({0, h});
+      p.grouping.groups.push_back(hg);
+    }
+    return p;
+  };
+  // The sorted groups {1, 2}, {0, 3}: the calibrated 0.3125 above.
+  CHECK(elastic_plan_margin(s, plan_of({{1, 2}, {0, 3}}, 0, 0)) == Approx(0.3125));
+  // Groups {0, 1}, {2, 3}: sample 0 max 20 -> 5 pages, max 16 -> 4: 72 tokens, m 0.125; sample 1
+  // max 22 -> 6, max 18 -> 5: 88, m 0.375; 0.25 + 2 0.125 = 0.5.
+  CHECK(elastic_plan_margin(s, plan_of({{0, 1}, {2, 3}}, 0, 0)) == Approx(0.5));
+  // Per-head pages: sample 0 5 + 3 + 4 + 4 = 16 pages = 64 tokens, m 0; sample 1 3 + 6 + 5 + 4 =
+  // 18 pages = 72, m 0.125: 0.0625 + 2 0.0625.
+  CHECK(elastic_plan_margin(s, plan_of({{0}, {1}, {2}, {3}}, 0, 0)) == Approx(0.1875));
+  // A tensor-parallel rank of one head, K = 16: head 1 keeps 12 (3 pages, m -0.25) and 22 (6
+  // pages, m 0.5): 0.125 + 2 0.375 = 0.875; head 0 keeps 20 (m 0.25) and 10 (m -0.25): 0.5.
+  CHECK(elastic_plan_margin(s, plan_of({{0}}, 0, 1)) == Approx(0.875));
+  CHECK(elastic_plan_margin(s, plan_of({{0}}, 0, 0)) == Approx(0.5));
+  // A stage or rank the samples do not profile, or no compressed group: the default.
+  CHECK(elastic_plan_margin(s, plan_of({{0}}, 1, 0)) == default_elastic_margin);
+  CHECK(elastic_plan_margin(s, plan_of({{0}}, 0, 4)) == default_elastic_margin);
+  auto sliding                         = plan_of({{0}}, 0, 0);
+  sliding.grouping.groups[0].rule.kind = layer_kind::sliding_window;
+  CHECK(elastic_plan_margin(s, sliding) == default_elastic_margin);
   // Samples that keep exactly K in whole pages ask for nothing: the floor, 0.02.
   retention_samples exact = s;
   exact.samples           = {{32, {16, 16, 16, 16}}, {32, {8, 24, 16, 16}}};
-  CHECK(elastic_plan_margin(exact, 1, 4) == default_elastic_margin);
+  CHECK(elastic_plan_margin(exact, plan_of({{0}, {1}, {2}, {3}}, 0, 0)) == default_elastic_margin);
   // Per-request groups sort by the sample's own needs: sample 1 -> {1, 2}, {3, 0}: 6 + 4 pages.
   CHECK(members_by_need(s.samples[1].kept) == std::vector<std::int32_t>{1, 2, 3, 0});
 }
@@ -469,7 +499,7 @@ TEST_CASE("elastic plans built from samples reserve the margin the samples need"
       k = std::min<std::int64_t>(
           smp.context_tokens, static_cast<std::int64_t>(std::ceil(1.1 * static_cast<double>(k))));
   auto q = build_static_plan(model, calibrate(more), {}, more);
-  CHECK(q.options.reservation.margin == elastic_plan_margin(more, 1, 16));
+  CHECK(q.options.reservation.margin == elastic_plan_margin(more, q));
   CHECK(q.options.reservation.margin > 0.09);
   // Independently: at the plan's margin (0.109) R(n) holds every sample's heads in whole pages;
   // at 0.02 none of them.
@@ -517,7 +547,10 @@ TEST_CASE("elastic: the plans' margin on samples whose scorer keeps more than K(
   CHECK(after.heldout_clip_fraction <= 0.003);
   CHECK(after.heldout_reserved_over_ideal <= 1.05);
   for (auto m : after.fold_margins) CHECK(m > 0.1);
-  CHECK(after.margin == elastic_plan_margin(s, 1, 16));
+  // At Hp 1 the plan's own groups give what calibrate's plan-time groups give.
+  auto plan = build_static_plan(model_preset("gpt-oss-20b"), calibrate(s), {}, s);
+  CHECK(after.margin == Approx(elastic_plan_margin(s, plan)).epsilon(1e-12));
+  CHECK(plan.options.reservation.margin == elastic_plan_margin(s, plan));
 }
 
 TEST_CASE("elastic: in-sample figures match an independent computation on a real profile",
@@ -883,9 +916,12 @@ TEST_CASE("tangram calibrate --reservation elastic reports the library's figures
                               "--json"})
                              .out,
                          "stdout");
-  CHECK(num(gpt, "margin") ==
-        elastic_plan_margin(
-            load_retention_samples(data_path("derived/gpt-oss-20b.derived.json")), 1, 16));
+  auto gpt_samples = load_retention_samples(data_path("derived/gpt-oss-20b.derived.json"));
+  CHECK(
+      num(gpt, "margin") ==  // calibrate's plan-time groups are the plan's at Hp 1
+      Approx(build_static_plan(model_preset("gpt-oss-20b"), calibrate(gpt_samples), {}, gpt_samples)
+                 .options.reservation.margin_or_default())
+          .epsilon(1e-12));
   auto cal = run({"calibrate",
                   "ea/qwen3-4b-instruct-2507",
                   "--reservation",

@@ -605,3 +605,50 @@ TEST_CASE("samples map to a stage's layers: needs are the whole plan's slice, el
   auto text = to_json(from_samples);
   CHECK(plan_difference(parse_static_plan(text, "stage.json"), from_samples).empty());
 }
+
+TEST_CASE("elastic stage and rank plans reserve the margin their own heads need",
+          "[pipeline][elastic]") {
+  // Under elastic reservation each plan reserves the scorer's total over ITS compressed heads; a
+  // stage (or rank) whose heads keep more than their share needs more than the whole model. Each
+  // decides its margin from the samples over its own heads (elastic_plan_margin).
+  auto s = load_retention_samples(test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  auto model = model_preset(s.model);
+  auto prof  = calibrate(s);
+  auto t     = scorer_of(s);
+  // Samples whose heads of [first, last) x [h0, h1) fit R(n) at margin m in whole pages of 16.
+  auto fitting = [&](static_plan const& p, double m) {
+    int fit = 0;
+    for (auto const& smp : s.samples) {
+      std::int64_t pages = 0, heads = 0;
+      for (std::int32_t l = p.first_layer; l < p.first_layer + p.num_layers; ++l)
+        for (std::int32_t h = p.first_kv_head; h < p.first_kv_head + p.num_kv_heads; ++h, ++heads)
+          pages += (smp.kept[static_cast<std::size_t>(l * s.num_kv_heads + h)] + 15) / 16;
+      fit += pages <= elastic_compressed_pages(t, heads, 1, 16, m, smp.context_tokens);
+    }
+    return fit;
+  };
+  auto n       = static_cast<int>(s.samples.size());
+  auto stages  = build_stage_plans(model, prof, {}, {{0, 16}, {16, 32}}, &s);
+  double first = stages[0].options.reservation.margin_or_default();
+  CHECK(first == elastic_plan_margin(s, stages[0]));
+  CHECK(stages[1].options.reservation.margin == elastic_plan_margin(s, stages[1]));
+  CHECK(first > 0.1);  // the first 16 layers keep well above half the scorer's total
+  CHECK(fitting(stages[0], default_elastic_margin) < n / 2);
+  CHECK(fitting(stages[0], first) >= n - 2);
+  CHECK(fitting(stages[1], stages[1].options.reservation.margin_or_default()) >= n - 2);
+  // Tensor-parallel ranks likewise, each over its 4 KV heads.
+  for (std::int32_t rank = 0; rank < 2; ++rank) {
+    plan_options o;
+    o.tp_size = 2;
+    o.tp_rank = rank;
+    auto p    = build_static_plan(model, prof, o, s);
+    INFO("rank " << rank);
+    CHECK(p.options.reservation.margin == elastic_plan_margin(s, p));
+    CHECK(fitting(p, p.options.reservation.margin_or_default()) >= n - 2);
+  }
+  // A margin given is every stage's.
+  plan_options fixed;
+  fixed.reservation.margin = 0.05;
+  for (auto const& p : build_stage_plans(model, prof, fixed, {{0, 16}, {16, 32}}, &s))
+    CHECK(p.options.reservation.margin == 0.05);
+}

@@ -232,7 +232,7 @@ TEST_CASE("a margin decided from samples round-trips exactly", "[plan_io]") {
   auto s = load_retention_samples(data_path("derived/gpt-oss-20b.derived.json"));
   auto p = build_static_plan(model_preset(s.model), calibrate(s), {}, s);
   REQUIRE(p.options.reservation.margin);
-  CHECK(*p.options.reservation.margin == elastic_plan_margin(s, 1, 16));
+  CHECK(*p.options.reservation.margin == elastic_plan_margin(s, p));
   CHECK(*p.options.reservation.margin > default_elastic_margin);
   auto q = parse_static_plan(to_json(p), "mem");
   REQUIRE(q.options.reservation.margin);

@@ -8,6 +8,10 @@
 #include "commands.hpp"
 #include "tangram/io/detail/file_io.hpp"
 #include "tangram/io/detail/json.hpp"
+#include "tangram/io/retention_samples.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
+#include "tangram/plan/calibration.hpp"
 #include "test_support.hpp"
 
 using tangram::test::run;
@@ -103,6 +107,42 @@ TEST_CASE("simulate --kept-counts at-once: nothing waits for its counts", "[simu
   CHECK(bad.code != 0);
   CHECK(bad.err.find("--kept-counts") != std::string::npos);
   CHECK(bad.err.find("later") != std::string::npos);
+}
+
+TEST_CASE("simulate: tangram_elastic reserves the margin its plan decides from the samples",
+          "[simulate][cli]") {
+  // The derived GPT-OSS-20B samples keep ~11% more than the scorer's total: the plan's margin
+  // (as `tangram plan` decides it) keeps every wanted token; a fixed 0.02 clips.
+  std::string const path = tangram::test::data_path("derived/gpt-oss-20b.derived.json");
+  auto run               = [&](std::vector<std::string> const& extra) {
+    std::vector<std::string> argv{"simulate",
+                                  "--profile",
+                                  path,
+                                  "--sessions",
+                                  "4",
+                                  "--turns",
+                                  "1",
+                                  "--workload",
+                                  "mid",
+                                  "--json",
+                                  "--quiet"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_json(argv);
+  };
+  auto r    = run({});
+  auto root = r.root();
+  auto s    = tangram::load_retention_samples(path);
+  auto plan =
+      tangram::build_static_plan(tangram::model_preset(s.model), tangram::calibrate(s), {}, s);
+  CHECK(root["tangram_elastic"]["margin"].as_double(0, 10) == plan.options.reservation.margin);
+  CHECK(root["tangram_elastic"]["margin_from_samples"].as_bool());
+  CHECK(root["policies"]["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) ==
+        0);
+  auto fixed = run({"--margin", "0.02"});
+  auto froot = fixed.root();
+  CHECK_FALSE(froot["tangram_elastic"]["margin_from_samples"].as_bool());
+  CHECK(froot["policies"]["tangram_elastic"]["modelled_wanted_clipped_fraction"].as_double(0, 1) >
+        0.01);
 }
 
 TEST_CASE("simulate prints a table and writes the memory plot", "[simulate][cli]") {

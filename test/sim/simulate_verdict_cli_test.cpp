@@ -12,6 +12,8 @@
 #include "tangram/io/budget_profile.hpp"
 #include "tangram/io/detail/json.hpp"
 #include "tangram/io/retention_samples.hpp"
+#include "tangram/model/presets.hpp"
+#include "tangram/plan/build_static_plan.hpp"
 #include "tangram/plan/calibration.hpp"
 #include "tangram/plan/elastic.hpp"
 #include "test_support.hpp"
@@ -182,8 +184,10 @@ TEST_CASE("simulate --verdict: Tangram's margin comes from each fold's calibrati
       (replayed.count(static_cast<std::int64_t>(k)) ? replay : calibration)
           .samples.push_back(s.samples[k]);
     double m = folds[f]["margin"].as_double(0, 10);
-    CHECK(m == elastic_plan_margin(calibration, 1, 16));
-    CHECK(m != elastic_plan_margin(replay, 1, 16));  // never the prompts it is judged on
+    // Per-head pages: any grouping of the model's heads gives the same required margins.
+    auto plan = build_static_plan(model_preset(s.model), calibrate(calibration), {});
+    CHECK(m == elastic_plan_margin(calibration, plan));
+    CHECK(m != elastic_plan_margin(replay, plan));  // never the prompts it is judged on
     CHECK(m > default_elastic_margin);
     margins.push_back(m);
   }

@@ -150,6 +150,7 @@ int stages_command(plan_args& a,
     std::int64_t kv_tokens = 0, footprint = 0;
     std::int32_t groups = 0;
     std::string out;
+    double margin = 0;  // elastic: the stage's own (from the samples over its heads, or given)
   };
   // Checked before any plan is built: every stage's file fits the plan file limit (and
   // --stage-context was checked by plan_command).
@@ -181,7 +182,12 @@ int stages_command(plan_args& a,
       throw usage_error(cat("--stage-context: ", a.stage_context, " tokens: ", e.what()));
     }
     if (a.out) files.add(path, to_json(plan));
-    rows.push_back({ranges[k], weight_of(ranges[k]), footprint, plan.num_groups(), path});
+    rows.push_back({ranges[k],
+                    weight_of(ranges[k]),
+                    footprint,
+                    plan.num_groups(),
+                    path,
+                    plan.options.reservation.margin_or_default()});
     footprints.push_back(rows.back().footprint);
     tokens.push_back(rows.back().kv_tokens);
   }
@@ -191,7 +197,8 @@ int stages_command(plan_args& a,
   auto n = static_cast<std::int32_t>(ranges.size());
   for (std::int32_t k = 0; k < n; ++k)
     even_tokens.push_back(weight_of({k * model.num_layers / n, (k + 1) * model.num_layers / n}));
-  char const* mode = o.reservation.mode == reservation_mode::elastic ? "elastic" : "static";
+  bool const elastic = o.reservation.mode == reservation_mode::elastic;
+  char const* mode   = elastic ? "elastic" : "static";
 
   if (a.json) {
     auto v = json::value::object();
@@ -204,6 +211,7 @@ int stages_command(plan_args& a,
     v.set("partition", balanced ? "balanced_kv_memory" : "explicit");
     v.set("stage_context", a.stage_context);
     v.set("reservation", mode);
+    v.set("margin_from_samples", elastic && src.samples && !o.reservation.margin);
     auto list = json::value::array();
     for (std::size_t k = 0; k < rows.size(); ++k) {
       auto r = json::value::object();
@@ -213,6 +221,7 @@ int stages_command(plan_args& a,
       r.set("kv_tokens", rows[k].kv_tokens);
       r.set("footprint_bytes", rows[k].footprint);
       r.set("num_groups", rows[k].groups);
+      r.set("margin", elastic ? json::value(rows[k].margin) : json::value(nullptr));
       r.set("out", a.out ? json::value(rows[k].out) : json::value(nullptr));
       list.push_back(std::move(r));
     }
@@ -231,18 +240,22 @@ int stages_command(plan_args& a,
     << "; memory of one request of " << a.stage_context << " tokens (" << mode << " reservation)\n"
     << "    " << std::left << std::setw(7) << "stage" << std::setw(10) << "layers" << std::right
     << std::setw(14) << "KV tokens" << std::setw(16) << "footprint MiB" << std::setw(8) << "groups"
-    << (a.out ? "  file" : "") << "\n";
+    << (elastic ? "   margin" : "") << (a.out ? "  file" : "") << "\n";
   for (std::size_t k = 0; k < rows.size(); ++k) {
     s << "    " << std::left << std::setw(7) << k << std::setw(10) << layer_text(rows[k].layers)
       << std::right << std::setw(14) << rows[k].kv_tokens << std::setw(16)
       << fixed(static_cast<double>(rows[k].footprint) / (1 << 20), 1) << std::setw(8)
       << rows[k].groups;
+    if (elastic) s << std::setw(9) << fixed(rows[k].margin, 4);
     if (a.out) s << "  " << printable(rows[k].out);
     s << "\n";
   }
   s << "  heaviest / lightest stage: footprint " << fixed(max_over_min(footprints), 3)
     << "x, KV tokens " << fixed(max_over_min(tokens), 3)
     << "x (an even split by layer count: " << fixed(max_over_min(even_tokens), 3) << "x)\n";
+  if (elastic && src.samples && !o.reservation.margin)
+    s << "  margins: each stage's own, from the samples over its heads (mean + 2 sd of their "
+         "required margins, at least 0.02)\n";
   if (a.out) s << "\nwrote " << rows.size() << " stage plans\n";
   return 0;
 }

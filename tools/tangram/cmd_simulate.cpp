@@ -403,19 +403,18 @@ int simulate(simulate_args& a, streams io) {
     needs.scale = *keep / src.profile.target_keep_ratio;
   }
   bool const needs_from_samples = needs.samples && !needs.samples->samples.empty();
-  // The plans' default margin: from the samples when there are any (elastic_plan_margin).
+  // Elastic heads hold their groups' placed lengths: with (unscaled) samples the skew is measured
+  // on their placements, over the elastic plan weighed on them; else on the budgets. The plan
+  // decides the margin as the planner does (elastic_plan_margin of the samples over its heads)
+  // unless --margin gives one; the policy then reserves that same margin.
+  bool const placements          = needs_from_samples && needs.scale == 1.0;
   bool const margin_from_samples = !a.margin && needs_from_samples;
-  double const margin =
-      a.margin ? *a.margin
-      : margin_from_samples
-          ? elastic_plan_margin(*needs.samples, po.group_size, po.page_tokens, po.reservation.basis)
-          : default_elastic_margin;
+  double margin                  = 0;
   {
-    // Elastic heads hold their groups' placed lengths: with (unscaled) samples the skew is
-    // measured on their placements, over the elastic plan weighed on them; else on the budgets.
-    bool placements = needs_from_samples && needs.scale == 1.0;
-    auto ep         = elastic_plan(elastic_base, margin, placements ? &*needs.samples : nullptr);
-    auto ek         = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
+    auto ep = elastic_plan(
+        elastic_base, a.margin, needs_from_samples ? &*needs.samples : nullptr, placements);
+    margin  = ep.options.reservation.margin_or_default();
+    auto ek = measure_skew(skew_batch_sizes, [&](std::vector<std::int64_t> const& c) {
       return elastic_skew_at(ep, placements ? &*needs.samples : nullptr, c, costs.split);
     });
     costs.tangram_elastic_skew          = ek.reference;

@@ -54,11 +54,6 @@ fold_setup prepare_fold(sample_fold const& f,
   s.replay_samples      = f.replay.samples.size();
   s.plan                = build_plan_for_cli(in.model, calibrate_on(f.calibration), in.po);
   s.elastic_base        = s.plan;
-  // The plans' default margin comes from the calibration half only, never the replayed prompts.
-  s.margin              = in.margin
-                              ? *in.margin
-                              : elastic_plan_margin(
-                       f.calibration, in.po.group_size, in.po.page_tokens, in.po.reservation.basis);
   s.needs.samples       = f.replay;
   if (in.keep) {
     s.elastic_base.profile.target_keep_ratio = *in.keep;
@@ -69,7 +64,10 @@ fold_setup prepare_fold(sample_fold const& f,
   // calibration fold's placements) on its placements of them; the baselines' planner on their
   // retention (layer-wide pages read to the longest head under the paper's padded reads).
   bool placements = s.needs.scale == 1.0;
-  auto ep         = elastic_plan(s.elastic_base, s.margin, placements ? &f.calibration : nullptr);
+  // Tangram's margin, as the planner decides it from the CALIBRATION half (never the replayed
+  // prompts) unless --margin gives one; the replay's policy reserves that same margin.
+  auto ep         = elastic_plan(s.elastic_base, in.margin, &f.calibration, placements);
+  s.margin        = ep.options.reservation.margin_or_default();
   auto batches    = measured_skew_batches(in.ro.max_running);
   auto elastic    = measure_skew(batches, [&](std::vector<std::int64_t> const& c) {
     return elastic_skew_at(ep, placements ? &f.replay : nullptr, c, in.split);

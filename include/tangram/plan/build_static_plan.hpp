@@ -94,8 +94,8 @@ inline static_plan build_static_plan(model_spec const& model,
 
 /**
  * @brief `build_static_plan` for a profile calibrated from `samples`. An elastic plan reserves
- * the margin of the samples (`elastic_plan_margin`: at least default_elastic_margin, more when
- * the samples need it) unless `options.reservation.margin` is given, and with
+ * the margin its own heads need on the samples (`elastic_plan_margin`: at least
+ * default_elastic_margin) unless `options.reservation.margin` is given, and with
  * batch_share weighting weighs its split map on elastic placements of the samples
  * (plan/elastic_split_map.hpp) instead of its groups' rules; any other plan is the same as
  * without samples.
@@ -107,11 +107,10 @@ inline static_plan build_static_plan(model_spec const& model,
                                      plan_options const& options,
                                      retention_samples const& samples) {
   bool const elastic = options.reservation.mode == reservation_mode::elastic;
-  plan_options o     = options;
-  if (elastic && !o.reservation.margin && !samples.samples.empty())
-    o.reservation.margin =
-        elastic_plan_margin(samples, o.group_size, o.page_tokens, o.reservation.basis);
-  static_plan p = build_static_plan(model, profile, o);
+  static_plan p      = build_static_plan(model, profile, options);  // checks every option first
+  // The margin over the plan's own groups, stage and rank (the groups do not depend on it).
+  if (elastic && !options.reservation.margin && !samples.samples.empty())
+    p.options.reservation.margin = elastic_plan_margin(samples, p);
   if (elastic && options.split.weighting == split_weighting::batch_share)
     p.splits = elastic_placement_split_map(p, samples);
   return p;

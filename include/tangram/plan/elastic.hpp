@@ -342,38 +342,54 @@ inline double calibrate_elastic_margin(retention_samples const& s,
 }
 
 /**
- * @brief The margin an elastic plan built from `samples` reserves unless given a fixed one
- * (`reservation_options::margin` left empty): the calibrated margin over every sample, at
- * least `default_elastic_margin`: clamp(max(mean + 2 sd of the samples' required margins m_s,
- * default_elastic_margin), 0, max_elastic_margin), with plan-time groups of `group_size` heads
- * (of gcd(group_size, profiled heads) when it does not divide them) of `page_tokens`-token pages.
+ * @brief The margin the elastic plan `plan` (built: groups, stage and rank set) reserves from
+ * `samples` unless given a fixed one (`reservation_options::margin` left empty):
+ * clamp(max(mean + 2 sd of m_s, default_elastic_margin), 0, max_elastic_margin), with m_s each
+ * sample's required margin over the plan's OWN compressed groups and heads (its pipeline stage's
+ * layers, its tensor-parallel rank's KV heads): zero-clip pages sum_g ceil(max_{h in g}
+ * kept_s(h) / P) times Hp P, over the scorer's total K(n_s) of the plan's compressed heads, less
+ * 1. default_elastic_margin when the plan has no compressed group or a compressed head the
+ * samples do not profile.
  *
  * Why a floor and a raise: on the bundled profiles the scorer keeps 0.36-0.65% more than K(n)
- * and their kept counts are nearly all whole pages, so mean + 2 sd is 0.004-0.007 there and the
+ * and their kept counts are nearly all whole pages, so mean + 2 sd is 0.004-0.007 at Hp 1 and the
  * default 0.02 also covers per-head page rounding the samples do not show; samples whose scorer
- * keeps more than K(n) predicts (a profile whose keep ratio counts tokens differently, groups of
- * Hp > 1 padding) would clip what 0.02 does not cover, and get the margin they need instead
+ * keeps more than K(n) predicts (a profile whose keep ratio counts tokens differently), groups of
+ * Hp > 1 that pad, and a stage or rank whose heads keep more than their share of the request's
+ * total would clip what 0.02 does not cover, and get the margin they need instead
  * (docs/planning.md#elastic-reservation).
  * @throw invalid_argument for samples without a keep ratio in (0, 1] or otherwise invalid.
  */
-inline double elastic_plan_margin(retention_samples const& samples,
-                                  std::int32_t group_size,
-                                  std::int32_t page_tokens,
-                                  keep_ratio_basis basis = keep_ratio_basis::all_tokens) {
+inline double elastic_plan_margin(retention_samples const& samples, static_plan const& plan) {
   detail::check_samples(samples);
-  TANGRAM_EXPECTS(group_size >= 1,
-                  invalid_argument,
-                  "elastic_plan_margin: group_size must be >= 1, got ",
-                  group_size);
-  auto heads = static_cast<std::int64_t>(samples.layer_ids.size()) * samples.num_kv_heads;
-  elastic_options o;
-  o.group_size   = static_cast<std::int32_t>(std::gcd<std::int64_t>(group_size, heads));
-  o.page_tokens  = page_tokens;
-  o.basis        = basis;
-  o.margin_floor = default_elastic_margin;
-  std::vector<std::size_t> all(samples.samples.size());
-  std::iota(all.begin(), all.end(), std::size_t{0});
-  return calibrate_elastic_margin(samples, all, o);
+  auto const t  = scorer_of(samples, plan.options.reservation.basis);
+  auto const Hp = plan.geometry.group_size;
+  auto const P  = plan.geometry.page_tokens;
+  std::vector<std::int32_t> members;  // flat sample heads, group after group
+  for (auto const& g : plan.grouping.groups) {
+    if (g.rule.kind != layer_kind::compressed) continue;
+    for (auto m : g.members) {
+      auto const& ids   = samples.layer_ids;
+      auto it           = std::lower_bound(ids.begin(), ids.end(), plan.first_layer + m.layer);
+      std::int32_t head = plan.first_kv_head + m.head;
+      if (it == ids.end() || *it != plan.first_layer + m.layer || head >= samples.num_kv_heads)
+        return default_elastic_margin;  // a head the samples do not profile
+      members.push_back(static_cast<std::int32_t>(it - ids.begin()) * samples.num_kv_heads + head);
+    }
+  }
+  if (members.empty() || Hp < 1 || P < 1 || members.size() % static_cast<std::size_t>(Hp) != 0)
+    return default_elastic_margin;
+  std::vector<double> m;
+  m.reserve(samples.samples.size());
+  for (auto const& smp : samples.samples) {
+    auto K = static_cast<double>(
+        t.tokens(static_cast<std::int64_t>(members.size()), smp.context_tokens));
+    auto z = static_cast<double>(zero_clip_pages(smp.kept, members, Hp, P)) * Hp * P;
+    m.push_back(K > 0 ? z / K - 1.0 : 0.0);
+  }
+  double v =
+      detail::mean_of(m.data(), m.size()) + 2.0 * detail::population_stddev(m.data(), m.size());
+  return std::clamp(std::max(v, default_elastic_margin), 0.0, max_elastic_margin);
 }
 
 /// The margins `tangram calibrate --reservation elastic` sweeps.

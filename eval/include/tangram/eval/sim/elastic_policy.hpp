@@ -190,29 +190,27 @@ inline std::optional<double> wanted_clipped_fraction(tangram_policy const& polic
 }
 
 /// The plan of the same model, profile and options that reserves elastically with `margin`
-/// (none: the plan's default, `elastic_plan_margin` of `samples` when there are any, else
-/// default_elastic_margin), built by the planner (so its split map is the elastic plan's, not the
-/// static one's): weighed on the placements of `samples` when given and `placements` (as `tangram
-/// plan` does from samples; scaled samples no longer match a plan's heads' placements), else on
-/// the groups' rules.
+/// (none: the plan's default, `elastic_plan_margin` of `samples` over its heads when there are
+/// any, else default_elastic_margin), built by the planner (so its split map is the elastic plan's,
+/// not the static one's): weighed on the placements of `samples` when given and `placements` (as
+/// `tangram plan` does from samples; scaled samples no longer match a plan's heads' placements),
+/// else on the groups' rules.
 /// @throw invalid_argument naming the margin when it is outside [0, max_elastic_margin], or when
 ///        the profile (or the samples, for the margin) has no keep ratio.
 inline static_plan elastic_plan(static_plan const& plan,
                                 std::optional<double> margin,
                                 retention_samples const* samples = nullptr,
                                 bool placements                  = true) {
-  auto options             = plan.options;
-  bool const have_samples  = samples != nullptr && !samples->samples.empty();
-  bool const from_samples  = !margin && have_samples;
-  options.reservation.mode = reservation_mode::elastic;
-  // Decided here, so that scaled samples (which do not weigh the map) still give the margin.
-  options.reservation.margin =
-      from_samples
-          ? elastic_plan_margin(
-                *samples, options.group_size, options.page_tokens, options.reservation.basis)
-          : margin.value_or(default_elastic_margin);
-  return have_samples && placements ? build_static_plan(plan.model, plan.profile, options, *samples)
-                                    : build_static_plan(plan.model, plan.profile, options);
+  auto options               = plan.options;
+  options.reservation.mode   = reservation_mode::elastic;
+  options.reservation.margin = margin;
+  bool const have_samples    = samples != nullptr && !samples->samples.empty();
+  if (have_samples && placements)  // the margin as the planner decides it from samples
+    return build_static_plan(plan.model, plan.profile, options, *samples);
+  auto p = build_static_plan(plan.model, plan.profile, options);
+  // Scaled samples do not weigh the map, but still give the margin (of the profiled keep ratio).
+  if (!margin && have_samples) p.options.reservation.margin = elastic_plan_margin(*samples, p);
+  return p;
 }
 
 /**
@@ -258,7 +256,8 @@ inline std::unique_ptr<tangram_policy> make_tangram_elastic_policy(
     bool park_for_turns           = true,
     std::int64_t stage_key_tokens = 0) {
   // Unscaled samples weigh the split map on their placements (scaled ones no longer match it);
-  // the margin comes from the samples either way (a ratio to the scorer's total).
+  // without a margin given, scaled ones still give theirs at the profiled keep ratio (with --keep
+  // an approximation, as the rescaled needs are).
   auto const* samples = needs.samples ? &*needs.samples : nullptr;
   auto ep             = elastic_plan(plan, margin, samples, needs.scale == 1.0);
   tangram_policy_options o;
