@@ -2,6 +2,7 @@
 // Pipeline parallelism: plans of layer ranges (plan/pipeline_stages.hpp), their files, admission
 // on every stage's manager, and the balanced partition on the bundled profiles.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -651,4 +652,40 @@ TEST_CASE("elastic stage and rank plans reserve the margin their own heads need"
   fixed.reservation.margin = 0.05;
   for (auto const& p : build_stage_plans(model, prof, fixed, {{0, 16}, {16, 32}}, &s))
     CHECK(p.options.reservation.margin == 0.05);
+}
+
+TEST_CASE("stage x rank plans: the margin over exactly their heads, computed independently",
+          "[pipeline][elastic]") {
+  // mean + 2 sd over the samples of (per-head pages of 16 over the plan's layers and heads) x 16
+  // / K - 1, K = heads x max(min(n, protect), ceil(0.3 n)), at least 0.02: the slice of the
+  // samples each stage x rank plan holds, independently of elastic_plan_margin's head mapping.
+  auto s = load_retention_samples(test::data_path("profiles/snapkv/llama-3.1-8b-instruct.json"));
+  auto model   = model_preset(s.model);
+  auto prof    = calibrate(s);
+  auto protect = static_cast<std::int64_t>(s.sink_tokens) + s.window_tokens;
+  for (std::int32_t rank = 0; rank < 2; ++rank) {
+    plan_options o;
+    o.tp_size = 2;
+    o.tp_rank = rank;
+    for (auto const& p : build_stage_plans(model, prof, o, {{0, 12}, {12, 32}}, &s)) {
+      INFO("rank " << rank << " layers " << p.first_layer << ".." << p.first_layer + p.num_layers);
+      std::vector<double> m;
+      for (auto const& smp : s.samples) {
+        std::int64_t pages = 0, heads = 0;
+        for (std::int32_t l = p.first_layer; l < p.first_layer + p.num_layers; ++l)
+          for (std::int32_t h = rank * 4; h < rank * 4 + 4; ++h, ++heads)
+            pages += (smp.kept[static_cast<std::size_t>(l * 8 + h)] + 15) / 16;
+        std::int64_t n = smp.context_tokens;
+        auto kbar      = std::max<std::int64_t>(std::min(n, protect),
+                                           static_cast<std::int64_t>(std::ceil(0.3 * n)));
+        m.push_back(static_cast<double>(pages * 16) / static_cast<double>(heads * kbar) - 1);
+      }
+      double mean = std::accumulate(m.begin(), m.end(), 0.0) / static_cast<double>(m.size());
+      double var  = 0;
+      for (double x : m) var += (x - mean) * (x - mean);
+      double sd = std::sqrt(var / static_cast<double>(m.size()));
+      CHECK(p.options.reservation.margin_or_default() ==
+            Approx(std::max(mean + 2 * sd, default_elastic_margin)).epsilon(1e-9));
+    }
+  }
 }
