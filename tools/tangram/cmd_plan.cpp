@@ -211,7 +211,7 @@ int stages_command(plan_args& a,
     v.set("partition", balanced ? "balanced_kv_memory" : "explicit");
     v.set("stage_context", a.stage_context);
     v.set("reservation", mode);
-    v.set("margin_from_samples", elastic && src.samples && !o.reservation.margin);
+    v.set("margin_from_samples", margin_from_samples(o, src));
     auto list = json::value::array();
     for (std::size_t k = 0; k < rows.size(); ++k) {
       auto r = json::value::object();
@@ -253,9 +253,8 @@ int stages_command(plan_args& a,
   s << "  heaviest / lightest stage: footprint " << fixed(max_over_min(footprints), 3)
     << "x, KV tokens " << fixed(max_over_min(tokens), 3)
     << "x (an even split by layer count: " << fixed(max_over_min(even_tokens), 3) << "x)\n";
-  if (elastic && src.samples && !o.reservation.margin)
-    s << "  margins: each stage's own, from the samples over its heads (mean + 2 sd of their "
-         "required margins, at least 0.02)\n";
+  if (margin_from_samples(o, src))
+    s << "  margins: each stage's own over its heads, " << margin_from_samples_note << "\n";
   if (a.out) s << "\nwrote " << rows.size() << " stage plans\n";
   return 0;
 }
@@ -396,7 +395,7 @@ int plan_command(plan_args& a, streams io) {
     v.set(
         "margin",
         elastic ? json::value(plan.options.reservation.margin_or_default()) : json::value(nullptr));
-    v.set("margin_from_samples", elastic && src.samples && !o.reservation.margin);
+    v.set("margin_from_samples", margin_from_samples(o, src));
     v.set("num_groups", plan.num_groups());
     auto kinds = json::value::object();
     for (auto k : {layer_kind::compressed, layer_kind::sliding_window, layer_kind::uncompressed})
@@ -449,10 +448,7 @@ int plan_command(plan_args& a, streams io) {
     << (o.reservation.mode == reservation_mode::elastic
             ? cat("elastic, margin ",
                   plan.options.reservation.margin_or_default(),
-                  src.samples && !o.reservation.margin
-                      ? " (from the samples: mean + 2 sd of their required margins, at least "
-                        "0.02)"
-                      : "",
+                  margin_from_samples(o, src) ? cat(" (", margin_from_samples_note, ")") : "",
                   " (the scorer's total per request, placed per group at eviction)")
             : std::string("static (each group its budget's pages)"))
     << "\n"

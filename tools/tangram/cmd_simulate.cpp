@@ -869,9 +869,7 @@ int simulate(simulate_args& a, streams io) {
     << "  tangram: static per-group budgets (--reservation static); tangram_elastic: elastic "
        "reservation, the default\n"
     << "  of plan_options and `tangram plan`, margin " << margin
-    << (margin_from_samples ? " (from the samples: mean + 2 sd of their required margins, at least "
-                              "0.02)"
-                            : "")
+    << (margin_from_samples ? cat(" (", margin_from_samples_note, ")") : std::string())
     << "; each prefilling request also holds staging for one " << staged_chunk
     << "-token chunk (its prompt, if shorter); per-head needs modelled from "
     << (needs_from_samples ? "the retention samples" : "the budgets") << " ("

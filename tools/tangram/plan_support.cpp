@@ -110,6 +110,10 @@ static_plan build_plan_for_cli(model_spec const& model,
   }
 }
 
+bool margin_from_samples(plan_options const& o, budget_source const& src) {
+  return o.reservation.mode == reservation_mode::elastic && src.samples && !o.reservation.margin;
+}
+
 std::string fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);

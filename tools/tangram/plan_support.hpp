@@ -54,6 +54,14 @@ static_plan build_plan_for_cli(model_spec const& model,
                                plan_options const& options,
                                retention_samples const* samples = nullptr);
 
+/// Whether an elastic plan of `o` built from `src` decides its margin from the samples (no
+/// `--margin` given; `elastic_plan_margin`).
+bool margin_from_samples(plan_options const& o, budget_source const& src);
+
+/// What the reports say of a margin decided from the samples (elastic_plan_margin's rule).
+inline constexpr char const* margin_from_samples_note =
+    "from the samples: mean + 2 sd of their required margins, at least 0.02";
+
 /// Fixed-point text: fixed(1.23456, 3) == "1.235".
 std::string fixed(double v, int decimals);
 /// Text escaped for XML content and attributes (& < > "); control characters are dropped and

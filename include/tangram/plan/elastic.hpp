@@ -297,6 +297,34 @@ inline std::size_t check_elastic(retention_samples const& s, elastic_options con
   return n;
 }
 
+/// m_s = zero-clip pages Hp P / K(n_s) - 1 of the samples `ids`, `members` (flat sample heads, Hp
+/// a group) already checked against `s`; K over the members.
+inline std::vector<double> required_margins_of(retention_samples const& s,
+                                               std::vector<std::size_t> const& ids,
+                                               std::vector<std::int32_t> const& members,
+                                               std::int32_t group_size,
+                                               std::int32_t page_tokens,
+                                               scorer_total const& t) {
+  std::vector<double> out;
+  out.reserve(ids.size());
+  for (auto k : ids) {
+    auto const& smp = s.samples[k];
+    double K        = static_cast<double>(
+        t.tokens(static_cast<std::int64_t>(members.size()), smp.context_tokens));
+    double z = static_cast<double>(zero_clip_pages(smp.kept, members, group_size, page_tokens)) *
+               group_size * page_tokens;
+    out.push_back(K > 0 ? z / K - 1.0 : 0.0);
+  }
+  return out;
+}
+
+/// The calibrated rule over required margins `m`: clamp(max(mean + alpha sd, floor), 0,
+/// max_elastic_margin).
+inline double calibrated_margin(std::vector<double> const& m, double alpha, double floor) {
+  double v = mean_of(m.data(), m.size()) + alpha * population_stddev(m.data(), m.size());
+  return std::clamp(std::max(v, floor), 0.0, max_elastic_margin);
+}
+
 }  // namespace detail
 
 /**
@@ -308,19 +336,8 @@ inline std::vector<double> required_margins(retention_samples const& s,
                                             std::vector<std::int32_t> const& members,
                                             elastic_options const& o) {
   detail::check_elastic(s, o);
-  auto t = scorer_of(s, o.basis);
-  std::vector<double> out;
-  out.reserve(sample_ids.size());
-  for (auto k : sample_ids) {
-    auto const& smp = s.samples[k];
-    double K        = static_cast<double>(
-        t.tokens(static_cast<std::int64_t>(members.size()), smp.context_tokens));
-    double z =
-        static_cast<double>(zero_clip_pages(smp.kept, members, o.group_size, o.page_tokens)) *
-        o.group_size * o.page_tokens;
-    out.push_back(K > 0 ? z / K - 1.0 : 0.0);
-  }
-  return out;
+  return detail::required_margins_of(
+      s, sample_ids, members, o.group_size, o.page_tokens, scorer_of(s, o.basis));
 }
 
 /**
@@ -335,10 +352,10 @@ inline double calibrate_elastic_margin(retention_samples const& s,
   detail::check_elastic(s, o);
   detail::check_sample_ids(s, sample_ids, "calibrate_elastic_margin");
   if (o.margin) return *o.margin;
-  auto m   = required_margins(s, sample_ids, elastic_group_members(s, sample_ids), o);
-  double v = detail::mean_of(m.data(), m.size()) +
-             o.margin_alpha * detail::population_stddev(m.data(), m.size());
-  return std::clamp(std::max(v, o.margin_floor), 0.0, max_elastic_margin);
+  return detail::calibrated_margin(
+      required_margins(s, sample_ids, elastic_group_members(s, sample_ids), o),
+      o.margin_alpha,
+      o.margin_floor);
 }
 
 /**
@@ -379,17 +396,12 @@ inline double elastic_plan_margin(retention_samples const& samples, static_plan 
   }
   if (members.empty() || Hp < 1 || P < 1 || members.size() % static_cast<std::size_t>(Hp) != 0)
     return default_elastic_margin;
-  std::vector<double> m;
-  m.reserve(samples.samples.size());
-  for (auto const& smp : samples.samples) {
-    auto K = static_cast<double>(
-        t.tokens(static_cast<std::int64_t>(members.size()), smp.context_tokens));
-    auto z = static_cast<double>(zero_clip_pages(smp.kept, members, Hp, P)) * Hp * P;
-    m.push_back(K > 0 ? z / K - 1.0 : 0.0);
-  }
-  double v =
-      detail::mean_of(m.data(), m.size()) + 2.0 * detail::population_stddev(m.data(), m.size());
-  return std::clamp(std::max(v, default_elastic_margin), 0.0, max_elastic_margin);
+  std::vector<std::size_t> all(samples.samples.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  elastic_options const rule;  // the calibrated rule's alpha (2), with the plans' floor
+  return detail::calibrated_margin(detail::required_margins_of(samples, all, members, Hp, P, t),
+                                   rule.margin_alpha,
+                                   default_elastic_margin);
 }
 
 /// The margins `tangram calibrate --reservation elastic` sweeps.
